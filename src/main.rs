@@ -1,0 +1,3 @@
+fn main() {
+    print!("{}", runner::spec::schema::generate_text());
+}

@@ -1,0 +1,397 @@
+//! Stage 1 of the pipeline: a workflow as its author wrote it.
+//!
+//! These serde types mirror the YAML one to one. They are deliberately permissive about
+//! meaning (names are plain strings, expressions are unparsed text): the JSON Schema in
+//! `schemas/workflow.schema.json`, generated from these types by [`schema`], rejects malformed
+//! shapes with a position, and `compile` checks meaning. The doc comments on every field become
+//! the schema's descriptions, so they are written for workflow authors.
+//!
+//! Architecture Invariant: spec/ knows nothing of tokio, SQLite, HTTP or the engine.
+
+pub mod load;
+mod node;
+pub mod schema;
+
+use indexmap::IndexMap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use node::*;
+
+/// A workflow file: one agent graph, or a library of shared definitions pulled in by `imports`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "runner workflow")]
+pub struct Workflow {
+    /// The workflow's name: lowercase letters, digits, `_` and `-`.
+    #[schemars(regex(pattern = r"^[a-z][a-z0-9_-]*$"))]
+    pub name: String,
+    /// What the workflow does, in a sentence or two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Other workflow files (paths relative to this one) whose `types`, `reducers`,
+    /// `predicates` and `kinds` become usable here. Imported files may not define nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub imports: Vec<String>,
+    /// JSON Schema of the run input (`runner run --input k=v`). Expressions read it as `input`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<JsonSchemaDoc>,
+    /// State keys returned as the run's result. Without it the whole final state is returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Vec<String>>,
+    /// JSON Schema of the run context (`--context user_id=alice`): values that identify who the
+    /// run is for, kept with the thread and never part of the state. Expressions read `context`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<JsonSchemaDoc>,
+    /// Tunables with their default values (any JSON). Override per run with
+    /// `--set path.to.key=value`. Expressions read them as `config`.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub config: IndexMap<String, Value>,
+    /// Named model profiles. Nodes pick one by name; `default` is used when a node names none.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub models: IndexMap<String, ModelProfile>,
+    /// Reusable JSON Schemas, referenced anywhere as `{$ref: "#/types/Name"}`.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub types: IndexMap<String, JsonSchemaDoc>,
+    /// The state: every key a node may read or write, with its JSON Schema, default and reducer.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub state: IndexMap<String, StateKey>,
+    /// Custom reducers: minijinja expressions over `current` (the key's value) and `update`
+    /// (the value a node wrote), yielding the new value.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub reducers: IndexMap<String, NamedExpr>,
+    /// Named boolean expressions. Any expression may use a predicate by its name, e.g.
+    /// `when: over_budget` or `when: "not over_budget and state.done"`.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub predicates: IndexMap<String, NamedExpr>,
+    /// User-defined node kinds: a built-in (or other user) kind with defaults and parameters.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub kinds: IndexMap<String, KindDef>,
+    /// The nodes, by name. Each has a `kind` that decides which other fields it takes.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    #[schemars(with = "IndexMap<String, NodeSchemaRef>")]
+    pub nodes: IndexMap<String, Value>,
+    /// The edges: `"a -> b"` strings (chains allowed), or objects for joins, routes and fan-out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edges: Vec<Edge>,
+    /// Run limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// Directory that prompt paths are relative to (relative to this file). By default the
+    /// nearest `prompts/` directory in this file's directory or one of its ancestors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts: Option<String>,
+}
+
+/// A JSON Schema (draft 2020-12), written inline in YAML. `$ref: "#/types/Name"` points at a
+/// workflow type; any other `$ref` is a file path relative to the workflow file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct JsonSchemaDoc(pub Value);
+
+impl JsonSchema for JsonSchemaDoc {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "JsonSchema".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A JSON Schema (draft 2020-12). `$ref: \"#/types/Name\"` names a workflow type; other `$ref`s are file paths relative to the workflow file.",
+            "type": ["object", "boolean"]
+        })
+    }
+}
+
+/// One state key: a JSON Schema for its values plus how updates combine.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+pub struct StateKey {
+    /// How a node's write combines with the current value: a built-in (`replace`, `append`,
+    /// `extend`, `concat`, `add_messages`, `merge`, `sum`, `max`, `min`, `union`) or a name from
+    /// `reducers`. Default `replace`, which allows one writer per superstep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reducer: Option<String>,
+    /// The value before any node writes the key. Without it the key starts as null.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<Value>,
+    /// What the key holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Any other JSON Schema keywords (`type`, `items`, `properties`, `$ref`, `enum`, ...).
+    #[serde(flatten)]
+    pub schema: IndexMap<String, Value>,
+}
+
+/// A named expression: the expression text alone, or with a description.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum NamedExpr {
+    /// The minijinja expression.
+    Expr(String),
+    /// The expression with a description.
+    Described {
+        /// The minijinja expression.
+        expr: String,
+        /// What it computes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        description: Option<String>,
+    },
+}
+
+impl NamedExpr {
+    pub fn expr(&self) -> &str {
+        match self {
+            NamedExpr::Expr(e) | NamedExpr::Described { expr: e, .. } => e,
+        }
+    }
+}
+
+/// A model profile. String fields may use `${env:NAME}` or `${env:NAME:-default}`.
+/// API keys are never written here: `api_key_env` names the environment variable holding one.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelProfile {
+    /// Which API speaks to the model. `openai` is any OpenAI-compatible server (OpenAI, Azure,
+    /// Ollama's /v1, vLLM, llama.cpp, LM Studio, OpenRouter, Groq, Together...).
+    pub provider: Provider,
+    /// The model name the server expects.
+    pub model: String,
+    /// The API's base URL, e.g. `http://127.0.0.1:11434/v1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The environment variable that holds the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Azure OpenAI: the `api-version` query parameter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// Sampling temperature used unless a node sets its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Completion token cap used unless a node sets its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Price in currency units per million tokens, for usage and cost budgets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<Pricing>,
+    /// Request timeout for one call, e.g. `60s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    /// Extra request fields passed through to the provider unchanged.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub options: IndexMap<String, Value>,
+}
+
+/// Which API a model profile speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Provider {
+    /// Any OpenAI-compatible Chat Completions endpoint.
+    Openai,
+    /// Anthropic's Messages API.
+    Anthropic,
+    /// Scripted replies for tests and offline runs.
+    Mock,
+}
+
+/// Token prices per million tokens.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Pricing {
+    /// Price per million prompt tokens.
+    pub input: f64,
+    /// Price per million completion tokens.
+    pub output: f64,
+}
+
+/// A user-defined node kind.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KindDef {
+    /// The kind this one builds on: a built-in kind or another user kind.
+    pub extends: String,
+    /// What nodes of this kind do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Parameters a node of this kind takes under `params`, each a JSON Schema (with an optional
+    /// `default`). Templates and expressions read them as `params.name`.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub params: IndexMap<String, JsonSchemaDoc>,
+    /// Field defaults for every node of this kind; a node's own fields override them.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub with: IndexMap<String, Value>,
+}
+
+/// An edge. As a string: `"a -> b"`, `"a -> b -> c"`, `"START -> a"`, `"z -> END"`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Edge {
+    /// `"a -> b -> c"`.
+    Chain(String),
+    /// An edge object.
+    Object(EdgeObject),
+}
+
+/// An edge object: exactly one of `to`, `route` or `send`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeObject {
+    /// The source node. A list makes a join: the targets run once every source has run.
+    pub from: OneOrMany,
+    /// Targets that always run next (several run in parallel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<OneOrMany>,
+    /// Conditional routing: the first clause whose `when` holds is taken; a clause without
+    /// `when` is the default and must come last. Evaluated on the state after the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Vec<RouteClause>>,
+    /// Fan-out: one task of the target node per item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send: Option<Send>,
+}
+
+/// One name or a list of names.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// One name.
+    One(String),
+    /// Several names.
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn as_slice(&self) -> &[String] {
+        match self {
+            OneOrMany::One(s) => std::slice::from_ref(s),
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// A routing clause: where to go when `when` holds (or always, without `when`).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RouteClause {
+    /// A boolean expression, or a predicate name. Omit it on the final, default clause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// The node(s) to run next, or `END`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<OneOrMany>,
+    /// Fan out instead of naming targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send: Option<Send>,
+    /// A label for pictures of the graph (defaults to the condition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+/// Fan-out (LangGraph's `Send`): one task of `to` per item of `foreach`, each seeing its item
+/// under the name `as`. Results merge into the state through the keys' reducers.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Send {
+    /// The node that runs once per item.
+    pub to: String,
+    /// An expression yielding an array.
+    pub foreach: String,
+    /// The name the item has in the target's expressions and templates (default `item`).
+    #[serde(default, rename = "as", skip_serializing_if = "Option::is_none")]
+    pub as_: Option<String>,
+}
+
+impl Send {
+    pub fn item_name(&self) -> &str {
+        self.as_.as_deref().unwrap_or("item")
+    }
+}
+
+/// Run limits.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// The most supersteps one run may take (default 25, as in LangGraph).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recursion_limit: Option<u32>,
+}
+
+/// A duration: seconds as a number, or a string such as `500ms`, `30s`, `2m`, `1h`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Duration {
+    Seconds(f64),
+    Text(String),
+}
+
+impl Duration {
+    /// The duration, or `None` when the text is not a duration.
+    pub fn to_std(&self) -> Option<std::time::Duration> {
+        match self {
+            Duration::Seconds(s) if s.is_finite() && *s >= 0.0 => {
+                Some(std::time::Duration::from_secs_f64(*s))
+            }
+            Duration::Seconds(_) => None,
+            Duration::Text(t) => parse_duration(t),
+        }
+    }
+}
+
+fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    secs.is_finite()
+        .then(|| std::time::Duration::from_secs_f64(secs))
+}
+
+impl JsonSchema for Duration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A duration: seconds as a number, or text such as `500ms`, `30s`, `2m`, `1h`.",
+            "anyOf": [
+                {"type": "number", "minimum": 0},
+                {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?(ms|s|m|h)$"}
+            ]
+        })
+    }
+}
+
+/// Stand-in used only to point `nodes` at the composed node definition in the schema.
+pub(crate) struct NodeSchemaRef;
+
+impl JsonSchema for NodeSchemaRef {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Node".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        // Replaced by `schema::compose` with the per-kind definitions.
+        schemars::json_schema!({"type": "object"})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        let d = |t: &str| Duration::Text(t.into()).to_std();
+        assert_eq!(d("500ms"), Some(std::time::Duration::from_millis(500)));
+        assert_eq!(d("2m"), Some(std::time::Duration::from_secs(120)));
+        assert_eq!(d("1.5s"), Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(d("3 weeks"), None);
+        assert_eq!(d("s"), None);
+        assert_eq!(Duration::Seconds(-1.0).to_std(), None);
+    }
+}
