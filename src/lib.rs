@@ -1,7 +1,10 @@
 //! runner: LLM agent graphs written as data.
 //!
 //! The pipeline, one module per stage: [`spec`] (YAML as written) → [`compile`] (a checked,
-//! immutable plan) → engine → checkpoints. [`diag`] carries every stage's problems to the user.
+//! immutable [`compile::Plan`]) → engine → checkpoints. [`diag`] carries every stage's problems
+//! to the user; [`cli`] is the only place that prints.
 
+pub mod cli;
+pub mod compile;
 pub mod diag;
 pub mod spec;

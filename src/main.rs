@@ -1,3 +1,3 @@
-fn main() {
-    print!("{}", runner::spec::schema::generate_text());
+fn main() -> std::process::ExitCode {
+    runner::cli::main()
 }

@@ -87,6 +87,11 @@ impl Diagnostic {
         self
     }
 
+    /// Sets the help unless a suggestion already did.
+    pub fn help_or(self, help: impl Into<String>) -> Diagnostic {
+        if self.help.is_none() { self.help(help) } else { self }
+    }
+
     /// Adds "did you mean `x`?" when a candidate is close to `name`.
     pub fn suggest<'a>(self, name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Self {
         match did_you_mean(name, candidates) {

@@ -1,0 +1,37 @@
+//! `runner graph`: draw a workflow's compiled plan.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use super::exit;
+use crate::compile::compile_file;
+use crate::compile::picture::{self, PictureFormat};
+use crate::diag::{self, Format};
+
+/// Draw a workflow as Mermaid, Graphviz dot or JSON.
+///
+/// Conditional edges are dashed and labelled with their condition, joins and fan-outs are
+/// marked, interrupt gates are hexagons and subgraphs are clusters.
+///
+/// Example: runner graph workflows/research.yaml --format dot | dot -Tsvg > research.svg
+#[derive(clap::Args)]
+pub struct Args {
+    /// The workflow file.
+    file: PathBuf,
+    /// The picture format.
+    #[arg(long, value_enum, default_value_t)]
+    format: PictureFormat,
+}
+
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    if !args.file.is_file() {
+        anyhow::bail!("{} is not a file", args.file.display());
+    }
+    let (plan, result) = compile_file(&args.file);
+    let Some(plan) = plan else {
+        eprint!("{}", diag::render(&result.diagnostics, &result.files, Format::Human));
+        return Ok(exit::INVALID);
+    };
+    std::io::stdout().lock().write_all(picture::render(&plan, args.format).as_bytes())?;
+    Ok(exit::OK)
+}

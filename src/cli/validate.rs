@@ -1,0 +1,92 @@
+//! `runner validate`: check workflow files and report every problem.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+use super::exit;
+use crate::compile::Compiler;
+use crate::diag::{self, Format};
+
+/// Check workflows: YAML, schema, names, expressions, templates and the graph.
+///
+/// Every problem is reported at once, sorted by position, each with a stable code,
+/// file:line:col and help. Exit 0 when valid, 1 when not, 2 on a usage or I/O error.
+///
+/// Example: runner validate workflows/ --format github
+#[derive(clap::Args)]
+pub struct Args {
+    /// Workflow files, or directories searched for *.yaml / *.yml (default: workflows/).
+    paths: Vec<PathBuf>,
+    /// How to print problems.
+    #[arg(long, value_enum, default_value_t)]
+    format: Format,
+    /// Fail on warnings too.
+    #[arg(long)]
+    deny_warnings: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    let paths = if args.paths.is_empty() { vec![PathBuf::from("workflows")] } else { args.paths };
+    let files = workflow_files(&paths)?;
+    let mut compiler = Compiler::new();
+    for file in &files {
+        compiler.check(file);
+    }
+    let result = compiler.finish();
+    let mut out = std::io::stdout().lock();
+    let rendered = diag::render(&result.diagnostics, &result.files, args.format);
+    out.write_all(rendered.as_bytes())?;
+    let (errors, warnings) = (result.errors(), result.warnings());
+    if args.format == Format::Human {
+        let summary = summary(files.len(), errors, warnings);
+        writeln!(out, "{summary}")?;
+    }
+    let failed = errors > 0 || (args.deny_warnings && warnings > 0);
+    Ok(if failed { exit::INVALID } else { exit::OK })
+}
+
+fn summary(files: usize, errors: usize, warnings: usize) -> String {
+    let plural = |n: usize, w: &str| if n == 1 { format!("1 {w}") } else { format!("{n} {w}s") };
+    if errors == 0 && warnings == 0 {
+        format!("{} valid", plural(files, "file"))
+    } else {
+        format!("{}, {} in {}", plural(errors, "error"), plural(warnings, "warning"), plural(files, "file"))
+    }
+}
+
+/// Expands directories into the workflow files below them, sorted; test files are skipped.
+pub fn workflow_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for path in paths {
+        let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+        if meta.is_dir() {
+            collect(path, &mut out).with_context(|| format!("cannot list {}", path.display()))?;
+        } else {
+            out.push(path.clone());
+        }
+    }
+    if out.is_empty() {
+        bail!("no workflow files (*.yaml, *.yml) under {}", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name.starts_with('.') {
+            continue;
+        }
+        if path.is_dir() {
+            collect(&path, out)?;
+        } else if (name.ends_with(".yaml") || name.ends_with(".yml")) && !name.ends_with(".test.yaml") && !name.ends_with(".test.yml") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}

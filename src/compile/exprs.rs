@@ -1,0 +1,323 @@
+//! Expressions and templates: compiled once, and every name they read checked against what
+//! is declared where they are used.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use minijinja::{Environment, UndefinedBehavior};
+use serde_json::Value;
+
+use super::plan::{ExprId, ExprTable, TemplateId};
+use super::source::Source;
+use crate::diag::{Code, Diagnostic};
+
+/// Functions minijinja provides everywhere; they read like variables to the checker.
+const GLOBALS: &[&str] = &["range", "dict", "namespace", "lipsum", "cycler", "joiner", "debug"];
+
+/// Fields of `usage`, `error` and `run`.
+pub const USAGE_FIELDS: &[&str] = &["prompt_tokens", "completion_tokens", "total_tokens", "cost", "calls"];
+pub const ERROR_FIELDS: &[&str] = &["node", "class", "message", "attempts"];
+pub const RUN_FIELDS: &[&str] = &["thread_id", "step", "node"];
+
+/// The environment every plan's expressions and templates run in.
+pub fn environment(prompts: Option<PathBuf>) -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    if let Some(dir) = prompts {
+        // `{% include %}` of partials under the prompts directory; names may not escape it.
+        env.set_loader(move |name: &str| {
+            if name.split('/').any(|p| p == ".." || p.is_empty()) || name.starts_with('/') {
+                return Ok(None);
+            }
+            match std::fs::read_to_string(dir.join(name)) {
+                Ok(text) => Ok(Some(text)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(minijinja::Error::new(minijinja::ErrorKind::TemplateNotFound, e.to_string())),
+            }
+        });
+    }
+    env
+}
+
+/// Collects a plan's expressions and templates.
+pub struct Exprs {
+    env: Environment<'static>,
+    sources: Vec<String>,
+    by_text: HashMap<String, (ExprId, Arc<[String]>)>,
+    templates: HashMap<String, Arc<[String]>>,
+}
+
+impl Exprs {
+    pub fn new(prompts: Option<PathBuf>) -> Exprs {
+        Exprs { env: environment(prompts), sources: Vec::new(), by_text: HashMap::new(), templates: HashMap::new() }
+    }
+
+    /// Compiles an expression; returns its id and the dotted names it reads.
+    pub fn expr(&mut self, text: &str) -> Result<(ExprId, Arc<[String]>), String> {
+        if let Some((id, vars)) = self.by_text.get(text) {
+            return Ok((*id, vars.clone()));
+        }
+        if text.trim().is_empty() {
+            return Err("the expression is empty".into());
+        }
+        let compiled = self.env.compile_expression(text).map_err(|e| first_line(&e))?;
+        let vars = sorted(compiled.undeclared_variables(true));
+        let id = ExprId(self.sources.len() as u32);
+        self.sources.push(text.to_string());
+        self.by_text.insert(text.to_string(), (id, vars.clone()));
+        Ok((id, vars))
+    }
+
+    /// Compiles a template under `name` (shared by every node using the same file).
+    pub fn template(&mut self, name: &str, text: &str) -> Result<(TemplateId, Arc<[String]>), String> {
+        if let Some(vars) = self.templates.get(name) {
+            return Ok((TemplateId(Arc::from(name)), vars.clone()));
+        }
+        self.env.add_template_owned(name.to_string(), text.to_string()).map_err(|e| first_line(&e))?;
+        let vars = match self.env.get_template(name) {
+            Ok(t) => sorted(t.undeclared_variables(true)),
+            Err(e) => return Err(first_line(&e)),
+        };
+        self.templates.insert(name.to_string(), vars.clone());
+        Ok((TemplateId(Arc::from(name)), vars))
+    }
+
+    pub fn into_table(self) -> Result<ExprTable, minijinja::Error> {
+        ExprTable::build(self.env, self.sources)
+    }
+}
+
+fn sorted(set: std::collections::HashSet<String>) -> Arc<[String]> {
+    let mut v: Vec<String> = set.into_iter().collect();
+    v.sort();
+    v.into()
+}
+
+fn first_line(e: &minijinja::Error) -> String {
+    let mut msg = e.to_string();
+    if let Some(i) = msg.find(" (in ") {
+        msg.truncate(i);
+    }
+    if let Some(line) = e.line() {
+        if msg.contains('\n') {
+            msg = msg.lines().next().unwrap_or_default().to_string();
+        }
+        if e.name().is_some_and(|n| n != "<expression>") {
+            msg.push_str(&format!(" (template line {line})"));
+        }
+    }
+    msg
+}
+
+/// The names declared by a workflow, for checking expressions.
+#[derive(Debug, Default)]
+pub struct Symbols {
+    pub state: Vec<String>,
+    /// `None`: no input declared. `Some(None)`: declared but open.
+    pub input: Option<Option<Vec<String>>>,
+    pub context: Option<Option<Vec<String>>>,
+    pub config: Value,
+    pub predicates: Vec<String>,
+}
+
+/// What a node's `output` is, for checking `output.x`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Shape {
+    /// Anything may be read.
+    Any,
+    /// The node produces nothing.
+    Null,
+    /// A string.
+    Text,
+    /// An object with these fields.
+    Fields(Vec<String>),
+}
+
+impl Shape {
+    /// The shape described by a JSON Schema: its properties when closed, else anything.
+    pub fn of_schema(schema: &Value) -> Shape {
+        let closed = schema.get("additionalProperties") == Some(&Value::Bool(false));
+        match schema.get("properties").and_then(Value::as_object) {
+            Some(props) if closed || !props.is_empty() => Shape::Fields(props.keys().cloned().collect()),
+            _ => Shape::Any,
+        }
+    }
+}
+
+/// What an expression may read where it is used.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    pub sym: &'a Symbols,
+    pub params: Option<&'a [String]>,
+    pub item: Option<&'a str>,
+    pub output: Option<&'a Shape>,
+    pub usage: bool,
+    pub error: bool,
+    pub reducer: bool,
+    pub predicates: bool,
+}
+
+impl<'a> Scope<'a> {
+    pub fn base(sym: &'a Symbols) -> Scope<'a> {
+        Scope { sym, params: None, item: None, output: None, usage: false, error: false, reducer: false, predicates: true }
+    }
+
+    fn roots(&self) -> Vec<&str> {
+        if self.reducer {
+            return vec!["current", "update"];
+        }
+        let mut r = vec!["state", "input", "config", "context", "run"];
+        if self.params.is_some() {
+            r.push("params");
+        }
+        if let Some(i) = self.item {
+            r.push(i);
+        }
+        if self.output.is_some() {
+            r.push("output");
+        }
+        if self.usage {
+            r.push("usage");
+        }
+        if self.error {
+            r.push("error");
+        }
+        if self.predicates {
+            r.extend(self.sym.predicates.iter().map(String::as_str));
+        }
+        r
+    }
+
+    /// Checks every name in `vars` (dotted, as minijinja reports them).
+    pub fn check(&self, src: &Source, pointer: &str, text: &str, vars: &[String], diags: &mut Vec<Diagnostic>) {
+        for var in vars {
+            if let Some(d) = self.check_one(src, pointer, text, var) {
+                diags.push(d);
+            }
+        }
+    }
+
+    fn check_one(&self, src: &Source, pointer: &str, text: &str, var: &str) -> Option<Diagnostic> {
+        let mut parts = var.split('.');
+        let root = parts.next().unwrap_or_default();
+        let rest: Vec<&str> = parts.collect();
+        let field = rest.first().copied();
+        let bad = |msg: String| Some(src.diag(Code::UndeclaredVariable, pointer, msg));
+        if GLOBALS.contains(&root) {
+            return None;
+        }
+        if self.reducer {
+            return if root == "current" || root == "update" {
+                None
+            } else {
+                bad(format!("a reducer reads only `current` and `update`, not `{root}`"))
+            };
+        }
+        match root {
+            "state" => {
+                let key = field?;
+                if self.sym.state.iter().any(|k| k == key) {
+                    return None;
+                }
+                bad(format!("`state.{key}` is not a declared state key"))
+                    .map(|d| d.suggest(key, self.sym.state.iter().map(String::as_str)).help_or("declare it under `state:`"))
+            }
+            "input" | "context" => {
+                let declared = if root == "input" { &self.sym.input } else { &self.sym.context };
+                match (declared, field) {
+                    (None, _) => bad(format!("the workflow declares no `{root}`"))
+                        .map(|d| d.help(format!("declare `{root}:` as a JSON Schema with the fields you read"))),
+                    (Some(None), _) | (_, None) => None,
+                    (Some(Some(props)), Some(f)) if props.iter().any(|p| p == f) => None,
+                    (Some(Some(props)), Some(f)) => bad(format!("`{root}.{f}` is not declared in the workflow's `{root}` schema"))
+                        .map(|d| d.suggest(f, props.iter().map(String::as_str))),
+                }
+            }
+            "config" => self.check_config(src, pointer, &rest),
+            "run" => check_fields(src, pointer, "run", field, RUN_FIELDS),
+            "params" if self.params.is_some() => {
+                let names = self.params.unwrap_or_default();
+                match field {
+                    Some(f) if !names.iter().any(|n| n == f) => bad(format!("`params.{f}` is not a parameter of this node"))
+                        .map(|d| d.suggest(f, names.iter().map(String::as_str)).help_or("declare it under the node's `params:`")),
+                    _ => None,
+                }
+            }
+            "output" if self.output.is_some() => match (self.output?, field) {
+                (_, None) | (Shape::Any, _) => None,
+                (Shape::Null, Some(_)) => bad("this node produces no output to read".into()),
+                (Shape::Text, Some(f)) => bad(format!("`output.{f}`: this node's output is text"))
+                    .map(|d| d.help("use `output` itself, or declare `output: {format: json, schema: ...}`")),
+                (Shape::Fields(fields), Some(f)) if fields.iter().any(|x| x == f) => None,
+                (Shape::Fields(fields), Some(f)) => bad(format!("`output.{f}` is not a field of this node's output"))
+                    .map(|d| d.suggest(f, fields.iter().map(String::as_str)).help_or(format!("its fields are: {}", fields.join(", ")))),
+            },
+            "usage" if self.usage => check_fields(src, pointer, "usage", field, USAGE_FIELDS),
+            "error" if self.error => check_fields(src, pointer, "error", field, ERROR_FIELDS),
+            _ if self.item == Some(root) => None,
+            _ if self.predicates && self.sym.predicates.iter().any(|p| p == root) => None,
+            _ => {
+                let bare = text.trim() == root;
+                let code = if bare && self.predicates { Code::UnknownPredicate } else { Code::UndeclaredVariable };
+                let what = if code == Code::UnknownPredicate { "predicate" } else { "name" };
+                let d = src.diag(code, pointer, format!("unknown {what} `{root}`"));
+                let d = if self.sym.state.iter().any(|k| k == root) {
+                    d.help(format!("state keys are read as `state.{root}`"))
+                } else if root == "output" {
+                    d.help("`output` can be read only in a node's `update` and `goto`")
+                } else if root == "item" || root == "params" || root == "error" || root == "usage" {
+                    d.help(format!("`{root}` is not available here"))
+                } else {
+                    d.suggest(root, self.roots())
+                };
+                Some(d)
+            }
+        }
+    }
+
+    fn check_config(&self, src: &Source, pointer: &str, path: &[&str]) -> Option<Diagnostic> {
+        let mut cur = &self.sym.config;
+        let mut walked = String::from("config");
+        for seg in path {
+            let Value::Object(map) = cur else { return None };
+            match map.get(*seg) {
+                Some(v) => {
+                    cur = v;
+                    walked.push('.');
+                    walked.push_str(seg);
+                }
+                None => {
+                    return Some(
+                        src.diag(Code::UndeclaredVariable, pointer, format!("`{walked}.{seg}` is not in the workflow's `config`"))
+                            .suggest(seg, map.keys().map(String::as_str))
+                            .help_or("give it a default under `config:`"),
+                    );
+                }
+            }
+        }
+        None
+    }
+}
+
+fn check_fields(src: &Source, pointer: &str, root: &str, field: Option<&str>, known: &[&str]) -> Option<Diagnostic> {
+    let f = field?;
+    if known.contains(&f) {
+        return None;
+    }
+    Some(
+        src.diag(Code::UndeclaredVariable, pointer, format!("`{root}.{f}` does not exist"))
+            .suggest(f, known.iter().copied())
+            .help_or(format!("`{root}` has: {}", known.join(", "))),
+    )
+}
+
+
+/// A JSON Schema's declared property names: `None` when it does not close them off.
+pub fn declared_props(schema: &Value) -> Option<Vec<String>> {
+    let props = schema.get("properties").and_then(Value::as_object)?;
+    if schema.get("additionalProperties").is_some_and(|a| a != &Value::Bool(false)) {
+        return None;
+    }
+    Some(props.keys().cloned().collect())
+}

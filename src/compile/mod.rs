@@ -1,0 +1,181 @@
+//! Stage 2: compile a checked [`spec::Workflow`](crate::spec::Workflow) into a [`Plan`].
+//!
+//! Compilation reports every problem it finds, never just the first: each step records
+//! diagnostics and carries on with what it could make sense of. Only this module constructs a
+//! `Plan`, and it constructs one only when no error was found.
+//!
+//! Architecture Invariant: compile/ knows nothing of tokio, SQLite or HTTP; it reads files
+//! (workflows, prompts, schemas) and nothing else.
+
+mod defs;
+mod exprs;
+mod graph;
+mod nodes;
+pub mod picture;
+pub mod plan;
+mod schemas;
+pub mod source;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use plan::*;
+
+use crate::diag::{Code, Diagnostic, Files};
+use source::Source;
+
+/// The result of compiling one or more files.
+#[derive(Debug, Default)]
+pub struct Compilation {
+    pub diagnostics: Vec<Diagnostic>,
+    pub files: Files,
+}
+
+impl Compilation {
+    pub fn errors(&self) -> usize {
+        self.diagnostics.iter().filter(|d| d.is_error()).count()
+    }
+    pub fn warnings(&self) -> usize {
+        self.diagnostics.len() - self.errors()
+    }
+}
+
+/// Compiles workflow files, sharing loaded files and compiled subgraphs between them.
+#[derive(Default)]
+pub struct Compiler {
+    diags: Vec<Diagnostic>,
+    files: Files,
+    sources: HashMap<PathBuf, Option<Arc<Source>>>,
+    plans: HashMap<PathBuf, Option<Arc<Plan>>>,
+    /// Files being compiled, outermost first, for cycle detection across subgraphs.
+    stack: Vec<PathBuf>,
+}
+
+impl Compiler {
+    pub fn new() -> Compiler {
+        Compiler::default()
+    }
+
+    /// Compiles the workflow at `path` (and its imports and subgraphs). `None` when it has
+    /// errors, which are kept for [`Compiler::finish`].
+    pub fn compile(&mut self, path: &Path) -> Option<Arc<Plan>> {
+        let key = canonical(path);
+        if let Some(done) = self.plans.get(&key) {
+            return done.clone();
+        }
+        if self.stack.contains(&key) {
+            return None;
+        }
+        self.stack.push(key.clone());
+        let plan = self.compile_uncached(path).map(Arc::new);
+        self.stack.pop();
+        self.plans.insert(key, plan.clone());
+        plan
+    }
+
+    /// Checks a file: a workflow is compiled; a library (no nodes or edges) has its
+    /// definitions checked.
+    pub fn check(&mut self, path: &Path) {
+        let Some(src) = self.source(path) else { return };
+        let is_library = src.workflow.as_ref().is_some_and(|w| w.nodes.is_empty() && w.edges.is_empty())
+            && !src.doc.value.get("nodes").is_some_and(|n| n.as_object().is_some_and(|o| !o.is_empty()));
+        if is_library {
+            let mut diags = Vec::new();
+            defs::check_library(self, &src, &mut diags);
+            self.diags.extend(diags);
+        } else {
+            self.compile(path);
+        }
+    }
+
+    /// All diagnostics so far, sorted, with the files they point into.
+    pub fn finish(mut self) -> Compilation {
+        crate::diag::sort(&mut self.diags);
+        Compilation { diagnostics: self.diags, files: self.files }
+    }
+
+    /// Loads (once) and schema-checks a file.
+    fn source(&mut self, path: &Path) -> Option<Arc<Source>> {
+        let key = canonical(path);
+        if let Some(s) = self.sources.get(&key) {
+            return s.clone();
+        }
+        let mut diags = Vec::new();
+        let src = source::load_source(path, &mut diags).map(Arc::new);
+        if let Some(s) = &src {
+            self.files.add(s.path(), s.doc.file.text.clone());
+        } else if let Ok(text) = std::fs::read_to_string(path) {
+            self.files.add(path, Arc::from(text));
+        }
+        self.diags.extend(diags);
+        self.sources.insert(key, src.clone());
+        src
+    }
+
+    fn compile_uncached(&mut self, path: &Path) -> Option<Plan> {
+        let src = self.source(path)?;
+        let wf = src.workflow.clone()?;
+        let mut diags = Vec::new();
+        let defs = defs::collect(self, &src, &wf, &mut diags);
+        let mut build = nodes::Build::new(self, &src, &wf, &defs, &mut diags);
+        let plan = build.run();
+        let errors = diags.iter().any(Diagnostic::is_error);
+        self.diags.extend(diags);
+        if errors { None } else { plan }
+    }
+
+    /// Compiles a subgraph's workflow, reporting a cycle at `pointer` of `from`.
+    fn subgraph(&mut self, from: &Source, pointer: &str, path: &Path, diags: &mut Vec<Diagnostic>) -> Option<Arc<Plan>> {
+        let key = canonical(path);
+        if self.stack.contains(&key) {
+            let chain: Vec<String> = self
+                .stack
+                .iter()
+                .skip_while(|p| **p != key)
+                .chain(std::iter::once(&key))
+                .map(|p| display_name(p))
+                .collect();
+            diags.push(
+                from.diag(Code::ImportCycle, pointer, format!("subgraphs embed each other in a cycle: {}", chain.join(" -> ")))
+                    .help("a workflow cannot contain itself; break the cycle"),
+            );
+            return None;
+        }
+        self.compile(path)
+    }
+}
+
+fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+fn display_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Resolves `rel` against the directory of the file `base`.
+pub(crate) fn relative_to(base: &Path, rel: &str) -> PathBuf {
+    let dir = base.parent().unwrap_or_else(|| Path::new(""));
+    let joined = dir.join(rel);
+    // Keep paths as the user would write them (no canonicalization): they appear in
+    // diagnostics. Fold `a/../` segments for readability.
+    let mut out = PathBuf::new();
+    for part in joined.components() {
+        match part {
+            std::path::Component::ParentDir if out.components().next_back().is_some_and(|c| matches!(c, std::path::Component::Normal(_))) => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Compiles one workflow file and returns the plan, or the diagnostics that prevent one.
+pub fn compile_file(path: &Path) -> (Option<Arc<Plan>>, Compilation) {
+    let mut c = Compiler::new();
+    let plan = c.compile(path);
+    (plan, c.finish())
+}

@@ -1,0 +1,287 @@
+//! The compiled plan: what the engine executes. Only `compile` constructs one.
+//!
+//! Architecture Invariant: inside a plan, nodes are [`NodeIx`] indices; names are kept only
+//! for display and diagnostics. Expressions and templates are compiled once, here.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use indexmap::IndexMap;
+use minijinja::{Environment, Expression};
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use serde_json::Value;
+
+use crate::spec::NodeSpec;
+
+/// A node's index in its plan.
+pub type NodeIx = NodeIndex<u32>;
+
+/// An executable workflow.
+pub struct Plan {
+    pub name: String,
+    pub description: Option<String>,
+    pub path: PathBuf,
+    /// Identifies this version of the workflow: the resolved spec, prompts, schema files and
+    /// subgraphs, hashed (SHA-256, hex). Comments and formatting do not change it.
+    pub hash: String,
+    /// The graph: START, END and every node; edge weights say how control flows.
+    pub graph: StableDiGraph<Vertex, Flow>,
+    pub start: NodeIx,
+    pub end: NodeIx,
+    /// Per node (by graph index): its resolved spec, compiled fields and outgoing branches.
+    pub nodes: IndexMap<NodeIx, PlanNode>,
+    /// What runs first.
+    pub entry: Vec<Branch>,
+    /// Joins: the target runs once every source has run since it last ran.
+    pub joins: Vec<(Vec<NodeIx>, Target)>,
+    pub state: IndexMap<String, Channel>,
+    pub input_schema: Option<Value>,
+    pub context_schema: Option<Value>,
+    pub config: Value,
+    pub output: Option<Vec<String>>,
+    pub recursion_limit: u32,
+    pub predicates: IndexMap<String, ExprId>,
+    pub models: IndexMap<String, crate::spec::ModelProfile>,
+    /// Child plans of subgraph nodes.
+    pub subgraphs: IndexMap<NodeIx, Arc<Plan>>,
+    pub exprs: ExprTable,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("name", &self.name)
+            .field("hash", &self.hash)
+            .field("nodes", &self.nodes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plan {
+    /// A node's name, for display.
+    pub fn name_of(&self, ix: NodeIx) -> &str {
+        match &self.graph[ix] {
+            Vertex::Start => "START",
+            Vertex::End => "END",
+            Vertex::Node(name) => name,
+        }
+    }
+
+    /// The node called `name`, if any.
+    pub fn node_by_name(&self, name: &str) -> Option<NodeIx> {
+        self.nodes.iter().find(|(_, n)| n.name == name).map(|(ix, _)| *ix)
+    }
+}
+
+/// A vertex of the plan graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Vertex {
+    Start,
+    End,
+    Node(String),
+}
+
+/// How control flows along a graph edge (for pictures and analysis; the engine uses
+/// [`Branch`]es).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Flow {
+    /// Always taken.
+    Static,
+    /// Taken when the condition holds (`None`: the default clause).
+    Conditional { label: Option<String> },
+    /// Part of a join: the target waits for all its sources.
+    Join,
+    /// Fan-out: one task per item.
+    Send { foreach: String, item: String },
+    /// A node's own `goto` choice.
+    Goto { label: Option<String> },
+    /// To the node's error handler.
+    OnError,
+}
+
+/// A compiled node.
+#[derive(Debug)]
+pub struct PlanNode {
+    pub name: String,
+    /// The user kind it was declared with, when not a built-in.
+    pub user_kind: Option<String>,
+    pub spec: NodeSpec,
+    /// Compiled `update` entries: key → expression or literal.
+    pub update: Vec<(String, Writer)>,
+    /// Compiled expressions and templates of the kind's own fields, by field pointer
+    /// (e.g. `/prompt`, `/payload/plan`).
+    pub fields: IndexMap<String, Compiled>,
+    /// Outgoing control flow, evaluated after the node runs.
+    pub branches: Vec<Branch>,
+    /// The node's own `goto` clauses, evaluated with its output.
+    pub goto: Vec<Clause>,
+    pub on_error: Option<ErrorHandler>,
+    /// Set when this node is a fan-out target: the name its item has.
+    pub item: Option<String>,
+}
+
+/// A compiled state write.
+#[derive(Debug, Clone)]
+pub enum Writer {
+    Expr(ExprId),
+    Literal(Value),
+}
+
+/// A compiled field.
+#[derive(Debug, Clone)]
+pub enum Compiled {
+    Expr(ExprId),
+    Template(TemplateId),
+    Literal(Value),
+}
+
+/// Where a node goes when it fails.
+#[derive(Debug)]
+pub struct ErrorHandler {
+    pub to: Target,
+    pub update: Vec<(String, Writer)>,
+}
+
+/// A node's outgoing control flow.
+#[derive(Debug, Clone)]
+pub enum Branch {
+    /// Always run these next.
+    Always(Vec<Target>),
+    /// Run the first matching clause's targets.
+    Route(Vec<Clause>),
+    /// Fan out.
+    Send(SendSpec),
+}
+
+/// A routing clause.
+#[derive(Debug, Clone)]
+pub struct Clause {
+    pub when: Option<ExprId>,
+    pub then: ClauseTarget,
+    pub label: Option<String>,
+}
+
+/// Where a clause leads.
+#[derive(Debug, Clone)]
+pub enum ClauseTarget {
+    Nodes(Vec<Target>),
+    Send(SendSpec),
+}
+
+/// A compiled fan-out.
+#[derive(Debug, Clone)]
+pub struct SendSpec {
+    pub to: NodeIx,
+    pub foreach: ExprId,
+    pub item: String,
+}
+
+/// A successor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    Node(NodeIx),
+    End,
+}
+
+/// A state key.
+#[derive(Debug, Clone)]
+pub struct Channel {
+    pub reducer: Reducer,
+    pub default: Value,
+    pub schema: Value,
+}
+
+/// How writes to a key combine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reducer {
+    Replace,
+    Append,
+    Extend,
+    Union,
+    AddMessages,
+    Merge,
+    Sum,
+    Max,
+    Min,
+    Custom { name: String, expr: ExprId },
+}
+
+impl Reducer {
+    /// A built-in reducer by name.
+    pub fn builtin(name: &str) -> Option<Reducer> {
+        Some(match name {
+            "replace" => Reducer::Replace,
+            "append" => Reducer::Append,
+            "extend" | "concat" => Reducer::Extend,
+            "union" => Reducer::Union,
+            "add_messages" => Reducer::AddMessages,
+            "merge" => Reducer::Merge,
+            "sum" => Reducer::Sum,
+            "max" => Reducer::Max,
+            "min" => Reducer::Min,
+            _ => return None,
+        })
+    }
+
+    pub const BUILTIN_NAMES: &[&str] = &[
+        "replace", "append", "extend", "concat", "union", "add_messages", "merge", "sum", "max",
+        "min",
+    ];
+
+    /// Whether several writes in one superstep can be combined.
+    pub fn combines(&self) -> bool {
+        *self != Reducer::Replace
+    }
+}
+
+/// An expression in the plan's [`ExprTable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExprId(pub u32);
+
+/// A template in the plan's environment, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TemplateId(pub Arc<str>);
+
+type CompiledExprs<'env> = Vec<Expression<'env, 'static>>;
+
+self_cell::self_cell!(
+    /// The plan's minijinja environment (templates) and its compiled expressions, which borrow
+    /// from it.
+    pub struct ExprTable {
+        owner: Environment<'static>,
+        #[covariant]
+        dependent: CompiledExprs,
+    }
+);
+
+impl std::fmt::Debug for ExprTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExprTable").field("exprs", &self.borrow_dependent().len()).finish()
+    }
+}
+
+impl ExprTable {
+    /// Builds the table, compiling `sources` in order: `ExprId(i)` is `sources[i]`.
+    /// Every source was compiled once already while checking, so failure here is a bug.
+    pub(crate) fn build(env: Environment<'static>, sources: Vec<String>) -> Result<ExprTable, minijinja::Error> {
+        ExprTable::try_new(env, |env| {
+            sources.into_iter().map(|s| env.compile_expression_owned(s)).collect()
+        })
+    }
+
+    pub fn env(&self) -> &Environment<'static> {
+        self.borrow_owner()
+    }
+
+    pub fn expr(&self, id: ExprId) -> &Expression<'_, 'static> {
+        &self.borrow_dependent()[id.0 as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.borrow_dependent().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.borrow_dependent().is_empty()
+    }
+}

@@ -1,0 +1,248 @@
+//! User JSON Schemas (state keys, input, context, types, llm output, interrupt responses):
+//! `$ref`s resolved, validators compiled, defaults checked.
+//!
+//! `#/types/Name` is resolved by attaching the workflow's types to the schema's root under
+//! `types`, so the reference is an ordinary JSON pointer. A `$ref` to a file is inlined under
+//! `files` with the file's own `#...` references rewritten to point into it, so validation
+//! needs no retriever and never touches the network.
+
+use std::path::{Path, PathBuf};
+
+use indexmap::IndexMap;
+use serde_json::{Map, Value};
+
+use super::defs::Def;
+use super::source::Source;
+use crate::diag::{Code, Diagnostic};
+use crate::spec::load::push_pointer;
+
+/// Resolves schemas against a workflow's types.
+pub struct Resolver<'a> {
+    types: &'a IndexMap<String, Def<Value>>,
+    /// Inlined files, by path, with their slot under `files`.
+    files: IndexMap<PathBuf, Value>,
+    resolved_types: Option<Map<String, Value>>,
+}
+
+impl<'a> Resolver<'a> {
+    pub fn new(types: &'a IndexMap<String, Def<Value>>) -> Resolver<'a> {
+        Resolver { types, files: IndexMap::new(), resolved_types: None }
+    }
+
+    /// Resolves `schema` (found at `pointer` in `src`) into a self-contained root document.
+    pub fn resolve(&mut self, src: &Source, pointer: &str, schema: &Value, diags: &mut Vec<Diagnostic>) -> Value {
+        self.ensure_types(diags);
+        let mut out = schema.clone();
+        self.walk(src.path(), Some(src), pointer, &mut out, None, diags);
+        self.attach(out)
+    }
+
+    /// The resolved form of a types-only root, for following `#/types/X` in analysis.
+    fn ensure_types(&mut self, diags: &mut Vec<Diagnostic>) {
+        if self.resolved_types.is_some() {
+            return;
+        }
+        self.resolved_types = Some(Map::new());
+        let mut resolved = Map::new();
+        for (name, def) in self.types {
+            let mut v = def.value.clone();
+            self.walk(def.src.path(), Some(&def.src), &def.pointer, &mut v, None, diags);
+            resolved.insert(name.clone(), v);
+        }
+        self.resolved_types = Some(resolved);
+    }
+
+    fn attach(&self, schema: Value) -> Value {
+        let mut root = match schema {
+            Value::Object(m) => m,
+            Value::Bool(b) => {
+                let mut m = Map::new();
+                if !b {
+                    m.insert("not".into(), Value::Object(Map::new()));
+                }
+                m
+            }
+            _ => Map::new(),
+        };
+        if let Some(t) = &self.resolved_types {
+            if !t.is_empty() {
+                root.entry("types").or_insert_with(|| Value::Object(t.clone()));
+            }
+        }
+        if !self.files.is_empty() {
+            let files: Map<String, Value> = self.files.values().enumerate().map(|(i, v)| (i.to_string(), v.clone())).collect();
+            root.insert("files".into(), Value::Object(files));
+        }
+        Value::Object(root)
+    }
+
+    /// Rewrites the `$ref`s under `value`. `file_slot` is set while walking an inlined file,
+    /// whose local references must be redirected into its slot.
+    fn walk(&mut self, base: &Path, src: Option<&Source>, pointer: &str, value: &mut Value, file_slot: Option<usize>, diags: &mut Vec<Diagnostic>) {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(r)) = map.get("$ref").cloned() {
+                    let at = push_pointer(pointer, "$ref");
+                    if let Some(new) = self.reference(base, src, &at, &r, file_slot, diags) {
+                        map.insert("$ref".into(), Value::String(new));
+                    }
+                }
+                for (k, v) in map.iter_mut() {
+                    if k == "$ref" || k == "const" || k == "enum" || k == "default" || k == "examples" {
+                        continue;
+                    }
+                    self.walk(base, src, &push_pointer(pointer, k), v, file_slot, diags);
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter_mut().enumerate() {
+                    self.walk(base, src, &push_pointer(pointer, &i.to_string()), v, file_slot, diags);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn reference(&mut self, base: &Path, src: Option<&Source>, at: &str, r: &str, file_slot: Option<usize>, diags: &mut Vec<Diagnostic>) -> Option<String> {
+        if let Some(local) = r.strip_prefix('#') {
+            if let Some(slot) = file_slot {
+                return Some(format!("#/files/{slot}{local}"));
+            }
+            if let Some(name) = local.strip_prefix("/types/") {
+                let name = name.split('/').next().unwrap_or_default();
+                if !self.types.contains_key(name) {
+                    if let Some(src) = src {
+                        diags.push(
+                            src.diag(Code::UnknownType, at, format!("unknown type `{name}`"))
+                                .suggest(name, self.types.keys().map(String::as_str))
+                                .help_or("declare it under `types:`"),
+                        );
+                    }
+                }
+            }
+            return None;
+        }
+        if r.contains("://") {
+            if let Some(src) = src {
+                diags.push(
+                    src.diag(Code::BadSchema, at, format!("`$ref` to `{r}`: schemas are never fetched over the network"))
+                        .help("save the schema under schemas/ and refer to it by relative path"),
+                );
+            }
+            return None;
+        }
+        let (file, fragment) = r.split_once('#').unwrap_or((r, ""));
+        let path = super::relative_to(base, file);
+        let slot = match self.files.get_index_of(&path) {
+            Some(slot) => slot,
+            None => {
+                let loaded = match load_schema_file(&path) {
+                    Ok(v) => v,
+                    Err(msg) => {
+                        if let Some(src) = src {
+                            let code = if path.exists() { Code::BadSchema } else { Code::MissingFile };
+                            diags.push(src.diag(code, at, msg).help_if_none_missing(&path));
+                        }
+                        return None;
+                    }
+                };
+                let slot = self.files.len();
+                self.files.insert(path.clone(), Value::Null);
+                let mut v = loaded;
+                // Problems inside a referenced file are reported at the reference.
+                let mut inner = Vec::new();
+                self.walk(&path, None, "", &mut v, Some(slot), &mut inner);
+                self.files.insert(path, v);
+                slot
+            }
+        };
+        Some(format!("#/files/{slot}{fragment}"))
+    }
+
+    /// Follows `$ref`s to types and files to the schema they name, for static analysis.
+    pub fn follow<'v>(&'v self, schema: &'v Value) -> &'v Value {
+        let mut cur = schema;
+        for _ in 0..16 {
+            let Some(r) = cur.get("$ref").and_then(Value::as_str) else { break };
+            let next = if let Some(name) = r.strip_prefix("#/types/") {
+                self.resolved_types.as_ref().and_then(|t| t.get(name))
+            } else if let Some(rest) = r.strip_prefix("#/files/") {
+                let (slot, frag) = rest.split_once('/').map_or((rest, ""), |(s, f)| (s, f));
+                slot.parse::<usize>().ok().and_then(|i| self.files.get_index(i)).and_then(|(_, v)| {
+                    if frag.is_empty() { Some(v) } else { v.pointer(&format!("/{frag}")) }
+                })
+            } else {
+                None
+            };
+            match next {
+                Some(n) => cur = n,
+                None => break,
+            }
+        }
+        cur
+    }
+
+    /// The JSON types a schema declares (following references), if it says.
+    pub fn types_of(&self, schema: &Value) -> Option<Vec<String>> {
+        match self.follow(schema).get("type")? {
+            Value::String(t) => Some(vec![t.clone()]),
+            Value::Array(ts) => Some(ts.iter().filter_map(|t| t.as_str().map(str::to_string)).collect()),
+            _ => None,
+        }
+    }
+}
+
+trait MissingHelp {
+    fn help_if_none_missing(self, path: &Path) -> Self;
+}
+
+impl MissingHelp for Diagnostic {
+    fn help_if_none_missing(self, path: &Path) -> Self {
+        if path.exists() {
+            return self;
+        }
+        let siblings = path
+            .parent()
+            .and_then(|d| std::fs::read_dir(d).ok())
+            .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        self.suggest(&name, siblings.iter().map(String::as_str))
+    }
+}
+
+
+fn load_schema_file(path: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("schema file `{}` does not exist", path.display()),
+        _ => format!("cannot read schema file `{}`: {e}", path.display()),
+    })?;
+    let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+    if is_yaml {
+        let file = crate::spec::load::SourceFile { path: path.into(), text: text.into() };
+        crate::spec::load::parse(file)
+            .map(|d| d.value)
+            .map_err(|d| format!("schema file `{}` does not parse: {}", path.display(), d.first().map(|d| d.message.as_str()).unwrap_or("")))
+    } else {
+        serde_json::from_str(&text).map_err(|e| format!("schema file `{}` is not valid JSON: {e}", path.display()))
+    }
+}
+
+/// Compiles a resolved schema, reporting an invalid one at `pointer`.
+pub fn validator(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<Diagnostic>) -> Option<jsonschema::Validator> {
+    match jsonschema::draft202012::new(root) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            diags.push(src.diag(Code::BadSchema, pointer, format!("invalid JSON Schema: {}", e.masked())));
+            None
+        }
+    }
+}
+
+/// The first way `value` fails `validator`, as text.
+pub fn first_violation(validator: &jsonschema::Validator, value: &Value) -> Option<String> {
+    validator.iter_errors(value).next().map(|e| {
+        let at = e.instance_path().as_str().to_string();
+        if at.is_empty() { e.masked().to_string() } else { format!("at `{at}`: {}", e.masked()) }
+    })
+}
