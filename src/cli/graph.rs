@@ -32,6 +32,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         eprint!("{}", diag::render(&result.diagnostics, &result.files, Format::Human));
         return Ok(exit::INVALID);
     };
-    std::io::stdout().lock().write_all(picture::render(&plan, args.format).as_bytes())?;
+    std::io::stdout()
+        .lock()
+        .write_all(picture::render(&plan, args.format).as_bytes())?;
     Ok(exit::OK)
 }

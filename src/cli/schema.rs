@@ -8,9 +8,19 @@ use super::exit;
 ///
 /// Example: runner schema > workflow.schema.json
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Generate the schema from this build's types instead of printing the embedded copy
+    /// (for refreshing schemas/workflow.schema.json after changing the language).
+    #[arg(long, hide = true)]
+    generate: bool,
+}
 
-pub fn run(_: Args) -> anyhow::Result<u8> {
-    std::io::stdout().lock().write_all(crate::spec::schema::WORKFLOW_SCHEMA.as_bytes())?;
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    let text = if args.generate {
+        crate::spec::schema::generate_text()
+    } else {
+        crate::spec::schema::WORKFLOW_SCHEMA.to_string()
+    };
+    std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(exit::OK)
 }

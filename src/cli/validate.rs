@@ -28,7 +28,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let paths = if args.paths.is_empty() { vec![PathBuf::from("workflows")] } else { args.paths };
+    let paths = if args.paths.is_empty() {
+        vec![PathBuf::from("workflows")]
+    } else {
+        args.paths
+    };
     let files = workflow_files(&paths)?;
     let mut compiler = Compiler::new();
     for file in &files {
@@ -52,7 +56,12 @@ fn summary(files: usize, errors: usize, warnings: usize) -> String {
     if errors == 0 && warnings == 0 {
         format!("{} valid", plural(files, "file"))
     } else {
-        format!("{}, {} in {}", plural(errors, "error"), plural(warnings, "warning"), plural(files, "file"))
+        format!(
+            "{}, {} in {}",
+            plural(errors, "error"),
+            plural(warnings, "warning"),
+            plural(files, "file")
+        )
     }
 }
 
@@ -68,7 +77,14 @@ pub fn workflow_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
         }
     }
     if out.is_empty() {
-        bail!("no workflow files (*.yaml, *.yml) under {}", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+        bail!(
+            "no workflow files (*.yaml, *.yml) under {}",
+            paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     out.sort();
     out.dedup();
@@ -78,13 +94,19 @@ pub fn workflow_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if name.starts_with('.') {
             continue;
         }
         if path.is_dir() {
             collect(&path, out)?;
-        } else if (name.ends_with(".yaml") || name.ends_with(".yml")) && !name.ends_with(".test.yaml") && !name.ends_with(".test.yml") {
+        } else if (name.ends_with(".yaml") || name.ends_with(".yml"))
+            && !name.ends_with(".test.yaml")
+            && !name.ends_with(".test.yml")
+        {
             out.push(path);
         }
     }

@@ -39,7 +39,8 @@ pub const RESERVED_ROOTS: &[&str] = &[
 
 pub fn is_identifier(name: &str) -> bool {
     let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Collects the definitions of `src` and its imports.
@@ -51,7 +52,14 @@ pub fn collect(c: &mut Compiler, src: &Arc<Source>, wf: &Workflow, diags: &mut V
     defs
 }
 
-fn import_all(c: &mut Compiler, src: &Arc<Source>, wf: &Workflow, defs: &mut Defs, stack: &mut Vec<PathBuf>, diags: &mut Vec<Diagnostic>) {
+fn import_all(
+    c: &mut Compiler,
+    src: &Arc<Source>,
+    wf: &Workflow,
+    defs: &mut Defs,
+    stack: &mut Vec<PathBuf>,
+    diags: &mut Vec<Diagnostic>,
+) {
     for (i, rel) in wf.imports.iter().enumerate() {
         let pointer = format!("/imports/{i}");
         let path = relative_to(src.path(), rel);
@@ -68,8 +76,12 @@ fn import_all(c: &mut Compiler, src: &Arc<Source>, wf: &Workflow, defs: &mut Def
                 .map(|p| super::display_name(p))
                 .collect();
             diags.push(
-                src.diag(Code::ImportCycle, &pointer, format!("files import each other in a cycle: {}", chain.join(" -> ")))
-                    .help("move the shared definitions into a file that imports neither"),
+                src.diag(
+                    Code::ImportCycle,
+                    &pointer,
+                    format!("files import each other in a cycle: {}", chain.join(" -> ")),
+                )
+                .help("move the shared definitions into a file that imports neither"),
             );
             continue;
         }
@@ -77,8 +89,14 @@ fn import_all(c: &mut Compiler, src: &Arc<Source>, wf: &Workflow, defs: &mut Def
         let Some(lib_wf) = lib.workflow.clone() else { continue };
         if !lib_wf.nodes.is_empty() || !lib_wf.edges.is_empty() {
             diags.push(
-                src.diag(Code::BadImport, &pointer, format!("`{rel}` defines nodes or edges; an import shares only types, reducers, predicates and kinds"))
-                    .help("use a `subgraph` node to run another workflow"),
+                src.diag(
+                    Code::BadImport,
+                    &pointer,
+                    format!(
+                        "`{rel}` defines nodes or edges; an import shares only types, reducers, predicates and kinds"
+                    ),
+                )
+                .help("use a `subgraph` node to run another workflow"),
             );
         }
         stack.push(key);
@@ -92,31 +110,84 @@ fn add_local(src: &Arc<Source>, wf: &Workflow, defs: &mut Defs, diags: &mut Vec<
     for (name, t) in &wf.types {
         let pointer = push_pointer("/types", name);
         check_name(src, &pointer, name, "type", diags);
-        insert(&mut defs.types, name, Def { value: t.0.clone(), src: src.clone(), pointer }, "type", diags);
+        insert(
+            &mut defs.types,
+            name,
+            Def {
+                value: t.0.clone(),
+                src: src.clone(),
+                pointer,
+            },
+            "type",
+            diags,
+        );
     }
     for (name, r) in &wf.reducers {
         let pointer = push_pointer("/reducers", name);
         check_name(src, &pointer, name, "reducer", diags);
         if Reducer::builtin(name).is_some() {
-            diags.push(src.diag_key(Code::ReservedName, &pointer, format!("`{name}` is a built-in reducer")).help("give the custom reducer another name"));
+            diags.push(
+                src.diag_key(Code::ReservedName, &pointer, format!("`{name}` is a built-in reducer"))
+                    .help("give the custom reducer another name"),
+            );
         }
-        insert(&mut defs.reducers, name, Def { value: r.expr().to_string(), src: src.clone(), pointer }, "reducer", diags);
+        insert(
+            &mut defs.reducers,
+            name,
+            Def {
+                value: r.expr().to_string(),
+                src: src.clone(),
+                pointer,
+            },
+            "reducer",
+            diags,
+        );
     }
     for (name, p) in &wf.predicates {
         let pointer = push_pointer("/predicates", name);
         check_name(src, &pointer, name, "predicate", diags);
         if RESERVED_ROOTS.contains(&name.as_str()) {
-            diags.push(src.diag_key(Code::ReservedName, &pointer, format!("`{name}` is reserved in expressions")).help("give the predicate another name"));
+            diags.push(
+                src.diag_key(
+                    Code::ReservedName,
+                    &pointer,
+                    format!("`{name}` is reserved in expressions"),
+                )
+                .help("give the predicate another name"),
+            );
         }
-        insert(&mut defs.predicates, name, Def { value: p.expr().to_string(), src: src.clone(), pointer }, "predicate", diags);
+        insert(
+            &mut defs.predicates,
+            name,
+            Def {
+                value: p.expr().to_string(),
+                src: src.clone(),
+                pointer,
+            },
+            "predicate",
+            diags,
+        );
     }
     for (name, k) in &wf.kinds {
         let pointer = push_pointer("/kinds", name);
         check_name(src, &pointer, name, "kind", diags);
         if BUILTIN_KINDS.contains(&name.as_str()) {
-            diags.push(src.diag_key(Code::ReservedName, &pointer, format!("`{name}` is a built-in kind")).help("give the user kind another name"));
+            diags.push(
+                src.diag_key(Code::ReservedName, &pointer, format!("`{name}` is a built-in kind"))
+                    .help("give the user kind another name"),
+            );
         }
-        insert(&mut defs.kinds, name, Def { value: k.clone(), src: src.clone(), pointer }, "kind", diags);
+        insert(
+            &mut defs.kinds,
+            name,
+            Def {
+                value: k.clone(),
+                src: src.clone(),
+                pointer,
+            },
+            "kind",
+            diags,
+        );
     }
 }
 
@@ -127,7 +198,11 @@ fn insert<T>(map: &mut IndexMap<String, Def<T>>, name: &str, def: Def<T>, what: 
         }
         diags.push(
             def.src
-                .diag_key(Code::DuplicateName, &def.pointer, format!("{what} `{name}` is already defined in {}", prev.src.path().display()))
+                .diag_key(
+                    Code::DuplicateName,
+                    &def.pointer,
+                    format!("{what} `{name}` is already defined in {}", prev.src.path().display()),
+                )
                 .help(format!("rename one of the two {what}s")),
         );
         return;
@@ -138,11 +213,18 @@ fn insert<T>(map: &mut IndexMap<String, Def<T>>, name: &str, def: Def<T>, what: 
 /// Reports a name that is not an identifier or is reserved.
 pub fn check_name(src: &Source, pointer: &str, name: &str, what: &str, diags: &mut Vec<Diagnostic>) {
     if name == "START" || name == "END" {
-        diags.push(src.diag_key(Code::ReservedName, pointer, format!("`{name}` is reserved")).help(format!("name the {what} something else")));
+        diags.push(
+            src.diag_key(Code::ReservedName, pointer, format!("`{name}` is reserved"))
+                .help(format!("name the {what} something else")),
+        );
     } else if !is_identifier(name) {
         diags.push(
-            src.diag_key(Code::ReservedName, pointer, format!("{what} name `{name}` is not an identifier"))
-                .help("use letters, digits and `_`, not starting with a digit"),
+            src.diag_key(
+                Code::ReservedName,
+                pointer,
+                format!("{what} name `{name}` is not an identifier"),
+            )
+            .help("use letters, digits and `_`, not starting with a digit"),
         );
     }
 }
@@ -151,13 +233,30 @@ pub fn check_name(src: &Source, pointer: &str, name: &str, what: &str, diags: &m
 pub fn missing_file(src: &Source, pointer: &str, path: &std::path::Path, what: &str) -> Diagnostic {
     let siblings: Vec<String> = path
         .parent()
-        .map(|d| if d.as_os_str().is_empty() { std::path::Path::new(".") } else { d })
+        .map(|d| {
+            if d.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                d
+            }
+        })
         .and_then(|d| std::fs::read_dir(d).ok())
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    src.diag(Code::MissingFile, pointer, format!("{what} `{}` does not exist", path.display()))
-        .suggest(&name, siblings.iter().map(String::as_str))
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    src.diag(
+        Code::MissingFile,
+        pointer,
+        format!("{what} `{}` does not exist", path.display()),
+    )
+    .suggest(&name, siblings.iter().map(String::as_str))
 }
 
 /// Checks a library file (definitions only): names, imports, expression syntax, kinds.
@@ -166,17 +265,17 @@ pub fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec<Diagno
     let defs = collect(c, src, &wf, diags);
     let mut exprs = super::exprs::Exprs::new(None);
     for d in defs.reducers.values().chain(defs.predicates.values()) {
-        if Arc::ptr_eq(&d.src, src) {
-            if let Err(e) = exprs.expr(&d.value) {
-                diags.push(d.src.diag(Code::ExprSyntax, &d.pointer, e));
-            }
+        if Arc::ptr_eq(&d.src, src)
+            && let Err(e) = exprs.expr(&d.value)
+        {
+            diags.push(d.src.diag(Code::ExprSyntax, &d.pointer, e));
         }
     }
     for (name, k) in &defs.kinds {
-        if Arc::ptr_eq(&k.src, src) {
-            if let Err(d) = super::nodes::kind_chain(&defs, name, &k.src, &k.pointer) {
-                diags.push(d);
-            }
+        if Arc::ptr_eq(&k.src, src)
+            && let Err(d) = super::nodes::kind_chain(&defs, name, &k.src, &k.pointer)
+        {
+            diags.push(d);
         }
     }
 }

@@ -33,7 +33,10 @@ pub fn environment(prompts: Option<PathBuf>) -> Environment<'static> {
             match std::fs::read_to_string(dir.join(name)) {
                 Ok(text) => Ok(Some(text)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(minijinja::Error::new(minijinja::ErrorKind::TemplateNotFound, e.to_string())),
+                Err(e) => Err(minijinja::Error::new(
+                    minijinja::ErrorKind::TemplateNotFound,
+                    e.to_string(),
+                )),
             }
         });
     }
@@ -50,7 +53,12 @@ pub struct Exprs {
 
 impl Exprs {
     pub fn new(prompts: Option<PathBuf>) -> Exprs {
-        Exprs { env: environment(prompts), sources: Vec::new(), by_text: HashMap::new(), templates: HashMap::new() }
+        Exprs {
+            env: environment(prompts),
+            sources: Vec::new(),
+            by_text: HashMap::new(),
+            templates: HashMap::new(),
+        }
     }
 
     /// Compiles an expression; returns its id and the dotted names it reads.
@@ -74,7 +82,9 @@ impl Exprs {
         if let Some(vars) = self.templates.get(name) {
             return Ok((TemplateId(Arc::from(name)), vars.clone()));
         }
-        self.env.add_template_owned(name.to_string(), text.to_string()).map_err(|e| first_line(&e))?;
+        self.env
+            .add_template_owned(name.to_string(), text.to_string())
+            .map_err(|e| first_line(&e))?;
         let vars = match self.env.get_template(name) {
             Ok(t) => sorted(t.undeclared_variables(true)),
             Err(e) => return Err(first_line(&e)),
@@ -160,7 +170,16 @@ pub struct Scope<'a> {
 
 impl<'a> Scope<'a> {
     pub fn base(sym: &'a Symbols) -> Scope<'a> {
-        Scope { sym, params: None, item: None, output: None, usage: false, error: false, reducer: false, predicates: true }
+        Scope {
+            sym,
+            params: None,
+            item: None,
+            output: None,
+            usage: false,
+            error: false,
+            reducer: false,
+            predicates: true,
+        }
     }
 
     fn roots(&self) -> Vec<&str> {
@@ -220,18 +239,26 @@ impl<'a> Scope<'a> {
                 if self.sym.state.iter().any(|k| k == key) {
                     return None;
                 }
-                bad(format!("`state.{key}` is not a declared state key"))
-                    .map(|d| d.suggest(key, self.sym.state.iter().map(String::as_str)).help_or("declare it under `state:`"))
+                bad(format!("`state.{key}` is not a declared state key")).map(|d| {
+                    d.suggest(key, self.sym.state.iter().map(String::as_str))
+                        .help_or("declare it under `state:`")
+                })
             }
             "input" | "context" => {
-                let declared = if root == "input" { &self.sym.input } else { &self.sym.context };
+                let declared = if root == "input" {
+                    &self.sym.input
+                } else {
+                    &self.sym.context
+                };
                 match (declared, field) {
                     (None, _) => bad(format!("the workflow declares no `{root}`"))
                         .map(|d| d.help(format!("declare `{root}:` as a JSON Schema with the fields you read"))),
                     (Some(None), _) | (_, None) => None,
                     (Some(Some(props)), Some(f)) if props.iter().any(|p| p == f) => None,
-                    (Some(Some(props)), Some(f)) => bad(format!("`{root}.{f}` is not declared in the workflow's `{root}` schema"))
-                        .map(|d| d.suggest(f, props.iter().map(String::as_str))),
+                    (Some(Some(props)), Some(f)) => bad(format!(
+                        "`{root}.{f}` is not declared in the workflow's `{root}` schema"
+                    ))
+                    .map(|d| d.suggest(f, props.iter().map(String::as_str))),
                 }
             }
             "config" => self.check_config(src, pointer, &rest),
@@ -239,8 +266,12 @@ impl<'a> Scope<'a> {
             "params" if self.params.is_some() => {
                 let names = self.params.unwrap_or_default();
                 match field {
-                    Some(f) if !names.iter().any(|n| n == f) => bad(format!("`params.{f}` is not a parameter of this node"))
-                        .map(|d| d.suggest(f, names.iter().map(String::as_str)).help_or("declare it under the node's `params:`")),
+                    Some(f) if !names.iter().any(|n| n == f) => {
+                        bad(format!("`params.{f}` is not a parameter of this node")).map(|d| {
+                            d.suggest(f, names.iter().map(String::as_str))
+                                .help_or("declare it under the node's `params:`")
+                        })
+                    }
                     _ => None,
                 }
             }
@@ -251,7 +282,10 @@ impl<'a> Scope<'a> {
                     .map(|d| d.help("use `output` itself, or declare `output: {format: json, schema: ...}`")),
                 (Shape::Fields(fields), Some(f)) if fields.iter().any(|x| x == f) => None,
                 (Shape::Fields(fields), Some(f)) => bad(format!("`output.{f}` is not a field of this node's output"))
-                    .map(|d| d.suggest(f, fields.iter().map(String::as_str)).help_or(format!("its fields are: {}", fields.join(", ")))),
+                    .map(|d| {
+                        d.suggest(f, fields.iter().map(String::as_str))
+                            .help_or(format!("its fields are: {}", fields.join(", ")))
+                    }),
             },
             "usage" if self.usage => check_fields(src, pointer, "usage", field, USAGE_FIELDS),
             "error" if self.error => check_fields(src, pointer, "error", field, ERROR_FIELDS),
@@ -259,8 +293,16 @@ impl<'a> Scope<'a> {
             _ if self.predicates && self.sym.predicates.iter().any(|p| p == root) => None,
             _ => {
                 let bare = text.trim() == root;
-                let code = if bare && self.predicates { Code::UnknownPredicate } else { Code::UndeclaredVariable };
-                let what = if code == Code::UnknownPredicate { "predicate" } else { "name" };
+                let code = if bare && self.predicates {
+                    Code::UnknownPredicate
+                } else {
+                    Code::UndeclaredVariable
+                };
+                let what = if code == Code::UnknownPredicate {
+                    "predicate"
+                } else {
+                    "name"
+                };
                 let d = src.diag(code, pointer, format!("unknown {what} `{root}`"));
                 let d = if self.sym.state.iter().any(|k| k == root) {
                     d.help(format!("state keys are read as `state.{root}`"))
@@ -289,9 +331,13 @@ impl<'a> Scope<'a> {
                 }
                 None => {
                     return Some(
-                        src.diag(Code::UndeclaredVariable, pointer, format!("`{walked}.{seg}` is not in the workflow's `config`"))
-                            .suggest(seg, map.keys().map(String::as_str))
-                            .help_or("give it a default under `config:`"),
+                        src.diag(
+                            Code::UndeclaredVariable,
+                            pointer,
+                            format!("`{walked}.{seg}` is not in the workflow's `config`"),
+                        )
+                        .suggest(seg, map.keys().map(String::as_str))
+                        .help_or("give it a default under `config:`"),
                     );
                 }
             }
@@ -306,17 +352,23 @@ fn check_fields(src: &Source, pointer: &str, root: &str, field: Option<&str>, kn
         return None;
     }
     Some(
-        src.diag(Code::UndeclaredVariable, pointer, format!("`{root}.{f}` does not exist"))
-            .suggest(f, known.iter().copied())
-            .help_or(format!("`{root}` has: {}", known.join(", "))),
+        src.diag(
+            Code::UndeclaredVariable,
+            pointer,
+            format!("`{root}.{f}` does not exist"),
+        )
+        .suggest(f, known.iter().copied())
+        .help_or(format!("`{root}` has: {}", known.join(", "))),
     )
 }
-
 
 /// A JSON Schema's declared property names: `None` when it does not close them off.
 pub fn declared_props(schema: &Value) -> Option<Vec<String>> {
     let props = schema.get("properties").and_then(Value::as_object)?;
-    if schema.get("additionalProperties").is_some_and(|a| a != &Value::Bool(false)) {
+    if schema
+        .get("additionalProperties")
+        .is_some_and(|a| a != &Value::Bool(false))
+    {
         return None;
     }
     Some(props.keys().cloned().collect())

@@ -20,7 +20,11 @@ pub(super) fn target(b: &mut Build, pointer: &str, name: &str) -> Option<Target>
     match name {
         "END" => Some(Target::End),
         "START" => {
-            b.diags.push(b.src.diag(Code::BadEdge, pointer, "START cannot be a target").help("START is where a run begins; edges leave it"));
+            b.diags.push(
+                b.src
+                    .diag(Code::BadEdge, pointer, "START cannot be a target")
+                    .help("START is where a run begins; edges leave it"),
+            );
             None
         }
         _ => match b.index.get(name) {
@@ -42,7 +46,11 @@ fn source(b: &mut Build, pointer: &str, name: &str) -> Option<NodeIx> {
     match name {
         "START" => Some(b.start),
         "END" => {
-            b.diags.push(b.src.diag(Code::BadEdge, pointer, "END cannot be a source").help("a run ends at END; no edge leaves it"));
+            b.diags.push(
+                b.src
+                    .diag(Code::BadEdge, pointer, "END cannot be a source")
+                    .help("a run ends at END; no edge leaves it"),
+            );
             None
         }
         _ => target(b, pointer, name).map(|t| match t {
@@ -69,10 +77,14 @@ fn add_branch(b: &mut Build, from: NodeIx, branch: Branch) {
 
 /// Parses every edge into branches and graph edges.
 pub(super) fn edges(b: &mut Build) {
-    let Some(Value::Array(raw)) = b.src.doc.value.get("edges").cloned() else { return };
+    let Some(Value::Array(raw)) = b.src.doc.value.get("edges").cloned() else {
+        return;
+    };
     for (i, value) in raw.iter().enumerate() {
         let pointer = format!("/edges/{i}");
-        let Ok(edge) = serde_json::from_value::<Edge>(value.clone()) else { continue };
+        let Ok(edge) = serde_json::from_value::<Edge>(value.clone()) else {
+            continue;
+        };
         match edge {
             Edge::Chain(text) => chain(b, &pointer, &text),
             Edge::Object(obj) => object(b, &pointer, &obj),
@@ -91,19 +103,30 @@ fn chain(b: &mut Build, pointer: &str, text: &str) {
         return;
     }
     for pair in parts.windows(2) {
-        let Some(from) = source(b, pointer, pair[0]) else { continue };
-        let Some(to) = target(b, pointer, pair[1]) else { continue };
+        let Some(from) = source(b, pointer, pair[0]) else {
+            continue;
+        };
+        let Some(to) = target(b, pointer, pair[1]) else {
+            continue;
+        };
         b.graph.add_edge(from, vertex(b, to), Flow::Static);
         add_branch(b, from, Branch::Always(vec![to]));
     }
 }
 
 fn object(b: &mut Build, pointer: &str, edge: &EdgeObject) {
-    let given = [edge.to.is_some(), edge.route.is_some(), edge.send.is_some()].iter().filter(|x| **x).count();
+    let given = [edge.to.is_some(), edge.route.is_some(), edge.send.is_some()]
+        .iter()
+        .filter(|x| **x)
+        .count();
     if given != 1 {
         b.diags.push(
             b.src
-                .diag(Code::BadEdge, pointer, "an edge object takes exactly one of `to`, `route` and `send`")
+                .diag(
+                    Code::BadEdge,
+                    pointer,
+                    "an edge object takes exactly one of `to`, `route` and `send`",
+                )
                 .help("split it into several edges"),
         );
         return;
@@ -112,13 +135,18 @@ fn object(b: &mut Build, pointer: &str, edge: &EdgeObject) {
     let sources: Vec<String> = edge.from.as_slice().to_vec();
     if let OneOrMany::Many(list) = &edge.from {
         if list.is_empty() {
-            b.diags.push(b.src.diag(Code::BadEdge, &from_pointer, "`from` lists no node"));
+            b.diags
+                .push(b.src.diag(Code::BadEdge, &from_pointer, "`from` lists no node"));
             return;
         }
         if list.len() > 1 && edge.to.is_none() {
             b.diags.push(
                 b.src
-                    .diag(Code::BadEdge, &from_pointer, "a join (`from` with several nodes) takes `to`")
+                    .diag(
+                        Code::BadEdge,
+                        &from_pointer,
+                        "a join (`from` with several nodes) takes `to`",
+                    )
                     .help("join first, then route or fan out from the joined node"),
             );
             return;
@@ -126,7 +154,11 @@ fn object(b: &mut Build, pointer: &str, edge: &EdgeObject) {
     }
     let mut froms = Vec::new();
     for (i, name) in sources.iter().enumerate() {
-        let at = if matches!(edge.from, OneOrMany::Many(_)) { push_pointer(&from_pointer, &i.to_string()) } else { from_pointer.clone() };
+        let at = if matches!(edge.from, OneOrMany::Many(_)) {
+            push_pointer(&from_pointer, &i.to_string())
+        } else {
+            from_pointer.clone()
+        };
         if let Some(ix) = source(b, &at, name) {
             froms.push(ix);
         }
@@ -139,14 +171,21 @@ fn object(b: &mut Build, pointer: &str, edge: &EdgeObject) {
         let to_pointer = push_pointer(pointer, "to");
         let mut targets = Vec::new();
         for (i, name) in to.as_slice().iter().enumerate() {
-            let at = if matches!(to, OneOrMany::Many(_)) { push_pointer(&to_pointer, &i.to_string()) } else { to_pointer.clone() };
+            let at = if matches!(to, OneOrMany::Many(_)) {
+                push_pointer(&to_pointer, &i.to_string())
+            } else {
+                to_pointer.clone()
+            };
             if let Some(t) = target(b, &at, name) {
                 targets.push(t);
             }
         }
         if froms.len() > 1 {
             if froms.contains(&b.start) {
-                b.diags.push(b.src.diag(Code::BadEdge, &from_pointer, "START cannot be part of a join"));
+                b.diags.push(
+                    b.src
+                        .diag(Code::BadEdge, &from_pointer, "START cannot be part of a join"),
+                );
                 return;
             }
             for t in &targets {
@@ -178,7 +217,8 @@ fn send_spec(b: &mut Build, from: NodeIx, pointer: &str, send: &crate::spec::Sen
     let to = match target(b, &to_pointer, &send.to)? {
         Target::Node(n) => n,
         Target::End => {
-            b.diags.push(b.src.diag(Code::BadEdge, &to_pointer, "a fan-out cannot target END"));
+            b.diags
+                .push(b.src.diag(Code::BadEdge, &to_pointer, "a fan-out cannot target END"));
             return None;
         }
     };
@@ -190,14 +230,21 @@ fn send_spec(b: &mut Build, from: NodeIx, pointer: &str, send: &crate::spec::Sen
                 .help("choose an identifier that is not state, input, config, context, params, output, usage, error or run"),
         );
     }
-    if let Some(prev) = b.drafts.get(&to).and_then(|d| d.item.clone()) {
-        if prev != item {
-            b.diags.push(
-                b.src
-                    .diag(Code::BadEdge, &push_pointer(pointer, "as"), format!("`{}` is fanned out to as `{prev}` elsewhere; one node has one item name", send.to))
-                    .help(format!("use `as: {prev}` here too")),
-            );
-        }
+    if let Some(prev) = b.drafts.get(&to).and_then(|d| d.item.clone())
+        && prev != item
+    {
+        b.diags.push(
+            b.src
+                .diag(
+                    Code::BadEdge,
+                    &push_pointer(pointer, "as"),
+                    format!(
+                        "`{}` is fanned out to as `{prev}` elsewhere; one node has one item name",
+                        send.to
+                    ),
+                )
+                .help(format!("use `as: {prev}` here too")),
+        );
     }
     if let Some(d) = b.drafts.get_mut(&to) {
         d.item = Some(item.clone());
@@ -205,12 +252,26 @@ fn send_spec(b: &mut Build, from: NodeIx, pointer: &str, send: &crate::spec::Sen
     let foreach_pointer = push_pointer(pointer, "foreach");
     let foreach = b.expr(&foreach_pointer, &send.foreach, scope)?;
     check_foreach(b, &foreach_pointer, &send.foreach);
-    b.graph.add_edge(from, to, Flow::Send { foreach: send.foreach.clone(), item: item.clone() });
+    b.graph.add_edge(
+        from,
+        to,
+        Flow::Send {
+            foreach: send.foreach.clone(),
+            item: item.clone(),
+        },
+    );
     Some(SendSpec { to, foreach, item })
 }
 
 /// Compiles route (or goto) clauses and adds their graph edges.
-pub(super) fn clauses(b: &mut Build, from: Option<NodeIx>, pointer: &str, list: &[RouteClause], scope: Scope, is_goto: bool) -> Vec<Clause> {
+pub(super) fn clauses(
+    b: &mut Build,
+    from: Option<NodeIx>,
+    pointer: &str,
+    list: &[RouteClause],
+    scope: Scope,
+    is_goto: bool,
+) -> Vec<Clause> {
     let mut out = Vec::new();
     let mut has_default = false;
     for (i, clause) in list.iter().enumerate() {
@@ -218,7 +279,11 @@ pub(super) fn clauses(b: &mut Build, from: Option<NodeIx>, pointer: &str, list: 
         if has_default {
             b.diags.push(
                 b.src
-                    .diag(Code::RouteOrder, &at, "this clause comes after the default clause and can never be taken")
+                    .diag(
+                        Code::RouteOrder,
+                        &at,
+                        "this clause comes after the default clause and can never be taken",
+                    )
                     .help("the clause without `when` is the default and must be last"),
             );
         }
@@ -234,14 +299,22 @@ pub(super) fn clauses(b: &mut Build, from: Option<NodeIx>, pointer: &str, list: 
             (Some(to), None) => {
                 let mut targets = Vec::new();
                 for (j, name) in to.as_slice().iter().enumerate() {
-                    let tp = if matches!(to, OneOrMany::Many(_)) { push_pointer(&push_pointer(&at, "to"), &j.to_string()) } else { push_pointer(&at, "to") };
+                    let tp = if matches!(to, OneOrMany::Many(_)) {
+                        push_pointer(&push_pointer(&at, "to"), &j.to_string())
+                    } else {
+                        push_pointer(&at, "to")
+                    };
                     if let Some(t) = target(b, &tp, name) {
                         targets.push(t);
                     }
                 }
                 if let Some(f) = from {
                     for t in &targets {
-                        let flow = if is_goto { Flow::Goto { label: label.clone() } } else { Flow::Conditional { label: label.clone() } };
+                        let flow = if is_goto {
+                            Flow::Goto { label: label.clone() }
+                        } else {
+                            Flow::Conditional { label: label.clone() }
+                        };
                         let v = vertex(b, *t);
                         b.graph.add_edge(f, v, flow);
                     }
@@ -250,14 +323,27 @@ pub(super) fn clauses(b: &mut Build, from: Option<NodeIx>, pointer: &str, list: 
             }
             (None, Some(send)) => {
                 let Some(f) = from else { continue };
-                let base = Scope { output: None, usage: false, ..scope };
-                match send_spec(b, f, &push_pointer(&at, "send"), send, if is_goto { scope } else { base }) {
+                let base = Scope {
+                    output: None,
+                    usage: false,
+                    ..scope
+                };
+                match send_spec(
+                    b,
+                    f,
+                    &push_pointer(&at, "send"),
+                    send,
+                    if is_goto { scope } else { base },
+                ) {
                     Some(s) => ClauseTarget::Send(s),
                     None => continue,
                 }
             }
             _ => {
-                b.diags.push(b.src.diag(Code::BadEdge, &at, "a clause takes exactly one of `to` and `send`"));
+                b.diags.push(
+                    b.src
+                        .diag(Code::BadEdge, &at, "a clause takes exactly one of `to` and `send`"),
+                );
                 continue;
             }
         };
@@ -266,7 +352,11 @@ pub(super) fn clauses(b: &mut Build, from: Option<NodeIx>, pointer: &str, list: 
     if !has_default && !list.is_empty() && !is_goto {
         b.diags.push(
             b.src
-                .diag_key(Code::NoDefaultRoute, pointer, "no clause is taken when every condition is false, and the branch ends")
+                .diag_key(
+                    Code::NoDefaultRoute,
+                    pointer,
+                    "no clause is taken when every condition is false, and the branch ends",
+                )
                 .help("add a last clause without `when`, e.g. `- {to: END}`"),
         );
     }
@@ -285,14 +375,18 @@ fn check_foreach(b: &mut Build, pointer: &str, text: &str) {
         "config" => b.sym.config.get(key).map(|v| vec![json_type(v).to_string()]),
         _ => None,
     };
-    if let Some(types) = types {
-        if !types.iter().any(|t| t == "array") {
-            b.diags.push(
-                b.src
-                    .diag(Code::ForeachNotArray, pointer, format!("`{t}` is {}, not an array", types.join(" or ")))
-                    .help("fan out over an array: one task per element"),
-            );
-        }
+    if let Some(types) = types
+        && !types.iter().any(|t| t == "array")
+    {
+        b.diags.push(
+            b.src
+                .diag(
+                    Code::ForeachNotArray,
+                    pointer,
+                    format!("`{t}` is {}, not an array", types.join(" or ")),
+                )
+                .help("fan out over an array: one task per element"),
+        );
     }
 }
 
@@ -310,7 +404,11 @@ fn json_type(v: &Value) -> &'static str {
 /// Whole-graph checks, once every edge and node is known.
 pub(super) fn analyze(b: &mut Build) {
     if b.graph.edges_directed(b.start, Direction::Outgoing).next().is_none() {
-        let at = if b.src.doc.value.get("edges").is_some() { "/edges" } else { "" };
+        let at = if b.src.doc.value.get("edges").is_some() {
+            "/edges"
+        } else {
+            ""
+        };
         b.diags.push(
             b.src
                 .diag(Code::NoEntry, at, "START has no outgoing edge, so nothing would run")
@@ -327,7 +425,11 @@ pub(super) fn analyze(b: &mut Build) {
             let pointer = push_pointer("/nodes", &name);
             b.diags.push(
                 b.src
-                    .diag_key(Code::Unreachable, &pointer, format!("node `{name}` can never run: no path leads to it from START"))
+                    .diag_key(
+                        Code::Unreachable,
+                        &pointer,
+                        format!("node `{name}` can never run: no path leads to it from START"),
+                    )
                     .help(format!("add an edge to it, e.g. `- some_node -> {name}`, or remove it")),
             );
         }
@@ -336,14 +438,21 @@ pub(super) fn analyze(b: &mut Build) {
     // may select nothing (a route without default, a fan-out over an empty list).
     let mut terminals = vec![b.end];
     for (name, ix) in b.index.clone() {
-        let outgoing = b.graph.edges_directed(ix, Direction::Outgoing).any(|e| !matches!(e.weight(), Flow::OnError));
+        let outgoing = b
+            .graph
+            .edges_directed(ix, Direction::Outgoing)
+            .any(|e| !matches!(e.weight(), Flow::OnError));
         if !outgoing {
             terminals.push(ix);
             if reachable.contains(&ix) {
                 let pointer = push_pointer("/nodes", &name);
                 b.diags.push(
                     b.src
-                        .diag_key(Code::DeadEnd, &pointer, format!("node `{name}` has no outgoing edge; its branch ends after it"))
+                        .diag_key(
+                            Code::DeadEnd,
+                            &pointer,
+                            format!("node `{name}` has no outgoing edge; its branch ends after it"),
+                        )
                         .help(format!("say so with `- {name} -> END`")),
                 );
             }
@@ -366,17 +475,32 @@ pub(super) fn analyze(b: &mut Build) {
     let sccs = petgraph::algo::tarjan_scc(&b.graph);
     let mut reported = HashSet::new();
     for scc in sccs {
-        let stuck: Vec<NodeIx> = scc.iter().copied().filter(|ix| reachable.contains(ix) && !can_finish.contains(ix) && b.drafts.contains_key(ix)).collect();
+        let stuck: Vec<NodeIx> = scc
+            .iter()
+            .copied()
+            .filter(|ix| reachable.contains(ix) && !can_finish.contains(ix) && b.drafts.contains_key(ix))
+            .collect();
         if stuck.is_empty() {
             continue;
         }
-        let mut names: Vec<(usize, String)> = stuck.iter().filter_map(|ix| b.index.get_index_of(b.drafts[ix].name.as_str()).map(|i| (i, b.drafts[ix].name.clone()))).collect();
+        let mut names: Vec<(usize, String)> = stuck
+            .iter()
+            .filter_map(|ix| {
+                b.index
+                    .get_index_of(b.drafts[ix].name.as_str())
+                    .map(|i| (i, b.drafts[ix].name.clone()))
+            })
+            .collect();
         names.sort();
         let first = names[0].1.clone();
         if !reported.insert(first.clone()) {
             continue;
         }
-        let list = names.iter().map(|(_, n)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+        let list = names
+            .iter()
+            .map(|(_, n)| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let msg = if names.len() == 1 {
             format!("END cannot be reached from node {list}")
         } else {
@@ -396,7 +520,11 @@ fn bfs(b: &Build, from: NodeIx, dir: Direction) -> HashSet<NodeIx> {
     let mut queue = VecDeque::from([from]);
     while let Some(n) = queue.pop_front() {
         for e in b.graph.edges_directed(n, dir) {
-            let next = if dir == Direction::Outgoing { e.target() } else { e.source() };
+            let next = if dir == Direction::Outgoing {
+                e.target()
+            } else {
+                e.source()
+            };
             if seen.insert(next) {
                 queue.push_back(next);
             }
@@ -409,7 +537,11 @@ fn bfs(b: &Build, from: NodeIx, dir: Direction) -> HashSet<NodeIx> {
 fn alternatives(branches: &[Branch], goto: &[Clause], joins_from: &[NodeIx]) -> Vec<Vec<NodeIx>> {
     let mut fixed: Vec<NodeIx> = joins_from.to_vec();
     let mut choices: Vec<Vec<Vec<NodeIx>>> = Vec::new();
-    let nodes = |ts: &[Target]| ts.iter().filter_map(|t| if let Target::Node(n) = t { Some(*n) } else { None }).collect::<Vec<_>>();
+    let nodes = |ts: &[Target]| {
+        ts.iter()
+            .filter_map(|t| if let Target::Node(n) = t { Some(*n) } else { None })
+            .collect::<Vec<_>>()
+    };
     let clause_sets = |cs: &[Clause]| {
         let mut alts: Vec<Vec<NodeIx>> = cs
             .iter()
@@ -442,7 +574,10 @@ fn alternatives(branches: &[Branch], goto: &[Clause], joins_from: &[NodeIx]) -> 
             }
             continue;
         }
-        out = out.iter().flat_map(|o| alts.iter().map(move |a| o.iter().chain(a).copied().collect())).collect();
+        out = out
+            .iter()
+            .flat_map(|o| alts.iter().map(move |a| o.iter().chain(a).copied().collect()))
+            .collect();
     }
     for o in &mut out {
         o.sort();
@@ -476,9 +611,15 @@ fn write_conflicts(b: &mut Build) {
     }
     let mut alt_cache: HashMap<NodeIx, Vec<Vec<NodeIx>>> = HashMap::new();
     for (ix, d) in &b.drafts {
-        alt_cache.insert(*ix, alternatives(&d.branches, &d.goto, joins_from.get(ix).map_or(&[][..], |v| v)));
+        alt_cache.insert(
+            *ix,
+            alternatives(&d.branches, &d.goto, joins_from.get(ix).map_or(&[][..], |v| v)),
+        );
     }
-    let mut frontier_queue: VecDeque<Vec<NodeIx>> = alternatives(&b.entry, &[], &[]).into_iter().filter(|f| !f.is_empty()).collect();
+    let mut frontier_queue: VecDeque<Vec<NodeIx>> = alternatives(&b.entry, &[], &[])
+        .into_iter()
+        .filter(|f| !f.is_empty())
+        .collect();
     let mut seen: HashSet<Vec<NodeIx>> = frontier_queue.iter().cloned().collect();
     let mut checked_pairs: HashSet<(NodeIx, NodeIx)> = HashSet::new();
     let mut explored = 0;
@@ -492,7 +633,9 @@ fn write_conflicts(b: &mut Build) {
                 if !checked_pairs.insert((*a, *c)) {
                     continue;
                 }
-                let (Some(da), Some(dc)) = (b.drafts.get(a), b.drafts.get(c)) else { continue };
+                let (Some(da), Some(dc)) = (b.drafts.get(a), b.drafts.get(c)) else {
+                    continue;
+                };
                 for (key, _) in &da.writes {
                     if !replace(b, key) {
                         continue;
@@ -513,7 +656,10 @@ fn write_conflicts(b: &mut Build) {
                 }
                 continue;
             }
-            next = next.iter().flat_map(|x| alts.iter().map(move |a| x.iter().chain(a).copied().collect::<Vec<_>>())).collect();
+            next = next
+                .iter()
+                .flat_map(|x| alts.iter().map(move |a| x.iter().chain(a).copied().collect::<Vec<_>>()))
+                .collect();
         }
         for mut f in next {
             f.sort();
@@ -530,8 +676,16 @@ fn write_conflicts(b: &mut Build) {
         }
         let d = if let Some(item) = other.strip_prefix("fan-out:") {
             b.src
-                .diag(Code::WriteConflict, &at, format!("node `{node}` runs once per fan-out item (`{item}`) and writes `{key}`, which has no reducer"))
-                .help(format!("parallel copies would overwrite each other: give `{key}` a reducer such as `append`"))
+                .diag(
+                    Code::WriteConflict,
+                    &at,
+                    format!(
+                        "node `{node}` runs once per fan-out item (`{item}`) and writes `{key}`, which has no reducer"
+                    ),
+                )
+                .help(format!(
+                    "parallel copies would overwrite each other: give `{key}` a reducer such as `append`"
+                ))
         } else {
             b.src
                 .diag(Code::WriteConflict, &at, format!("nodes `{other}` and `{node}` can run in the same superstep and both write `{key}`, which has no reducer"))

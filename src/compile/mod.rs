@@ -78,8 +78,15 @@ impl Compiler {
     /// definitions checked.
     pub fn check(&mut self, path: &Path) {
         let Some(src) = self.source(path) else { return };
-        let is_library = src.workflow.as_ref().is_some_and(|w| w.nodes.is_empty() && w.edges.is_empty())
-            && !src.doc.value.get("nodes").is_some_and(|n| n.as_object().is_some_and(|o| !o.is_empty()));
+        let is_library = src
+            .workflow
+            .as_ref()
+            .is_some_and(|w| w.nodes.is_empty() && w.edges.is_empty())
+            && src
+                .doc
+                .value
+                .get("nodes")
+                .is_none_or(|n| n.as_object().is_none_or(|o| o.is_empty()));
         if is_library {
             let mut diags = Vec::new();
             defs::check_library(self, &src, &mut diags);
@@ -92,7 +99,10 @@ impl Compiler {
     /// All diagnostics so far, sorted, with the files they point into.
     pub fn finish(mut self) -> Compilation {
         crate::diag::sort(&mut self.diags);
-        Compilation { diagnostics: self.diags, files: self.files }
+        Compilation {
+            diagnostics: self.diags,
+            files: self.files,
+        }
     }
 
     /// Loads (once) and schema-checks a file.
@@ -126,7 +136,13 @@ impl Compiler {
     }
 
     /// Compiles a subgraph's workflow, reporting a cycle at `pointer` of `from`.
-    fn subgraph(&mut self, from: &Source, pointer: &str, path: &Path, diags: &mut Vec<Diagnostic>) -> Option<Arc<Plan>> {
+    fn subgraph(
+        &mut self,
+        from: &Source,
+        pointer: &str,
+        path: &Path,
+        diags: &mut Vec<Diagnostic>,
+    ) -> Option<Arc<Plan>> {
         let key = canonical(path);
         if self.stack.contains(&key) {
             let chain: Vec<String> = self
@@ -137,8 +153,12 @@ impl Compiler {
                 .map(|p| display_name(p))
                 .collect();
             diags.push(
-                from.diag(Code::ImportCycle, pointer, format!("subgraphs embed each other in a cycle: {}", chain.join(" -> ")))
-                    .help("a workflow cannot contain itself; break the cycle"),
+                from.diag(
+                    Code::ImportCycle,
+                    pointer,
+                    format!("subgraphs embed each other in a cycle: {}", chain.join(" -> ")),
+                )
+                .help("a workflow cannot contain itself; break the cycle"),
             );
             return None;
         }
@@ -151,7 +171,8 @@ fn canonical(path: &Path) -> PathBuf {
 }
 
 fn display_name(path: &Path) -> String {
-    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+    path.file_name()
+        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// Resolves `rel` against the directory of the file `base`.
@@ -163,7 +184,12 @@ pub(crate) fn relative_to(base: &Path, rel: &str) -> PathBuf {
     let mut out = PathBuf::new();
     for part in joined.components() {
         match part {
-            std::path::Component::ParentDir if out.components().next_back().is_some_and(|c| matches!(c, std::path::Component::Normal(_))) => {
+            std::path::Component::ParentDir
+                if out
+                    .components()
+                    .next_back()
+                    .is_some_and(|c| matches!(c, std::path::Component::Normal(_))) =>
+            {
                 out.pop();
             }
             std::path::Component::CurDir => {}

@@ -62,7 +62,13 @@ pub(super) struct Build<'c, 'a> {
 }
 
 impl<'c, 'a> Build<'c, 'a> {
-    pub fn new(c: &'c mut Compiler, src: &'a Arc<Source>, wf: &'a Workflow, defs: &'a Defs, diags: &'a mut Vec<Diagnostic>) -> Self {
+    pub fn new(
+        c: &'c mut Compiler,
+        src: &'a Arc<Source>,
+        wf: &'a Workflow,
+        defs: &'a Defs,
+        diags: &'a mut Vec<Diagnostic>,
+    ) -> Self {
         let prompts_dir = prompts_dir(src, wf);
         let mut graph = StableDiGraph::default();
         let start = graph.add_node(Vertex::Start);
@@ -96,7 +102,9 @@ impl<'c, 'a> Build<'c, 'a> {
             self.diags.push(
                 self.src
                     .diag(Code::MissingField, "", "the workflow has no `nodes`")
-                    .help("a workflow needs `nodes` and `edges`; a file of shared definitions is used through `imports`"),
+                    .help(
+                        "a workflow needs `nodes` and `edges`; a file of shared definitions is used through `imports`",
+                    ),
             );
         }
         self.register_nodes();
@@ -154,7 +162,9 @@ impl<'c, 'a> Build<'c, 'a> {
         };
         for (which, schema) in [("input", &self.wf.input), ("context", &self.wf.context)] {
             let Some(schema) = schema else { continue };
-            let root = self.resolver.resolve(self.src, &format!("/{which}"), &schema.0, self.diags);
+            let root = self
+                .resolver
+                .resolve(self.src, &format!("/{which}"), &schema.0, self.diags);
             validator(self.src, &format!("/{which}"), &root, self.diags);
             let props = declared_props(self.resolver.follow(&root));
             if which == "input" {
@@ -170,7 +180,12 @@ impl<'c, 'a> Build<'c, 'a> {
         for (key, spec) in &self.wf.state {
             let pointer = push_pointer("/state", key);
             check_name(self.src, &pointer, key, "state key", self.diags);
-            let schema = Value::Object(spec.schema.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Map<_, _>>());
+            let schema = Value::Object(
+                spec.schema
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<Map<_, _>>(),
+            );
             let root = self.resolver.resolve(self.src, &pointer, &schema, self.diags);
             let types = self.resolver.types_of(&root);
             let reducer = match spec.reducer.as_deref() {
@@ -184,7 +199,10 @@ impl<'c, 'a> Build<'c, 'a> {
                                 scope.reducer = true;
                                 scope.predicates = false;
                                 scope.check(&def.src, &def.pointer, &def.value, &vars, self.diags);
-                                Reducer::Custom { name: name.to_string(), expr: id }
+                                Reducer::Custom {
+                                    name: name.to_string(),
+                                    expr: id,
+                                }
                             }
                             Err(e) => {
                                 self.diags.push(def.src.diag(Code::ExprSyntax, &def.pointer, e));
@@ -192,10 +210,18 @@ impl<'c, 'a> Build<'c, 'a> {
                             }
                         },
                         None => {
-                            let all: Vec<&str> = Reducer::BUILTIN_NAMES.iter().copied().chain(self.defs.reducers.keys().map(String::as_str)).collect();
+                            let all: Vec<&str> = Reducer::BUILTIN_NAMES
+                                .iter()
+                                .copied()
+                                .chain(self.defs.reducers.keys().map(String::as_str))
+                                .collect();
                             self.diags.push(
                                 self.src
-                                    .diag(Code::UnknownReducer, &push_pointer(&pointer, "reducer"), format!("unknown reducer `{name}`"))
+                                    .diag(
+                                        Code::UnknownReducer,
+                                        &push_pointer(&pointer, "reducer"),
+                                        format!("unknown reducer `{name}`"),
+                                    )
                                     .suggest(name, all.iter().copied())
                                     .help_or(format!("reducers: {}", all.join(", "))),
                             );
@@ -209,19 +235,27 @@ impl<'c, 'a> Build<'c, 'a> {
             }
             let default = spec.default.clone().unwrap_or(Value::Null);
             if spec.default.is_some() {
-                if let Some(v) = validator(self.src, &pointer, &root, self.diags) {
-                    if let Some(why) = first_violation(&v, &default) {
-                        self.diags.push(
-                            self.src
-                                .diag(Code::DefaultType, &push_pointer(&pointer, "default"), format!("the default of `{key}` does not match its schema: {why}")),
-                        );
-                    }
+                if let Some(v) = validator(self.src, &pointer, &root, self.diags)
+                    && let Some(why) = first_violation(&v, &default)
+                {
+                    self.diags.push(self.src.diag(
+                        Code::DefaultType,
+                        &push_pointer(&pointer, "default"),
+                        format!("the default of `{key}` does not match its schema: {why}"),
+                    ));
                 }
             } else {
                 validator(self.src, &pointer, &root, self.diags);
             }
             self.state_schemas.insert(key.clone(), root.clone());
-            self.state.insert(key.clone(), Channel { reducer, default, schema: root });
+            self.state.insert(
+                key.clone(),
+                Channel {
+                    reducer,
+                    default,
+                    schema: root,
+                },
+            );
         }
     }
 
@@ -242,7 +276,9 @@ impl<'c, 'a> Build<'c, 'a> {
     fn models(&mut self) {
         for (name, model) in &self.wf.models {
             let base = push_pointer("/models", name);
-            let Ok(Value::Object(fields)) = serde_json::to_value(model) else { continue };
+            let Ok(Value::Object(fields)) = serde_json::to_value(model) else {
+                continue;
+            };
             for (field, value) in fields {
                 if let Value::String(s) = value {
                     check_interpolation(self.src, &push_pointer(&base, &field), &s, self.diags);
@@ -259,7 +295,11 @@ impl<'c, 'a> Build<'c, 'a> {
                 Some(id)
             }
             Err(e) => {
-                self.diags.push(self.src.diag(Code::ExprSyntax, pointer, format!("the expression does not parse: {e}")));
+                self.diags.push(self.src.diag(
+                    Code::ExprSyntax,
+                    pointer,
+                    format!("the expression does not parse: {e}"),
+                ));
                 None
             }
         }
@@ -272,7 +312,11 @@ impl<'c, 'a> Build<'c, 'a> {
                 Some(id)
             }
             Err(e) => {
-                self.diags.push(self.src.diag(Code::TemplateSyntax, pointer, format!("the template `{name}` does not parse: {e}")));
+                self.diags.push(self.src.diag(
+                    Code::TemplateSyntax,
+                    pointer,
+                    format!("the template `{name}` does not parse: {e}"),
+                ));
                 None
             }
         }
@@ -281,8 +325,12 @@ impl<'c, 'a> Build<'c, 'a> {
     /// Resolves a node's kind, merges its kind's defaults, and compiles its fields.
     fn node(&mut self, ix: NodeIx, name: &str) {
         let pointer = self.drafts[&ix].pointer.clone();
-        let Some(Value::Object(own)) = self.wf.nodes.get(name).cloned() else { return };
-        let Some(kind) = own.get("kind").and_then(Value::as_str).map(str::to_string) else { return };
+        let Some(Value::Object(own)) = self.wf.nodes.get(name).cloned() else {
+            return;
+        };
+        let Some(kind) = own.get("kind").and_then(Value::as_str).map(str::to_string) else {
+            return;
+        };
         let kind_pointer = push_pointer(&pointer, "kind");
         let (builtin, merged, declared_params) = if BUILTIN_KINDS.contains(&kind.as_str()) {
             (kind.clone(), own.clone(), IndexMap::new())
@@ -294,7 +342,8 @@ impl<'c, 'a> Build<'c, 'a> {
                     return;
                 }
             };
-            let (builtin, merged, params) = merge_kind(&chain, &own);
+            let (builtin, mut merged, params) = merge_kind(&chain, &own);
+            merged.insert("kind".into(), Value::String(builtin.clone()));
             if let Some(v) = kind_validator(&builtin) {
                 schema_errors(v, &Value::Object(merged.clone()), &self.src.doc, &pointer, self.diags);
             }
@@ -311,12 +360,22 @@ impl<'c, 'a> Build<'c, 'a> {
         let sym = self.sym.clone();
         let item = self.drafts[&ix].item.clone();
         let params = self.drafts[&ix].params.clone();
-        let scope = Scope { params: Some(&params), item: item.as_deref(), ..Scope::base(&sym) };
+        let scope = Scope {
+            params: Some(&params),
+            item: item.as_deref(),
+            ..Scope::base(&sym)
+        };
         let shape = self.kind_fields(ix, &pointer, &spec, &merged, scope);
         self.drafts[&ix].shape = shape.clone();
         // `update` and `goto` see the output; `on_error` sees the error instead.
         let params = self.drafts[&ix].params.clone();
-        let after = Scope { params: Some(&params), item: item.as_deref(), output: Some(&shape), usage: true, ..Scope::base(&sym) };
+        let after = Scope {
+            params: Some(&params),
+            item: item.as_deref(),
+            output: Some(&shape),
+            usage: true,
+            ..Scope::base(&sym)
+        };
         let common = spec.common().clone();
         let update = self.writes(ix, &push_pointer(&pointer, "update"), &common.update, after);
         self.drafts[&ix].update = update;
@@ -329,9 +388,18 @@ impl<'c, 'a> Build<'c, 'a> {
                 OnError::To(t) => (t.clone(), IndexMap::new()),
                 OnError::Handler { to, update } => (to.clone(), update.clone()),
             };
-            let to_pointer = if matches!(on_error, OnError::To(_)) { on_pointer.clone() } else { push_pointer(&on_pointer, "to") };
+            let to_pointer = if matches!(on_error, OnError::To(_)) {
+                on_pointer.clone()
+            } else {
+                push_pointer(&on_pointer, "to")
+            };
             let target = graph::target(self, &to_pointer, &to);
-            let err_scope = Scope { params: Some(&params), item: item.as_deref(), error: true, ..Scope::base(&sym) };
+            let err_scope = Scope {
+                params: Some(&params),
+                item: item.as_deref(),
+                error: true,
+                ..Scope::base(&sym)
+            };
             let update = self.writes(ix, &push_pointer(&on_pointer, "update"), &upd, err_scope);
             if let Some(target) = target {
                 let t = match target {
@@ -345,8 +413,18 @@ impl<'c, 'a> Build<'c, 'a> {
         self.drafts[&ix].spec = Some(spec);
     }
 
-    fn check_params(&mut self, ix: NodeIx, pointer: &str, merged: &mut Map<String, Value>, declared: &IndexMap<String, Def<Value>>) {
-        let given: Map<String, Value> = merged.get("params").and_then(Value::as_object).cloned().unwrap_or_default();
+    fn check_params(
+        &mut self,
+        ix: NodeIx,
+        pointer: &str,
+        merged: &mut Map<String, Value>,
+        declared: &IndexMap<String, Def<Value>>,
+    ) {
+        let given: Map<String, Value> = merged
+            .get("params")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
         let mut params = given.clone();
         let ppointer = push_pointer(pointer, "params");
         if !declared.is_empty() {
@@ -354,9 +432,16 @@ impl<'c, 'a> Build<'c, 'a> {
                 if !declared.contains_key(name) {
                     self.diags.push(
                         self.src
-                            .diag_key(Code::BadParams, &push_pointer(&ppointer, name), format!("`{name}` is not a parameter of this node's kind"))
+                            .diag_key(
+                                Code::BadParams,
+                                &push_pointer(&ppointer, name),
+                                format!("`{name}` is not a parameter of this node's kind"),
+                            )
                             .suggest(name, declared.keys().map(String::as_str))
-                            .help_or(format!("its parameters: {}", declared.keys().cloned().collect::<Vec<_>>().join(", "))),
+                            .help_or(format!(
+                                "its parameters: {}",
+                                declared.keys().cloned().collect::<Vec<_>>().join(", ")
+                            )),
                     );
                     let _ = value;
                 }
@@ -365,10 +450,14 @@ impl<'c, 'a> Build<'c, 'a> {
                 match (given.get(name), def.value.get("default")) {
                     (Some(v), _) => {
                         let root = self.resolver.resolve(&def.src, &def.pointer, &def.value, self.diags);
-                        if let Some(val) = validator(&def.src, &def.pointer, &root, self.diags) {
-                            if let Some(why) = first_violation(&val, v) {
-                                self.diags.push(self.src.diag(Code::BadParams, &push_pointer(&ppointer, name), format!("parameter `{name}` does not fit its schema: {why}")));
-                            }
+                        if let Some(val) = validator(&def.src, &def.pointer, &root, self.diags)
+                            && let Some(why) = first_violation(&val, v)
+                        {
+                            self.diags.push(self.src.diag(
+                                Code::BadParams,
+                                &push_pointer(&ppointer, name),
+                                format!("parameter `{name}` does not fit its schema: {why}"),
+                            ));
                         }
                     }
                     (None, Some(d)) => {
@@ -376,25 +465,42 @@ impl<'c, 'a> Build<'c, 'a> {
                     }
                     (None, None) => self.diags.push(
                         self.src
-                            .diag_key(Code::BadParams, pointer, format!("the node's kind requires parameter `{name}`"))
+                            .diag_key(
+                                Code::BadParams,
+                                pointer,
+                                format!("the node's kind requires parameter `{name}`"),
+                            )
                             .help(format!("add `params: {{{name}: ...}}`")),
                     ),
                 }
             }
         }
-        self.drafts[&ix].params = params.keys().cloned().collect();
+        // Declared parameters are in scope even when missing (that is reported once, above).
+        let mut names: Vec<String> = params.keys().cloned().collect();
+        names.extend(declared.keys().filter(|k| !params.contains_key(*k)).cloned());
+        self.drafts[&ix].params = names;
         merged.insert("params".into(), Value::Object(params));
     }
 
     /// Compiles a `key: expression` map of state writes.
-    fn writes(&mut self, ix: NodeIx, pointer: &str, update: &IndexMap<String, Value>, scope: Scope) -> Vec<(String, Writer)> {
+    fn writes(
+        &mut self,
+        ix: NodeIx,
+        pointer: &str,
+        update: &IndexMap<String, Value>,
+        scope: Scope,
+    ) -> Vec<(String, Writer)> {
         let mut out = Vec::new();
         for (key, value) in update {
             let at = push_pointer(pointer, key);
             if !self.wf.state.contains_key(key) {
                 self.diags.push(
                     self.src
-                        .diag_key(Code::UnknownStateKey, &at, format!("`{key}` is not a declared state key"))
+                        .diag_key(
+                            Code::UnknownStateKey,
+                            &at,
+                            format!("`{key}` is not a declared state key"),
+                        )
                         .suggest(key, self.wf.state.keys().map(String::as_str))
                         .help_or("declare it under `state:`"),
                 );
@@ -414,7 +520,15 @@ impl<'c, 'a> Build<'c, 'a> {
 
     /// Compiles a data value: a string is an expression, a map holds data values, anything
     /// else is a literal.
-    fn data(&mut self, fields: &mut IndexMap<String, Compiled>, pointer: &str, rel: &str, value: &Value, scope: Scope, map_level: bool) {
+    fn data(
+        &mut self,
+        fields: &mut IndexMap<String, Compiled>,
+        pointer: &str,
+        rel: &str,
+        value: &Value,
+        scope: Scope,
+        map_level: bool,
+    ) {
         match value {
             Value::String(text) => {
                 if let Some(id) = self.expr(pointer, text, scope) {
@@ -423,7 +537,14 @@ impl<'c, 'a> Build<'c, 'a> {
             }
             Value::Object(map) if map_level => {
                 for (k, v) in map {
-                    self.data(fields, &push_pointer(pointer, k), &push_pointer(rel, k), v, scope, false);
+                    self.data(
+                        fields,
+                        &push_pointer(pointer, k),
+                        &push_pointer(rel, k),
+                        v,
+                        scope,
+                        false,
+                    );
                 }
             }
             other => {
@@ -432,22 +553,30 @@ impl<'c, 'a> Build<'c, 'a> {
         }
     }
 
-    fn kind_fields(&mut self, ix: NodeIx, pointer: &str, spec: &NodeSpec, v: &Map<String, Value>, scope: Scope) -> Shape {
+    fn kind_fields(
+        &mut self,
+        ix: NodeIx,
+        pointer: &str,
+        spec: &NodeSpec,
+        v: &Map<String, Value>,
+        scope: Scope,
+    ) -> Shape {
         let mut fields = IndexMap::new();
         let name = self.drafts[&ix].name.clone();
         let fixed = |names: &[&str]| Shape::Fields(names.iter().map(|s| s.to_string()).collect());
         let expr_field = |b: &mut Self, fields: &mut IndexMap<String, Compiled>, field: &str, scope: Scope| {
-            if let Some(Value::String(text)) = v.get(field) {
-                if let Some(id) = b.expr(&push_pointer(pointer, field), text, scope) {
-                    fields.insert(format!("/{field}"), Compiled::Expr(id));
+            if let Some(Value::String(text)) = v.get(field)
+                && let Some(id) = b.expr(&push_pointer(pointer, field), text, scope)
+            {
+                fields.insert(format!("/{field}"), Compiled::Expr(id));
+            }
+        };
+        let template_field =
+            |b: &mut Self, fields: &mut IndexMap<String, Compiled>, rel: &str, at: &str, text: &str, scope: Scope| {
+                if let Some(id) = b.template(at, &format!("{name}#{rel}"), text, scope) {
+                    fields.insert(rel.to_string(), Compiled::Template(id));
                 }
-            }
-        };
-        let template_field = |b: &mut Self, fields: &mut IndexMap<String, Compiled>, rel: &str, at: &str, text: &str, scope: Scope| {
-            if let Some(id) = b.template(at, &format!("{name}#{rel}"), text, scope) {
-                fields.insert(rel.to_string(), Compiled::Template(id));
-            }
-        };
+            };
         let shape = match spec {
             NodeSpec::Llm(n) => {
                 for (field, source) in [("prompt", Some(&n.kind.prompt)), ("system", n.kind.system.as_ref())] {
@@ -455,13 +584,20 @@ impl<'c, 'a> Build<'c, 'a> {
                     let at = push_pointer(pointer, field);
                     match source {
                         TextSource::File(rel) => {
-                            if let Some((tname, text)) = self.prompt_file(&at, rel) {
-                                if let Some(id) = self.template(&at, &tname, &text, scope) {
-                                    fields.insert(format!("/{field}"), Compiled::Template(id));
-                                }
+                            if let Some((tname, text)) = self.prompt_file(&at, rel)
+                                && let Some(id) = self.template(&at, &tname, &text, scope)
+                            {
+                                fields.insert(format!("/{field}"), Compiled::Template(id));
                             }
                         }
-                        TextSource::Inline { text } => template_field(self, &mut fields, &format!("/{field}"), &push_pointer(&at, "text"), text, scope),
+                        TextSource::Inline { text } => template_field(
+                            self,
+                            &mut fields,
+                            &format!("/{field}"),
+                            &push_pointer(&at, "text"),
+                            text,
+                            scope,
+                        ),
                     }
                 }
                 if let Some(h) = &n.kind.history {
@@ -470,11 +606,18 @@ impl<'c, 'a> Build<'c, 'a> {
                         fields.insert("/history/from".into(), Compiled::Expr(id));
                     }
                 }
-                self.model_ref(&push_pointer(pointer, "model"), n.kind.model.as_deref().unwrap_or("default"), n.kind.model.is_none());
+                self.model_ref(
+                    &push_pointer(pointer, "model"),
+                    n.kind.model.as_deref().unwrap_or("default"),
+                    n.kind.model.is_none(),
+                );
                 match &n.kind.output {
                     None | Some(LlmOutput::Format(OutputFormat::Text)) => Shape::Text,
                     Some(LlmOutput::Format(OutputFormat::Json)) => Shape::Any,
-                    Some(LlmOutput::Spec { format: OutputFormat::Text, .. }) => Shape::Text,
+                    Some(LlmOutput::Spec {
+                        format: OutputFormat::Text,
+                        ..
+                    }) => Shape::Text,
                     Some(LlmOutput::Spec { schema: None, .. }) => Shape::Any,
                     Some(LlmOutput::Spec { schema: Some(s), .. }) => {
                         let at = push_pointer(&push_pointer(pointer, "output"), "schema");
@@ -490,17 +633,45 @@ impl<'c, 'a> Build<'c, 'a> {
             NodeSpec::Emit(n) => {
                 expr_field(self, &mut fields, "foreach", scope);
                 if let Some(data) = &n.kind.data {
-                    let item_scope = if n.kind.foreach.is_some() { Scope { item: Some("item"), ..scope } } else { scope };
-                    self.data(&mut fields, &push_pointer(pointer, "data"), "/data", data, item_scope, true);
+                    let item_scope = if n.kind.foreach.is_some() {
+                        Scope {
+                            item: Some("item"),
+                            ..scope
+                        }
+                    } else {
+                        scope
+                    };
+                    self.data(
+                        &mut fields,
+                        &push_pointer(pointer, "data"),
+                        "/data",
+                        data,
+                        item_scope,
+                        true,
+                    );
                 }
                 Shape::Any
             }
             NodeSpec::Interrupt(n) => {
                 if let Some(msg) = &n.kind.message {
-                    template_field(self, &mut fields, "/message", &push_pointer(pointer, "message"), msg, scope);
+                    template_field(
+                        self,
+                        &mut fields,
+                        "/message",
+                        &push_pointer(pointer, "message"),
+                        msg,
+                        scope,
+                    );
                 }
                 let payload = Value::Object(n.kind.payload.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
-                self.data(&mut fields, &push_pointer(pointer, "payload"), "/payload", &payload, scope, true);
+                self.data(
+                    &mut fields,
+                    &push_pointer(pointer, "payload"),
+                    "/payload",
+                    &payload,
+                    scope,
+                    true,
+                );
                 let at = push_pointer(pointer, "response");
                 let root = self.resolver.resolve(self.src, &at, &n.kind.response.0, self.diags);
                 validator(self.src, &at, &root, self.diags);
@@ -519,7 +690,14 @@ impl<'c, 'a> Build<'c, 'a> {
                 let at = push_pointer(pointer, "workflow");
                 let path = relative_to(self.src.path(), &n.kind.workflow);
                 let input = Value::Object(n.kind.input.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
-                self.data(&mut fields, &push_pointer(pointer, "input"), "/input", &input, scope, true);
+                self.data(
+                    &mut fields,
+                    &push_pointer(pointer, "input"),
+                    "/input",
+                    &input,
+                    scope,
+                    true,
+                );
                 if !path.is_file() {
                     self.diags.push(missing_file(self.src, &at, &path, "subgraph workflow"));
                     Shape::Any
@@ -527,19 +705,27 @@ impl<'c, 'a> Build<'c, 'a> {
                     let src = self.src.clone();
                     match self.c.subgraph(&src, &at, &path, self.diags) {
                         Some(child) => {
-                            if let Some(Some(props)) = child.input_schema.as_ref().map(|s| declared_props(s)) {
+                            if let Some(Some(props)) = child.input_schema.as_ref().map(declared_props) {
                                 for key in n.kind.input.keys() {
                                     if !props.contains(key) {
                                         self.diags.push(
                                             self.src
-                                                .diag_key(Code::UnknownField, &push_pointer(&push_pointer(pointer, "input"), key), format!("the subgraph's input has no field `{key}`"))
+                                                .diag_key(
+                                                    Code::UnknownField,
+                                                    &push_pointer(&push_pointer(pointer, "input"), key),
+                                                    format!("the subgraph's input has no field `{key}`"),
+                                                )
                                                 .suggest(key, props.iter().map(String::as_str)),
                                         );
                                     }
                                 }
                             }
-                            let keys = child.output.clone().unwrap_or_else(|| child.state.keys().cloned().collect());
-                            self.hashed_files.push((format!("subgraph:{}", n.kind.workflow), child.hash.clone()));
+                            let keys = child
+                                .output
+                                .clone()
+                                .unwrap_or_else(|| child.state.keys().cloned().collect());
+                            self.hashed_files
+                                .push((format!("subgraph:{}", n.kind.workflow), child.hash.clone()));
                             self.drafts[&ix].subgraph = Some(child);
                             Shape::Fields(keys)
                         }
@@ -548,8 +734,19 @@ impl<'c, 'a> Build<'c, 'a> {
                 }
             }
             NodeSpec::Http(n) => {
-                template_field(self, &mut fields, "/url", &push_pointer(pointer, "url"), &n.kind.url, scope);
-                for (group, map) in [("headers", &n.kind.headers), ("query", &n.kind.query), ("form", &n.kind.form)] {
+                template_field(
+                    self,
+                    &mut fields,
+                    "/url",
+                    &push_pointer(pointer, "url"),
+                    &n.kind.url,
+                    scope,
+                );
+                for (group, map) in [
+                    ("headers", &n.kind.headers),
+                    ("query", &n.kind.query),
+                    ("form", &n.kind.form),
+                ] {
                     for (k, text) in map {
                         let at = push_pointer(&push_pointer(pointer, group), k);
                         if group == "headers" {
@@ -601,20 +798,48 @@ impl<'c, 'a> Build<'c, 'a> {
                 }
                 for (field, text) in [("key", &n.kind.key), ("query", &n.kind.query)] {
                     if let Some(text) = text {
-                        template_field(self, &mut fields, &format!("/{field}"), &push_pointer(pointer, field), text, scope);
+                        template_field(
+                            self,
+                            &mut fields,
+                            &format!("/{field}"),
+                            &push_pointer(pointer, field),
+                            text,
+                            scope,
+                        );
                     }
                 }
                 if let Some(value) = &n.kind.value {
-                    self.data(&mut fields, &push_pointer(pointer, "value"), "/value", value, scope, true);
+                    self.data(
+                        &mut fields,
+                        &push_pointer(pointer, "value"),
+                        "/value",
+                        value,
+                        scope,
+                        true,
+                    );
                 }
                 Shape::Any
             }
             NodeSpec::Load(n) => {
-                template_field(self, &mut fields, "/source", &push_pointer(pointer, "source"), &n.kind.source, scope);
+                template_field(
+                    self,
+                    &mut fields,
+                    "/source",
+                    &push_pointer(pointer, "source"),
+                    &n.kind.source,
+                    scope,
+                );
                 fixed(&["content", "title", "source", "bytes", "format"])
             }
             NodeSpec::Save(n) => {
-                template_field(self, &mut fields, "/path", &push_pointer(pointer, "path"), &n.kind.path, scope);
+                template_field(
+                    self,
+                    &mut fields,
+                    "/path",
+                    &push_pointer(pointer, "path"),
+                    &n.kind.path,
+                    scope,
+                );
                 expr_field(self, &mut fields, "content", scope);
                 if let Some(dir) = &n.kind.dir {
                     template_field(self, &mut fields, "/dir", &push_pointer(pointer, "dir"), dir, scope);
@@ -632,7 +857,11 @@ impl<'c, 'a> Build<'c, 'a> {
         }
         let d = if implicit {
             self.src
-                .diag(Code::UnknownModel, pointer, "the node uses the `default` model profile, which is not declared")
+                .diag(
+                    Code::UnknownModel,
+                    pointer,
+                    "the node uses the `default` model profile, which is not declared",
+                )
                 .help("declare `models: {default: {provider: ..., model: ...}}` or set the node's `model`")
         } else {
             self.src
@@ -648,13 +877,21 @@ impl<'c, 'a> Build<'c, 'a> {
         let Some(dir) = self.prompts_dir.clone() else {
             self.diags.push(
                 self.src
-                    .diag(Code::MissingPrompt, pointer, format!("prompt `{rel}`: no prompts directory was found"))
+                    .diag(
+                        Code::MissingPrompt,
+                        pointer,
+                        format!("prompt `{rel}`: no prompts directory was found"),
+                    )
                     .help("create prompts/ beside or above the workflow, or set `prompts:`"),
             );
             return None;
         };
         if rel.split('/').any(|p| p == "..") || rel.starts_with('/') {
-            self.diags.push(self.src.diag(Code::MissingPrompt, pointer, format!("prompt `{rel}` is outside the prompts directory")));
+            self.diags.push(self.src.diag(
+                Code::MissingPrompt,
+                pointer,
+                format!("prompt `{rel}` is outside the prompts directory"),
+            ));
             return None;
         }
         let path = dir.join(rel);
@@ -667,7 +904,11 @@ impl<'c, 'a> Build<'c, 'a> {
                 let known = list_files(&dir);
                 self.diags.push(
                     self.src
-                        .diag(Code::MissingPrompt, pointer, format!("prompt file `{}` does not exist", path.display()))
+                        .diag(
+                            Code::MissingPrompt,
+                            pointer,
+                            format!("prompt file `{}` does not exist", path.display()),
+                        )
                         .suggest(rel, known.iter().map(String::as_str)),
                 );
                 None
@@ -681,7 +922,11 @@ impl<'c, 'a> Build<'c, 'a> {
             if !self.wf.state.contains_key(key) {
                 self.diags.push(
                     self.src
-                        .diag(Code::UnknownStateKey, &format!("/output/{i}"), format!("output key `{key}` is not a declared state key"))
+                        .diag(
+                            Code::UnknownStateKey,
+                            &format!("/output/{i}"),
+                            format!("output key `{key}` is not a declared state key"),
+                        )
                         .suggest(key, self.wf.state.keys().map(String::as_str)),
                 );
             }
@@ -695,7 +940,11 @@ impl<'c, 'a> Build<'c, 'a> {
             Ok(t) => t,
             Err(e) => {
                 // Every expression compiled once already; a failure here is a bug in this module.
-                self.diags.push(self.src.diag(Code::ExprSyntax, "", format!("internal error recompiling expressions: {e}")));
+                self.diags.push(self.src.diag(
+                    Code::ExprSyntax,
+                    "",
+                    format!("internal error recompiling expressions: {e}"),
+                ));
                 return None;
             }
         };
@@ -752,10 +1001,30 @@ impl<'c, 'a> Build<'c, 'a> {
         h.update(b"runner-plan-v1\0");
         h.update(self.src.doc.value.to_string().as_bytes());
         for (kind, defs) in [
-            ("type", self.defs.types.iter().map(|(k, d)| (k, d.value.to_string())).collect::<Vec<_>>()),
-            ("reducer", self.defs.reducers.iter().map(|(k, d)| (k, d.value.clone())).collect()),
-            ("predicate", self.defs.predicates.iter().map(|(k, d)| (k, d.value.clone())).collect()),
-            ("kind", self.defs.kinds.iter().map(|(k, d)| (k, serde_json::to_string(&d.value).unwrap_or_default())).collect()),
+            (
+                "type",
+                self.defs
+                    .types
+                    .iter()
+                    .map(|(k, d)| (k, d.value.to_string()))
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                "reducer",
+                self.defs.reducers.iter().map(|(k, d)| (k, d.value.clone())).collect(),
+            ),
+            (
+                "predicate",
+                self.defs.predicates.iter().map(|(k, d)| (k, d.value.clone())).collect(),
+            ),
+            (
+                "kind",
+                self.defs
+                    .kinds
+                    .iter()
+                    .map(|(k, d)| (k, serde_json::to_string(&d.value).unwrap_or_default()))
+                    .collect(),
+            ),
         ] {
             for (name, text) in defs {
                 h.update(format!("\0{kind}:{name}\0{text}").as_bytes());
@@ -772,7 +1041,12 @@ impl<'c, 'a> Build<'c, 'a> {
 }
 
 /// The chain of user kinds from `name` down to its built-in kind (most derived first).
-pub(super) fn kind_chain<'d>(defs: &'d Defs, name: &str, src: &Source, pointer: &str) -> Result<(String, Vec<&'d Def<crate::spec::KindDef>>), Diagnostic> {
+pub(super) fn kind_chain<'d>(
+    defs: &'d Defs,
+    name: &str,
+    src: &Source,
+    pointer: &str,
+) -> Result<(String, Vec<&'d Def<crate::spec::KindDef>>), Diagnostic> {
     let mut chain: Vec<&Def<crate::spec::KindDef>> = Vec::new();
     let mut cur = name.to_string();
     loop {
@@ -784,15 +1058,26 @@ pub(super) fn kind_chain<'d>(defs: &'d Defs, name: &str, src: &Source, pointer: 
                 Some(d) => (&*d.src, push_pointer(&d.pointer, "extends")),
                 None => (src, pointer.to_string()),
             };
-            let all: Vec<&str> = BUILTIN_KINDS.iter().copied().chain(defs.kinds.keys().map(String::as_str)).collect();
+            let all: Vec<&str> = BUILTIN_KINDS
+                .iter()
+                .copied()
+                .chain(defs.kinds.keys().map(String::as_str))
+                .collect();
             return Err(at_src
                 .diag(Code::UnknownKind, &at, format!("unknown kind `{cur}`"))
                 .suggest(&cur, all.iter().copied())
                 .help_or(format!("kinds: {}", all.join(", "))));
         };
         if chain.iter().any(|d| std::ptr::eq(*d, def)) {
-            let names: Vec<String> = chain.iter().map(|d| d.pointer.rsplit('/').next().unwrap_or("").to_string()).collect();
-            return Err(def.src.diag(Code::KindCycle, &push_pointer(&def.pointer, "extends"), format!("kinds extend each other in a cycle: {} -> {cur}", names.join(" -> "))));
+            let names: Vec<String> = chain
+                .iter()
+                .map(|d| d.pointer.rsplit('/').next().unwrap_or("").to_string())
+                .collect();
+            return Err(def.src.diag(
+                Code::KindCycle,
+                &push_pointer(&def.pointer, "extends"),
+                format!("kinds extend each other in a cycle: {} -> {cur}", names.join(" -> ")),
+            ));
         }
         chain.push(def);
         cur = def.value.extends.clone();
@@ -800,14 +1085,19 @@ pub(super) fn kind_chain<'d>(defs: &'d Defs, name: &str, src: &Source, pointer: 
 }
 
 /// Merges a kind chain's `with` defaults and the node's own fields; maps merge one level.
-fn merge_kind(chain: &(String, Vec<&Def<crate::spec::KindDef>>), own: &Map<String, Value>) -> (String, Map<String, Value>, IndexMap<String, Def<Value>>) {
+fn merge_kind(
+    chain: &(String, Vec<&Def<crate::spec::KindDef>>),
+    own: &Map<String, Value>,
+) -> (String, Map<String, Value>, IndexMap<String, Def<Value>>) {
     let (builtin, defs) = chain;
     let mut merged = Map::new();
     let mut params = IndexMap::new();
     let layer = |merged: &mut Map<String, Value>, fields: &Map<String, Value>| {
         for (k, v) in fields {
             match (merged.get_mut(k), v) {
-                (Some(Value::Object(base)), Value::Object(over)) if k == "params" || k == "update" || k == "options" => {
+                (Some(Value::Object(base)), Value::Object(over))
+                    if k == "params" || k == "update" || k == "options" =>
+                {
                     for (kk, vv) in over {
                         base.insert(kk.clone(), vv.clone());
                     }
@@ -824,7 +1114,11 @@ fn merge_kind(chain: &(String, Vec<&Def<crate::spec::KindDef>>), own: &Map<Strin
         for (name, schema) in &def.value.params {
             params.insert(
                 name.clone(),
-                Def { value: schema.0.clone(), src: def.src.clone(), pointer: push_pointer(&push_pointer(&def.pointer, "params"), name) },
+                Def {
+                    value: schema.0.clone(),
+                    src: def.src.clone(),
+                    pointer: push_pointer(&push_pointer(&def.pointer, "params"), name),
+                },
             );
         }
     }
@@ -835,13 +1129,33 @@ fn merge_kind(chain: &(String, Vec<&Def<crate::spec::KindDef>>), own: &Map<Strin
 fn accepts_anything(schema: &Value) -> bool {
     match schema {
         Value::Bool(b) => *b,
-        Value::Object(m) => !["type", "properties", "required", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "items"].iter().any(|k| m.contains_key(*k)),
+        Value::Object(m) => ![
+            "type",
+            "properties",
+            "required",
+            "enum",
+            "const",
+            "anyOf",
+            "oneOf",
+            "allOf",
+            "$ref",
+            "items",
+        ]
+        .iter()
+        .any(|k| m.contains_key(*k)),
         _ => true,
     }
 }
 
 /// Which reducers fit which JSON types.
-fn check_reducer_fits(src: &Source, pointer: &str, reducer: &Reducer, name: Option<&str>, types: &[String], diags: &mut Vec<Diagnostic>) {
+fn check_reducer_fits(
+    src: &Source,
+    pointer: &str,
+    reducer: &Reducer,
+    name: Option<&str>,
+    types: &[String],
+    diags: &mut Vec<Diagnostic>,
+) {
     let needs: &[&str] = match reducer {
         Reducer::Append | Reducer::Extend | Reducer::Union | Reducer::AddMessages => &["array"],
         Reducer::Merge => &["object"],
@@ -853,12 +1167,20 @@ fn check_reducer_fits(src: &Source, pointer: &str, reducer: &Reducer, name: Opti
     }
     let name = name.unwrap_or("replace");
     diags.push(
-        src.diag(Code::ReducerType, &push_pointer(pointer, "reducer"), format!("reducer `{name}` needs {}, but the key is {}", needs.join(" or "), types.join(" or ")))
-            .help(match needs[0] {
-                "array" => "declare `type: array`, or use `replace` or `sum`",
-                "object" => "declare `type: object`, or use another reducer",
-                _ => "declare `type: number`, or use another reducer",
-            }),
+        src.diag(
+            Code::ReducerType,
+            &push_pointer(pointer, "reducer"),
+            format!(
+                "reducer `{name}` needs {}, but the key is {}",
+                needs.join(" or "),
+                types.join(" or ")
+            ),
+        )
+        .help(match needs[0] {
+            "array" => "declare `type: array`, or use `replace` or `sum`",
+            "object" => "declare `type: object`, or use another reducer",
+            _ => "declare `type: number`, or use another reducer",
+        }),
     );
 }
 
@@ -868,7 +1190,10 @@ pub(super) fn check_interpolation(src: &Source, pointer: &str, text: &str, diags
     while let Some(i) = rest.find("${") {
         let after = &rest[i + 2..];
         let Some(close) = after.find('}') else {
-            diags.push(src.diag(Code::BadInterpolation, pointer, "`${` is not closed").help("write `${env:NAME}` or `${env:NAME:-default}`"));
+            diags.push(
+                src.diag(Code::BadInterpolation, pointer, "`${` is not closed")
+                    .help("write `${env:NAME}` or `${env:NAME:-default}`"),
+            );
             return;
         };
         let inner = &after[..close];
@@ -877,8 +1202,12 @@ pub(super) fn check_interpolation(src: &Source, pointer: &str, text: &str, diags
         let ok = name.is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
         if !ok {
             diags.push(
-                src.diag(Code::BadInterpolation, pointer, format!("`${{{inner}}}` is not an interpolation runner knows"))
-                    .help("write `${env:NAME}` or `${env:NAME:-default}`"),
+                src.diag(
+                    Code::BadInterpolation,
+                    pointer,
+                    format!("`${{{inner}}}` is not an interpolation runner knows"),
+                )
+                .help("write `${env:NAME}` or `${env:NAME:-default}`"),
             );
         }
         rest = &after[close + 1..];

@@ -30,7 +30,10 @@ pub fn render(plan: &Plan, format: PictureFormat) -> String {
             out
         }
         PictureFormat::Dot => {
-            let mut out = format!("digraph {} {{\n  rankdir=TB;\n  node [fontname=\"Helvetica\"];\n  edge [fontname=\"Helvetica\", fontsize=10];\n", quote(&plan.name));
+            let mut out = format!(
+                "digraph {} {{\n  rankdir=TB;\n  node [fontname=\"Helvetica\"];\n  edge [fontname=\"Helvetica\", fontsize=10];\n",
+                quote(&plan.name)
+            );
             dot(plan, "", &mut out, 1);
             out.push_str("}\n");
             out
@@ -134,13 +137,20 @@ fn dot(plan: &Plan, prefix: &str, out: &mut String, depth: usize) {
             Vertex::Node(name) => {
                 let label = quote(&format!("{name}\n{}", kind_label(plan, ix)));
                 if let Some(child) = plan.subgraphs.get(&ix) {
-                    let _ = writeln!(out, "{pad}subgraph {} {{", quote(&format!("cluster_{}", id(prefix, plan, ix))));
+                    let _ = writeln!(
+                        out,
+                        "{pad}subgraph {} {{",
+                        quote(&format!("cluster_{}", id(prefix, plan, ix)))
+                    );
                     let _ = writeln!(out, "{pad}  label={label}; style=rounded;");
                     let _ = writeln!(out, "{pad}  {nid} [label={label}, shape=box3d];");
                     dot(child, &format!("{}__", id(prefix, plan, ix)), out, depth + 1);
                     let _ = writeln!(out, "{pad}}}");
                 } else if is_interrupt(plan, ix) {
-                    let _ = writeln!(out, "{pad}{nid} [label={label}, shape=hexagon, style=filled, fillcolor=\"#fde68a\"];");
+                    let _ = writeln!(
+                        out,
+                        "{pad}{nid} [label={label}, shape=hexagon, style=filled, fillcolor=\"#fde68a\"];"
+                    );
                 } else {
                     let _ = writeln!(out, "{pad}{nid} [label={label}, shape=box, style=rounded];");
                 }
@@ -148,7 +158,10 @@ fn dot(plan: &Plan, prefix: &str, out: &mut String, depth: usize) {
         }
     }
     for e in (&plan.graph).edge_references() {
-        let (a, b) = (quote(&id(prefix, plan, e.source())), quote(&id(prefix, plan, e.target())));
+        let (a, b) = (
+            quote(&id(prefix, plan, e.source())),
+            quote(&id(prefix, plan, e.target())),
+        );
         let style = match e.weight() {
             Flow::Static => String::new(),
             Flow::Conditional { .. } | Flow::Goto { .. } => ", style=dashed".into(),
@@ -156,7 +169,9 @@ fn dot(plan: &Plan, prefix: &str, out: &mut String, depth: usize) {
             Flow::Send { .. } => ", style=bold, color=\"#2563eb\"".into(),
             Flow::OnError => ", style=dotted, color=\"#dc2626\"".into(),
         };
-        let label = edge_label(e.weight()).map(|l| format!("label={}", quote(&l))).unwrap_or_default();
+        let label = edge_label(e.weight())
+            .map(|l| format!("label={}", quote(&l)))
+            .unwrap_or_default();
         let attrs = format!("{label}{style}");
         let attrs = attrs.trim_start_matches(", ");
         if attrs.is_empty() {

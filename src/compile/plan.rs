@@ -224,7 +224,15 @@ impl Reducer {
     }
 
     pub const BUILTIN_NAMES: &[&str] = &[
-        "replace", "append", "extend", "concat", "union", "add_messages", "merge", "sum", "max",
+        "replace",
+        "append",
+        "extend",
+        "concat",
+        "union",
+        "add_messages",
+        "merge",
+        "sum",
+        "max",
         "min",
     ];
 
@@ -256,7 +264,9 @@ self_cell::self_cell!(
 
 impl std::fmt::Debug for ExprTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExprTable").field("exprs", &self.borrow_dependent().len()).finish()
+        f.debug_struct("ExprTable")
+            .field("exprs", &self.borrow_dependent().len())
+            .finish()
     }
 }
 

@@ -26,7 +26,11 @@ pub struct Resolver<'a> {
 
 impl<'a> Resolver<'a> {
     pub fn new(types: &'a IndexMap<String, Def<Value>>) -> Resolver<'a> {
-        Resolver { types, files: IndexMap::new(), resolved_types: None }
+        Resolver {
+            types,
+            files: IndexMap::new(),
+            resolved_types: None,
+        }
     }
 
     /// Resolves `schema` (found at `pointer` in `src`) into a self-contained root document.
@@ -64,13 +68,18 @@ impl<'a> Resolver<'a> {
             }
             _ => Map::new(),
         };
-        if let Some(t) = &self.resolved_types {
-            if !t.is_empty() {
-                root.entry("types").or_insert_with(|| Value::Object(t.clone()));
-            }
+        if let Some(t) = &self.resolved_types
+            && !t.is_empty()
+        {
+            root.entry("types").or_insert_with(|| Value::Object(t.clone()));
         }
         if !self.files.is_empty() {
-            let files: Map<String, Value> = self.files.values().enumerate().map(|(i, v)| (i.to_string(), v.clone())).collect();
+            let files: Map<String, Value> = self
+                .files
+                .values()
+                .enumerate()
+                .map(|(i, v)| (i.to_string(), v.clone()))
+                .collect();
             root.insert("files".into(), Value::Object(files));
         }
         Value::Object(root)
@@ -78,7 +87,15 @@ impl<'a> Resolver<'a> {
 
     /// Rewrites the `$ref`s under `value`. `file_slot` is set while walking an inlined file,
     /// whose local references must be redirected into its slot.
-    fn walk(&mut self, base: &Path, src: Option<&Source>, pointer: &str, value: &mut Value, file_slot: Option<usize>, diags: &mut Vec<Diagnostic>) {
+    fn walk(
+        &mut self,
+        base: &Path,
+        src: Option<&Source>,
+        pointer: &str,
+        value: &mut Value,
+        file_slot: Option<usize>,
+        diags: &mut Vec<Diagnostic>,
+    ) {
         match value {
             Value::Object(map) => {
                 if let Some(Value::String(r)) = map.get("$ref").cloned() {
@@ -103,21 +120,29 @@ impl<'a> Resolver<'a> {
         }
     }
 
-    fn reference(&mut self, base: &Path, src: Option<&Source>, at: &str, r: &str, file_slot: Option<usize>, diags: &mut Vec<Diagnostic>) -> Option<String> {
+    fn reference(
+        &mut self,
+        base: &Path,
+        src: Option<&Source>,
+        at: &str,
+        r: &str,
+        file_slot: Option<usize>,
+        diags: &mut Vec<Diagnostic>,
+    ) -> Option<String> {
         if let Some(local) = r.strip_prefix('#') {
             if let Some(slot) = file_slot {
                 return Some(format!("#/files/{slot}{local}"));
             }
             if let Some(name) = local.strip_prefix("/types/") {
                 let name = name.split('/').next().unwrap_or_default();
-                if !self.types.contains_key(name) {
-                    if let Some(src) = src {
-                        diags.push(
-                            src.diag(Code::UnknownType, at, format!("unknown type `{name}`"))
-                                .suggest(name, self.types.keys().map(String::as_str))
-                                .help_or("declare it under `types:`"),
-                        );
-                    }
+                if !self.types.contains_key(name)
+                    && let Some(src) = src
+                {
+                    diags.push(
+                        src.diag(Code::UnknownType, at, format!("unknown type `{name}`"))
+                            .suggest(name, self.types.keys().map(String::as_str))
+                            .help_or("declare it under `types:`"),
+                    );
                 }
             }
             return None;
@@ -125,8 +150,12 @@ impl<'a> Resolver<'a> {
         if r.contains("://") {
             if let Some(src) = src {
                 diags.push(
-                    src.diag(Code::BadSchema, at, format!("`$ref` to `{r}`: schemas are never fetched over the network"))
-                        .help("save the schema under schemas/ and refer to it by relative path"),
+                    src.diag(
+                        Code::BadSchema,
+                        at,
+                        format!("`$ref` to `{r}`: schemas are never fetched over the network"),
+                    )
+                    .help("save the schema under schemas/ and refer to it by relative path"),
                 );
             }
             return None;
@@ -140,7 +169,11 @@ impl<'a> Resolver<'a> {
                     Ok(v) => v,
                     Err(msg) => {
                         if let Some(src) = src {
-                            let code = if path.exists() { Code::BadSchema } else { Code::MissingFile };
+                            let code = if path.exists() {
+                                Code::BadSchema
+                            } else {
+                                Code::MissingFile
+                            };
                             diags.push(src.diag(code, at, msg).help_if_none_missing(&path));
                         }
                         return None;
@@ -163,14 +196,23 @@ impl<'a> Resolver<'a> {
     pub fn follow<'v>(&'v self, schema: &'v Value) -> &'v Value {
         let mut cur = schema;
         for _ in 0..16 {
-            let Some(r) = cur.get("$ref").and_then(Value::as_str) else { break };
+            let Some(r) = cur.get("$ref").and_then(Value::as_str) else {
+                break;
+            };
             let next = if let Some(name) = r.strip_prefix("#/types/") {
                 self.resolved_types.as_ref().and_then(|t| t.get(name))
             } else if let Some(rest) = r.strip_prefix("#/files/") {
                 let (slot, frag) = rest.split_once('/').map_or((rest, ""), |(s, f)| (s, f));
-                slot.parse::<usize>().ok().and_then(|i| self.files.get_index(i)).and_then(|(_, v)| {
-                    if frag.is_empty() { Some(v) } else { v.pointer(&format!("/{frag}")) }
-                })
+                slot.parse::<usize>()
+                    .ok()
+                    .and_then(|i| self.files.get_index(i))
+                    .and_then(|(_, v)| {
+                        if frag.is_empty() {
+                            Some(v)
+                        } else {
+                            v.pointer(&format!("/{frag}"))
+                        }
+                    })
             } else {
                 None
             };
@@ -204,13 +246,19 @@ impl MissingHelp for Diagnostic {
         let siblings = path
             .parent()
             .and_then(|d| std::fs::read_dir(d).ok())
-            .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<_>>())
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+            })
             .unwrap_or_default();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         self.suggest(&name, siblings.iter().map(String::as_str))
     }
 }
-
 
 fn load_schema_file(path: &Path) -> Result<Value, String> {
     let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
@@ -219,17 +267,29 @@ fn load_schema_file(path: &Path) -> Result<Value, String> {
     })?;
     let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
     if is_yaml {
-        let file = crate::spec::load::SourceFile { path: path.into(), text: text.into() };
-        crate::spec::load::parse(file)
-            .map(|d| d.value)
-            .map_err(|d| format!("schema file `{}` does not parse: {}", path.display(), d.first().map(|d| d.message.as_str()).unwrap_or("")))
+        let file = crate::spec::load::SourceFile {
+            path: path.into(),
+            text: text.into(),
+        };
+        crate::spec::load::parse(file).map(|d| d.value).map_err(|d| {
+            format!(
+                "schema file `{}` does not parse: {}",
+                path.display(),
+                d.first().map(|d| d.message.as_str()).unwrap_or("")
+            )
+        })
     } else {
         serde_json::from_str(&text).map_err(|e| format!("schema file `{}` is not valid JSON: {e}", path.display()))
     }
 }
 
 /// Compiles a resolved schema, reporting an invalid one at `pointer`.
-pub fn validator(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<Diagnostic>) -> Option<jsonschema::Validator> {
+pub fn validator(
+    src: &Source,
+    pointer: &str,
+    root: &Value,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<jsonschema::Validator> {
     match jsonschema::draft202012::new(root) {
         Ok(v) => Some(v),
         Err(e) => {
@@ -243,6 +303,10 @@ pub fn validator(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<Diag
 pub fn first_violation(validator: &jsonschema::Validator, value: &Value) -> Option<String> {
     validator.iter_errors(value).next().map(|e| {
         let at = e.instance_path().as_str().to_string();
-        if at.is_empty() { e.masked().to_string() } else { format!("at `{at}`: {}", e.masked()) }
+        if at.is_empty() {
+            e.masked().to_string()
+        } else {
+            format!("at `{at}`: {}", e.masked())
+        }
     })
 }

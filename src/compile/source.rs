@@ -94,7 +94,11 @@ pub fn load_source(path: &Path, diags: &mut Vec<Diagnostic>) -> Option<Source> {
     schema_errors(validator(), &doc.value, &doc, "", diags);
     let schema_errors = diags.len() > before;
     let workflow = lenient_workflow(&doc.value);
-    Some(Source { doc, workflow, schema_errors })
+    Some(Source {
+        doc,
+        workflow,
+        schema_errors,
+    })
 }
 
 /// Deserializes the top level; sections that do not fit are dropped (the schema reported them)
@@ -175,13 +179,21 @@ fn describe(error: &jsonschema::ValidationError, pointer: &str, doc: &Document) 
             at(
                 Code::WrongType,
                 spans.value(pointer),
-                format!("`{field}` must be {}, not {}", article(&expected), type_name(error.instance())),
+                format!(
+                    "`{field}` must be {}, not {}",
+                    article(&expected),
+                    type_name(error.instance())
+                ),
             )
         }
         ValidationErrorKind::Enum { options } => {
             let opts: Vec<String> = options
                 .as_array()
-                .map(|a| a.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).collect())
+                .map(|a| {
+                    a.iter()
+                        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                        .collect()
+                })
                 .unwrap_or_default();
             let got = error.instance().as_str().unwrap_or_default().to_string();
             at(
@@ -199,21 +211,33 @@ fn describe(error: &jsonschema::ValidationError, pointer: &str, doc: &Document) 
                 .filter(|errs| !errs.is_empty())
                 .max_by_key(|errs| errs.iter().map(|e| e.instance_path().as_str().len()).max().unwrap_or(0));
             match best.and_then(|errs| errs.first()) {
-                Some(inner) if inner.instance_path().as_str().len() > error.instance_path().as_str().len() => {
-                    describe(inner, &format!("{}{}", &pointer[..pointer.len() - error.instance_path().as_str().len()], inner.instance_path().as_str()), doc)
-                }
+                Some(inner) if inner.instance_path().as_str().len() > error.instance_path().as_str().len() => describe(
+                    inner,
+                    &format!(
+                        "{}{}",
+                        &pointer[..pointer.len() - error.instance_path().as_str().len()],
+                        inner.instance_path().as_str()
+                    ),
+                    doc,
+                ),
                 _ => at(
                     Code::WrongType,
                     spans.value(pointer),
-                    format!("`{field}` does not have any of the accepted forms ({})", short(error.instance())),
+                    format!(
+                        "`{field}` does not have any of the accepted forms ({})",
+                        short(error.instance())
+                    ),
                 )
                 .help(forms_help(pointer)),
             }
         }
-        _ => at(Code::InvalidValue, spans.value(pointer), format!("`{field}`: {}", error.masked())),
+        _ => at(
+            Code::InvalidValue,
+            spans.value(pointer),
+            format!("`{field}`: {}", error.masked()),
+        ),
     }
 }
-
 
 fn forms_help(pointer: &str) -> String {
     let segments: Vec<&str> = pointer.split('/').collect();
@@ -234,13 +258,17 @@ fn known_properties(error: &jsonschema::ValidationError, pointer: &str) -> Vec<S
     // may be behind `$ref`s that the path does not spell out, so resolve through the defs.
     let parent = location.strip_suffix("/additionalProperties").unwrap_or(location);
     let mut props = Vec::new();
-    if let Some(obj) = resolve_path(schema, parent).and_then(|s| s.get("properties")).and_then(Value::as_object) {
+    if let Some(obj) = resolve_path(schema, parent)
+        .and_then(|s| s.get("properties"))
+        .and_then(Value::as_object)
+    {
         props.extend(obj.keys().cloned());
     }
-    if props.is_empty() && pointer.is_empty() {
-        if let Some(obj) = schema.get("properties").and_then(Value::as_object) {
-            props.extend(obj.keys().cloned());
-        }
+    if props.is_empty()
+        && pointer.is_empty()
+        && let Some(obj) = schema.get("properties").and_then(Value::as_object)
+    {
+        props.extend(obj.keys().cloned());
     }
     props
 }
@@ -263,12 +291,14 @@ fn resolve_path<'a>(schema: &'a Value, path: &str) -> Option<&'a Value> {
             Value::Array(a) => a.get(seg.parse::<usize>().ok()?)?,
             _ => return None,
         };
-        if let Some(target) = cur.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix("#/")) {
-            if cur.get("properties").is_none() {
-                if let Some(t) = resolve_path(schema, target) {
-                    cur = t;
-                }
-            }
+        if let Some(target) = cur
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(|r| r.strip_prefix("#/"))
+            && cur.get("properties").is_none()
+            && let Some(t) = resolve_path(schema, target)
+        {
+            cur = t;
         }
     }
     Some(cur)

@@ -123,7 +123,10 @@ fn github(d: &Diagnostic) -> String {
             props.push(format!("endColumn={}", span.end.col));
         }
     }
-    props.push(format!("title={}", escape_property(&format!("{} {}", d.code, d.code.name()))));
+    props.push(format!(
+        "title={}",
+        escape_property(&format!("{} {}", d.code, d.code.name()))
+    ));
     let mut message = d.message.clone();
     if let Some(help) = &d.help {
         message.push_str("\nhelp: ");

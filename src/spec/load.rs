@@ -103,7 +103,10 @@ pub fn from_bytes(path: Arc<Path>, bytes: Vec<u8>) -> Result<SourceFile, Diagnos
         return Err(too_large(&path, bytes.len() as u64));
     }
     match String::from_utf8(bytes) {
-        Ok(text) => Ok(SourceFile { path, text: Arc::from(text) }),
+        Ok(text) => Ok(SourceFile {
+            path,
+            text: Arc::from(text),
+        }),
         Err(e) => {
             let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
             // Invariant: the prefix up to `valid_up_to` is valid UTF-8.
@@ -157,7 +160,9 @@ pub fn parse(file: SourceFile) -> Result<Document, Vec<Diagnostic>> {
         vec![match code {
             Code::DuplicateKey => d.help("each key may appear once in a mapping; merge the two entries"),
             Code::AliasBomb => d.help("aliases may expand to at most 100000 values in all"),
-            Code::YamlSyntax if info.contains("tab") => d.help("indent with spaces: YAML does not allow tabs for indentation"),
+            Code::YamlSyntax if info.contains("tab") => {
+                d.help("indent with spaces: YAML does not allow tabs for indentation")
+            }
             _ => d,
         }]
     })?;
@@ -178,7 +183,11 @@ pub fn parse(file: SourceFile) -> Result<Document, Vec<Diagnostic>> {
         );
     }
     let mut spans = SpanMap::default();
-    let mut converter = Converter { path: &path, spans: &mut spans, diags: &mut diags };
+    let mut converter = Converter {
+        path: &path,
+        spans: &mut spans,
+        diags: &mut diags,
+    };
     let value = converter.convert(&root, String::new(), 0);
     if diags.is_empty() {
         Ok(Document { file, value, spans })
@@ -202,7 +211,10 @@ fn key_span_at(text: &str, at: Span) -> Span {
         return at;
     };
     let rest: String = line.chars().skip(at.start.col as usize - 1).collect();
-    let len = rest.find(':').map(|i| rest[..i].trim_end().chars().count()).unwrap_or(0);
+    let len = rest
+        .find(':')
+        .map(|i| rest[..i].trim_end().chars().count())
+        .unwrap_or(0);
     let mut span = at;
     span.end.col = at.start.col + len as u32;
     span
@@ -212,8 +224,14 @@ fn span_of(node: &MarkedYaml) -> Span {
     let s = node.span.start;
     let e = node.span.end;
     Span {
-        start: Pos { line: s.line() as u32, col: s.col() as u32 + 1 },
-        end: Pos { line: e.line() as u32, col: e.col() as u32 + 1 },
+        start: Pos {
+            line: s.line() as u32,
+            col: s.col() as u32 + 1,
+        },
+        end: Pos {
+            line: e.line() as u32,
+            col: e.col() as u32 + 1,
+        },
     }
 }
 
@@ -341,7 +359,10 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<Document, Vec<Diagnostic>> {
-        parse(SourceFile { path: Arc::from(Path::new("t.yaml")), text: Arc::from(text) })
+        parse(SourceFile {
+            path: Arc::from(Path::new("t.yaml")),
+            text: Arc::from(text),
+        })
     }
 
     fn codes(text: &str) -> Vec<(Code, u32, u32)> {
@@ -349,7 +370,13 @@ mod tests {
             Ok(_) => vec![],
             Err(d) => d
                 .iter()
-                .map(|d| (d.code, d.span.map_or(0, |s| s.start.line), d.span.map_or(0, |s| s.start.col)))
+                .map(|d| {
+                    (
+                        d.code,
+                        d.span.map_or(0, |s| s.start.line),
+                        d.span.map_or(0, |s| s.start.col),
+                    )
+                })
                 .collect(),
         }
     }

@@ -327,9 +327,7 @@ impl Duration {
     /// The duration, or `None` when the text is not a duration.
     pub fn to_std(&self) -> Option<std::time::Duration> {
         match self {
-            Duration::Seconds(s) if s.is_finite() && *s >= 0.0 => {
-                Some(std::time::Duration::from_secs_f64(*s))
-            }
+            Duration::Seconds(s) if s.is_finite() && *s >= 0.0 => Some(std::time::Duration::from_secs_f64(*s)),
             Duration::Seconds(_) => None,
             Duration::Text(t) => parse_duration(t),
         }
@@ -348,8 +346,7 @@ fn parse_duration(text: &str) -> Option<std::time::Duration> {
         "h" => n * 3600.0,
         _ => return None,
     };
-    secs.is_finite()
-        .then(|| std::time::Duration::from_secs_f64(secs))
+    secs.is_finite().then(|| std::time::Duration::from_secs_f64(secs))
 }
 
 impl JsonSchema for Duration {

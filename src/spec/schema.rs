@@ -14,7 +14,7 @@ use schemars::{JsonSchema, generate::SchemaSettings};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::{node::*, Workflow};
+use super::{Workflow, node::*};
 
 /// The committed schema text, embedded at build time.
 pub const WORKFLOW_SCHEMA: &str = include_str!("../../schemas/workflow.schema.json");
@@ -104,10 +104,7 @@ pub fn generate() -> Value {
     );
     if let Some(obj) = root.as_object_mut() {
         obj.insert("$defs".into(), Value::Object(sort_defs(defs)));
-        obj.insert(
-            "$id".into(),
-            json!("https://runner.dev/schemas/workflow.schema.json"),
-        );
+        obj.insert("$id".into(), json!("https://runner.dev/schemas/workflow.schema.json"));
     }
     strip_null(&mut root);
     root

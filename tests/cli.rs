@@ -1,0 +1,269 @@
+//! The CLI through the real binary: `validate`, `graph`, `schema`, help and exit codes, and
+//! every shipped workflow validated and drawn.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn runner() -> Command {
+    let mut cmd = Command::cargo_bin("runner").unwrap();
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd
+}
+
+fn shipped_workflows() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("workflows")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "yaml") && !p.to_string_lossy().ends_with(".test.yaml") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn the_committed_schema_is_what_the_types_generate() {
+    let committed =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/workflow.schema.json")).unwrap();
+    let generated = runner::spec::schema::generate_text();
+    assert!(
+        committed == generated,
+        "schemas/workflow.schema.json is stale: run `cargo run -q -- schema --generate > schemas/workflow.schema.json`"
+    );
+    let out = runner().arg("schema").assert().success().get_output().stdout.clone();
+    assert_eq!(String::from_utf8(out).unwrap(), committed);
+}
+
+#[test]
+fn every_shipped_workflow_is_valid_with_no_warnings() {
+    let out = runner()
+        .args(["validate", "workflows", "--deny-warnings", "--format", "json"])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["diagnostics"],
+        Value::Array(vec![]),
+        "{}",
+        serde_json::to_string_pretty(&report).unwrap()
+    );
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn the_five_seed_systems_are_all_shipped() {
+    let names: Vec<String> = shipped_workflows()
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for seed in [
+        "research.yaml",
+        "rag.yaml",
+        "mindmap.yaml",
+        "deep-research.yaml",
+        "slides.yaml",
+    ] {
+        assert!(
+            names.contains(&seed.to_string()),
+            "workflows/{seed} is missing: {names:?}"
+        );
+    }
+}
+
+#[test]
+fn every_shipped_workflow_draws_in_every_format() {
+    for path in shipped_workflows() {
+        let yaml = std::fs::read_to_string(&path).unwrap();
+        let mermaid = runner()
+            .arg("graph")
+            .arg(&path)
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let mermaid = String::from_utf8(mermaid).unwrap();
+        assert!(mermaid.starts_with("flowchart TD\n"), "{}", path.display());
+        assert!(mermaid.contains("__start__([START])"));
+        let dot = runner()
+            .arg("graph")
+            .arg(&path)
+            .args(["--format", "dot"])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let dot = String::from_utf8(dot).unwrap();
+        assert!(dot.starts_with("digraph ") && dot.trim_end().ends_with('}'));
+        assert_eq!(
+            dot.matches('{').count(),
+            dot.matches('}').count(),
+            "unbalanced dot for {}",
+            path.display()
+        );
+        let json = runner()
+            .arg("graph")
+            .arg(&path)
+            .args(["--format", "json"])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let json: Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(json["hash"].as_str().map(str::len), Some(64));
+        for node in json["nodes"].as_array().unwrap() {
+            let name = node["name"].as_str().unwrap();
+            assert!(
+                yaml.contains(&format!("{name}:")),
+                "{name} is not a node of {}",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn graph_marks_conditions_fan_out_gates_and_subgraphs() {
+    let out = runner()
+        .args(["graph", "workflows/deep-research.yaml", "--format", "dot"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let dot = String::from_utf8(out).unwrap();
+    assert!(dot.contains("shape=hexagon"), "interrupt gates are hexagons");
+    assert!(dot.contains("subgraph \"cluster_"), "subgraphs are clusters");
+    assert!(dot.contains("style=bold"), "fan-out edges are marked");
+    assert!(dot.contains("style=dashed"), "conditional edges are dashed");
+    let out = runner()
+        .args(["graph", "workflows/research.yaml"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let mermaid = String::from_utf8(out).unwrap();
+    assert!(mermaid.contains("-.->|"), "conditional edges are dashed and labelled");
+}
+
+fn broken_project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "name: bad\nnodes:\n  a: {kind: serch, queries: x}\nedges: [START -> a, a -> END]\n",
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn validate_reports_in_three_formats_and_exits_1() {
+    let dir = broken_project();
+    let human = Command::cargo_bin("runner")
+        .unwrap()
+        .current_dir(dir.path())
+        .args(["validate", "bad.yaml"])
+        .assert()
+        .code(1)
+        .get_output()
+        .stdout
+        .clone();
+    let human = String::from_utf8(human).unwrap();
+    assert_eq!(
+        human,
+        "error[E201]: unknown kind `serch`\n  --> bad.yaml:3:13\n  |\n3 |   a: {kind: serch, queries: x}\n  |             ^^^^^\n  = help: did you mean `search`?\n\n1 error, 0 warnings in 1 file\n"
+    );
+    let github = Command::cargo_bin("runner")
+        .unwrap()
+        .current_dir(dir.path())
+        .args(["validate", "bad.yaml", "--format", "github"])
+        .assert()
+        .code(1)
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(
+        String::from_utf8(github).unwrap(),
+        "::error file=bad.yaml,line=3,col=13,endColumn=18,title=E201 unknown-kind::unknown kind `serch`%0Ahelp: did you mean `search`?\n"
+    );
+    let json = Command::cargo_bin("runner")
+        .unwrap()
+        .current_dir(dir.path())
+        .args(["validate", "bad.yaml", "--format", "json"])
+        .assert()
+        .code(1)
+        .get_output()
+        .stdout
+        .clone();
+    let json: Value = serde_json::from_slice(&json).unwrap();
+    let d = &json["diagnostics"][0];
+    for field in [
+        "code",
+        "name",
+        "severity",
+        "message",
+        "file",
+        "line",
+        "column",
+        "end_line",
+        "end_column",
+        "pointer",
+        "help",
+    ] {
+        assert!(d.get(field).is_some(), "json diagnostics have `{field}`");
+    }
+    assert_eq!(d["pointer"], "/nodes/a/kind");
+    assert_eq!((json["errors"].as_u64(), json["warnings"].as_u64()), (Some(1), Some(0)));
+}
+
+#[test]
+fn usage_and_io_errors_exit_2() {
+    runner().args(["validate", "no/such/dir"]).assert().code(2);
+    runner().args(["validate", "--format", "xml"]).assert().code(2);
+    runner().args(["graph", "no-such.yaml"]).assert().code(2);
+    runner().arg("frobnicate").assert().code(2);
+}
+
+#[test]
+fn graph_of_an_invalid_workflow_shows_why_and_exits_1() {
+    let dir = broken_project();
+    let out = Command::cargo_bin("runner")
+        .unwrap()
+        .current_dir(dir.path())
+        .args(["graph", "bad.yaml"])
+        .assert()
+        .code(1)
+        .get_output()
+        .clone();
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8(out.stderr).unwrap().contains("error[E201]"));
+}
+
+#[test]
+fn every_verb_has_help_with_an_example() {
+    for verb in ["validate", "graph", "schema"] {
+        let out = runner()
+            .args([verb, "--help"])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("Example: runner "),
+            "`runner {verb} --help` shows an example"
+        );
+    }
+}

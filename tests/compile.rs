@@ -1,0 +1,355 @@
+//! The compiler's judgement on small workflows: what it accepts (no false alarms from the graph
+//! analysis) and what it refuses, as a table of `check(files, expected)` cases.
+
+use std::path::Path;
+
+use runner::compile::{Compiler, compile_file};
+
+/// Writes `files` into a temp project (with a prompts/ dir) and validates `main.yaml`.
+/// Returns `CODE@line` for every diagnostic.
+fn diagnostics(files: &[(&str, &str)]) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("prompts")).unwrap();
+    for (name, text) in files {
+        let path = dir.path().join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let mut c = Compiler::new();
+    c.check(&dir.path().join("main.yaml"));
+    c.finish()
+        .diagnostics
+        .iter()
+        .map(|d| format!("{}@{}", d.code, d.span.map_or(0, |s| s.start.line)))
+        .collect()
+}
+
+#[track_caller]
+fn check(files: &[(&str, &str)], expected: &[&str]) {
+    assert_eq!(diagnostics(files), expected, "diagnostics differ");
+}
+
+const HEAD: &str = "name: t\nmodels: {default: {provider: mock, model: m}}\n";
+
+fn wf(body: &str) -> String {
+    format!("{HEAD}{body}")
+}
+
+#[test]
+fn routes_to_alternatives_that_write_the_same_key_do_not_conflict() {
+    let w = wf(r#"
+state: {answer: {type: string}}
+nodes:
+  pick: {kind: set}
+  a: {kind: set, update: {answer: "'a'"}}
+  b: {kind: set, update: {answer: "'b'"}}
+edges:
+  - START -> pick
+  - from: pick
+    route:
+      - {when: "state.answer == ''", to: a}
+      - {to: b}
+  - a -> END
+  - b -> END
+"#);
+    check(&[("main.yaml", &w)], &[]);
+}
+
+#[test]
+fn parallel_branches_conflict_without_a_reducer_and_not_with_one() {
+    let body = |reducer: &str| {
+        wf(&format!(
+            r#"
+state: {{notes: {{type: array, default: [] {reducer}}}}}
+nodes:
+  split: {{kind: set}}
+  a: {{kind: set, update: {{notes: "['a']"}}}}
+  b: {{kind: set, update: {{notes: "['b']"}}}}
+  join: {{kind: set}}
+edges:
+  - START -> split
+  - {{from: split, to: [a, b]}}
+  - {{from: [a, b], to: join}}
+  - join -> END
+"#
+        ))
+    };
+    check(&[("main.yaml", &body(""))], &["E404@8"]);
+    check(&[("main.yaml", &body(", reducer: append"))], &[]);
+}
+
+#[test]
+fn branches_of_unequal_length_that_meet_in_one_step_conflict() {
+    // a runs in step 2 and c in step 3 on one side; b1 -> b2 puts b2 in step 3 as well.
+    let w = wf(r#"
+state: {x: {type: integer}}
+nodes:
+  s: {kind: set}
+  a: {kind: set}
+  c: {kind: set, update: {x: "1"}}
+  b1: {kind: set}
+  b2: {kind: set, update: {x: "2"}}
+edges:
+  - START -> s
+  - {from: s, to: [a, b1]}
+  - a -> c -> END
+  - b1 -> b2 -> END
+"#);
+    check(&[("main.yaml", &w)], &["E404@10"]);
+}
+
+#[test]
+fn fan_out_targets_need_reducers_on_the_keys_they_write() {
+    let body = |reducer: &str| {
+        wf(&format!(
+            r#"
+state:
+  tasks: {{type: array, default: []}}
+  results: {{type: array, default: [] {reducer}}}
+nodes:
+  plan: {{kind: set}}
+  work: {{kind: set, update: {{results: "[task.name]"}}}}
+edges:
+  - START -> plan
+  - {{from: plan, send: {{to: work, foreach: state.tasks, as: task}}}}
+  - work -> END
+"#
+        ))
+    };
+    check(&[("main.yaml", &body(", reducer: append"))], &[]);
+    check(&[("main.yaml", &body(""))], &["E404@9"]);
+}
+
+#[test]
+fn the_fan_out_item_exists_only_in_the_target() {
+    let w = wf(r#"
+state: {tasks: {type: array, default: []}, out: {type: array, reducer: append, default: []}}
+nodes:
+  plan: {kind: set, update: {out: "[task]"}}
+  work: {kind: set, update: {out: "[task]"}}
+edges:
+  - START -> plan
+  - {from: plan, send: {to: work, foreach: state.tasks, as: task}}
+  - work -> END
+"#);
+    check(&[("main.yaml", &w)], &["E302@6"]);
+}
+
+#[test]
+fn foreach_over_a_scalar_is_refused() {
+    let w = wf(r#"
+state: {count: {type: integer, default: 0}, out: {type: array, reducer: append, default: []}}
+nodes:
+  plan: {kind: set}
+  work: {kind: set}
+edges:
+  - START -> plan
+  - {from: plan, send: {to: work, foreach: state.count}}
+  - work -> END
+"#);
+    check(&[("main.yaml", &w)], &["E304@10"]);
+}
+
+#[test]
+fn names_are_checked_in_every_namespace() {
+    let w = wf(r#"
+input: {type: object, properties: {query: {type: string}}}
+config: {costs: {max: 1.0}}
+state: {total: {type: number, default: 0}, text: {type: string, default: ""}}
+predicates: {over: "state.total >= config.costs.max"}
+nodes:
+  ask:
+    kind: llm
+    prompt: {text: "{{ input.query }} {{ input.qurey }} {{ config.costs.mx }}"}
+    output: {format: json, schema: {type: object, properties: {answer: {type: string}}, additionalProperties: false}}
+    update: {text: output.answer, total: "usage.cost + output.anwser | length"}
+edges:
+  - START -> ask
+  - from: ask
+    route:
+      - {when: over, to: END}
+      - {when: "not ovr", to: END}
+      - {to: END}
+"#);
+    check(&[("main.yaml", &w)], &["E302@11", "E302@11", "E302@13", "E302@19"]);
+}
+
+#[test]
+fn user_kinds_merge_defaults_and_check_params() {
+    let lib = r#"
+name: lib
+kinds:
+  summarizer:
+    extends: llm
+    params: {style: {type: string, enum: [brief, detailed], default: brief}, audience: {type: string}}
+    with: {prompt: {text: "Summarize for {{ params.audience }} in a {{ params.style }} style."}}
+predicates: {always: "true"}
+"#;
+    let ok = wf(r#"
+imports: [lib.yaml]
+state: {s: {type: string, default: ""}}
+nodes:
+  sum: {kind: summarizer, params: {audience: experts}, update: {s: output}}
+edges:
+  - START -> sum
+  - {from: sum, route: [{when: always, to: END}, {to: END}]}
+"#);
+    check(&[("main.yaml", &ok), ("lib.yaml", lib)], &[]);
+    let missing = wf(r#"
+imports: [lib.yaml]
+nodes:
+  sum: {kind: summarizer, params: {style: poetic, colour: red}}
+edges: [START -> sum, sum -> END]
+"#);
+    check(
+        &[("main.yaml", &missing), ("lib.yaml", lib)],
+        &["E214@6", "E214@6", "E214@6"],
+    );
+}
+
+#[test]
+fn imports_that_cycle_or_define_nodes_are_refused() {
+    let a = "name: a\nimports: [b.yaml]\n";
+    let b = "name: b\nimports: [a.yaml]\n";
+    let main = wf("imports: [a.yaml]\nnodes: {n: {kind: set}}\nedges: [START -> n, n -> END]\n");
+    let d = diagnostics(&[("main.yaml", &main), ("a.yaml", a), ("b.yaml", b)]);
+    assert!(d.contains(&"E208@2".to_string()), "{d:?}");
+    let with_nodes = wf("nodes: {n: {kind: set}}\nedges: [START -> n, n -> END]\n");
+    let main = wf("imports: [lib.yaml]\nnodes: {n: {kind: set}}\nedges: [START -> n, n -> END]\n");
+    check(&[("main.yaml", &main), ("lib.yaml", &with_nodes)], &["E213@3"]);
+}
+
+#[test]
+fn goto_reads_the_output_of_its_gate() {
+    let w = wf(r##"
+types:
+  Answer: {type: object, required: [action], properties: {action: {enum: [accept, edit]}, feedback: {type: string}}}
+state: {feedback: {type: string, default: ""}}
+nodes:
+  gate:
+    kind: interrupt
+    message: "Approve?"
+    response: {$ref: "#/types/Answer"}
+    update: {feedback: "output.feedback or ''"}
+    goto:
+      - {when: "output.action == 'accept'", to: done}
+      - {when: "output.verdict == 'x'", to: gate}
+      - {to: END}
+  done: {kind: set}
+edges: [START -> gate, done -> END]
+"##);
+    check(&[("main.yaml", &w)], &["E302@15"]);
+}
+
+#[test]
+fn loops_need_an_exit_but_a_conditional_exit_is_enough() {
+    let w = wf(r#"
+state: {n: {type: integer, default: 0}}
+nodes:
+  a: {kind: set, update: {n: "state.n + 1"}}
+  b: {kind: set}
+edges:
+  - START -> a
+  - a -> b
+  - from: b
+    route:
+      - {when: "state.n >= 3", to: END}
+      - {to: a}
+"#);
+    check(&[("main.yaml", &w)], &[]);
+}
+
+#[test]
+fn subgraph_inputs_and_outputs_are_checked_against_the_child() {
+    let child = r#"
+name: child
+models: {default: {provider: mock, model: m}}
+input: {type: object, properties: {topic: {type: string}}, additionalProperties: false}
+output: [summary]
+state: {summary: {type: string, default: ""}}
+nodes: {s: {kind: set, update: {summary: "input.topic"}}}
+edges: [START -> s, s -> END]
+"#;
+    let w = wf(r#"
+state: {result: {type: string, default: ""}}
+nodes:
+  sub:
+    kind: subgraph
+    workflow: child.yaml
+    input: {topic: "'x'", topik: "'y'"}
+    update: {result: "output.summary ~ output.sumary"}
+edges: [START -> sub, sub -> END]
+"#);
+    check(&[("main.yaml", &w), ("child.yaml", child)], &["E100@9", "E302@10"]);
+}
+
+#[test]
+fn a_subgraph_that_contains_itself_is_a_cycle() {
+    let w = wf("nodes: {me: {kind: subgraph, workflow: main.yaml}}\nedges: [START -> me, me -> END]\n");
+    check(&[("main.yaml", &w)], &["E208@3"]);
+}
+
+#[test]
+fn reducers_read_only_current_and_update() {
+    let w = wf(r#"
+reducers: {best: "current if current > update else state.x"}
+state: {top: {type: number, reducer: best, default: 0}}
+nodes: {n: {kind: set, update: {top: "1"}}}
+edges: [START -> n, n -> END]
+"#);
+    check(&[("main.yaml", &w)], &["E302@4"]);
+}
+
+fn write_project(dir: &Path, workflow: &str, prompt: &str) {
+    std::fs::create_dir_all(dir.join("prompts")).unwrap();
+    std::fs::write(dir.join("prompts/p.j2"), prompt).unwrap();
+    std::fs::write(dir.join("main.yaml"), workflow).unwrap();
+}
+
+#[test]
+fn the_plan_hash_follows_meaning_not_formatting() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = wf(
+        "state: {s: {type: string, default: ''}}\nnodes: {a: {kind: llm, prompt: p.j2, update: {s: output}}}\nedges: [START -> a, a -> END]\n",
+    );
+    let hash = |w: &str, p: &str| {
+        write_project(dir.path(), w, p);
+        let (plan, result) = compile_file(&dir.path().join("main.yaml"));
+        assert!(result.diagnostics.is_empty(), "{:?}", result.diagnostics);
+        plan.unwrap().hash.clone()
+    };
+    let h0 = hash(&base, "Hello");
+    let reformatted = format!("# a comment\n{}", base.replace("nodes: {a:", "nodes:   {a:"));
+    assert_eq!(hash(&reformatted, "Hello"), h0);
+    assert_ne!(hash(&base, "Hello!"), h0, "a prompt edit changes the plan");
+    assert_ne!(hash(&base.replace("START -> a", "START->a"), "Hello").len(), 0);
+    assert_ne!(hash(&base.replace("default: ''", "default: 'x'"), "Hello"), h0);
+}
+
+#[test]
+fn the_plan_holds_indices_and_compiled_expressions() {
+    let dir = tempfile::tempdir().unwrap();
+    write_project(
+        dir.path(),
+        &wf(
+            "state: {n: {type: integer, default: 0}}\nnodes: {a: {kind: set, update: {n: 'state.n + 1'}}, b: {kind: set}}\nedges: [START -> a -> b -> END]\n",
+        ),
+        "",
+    );
+    let (plan, _) = compile_file(&dir.path().join("main.yaml"));
+    let plan = plan.unwrap();
+    let a = plan.node_by_name("a").unwrap();
+    assert_eq!(plan.name_of(a), "a");
+    let runner::compile::Writer::Expr(id) = plan.nodes[&a].update[0].1 else {
+        panic!("an expression")
+    };
+    let v = plan
+        .exprs
+        .expr(id)
+        .eval(minijinja::context! { state => minijinja::context! { n => 41 } })
+        .unwrap();
+    assert_eq!(v.as_i64(), Some(42));
+    assert!(
+        matches!(plan.entry.as_slice(), [runner::compile::Branch::Always(t)] if t == &[runner::compile::Target::Node(a)])
+    );
+}
