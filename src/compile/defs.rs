@@ -273,7 +273,7 @@ pub fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec<Diagno
     }
     for (name, k) in &defs.kinds {
         if Arc::ptr_eq(&k.src, src)
-            && let Err(d) = super::nodes::kind_chain(&defs, name, &k.src, &k.pointer)
+            && let Err(d) = super::kinds::kind_chain(&defs, name, &k.src, &k.pointer)
         {
             diags.push(d);
         }

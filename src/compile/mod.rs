@@ -7,9 +7,12 @@
 //! Architecture Invariant: compile/ knows nothing of tokio, SQLite or HTTP; it reads files
 //! (workflows, prompts, schemas) and nothing else.
 
+mod analysis;
 mod defs;
 mod exprs;
+mod fields;
 mod graph;
+mod kinds;
 mod nodes;
 pub mod picture;
 pub mod plan;

@@ -1,0 +1,307 @@
+//! Whole-graph analysis, once every edge and node is known: an entry, reachability from
+//! START, a way out to END from every loop, dead ends, and write conflicts between nodes that
+//! can run in the same superstep.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use petgraph::Direction;
+use petgraph::visit::EdgeRef;
+
+use super::nodes::Build;
+use super::plan::*;
+use crate::diag::Code;
+use crate::spec::load::push_pointer;
+
+/// Whole-graph checks, once every edge and node is known.
+pub(super) fn analyze(b: &mut Build) {
+    if b.graph.edges_directed(b.start, Direction::Outgoing).next().is_none() {
+        let at = if b.src.doc.value.get("edges").is_some() {
+            "/edges"
+        } else {
+            ""
+        };
+        b.diags.push(
+            b.src
+                .diag(Code::NoEntry, at, "START has no outgoing edge, so nothing would run")
+                .help(match b.index.keys().next() {
+                    Some(first) => format!("add `- START -> {first}`"),
+                    None => "add nodes and an edge `START -> first_node`".into(),
+                }),
+        );
+        return;
+    }
+    let reachable = bfs(b, b.start, Direction::Outgoing);
+    for (name, ix) in b.index.clone() {
+        if !reachable.contains(&ix) {
+            let pointer = push_pointer("/nodes", &name);
+            b.diags.push(
+                b.src
+                    .diag_key(
+                        Code::Unreachable,
+                        &pointer,
+                        format!("node `{name}` can never run: no path leads to it from START"),
+                    )
+                    .help(format!("add an edge to it, e.g. `- some_node -> {name}`, or remove it")),
+            );
+        }
+    }
+    // Terminals: END, nodes with no way out (a warning of their own), and nodes whose routing
+    // may select nothing (a route without default, a fan-out over an empty list).
+    let mut terminals = vec![b.end];
+    for (name, ix) in b.index.clone() {
+        let outgoing = b
+            .graph
+            .edges_directed(ix, Direction::Outgoing)
+            .any(|e| !matches!(e.weight(), Flow::OnError));
+        if !outgoing {
+            terminals.push(ix);
+            if reachable.contains(&ix) {
+                let pointer = push_pointer("/nodes", &name);
+                b.diags.push(
+                    b.src
+                        .diag_key(
+                            Code::DeadEnd,
+                            &pointer,
+                            format!("node `{name}` has no outgoing edge; its branch ends after it"),
+                        )
+                        .help(format!("say so with `- {name} -> END`")),
+                );
+            }
+        }
+        let may_stop = b.drafts.get(&ix).is_some_and(|d| {
+            d.branches.iter().any(|br| match br {
+                Branch::Route(cs) => !cs.iter().any(|c| c.when.is_none()),
+                Branch::Send(_) => true,
+                _ => false,
+            }) || d.branches.iter().all(|br| matches!(br, Branch::Send(_))) && !d.branches.is_empty()
+        });
+        if may_stop {
+            terminals.push(ix);
+        }
+    }
+    let mut can_finish = HashSet::new();
+    for t in terminals {
+        can_finish.extend(bfs(b, t, Direction::Incoming));
+    }
+    let sccs = petgraph::algo::tarjan_scc(&b.graph);
+    let mut reported = HashSet::new();
+    for scc in sccs {
+        let stuck: Vec<NodeIx> = scc
+            .iter()
+            .copied()
+            .filter(|ix| reachable.contains(ix) && !can_finish.contains(ix) && b.drafts.contains_key(ix))
+            .collect();
+        if stuck.is_empty() {
+            continue;
+        }
+        let mut names: Vec<(usize, String)> = stuck
+            .iter()
+            .filter_map(|ix| {
+                b.index
+                    .get_index_of(b.drafts[ix].name.as_str())
+                    .map(|i| (i, b.drafts[ix].name.clone()))
+            })
+            .collect();
+        names.sort();
+        let first = names[0].1.clone();
+        if !reported.insert(first.clone()) {
+            continue;
+        }
+        let list = names
+            .iter()
+            .map(|(_, n)| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let msg = if names.len() == 1 {
+            format!("END cannot be reached from node {list}")
+        } else {
+            format!("nodes {list} loop with no way out to END")
+        };
+        b.diags.push(
+            b.src
+                .diag_key(Code::NoExit, &push_pointer("/nodes", &first), msg)
+                .help("add a route clause that leaves the loop, e.g. `- {when: \"state.done\", to: END}`"),
+        );
+    }
+    write_conflicts(b);
+}
+
+fn bfs(b: &Build, from: NodeIx, dir: Direction) -> HashSet<NodeIx> {
+    let mut seen = HashSet::from([from]);
+    let mut queue = VecDeque::from([from]);
+    while let Some(n) = queue.pop_front() {
+        for e in b.graph.edges_directed(n, dir) {
+            let next = if dir == Direction::Outgoing {
+                e.target()
+            } else {
+                e.source()
+            };
+            if seen.insert(next) {
+                queue.push_back(next);
+            }
+        }
+    }
+    seen
+}
+
+/// The sets of nodes one node may trigger together (one set per combination of choices).
+fn alternatives(branches: &[Branch], goto: &[Clause], joins_from: &[NodeIx]) -> Vec<Vec<NodeIx>> {
+    let mut fixed: Vec<NodeIx> = joins_from.to_vec();
+    let mut choices: Vec<Vec<Vec<NodeIx>>> = Vec::new();
+    let nodes = |ts: &[Target]| {
+        ts.iter()
+            .filter_map(|t| if let Target::Node(n) = t { Some(*n) } else { None })
+            .collect::<Vec<_>>()
+    };
+    let clause_sets = |cs: &[Clause]| {
+        let mut alts: Vec<Vec<NodeIx>> = cs
+            .iter()
+            .map(|c| match &c.then {
+                ClauseTarget::Nodes(ts) => nodes(ts),
+                ClauseTarget::Send(s) => vec![s.to],
+            })
+            .collect();
+        if !cs.iter().any(|c| c.when.is_none()) {
+            alts.push(Vec::new());
+        }
+        alts
+    };
+    for br in branches {
+        match br {
+            Branch::Always(ts) => fixed.extend(nodes(ts)),
+            Branch::Send(s) => fixed.push(s.to),
+            Branch::Route(cs) => choices.push(clause_sets(cs)),
+        }
+    }
+    if !goto.is_empty() {
+        choices.push(clause_sets(goto));
+    }
+    let mut out = vec![fixed];
+    for alts in choices {
+        if out.len() * alts.len() > 64 {
+            // Too many combinations: over-approximate with every choice at once.
+            for o in &mut out {
+                o.extend(alts.iter().flatten().copied());
+            }
+            continue;
+        }
+        out = out
+            .iter()
+            .flat_map(|o| alts.iter().map(move |a| o.iter().chain(a).copied().collect()))
+            .collect();
+    }
+    for o in &mut out {
+        o.sort();
+        o.dedup();
+    }
+    out
+}
+
+/// E404: explores the supersteps the graph allows (as sets of nodes) and reports two nodes
+/// that may run in the same step writing a key without a reducer, and fanned-out nodes
+/// writing one (their parallel copies would conflict).
+fn write_conflicts(b: &mut Build) {
+    let replace = |b: &Build, key: &str| b.state.get(key).is_some_and(|c| !c.reducer.combines());
+    let mut report: Vec<(String, String, String, String)> = Vec::new();
+    for d in b.drafts.values() {
+        if let Some(item) = &d.item {
+            for (key, at) in &d.writes {
+                if replace(b, key) {
+                    report.push((at.clone(), key.clone(), d.name.clone(), format!("fan-out:{item}")));
+                }
+            }
+        }
+    }
+    let mut joins_from: HashMap<NodeIx, Vec<NodeIx>> = HashMap::new();
+    for (sources, t) in &b.joins {
+        if let Target::Node(n) = t {
+            for s in sources {
+                joins_from.entry(*s).or_default().push(*n);
+            }
+        }
+    }
+    let mut alt_cache: HashMap<NodeIx, Vec<Vec<NodeIx>>> = HashMap::new();
+    for (ix, d) in &b.drafts {
+        alt_cache.insert(
+            *ix,
+            alternatives(&d.branches, &d.goto, joins_from.get(ix).map_or(&[][..], |v| v)),
+        );
+    }
+    let mut frontier_queue: VecDeque<Vec<NodeIx>> = alternatives(&b.entry, &[], &[])
+        .into_iter()
+        .filter(|f| !f.is_empty())
+        .collect();
+    let mut seen: HashSet<Vec<NodeIx>> = frontier_queue.iter().cloned().collect();
+    let mut checked_pairs: HashSet<(NodeIx, NodeIx)> = HashSet::new();
+    let mut explored = 0;
+    while let Some(frontier) = frontier_queue.pop_front() {
+        explored += 1;
+        if explored > 20_000 {
+            break;
+        }
+        for (i, a) in frontier.iter().enumerate() {
+            for c in &frontier[i + 1..] {
+                if !checked_pairs.insert((*a, *c)) {
+                    continue;
+                }
+                let (Some(da), Some(dc)) = (b.drafts.get(a), b.drafts.get(c)) else {
+                    continue;
+                };
+                for (key, _) in &da.writes {
+                    if !replace(b, key) {
+                        continue;
+                    }
+                    if let Some((_, at)) = dc.writes.iter().find(|(k, _)| k == key) {
+                        report.push((at.clone(), key.clone(), dc.name.clone(), da.name.clone()));
+                    }
+                }
+            }
+        }
+        // Next frontiers: every combination of each member's alternatives.
+        let mut next: Vec<Vec<NodeIx>> = vec![Vec::new()];
+        for n in &frontier {
+            let alts = alt_cache.get(n).cloned().unwrap_or_default();
+            if next.len() * alts.len().max(1) > 256 {
+                for x in &mut next {
+                    x.extend(alts.iter().flatten().copied());
+                }
+                continue;
+            }
+            next = next
+                .iter()
+                .flat_map(|x| alts.iter().map(move |a| x.iter().chain(a).copied().collect::<Vec<_>>()))
+                .collect();
+        }
+        for mut f in next {
+            f.sort();
+            f.dedup();
+            if !f.is_empty() && seen.insert(f.clone()) {
+                frontier_queue.push_back(f);
+            }
+        }
+    }
+    let mut done = HashSet::new();
+    for (at, key, node, other) in report {
+        if !done.insert((key.clone(), node.clone(), other.clone())) {
+            continue;
+        }
+        let d = if let Some(item) = other.strip_prefix("fan-out:") {
+            b.src
+                .diag(
+                    Code::WriteConflict,
+                    &at,
+                    format!(
+                        "node `{node}` runs once per fan-out item (`{item}`) and writes `{key}`, which has no reducer"
+                    ),
+                )
+                .help(format!(
+                    "parallel copies would overwrite each other: give `{key}` a reducer such as `append`"
+                ))
+        } else {
+            b.src
+                .diag(Code::WriteConflict, &at, format!("nodes `{other}` and `{node}` can run in the same superstep and both write `{key}`, which has no reducer"))
+                .help(format!("give `{key}` a reducer (e.g. `reducer: append`), or have one of them write another key"))
+        };
+        b.diags.push(d);
+    }
+}
