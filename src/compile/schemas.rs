@@ -100,8 +100,16 @@ impl<'a> Resolver<'a> {
             Value::Object(map) => {
                 if let Some(Value::String(r)) = map.get("$ref").cloned() {
                     let at = push_pointer(pointer, "$ref");
-                    if let Some(new) = self.reference(base, src, &at, &r, file_slot, diags) {
-                        map.insert("$ref".into(), Value::String(new));
+                    match self.reference(base, src, &at, &r, file_slot, diags) {
+                        Ok(Some(new)) => {
+                            map.insert("$ref".into(), Value::String(new));
+                        }
+                        Ok(None) => {}
+                        // Already reported; dropping the reference keeps the rest of the schema
+                        // usable instead of failing it a second time as unresolvable.
+                        Err(()) => {
+                            map.shift_remove("$ref");
+                        }
                     }
                 }
                 for (k, v) in map.iter_mut() {
@@ -128,24 +136,24 @@ impl<'a> Resolver<'a> {
         r: &str,
         file_slot: Option<usize>,
         diags: &mut Vec<Diagnostic>,
-    ) -> Option<String> {
+    ) -> Result<Option<String>, ()> {
         if let Some(local) = r.strip_prefix('#') {
             if let Some(slot) = file_slot {
-                return Some(format!("#/files/{slot}{local}"));
+                return Ok(Some(format!("#/files/{slot}{local}")));
             }
             if let Some(name) = local.strip_prefix("/types/") {
                 let name = name.split('/').next().unwrap_or_default();
-                if !self.types.contains_key(name)
-                    && let Some(src) = src
-                {
+                if !self.types.contains_key(name) {
+                    let Some(src) = src else { return Err(()) };
                     diags.push(
                         src.diag(Code::UnknownType, at, format!("unknown type `{name}`"))
                             .suggest(name, self.types.keys().map(String::as_str))
                             .help_or("declare it under `types:`"),
                     );
+                    return Err(());
                 }
             }
-            return None;
+            return Ok(None);
         }
         if r.contains("://") {
             if let Some(src) = src {
@@ -158,7 +166,7 @@ impl<'a> Resolver<'a> {
                     .help("save the schema under schemas/ and refer to it by relative path"),
                 );
             }
-            return None;
+            return Err(());
         }
         let (file, fragment) = r.split_once('#').unwrap_or((r, ""));
         let path = super::relative_to(base, file);
@@ -169,14 +177,13 @@ impl<'a> Resolver<'a> {
                     Ok(v) => v,
                     Err(msg) => {
                         if let Some(src) = src {
-                            let code = if path.exists() {
-                                Code::BadSchema
+                            diags.push(if path.exists() {
+                                src.diag(Code::BadSchema, at, msg)
                             } else {
-                                Code::MissingFile
-                            };
-                            diags.push(src.diag(code, at, msg).help_if_none_missing(&path));
+                                super::defs::missing_file(src, at, &path, "schema file")
+                            });
                         }
-                        return None;
+                        return Err(());
                     }
                 };
                 let slot = self.files.len();
@@ -189,7 +196,7 @@ impl<'a> Resolver<'a> {
                 slot
             }
         };
-        Some(format!("#/files/{slot}{fragment}"))
+        Ok(Some(format!("#/files/{slot}{fragment}")))
     }
 
     /// Follows `$ref`s to types and files to the schema they name, for static analysis.
@@ -231,32 +238,6 @@ impl<'a> Resolver<'a> {
             Value::Array(ts) => Some(ts.iter().filter_map(|t| t.as_str().map(str::to_string)).collect()),
             _ => None,
         }
-    }
-}
-
-trait MissingHelp {
-    fn help_if_none_missing(self, path: &Path) -> Self;
-}
-
-impl MissingHelp for Diagnostic {
-    fn help_if_none_missing(self, path: &Path) -> Self {
-        if path.exists() {
-            return self;
-        }
-        let siblings = path
-            .parent()
-            .and_then(|d| std::fs::read_dir(d).ok())
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        self.suggest(&name, siblings.iter().map(String::as_str))
     }
 }
 
