@@ -4,7 +4,11 @@
 //! immutable [`compile::Plan`]) → engine → checkpoints. [`diag`] carries every stage's problems
 //! to the user; [`cli`] is the only place that prints.
 
+pub mod checkpoint;
 pub mod cli;
 pub mod compile;
 pub mod diag;
+pub mod engine;
+pub mod nodes;
+pub mod providers;
 pub mod spec;

@@ -57,6 +57,8 @@ pub(super) struct Build<'c, 'a> {
     pub state: IndexMap<String, Channel>,
     pub state_schemas: IndexMap<String, Value>,
     pub predicates: IndexMap<String, ExprId>,
+    /// The resolved (self-contained) input and context schemas.
+    pub io_schemas: (Option<Value>, Option<Value>),
     pub prompts_dir: Option<PathBuf>,
     pub hashed_files: Vec<(String, String)>,
 }
@@ -92,6 +94,7 @@ impl<'c, 'a> Build<'c, 'a> {
             state: IndexMap::new(),
             state_schemas: IndexMap::new(),
             predicates: IndexMap::new(),
+            io_schemas: (None, None),
             prompts_dir,
             hashed_files: Vec::new(),
         }
@@ -169,8 +172,10 @@ impl<'c, 'a> Build<'c, 'a> {
             let props = declared_props(self.resolver.follow(&root));
             if which == "input" {
                 sym.input = Some(props);
+                self.io_schemas.0 = Some(root);
             } else {
                 sym.context = Some(props);
+                self.io_schemas.1 = Some(root);
             }
         }
         self.sym = Arc::new(sym);
@@ -389,8 +394,8 @@ impl<'c, 'a> Build<'c, 'a> {
             entry: std::mem::take(&mut self.entry),
             joins: std::mem::take(&mut self.joins),
             state: std::mem::take(&mut self.state),
-            input_schema: self.wf.input.as_ref().map(|s| s.0.clone()),
-            context_schema: self.wf.context.as_ref().map(|s| s.0.clone()),
+            input_schema: self.io_schemas.0.take(),
+            context_schema: self.io_schemas.1.take(),
             config: self.sym.config.clone(),
             output: self.wf.output.clone(),
             recursion_limit: self.wf.limits.as_ref().and_then(|l| l.recursion_limit).unwrap_or(25),

@@ -1,0 +1,132 @@
+//! Rendering the event stream on stderr: a live view for people, or JSON lines.
+
+use std::io::Write;
+
+use serde_json::Value;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::engine::events::{Envelope, Event};
+
+/// Renders events until the run drops its sender.
+pub async fn events(mut rx: UnboundedReceiver<Envelope>, jsonl: bool) {
+    let mut streaming = false;
+    while let Some(e) = rx.recv().await {
+        let mut err = std::io::stderr().lock();
+        if jsonl {
+            if let Ok(line) = serde_json::to_string(&e) {
+                let _ = writeln!(err, "{line}");
+            }
+            continue;
+        }
+        if streaming && !matches!(e.event, Event::Token { .. }) {
+            let _ = writeln!(err);
+            streaming = false;
+        }
+        let line = match &e.event {
+            Event::RunStart {
+                thread_id,
+                workflow,
+                resumed,
+            } => {
+                let name = std::path::Path::new(workflow)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                Some(format!(
+                    "▶ {} {name}  (thread {thread_id})",
+                    if *resumed { "resuming" } else { "running" }
+                ))
+            }
+            Event::StepStart { step, tasks } => Some(format!("step {step}: {}", tasks.join(", "))),
+            Event::NodeEnd {
+                node,
+                duration_ms,
+                keys,
+                cached,
+                ..
+            } => Some(format!(
+                "  ✓ {node}{} {}",
+                if *cached {
+                    " (finished before, not re-run)".to_string()
+                } else {
+                    format!(" ({duration_ms:.0} ms)")
+                },
+                if keys.is_empty() {
+                    String::new()
+                } else {
+                    format!("→ {}", keys.join(", "))
+                }
+            )),
+            Event::Token { text, .. } => {
+                if !streaming {
+                    let _ = write!(err, "  │ ");
+                    streaming = true;
+                }
+                let _ = write!(err, "{}", text.replace('\n', "\n  │ "));
+                None
+            }
+            Event::Custom { node, event, data } => Some(format!("  • {node}: {event} {}", short(data))),
+            Event::Retry {
+                node,
+                attempt,
+                error,
+                delay_ms,
+                ..
+            } => Some(format!(
+                "  ↻ {node}: attempt {attempt} failed ({error}); retrying in {:.1}s",
+                delay_ms / 1000.0
+            )),
+            Event::Error { node, message, .. } => Some(format!(
+                "  ✗ {}{message}",
+                node.as_ref().map(|n| format!("{n}: ")).unwrap_or_default()
+            )),
+            Event::Interrupt { node, payload, .. } => {
+                let message = payload.get("message").and_then(Value::as_str).unwrap_or("");
+                let mut s = format!("⏸ waiting at {node}");
+                if !message.is_empty() {
+                    s.push_str(&format!(": {message}"));
+                }
+                if let Some(p) = payload.get("payload") {
+                    s.push_str(&format!(
+                        "\n  {}",
+                        serde_json::to_string_pretty(p)
+                            .unwrap_or_default()
+                            .replace('\n', "\n  ")
+                    ));
+                }
+                Some(s)
+            }
+            Event::RunEnd {
+                status,
+                steps,
+                duration_ms,
+                usage,
+            } => Some(format!(
+                "■ {status} after {steps} step{} in {:.0} ms{}",
+                if *steps == 1 { "" } else { "s" },
+                duration_ms,
+                if usage.calls > 0 {
+                    format!(
+                        "; {} LLM call(s), {} tokens, cost {:.4}",
+                        usage.calls, usage.total_tokens, usage.cost
+                    )
+                } else {
+                    String::new()
+                }
+            )),
+            Event::NodeStart { .. } | Event::StateUpdate { .. } | Event::StepEnd { .. } | Event::Usage { .. } => None,
+        };
+        if let Some(line) = line {
+            let _ = writeln!(err, "{line}");
+        }
+    }
+}
+
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 120 {
+        format!("{}…", s.chars().take(120).collect::<String>())
+    } else {
+        s
+    }
+}

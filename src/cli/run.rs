@@ -1,0 +1,322 @@
+//! `runner run` and `runner resume`: run a workflow on a thread, stream progress to stderr,
+//! print the result on stdout.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use super::{exit, render, store};
+use crate::compile::compile_file;
+use crate::diag::{self, Format};
+use crate::engine::events::Events;
+use crate::engine::{Engine, EngineError, Persist, RunRequest, Status};
+use crate::providers::Providers;
+use crate::providers::mock::MockProvider;
+
+/// How progress is shown on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stream {
+    /// A live view for people (the default on a terminal).
+    Human,
+    /// One JSON event per line (documented in README; stable).
+    Jsonl,
+    /// Nothing (the default when stderr is not a terminal).
+    None,
+}
+
+/// How the result is printed on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OutputFormat {
+    #[default]
+    Json,
+    Yaml,
+}
+
+/// Options shared by `run` and `resume`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Common {
+    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db; `:memory:` keeps
+    /// nothing).
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+    /// How progress is shown on stderr.
+    #[arg(long, value_enum)]
+    pub stream: Option<Stream>,
+    /// How the result is printed on stdout.
+    #[arg(long, value_enum, default_value_t)]
+    pub output: OutputFormat,
+    /// The most supersteps this run may take (overrides the workflow's `limits`).
+    #[arg(long)]
+    pub recursion_limit: Option<u32>,
+    /// When checkpoints are committed.
+    #[arg(long, value_enum, default_value_t)]
+    pub persist: Persist,
+    /// How hard SQLite works to keep a commit.
+    #[arg(long, value_enum, default_value_t)]
+    pub durability: store::DurabilityArg,
+    /// Serve every model from this scripted mock (offline runs and tests).
+    #[arg(long, value_name = "SCRIPT")]
+    pub mock: Option<PathBuf>,
+}
+
+/// Run a workflow, or continue one of its threads.
+///
+/// Progress goes to stderr, the result (the workflow's `output` keys, or its whole state) to
+/// stdout. Exit 0 done, 1 failed, 2 usage error, 3 interrupted (waiting for an answer), 130
+/// cancelled (Ctrl-C stops at a step boundary; the thread is resumable).
+///
+/// Example: runner run workflows/research.yaml --input query="How do heat pumps work?"
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The workflow file.
+    file: PathBuf,
+    /// An input field: `key=value` (JSON if it parses as JSON, else a string; `@path` reads a
+    /// file).
+    #[arg(long = "input", short = 'i', value_name = "KEY=VALUE")]
+    input: Vec<String>,
+    /// The whole input from a JSON or YAML file.
+    #[arg(long, value_name = "FILE")]
+    input_file: Option<PathBuf>,
+    /// A config override: `path.to.key=value`.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    set: Vec<String>,
+    /// A context field: `key=value` (e.g. `user_id=alice`).
+    #[arg(long = "context", value_name = "KEY=VALUE")]
+    context: Vec<String>,
+    /// The thread: continue it if it exists, else start it under this id (default: a new id).
+    #[arg(long)]
+    thread: Option<String>,
+    /// Continue a thread even though its workflow changed incompatibly.
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// Continue an interrupted (or crashed) thread with the workflow recorded with it.
+///
+/// Example: runner resume --thread 0192f0c4-... --answer '{"action": "accept"}'
+#[derive(clap::Args, Debug)]
+pub struct ResumeArgs {
+    /// The thread.
+    #[arg(long)]
+    thread: String,
+    /// The answer to the pending interrupt: JSON, or `@file` with JSON.
+    #[arg(long)]
+    answer: Option<String>,
+    /// Continue even though the workflow file changed incompatibly.
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<u8> {
+    let mut input = match &args.input_file {
+        Some(f) => read_data_file(f)?,
+        None => Value::Object(Default::default()),
+    };
+    for kv in &args.input {
+        let (k, v) = parse_kv(kv)?;
+        input
+            .as_object_mut()
+            .context("--input-file must hold an object")?
+            .insert(k, v);
+    }
+    let mut context = serde_json::Map::new();
+    for kv in &args.context {
+        let (k, v) = parse_kv(kv)?;
+        context.insert(k, v);
+    }
+    let config = args
+        .set
+        .iter()
+        .map(|kv| parse_kv(kv))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let db = store::db_path(args.common.db.as_deref());
+    let store = store::open(&db, args.common.durability)?;
+    let existing = match &args.thread {
+        Some(t) => store.get_thread(t)?,
+        None => None,
+    };
+    let fresh = existing.is_none();
+    let request = RunRequest {
+        thread_id: args.thread.clone(),
+        workflow: absolute(&args.file).display().to_string(),
+        input: fresh.then_some(input),
+        context: fresh.then_some(Value::Object(context)),
+        config,
+        answer: None,
+        recursion_limit: args.common.recursion_limit,
+        persist: args.common.persist,
+        force: args.force,
+    };
+    execute(&args.file, request, &args.common, store)
+}
+
+pub fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
+    let db = store::db_path(args.common.db.as_deref());
+    let store = store::open(&db, args.common.durability)?;
+    let Some(thread) = store.get_thread(&args.thread)? else {
+        bail!("thread `{}` does not exist in {}", args.thread, db.display());
+    };
+    let answer = match &args.answer {
+        Some(a) => Some(parse_json_arg(a)?),
+        None => None,
+    };
+    let request = RunRequest {
+        thread_id: Some(thread.thread_id.clone()),
+        workflow: thread.workflow.clone(),
+        answer,
+        recursion_limit: args.common.recursion_limit,
+        persist: args.common.persist,
+        force: args.force,
+        ..RunRequest::default()
+    };
+    execute(Path::new(&thread.workflow), request, &args.common, store)
+}
+
+fn execute(
+    file: &Path,
+    request: RunRequest,
+    common: &Common,
+    store: Arc<dyn crate::checkpoint::Checkpointer>,
+) -> anyhow::Result<u8> {
+    if !file.is_file() {
+        bail!("workflow file {} does not exist", file.display());
+    }
+    let (plan, result) = compile_file(file);
+    let Some(plan) = plan else {
+        eprint!("{}", diag::render(&result.diagnostics, &result.files, Format::Human));
+        return Ok(exit::INVALID);
+    };
+    let mock = match &common.mock {
+        Some(path) => Some(Arc::new(
+            MockProvider::from_file(path).map_err(|e| anyhow::anyhow!("--mock {}: {e}", path.display()))?,
+        )),
+        None => None,
+    };
+    let override_all = mock.is_some();
+    let providers = Providers::for_models(&plan.models, mock, override_all)?;
+    let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
+        Stream::Human
+    } else {
+        Stream::None
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let (events, rx) = if stream == Stream::None {
+            (Events::none(), None)
+        } else {
+            let (e, rx) = Events::channel();
+            (e, Some(rx))
+        };
+        let renderer = rx.map(|rx| tokio::spawn(render::events(rx, stream == Stream::Jsonl)));
+        let engine = Engine::new(plan, store, providers, events);
+        let cancel = engine.cancel_flag();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                cancel.store(true, Ordering::SeqCst);
+                eprintln!("\nstopping at the end of this step (Ctrl-C again to quit at once)");
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    std::process::exit(exit::CANCELLED as i32);
+                }
+            }
+        });
+        let outcome = engine.run(request).await;
+        drop(engine);
+        if let Some(r) = renderer {
+            let _ = r.await;
+        }
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(
+                e @ (EngineError::Input(_)
+                | EngineError::NotInterrupted(_)
+                | EngineError::BadAnswer(_)
+                | EngineError::Incompatible(_)
+                | EngineError::NoThread(_)),
+            ) => {
+                eprintln!("error: {e}");
+                return Ok(exit::USAGE);
+            }
+            Err(e) => return Err(anyhow::Error::new(e)),
+        };
+        eprintln!("thread: {}", outcome.thread_id);
+        let mut out = std::io::stdout().lock();
+        match outcome.status {
+            Status::Done => {
+                out.write_all(super::format_value(&outcome.output, common.output).as_bytes())?;
+                Ok(exit::OK)
+            }
+            Status::Interrupted => {
+                let pending = outcome.interrupt.unwrap_or(Value::Null);
+                out.write_all(
+                    super::format_value(&serde_json::json!({"interrupt": pending}), common.output).as_bytes(),
+                )?;
+                eprintln!(
+                    "waiting for an answer: runner resume --thread {} --answer '<json>'",
+                    outcome.thread_id
+                );
+                Ok(exit::INTERRUPTED)
+            }
+            Status::Failed => {
+                eprintln!("error: {}", outcome.error.unwrap_or_default());
+                eprintln!(
+                    "the last checkpoint is intact: fix the cause, then `runner resume --thread {}`",
+                    outcome.thread_id
+                );
+                Ok(exit::INVALID)
+            }
+            Status::Cancelled => {
+                eprintln!("cancelled; resume with `runner resume --thread {}`", outcome.thread_id);
+                Ok(exit::CANCELLED)
+            }
+        }
+    })
+}
+
+/// `key=value`: the value as JSON if it parses, else a string; `@path` reads a file as text.
+pub fn parse_kv(kv: &str) -> anyhow::Result<(String, Value)> {
+    let (k, v) = kv.split_once('=').with_context(|| format!("`{kv}` is not KEY=VALUE"))?;
+    if k.is_empty() {
+        bail!("`{kv}` has no key");
+    }
+    let value = if let Some(path) = v.strip_prefix('@') {
+        Value::String(std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?)
+    } else {
+        serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()))
+    };
+    Ok((k.to_string(), value))
+}
+
+fn parse_json_arg(a: &str) -> anyhow::Result<Value> {
+    let text = match a.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?,
+        None => a.to_string(),
+    };
+    serde_json::from_str(&text).with_context(|| format!("`{a}` is not JSON"))
+}
+
+fn read_data_file(path: &Path) -> anyhow::Result<Value> {
+    let file = crate::spec::load::read(path).map_err(|d| anyhow::anyhow!("{}: {}", path.display(), d.message))?;
+    let doc = crate::spec::load::parse(file).map_err(|d| {
+        anyhow::anyhow!(
+            "{}: {}",
+            path.display(),
+            d.first().map(|d| d.message.clone()).unwrap_or_default()
+        )
+    })?;
+    if !doc.value.is_object() {
+        bail!("{} must hold a mapping of input fields", path.display());
+    }
+    Ok(doc.value)
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}

@@ -1,0 +1,182 @@
+//! `runner threads`, `history`, `state` and `fork`: looking at threads and travelling in time.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use super::run::{OutputFormat, parse_kv};
+use super::{exit, store};
+use crate::checkpoint::{self, Checkpoint};
+
+/// Where the threads are.
+#[derive(clap::Args, Debug)]
+pub struct Db {
+    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db).
+    #[arg(long)]
+    db: Option<PathBuf>,
+}
+
+/// List threads, most recently updated first.
+///
+/// Example: runner threads
+#[derive(clap::Args, Debug)]
+pub struct ThreadsArgs {
+    #[command(flatten)]
+    db: Db,
+}
+
+/// Show a thread's checkpoints, newest first: id, step, nodes that ran, keys changed, time.
+///
+/// Example: runner history --thread 0192f0c4-...
+#[derive(clap::Args, Debug)]
+pub struct HistoryArgs {
+    #[arg(long)]
+    thread: String,
+    #[command(flatten)]
+    db: Db,
+}
+
+/// Print a thread's state (at its latest checkpoint, or at `--checkpoint`).
+///
+/// Example: runner state --thread 0192f0c4-... --key final_report
+#[derive(clap::Args, Debug)]
+pub struct StateArgs {
+    #[arg(long)]
+    thread: String,
+    /// A checkpoint id from `runner history` (default: the latest).
+    #[arg(long)]
+    checkpoint: Option<String>,
+    /// Print only this key.
+    #[arg(long)]
+    key: Option<String>,
+    #[arg(long, value_enum, default_value_t)]
+    output: OutputFormat,
+    #[command(flatten)]
+    db: Db,
+}
+
+/// Start a new thread from any checkpoint of another (time travel), optionally editing state.
+///
+/// The new thread continues from that checkpoint with `runner resume --thread NEW`; the
+/// original is unchanged.
+///
+/// Example: runner fork --thread T --checkpoint C --set 'subtopics=[]' --new-thread T2
+#[derive(clap::Args, Debug)]
+pub struct ForkArgs {
+    #[arg(long)]
+    thread: String,
+    /// The checkpoint to branch from (see `runner history`).
+    #[arg(long)]
+    checkpoint: String,
+    /// A state edit: `key=json`.
+    #[arg(long = "set", value_name = "KEY=JSON")]
+    set: Vec<String>,
+    /// The new thread's id (default: a new id).
+    #[arg(long)]
+    new_thread: Option<String>,
+    #[command(flatten)]
+    db: Db,
+}
+
+pub fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
+    let store = store::open(&store::db_path(args.db.db.as_deref()), Default::default())?;
+    let mut out = std::io::stdout().lock();
+    for t in store.list_threads()? {
+        writeln!(
+            out,
+            "{}  {:<11}  {}  {}",
+            t.thread_id,
+            t.status.as_str(),
+            t.updated_at,
+            t.workflow
+        )?;
+    }
+    Ok(exit::OK)
+}
+
+pub fn history(args: HistoryArgs) -> anyhow::Result<u8> {
+    let store = store::open(&store::db_path(args.db.db.as_deref()), Default::default())?;
+    if store.get_thread(&args.thread)?.is_none() {
+        bail!("thread `{}` does not exist", args.thread);
+    }
+    let mut out = std::io::stdout().lock();
+    for cp in store.history(&args.thread)? {
+        writeln!(
+            out,
+            "{}  step {:>4}  ran [{}]  changed [{}]  next [{}]  {}",
+            cp.checkpoint_id,
+            cp.step,
+            cp.ran.join(", "),
+            cp.changed.join(", "),
+            cp.next
+                .iter()
+                .map(|t| t.task_id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            cp.created_at
+        )?;
+    }
+    Ok(exit::OK)
+}
+
+pub fn state(args: StateArgs) -> anyhow::Result<u8> {
+    let store = store::open(&store::db_path(args.db.db.as_deref()), Default::default())?;
+    let cp = store
+        .get_checkpoint(&args.thread, args.checkpoint.as_deref())?
+        .with_context(|| format!("thread `{}` has no such checkpoint", args.thread))?;
+    let state = store.state(&args.thread, &cp.versions)?;
+    let value = match &args.key {
+        Some(k) => state
+            .get(k)
+            .cloned()
+            .with_context(|| format!("the state has no key `{k}`"))?,
+        None => Value::Object(state),
+    };
+    std::io::stdout()
+        .lock()
+        .write_all(super::format_value(&value, args.output).as_bytes())?;
+    Ok(exit::OK)
+}
+
+pub fn fork(args: ForkArgs) -> anyhow::Result<u8> {
+    let store = store::open(&store::db_path(args.db.db.as_deref()), Default::default())?;
+    let new = args.new_thread.clone().unwrap_or_else(checkpoint::new_id);
+    let base = store.fork(&args.thread, &args.checkpoint, &new)?;
+    if !args.set.is_empty() {
+        // Edits become a checkpoint of their own on the new thread, on top of the copy, so the
+        // history shows them.
+        let mut versions = base.versions.clone();
+        let mut values = Vec::new();
+        let mut changed = Vec::new();
+        let current = store.state(&new, &base.versions)?;
+        for kv in &args.set {
+            let (key, value) = parse_kv(kv)?;
+            if !current.contains_key(&key) {
+                store.delete_thread(&new)?;
+                bail!("the state has no key `{key}`");
+            }
+            let version = versions.get(&key).copied().unwrap_or(0) + 1;
+            versions.insert(key.clone(), version);
+            values.push((key.clone(), version, value));
+            changed.push(key);
+        }
+        let cp = Checkpoint {
+            checkpoint_id: checkpoint::new_id(),
+            parent_id: Some(base.checkpoint_id.clone()),
+            versions,
+            ran: Vec::new(),
+            changed,
+            created_at: checkpoint::now(),
+            ..base.clone()
+        };
+        store.put_checkpoint(&cp, &values)?;
+    }
+    eprintln!(
+        "forked {} at {} into {new}; continue it with `runner resume --thread {new}`",
+        args.thread, args.checkpoint
+    );
+    writeln!(std::io::stdout().lock(), "{new}")?;
+    Ok(exit::OK)
+}

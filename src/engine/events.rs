@@ -1,0 +1,148 @@
+//! The run's one typed event stream. The engine sends; renderers (the terminal view,
+//! `--stream jsonl`, later SSE and tracing) receive. The engine never prints.
+//!
+//! The JSON form (`--stream jsonl`) is stable: one object per line with `type`, `ts`
+//! (RFC 3339 UTC), `elapsed_ms` and the fields of the variant below, in snake_case.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::providers::Usage;
+
+/// Something that happened in a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    RunStart {
+        thread_id: String,
+        workflow: String,
+        resumed: bool,
+    },
+    StepStart {
+        step: i64,
+        tasks: Vec<String>,
+    },
+    NodeStart {
+        step: i64,
+        node: String,
+        task_id: String,
+    },
+    NodeEnd {
+        step: i64,
+        node: String,
+        task_id: String,
+        duration_ms: f64,
+        keys: Vec<String>,
+        cached: bool,
+    },
+    /// The keys a step changed, with their new values.
+    StateUpdate {
+        step: i64,
+        values: serde_json::Map<String, Value>,
+    },
+    Token {
+        node: String,
+        task_id: String,
+        text: String,
+    },
+    Custom {
+        node: String,
+        event: String,
+        data: Value,
+    },
+    Interrupt {
+        node: String,
+        task_id: String,
+        payload: Value,
+    },
+    Retry {
+        node: String,
+        task_id: String,
+        attempt: u32,
+        error: String,
+        delay_ms: f64,
+    },
+    Error {
+        node: Option<String>,
+        class: Option<String>,
+        message: String,
+    },
+    Usage {
+        node: String,
+        usage: Usage,
+    },
+    StepEnd {
+        step: i64,
+        checkpoint_id: String,
+        duration_ms: f64,
+    },
+    RunEnd {
+        status: String,
+        steps: i64,
+        duration_ms: f64,
+        usage: Usage,
+    },
+}
+
+/// An event with when it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct Envelope {
+    pub ts: String,
+    pub elapsed_ms: f64,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// Where a run's events go. Cloning shares the receiver; a sink with no receiver drops events.
+#[derive(Debug, Clone)]
+pub struct Events {
+    tx: Option<mpsc::UnboundedSender<Envelope>>,
+    started: Instant,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events::none()
+    }
+}
+
+impl Events {
+    /// A sink that drops everything.
+    pub fn none() -> Events {
+        Events {
+            tx: None,
+            started: Instant::now(),
+        }
+    }
+
+    /// A sink and the receiving end.
+    pub fn channel() -> (Events, mpsc::UnboundedReceiver<Envelope>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (
+            Events {
+                tx: Some(tx),
+                started: Instant::now(),
+            },
+            rx,
+        )
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    pub fn send(&self, event: Event) {
+        if let Some(tx) = &self.tx {
+            let envelope = Envelope {
+                ts: crate::checkpoint::now(),
+                elapsed_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+                event,
+            };
+            // A closed receiver means nobody is listening any more; the run goes on.
+            let _ = tx.send(envelope);
+        }
+    }
+}

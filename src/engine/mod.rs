@@ -1,0 +1,1157 @@
+//! Stage 3: running a plan. Pregel / bulk-synchronous supersteps with LangGraph's semantics:
+//! the tasks of a step run concurrently on tokio and read the state as of the start of the step;
+//! their writes are applied together at the end, through each key's reducer, in plan order (then
+//! fan-out index), whatever order the tasks finished in; routes are evaluated on the state after
+//! the step; a join waits for all its sources; the run ends when nothing is scheduled.
+//!
+//! Durability: every finished task's writes are stored at once (a crash never re-runs it), and
+//! each step ends in a checkpoint. A failed step leaves the last checkpoint intact: fix the
+//! cause and the thread resumes from there.
+//!
+//! Architecture Invariant: the engine knows no HTTP and no SQL: it talks to `Checkpointer`,
+//! `Provider` and node kinds through their interfaces, and never prints.
+
+pub mod events;
+mod persist;
+mod task;
+pub mod values;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use serde_json::{Map, Value, json};
+use tokio::task::JoinSet;
+
+use crate::checkpoint::{self, Checkpoint, Checkpointer, PendingWrite, TaskSpec, Thread, ThreadStatus};
+use crate::compile::{Branch, Plan, Target};
+use crate::nodes::NodeError;
+use crate::providers::{Providers, Usage};
+use crate::spec::NodeSpec;
+use events::{Event, Events};
+use persist::Persister;
+use task::{Next, Outcome};
+use values::{Scope, to_jinja};
+
+/// When checkpoints are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Persist {
+    /// Each step's checkpoint is committed before the next step starts.
+    #[default]
+    Sync,
+    /// Checkpoints are committed in the background, in order; the run waits for them at its end.
+    Async,
+    /// Only the run's last checkpoint is written (when it ends, fails or is interrupted).
+    Exit,
+}
+
+/// What to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    /// An existing thread to continue, or the id for a new one (new: a UUIDv7).
+    pub thread_id: Option<String>,
+    /// The workflow path recorded with a new thread.
+    pub workflow: String,
+    pub input: Option<Value>,
+    pub context: Option<Value>,
+    /// `--set path=value` overrides of `config`, recorded with a new thread.
+    pub config: Vec<(String, Value)>,
+    /// The answer to the thread's pending interrupt.
+    pub answer: Option<Value>,
+    pub recursion_limit: Option<u32>,
+    pub persist: Persist,
+    /// Continue a thread even though its workflow changed incompatibly.
+    pub force: bool,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Done,
+    Interrupted,
+    Failed,
+    Cancelled,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Done => "done",
+            Status::Interrupted => "interrupted",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The end of a run.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub thread_id: String,
+    pub status: Status,
+    /// The workflow's output keys (or the whole state).
+    pub output: Value,
+    pub state: Map<String, Value>,
+    /// The pending interrupt: `{node, task_id, kind, payload}`.
+    pub interrupt: Option<Value>,
+    pub error: Option<String>,
+    pub steps: i64,
+    pub usage: Usage,
+}
+
+/// Why a run could not start or go on.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("invalid input: {0}")]
+    Input(String),
+    #[error("{0}")]
+    Incompatible(String),
+    #[error("thread `{0}` is not waiting for an answer")]
+    NotInterrupted(String),
+    #[error("the answer does not fit the gate's response schema: {0}")]
+    BadAnswer(String),
+    #[error("thread `{0}` does not exist")]
+    NoThread(String),
+    #[error(transparent)]
+    Store(#[from] checkpoint::CheckpointError),
+}
+
+/// What every task of a run shares.
+pub struct Shared {
+    pub plan: Arc<Plan>,
+    pub store: Arc<dyn Checkpointer>,
+    pub providers: Providers,
+    pub events: Events,
+    pub thread_id: String,
+}
+
+/// Runs plans on threads.
+#[derive(Clone)]
+pub struct Engine {
+    plan: Arc<Plan>,
+    store: Arc<dyn Checkpointer>,
+    providers: Providers,
+    events: Events,
+    cancel: Arc<AtomicBool>,
+    validators: Arc<HashMap<String, jsonschema::Validator>>,
+}
+
+/// Engine bookkeeping kept in each checkpoint's `meta`.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct Meta {
+    /// Per join (by index in the plan), the sources that have run since the target last ran.
+    #[serde(default)]
+    barriers: BTreeMap<usize, BTreeSet<String>>,
+    /// How often each node has been scheduled.
+    #[serde(default)]
+    visits: BTreeMap<String, u32>,
+    /// Usage so far on the thread.
+    #[serde(default)]
+    usage: Usage,
+}
+
+/// Values a checkpoint introduces: `(key, version, value)`.
+type NewValues = Vec<(String, u64, Value)>;
+
+const DONE: &str = "__done__";
+const NEXT: &str = "__next__";
+const HANDLED: &str = "__handled__";
+const USAGE: &str = "__usage__";
+const INTERRUPT: &str = "__interrupt__";
+const RESUME: &str = "__resume__";
+const BEFORE: &str = "__before__";
+
+impl Engine {
+    pub fn new(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, providers: Providers, events: Events) -> Engine {
+        let mut validators = HashMap::new();
+        for (key, channel) in &plan.state {
+            if let Ok(v) = jsonschema::draft202012::new(&channel.schema) {
+                validators.insert(key.clone(), v);
+            }
+        }
+        Engine {
+            plan,
+            store,
+            providers,
+            events,
+            cancel: Arc::new(AtomicBool::new(false)),
+            validators: Arc::new(validators),
+        }
+    }
+
+    /// A flag that stops the run at the next step boundary (Ctrl-C).
+    pub fn cancel_flag(&self) -> Arc<AtomicBool> {
+        self.cancel.clone()
+    }
+
+    pub fn with_cancel(mut self, flag: Arc<AtomicBool>) -> Engine {
+        self.cancel = flag;
+        self
+    }
+
+    pub fn plan(&self) -> &Arc<Plan> {
+        &self.plan
+    }
+
+    /// [`Engine::run`] as a boxed future, for nodes that run an engine themselves (subgraphs):
+    /// the type erasure breaks the recursion between a task and the engine it runs.
+    pub fn run_boxed(&self, req: RunRequest) -> futures::future::BoxFuture<'_, Result<RunOutcome, EngineError>> {
+        Box::pin(self.run(req))
+    }
+
+    /// Runs (or continues) a thread until it is done, interrupted, failed or cancelled.
+    pub async fn run(&self, req: RunRequest) -> Result<RunOutcome, EngineError> {
+        let started = Instant::now();
+        let (thread, mut cp, resumed) = self.open(&req)?;
+        let shared = Arc::new(Shared {
+            plan: self.plan.clone(),
+            store: self.store.clone(),
+            providers: self.providers.clone(),
+            events: self.events.clone(),
+            thread_id: thread.thread_id.clone(),
+        });
+        self.events.send(Event::RunStart {
+            thread_id: thread.thread_id.clone(),
+            workflow: thread.workflow.clone(),
+            resumed,
+        });
+        let limit = req.recursion_limit.unwrap_or(self.plan.recursion_limit) as i64;
+        let config = effective_config(&self.plan.config, &thread.config);
+        let constants = BTreeMap::from([
+            ("input".to_string(), to_jinja(&thread.input)),
+            ("config".to_string(), to_jinja(&config)),
+            ("context".to_string(), to_jinja(&thread.context)),
+        ]);
+        let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
+        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        let mut pending = self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?;
+        let mut skip_before = false;
+        if let Some(answer) = &req.answer {
+            let Some(waiting) = pending.iter().find(|w| w.channel == INTERRUPT).cloned() else {
+                return Err(EngineError::NotInterrupted(thread.thread_id.clone()));
+            };
+            if waiting.task_id == BEFORE {
+                skip_before = true;
+            } else {
+                self.validate_answer(&waiting, answer)?;
+                let w = PendingWrite {
+                    task_id: waiting.task_id.clone(),
+                    idx: 0,
+                    channel: RESUME.into(),
+                    value: answer.clone(),
+                };
+                self.store
+                    .put_writes(&thread.thread_id, &cp.checkpoint_id, std::slice::from_ref(&w))?;
+                pending.push(w);
+            }
+        } else if pending.iter().any(|w| w.channel == INTERRUPT && w.task_id == BEFORE) {
+            // Continuing a thread stopped before a node (no answer is needed) runs the node.
+            skip_before = true;
+        }
+        self.store.set_status(&thread.thread_id, ThreadStatus::Running)?;
+        let persister = Persister::new(self.store.clone(), req.persist, cp.checkpoint_id.clone());
+        let mut status = Status::Done;
+        let mut error = None;
+        let mut interrupt = None;
+        let mut state_value = to_jinja(&Value::Object(state.clone()));
+        loop {
+            if self.cancel.load(Ordering::SeqCst) {
+                status = Status::Cancelled;
+                break;
+            }
+            if cp.next.is_empty() {
+                break;
+            }
+            let step = cp.step + 1;
+            if step >= limit {
+                status = Status::Failed;
+                error = Some(format!(
+                    "the recursion limit of {limit} supersteps was reached with {} still to run; raise `limits.recursion_limit` or pass --recursion-limit",
+                    cp.next.iter().map(|t| t.node.as_str()).collect::<Vec<_>>().join(", ")
+                ));
+                break;
+            }
+            if !skip_before {
+                let gated: Vec<String> = cp
+                    .next
+                    .iter()
+                    .filter(|t| self.node_spec(&t.node).is_some_and(|s| s.common().interrupt_before))
+                    .map(|t| t.node.clone())
+                    .collect();
+                if !gated.is_empty() {
+                    let payload = json!({"kind": "before", "nodes": gated});
+                    persister.flush()?;
+                    self.store.put_writes(
+                        &thread.thread_id,
+                        &cp.checkpoint_id,
+                        &[PendingWrite {
+                            task_id: BEFORE.into(),
+                            idx: 0,
+                            channel: INTERRUPT.into(),
+                            value: payload.clone(),
+                        }],
+                    )?;
+                    self.events.send(Event::Interrupt {
+                        node: gated.join(","),
+                        task_id: BEFORE.into(),
+                        payload: payload.clone(),
+                    });
+                    interrupt =
+                        Some(json!({"node": gated[0], "task_id": BEFORE, "kind": "before", "payload": payload}));
+                    status = Status::Interrupted;
+                    break;
+                }
+            }
+            skip_before = false;
+            let step_started = Instant::now();
+            self.events.send(Event::StepStart {
+                step,
+                tasks: cp.next.iter().map(|t| t.task_id.clone()).collect(),
+            });
+            let base = Arc::new(Scope::new(
+                constants
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .chain([("state".to_string(), state_value.clone())])
+                    .collect(),
+                Some(self.plan.clone()),
+            ));
+            let outcomes = self.run_step(&shared, &cp, &pending, base, step, &persister).await?;
+            // A failure or an interrupt stops here: finished tasks' writes are stored, the last
+            // checkpoint is untouched, and the thread resumes from it.
+            let failed: Vec<(String, String)> = outcomes
+                .iter()
+                .filter_map(|(t, o)| match o {
+                    StepResult::Failed(e) => Some((t.node.clone(), e.message.clone())),
+                    _ => None,
+                })
+                .collect();
+            if !failed.is_empty() {
+                status = Status::Failed;
+                error = Some(
+                    failed
+                        .iter()
+                        .map(|(n, m)| format!("node `{n}` failed: {m}"))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                );
+                break;
+            }
+            if let Some((t, payload)) = outcomes.iter().find_map(|(t, o)| match o {
+                StepResult::Interrupt(p) => Some((t, p)),
+                _ => None,
+            }) {
+                interrupt = Some(json!({"node": t.node, "task_id": t.task_id, "kind": "node", "payload": payload}));
+                status = Status::Interrupted;
+                break;
+            }
+            match self.apply(&shared, &cp, &mut state, &mut meta, &outcomes, &constants, step) {
+                Ok((next_cp, values)) => {
+                    state_value = to_jinja(&Value::Object(state.clone()));
+                    if self.events.is_on() {
+                        let changed: Map<String, Value> = next_cp
+                            .changed
+                            .iter()
+                            .filter_map(|k| state.get(k).map(|v| (k.clone(), v.clone())))
+                            .collect();
+                        self.events.send(Event::StateUpdate { step, values: changed });
+                    }
+                    persister.put_checkpoint(&next_cp, values)?;
+                    self.events.send(Event::StepEnd {
+                        step,
+                        checkpoint_id: next_cp.checkpoint_id.clone(),
+                        duration_ms: step_started.elapsed().as_secs_f64() * 1000.0,
+                    });
+                    let after: Vec<String> = next_cp
+                        .ran
+                        .iter()
+                        .filter(|n| self.node_spec(n).is_some_and(|s| s.common().interrupt_after))
+                        .cloned()
+                        .collect();
+                    cp = next_cp;
+                    pending = Vec::new();
+                    if !after.is_empty() && !cp.next.is_empty() {
+                        let payload = json!({"kind": "after", "nodes": after});
+                        persister.flush()?;
+                        self.store.put_writes(
+                            &thread.thread_id,
+                            &cp.checkpoint_id,
+                            &[PendingWrite {
+                                task_id: BEFORE.into(),
+                                idx: 0,
+                                channel: INTERRUPT.into(),
+                                value: payload.clone(),
+                            }],
+                        )?;
+                        self.events.send(Event::Interrupt {
+                            node: after.join(","),
+                            task_id: BEFORE.into(),
+                            payload: payload.clone(),
+                        });
+                        interrupt =
+                            Some(json!({"node": after[0], "task_id": BEFORE, "kind": "after", "payload": payload}));
+                        status = Status::Interrupted;
+                        break;
+                    }
+                }
+                Err(message) => {
+                    // The tasks did finish: keep their writes so that a fixed workflow resumes
+                    // without running them again.
+                    persister.flush()?;
+                    self.keep_writes(&shared.thread_id, &cp, &pending, &outcomes)?;
+                    status = Status::Failed;
+                    error = Some(message);
+                    break;
+                }
+            }
+        }
+        persister.finish()?;
+        let thread_status = match status {
+            Status::Done => ThreadStatus::Done,
+            Status::Interrupted => ThreadStatus::Interrupted,
+            Status::Failed => ThreadStatus::Failed,
+            Status::Cancelled => ThreadStatus::Running,
+        };
+        self.store.set_status(&thread.thread_id, thread_status)?;
+        if let Some(e) = &error {
+            self.events.send(Event::Error {
+                node: None,
+                class: None,
+                message: e.clone(),
+            });
+        }
+        self.events.send(Event::RunEnd {
+            status: status.as_str().into(),
+            steps: cp.step + 1,
+            duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+            usage: meta.usage,
+        });
+        Ok(RunOutcome {
+            thread_id: thread.thread_id,
+            status,
+            output: self.output(&state),
+            state,
+            interrupt,
+            error,
+            steps: cp.step + 1,
+            usage: meta.usage,
+        })
+    }
+
+    fn node_spec(&self, name: &str) -> Option<&NodeSpec> {
+        self.plan.node_by_name(name).map(|ix| &self.plan.nodes[&ix].spec)
+    }
+
+    fn output(&self, state: &Map<String, Value>) -> Value {
+        match &self.plan.output {
+            Some(keys) => Value::Object(
+                keys.iter()
+                    .map(|k| (k.clone(), state.get(k).cloned().unwrap_or(Value::Null)))
+                    .collect(),
+            ),
+            None => Value::Object(state.clone()),
+        }
+    }
+
+    /// Opens (or creates) the thread and returns its latest checkpoint.
+    fn open(&self, req: &RunRequest) -> Result<(Thread, Checkpoint, bool), EngineError> {
+        if let Some(id) = &req.thread_id
+            && let Some(thread) = self.store.get_thread(id)?
+        {
+            let cp = self
+                .store
+                .get_checkpoint(id, None)?
+                .ok_or_else(|| EngineError::NoThread(id.clone()))?;
+            if thread.plan_hash != self.plan.hash && !req.force {
+                self.check_compatible(&cp)?;
+            }
+            if req.input.is_some() {
+                return Err(EngineError::Input(format!(
+                    "thread `{id}` already exists; its input cannot change (start a new thread, or `runner fork` it)"
+                )));
+            }
+            return Ok((thread, cp, true));
+        }
+        let input = req.input.clone().unwrap_or_else(|| json!({}));
+        check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
+        let context = req.context.clone().unwrap_or_else(|| json!({}));
+        check_schema(self.plan.context_schema.as_ref(), &context, "context")?;
+        let mut overrides = json!({});
+        for (path, value) in &req.config {
+            set_path(&mut overrides, path, value.clone(), &self.plan.config)?;
+        }
+        let now = checkpoint::now();
+        let thread = Thread {
+            thread_id: req.thread_id.clone().unwrap_or_else(checkpoint::new_id),
+            workflow: req.workflow.clone(),
+            plan_hash: self.plan.hash.clone(),
+            input,
+            context,
+            config: overrides,
+            status: ThreadStatus::Running,
+            created_at: now.clone(),
+            updated_at: now.clone(),
+            forked_from: None,
+        };
+        self.store.create_thread(&thread)?;
+        // The initial checkpoint holds the defaults and schedules the entry.
+        let mut state = Map::new();
+        let mut versions = BTreeMap::new();
+        let mut values = Vec::new();
+        for (key, channel) in &self.plan.state {
+            state.insert(key.clone(), channel.default.clone());
+            versions.insert(key.clone(), 1);
+            values.push((key.clone(), 1, channel.default.clone()));
+        }
+        let config = effective_config(&self.plan.config, &thread.config);
+        let scope = Scope::new(
+            BTreeMap::from([
+                ("input".to_string(), to_jinja(&thread.input)),
+                ("config".to_string(), to_jinja(&config)),
+                ("context".to_string(), to_jinja(&thread.context)),
+                ("state".to_string(), to_jinja(&Value::Object(state.clone()))),
+                (
+                    "run".to_string(),
+                    to_jinja(&json!({"thread_id": thread.thread_id, "step": -1, "node": "START"})),
+                ),
+            ]),
+            Some(self.plan.clone()),
+        )
+        .into_value();
+        let shared = Shared {
+            plan: self.plan.clone(),
+            store: self.store.clone(),
+            providers: self.providers.clone(),
+            events: Events::none(),
+            thread_id: thread.thread_id.clone(),
+        };
+        let mut next = Vec::new();
+        for b in &self.plan.entry {
+            follow(&shared, b, &scope, &mut next)
+                .map_err(|e| EngineError::Input(format!("routing from START: {}", e.message)))?;
+        }
+        let mut meta = Meta::default();
+        let tasks = self.schedule(next, &mut meta).map_err(EngineError::Input)?;
+        let cp = Checkpoint {
+            checkpoint_id: checkpoint::new_id(),
+            thread_id: thread.thread_id.clone(),
+            parent_id: None,
+            step: -1,
+            versions,
+            ran: Vec::new(),
+            changed: self.plan.state.keys().cloned().collect(),
+            next: tasks,
+            meta: serde_json::to_value(&meta).unwrap_or_default(),
+            plan_hash: self.plan.hash.clone(),
+            created_at: now,
+        };
+        self.store.put_checkpoint(&cp, &values)?;
+        Ok((thread, cp, false))
+    }
+
+    /// A thread made by another version of the workflow may go on only if its state and
+    /// scheduled nodes still exist.
+    fn check_compatible(&self, cp: &Checkpoint) -> Result<(), EngineError> {
+        let missing_keys: Vec<&String> = cp
+            .versions
+            .keys()
+            .filter(|k| !self.plan.state.contains_key(*k))
+            .collect();
+        let missing_nodes: Vec<&String> = cp
+            .next
+            .iter()
+            .map(|t| &t.node)
+            .filter(|n| self.plan.node_by_name(n).is_none())
+            .collect();
+        if missing_keys.is_empty() && missing_nodes.is_empty() {
+            return Ok(());
+        }
+        let mut why = Vec::new();
+        if !missing_keys.is_empty() {
+            why.push(format!("state keys {} are gone", list(&missing_keys)));
+        }
+        if !missing_nodes.is_empty() {
+            why.push(format!("scheduled nodes {} are gone", list(&missing_nodes)));
+        }
+        Err(EngineError::Incompatible(format!(
+            "the workflow changed since this thread started and its stored state no longer fits: {}; pass --force to continue anyway, or start a new thread",
+            why.join(" and ")
+        )))
+    }
+
+    /// Checks an answer against the response schema of the gate that is waiting (following
+    /// subgraphs down to the gate).
+    fn validate_answer(&self, waiting: &PendingWrite, answer: &Value) -> Result<(), EngineError> {
+        let node = waiting.task_id.split('#').next().unwrap_or_default();
+        let Some(ix) = self.plan.node_by_name(node) else {
+            return Ok(());
+        };
+        match &self.plan.nodes[&ix].spec {
+            NodeSpec::Interrupt(_) => {
+                if let Some(crate::compile::Compiled::Literal(schema)) = self.plan.nodes[&ix].fields.get("/response") {
+                    let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::BadAnswer(e.to_string()))?;
+                    if let Some(e) = v.iter_errors(answer).next() {
+                        let at = e.instance_path().as_str().to_string();
+                        return Err(EngineError::BadAnswer(if at.is_empty() {
+                            e.masked().to_string()
+                        } else {
+                            format!("at `{at}`: {}", e.masked())
+                        }));
+                    }
+                }
+                Ok(())
+            }
+            NodeSpec::Subgraph(_) => {
+                let child = self.plan.subgraphs.get(&ix).cloned();
+                let child_thread = waiting
+                    .value
+                    .get("subgraph_thread")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                if let Some(child) = child
+                    && let Some(cp) = self.store.get_checkpoint(&child_thread, None)?
+                {
+                    let writes = self.store.get_writes(&child_thread, &cp.checkpoint_id)?;
+                    if let Some(w) = writes.iter().find(|w| w.channel == INTERRUPT) {
+                        let engine = Engine::new(child, self.store.clone(), self.providers.clone(), Events::none());
+                        return engine.validate_answer(w, answer);
+                    }
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs the step's tasks: those already finished before a crash are taken from their stored
+    /// writes; the others run concurrently, each storing its writes as it finishes.
+    async fn run_step(
+        &self,
+        shared: &Arc<Shared>,
+        cp: &Checkpoint,
+        pending: &[PendingWrite],
+        base: Arc<Scope>,
+        step: i64,
+        persister: &Persister,
+    ) -> Result<Vec<(TaskSpec, StepResult)>, EngineError> {
+        let mut results: Vec<Option<StepResult>> = vec![None; cp.next.len()];
+        let mut set = JoinSet::new();
+        for (i, t) in cp.next.iter().enumerate() {
+            if let Some(done) = cached(pending, &t.task_id, &self.plan) {
+                self.events.send(Event::NodeEnd {
+                    step,
+                    node: t.node.clone(),
+                    task_id: t.task_id.clone(),
+                    duration_ms: 0.0,
+                    keys: done.writes.iter().map(|(k, _)| k.clone()).collect(),
+                    cached: true,
+                });
+                results[i] = Some(StepResult::Done(done));
+                continue;
+            }
+            let Some(ix) = self.plan.node_by_name(&t.node) else {
+                results[i] = Some(StepResult::Failed(NodeError::invalid(format!(
+                    "node `{}` is not in this workflow",
+                    t.node
+                ))));
+                continue;
+            };
+            let resume = pending
+                .iter()
+                .find(|w| w.task_id == t.task_id && w.channel == RESUME)
+                .map(|w| w.value.clone());
+            let fut = task::run(
+                shared.clone(),
+                ix,
+                t.task_id.clone(),
+                t.item.clone(),
+                base.clone(),
+                step,
+                resume,
+            );
+            set.spawn(async move { (i, fut.await) });
+        }
+        let mut remaining = set.len();
+        while let Some(joined) = set.join_next().await {
+            remaining -= 1;
+            let (i, outcome) = match joined {
+                Ok(r) => r,
+                Err(e) => {
+                    return Err(EngineError::Store(checkpoint::CheckpointError::Backend(format!(
+                        "a task panicked: {e}"
+                    ))));
+                }
+            };
+            let t = &cp.next[i];
+            let result = match outcome {
+                Outcome::Done(done) => {
+                    // The last task of a step is stored with the step's checkpoint, one commit
+                    // for both; earlier ones are stored now so a crash cannot lose them.
+                    if remaining > 0 {
+                        let writes = encode(&t.task_id, &done);
+                        tokio::task::block_in_place(|| {
+                            persister.put_writes(&shared.thread_id, &cp.checkpoint_id, writes)
+                        })?;
+                    }
+                    StepResult::Done(done)
+                }
+                Outcome::Interrupt(payload) => {
+                    let mut payload = payload;
+                    if let Value::Object(m) = &mut payload {
+                        m.insert("thread_id".into(), Value::String(shared.thread_id.clone()));
+                    }
+                    persister.flush()?;
+                    self.store.put_writes(
+                        &shared.thread_id,
+                        &cp.checkpoint_id,
+                        &[PendingWrite {
+                            task_id: t.task_id.clone(),
+                            idx: 0,
+                            channel: INTERRUPT.into(),
+                            value: payload.clone(),
+                        }],
+                    )?;
+                    self.events.send(Event::Interrupt {
+                        node: t.node.clone(),
+                        task_id: t.task_id.clone(),
+                        payload: payload.clone(),
+                    });
+                    StepResult::Interrupt(payload)
+                }
+                Outcome::Failed(e) => StepResult::Failed(e),
+            };
+            results[i] = Some(result);
+        }
+        let mut out = Vec::new();
+        for (t, r) in cp.next.iter().zip(results) {
+            if let Some(r) = r {
+                out.push((t.clone(), r));
+            }
+        }
+        // A step that stops (failure, interrupt) keeps its finished tasks' writes: the last one
+        // to finish was not stored yet.
+        if out.iter().any(|(_, r)| !matches!(r, StepResult::Done(_))) {
+            persister.flush()?;
+            self.keep_writes(&shared.thread_id, cp, pending, &out)?;
+        }
+        Ok(out)
+    }
+
+    /// Stores the writes of finished tasks that are not stored yet.
+    fn keep_writes(
+        &self,
+        thread: &str,
+        cp: &Checkpoint,
+        pending: &[PendingWrite],
+        outcomes: &[(TaskSpec, StepResult)],
+    ) -> Result<(), EngineError> {
+        for (t, r) in outcomes {
+            if let StepResult::Done(done) = r
+                && !pending.iter().any(|w| w.task_id == t.task_id && w.channel == DONE)
+            {
+                self.store
+                    .put_writes(thread, &cp.checkpoint_id, &encode(&t.task_id, done))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a step's writes in plan order through the reducers, checks them, and schedules
+    /// the next step. Returns the new checkpoint and the values it introduces.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        shared: &Shared,
+        cp: &Checkpoint,
+        state: &mut Map<String, Value>,
+        meta: &mut Meta,
+        outcomes: &[(TaskSpec, StepResult)],
+        constants: &BTreeMap<String, minijinja::Value>,
+        step: i64,
+    ) -> Result<(Checkpoint, NewValues), String> {
+        let order = |t: &TaskSpec| {
+            let pos = self
+                .plan
+                .node_by_name(&t.node)
+                .and_then(|ix| self.plan.nodes.get_index_of(&ix))
+                .unwrap_or(usize::MAX);
+            let n: usize = t
+                .task_id
+                .rsplit_once('#')
+                .and_then(|(_, n)| n.parse().ok())
+                .unwrap_or(0);
+            (pos, n)
+        };
+        let mut done: Vec<(&TaskSpec, &task::Done)> = outcomes
+            .iter()
+            .filter_map(|(t, r)| match r {
+                StepResult::Done(d) => Some((t, d)),
+                _ => None,
+            })
+            .collect();
+        done.sort_by_key(|(t, _)| order(t));
+        let mut updates: BTreeMap<&str, Vec<(&str, &Value)>> = BTreeMap::new();
+        for (t, d) in &done {
+            for (k, v) in &d.writes {
+                updates.entry(k.as_str()).or_default().push((t.node.as_str(), v));
+            }
+            meta.usage.add(&d.usage);
+        }
+        let mut new_values = Vec::new();
+        let mut versions = cp.versions.clone();
+        let mut changed = Vec::new();
+        let mut next_state = state.clone();
+        for (key, writes) in &updates {
+            let Some(channel) = self.plan.state.get(*key) else {
+                return Err(format!(
+                    "node `{}` wrote `{key}`, which is not a state key",
+                    writes[0].0
+                ));
+            };
+            if !channel.reducer.combines() && writes.len() > 1 {
+                let nodes: Vec<&str> = writes.iter().map(|(n, _)| *n).collect();
+                return Err(format!(
+                    "write conflict: {} wrote `{key}` in the same superstep, and `{key}` has no reducer (give it one, e.g. `reducer: append`)",
+                    nodes.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" and ")
+                ));
+            }
+            let current = state.get(*key).cloned().unwrap_or(Value::Null);
+            let value = values::reduce(
+                &self.plan,
+                &channel.reducer,
+                &current,
+                writes.iter().map(|(_, v)| (*v).clone()).collect(),
+            )
+            .map_err(|e| format!("`{key}`: {e}"))?;
+            if let Some(v) = self.validators.get(*key)
+                && let Some(err) = v.iter_errors(&value).next()
+            {
+                return Err(format!(
+                    "the new value of `{key}` (written by `{}`) does not match its schema: {}",
+                    writes[0].0,
+                    err.masked()
+                ));
+            }
+            let version = versions.get(*key).copied().unwrap_or(0) + 1;
+            versions.insert(key.to_string(), version);
+            changed.push(key.to_string());
+            new_values.push((key.to_string(), version, value.clone()));
+            next_state.insert(key.to_string(), value);
+        }
+        // Routing sees the state after the step.
+        let mut vars = constants.clone();
+        vars.insert("state".into(), to_jinja(&Value::Object(next_state.clone())));
+        let mut next: Vec<Next> = Vec::new();
+        let mut ran = Vec::new();
+        for (t, d) in &done {
+            ran.push(t.node.clone());
+            let Some(ix) = self.plan.node_by_name(&t.node) else {
+                continue;
+            };
+            next.extend(d.next.iter().cloned());
+            if d.handled {
+                continue;
+            }
+            let mut v = vars.clone();
+            v.insert(
+                "run".into(),
+                to_jinja(&json!({"thread_id": shared.thread_id, "step": step, "node": t.node})),
+            );
+            let scope = Scope::new(v, Some(self.plan.clone())).into_value();
+            for b in &self.plan.nodes[&ix].branches {
+                follow(shared, b, &scope, &mut next)
+                    .map_err(|e| format!("routing after `{}`: {}", t.node, e.message))?;
+            }
+            for (j, (sources, target)) in self.plan.joins.iter().enumerate() {
+                if sources.contains(&ix) {
+                    let barrier = meta.barriers.entry(j).or_default();
+                    barrier.insert(t.node.clone());
+                    if sources.iter().all(|s| barrier.contains(self.plan.name_of(*s))) {
+                        barrier.clear();
+                        next.push(match target {
+                            Target::Node(n) => Next::Node(*n),
+                            Target::End => Next::End,
+                        });
+                    }
+                }
+            }
+        }
+        ran.dedup();
+        let tasks = self.schedule(next, meta)?;
+        *state = next_state;
+        let cp = Checkpoint {
+            checkpoint_id: checkpoint::new_id(),
+            thread_id: shared.thread_id.clone(),
+            parent_id: Some(cp.checkpoint_id.clone()),
+            step,
+            versions,
+            ran,
+            changed,
+            next: tasks,
+            meta: serde_json::to_value(&*meta).unwrap_or_default(),
+            plan_hash: self.plan.hash.clone(),
+            created_at: checkpoint::now(),
+        };
+        Ok((cp, new_values))
+    }
+
+    /// Turns successors into the next step's tasks: a node triggered several times runs once;
+    /// each fan-out item is its own task; tasks are ordered by the plan.
+    fn schedule(&self, next: Vec<Next>, meta: &mut Meta) -> Result<Vec<TaskSpec>, String> {
+        let mut plain: BTreeSet<usize> = BTreeSet::new();
+        let mut sends: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
+        for n in next {
+            match n {
+                Next::End => {}
+                Next::Node(ix) => {
+                    plain.insert(self.plan.nodes.get_index_of(&ix).unwrap_or(usize::MAX));
+                }
+                Next::Send(ix, item) => sends
+                    .entry(self.plan.nodes.get_index_of(&ix).unwrap_or(usize::MAX))
+                    .or_default()
+                    .push(item),
+            }
+        }
+        let mut tasks = Vec::new();
+        let positions: BTreeSet<usize> = plain.iter().chain(sends.keys()).copied().collect();
+        for pos in positions {
+            let Some((_, node)) = self.plan.nodes.get_index(pos) else {
+                continue;
+            };
+            let mut count = 0u32;
+            if plain.contains(&pos) {
+                tasks.push(TaskSpec {
+                    task_id: node.name.clone(),
+                    node: node.name.clone(),
+                    item: None,
+                });
+                count += 1;
+            }
+            for (i, item) in sends.remove(&pos).unwrap_or_default().into_iter().enumerate() {
+                tasks.push(TaskSpec {
+                    task_id: format!("{}#{i}", node.name),
+                    node: node.name.clone(),
+                    item: Some(item),
+                });
+                count += 1;
+            }
+            let visits = meta.visits.entry(node.name.clone()).or_insert(0);
+            *visits += count;
+            if let Some(max) = node.spec.common().max_visits
+                && *visits > max
+            {
+                return Err(format!(
+                    "node `{}` would run {} times, more than its max_visits of {max}",
+                    node.name, visits
+                ));
+            }
+        }
+        Ok(tasks)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum StepResult {
+    Done(task::Done),
+    Interrupt(Value),
+    Failed(NodeError),
+}
+
+/// Where a branch leads, evaluated in `scope` (the state after the step).
+fn follow(shared: &Shared, b: &Branch, scope: &minijinja::Value, next: &mut Vec<Next>) -> Result<(), NodeError> {
+    match b {
+        Branch::Always(ts) => next.extend(ts.iter().map(|t| match t {
+            Target::Node(n) => Next::Node(*n),
+            Target::End => Next::End,
+        })),
+        Branch::Route(clauses) => next.extend(task::choose(shared, clauses, scope)?),
+        Branch::Send(s) => {
+            let items = values::eval(&shared.plan, s.foreach, scope).map_err(NodeError::invalid)?;
+            let Value::Array(items) = items else {
+                return Err(NodeError::invalid("a fan-out's `foreach` did not yield an array"));
+            };
+            next.extend(items.into_iter().map(|i| Next::Send(s.to, i)));
+        }
+    }
+    Ok(())
+}
+
+/// A finished task's result as stored writes.
+fn encode(task_id: &str, done: &task::Done) -> Vec<PendingWrite> {
+    let mut out: Vec<PendingWrite> = done
+        .writes
+        .iter()
+        .enumerate()
+        .map(|(i, (k, v))| PendingWrite {
+            task_id: task_id.into(),
+            idx: i as u32,
+            channel: k.clone(),
+            value: v.clone(),
+        })
+        .collect();
+    let next: Vec<Value> = done
+        .next
+        .iter()
+        .map(|n| match n {
+            Next::Node(ix) => json!({"to": ix.index()}),
+            Next::End => json!({"to": "END"}),
+            Next::Send(ix, item) => json!({"send": ix.index(), "item": item}),
+        })
+        .collect();
+    let base = out.len() as u32;
+    out.push(PendingWrite {
+        task_id: task_id.into(),
+        idx: base,
+        channel: NEXT.into(),
+        value: Value::Array(next),
+    });
+    out.push(PendingWrite {
+        task_id: task_id.into(),
+        idx: base + 1,
+        channel: HANDLED.into(),
+        value: Value::Bool(done.handled),
+    });
+    out.push(PendingWrite {
+        task_id: task_id.into(),
+        idx: base + 2,
+        channel: USAGE.into(),
+        value: serde_json::to_value(done.usage).unwrap_or_default(),
+    });
+    out.push(PendingWrite {
+        task_id: task_id.into(),
+        idx: base + 3,
+        channel: DONE.into(),
+        value: Value::Bool(true),
+    });
+    out
+}
+
+/// A task finished before (its writes stored, ending with the done marker), decoded.
+fn cached(pending: &[PendingWrite], task_id: &str, plan: &Plan) -> Option<task::Done> {
+    let mine: Vec<&PendingWrite> = pending.iter().filter(|w| w.task_id == task_id).collect();
+    if !mine.iter().any(|w| w.channel == DONE) {
+        return None;
+    }
+    let mut done = task::Done::default();
+    for w in mine {
+        match w.channel.as_str() {
+            DONE | RESUME | INTERRUPT => {}
+            HANDLED => done.handled = w.value.as_bool().unwrap_or(false),
+            USAGE => done.usage = serde_json::from_value(w.value.clone()).unwrap_or_default(),
+            NEXT => {
+                for n in w.value.as_array().into_iter().flatten() {
+                    let to_ix = |v: &Value| {
+                        v.as_u64()
+                            .map(|i| petgraph::stable_graph::NodeIndex::new(i as usize))
+                            .filter(|ix| plan.nodes.contains_key(ix))
+                    };
+                    if n.get("to") == Some(&json!("END")) {
+                        done.next.push(Next::End);
+                    } else if let Some(ix) = n.get("to").and_then(to_ix) {
+                        done.next.push(Next::Node(ix));
+                    } else if let Some(ix) = n.get("send").and_then(to_ix) {
+                        done.next
+                            .push(Next::Send(ix, n.get("item").cloned().unwrap_or(Value::Null)));
+                    }
+                }
+            }
+            key => done.writes.push((key.to_string(), w.value.clone())),
+        }
+    }
+    Some(done)
+}
+
+/// The plan's config with a thread's overrides merged in.
+fn effective_config(base: &Value, overrides: &Value) -> Value {
+    let mut out = base.clone();
+    merge(&mut out, overrides);
+    out
+}
+
+fn merge(base: &mut Value, over: &Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v.clone(),
+    }
+}
+
+/// Sets `a.b.c` in `target` to `value`; the path must exist in the workflow's config.
+fn set_path(target: &mut Value, path: &str, value: Value, known: &Value) -> Result<(), EngineError> {
+    let parts: Vec<&str> = path.split('.').collect();
+    let mut k = known;
+    for (i, p) in parts.iter().enumerate() {
+        match k.get(p) {
+            Some(next) => k = next,
+            None => {
+                let siblings: Vec<&str> = k
+                    .as_object()
+                    .map(|m| m.keys().map(String::as_str).collect())
+                    .unwrap_or_default();
+                let hint = crate::diag::did_you_mean(p, siblings.iter().copied())
+                    .map(|s| format!(" (did you mean `{s}`?)"))
+                    .unwrap_or_default();
+                return Err(EngineError::Input(format!(
+                    "--set {path}: `{}` is not in the workflow's config{hint}",
+                    parts[..=i].join(".")
+                )));
+            }
+        }
+    }
+    let mut cur = target;
+    for p in &parts[..parts.len() - 1] {
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        cur = cur
+            .as_object_mut()
+            .map(|m| m.entry(p.to_string()).or_insert_with(|| json!({})))
+            .unwrap_or_else(|| unreachable!("made an object above"));
+    }
+    if let Value::Object(m) = cur {
+        m.insert(parts[parts.len() - 1].to_string(), value);
+    }
+    Ok(())
+}
+
+fn check_schema(schema: Option<&Value>, value: &Value, what: &str) -> Result<(), EngineError> {
+    let Some(schema) = schema else {
+        return match value {
+            Value::Object(m) if m.is_empty() => Ok(()),
+            _ => Err(EngineError::Input(format!(
+                "the workflow declares no `{what}`, but one was given"
+            ))),
+        };
+    };
+    let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::Input(format!("{what} schema: {e}")))?;
+    let errors: Vec<String> = v
+        .iter_errors(value)
+        .map(|e| {
+            let at = e.instance_path().as_str().to_string();
+            if at.is_empty() {
+                e.masked().to_string()
+            } else {
+                format!("`{}`: {}", at.trim_start_matches('/'), e.masked())
+            }
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(EngineError::Input(format!("{what}: {}", errors.join("; "))))
+    }
+}
+
+fn list(items: &[&String]) -> String {
+    items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+}

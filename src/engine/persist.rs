@@ -1,0 +1,145 @@
+//! Committing a run's checkpoints and task writes per its [`Persist`] mode, always in order:
+//! a write never reaches the store before the checkpoint it refers to.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+
+use super::Persist;
+use crate::checkpoint::{Checkpoint, CheckpointError, Checkpointer, PendingWrite};
+
+enum Job {
+    Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>),
+    Writes(String, String, Vec<PendingWrite>),
+    Flush(mpsc::Sender<()>),
+}
+
+type Held = (Checkpoint, BTreeMap<(String, u64), Value>);
+
+pub(super) struct Persister {
+    store: Arc<dyn Checkpointer>,
+    mode: Persist,
+    /// `Exit`: the newest checkpoint and every value introduced since the last commit, and the
+    /// id of the last committed checkpoint (the held one's parent).
+    held: Mutex<(Option<Held>, String)>,
+    /// `Async`: the ordered queue to the background committer.
+    queue: Option<mpsc::Sender<Job>>,
+    worker: Option<std::thread::JoinHandle<Result<(), CheckpointError>>>,
+}
+
+fn poisoned() -> CheckpointError {
+    CheckpointError::Backend("the persister's lock was poisoned".into())
+}
+
+impl Persister {
+    /// `committed` is the id of the checkpoint the run starts from (already stored).
+    pub fn new(store: Arc<dyn Checkpointer>, mode: Persist, committed: String) -> Persister {
+        let (queue, worker) = if mode == Persist::Async {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let s = store.clone();
+            let handle = std::thread::spawn(move || {
+                let mut first_error = None;
+                for job in rx {
+                    let r = match job {
+                        Job::Checkpoint(cp, values) => s.put_checkpoint(&cp, &values),
+                        Job::Writes(thread, cp, writes) => s.put_writes(&thread, &cp, &writes),
+                        Job::Flush(done) => {
+                            let _ = done.send(());
+                            Ok(())
+                        }
+                    };
+                    if let Err(e) = r {
+                        first_error.get_or_insert(e);
+                    }
+                }
+                first_error.map_or(Ok(()), Err)
+            });
+            (Some(tx), Some(handle))
+        } else {
+            (None, None)
+        };
+        Persister {
+            store,
+            mode,
+            held: Mutex::new((None, committed)),
+            queue,
+            worker,
+        }
+    }
+
+    fn send(&self, job: Job) -> Result<(), CheckpointError> {
+        match &self.queue {
+            Some(q) => q
+                .send(job)
+                .map_err(|_| CheckpointError::Backend("the background committer stopped".into())),
+            None => Err(CheckpointError::Backend("no background committer".into())),
+        }
+    }
+
+    pub fn put_checkpoint(&self, cp: &Checkpoint, values: Vec<(String, u64, Value)>) -> Result<(), CheckpointError> {
+        match self.mode {
+            Persist::Sync => self.store.put_checkpoint(cp, &values),
+            Persist::Async => self.send(Job::Checkpoint(Box::new(cp.clone()), values)),
+            Persist::Exit => {
+                let mut guard = self.held.lock().map_err(|_| poisoned())?;
+                let (held, committed) = &mut *guard;
+                let mut acc = held.take().map(|(_, v)| v).unwrap_or_default();
+                for (k, version, v) in values {
+                    acc.insert((k, version), v);
+                }
+                let mut cp = cp.clone();
+                // Intermediate checkpoints are never written: the held one hangs off the last
+                // committed one.
+                cp.parent_id = Some(committed.clone());
+                *held = Some((cp, acc));
+                Ok(())
+            }
+        }
+    }
+
+    /// A finished task's writes. In `Exit` mode there is no durability before the end, so
+    /// they are kept only in memory (the checkpoint that follows carries their effect).
+    pub fn put_writes(&self, thread: &str, cp: &str, writes: Vec<PendingWrite>) -> Result<(), CheckpointError> {
+        match self.mode {
+            Persist::Sync => self.store.put_writes(thread, cp, &writes),
+            Persist::Async => self.send(Job::Writes(thread.into(), cp.into(), writes)),
+            Persist::Exit => Ok(()),
+        }
+    }
+
+    /// Makes everything so far durable, before the run writes to the store directly.
+    pub fn flush(&self) -> Result<(), CheckpointError> {
+        match self.mode {
+            Persist::Sync => Ok(()),
+            Persist::Async => {
+                let (tx, rx) = mpsc::channel();
+                self.send(Job::Flush(tx))?;
+                rx.recv()
+                    .map_err(|_| CheckpointError::Backend("the background committer stopped".into()))
+            }
+            Persist::Exit => {
+                let mut guard = self.held.lock().map_err(|_| poisoned())?;
+                let (held, committed) = &mut *guard;
+                if let Some((cp, values)) = held.take() {
+                    let values: Vec<(String, u64, Value)> = values.into_iter().map(|((k, v), x)| (k, v, x)).collect();
+                    self.store.put_checkpoint(&cp, &values)?;
+                    *committed = cp.checkpoint_id;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Commits what is left and stops the background committer, reporting its first error.
+    pub fn finish(mut self) -> Result<(), CheckpointError> {
+        self.flush()?;
+        drop(self.queue.take());
+        if let Some(h) = self.worker.take() {
+            h.join()
+                .map_err(|_| CheckpointError::Backend("the background committer panicked".into()))??;
+        }
+        Ok(())
+    }
+}

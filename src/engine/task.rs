@@ -1,0 +1,368 @@
+//! One task: a node run for one superstep (and one fan-out item). Attempts run under the
+//! node's timeout and are retried by its policy; the output becomes state writes (`update`) and
+//! a successor choice (`goto`); a failure after the last attempt goes to `on_error` if the node
+//! has one.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::Shared;
+use super::events::Event;
+use super::values::{self, Scope, to_jinja};
+use crate::compile::{Clause, ClauseTarget, NodeIx, Target, Writer};
+use crate::nodes::{self, NodeCtx, NodeError, NodeFailure, class_name};
+use crate::providers::Usage;
+use crate::spec::{ErrorClass, NodeSpec, RetryPolicy};
+
+/// Where a task sends control, besides the node's edges.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    Node(NodeIx),
+    End,
+    Send(NodeIx, Value),
+}
+
+/// A finished task.
+#[derive(Debug, Clone, Default)]
+pub struct Done {
+    pub writes: Vec<(String, Value)>,
+    /// Successors chosen by `goto` (or the `on_error` handler).
+    pub next: Vec<Next>,
+    /// The node failed and its `on_error` handler takes over: its edges are not followed.
+    pub handled: bool,
+    pub usage: Usage,
+}
+
+/// How a task ended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Done(Done),
+    Interrupt(Value),
+    Failed(NodeError),
+}
+
+/// Runs a task to its end.
+pub async fn run(
+    shared: Arc<Shared>,
+    ix: NodeIx,
+    task_id: String,
+    item: Option<Value>,
+    base: Arc<Scope>,
+    step: i64,
+    resume: Option<Value>,
+) -> Outcome {
+    let plan = &shared.plan;
+    let node = &plan.nodes[&ix];
+    let common = node.spec.common();
+    let mut extra = vec![("params".to_string(), to_jinja(&params(node)))];
+    if let (Some(name), Some(item)) = (&node.item, &item) {
+        extra.push((name.clone(), to_jinja(item)));
+    }
+    extra.push((
+        "run".to_string(),
+        to_jinja(&json!({"thread_id": shared.thread_id, "step": step, "node": node.name})),
+    ));
+    let scope = base.with(extra);
+    let scope_value = scope.with([]).into_value();
+    let policy = retry_policy(&node.spec);
+    let timeout = common.timeout.as_ref().and_then(|t| t.to_std());
+    let mut attempt = 0u32;
+    let started = Instant::now();
+    shared.events.send(Event::NodeStart {
+        step,
+        node: node.name.clone(),
+        task_id: task_id.clone(),
+    });
+    let outcome = loop {
+        attempt += 1;
+        let ctx = NodeCtx {
+            plan,
+            node,
+            ix,
+            base: &scope,
+            scope: scope_value.clone(),
+            task_id: &task_id,
+            step,
+            events: &shared.events,
+            providers: &shared.providers,
+            resume: resume.as_ref(),
+            store: &shared.store,
+            thread_id: &shared.thread_id,
+        };
+        let result = match timeout {
+            Some(limit) => match tokio::time::timeout(limit, nodes::execute(&ctx)).await {
+                Ok(r) => r,
+                Err(_) => Err(NodeFailure::Error(NodeError::new(
+                    ErrorClass::Timeout,
+                    format!("the node ran longer than its timeout of {:.3}s", limit.as_secs_f64()),
+                ))),
+            },
+            None => nodes::execute(&ctx).await,
+        };
+        let result = match result {
+            Ok(out) => after(&shared, node, &scope, out.output, out.usage),
+            Err(NodeFailure::Interrupt(payload)) => break Outcome::Interrupt(payload),
+            Err(NodeFailure::Error(e)) => Err(e),
+        };
+        match result {
+            Ok(done) => break Outcome::Done(done),
+            Err(e) => {
+                let retryable = policy.retry_on.iter().any(|c| *c == e.class || *c == ErrorClass::All);
+                if attempt < policy.max_attempts && retryable {
+                    let delay = backoff(&policy, attempt, e.retry_after);
+                    shared.events.send(Event::Retry {
+                        node: node.name.clone(),
+                        task_id: task_id.clone(),
+                        attempt,
+                        error: e.message.clone(),
+                        delay_ms: delay.as_secs_f64() * 1000.0,
+                    });
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+                break handle_error(&shared, node, &scope, e, attempt);
+            }
+        }
+    };
+    let keys = match &outcome {
+        Outcome::Done(d) => d.writes.iter().map(|(k, _)| k.clone()).collect(),
+        _ => Vec::new(),
+    };
+    if let Outcome::Done(d) = &outcome
+        && d.usage.calls > 0
+    {
+        shared.events.send(Event::Usage {
+            node: node.name.clone(),
+            usage: d.usage,
+        });
+    }
+    shared.events.send(Event::NodeEnd {
+        step,
+        node: node.name.clone(),
+        task_id,
+        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+        keys,
+        cached: false,
+    });
+    outcome
+}
+
+fn params(node: &crate::compile::PlanNode) -> Value {
+    Value::Object(
+        node.spec
+            .common()
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    )
+}
+
+/// Evaluates `update` and `goto` with the node's output in scope.
+fn after(
+    shared: &Shared,
+    node: &crate::compile::PlanNode,
+    scope: &Scope,
+    output: Value,
+    usage: Usage,
+) -> Result<Done, NodeError> {
+    let usage_value = serde_json::to_value(usage).unwrap_or(Value::Null);
+    let scope = scope
+        .with([
+            ("output".to_string(), to_jinja(&output)),
+            ("usage".to_string(), to_jinja(&usage_value)),
+        ])
+        .into_value();
+    let writes = writes(shared, &node.update, &scope)?;
+    let next = choose(shared, &node.goto, &scope)?;
+    Ok(Done {
+        writes,
+        next,
+        handled: false,
+        usage,
+    })
+}
+
+fn writes(
+    shared: &Shared,
+    update: &[(String, Writer)],
+    scope: &minijinja::Value,
+) -> Result<Vec<(String, Value)>, NodeError> {
+    update
+        .iter()
+        .map(|(key, w)| match w {
+            Writer::Literal(v) => Ok((key.clone(), v.clone())),
+            Writer::Expr(id) => values::eval(&shared.plan, *id, scope)
+                .map(|v| (key.clone(), v))
+                .map_err(|e| NodeError::invalid(format!("update of `{key}`: {e}"))),
+        })
+        .collect()
+}
+
+/// The targets of the first clause that holds (clauses of a `goto`, or of a route).
+pub(super) fn choose(shared: &Shared, clauses: &[Clause], scope: &minijinja::Value) -> Result<Vec<Next>, NodeError> {
+    for clause in clauses {
+        let holds = match clause.when {
+            Some(id) => values::eval_bool(&shared.plan, id, scope).map_err(|e| {
+                NodeError::invalid(format!("condition `{}`: {e}", clause.label.as_deref().unwrap_or("?")))
+            })?,
+            None => true,
+        };
+        if !holds {
+            continue;
+        }
+        return match &clause.then {
+            ClauseTarget::Nodes(ts) => Ok(ts
+                .iter()
+                .map(|t| match t {
+                    Target::Node(n) => Next::Node(*n),
+                    Target::End => Next::End,
+                })
+                .collect()),
+            ClauseTarget::Send(s) => {
+                let items = values::eval(&shared.plan, s.foreach, scope).map_err(NodeError::invalid)?;
+                let Value::Array(items) = items else {
+                    return Err(NodeError::invalid("a fan-out's `foreach` did not yield an array"));
+                };
+                Ok(items.into_iter().map(|i| Next::Send(s.to, i)).collect())
+            }
+        };
+    }
+    Ok(Vec::new())
+}
+
+fn handle_error(
+    shared: &Shared,
+    node: &crate::compile::PlanNode,
+    scope: &Scope,
+    e: NodeError,
+    attempts: u32,
+) -> Outcome {
+    shared.events.send(Event::Error {
+        node: Some(node.name.clone()),
+        class: Some(class_name(e.class).to_string()),
+        message: e.message.clone(),
+    });
+    let Some(handler) = &node.on_error else {
+        return Outcome::Failed(e);
+    };
+    let error = json!({"node": node.name, "class": class_name(e.class), "message": e.message, "attempts": attempts});
+    let scope = scope.with([("error".to_string(), to_jinja(&error))]).into_value();
+    match writes(shared, &handler.update, &scope) {
+        Ok(writes) => {
+            let next = vec![match handler.to {
+                Target::Node(n) => Next::Node(n),
+                Target::End => Next::End,
+            }];
+            Outcome::Done(Done {
+                writes,
+                next,
+                handled: true,
+                usage: Usage::default(),
+            })
+        }
+        Err(e2) => Outcome::Failed(NodeError::invalid(format!(
+            "{} (and its on_error update failed: {})",
+            e.message, e2.message
+        ))),
+    }
+}
+
+/// The effective retry policy: the node's, or the default (network kinds retry transient
+/// failures three times; others do not retry).
+pub struct Policy {
+    pub max_attempts: u32,
+    pub initial: Duration,
+    pub factor: f64,
+    pub max: Duration,
+    pub jitter: bool,
+    pub retry_on: Vec<ErrorClass>,
+}
+
+fn retry_policy(spec: &NodeSpec) -> Policy {
+    let transient = vec![
+        ErrorClass::Timeout,
+        ErrorClass::RateLimit,
+        ErrorClass::Server,
+        ErrorClass::Network,
+        ErrorClass::Stream,
+    ];
+    let network_kind = !matches!(
+        spec,
+        NodeSpec::Set(_) | NodeSpec::Emit(_) | NodeSpec::Interrupt(_) | NodeSpec::Subgraph(_)
+    );
+    let default_attempts = if network_kind { 3 } else { 1 };
+    let p: Option<&RetryPolicy> = spec.common().retry.as_ref();
+    Policy {
+        max_attempts: p
+            .and_then(|p| p.max_attempts)
+            .unwrap_or(if p.is_some() { 3 } else { default_attempts }),
+        initial: p
+            .and_then(|p| p.initial_interval.as_ref())
+            .and_then(|d| d.to_std())
+            .unwrap_or(Duration::from_millis(500)),
+        factor: p.and_then(|p| p.backoff_factor).unwrap_or(2.0),
+        max: p
+            .and_then(|p| p.max_interval.as_ref())
+            .and_then(|d| d.to_std())
+            .unwrap_or(Duration::from_secs(128)),
+        jitter: p.and_then(|p| p.jitter).unwrap_or(true),
+        retry_on: match p {
+            Some(p) if !p.retry_on.is_empty() => p.retry_on.clone(),
+            _ => transient,
+        },
+    }
+}
+
+/// The wait before retry number `attempt` (1-based), at least what the server asked for.
+fn backoff(p: &Policy, attempt: u32, retry_after: Option<f64>) -> Duration {
+    let base = p.initial.as_secs_f64() * p.factor.powi(attempt as i32 - 1);
+    let mut secs = base.min(p.max.as_secs_f64());
+    if p.jitter {
+        secs *= 0.75 + 0.5 * unit_random();
+    }
+    if let Some(after) = retry_after {
+        secs = secs.max(after);
+    }
+    Duration::from_secs_f64(secs.max(0.0))
+}
+
+/// A number in [0, 1) for jitter; not for anything that needs real randomness.
+fn unit_random() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_caps_and_honours_retry_after() {
+        let p = Policy {
+            max_attempts: 5,
+            initial: Duration::from_millis(100),
+            factor: 2.0,
+            max: Duration::from_millis(300),
+            jitter: false,
+            retry_on: vec![],
+        };
+        assert_eq!(backoff(&p, 1, None), Duration::from_millis(100));
+        assert_eq!(backoff(&p, 2, None), Duration::from_millis(200));
+        assert_eq!(backoff(&p, 3, None), Duration::from_millis(300));
+        assert_eq!(backoff(&p, 1, Some(2.0)), Duration::from_secs(2));
+        let j = Policy { jitter: true, ..p };
+        for _ in 0..100 {
+            let d = backoff(&j, 1, None).as_secs_f64();
+            assert!((0.075..=0.125).contains(&d), "{d}");
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! Values at run time: the scope expressions and templates see, conversion between JSON and
+//! minijinja values, and the reducers that fold writes into state.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use minijinja::value::{Enumerator, Object, ObjectRepr, Value as JValue};
+use serde_json::{Map, Value};
+
+use crate::compile::{ExprId, Plan, Reducer};
+
+/// What expressions read: `state`, `input`, `config`, `context`, `run`, and per use `params`,
+/// the fan-out item, `output`, `usage`, `error`. Predicates are evaluated on first use and
+/// remembered, so a predicate that cannot be evaluated fails only an expression that reads it.
+#[derive(Debug)]
+pub struct Scope {
+    vars: BTreeMap<String, JValue>,
+    /// The plan whose predicates this scope can evaluate, and the values computed so far.
+    predicates: Option<(Arc<Plan>, Memo)>,
+}
+
+type Memo = Mutex<BTreeMap<String, JValue>>;
+
+impl Scope {
+    pub fn new(vars: BTreeMap<String, JValue>, plan: Option<Arc<Plan>>) -> Scope {
+        Scope {
+            vars,
+            predicates: plan.map(|p| (p, Mutex::new(BTreeMap::new()))),
+        }
+    }
+
+    /// This scope with more variables (the base ones are shared, not copied deeply).
+    pub fn with(&self, extra: impl IntoIterator<Item = (String, JValue)>) -> Scope {
+        let mut vars = self.vars.clone();
+        vars.extend(extra);
+        Scope {
+            vars,
+            predicates: self
+                .predicates
+                .as_ref()
+                .map(|(p, _)| (p.clone(), Mutex::new(BTreeMap::new()))),
+        }
+    }
+
+    pub fn into_value(self) -> JValue {
+        JValue::from_object(self)
+    }
+}
+
+impl Object for Scope {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &JValue) -> Option<JValue> {
+        let name = key.as_str()?;
+        if let Some(v) = self.vars.get(name) {
+            return Some(v.clone());
+        }
+        let (plan, memo) = self.predicates.as_ref()?;
+        let id = *plan.predicates.get(name)?;
+        if let Ok(memo) = memo.lock()
+            && let Some(v) = memo.get(name)
+        {
+            return Some(v.clone());
+        }
+        // Predicates read the base scope only (never other predicates).
+        let base = JValue::from_object(Scope {
+            vars: self.vars.clone(),
+            predicates: None,
+        });
+        let value = plan.exprs.expr(id).eval(base).ok()?;
+        if let Ok(mut memo) = memo.lock() {
+            memo.insert(name.to_string(), value.clone());
+        }
+        Some(value)
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let keys: Vec<JValue> = self.vars.keys().map(|k| JValue::from(k.as_str())).collect();
+        Enumerator::Values(keys)
+    }
+}
+
+/// JSON to a minijinja value.
+pub fn to_jinja(v: &Value) -> JValue {
+    JValue::from(minijinja::value::Serde(v))
+}
+
+/// A minijinja value back to JSON. Undefined becomes null.
+pub fn to_json(v: &JValue) -> Result<Value, String> {
+    if v.is_undefined() {
+        return Ok(Value::Null);
+    }
+    serde_json::to_value(v).map_err(|e| format!("the value cannot be stored as JSON: {e}"))
+}
+
+/// Evaluates a compiled expression in a scope, as JSON.
+pub fn eval(plan: &Plan, id: ExprId, scope: &JValue) -> Result<Value, String> {
+    let v = plan.exprs.expr(id).eval(scope.clone()).map_err(|e| describe(&e))?;
+    to_json(&v)
+}
+
+/// Evaluates a compiled expression as a condition.
+pub fn eval_bool(plan: &Plan, id: ExprId, scope: &JValue) -> Result<bool, String> {
+    plan.exprs
+        .expr(id)
+        .eval(scope.clone())
+        .map(|v| v.is_true())
+        .map_err(|e| describe(&e))
+}
+
+/// A minijinja error in one line, with what it was doing.
+pub fn describe(e: &minijinja::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(i) = s.find(" (in ") {
+        s.truncate(i);
+    }
+    s
+}
+
+/// Folds `updates` (in their deterministic order) into `current` with a key's reducer.
+pub fn reduce(plan: &Plan, reducer: &Reducer, current: &Value, updates: Vec<Value>) -> Result<Value, String> {
+    let mut value = current.clone();
+    for update in updates {
+        value = reduce_one(Some(plan), reducer, value, update)?;
+    }
+    Ok(value)
+}
+
+fn reduce_one(plan: Option<&Plan>, reducer: &Reducer, current: Value, update: Value) -> Result<Value, String> {
+    Ok(match reducer {
+        Reducer::Replace => update,
+        Reducer::Append => {
+            let mut items = as_array(current, "append")?;
+            match update {
+                Value::Array(more) => items.extend(more),
+                one => items.push(one),
+            }
+            Value::Array(items)
+        }
+        Reducer::Extend => {
+            let mut items = as_array(current, "extend")?;
+            match update {
+                Value::Array(more) => items.extend(more),
+                other => return Err(format!("`extend` needs an array to add, got {}", kind(&other))),
+            }
+            Value::Array(items)
+        }
+        Reducer::Union => {
+            let mut items = as_array(current, "union")?;
+            let mut seen: HashSet<String> = items.iter().map(Value::to_string).collect();
+            let more = match update {
+                Value::Array(more) => more,
+                one => vec![one],
+            };
+            for item in more {
+                if seen.insert(item.to_string()) {
+                    items.push(item);
+                }
+            }
+            Value::Array(items)
+        }
+        Reducer::AddMessages => add_messages(as_array(current, "add_messages")?, update)?,
+        Reducer::Merge => match (current, update) {
+            (Value::Null, u) => u,
+            (Value::Object(mut base), Value::Object(over)) => {
+                deep_merge(&mut base, over);
+                Value::Object(base)
+            }
+            (c, u) => return Err(format!("`merge` combines objects, not {} and {}", kind(&c), kind(&u))),
+        },
+        Reducer::Sum | Reducer::Max | Reducer::Min => numeric(reducer, current, update)?,
+        Reducer::Custom { name, expr } => {
+            let Some(plan) = plan else {
+                return Err(format!("reducer `{name}` needs its plan"));
+            };
+            let mut vars = BTreeMap::new();
+            vars.insert("current".to_string(), to_jinja(&current));
+            vars.insert("update".to_string(), to_jinja(&update));
+            let scope = Scope::new(vars, None).into_value();
+            eval(plan, *expr, &scope).map_err(|e| format!("reducer `{name}`: {e}"))?
+        }
+    })
+}
+
+fn as_array(v: Value, reducer: &str) -> Result<Vec<Value>, String> {
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(a) => Ok(a),
+        other => Err(format!(
+            "`{reducer}` needs the key to hold an array, not {}",
+            kind(&other)
+        )),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn deep_merge(base: &mut Map<String, Value>, over: Map<String, Value>) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(Value::Object(b)), Value::Object(o)) => deep_merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+fn numeric(reducer: &Reducer, current: Value, update: Value) -> Result<Value, String> {
+    let u = update
+        .as_f64()
+        .ok_or_else(|| format!("a numeric reducer needs a number, got {}", kind(&update)))?;
+    if current.is_null() {
+        return Ok(update);
+    }
+    let c = current.as_f64().ok_or_else(|| {
+        format!(
+            "a numeric reducer needs the key to hold a number, not {}",
+            kind(&current)
+        )
+    })?;
+    let both_int = current.is_i64() && update.is_i64();
+    let r = match reducer {
+        Reducer::Sum if both_int => {
+            return Ok(Value::from(
+                current
+                    .as_i64()
+                    .unwrap_or(0)
+                    .saturating_add(update.as_i64().unwrap_or(0)),
+            ));
+        }
+        Reducer::Sum => c + u,
+        Reducer::Max => return Ok(if u > c { update } else { current }),
+        _ => return Ok(if u < c { update } else { current }),
+    };
+    serde_json::Number::from_f64(r)
+        .map(Value::Number)
+        .ok_or_else(|| "the sum is not a finite number".into())
+}
+
+/// LangGraph's `add_messages`: a message whose `id` exists replaces it in place; `{type:
+/// remove, id}` deletes; others are appended with an id (position-based, so replays agree).
+/// A string is a user message.
+fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, String> {
+    let incoming = match update {
+        Value::Array(items) => items,
+        one => vec![one],
+    };
+    for msg in incoming {
+        let mut msg = match msg {
+            Value::String(s) => serde_json::json!({"role": "user", "content": s}),
+            Value::Object(o) => Value::Object(o),
+            other => return Err(format!("a message is an object or a string, not {}", kind(&other))),
+        };
+        let id = msg.get("id").and_then(Value::as_str).map(str::to_string);
+        let is_remove = msg.get("type").and_then(Value::as_str) == Some("remove");
+        match (id, is_remove) {
+            (Some(id), true) => current.retain(|m| m.get("id").and_then(Value::as_str) != Some(&id)),
+            (None, true) => return Err("a remove marker needs the `id` of the message to remove".into()),
+            (Some(id), false) => match current
+                .iter_mut()
+                .find(|m| m.get("id").and_then(Value::as_str) == Some(&id))
+            {
+                Some(slot) => *slot = msg,
+                None => current.push(msg),
+            },
+            (None, false) => {
+                let mut n = current.len();
+                let taken: HashSet<String> = current
+                    .iter()
+                    .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_string))
+                    .collect();
+                while taken.contains(&format!("m{n}")) {
+                    n += 1;
+                }
+                if let Value::Object(o) = &mut msg {
+                    o.insert("id".into(), Value::String(format!("m{n}")));
+                }
+                current.push(msg);
+            }
+        }
+    }
+    Ok(Value::Array(current))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn r(reducer: Reducer, current: Value, updates: Vec<Value>) -> Result<Value, String> {
+        let mut c = current;
+        for u in updates {
+            c = reduce_one(None, &reducer, c, u)?;
+        }
+        Ok(c)
+    }
+
+    #[test]
+    fn numeric_reducers_keep_integers_integral() {
+        assert_eq!(r(Reducer::Sum, json!(1), vec![json!(2), json!(3)]), Ok(json!(6)));
+        assert_eq!(r(Reducer::Sum, json!(0.5), vec![json!(0.25)]), Ok(json!(0.75)));
+        assert_eq!(r(Reducer::Max, json!(3), vec![json!(7), json!(5)]), Ok(json!(7)));
+        assert_eq!(r(Reducer::Min, Value::Null, vec![json!(4), json!(2)]), Ok(json!(2)));
+        assert!(r(Reducer::Sum, json!(1), vec![json!("x")]).is_err());
+    }
+
+    #[test]
+    fn add_messages_replaces_by_id_appends_new_and_removes() {
+        let base = json!([{"id": "a", "role": "user", "content": "hi"}]);
+        let v = r(
+            Reducer::AddMessages,
+            base,
+            vec![json!([{"id": "a", "role": "user", "content": "hello"}, {"role": "assistant", "content": "yo"}, "next"])],
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            json!([
+                {"id": "a", "role": "user", "content": "hello"},
+                {"id": "m1", "role": "assistant", "content": "yo"},
+                {"id": "m2", "role": "user", "content": "next"}
+            ])
+        );
+        let v = r(Reducer::AddMessages, v, vec![json!({"type": "remove", "id": "m1"})]).unwrap();
+        assert_eq!(v.as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn merge_is_deep() {
+        let v = r(
+            Reducer::Merge,
+            json!({"a": {"x": 1, "y": 2}, "b": 1}),
+            vec![json!({"a": {"y": 3, "z": 4}, "c": 5})],
+        );
+        assert_eq!(v, Ok(json!({"a": {"x": 1, "y": 3, "z": 4}, "b": 1, "c": 5})));
+        assert!(r(Reducer::Merge, json!([1]), vec![json!({})]).is_err());
+    }
+
+    #[test]
+    fn union_keeps_order_and_drops_repeats() {
+        let v = r(
+            Reducer::Union,
+            json!(["a", "b"]),
+            vec![json!(["b", "c", "a", "d"]), json!("e")],
+        )
+        .unwrap();
+        assert_eq!(v, json!(["a", "b", "c", "d", "e"]));
+        assert_eq!(
+            r(Reducer::Append, json!([1]), vec![json!([2, 3]), json!(4)]),
+            Ok(json!([1, 2, 3, 4]))
+        );
+        assert!(r(Reducer::Extend, json!([1]), vec![json!(2)]).is_err());
+    }
+}

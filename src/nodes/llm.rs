@@ -1,0 +1,212 @@
+//! `llm`: render the prompts, send them (with a window of chat history) to the node's model,
+//! and return text or JSON. JSON replies are validated against the node's schema; a reply that
+//! does not parse or match is sent back with the error, up to `repair` times. Streamed tokens
+//! go to the event stream; usage is priced from the model profile.
+
+use serde_json::Value;
+
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render};
+use crate::compile::Compiled;
+use crate::engine::events::Event;
+use crate::engine::values;
+use crate::providers::{ChatRequest, Message, Usage, price};
+use crate::spec::{ErrorClass, LlmNode, LlmOutput, OutputFormat};
+
+pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFailure> {
+    let profile_name = spec.model.as_deref().unwrap_or("default");
+    let (provider, profile) = ctx.providers.get(profile_name).ok_or_else(|| {
+        NodeError::new(
+            ErrorClass::BadRequest,
+            format!("no provider is set up for model profile `{profile_name}`"),
+        )
+    })?;
+    let mut messages = Vec::new();
+    if let Some(system) = render(ctx, "/system")? {
+        messages.push(Message {
+            role: "system".into(),
+            content: system,
+        });
+    }
+    messages.extend(history(ctx, spec)?);
+    let prompt = render(ctx, "/prompt")?.unwrap_or_default();
+    messages.push(Message {
+        role: "user".into(),
+        content: prompt,
+    });
+    let (json, schema, repairs) = match &spec.output {
+        None | Some(LlmOutput::Format(OutputFormat::Text)) => (false, None, 0),
+        Some(LlmOutput::Format(OutputFormat::Json)) => (true, None, 2),
+        Some(LlmOutput::Spec { format, repair, .. }) => {
+            let schema = match ctx.node.fields.get("/output/schema") {
+                Some(Compiled::Literal(s)) => Some(s.clone()),
+                _ => None,
+            };
+            (*format == OutputFormat::Json, schema, repair.unwrap_or(2))
+        }
+    };
+    let validator = match &schema {
+        Some(s) => {
+            Some(jsonschema::draft202012::new(s).map_err(|e| NodeError::invalid(format!("output schema: {e}")))?)
+        }
+        None => None,
+    };
+    let mut request = ChatRequest {
+        node: ctx.node.name.clone(),
+        model: profile.model.clone(),
+        messages,
+        temperature: spec.temperature.or(profile.temperature),
+        max_tokens: spec.max_tokens.or(profile.max_tokens),
+        stop: spec.stop.clone(),
+        seed: spec.seed,
+        json_schema: schema.clone(),
+        options: profile
+            .options
+            .iter()
+            .chain(spec.options.iter())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        stream: spec.stream,
+    };
+    let mut usage = Usage::default();
+    let node = ctx.node.name.clone();
+    let task = ctx.task_id.to_string();
+    let events = ctx.events.clone();
+    let sink = move |text: &str| {
+        events.send(Event::Token {
+            node: node.clone(),
+            task_id: task.clone(),
+            text: text.to_string(),
+        });
+    };
+    let mut attempt = 0;
+    loop {
+        let tokens = if spec.stream && ctx.events.is_on() {
+            Some(&sink as &(dyn Fn(&str) + Send + Sync))
+        } else {
+            None
+        };
+        let reply = provider.chat(request.clone(), tokens).await.map_err(|e| {
+            let retry_after = match &e {
+                crate::providers::ProviderError::RateLimited { retry_after } => *retry_after,
+                _ => None,
+            };
+            NodeError {
+                class: e.class(),
+                message: e.to_string(),
+                retry_after,
+            }
+        })?;
+        let mut call_usage = reply.usage;
+        call_usage.calls = call_usage.calls.max(1);
+        price(profile, &mut call_usage);
+        usage.add(&call_usage);
+        if !json {
+            return Ok(NodeOutput {
+                output: Value::String(reply.text),
+                usage,
+            });
+        }
+        let problem = match parse_json(&reply.text) {
+            Ok(v) => match validator.as_ref().and_then(|val| values_first_violation(val, &v)) {
+                None => return Ok(NodeOutput { output: v, usage }),
+                Some(why) => why,
+            },
+            Err(e) => format!("the reply is not JSON: {e}"),
+        };
+        if attempt >= repairs {
+            return Err(NodeError::invalid(format!(
+                "the model's reply did not match the output schema after {} attempt(s): {problem}",
+                attempt + 1
+            ))
+            .into());
+        }
+        attempt += 1;
+        request.messages.push(Message {
+            role: "assistant".into(),
+            content: reply.text,
+        });
+        request.messages.push(Message {
+            role: "user".into(),
+            content: format!(
+                "Your reply was not valid: {problem}. Reply again with only the JSON value, matching the schema exactly."
+            ),
+        });
+    }
+}
+
+/// The chat history: the `history.from` expression's messages, windowed.
+fn history(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<Vec<Message>, NodeError> {
+    let (Some(h), Some(Compiled::Expr(id))) = (&spec.history, ctx.node.fields.get("/history/from")) else {
+        return Ok(Vec::new());
+    };
+    let value = values::eval(ctx.plan, *id, &ctx.scope).map_err(NodeError::invalid)?;
+    let Value::Array(items) = value else {
+        return Err(NodeError::invalid("`history.from` did not yield a list of messages"));
+    };
+    let mut messages: Vec<Message> = items
+        .iter()
+        .map(|m| match m {
+            Value::String(s) => Message {
+                role: "user".into(),
+                content: s.clone(),
+            },
+            other => Message {
+                role: other.get("role").and_then(Value::as_str).unwrap_or("user").to_string(),
+                content: other.get("content").map(super::text_of).unwrap_or_default(),
+            },
+        })
+        .collect();
+    if let Some(last) = h.last {
+        let skip = messages.len().saturating_sub(last as usize);
+        messages.drain(..skip);
+    }
+    if let Some(budget) = h.max_tokens {
+        // Keep the most recent messages that fit, at about four characters a token.
+        let mut used = 0u64;
+        let mut keep = messages.len();
+        for (i, m) in messages.iter().enumerate().rev() {
+            used += (m.content.chars().count() as u64).div_ceil(4);
+            if used > budget as u64 {
+                break;
+            }
+            keep = i;
+        }
+        messages.drain(..keep);
+    }
+    Ok(messages)
+}
+
+/// Parses a reply as JSON, tolerating a Markdown code fence around it.
+fn parse_json(text: &str) -> Result<Value, serde_json::Error> {
+    let t = text.trim();
+    let t = t
+        .strip_prefix("```json")
+        .or_else(|| t.strip_prefix("```"))
+        .and_then(|rest| rest.trim_end().strip_suffix("```"))
+        .unwrap_or(t);
+    serde_json::from_str(t.trim())
+}
+
+fn values_first_violation(v: &jsonschema::Validator, value: &Value) -> Option<String> {
+    v.iter_errors(value).next().map(|e| {
+        let at = e.instance_path().as_str().to_string();
+        if at.is_empty() {
+            e.masked().to_string()
+        } else {
+            format!("at `{at}`: {}", e.masked())
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn json_replies_may_be_fenced() {
+        assert_eq!(
+            super::parse_json("```json\n{\"a\": 1}\n```").unwrap(),
+            serde_json::json!({"a": 1})
+        );
+        assert_eq!(super::parse_json(" [1] ").unwrap(), serde_json::json!([1]));
+        assert!(super::parse_json("not json").is_err());
+    }
+}

@@ -1,0 +1,182 @@
+//! What each node kind does when it runs, one file per kind. A node gets its compiled fields
+//! and a scope, and returns its `output` (and usage) or a typed failure; the engine turns the
+//! output into state writes and routing.
+//!
+//! Kinds whose run-time behaviour is not in this build yet (http, search, scrape, index,
+//! retrieve, store, load, save) fail with a clear error naming the kind; they validate and
+//! compile like every other kind.
+
+mod emit;
+mod interrupt;
+mod llm;
+pub(crate) mod subgraph;
+
+use std::sync::Arc;
+
+use minijinja::Value as JValue;
+use serde_json::{Map, Value};
+
+use crate::checkpoint::Checkpointer;
+use crate::compile::{Compiled, NodeIx, Plan, PlanNode};
+use crate::engine::events::Events;
+use crate::engine::values;
+use crate::providers::{Providers, Usage};
+use crate::spec::{ErrorClass, NodeSpec};
+
+/// What a running node can reach.
+pub struct NodeCtx<'a> {
+    pub plan: &'a Arc<Plan>,
+    pub node: &'a PlanNode,
+    pub ix: NodeIx,
+    /// The scope of the node's fields: state, input, config, context, run, params, item.
+    pub base: &'a values::Scope,
+    /// `base` as a minijinja value.
+    pub scope: JValue,
+    pub task_id: &'a str,
+    pub step: i64,
+    pub events: &'a Events,
+    pub providers: &'a Providers,
+    /// The answer to this task's interrupt, when the run resumes it.
+    pub resume: Option<&'a Value>,
+    pub store: &'a Arc<dyn Checkpointer>,
+    pub thread_id: &'a str,
+}
+
+/// What a node produced.
+#[derive(Debug, Clone, Default)]
+pub struct NodeOutput {
+    pub output: Value,
+    pub usage: Usage,
+}
+
+/// Why a node did not produce an output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeFailure {
+    Error(NodeError),
+    /// The node stops the run until an answer comes (the payload is shown to the person).
+    Interrupt(Value),
+}
+
+/// A typed node error: the class decides whether a retry policy retries it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeError {
+    pub class: ErrorClass,
+    pub message: String,
+    /// A wait the remote side asked for (HTTP Retry-After), in seconds.
+    pub retry_after: Option<f64>,
+}
+
+impl NodeError {
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> NodeError {
+        NodeError {
+            class,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> NodeError {
+        NodeError::new(ErrorClass::Invalid, message)
+    }
+}
+
+impl From<NodeError> for NodeFailure {
+    fn from(e: NodeError) -> Self {
+        NodeFailure::Error(e)
+    }
+}
+
+pub fn class_name(c: ErrorClass) -> &'static str {
+    match c {
+        ErrorClass::Timeout => "timeout",
+        ErrorClass::RateLimit => "rate_limit",
+        ErrorClass::Server => "server",
+        ErrorClass::Network => "network",
+        ErrorClass::Stream => "stream",
+        ErrorClass::BadRequest => "bad_request",
+        ErrorClass::Auth => "auth",
+        ErrorClass::Invalid => "invalid",
+        ErrorClass::All => "all",
+    }
+}
+
+/// Runs one attempt of a node.
+pub async fn execute(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
+    match &ctx.node.spec {
+        NodeSpec::Set(_) => Ok(NodeOutput::default()),
+        NodeSpec::Emit(_) => emit::run(ctx),
+        NodeSpec::Interrupt(_) => interrupt::run(ctx),
+        NodeSpec::Llm(n) => llm::run(ctx, &n.kind).await,
+        NodeSpec::Subgraph(_) => subgraph::run(ctx).await,
+        other => Err(NodeFailure::Error(NodeError::new(
+            ErrorClass::BadRequest,
+            format!(
+                "node kind `{}` cannot run in this build yet (it validates and compiles)",
+                other.kind_name()
+            ),
+        ))),
+    }
+}
+
+/// Renders the template compiled for field `rel` (e.g. `/prompt`), if the node has one.
+pub fn render(ctx: &NodeCtx<'_>, rel: &str) -> Result<Option<String>, NodeError> {
+    match ctx.node.fields.get(rel) {
+        Some(Compiled::Template(id)) => {
+            let t = ctx
+                .plan
+                .exprs
+                .env()
+                .get_template(&id.0)
+                .map_err(|e| NodeError::invalid(values::describe(&e)))?;
+            t.render(ctx.scope.clone())
+                .map(Some)
+                .map_err(|e| NodeError::invalid(format!("{rel}: {}", values::describe(&e))))
+        }
+        Some(Compiled::Literal(v)) => Ok(Some(v.as_str().map_or_else(|| v.to_string(), str::to_string))),
+        Some(Compiled::Expr(id)) => values::eval(ctx.plan, *id, &ctx.scope)
+            .map(|v| Some(text_of(&v)))
+            .map_err(NodeError::invalid),
+        None => Ok(None),
+    }
+}
+
+/// Evaluates the data field `rel`: one expression, or a map of expressions and literals
+/// compiled as `rel/key`.
+pub fn data(ctx: &NodeCtx<'_>, rel: &str, scope: &JValue) -> Result<Option<Value>, NodeError> {
+    if let Some(c) = ctx.node.fields.get(rel) {
+        return eval_compiled(ctx.plan, c, scope)
+            .map(Some)
+            .map_err(|e| NodeError::invalid(format!("{rel}: {e}")));
+    }
+    let prefix = format!("{rel}/");
+    let mut out = Map::new();
+    for (path, c) in &ctx.node.fields {
+        if let Some(key) = path.strip_prefix(&prefix) {
+            let v = eval_compiled(ctx.plan, c, scope).map_err(|e| NodeError::invalid(format!("{path}: {e}")))?;
+            out.insert(key.replace("~1", "/").replace("~0", "~"), v);
+        }
+    }
+    Ok(if out.is_empty() { None } else { Some(Value::Object(out)) })
+}
+
+fn eval_compiled(plan: &Plan, c: &Compiled, scope: &JValue) -> Result<Value, String> {
+    match c {
+        Compiled::Expr(id) => values::eval(plan, *id, scope),
+        Compiled::Literal(v) => Ok(v.clone()),
+        Compiled::Template(id) => plan
+            .exprs
+            .env()
+            .get_template(&id.0)
+            .and_then(|t| t.render(scope.clone()))
+            .map(Value::String)
+            .map_err(|e| values::describe(&e)),
+    }
+}
+
+/// A value as text: strings as they are, anything else as JSON.
+pub fn text_of(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,74 @@
+//! `subgraph`: runs another workflow with its own state on a child thread namespaced under the
+//! parent's (`<parent>/<step>/<task>`), so a crash or an interrupt inside it resumes inside it.
+//! The child's input comes from the node's `input` map; its output (declared output keys, or
+//! its final state) is the node's `output`. An interrupt inside the child interrupts the parent;
+//! the answer given to the parent is passed down.
+
+use serde_json::{Value, json};
+
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use crate::engine::{Engine, RunRequest, Status};
+use crate::spec::ErrorClass;
+
+/// The child thread of a subgraph task.
+pub fn child_thread_id(parent: &str, step: i64, task_id: &str) -> String {
+    format!("{parent}/{step}/{task_id}")
+}
+
+pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
+    let Some(child) = ctx.plan.subgraphs.get(&ctx.ix).cloned() else {
+        return Err(NodeError::invalid("the subgraph's plan is missing").into());
+    };
+    let thread = child_thread_id(ctx.thread_id, ctx.step, ctx.task_id);
+    let exists = ctx
+        .store
+        .get_thread(&thread)
+        .map_err(|e| NodeError::new(ErrorClass::Server, e.to_string()))?
+        .is_some();
+    let input = data(ctx, "/input", &ctx.scope)?.unwrap_or_else(|| json!({}));
+    let context = ctx
+        .scope
+        .get_attr("context")
+        .ok()
+        .and_then(|c| crate::engine::values::to_json(&c).ok())
+        .filter(|_| child.context_schema.is_some());
+    let engine = Engine::new(
+        child.clone(),
+        ctx.store.clone(),
+        ctx.providers.clone(),
+        ctx.events.clone(),
+    );
+    let request = RunRequest {
+        thread_id: Some(thread.clone()),
+        workflow: child.path.display().to_string(),
+        input: (!exists).then_some(input),
+        context: if exists { None } else { context },
+        answer: if exists { ctx.resume.cloned() } else { None },
+        ..RunRequest::default()
+    };
+    let outcome = engine
+        .run_boxed(request)
+        .await
+        .map_err(|e| NodeError::invalid(format!("subgraph: {e}")))?;
+    match outcome.status {
+        Status::Done => Ok(NodeOutput {
+            output: outcome.output,
+            usage: outcome.usage,
+        }),
+        Status::Interrupted => {
+            let mut payload = outcome.interrupt.unwrap_or(Value::Null);
+            if let Value::Object(m) = &mut payload {
+                m.insert("subgraph".into(), Value::String(ctx.node.name.clone()));
+                m.insert("subgraph_thread".into(), Value::String(thread));
+            }
+            Err(NodeFailure::Interrupt(payload))
+        }
+        Status::Failed => Err(NodeError::invalid(format!(
+            "subgraph `{}` failed: {}",
+            child.name,
+            outcome.error.unwrap_or_default()
+        ))
+        .into()),
+        Status::Cancelled => Err(NodeError::invalid("the subgraph was cancelled").into()),
+    }
+}

@@ -1,0 +1,268 @@
+//! The scripted `mock` provider: offline runs and tests. Replies are scripted per node (in call
+//! order; the last reply repeats) or matched on the rendered prompt, and may stream in chunks,
+//! take time, or fail with any provider error so retries and repairs can be exercised.
+//!
+//! ```yaml
+//! replies:
+//!   plan: ['{"subtopics": []}']
+//!   summarize:
+//!     - {error: rate_limit, retry_after: 0.01}
+//!     - {text: "A summary.", chunks: ["A ", "summary."], usage: {prompt_tokens: 120, completion_tokens: 8}}
+//!   "*": "a reply for any other node"
+//! match:
+//!   - {contains: "quantum", reply: "About quantum computing."}
+//! ```
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use super::{ChatRequest, ChatResponse, Provider, ProviderError, TokenSink, Usage};
+
+/// One scripted reply.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    Text {
+        text: String,
+        chunks: Option<Vec<String>>,
+        usage: Option<Usage>,
+        delay: Duration,
+    },
+    Fail {
+        error: ProviderError,
+        delay: Duration,
+    },
+}
+
+/// Scripted replies.
+#[derive(Debug, Default)]
+pub struct MockProvider {
+    replies: HashMap<String, Vec<Reply>>,
+    matches: Vec<(String, Reply)>,
+    calls: Mutex<HashMap<String, usize>>,
+}
+
+impl MockProvider {
+    /// A mock with no script: every call fails with a message saying so.
+    pub fn empty() -> MockProvider {
+        MockProvider::default()
+    }
+
+    /// Reads a script (YAML or JSON) from a file.
+    pub fn from_file(path: &std::path::Path) -> Result<MockProvider, String> {
+        let file = crate::spec::load::read(path).map_err(|d| d.message)?;
+        let doc =
+            crate::spec::load::parse(file).map_err(|d| d.first().map(|d| d.message.clone()).unwrap_or_default())?;
+        MockProvider::from_value(&doc.value)
+    }
+
+    /// Builds a mock from a script value.
+    pub fn from_value(script: &Value) -> Result<MockProvider, String> {
+        let mut mock = MockProvider::default();
+        let obj = script
+            .as_object()
+            .ok_or("a mock script is a mapping with `replies` and/or `match`")?;
+        for key in obj.keys() {
+            if key != "replies" && key != "match" {
+                return Err(format!("unknown field `{key}` (a script has `replies` and `match`)"));
+            }
+        }
+        if let Some(replies) = obj.get("replies") {
+            let replies = replies.as_object().ok_or("`replies` maps node names to replies")?;
+            for (node, list) in replies {
+                let list = match list {
+                    Value::Array(items) => items.iter().map(parse_reply).collect::<Result<Vec<_>, _>>(),
+                    one => parse_reply(one).map(|r| vec![r]),
+                }
+                .map_err(|e| format!("replies.{node}: {e}"))?;
+                if list.is_empty() {
+                    return Err(format!("replies.{node}: no reply"));
+                }
+                mock.replies.insert(node.clone(), list);
+            }
+        }
+        if let Some(m) = obj.get("match") {
+            for (i, entry) in m.as_array().ok_or("`match` is a list")?.iter().enumerate() {
+                let contains = entry
+                    .get("contains")
+                    .and_then(Value::as_str)
+                    .ok_or(format!("match[{i}]: needs `contains`"))?;
+                let reply = entry.get("reply").ok_or(format!("match[{i}]: needs `reply`"))?;
+                mock.matches.push((
+                    contains.to_string(),
+                    parse_reply(reply).map_err(|e| format!("match[{i}]: {e}"))?,
+                ));
+            }
+        }
+        Ok(mock)
+    }
+
+    /// How many calls each node has made.
+    pub fn calls(&self) -> HashMap<String, usize> {
+        self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    fn next_reply(&self, request: &ChatRequest) -> Result<Reply, ProviderError> {
+        let prompt: String = request
+            .messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let n = {
+            let mut calls = self
+                .calls
+                .lock()
+                .map_err(|_| ProviderError::Malformed("mock state poisoned".into()))?;
+            let n = calls.entry(request.node.clone()).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        if let Some((_, reply)) = self.matches.iter().find(|(needle, _)| prompt.contains(needle.as_str())) {
+            return Ok(reply.clone());
+        }
+        let list = self
+            .replies
+            .get(&request.node)
+            .or_else(|| self.replies.get("*"))
+            .ok_or_else(|| {
+                ProviderError::BadRequest(format!(
+                    "the mock script has no reply for node `{}` (add `replies: {{{}: [...]}}`)",
+                    request.node, request.node
+                ))
+            })?;
+        Ok(list[n.min(list.len() - 1)].clone())
+    }
+}
+
+fn parse_reply(v: &Value) -> Result<Reply, String> {
+    match v {
+        Value::String(s) => Ok(Reply::Text {
+            text: s.clone(),
+            chunks: None,
+            usage: None,
+            delay: Duration::ZERO,
+        }),
+        Value::Object(o) => {
+            let delay = Duration::from_secs_f64(o.get("delay").and_then(Value::as_f64).unwrap_or(0.0).max(0.0));
+            if let Some(kind) = o.get("error") {
+                let kind = kind.as_str().ok_or("`error` is a name")?;
+                let message = o
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("scripted failure")
+                    .to_string();
+                let error = match kind {
+                    "rate_limit" => ProviderError::RateLimited {
+                        retry_after: o.get("retry_after").and_then(Value::as_f64),
+                    },
+                    "server" => ProviderError::Server {
+                        status: o.get("status").and_then(Value::as_u64).unwrap_or(500) as u16,
+                        message,
+                    },
+                    "timeout" => ProviderError::Timeout,
+                    "network" => ProviderError::Network(message),
+                    "stream" => ProviderError::StreamCut(message),
+                    "bad_request" => ProviderError::BadRequest(message),
+                    "auth" => ProviderError::Auth(message),
+                    "malformed" => ProviderError::Malformed(message),
+                    other => return Err(format!("unknown error `{other}`")),
+                };
+                return Ok(Reply::Fail { error, delay });
+            }
+            let text = match o.get("text") {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => return Err("a reply needs `text` or `error`".into()),
+            };
+            let chunks = match o.get("chunks") {
+                Some(Value::Array(c)) => Some(c.iter().map(|x| x.as_str().unwrap_or_default().to_string()).collect()),
+                _ => None,
+            };
+            let usage = o.get("usage").map(|u| {
+                let p = u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0);
+                let c = u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0);
+                Usage {
+                    prompt_tokens: p,
+                    completion_tokens: c,
+                    total_tokens: p + c,
+                    cost: 0.0,
+                    calls: 1,
+                }
+            });
+            Ok(Reply::Text {
+                text,
+                chunks,
+                usage,
+                delay,
+            })
+        }
+        // A JSON value scripted as data is the reply's text.
+        other => Ok(Reply::Text {
+            text: other.to_string(),
+            chunks: None,
+            usage: None,
+            delay: Duration::ZERO,
+        }),
+    }
+}
+
+/// A deterministic token estimate: about four characters a token.
+fn estimate(text: &str) -> u64 {
+    (text.chars().count() as u64).div_ceil(4)
+}
+
+impl Provider for MockProvider {
+    fn chat<'a>(
+        &'a self,
+        request: ChatRequest,
+        tokens: Option<TokenSink<'a>>,
+    ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
+        Box::pin(async move {
+            let reply = self.next_reply(&request)?;
+            match reply {
+                Reply::Fail { error, delay } => {
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    Err(error)
+                }
+                Reply::Text {
+                    text,
+                    chunks,
+                    usage,
+                    delay,
+                } => {
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    if let (Some(sink), true) = (tokens, request.stream) {
+                        match &chunks {
+                            Some(parts) => parts.iter().for_each(|p| sink(p)),
+                            None => sink(&text),
+                        }
+                    }
+                    let usage = usage.unwrap_or_else(|| {
+                        let p: u64 = request.messages.iter().map(|m| estimate(&m.content)).sum();
+                        let c = estimate(&text);
+                        Usage {
+                            prompt_tokens: p,
+                            completion_tokens: c,
+                            total_tokens: p + c,
+                            cost: 0.0,
+                            calls: 1,
+                        }
+                    });
+                    Ok(ChatResponse {
+                        text,
+                        usage,
+                        finish_reason: Some("stop".into()),
+                    })
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,189 @@
+//! Model providers behind one interface: a chat request in, a reply (with usage) out, tokens
+//! streamed to a callback as they arrive, failures typed so retry policies can choose.
+//!
+//! Architecture Invariant: only providers/ and nodes/ touch the network; the engine sees this
+//! trait and nothing of HTTP.
+
+pub mod mock;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::spec::{ErrorClass, ModelProfile, Provider as ProviderKind};
+
+/// A chat message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// One model call.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatRequest {
+    /// The node making the call (providers may key scripted replies on it).
+    pub node: String,
+    pub model: String,
+    pub messages: Vec<Message>,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    pub stop: Vec<String>,
+    pub seed: Option<i64>,
+    /// Ask for JSON matching this schema, where the provider supports it.
+    pub json_schema: Option<Value>,
+    /// Extra request fields passed through unchanged.
+    pub options: serde_json::Map<String, Value>,
+    pub stream: bool,
+}
+
+/// Tokens and cost of calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub cost: f64,
+    pub calls: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.total_tokens += other.total_tokens;
+        self.cost += other.cost;
+        self.calls += other.calls;
+    }
+}
+
+/// A model's reply.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatResponse {
+    pub text: String,
+    pub usage: Usage,
+    pub finish_reason: Option<String>,
+}
+
+/// A failed call, typed so retry policies can choose.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProviderError {
+    #[error("rate limited{}", retry_after.map(|s| format!(" (retry after {s:.1}s)")).unwrap_or_default())]
+    RateLimited { retry_after: Option<f64> },
+    #[error("server error {status}: {message}")]
+    Server { status: u16, message: String },
+    #[error("the call timed out")]
+    Timeout,
+    #[error("the connection failed: {0}")]
+    Network(String),
+    #[error("the stream was cut off: {0}")]
+    StreamCut(String),
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    #[error("malformed response: {0}")]
+    Malformed(String),
+}
+
+impl ProviderError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ProviderError::RateLimited { .. } => ErrorClass::RateLimit,
+            ProviderError::Server { .. } => ErrorClass::Server,
+            ProviderError::Timeout => ErrorClass::Timeout,
+            ProviderError::Network(_) => ErrorClass::Network,
+            ProviderError::StreamCut(_) => ErrorClass::Stream,
+            ProviderError::BadRequest(_) => ErrorClass::BadRequest,
+            ProviderError::Auth(_) => ErrorClass::Auth,
+            ProviderError::Malformed(_) => ErrorClass::Invalid,
+        }
+    }
+}
+
+/// Receives streamed text as it arrives.
+pub type TokenSink<'a> = &'a (dyn Fn(&str) + Send + Sync);
+
+/// A model provider.
+pub trait Provider: Send + Sync {
+    /// Makes one call. When `tokens` is given and the request streams, every chunk of text is
+    /// passed to it as it arrives; the returned text is the whole reply. A call that fails
+    /// mid-stream returns an error, never a partial reply.
+    fn chat<'a>(
+        &'a self,
+        request: ChatRequest,
+        tokens: Option<TokenSink<'a>>,
+    ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>>;
+}
+
+/// The providers of a run, by model profile name.
+#[derive(Clone, Default)]
+pub struct Providers {
+    by_profile: HashMap<String, (Arc<dyn Provider>, ModelProfile)>,
+    /// When set, every profile without its own is served by this (e.g. `--mock script.yaml`).
+    fallback: Option<Arc<dyn Provider>>,
+}
+
+impl std::fmt::Debug for Providers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Providers")
+            .field("profiles", &self.by_profile.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Why a provider could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(
+        "model profile `{0}` uses provider `{1}`, which this build cannot reach yet; run offline with `--mock FILE`"
+    )]
+    Unsupported(String, String),
+    #[error("mock script: {0}")]
+    Mock(String),
+}
+
+impl Providers {
+    /// Providers for a plan's model profiles. `mock` serves every profile whose provider is
+    /// `mock`, and every other profile too when `override_all` is set.
+    pub fn for_models(
+        models: &indexmap::IndexMap<String, ModelProfile>,
+        mock: Option<Arc<mock::MockProvider>>,
+        override_all: bool,
+    ) -> Result<Providers, SetupError> {
+        let mut out = Providers::default();
+        for (name, profile) in models {
+            let provider: Arc<dyn Provider> = match (profile.provider, &mock) {
+                (_, Some(m)) if override_all => m.clone(),
+                (ProviderKind::Mock, Some(m)) => m.clone(),
+                (ProviderKind::Mock, None) => Arc::new(mock::MockProvider::empty()),
+                (kind, _) => {
+                    return Err(SetupError::Unsupported(
+                        name.clone(),
+                        format!("{kind:?}").to_lowercase(),
+                    ));
+                }
+            };
+            out.by_profile.insert(name.clone(), (provider, profile.clone()));
+        }
+        if let Some(m) = mock {
+            out.fallback = Some(m);
+        }
+        Ok(out)
+    }
+
+    /// The provider and profile for `name`.
+    pub fn get(&self, name: &str) -> Option<(Arc<dyn Provider>, &ModelProfile)> {
+        self.by_profile.get(name).map(|(p, m)| (p.clone(), m))
+    }
+}
+
+/// The cost of `usage` under a profile's pricing (per million tokens).
+pub fn price(profile: &ModelProfile, usage: &mut Usage) {
+    if let Some(p) = &profile.pricing {
+        usage.cost = (usage.prompt_tokens as f64 * p.input + usage.completion_tokens as f64 * p.output) / 1_000_000.0;
+    }
+}
