@@ -232,7 +232,7 @@ impl Engine {
                 return Err(EngineError::NotInterrupted(thread.thread_id.clone()));
             };
             if waiting.task_id == BEFORE {
-                skip_before = true;
+                skip_before = is_before(&waiting);
             } else {
                 self.validate_answer(&waiting, answer)?;
                 let w = PendingWrite {
@@ -245,7 +245,10 @@ impl Engine {
                     .put_writes(&thread.thread_id, &cp.checkpoint_id, std::slice::from_ref(&w))?;
                 pending.push(w);
             }
-        } else if pending.iter().any(|w| w.channel == INTERRUPT && w.task_id == BEFORE) {
+        } else if pending
+            .iter()
+            .any(|w| w.channel == INTERRUPT && w.task_id == BEFORE && is_before(w))
+        {
             // Continuing a thread stopped before a node (no answer is needed) runs the node.
             skip_before = true;
         }
@@ -304,6 +307,11 @@ impl Engine {
                 }
             }
             skip_before = false;
+            if let Some(message) = self.over_visits(&cp, &meta) {
+                status = Status::Failed;
+                error = Some(message);
+                break;
+            }
             let step_started = Instant::now();
             self.events.send(Event::StepStart {
                 step,
@@ -531,8 +539,8 @@ impl Engine {
             follow(&shared, b, &scope, &mut next)
                 .map_err(|e| EngineError::Input(format!("routing from START: {}", e.message)))?;
         }
-        let mut meta = Meta::default();
-        let tasks = self.schedule(next, &mut meta).map_err(EngineError::Input)?;
+        let tasks = self.schedule(next);
+        let meta = Meta::default();
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             thread_id: thread.thread_id.clone(),
@@ -847,6 +855,7 @@ impl Engine {
         let mut ran = Vec::new();
         for (t, d) in &done {
             ran.push(t.node.clone());
+            *meta.visits.entry(t.node.clone()).or_insert(0) += 1;
             let Some(ix) = self.plan.node_by_name(&t.node) else {
                 continue;
             };
@@ -879,7 +888,7 @@ impl Engine {
             }
         }
         ran.dedup();
-        let tasks = self.schedule(next, meta)?;
+        let tasks = self.schedule(next);
         *state = next_state;
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
@@ -899,7 +908,7 @@ impl Engine {
 
     /// Turns successors into the next step's tasks: a node triggered several times runs once;
     /// each fan-out item is its own task; tasks are ordered by the plan.
-    fn schedule(&self, next: Vec<Next>, meta: &mut Meta) -> Result<Vec<TaskSpec>, String> {
+    fn schedule(&self, next: Vec<Next>) -> Vec<TaskSpec> {
         let mut plain: BTreeSet<usize> = BTreeSet::new();
         let mut sends: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
         for n in next {
@@ -920,14 +929,12 @@ impl Engine {
             let Some((_, node)) = self.plan.nodes.get_index(pos) else {
                 continue;
             };
-            let mut count = 0u32;
             if plain.contains(&pos) {
                 tasks.push(TaskSpec {
                     task_id: node.name.clone(),
                     node: node.name.clone(),
                     item: None,
                 });
-                count += 1;
             }
             for (i, item) in sends.remove(&pos).unwrap_or_default().into_iter().enumerate() {
                 tasks.push(TaskSpec {
@@ -935,20 +942,22 @@ impl Engine {
                     node: node.name.clone(),
                     item: Some(item),
                 });
-                count += 1;
-            }
-            let visits = meta.visits.entry(node.name.clone()).or_insert(0);
-            *visits += count;
-            if let Some(max) = node.spec.common().max_visits
-                && *visits > max
-            {
-                return Err(format!(
-                    "node `{}` would run {} times, more than its max_visits of {max}",
-                    node.name, visits
-                ));
             }
         }
-        Ok(tasks)
+        tasks
+    }
+
+    /// A node about to run more often than its `max_visits` fails the step before it runs.
+    fn over_visits(&self, cp: &Checkpoint, meta: &Meta) -> Option<String> {
+        let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
+        for t in &cp.next {
+            *counts.entry(t.node.as_str()).or_default() += 1;
+        }
+        counts.into_iter().find_map(|(node, n)| {
+            let max = self.node_spec(node)?.common().max_visits?;
+            let total = meta.visits.get(node).copied().unwrap_or(0) + n;
+            (total > max).then(|| format!("node `{node}` would run {total} times, more than its max_visits of {max}"))
+        })
     }
 }
 
@@ -957,6 +966,11 @@ enum StepResult {
     Done(task::Done),
     Interrupt(Value),
     Failed(NodeError),
+}
+
+/// Whether a pause record is an `interrupt_before` (the node has not run yet).
+fn is_before(w: &PendingWrite) -> bool {
+    w.value.get("kind").and_then(Value::as_str) == Some("before")
 }
 
 /// Where a branch leads, evaluated in `scope` (the state after the step).

@@ -1,0 +1,818 @@
+//! The engine's semantics, one test per rule, modelled on LangGraph's behaviour: reducers,
+//! write conflicts, joins, loops, the recursion limit, fan-out order, goto, subgraphs,
+//! interrupts, retries, on_error, timeouts, history and fork. All offline: the scripted mock
+//! provider and the in-memory checkpointer.
+
+use std::sync::Arc;
+
+use runner::checkpoint::Checkpointer;
+use runner::checkpoint::memory::MemoryCheckpointer;
+use runner::compile::{Plan, compile_file};
+use runner::engine::events::{Event, Events};
+use runner::engine::{Engine, Persist, RunOutcome, RunRequest, Status};
+use runner::providers::Providers;
+use runner::providers::mock::MockProvider;
+use serde_json::{Value, json};
+
+/// A workflow (and other files) in a temp project, compiled.
+struct Project {
+    dir: tempfile::TempDir,
+}
+
+impl Project {
+    fn new(files: &[(&str, &str)]) -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("prompts")).unwrap();
+        for (name, text) in files {
+            let p = dir.path().join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        Project { dir }
+    }
+
+    fn plan(&self, name: &str) -> Arc<Plan> {
+        let (plan, result) = compile_file(&self.dir.path().join(name));
+        assert!(
+            result.diagnostics.iter().all(|d| !d.is_error()),
+            "{:#?}",
+            result.diagnostics
+        );
+        plan.unwrap()
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+struct Run {
+    store: Arc<dyn Checkpointer>,
+    mock: Arc<MockProvider>,
+    events: Vec<Event>,
+}
+
+impl Run {
+    fn new(script: Value) -> Run {
+        Run {
+            store: Arc::new(MemoryCheckpointer::new()),
+            mock: Arc::new(MockProvider::from_value(&script).unwrap()),
+            events: Vec::new(),
+        }
+    }
+
+    fn go(&mut self, plan: &Arc<Plan>, req: RunRequest) -> RunOutcome {
+        let providers = Providers::for_models(&plan.models, Some(self.mock.clone()), true).unwrap();
+        let (events, mut rx) = Events::channel();
+        let engine = Engine::new(plan.clone(), self.store.clone(), providers, events);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .unwrap();
+        let out = rt.block_on(engine.run(req)).unwrap();
+        drop(engine);
+        while let Ok(e) = rx.try_recv() {
+            self.events.push(e.event);
+        }
+        out
+    }
+
+    fn ran(&self) -> Vec<String> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::NodeEnd {
+                    task_id, cached: false, ..
+                } => Some(task_id.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn req(input: Value) -> RunRequest {
+    RunRequest {
+        input: Some(input),
+        workflow: "w.yaml".into(),
+        ..RunRequest::default()
+    }
+}
+
+fn resume(thread: &str, answer: Option<Value>) -> RunRequest {
+    RunRequest {
+        thread_id: Some(thread.into()),
+        answer,
+        workflow: "w.yaml".into(),
+        ..RunRequest::default()
+    }
+}
+
+const MODELS: &str = "models: {default: {provider: mock, model: m}}\n";
+
+fn wf(body: &str) -> String {
+    format!("name: t\n{MODELS}{body}")
+}
+
+#[test]
+fn reducers_fold_writes_each_in_its_own_way() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state:
+  total: {type: integer, reducer: sum, default: 0}
+  best: {type: number, reducer: max, default: 0}
+  tags: {type: array, reducer: union, default: [x]}
+  log: {type: array, reducer: append, default: []}
+  profile: {type: object, reducer: merge, default: {a: {b: 1}}}
+  messages: {type: array, reducer: add_messages, default: []}
+  ranked: {type: array, reducer: by_score, default: []}
+  last: {type: string, default: ""}
+reducers:
+  by_score: "(current + update) | sort(attribute='score', reverse=true)"
+nodes:
+  one: {kind: set, update: {total: "2", best: "3.5", tags: "['x', 'y']", log: "'a'", profile: "{'a': {'c': 2}}", messages: "'hi'", ranked: "[{'score': 1}]", last: "'one'"}}
+  two: {kind: set, update: {total: "5", best: "1", tags: "['y', 'z']", log: "['b', 'c']", messages: "[{'role': 'assistant', 'content': 'yo'}]", ranked: "[{'score': 9}, {'score': 4}]", last: "'two'"}}
+edges: [START -> one -> two -> END]
+"#),
+    )]);
+    let mut r = Run::new(json!({}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Done);
+    let s = &out.state;
+    assert_eq!(s["total"], json!(7));
+    assert_eq!(s["best"], json!(3.5));
+    assert_eq!(s["tags"], json!(["x", "y", "z"]));
+    assert_eq!(s["log"], json!(["a", "b", "c"]));
+    assert_eq!(s["profile"], json!({"a": {"b": 1, "c": 2}}));
+    assert_eq!(
+        s["messages"],
+        json!([{"role": "user", "content": "hi", "id": "m0"}, {"role": "assistant", "content": "yo", "id": "m1"}])
+    );
+    assert_eq!(s["ranked"], json!([{"score": 9}, {"score": 4}, {"score": 1}]));
+    assert_eq!(s["last"], json!("two"));
+}
+
+const PARALLEL: &str = r#"
+state:
+  x: {type: array, reducer: append, default: []}
+  seen: {type: array, reducer: append, default: []}
+nodes:
+  split: {kind: set}
+  a: {kind: set, update: {x: "['a']", seen: "[state.x | length]"}}
+  b: {kind: set, update: {x: "['b']", seen: "[state.x | length]"}}
+  c: {kind: set, update: {x: "['c']"}}
+  after: {kind: set, update: {seen: "[state.x | length]"}}
+edges:
+  - START -> split
+  - {from: split, to: [b, a, c]}
+  - {from: [a, b, c], to: after}
+  - after -> END
+"#;
+
+#[test]
+fn parallel_nodes_read_the_step_start_state_and_merge_in_plan_order() {
+    let p = Project::new(&[("w.yaml", &wf(PARALLEL))]);
+    let mut r = Run::new(json!({}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    // a and b both saw x empty (the state as of the start of their step); the writes merged
+    // in declaration order a, b, c whatever the finishing order; `after` saw all three.
+    assert_eq!(out.state["x"], json!(["a", "b", "c"]));
+    assert_eq!(out.state["seen"], json!([0, 0, 3]));
+    assert_eq!(out.steps, 3);
+}
+
+#[test]
+fn a_write_conflict_fails_the_step_and_leaves_the_thread_resumable() {
+    let p = Project::new(&[("w.yaml", &wf(PARALLEL))]);
+    // The compiler refuses two writers of a replace key in one step; a plan that slips past it
+    // (here: edited after compilation) is still caught at run time.
+    let mut plan = Arc::try_unwrap(p.plan("w.yaml")).unwrap();
+    plan.state.get_mut("x").unwrap().reducer = runner::compile::Reducer::Replace;
+    let broken = Arc::new(plan);
+    let mut r = Run::new(json!({}));
+    let out = r.go(&broken, req(json!({})));
+    assert_eq!(out.status, Status::Failed);
+    let err = out.error.unwrap();
+    assert!(
+        err.contains("write conflict") && err.contains("`a` and `b` and `c`") && err.contains("`x`"),
+        "{err}"
+    );
+    // The last good checkpoint is intact; the fixed workflow resumes without re-running a, b, c.
+    let history = r.store.history(&out.thread_id).unwrap();
+    assert_eq!(history[0].step, 0);
+    r.events.clear();
+    let fixed = p.plan("w.yaml");
+    let out = r.go(&fixed, resume(&out.thread_id, None));
+    assert_eq!(out.status, Status::Done);
+    assert_eq!(out.state["x"], json!(["a", "b", "c"]));
+    assert_eq!(r.ran(), vec!["after"]);
+}
+
+#[test]
+fn a_join_waits_for_every_source_even_on_branches_of_unequal_length() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {log: {type: array, reducer: append, default: []}}
+nodes:
+  s: {kind: set}
+  short: {kind: set, update: {log: "['short']"}}
+  long1: {kind: set, update: {log: "['long1']"}}
+  long2: {kind: set, update: {log: "['long2']"}}
+  joined: {kind: set, update: {log: "['joined']"}}
+edges:
+  - START -> s
+  - {from: s, to: [short, long1]}
+  - long1 -> long2
+  - {from: [short, long2], to: joined}
+  - joined -> END
+"#),
+    )]);
+    let mut r = Run::new(json!({}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.state["log"], json!(["short", "long1", "long2", "joined"]));
+    assert_eq!(r.ran().iter().filter(|t| *t == "joined").count(), 1);
+}
+
+#[test]
+fn a_loop_exits_when_its_predicate_holds() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+config: {rounds: 4}
+state: {n: {type: integer, default: 0}}
+predicates: {enough: "state.n >= config.rounds"}
+nodes: {inc: {kind: set, update: {n: "state.n + 1"}}}
+edges:
+  - START -> inc
+  - {from: inc, route: [{when: enough, to: END}, {to: inc}]}
+"#),
+    )]);
+    let mut r = Run::new(json!({}));
+    let plan = p.plan("w.yaml");
+    assert_eq!(r.go(&plan, req(json!({}))).state["n"], json!(4));
+    let more = RunRequest {
+        config: vec![("rounds".into(), json!(7))],
+        ..req(json!({}))
+    };
+    assert_eq!(r.go(&plan, more).state["n"], json!(7));
+}
+
+#[test]
+fn the_recursion_limit_counts_exactly_the_supersteps_it_says() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {n: {type: integer, default: 0}}
+nodes: {inc: {kind: set, update: {n: "state.n + 1"}}}
+edges:
+  - START -> inc
+  - {from: inc, route: [{when: "state.n >= 5", to: END}, {to: inc}]}
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    // Five supersteps are needed: a limit of 5 allows them, 4 does not.
+    let mut r = Run::new(json!({}));
+    let ok = r.go(
+        &plan,
+        RunRequest {
+            recursion_limit: Some(5),
+            ..req(json!({}))
+        },
+    );
+    assert_eq!((ok.status, ok.steps), (Status::Done, 5));
+    let short = r.go(
+        &plan,
+        RunRequest {
+            recursion_limit: Some(4),
+            ..req(json!({}))
+        },
+    );
+    assert_eq!(short.status, Status::Failed);
+    assert!(short.error.unwrap().contains("recursion limit of 4"));
+    assert_eq!(short.state["n"], json!(4));
+}
+
+fn fan_out() -> (Project, Value) {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, properties: {items: {type: array}}}
+state:
+  results: {type: array, reducer: append, default: []}
+  count: {type: integer, reducer: sum, default: 0}
+nodes:
+  plan: {kind: set}
+  work:
+    kind: llm
+    prompt: {text: "item {{ job }}"}
+    update: {results: "[output]", count: "1"}
+  done: {kind: set}
+edges:
+  - START -> plan
+  - {from: plan, send: {to: work, foreach: input.items, as: job}}
+  - work -> done
+  - done -> END
+"#),
+    )]);
+    (p, json!({"replies": {"work": "ok"}}))
+}
+
+#[test]
+fn fan_out_of_zero_one_and_a_thousand_items_merges_in_item_order() {
+    for n in [0usize, 1, 1000] {
+        let (p, script) = fan_out();
+        let mut r = Run::new(script);
+        let items: Vec<Value> = (0..n).map(|i| json!(i)).collect();
+        let out = r.go(&p.plan("w.yaml"), req(json!({"items": items})));
+        assert_eq!(out.status, Status::Done, "{n}: {:?}", out.error);
+        assert_eq!(out.state["count"], json!(n), "{n}");
+        assert_eq!(out.state["results"].as_array().unwrap().len(), n);
+        // With no items the branch ends at the fan-out: `done` never runs.
+        assert_eq!(r.ran().contains(&"done".to_string()), n > 0, "{n}");
+    }
+}
+
+#[test]
+fn fan_out_results_keep_item_order_whatever_order_tasks_finish_in() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, properties: {items: {type: array}}}
+state: {results: {type: array, reducer: append, default: []}}
+nodes:
+  plan: {kind: set}
+  work: {kind: llm, prompt: {text: "item <{{ job }}>"}, update: {results: "[output]"}}
+edges:
+  - START -> plan
+  - {from: plan, send: {to: work, foreach: input.items, as: job}}
+  - work -> END
+"#),
+    )]);
+    // Item i answers after (10 - i) * 15 ms: the last item finishes first.
+    let matches: Vec<Value> =
+        (0..10).map(|i| json!({"contains": format!("<{i}>"), "reply": {"text": format!("r{i}"), "delay": 0.015 * (10 - i) as f64}})).collect();
+    let mut r = Run::new(json!({"match": matches}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({"items": (0..10).collect::<Vec<_>>()})));
+    let finished: Vec<String> = r.ran().into_iter().filter(|t| t.starts_with("work#")).collect();
+    assert_eq!(
+        finished.first().map(String::as_str),
+        Some("work#9"),
+        "tasks finished in reverse: {finished:?}"
+    );
+    assert_eq!(
+        out.state["results"],
+        json!((0..10).map(|i| format!("r{i}")).collect::<Vec<_>>())
+    );
+}
+
+#[test]
+fn goto_lets_a_node_choose_its_successor_from_its_output() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {path: {type: array, reducer: append, default: []}}
+nodes:
+  decide:
+    kind: llm
+    prompt: {text: "which?"}
+    output: {format: json, schema: {type: object, required: [next], properties: {next: {enum: [left, right]}}}}
+    update: {path: "['decide']"}
+    goto:
+      - {when: "output.next == 'left'", to: left}
+      - {to: right}
+  left: {kind: set, update: {path: "['left']"}}
+  right: {kind: set, update: {path: "['right']"}}
+edges: [left -> END, right -> END, START -> decide]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({"replies": {"decide": "{\"next\": \"right\"}"}}));
+    assert_eq!(r.go(&plan, req(json!({}))).state["path"], json!(["decide", "right"]));
+    let mut r = Run::new(json!({"replies": {"decide": "```json\n{\"next\": \"left\"}\n```"}}));
+    assert_eq!(r.go(&plan, req(json!({}))).state["path"], json!(["decide", "left"]));
+}
+
+#[test]
+fn a_json_reply_that_misses_the_schema_is_repaired_then_fails() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {n: {type: integer, default: 0}}
+nodes:
+  ask:
+    kind: llm
+    prompt: {text: "a number"}
+    output: {format: json, repair: 1, schema: {type: object, required: [n], properties: {n: {type: integer}}}}
+    update: {n: output.n}
+edges: [START -> ask, ask -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({"replies": {"ask": ["not json", "{\"n\": 3}"]}}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!((out.status, &out.state["n"]), (Status::Done, &json!(3)));
+    assert_eq!(out.usage.calls, 2);
+    let mut r = Run::new(json!({"replies": {"ask": ["{\"m\": 1}", "{\"n\": \"x\"}"]}}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Failed);
+    assert!(
+        out.error
+            .unwrap()
+            .contains("did not match the output schema after 2 attempt(s)")
+    );
+}
+
+#[test]
+fn a_subgraph_maps_input_and_output_and_keeps_its_own_state() {
+    let child = r#"
+name: child
+models: {default: {provider: mock, model: m}}
+input: {type: object, properties: {topic: {type: string}}}
+output: [summary]
+state:
+  summary: {type: string, default: ""}
+  private: {type: integer, default: 41}
+nodes:
+  work: {kind: set, update: {summary: "'about ' ~ input.topic", private: "state.private + 1"}}
+edges: [START -> work, work -> END]
+"#;
+    let p = Project::new(&[
+        ("child.yaml", child),
+        (
+            "w.yaml",
+            &wf(r#"
+state: {result: {type: string, default: ""}}
+nodes:
+  sub: {kind: subgraph, workflow: child.yaml, input: {topic: "'rust'"}, update: {result: output.summary}}
+edges: [START -> sub, sub -> END]
+"#),
+        ),
+    ]);
+    let mut r = Run::new(json!({}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(
+        out.state,
+        serde_json::from_value::<serde_json::Map<String, Value>>(json!({"result": "about rust"})).unwrap()
+    );
+    // The child's checkpoints live on a thread namespaced under the parent's.
+    let child_threads: Vec<String> = r
+        .store
+        .list_threads()
+        .unwrap()
+        .into_iter()
+        .map(|t| t.thread_id)
+        .filter(|t| t.starts_with(&format!("{}/", out.thread_id)))
+        .collect();
+    assert_eq!(child_threads.len(), 1);
+    let child_cp = r.store.get_checkpoint(&child_threads[0], None).unwrap().unwrap();
+    assert_eq!(
+        r.store.state(&child_threads[0], &child_cp.versions).unwrap()["private"],
+        json!(42)
+    );
+}
+
+const GATE: &str = r##"
+types:
+  Answer:
+    type: object
+    required: [action]
+    properties: {action: {enum: [accept, respond]}, feedback: {type: string}}
+    additionalProperties: false
+state:
+  plan: {type: string, default: "draft"}
+  log: {type: array, reducer: append, default: []}
+nodes:
+  gate:
+    kind: interrupt
+    message: "Approve the plan: {{ state.plan }}?"
+    payload: {plan: state.plan}
+    response: {$ref: "#/types/Answer"}
+    update: {log: "[output.action]"}
+    goto:
+      - {when: "output.action == 'accept'", to: go}
+      - {to: revise}
+  revise: {kind: set, update: {plan: "state.plan ~ '+'"}}
+  go: {kind: set, update: {log: "['went']"}}
+edges: [START -> gate, revise -> gate, go -> END]
+"##;
+
+#[test]
+fn an_interrupt_stops_durably_and_resumes_with_a_validated_answer() {
+    let p = Project::new(&[("w.yaml", &wf(GATE))]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    let pending = out.interrupt.unwrap();
+    assert_eq!(pending["node"], "gate");
+    assert_eq!(pending["payload"]["message"], "Approve the plan: draft?");
+    assert_eq!(pending["payload"]["payload"], json!({"plan": "draft"}));
+    let thread = out.thread_id.clone();
+    // A bad answer is refused and the gate stays open.
+    let providers = Providers::for_models(&plan.models, Some(r.mock.clone()), true).unwrap();
+    let engine = Engine::new(plan.clone(), r.store.clone(), providers, Events::none());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt
+        .block_on(engine.run(resume(&thread, Some(json!({"action": "maybe"})))))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("does not fit the gate's response schema"),
+        "{err}"
+    );
+    assert_eq!(
+        r.store.get_thread(&thread).unwrap().unwrap().status,
+        runner::checkpoint::ThreadStatus::Interrupted
+    );
+    // respond → revise → the gate asks again with the revised plan; accept → go.
+    let out = r.go(
+        &plan,
+        resume(&thread, Some(json!({"action": "respond", "feedback": "more"}))),
+    );
+    assert_eq!(out.status, Status::Interrupted);
+    assert_eq!(out.interrupt.unwrap()["payload"]["payload"]["plan"], "draft+");
+    let out = r.go(&plan, resume(&thread, Some(json!({"action": "accept"}))));
+    assert_eq!(out.status, Status::Done);
+    assert_eq!(out.state["log"], json!(["respond", "accept", "went"]));
+}
+
+#[test]
+fn resuming_a_thread_that_waits_for_nothing_is_refused() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf("nodes: {a: {kind: set}}\nedges: [START -> a, a -> END]\n"),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    let engine = Engine::new(plan.clone(), r.store.clone(), Providers::default(), Events::none());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt
+        .block_on(engine.run(resume(&out.thread_id, Some(json!(1)))))
+        .unwrap_err();
+    assert!(err.to_string().contains("is not waiting for an answer"));
+}
+
+#[test]
+fn interrupt_before_and_after_pause_around_a_node() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {log: {type: array, reducer: append, default: []}}
+nodes:
+  a: {kind: set, update: {log: "['a']"}, interrupt_after: true}
+  b: {kind: set, update: {log: "['b']"}, interrupt_before: true}
+  c: {kind: set, update: {log: "['c']"}}
+edges: [START -> a -> b -> c -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!((out.status, &out.state["log"]), (Status::Interrupted, &json!(["a"])));
+    assert_eq!(out.interrupt.as_ref().unwrap()["kind"], "after");
+    let out = r.go(&plan, resume(&out.thread_id, None));
+    assert_eq!((out.status, &out.state["log"]), (Status::Interrupted, &json!(["a"])));
+    assert_eq!(out.interrupt.as_ref().unwrap()["kind"], "before");
+    let out = r.go(&plan, resume(&out.thread_id, None));
+    assert_eq!((out.status, &out.state["log"]), (Status::Done, &json!(["a", "b", "c"])));
+}
+
+const FLAKY: &str = r#"
+state:
+  answer: {type: string, default: ""}
+  errors: {type: array, reducer: append, default: []}
+nodes:
+  ask:
+    kind: llm
+    prompt: {text: "q"}
+    retry: {max_attempts: 3, initial_interval: 0.001, jitter: false}
+    update: {answer: output}
+    on_error:
+      to: fallback
+      update: {errors: "[{'node': error.node, 'class': error.class, 'attempts': error.attempts}]"}
+  fallback: {kind: set, update: {answer: "'fallback'"}}
+edges: [START -> ask, ask -> END, fallback -> END]
+"#;
+
+#[test]
+fn retries_then_success() {
+    let p = Project::new(&[("w.yaml", &wf(FLAKY))]);
+    let mut r =
+        Run::new(json!({"replies": {"ask": [{"error": "rate_limit"}, {"error": "server", "status": 503}, "fine"]}}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.state["answer"], "fine");
+    assert_eq!(r.events.iter().filter(|e| matches!(e, Event::Retry { .. })).count(), 2);
+}
+
+#[test]
+fn retries_exhausted_go_to_on_error_with_the_error_recorded() {
+    let p = Project::new(&[("w.yaml", &wf(FLAKY))]);
+    let mut r = Run::new(json!({"replies": {"ask": {"error": "server", "status": 500}}}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Done);
+    assert_eq!(out.state["answer"], "fallback");
+    assert_eq!(
+        out.state["errors"],
+        json!([{"node": "ask", "class": "server", "attempts": 3}])
+    );
+    // Errors that are not retried by default (bad request) fail at once.
+    let mut r = Run::new(json!({"replies": {"ask": {"error": "bad_request"}}}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.state["errors"][0]["attempts"], 1);
+}
+
+#[test]
+fn a_node_past_its_timeout_fails_with_the_timeout_class() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {errors: {type: array, reducer: append, default: []}}
+nodes:
+  slow:
+    kind: llm
+    prompt: {text: "q"}
+    timeout: 50ms
+    retry: {max_attempts: 1}
+    on_error: {to: END, update: {errors: "[error.class]"}}
+edges: [START -> slow, slow -> END]
+"#),
+    )]);
+    let mut r = Run::new(json!({"replies": {"slow": {"text": "late", "delay": 2.0}}}));
+    let started = std::time::Instant::now();
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    assert_eq!(out.state["errors"], json!(["timeout"]));
+}
+
+#[test]
+fn max_visits_stops_a_runaway_node() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {n: {type: integer, default: 0}}
+nodes: {inc: {kind: set, update: {n: "state.n + 1"}, max_visits: 3}}
+edges: [START -> inc, {from: inc, route: [{when: "state.n > 100", to: END}, {to: inc}]}]
+"#),
+    )]);
+    let mut r = Run::new(json!({}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Failed);
+    assert!(out.error.unwrap().contains("max_visits of 3"));
+    assert_eq!(out.state["n"], json!(3));
+}
+
+#[test]
+fn emit_sends_custom_events() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {ids: {type: array, default: [a, b]}}
+nodes: {tell: {kind: emit, event: node_added, foreach: state.ids, data: {id: item, n: "state.ids | length"}}}
+edges: [START -> tell, tell -> END]
+"#),
+    )]);
+    let mut r = Run::new(json!({}));
+    r.go(&p.plan("w.yaml"), req(json!({})));
+    let custom: Vec<Value> = r
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Custom { event, data, .. } if event == "node_added" => Some(data.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(custom, vec![json!({"id": "a", "n": 2}), json!({"id": "b", "n": 2})]);
+}
+
+#[test]
+fn input_is_validated_against_the_workflow_input_schema() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(
+            "input: {type: object, required: [query], properties: {query: {type: string}}}\nnodes: {a: {kind: set}}\nedges: [START -> a, a -> END]\n",
+        ),
+    )]);
+    let plan = p.plan("w.yaml");
+    let engine = Engine::new(
+        plan,
+        Arc::new(MemoryCheckpointer::new()),
+        Providers::default(),
+        Events::none(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt.block_on(engine.run(req(json!({"query": 5})))).unwrap_err();
+    assert!(err.to_string().contains("input: `query`"), "{err}");
+    let err = rt.block_on(engine.run(req(json!({})))).unwrap_err();
+    assert!(err.to_string().contains("\"query\" is a required property"), "{err}");
+}
+
+#[test]
+fn fork_from_a_checkpoint_with_an_edit_branches_time() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {n: {type: integer, default: 0}, log: {type: array, reducer: append, default: []}}
+nodes: {inc: {kind: set, update: {n: "state.n + 1", log: "[state.n]"}}}
+edges: [START -> inc, {from: inc, route: [{when: "state.n >= 4", to: END}, {to: inc}]}]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.state["log"], json!([0, 1, 2, 3]));
+    let history = r.store.history(&out.thread_id).unwrap();
+    let at_step_1 = history.iter().find(|c| c.step == 1).unwrap();
+    let fork = r
+        .store
+        .fork(&out.thread_id, &at_step_1.checkpoint_id, "branch")
+        .unwrap();
+    assert_eq!(fork.step, 1);
+    // Edit `n` on the branch (what `runner fork --set n=10` does), then continue it.
+    let mut versions = fork.versions.clone();
+    let v = versions["n"] + 1;
+    versions.insert("n".into(), v);
+    let edited = runner::checkpoint::Checkpoint {
+        checkpoint_id: runner::checkpoint::new_id(),
+        parent_id: Some(fork.checkpoint_id.clone()),
+        versions,
+        changed: vec!["n".into()],
+        ..fork.clone()
+    };
+    r.store.put_checkpoint(&edited, &[("n".into(), v, json!(10))]).unwrap();
+    let branch = r.go(&plan, resume("branch", None));
+    assert_eq!(branch.status, Status::Done);
+    assert_eq!(branch.state["log"], json!([0, 1, 10]));
+    // The original thread is unchanged.
+    let cp = r.store.get_checkpoint(&out.thread_id, None).unwrap().unwrap();
+    assert_eq!(
+        r.store.state(&out.thread_id, &cp.versions).unwrap()["log"],
+        json!([0, 1, 2, 3])
+    );
+}
+
+#[test]
+fn persist_modes_reach_the_same_state_with_fewer_commits() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {n: {type: integer, reducer: sum, default: 0}}
+nodes: {inc: {kind: set, update: {n: "1"}}}
+edges: [START -> inc, {from: inc, route: [{when: "state.n >= 10", to: END}, {to: inc}]}]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    for (mode, checkpoints) in [(Persist::Sync, 11), (Persist::Async, 11), (Persist::Exit, 2)] {
+        let mut r = Run::new(json!({}));
+        let out = r.go(
+            &plan,
+            RunRequest {
+                persist: mode,
+                ..req(json!({}))
+            },
+        );
+        assert_eq!(out.state["n"], json!(10), "{mode:?}");
+        let history = r.store.history(&out.thread_id).unwrap();
+        assert_eq!(history.len(), checkpoints, "{mode:?}");
+        let cp = &history[0];
+        assert_eq!(
+            r.store.state(&out.thread_id, &cp.versions).unwrap()["n"],
+            json!(10),
+            "{mode:?}"
+        );
+    }
+}
+
+#[test]
+fn a_thread_refuses_an_incompatible_workflow_unless_forced() {
+    let v1 = wf(
+        "state: {a: {type: integer, default: 0}}\nnodes: {g: {kind: interrupt, response: {type: object}, update: {a: '1'}}}\nedges: [START -> g, g -> END]\n",
+    );
+    let v2 = wf(
+        "state: {b: {type: integer, default: 0}}\nnodes: {g: {kind: interrupt, response: {type: object}, update: {b: '1'}}}\nedges: [START -> g, g -> END]\n",
+    );
+    let p = Project::new(&[("w.yaml", &v1)]);
+    let mut r = Run::new(json!({}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    std::fs::write(p.path("w.yaml"), v2).unwrap();
+    let plan2 = p.plan("w.yaml");
+    let engine = Engine::new(plan2.clone(), r.store.clone(), Providers::default(), Events::none());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt
+        .block_on(engine.run(resume(&out.thread_id, Some(json!({})))))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("state keys `a` are gone") && err.to_string().contains("--force"),
+        "{err}"
+    );
+    let forced = rt
+        .block_on(engine.run(RunRequest {
+            force: true,
+            ..resume(&out.thread_id, Some(json!({})))
+        }))
+        .unwrap();
+    assert_eq!(forced.status, Status::Done);
+}
