@@ -1,0 +1,329 @@
+//! The run verbs through the real binary: run, resume, threads, history, state, fork, their
+//! exit codes, and Ctrl-C.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const GATE: &str = r##"
+name: gate
+models: {default: {provider: mock, model: m}}
+input: {type: object, required: [topic], properties: {topic: {type: string}}}
+config: {style: plain}
+output: [draft, log]
+types:
+  Answer:
+    type: object
+    required: [action]
+    properties: {action: {enum: [accept, respond]}, feedback: {type: string}}
+state:
+  draft: {type: string, default: ""}
+  log: {type: array, reducer: append, default: []}
+nodes:
+  write:
+    kind: llm
+    prompt: {text: "Write about {{ input.topic }} in a {{ config.style }} style (version {{ state.log | length }})."}
+    update: {draft: output, log: "['write']"}
+  review:
+    kind: interrupt
+    message: "Publish this draft?"
+    payload: {draft: state.draft}
+    response: {$ref: "#/types/Answer"}
+    update: {log: "[output.action]"}
+    goto:
+      - {when: "output.action == 'accept'", to: END}
+      - {to: write}
+edges: [START -> write -> review]
+"##;
+
+// Each resume is a new process, so replies are matched on the prompt, not on call order.
+const MOCK: &str = "match:\n  - {contains: \"(version 0)\", reply: first draft}\n  - {contains: \"(version 2)\", reply: second draft}\n";
+
+fn project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gate.yaml"), GATE).unwrap();
+    std::fs::write(dir.path().join("mock.yaml"), MOCK).unwrap();
+    dir
+}
+
+fn runner(dir: &Path, args: &[&str]) -> Output {
+    Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(dir)
+        .env("RUNNER_DB", dir.join("runner.db"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json_out(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|_| panic!("stdout is not JSON: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn run_interrupt_resume_history_state_and_fork() {
+    let dir = project();
+    let d = dir.path();
+    let run = runner(
+        d,
+        &[
+            "run",
+            "gate.yaml",
+            "--mock",
+            "mock.yaml",
+            "--thread",
+            "t1",
+            "--input",
+            "topic=tides",
+            "--set",
+            "style=lyrical",
+        ],
+    );
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    let waiting = json_out(&run);
+    assert_eq!(waiting["interrupt"]["node"], "review");
+    assert_eq!(waiting["interrupt"]["payload"]["payload"]["draft"], "first draft");
+    assert!(stderr(&run).contains("runner resume --thread t1"));
+
+    // An answer that does not fit the gate is refused; the thread keeps waiting.
+    let bad = runner(
+        d,
+        &[
+            "resume",
+            "--thread",
+            "t1",
+            "--mock",
+            "mock.yaml",
+            "--answer",
+            r#"{"action": "later"}"#,
+        ],
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("does not fit the gate's response schema"),
+        "{}",
+        stderr(&bad)
+    );
+    let threads = String::from_utf8(runner(d, &["threads"]).stdout).unwrap();
+    assert!(threads.starts_with("t1  interrupted"), "{threads}");
+
+    // respond: back to write (the second draft), then the gate again; accept ends the run.
+    let again = runner(
+        d,
+        &[
+            "resume",
+            "--thread",
+            "t1",
+            "--mock",
+            "mock.yaml",
+            "--answer",
+            r#"{"action": "respond", "feedback": "shorter"}"#,
+        ],
+    );
+    assert_eq!(again.status.code(), Some(3), "{}", stderr(&again));
+    assert_eq!(
+        json_out(&again)["interrupt"]["payload"]["payload"]["draft"],
+        "second draft"
+    );
+    let answer_file = d.join("accept.json");
+    std::fs::write(&answer_file, r#"{"action": "accept"}"#).unwrap();
+    let done = runner(
+        d,
+        &[
+            "resume",
+            "--thread",
+            "t1",
+            "--mock",
+            "mock.yaml",
+            "--answer",
+            "@accept.json",
+            "--output",
+            "yaml",
+        ],
+    );
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    assert_eq!(
+        String::from_utf8(done.stdout).unwrap(),
+        "draft: second draft\nlog:\n  - write\n  - respond\n  - write\n  - accept\n"
+    );
+
+    // history: newest first, one line per checkpoint, with what ran and what changed.
+    let history = String::from_utf8(runner(d, &["history", "--thread", "t1"]).stdout).unwrap();
+    let lines: Vec<&str> = history.lines().collect();
+    assert_eq!(lines.len(), 5, "{history}");
+    assert!(
+        lines[0].contains("step    3") && lines[0].contains("ran [review]") && lines[0].contains("next []"),
+        "{history}"
+    );
+    assert!(
+        lines[4].contains("step   -1") && lines[4].contains("next [write]"),
+        "{history}"
+    );
+    let step0 = lines[3].split_whitespace().next().unwrap().to_string();
+    assert!(
+        lines[3].contains("step    0") && lines[3].contains("changed [draft, log]"),
+        "{history}"
+    );
+
+    // state at the latest and at an earlier checkpoint.
+    let state = runner(d, &["state", "--thread", "t1", "--key", "draft"]);
+    assert_eq!(json_out(&state), json!("second draft"));
+    let earlier = runner(d, &["state", "--thread", "t1", "--checkpoint", &step0]);
+    assert_eq!(json_out(&earlier)["log"], json!(["write"]));
+
+    // fork from step 0 with an edited draft: the gate shows the edit; the original is unchanged.
+    let fork = runner(
+        d,
+        &[
+            "fork",
+            "--thread",
+            "t1",
+            "--checkpoint",
+            &step0,
+            "--set",
+            "draft=\"edited\"",
+            "--new-thread",
+            "t2",
+        ],
+    );
+    assert_eq!(fork.status.code(), Some(0), "{}", stderr(&fork));
+    assert_eq!(String::from_utf8(fork.stdout).unwrap(), "t2\n");
+    let branch = runner(d, &["resume", "--thread", "t2", "--mock", "mock.yaml"]);
+    assert_eq!(branch.status.code(), Some(3), "{}", stderr(&branch));
+    assert_eq!(json_out(&branch)["interrupt"]["payload"]["payload"]["draft"], "edited");
+    assert_eq!(
+        json_out(&runner(d, &["state", "--thread", "t1", "--key", "draft"])),
+        json!("second draft")
+    );
+}
+
+#[test]
+fn bad_input_and_unknown_config_are_usage_errors() {
+    let dir = project();
+    let d = dir.path();
+    let o = runner(d, &["run", "gate.yaml", "--mock", "mock.yaml", "--db", ":memory:"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("\"topic\" is a required property"),
+        "{}",
+        stderr(&o)
+    );
+    let o = runner(
+        d,
+        &[
+            "run",
+            "gate.yaml",
+            "--mock",
+            "mock.yaml",
+            "--db",
+            ":memory:",
+            "--input",
+            "topic=x",
+            "--set",
+            "stlye=x",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("did you mean `style`?"), "{}", stderr(&o));
+    let o = runner(d, &["resume", "--thread", "nope"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = runner(d, &["run", "missing.yaml"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn a_failed_run_exits_1_and_names_the_node() {
+    let dir = project();
+    let d = dir.path();
+    std::fs::write(
+        d.join("fail.yaml"),
+        "replies:\n  write: {error: auth, message: bad key}\n",
+    )
+    .unwrap();
+    let o = runner(d, &["run", "gate.yaml", "--mock", "fail.yaml", "--input", "topic=x"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("node `write` failed: authentication failed: bad key"),
+        "{err}"
+    );
+    assert!(err.contains("runner resume --thread"), "{err}");
+}
+
+#[test]
+fn ctrl_c_stops_at_a_step_boundary_and_the_thread_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("slow.yaml"),
+        r#"
+name: slow
+models: {default: {provider: mock, model: m}}
+state: {n: {type: integer, reducer: sum, default: 0}}
+nodes: {tick: {kind: llm, prompt: {text: "tick"}, update: {n: "1"}}}
+edges: [START -> tick, {from: tick, route: [{when: "state.n >= 8", to: END}, {to: tick}]}]
+"#,
+    )
+    .unwrap();
+    std::fs::write(d.join("mock.yaml"), "replies:\n  tick: {text: ok, delay: 0.2}\n").unwrap();
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(d)
+        .args([
+            "run",
+            "slow.yaml",
+            "--mock",
+            "mock.yaml",
+            "--thread",
+            "c1",
+            "--db",
+            "r.db",
+            "--stream",
+            "none",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the run did not stop after Ctrl-C");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130));
+    let out = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(d)
+        .args(["state", "--thread", "c1", "--db", "r.db", "--key", "n"])
+        .output()
+        .unwrap();
+    let n: i64 = serde_json::from_slice::<Value>(&out.stdout).unwrap().as_i64().unwrap();
+    assert!((1..8).contains(&n), "stopped part-way: n = {n}");
+    let resumed = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(d)
+        .args([
+            "resume",
+            "--thread",
+            "c1",
+            "--db",
+            "r.db",
+            "--mock",
+            "mock.yaml",
+            "--stream",
+            "none",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(resumed.status.code(), Some(0));
+    assert_eq!(serde_json::from_slice::<Value>(&resumed.stdout).unwrap()["n"], 8);
+}
