@@ -816,3 +816,73 @@ fn a_thread_refuses_an_incompatible_workflow_unless_forced() {
         .unwrap();
     assert_eq!(forced.status, Status::Done);
 }
+
+#[test]
+fn new_input_on_a_finished_thread_starts_a_new_turn_on_its_state() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, required: [q], properties: {q: {type: string}, polite: {type: boolean, default: true}}}
+state: {turns: {type: array, reducer: append, default: []}}
+nodes: {say: {kind: set, update: {turns: "[input.q ~ (' please' if input.polite else '')]"}}}
+edges: [START -> say, say -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let first = r.go(&plan, req(json!({"q": "hello"})));
+    assert_eq!(
+        first.state["turns"],
+        json!(["hello please"]),
+        "schema defaults fill absent input fields"
+    );
+    let second = r.go(
+        &plan,
+        RunRequest {
+            thread_id: Some(first.thread_id.clone()),
+            ..req(json!({"q": "again", "polite": false}))
+        },
+    );
+    assert_eq!(second.status, Status::Done);
+    assert_eq!(second.state["turns"], json!(["hello please", "again"]));
+    // Continuing without input runs nothing more: the thread is done.
+    let third = r.go(&plan, resume(&first.thread_id, None));
+    assert_eq!(third.state["turns"], json!(["hello please", "again"]));
+}
+
+#[test]
+fn new_input_is_refused_while_a_thread_waits_at_a_gate() {
+    let p = Project::new(&[("w.yaml", &wf(GATE))]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    let engine = Engine::new(plan.clone(), r.store.clone(), Providers::default(), Events::none());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt
+        .block_on(engine.run(RunRequest {
+            thread_id: Some(out.thread_id),
+            ..req(json!({}))
+        }))
+        .unwrap_err();
+    assert!(err.to_string().contains("has work pending"), "{err}");
+}
+
+#[test]
+fn an_update_that_evaluates_to_undefined_fails_instead_of_writing_null() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, properties: {n: {type: integer}}}
+state: {out: {type: [integer, "null"], default: 0}}
+nodes: {copy: {kind: set, update: {out: input.n}}}
+edges: [START -> copy, copy -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Failed);
+    assert!(out.error.unwrap().contains("undefined"));
+    assert_eq!(r.go(&plan, req(json!({"n": 5}))).state["out"], json!(5));
+}

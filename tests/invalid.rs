@@ -26,24 +26,7 @@ const MADE_IN_TESTS: &[&str] = &["E001", "E004"];
 
 /// Fixtures whose expectation src/ does not meet yet, with what it reports instead. The
 /// corpus test checks that each still fails as described, so a fix forces an update here.
-const KNOWN_WRONG: &[(&str, &str)] = &[
-    (
-        "E309-bad-duration.yaml",
-        "no code path produces E309: a bad duration is reported by the schema as E101 \
-         \"`timeout` does not have any of the accepted forms\"",
-    ),
-    (
-        "E103-unknown-provider.yaml",
-        "an enum whose variants carry doc comments is a `oneOf` of consts in the schema, so a \
-         bad value is reported as E101 \"does not have any of the accepted forms\" without the \
-         allowed values, and the whole `models` section is dropped (a false E204 follows)",
-    ),
-    (
-        "E100-unknown-edge-field.yaml",
-        "an unknown field in an edge object is reported as E101 \"`1` does not have any of the \
-         accepted forms\" at the edge, not as E100 at the field",
-    ),
-];
+const KNOWN_WRONG: &[(&str, &str)] = &[];
 
 fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid")

@@ -262,15 +262,8 @@ fn check_compile(bytes: &[u8]) -> Result<(), TestCaseError> {
     for d in &result.diagnostics {
         well_placed(d, text)?;
     }
-    // Known bug (see `known_bug_a_schema_error_still_yields_a_plan`): schema errors alone do
-    // not stop the plan.
-    let schema_only = result
-        .diagnostics
-        .iter()
-        .filter(|d| d.is_error())
-        .all(|d| is_schema_code(d.code));
     prop_assert!(
-        plan.is_some() == (result.errors() == 0) || plan.is_some() && schema_only,
+        plan.is_some() == (result.errors() == 0),
         "a plan exactly when there is no error: plan: {}, {:?}",
         plan.is_some(),
         result.diagnostics
@@ -341,19 +334,10 @@ fn the_unmutated_workflow_compiles() {
 }
 
 /// Error codes of the schema check (stage E100–E103).
-fn is_schema_code(code: diag::Code) -> bool {
-    use diag::Code::*;
-    matches!(code, UnknownField | WrongType | MissingField | InvalidValue)
-}
-
 #[test]
-fn known_bug_a_schema_error_still_yields_a_plan() {
-    // Found by `compiler_survives_mutated_workflows` (one ':' inserted into `update:`). The
-    // schema reports the unknown field, but `Compiler::compile_uncached` (src/compile/mod.rs)
-    // decides whether to return a plan from the diagnostics of definitions and nodes only;
-    // the schema's, recorded by `Compiler::source`, are not among them, so a workflow with
-    // schema errors still compiles to a plan. When that is fixed this test fails: assert
-    // `plan.is_none()` instead and drop the exception in `check_compile`.
+fn a_schema_error_alone_bars_a_plan() {
+    // Found by `compiler_survives_mutated_workflows` (one ':' inserted into `update:`): the
+    // schema reported the unknown field, yet a plan was built from the rest of the file.
     let text = VALID.replacen(
         "    update: {topics: output.topics}",
         "    u:pdate: {topics: output.topics}",
@@ -366,8 +350,5 @@ fn known_bug_a_schema_error_still_yields_a_plan() {
     let (plan, result) = compile_file(&path);
     let codes: Vec<_> = result.diagnostics.iter().map(|d| d.code).collect();
     assert_eq!(codes, vec![diag::Code::UnknownField]);
-    assert!(
-        plan.is_some(),
-        "fixed: a workflow with a schema error no longer compiles to a plan; update this test"
-    );
+    assert!(plan.is_none(), "a workflow with a schema error has no plan");
 }

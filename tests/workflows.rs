@@ -381,7 +381,6 @@ fn rag_auto_mode_routes_small_talk_to_chat_by_keywords() {
 }
 
 #[test]
-#[ignore = "engine: `runner run --thread T` on a finished thread drops the new --input and replays the old result"]
 fn rag_second_turn_on_a_thread_sees_the_first() {
     // rag.yaml is "one conversation turn per run (threads keep the history)", as a LangGraph
     // thread is: invoking it again with new input runs the graph again on the kept state.

@@ -144,10 +144,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         None => None,
     };
     let fresh = existing.is_none();
+    // On an existing thread, new input starts a new turn; without it the thread continues.
+    let given = !args.input.is_empty() || args.input_file.is_some();
     let request = RunRequest {
         thread_id: args.thread.clone(),
         workflow: absolute(&args.file).display().to_string(),
-        input: fresh.then_some(input),
+        input: (fresh || given).then_some(input),
         context: fresh.then_some(Value::Object(context)),
         config,
         answer: None,

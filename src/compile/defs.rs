@@ -268,7 +268,11 @@ pub fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec<Diagno
         if Arc::ptr_eq(&d.src, src)
             && let Err(e) = exprs.expr(&d.value)
         {
-            diags.push(d.src.diag(Code::ExprSyntax, &d.pointer, e));
+            diags.push(d.src.diag(
+                Code::ExprSyntax,
+                &d.pointer,
+                format!("the expression does not parse: {e}"),
+            ));
         }
     }
     for (name, k) in &defs.kinds {

@@ -188,7 +188,7 @@ impl Build<'_, '_> {
         let mut out = Vec::new();
         for (key, value) in update {
             let at = push_pointer(pointer, key);
-            if !self.wf.state.contains_key(key) {
+            if !self.wf.state.contains_key(key) && !self.src.declares("state", key) {
                 self.diags.push(
                     self.src
                         .diag_key(
@@ -547,14 +547,16 @@ impl Build<'_, '_> {
     }
 
     fn model_ref(&mut self, pointer: &str, name: &str, implicit: bool) {
-        if self.wf.models.contains_key(name) {
+        if self.wf.models.contains_key(name) || self.src.declares("models", name) {
             return;
         }
         let d = if implicit {
+            // The node names no model: point at the node.
+            let node = pointer.strip_suffix("/model").unwrap_or(pointer);
             self.src
-                .diag(
+                .diag_key(
                     Code::UnknownModel,
-                    pointer,
+                    node,
                     "the node uses the `default` model profile, which is not declared",
                 )
                 .help("declare `models: {default: {provider: ..., model: ...}}` or set the node's `model`")

@@ -71,7 +71,10 @@ impl Compiler {
             return None;
         }
         self.stack.push(key.clone());
+        let before = self.diags.len();
         let plan = self.compile_uncached(path).map(Arc::new);
+        // Any error found on the way (in imports and subgraphs too) bars the plan.
+        let plan = plan.filter(|_| !self.diags[before..].iter().any(Diagnostic::is_error));
         self.stack.pop();
         self.plans.insert(key, plan.clone());
         plan
@@ -133,7 +136,8 @@ impl Compiler {
         let defs = defs::collect(self, &src, &wf, &mut diags);
         let mut build = nodes::Build::new(self, &src, &wf, &defs, &mut diags);
         let plan = build.run();
-        let errors = diags.iter().any(Diagnostic::is_error);
+        // Schema errors were reported when the file was loaded; they bar a plan as much as any.
+        let errors = src.schema_errors || diags.iter().any(Diagnostic::is_error);
         self.diags.extend(diags);
         if errors { None } else { plan }
     }

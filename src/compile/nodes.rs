@@ -1,7 +1,7 @@
 //! Building a plan: symbols, state channels, nodes (kinds resolved, fields compiled), then
 //! edges and graph analysis (in `graph`), then the immutable [`Plan`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use indexmap::IndexMap;
@@ -158,7 +158,11 @@ impl<'c, 'a> Build<'c, 'a> {
 
     fn symbols(&mut self) {
         let mut sym = Symbols {
-            state: self.wf.state.keys().cloned().collect(),
+            // Keys whose definition is malformed still exist (the schema reported them).
+            state: self.src.doc.value.get("state").and_then(Value::as_object).map_or_else(
+                || self.wf.state.keys().cloned().collect(),
+                |m| m.keys().cloned().collect(),
+            ),
             predicates: self.defs.predicates.keys().cloned().collect(),
             config: Value::Object(self.wf.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
             ..Symbols::default()
@@ -210,7 +214,11 @@ impl<'c, 'a> Build<'c, 'a> {
                                 }
                             }
                             Err(e) => {
-                                self.diags.push(def.src.diag(Code::ExprSyntax, &def.pointer, e));
+                                self.diags.push(def.src.diag(
+                                    Code::ExprSyntax,
+                                    &def.pointer,
+                                    format!("the expression does not parse: {e}"),
+                                ));
                                 Reducer::Replace
                             }
                         },
@@ -273,7 +281,11 @@ impl<'c, 'a> Build<'c, 'a> {
                     scope.check(&def.src, &def.pointer, &def.value, &vars, self.diags);
                     self.predicates.insert(name.clone(), id);
                 }
-                Err(e) => self.diags.push(def.src.diag(Code::ExprSyntax, &def.pointer, e)),
+                Err(e) => self.diags.push(def.src.diag(
+                    Code::ExprSyntax,
+                    &def.pointer,
+                    format!("the expression does not parse: {e}"),
+                )),
             }
         }
     }
@@ -320,7 +332,13 @@ impl<'c, 'a> Build<'c, 'a> {
                 self.diags.push(self.src.diag(
                     Code::TemplateSyntax,
                     pointer,
-                    format!("the template `{name}` does not parse: {e}"),
+                    match name.split_once('#') {
+                        Some((node, field)) => format!(
+                            "the inline template of node `{node}` ({}) does not parse: {e}",
+                            field.trim_start_matches('/')
+                        ),
+                        None => format!("the template `{name}` does not parse: {e}"),
+                    },
                 ));
                 None
             }
@@ -331,7 +349,7 @@ impl<'c, 'a> Build<'c, 'a> {
     fn outputs(&mut self) {
         let Some(keys) = &self.wf.output else { return };
         for (i, key) in keys.iter().enumerate() {
-            if !self.wf.state.contains_key(key) {
+            if !self.wf.state.contains_key(key) && !self.src.declares("state", key) {
                 self.diags.push(
                     self.src
                         .diag(
@@ -524,14 +542,24 @@ fn prompts_dir(src: &Source, wf: &Workflow) -> Option<PathBuf> {
     if let Some(p) = &wf.prompts {
         return Some(relative_to(src.path(), p));
     }
+    // Walk up from the file's directory as the user wrote it, so paths in messages stay
+    // relative (`prompts/plan.j2`, not an absolute path); stop at the filesystem root.
     let abs = std::fs::canonicalize(src.path()).ok()?;
-    let mut dir = abs.parent();
-    while let Some(d) = dir {
-        let candidate = d.join("prompts");
+    let depth = abs.ancestors().count();
+    let mut dir = src.path().parent().map(Path::to_path_buf).unwrap_or_default();
+    for _ in 0..depth {
+        let candidate: PathBuf = dir
+            .join("prompts")
+            .components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect();
         if candidate.is_dir() {
             return Some(candidate);
         }
-        dir = d.parent();
+        dir = match dir.file_name() {
+            Some(name) if name != ".." => dir.parent().map(Path::to_path_buf).unwrap_or_default(),
+            _ => dir.join(".."),
+        };
     }
     None
 }

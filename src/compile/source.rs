@@ -101,6 +101,26 @@ pub fn load_source(path: &Path, diags: &mut Vec<Diagnostic>) -> Option<Source> {
     })
 }
 
+/// Top-level sections that map names to definitions.
+const MAP_SECTIONS: &[&str] = &[
+    "models",
+    "types",
+    "state",
+    "reducers",
+    "predicates",
+    "kinds",
+    "nodes",
+    "config",
+];
+
+impl Source {
+    /// Whether the file names `name` under `section`, even if that entry was malformed (and
+    /// reported by the schema): such a name is not "unknown".
+    pub fn declares(&self, section: &str, name: &str) -> bool {
+        self.doc.value.get(section).and_then(|s| s.get(name)).is_some()
+    }
+}
+
 /// Deserializes the top level; sections that do not fit are dropped (the schema reported them)
 /// so the rest of the file is still checked.
 fn lenient_workflow(value: &Value) -> Option<Workflow> {
@@ -115,8 +135,32 @@ fn lenient_workflow(value: &Value) -> Option<Workflow> {
         if let Some(v) = obj.get(&key) {
             probe.insert(key.clone(), v.clone());
         }
-        if serde_json::from_value::<Workflow>(Value::Object(probe)).is_err() {
-            obj.remove(&key);
+        if serde_json::from_value::<Workflow>(Value::Object(probe)).is_ok() {
+            continue;
+        }
+        // A map section keeps its good entries: one bad model profile should not make every
+        // node that uses another one report it missing.
+        let kept = match obj.get(&key) {
+            Some(Value::Object(entries)) if MAP_SECTIONS.contains(&key.as_str()) => {
+                let good: serde_json::Map<String, Value> = entries
+                    .iter()
+                    .filter(|(name, entry)| {
+                        let one = serde_json::json!({"name": "", key.as_str(): {name.as_str(): entry}});
+                        serde_json::from_value::<Workflow>(one).is_ok()
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                Some(Value::Object(good))
+            }
+            _ => None,
+        };
+        match kept {
+            Some(v) => {
+                obj.insert(key, v);
+            }
+            None => {
+                obj.remove(&key);
+            }
         }
     }
     obj.entry("name").or_insert(Value::String(String::new()));
@@ -205,22 +249,63 @@ fn describe(error: &jsonschema::ValidationError, pointer: &str, doc: &Document) 
             .help_or(format!("expected one of: {}", opts.join(", ")))
         }
         ValidationErrorKind::AnyOf { context } | ValidationErrorKind::OneOfNotValid { context } => {
-            // Report the branch that got furthest: the one whose errors sit deepest.
-            let best = context
+            let base = &pointer[..pointer.len() - error.instance_path().as_str().len()];
+            let here = error.instance_path().as_str();
+            // An enum whose variants are documented is a `oneOf` of constants.
+            let consts: Vec<String> = context
                 .iter()
-                .filter(|errs| !errs.is_empty())
-                .max_by_key(|errs| errs.iter().map(|e| e.instance_path().as_str().len()).max().unwrap_or(0));
-            match best.and_then(|errs| errs.first()) {
-                Some(inner) if inner.instance_path().as_str().len() > error.instance_path().as_str().len() => describe(
-                    inner,
-                    &format!(
-                        "{}{}",
-                        &pointer[..pointer.len() - error.instance_path().as_str().len()],
-                        inner.instance_path().as_str()
+                .flatten()
+                .filter_map(|e| match e.kind() {
+                    ValidationErrorKind::Constant { expected_value } => Some(
+                        expected_value
+                            .as_str()
+                            .map_or_else(|| expected_value.to_string(), str::to_string),
                     ),
-                    doc,
-                ),
-                _ => at(
+                    _ => None,
+                })
+                .collect();
+            if !consts.is_empty() && context.iter().all(|errs| errs.len() == 1) {
+                let got = error.instance().as_str().unwrap_or_default().to_string();
+                return at(
+                    Code::InvalidValue,
+                    spans.value(pointer),
+                    format!("`{field}` cannot be {}", short(error.instance())),
+                )
+                .suggest(&got, consts.iter().map(String::as_str))
+                .help_or(format!("expected one of: {}", consts.join(", ")));
+            }
+            if DURATION_FIELDS.contains(&field.as_str()) {
+                return at(
+                    Code::BadDuration,
+                    spans.value(pointer),
+                    format!("`{field}`: {} is not a duration", short(error.instance())),
+                )
+                .help("write a number of seconds, or `500ms`, `30s`, `2m`, `1h`");
+            }
+            // The branches that accept this type of value; a branch whose own root rejects the
+            // type is not what the author meant.
+            let fitting: Vec<&Vec<jsonschema::ValidationError>> = context
+                .iter()
+                .filter(|errs| {
+                    !errs.iter().any(|e| {
+                        e.instance_path().as_str() == here && matches!(e.kind(), ValidationErrorKind::Type { .. })
+                    })
+                })
+                .collect();
+            let best = if fitting.len() == 1 {
+                fitting.first().copied()
+            } else {
+                // Else the branch that got furthest: the one whose errors sit deepest.
+                fitting
+                    .iter()
+                    .copied()
+                    .filter(|errs| !errs.is_empty())
+                    .max_by_key(|errs| errs.iter().map(|e| e.instance_path().as_str().len()).max().unwrap_or(0))
+                    .filter(|errs| errs.iter().any(|e| e.instance_path().as_str().len() > here.len()))
+            };
+            match best.and_then(|errs| errs.first()) {
+                Some(inner) => describe(inner, &format!("{base}{}", inner.instance_path().as_str()), doc),
+                None => at(
                     Code::WrongType,
                     spans.value(pointer),
                     format!(
@@ -231,6 +316,12 @@ fn describe(error: &jsonschema::ValidationError, pointer: &str, doc: &Document) 
                 .help(forms_help(pointer)),
             }
         }
+        ValidationErrorKind::Pattern { .. } if pointer == "/name" => at(
+            Code::InvalidValue,
+            spans.value(pointer),
+            format!("the workflow name {} is not allowed", short(error.instance())),
+        )
+        .help("use lowercase letters, digits, `_` and `-`, starting with a letter"),
         _ => at(
             Code::InvalidValue,
             spans.value(pointer),
@@ -304,12 +395,23 @@ fn resolve_path<'a>(schema: &'a Value, path: &str) -> Option<&'a Value> {
     Some(cur)
 }
 
+/// Fields whose value is a duration.
+const DURATION_FIELDS: &[&str] = &["timeout", "initial_interval", "max_interval"];
+
+/// How a value is named in messages: its key, or `list[i]` for an element.
 fn field_name(pointer: &str) -> String {
-    let last = pointer.rsplit('/').next().unwrap_or("");
+    let mut segments = pointer.rsplit('/');
+    let last = segments.next().unwrap_or("");
+    let unescape = |s: &str| s.replace("~1", "/").replace("~0", "~");
     if last.is_empty() {
         "the workflow".into()
+    } else if last.chars().all(|c| c.is_ascii_digit()) {
+        match segments.next() {
+            Some(parent) if !parent.is_empty() => format!("{}[{last}]", unescape(parent)),
+            _ => format!("[{last}]"),
+        }
     } else {
-        last.replace("~1", "/").replace("~0", "~")
+        unescape(last)
     }
 }
 

@@ -149,6 +149,10 @@ struct Meta {
     /// Usage so far on the thread.
     #[serde(default)]
     usage: Usage,
+    /// The input of the current turn, when it is not the thread's first (a new `--input` on a
+    /// finished thread starts a new turn).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    input: Option<Value>,
 }
 
 /// Values a checkpoint introduces: `(key, version, value)`.
@@ -217,14 +221,17 @@ impl Engine {
             resumed,
         });
         let limit = req.recursion_limit.unwrap_or(self.plan.recursion_limit) as i64;
+        // The limit counts the supersteps of this run, as LangGraph's does per invocation.
+        let first_step = cp.step + 1;
         let config = effective_config(&self.plan.config, &thread.config);
+        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        let input = meta.input.clone().unwrap_or_else(|| thread.input.clone());
         let constants = BTreeMap::from([
-            ("input".to_string(), to_jinja(&thread.input)),
+            ("input".to_string(), to_jinja(&input)),
             ("config".to_string(), to_jinja(&config)),
             ("context".to_string(), to_jinja(&thread.context)),
         ]);
         let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
-        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let mut pending = self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?;
         let mut skip_before = false;
         if let Some(answer) = &req.answer {
@@ -267,7 +274,7 @@ impl Engine {
                 break;
             }
             let step = cp.step + 1;
-            if step >= limit {
+            if step - first_step >= limit {
                 status = Status::Failed;
                 error = Some(format!(
                     "the recursion limit of {limit} supersteps was reached with {} still to run; raise `limits.recursion_limit` or pass --recursion-limit",
@@ -474,14 +481,15 @@ impl Engine {
             if thread.plan_hash != self.plan.hash && !req.force {
                 self.check_compatible(&cp)?;
             }
-            if req.input.is_some() {
-                return Err(EngineError::Input(format!(
-                    "thread `{id}` already exists; its input cannot change (start a new thread, or `runner fork` it)"
-                )));
+            if let Some(input) = &req.input {
+                return self.new_turn(thread, cp, input);
             }
             return Ok((thread, cp, true));
         }
-        let input = req.input.clone().unwrap_or_else(|| json!({}));
+        let input = with_defaults(
+            self.plan.input_schema.as_ref(),
+            req.input.clone().unwrap_or_else(|| json!({})),
+        );
         check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
         let context = req.context.clone().unwrap_or_else(|| json!({}));
         check_schema(self.plan.context_schema.as_ref(), &context, "context")?;
@@ -512,16 +520,43 @@ impl Engine {
             versions.insert(key.clone(), 1);
             values.push((key.clone(), 1, channel.default.clone()));
         }
+        let tasks = self.entry_tasks(&thread, &thread.input, &state, -1)?;
+        let meta = Meta::default();
+        let cp = Checkpoint {
+            checkpoint_id: checkpoint::new_id(),
+            thread_id: thread.thread_id.clone(),
+            parent_id: None,
+            step: -1,
+            versions,
+            ran: Vec::new(),
+            changed: self.plan.state.keys().cloned().collect(),
+            next: tasks,
+            meta: serde_json::to_value(&meta).unwrap_or_default(),
+            plan_hash: self.plan.hash.clone(),
+            created_at: now,
+        };
+        self.store.put_checkpoint(&cp, &values)?;
+        Ok((thread, cp, false))
+    }
+
+    /// What START schedules, given a turn's input and the state.
+    fn entry_tasks(
+        &self,
+        thread: &Thread,
+        input: &Value,
+        state: &Map<String, Value>,
+        step: i64,
+    ) -> Result<Vec<TaskSpec>, EngineError> {
         let config = effective_config(&self.plan.config, &thread.config);
         let scope = Scope::new(
             BTreeMap::from([
-                ("input".to_string(), to_jinja(&thread.input)),
+                ("input".to_string(), to_jinja(input)),
                 ("config".to_string(), to_jinja(&config)),
                 ("context".to_string(), to_jinja(&thread.context)),
                 ("state".to_string(), to_jinja(&Value::Object(state.clone()))),
                 (
                     "run".to_string(),
-                    to_jinja(&json!({"thread_id": thread.thread_id, "step": -1, "node": "START"})),
+                    to_jinja(&json!({"thread_id": thread.thread_id, "step": step, "node": "START"})),
                 ),
             ]),
             Some(self.plan.clone()),
@@ -539,23 +574,45 @@ impl Engine {
             follow(&shared, b, &scope, &mut next)
                 .map_err(|e| EngineError::Input(format!("routing from START: {}", e.message)))?;
         }
-        let tasks = self.schedule(next);
-        let meta = Meta::default();
-        let cp = Checkpoint {
+        Ok(self.schedule(next))
+    }
+
+    /// A new input on a finished thread starts a new turn (LangGraph's `invoke(input, thread)`):
+    /// START runs again on the thread's state, with the new input.
+    fn new_turn(
+        &self,
+        thread: Thread,
+        cp: Checkpoint,
+        input: &Value,
+    ) -> Result<(Thread, Checkpoint, bool), EngineError> {
+        if !cp.next.is_empty() {
+            return Err(EngineError::Input(format!(
+                "thread `{}` has work pending (it is interrupted or was cut off): continue it with `runner resume`, or fork it, before giving it new input",
+                thread.thread_id
+            )));
+        }
+        let input = with_defaults(self.plan.input_schema.as_ref(), input.clone());
+        check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
+        let state = self.store.state(&thread.thread_id, &cp.versions)?;
+        let step = cp.step + 1;
+        let next = self.entry_tasks(&thread, &input, &state, step)?;
+        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        meta.input = Some(input);
+        meta.barriers.clear();
+        let turn = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
-            thread_id: thread.thread_id.clone(),
-            parent_id: None,
-            step: -1,
-            versions,
+            parent_id: Some(cp.checkpoint_id.clone()),
+            step,
             ran: Vec::new(),
-            changed: self.plan.state.keys().cloned().collect(),
-            next: tasks,
+            changed: Vec::new(),
+            next,
             meta: serde_json::to_value(&meta).unwrap_or_default(),
             plan_hash: self.plan.hash.clone(),
-            created_at: now,
+            created_at: checkpoint::now(),
+            ..cp
         };
-        self.store.put_checkpoint(&cp, &values)?;
-        Ok((thread, cp, false))
+        self.store.put_checkpoint(&turn, &[])?;
+        Ok((thread, turn, true))
     }
 
     /// A thread made by another version of the workflow may go on only if its state and
@@ -1136,6 +1193,24 @@ fn set_path(target: &mut Value, path: &str, value: Value, known: &Value) -> Resu
         m.insert(parts[parts.len() - 1].to_string(), value);
     }
     Ok(())
+}
+
+/// The input with the defaults its schema gives for absent top-level properties.
+fn with_defaults(schema: Option<&Value>, input: Value) -> Value {
+    let (Some(props), Value::Object(mut map)) = (
+        schema.and_then(|s| s.get("properties")).and_then(Value::as_object),
+        input.clone(),
+    ) else {
+        return input;
+    };
+    for (name, prop) in props {
+        if let Some(default) = prop.get("default")
+            && !map.contains_key(name)
+        {
+            map.insert(name.clone(), default.clone());
+        }
+    }
+    Value::Object(map)
 }
 
 fn check_schema(schema: Option<&Value>, value: &Value, what: &str) -> Result<(), EngineError> {

@@ -98,6 +98,11 @@ pub fn to_json(v: &JValue) -> Result<Value, String> {
 /// Evaluates a compiled expression in a scope, as JSON.
 pub fn eval(plan: &Plan, id: ExprId, scope: &JValue) -> Result<Value, String> {
     let v = plan.exprs.expr(id).eval(scope.clone()).map_err(|e| describe(&e))?;
+    if v.is_undefined() {
+        // Strict mode only trips on using an undefined value; a data expression that *is* one
+        // (a missing optional input, a key absent from an object) must not become null silently.
+        return Err("the value is undefined (give optional values a fallback with `| default(...)`)".into());
+    }
     to_json(&v)
 }
 

@@ -102,6 +102,11 @@ pub fn from_bytes(path: Arc<Path>, bytes: Vec<u8>) -> Result<SourceFile, Diagnos
     if bytes.len() > MAX_FILE_BYTES {
         return Err(too_large(&path, bytes.len() as u64));
     }
+    if bytes.starts_with(&[0xFF, 0xFE]) || bytes.starts_with(&[0xFE, 0xFF]) {
+        return Err(Diagnostic::new(Code::NotUtf8, "the file is UTF-16, not UTF-8")
+            .at(&path, Some(Span::point(1, 1)))
+            .help("save the file as UTF-8"));
+    }
     match String::from_utf8(bytes) {
         Ok(text) => Ok(SourceFile {
             path,
@@ -152,11 +157,25 @@ pub fn parse(file: SourceFile) -> Result<Document, Vec<Diagnostic>> {
             Code::YamlSyntax
         };
         let line = m.line() as u32;
-        let mut span = Span::point(line, m.col() as u32 + 1);
+        // A position past the end (an error at end of input) is shown on the last line.
+        let lines = file.text.lines().count().max(1) as u32;
+        let (line, col) = if line > lines {
+            (
+                lines,
+                file.text.lines().last().map_or(0, |l| l.chars().count()) as u32 + 1,
+            )
+        } else {
+            (line, m.col() as u32 + 1)
+        };
+        let mut span = Span::point(line, col);
+        let mut message = yaml_message(code, info);
         if code == Code::DuplicateKey {
             span = key_span_at(&file.text, span);
+            if let Some(key) = text_at(&file.text, span) {
+                message = format!("duplicate key `{key}` in mapping");
+            }
         }
-        let d = Diagnostic::new(code, yaml_message(code, info)).at(&path, Some(span));
+        let d = Diagnostic::new(code, message).at(&path, Some(span));
         vec![match code {
             Code::DuplicateKey => d.help("each key may appear once in a mapping; merge the two entries"),
             Code::AliasBomb => d.help("aliases may expand to at most 100000 values in all"),
@@ -167,7 +186,7 @@ pub fn parse(file: SourceFile) -> Result<Document, Vec<Diagnostic>> {
         }]
     })?;
     let mut docs = docs.into_iter();
-    let Some(root) = docs.next() else {
+    let Some(root) = docs.next().filter(|r| !matches!(r.data, YamlData::Value(Scalar::Null))) else {
         return Err(vec![
             Diagnostic::new(Code::Empty, "the file holds no YAML document")
                 .at(&path, Some(Span::point(1, 1)))
@@ -218,6 +237,17 @@ fn key_span_at(text: &str, at: Span) -> Span {
     let mut span = at;
     span.end.col = at.start.col + len as u32;
     span
+}
+
+/// The text a one-line span covers.
+fn text_at(text: &str, span: Span) -> Option<String> {
+    let line = text.lines().nth(span.start.line.checked_sub(1)? as usize)?;
+    let s: String = line
+        .chars()
+        .skip(span.start.col as usize - 1)
+        .take((span.end.col - span.start.col) as usize)
+        .collect();
+    (!s.is_empty()).then_some(s)
 }
 
 fn span_of(node: &MarkedYaml) -> Span {

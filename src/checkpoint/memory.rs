@@ -1,0 +1,257 @@
+//! In-memory checkpointer (tests, `--db :memory:`): the same observable behaviour as
+//! [`super::sqlite::SqliteCheckpointer`] — ordering, errors, fork semantics, one value per key
+//! and version — without durability. The conformance suite in `tests/checkpoint.rs` holds both
+//! to it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use serde_json::{Map, Value};
+
+use super::{Checkpoint, CheckpointError, Checkpointer, PendingWrite, Result, Thread, ThreadStatus};
+
+/// A [`Checkpointer`] in a `Mutex`.
+#[derive(Default)]
+pub struct MemoryCheckpointer {
+    inner: Mutex<Store>,
+}
+
+#[derive(Default)]
+struct Store {
+    threads: HashMap<String, Entry>,
+    /// Bumped by every thread update; orders `list_threads` as SQLite's `touched` column does.
+    touched: u64,
+}
+
+struct Entry {
+    thread: Thread,
+    touched: u64,
+    checkpoints: HashMap<String, Checkpoint>,
+    values: HashMap<(String, u64), Value>,
+    /// `(checkpoint_id, task_id, idx) → (channel, value)`: iteration is (task, idx) order.
+    writes: BTreeMap<(String, String, u32), (String, Value)>,
+}
+
+impl Store {
+    fn entry(&self, thread_id: &str) -> Result<&Entry> {
+        self.threads
+            .get(thread_id)
+            .ok_or_else(|| CheckpointError::NoThread(thread_id.into()))
+    }
+
+    fn entry_mut(&mut self, thread_id: &str) -> Result<&mut Entry> {
+        self.threads
+            .get_mut(thread_id)
+            .ok_or_else(|| CheckpointError::NoThread(thread_id.into()))
+    }
+
+    fn touch(&mut self) -> u64 {
+        self.touched += 1;
+        self.touched
+    }
+
+    fn insert(&mut self, thread: Thread) -> &mut Entry {
+        let touched = self.touch();
+        self.threads.entry(thread.thread_id.clone()).or_insert(Entry {
+            thread,
+            touched,
+            checkpoints: HashMap::new(),
+            values: HashMap::new(),
+            writes: BTreeMap::new(),
+        })
+    }
+}
+
+impl Entry {
+    fn checkpoint(&self, checkpoint_id: &str) -> Result<&Checkpoint> {
+        self.checkpoints
+            .get(checkpoint_id)
+            .ok_or_else(|| CheckpointError::NoCheckpoint(self.thread.thread_id.clone(), checkpoint_id.into()))
+    }
+
+    /// Newest first: by step, then checkpoint id, both descending.
+    fn history(&self) -> Vec<&Checkpoint> {
+        let mut all: Vec<_> = self.checkpoints.values().collect();
+        all.sort_by(|a, b| (b.step, &b.checkpoint_id).cmp(&(a.step, &a.checkpoint_id)));
+        all
+    }
+
+    fn value(&self, key: &str, version: u64) -> Result<&Value> {
+        self.values.get(&(key.to_owned(), version)).ok_or_else(|| {
+            CheckpointError::Corrupt(format!(
+                "thread `{}` has no value for `{key}` at version {version}",
+                self.thread.thread_id
+            ))
+        })
+    }
+}
+
+impl MemoryCheckpointer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many `(thread, key, version)` values are stored (SQLite's `state_values` rows).
+    pub fn value_rows(&self) -> Result<u64> {
+        Ok(self.lock()?.threads.values().map(|e| e.values.len() as u64).sum())
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Store>> {
+        self.inner
+            .lock()
+            .map_err(|_| CheckpointError::Backend("the in-memory store is poisoned".into()))
+    }
+}
+
+impl Checkpointer for MemoryCheckpointer {
+    fn create_thread(&self, thread: &Thread) -> Result<()> {
+        let mut store = self.lock()?;
+        if store.threads.contains_key(&thread.thread_id) {
+            return Err(CheckpointError::ThreadExists(thread.thread_id.clone()));
+        }
+        store.insert(thread.clone());
+        Ok(())
+    }
+
+    fn set_status(&self, thread_id: &str, status: ThreadStatus) -> Result<()> {
+        let mut store = self.lock()?;
+        store.entry(thread_id)?;
+        let touched = store.touch();
+        let entry = store.entry_mut(thread_id)?;
+        entry.thread.status = status;
+        entry.thread.updated_at = super::now();
+        entry.touched = touched;
+        Ok(())
+    }
+
+    fn get_thread(&self, thread_id: &str) -> Result<Option<Thread>> {
+        Ok(self.lock()?.threads.get(thread_id).map(|e| e.thread.clone()))
+    }
+
+    fn list_threads(&self) -> Result<Vec<Thread>> {
+        let store = self.lock()?;
+        let mut all: Vec<_> = store.threads.values().collect();
+        all.sort_by_key(|e| std::cmp::Reverse(e.touched));
+        Ok(all.into_iter().map(|e| e.thread.clone()).collect())
+    }
+
+    fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()> {
+        let mut store = self.lock()?;
+        let entry = store.entry_mut(&checkpoint.thread_id)?;
+        if entry.checkpoints.contains_key(&checkpoint.checkpoint_id) {
+            return Err(super::sqlite::duplicate_checkpoint(
+                &checkpoint.thread_id,
+                &checkpoint.checkpoint_id,
+            ));
+        }
+        entry
+            .checkpoints
+            .insert(checkpoint.checkpoint_id.clone(), checkpoint.clone());
+        for (key, version, value) in values {
+            // Once per version: the first value stored for a version stays.
+            entry
+                .values
+                .entry((key.clone(), *version))
+                .or_insert_with(|| value.clone());
+        }
+        Ok(())
+    }
+
+    fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
+        let store = self.lock()?;
+        let Some(entry) = store.threads.get(thread_id) else {
+            return Ok(None);
+        };
+        Ok(match checkpoint_id {
+            Some(id) => entry.checkpoints.get(id).cloned(),
+            None => entry.history().first().map(|c| (*c).clone()),
+        })
+    }
+
+    fn history(&self, thread_id: &str) -> Result<Vec<Checkpoint>> {
+        let store = self.lock()?;
+        Ok(store.entry(thread_id)?.history().into_iter().cloned().collect())
+    }
+
+    fn state(&self, thread_id: &str, versions: &BTreeMap<String, u64>) -> Result<Map<String, Value>> {
+        let store = self.lock()?;
+        let entry = store.entry(thread_id)?;
+        versions
+            .iter()
+            .map(|(key, &version)| Ok((key.clone(), entry.value(key, version)?.clone())))
+            .collect()
+    }
+
+    fn put_writes(&self, thread_id: &str, checkpoint_id: &str, writes: &[PendingWrite]) -> Result<()> {
+        let mut store = self.lock()?;
+        let entry = store.entry_mut(thread_id)?;
+        entry.checkpoint(checkpoint_id)?;
+        for w in writes {
+            entry.writes.insert(
+                (checkpoint_id.to_owned(), w.task_id.clone(), w.idx),
+                (w.channel.clone(), w.value.clone()),
+            );
+        }
+        Ok(())
+    }
+
+    fn get_writes(&self, thread_id: &str, checkpoint_id: &str) -> Result<Vec<PendingWrite>> {
+        let store = self.lock()?;
+        let entry = store.entry(thread_id)?;
+        entry.checkpoint(checkpoint_id)?;
+        let from = (checkpoint_id.to_owned(), String::new(), 0);
+        Ok(entry
+            .writes
+            .range(from..)
+            .take_while(|((cp, _, _), _)| cp == checkpoint_id)
+            .map(|((_, task_id, idx), (channel, value))| PendingWrite {
+                task_id: task_id.clone(),
+                idx: *idx,
+                channel: channel.clone(),
+                value: value.clone(),
+            })
+            .collect())
+    }
+
+    fn delete_thread(&self, thread_id: &str) -> Result<()> {
+        let mut store = self.lock()?;
+        store
+            .threads
+            .remove(thread_id)
+            .map(drop)
+            .ok_or_else(|| CheckpointError::NoThread(thread_id.into()))
+    }
+
+    fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint> {
+        let mut store = self.lock()?;
+        let source = store.entry(from)?;
+        let mut checkpoint = source.checkpoint(checkpoint_id)?.clone();
+        if store.threads.contains_key(new) {
+            return Err(CheckpointError::ThreadExists(new.into()));
+        }
+        // Everything is read and checked before anything is written: a fork is all or nothing.
+        let values = checkpoint
+            .versions
+            .iter()
+            .map(|(key, &version)| Ok(((key.clone(), version), source.value(key, version)?.clone())))
+            .collect::<Result<HashMap<_, _>>>()?;
+        let at = super::now();
+        let mut thread = source.thread.clone();
+        thread.thread_id = new.into();
+        thread.status = ThreadStatus::Running;
+        thread.created_at = at.clone();
+        thread.updated_at = at.clone();
+        thread.forked_from = Some((from.into(), checkpoint_id.into()));
+        checkpoint.checkpoint_id = super::new_id();
+        checkpoint.thread_id = new.into();
+        checkpoint.parent_id = None;
+        checkpoint.created_at = at;
+
+        let entry = store.insert(thread);
+        entry.values = values;
+        entry
+            .checkpoints
+            .insert(checkpoint.checkpoint_id.clone(), checkpoint.clone());
+        Ok(checkpoint)
+    }
+}

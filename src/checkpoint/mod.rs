@@ -1,0 +1,229 @@
+//! Stage 4: durable state. A thread is one conversation or job; each superstep of a run on it
+//! ends in a [`Checkpoint`]. State values are stored per key and version: a key's value is
+//! written only when its version changes, so a thread grows with what changed, not with
+//! steps × state size (LangGraph's SqliteSaver re-serializes the whole state every step).
+//!
+//! Each task's writes are stored the moment the task finishes ([`PendingWrite`]s against the
+//! checkpoint its step started from), so a crash mid-step never re-runs a finished task.
+//!
+//! Architecture Invariant: checkpoint/ knows nothing of the engine, plans or providers; it
+//! stores JSON by thread, checkpoint, key and version.
+
+pub mod memory;
+pub mod sqlite;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// A thread's identity and what it was started with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Thread {
+    pub thread_id: String,
+    /// The workflow file the thread runs (as given when it was created).
+    pub workflow: String,
+    /// The plan hash of the workflow when the thread was created.
+    pub plan_hash: String,
+    /// The run input.
+    pub input: Value,
+    /// The run context (e.g. `user_id`).
+    pub context: Value,
+    /// The config overrides the thread was started with (`--set`).
+    pub config: Value,
+    /// Where the thread stands.
+    pub status: ThreadStatus,
+    /// RFC 3339 UTC.
+    pub created_at: String,
+    pub updated_at: String,
+    /// When this thread was forked from another: `(thread_id, checkpoint_id)`.
+    pub forked_from: Option<(String, String)>,
+}
+
+/// Where a thread stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThreadStatus {
+    /// A run is on it or was cut off (a crash): it can be continued.
+    Running,
+    /// Waiting at an interrupt for an answer.
+    Interrupted,
+    /// Finished: nothing left to run.
+    Done,
+    /// The last step failed; the last checkpoint is intact and resumable.
+    Failed,
+}
+
+impl ThreadStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThreadStatus::Running => "running",
+            ThreadStatus::Interrupted => "interrupted",
+            ThreadStatus::Done => "done",
+            ThreadStatus::Failed => "failed",
+        }
+    }
+}
+
+/// A task scheduled for the next superstep: a node, and its fan-out item if it has one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// Deterministic: the same checkpoint schedules the same task ids.
+    pub task_id: String,
+    pub node: String,
+    /// The fan-out item, for `send` targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<Value>,
+}
+
+/// The durable result of one superstep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Unique and increasing within a thread (UUIDv7).
+    pub checkpoint_id: String,
+    pub thread_id: String,
+    pub parent_id: Option<String>,
+    /// The superstep that produced it; the initial checkpoint (defaults, before any node) is -1.
+    pub step: i64,
+    /// Every state key's current version; the value of a key is stored once per version.
+    pub versions: BTreeMap<String, u64>,
+    /// Nodes that ran in the step that produced this checkpoint, in plan order.
+    pub ran: Vec<String>,
+    /// Keys whose version changed in that step.
+    pub changed: Vec<String>,
+    /// What runs next. Empty when the thread is done.
+    pub next: Vec<TaskSpec>,
+    /// The engine's own bookkeeping (join barriers, visit counts, pending interrupt), opaque here.
+    pub meta: Value,
+    pub plan_hash: String,
+    /// RFC 3339 UTC.
+    pub created_at: String,
+}
+
+/// One write a finished task made: to a state key, or an engine record (`kind` says which).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingWrite {
+    pub task_id: String,
+    /// Order of the write within its task.
+    pub idx: u32,
+    /// A state key, or an engine channel such as `__goto__`, `__error__`, `__interrupt__`.
+    pub channel: String,
+    pub value: Value,
+}
+
+/// Storage errors. Backends map their own errors into these.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("thread `{0}` does not exist")]
+    NoThread(String),
+    #[error("checkpoint `{1}` does not exist on thread `{0}`")]
+    NoCheckpoint(String, String),
+    #[error("thread `{0}` already exists")]
+    ThreadExists(String),
+    #[error("the checkpoint store failed: {0}")]
+    Backend(String),
+    #[error("a stored value is corrupt: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T> = std::result::Result<T, CheckpointError>;
+
+/// How hard a backend works to keep a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Survives a killed process (SQLite WAL + synchronous=NORMAL). The default.
+    #[default]
+    CrashSafe,
+    /// Survives power loss (synchronous=FULL): at most one fsync per superstep.
+    PowerSafe,
+}
+
+/// Where checkpoints are kept. Every method is durable (per the backend's [`Durability`]) when
+/// it returns. Implementations are shared between tasks and threads.
+///
+/// The conformance suite in `tests/checkpoint.rs` runs against every implementation.
+pub trait Checkpointer: Send + Sync {
+    /// Creates a thread. Fails with [`CheckpointError::ThreadExists`] if it exists.
+    fn create_thread(&self, thread: &Thread) -> Result<()>;
+
+    /// Updates a thread's status and `updated_at`.
+    fn set_status(&self, thread_id: &str, status: ThreadStatus) -> Result<()>;
+
+    fn get_thread(&self, thread_id: &str) -> Result<Option<Thread>>;
+
+    /// Every thread, most recently updated first.
+    fn list_threads(&self) -> Result<Vec<Thread>>;
+
+    /// Stores a checkpoint and the values of the keys whose version it introduces
+    /// (`(key, version, value)`), atomically.
+    fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()>;
+
+    /// The checkpoint `checkpoint_id`, or the thread's latest when `None`.
+    fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>>;
+
+    /// Every checkpoint of a thread, newest first.
+    fn history(&self, thread_id: &str) -> Result<Vec<Checkpoint>>;
+
+    /// The state at a checkpoint: each key's value at its version.
+    fn state(&self, thread_id: &str, versions: &BTreeMap<String, u64>) -> Result<Map<String, Value>>;
+
+    /// Stores a finished task's writes against the checkpoint its step started from.
+    fn put_writes(&self, thread_id: &str, checkpoint_id: &str, writes: &[PendingWrite]) -> Result<()>;
+
+    /// The writes stored against a checkpoint, in (task, idx) order.
+    fn get_writes(&self, thread_id: &str, checkpoint_id: &str) -> Result<Vec<PendingWrite>>;
+
+    /// Deletes a thread with its checkpoints, values and writes.
+    fn delete_thread(&self, thread_id: &str) -> Result<()>;
+
+    /// Starts thread `new` from `checkpoint_id` of `from` (time travel): `new` gets a copy of
+    /// that checkpoint (same versions and values, no parent, a new id) and of `from`'s thread
+    /// record with `forked_from` set. The original thread is unchanged.
+    fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint>;
+}
+
+/// A new time-ordered id (UUIDv7) for threads and checkpoints.
+pub fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// The current time, RFC 3339 UTC with milliseconds.
+pub fn now() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, day) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn civil_dates() {
+        assert_eq!(super::civil_from_days(0), (1970, 1, 1));
+        assert_eq!(super::civil_from_days(20_779), (2026, 11, 22));
+        assert_eq!(super::civil_from_days(11_016), (2000, 2, 29));
+    }
+}

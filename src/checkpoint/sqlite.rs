@@ -1,0 +1,895 @@
+//! SQLite checkpointer: the embedded default store, one file per deployment.
+//!
+//! One writer: a dedicated OS thread owns the only write connection and takes commands over a
+//! channel. It drains every command queued when it wakes and commits them in one transaction
+//! (group commit), each inside its own savepoint so one failing command does not undo the
+//! others; then it answers each. So the writes of every task finishing in a superstep cost one
+//! commit (one fsync in power-safe mode). Reads go through a small pool of read connections and
+//! never wait for the writer (WAL).
+//!
+//! Tables (schema version 1, kept in `PRAGMA user_version`):
+//! - `threads`: one row per thread; `touched` is a store-wide counter bumped by every update,
+//!   which orders [`Checkpointer::list_threads`] even within one millisecond.
+//! - `checkpoints`: one row per checkpoint; JSON columns are TEXT.
+//! - `state_values`: `(thread_id, key, version) → value`, written once per version and never
+//!   again, so an unchanged key costs nothing per step.
+//! - `writes`: pending writes, `(thread_id, checkpoint_id, task_id, idx)`; re-putting replaces.
+//!
+//! Depends on rusqlite and serde_json only (Architecture Invariant of [`super`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::{Checkpoint, CheckpointError, Checkpointer, Durability, PendingWrite, Result, Thread, ThreadStatus};
+
+/// The schema this build writes. Opening a file with a newer one is refused.
+pub const SCHEMA_VERSION: i64 = 1;
+/// How long a connection waits for a lock (another process's writer, a WAL checkpoint).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most commands one group commit takes, so one transaction stays bounded.
+const MAX_BATCH: usize = 1024;
+/// Read connections kept open between reads; more are opened under load and closed after.
+const MAX_IDLE_READERS: usize = 8;
+
+const SCHEMA: &str = "
+CREATE TABLE threads (
+    thread_id TEXT PRIMARY KEY NOT NULL,
+    workflow TEXT NOT NULL,
+    plan_hash TEXT NOT NULL,
+    input TEXT NOT NULL,
+    context TEXT NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    touched INTEGER NOT NULL,
+    forked_from_thread TEXT,
+    forked_from_checkpoint TEXT
+) STRICT;
+CREATE INDEX threads_by_touched ON threads (touched);
+CREATE TABLE checkpoints (
+    thread_id TEXT NOT NULL REFERENCES threads (thread_id),
+    checkpoint_id TEXT NOT NULL,
+    parent_id TEXT,
+    step INTEGER NOT NULL,
+    versions TEXT NOT NULL,
+    ran TEXT NOT NULL,
+    changed TEXT NOT NULL,
+    next TEXT NOT NULL,
+    meta TEXT NOT NULL,
+    plan_hash TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_id)
+) STRICT;
+CREATE INDEX checkpoints_by_step ON checkpoints (thread_id, step, checkpoint_id);
+CREATE TABLE state_values (
+    thread_id TEXT NOT NULL REFERENCES threads (thread_id),
+    key TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (thread_id, key, version)
+) STRICT;
+CREATE TABLE writes (
+    thread_id TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    channel TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_id, task_id, idx),
+    FOREIGN KEY (thread_id, checkpoint_id) REFERENCES checkpoints (thread_id, checkpoint_id)
+) STRICT;
+";
+
+const THREAD_COLS: &str = "thread_id, workflow, plan_hash, input, context, config, status, created_at, updated_at, \
+                           forked_from_thread, forked_from_checkpoint";
+const CHECKPOINT_COLS: &str =
+    "thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, meta, plan_hash, created_at";
+
+impl From<rusqlite::Error> for CheckpointError {
+    fn from(e: rusqlite::Error) -> Self {
+        CheckpointError::Backend(format!("sqlite: {e}"))
+    }
+}
+
+/// A [`Checkpointer`] on one SQLite file.
+pub struct SqliteCheckpointer {
+    path: PathBuf,
+    /// `None` only while dropping.
+    writer: Option<mpsc::Sender<Command>>,
+    writer_thread: Option<JoinHandle<()>>,
+    readers: Mutex<Vec<Connection>>,
+    counters: Arc<Counters>,
+    synchronous: &'static str,
+    journal_mode: String,
+}
+
+/// What a store holds and what its writer did, for tests, benchmarks and `runner` diagnostics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    pub threads: u64,
+    pub checkpoints: u64,
+    pub value_rows: u64,
+    pub write_rows: u64,
+    /// Transactions the writer committed since this checkpointer was opened.
+    pub commits: u64,
+    /// Write commands it applied in them (each trait call that writes is one).
+    pub write_ops: u64,
+    /// The database's logical size (`page_count × page_size`, including pages still in the WAL).
+    pub db_bytes: u64,
+    /// The main file plus its `-wal` file on disk.
+    pub file_bytes: u64,
+    /// The writer connection's `PRAGMA synchronous`: `off`, `normal`, `full` or `extra`.
+    pub synchronous: &'static str,
+    /// The writer connection's `PRAGMA journal_mode` (`wal`).
+    pub journal_mode: String,
+}
+
+#[derive(Default)]
+struct Counters {
+    commits: AtomicU64,
+    ops: AtomicU64,
+}
+
+impl SqliteCheckpointer {
+    /// Opens (creating it and its parent folders if missing) the store at `path`.
+    pub fn open(path: &Path, durability: Durability) -> Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| CheckpointError::Backend(format!("cannot create `{}`: {e}", dir.display())))?;
+        }
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let journal_mode: String = conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))?;
+        if !journal_mode.eq_ignore_ascii_case("wal") {
+            return Err(CheckpointError::Backend(format!(
+                "`{}` cannot use WAL journaling (got `{journal_mode}`)",
+                path.display()
+            )));
+        }
+        let synchronous = match durability {
+            Durability::CrashSafe => "NORMAL",
+            Durability::PowerSafe => "FULL",
+        };
+        conn.pragma_update(None, "synchronous", synchronous)?;
+        conn.pragma_update(None, "foreign_keys", true)?;
+        migrate(&mut conn, path)?;
+        let synchronous = match conn.pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))? {
+            0 => "off",
+            1 => "normal",
+            2 => "full",
+            _ => "extra",
+        };
+
+        let (tx, rx) = mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        let writer_counters = Arc::clone(&counters);
+        let writer_thread = std::thread::Builder::new()
+            .name("checkpoint-writer".into())
+            .spawn(move || run_writer(conn, rx, &writer_counters))
+            .map_err(|e| CheckpointError::Backend(format!("cannot start the checkpoint writer: {e}")))?;
+        Ok(SqliteCheckpointer {
+            path: path.to_path_buf(),
+            writer: Some(tx),
+            writer_thread: Some(writer_thread),
+            readers: Mutex::new(Vec::new()),
+            counters,
+            synchronous,
+            journal_mode: journal_mode.to_ascii_lowercase(),
+        })
+    }
+
+    /// Row counts, commit counters and sizes.
+    pub fn stats(&self) -> Result<Stats> {
+        let (threads, checkpoints, value_rows, write_rows, db_bytes) = self.read(|tx| {
+            let count = |table: &str| -> Result<u64> {
+                let n: i64 = tx.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))?;
+                Ok(n as u64)
+            };
+            let pages: i64 = tx.pragma_query_value(None, "page_count", |r| r.get(0))?;
+            let page_size: i64 = tx.pragma_query_value(None, "page_size", |r| r.get(0))?;
+            Ok((
+                count("threads")?,
+                count("checkpoints")?,
+                count("state_values")?,
+                count("writes")?,
+                (pages * page_size) as u64,
+            ))
+        })?;
+        let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        Ok(Stats {
+            threads,
+            checkpoints,
+            value_rows,
+            write_rows,
+            commits: self.counters.commits.load(Ordering::Relaxed),
+            write_ops: self.counters.ops.load(Ordering::Relaxed),
+            db_bytes,
+            file_bytes: size(&self.path) + size(Path::new(&wal)),
+            synchronous: self.synchronous,
+            journal_mode: self.journal_mode.clone(),
+        })
+    }
+
+    /// Sends a command to the writer and waits until it is committed (or failed).
+    fn write(&self, op: Op) -> Result<Done> {
+        let stopped = || CheckpointError::Backend("the checkpoint writer has stopped".into());
+        let (reply, answer) = mpsc::channel();
+        self.writer
+            .as_ref()
+            .ok_or_else(stopped)?
+            .send(Command { op, reply })
+            .map_err(|_| stopped())?;
+        answer.recv().map_err(|_| stopped())?
+    }
+
+    fn write_unit(&self, op: Op) -> Result<()> {
+        self.write(op).map(|_| ())
+    }
+
+    /// Runs `f` in a read transaction (one snapshot) on a pooled read connection.
+    fn read<T>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
+        let pooled = self.lock_readers()?.pop();
+        let mut conn = match pooled {
+            Some(conn) => conn,
+            None => open_reader(&self.path)?,
+        };
+        let out = conn.transaction().map_err(CheckpointError::from).and_then(|tx| f(&tx));
+        let mut readers = self.lock_readers()?;
+        if readers.len() < MAX_IDLE_READERS {
+            readers.push(conn);
+        }
+        out
+    }
+
+    fn lock_readers(&self) -> Result<std::sync::MutexGuard<'_, Vec<Connection>>> {
+        self.readers
+            .lock()
+            .map_err(|_| CheckpointError::Backend("the read connection pool is poisoned".into()))
+    }
+}
+
+impl Drop for SqliteCheckpointer {
+    /// Closing the channel lets the writer commit everything queued, then stop; joining it
+    /// means every acknowledged write is on disk and the file closed when drop returns.
+    fn drop(&mut self) {
+        drop(self.writer.take());
+        if let Some(handle) = self.writer_thread.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Checkpointer for SqliteCheckpointer {
+    fn create_thread(&self, thread: &Thread) -> Result<()> {
+        self.write_unit(Op::CreateThread(ThreadRow::from_thread(thread)?))
+    }
+
+    fn set_status(&self, thread_id: &str, status: ThreadStatus) -> Result<()> {
+        self.write_unit(Op::SetStatus {
+            thread_id: thread_id.to_owned(),
+            status,
+            at: super::now(),
+        })
+    }
+
+    fn get_thread(&self, thread_id: &str) -> Result<Option<Thread>> {
+        self.read(|tx| load_thread(tx, thread_id)?.map(ThreadRow::into_thread).transpose())
+    }
+
+    fn list_threads(&self) -> Result<Vec<Thread>> {
+        self.read(|tx| {
+            let mut stmt = tx.prepare_cached(&format!("SELECT {THREAD_COLS} FROM threads ORDER BY touched DESC"))?;
+            let rows = stmt.query_map([], ThreadRow::from_row)?;
+            rows.map(|row| row?.into_thread()).collect()
+        })
+    }
+
+    fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()> {
+        let values = values
+            .iter()
+            .map(|(key, version, value)| Ok((key.clone(), version_to_sql(*version)?, to_json(value)?)))
+            .collect::<Result<Vec<_>>>()?;
+        self.write_unit(Op::PutCheckpoint {
+            row: CheckpointRow::from_checkpoint(checkpoint)?,
+            values,
+        })
+    }
+
+    fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
+        // A missing thread has no checkpoint: `None`, not an error (the engine probes
+        // subgraph threads that may not exist yet).
+        self.read(|tx| {
+            let row = match checkpoint_id {
+                Some(id) => load_checkpoint(tx, thread_id, id)?,
+                None => tx
+                    .prepare_cached(&format!(
+                        "SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE thread_id = ?1 \
+                         ORDER BY step DESC, checkpoint_id DESC LIMIT 1"
+                    ))?
+                    .query_row([thread_id], CheckpointRow::from_row)
+                    .optional()?,
+            };
+            row.map(CheckpointRow::into_checkpoint).transpose()
+        })
+    }
+
+    fn history(&self, thread_id: &str) -> Result<Vec<Checkpoint>> {
+        self.read(|tx| {
+            require_thread(tx, thread_id)?;
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE thread_id = ?1 \
+                 ORDER BY step DESC, checkpoint_id DESC"
+            ))?;
+            let rows = stmt.query_map([thread_id], CheckpointRow::from_row)?;
+            rows.map(|row| row?.into_checkpoint()).collect()
+        })
+    }
+
+    fn state(&self, thread_id: &str, versions: &BTreeMap<String, u64>) -> Result<Map<String, Value>> {
+        self.read(|tx| {
+            require_thread(tx, thread_id)?;
+            let mut stmt =
+                tx.prepare_cached("SELECT value FROM state_values WHERE thread_id = ?1 AND key = ?2 AND version = ?3")?;
+            let mut state = Map::new();
+            for (key, &version) in versions {
+                let text: Option<String> = stmt
+                    .query_row(params![thread_id, key, version_to_sql(version)?], |r| r.get(0))
+                    .optional()?;
+                let text = text.ok_or_else(|| missing_value(thread_id, key, version))?;
+                state.insert(key.clone(), from_json("a state value", &text)?);
+            }
+            Ok(state)
+        })
+    }
+
+    fn put_writes(&self, thread_id: &str, checkpoint_id: &str, writes: &[PendingWrite]) -> Result<()> {
+        let writes = writes
+            .iter()
+            .map(|w| {
+                Ok((
+                    w.task_id.clone(),
+                    i64::from(w.idx),
+                    w.channel.clone(),
+                    to_json(&w.value)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.write_unit(Op::PutWrites {
+            thread_id: thread_id.to_owned(),
+            checkpoint_id: checkpoint_id.to_owned(),
+            writes,
+        })
+    }
+
+    fn get_writes(&self, thread_id: &str, checkpoint_id: &str) -> Result<Vec<PendingWrite>> {
+        self.read(|tx| {
+            require_thread(tx, thread_id)?;
+            if !checkpoint_exists(tx, thread_id, checkpoint_id)? {
+                return Err(CheckpointError::NoCheckpoint(thread_id.into(), checkpoint_id.into()));
+            }
+            let mut stmt = tx.prepare_cached(
+                "SELECT task_id, idx, channel, value FROM writes WHERE thread_id = ?1 AND checkpoint_id = ?2 \
+                 ORDER BY task_id, idx",
+            )?;
+            let rows = stmt.query_map([thread_id, checkpoint_id], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            })?;
+            rows.map(|row| {
+                let (task_id, idx, channel, value) = row?;
+                Ok(PendingWrite {
+                    task_id,
+                    idx: u32::try_from(idx).map_err(|_| CheckpointError::Corrupt(format!("write index {idx}")))?,
+                    channel,
+                    value: from_json("a pending write", &value)?,
+                })
+            })
+            .collect()
+        })
+    }
+
+    fn delete_thread(&self, thread_id: &str) -> Result<()> {
+        self.write_unit(Op::DeleteThread(thread_id.to_owned()))
+    }
+
+    fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint> {
+        let op = Op::Fork {
+            from: from.to_owned(),
+            checkpoint_id: checkpoint_id.to_owned(),
+            new: new.to_owned(),
+            new_checkpoint_id: super::new_id(),
+            at: super::now(),
+        };
+        match self.write(op)? {
+            Done::Forked(checkpoint) => Ok(*checkpoint),
+            Done::Unit => Err(CheckpointError::Backend("the writer did not answer a fork".into())),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The writer thread.
+
+/// A write, serialized by the caller so the writer thread only does SQL.
+enum Op {
+    CreateThread(ThreadRow),
+    SetStatus {
+        thread_id: String,
+        status: ThreadStatus,
+        at: String,
+    },
+    PutCheckpoint {
+        row: CheckpointRow,
+        /// `(key, version, value JSON)`.
+        values: Vec<(String, i64, String)>,
+    },
+    PutWrites {
+        thread_id: String,
+        checkpoint_id: String,
+        /// `(task_id, idx, channel, value JSON)`.
+        writes: Vec<(String, i64, String, String)>,
+    },
+    DeleteThread(String),
+    Fork {
+        from: String,
+        checkpoint_id: String,
+        new: String,
+        new_checkpoint_id: String,
+        at: String,
+    },
+}
+
+enum Done {
+    Unit,
+    Forked(Box<Checkpoint>),
+}
+
+struct Command {
+    op: Op,
+    reply: mpsc::Sender<Result<Done>>,
+}
+
+fn run_writer(mut conn: Connection, commands: mpsc::Receiver<Command>, counters: &Counters) {
+    // Ends when every sender is gone (the checkpointer dropped) and the queue is drained.
+    while let Ok(first) = commands.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match commands.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(_) => break,
+            }
+        }
+        let results = commit_batch(&mut conn, &batch, counters);
+        for (command, result) in batch.into_iter().zip(results) {
+            // The caller waits on its reply channel; if it has gone there is no one to tell.
+            let _ = command.reply.send(result);
+        }
+    }
+}
+
+/// Applies a batch in one transaction, each command in its own savepoint.
+fn commit_batch(conn: &mut Connection, batch: &[Command], counters: &Counters) -> Vec<Result<Done>> {
+    let fail_all = |e: rusqlite::Error| {
+        let msg = format!("sqlite: {e}");
+        batch
+            .iter()
+            .map(|_| Err(CheckpointError::Backend(msg.clone())))
+            .collect()
+    };
+    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => return fail_all(e),
+    };
+    let results: Vec<_> = batch
+        .iter()
+        .map(|command| apply_in_savepoint(&mut tx, &command.op))
+        .collect();
+    match tx.commit() {
+        Ok(()) => {
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            counters.ops.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            results
+        }
+        Err(e) => fail_all(e),
+    }
+}
+
+fn apply_in_savepoint(tx: &mut Transaction<'_>, op: &Op) -> Result<Done> {
+    // Dropping the savepoint on an error rolls back to it.
+    let savepoint = tx.savepoint()?;
+    let done = apply(&savepoint, op)?;
+    savepoint.commit()?;
+    Ok(done)
+}
+
+fn apply(conn: &Connection, op: &Op) -> Result<Done> {
+    match op {
+        Op::CreateThread(row) => {
+            if thread_exists(conn, &row.thread_id)? {
+                return Err(CheckpointError::ThreadExists(row.thread_id.clone()));
+            }
+            row.insert(conn)?;
+        }
+        Op::SetStatus { thread_id, status, at } => {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE threads SET status = ?2, updated_at = ?3, \
+                     touched = (SELECT coalesce(max(touched), 0) + 1 FROM threads) WHERE thread_id = ?1",
+                )?
+                .execute(params![thread_id, status.as_str(), at])?;
+            if n == 0 {
+                return Err(CheckpointError::NoThread(thread_id.clone()));
+            }
+        }
+        Op::PutCheckpoint { row, values } => {
+            require_thread(conn, &row.thread_id)?;
+            if checkpoint_exists(conn, &row.thread_id, &row.checkpoint_id)? {
+                return Err(duplicate_checkpoint(&row.thread_id, &row.checkpoint_id));
+            }
+            row.insert(conn)?;
+            let mut stmt = conn.prepare_cached(
+                "INSERT OR IGNORE INTO state_values (thread_id, key, version, value) VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for (key, version, value) in values {
+                stmt.execute(params![row.thread_id, key, version, value])?;
+            }
+        }
+        Op::PutWrites {
+            thread_id,
+            checkpoint_id,
+            writes,
+        } => {
+            require_thread(conn, thread_id)?;
+            if !checkpoint_exists(conn, thread_id, checkpoint_id)? {
+                return Err(CheckpointError::NoCheckpoint(thread_id.clone(), checkpoint_id.clone()));
+            }
+            let mut stmt = conn.prepare_cached(
+                "INSERT OR REPLACE INTO writes (thread_id, checkpoint_id, task_id, idx, channel, value) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
+            for (task_id, idx, channel, value) in writes {
+                stmt.execute(params![thread_id, checkpoint_id, task_id, idx, channel, value])?;
+            }
+        }
+        Op::DeleteThread(thread_id) => {
+            require_thread(conn, thread_id)?;
+            for table in ["writes", "state_values", "checkpoints", "threads"] {
+                conn.prepare_cached(&format!("DELETE FROM {table} WHERE thread_id = ?1"))?
+                    .execute([thread_id])?;
+            }
+        }
+        Op::Fork {
+            from,
+            checkpoint_id,
+            new,
+            new_checkpoint_id,
+            at,
+        } => return fork(conn, from, checkpoint_id, new, new_checkpoint_id, at).map(|c| Done::Forked(Box::new(c))),
+    }
+    Ok(Done::Unit)
+}
+
+fn fork(conn: &Connection, from: &str, checkpoint_id: &str, new: &str, new_id: &str, at: &str) -> Result<Checkpoint> {
+    let mut thread = load_thread(conn, from)?.ok_or_else(|| CheckpointError::NoThread(from.into()))?;
+    let mut row = load_checkpoint(conn, from, checkpoint_id)?
+        .ok_or_else(|| CheckpointError::NoCheckpoint(from.into(), checkpoint_id.into()))?;
+    if thread_exists(conn, new)? {
+        return Err(CheckpointError::ThreadExists(new.into()));
+    }
+    thread.thread_id = new.into();
+    thread.status = ThreadStatus::Running.as_str().into();
+    thread.created_at = at.into();
+    thread.updated_at = at.into();
+    thread.forked_from = Some((from.into(), checkpoint_id.into()));
+    thread.insert(conn)?;
+
+    row.thread_id = new.into();
+    row.checkpoint_id = new_id.into();
+    row.parent_id = None;
+    row.created_at = at.into();
+    row.insert(conn)?;
+    let checkpoint = row.into_checkpoint()?;
+    let mut copy = conn.prepare_cached(
+        "INSERT INTO state_values (thread_id, key, version, value) \
+         SELECT ?1, key, version, value FROM state_values WHERE thread_id = ?2 AND key = ?3 AND version = ?4",
+    )?;
+    for (key, &version) in &checkpoint.versions {
+        if copy.execute(params![new, from, key, version_to_sql(version)?])? == 0 {
+            return Err(missing_value(from, key, version));
+        }
+    }
+    Ok(checkpoint)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening and migrating.
+
+fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+    // IMMEDIATE: two processes opening a new file at once must not both create the schema.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(CheckpointError::Backend(format!(
+            "`{}` has checkpoint schema version {version}, newer than the {SCHEMA_VERSION} this runner \
+             understands; upgrade runner to open it",
+            path.display()
+        )));
+    }
+    if version == 0 {
+        tx.execute_batch(SCHEMA)?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    }
+    // Later versions migrate here, one step at a time, inside this transaction.
+    tx.commit()?;
+    Ok(())
+}
+
+fn open_reader(path: &Path) -> Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "query_only", true)?;
+    Ok(conn)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows.
+
+/// A `threads` row, JSON columns as text.
+struct ThreadRow {
+    thread_id: String,
+    workflow: String,
+    plan_hash: String,
+    input: String,
+    context: String,
+    config: String,
+    status: String,
+    created_at: String,
+    updated_at: String,
+    forked_from: Option<(String, String)>,
+}
+
+impl ThreadRow {
+    fn from_thread(t: &Thread) -> Result<Self> {
+        Ok(ThreadRow {
+            thread_id: t.thread_id.clone(),
+            workflow: t.workflow.clone(),
+            plan_hash: t.plan_hash.clone(),
+            input: to_json(&t.input)?,
+            context: to_json(&t.context)?,
+            config: to_json(&t.config)?,
+            status: t.status.as_str().into(),
+            created_at: t.created_at.clone(),
+            updated_at: t.updated_at.clone(),
+            forked_from: t.forked_from.clone(),
+        })
+    }
+
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        let forked_thread: Option<String> = r.get(9)?;
+        let forked_checkpoint: Option<String> = r.get(10)?;
+        Ok(ThreadRow {
+            thread_id: r.get(0)?,
+            workflow: r.get(1)?,
+            plan_hash: r.get(2)?,
+            input: r.get(3)?,
+            context: r.get(4)?,
+            config: r.get(5)?,
+            status: r.get(6)?,
+            created_at: r.get(7)?,
+            updated_at: r.get(8)?,
+            forked_from: forked_thread.zip(forked_checkpoint),
+        })
+    }
+
+    fn into_thread(self) -> Result<Thread> {
+        let status = match self.status.as_str() {
+            "running" => ThreadStatus::Running,
+            "interrupted" => ThreadStatus::Interrupted,
+            "done" => ThreadStatus::Done,
+            "failed" => ThreadStatus::Failed,
+            other => return Err(CheckpointError::Corrupt(format!("thread status `{other}`"))),
+        };
+        Ok(Thread {
+            input: from_json("a thread input", &self.input)?,
+            context: from_json("a thread context", &self.context)?,
+            config: from_json("a thread config", &self.config)?,
+            thread_id: self.thread_id,
+            workflow: self.workflow,
+            plan_hash: self.plan_hash,
+            status,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            forked_from: self.forked_from,
+        })
+    }
+
+    fn insert(&self, conn: &Connection) -> Result<()> {
+        let (forked_thread, forked_checkpoint) = self.forked_from.clone().unzip();
+        conn.prepare_cached(&format!(
+            "INSERT INTO threads ({THREAD_COLS}, touched) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, \
+             (SELECT coalesce(max(touched), 0) + 1 FROM threads))"
+        ))?
+        .execute(params![
+            self.thread_id,
+            self.workflow,
+            self.plan_hash,
+            self.input,
+            self.context,
+            self.config,
+            self.status,
+            self.created_at,
+            self.updated_at,
+            forked_thread,
+            forked_checkpoint,
+        ])?;
+        Ok(())
+    }
+}
+
+/// A `checkpoints` row, JSON columns as text.
+struct CheckpointRow {
+    thread_id: String,
+    checkpoint_id: String,
+    parent_id: Option<String>,
+    step: i64,
+    versions: String,
+    ran: String,
+    changed: String,
+    next: String,
+    meta: String,
+    plan_hash: String,
+    created_at: String,
+}
+
+impl CheckpointRow {
+    fn from_checkpoint(c: &Checkpoint) -> Result<Self> {
+        Ok(CheckpointRow {
+            thread_id: c.thread_id.clone(),
+            checkpoint_id: c.checkpoint_id.clone(),
+            parent_id: c.parent_id.clone(),
+            step: c.step,
+            versions: to_json(&c.versions)?,
+            ran: to_json(&c.ran)?,
+            changed: to_json(&c.changed)?,
+            next: to_json(&c.next)?,
+            meta: to_json(&c.meta)?,
+            plan_hash: c.plan_hash.clone(),
+            created_at: c.created_at.clone(),
+        })
+    }
+
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(CheckpointRow {
+            thread_id: r.get(0)?,
+            checkpoint_id: r.get(1)?,
+            parent_id: r.get(2)?,
+            step: r.get(3)?,
+            versions: r.get(4)?,
+            ran: r.get(5)?,
+            changed: r.get(6)?,
+            next: r.get(7)?,
+            meta: r.get(8)?,
+            plan_hash: r.get(9)?,
+            created_at: r.get(10)?,
+        })
+    }
+
+    fn into_checkpoint(self) -> Result<Checkpoint> {
+        Ok(Checkpoint {
+            versions: from_json("checkpoint versions", &self.versions)?,
+            ran: from_json("checkpoint `ran`", &self.ran)?,
+            changed: from_json("checkpoint `changed`", &self.changed)?,
+            next: from_json("checkpoint `next`", &self.next)?,
+            meta: from_json("checkpoint meta", &self.meta)?,
+            checkpoint_id: self.checkpoint_id,
+            thread_id: self.thread_id,
+            parent_id: self.parent_id,
+            step: self.step,
+            plan_hash: self.plan_hash,
+            created_at: self.created_at,
+        })
+    }
+
+    fn insert(&self, conn: &Connection) -> Result<()> {
+        conn.prepare_cached(&format!(
+            "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+        ))?
+        .execute(params![
+            self.thread_id,
+            self.checkpoint_id,
+            self.parent_id,
+            self.step,
+            self.versions,
+            self.ran,
+            self.changed,
+            self.next,
+            self.meta,
+            self.plan_hash,
+            self.created_at,
+        ])?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small queries and conversions shared by the reader and the writer.
+
+fn load_thread(conn: &Connection, thread_id: &str) -> Result<Option<ThreadRow>> {
+    Ok(conn
+        .prepare_cached(&format!("SELECT {THREAD_COLS} FROM threads WHERE thread_id = ?1"))?
+        .query_row([thread_id], ThreadRow::from_row)
+        .optional()?)
+}
+
+fn load_checkpoint(conn: &Connection, thread_id: &str, checkpoint_id: &str) -> Result<Option<CheckpointRow>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2"
+        ))?
+        .query_row([thread_id, checkpoint_id], CheckpointRow::from_row)
+        .optional()?)
+}
+
+fn thread_exists(conn: &Connection, thread_id: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM threads WHERE thread_id = ?1")?
+        .exists([thread_id])?)
+}
+
+fn require_thread(conn: &Connection, thread_id: &str) -> Result<()> {
+    if thread_exists(conn, thread_id)? {
+        Ok(())
+    } else {
+        Err(CheckpointError::NoThread(thread_id.into()))
+    }
+}
+
+fn checkpoint_exists(conn: &Connection, thread_id: &str, checkpoint_id: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2")?
+        .exists([thread_id, checkpoint_id])?)
+}
+
+fn version_to_sql(version: u64) -> Result<i64> {
+    i64::try_from(version).map_err(|_| CheckpointError::Backend(format!("version {version} exceeds SQLite's range")))
+}
+
+fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| CheckpointError::Backend(format!("cannot serialize: {e}")))
+}
+
+fn from_json<T: DeserializeOwned>(what: &str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| CheckpointError::Corrupt(format!("{what}: {e}")))
+}
+
+fn missing_value(thread_id: &str, key: &str, version: u64) -> CheckpointError {
+    CheckpointError::Corrupt(format!(
+        "thread `{thread_id}` has no value for `{key}` at version {version}"
+    ))
+}
+
+/// Checkpoint ids are fresh UUIDv7s; a repeated one is a caller's bug, refused rather than merged.
+pub(crate) fn duplicate_checkpoint(thread_id: &str, checkpoint_id: &str) -> CheckpointError {
+    CheckpointError::Backend(format!(
+        "checkpoint `{checkpoint_id}` already exists on thread `{thread_id}`"
+    ))
+}
