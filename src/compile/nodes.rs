@@ -400,7 +400,9 @@ impl<'c, 'a> Build<'c, 'a> {
                 },
             );
         }
+        let by_name = nodes.iter().map(|(ix, n)| (n.name.clone(), *ix)).collect();
         Some(Plan {
+            by_name,
             name: self.wf.name.clone(),
             description: self.wf.description.clone(),
             path: self.src.path().to_path_buf(),

@@ -30,6 +30,8 @@ pub struct Plan {
     pub end: NodeIx,
     /// Per node (by graph index): its resolved spec, compiled fields and outgoing branches.
     pub nodes: IndexMap<NodeIx, PlanNode>,
+    /// Node names to indices, for the engine's stored task records and the CLI.
+    pub by_name: std::collections::HashMap<String, NodeIx>,
     /// What runs first.
     pub entry: Vec<Branch>,
     /// Joins: the target runs once every source has run since it last ran.
@@ -69,7 +71,7 @@ impl Plan {
 
     /// The node called `name`, if any.
     pub fn node_by_name(&self, name: &str) -> Option<NodeIx> {
-        self.nodes.iter().find(|(_, n)| n.name == name).map(|(ix, _)| *ix)
+        self.by_name.get(name).copied()
     }
 }
 

@@ -159,12 +159,13 @@ struct Meta {
 type NewValues = Vec<(String, u64, Value)>;
 
 const DONE: &str = "__done__";
-const NEXT: &str = "__next__";
-const HANDLED: &str = "__handled__";
-const USAGE: &str = "__usage__";
 const INTERRUPT: &str = "__interrupt__";
 const RESUME: &str = "__resume__";
 const BEFORE: &str = "__before__";
+/// Record slots within a task: its pause, the answer to it, its result.
+const IDX_INTERRUPT: u32 = 0;
+const IDX_RESUME: u32 = 1;
+const IDX_DONE: u32 = 2;
 
 impl Engine {
     pub fn new(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, providers: Providers, events: Events) -> Engine {
@@ -244,7 +245,7 @@ impl Engine {
                 self.validate_answer(&waiting, answer)?;
                 let w = PendingWrite {
                     task_id: waiting.task_id.clone(),
-                    idx: 0,
+                    idx: IDX_RESUME,
                     channel: RESUME.into(),
                     value: answer.clone(),
                 };
@@ -264,7 +265,7 @@ impl Engine {
         let mut status = Status::Done;
         let mut error = None;
         let mut interrupt = None;
-        let mut state_value = to_jinja(&Value::Object(state.clone()));
+        let mut state_value = values::map_to_jinja(&state);
         loop {
             if self.cancel.load(Ordering::SeqCst) {
                 status = Status::Cancelled;
@@ -297,7 +298,7 @@ impl Engine {
                         &cp.checkpoint_id,
                         &[PendingWrite {
                             task_id: BEFORE.into(),
-                            idx: 0,
+                            idx: IDX_INTERRUPT,
                             channel: INTERRUPT.into(),
                             value: payload.clone(),
                         }],
@@ -332,7 +333,7 @@ impl Engine {
                     .collect(),
                 Some(self.plan.clone()),
             ));
-            let outcomes = self.run_step(&shared, &cp, &pending, base, step, &persister).await?;
+            let (outcomes, deferred) = self.run_step(&shared, &cp, &pending, base, step, &persister).await?;
             // A failure or an interrupt stops here: finished tasks' writes are stored, the last
             // checkpoint is untouched, and the thread resumes from it.
             let failed: Vec<(String, String)> = outcomes
@@ -363,7 +364,7 @@ impl Engine {
             }
             match self.apply(&shared, &cp, &mut state, &mut meta, &outcomes, &constants, step) {
                 Ok((next_cp, values)) => {
-                    state_value = to_jinja(&Value::Object(state.clone()));
+                    state_value = values::map_to_jinja(&state);
                     if self.events.is_on() {
                         let changed: Map<String, Value> = next_cp
                             .changed
@@ -373,6 +374,9 @@ impl Engine {
                         self.events.send(Event::StateUpdate { step, values: changed });
                     }
                     persister.put_checkpoint(&next_cp, values)?;
+                    for e in deferred {
+                        self.events.send(e);
+                    }
                     self.events.send(Event::StepEnd {
                         step,
                         checkpoint_id: next_cp.checkpoint_id.clone(),
@@ -394,7 +398,7 @@ impl Engine {
                             &cp.checkpoint_id,
                             &[PendingWrite {
                                 task_id: BEFORE.into(),
-                                idx: 0,
+                                idx: IDX_INTERRUPT,
                                 channel: INTERRUPT.into(),
                                 value: payload.clone(),
                             }],
@@ -415,6 +419,9 @@ impl Engine {
                     // without running them again.
                     persister.flush()?;
                     self.keep_writes(&shared.thread_id, &cp, &pending, &outcomes)?;
+                    for e in deferred {
+                        self.events.send(e);
+                    }
                     status = Status::Failed;
                     error = Some(message);
                     break;
@@ -553,7 +560,7 @@ impl Engine {
                 ("input".to_string(), to_jinja(input)),
                 ("config".to_string(), to_jinja(&config)),
                 ("context".to_string(), to_jinja(&thread.context)),
-                ("state".to_string(), to_jinja(&Value::Object(state.clone()))),
+                ("state".to_string(), values::map_to_jinja(state)),
                 (
                     "run".to_string(),
                     to_jinja(&json!({"thread_id": thread.thread_id, "step": step, "node": "START"})),
@@ -700,7 +707,7 @@ impl Engine {
         base: Arc<Scope>,
         step: i64,
         persister: &Persister,
-    ) -> Result<Vec<(TaskSpec, StepResult)>, EngineError> {
+    ) -> Result<(Vec<(TaskSpec, StepResult)>, Vec<Event>), EngineError> {
         let mut results: Vec<Option<StepResult>> = vec![None; cp.next.len()];
         let mut set = JoinSet::new();
         for (i, t) in cp.next.iter().enumerate() {
@@ -739,9 +746,10 @@ impl Engine {
             set.spawn(async move { (i, fut.await) });
         }
         let mut remaining = set.len();
+        let mut deferred = Vec::new();
         while let Some(joined) = set.join_next().await {
             remaining -= 1;
-            let (i, outcome) = match joined {
+            let (i, (outcome, duration_ms)) = match joined {
                 Ok(r) => r,
                 Err(e) => {
                     return Err(EngineError::Store(checkpoint::CheckpointError::Backend(format!(
@@ -750,15 +758,28 @@ impl Engine {
                 }
             };
             let t = &cp.next[i];
+            let end = |keys: Vec<String>| Event::NodeEnd {
+                step,
+                node: t.node.clone(),
+                task_id: t.task_id.clone(),
+                duration_ms,
+                keys,
+                cached: false,
+            };
             let result = match outcome {
                 Outcome::Done(done) => {
                     // The last task of a step is stored with the step's checkpoint, one commit
-                    // for both; earlier ones are stored now so a crash cannot lose them.
+                    // for both; earlier ones are stored now so a crash cannot lose them. Either
+                    // way `node_end` follows the commit.
+                    let event = end(done.writes.iter().map(|(k, _)| k.clone()).collect());
                     if remaining > 0 {
                         let writes = encode(&t.task_id, &done);
                         tokio::task::block_in_place(|| {
                             persister.put_writes(&shared.thread_id, &cp.checkpoint_id, writes)
                         })?;
+                        self.events.send(event);
+                    } else {
+                        deferred.push(event);
                     }
                     StepResult::Done(done)
                 }
@@ -773,7 +794,7 @@ impl Engine {
                         &cp.checkpoint_id,
                         &[PendingWrite {
                             task_id: t.task_id.clone(),
-                            idx: 0,
+                            idx: IDX_INTERRUPT,
                             channel: INTERRUPT.into(),
                             value: payload.clone(),
                         }],
@@ -783,9 +804,13 @@ impl Engine {
                         task_id: t.task_id.clone(),
                         payload: payload.clone(),
                     });
+                    self.events.send(end(Vec::new()));
                     StepResult::Interrupt(payload)
                 }
-                Outcome::Failed(e) => StepResult::Failed(e),
+                Outcome::Failed(e) => {
+                    self.events.send(end(Vec::new()));
+                    StepResult::Failed(e)
+                }
             };
             results[i] = Some(result);
         }
@@ -800,8 +825,11 @@ impl Engine {
         if out.iter().any(|(_, r)| !matches!(r, StepResult::Done(_))) {
             persister.flush()?;
             self.keep_writes(&shared.thread_id, cp, pending, &out)?;
+            for e in deferred.drain(..) {
+                self.events.send(e);
+            }
         }
-        Ok(out)
+        Ok((out, deferred))
     }
 
     /// Stores the writes of finished tasks that are not stored yet.
@@ -867,7 +895,7 @@ impl Engine {
         let mut new_values = Vec::new();
         let mut versions = cp.versions.clone();
         let mut changed = Vec::new();
-        let mut next_state = state.clone();
+        let mut computed: Vec<(String, Value)> = Vec::with_capacity(updates.len());
         for (key, writes) in &updates {
             let Some(channel) = self.plan.state.get(*key) else {
                 return Err(format!(
@@ -882,11 +910,11 @@ impl Engine {
                     nodes.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" and ")
                 ));
             }
-            let current = state.get(*key).cloned().unwrap_or(Value::Null);
+            let current = state.get(*key).unwrap_or(&Value::Null);
             let value = values::reduce(
                 &self.plan,
                 &channel.reducer,
-                &current,
+                current,
                 writes.iter().map(|(_, v)| (*v).clone()).collect(),
             )
             .map_err(|e| format!("`{key}`: {e}"))?;
@@ -903,11 +931,23 @@ impl Engine {
             versions.insert(key.to_string(), version);
             changed.push(key.to_string());
             new_values.push((key.to_string(), version, value.clone()));
-            next_state.insert(key.to_string(), value);
+            computed.push((key.to_string(), value));
         }
-        // Routing sees the state after the step.
+        // Routing sees the state after the step; if routing fails, the step did not happen.
+        let previous: Vec<(String, Option<Value>)> = computed
+            .into_iter()
+            .map(|(k, v)| (k.clone(), state.insert(k, v)))
+            .collect();
+        let restore = |state: &mut Map<String, Value>| {
+            for (k, old) in &previous {
+                match old {
+                    Some(v) => state.insert(k.clone(), v.clone()),
+                    None => state.remove(k),
+                };
+            }
+        };
         let mut vars = constants.clone();
-        vars.insert("state".into(), to_jinja(&Value::Object(next_state.clone())));
+        vars.insert("state".into(), values::map_to_jinja(state));
         let mut next: Vec<Next> = Vec::new();
         let mut ran = Vec::new();
         for (t, d) in &done {
@@ -927,8 +967,10 @@ impl Engine {
             );
             let scope = Scope::new(v, Some(self.plan.clone())).into_value();
             for b in &self.plan.nodes[&ix].branches {
-                follow(shared, b, &scope, &mut next)
-                    .map_err(|e| format!("routing after `{}`: {}", t.node, e.message))?;
+                if let Err(e) = follow(shared, b, &scope, &mut next) {
+                    restore(state);
+                    return Err(format!("routing after `{}`: {}", t.node, e.message));
+                }
             }
             for (j, (sources, target)) in self.plan.joins.iter().enumerate() {
                 if sources.contains(&ix) {
@@ -946,7 +988,6 @@ impl Engine {
         }
         ran.dedup();
         let tasks = self.schedule(next);
-        *state = next_state;
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             thread_id: shared.thread_id.clone(),
@@ -1049,19 +1090,9 @@ fn follow(shared: &Shared, b: &Branch, scope: &minijinja::Value, next: &mut Vec<
     Ok(())
 }
 
-/// A finished task's result as stored writes.
+/// A finished task's result as one stored write: its state writes, the successors it chose,
+/// whether its error handler took over, and its usage.
 fn encode(task_id: &str, done: &task::Done) -> Vec<PendingWrite> {
-    let mut out: Vec<PendingWrite> = done
-        .writes
-        .iter()
-        .enumerate()
-        .map(|(i, (k, v))| PendingWrite {
-            task_id: task_id.into(),
-            idx: i as u32,
-            channel: k.clone(),
-            value: v.clone(),
-        })
-        .collect();
     let next: Vec<Value> = done
         .next
         .iter()
@@ -1071,64 +1102,53 @@ fn encode(task_id: &str, done: &task::Done) -> Vec<PendingWrite> {
             Next::Send(ix, item) => json!({"send": ix.index(), "item": item}),
         })
         .collect();
-    let base = out.len() as u32;
-    out.push(PendingWrite {
+    let writes: Vec<Value> = done.writes.iter().map(|(k, v)| json!([k, v])).collect();
+    let mut value = json!({"writes": writes});
+    if !next.is_empty() {
+        value["next"] = Value::Array(next);
+    }
+    if done.handled {
+        value["handled"] = Value::Bool(true);
+    }
+    if done.usage.calls > 0 {
+        value["usage"] = serde_json::to_value(done.usage).unwrap_or_default();
+    }
+    vec![PendingWrite {
         task_id: task_id.into(),
-        idx: base,
-        channel: NEXT.into(),
-        value: Value::Array(next),
-    });
-    out.push(PendingWrite {
-        task_id: task_id.into(),
-        idx: base + 1,
-        channel: HANDLED.into(),
-        value: Value::Bool(done.handled),
-    });
-    out.push(PendingWrite {
-        task_id: task_id.into(),
-        idx: base + 2,
-        channel: USAGE.into(),
-        value: serde_json::to_value(done.usage).unwrap_or_default(),
-    });
-    out.push(PendingWrite {
-        task_id: task_id.into(),
-        idx: base + 3,
+        idx: IDX_DONE,
         channel: DONE.into(),
-        value: Value::Bool(true),
-    });
-    out
+        value,
+    }]
 }
 
-/// A task finished before (its writes stored, ending with the done marker), decoded.
+/// A task finished before (its result stored), decoded.
 fn cached(pending: &[PendingWrite], task_id: &str, plan: &Plan) -> Option<task::Done> {
-    let mine: Vec<&PendingWrite> = pending.iter().filter(|w| w.task_id == task_id).collect();
-    if !mine.iter().any(|w| w.channel == DONE) {
-        return None;
-    }
+    let w = pending.iter().find(|w| w.task_id == task_id && w.channel == DONE)?;
     let mut done = task::Done::default();
-    for w in mine {
-        match w.channel.as_str() {
-            DONE | RESUME | INTERRUPT => {}
-            HANDLED => done.handled = w.value.as_bool().unwrap_or(false),
-            USAGE => done.usage = serde_json::from_value(w.value.clone()).unwrap_or_default(),
-            NEXT => {
-                for n in w.value.as_array().into_iter().flatten() {
-                    let to_ix = |v: &Value| {
-                        v.as_u64()
-                            .map(|i| petgraph::stable_graph::NodeIndex::new(i as usize))
-                            .filter(|ix| plan.nodes.contains_key(ix))
-                    };
-                    if n.get("to") == Some(&json!("END")) {
-                        done.next.push(Next::End);
-                    } else if let Some(ix) = n.get("to").and_then(to_ix) {
-                        done.next.push(Next::Node(ix));
-                    } else if let Some(ix) = n.get("send").and_then(to_ix) {
-                        done.next
-                            .push(Next::Send(ix, n.get("item").cloned().unwrap_or(Value::Null)));
-                    }
-                }
-            }
-            key => done.writes.push((key.to_string(), w.value.clone())),
+    for pair in w.value.get("writes").and_then(Value::as_array).into_iter().flatten() {
+        if let (Some(k), Some(v)) = (pair.get(0).and_then(Value::as_str), pair.get(1)) {
+            done.writes.push((k.to_string(), v.clone()));
+        }
+    }
+    done.handled = w.value.get("handled").and_then(Value::as_bool).unwrap_or(false);
+    done.usage = w
+        .value
+        .get("usage")
+        .and_then(|u| serde_json::from_value(u.clone()).ok())
+        .unwrap_or_default();
+    let to_ix = |v: &Value| {
+        v.as_u64()
+            .map(|i| petgraph::stable_graph::NodeIndex::new(i as usize))
+            .filter(|ix| plan.nodes.contains_key(ix))
+    };
+    for n in w.value.get("next").and_then(Value::as_array).into_iter().flatten() {
+        if n.get("to") == Some(&json!("END")) {
+            done.next.push(Next::End);
+        } else if let Some(ix) = n.get("to").and_then(to_ix) {
+            done.next.push(Next::Node(ix));
+        } else if let Some(ix) = n.get("send").and_then(to_ix) {
+            done.next
+                .push(Next::Send(ix, n.get("item").cloned().unwrap_or(Value::Null)));
         }
     }
     Some(done)

@@ -52,7 +52,7 @@ pub async fn run(
     base: Arc<Scope>,
     step: i64,
     resume: Option<Value>,
-) -> Outcome {
+) -> (Outcome, f64) {
     let plan = &shared.plan;
     let node = &plan.nodes[&ix];
     let common = node.spec.common();
@@ -126,10 +126,6 @@ pub async fn run(
             }
         }
     };
-    let keys = match &outcome {
-        Outcome::Done(d) => d.writes.iter().map(|(k, _)| k.clone()).collect(),
-        _ => Vec::new(),
-    };
     if let Outcome::Done(d) = &outcome
         && d.usage.calls > 0
     {
@@ -138,15 +134,9 @@ pub async fn run(
             usage: d.usage,
         });
     }
-    shared.events.send(Event::NodeEnd {
-        step,
-        node: node.name.clone(),
-        task_id,
-        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-        keys,
-        cached: false,
-    });
-    outcome
+    // `node_end` is sent by the step once the result is stored: an observer that sees it may
+    // rely on the task never running again.
+    (outcome, started.elapsed().as_secs_f64() * 1000.0)
 }
 
 fn params(node: &crate::compile::PlanNode) -> Value {

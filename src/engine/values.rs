@@ -87,6 +87,11 @@ pub fn to_jinja(v: &Value) -> JValue {
     JValue::from(minijinja::value::Serde(v))
 }
 
+/// A JSON object to a minijinja value, serialized by reference (no copy of the map first).
+pub fn map_to_jinja(m: &serde_json::Map<String, Value>) -> JValue {
+    JValue::from(minijinja::value::Serde(m))
+}
+
 /// A minijinja value back to JSON. Undefined becomes null.
 pub fn to_json(v: &JValue) -> Result<Value, String> {
     if v.is_undefined() {

@@ -1,0 +1,751 @@
+//! Checkpoint storage: one conformance suite, run against every [`Checkpointer`] (memory, and
+//! SQLite at both durability levels), then what only SQLite promises — surviving a reopen,
+//! group commit, readers that never see SQLITE_BUSY, the synchronous pragma, and storage that
+//! grows with what changed rather than with steps × state size.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+
+use runner::checkpoint::memory::MemoryCheckpointer;
+use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
+use runner::checkpoint::{
+    Checkpoint, CheckpointError, Checkpointer, Durability, PendingWrite, TaskSpec, Thread, ThreadStatus, new_id,
+};
+use serde_json::{Map, Value, json};
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures.
+
+fn thread(id: &str) -> Thread {
+    Thread {
+        thread_id: id.into(),
+        workflow: "workflows/research.yaml".into(),
+        plan_hash: "plan-1".into(),
+        input: json!({"query": "why is the sky blue?"}),
+        context: json!({"user_id": "u1"}),
+        config: json!({"max_subtopics": 3}),
+        status: ThreadStatus::Running,
+        created_at: "2020-01-01T10:00:00.000Z".into(),
+        updated_at: "2020-01-01T10:00:00.000Z".into(),
+        forked_from: None,
+    }
+}
+
+fn versions(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+fn checkpoint(thread_id: &str, parent: Option<&Checkpoint>, step: i64, vs: &[(&str, u64)]) -> Checkpoint {
+    Checkpoint {
+        checkpoint_id: new_id(),
+        thread_id: thread_id.into(),
+        parent_id: parent.map(|p| p.checkpoint_id.clone()),
+        step,
+        versions: versions(vs),
+        ran: vec!["plan".into()],
+        changed: vs.iter().map(|(k, _)| k.to_string()).collect(),
+        next: vec![
+            TaskSpec {
+                task_id: format!("task-{step}-a"),
+                node: "search".into(),
+                item: Some(json!({"q": step})),
+            },
+            TaskSpec {
+                task_id: format!("task-{step}-b"),
+                node: "scrape".into(),
+                item: None,
+            },
+        ],
+        meta: json!({"visits": {"plan": step + 1}, "barrier": []}),
+        plan_hash: "plan-1".into(),
+        created_at: "2020-01-01T10:00:01.000Z".into(),
+    }
+}
+
+fn vals(items: &[(&str, u64, Value)]) -> Vec<(String, u64, Value)> {
+    items.iter().map(|(k, v, x)| (k.to_string(), *v, x.clone())).collect()
+}
+
+fn write(task: &str, idx: u32, channel: &str, value: Value) -> PendingWrite {
+    PendingWrite {
+        task_id: task.into(),
+        idx,
+        channel: channel.into(),
+        value,
+    }
+}
+
+fn ids(checkpoints: &[Checkpoint]) -> Vec<&str> {
+    checkpoints.iter().map(|c| c.checkpoint_id.as_str()).collect()
+}
+
+fn thread_ids(threads: &[Thread]) -> Vec<&str> {
+    threads.iter().map(|t| t.thread_id.as_str()).collect()
+}
+
+fn obj(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+/// Three checkpoints on thread `id` (created if missing): `a` changes at every step, `b` only
+/// at the first.
+fn three_steps(cp: &dyn Checkpointer, id: &str) -> [Checkpoint; 3] {
+    if cp.get_thread(id).unwrap().is_none() {
+        cp.create_thread(&thread(id)).unwrap();
+    }
+    let c0 = checkpoint(id, None, -1, &[("a", 1), ("b", 1)]);
+    cp.put_checkpoint(&c0, &vals(&[("a", 1, json!("a1")), ("b", 1, json!(["b1"]))]))
+        .unwrap();
+    let c1 = checkpoint(id, Some(&c0), 0, &[("a", 2), ("b", 1)]);
+    cp.put_checkpoint(&c1, &vals(&[("a", 2, json!("a2"))])).unwrap();
+    let c2 = checkpoint(id, Some(&c1), 1, &[("a", 3), ("b", 1)]);
+    cp.put_checkpoint(&c2, &vals(&[("a", 3, json!("a3"))])).unwrap();
+    [c0, c1, c2]
+}
+
+// ---------------------------------------------------------------------------------------------
+// The conformance suite.
+
+fn threads(cp: &dyn Checkpointer) {
+    assert_eq!(cp.list_threads().unwrap(), vec![]);
+    assert_eq!(cp.get_thread("t1").unwrap(), None);
+
+    cp.create_thread(&thread("t1")).unwrap();
+    let mut forked = thread("t2");
+    forked.forked_from = Some(("t0".into(), "c0".into()));
+    forked.status = ThreadStatus::Interrupted;
+    cp.create_thread(&forked).unwrap();
+    assert_eq!(cp.get_thread("t1").unwrap(), Some(thread("t1")));
+    assert_eq!(cp.get_thread("t2").unwrap(), Some(forked.clone()));
+    assert_eq!(thread_ids(&cp.list_threads().unwrap()), ["t2", "t1"]);
+
+    let err = cp.create_thread(&thread("t1")).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::ThreadExists(ref id) if id == "t1"),
+        "{err}"
+    );
+    assert_eq!(
+        cp.get_thread("t2").unwrap(),
+        Some(forked),
+        "a refused create changes nothing"
+    );
+
+    cp.set_status("t1", ThreadStatus::Done).unwrap();
+    let t1 = cp.get_thread("t1").unwrap().unwrap();
+    assert_eq!(t1.status, ThreadStatus::Done);
+    assert!(t1.updated_at > t1.created_at, "updated_at moves: {}", t1.updated_at);
+    assert_eq!(t1.created_at, thread("t1").created_at);
+    assert_eq!(
+        thread_ids(&cp.list_threads().unwrap()),
+        ["t1", "t2"],
+        "most recently updated first"
+    );
+    cp.set_status("t2", ThreadStatus::Failed).unwrap();
+    cp.set_status("t1", ThreadStatus::Running).unwrap();
+    cp.set_status("t2", ThreadStatus::Interrupted).unwrap();
+    assert_eq!(
+        thread_ids(&cp.list_threads().unwrap()),
+        ["t2", "t1"],
+        "even within one millisecond"
+    );
+
+    let err = cp.set_status("nope", ThreadStatus::Done).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::NoThread(ref id) if id == "nope"),
+        "{err}"
+    );
+}
+
+fn checkpoints(cp: &dyn Checkpointer) {
+    let c = checkpoint("t", None, -1, &[]);
+    assert!(matches!(cp.put_checkpoint(&c, &[]), Err(CheckpointError::NoThread(_))));
+    assert_eq!(
+        cp.get_checkpoint("t", None).unwrap(),
+        None,
+        "a missing thread has no checkpoint"
+    );
+    assert!(matches!(cp.history("t"), Err(CheckpointError::NoThread(_))));
+
+    cp.create_thread(&thread("t")).unwrap();
+    assert_eq!(cp.get_checkpoint("t", None).unwrap(), None, "no checkpoint yet");
+    assert_eq!(cp.history("t").unwrap(), vec![]);
+
+    let [c0, c1, c2] = three_steps(cp, "t");
+    assert_eq!(cp.get_checkpoint("t", None).unwrap().as_ref(), Some(&c2), "latest");
+    assert_eq!(
+        cp.get_checkpoint("t", Some(&c1.checkpoint_id)).unwrap().as_ref(),
+        Some(&c1)
+    );
+    assert_eq!(cp.get_checkpoint("t", Some("nope")).unwrap(), None);
+    assert_eq!(cp.history("t").unwrap(), vec![c2.clone(), c1.clone(), c0.clone()]);
+
+    // Newest first is by step, then by id: not by insertion order.
+    let mut late = checkpoint("t", Some(&c2), 7, &[]);
+    late.checkpoint_id = "b-late".into();
+    let mut early = checkpoint("t", Some(&c2), 7, &[]);
+    early.checkpoint_id = "a-early".into();
+    let mut last = checkpoint("t", Some(&late), 8, &[]);
+    last.checkpoint_id = "0-last".into();
+    for c in [&last, &early, &late] {
+        cp.put_checkpoint(c, &[]).unwrap();
+    }
+    let history = cp.history("t").unwrap();
+    assert_eq!(ids(&history)[..3], ["0-last", "b-late", "a-early"]);
+    assert_eq!(cp.get_checkpoint("t", None).unwrap().unwrap().checkpoint_id, "0-last");
+
+    let mut dup = c1.clone();
+    dup.step = 99;
+    let err = cp.put_checkpoint(&dup, &[]).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::Backend(ref m) if m.contains("already exists")),
+        "{err}"
+    );
+    assert_eq!(
+        cp.get_checkpoint("t", Some(&c1.checkpoint_id)).unwrap(),
+        Some(c1),
+        "refused put changes nothing"
+    );
+
+    // Another thread's checkpoints are not this one's.
+    cp.create_thread(&thread("other")).unwrap();
+    assert_eq!(cp.get_checkpoint("other", Some(&c0.checkpoint_id)).unwrap(), None);
+    assert_eq!(cp.history("other").unwrap(), vec![]);
+}
+
+fn state(cp: &dyn Checkpointer) {
+    let [c0, c1, c2] = three_steps(cp, "t");
+    let at = |c: &Checkpoint| cp.state("t", &c.versions).unwrap();
+    assert_eq!(at(&c0), obj(json!({"a": "a1", "b": ["b1"]})));
+    assert_eq!(at(&c1), obj(json!({"a": "a2", "b": ["b1"]})));
+    assert_eq!(at(&c2), obj(json!({"a": "a3", "b": ["b1"]})));
+    assert_eq!(cp.state("t", &BTreeMap::new()).unwrap(), Map::new());
+    assert_eq!(
+        cp.state("t", &versions(&[("b", 1)])).unwrap(),
+        obj(json!({"b": ["b1"]}))
+    );
+
+    // A version's value is stored once: a later put of the same version does not replace it.
+    let c3 = checkpoint("t", Some(&c2), 2, &[("a", 3), ("b", 1)]);
+    cp.put_checkpoint(&c3, &vals(&[("a", 3, json!("other"))])).unwrap();
+    assert_eq!(at(&c3), obj(json!({"a": "a3", "b": ["b1"]})));
+
+    let err = cp.state("t", &versions(&[("a", 9)])).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::Corrupt(ref m) if m.contains("`a`") && m.contains('9')),
+        "{err}"
+    );
+    let err = cp.state("t", &versions(&[("zzz", 1)])).unwrap_err();
+    assert!(matches!(err, CheckpointError::Corrupt(_)), "{err}");
+    assert!(matches!(
+        cp.state("nope", &c0.versions),
+        Err(CheckpointError::NoThread(_))
+    ));
+    assert!(matches!(
+        cp.state("nope", &BTreeMap::new()),
+        Err(CheckpointError::NoThread(_))
+    ));
+
+    // Values belong to their thread.
+    cp.create_thread(&thread("other")).unwrap();
+    assert!(matches!(
+        cp.state("other", &c0.versions),
+        Err(CheckpointError::Corrupt(_))
+    ));
+}
+
+/// A key unchanged for 50 checkpoints is stored once; `rows` counts stored values.
+fn values_stored_once(cp: &dyn Checkpointer, rows: &dyn Fn() -> u64) {
+    let before = rows();
+    cp.create_thread(&thread("t")).unwrap();
+    let big = json!({"doc": "x".repeat(10_000)});
+    let mut parent = checkpoint("t", None, -1, &[("big", 1), ("n", 0)]);
+    cp.put_checkpoint(&parent, &vals(&[("big", 1, big.clone()), ("n", 0, json!(0))]))
+        .unwrap();
+    for step in 0..50u64 {
+        let c = checkpoint("t", Some(&parent), step as i64, &[("big", 1), ("n", step + 1)]);
+        cp.put_checkpoint(&c, &vals(&[("n", step + 1, json!(step + 1))]))
+            .unwrap();
+        parent = c;
+    }
+    assert_eq!(rows() - before, 2 + 50, "`big` once, `n` once per version");
+    assert_eq!(
+        cp.state("t", &parent.versions).unwrap(),
+        obj(json!({"big": big, "n": 50}))
+    );
+}
+
+fn writes(cp: &dyn Checkpointer) {
+    assert!(matches!(
+        cp.put_writes("t", "c", &[]),
+        Err(CheckpointError::NoThread(_))
+    ));
+    assert!(matches!(cp.get_writes("t", "c"), Err(CheckpointError::NoThread(_))));
+    let [c0, c1, _] = three_steps(cp, "t");
+    let err = cp.put_writes("t", "nope", &[write("x", 0, "a", json!(1))]).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::NoCheckpoint(ref t, ref c) if t == "t" && c == "nope"),
+        "{err}"
+    );
+    assert!(matches!(
+        cp.get_writes("t", "nope"),
+        Err(CheckpointError::NoCheckpoint(..))
+    ));
+    assert_eq!(cp.get_writes("t", &c1.checkpoint_id).unwrap(), vec![]);
+
+    // Tasks finish in any order; writes come back in (task, idx) order.
+    let c = &c1.checkpoint_id;
+    cp.put_writes(
+        "t",
+        c,
+        &[
+            write("t2", 1, "__goto__", json!("end")),
+            write("t2", 0, "a", json!({"x": 2})),
+        ],
+    )
+    .unwrap();
+    cp.put_writes("t", c, &[write("t1", 0, "a", json!([1]))]).unwrap();
+    cp.put_writes("t", c, &[]).unwrap();
+    let expected = vec![
+        write("t1", 0, "a", json!([1])),
+        write("t2", 0, "a", json!({"x": 2})),
+        write("t2", 1, "__goto__", json!("end")),
+    ];
+    assert_eq!(cp.get_writes("t", c).unwrap(), expected);
+
+    // A task re-run after a crash re-puts its writes: idempotent, and the latest run wins.
+    cp.put_writes("t", c, &[write("t1", 0, "a", json!([1]))]).unwrap();
+    assert_eq!(cp.get_writes("t", c).unwrap(), expected);
+    cp.put_writes("t", c, &[write("t2", 0, "a", json!({"x": 3}))]).unwrap();
+    let mut replaced = expected.clone();
+    replaced[1].value = json!({"x": 3});
+    assert_eq!(cp.get_writes("t", c).unwrap(), replaced);
+
+    // Writes belong to their checkpoint.
+    assert_eq!(cp.get_writes("t", &c0.checkpoint_id).unwrap(), vec![]);
+    cp.put_writes("t", &c0.checkpoint_id, &[write("t0", 0, "__error__", json!("boom"))])
+        .unwrap();
+    assert_eq!(cp.get_writes("t", c).unwrap(), replaced);
+    assert_eq!(
+        cp.get_writes("t", &c0.checkpoint_id).unwrap(),
+        vec![write("t0", 0, "__error__", json!("boom"))]
+    );
+}
+
+fn delete(cp: &dyn Checkpointer) {
+    assert!(matches!(cp.delete_thread("a"), Err(CheckpointError::NoThread(_))));
+    let [_, a1, a2] = three_steps(cp, "a");
+    let [_, b1, b2] = three_steps(cp, "b");
+    cp.put_writes("a", &a1.checkpoint_id, &[write("x", 0, "a", json!(1))])
+        .unwrap();
+    cp.put_writes("b", &b1.checkpoint_id, &[write("y", 0, "a", json!(2))])
+        .unwrap();
+
+    cp.delete_thread("a").unwrap();
+    assert_eq!(cp.get_thread("a").unwrap(), None);
+    assert_eq!(thread_ids(&cp.list_threads().unwrap()), ["b"]);
+    assert_eq!(cp.get_checkpoint("a", None).unwrap(), None);
+    assert_eq!(cp.get_checkpoint("a", Some(&a1.checkpoint_id)).unwrap(), None);
+    assert!(matches!(cp.history("a"), Err(CheckpointError::NoThread(_))));
+    assert!(matches!(
+        cp.get_writes("a", &a1.checkpoint_id),
+        Err(CheckpointError::NoThread(_))
+    ));
+    assert!(matches!(cp.delete_thread("a"), Err(CheckpointError::NoThread(_))));
+
+    // The other thread is whole.
+    assert_eq!(cp.history("b").unwrap().len(), 3);
+    assert_eq!(
+        cp.state("b", &b2.versions).unwrap(),
+        obj(json!({"a": "a3", "b": ["b1"]}))
+    );
+    assert_eq!(
+        cp.get_writes("b", &b1.checkpoint_id).unwrap(),
+        vec![write("y", 0, "a", json!(2))]
+    );
+
+    // The id can be used again, and nothing of the old thread comes back with it.
+    cp.create_thread(&thread("a")).unwrap();
+    assert_eq!(cp.history("a").unwrap(), vec![]);
+    assert!(matches!(cp.state("a", &a2.versions), Err(CheckpointError::Corrupt(_))));
+}
+
+fn fork(cp: &dyn Checkpointer) {
+    let [_, c1, c2] = three_steps(cp, "src");
+    cp.put_writes("src", &c1.checkpoint_id, &[write("x", 0, "a", json!(1))])
+        .unwrap();
+    cp.set_status("src", ThreadStatus::Interrupted).unwrap();
+    let source = cp.get_thread("src").unwrap().unwrap();
+    let source_history = cp.history("src").unwrap();
+
+    let forked = cp.fork("src", &c1.checkpoint_id, "f").unwrap();
+    assert_eq!(forked.thread_id, "f");
+    assert_ne!(forked.checkpoint_id, c1.checkpoint_id);
+    assert_eq!(forked.parent_id, None);
+    assert_eq!(
+        (
+            forked.step,
+            &forked.versions,
+            &forked.ran,
+            &forked.changed,
+            &forked.next,
+            &forked.meta,
+            &forked.plan_hash
+        ),
+        (
+            c1.step,
+            &c1.versions,
+            &c1.ran,
+            &c1.changed,
+            &c1.next,
+            &c1.meta,
+            &c1.plan_hash
+        )
+    );
+
+    let f = cp.get_thread("f").unwrap().unwrap();
+    assert_eq!(f.forked_from, Some(("src".into(), c1.checkpoint_id.clone())));
+    assert_eq!(f.status, ThreadStatus::Running);
+    assert_eq!(
+        (&f.workflow, &f.plan_hash, &f.input, &f.context, &f.config),
+        (
+            &source.workflow,
+            &source.plan_hash,
+            &source.input,
+            &source.context,
+            &source.config
+        )
+    );
+    assert_eq!(thread_ids(&cp.list_threads().unwrap()), ["f", "src"]);
+    assert_eq!(cp.history("f").unwrap(), vec![forked.clone()]);
+    assert_eq!(cp.get_checkpoint("f", None).unwrap().as_ref(), Some(&forked));
+    assert_eq!(
+        cp.state("f", &forked.versions).unwrap(),
+        cp.state("src", &c1.versions).unwrap()
+    );
+    assert_eq!(
+        cp.get_writes("f", &forked.checkpoint_id).unwrap(),
+        vec![],
+        "the fork re-runs the step"
+    );
+
+    // The original is unchanged.
+    assert_eq!(cp.get_thread("src").unwrap().as_ref(), Some(&source));
+    assert_eq!(cp.history("src").unwrap(), source_history);
+    assert_eq!(cp.get_writes("src", &c1.checkpoint_id).unwrap().len(), 1);
+
+    // The fork is resumable from its checkpoint, and lives on after its source is deleted.
+    cp.put_writes("f", &forked.checkpoint_id, &[write("y", 0, "a", json!("edited"))])
+        .unwrap();
+    let next = checkpoint("f", Some(&forked), forked.step + 1, &[("a", 3), ("b", 1)]);
+    cp.put_checkpoint(&next, &vals(&[("a", 3, json!("forked a3"))]))
+        .unwrap();
+    assert_eq!(cp.get_checkpoint("f", None).unwrap().as_ref(), Some(&next));
+    assert_eq!(
+        cp.state("src", &c2.versions).unwrap(),
+        obj(json!({"a": "a3", "b": ["b1"]})),
+        "own values"
+    );
+    cp.delete_thread("src").unwrap();
+    assert_eq!(
+        cp.state("f", &next.versions).unwrap(),
+        obj(json!({"a": "forked a3", "b": ["b1"]}))
+    );
+    assert_eq!(
+        cp.state("f", &forked.versions).unwrap(),
+        obj(json!({"a": "a2", "b": ["b1"]}))
+    );
+
+    // Errors, in this order: source thread, its checkpoint, then the new id.
+    let [_, g1, _] = three_steps(cp, "g");
+    assert!(matches!(cp.fork("nope", &g1.checkpoint_id, "x"), Err(CheckpointError::NoThread(ref t)) if t == "nope"));
+    assert!(matches!(
+        cp.fork("g", "nope", "f"),
+        Err(CheckpointError::NoCheckpoint(..))
+    ));
+    assert!(matches!(cp.fork("g", &g1.checkpoint_id, "f"), Err(CheckpointError::ThreadExists(ref t)) if t == "f"));
+    assert!(matches!(
+        cp.fork("g", &g1.checkpoint_id, "g"),
+        Err(CheckpointError::ThreadExists(_))
+    ));
+
+    // A fork is all or nothing: a missing value leaves no half-made thread.
+    let broken = checkpoint("g", Some(&g1), 5, &[("a", 2), ("lost", 4)]);
+    cp.put_checkpoint(&broken, &[]).unwrap();
+    assert!(matches!(
+        cp.fork("g", &broken.checkpoint_id, "h"),
+        Err(CheckpointError::Corrupt(_))
+    ));
+    assert_eq!(cp.get_thread("h").unwrap(), None);
+    cp.create_thread(&thread("h")).unwrap();
+    assert_eq!(cp.history("h").unwrap(), vec![]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every backend runs every case.
+
+/// A backend under test: the checkpointer, how many values it stores, and its temp dir.
+struct Backend {
+    cp: Arc<dyn Checkpointer>,
+    value_rows: Box<dyn Fn() -> u64>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn memory() -> Backend {
+    let cp = Arc::new(MemoryCheckpointer::new());
+    let counted = Arc::clone(&cp);
+    Backend {
+        cp,
+        value_rows: Box::new(move || counted.value_rows().unwrap()),
+        _dir: None,
+    }
+}
+
+fn sqlite(durability: Durability) -> Backend {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Arc::new(SqliteCheckpointer::open(&dir.path().join("runs.db"), durability).unwrap());
+    let counted = Arc::clone(&cp);
+    Backend {
+        cp,
+        value_rows: Box::new(move || counted.stats().unwrap().value_rows),
+        _dir: Some(dir),
+    }
+}
+
+macro_rules! conformance {
+    ($name:ident, $backend:expr, [$($case:ident),*]) => {
+        mod $name {
+            $(
+                #[test]
+                fn $case() {
+                    let backend = $backend;
+                    super::$case(&*backend.cp);
+                }
+            )*
+
+            #[test]
+            fn values_stored_once() {
+                let backend = $backend;
+                super::values_stored_once(&*backend.cp, &*backend.value_rows);
+            }
+        }
+    };
+}
+
+conformance!(
+    memory,
+    super::memory(),
+    [threads, checkpoints, state, writes, delete, fork]
+);
+conformance!(
+    sqlite_crash_safe,
+    super::sqlite(runner::checkpoint::Durability::CrashSafe),
+    [threads, checkpoints, state, writes, delete, fork]
+);
+conformance!(
+    sqlite_power_safe,
+    super::sqlite(runner::checkpoint::Durability::PowerSafe),
+    [threads, checkpoints, state, writes, delete, fork]
+);
+
+// ---------------------------------------------------------------------------------------------
+// SQLite only.
+
+#[test]
+fn sqlite_data_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/dirs/runs.db");
+    let (cs, thread_before, writes_before) = {
+        let cp = SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap();
+        let cs = three_steps(&cp, "t");
+        cp.put_writes("t", &cs[2].checkpoint_id, &[write("x", 0, "a", json!({"k": [1, 2]}))])
+            .unwrap();
+        cp.set_status("t", ThreadStatus::Interrupted).unwrap();
+        cp.fork("t", &cs[1].checkpoint_id, "f").unwrap();
+        let thread = cp.get_thread("t").unwrap().unwrap();
+        let writes = cp.get_writes("t", &cs[2].checkpoint_id).unwrap();
+        (cs, thread, writes)
+        // Dropped here: the writer flushes and the file closes.
+    };
+    let cp = SqliteCheckpointer::open(&path, Durability::PowerSafe).unwrap();
+    assert_eq!(cp.get_thread("t").unwrap(), Some(thread_before));
+    assert_eq!(cp.history("t").unwrap(), cs.iter().rev().cloned().collect::<Vec<_>>());
+    assert_eq!(
+        cp.state("t", &cs[2].versions).unwrap(),
+        obj(json!({"a": "a3", "b": ["b1"]}))
+    );
+    assert_eq!(cp.get_writes("t", &cs[2].checkpoint_id).unwrap(), writes_before);
+    assert_eq!(thread_ids(&cp.list_threads().unwrap()), ["f", "t"]);
+    let stats = cp.stats().unwrap();
+    assert_eq!(
+        (stats.threads, stats.checkpoints, stats.value_rows, stats.write_rows),
+        (2, 4, 6, 1)
+    );
+}
+
+#[test]
+fn sqlite_refuses_a_newer_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    drop(SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap());
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+    drop(conn);
+    let err = SqliteCheckpointer::open(&path, Durability::CrashSafe).err().unwrap();
+    assert!(
+        matches!(err, CheckpointError::Backend(ref m) if m.contains("newer") && m.contains("upgrade")),
+        "{err}"
+    );
+}
+
+#[test]
+fn sqlite_durability_sets_synchronous() {
+    for (durability, expected) in [(Durability::CrashSafe, "normal"), (Durability::PowerSafe, "full")] {
+        let backend_dir = tempfile::tempdir().unwrap();
+        let cp = SqliteCheckpointer::open(&backend_dir.path().join("runs.db"), durability).unwrap();
+        let stats = cp.stats().unwrap();
+        assert_eq!(stats.synchronous, expected, "{durability:?}");
+        assert_eq!(stats.journal_mode, "wal");
+    }
+}
+
+/// 16 tasks finishing at once cost fewer commits than writes: the writer groups them.
+#[test]
+fn sqlite_concurrent_writes_are_group_committed() {
+    const TASKS: usize = 16;
+    const PER_TASK: usize = 25;
+    for durability in [Durability::CrashSafe, Durability::PowerSafe] {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Arc::new(SqliteCheckpointer::open(&dir.path().join("runs.db"), durability).unwrap());
+        let [_, _, c2] = three_steps(&*cp, "t");
+        let before = cp.stats().unwrap();
+        let start = Arc::new(Barrier::new(TASKS));
+        let handles: Vec<_> = (0..TASKS)
+            .map(|task| {
+                let (cp, start, c) = (Arc::clone(&cp), Arc::clone(&start), c2.checkpoint_id.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    for i in 0..PER_TASK {
+                        let id = format!("task-{task:02}-{i:02}");
+                        cp.put_writes(
+                            "t",
+                            &c,
+                            &[write(&id, 0, "a", json!(i)), write(&id, 1, "__goto__", json!(task))],
+                        )
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.join().unwrap();
+        }
+        let after = cp.stats().unwrap();
+        let (ops, commits) = (after.write_ops - before.write_ops, after.commits - before.commits);
+        eprintln!("{durability:?}: {ops} put_writes calls from {TASKS} threads took {commits} commits");
+        assert_eq!(ops, (TASKS * PER_TASK) as u64);
+        assert!(commits < ops, "{commits} commits for {ops} writes: no group commit");
+        let writes = cp.get_writes("t", &c2.checkpoint_id).unwrap();
+        assert_eq!(writes.len(), TASKS * PER_TASK * 2, "every write landed");
+        assert_eq!(writes[0], write("task-00-00", 0, "a", json!(0)));
+        assert_eq!(after.write_rows, (TASKS * PER_TASK * 2) as u64);
+    }
+}
+
+/// Readers run beside the writer and never see SQLITE_BUSY or a half-written checkpoint.
+#[test]
+fn sqlite_readers_never_block_on_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Arc::new(SqliteCheckpointer::open(&dir.path().join("runs.db"), Durability::CrashSafe).unwrap());
+    let [_, _, mut parent] = three_steps(&*cp, "t");
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (cp, stop) = (Arc::clone(&cp), Arc::clone(&stop));
+            std::thread::spawn(move || -> Result<usize, CheckpointError> {
+                let mut reads = 0;
+                while !stop.load(Ordering::Relaxed) || reads == 0 {
+                    let history = cp.history("t")?;
+                    let latest = &history[0];
+                    let state = cp.state("t", &latest.versions)?;
+                    assert_eq!(state.len(), latest.versions.len());
+                    cp.get_writes("t", &latest.checkpoint_id)?;
+                    cp.list_threads()?;
+                    reads += 1;
+                }
+                Ok(reads)
+            })
+        })
+        .collect();
+    for step in 2..302u64 {
+        let c = checkpoint("t", Some(&parent), step as i64, &[("a", step + 2), ("b", 1)]);
+        cp.put_checkpoint(&c, &vals(&[("a", step + 2, json!(vec![step; 50]))]))
+            .unwrap();
+        cp.put_writes("t", &c.checkpoint_id, &[write("w", 0, "a", json!(step))])
+            .unwrap();
+        parent = c;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        let reads = reader.join().unwrap().unwrap();
+        assert!(reads > 0);
+    }
+    assert_eq!(cp.history("t").unwrap().len(), 303);
+}
+
+/// 1,000 checkpoints; `items` grows by one item per step and `big` never changes. Storing each
+/// key only when its version changes keeps `big` once: 1,001 value rows, not 2,000.
+#[test]
+fn sqlite_append_only_state_grows_with_what_changed() {
+    const STEPS: u64 = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    let cp = SqliteCheckpointer::open(&dir.path().join("runs.db"), Durability::CrashSafe).unwrap();
+    cp.create_thread(&thread("t")).unwrap();
+    let big = json!({"document": "lorem ipsum ".repeat(8_000)});
+    let big_len = big.to_string().len() as u64;
+    let mut items = Vec::new();
+    let mut naive_bytes = 0u64; // what storing the whole state at every checkpoint would write
+    let mut parent: Option<Checkpoint> = None;
+    for version in 1..=STEPS {
+        items.push(json!(format!("item-{version:04}")));
+        let items_value = Value::Array(items.clone());
+        naive_bytes += big_len + items_value.to_string().len() as u64;
+        let mut values = vals(&[("items", version, items_value)]);
+        if version == 1 {
+            values.push(("big".into(), 1, big.clone()));
+        }
+        let c = checkpoint(
+            "t",
+            parent.as_ref(),
+            version as i64 - 2,
+            &[("big", 1), ("items", version)],
+        );
+        cp.put_checkpoint(&c, &values).unwrap();
+        parent = Some(c);
+    }
+    let stats = cp.stats().unwrap();
+    let last = parent.unwrap();
+    let state = cp.state("t", &last.versions).unwrap();
+    assert_eq!(state["items"].as_array().unwrap().len(), STEPS as usize);
+    assert_eq!(state["big"], big);
+    eprintln!(
+        "{STEPS} checkpoints: {} value rows, db {} KiB ({} KiB on disk with WAL); \
+         whole-state-per-step would write {} KiB",
+        stats.value_rows,
+        stats.db_bytes / 1024,
+        stats.file_bytes / 1024,
+        naive_bytes / 1024
+    );
+    assert_eq!(stats.value_rows, STEPS + 1);
+    assert_eq!(stats.checkpoints, STEPS);
+    assert!(
+        stats.db_bytes * 5 < naive_bytes,
+        "db {} bytes vs {naive_bytes} for whole-state-per-step",
+        stats.db_bytes
+    );
+}
