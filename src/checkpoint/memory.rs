@@ -14,6 +14,9 @@ use super::{Checkpoint, CheckpointError, Checkpointer, PendingWrite, Result, Thr
 #[derive(Default)]
 pub struct MemoryCheckpointer {
     inner: Mutex<Store>,
+    /// Keep only each thread's latest checkpoint (and what it references): a run that keeps
+    /// nothing afterwards (`--db :memory:`) then needs memory for its state, not its history.
+    latest_only: bool,
 }
 
 #[derive(Default)]
@@ -91,6 +94,15 @@ impl MemoryCheckpointer {
         Self::default()
     }
 
+    /// A store that keeps only each thread's latest checkpoint: `history` has one entry and
+    /// `fork` works only from it. For runs whose history is not wanted.
+    pub fn ephemeral() -> Self {
+        MemoryCheckpointer {
+            latest_only: true,
+            ..Self::default()
+        }
+    }
+
     /// How many `(thread, key, version)` values are stored (SQLite's `state_values` rows).
     pub fn value_rows(&self) -> Result<u64> {
         Ok(self.lock()?.threads.values().map(|e| e.values.len() as u64).sum())
@@ -148,11 +160,32 @@ impl Checkpointer for MemoryCheckpointer {
             .checkpoints
             .insert(checkpoint.checkpoint_id.clone(), checkpoint.clone());
         for (key, version, value) in values {
+            // Without history the base of an extension is about to go: keep the value whole.
+            let value = match super::as_extension(value) {
+                Some(_) if self.latest_only => {
+                    let stored = &entry.values;
+                    super::resolve(key, *version, |v| {
+                        if v == *version {
+                            Ok(value.clone())
+                        } else {
+                            stored
+                                .get(&(key.clone(), v))
+                                .cloned()
+                                .ok_or_else(|| CheckpointError::Corrupt(format!("no value for `{key}` at version {v}")))
+                        }
+                    })?
+                }
+                _ => value.clone(),
+            };
             // Once per version: the first value stored for a version stays.
-            entry
-                .values
-                .entry((key.clone(), *version))
-                .or_insert_with(|| value.clone());
+            entry.values.entry((key.clone(), *version)).or_insert(value);
+        }
+        if self.latest_only {
+            let keep = &checkpoint.checkpoint_id;
+            entry.checkpoints.retain(|id, _| id == keep);
+            entry.writes.retain(|(id, _, _), _| id == keep);
+            let versions = &checkpoint.versions;
+            entry.values.retain(|(k, v), _| versions.get(k) == Some(v));
         }
         Ok(())
     }
@@ -178,7 +211,12 @@ impl Checkpointer for MemoryCheckpointer {
         let entry = store.entry(thread_id)?;
         versions
             .iter()
-            .map(|(key, &version)| Ok((key.clone(), entry.value(key, version)?.clone())))
+            .map(|(key, &version)| {
+                Ok((
+                    key.clone(),
+                    super::resolve(key, version, |v| entry.value(key, v).cloned())?,
+                ))
+            })
             .collect()
     }
 
@@ -233,7 +271,12 @@ impl Checkpointer for MemoryCheckpointer {
         let values = checkpoint
             .versions
             .iter()
-            .map(|(key, &version)| Ok(((key.clone(), version), source.value(key, version)?.clone())))
+            .map(|(key, &version)| {
+                Ok((
+                    (key.clone(), version),
+                    super::resolve(key, version, |v| source.value(key, v).cloned())?,
+                ))
+            })
             .collect::<Result<HashMap<_, _>>>()?;
         let at = super::now();
         let mut thread = source.thread.clone();

@@ -155,16 +155,18 @@ pub trait Checkpointer: Send + Sync {
     fn list_threads(&self) -> Result<Vec<Thread>>;
 
     /// Stores a checkpoint and the values of the keys whose version it introduces
-    /// (`(key, version, value)`), atomically.
+    /// (`(key, version, value)`), atomically. A value may be an [`extension`] of an earlier
+    /// version of the same key.
     fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()>;
 
-    /// The checkpoint `checkpoint_id`, or the thread's latest when `None`.
+    /// The checkpoint `checkpoint_id`, or the thread's latest when `None`; `None` also when the
+    /// thread does not exist.
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>>;
 
     /// Every checkpoint of a thread, newest first.
     fn history(&self, thread_id: &str) -> Result<Vec<Checkpoint>>;
 
-    /// The state at a checkpoint: each key's value at its version.
+    /// The state at a checkpoint: each key's value at its version, extensions resolved.
     fn state(&self, thread_id: &str, versions: &BTreeMap<String, u64>) -> Result<Map<String, Value>>;
 
     /// Stores a finished task's writes against the checkpoint its step started from.
@@ -178,8 +180,61 @@ pub trait Checkpointer: Send + Sync {
 
     /// Starts thread `new` from `checkpoint_id` of `from` (time travel): `new` gets a copy of
     /// that checkpoint (same versions and values, no parent, a new id) and of `from`'s thread
-    /// record with `forked_from` set. The original thread is unchanged.
+    /// record with `forked_from` set. Values are copied resolved (no extension refers back to
+    /// the original thread). The original thread is unchanged.
     fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint>;
+}
+
+/// The key of a stored value that extends the same key's value at an earlier version:
+/// `{"$runner_extends": base_version, "items": [...]}`. Append-only keys store only what a
+/// step adds, so a thread grows with what changed, not with steps × the key's size.
+pub const EXTENDS: &str = "$runner_extends";
+
+/// A stored value holding only the items added to the value at version `base`.
+pub fn extension(base: u64, items: Vec<Value>) -> Value {
+    let mut m = Map::new();
+    m.insert(EXTENDS.into(), Value::from(base));
+    m.insert("items".into(), Value::Array(items));
+    Value::Object(m)
+}
+
+/// The base version and items of an extension, if `v` is one.
+pub fn as_extension(v: &Value) -> Option<(u64, &Vec<Value>)> {
+    let m = v.as_object()?;
+    if m.len() != 2 {
+        return None;
+    }
+    Some((m.get(EXTENDS)?.as_u64()?, m.get("items")?.as_array()?))
+}
+
+/// A key's value at `version`, following extensions down to a full value. `fetch` reads the
+/// stored value of one version.
+pub fn resolve(key: &str, version: u64, mut fetch: impl FnMut(u64) -> Result<Value>) -> Result<Value> {
+    let mut parts: Vec<Vec<Value>> = Vec::new();
+    let mut v = version;
+    let mut stored = fetch(v)?;
+    while let Some((base, items)) = as_extension(&stored) {
+        if base >= v {
+            return Err(CheckpointError::Corrupt(format!(
+                "`{key}` version {v} extends version {base}"
+            )));
+        }
+        parts.push(items.clone());
+        v = base;
+        stored = fetch(v)?;
+    }
+    let Value::Array(mut full) = stored else {
+        if parts.is_empty() {
+            return Ok(stored);
+        }
+        return Err(CheckpointError::Corrupt(format!(
+            "`{key}` version {v} is extended but is not an array"
+        )));
+    };
+    for items in parts.into_iter().rev() {
+        full.extend(items);
+    }
+    Ok(Value::Array(full))
 }
 
 /// A new time-ordered id (UUIDv7) for threads and checkpoints.
@@ -225,5 +280,27 @@ mod tests {
         assert_eq!(super::civil_from_days(0), (1970, 1, 1));
         assert_eq!(super::civil_from_days(20_779), (2026, 11, 22));
         assert_eq!(super::civil_from_days(11_016), (2000, 2, 29));
+    }
+}
+
+#[cfg(test)]
+mod extension_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn extensions_resolve_down_to_a_full_value() {
+        let rows = [
+            json!([1]),
+            extension(1, vec![json!(2), json!(3)]),
+            extension(2, vec![json!(4)]),
+        ];
+        let fetch = |v: u64| Ok(rows[(v - 1) as usize].clone());
+        assert_eq!(resolve("k", 3, fetch).unwrap(), json!([1, 2, 3, 4]));
+        assert_eq!(resolve("k", 1, fetch).unwrap(), json!([1]));
+        let cyclic = |_: u64| Ok(extension(5, vec![]));
+        assert!(resolve("k", 3, cyclic).is_err());
+        assert_eq!(as_extension(&json!({"$runner_extends": 1, "items": [], "x": 0})), None);
     }
 }

@@ -344,11 +344,14 @@ impl Checkpointer for SqliteCheckpointer {
                 tx.prepare_cached("SELECT value FROM state_values WHERE thread_id = ?1 AND key = ?2 AND version = ?3")?;
             let mut state = Map::new();
             for (key, &version) in versions {
-                let text: Option<String> = stmt
-                    .query_row(params![thread_id, key, version_to_sql(version)?], |r| r.get(0))
-                    .optional()?;
-                let text = text.ok_or_else(|| missing_value(thread_id, key, version))?;
-                state.insert(key.clone(), from_json("a state value", &text)?);
+                let value = super::resolve(key, version, |v| {
+                    let text: Option<String> = stmt
+                        .query_row(params![thread_id, key, version_to_sql(v)?], |r| r.get(0))
+                        .optional()?;
+                    let text = text.ok_or_else(|| missing_value(thread_id, key, v))?;
+                    from_json("a state value", &text)
+                })?;
+                state.insert(key.clone(), value);
             }
             Ok(state)
         })
@@ -605,14 +608,20 @@ fn fork(conn: &Connection, from: &str, checkpoint_id: &str, new: &str, new_id: &
     row.created_at = at.into();
     row.insert(conn)?;
     let checkpoint = row.into_checkpoint()?;
-    let mut copy = conn.prepare_cached(
-        "INSERT INTO state_values (thread_id, key, version, value) \
-         SELECT ?1, key, version, value FROM state_values WHERE thread_id = ?2 AND key = ?3 AND version = ?4",
-    )?;
+    // Values are copied resolved, so no extension in the new thread refers to the old one.
+    let mut read =
+        conn.prepare_cached("SELECT value FROM state_values WHERE thread_id = ?1 AND key = ?2 AND version = ?3")?;
+    let mut write =
+        conn.prepare_cached("INSERT INTO state_values (thread_id, key, version, value) VALUES (?1, ?2, ?3, ?4)")?;
     for (key, &version) in &checkpoint.versions {
-        if copy.execute(params![new, from, key, version_to_sql(version)?])? == 0 {
-            return Err(missing_value(from, key, version));
-        }
+        let value = super::resolve(key, version, |v| {
+            let text: Option<String> = read
+                .query_row(params![from, key, version_to_sql(v)?], |r| r.get(0))
+                .optional()?;
+            let text = text.ok_or_else(|| missing_value(from, key, v))?;
+            from_json("a state value", &text)
+        })?;
+        write.execute(params![new, key, version_to_sql(version)?, to_json(&value)?])?;
     }
     Ok(checkpoint)
 }

@@ -28,7 +28,8 @@ pub fn db_path(flag: Option<&Path>) -> PathBuf {
 
 pub fn open(path: &Path, durability: DurabilityArg) -> anyhow::Result<Arc<dyn Checkpointer>> {
     if path.as_os_str() == ":memory:" {
-        return Ok(Arc::new(MemoryCheckpointer::new()));
+        // Nothing outlives the process, so no history is kept either.
+        return Ok(Arc::new(MemoryCheckpointer::ephemeral()));
     }
     let d = match durability {
         DurabilityArg::CrashSafe => Durability::CrashSafe,

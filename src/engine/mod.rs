@@ -25,7 +25,7 @@ use serde_json::{Map, Value, json};
 use tokio::task::JoinSet;
 
 use crate::checkpoint::{self, Checkpoint, Checkpointer, PendingWrite, TaskSpec, Thread, ThreadStatus};
-use crate::compile::{Branch, Plan, Target};
+use crate::compile::{Branch, Plan, Reducer, Target};
 use crate::nodes::NodeError;
 use crate::providers::{Providers, Usage};
 use crate::spec::NodeSpec;
@@ -149,11 +149,17 @@ struct Meta {
     /// Usage so far on the thread.
     #[serde(default)]
     usage: Usage,
+    /// Per append-only key, how many stored extensions follow its last full value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    chains: BTreeMap<String, u32>,
     /// The input of the current turn, when it is not the thread's first (a new `--input` on a
     /// finished thread starts a new turn).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     input: Option<Value>,
 }
+
+/// The most extensions stored in a row for one key before a full value.
+const MAX_CHAIN: u32 = 256;
 
 /// Values a checkpoint introduces: `(key, version, value)`.
 type NewValues = Vec<(String, u64, Value)>;
@@ -362,7 +368,16 @@ impl Engine {
                 status = Status::Interrupted;
                 break;
             }
-            match self.apply(&shared, &cp, &mut state, &mut meta, &outcomes, &constants, step) {
+            match self.apply(
+                &shared,
+                &cp,
+                &mut state,
+                &mut meta,
+                &outcomes,
+                &constants,
+                step,
+                req.persist != Persist::Exit,
+            ) {
                 Ok((next_cp, values)) => {
                     state_value = values::map_to_jinja(&state);
                     if self.events.is_on() {
@@ -863,6 +878,7 @@ impl Engine {
         outcomes: &[(TaskSpec, StepResult)],
         constants: &BTreeMap<String, minijinja::Value>,
         step: i64,
+        extensions: bool,
     ) -> Result<(Checkpoint, NewValues), String> {
         let order = |t: &TaskSpec| {
             let pos = self
@@ -930,7 +946,29 @@ impl Engine {
             let version = versions.get(*key).copied().unwrap_or(0) + 1;
             versions.insert(key.to_string(), version);
             changed.push(key.to_string());
-            new_values.push((key.to_string(), version, value.clone()));
+            // Append-only keys store what the step added, extending the previous version; a full
+            // value every `MAX_CHAIN` versions keeps reads short. (`exit` mode skips versions, so
+            // it always stores full values.)
+            let added = match (&channel.reducer, current, &value) {
+                (Reducer::Append | Reducer::Extend | Reducer::Union, Value::Array(old), Value::Array(new))
+                    if extensions && new.len() >= old.len() =>
+                {
+                    let chain = meta.chains.entry(key.to_string()).or_insert(0);
+                    if *chain < MAX_CHAIN {
+                        *chain += 1;
+                        Some(new[old.len()..].to_vec())
+                    } else {
+                        *chain = 0;
+                        None
+                    }
+                }
+                _ => None,
+            };
+            let stored = match added {
+                Some(items) => checkpoint::extension(version - 1, items),
+                None => value.clone(),
+            };
+            new_values.push((key.to_string(), version, stored));
             computed.push((key.to_string(), value));
         }
         // Routing sees the state after the step; if routing fails, the step did not happen.
