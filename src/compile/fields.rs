@@ -10,7 +10,7 @@ use super::exprs::{Scope, Shape, declared_props};
 use super::kinds::{kind_chain, merge_kind};
 use super::nodes::{Build, check_interpolation, list_files};
 use super::plan::*;
-use super::schemas::{first_violation, validator};
+use super::schemas::{check, first_violation, validator};
 use super::source::{kind_validator, schema_errors};
 use super::{graph, relative_to};
 use crate::diag::Code;
@@ -317,7 +317,7 @@ impl Build<'_, '_> {
                     Some(LlmOutput::Spec { schema: Some(s), .. }) => {
                         let at = push_pointer(&push_pointer(pointer, "output"), "schema");
                         let root = self.resolver.resolve(self.src, &at, &s.0, self.diags);
-                        validator(self.src, &at, &root, self.diags);
+                        check(self.src, &at, &root, self.diags);
                         let shape = Shape::of_schema(self.resolver.follow(&root));
                         fields.insert("/output/schema".into(), Compiled::Literal(root));
                         shape
@@ -369,7 +369,7 @@ impl Build<'_, '_> {
                 );
                 let at = push_pointer(pointer, "response");
                 let root = self.resolver.resolve(self.src, &at, &n.kind.response.0, self.diags);
-                validator(self.src, &at, &root, self.diags);
+                check(self.src, &at, &root, self.diags);
                 let followed = self.resolver.follow(&root).clone();
                 if accepts_anything(&followed) {
                     self.diags.push(

@@ -16,7 +16,7 @@ mod kinds;
 mod nodes;
 pub mod picture;
 pub mod plan;
-mod schemas;
+pub(crate) mod schemas;
 pub mod source;
 
 use std::collections::HashMap;

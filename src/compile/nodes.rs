@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use super::defs::{Defs, check_name};
 use super::exprs::{Exprs, Scope, Shape, Symbols, declared_props};
 use super::plan::*;
-use super::schemas::{Resolver, first_violation, validator};
+use super::schemas::{Resolver, check, first_violation, validator};
 use super::source::Source;
 use super::{Compiler, analysis, graph, relative_to};
 use crate::diag::{Code, Diagnostic};
@@ -172,7 +172,7 @@ impl<'c, 'a> Build<'c, 'a> {
             let root = self
                 .resolver
                 .resolve(self.src, &format!("/{which}"), &schema.0, self.diags);
-            validator(self.src, &format!("/{which}"), &root, self.diags);
+            check(self.src, &format!("/{which}"), &root, self.diags);
             let props = declared_props(self.resolver.follow(&root));
             if which == "input" {
                 sym.input = Some(props);
@@ -258,7 +258,7 @@ impl<'c, 'a> Build<'c, 'a> {
                     ));
                 }
             } else {
-                validator(self.src, &pointer, &root, self.diags);
+                check(self.src, &pointer, &root, self.diags);
             }
             self.state_schemas.insert(key.clone(), root.clone());
             self.state.insert(

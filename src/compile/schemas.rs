@@ -280,6 +280,20 @@ pub fn validator(
     }
 }
 
+/// Checks that a resolved schema is a valid JSON Schema, without building a validator for it
+/// (schemas only checked here are compiled where they are used, at run time).
+pub fn check(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<Diagnostic>) {
+    if let Err(e) = jsonschema::draft202012::meta::validate(root) {
+        let at = e.instance_path().as_str().to_string();
+        let what = if at.is_empty() {
+            e.masked().to_string()
+        } else {
+            format!("at `{at}`: {}", e.masked())
+        };
+        diags.push(src.diag(Code::BadSchema, pointer, format!("invalid JSON Schema: {what}")));
+    }
+}
+
 /// The first way `value` fails `validator`, as text.
 pub fn first_violation(validator: &jsonschema::Validator, value: &Value) -> Option<String> {
     validator.iter_errors(value).next().map(|e| {

@@ -120,6 +120,8 @@ pub enum EngineError {
 /// What every task of a run shares.
 pub struct Shared {
     pub plan: Arc<Plan>,
+    /// Validators of llm output schemas, by node, built once per engine.
+    pub outputs: Arc<HashMap<crate::compile::NodeIx, jsonschema::Validator>>,
     pub store: Arc<dyn Checkpointer>,
     pub providers: Providers,
     pub events: Events,
@@ -135,6 +137,7 @@ pub struct Engine {
     events: Events,
     cancel: Arc<AtomicBool>,
     validators: Arc<HashMap<String, jsonschema::Validator>>,
+    outputs: Arc<HashMap<crate::compile::NodeIx, jsonschema::Validator>>,
 }
 
 /// Engine bookkeeping kept in each checkpoint's `meta`.
@@ -181,7 +184,16 @@ impl Engine {
                 validators.insert(key.clone(), v);
             }
         }
+        let mut outputs = HashMap::new();
+        for (ix, node) in &plan.nodes {
+            if let Some(crate::compile::Compiled::Literal(schema)) = node.fields.get("/output/schema")
+                && let Ok(v) = jsonschema::draft202012::new(schema)
+            {
+                outputs.insert(*ix, v);
+            }
+        }
         Engine {
+            outputs: Arc::new(outputs),
             plan,
             store,
             providers,
@@ -216,6 +228,7 @@ impl Engine {
         let started = Instant::now();
         let (thread, mut cp, resumed) = self.open(&req)?;
         let shared = Arc::new(Shared {
+            outputs: self.outputs.clone(),
             plan: self.plan.clone(),
             store: self.store.clone(),
             providers: self.providers.clone(),
@@ -585,6 +598,7 @@ impl Engine {
         )
         .into_value();
         let shared = Shared {
+            outputs: self.outputs.clone(),
             plan: self.plan.clone(),
             store: self.store.clone(),
             providers: self.providers.clone(),
@@ -678,13 +692,8 @@ impl Engine {
             NodeSpec::Interrupt(_) => {
                 if let Some(crate::compile::Compiled::Literal(schema)) = self.plan.nodes[&ix].fields.get("/response") {
                     let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::BadAnswer(e.to_string()))?;
-                    if let Some(e) = v.iter_errors(answer).next() {
-                        let at = e.instance_path().as_str().to_string();
-                        return Err(EngineError::BadAnswer(if at.is_empty() {
-                            e.masked().to_string()
-                        } else {
-                            format!("at `{at}`: {}", e.masked())
-                        }));
+                    if let Some(why) = crate::compile::schemas::first_violation(&v, answer) {
+                        return Err(EngineError::BadAnswer(why));
                     }
                 }
                 Ok(())
@@ -725,6 +734,7 @@ impl Engine {
     ) -> Result<(Vec<(TaskSpec, StepResult)>, Vec<Event>), EngineError> {
         let mut results: Vec<Option<StepResult>> = vec![None; cp.next.len()];
         let mut set = JoinSet::new();
+        let mut to_run = Vec::new();
         for (i, t) in cp.next.iter().enumerate() {
             if let Some(done) = cached(pending, &t.task_id, &self.plan) {
                 self.events.send(Event::NodeEnd {
@@ -758,11 +768,23 @@ impl Engine {
                 step,
                 resume,
             );
+            to_run.push((i, fut));
+        }
+        // One task runs in place; several run on the runtime's workers, in parallel.
+        let mut inline = if to_run.len() == 1 { to_run.pop() } else { None };
+        for (i, fut) in to_run {
             set.spawn(async move { (i, fut.await) });
         }
-        let mut remaining = set.len();
+        let mut remaining = set.len() + usize::from(inline.is_some());
         let mut deferred = Vec::new();
-        while let Some(joined) = set.join_next().await {
+        loop {
+            let joined = match inline.take() {
+                Some((i, fut)) => Ok((i, fut.await)),
+                None => match set.join_next().await {
+                    Some(joined) => joined,
+                    None => break,
+                },
+            };
             remaining -= 1;
             let (i, (outcome, duration_ms)) = match joined {
                 Ok(r) => r,
@@ -934,13 +956,14 @@ impl Engine {
                 writes.iter().map(|(_, v)| (*v).clone()).collect(),
             )
             .map_err(|e| format!("`{key}`: {e}"))?;
-            if let Some(v) = self.validators.get(*key)
-                && let Some(err) = v.iter_errors(&value).next()
+            if let Some(why) = self
+                .validators
+                .get(*key)
+                .and_then(|v| crate::compile::schemas::first_violation(v, &value))
             {
                 return Err(format!(
-                    "the new value of `{key}` (written by `{}`) does not match its schema: {}",
-                    writes[0].0,
-                    err.masked()
+                    "the new value of `{key}` (written by `{}`) does not match its schema: {why}",
+                    writes[0].0
                 ));
             }
             let version = versions.get(*key).copied().unwrap_or(0) + 1;

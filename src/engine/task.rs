@@ -90,6 +90,7 @@ pub async fn run(
             resume: resume.as_ref(),
             store: &shared.store,
             thread_id: &shared.thread_id,
+            outputs: &shared.outputs,
         };
         let result = match timeout {
             Some(limit) => match tokio::time::timeout(limit, nodes::execute(&ctx)).await {

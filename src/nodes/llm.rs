@@ -44,12 +44,10 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
             (*format == OutputFormat::Json, schema, repair.unwrap_or(2))
         }
     };
-    let validator = match &schema {
-        Some(s) => {
-            Some(jsonschema::draft202012::new(s).map_err(|e| NodeError::invalid(format!("output schema: {e}")))?)
-        }
-        None => None,
-    };
+    let validator = ctx.outputs.get(&ctx.ix);
+    if schema.is_some() && validator.is_none() {
+        return Err(NodeError::invalid("the output schema does not compile").into());
+    }
     let mut request = ChatRequest {
         node: ctx.node.name.clone(),
         model: profile.model.clone(),
@@ -107,7 +105,7 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
             });
         }
         let problem = match parse_json(&reply.text) {
-            Ok(v) => match validator.as_ref().and_then(|val| values_first_violation(val, &v)) {
+            Ok(v) => match validator.and_then(|val| crate::compile::schemas::first_violation(val, &v)) {
                 None => return Ok(NodeOutput { output: v, usage }),
                 Some(why) => why,
             },
@@ -185,17 +183,6 @@ fn parse_json(text: &str) -> Result<Value, serde_json::Error> {
         .and_then(|rest| rest.trim_end().strip_suffix("```"))
         .unwrap_or(t);
     serde_json::from_str(t.trim())
-}
-
-fn values_first_violation(v: &jsonschema::Validator, value: &Value) -> Option<String> {
-    v.iter_errors(value).next().map(|e| {
-        let at = e.instance_path().as_str().to_string();
-        if at.is_empty() {
-            e.masked().to_string()
-        } else {
-            format!("at `{at}`: {}", e.masked())
-        }
-    })
 }
 
 #[cfg(test)]

@@ -40,6 +40,8 @@ pub struct NodeCtx<'a> {
     pub resume: Option<&'a Value>,
     pub store: &'a Arc<dyn Checkpointer>,
     pub thread_id: &'a str,
+    /// Validators of llm output schemas, by node.
+    pub outputs: &'a std::collections::HashMap<NodeIx, jsonschema::Validator>,
 }
 
 /// What a node produced.
