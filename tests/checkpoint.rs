@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
 use runner::checkpoint::{
-    Checkpoint, CheckpointError, Checkpointer, Durability, PendingWrite, TaskSpec, Thread, ThreadStatus, new_id,
+    Checkpoint, CheckpointError, Checkpointer, Durability, PendingWrite, Put, TaskSpec, Thread, ThreadStatus, new_id,
 };
 use serde_json::{Map, Value, json};
 
@@ -487,6 +487,39 @@ fn fork(cp: &dyn Checkpointer) {
 // ---------------------------------------------------------------------------------------------
 // Every backend runs every case.
 
+fn batch(cp: &dyn Checkpointer) {
+    cp.create_thread(&thread("b")).unwrap();
+    let c0 = checkpoint("b", None, -1, &[("n", 1)]);
+    let c1 = checkpoint("b", Some(&c0), 0, &[("n", 2)]);
+    cp.put_batch(vec![
+        Put::Checkpoint(Box::new(c0.clone()), vals(&[("n", 1, json!(0))])),
+        Put::Writes {
+            thread_id: "b".into(),
+            checkpoint_id: c0.checkpoint_id.clone(),
+            writes: vec![write("t", 0, "n", json!(1))],
+        },
+        Put::Checkpoint(Box::new(c1.clone()), vals(&[("n", 2, json!(1))])),
+    ])
+    .unwrap();
+    assert_eq!(
+        ids(&cp.history("b").unwrap()),
+        vec![c1.checkpoint_id.as_str(), c0.checkpoint_id.as_str()]
+    );
+    assert_eq!(cp.get_writes("b", &c0.checkpoint_id).unwrap().len(), 1);
+    assert_eq!(cp.state("b", &c1.versions).unwrap(), obj(json!({"n": 1})));
+    // A batch with a bad put fails (SQLite's, being one transaction, leaves nothing behind).
+    let c2 = checkpoint("b", Some(&c1), 1, &[("n", 3)]);
+    let failed = cp.put_batch(vec![
+        Put::Checkpoint(Box::new(c2.clone()), vals(&[("n", 3, json!(2))])),
+        Put::Writes {
+            thread_id: "b".into(),
+            checkpoint_id: "missing".into(),
+            writes: vec![write("t", 0, "n", json!(1))],
+        },
+    ]);
+    assert!(failed.is_err());
+}
+
 /// A backend under test: the checkpointer, how many values it stores, and its temp dir.
 struct Backend {
     cp: Arc<dyn Checkpointer>,
@@ -538,17 +571,17 @@ macro_rules! conformance {
 conformance!(
     memory,
     super::memory(),
-    [threads, checkpoints, state, writes, delete, fork]
+    [threads, checkpoints, state, writes, delete, fork, batch]
 );
 conformance!(
     sqlite_crash_safe,
     super::sqlite(runner::checkpoint::Durability::CrashSafe),
-    [threads, checkpoints, state, writes, delete, fork]
+    [threads, checkpoints, state, writes, delete, fork, batch]
 );
 conformance!(
     sqlite_power_safe,
     super::sqlite(runner::checkpoint::Durability::PowerSafe),
-    [threads, checkpoints, state, writes, delete, fork]
+    [threads, checkpoints, state, writes, delete, fork, batch]
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -615,6 +648,31 @@ fn sqlite_durability_sets_synchronous() {
 }
 
 /// 16 tasks finishing at once cost fewer commits than writes: the writer groups them.
+#[test]
+fn sqlite_a_batch_is_one_commit() {
+    let backend = sqlite(Durability::PowerSafe);
+    let store = SqliteCheckpointer::open(
+        &backend._dir.as_ref().unwrap().path().join("batch.db"),
+        Durability::PowerSafe,
+    )
+    .unwrap();
+    store.create_thread(&thread("b")).unwrap();
+    let before = store.stats().unwrap().commits;
+    let mut parent = None;
+    let mut puts = Vec::new();
+    for step in 0..50 {
+        let c = checkpoint("b", parent.as_ref(), step, &[("n", step as u64 + 1)]);
+        puts.push(Put::Checkpoint(
+            Box::new(c.clone()),
+            vals(&[("n", step as u64 + 1, json!(step))]),
+        ));
+        parent = Some(c);
+    }
+    store.put_batch(puts).unwrap();
+    assert_eq!(store.stats().unwrap().commits - before, 1);
+    assert_eq!(store.history("b").unwrap().len(), 50);
+}
+
 #[test]
 fn sqlite_concurrent_writes_are_group_committed() {
     const TASKS: usize = 16;

@@ -111,6 +111,17 @@ pub struct PendingWrite {
     pub value: Value,
 }
 
+/// One put of [`Checkpointer::put_batch`].
+#[derive(Debug, Clone)]
+pub enum Put {
+    Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>),
+    Writes {
+        thread_id: String,
+        checkpoint_id: String,
+        writes: Vec<PendingWrite>,
+    },
+}
+
 /// Storage errors. Backends map their own errors into these.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -177,6 +188,22 @@ pub trait Checkpointer: Send + Sync {
 
     /// Deletes a thread with its checkpoints, values and writes.
     fn delete_thread(&self, thread_id: &str) -> Result<()>;
+
+    /// Several puts, in order, committed together where the backend can (SQLite: one
+    /// transaction, so one fsync at most however many steps they hold).
+    fn put_batch(&self, puts: Vec<Put>) -> Result<()> {
+        for put in puts {
+            match put {
+                Put::Checkpoint(cp, values) => self.put_checkpoint(&cp, &values)?,
+                Put::Writes {
+                    thread_id,
+                    checkpoint_id,
+                    writes,
+                } => self.put_writes(&thread_id, &checkpoint_id, &writes)?,
+            }
+        }
+        Ok(())
+    }
 
     /// Starts thread `new` from `checkpoint_id` of `from` (time travel): `new` gets a copy of
     /// that checkpoint (same versions and values, no parent, a new id) and of `from`'s thread

@@ -307,6 +307,41 @@ impl Checkpointer for SqliteCheckpointer {
         })
     }
 
+    fn put_batch(&self, puts: Vec<super::Put>) -> Result<()> {
+        let ops = puts
+            .into_iter()
+            .map(|put| match put {
+                super::Put::Checkpoint(cp, values) => Ok(Op::PutCheckpoint {
+                    row: CheckpointRow::from_checkpoint(&cp)?,
+                    values: values
+                        .iter()
+                        .map(|(key, version, value)| Ok((key.clone(), version_to_sql(*version)?, to_json(value)?)))
+                        .collect::<Result<Vec<_>>>()?,
+                }),
+                super::Put::Writes {
+                    thread_id,
+                    checkpoint_id,
+                    writes,
+                } => Ok(Op::PutWrites {
+                    thread_id,
+                    checkpoint_id,
+                    writes: writes
+                        .iter()
+                        .map(|w| {
+                            Ok((
+                                w.task_id.clone(),
+                                i64::from(w.idx),
+                                w.channel.clone(),
+                                to_json(&w.value)?,
+                            ))
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                }),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.write_unit(Op::Batch(ops))
+    }
+
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
         // A missing thread has no checkpoint: `None`, not an error (the engine probes
         // subgraph threads that may not exist yet).
@@ -449,6 +484,8 @@ enum Op {
         writes: Vec<(String, i64, String, String)>,
     },
     DeleteThread(String),
+    /// Several puts in one savepoint: all or nothing, in one transaction.
+    Batch(Vec<Op>),
     Fork {
         from: String,
         checkpoint_id: String,
@@ -523,6 +560,11 @@ fn apply_in_savepoint(tx: &mut Transaction<'_>, op: &Op) -> Result<Done> {
 
 fn apply(conn: &Connection, op: &Op) -> Result<Done> {
     match op {
+        Op::Batch(ops) => {
+            for op in ops {
+                apply(conn, op)?;
+            }
+        }
         Op::CreateThread(row) => {
             if thread_exists(conn, &row.thread_id)? {
                 return Err(CheckpointError::ThreadExists(row.thread_id.clone()));

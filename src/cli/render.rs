@@ -3,24 +3,35 @@
 use std::io::Write;
 
 use serde_json::Value;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::engine::events::{Envelope, Event};
 
-/// Renders events until the run drops its sender.
-pub async fn events(mut rx: UnboundedReceiver<Envelope>, jsonl: bool) {
-    let mut streaming = false;
-    while let Some(e) = rx.recv().await {
+/// Renders events on stderr as they come.
+pub struct Renderer {
+    jsonl: bool,
+    /// Tokens are being written on the current line.
+    streaming: bool,
+}
+
+impl Renderer {
+    pub fn new(jsonl: bool) -> Renderer {
+        Renderer {
+            jsonl,
+            streaming: false,
+        }
+    }
+
+    pub fn render(&mut self, e: &Envelope) {
         let mut err = std::io::stderr().lock();
-        if jsonl {
-            if let Ok(line) = serde_json::to_string(&e) {
+        if self.jsonl {
+            if let Ok(line) = serde_json::to_string(e) {
                 let _ = writeln!(err, "{line}");
             }
-            continue;
+            return;
         }
-        if streaming && !matches!(e.event, Event::Token { .. }) {
+        if self.streaming && !matches!(e.event, Event::Token { .. }) {
             let _ = writeln!(err);
-            streaming = false;
+            self.streaming = false;
         }
         let line = match &e.event {
             Event::RunStart {
@@ -58,9 +69,9 @@ pub async fn events(mut rx: UnboundedReceiver<Envelope>, jsonl: bool) {
                 }
             )),
             Event::Token { text, .. } => {
-                if !streaming {
+                if !self.streaming {
                     let _ = write!(err, "  │ ");
-                    streaming = true;
+                    self.streaming = true;
                 }
                 let _ = write!(err, "{}", text.replace('\n', "\n  │ "));
                 None

@@ -211,13 +211,17 @@ fn execute(
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let (events, rx) = if stream == Stream::None {
-            (Events::none(), None)
-        } else {
-            let (e, rx) = Events::channel();
-            (e, Some(rx))
+        let events = match stream {
+            Stream::None => Events::none(),
+            Stream::Human | Stream::Jsonl => {
+                let renderer = std::sync::Mutex::new(render::Renderer::new(stream == Stream::Jsonl));
+                Events::sink(Arc::new(move |e| {
+                    if let Ok(mut r) = renderer.lock() {
+                        r.render(&e);
+                    }
+                }))
+            }
         };
-        let renderer = rx.map(|rx| tokio::spawn(render::events(rx, stream == Stream::Jsonl)));
         let engine = Engine::new(plan, store, providers, events);
         let cancel = engine.cancel_flag();
         tokio::spawn(async move {
@@ -231,9 +235,6 @@ fn execute(
         });
         let outcome = engine.run(request).await;
         drop(engine);
-        if let Some(r) = renderer {
-            let _ = r.await;
-        }
         let outcome = match outcome {
             Ok(o) => o,
             Err(

@@ -4,6 +4,7 @@
 //! The JSON form (`--stream jsonl`) is stable: one object per line with `type`, `ts`
 //! (RFC 3339 UTC), `elapsed_ms` and the fields of the variant below, in snake_case.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -96,11 +97,28 @@ pub struct Envelope {
     pub event: Event,
 }
 
-/// Where a run's events go. Cloning shares the receiver; a sink with no receiver drops events.
-#[derive(Debug, Clone)]
+/// A function that receives every event as it happens.
+pub type Sink = Arc<dyn Fn(Envelope) + Send + Sync>;
+
+/// Where a run's events go: nowhere, a channel (collected later), or a sink called in place
+/// (so a slow reader slows the run instead of letting events pile up in memory).
+#[derive(Clone)]
 pub struct Events {
-    tx: Option<mpsc::UnboundedSender<Envelope>>,
+    to: To,
     started: Instant,
+}
+
+#[derive(Clone)]
+enum To {
+    Nowhere,
+    Channel(mpsc::UnboundedSender<Envelope>),
+    Sink(Sink),
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Events").field("on", &self.is_on()).finish()
+    }
 }
 
 impl Default for Events {
@@ -113,7 +131,7 @@ impl Events {
     /// A sink that drops everything.
     pub fn none() -> Events {
         Events {
-            tx: None,
+            to: To::Nowhere,
             started: Instant::now(),
         }
     }
@@ -123,26 +141,41 @@ impl Events {
         let (tx, rx) = mpsc::unbounded_channel();
         (
             Events {
-                tx: Some(tx),
+                to: To::Channel(tx),
                 started: Instant::now(),
             },
             rx,
         )
     }
 
+    /// Events delivered to `sink` as they happen, on the sending thread.
+    pub fn sink(sink: Sink) -> Events {
+        Events {
+            to: To::Sink(sink),
+            started: Instant::now(),
+        }
+    }
+
     pub fn is_on(&self) -> bool {
-        self.tx.is_some()
+        !matches!(self.to, To::Nowhere)
     }
 
     pub fn send(&self, event: Event) {
-        if let Some(tx) = &self.tx {
-            let envelope = Envelope {
-                ts: crate::checkpoint::now(),
-                elapsed_ms: self.started.elapsed().as_secs_f64() * 1000.0,
-                event,
-            };
+        if let To::Nowhere = self.to {
+            return;
+        }
+        let envelope = Envelope {
+            ts: crate::checkpoint::now(),
+            elapsed_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            event,
+        };
+        match &self.to {
+            To::Nowhere => {}
             // A closed receiver means nobody is listening any more; the run goes on.
-            let _ = tx.send(envelope);
+            To::Channel(tx) => {
+                let _ = tx.send(envelope);
+            }
+            To::Sink(f) => f(envelope),
         }
     }
 }

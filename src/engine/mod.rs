@@ -144,13 +144,13 @@ pub struct Engine {
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct Meta {
     /// Per join (by index in the plan), the sources that have run since the target last ran.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     barriers: BTreeMap<usize, BTreeSet<String>>,
-    /// How often each node has been scheduled.
-    #[serde(default)]
+    /// How often each node with a `max_visits` has run (no other node needs counting).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     visits: BTreeMap<String, u32>,
     /// Usage so far on the thread.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     usage: Usage,
     /// Per append-only key, how many stored extensions follow its last full value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -1013,7 +1013,9 @@ impl Engine {
         let mut ran = Vec::new();
         for (t, d) in &done {
             ran.push(t.node.clone());
-            *meta.visits.entry(t.node.clone()).or_insert(0) += 1;
+            if self.node_spec(&t.node).is_some_and(|n| n.common().max_visits.is_some()) {
+                *meta.visits.entry(t.node.clone()).or_insert(0) += 1;
+            }
             let Some(ix) = self.plan.node_by_name(&t.node) else {
                 continue;
             };
@@ -1125,6 +1127,10 @@ enum StepResult {
     Done(task::Done),
     Interrupt(Value),
     Failed(NodeError),
+}
+
+fn is_zero(u: &Usage) -> bool {
+    *u == Usage::default()
 }
 
 /// Whether a pause record is an `interrupt_before` (the node has not run yet).

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use super::Persist;
-use crate::checkpoint::{Checkpoint, CheckpointError, Checkpointer, PendingWrite};
+use crate::checkpoint::{Checkpoint, CheckpointError, Checkpointer, PendingWrite, Put};
 
 enum Job {
     Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>),
@@ -40,18 +40,32 @@ impl Persister {
             let (tx, rx) = mpsc::channel::<Job>();
             let s = store.clone();
             let handle = std::thread::spawn(move || {
+                // Everything queued while the last commit ran goes into the next one: one
+                // commit (one fsync, power-safe) for as many steps as are waiting.
                 let mut first_error = None;
-                for job in rx {
-                    let r = match job {
-                        Job::Checkpoint(cp, values) => s.put_checkpoint(&cp, &values),
-                        Job::Writes(thread, cp, writes) => s.put_writes(&thread, &cp, &writes),
-                        Job::Flush(done) => {
-                            let _ = done.send(());
-                            Ok(())
+                while let Ok(job) = rx.recv() {
+                    let mut puts = Vec::new();
+                    let mut flushes = Vec::new();
+                    let mut next = Some(job);
+                    while let Some(job) = next {
+                        match job {
+                            Job::Checkpoint(cp, values) => puts.push(Put::Checkpoint(cp, values)),
+                            Job::Writes(thread_id, checkpoint_id, writes) => puts.push(Put::Writes {
+                                thread_id,
+                                checkpoint_id,
+                                writes,
+                            }),
+                            Job::Flush(done) => flushes.push(done),
                         }
-                    };
-                    if let Err(e) = r {
+                        next = if flushes.is_empty() { rx.try_recv().ok() } else { None };
+                    }
+                    if !puts.is_empty()
+                        && let Err(e) = s.put_batch(puts)
+                    {
                         first_error.get_or_insert(e);
+                    }
+                    for done in flushes {
+                        let _ = done.send(());
                     }
                 }
                 first_error.map_or(Ok(()), Err)
