@@ -14,8 +14,8 @@ to runner). Two engine-only estimates are added where they can be had:
   - from `--stream jsonl`, if its events carry timestamps: last event time - first event time;
   - for the loops, the marginal cost: (wall(1,000 rounds) - wall(1 round)) / (3,000 - 3) steps,
     with `--set iterations=1`.
-Peak memory: ru_maxrss of the child from os.wait4 (the kernel's VmHWM for that process; the same
-number GNU time -v prints as "Maximum resident set size").
+Peak memory: GNU time's %M for the child (its ru_maxrss from os.wait4 would also count the forked
+interpreter's pages before exec); without /usr/bin/time, that ru_maxrss.
 """
 
 from __future__ import annotations
@@ -166,15 +166,30 @@ def runner_cmd(binary: Path, cfg: RN, db: Path, stream: str = "none") -> list[st
     return cmd
 
 
+GNU_TIME = Path("/usr/bin/time")
+
+
 def spawn(cmd: list[str], out: Path, err: Path) -> tuple[int, float, int]:
-    """Runs cmd; returns (exit code, wall seconds, peak RSS in KiB)."""
+    """Runs cmd; returns (exit code, wall seconds, peak RSS in KiB).
+
+    The peak comes from GNU time's %M when it is installed: a child's own ru_maxrss (os.wait4)
+    also counts the pages of the forked Python interpreter before exec, which inflates it by
+    however large this harness has grown."""
+    rss_file = out.with_suffix(".rss")
+    wrapped = [str(GNU_TIME), "-f", "%M", "-o", str(rss_file)] + cmd if GNU_TIME.exists() else cmd
     with open(out, "wb") as fo, open(err, "wb") as fe:
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(wrapped, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
         _, status, usage = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, wall, usage.ru_maxrss
+    rss = usage.ru_maxrss
+    if GNU_TIME.exists():
+        try:
+            rss = int(rss_file.read_text().strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return p.returncode, wall, rss
 
 
 def check_missing(rc: int, stderr: str) -> None:

@@ -246,11 +246,14 @@ impl Engine {
         let config = effective_config(&self.plan.config, &thread.config);
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let input = meta.input.clone().unwrap_or_else(|| thread.input.clone());
-        let constants = BTreeMap::from([
-            ("input".to_string(), to_jinja(&input)),
-            ("config".to_string(), to_jinja(&config)),
-            ("context".to_string(), to_jinja(&thread.context)),
-        ]);
+        let constants = Arc::new(Scope::new(
+            BTreeMap::from([
+                ("input".to_string(), to_jinja(&input)),
+                ("config".to_string(), to_jinja(&config)),
+                ("context".to_string(), to_jinja(&thread.context)),
+            ]),
+            None,
+        ));
         let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
         let mut pending = self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?;
         let mut skip_before = false;
@@ -310,25 +313,7 @@ impl Engine {
                     .map(|t| t.node.clone())
                     .collect();
                 if !gated.is_empty() {
-                    let payload = json!({"kind": "before", "nodes": gated});
-                    persister.flush()?;
-                    self.store.put_writes(
-                        &thread.thread_id,
-                        &cp.checkpoint_id,
-                        &[PendingWrite {
-                            task_id: BEFORE.into(),
-                            idx: IDX_INTERRUPT,
-                            channel: INTERRUPT.into(),
-                            value: payload.clone(),
-                        }],
-                    )?;
-                    self.events.send(Event::Interrupt {
-                        node: gated.join(","),
-                        task_id: BEFORE.into(),
-                        payload: payload.clone(),
-                    });
-                    interrupt =
-                        Some(json!({"node": gated[0], "task_id": BEFORE, "kind": "before", "payload": payload}));
+                    interrupt = Some(self.pause(&persister, &thread.thread_id, &cp, "before", &gated)?);
                     status = Status::Interrupted;
                     break;
                 }
@@ -344,12 +329,9 @@ impl Engine {
                 step,
                 tasks: cp.next.iter().map(|t| t.task_id.clone()).collect(),
             });
-            let base = Arc::new(Scope::new(
-                constants
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .chain([("state".to_string(), state_value.clone())])
-                    .collect(),
+            let base = Arc::new(Scope::over(
+                &constants,
+                BTreeMap::from([("state".to_string(), state_value.clone())]),
                 Some(self.plan.clone()),
             ));
             let (outcomes, deferred) = self.run_step(&shared, &cp, &pending, base, step, &persister).await?;
@@ -419,25 +401,7 @@ impl Engine {
                     cp = next_cp;
                     pending = Vec::new();
                     if !after.is_empty() && !cp.next.is_empty() {
-                        let payload = json!({"kind": "after", "nodes": after});
-                        persister.flush()?;
-                        self.store.put_writes(
-                            &thread.thread_id,
-                            &cp.checkpoint_id,
-                            &[PendingWrite {
-                                task_id: BEFORE.into(),
-                                idx: IDX_INTERRUPT,
-                                channel: INTERRUPT.into(),
-                                value: payload.clone(),
-                            }],
-                        )?;
-                        self.events.send(Event::Interrupt {
-                            node: after.join(","),
-                            task_id: BEFORE.into(),
-                            payload: payload.clone(),
-                        });
-                        interrupt =
-                            Some(json!({"node": after[0], "task_id": BEFORE, "kind": "after", "payload": payload}));
+                        interrupt = Some(self.pause(&persister, &thread.thread_id, &cp, "after", &after)?);
                         status = Status::Interrupted;
                         break;
                     }
@@ -487,6 +451,33 @@ impl Engine {
             steps: cp.step + 1,
             usage: meta.usage,
         })
+    }
+
+    /// Stops durably before or after `nodes` (`interrupt_before` / `interrupt_after`): the
+    /// pause is recorded against the checkpoint the run will continue from.
+    fn pause(
+        &self,
+        persister: &Persister,
+        thread_id: &str,
+        cp: &Checkpoint,
+        kind: &str,
+        nodes: &[String],
+    ) -> Result<Value, EngineError> {
+        let payload = json!({"kind": kind, "nodes": nodes});
+        persister.flush()?;
+        let record = PendingWrite {
+            task_id: BEFORE.into(),
+            idx: IDX_INTERRUPT,
+            channel: INTERRUPT.into(),
+            value: payload.clone(),
+        };
+        self.store.put_writes(thread_id, &cp.checkpoint_id, &[record])?;
+        self.events.send(Event::Interrupt {
+            node: nodes.join(","),
+            task_id: BEFORE.into(),
+            payload: payload.clone(),
+        });
+        Ok(json!({"node": nodes[0], "task_id": BEFORE, "kind": kind, "payload": payload}))
     }
 
     fn node_spec(&self, name: &str) -> Option<&NodeSpec> {
@@ -898,7 +889,7 @@ impl Engine {
         state: &mut Map<String, Value>,
         meta: &mut Meta,
         outcomes: &[(TaskSpec, StepResult)],
-        constants: &BTreeMap<String, minijinja::Value>,
+        constants: &Arc<Scope>,
         step: i64,
         extensions: bool,
     ) -> Result<(Checkpoint, NewValues), String> {
@@ -1007,8 +998,11 @@ impl Engine {
                 };
             }
         };
-        let mut vars = constants.clone();
-        vars.insert("state".into(), values::map_to_jinja(state));
+        let after_step = Arc::new(Scope::over(
+            constants,
+            BTreeMap::from([("state".to_string(), values::map_to_jinja(state))]),
+            Some(self.plan.clone()),
+        ));
         let mut next: Vec<Next> = Vec::new();
         let mut ran = Vec::new();
         for (t, d) in &done {
@@ -1023,12 +1017,8 @@ impl Engine {
             if d.handled {
                 continue;
             }
-            let mut v = vars.clone();
-            v.insert(
-                "run".into(),
-                to_jinja(&json!({"thread_id": shared.thread_id, "step": step, "node": t.node})),
-            );
-            let scope = Scope::new(v, Some(self.plan.clone())).into_value();
+            let run = to_jinja(&json!({"thread_id": shared.thread_id, "step": step, "node": t.node}));
+            let scope = Arc::new(after_step.with([("run".to_string(), run)])).value();
             for b in &self.plan.nodes[&ix].branches {
                 if let Err(e) = follow(shared, b, &scope, &mut next) {
                     restore(state);

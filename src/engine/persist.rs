@@ -18,6 +18,9 @@ enum Job {
 
 type Held = (Checkpoint, BTreeMap<(String, u64), Value>);
 
+/// How many commits `async` mode may have waiting.
+const QUEUE: usize = 256;
+
 pub(super) struct Persister {
     store: Arc<dyn Checkpointer>,
     mode: Persist,
@@ -25,7 +28,7 @@ pub(super) struct Persister {
     /// id of the last committed checkpoint (the held one's parent).
     held: Mutex<(Option<Held>, String)>,
     /// `Async`: the ordered queue to the background committer.
-    queue: Option<mpsc::Sender<Job>>,
+    queue: Option<mpsc::SyncSender<Job>>,
     worker: Option<std::thread::JoinHandle<Result<(), CheckpointError>>>,
 }
 
@@ -37,7 +40,8 @@ impl Persister {
     /// `committed` is the id of the checkpoint the run starts from (already stored).
     pub fn new(store: Arc<dyn Checkpointer>, mode: Persist, committed: String) -> Persister {
         let (queue, worker) = if mode == Persist::Async {
-            let (tx, rx) = mpsc::channel::<Job>();
+            // Bounded: a run that outpaces the store waits for it rather than piling up steps.
+            let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
             let s = store.clone();
             let handle = std::thread::spawn(move || {
                 // Everything queued while the last commit ran goes into the next one: one

@@ -64,8 +64,8 @@ pub async fn run(
         "run".to_string(),
         to_jinja(&json!({"thread_id": shared.thread_id, "step": step, "node": node.name})),
     ));
-    let scope = base.with(extra);
-    let scope_value = scope.with([]).into_value();
+    let scope = Arc::new(base.with(extra));
+    let scope_value = scope.value();
     let policy = retry_policy(&node.spec);
     let timeout = common.timeout.as_ref().and_then(|t| t.to_std());
     let mut attempt = 0u32;
@@ -155,7 +155,7 @@ fn params(node: &crate::compile::PlanNode) -> Value {
 fn after(
     shared: &Shared,
     node: &crate::compile::PlanNode,
-    scope: &Scope,
+    scope: &Arc<Scope>,
     output: Value,
     usage: Usage,
 ) -> Result<Done, NodeError> {
@@ -227,7 +227,7 @@ pub(super) fn choose(shared: &Shared, clauses: &[Clause], scope: &minijinja::Val
 fn handle_error(
     shared: &Shared,
     node: &crate::compile::PlanNode,
-    scope: &Scope,
+    scope: &Arc<Scope>,
     e: NodeError,
     attempts: u32,
 ) -> Outcome {

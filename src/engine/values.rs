@@ -10,12 +10,16 @@ use serde_json::{Map, Value};
 use crate::compile::{ExprId, Plan, Reducer};
 
 /// What expressions read: `state`, `input`, `config`, `context`, `run`, and per use `params`,
-/// the fan-out item, `output`, `usage`, `error`. Predicates are evaluated on first use and
-/// remembered, so a predicate that cannot be evaluated fails only an expression that reads it.
+/// the fan-out item, `output`, `usage`, `error`. A scope is a stack of layers: a layer holds
+/// only what it adds and defers to its parent, so a task's scope costs its own few variables.
+/// Predicates are evaluated on first use in the layer that holds them (the step's base) and
+/// remembered there: a predicate that cannot be evaluated fails only an expression that reads
+/// it, and every task of a step shares its value.
 #[derive(Debug)]
 pub struct Scope {
     vars: BTreeMap<String, JValue>,
-    /// The plan whose predicates this scope can evaluate, and the values computed so far.
+    parent: Option<Arc<Scope>>,
+    /// The plan whose predicates this layer evaluates, and the values computed so far.
     predicates: Option<(Arc<Plan>, Memo)>,
 }
 
@@ -25,25 +29,70 @@ impl Scope {
     pub fn new(vars: BTreeMap<String, JValue>, plan: Option<Arc<Plan>>) -> Scope {
         Scope {
             vars,
+            parent: None,
             predicates: plan.map(|p| (p, Mutex::new(BTreeMap::new()))),
         }
     }
 
-    /// This scope with more variables (the base ones are shared, not copied deeply).
-    pub fn with(&self, extra: impl IntoIterator<Item = (String, JValue)>) -> Scope {
-        let mut vars = self.vars.clone();
-        vars.extend(extra);
+    /// A layer over `parent` with its own variables and, when given, the plan's predicates
+    /// (evaluated against this layer, once).
+    pub fn over(parent: &Arc<Scope>, vars: BTreeMap<String, JValue>, plan: Option<Arc<Plan>>) -> Scope {
         Scope {
             vars,
-            predicates: self
-                .predicates
-                .as_ref()
-                .map(|(p, _)| (p.clone(), Mutex::new(BTreeMap::new()))),
+            parent: Some(parent.clone()),
+            predicates: plan.map(|p| (p, Mutex::new(BTreeMap::new()))),
+        }
+    }
+
+    /// A layer over this scope with more variables.
+    pub fn with(self: &Arc<Self>, extra: impl IntoIterator<Item = (String, JValue)>) -> Scope {
+        Scope {
+            vars: extra.into_iter().collect(),
+            parent: Some(self.clone()),
+            predicates: None,
         }
     }
 
     pub fn into_value(self) -> JValue {
         JValue::from_object(self)
+    }
+
+    /// The scope as a minijinja value, shared (not copied).
+    pub fn value(self: &Arc<Self>) -> JValue {
+        JValue::from_dyn_object(self.clone())
+    }
+
+    fn var(&self, name: &str) -> Option<JValue> {
+        match self.vars.get(name) {
+            Some(v) => Some(v.clone()),
+            None => self.parent.as_ref()?.var(name),
+        }
+    }
+
+    fn predicate(self: &Arc<Self>, name: &str) -> Option<JValue> {
+        let Some((plan, memo)) = &self.predicates else {
+            return self.parent.as_ref()?.predicate(name);
+        };
+        let id = *plan.predicates.get(name)?;
+        if let Ok(memo) = memo.lock()
+            && let Some(v) = memo.get(name)
+        {
+            return Some(v.clone());
+        }
+        // Predicates never read other predicates (the compiler refuses it), so evaluating one in
+        // this very layer cannot recurse.
+        let value = plan.exprs.expr(id).eval(self.value()).ok()?;
+        if let Ok(mut memo) = memo.lock() {
+            memo.insert(name.to_string(), value.clone());
+        }
+        Some(value)
+    }
+
+    fn names(&self, out: &mut Vec<JValue>) {
+        if let Some(p) = &self.parent {
+            p.names(out);
+        }
+        out.extend(self.vars.keys().map(|k| JValue::from(k.as_str())));
     }
 }
 
@@ -54,30 +103,12 @@ impl Object for Scope {
 
     fn get_value(self: &Arc<Self>, key: &JValue) -> Option<JValue> {
         let name = key.as_str()?;
-        if let Some(v) = self.vars.get(name) {
-            return Some(v.clone());
-        }
-        let (plan, memo) = self.predicates.as_ref()?;
-        let id = *plan.predicates.get(name)?;
-        if let Ok(memo) = memo.lock()
-            && let Some(v) = memo.get(name)
-        {
-            return Some(v.clone());
-        }
-        // Predicates read the base scope only (never other predicates).
-        let base = JValue::from_object(Scope {
-            vars: self.vars.clone(),
-            predicates: None,
-        });
-        let value = plan.exprs.expr(id).eval(base).ok()?;
-        if let Ok(mut memo) = memo.lock() {
-            memo.insert(name.to_string(), value.clone());
-        }
-        Some(value)
+        self.var(name).or_else(|| self.predicate(name))
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        let keys: Vec<JValue> = self.vars.keys().map(|k| JValue::from(k.as_str())).collect();
+        let mut keys = Vec::new();
+        self.names(&mut keys);
         Enumerator::Values(keys)
     }
 }

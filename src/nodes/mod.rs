@@ -29,7 +29,7 @@ pub struct NodeCtx<'a> {
     pub node: &'a PlanNode,
     pub ix: NodeIx,
     /// The scope of the node's fields: state, input, config, context, run, params, item.
-    pub base: &'a values::Scope,
+    pub base: &'a Arc<values::Scope>,
     /// `base` as a minijinja value.
     pub scope: JValue,
     pub task_id: &'a str,
