@@ -487,6 +487,34 @@ fn fork(cp: &dyn Checkpointer) {
 // ---------------------------------------------------------------------------------------------
 // Every backend runs every case.
 
+fn plan_hashes(cp: &dyn Checkpointer) {
+    // A checkpoint made by another version of the workflow than the thread's keeps its hash.
+    cp.create_thread(&thread("h")).unwrap();
+    let same = checkpoint("h", None, -1, &[]);
+    let mut other = checkpoint("h", Some(&same), 0, &[]);
+    other.plan_hash = "plan-2".into();
+    cp.put_checkpoint(&same, &[]).unwrap();
+    cp.put_checkpoint(&other, &[]).unwrap();
+    let thread_hash = cp.get_thread("h").unwrap().unwrap().plan_hash;
+    assert_eq!(
+        cp.get_checkpoint("h", Some(&same.checkpoint_id))
+            .unwrap()
+            .unwrap()
+            .plan_hash,
+        same.plan_hash
+    );
+    assert_eq!(cp.get_checkpoint("h", None).unwrap().unwrap().plan_hash, "plan-2");
+    assert_eq!(
+        cp.history("h")
+            .unwrap()
+            .iter()
+            .map(|c| c.plan_hash.clone())
+            .collect::<Vec<_>>(),
+        vec!["plan-2".to_string(), same.plan_hash.clone()]
+    );
+    assert_eq!(thread_hash, cp.get_thread("h").unwrap().unwrap().plan_hash);
+}
+
 fn batch(cp: &dyn Checkpointer) {
     cp.create_thread(&thread("b")).unwrap();
     let c0 = checkpoint("b", None, -1, &[("n", 1)]);
@@ -571,17 +599,17 @@ macro_rules! conformance {
 conformance!(
     memory,
     super::memory(),
-    [threads, checkpoints, state, writes, delete, fork, batch]
+    [threads, checkpoints, state, writes, delete, fork, batch, plan_hashes]
 );
 conformance!(
     sqlite_crash_safe,
     super::sqlite(runner::checkpoint::Durability::CrashSafe),
-    [threads, checkpoints, state, writes, delete, fork, batch]
+    [threads, checkpoints, state, writes, delete, fork, batch, plan_hashes]
 );
 conformance!(
     sqlite_power_safe,
     super::sqlite(runner::checkpoint::Durability::PowerSafe),
-    [threads, checkpoints, state, writes, delete, fork, batch]
+    [threads, checkpoints, state, writes, delete, fork, batch, plan_hashes]
 );
 
 // ---------------------------------------------------------------------------------------------

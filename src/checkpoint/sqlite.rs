@@ -66,10 +66,11 @@ CREATE TABLE checkpoints (
     changed TEXT NOT NULL,
     next TEXT NOT NULL,
     meta TEXT NOT NULL,
-    plan_hash TEXT NOT NULL,
+    -- NULL when it is the thread's (nearly always): a 64-character hash per step adds up.
+    plan_hash TEXT,
     created_at TEXT NOT NULL,
     PRIMARY KEY (thread_id, checkpoint_id)
-) STRICT;
+) STRICT, WITHOUT ROWID;
 CREATE INDEX checkpoints_by_step ON checkpoints (thread_id, step, checkpoint_id);
 CREATE TABLE state_values (
     thread_id TEXT NOT NULL REFERENCES threads (thread_id),
@@ -94,6 +95,9 @@ const THREAD_COLS: &str = "thread_id, workflow, plan_hash, input, context, confi
                            forked_from_thread, forked_from_checkpoint";
 const CHECKPOINT_COLS: &str =
     "thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, meta, plan_hash, created_at";
+/// The checkpoint columns as read: a NULL plan hash is the thread's.
+const CHECKPOINT_READ: &str = "thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, meta, \
+     coalesce(plan_hash, (SELECT t.plan_hash FROM threads t WHERE t.thread_id = checkpoints.thread_id)), created_at";
 
 impl From<rusqlite::Error> for CheckpointError {
     fn from(e: rusqlite::Error) -> Self {
@@ -350,7 +354,7 @@ impl Checkpointer for SqliteCheckpointer {
                 Some(id) => load_checkpoint(tx, thread_id, id)?,
                 None => tx
                     .prepare_cached(&format!(
-                        "SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE thread_id = ?1 \
+                        "SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = ?1 \
                          ORDER BY step DESC, checkpoint_id DESC LIMIT 1"
                     ))?
                     .query_row([thread_id], CheckpointRow::from_row)
@@ -364,7 +368,7 @@ impl Checkpointer for SqliteCheckpointer {
         self.read(|tx| {
             require_thread(tx, thread_id)?;
             let mut stmt = tx.prepare_cached(&format!(
-                "SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE thread_id = ?1 \
+                "SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = ?1 \
                  ORDER BY step DESC, checkpoint_id DESC"
             ))?;
             let rows = stmt.query_map([thread_id], CheckpointRow::from_row)?;
@@ -862,7 +866,8 @@ impl CheckpointRow {
 
     fn insert(&self, conn: &Connection) -> Result<()> {
         conn.prepare_cached(&format!(
-            "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+             nullif(?10, (SELECT plan_hash FROM threads WHERE thread_id = ?1)), ?11)"
         ))?
         .execute(params![
             self.thread_id,
@@ -894,7 +899,7 @@ fn load_thread(conn: &Connection, thread_id: &str) -> Result<Option<ThreadRow>> 
 fn load_checkpoint(conn: &Connection, thread_id: &str, checkpoint_id: &str) -> Result<Option<CheckpointRow>> {
     Ok(conn
         .prepare_cached(&format!(
-            "SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2"
+            "SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2"
         ))?
         .query_row([thread_id, checkpoint_id], CheckpointRow::from_row)
         .optional()?)

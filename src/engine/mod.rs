@@ -373,8 +373,9 @@ impl Engine {
                 step,
                 req.persist != Persist::Exit,
             ) {
-                Ok((next_cp, values)) => {
-                    state_value = values::map_to_jinja(&state);
+                Ok((next_cp, values, after)) => {
+                    // The state the routing saw is the next step's state.
+                    state_value = after;
                     if self.events.is_on() {
                         let changed: Map<String, Value> = next_cp
                             .changed
@@ -580,10 +581,7 @@ impl Engine {
                 ("config".to_string(), to_jinja(&config)),
                 ("context".to_string(), to_jinja(&thread.context)),
                 ("state".to_string(), values::map_to_jinja(state)),
-                (
-                    "run".to_string(),
-                    to_jinja(&json!({"thread_id": thread.thread_id, "step": step, "node": "START"})),
-                ),
+                ("run".to_string(), values::run_value(&thread.thread_id, step, "START")),
             ]),
             Some(self.plan.clone()),
         )
@@ -892,7 +890,7 @@ impl Engine {
         constants: &Arc<Scope>,
         step: i64,
         extensions: bool,
-    ) -> Result<(Checkpoint, NewValues), String> {
+    ) -> Result<(Checkpoint, NewValues, minijinja::Value), String> {
         let order = |t: &TaskSpec| {
             let pos = self
                 .plan
@@ -998,9 +996,10 @@ impl Engine {
                 };
             }
         };
+        let state_value = values::map_to_jinja(state);
         let after_step = Arc::new(Scope::over(
             constants,
-            BTreeMap::from([("state".to_string(), values::map_to_jinja(state))]),
+            BTreeMap::from([("state".to_string(), state_value.clone())]),
             Some(self.plan.clone()),
         ));
         let mut next: Vec<Next> = Vec::new();
@@ -1017,7 +1016,7 @@ impl Engine {
             if d.handled {
                 continue;
             }
-            let run = to_jinja(&json!({"thread_id": shared.thread_id, "step": step, "node": t.node}));
+            let run = values::run_value(&shared.thread_id, step, &t.node);
             let scope = Arc::new(after_step.with([("run".to_string(), run)])).value();
             for b in &self.plan.nodes[&ix].branches {
                 if let Err(e) = follow(shared, b, &scope, &mut next) {
@@ -1054,7 +1053,7 @@ impl Engine {
             plan_hash: self.plan.hash.clone(),
             created_at: checkpoint::now(),
         };
-        Ok((cp, new_values))
+        Ok((cp, new_values, state_value))
     }
 
     /// Turns successors into the next step's tasks: a node triggered several times runs once;

@@ -62,7 +62,7 @@ pub async fn run(
     }
     extra.push((
         "run".to_string(),
-        to_jinja(&json!({"thread_id": shared.thread_id, "step": step, "node": node.name})),
+        values::run_value(&shared.thread_id, step, &node.name),
     ));
     let scope = Arc::new(base.with(extra));
     let scope_value = scope.value();
@@ -159,11 +159,13 @@ fn after(
     output: Value,
     usage: Usage,
 ) -> Result<Done, NodeError> {
-    let usage_value = serde_json::to_value(usage).unwrap_or(Value::Null);
     let scope = scope
         .with([
             ("output".to_string(), to_jinja(&output)),
-            ("usage".to_string(), to_jinja(&usage_value)),
+            (
+                "usage".to_string(),
+                minijinja::Value::from(minijinja::value::Serde(&usage)),
+            ),
         ])
         .into_value();
     let writes = writes(shared, &node.update, &scope)?;

@@ -118,6 +118,11 @@ pub fn to_jinja(v: &Value) -> JValue {
     JValue::from(minijinja::value::Serde(v))
 }
 
+/// The `run` variable: where an expression is evaluated.
+pub fn run_value(thread_id: &str, step: i64, node: &str) -> JValue {
+    minijinja::context! { thread_id => thread_id, step => step, node => node }
+}
+
 /// A JSON object to a minijinja value, serialized by reference (no copy of the map first).
 pub fn map_to_jinja(m: &serde_json::Map<String, Value>) -> JValue {
     JValue::from(minijinja::value::Serde(m))
