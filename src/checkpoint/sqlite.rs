@@ -166,6 +166,8 @@ impl SqliteCheckpointer {
         };
         conn.pragma_update(None, "synchronous", synchronous)?;
         conn.pragma_update(None, "foreign_keys", true)?;
+        // The writer appends rows and touches few old pages: a 1 MiB page cache is plenty.
+        conn.pragma_update(None, "cache_size", -1024)?;
         migrate(&mut conn, path)?;
         let synchronous = match conn.pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))? {
             0 => "off",
@@ -702,6 +704,8 @@ fn open_reader(path: &Path) -> Result<Connection> {
     )?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "query_only", true)?;
+    // Readers look up a checkpoint or a few values at a time: a small page cache will do.
+    conn.pragma_update(None, "cache_size", -256)?;
     Ok(conn)
 }
 

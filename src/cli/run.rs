@@ -137,6 +137,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         .iter()
         .map(|kv| parse_kv(kv))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    // Compile first: its transient memory is gone before the store's caches arrive.
+    let Some(plan) = compile(&args.file)? else {
+        return Ok(exit::INVALID);
+    };
     let db = store::db_path(args.common.db.as_deref());
     let store = store::open(&db, args.common.durability)?;
     let existing = match &args.thread {
@@ -157,7 +161,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         persist: args.common.persist,
         force: args.force,
     };
-    execute(&args.file, request, &args.common, store)
+    execute(plan, request, &args.common, store)
 }
 
 pub fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
@@ -179,23 +183,30 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
         force: args.force,
         ..RunRequest::default()
     };
-    execute(Path::new(&thread.workflow), request, &args.common, store)
+    let Some(plan) = compile(Path::new(&thread.workflow))? else {
+        return Ok(exit::INVALID);
+    };
+    execute(plan, request, &args.common, store)
 }
 
-fn execute(
-    file: &Path,
-    request: RunRequest,
-    common: &Common,
-    store: Arc<dyn crate::checkpoint::Checkpointer>,
-) -> anyhow::Result<u8> {
+/// Compiles the workflow, or prints why it cannot run.
+fn compile(file: &Path) -> anyhow::Result<Option<Arc<crate::compile::Plan>>> {
     if !file.is_file() {
         bail!("workflow file {} does not exist", file.display());
     }
     let (plan, result) = compile_file(file);
-    let Some(plan) = plan else {
+    if plan.is_none() {
         eprint!("{}", diag::render(&result.diagnostics, &result.files, Format::Human));
-        return Ok(exit::INVALID);
-    };
+    }
+    Ok(plan)
+}
+
+fn execute(
+    plan: Arc<crate::compile::Plan>,
+    request: RunRequest,
+    common: &Common,
+    store: Arc<dyn crate::checkpoint::Checkpointer>,
+) -> anyhow::Result<u8> {
     let mock = match &common.mock {
         Some(path) => Some(Arc::new(
             MockProvider::from_file(path).map_err(|e| anyhow::anyhow!("--mock {}: {e}", path.display()))?,
