@@ -64,7 +64,8 @@ fn main() {
     // The first call in a process also builds the schema validators (kept for the process).
     let cold = time_once(|| check(std::slice::from_ref(&big)));
 
-    let shipped = workflow_files(&root.join("workflows"));
+    // The files `runner validate workflows/` checks.
+    let shipped = runner::cli::workflow_files(&[root.join("workflows")]).unwrap_or_default();
     let mut cases: Vec<Case> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     let mut valid_shipped: Vec<PathBuf> = Vec::new();
@@ -377,31 +378,6 @@ fn node_count(files: &[PathBuf]) -> usize {
         .filter_map(|f| load::parse(f).ok())
         .map(|d| d.value.get("nodes").and_then(|n| n.as_object()).map_or(0, |n| n.len()))
         .sum()
-}
-
-/// The workflow files `runner validate <dir>` would check, sorted.
-fn workflow_files(dir: &Path) -> Vec<PathBuf> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
-        for path in entries.flatten().map(|e| e.path()) {
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            if name.starts_with('.') {
-                continue;
-            }
-            if path.is_dir() {
-                walk(&path, out);
-            } else if (name.ends_with(".yaml") || name.ends_with(".yml")) && !name.contains(".test.") {
-                out.push(path);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, &mut out);
-    out.sort();
-    out
 }
 
 fn thousands(n: usize) -> String {

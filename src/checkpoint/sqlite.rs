@@ -303,13 +303,9 @@ impl Checkpointer for SqliteCheckpointer {
     }
 
     fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()> {
-        let values = values
-            .iter()
-            .map(|(key, version, value)| Ok((key.clone(), version_to_sql(*version)?, to_json(value)?)))
-            .collect::<Result<Vec<_>>>()?;
         self.write_unit(Op::PutCheckpoint {
             row: CheckpointRow::from_checkpoint(checkpoint)?,
-            values,
+            values: value_rows(values)?,
         })
     }
 
@@ -319,10 +315,7 @@ impl Checkpointer for SqliteCheckpointer {
             .map(|put| match put {
                 super::Put::Checkpoint(cp, values) => Ok(Op::PutCheckpoint {
                     row: CheckpointRow::from_checkpoint(&cp)?,
-                    values: values
-                        .iter()
-                        .map(|(key, version, value)| Ok((key.clone(), version_to_sql(*version)?, to_json(value)?)))
-                        .collect::<Result<Vec<_>>>()?,
+                    values: value_rows(&values)?,
                 }),
                 super::Put::Writes {
                     thread_id,
@@ -331,17 +324,7 @@ impl Checkpointer for SqliteCheckpointer {
                 } => Ok(Op::PutWrites {
                     thread_id,
                     checkpoint_id,
-                    writes: writes
-                        .iter()
-                        .map(|w| {
-                            Ok((
-                                w.task_id.clone(),
-                                i64::from(w.idx),
-                                w.channel.clone(),
-                                to_json(&w.value)?,
-                            ))
-                        })
-                        .collect::<Result<Vec<_>>>()?,
+                    writes: write_rows(&writes)?,
                 }),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -399,17 +382,7 @@ impl Checkpointer for SqliteCheckpointer {
     }
 
     fn put_writes(&self, thread_id: &str, checkpoint_id: &str, writes: &[PendingWrite]) -> Result<()> {
-        let writes = writes
-            .iter()
-            .map(|w| {
-                Ok((
-                    w.task_id.clone(),
-                    i64::from(w.idx),
-                    w.channel.clone(),
-                    to_json(&w.value)?,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let writes = write_rows(writes)?;
         self.write_unit(Op::PutWrites {
             thread_id: thread_id.to_owned(),
             checkpoint_id: checkpoint_id.to_owned(),
@@ -465,6 +438,29 @@ impl Checkpointer for SqliteCheckpointer {
             Done::Unit => Err(CheckpointError::Backend("the writer did not answer a fork".into())),
         }
     }
+}
+
+/// A checkpoint's values as rows: `(key, version, value JSON)`.
+fn value_rows(values: &[(String, u64, Value)]) -> Result<Vec<(String, i64, String)>> {
+    values
+        .iter()
+        .map(|(key, version, value)| Ok((key.clone(), version_to_sql(*version)?, to_json(value)?)))
+        .collect()
+}
+
+/// Pending writes as rows: `(task_id, idx, channel, value JSON)`.
+fn write_rows(writes: &[PendingWrite]) -> Result<Vec<(String, i64, String, String)>> {
+    writes
+        .iter()
+        .map(|w| {
+            Ok((
+                w.task_id.clone(),
+                i64::from(w.idx),
+                w.channel.clone(),
+                to_json(&w.value)?,
+            ))
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ mod store;
 mod threads;
 mod validate;
 
+pub use validate::workflow_files;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
