@@ -185,13 +185,7 @@ fn parse_reply(v: &Value) -> Result<Reply, String> {
             let usage = o.get("usage").map(|u| {
                 let p = u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0);
                 let c = u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0);
-                Usage {
-                    prompt_tokens: p,
-                    completion_tokens: c,
-                    total_tokens: p + c,
-                    cost: 0.0,
-                    calls: 1,
-                }
+                Usage::tokens(p, c)
             });
             Ok(Reply::Text {
                 text,
@@ -247,14 +241,7 @@ impl Provider for MockProvider {
                     }
                     let usage = usage.unwrap_or_else(|| {
                         let p: u64 = request.messages.iter().map(|m| estimate(&m.content)).sum();
-                        let c = estimate(&text);
-                        Usage {
-                            prompt_tokens: p,
-                            completion_tokens: c,
-                            total_tokens: p + c,
-                            cost: 0.0,
-                            calls: 1,
-                        }
+                        Usage::tokens(p, estimate(&text))
                     });
                     Ok(ChatResponse {
                         text,

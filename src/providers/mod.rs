@@ -51,6 +51,17 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// One call's usage from its token counts (cost is set by [`price`]).
+    pub fn tokens(prompt_tokens: u64, completion_tokens: u64) -> Usage {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            cost: 0.0,
+            calls: 1,
+        }
+    }
+
     pub fn add(&mut self, other: &Usage) {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
