@@ -9,6 +9,7 @@ pub mod cli;
 pub mod compile;
 pub mod diag;
 pub mod engine;
+pub mod net;
 pub mod nodes;
 pub mod providers;
 pub mod spec;

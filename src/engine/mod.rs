@@ -26,8 +26,8 @@ use tokio::task::JoinSet;
 
 use crate::checkpoint::{self, Checkpoint, Checkpointer, PendingWrite, TaskSpec, Thread, ThreadStatus};
 use crate::compile::{Branch, Plan, Reducer, Target};
-use crate::nodes::NodeError;
-use crate::providers::{Providers, Usage};
+use crate::nodes::{NodeError, Services};
+use crate::providers::Usage;
 use crate::spec::NodeSpec;
 use events::{Event, Events};
 use persist::Persister;
@@ -123,7 +123,7 @@ pub struct Shared {
     /// Validators of llm output schemas, by node, built once per engine.
     pub outputs: Arc<HashMap<crate::compile::NodeIx, jsonschema::Validator>>,
     pub store: Arc<dyn Checkpointer>,
-    pub providers: Providers,
+    pub services: Services,
     pub events: Events,
     pub thread_id: String,
 }
@@ -133,7 +133,7 @@ pub struct Shared {
 pub struct Engine {
     plan: Arc<Plan>,
     store: Arc<dyn Checkpointer>,
-    providers: Providers,
+    services: Services,
     events: Events,
     cancel: Arc<AtomicBool>,
     validators: Arc<HashMap<String, jsonschema::Validator>>,
@@ -177,7 +177,8 @@ const IDX_RESUME: u32 = 1;
 const IDX_DONE: u32 = 2;
 
 impl Engine {
-    pub fn new(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, providers: Providers, events: Events) -> Engine {
+    pub fn new(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, services: impl Into<Services>, events: Events) -> Engine {
+        let services = services.into();
         let mut validators = HashMap::new();
         for (key, channel) in &plan.state {
             if let Ok(v) = jsonschema::draft202012::new(&channel.schema) {
@@ -196,7 +197,7 @@ impl Engine {
             outputs: Arc::new(outputs),
             plan,
             store,
-            providers,
+            services,
             events,
             cancel: Arc::new(AtomicBool::new(false)),
             validators: Arc::new(validators),
@@ -231,7 +232,7 @@ impl Engine {
             outputs: self.outputs.clone(),
             plan: self.plan.clone(),
             store: self.store.clone(),
-            providers: self.providers.clone(),
+            services: self.services.clone(),
             events: self.events.clone(),
             thread_id: thread.thread_id.clone(),
         });
@@ -590,7 +591,7 @@ impl Engine {
             outputs: self.outputs.clone(),
             plan: self.plan.clone(),
             store: self.store.clone(),
-            providers: self.providers.clone(),
+            services: self.services.clone(),
             events: Events::none(),
             thread_id: thread.thread_id.clone(),
         };
@@ -700,7 +701,7 @@ impl Engine {
                 {
                     let writes = self.store.get_writes(&child_thread, &cp.checkpoint_id)?;
                     if let Some(w) = writes.iter().find(|w| w.channel == INTERRUPT) {
-                        let engine = Engine::new(child, self.store.clone(), self.providers.clone(), Events::none());
+                        let engine = Engine::new(child, self.store.clone(), self.services.clone(), Events::none());
                         return engine.validate_answer(w, answer);
                     }
                 }

@@ -86,7 +86,7 @@ pub async fn run(
             task_id: &task_id,
             step,
             events: &shared.events,
-            providers: &shared.providers,
+            services: &shared.services,
             resume: resume.as_ref(),
             store: &shared.store,
             thread_id: &shared.thread_id,

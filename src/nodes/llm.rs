@@ -14,7 +14,7 @@ use crate::spec::{ErrorClass, LlmNode, LlmOutput, OutputFormat};
 
 pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFailure> {
     let profile_name = spec.model.as_deref().unwrap_or("default");
-    let (provider, profile) = ctx.providers.get(profile_name).ok_or_else(|| {
+    let (provider, profile) = ctx.services.providers.get(profile_name).ok_or_else(|| {
         NodeError::new(
             ErrorClass::BadRequest,
             format!("no provider is set up for model profile `{profile_name}`"),

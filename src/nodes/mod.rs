@@ -9,7 +9,10 @@
 mod emit;
 mod interrupt;
 mod llm;
+mod services;
 pub(crate) mod subgraph;
+
+pub use services::Services;
 
 use std::sync::Arc;
 
@@ -20,7 +23,7 @@ use crate::checkpoint::Checkpointer;
 use crate::compile::{Compiled, NodeIx, Plan, PlanNode};
 use crate::engine::events::Events;
 use crate::engine::values;
-use crate::providers::{Providers, Usage};
+use crate::providers::Usage;
 use crate::spec::{ErrorClass, NodeSpec};
 
 /// What a running node can reach.
@@ -35,7 +38,8 @@ pub struct NodeCtx<'a> {
     pub task_id: &'a str,
     pub step: i64,
     pub events: &'a Events,
-    pub providers: &'a Providers,
+    /// Providers and the other clients and stores of the run.
+    pub services: &'a Services,
     /// The answer to this task's interrupt, when the run resumes it.
     pub resume: Option<&'a Value>,
     pub store: &'a Arc<dyn Checkpointer>,

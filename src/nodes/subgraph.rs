@@ -35,7 +35,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     let engine = Engine::new(
         child.clone(),
         ctx.store.clone(),
-        ctx.providers.clone(),
+        ctx.services.clone(),
         ctx.events.clone(),
     );
     let request = RunRequest {

@@ -130,6 +130,23 @@ pub trait Provider: Send + Sync {
     ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>>;
 }
 
+/// Vectors for texts, one per text, in order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Embeddings {
+    pub vectors: Vec<Vec<f32>>,
+    pub usage: Usage,
+}
+
+/// An embeddings model.
+pub trait Embedder: Send + Sync {
+    /// Who makes the vectors (e.g. `openai:text-embedding-3-small`): an index built by one
+    /// embedder cannot be searched with another's vectors.
+    fn id(&self) -> &str;
+
+    /// Embeds `texts`, one vector per text.
+    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Embeddings, ProviderError>>;
+}
+
 /// The providers of a run, by model profile name.
 #[derive(Clone, Default)]
 pub struct Providers {
