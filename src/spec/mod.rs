@@ -8,6 +8,7 @@
 //!
 //! Architecture Invariant: spec/ knows nothing of tokio, SQLite, HTTP or the engine.
 
+pub mod interp;
 pub mod load;
 mod node;
 pub mod schema;
