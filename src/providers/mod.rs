@@ -151,6 +151,8 @@ pub trait Embedder: Send + Sync {
 #[derive(Clone, Default)]
 pub struct Providers {
     by_profile: HashMap<String, (Arc<dyn Provider>, ModelProfile)>,
+    /// Embeddings models by profile name (profiles whose API serves embeddings).
+    embedders: HashMap<String, Arc<dyn Embedder>>,
     /// When set, every profile without its own is served by this (e.g. `--mock script.yaml`).
     fallback: Option<Arc<dyn Provider>>,
 }
@@ -201,6 +203,12 @@ impl Providers {
             out.fallback = Some(m);
         }
         Ok(out)
+    }
+
+    /// The embeddings model of profile `name`, when its API serves one. Mock profiles (and
+    /// every profile under `--mock`) have none: callers fall back to an offline embedder.
+    pub fn embedder(&self, name: &str) -> Option<Arc<dyn Embedder>> {
+        self.embedders.get(name).cloned()
     }
 
     /// The provider and profile for `name`.
