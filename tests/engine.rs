@@ -942,3 +942,107 @@ edges: [START -> add, {from: add, route: [{when: "state.log | length >= config.r
     let stats = sqlite.stats().unwrap();
     assert!(stats.db_bytes < 1_000_000, "{} bytes", stats.db_bytes);
 }
+
+const BUDGETED: &str = r#"
+models: {default: {provider: mock, model: m, pricing: {input: 1000000, output: 0}}}
+state:
+  n: {type: integer, default: 0}
+  errors: {type: array, reducer: append, default: []}
+nodes:
+  ask:
+    kind: llm
+    prompt: {text: "round {{ state.n }}"}
+    update: {n: "state.n + 1"}
+    on_error: {to: report, update: {errors: "[{'class': error.class, 'message': error.message}]"}}
+  report: {kind: set, update: {n: "state.n"}}
+edges:
+  - START -> ask
+  - {from: ask, route: [{when: "state.n >= 10", to: report}, {to: ask}]}
+  - report -> END
+"#;
+
+fn budgeted(limits: &str) -> Project {
+    Project::new(&[("w.yaml", &format!("name: t\n{limits}{BUDGETED}"))])
+}
+
+#[test]
+fn a_spent_turn_budget_hands_the_next_model_call_to_on_error() {
+    // Each call costs 1.0 (one prompt token at a price of one million per million).
+    let script = json!({"replies": {"ask": {"text": "ok", "usage": {"prompt_tokens": 1, "completion_tokens": 2}}}});
+    for (limits, calls, why) in [
+        (
+            "limits: {max_llm_calls: 3}\n",
+            3,
+            "max_llm_calls of 3 is spent (3 made)",
+        ),
+        ("limits: {max_cost: 2.5}\n", 3, "max_cost of 2.5 is spent (3.0000 used)"),
+        ("limits: {max_tokens: 4}\n", 2, "max_tokens of 4 is spent (6 used)"),
+    ] {
+        let p = budgeted(limits);
+        let mut r = Run::new(script.clone());
+        let out = r.go(&p.plan("w.yaml"), req(json!({})));
+        assert_eq!(out.status, Status::Done, "{limits}");
+        assert_eq!(out.state["n"], json!(calls), "{limits}");
+        assert_eq!(out.state["errors"][0]["class"], "budget", "{limits}");
+        let message = out.state["errors"][0]["message"].as_str().unwrap();
+        assert!(message.contains(why), "{limits}: {message}");
+        assert_eq!(
+            out.usage.calls, calls as u64,
+            "{limits}: no call is made past the budget"
+        );
+        // A budget error is never retried, whatever the policy.
+        assert!(!r.events.iter().any(|e| matches!(e, Event::Retry { .. })));
+    }
+}
+
+#[test]
+fn a_node_budget_caps_that_node_and_a_new_turn_starts_afresh() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, properties: {q: {type: string}}}
+state: {n: {type: integer, default: 0}}
+nodes:
+  ask:
+    kind: llm
+    prompt: {text: "round {{ state.n }}"}
+    budget: {max_llm_calls: 2}
+    retry: {max_attempts: 5, retry_on: [all]}
+    update: {n: "state.n + 1"}
+edges:
+  - START -> ask
+  - {from: ask, route: [{when: "state.n >= 10", to: END}, {to: ask}]}
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({"replies": {"ask": "ok"}}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Failed);
+    let why = "the budget of `ask`: max_llm_calls of 2 is spent (2 made)";
+    assert!(out.error.as_deref().unwrap().contains(why), "{:?}", out.error);
+    assert_eq!(out.state["n"], json!(2));
+    // Resuming continues the same turn: its budget stays spent.
+    let again = r.go(&plan, resume(&out.thread_id, None));
+    assert_eq!(again.status, Status::Failed);
+    assert!(again.error.as_deref().unwrap().contains(why));
+    assert_eq!(again.state["n"], json!(2));
+}
+
+#[test]
+fn a_new_turn_has_a_fresh_budget() {
+    let p = budgeted("limits: {max_llm_calls: 3}\n");
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({"replies": {"ask": "ok"}}));
+    let first = r.go(&plan, req(json!({})));
+    assert_eq!(first.state["n"], json!(3));
+    let second = r.go(
+        &plan,
+        RunRequest {
+            thread_id: Some(first.thread_id.clone()),
+            ..req(json!({}))
+        },
+    );
+    assert_eq!(second.status, Status::Done);
+    assert_eq!(second.state["n"], json!(6));
+    assert_eq!(second.state["errors"].as_array().unwrap().len(), 2);
+}

@@ -419,6 +419,7 @@ impl<'c, 'a> Build<'c, 'a> {
             config: self.sym.config.clone(),
             output: self.wf.output.clone(),
             recursion_limit: self.wf.limits.as_ref().and_then(|l| l.recursion_limit).unwrap_or(25),
+            budget: self.wf.limits.as_ref().map(|l| l.budget()).unwrap_or_default(),
             predicates: std::mem::take(&mut self.predicates),
             models: self.wf.models.clone(),
             subgraphs,

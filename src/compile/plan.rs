@@ -42,6 +42,8 @@ pub struct Plan {
     pub config: Value,
     pub output: Option<Vec<String>>,
     pub recursion_limit: u32,
+    /// What one turn of a thread may spend on models.
+    pub budget: crate::spec::Budget,
     pub predicates: IndexMap<String, ExprId>,
     pub models: IndexMap<String, crate::spec::ModelProfile>,
     /// Child plans of subgraph nodes.

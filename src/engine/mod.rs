@@ -152,6 +152,12 @@ struct Meta {
     /// Usage so far on the thread.
     #[serde(default, skip_serializing_if = "is_zero")]
     usage: Usage,
+    /// Usage of the current turn (what `limits` budgets count).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    turn: Usage,
+    /// Usage of the current turn by node, for the nodes that have a `budget`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    node_usage: BTreeMap<String, Usage>,
     /// Per append-only key, how many stored extensions follow its last full value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     chains: BTreeMap<String, u32>,
@@ -335,7 +341,9 @@ impl Engine {
                 BTreeMap::from([("state".to_string(), state_value.clone())]),
                 Some(self.plan.clone()),
             ));
-            let (outcomes, deferred) = self.run_step(&shared, &cp, &pending, base, step, &persister).await?;
+            let (outcomes, deferred) = self
+                .run_step(&shared, &cp, &pending, base, step, &persister, &meta)
+                .await?;
             // A failure or an interrupt stops here: finished tasks' writes are stored, the last
             // checkpoint is untouched, and the thread resumes from it.
             let failed: Vec<(String, String)> = outcomes
@@ -625,6 +633,8 @@ impl Engine {
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         meta.input = Some(input);
         meta.barriers.clear();
+        meta.turn = Usage::default();
+        meta.node_usage.clear();
         let turn = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             parent_id: Some(cp.checkpoint_id.clone()),
@@ -713,6 +723,7 @@ impl Engine {
 
     /// Runs the step's tasks: those already finished before a crash are taken from their stored
     /// writes; the others run concurrently, each storing its writes as it finishes.
+    #[allow(clippy::too_many_arguments)]
     async fn run_step(
         &self,
         shared: &Arc<Shared>,
@@ -721,6 +732,7 @@ impl Engine {
         base: Arc<Scope>,
         step: i64,
         persister: &Persister,
+        meta: &Meta,
     ) -> Result<(Vec<(TaskSpec, StepResult)>, Vec<Event>), EngineError> {
         let mut results: Vec<Option<StepResult>> = vec![None; cp.next.len()];
         let mut set = JoinSet::new();
@@ -757,6 +769,7 @@ impl Engine {
                 base.clone(),
                 step,
                 resume,
+                self.spent(&t.node, meta),
             );
             to_run.push((i, fut));
         }
@@ -919,6 +932,10 @@ impl Engine {
                 updates.entry(k.as_str()).or_default().push((t.node.as_str(), v));
             }
             meta.usage.add(&d.usage);
+            meta.turn.add(&d.usage);
+            if self.node_spec(&t.node).is_some_and(|s| s.common().budget.is_some()) {
+                meta.node_usage.entry(t.node.clone()).or_default().add(&d.usage);
+            }
         }
         let mut new_values = Vec::new();
         let mut versions = cp.versions.clone();
@@ -1099,6 +1116,21 @@ impl Engine {
     }
 
     /// A node about to run more often than its `max_visits` fails the step before it runs.
+    /// Why node `name` may not call a model in this step: a budget of the turn, or of the node,
+    /// is spent. Only llm nodes are held back; the others run on.
+    fn spent(&self, name: &str, meta: &Meta) -> Option<NodeError> {
+        let spec = self.node_spec(name)?;
+        if !matches!(spec, crate::spec::NodeSpec::Llm(_)) {
+            return None;
+        }
+        let why = spent_by(&self.plan.budget, &meta.turn, "limits").or_else(|| {
+            let budget = spec.common().budget.as_ref()?;
+            let used = meta.node_usage.get(name).copied().unwrap_or_default();
+            spent_by(budget, &used, &format!("the budget of `{name}`"))
+        })?;
+        Some(NodeError::new(crate::spec::ErrorClass::Budget, why))
+    }
+
     fn over_visits(&self, cp: &Checkpoint, meta: &Meta) -> Option<String> {
         let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
         for t in &cp.next {
@@ -1117,6 +1149,35 @@ enum StepResult {
     Done(task::Done),
     Interrupt(Value),
     Failed(NodeError),
+}
+
+/// Which cap of `budget` (named `owner` in the message) `used` has reached, if any.
+fn spent_by(budget: &crate::spec::Budget, used: &Usage, owner: &str) -> Option<String> {
+    if let Some(max) = budget.max_cost
+        && used.cost >= max
+    {
+        return Some(format!(
+            "{owner}: max_cost of {max} is spent ({:.4} used); raise it, or handle the `budget` error with on_error",
+            used.cost
+        ));
+    }
+    if let Some(max) = budget.max_tokens
+        && used.total_tokens >= max
+    {
+        return Some(format!(
+            "{owner}: max_tokens of {max} is spent ({} used); raise it, or handle the `budget` error with on_error",
+            used.total_tokens
+        ));
+    }
+    if let Some(max) = budget.max_llm_calls
+        && used.calls >= max
+    {
+        return Some(format!(
+            "{owner}: max_llm_calls of {max} is spent ({} made); raise it, or handle the `budget` error with on_error",
+            used.calls
+        ));
+    }
+    None
 }
 
 fn is_zero(u: &Usage) -> bool {

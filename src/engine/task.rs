@@ -43,7 +43,8 @@ pub enum Outcome {
     Failed(NodeError),
 }
 
-/// Runs a task to its end.
+/// Runs a task to its end; `spent` is a budget error that stops it before it calls a model.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     shared: Arc<Shared>,
     ix: NodeIx,
@@ -52,6 +53,7 @@ pub async fn run(
     base: Arc<Scope>,
     step: i64,
     resume: Option<Value>,
+    spent: Option<NodeError>,
 ) -> (Outcome, f64) {
     let plan = &shared.plan;
     let node = &plan.nodes[&ix];
@@ -75,6 +77,10 @@ pub async fn run(
         node: node.name.clone(),
         task_id: task_id.clone(),
     });
+    if let Some(e) = spent {
+        let outcome = handle_error(&shared, node, &scope, e, 0);
+        return (outcome, started.elapsed().as_secs_f64() * 1000.0);
+    }
     let outcome = loop {
         attempt += 1;
         let ctx = NodeCtx {
@@ -110,7 +116,8 @@ pub async fn run(
         match result {
             Ok(done) => break Outcome::Done(done),
             Err(e) => {
-                let retryable = policy.retry_on.iter().any(|c| *c == e.class || *c == ErrorClass::All);
+                let retryable = e.class != ErrorClass::Budget
+                    && policy.retry_on.iter().any(|c| *c == e.class || *c == ErrorClass::All);
                 if attempt < policy.max_attempts && retryable {
                     let delay = backoff(&policy, attempt, e.retry_after);
                     shared.events.send(Event::Retry {

@@ -102,6 +102,7 @@ pub fn class_name(c: ErrorClass) -> &'static str {
         ErrorClass::BadRequest => "bad_request",
         ErrorClass::Auth => "auth",
         ErrorClass::Invalid => "invalid",
+        ErrorClass::Budget => "budget",
         ErrorClass::All => "all",
     }
 }

@@ -314,6 +314,52 @@ pub struct Limits {
     /// The most supersteps one run may take (default 25, as in LangGraph).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recursion_limit: Option<u32>,
+    /// Spend at most this much in one turn of a thread (in the currency of the profiles'
+    /// `pricing`). A new input starts a new turn; resuming an interrupted or crashed turn does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_cost: Option<f64>,
+    /// Use at most this many tokens (prompt and completion) in one turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Make at most this many model calls in one turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_llm_calls: Option<u64>,
+}
+
+impl Limits {
+    /// The turn's usage budget.
+    pub fn budget(&self) -> Budget {
+        Budget {
+            max_cost: self.max_cost,
+            max_tokens: self.max_tokens,
+            max_llm_calls: self.max_llm_calls,
+        }
+    }
+}
+
+/// Caps on model usage. Once one is reached, an llm node that would call a model fails with
+/// the error class `budget` instead (never retried): its `on_error` handler takes over, or the
+/// run fails with the last checkpoint intact.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// Spend at most this much (in the currency of the profiles' `pricing`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_cost: Option<f64>,
+    /// Use at most this many tokens, prompt and completion together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Make at most this many model calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_llm_calls: Option<u64>,
+}
+
+impl Budget {
+    pub fn is_empty(&self) -> bool {
+        self.max_cost.is_none() && self.max_tokens.is_none() && self.max_llm_calls.is_none()
+    }
 }
 
 /// A duration: seconds as a number, or a string such as `500ms`, `30s`, `2m`, `1h`.

@@ -42,6 +42,9 @@ pub struct NodeCommon {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_visits: Option<u32>,
+    /// Caps on this node's model usage within a turn (all its runs together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<super::Budget>,
     /// Where to go when the node fails after its retries, instead of failing the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_error: Option<OnError>,
@@ -98,6 +101,8 @@ pub enum ErrorClass {
     Auth,
     /// A reply could not be parsed or did not match its schema.
     Invalid,
+    /// A usage budget (`limits` or the node's `budget`) was spent. Never retried.
+    Budget,
     /// Any failure.
     All,
 }
