@@ -644,6 +644,14 @@ fn slides_researcher_step_runs_the_research_subgraph() {
     );
     // Inside the subgraph: nothing to search, so the manager hands over to the aggregation.
     assert_eq!(r.route_at(2), route(&[&["manager"], &["aggregate"]]));
+    // Its events carry the namespace of the task that runs it; the parent's carry none.
+    for (depth, e) in r.with_depth() {
+        let ns = e.get("ns").and_then(Value::as_str);
+        match depth {
+            1 => assert_eq!(ns, None, "{e}"),
+            _ => assert!(ns.is_some_and(|ns| ns.starts_with("researcher:")), "{e}"),
+        }
+    }
     assert_eq!(
         r.output["artifacts"]["step_1_research"],
         json!({"summary": "Nothing could be researched.", "themes": [], "headline_messages": [],

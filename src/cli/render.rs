@@ -128,7 +128,10 @@ impl Renderer {
             Event::NodeStart { .. } | Event::StateUpdate { .. } | Event::StepEnd { .. } | Event::Usage { .. } => None,
         };
         if let Some(line) = line {
-            let _ = writeln!(err, "{line}");
+            // A subgraph's lines are indented one level per nesting.
+            let depth = e.ns.as_deref().map_or(0, |ns| ns.split('|').count());
+            let indent = "    ".repeat(depth);
+            let _ = writeln!(err, "{indent}{}", line.replace('\n', &format!("\n{indent}")));
         }
     }
 }

@@ -93,6 +93,10 @@ pub enum Event {
 pub struct Envelope {
     pub ts: String,
     pub elapsed_ms: f64,
+    /// The subgraph the event comes from (`node:task_id` segments joined by `|`); absent for
+    /// the top-level graph.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ns: Option<Arc<str>>,
     #[serde(flatten)]
     pub event: Event,
 }
@@ -106,6 +110,9 @@ pub type Sink = Arc<dyn Fn(Envelope) + Send + Sync>;
 pub struct Events {
     to: To,
     started: Instant,
+    /// Where in the graph the sender runs: empty at the top, `node:task_id` segments joined by
+    /// `|` inside subgraphs (LangGraph's namespace).
+    ns: Option<Arc<str>>,
 }
 
 #[derive(Clone)]
@@ -133,6 +140,7 @@ impl Events {
         Events {
             to: To::Nowhere,
             started: Instant::now(),
+            ns: None,
         }
     }
 
@@ -143,6 +151,7 @@ impl Events {
             Events {
                 to: To::Channel(tx),
                 started: Instant::now(),
+                ns: None,
             },
             rx,
         )
@@ -153,6 +162,21 @@ impl Events {
         Events {
             to: To::Sink(sink),
             started: Instant::now(),
+            ns: None,
+        }
+    }
+
+    /// The same destination, for events sent from inside the task `task_id` of `node` (a
+    /// subgraph's run): they carry the namespace `…|node:task_id`.
+    pub fn nested(&self, node: &str, task_id: &str) -> Events {
+        let segment = format!("{node}:{task_id}");
+        Events {
+            to: self.to.clone(),
+            started: self.started,
+            ns: Some(match &self.ns {
+                Some(outer) => format!("{outer}|{segment}").into(),
+                None => segment.into(),
+            }),
         }
     }
 
@@ -167,6 +191,7 @@ impl Events {
         let envelope = Envelope {
             ts: crate::checkpoint::now(),
             elapsed_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            ns: self.ns.clone(),
             event,
         };
         match &self.to {

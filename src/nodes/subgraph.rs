@@ -36,7 +36,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         child.clone(),
         ctx.store.clone(),
         ctx.services.clone(),
-        ctx.events.clone(),
+        ctx.events.nested(&ctx.node.name, ctx.task_id),
     );
     let request = RunRequest {
         thread_id: Some(thread.clone()),
