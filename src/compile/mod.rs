@@ -131,10 +131,10 @@ impl Compiler {
 
     fn compile_uncached(&mut self, path: &Path) -> Option<Plan> {
         let src = self.source(path)?;
-        let wf = src.workflow.clone()?;
+        let wf = src.workflow.as_ref()?;
         let mut diags = Vec::new();
-        let defs = defs::collect(self, &src, &wf, &mut diags);
-        let mut build = nodes::Build::new(self, &src, &wf, &defs, &mut diags);
+        let defs = defs::collect(self, &src, wf, &mut diags);
+        let mut build = nodes::Build::new(self, &src, wf, &defs, &mut diags);
         let plan = build.run();
         // Schema errors were reported when the file was loaded; they bar a plan as much as any.
         let errors = src.schema_errors || diags.iter().any(Diagnostic::is_error);

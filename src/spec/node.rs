@@ -533,23 +533,24 @@ pub struct SaveNode {
     pub dir: Option<String>,
 }
 
-/// A node with its kind resolved to a built-in one.
+/// A node with its kind resolved to a built-in one. Each kind is boxed, so a node takes the
+/// memory of its own kind's fields, not of the largest kind's.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum NodeSpec {
-    Llm(Node<LlmNode>),
-    Set(Node<SetNode>),
-    Emit(Node<EmitNode>),
-    Interrupt(Node<InterruptNode>),
-    Subgraph(Node<SubgraphNode>),
-    Http(Node<HttpNode>),
-    Search(Node<SearchNode>),
-    Scrape(Node<ScrapeNode>),
-    Index(Node<IndexNode>),
-    Retrieve(Node<RetrieveNode>),
-    Store(Node<StoreNode>),
-    Load(Node<LoadNode>),
-    Save(Node<SaveNode>),
+    Llm(Box<Node<LlmNode>>),
+    Set(Box<Node<SetNode>>),
+    Emit(Box<Node<EmitNode>>),
+    Interrupt(Box<Node<InterruptNode>>),
+    Subgraph(Box<Node<SubgraphNode>>),
+    Http(Box<Node<HttpNode>>),
+    Search(Box<Node<SearchNode>>),
+    Scrape(Box<Node<ScrapeNode>>),
+    Index(Box<Node<IndexNode>>),
+    Retrieve(Box<Node<RetrieveNode>>),
+    Store(Box<Node<StoreNode>>),
+    Load(Box<Node<LoadNode>>),
+    Save(Box<Node<SaveNode>>),
 }
 
 /// A node of one kind: the common fields and the kind's own.
