@@ -195,6 +195,17 @@ impl Providers {
         mock: Option<Arc<mock::MockProvider>>,
         override_all: bool,
     ) -> Result<Providers, SetupError> {
+        Providers::for_models_in(models, mock, override_all, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Providers::for_models`] with environment variables read through `env` (tests give
+    /// keys without touching the process environment).
+    pub fn for_models_in(
+        models: &indexmap::IndexMap<String, ModelProfile>,
+        mock: Option<Arc<mock::MockProvider>>,
+        override_all: bool,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Providers, SetupError> {
         let mut out = Providers::default();
         let mut client = None;
         for (name, profile) in models {
@@ -203,7 +214,7 @@ impl Providers {
                 (ProviderKind::Mock, Some(m)) => (m.clone(), profile.clone()),
                 (ProviderKind::Mock, None) => (Arc::new(mock::MockProvider::empty()), profile.clone()),
                 (kind, _) => {
-                    let (profile, key) = resolve(name, profile)?;
+                    let (profile, key) = resolve(name, profile, env)?;
                     let client = match &client {
                         Some(c) => Clone::clone(c),
                         None => {
@@ -263,9 +274,13 @@ impl Providers {
 /// A profile with `${env:...}` expanded in its string fields, and its API key. The key comes
 /// from the variable `api_key_env` names; without one, OpenAI's own API reads
 /// `OPENAI_API_KEY` and Anthropic's `ANTHROPIC_API_KEY`, and any other server is keyless.
-fn resolve(name: &str, profile: &ModelProfile) -> Result<(ModelProfile, http::Key), SetupError> {
+fn resolve(
+    name: &str,
+    profile: &ModelProfile,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(ModelProfile, http::Key), SetupError> {
     let expand = |field: &str, text: &str| {
-        crate::spec::interp::expand_process_env(text)
+        crate::spec::interp::expand_env(text, env)
             .map_err(|e| SetupError::Profile(name.into(), format!("`{field}`: {e}")))
     };
     let mut p = profile.clone();
@@ -289,7 +304,7 @@ fn resolve(name: &str, profile: &ModelProfile) -> Result<(ModelProfile, http::Ke
             _ => None,
         });
     let key = match var {
-        Some(var) => match std::env::var(&var).ok().filter(|v| !v.is_empty()) {
+        Some(var) => match env(&var).filter(|v| !v.is_empty()) {
             Some(v) => http::Key::new(Some(v)),
             None => {
                 return Err(SetupError::MissingKey {

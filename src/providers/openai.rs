@@ -202,13 +202,16 @@ async fn read_reply(
     stream: bool,
     tokens: Option<TokenSink<'_>>,
 ) -> Result<ChatResponse, ProviderError> {
-    let is_json = response
+    let content_type = response
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("json"));
-    if stream && !is_json {
-        return read_stream(response, tokens).await;
+        .unwrap_or_default()
+        .to_string();
+    // Trust what came over what was asked: some servers stream unasked, or answer a stream
+    // request with one JSON body.
+    if content_type.contains("event-stream") || (stream && !content_type.contains("json")) {
+        return read_stream(response, tokens.filter(|_| stream)).await;
     }
     // Not streamed, or a server that answered a stream request with one JSON body.
     let text = response.text().await.map_err(|e| http::send_error(&e))?;
