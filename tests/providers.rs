@@ -685,14 +685,14 @@ fn an_llm_node_that_calls_tools_outputs_content_and_tool_calls() {
         r#"
 name: tools
 {MODELS}
-state: {{reply: {{type: object, default: {{}}}}}}
+state: {{reply: {{type: object, default: {{}}}}, calls: {{type: array, default: []}}}}
 nodes:
   ask:
     kind: llm
     prompt: {{text: "Weather?"}}
     stream: false
     options: {{tools: [{{type: function, function: {{name: weather, parameters: {{type: object}}}}}}]}}
-    update: {{reply: output}}
+    update: {{reply: output, calls: output.tool_calls}}
 edges: [START -> ask -> END]
 "#
     ));
@@ -702,6 +702,7 @@ edges: [START -> ask -> END]
         out.state["reply"],
         json!({"content": "Checking.", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]})
     );
+    assert_eq!(out.state["calls"][0]["function"]["name"], "weather");
     assert_eq!(server.requests()[0].body["tools"][0]["function"]["name"], "weather");
 }
 
