@@ -294,6 +294,14 @@ fn resolve(
             *v = expand(field, v)?;
         }
     }
+    if let Some(base) = &p.base_url
+        && url::Url::parse(base).map(|u| !u.has_host()).unwrap_or(true)
+    {
+        return Err(SetupError::Profile(
+            name.into(),
+            format!("`base_url` `{base}` is not an http(s) URL"),
+        ));
+    }
     let var = p
         .api_key_env
         .clone()
@@ -374,5 +382,57 @@ pub(crate) fn schema_instruction(schema: &Value) -> String {
 pub fn price(profile: &ModelProfile, usage: &mut Usage) {
     if let Some(p) = &profile.pricing {
         usage.cost = (usage.prompt_tokens as f64 * p.input + usage.completion_tokens as f64 * p.output) / 1_000_000.0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn profile(v: Value) -> ModelProfile {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn model_specs_override_provider_model_url_and_key() {
+        let base = profile(json!({"provider": "openai", "model": "gpt-4o", "api_key_env": "MY_KEY",
+            "temperature": 0.2, "pricing": {"input": 1, "output": 2}}));
+        let o = override_profile(&base, "ollama:llama3.2").unwrap();
+        assert_eq!((o.provider, o.model.as_str()), (ProviderKind::Openai, "llama3.2"));
+        assert_eq!(o.base_url.as_deref(), Some("http://127.0.0.1:11434/v1"));
+        assert_eq!(o.api_key_env, None);
+        assert_eq!(o.temperature, Some(0.2));
+        assert!(o.pricing.is_none());
+        let o = override_profile(&base, "llamacpp:any@http://10.0.0.2:8080/v1").unwrap();
+        assert_eq!(o.base_url.as_deref(), Some("http://10.0.0.2:8080/v1"));
+        let o = override_profile(&base, "openai:gpt-4o-mini").unwrap();
+        assert_eq!((o.base_url, o.api_key_env.as_deref()), (None, Some("OPENAI_API_KEY")));
+        // A server of the user's choosing keeps the profile's key variable.
+        let o = override_profile(&base, "openai:m@https://openrouter.ai/api/v1").unwrap();
+        assert_eq!(o.api_key_env.as_deref(), Some("MY_KEY"));
+        let o = override_profile(&base, "anthropic:claude-3-5-haiku-latest").unwrap();
+        assert_eq!(
+            (o.provider, o.api_key_env.as_deref()),
+            (ProviderKind::Anthropic, Some("ANTHROPIC_API_KEY"))
+        );
+        assert!(override_profile(&base, "gpt-4o").is_err());
+        assert!(override_profile(&base, "openai:").is_err());
+        assert!(
+            override_profile(&base, "bard:x")
+                .unwrap_err()
+                .contains("unknown provider `bard`")
+        );
+    }
+
+    #[test]
+    fn a_base_url_that_is_not_a_url_is_refused_at_setup() {
+        let models = indexmap::IndexMap::from([(
+            "default".to_string(),
+            profile(json!({"provider": "openai", "model": "m", "base_url": "localhost:8080"})),
+        )]);
+        let e = Providers::for_models_in(&models, None, false, &|_| None).unwrap_err();
+        assert!(e.to_string().contains("`localhost:8080`"), "{e}");
     }
 }
