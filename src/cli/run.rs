@@ -61,6 +61,11 @@ pub struct Common {
     /// Serve every model from this scripted mock (offline runs and tests).
     #[arg(long, value_name = "SCRIPT")]
     pub mock: Option<PathBuf>,
+    /// Serve a model profile from another model for this run: `PROFILE=PROVIDER:MODEL[@URL]`,
+    /// e.g. `default=ollama:llama3.2`, `default=anthropic:claude-3-5-haiku-latest`,
+    /// `fast=llamacpp:any@http://127.0.0.1:8080/v1`.
+    #[arg(long = "model", value_name = "PROFILE=SPEC")]
+    pub model: Vec<String>,
 }
 
 /// Run a workflow, or continue one of its threads.
@@ -214,7 +219,8 @@ fn execute(
         None => None,
     };
     let override_all = mock.is_some();
-    let providers = Providers::for_models(&plan.models, mock, override_all)?;
+    let models = override_models(&plan.models, &common.model)?;
+    let providers = Providers::for_models(&models, mock, override_all)?;
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human
     } else {
@@ -292,6 +298,32 @@ fn execute(
             }
         }
     })
+}
+
+/// The plan's model profiles with `--model PROFILE=SPEC` overrides applied.
+fn override_models(
+    models: &indexmap::IndexMap<String, crate::spec::ModelProfile>,
+    specs: &[String],
+) -> anyhow::Result<indexmap::IndexMap<String, crate::spec::ModelProfile>> {
+    let mut models = models.clone();
+    for arg in specs {
+        let (name, spec) = arg
+            .split_once('=')
+            .with_context(|| format!("--model `{arg}` is not PROFILE=PROVIDER:MODEL[@URL]"))?;
+        let Some(profile) = models.get_mut(name) else {
+            let known: Vec<&str> = models.keys().map(String::as_str).collect();
+            bail!(
+                "--model: the workflow has no model profile `{name}` (its profiles: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            );
+        };
+        *profile = crate::providers::override_profile(profile, spec).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
+    }
+    Ok(models)
 }
 
 /// `key=value`: the value as JSON if it parses, else a string; `@path` reads a file as text.

@@ -306,7 +306,16 @@ impl Build<'_, '_> {
                     n.kind.model.as_deref().unwrap_or("default"),
                     n.kind.model.is_none(),
                 );
+                // A node offered tools may answer with calls: `{content, tool_calls}`.
+                let model = n.kind.model.as_deref().unwrap_or("default");
+                let tools = n.kind.options.contains_key("tools")
+                    || self
+                        .wf
+                        .models
+                        .get(model)
+                        .is_some_and(|m| m.options.contains_key("tools"));
                 match &n.kind.output {
+                    _ if tools => Shape::Any,
                     None | Some(LlmOutput::Format(OutputFormat::Text)) => Shape::Text,
                     Some(LlmOutput::Format(OutputFormat::Json)) => Shape::Any,
                     Some(LlmOutput::Spec {

@@ -1,7 +1,8 @@
 //! `llm`: render the prompts, send them (with a window of chat history) to the node's model,
 //! and return text or JSON. JSON replies are validated against the node's schema; a reply that
 //! does not parse or match is sent back with the error, up to `repair` times. Streamed tokens
-//! go to the event stream; usage is priced from the model profile.
+//! go to the event stream; usage is priced from the model profile. A reply that calls tools
+//! (the profile's or node's `options.tools`) is `{content, tool_calls}`.
 
 use serde_json::Value;
 
@@ -98,6 +99,13 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
         call_usage.calls = call_usage.calls.max(1);
         price(profile, &mut call_usage);
         usage.add(&call_usage);
+        // A reply that calls tools is for the workflow to act on, whatever the format.
+        if !reply.tool_calls.is_empty() {
+            return Ok(NodeOutput {
+                output: serde_json::json!({"content": reply.text, "tool_calls": reply.tool_calls}),
+                usage,
+            });
+        }
         if !json {
             return Ok(NodeOutput {
                 output: Value::String(reply.text),

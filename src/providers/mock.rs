@@ -247,6 +247,7 @@ impl Provider for MockProvider {
                         text,
                         usage,
                         finish_reason: Some("stop".into()),
+                        tool_calls: Vec::new(),
                     })
                 }
             }

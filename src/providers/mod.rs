@@ -4,7 +4,11 @@
 //! Architecture Invariant: only providers/ and nodes/ touch the network; the engine sees this
 //! trait and nothing of HTTP.
 
+pub mod anthropic;
+pub(crate) mod http;
 pub mod mock;
+pub mod openai;
+pub mod sse;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -77,6 +81,9 @@ pub struct ChatResponse {
     pub text: String,
     pub usage: Usage,
     pub finish_reason: Option<String>,
+    /// Tool (function) calls the model asked for, as the API sent them (OpenAI's shape:
+    /// `{id, type, function: {name, arguments}}`, streamed fragments joined).
+    pub tool_calls: Vec<Value>,
 }
 
 /// A failed call, typed so retry policies can choose.
@@ -169,35 +176,82 @@ impl std::fmt::Debug for Providers {
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     #[error(
-        "model profile `{0}` uses provider `{1}`, which this build cannot reach yet; run offline with `--mock FILE`"
+        "model profile `{profile}` reads its API key from the environment variable `{var}`, which is not set (or set the profile's `api_key_env`, or run offline with `--mock FILE`)"
     )]
-    Unsupported(String, String),
+    MissingKey { profile: String, var: String },
+    #[error("model profile `{0}`: {1}")]
+    Profile(String, String),
     #[error("mock script: {0}")]
     Mock(String),
 }
 
 impl Providers {
     /// Providers for a plan's model profiles. `mock` serves every profile whose provider is
-    /// `mock`, and every other profile too when `override_all` is set.
+    /// `mock`, and every other profile too when `override_all` is set. Other profiles get their
+    /// API's client, with `${env:...}` in their fields expanded and their key read from the
+    /// environment; every `openai` profile also gets an embedder.
     pub fn for_models(
         models: &indexmap::IndexMap<String, ModelProfile>,
         mock: Option<Arc<mock::MockProvider>>,
         override_all: bool,
     ) -> Result<Providers, SetupError> {
+        Providers::for_models_in(models, mock, override_all, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Providers::for_models`] with environment variables read through `env` (tests give
+    /// keys without touching the process environment).
+    pub fn for_models_in(
+        models: &indexmap::IndexMap<String, ModelProfile>,
+        mock: Option<Arc<mock::MockProvider>>,
+        override_all: bool,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Providers, SetupError> {
         let mut out = Providers::default();
+        let mut client = None;
         for (name, profile) in models {
-            let provider: Arc<dyn Provider> = match (profile.provider, &mock) {
-                (_, Some(m)) if override_all => m.clone(),
-                (ProviderKind::Mock, Some(m)) => m.clone(),
-                (ProviderKind::Mock, None) => Arc::new(mock::MockProvider::empty()),
+            let (provider, profile): (Arc<dyn Provider>, ModelProfile) = match (profile.provider, &mock) {
+                (_, Some(m)) if override_all => (m.clone(), profile.clone()),
+                (ProviderKind::Mock, Some(m)) => (m.clone(), profile.clone()),
+                (ProviderKind::Mock, None) => (Arc::new(mock::MockProvider::empty()), profile.clone()),
                 (kind, _) => {
-                    return Err(SetupError::Unsupported(
-                        name.clone(),
-                        format!("{kind:?}").to_lowercase(),
-                    ));
+                    let (profile, key) = resolve(name, profile, env)?;
+                    let client = match &client {
+                        Some(c) => Clone::clone(c),
+                        None => {
+                            let c = crate::net::client_builder()
+                                .connect_timeout(std::time::Duration::from_secs(30))
+                                .build()
+                                .map_err(|e| SetupError::Profile(name.clone(), format!("no HTTP client: {e}")))?;
+                            client = Some(c.clone());
+                            c
+                        }
+                    };
+                    let timeout = profile.timeout.as_ref().and_then(|t| t.to_std());
+                    let provider: Arc<dyn Provider> = if kind == ProviderKind::Anthropic {
+                        Arc::new(anthropic::Anthropic::new(
+                            client,
+                            profile.base_url.as_deref(),
+                            key,
+                            timeout,
+                        ))
+                    } else {
+                        let endpoint = Arc::new(openai::Endpoint::new(
+                            client,
+                            profile.base_url.as_deref(),
+                            profile.api_version.clone(),
+                            key,
+                            timeout,
+                        ));
+                        out.embedders.insert(
+                            name.clone(),
+                            Arc::new(openai::OpenAiEmbedder::new(endpoint.clone(), &profile.model)),
+                        );
+                        Arc::new(openai::OpenAi::new(endpoint))
+                    };
+                    (provider, profile)
                 }
             };
-            out.by_profile.insert(name.clone(), (provider, profile.clone()));
+            out.by_profile.insert(name.clone(), (provider, profile));
         }
         if let Some(m) = mock {
             out.fallback = Some(m);
@@ -217,9 +271,168 @@ impl Providers {
     }
 }
 
+/// A profile with `${env:...}` expanded in its string fields, and its API key. The key comes
+/// from the variable `api_key_env` names; without one, OpenAI's own API reads
+/// `OPENAI_API_KEY` and Anthropic's `ANTHROPIC_API_KEY`, and any other server is keyless.
+fn resolve(
+    name: &str,
+    profile: &ModelProfile,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(ModelProfile, http::Key), SetupError> {
+    let expand = |field: &str, text: &str| {
+        crate::spec::interp::expand_env(text, env)
+            .map_err(|e| SetupError::Profile(name.into(), format!("`{field}`: {e}")))
+    };
+    let mut p = profile.clone();
+    p.model = expand("model", &p.model)?;
+    for (field, slot) in [
+        ("base_url", &mut p.base_url),
+        ("api_key_env", &mut p.api_key_env),
+        ("api_version", &mut p.api_version),
+    ] {
+        if let Some(v) = slot {
+            *v = expand(field, v)?;
+        }
+    }
+    if let Some(base) = &p.base_url
+        && url::Url::parse(base).map(|u| !u.has_host()).unwrap_or(true)
+    {
+        return Err(SetupError::Profile(
+            name.into(),
+            format!("`base_url` `{base}` is not an http(s) URL"),
+        ));
+    }
+    let var = p
+        .api_key_env
+        .clone()
+        .filter(|v| !v.is_empty())
+        .or_else(|| match p.provider {
+            ProviderKind::Anthropic => Some("ANTHROPIC_API_KEY".into()),
+            ProviderKind::Openai if p.base_url.is_none() => Some("OPENAI_API_KEY".into()),
+            _ => None,
+        });
+    let key = match var {
+        Some(var) => match env(&var).filter(|v| !v.is_empty()) {
+            Some(v) => http::Key::new(Some(v)),
+            None => {
+                return Err(SetupError::MissingKey {
+                    profile: name.into(),
+                    var,
+                });
+            }
+        },
+        None => http::Key::default(),
+    };
+    Ok((p, key))
+}
+
+/// A profile overridden by a `--model` spec: `provider:model` with an optional `@base_url`.
+/// Providers are `openai`, `anthropic`, `mock`, and the local OpenAI-compatible servers
+/// `ollama`, `llamacpp`, `vllm` and `lmstudio` (keyless, at their usual local address).
+/// Sampling settings, timeout and options are kept; pricing, which belongs to a model, is not.
+pub fn override_profile(profile: &ModelProfile, spec: &str) -> Result<ModelProfile, String> {
+    let (provider, rest) = spec
+        .split_once(':')
+        .ok_or_else(|| format!("`{spec}` is not PROVIDER:MODEL[@BASE_URL]"))?;
+    let (model, base) = match rest.split_once('@') {
+        Some((m, b)) => (m, Some(b.to_string())),
+        None => (rest, None),
+    };
+    if model.is_empty() {
+        return Err(format!("`{spec}` names no model"));
+    }
+    let local = |url: &str| (ProviderKind::Openai, Some(url.to_string()), None);
+    let (kind, default_base, key_env) = match provider {
+        "openai" => (ProviderKind::Openai, None, Some("OPENAI_API_KEY".to_string())),
+        "anthropic" => (ProviderKind::Anthropic, None, Some("ANTHROPIC_API_KEY".to_string())),
+        "mock" => (ProviderKind::Mock, None, None),
+        "ollama" => local("http://127.0.0.1:11434/v1"),
+        "llamacpp" | "llama.cpp" => local("http://127.0.0.1:8080/v1"),
+        "vllm" => local("http://127.0.0.1:8000/v1"),
+        "lmstudio" => local("http://127.0.0.1:1234/v1"),
+        other => {
+            return Err(format!(
+                "unknown provider `{other}` in `{spec}` (openai, anthropic, ollama, llamacpp, vllm, lmstudio, mock)"
+            ));
+        }
+    };
+    let same = profile.provider == kind;
+    let key_env = match (provider, &base) {
+        // A server of the user's choosing: the profile's key variable if it spoke this API.
+        ("openai", Some(_)) => profile.api_key_env.clone().filter(|_| same),
+        ("anthropic", _) => profile.api_key_env.clone().filter(|_| same).or(key_env),
+        _ => key_env,
+    };
+    let mut p = profile.clone();
+    p.provider = kind;
+    p.model = model.to_string();
+    p.base_url = base.or(default_base);
+    p.api_key_env = key_env;
+    p.api_version = None;
+    p.pricing = None;
+    Ok(p)
+}
+
+/// What a model is told when the schema cannot be sent as a request field.
+pub(crate) fn schema_instruction(schema: &Value) -> String {
+    format!("Reply with only a JSON value (no prose, no code fence) that matches this JSON Schema:\n{schema}")
+}
+
 /// The cost of `usage` under a profile's pricing (per million tokens).
 pub fn price(profile: &ModelProfile, usage: &mut Usage) {
     if let Some(p) = &profile.pricing {
         usage.cost = (usage.prompt_tokens as f64 * p.input + usage.completion_tokens as f64 * p.output) / 1_000_000.0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn profile(v: Value) -> ModelProfile {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn model_specs_override_provider_model_url_and_key() {
+        let base = profile(json!({"provider": "openai", "model": "gpt-4o", "api_key_env": "MY_KEY",
+            "temperature": 0.2, "pricing": {"input": 1, "output": 2}}));
+        let o = override_profile(&base, "ollama:llama3.2").unwrap();
+        assert_eq!((o.provider, o.model.as_str()), (ProviderKind::Openai, "llama3.2"));
+        assert_eq!(o.base_url.as_deref(), Some("http://127.0.0.1:11434/v1"));
+        assert_eq!(o.api_key_env, None);
+        assert_eq!(o.temperature, Some(0.2));
+        assert!(o.pricing.is_none());
+        let o = override_profile(&base, "llamacpp:any@http://10.0.0.2:8080/v1").unwrap();
+        assert_eq!(o.base_url.as_deref(), Some("http://10.0.0.2:8080/v1"));
+        let o = override_profile(&base, "openai:gpt-4o-mini").unwrap();
+        assert_eq!((o.base_url, o.api_key_env.as_deref()), (None, Some("OPENAI_API_KEY")));
+        // A server of the user's choosing keeps the profile's key variable.
+        let o = override_profile(&base, "openai:m@https://openrouter.ai/api/v1").unwrap();
+        assert_eq!(o.api_key_env.as_deref(), Some("MY_KEY"));
+        let o = override_profile(&base, "anthropic:claude-3-5-haiku-latest").unwrap();
+        assert_eq!(
+            (o.provider, o.api_key_env.as_deref()),
+            (ProviderKind::Anthropic, Some("ANTHROPIC_API_KEY"))
+        );
+        assert!(override_profile(&base, "gpt-4o").is_err());
+        assert!(override_profile(&base, "openai:").is_err());
+        assert!(
+            override_profile(&base, "bard:x")
+                .unwrap_err()
+                .contains("unknown provider `bard`")
+        );
+    }
+
+    #[test]
+    fn a_base_url_that_is_not_a_url_is_refused_at_setup() {
+        let models = indexmap::IndexMap::from([(
+            "default".to_string(),
+            profile(json!({"provider": "openai", "model": "m", "base_url": "localhost:8080"})),
+        )]);
+        let e = Providers::for_models_in(&models, None, false, &|_| None).unwrap_err();
+        assert!(e.to_string().contains("`localhost:8080`"), "{e}");
     }
 }

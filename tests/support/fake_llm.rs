@@ -1,0 +1,336 @@
+//! A fake model server on 127.0.0.1 (a random port) for provider tests: OpenAI-compatible
+//! `/v1/chat/completions` and `/v1/embeddings`, and Anthropic's `/v1/messages`. Chat replies
+//! come from a script (in order; a default once it runs out): server-sent events with delays
+//! between chunks, cut mid-stream, or any status, headers and body. Every request is recorded
+//! so tests can check what was sent.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::Response;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    /// Wait this long before answering.
+    pub latency: Duration,
+    pub payload: Payload,
+}
+
+/// What a reply's body is.
+#[derive(Debug, Clone)]
+pub enum Payload {
+    /// The whole body at once.
+    Whole(String),
+    /// Parts sent one by one, `gap` apart; `cut` breaks the connection after the last.
+    Parts {
+        parts: Vec<String>,
+        gap: Duration,
+        cut: bool,
+    },
+}
+
+impl Reply {
+    /// A JSON body with a status.
+    pub fn json(status: u16, body: Value) -> Reply {
+        Reply {
+            status,
+            headers: vec![("content-type".into(), "application/json".into())],
+            latency: Duration::ZERO,
+            payload: Payload::Whole(body.to_string()),
+        }
+    }
+
+    /// Any text body with a status.
+    pub fn raw(status: u16, body: &str) -> Reply {
+        Reply {
+            status,
+            headers: vec![("content-type".into(), "text/plain".into())],
+            latency: Duration::ZERO,
+            payload: Payload::Whole(body.into()),
+        }
+    }
+
+    /// A non-streamed chat completion.
+    pub fn completion(text: &str) -> Reply {
+        Reply::json(
+            200,
+            json!({
+                "id": "chatcmpl-1", "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+            }),
+        )
+    }
+
+    /// An event stream of these raw SSE parts, as written.
+    pub fn sse(parts: &[&str]) -> Reply {
+        Reply {
+            status: 200,
+            headers: vec![("content-type".into(), "text/event-stream".into())],
+            latency: Duration::ZERO,
+            payload: Payload::Parts {
+                parts: parts.iter().map(|p| p.to_string()).collect(),
+                gap: Duration::ZERO,
+                cut: false,
+            },
+        }
+    }
+
+    /// A streamed chat completion of these pieces: a role chunk, one chunk per piece, a
+    /// finish chunk, a usage chunk and `[DONE]`.
+    pub fn stream(pieces: &[&str]) -> Reply {
+        let mut parts = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
+        parts.extend(pieces.iter().map(|p| chunk(json!({"content": p}), None)));
+        parts.push(chunk(json!({}), Some("stop")));
+        parts.push(format!(
+            "data: {}\n\n",
+            json!({"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": pieces.len(), "total_tokens": 5 + pieces.len()}})
+        ));
+        parts.push("data: [DONE]\n\n".into());
+        Reply::sse(&parts.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// A streamed Anthropic message of these pieces.
+    pub fn anthropic_stream(pieces: &[&str]) -> Reply {
+        let mut parts = vec![
+            event(
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1", "role": "assistant", "content": [], "usage": {"input_tokens": 12, "output_tokens": 1}}}),
+            ),
+            event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ),
+            event("ping", json!({"type": "ping"})),
+        ];
+        for p in pieces {
+            parts.push(event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}),
+            ));
+        }
+        parts.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ));
+        parts.push(event(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 9}}),
+        ));
+        parts.push(event("message_stop", json!({"type": "message_stop"})));
+        Reply::sse(&parts.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// This reply's parts `gap` apart.
+    pub fn gap(mut self, gap: Duration) -> Reply {
+        if let Payload::Parts { gap: g, .. } = &mut self.payload {
+            *g = gap;
+        }
+        self
+    }
+
+    /// This reply after `latency`.
+    pub fn after(mut self, latency: Duration) -> Reply {
+        self.latency = latency;
+        self
+    }
+
+    /// Only this reply's first `n` parts, then the connection breaks.
+    pub fn cut_after(mut self, n: usize) -> Reply {
+        if let Payload::Parts { parts, cut, .. } = &mut self.payload {
+            parts.truncate(n);
+            *cut = true;
+        }
+        self
+    }
+
+    /// Only this reply's first `n` parts, then the body ends cleanly.
+    pub fn end_after(mut self, n: usize) -> Reply {
+        if let Payload::Parts { parts, .. } = &mut self.payload {
+            parts.truncate(n);
+        }
+        self
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> Reply {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+}
+
+/// One OpenAI stream chunk with a delta.
+pub fn chunk(delta: Value, finish: Option<&str>) -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    )
+}
+
+/// One named SSE event.
+pub fn event(name: &str, data: Value) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+/// A request the server got.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub path: String,
+    pub headers: HashMap<String, String>,
+    pub body: Value,
+}
+
+#[derive(Default)]
+struct State {
+    script: Mutex<VecDeque<Reply>>,
+    default: Mutex<Option<Reply>>,
+    requests: Mutex<Vec<Recorded>>,
+}
+
+/// The running server.
+pub struct FakeLlm {
+    /// `http://127.0.0.1:PORT/v1`.
+    pub base_url: String,
+    state: Arc<State>,
+}
+
+impl FakeLlm {
+    /// Starts a server on the current tokio runtime.
+    pub async fn start() -> FakeLlm {
+        let state = Arc::new(State::default());
+        let s = state.clone();
+        let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
+            let s = s.clone();
+            async move { answer(&s, uri, headers, body).await }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        FakeLlm {
+            base_url: format!("http://{addr}/v1"),
+            state,
+        }
+    }
+
+    /// Starts a server on a runtime of its own (for tests that run the engine or the binary
+    /// on theirs).
+    pub fn start_in_background() -> FakeLlm {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                tx.send(FakeLlm::start().await).unwrap();
+                std::future::pending::<()>().await
+            });
+        });
+        rx.recv().unwrap()
+    }
+
+    /// Queues replies, answered in order.
+    pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.state.script.lock().unwrap().extend(replies);
+    }
+
+    /// The reply once the script has run out.
+    pub fn default_reply(&self, reply: Reply) {
+        *self.state.default.lock().unwrap() = Some(reply);
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.requests.lock().unwrap().clone()
+    }
+}
+
+async fn answer(state: &State, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let recorded = Recorded {
+        path: uri.to_string(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_string()))
+            .collect(),
+        body: body.clone(),
+    };
+    state.requests.lock().unwrap().push(recorded);
+    if uri.path().ends_with("/embeddings") {
+        return embeddings(&body);
+    }
+    let reply = {
+        let next = state.script.lock().unwrap().pop_front();
+        next.or_else(|| state.default.lock().unwrap().clone())
+    };
+    let Some(reply) = reply else {
+        return respond(Reply::json(
+            500,
+            json!({"error": {"message": "the fake server has no reply scripted"}}),
+        ));
+    };
+    if !reply.latency.is_zero() {
+        tokio::time::sleep(reply.latency).await;
+    }
+    respond(reply)
+}
+
+fn respond(reply: Reply) -> Response {
+    let body = match reply.payload {
+        Payload::Whole(text) => Body::from(text),
+        Payload::Parts { parts, gap, cut } => {
+            let items = parts.into_iter().map(Some).chain(cut.then_some(None));
+            let stream = futures::stream::iter(items).then(move |part| async move {
+                // Before a cut, time for what was sent to reach the client: a cut stream
+                // breaks off mid-way, after its headers and first parts.
+                let wait = if part.is_none() {
+                    gap.max(Duration::from_millis(50))
+                } else {
+                    gap
+                };
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                match part {
+                    Some(p) => Ok::<Bytes, std::io::Error>(Bytes::from(p)),
+                    None => Err(std::io::Error::other("connection cut")),
+                }
+            });
+            Body::from_stream(stream)
+        }
+    };
+    let mut response = Response::builder().status(StatusCode::from_u16(reply.status).unwrap());
+    for (k, v) in &reply.headers {
+        response = response.header(k, v);
+    }
+    response.body(body).unwrap()
+}
+
+/// Embeddings: input `i` gets `[len, i, 1]`, listed in reverse order so clients must sort by
+/// `index`.
+fn embeddings(body: &Value) -> Response {
+    let inputs: Vec<String> = match &body["input"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(xs) => xs.iter().map(|x| x.as_str().unwrap_or_default().to_string()).collect(),
+        _ => vec![],
+    };
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, t)| json!({"object": "embedding", "index": i, "embedding": [t.len() as f64, i as f64, 1.0]}))
+        .collect();
+    respond(Reply::json(
+        200,
+        json!({"object": "list", "data": data, "model": body["model"], "usage": {"prompt_tokens": inputs.len(), "total_tokens": inputs.len()}}),
+    ))
+}
