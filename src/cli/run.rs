@@ -10,10 +10,12 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use super::{exit, render, store};
+use crate::cassette::{Cassette, Recording, Replaying};
 use crate::compile::compile_file;
 use crate::diag::{self, Format};
 use crate::engine::events::Events;
 use crate::engine::{Engine, EngineError, Persist, RunRequest, Status};
+use crate::nodes::Services;
 use crate::providers::Providers;
 use crate::providers::mock::MockProvider;
 
@@ -61,6 +63,14 @@ pub struct Common {
     /// Serve every model from this scripted mock (offline runs and tests).
     #[arg(long, value_name = "SCRIPT")]
     pub mock: Option<PathBuf>,
+    /// Record every model call (and other outbound request) with its response to this JSONL
+    /// cassette; secrets are scrubbed.
+    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
+    pub record: Option<PathBuf>,
+    /// Serve every model call from this cassette, with no network; a request it does not hold
+    /// fails the run, naming the closest recorded one.
+    #[arg(long, value_name = "FILE", conflicts_with = "mock")]
+    pub replay: Option<PathBuf>,
 }
 
 /// Run a workflow, or continue one of its threads.
@@ -214,7 +224,21 @@ fn execute(
         None => None,
     };
     let override_all = mock.is_some();
-    let providers = Providers::for_models(&plan.models, mock, override_all)?;
+    let cassette = match (&common.record, &common.replay) {
+        (Some(path), _) => Some(Arc::new(Cassette::record(path)?)),
+        (None, Some(path)) => Some(Arc::new(Cassette::replay(path)?)),
+        (None, None) => None,
+    };
+    let providers = match &cassette {
+        Some(c) if c.is_replay() => Providers::serve_all(&plan.models, Arc::new(Replaying::new(c.clone()))),
+        Some(c) => Providers::for_models(&plan.models, mock, override_all)?
+            .wrap(|p| Arc::new(Recording::new(p, c.clone())) as Arc<dyn crate::providers::Provider>),
+        None => Providers::for_models(&plan.models, mock, override_all)?,
+    };
+    let services = Services {
+        providers,
+        cassette: cassette.clone(),
+    };
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human
     } else {
@@ -233,7 +257,7 @@ fn execute(
                 }))
             }
         };
-        let engine = Engine::new(plan, store, providers, events);
+        let engine = Engine::new(plan, store, services, events);
         let cancel = engine.cancel_flag();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
@@ -261,6 +285,20 @@ fn execute(
             Err(e) => return Err(anyhow::Error::new(e)),
         };
         eprintln!("thread: {}", outcome.thread_id);
+        // A request the cassette lacks fails the run even when an `on_error` handler took it.
+        let misses = cassette.as_ref().map(|c| c.misses()).unwrap_or_default();
+        if !misses.is_empty() {
+            if outcome.status != Status::Failed {
+                for miss in &misses {
+                    eprintln!("error: {miss}");
+                }
+            }
+            eprintln!(
+                "error: {} request(s) were not in the cassette; record it again with --record",
+                misses.len()
+            );
+            return Ok(exit::INVALID);
+        }
         let mut out = std::io::stdout().lock();
         match outcome.status {
             Status::Done => {

@@ -205,6 +205,26 @@ impl Providers {
         Ok(out)
     }
 
+    /// Every profile of `models` served by `provider`, whatever its own provider is (a
+    /// cassette replay: nothing else may be reached).
+    pub fn serve_all(models: &indexmap::IndexMap<String, ModelProfile>, provider: Arc<dyn Provider>) -> Providers {
+        let mut out = Providers::default();
+        for (name, profile) in models {
+            out.by_profile.insert(name.clone(), (provider.clone(), profile.clone()));
+        }
+        out.fallback = Some(provider);
+        out
+    }
+
+    /// Every provider (and the fallback) passed through `wrap`, e.g. to record their calls.
+    pub fn wrap(mut self, wrap: impl Fn(Arc<dyn Provider>) -> Arc<dyn Provider>) -> Providers {
+        for (provider, _) in self.by_profile.values_mut() {
+            *provider = wrap(provider.clone());
+        }
+        self.fallback = self.fallback.map(&wrap);
+        self
+    }
+
     /// The embeddings model of profile `name`, when its API serves one. Mock profiles (and
     /// every profile under `--mock`) have none: callers fall back to an offline embedder.
     pub fn embedder(&self, name: &str) -> Option<Arc<dyn Embedder>> {
