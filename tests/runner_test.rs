@@ -137,6 +137,10 @@ fn a_failing_case_exits_1_with_a_diff_of_what_differs() {
     answers: [{{action: accept}}, {{action: accept}}]
 {MOCK}
     expect: {{status: done}}
+  - name: a typo in a node name
+    input: {{topic: heat pumps}}
+{MOCK}
+    expect: {{not_visited: [reveiw]}}
   - name: right draft
     input: {{topic: heat pumps}}
     answers: [{{action: accept}}]
@@ -164,7 +168,13 @@ fn a_failing_case_exits_1_with_a_diff_of_what_differs() {
     );
     assert!(r.stdout.contains("not_visited: `write` ran"), "{}", r.stdout);
     assert!(r.stdout.contains("answers: 1 of 2 were not used"), "{}", r.stdout);
-    assert_eq!(r.stdout.lines().last(), Some("1 passed, 2 failed"));
+    assert!(
+        r.stdout
+            .contains("not_visited: `reveiw` is not a node of the workflow; did you mean `review`?"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(r.stdout.lines().last(), Some("1 passed, 3 failed"));
 
     let r = runner(dir.path(), &["test", ".", "--filter", "right"]);
     assert_eq!(r.code, 0, "{}", r.stdout);

@@ -74,6 +74,38 @@ pub fn check(expect: &Expect, seen: &Observed) -> Vec<String> {
     out
 }
 
+/// Node names the expectations give that the workflow does not have, each explained: a typo
+/// in `not_visited` would otherwise pass forever.
+pub fn unknown_nodes(expect: &Expect, nodes: &[&str]) -> Vec<String> {
+    let mut out = vec![];
+    let named = expect
+        .path
+        .iter()
+        .flatten()
+        .map(|n| ("path", n))
+        .chain(expect.visits.keys().map(|n| ("visits", n)))
+        .chain(expect.not_visited.iter().map(|n| ("not_visited", n)));
+    for (field, name) in named {
+        if nodes.contains(&name.as_str()) {
+            continue;
+        }
+        let near = nodes
+            .iter()
+            .map(|k| (strsim::jaro_winkler(k, name), k))
+            .filter(|(s, _)| *s > 0.8)
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        let help = match near {
+            Some((_, k)) => format!("; did you mean `{k}`?"),
+            None => String::new(),
+        };
+        let line = format!("{field}: `{name}` is not a node of the workflow{help}");
+        if !out.contains(&line) {
+            out.push(line);
+        }
+    }
+    out
+}
+
 fn event(i: usize, want: &Map<String, Value>, events: &[Value], out: &mut Vec<String>) {
     let mut pattern = Map::new();
     for (k, v) in want {

@@ -106,7 +106,15 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         for case in cases {
             let started = Instant::now();
             let failures = match &plan {
-                Some(plan) => runtime.block_on(run_case(plan.clone(), suite, case)),
+                Some(plan) => {
+                    let nodes: Vec<&str> = plan.nodes.values().map(|n| n.name.as_str()).collect();
+                    let unknown = expect::unknown_nodes(&case.expect, &nodes);
+                    if unknown.is_empty() {
+                        runtime.block_on(run_case(plan.clone(), suite, case))
+                    } else {
+                        unknown
+                    }
+                }
                 None => vec![format!(
                     "the workflow {} does not compile:\n{}",
                     suite.workflow.display(),
