@@ -564,7 +564,7 @@ impl Provider for Recording {
             let recorded = response_value(&result, chunks.into_inner().unwrap_or_default());
             self.cassette
                 .store(LLM, &key, &recorded)
-                .map_err(|e| ProviderError::Network(format!("cannot record: {e}")))?;
+                .map_err(|e| ProviderError::BadRequest(format!("cannot record: {e}")))?;
             result
         })
     }

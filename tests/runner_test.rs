@@ -256,6 +256,30 @@ fn a_bad_test_file_is_refused_with_positions_before_anything_runs() {
 }
 
 #[test]
+fn a_case_fails_on_a_request_its_cassette_lacks_even_when_on_error_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = Path::new(ROOT).join("tests/fixtures/cassettes/mindmap.jsonl");
+    std::fs::write(
+        dir.path().join("mindmap.test.yaml"),
+        format!(
+            "workflow: {}\ncases:\n  - name: another title\n    input: {{document_title: Heat, document_content: x}}\n    cassette: {}\n    expect: {{status: done}}\n",
+            Path::new(ROOT).join("workflows/mindmap.yaml").display(),
+            cassette.display()
+        ),
+    )
+    .unwrap();
+    let r = runner(dir.path(), &["test", "."]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("cassette: the cassette ")
+            && r.stdout
+                .contains("the closest recorded is entry 1 (node `analyze_document`)"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
 fn validate_skips_test_files_beside_workflows() {
     let dir = suite("  - {name: a, expect: {status: interrupted}}\n");
     let r = runner(dir.path(), &["validate", "."]);

@@ -221,10 +221,11 @@ pub fn is_test_file(name: &str) -> bool {
 
 /// Runs one case and returns its failures (none when it passed).
 async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case) -> Vec<String> {
-    let providers = match providers(&plan, case) {
+    let services = match providers(&plan, case) {
         Ok(p) => p,
         Err(e) => return vec![e],
     };
+    let cassette = services.cassette.clone();
     let collected: Arc<Mutex<Vec<Event>>> = Arc::default();
     let sink = collected.clone();
     let events = Events::sink(Arc::new(move |e| {
@@ -233,7 +234,7 @@ async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case) -> Vec<String> {
         }
     }));
     let store = Arc::new(MemoryCheckpointer::new());
-    let engine = Engine::new(plan, store, providers, events);
+    let engine = Engine::new(plan, store, services, events);
     let mut request = RunRequest {
         thread_id: Some("test".into()),
         workflow: suite.workflow.display().to_string(),
@@ -275,6 +276,10 @@ async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case) -> Vec<String> {
         ));
     }
     drop(engine);
+    // A request the cassette lacks fails the case even when an `on_error` handler took it.
+    for miss in cassette.map(|c| c.misses()).unwrap_or_default() {
+        failures.push(format!("cassette: {miss}"));
+    }
     let events = collected.lock().map(|v| v.clone()).unwrap_or_default();
     let seen = observe(result, &events);
     failures.extend(expect::check(&case.expect, &seen));
