@@ -27,10 +27,12 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 
-use crate::providers::{ChatRequest, ChatResponse, Provider, ProviderError, TokenSink, Usage};
+use crate::providers::{ChatRequest, ChatResponse, Embedder, Embeddings, Provider, ProviderError, TokenSink, Usage};
 
 /// The kind of exchange a model call is recorded as.
 pub const LLM: &str = "llm";
+/// The kind of exchange an embeddings call is recorded as.
+pub const EMBED: &str = "embed";
 
 /// What replaces a secret in a written cassette.
 const REDACTED: &str = "[redacted]";
@@ -599,6 +601,106 @@ impl Provider for Replaying {
     }
 }
 
+/// Records every call of the embedder it wraps (the embedder of model profile `profile`).
+pub struct RecordingEmbedder {
+    profile: String,
+    inner: Arc<dyn Embedder>,
+    cassette: Arc<Cassette>,
+}
+
+impl RecordingEmbedder {
+    pub fn new(profile: &str, inner: Arc<dyn Embedder>, cassette: Arc<Cassette>) -> RecordingEmbedder {
+        RecordingEmbedder {
+            profile: profile.to_string(),
+            inner,
+            cassette,
+        }
+    }
+}
+
+fn embed_key(profile: &str, id: &str, texts: &[String]) -> Value {
+    json!({"profile": profile, "embedder": id, "texts": texts})
+}
+
+impl Embedder for RecordingEmbedder {
+    fn id(&self) -> &str {
+        self.inner.id()
+    }
+
+    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
+        Box::pin(async move {
+            let result = self.inner.embed(texts).await;
+            let recorded = match &result {
+                Ok(e) => json!({"vectors": e.vectors, "usage": e.usage}),
+                Err(e) => json!({"error": error_value(e)}),
+            };
+            self.cassette
+                .store(EMBED, &embed_key(&self.profile, self.inner.id(), texts), &recorded)
+                .map_err(|e| ProviderError::BadRequest(format!("cannot record: {e}")))?;
+            result
+        })
+    }
+}
+
+/// Serves the embeddings calls of one model profile from a cassette, under the embedder id
+/// they were recorded with (an index built by it stays searchable).
+pub struct ReplayingEmbedder {
+    profile: String,
+    id: String,
+    cassette: Arc<Cassette>,
+}
+
+impl Embedder for ReplayingEmbedder {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
+        Box::pin(async move {
+            let recorded = self
+                .cassette
+                .serve(EMBED, &embed_key(&self.profile, &self.id, texts))
+                .map_err(|e| ProviderError::BadRequest(e.to_string()))?;
+            if let Some(e) = recorded.get("error") {
+                return Err(error_from(e));
+            }
+            let vectors = serde_json::from_value(recorded.get("vectors").cloned().unwrap_or_default())
+                .map_err(|e| ProviderError::Malformed(format!("recorded vectors: {e}")))?;
+            let usage = serde_json::from_value(recorded.get("usage").cloned().unwrap_or_default()).unwrap_or_default();
+            Ok(Embeddings { vectors, usage })
+        })
+    }
+}
+
+impl Cassette {
+    /// Replaying embedders for every model profile whose embeddings calls the cassette holds.
+    pub fn embedders(self: &Arc<Self>) -> Vec<(String, Arc<dyn Embedder>)> {
+        let Ok(mode) = self.lock() else { return vec![] };
+        let Mode::Replay { entries, .. } = &*mode else {
+            return vec![];
+        };
+        let mut out: Vec<(String, Arc<dyn Embedder>)> = vec![];
+        for e in entries.iter().filter(|e| e.kind == EMBED) {
+            let (Some(profile), Some(id)) = (
+                e.request.get("profile").and_then(Value::as_str),
+                e.request.get("embedder").and_then(Value::as_str),
+            ) else {
+                continue;
+            };
+            if out.iter().any(|(p, _)| p == profile) {
+                continue;
+            }
+            let embedder = ReplayingEmbedder {
+                profile: profile.to_string(),
+                id: id.to_string(),
+                cassette: self.clone(),
+            };
+            out.push((profile.to_string(), Arc::new(embedder)));
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -657,6 +759,42 @@ mod tests {
         assert!(miss.contains("entry 3 (node `a`)"), "{miss}");
         assert!(miss.contains("/messages/0/content"), "{miss}");
         assert_eq!(play.misses().len(), 1);
+    }
+
+    struct Fixed;
+
+    impl Embedder for Fixed {
+        fn id(&self) -> &str {
+            "fixed:v1"
+        }
+
+        fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
+            Box::pin(async move {
+                Ok(Embeddings {
+                    vectors: texts.iter().map(|t| vec![t.len() as f32, 0.5]).collect(),
+                    usage: Usage::tokens(3, 0),
+                })
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn embeddings_replay_under_the_recorded_embedder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.jsonl");
+        let rec = Arc::new(Cassette::record_with(&path, vec![]).unwrap());
+        let texts = vec!["heat".to_string(), "pumps!".to_string()];
+        let recorded = RecordingEmbedder::new("default", Arc::new(Fixed), rec)
+            .embed(&texts)
+            .await
+            .unwrap();
+        let play = Arc::new(Cassette::replay_with(&path, vec![]).unwrap());
+        let embedders = play.embedders();
+        assert_eq!(embedders.len(), 1);
+        let (profile, embedder) = &embedders[0];
+        assert_eq!((profile.as_str(), embedder.id()), ("default", "fixed:v1"));
+        assert_eq!(embedder.embed(&texts).await.unwrap(), recorded);
+        assert!(embedder.embed(&["other".to_string()]).await.is_err());
     }
 
     #[test]

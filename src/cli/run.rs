@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use super::{exit, render, store};
-use crate::cassette::{Cassette, Recording, Replaying};
+use crate::cassette::{Cassette, Recording, RecordingEmbedder, Replaying};
 use crate::compile::compile_file;
 use crate::diag::{self, Format};
 use crate::engine::events::Events;
@@ -230,9 +230,7 @@ fn execute(
         (None, None) => None,
     };
     let providers = match &cassette {
-        Some(c) if c.is_replay() => Providers::serve_all(&plan.models, Arc::new(Replaying::new(c.clone()))),
-        Some(c) => Providers::for_models(&plan.models, mock, override_all)?
-            .wrap(|p| Arc::new(Recording::new(p, c.clone())) as Arc<dyn crate::providers::Provider>),
+        Some(c) => cassette_providers(&plan, c, Providers::for_models(&plan.models, mock, override_all))?,
         None => Providers::for_models(&plan.models, mock, override_all)?,
     };
     let services = Services {
@@ -330,6 +328,27 @@ fn execute(
             }
         }
     })
+}
+
+/// Providers that record every call to `cassette`, or that serve every call from it.
+pub(crate) fn cassette_providers(
+    plan: &crate::compile::Plan,
+    cassette: &Arc<Cassette>,
+    live: Result<Providers, crate::providers::SetupError>,
+) -> Result<Providers, crate::providers::SetupError> {
+    if cassette.is_replay() {
+        // Nothing live is set up: a replay reaches no network and needs no key.
+        let mut providers = Providers::serve_all(&plan.models, Arc::new(Replaying::new(cassette.clone())));
+        for (profile, embedder) in cassette.embedders() {
+            providers.set_embedder(&profile, embedder);
+        }
+        return Ok(providers);
+    }
+    Ok(live?
+        .wrap(|p| Arc::new(Recording::new(p, cassette.clone())) as Arc<dyn crate::providers::Provider>)
+        .wrap_embedders(|name, e| {
+            Arc::new(RecordingEmbedder::new(name, e, cassette.clone())) as Arc<dyn crate::providers::Embedder>
+        }))
 }
 
 /// `key=value`: the value as JSON if it parses, else a string; `@path` reads a file as text.

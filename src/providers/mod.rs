@@ -225,6 +225,19 @@ impl Providers {
         self
     }
 
+    /// Every embeddings model passed through `wrap` with its profile name, e.g. to record calls.
+    pub fn wrap_embedders(mut self, wrap: impl Fn(&str, Arc<dyn Embedder>) -> Arc<dyn Embedder>) -> Providers {
+        for (name, embedder) in self.embedders.iter_mut() {
+            *embedder = wrap(name, embedder.clone());
+        }
+        self
+    }
+
+    /// Sets the embeddings model of profile `name` (e.g. one replayed from a cassette).
+    pub fn set_embedder(&mut self, name: &str, embedder: Arc<dyn Embedder>) {
+        self.embedders.insert(name.to_string(), embedder);
+    }
+
     /// The embeddings model of profile `name`, when its API serves one. Mock profiles (and
     /// every profile under `--mock`) have none: callers fall back to an offline embedder.
     pub fn embedder(&self, name: &str) -> Option<Arc<dyn Embedder>> {

@@ -14,7 +14,7 @@ use anyhow::bail;
 use serde_json::Value;
 
 use super::exit;
-use crate::cassette::{Cassette, Replaying};
+use crate::cassette::Cassette;
 use crate::checkpoint::memory::MemoryCheckpointer;
 use crate::compile::{Plan, compile_file};
 use crate::diag::{self, Format};
@@ -291,10 +291,9 @@ fn providers(plan: &Plan, case: &Case) -> Result<Services, String> {
     let (providers, cassette) = match &case.models {
         Models::Cassette(path) => {
             let c = Arc::new(Cassette::replay(path).map_err(|e| e.to_string())?);
-            (
-                Providers::serve_all(&plan.models, Arc::new(Replaying::new(c.clone()))),
-                Some(c),
-            )
+            let providers =
+                super::run::cassette_providers(plan, &c, Ok(Providers::default())).map_err(|e| e.to_string())?;
+            (providers, Some(c))
         }
         Models::None => (for_models(plan, Arc::new(MockProvider::empty()))?, None),
         Models::Mock(script) => (for_models(plan, mock(MockProvider::from_value(script))?)?, None),
