@@ -24,3 +24,8 @@ ci:
 # Refresh schemas/workflow.schema.json after changing the spec types.
 schema:
     cargo run -q -- schema --generate > schemas/workflow.schema.json
+
+# Validate the shipped workflows and run their *.test.yaml cases.
+workflows:
+    cargo run -q -- validate workflows/
+    cargo run -q -- test workflows/

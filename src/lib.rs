@@ -4,6 +4,7 @@
 //! immutable [`compile::Plan`]) → engine → checkpoints. [`diag`] carries every stage's problems
 //! to the user; [`cli`] is the only place that prints.
 
+pub mod cassette;
 pub mod checkpoint;
 pub mod cli;
 pub mod compile;

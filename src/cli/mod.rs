@@ -8,6 +8,7 @@ mod render;
 mod run;
 mod schema;
 mod store;
+mod test;
 mod threads;
 mod validate;
 
@@ -50,6 +51,7 @@ enum Command {
     State(threads::StateArgs),
     Fork(threads::ForkArgs),
     Schema(schema::Args),
+    Test(test::Args),
 }
 
 /// Runs the CLI and maps the outcome to an exit code.
@@ -72,6 +74,7 @@ pub fn main() -> ExitCode {
         Command::Validate(args) => validate::run(args),
         Command::Graph(args) => graph::run(args),
         Command::Schema(args) => schema::run(args),
+        Command::Test(args) => test::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

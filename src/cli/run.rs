@@ -10,10 +10,12 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use super::{exit, render, store};
+use crate::cassette::{Cassette, Recording, RecordingEmbedder, Replaying};
 use crate::compile::compile_file;
 use crate::diag::{self, Format};
 use crate::engine::events::Events;
 use crate::engine::{Engine, EngineError, Persist, RunRequest, Status};
+use crate::nodes::Services;
 use crate::providers::Providers;
 use crate::providers::mock::MockProvider;
 
@@ -66,6 +68,14 @@ pub struct Common {
     /// `fast=llamacpp:any@http://127.0.0.1:8080/v1`.
     #[arg(long = "model", value_name = "PROFILE=SPEC")]
     pub model: Vec<String>,
+    /// Record every model call (and other outbound request) with its response to this JSONL
+    /// cassette; secrets are scrubbed.
+    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
+    pub record: Option<PathBuf>,
+    /// Serve every model call from this cassette, with no network; a request it does not hold
+    /// fails the run, naming the closest recorded one.
+    #[arg(long, value_name = "FILE", conflicts_with = "mock")]
+    pub replay: Option<PathBuf>,
 }
 
 /// Run a workflow, or continue one of its threads.
@@ -220,7 +230,19 @@ fn execute(
     };
     let override_all = mock.is_some();
     let models = override_models(&plan.models, &common.model)?;
-    let providers = Providers::for_models(&models, mock, override_all)?;
+    let cassette = match (&common.record, &common.replay) {
+        (Some(path), _) => Some(Arc::new(Cassette::record(path)?)),
+        (None, Some(path)) => Some(Arc::new(Cassette::replay(path)?)),
+        (None, None) => None,
+    };
+    let providers = match &cassette {
+        Some(c) => cassette_providers(&plan, c, Providers::for_models(&models, mock, override_all))?,
+        None => Providers::for_models(&models, mock, override_all)?,
+    };
+    let services = Services {
+        providers,
+        cassette: cassette.clone(),
+    };
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human
     } else {
@@ -239,7 +261,7 @@ fn execute(
                 }))
             }
         };
-        let engine = Engine::new(plan, store, providers, events);
+        let engine = Engine::new(plan, store, services, events);
         let cancel = engine.cancel_flag();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
@@ -267,6 +289,20 @@ fn execute(
             Err(e) => return Err(anyhow::Error::new(e)),
         };
         eprintln!("thread: {}", outcome.thread_id);
+        // A request the cassette lacks fails the run even when an `on_error` handler took it.
+        let misses = cassette.as_ref().map(|c| c.misses()).unwrap_or_default();
+        if !misses.is_empty() {
+            if outcome.status != Status::Failed {
+                for miss in &misses {
+                    eprintln!("error: {miss}");
+                }
+            }
+            eprintln!(
+                "error: {} request(s) were not in the cassette; record it again with --record",
+                misses.len()
+            );
+            return Ok(exit::INVALID);
+        }
         let mut out = std::io::stdout().lock();
         match outcome.status {
             Status::Done => {
@@ -324,6 +360,27 @@ fn override_models(
         *profile = crate::providers::override_profile(profile, spec).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
     }
     Ok(models)
+}
+
+/// Providers that record every call to `cassette`, or that serve every call from it.
+pub(crate) fn cassette_providers(
+    plan: &crate::compile::Plan,
+    cassette: &Arc<Cassette>,
+    live: Result<Providers, crate::providers::SetupError>,
+) -> Result<Providers, crate::providers::SetupError> {
+    if cassette.is_replay() {
+        // Nothing live is set up: a replay reaches no network and needs no key.
+        let mut providers = Providers::serve_all(&plan.models, Arc::new(Replaying::new(cassette.clone())));
+        for (profile, embedder) in cassette.embedders() {
+            providers.set_embedder(&profile, embedder);
+        }
+        return Ok(providers);
+    }
+    Ok(live?
+        .wrap(|p| Arc::new(Recording::new(p, cassette.clone())) as Arc<dyn crate::providers::Provider>)
+        .wrap_embedders(|name, e| {
+            Arc::new(RecordingEmbedder::new(name, e, cassette.clone())) as Arc<dyn crate::providers::Embedder>
+        }))
 }
 
 /// `key=value`: the value as JSON if it parses, else a string; `@path` reads a file as text.

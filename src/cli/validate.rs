@@ -103,10 +103,7 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         }
         if path.is_dir() {
             collect(&path, out)?;
-        } else if (name.ends_with(".yaml") || name.ends_with(".yml"))
-            && !name.ends_with(".test.yaml")
-            && !name.ends_with(".test.yml")
-        {
+        } else if (name.ends_with(".yaml") || name.ends_with(".yml")) && !super::test::is_test_file(&name) {
             out.push(path);
         }
     }

@@ -259,6 +259,39 @@ impl Providers {
         Ok(out)
     }
 
+    /// Every profile of `models` served by `provider`, whatever its own provider is (a
+    /// cassette replay: nothing else may be reached).
+    pub fn serve_all(models: &indexmap::IndexMap<String, ModelProfile>, provider: Arc<dyn Provider>) -> Providers {
+        let mut out = Providers::default();
+        for (name, profile) in models {
+            out.by_profile.insert(name.clone(), (provider.clone(), profile.clone()));
+        }
+        out.fallback = Some(provider);
+        out
+    }
+
+    /// Every provider (and the fallback) passed through `wrap`, e.g. to record their calls.
+    pub fn wrap(mut self, wrap: impl Fn(Arc<dyn Provider>) -> Arc<dyn Provider>) -> Providers {
+        for (provider, _) in self.by_profile.values_mut() {
+            *provider = wrap(provider.clone());
+        }
+        self.fallback = self.fallback.map(&wrap);
+        self
+    }
+
+    /// Every embeddings model passed through `wrap` with its profile name, e.g. to record calls.
+    pub fn wrap_embedders(mut self, wrap: impl Fn(&str, Arc<dyn Embedder>) -> Arc<dyn Embedder>) -> Providers {
+        for (name, embedder) in self.embedders.iter_mut() {
+            *embedder = wrap(name, embedder.clone());
+        }
+        self
+    }
+
+    /// Sets the embeddings model of profile `name` (e.g. one replayed from a cassette).
+    pub fn set_embedder(&mut self, name: &str, embedder: Arc<dyn Embedder>) {
+        self.embedders.insert(name.to_string(), embedder);
+    }
+
     /// The embeddings model of profile `name`, when its API serves one. Mock profiles (and
     /// every profile under `--mock`) have none: callers fall back to an offline embedder.
     pub fn embedder(&self, name: &str) -> Option<Arc<dyn Embedder>> {

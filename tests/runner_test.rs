@@ -1,0 +1,288 @@
+//! `runner test` through the real binary: the shipped workflows' test files pass, and the
+//! runner reports failures, JUnit, bad test files and interrupts as documented in
+//! docs/testing.md.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A workflow with a human gate: write, then ask; `respond` loops back to write.
+const GATE: &str = r##"
+name: gate
+models: {default: {provider: mock, model: m}}
+input: {type: object, required: [topic], properties: {topic: {type: string}}}
+output: [draft, log]
+types:
+  Answer:
+    type: object
+    required: [action]
+    properties: {action: {enum: [accept, respond]}}
+state:
+  draft: {type: string, default: ""}
+  log: {type: array, reducer: append, default: []}
+nodes:
+  write:
+    kind: llm
+    prompt: {text: "Write about {{ input.topic }} (version {{ state.log | length }})."}
+    update: {draft: output, log: "['write']"}
+  review:
+    kind: interrupt
+    message: "Publish this draft?"
+    payload: {draft: state.draft}
+    response: {$ref: "#/types/Answer"}
+    update: {log: "[output.action]"}
+    goto:
+      - {when: "output.action == 'accept'", to: END}
+      - {to: write}
+edges: [START -> write -> review]
+"##;
+
+const MOCK: &str = r#"
+    mock:
+      match:
+        - {contains: "(version 0)", reply: first draft}
+        - {contains: "(version 2)", reply: second draft}
+"#;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn runner(dir: &Path, args: &[&str]) -> Run {
+    let out: Output = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("the runner binary starts");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A temp dir holding gate.yaml and `gate.test.yaml` with `cases`.
+fn suite(cases: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gate.yaml"), GATE).unwrap();
+    std::fs::write(
+        dir.path().join("gate.test.yaml"),
+        format!("workflow: gate.yaml\ncases:\n{cases}"),
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn the_shipped_workflows_pass_their_tests() {
+    let r = runner(Path::new(ROOT), &["test", "workflows/"]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let last = r.stdout.lines().last().unwrap_or_default();
+    let (passed, rest) = last.split_once(" passed, ").expect("a summary line");
+    assert!(passed.parse::<u32>().unwrap() >= 15, "{last}");
+    assert_eq!(rest, "0 failed");
+    for file in ["mindmap", "rag", "research", "slides", "deep-research/report"] {
+        assert!(
+            r.stdout.contains(&format!("workflows/{file}.test.yaml")),
+            "{}",
+            r.stdout
+        );
+    }
+}
+
+#[test]
+fn interrupts_are_answered_in_order_and_the_run_resumes() {
+    let dir = suite(&format!(
+        r#"
+  - name: accepted after one revision
+    input: {{topic: heat pumps}}
+    answers: [{{action: respond}}, {{action: accept}}]
+{MOCK}
+    expect:
+      status: done
+      output: {{draft: second draft, log: [write, respond, write, accept]}}
+      visits: {{write: 2}}
+      events: [{{type: interrupt, node: review, count: 2}}]
+  - name: waits at the gate without an answer
+    input: {{topic: heat pumps}}
+{MOCK}
+    expect:
+      status: interrupted
+      interrupt: {{node: review, payload: {{message: Publish this draft?, payload: {{draft: first draft}}}}}}
+      path: [write, review]
+"#
+    ));
+    let r = runner(dir.path(), &["test", "."]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.ends_with("\n2 passed, 0 failed\n"), "{}", r.stdout);
+}
+
+#[test]
+fn a_failing_case_exits_1_with_a_diff_of_what_differs() {
+    let dir = suite(&format!(
+        r#"
+  - name: wrong draft
+    input: {{topic: heat pumps}}
+    answers: [{{action: accept}}]
+{MOCK}
+    expect:
+      output: {{draft: a better draft}}
+      path: [write, review, write]
+      not_visited: [write]
+  - name: unused answers
+    input: {{topic: heat pumps}}
+    answers: [{{action: accept}}, {{action: accept}}]
+{MOCK}
+    expect: {{status: done}}
+  - name: a typo in a node name
+    input: {{topic: heat pumps}}
+{MOCK}
+    expect: {{not_visited: [reveiw]}}
+  - name: right draft
+    input: {{topic: heat pumps}}
+    answers: [{{action: accept}}]
+{MOCK}
+    expect: {{output: {{draft: first draft}}}}
+"#
+    ));
+    let r = runner(dir.path(), &["test"]);
+    // No argument means workflows/, which this directory does not have.
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let r = runner(dir.path(), &["test", "gate.test.yaml"]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("  FAILED  wrong draft  ("), "{}", r.stdout);
+    assert!(r.stdout.contains("  ok      right draft  ("), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("output.draft: expected \"a better draft\", got \"first draft\""),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("path: expected [write, review, write]"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("not_visited: `write` ran"), "{}", r.stdout);
+    assert!(r.stdout.contains("answers: 1 of 2 were not used"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("not_visited: `reveiw` is not a node of the workflow; did you mean `review`?"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(r.stdout.lines().last(), Some("1 passed, 3 failed"));
+
+    let r = runner(dir.path(), &["test", ".", "--filter", "right"]);
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert!(r.stdout.ends_with("\n1 passed, 0 failed\n"), "{}", r.stdout);
+}
+
+#[test]
+fn junit_reports_every_case_and_its_failure() {
+    let dir = suite(&format!(
+        r#"
+  - name: "fails <here>"
+    input: {{topic: heat pumps}}
+{MOCK}
+    expect: {{status: done}}
+  - name: passes
+    input: {{topic: heat pumps}}
+{MOCK}
+    expect: {{status: interrupted}}
+"#
+    ));
+    let r = runner(dir.path(), &["test", ".", "--format", "junit"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let x = &r.stdout;
+    assert!(
+        x.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites "),
+        "{x}"
+    );
+    assert!(
+        x.contains("<testsuite name=\"./gate.test.yaml\" tests=\"2\" failures=\"1\""),
+        "{x}"
+    );
+    assert!(x.contains("<testcase name=\"fails &lt;here&gt;\""), "{x}");
+    assert!(
+        x.contains("<failure message=\"status: expected done, got interrupted\">"),
+        "{x}"
+    );
+    assert!(
+        x.contains("<testcase name=\"passes\" classname=\"./gate.test.yaml\""),
+        "{x}"
+    );
+    assert_eq!(x.matches("<testcase ").count(), 2);
+    assert_eq!(x.matches("</failure>").count(), 1);
+    assert!(x.trim_end().ends_with("</testsuites>"), "{x}");
+}
+
+#[test]
+fn a_bad_test_file_is_refused_with_positions_before_anything_runs() {
+    let dir = suite(
+        r#"
+  - name: typo
+    input: {topic: heat pumps}
+    expct: {status: done}
+  - name: typo
+    mock: {replies: {write: x}}
+    mock_file: nowhere.yaml
+    expect: {status: finished, path: write, colour: red}
+"#,
+    );
+    let r = runner(dir.path(), &["test", "."]);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.is_empty(), "nothing runs: {}", r.stdout);
+    for needle in [
+        "gate.test.yaml:6:5: unknown field `expct` in a case; did you mean `expect`?",
+        "gate.test.yaml:4:5: a case needs `expect`",
+        "gate.test.yaml:7:5: two cases are named `typo`",
+        "a case takes one of `mock`, `mock_file` and `cassette`, not `mock` and `mock_file`",
+        "`status` is one of done, interrupted, failed",
+        "`path` is a list of node names",
+        "unknown field `colour` in `expect`",
+    ] {
+        assert!(r.stderr.contains(needle), "missing {needle:?} in:\n{}", r.stderr);
+    }
+
+    std::fs::write(dir.path().join("gate.test.yaml"), "workflow: missing.yaml\ncases: []\n").unwrap();
+    let r = runner(dir.path(), &["test", "gate.test.yaml"]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("gate.test.yaml:1:1: the workflow"), "{}", r.stderr);
+    assert!(r.stderr.contains("`cases` is a non-empty list"), "{}", r.stderr);
+}
+
+#[test]
+fn a_case_fails_on_a_request_its_cassette_lacks_even_when_on_error_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = Path::new(ROOT).join("tests/fixtures/cassettes/mindmap.jsonl");
+    std::fs::write(
+        dir.path().join("mindmap.test.yaml"),
+        format!(
+            "workflow: {}\ncases:\n  - name: another title\n    input: {{document_title: Heat, document_content: x}}\n    cassette: {}\n    expect: {{status: done}}\n",
+            Path::new(ROOT).join("workflows/mindmap.yaml").display(),
+            cassette.display()
+        ),
+    )
+    .unwrap();
+    let r = runner(dir.path(), &["test", "."]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("cassette: the cassette ")
+            && r.stdout
+                .contains("the closest recorded is entry 1 (node `analyze_document`)"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn validate_skips_test_files_beside_workflows() {
+    let dir = suite("  - {name: a, expect: {status: interrupted}}\n");
+    let r = runner(dir.path(), &["validate", "."]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.stdout.trim_end(), "1 file valid");
+}
