@@ -4,6 +4,7 @@
 //! diagnostics.
 
 mod graph;
+mod index;
 mod render;
 mod run;
 mod schema;
@@ -50,6 +51,7 @@ enum Command {
     State(threads::StateArgs),
     Fork(threads::ForkArgs),
     Schema(schema::Args),
+    Index(index::Args),
 }
 
 /// Runs the CLI and maps the outcome to an exit code.
@@ -72,6 +74,7 @@ pub fn main() -> ExitCode {
         Command::Validate(args) => validate::run(args),
         Command::Graph(args) => graph::run(args),
         Command::Schema(args) => schema::run(args),
+        Command::Index(args) => index::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

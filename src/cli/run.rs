@@ -61,6 +61,10 @@ pub struct Common {
     /// Serve every model from this scripted mock (offline runs and tests).
     #[arg(long, value_name = "SCRIPT")]
     pub mock: Option<PathBuf>,
+    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
+    /// .runner/data.db; `:memory:` keeps nothing). Opened only by runs that use them.
+    #[arg(long, value_name = "PATH")]
+    pub data_db: Option<PathBuf>,
 }
 
 /// Run a workflow, or continue one of its threads.
@@ -233,7 +237,8 @@ fn execute(
                 }))
             }
         };
-        let engine = Engine::new(plan, store, providers, events);
+        let data = crate::rag::DataStore::at(store::data_db_path(common.data_db.as_deref()));
+        let engine = Engine::new(plan, store, crate::nodes::Services::new(providers, data), events);
         let cancel = engine.cancel_flag();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {

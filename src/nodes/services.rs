@@ -2,16 +2,30 @@
 //! the run was given. The engine carries a `Services` without looking inside it.
 
 use crate::providers::Providers;
+use crate::rag::DataStore;
 
 /// The outside world of a run, shared by every task (cheap to clone: handles only).
 #[derive(Clone, Default, Debug)]
 pub struct Services {
     /// Model providers by profile name.
     pub providers: Providers,
+    /// Search indexes and long-term memory (index, retrieve, store). Opened on first use; an
+    /// in-memory store unless the run was given a file.
+    pub data: DataStore,
+}
+
+impl Services {
+    /// Services whose index, retrieve and store nodes use `data`.
+    pub fn new(providers: Providers, data: DataStore) -> Services {
+        Services { providers, data }
+    }
 }
 
 impl From<Providers> for Services {
     fn from(providers: Providers) -> Services {
-        Services { providers }
+        Services {
+            providers,
+            data: DataStore::default(),
+        }
     }
 }
