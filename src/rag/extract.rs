@@ -131,6 +131,25 @@ const BLOCKS: &[&str] = &[
     "figcaption",
 ];
 
+const PARAGRAPHS: &[&str] = &[
+    "p",
+    "div",
+    "section",
+    "article",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "pre",
+    "blockquote",
+    "table",
+    "ul",
+    "ol",
+    "main",
+];
+
 /// HTML to readable text: a small tag scanner, not a full parser (good for pages and exports,
 /// not for rendering).
 pub fn html_to_text(html: &str) -> Extracted {
@@ -166,10 +185,11 @@ pub fn html_to_text(html: &str) -> Extracted {
                 continue;
             }
             if BLOCKS.contains(&name.as_str()) {
-                if name.starts_with('h') && name.len() == 2 && !tag.starts_with('/') {
-                    out.push_str("\n\n");
-                } else if !out.ends_with('\n') {
-                    out.push('\n');
+                // Paragraph-like blocks end with a blank line, so chunking can cut there.
+                let para = PARAGRAPHS.contains(&name.as_str());
+                let want = if para { "\n\n" } else { "\n" };
+                if !out.is_empty() && !out.ends_with(want) {
+                    out.push_str(if out.ends_with('\n') && para { "\n" } else { want });
                 }
             } else if name == "td" || name == "th" {
                 out.push(' ');
@@ -253,6 +273,6 @@ mod tests {
              <body><h1>Terms</h1><p>One&nbsp;two</p><script>bad()</script><p>Three &lt;4&gt;</p></body></html>",
         );
         assert_eq!(e.title.as_deref(), Some("T & C"));
-        assert_eq!(e.text, "Terms\n\nOne two\nThree <4>");
+        assert_eq!(e.text, "Terms\n\nOne two\n\nThree <4>");
     }
 }
