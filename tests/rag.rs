@@ -868,3 +868,178 @@ fn save_stays_inside_its_directory() {
     .ok();
     assert!(p.path("out/real/x.md").exists());
 }
+
+// ── acceptance: the shipped RAG chat on an index built by `runner index` ──────────────────
+
+#[test]
+fn acceptance_rag_workflow_answers_from_the_indexed_documents() {
+    let p = Project::new();
+    let (code, out) = p.index(&["docs"], "ipr_docs", &[]);
+    assert_eq!(code, 0, "{out}");
+    let out = p
+        .runner()
+        .arg("run")
+        .arg(Path::new(ROOT).join("workflows/rag.yaml"))
+        .arg("--mock")
+        .arg(Path::new(ROOT).join("tests/fixtures/mock/rag-retrieval.yaml"))
+        .args(["--db", ":memory:", "--data-db", "data.db", "--stream", "jsonl"])
+        // The offline embedder is lexical: its distances run higher than a semantic model's.
+        .args(["--set", "generator.relevance_distance=0.95"])
+        .args(["-i", "question=What does the policy say about reimbursing a monitor?"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ran: Vec<String> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "node_end")
+        .map(|e| e["node"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(
+        ran,
+        ["router", "rewriter_fast", "query_expander", "retriever", "generator"],
+        "{stderr}"
+    );
+    assert_eq!(result["intent"], "direct_rag");
+    assert_eq!(
+        result["answer"],
+        "The company reimburses a monitor up to 250 euros once every three years [remote-work-policy.md]."
+    );
+    let sources: Vec<&str> = result["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    assert!(sources.contains(&"remote-work-policy.md"), "{sources:?}");
+    let indexed = ["remote-work-policy.md", "travel-expenses.md", "security-handbook.html"];
+    assert!(sources.iter().all(|s| indexed.contains(s)), "{sources:?}");
+}
+
+#[test]
+fn rag_workflow_mentions_restrict_retrieval_to_the_named_document() {
+    let p = Project::new();
+    p.index(&["docs"], "ipr_docs", &[]);
+    p.write(
+        "q.json",
+        r#"{"question": "@travel-expenses.md how much is reimbursed in euros?"}"#,
+    );
+    let out = p
+        .runner()
+        .arg("run")
+        .arg(Path::new(ROOT).join("workflows/rag.yaml"))
+        .arg("--mock")
+        .arg(Path::new(ROOT).join("tests/fixtures/mock/rag-retrieval.yaml"))
+        .args(["--db", ":memory:", "--data-db", "data.db"])
+        // `-i key=@file` reads a file: the question comes in an input file.
+        .args(["--input-file", "q.json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["intent"], "specific_doc_rag");
+    assert_eq!(result["sources"], json!(["travel-expenses.md"]));
+}
+
+// ── acceptance: deep-research's memory and knowledge base ─────────────────────────────────
+
+/// deep-research's `memory_store`, as it is fed: one task per entry of a `send` fan-out, the
+/// entry in scope as `entry`.
+const MEMORY_STORE_WF: &str = r#"name: remember
+input: {type: object, properties: {updates: {type: array}}}
+context: {type: object, required: [user_id], properties: {user_id: {type: string}}}
+output: [stored]
+state:
+  stored: {type: array, reducer: append, default: []}
+nodes:
+  start: {kind: set}
+  memory_store:
+    kind: store
+    op: put
+    namespace: [memory, "{{ context.user_id }}", deep_research]
+    key: "{{ entry.key }}"
+    value: entry.value
+    update: {stored: "[output.key]"}
+edges:
+  - from: START
+    to: start
+  - from: start
+    route:
+      - {send: {to: memory_store, foreach: input.updates, as: entry}}
+  - memory_store -> END
+"#;
+
+#[test]
+fn acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base() {
+    let p = Project::new();
+    assert_eq!(p.index(&["docs"], "knowledge_base", &[]).0, 0);
+    p.write(
+        "updates.json",
+        r#"{"updates": [
+            {"key": "profile", "value": {"name": "Alice", "role": "heating engineer"}},
+            {"key": "preferences", "value": {"depth": "technical"}}
+        ]}"#,
+    );
+    let stored = p
+        .run(
+            MEMORY_STORE_WF,
+            &["--input-file", "updates.json", "--context", "user_id=alice"],
+        )
+        .ok();
+    let mut keys: Vec<&str> = stored.output["stored"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["preferences", "profile"]);
+
+    let deep = |user: &str| {
+        let out = p
+            .runner()
+            .arg("run")
+            .arg(Path::new(ROOT).join("workflows/deep-research.yaml"))
+            .arg("--mock")
+            .arg(Path::new(ROOT).join("tests/fixtures/mock/deep-research-start.yaml"))
+            .args(["--db", "runs.db", "--data-db", "data.db", "--thread", user])
+            .args(["--context", &format!("user_id={user}")])
+            .args([
+                "-i",
+                "query=What does the remote work policy say about laptop security?",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+        let state = p
+            .runner()
+            .args(["state", "--thread", user, "--db", "runs.db"])
+            .output()
+            .unwrap();
+        assert!(state.status.success(), "{}", String::from_utf8_lossy(&state.stderr));
+        serde_json::from_slice::<Value>(&state.stdout).unwrap()
+    };
+    let alice = deep("alice");
+    let values = alice.get("values").unwrap_or(&alice);
+    assert_eq!(
+        values["memory"],
+        json!({"preferences": {"depth": "technical"}, "profile": {"name": "Alice", "role": "heating engineer"}})
+    );
+    assert_eq!(values["returning_user"], true);
+    let context = values["rag_context"].as_array().unwrap();
+    assert!(!context.is_empty());
+    assert_eq!(context[0]["document"], "remote-work-policy.md", "{context:?}");
+    assert!(
+        context
+            .iter()
+            .any(|c| c["text"].as_str().unwrap().contains("full-disk encryption"))
+    );
+
+    // Another user's memory is their own.
+    let bob = deep("bob");
+    let values = bob.get("values").unwrap_or(&bob);
+    assert_eq!(values["memory"], json!({}));
+    assert_eq!(values["returning_user"], false);
+}
