@@ -1,7 +1,7 @@
 //! `store`: long-term memory in the data store. `get` reads a key's value (null when absent)
-//! or, without `key`, the whole namespace as an object; `put` stores `value` and outputs
-//! `{namespace, key, value}`; `delete` outputs `{namespace, key, deleted}`; `search` outputs the
-//! best keyword matches in the namespace and those under it, `[{namespace, key, value, score}]`.
+//! or, without `key`, the whole namespace as an object; `put` stores `value`, `delete` removes
+//! the key (both output null); `search` outputs the best keyword matches in the namespace and
+//! those under it, `{items: [{namespace, key, value, score}]}`.
 
 use serde_json::{Value, json};
 
@@ -42,21 +42,19 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         StoreOp::Put => {
             let k = need_key()?;
             let value = data(ctx, "/value", &ctx.scope)?.unwrap_or(Value::Null);
-            let (k2, v2) = (k.clone(), value.clone());
             store
-                .with(move |c| memory::put(c, &ns, &k2, &v2))
+                .with(move |c| memory::put(c, &ns, &k, &value))
                 .await
                 .map_err(data_error)?;
-            json!({"namespace": namespace, "key": k, "value": value})
+            Value::Null
         }
         StoreOp::Delete => {
             let k = need_key()?;
-            let k2 = k.clone();
-            let deleted = store
-                .with(move |c| memory::delete(c, &ns, &k2))
+            store
+                .with(move |c| memory::delete(c, &ns, &k))
                 .await
                 .map_err(data_error)?;
-            json!({"namespace": namespace, "key": k, "deleted": deleted})
+            Value::Null
         }
         StoreOp::Search => {
             let query = render(ctx, "/query")?;
@@ -65,7 +63,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
                 .with(move |c| memory::search(c, &ns, query.as_deref(), limit))
                 .await
                 .map_err(data_error)?;
-            Value::Array(items)
+            json!({"items": items})
         }
     };
     Ok(NodeOutput {
