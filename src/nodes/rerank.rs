@@ -231,3 +231,23 @@ async fn by_endpoint(url: &str, queries: &[String], hits: &[Hit]) -> Result<Vec<
     }
     Ok(scores)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_scores;
+
+    #[test]
+    fn scores_are_read_from_the_shapes_models_reply_with() {
+        let fenced =
+            "Sure:\n```json\n{\"scores\": [{\"index\": 1, \"score\": 8}, {\"index\": 0, \"score\": \"3\"}]}\n```";
+        assert_eq!(parse_scores(fenced, 3), Some(vec![3.0, 8.0, -1.0]));
+        assert_eq!(parse_scores("[7, 2.5]", 2), Some(vec![7.0, 2.5]));
+        assert_eq!(parse_scores("{\"0\": 1, \"[1]\": 9}", 2), Some(vec![1.0, 9.0]));
+        assert_eq!(
+            parse_scores("[{\"id\": 5, \"relevance\": 4}, {\"index\": 0, \"score\": 6}]", 2),
+            Some(vec![6.0, -1.0])
+        );
+        assert_eq!(parse_scores("no idea", 2), None);
+        assert_eq!(parse_scores("{\"scores\": []}", 2), None);
+    }
+}
