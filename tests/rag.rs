@@ -1038,3 +1038,103 @@ fn acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base() {
     assert_eq!(values["memory"], json!({}));
     assert_eq!(values["returning_user"], false);
 }
+
+// ── the index node ──────────────────────────────────────────────────────────────────────────
+
+const INDEX_WF: &str = r#"name: learn
+input: {type: object, properties: {docs: {type: array}, question: {type: string}}}
+output: [indexed, chunks]
+state:
+  indexed: {default: null}
+  chunks: {type: array, default: []}
+nodes:
+  add:
+    kind: index
+    index: notes
+    documents: input.docs
+    chunking: {size: 300, overlap: 30}
+    update: {indexed: output}
+  ask:
+    kind: retrieve
+    index: notes
+    queries: input.question
+    top_k: 1
+    update: {chunks: output.chunks}
+edges:
+  - START -> add -> ask -> END
+"#;
+
+#[test]
+fn the_index_node_takes_paths_and_documents_and_skips_what_it_has() {
+    let p = Project::new();
+    p.write(
+        "in.json",
+        r#"{"question": "who waters the office plants?", "docs": [
+            "docs/travel-expenses.md",
+            {"id": "office-notes", "text": "Priya waters the office plants every Friday.", "title": "Office"}
+        ]}"#,
+    );
+    let r = p.run(INDEX_WF, &["--input-file", "in.json"]).ok();
+    assert_eq!(
+        r.output["indexed"],
+        json!({"documents": ["docs/travel-expenses.md", "office-notes"], "chunks": 4, "skipped": []})
+    );
+    assert_eq!(r.output["chunks"][0]["id"], "office-notes#0");
+    // Directories are walked; what did not change is skipped (a file is known by its real path,
+    // whatever it was called).
+    p.write("in.json", r#"{"question": "plants", "docs": ["docs", {"id": "office-notes", "text": "Priya waters the office plants every Friday.", "title": "Office"}]}"#);
+    let r = p.run(INDEX_WF, &["--input-file", "in.json"]).ok();
+    assert_eq!(
+        r.output["indexed"],
+        json!({
+            "documents": ["remote-work-policy.md", "security-handbook.html"],
+            "chunks": 6,
+            "skipped": ["travel-expenses.md", "office-notes"]
+        })
+    );
+}
+
+/// deep-research's `save_report`, as it is written there.
+const SAVE_REPORT_WF: &str = r#"name: save
+input: {type: object, properties: {report: {type: string}}}
+context: {type: object, required: [user_id], properties: {user_id: {type: string}}}
+output: [report_path]
+state:
+  report: {type: string, default: ""}
+  report_path: {type: [string, "null"], default: null}
+nodes:
+  start:
+    kind: set
+    update: {report: input.report}
+  save_report:
+    kind: save
+    path: "reports/{{ context.user_id }}/{{ run.thread_id }}.md"
+    content: state.report
+    update:
+      report_path: output.path
+edges:
+  - START -> start -> save_report -> END
+"#;
+
+#[test]
+fn deep_research_save_report_writes_under_out_per_user_and_thread() {
+    let p = Project::new();
+    let r = p
+        .run(
+            SAVE_REPORT_WF,
+            &[
+                "-i",
+                "report=# Heat pumps\n\nSized by load.",
+                "--context",
+                "user_id=alice",
+                "--thread",
+                "t1",
+            ],
+        )
+        .ok();
+    assert_eq!(r.output["report_path"], "out/reports/alice/t1.md");
+    assert_eq!(
+        std::fs::read_to_string(p.path("out/reports/alice/t1.md")).unwrap(),
+        "# Heat pumps\n\nSized by load."
+    );
+}
