@@ -108,6 +108,14 @@ pub fn from_blob(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// The dot product of `a` and a stored vector, read in place (no copy per row).
+pub fn dot_blob(a: &[f32], blob: &[u8]) -> f32 {
+    a.iter()
+        .zip(blob.chunks_exact(4))
+        .map(|(x, b)| x * f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .sum()
+}
+
 /// The dot product (the cosine of unit vectors).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()

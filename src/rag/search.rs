@@ -2,14 +2,15 @@
 //! vector ranking (cosine, brute force over the index's vectors), fused by reciprocal rank
 //! (`Σ 1 / (60 + rank)` over every list of every query).
 //!
-//! Vectors are scanned in full for each search: fine up to about 10^5 chunks (a few tens of
-//! milliseconds per query at 512 dimensions); past that an approximate index would be needed.
+//! Vectors are scanned in full for each search, once for all its queries: about 0.1 s for
+//! 10^4 chunks at 512 dimensions (measured, optimised build, 2 cores), growing linearly, so
+//! around a second at 10^5 chunks; past that an approximate index would be needed.
 
 use std::collections::HashMap;
 
 use rusqlite::{Connection, params_from_iter};
 
-use super::embed::{dot, from_blob};
+use super::embed::dot_blob;
 use super::index::index_embedder;
 use super::{DataError, fts_query};
 
@@ -94,9 +95,9 @@ pub fn search(c: &Connection, req: &Request) -> Result<Found, DataError> {
     let mut rows = stmt.query([&req.index])?;
     while let Some(r) = rows.next()? {
         let id: i64 = r.get(0)?;
-        let v = from_blob(&r.get::<_, Vec<u8>>(1)?);
+        let blob = r.get_ref(1)?.as_blob().map_err(rusqlite::Error::from)?;
         for (qi, (_, q)) in req.queries.iter().enumerate() {
-            let s = f64::from(dot(q, &v));
+            let s = f64::from(dot_blob(q, blob));
             sims[qi].push((id, s));
             let b = best_cos.entry(id).or_insert(f64::MIN);
             *b = b.max(s);
