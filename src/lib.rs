@@ -13,4 +13,5 @@ pub mod engine;
 pub mod net;
 pub mod nodes;
 pub mod providers;
+pub mod rag;
 pub mod spec;

@@ -6,9 +6,10 @@
 //! scripts answer later nodes only through `match` on the rendered prompt, so a prompt that
 //! stops showing what earlier nodes produced fails the run instead of passing unnoticed.
 //!
-//! Only paths without the I/O node kinds (http, search, scrape, index, retrieve, store, load,
-//! save) are covered: this build cannot run those yet. deep-research.yaml itself starts with a
-//! store and a retrieve node, so only its two subgraphs run here, each on its own.
+//! Only paths without the web kinds (http, search, scrape) are covered: this build cannot run
+//! those yet. RAG retrieval turns and deep-research's memory and knowledge base need an index
+//! built first: they run in tests/rag.rs, in a temporary directory. Here deep-research's two
+//! subgraphs run, each on its own.
 
 use std::process::Command;
 

@@ -4,6 +4,7 @@
 //! diagnostics.
 
 mod graph;
+mod index;
 mod render;
 mod run;
 mod schema;
@@ -52,6 +53,7 @@ enum Command {
     Fork(threads::ForkArgs),
     Schema(schema::Args),
     Test(test::Args),
+    Index(index::Args),
 }
 
 /// Runs the CLI and maps the outcome to an exit code.
@@ -75,6 +77,7 @@ pub fn main() -> ExitCode {
         Command::Graph(args) => graph::run(args),
         Command::Schema(args) => schema::run(args),
         Command::Test(args) => test::run(args),
+        Command::Index(args) => index::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -76,6 +76,10 @@ pub struct Common {
     /// fails the run, naming the closest recorded one.
     #[arg(long, value_name = "FILE", conflicts_with = "mock")]
     pub replay: Option<PathBuf>,
+    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
+    /// .runner/data.db; `:memory:` keeps nothing). Opened only by runs that use them.
+    #[arg(long, value_name = "PATH")]
+    pub data_db: Option<PathBuf>,
 }
 
 /// Run a workflow, or continue one of its threads.
@@ -242,6 +246,7 @@ fn execute(
     let services = Services {
         providers,
         cassette: cassette.clone(),
+        data: crate::rag::DataStore::at(store::data_db_path(common.data_db.as_deref())),
     };
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human

@@ -26,6 +26,13 @@ pub fn db_path(flag: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".runner/runner.db"))
 }
 
+/// `--data-db`, else `$RUNNER_DATA_DB`, else `.runner/data.db`.
+pub fn data_db_path(flag: Option<&Path>) -> PathBuf {
+    flag.map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("RUNNER_DATA_DB").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(".runner/data.db"))
+}
+
 pub fn open(path: &Path, durability: DurabilityArg) -> anyhow::Result<Arc<dyn Checkpointer>> {
     if path.as_os_str() == ":memory:" {
         // Nothing outlives the process, so no history is kept either.

@@ -2,14 +2,19 @@
 //! and a scope, and returns its `output` (and usage) or a typed failure; the engine turns the
 //! output into state writes and routing.
 //!
-//! Kinds whose run-time behaviour is not in this build yet (http, search, scrape, index,
-//! retrieve, store, load, save) fail with a clear error naming the kind; they validate and
-//! compile like every other kind.
+//! Kinds whose run-time behaviour is not in this build yet (http, search, scrape) fail with a
+//! clear error naming the kind; they validate and compile like every other kind.
 
 mod emit;
+mod index;
 mod interrupt;
 mod llm;
+mod load;
+mod rerank;
+mod retrieve;
+mod save;
 mod services;
+mod store;
 pub(crate) mod subgraph;
 
 pub use services::Services;
@@ -115,6 +120,11 @@ pub async fn execute(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         NodeSpec::Interrupt(_) => interrupt::run(ctx),
         NodeSpec::Llm(n) => llm::run(ctx, &n.kind).await,
         NodeSpec::Subgraph(_) => subgraph::run(ctx).await,
+        NodeSpec::Index(_) => index::run(ctx).await,
+        NodeSpec::Retrieve(_) => retrieve::run(ctx).await,
+        NodeSpec::Store(_) => store::run(ctx).await,
+        NodeSpec::Load(_) => load::run(ctx).await,
+        NodeSpec::Save(_) => save::run(ctx).await,
         other => Err(NodeFailure::Error(NodeError::new(
             ErrorClass::BadRequest,
             format!(

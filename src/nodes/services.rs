@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::cassette::Cassette;
 use crate::providers::Providers;
+use crate::rag::DataStore;
 
 /// The outside world of a run, shared by every task (cheap to clone: handles only).
 #[derive(Clone, Default, Debug)]
@@ -14,6 +15,20 @@ pub struct Services {
     /// The cassette of `--record` / `--replay`: kinds that make requests of their own pass
     /// them through [`Cassette::exchange`] when it is set.
     pub cassette: Option<Arc<Cassette>>,
+    /// Search indexes and long-term memory (index, retrieve, store). Opened on first use; an
+    /// in-memory store unless the run was given a file.
+    pub data: DataStore,
+}
+
+impl Services {
+    /// Services whose index, retrieve and store nodes use `data`.
+    pub fn new(providers: Providers, data: DataStore) -> Services {
+        Services {
+            providers,
+            data,
+            ..Services::default()
+        }
+    }
 }
 
 impl From<Providers> for Services {
@@ -21,6 +36,7 @@ impl From<Providers> for Services {
         Services {
             providers,
             cassette: None,
+            data: DataStore::default(),
         }
     }
 }

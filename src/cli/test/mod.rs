@@ -299,7 +299,11 @@ fn providers(plan: &Plan, case: &Case) -> Result<Services, String> {
         Models::Mock(script) => (for_models(plan, mock(MockProvider::from_value(script))?)?, None),
         Models::MockFile(path) => (for_models(plan, mock(MockProvider::from_file(path))?)?, None),
     };
-    Ok(Services { providers, cassette })
+    Ok(Services {
+        providers,
+        cassette,
+        data: crate::rag::DataStore::default(),
+    })
 }
 
 /// Every profile served by the case's mock: a test never reaches a real model.

@@ -1,0 +1,160 @@
+//! Long-term memory: JSON values by namespace (a list of names, e.g. `[memory, alice, prefs]`)
+//! and key, with a keyword index over each value's text for search. Values outlive threads:
+//! they are what one run leaves for the next.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::{Map, Value, json};
+
+use super::{DataError, fts_query, now};
+
+/// Namespace parts are joined with a unit separator, which templates never produce by
+/// accident; the trailing one makes prefixes match whole parts only.
+fn ns_key(namespace: &[String]) -> String {
+    namespace.iter().map(|p| format!("{p}\u{1f}")).collect()
+}
+
+fn ns_parts(key: &str) -> Vec<String> {
+    key.split_terminator('\u{1f}').map(str::to_string).collect()
+}
+
+pub fn check_namespace(namespace: &[String]) -> Result<(), DataError> {
+    if namespace.is_empty() || namespace.iter().any(|p| p.is_empty() || p.contains('\u{1f}')) {
+        return Err(DataError::Invalid(format!(
+            "namespace {namespace:?} has an empty part (is a context value missing?)"
+        )));
+    }
+    Ok(())
+}
+
+/// The value under `key`, or null.
+pub fn get(c: &Connection, namespace: &[String], key: &str) -> Result<Value, DataError> {
+    let v: Option<String> = c
+        .query_row(
+            "SELECT value FROM memory WHERE namespace = ?1 AND key = ?2",
+            params![ns_key(namespace), key],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(v.and_then(|v| serde_json::from_str(&v).ok()).unwrap_or(Value::Null))
+}
+
+/// Every value of the namespace, as an object by key (in key order).
+pub fn get_all(c: &Connection, namespace: &[String]) -> Result<Value, DataError> {
+    let mut stmt = c.prepare_cached("SELECT key, value FROM memory WHERE namespace = ?1 ORDER BY key")?;
+    let rows = stmt.query_map([ns_key(namespace)], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })?;
+    let mut out = Map::new();
+    for r in rows {
+        let (k, v) = r?;
+        out.insert(k, serde_json::from_str(&v).unwrap_or(Value::String(v)));
+    }
+    Ok(Value::Object(out))
+}
+
+/// Stores `value` under `key`, replacing what was there.
+pub fn put(c: &mut Connection, namespace: &[String], key: &str, value: &Value) -> Result<(), DataError> {
+    let ns = ns_key(namespace);
+    let tx = c.transaction()?;
+    tx.execute(
+        "INSERT INTO memory (namespace, key, value, updated_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+        params![ns, key, value.to_string(), now()],
+    )?;
+    tx.execute(
+        "DELETE FROM memory_fts WHERE namespace = ?1 AND key = ?2",
+        params![ns, key],
+    )?;
+    tx.execute(
+        "INSERT INTO memory_fts (namespace, key, text) VALUES (?1, ?2, ?3)",
+        params![ns, key, format!("{key} {}", text_of(value))],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Deletes `key`; whether it existed.
+pub fn delete(c: &mut Connection, namespace: &[String], key: &str) -> Result<bool, DataError> {
+    let ns = ns_key(namespace);
+    let tx = c.transaction()?;
+    let n = tx.execute("DELETE FROM memory WHERE namespace = ?1 AND key = ?2", params![ns, key])?;
+    tx.execute(
+        "DELETE FROM memory_fts WHERE namespace = ?1 AND key = ?2",
+        params![ns, key],
+    )?;
+    tx.commit()?;
+    Ok(n > 0)
+}
+
+/// Items of the namespace and those under it, best keyword match first (BM25); without a
+/// query, the most recently updated first. Items are `{namespace, key, value, score}`.
+pub fn search(
+    c: &Connection,
+    namespace: &[String],
+    query: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Value>, DataError> {
+    let ns = ns_key(namespace);
+    let limit = limit as i64;
+    let rows: Vec<(String, String, String, f64)> = match query.and_then(fts_query) {
+        Some(q) => {
+            let mut stmt = c.prepare_cached(
+                "SELECT m.namespace, m.key, m.value, bm25(memory_fts) FROM memory_fts
+                 JOIN memory m ON m.namespace = memory_fts.namespace AND m.key = memory_fts.key
+                 WHERE memory_fts MATCH ?1 AND substr(memory_fts.namespace, 1, length(?2)) = ?2
+                 ORDER BY bm25(memory_fts), m.key LIMIT ?3",
+            )?;
+            stmt.query_map(params![q, ns, limit], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, -r.get::<_, f64>(3)?))
+            })?
+            .collect::<Result<_, _>>()?
+        }
+        None => {
+            let mut stmt = c.prepare_cached(
+                "SELECT namespace, key, value, 0.0 FROM memory WHERE substr(namespace, 1, length(?1)) = ?1
+                 ORDER BY updated_at DESC, key LIMIT ?2",
+            )?;
+            stmt.query_map(params![ns, limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<Result<_, _>>()?
+        }
+    };
+    Ok(rows
+        .into_iter()
+        .map(|(ns, key, value, score)| {
+            json!({
+                "namespace": ns_parts(&ns),
+                "key": key,
+                "value": serde_json::from_str::<Value>(&value).unwrap_or(Value::String(value)),
+                "score": score,
+            })
+        })
+        .collect())
+}
+
+/// The words of a value: its strings and object keys.
+fn text_of(v: &Value) -> String {
+    let mut out = String::new();
+    fn walk(v: &Value, out: &mut String) {
+        match v {
+            Value::String(s) => {
+                out.push_str(s);
+                out.push(' ');
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            Value::Object(m) => {
+                for (k, v) in m {
+                    out.push_str(k);
+                    out.push(' ');
+                    walk(v, out);
+                }
+            }
+            Value::Number(n) => {
+                out.push_str(&n.to_string());
+                out.push(' ');
+            }
+            _ => {}
+        }
+    }
+    walk(v, &mut out);
+    out
+}

@@ -1,0 +1,201 @@
+//! The data store: one SQLite file holding search indexes (chunks, an FTS5 keyword index,
+//! vectors) and long-term memory (JSON values by namespace and key), and what fills and reads
+//! it: text extraction, chunking, the offline embedder, hybrid search.
+//!
+//! The file is opened on first use, so runs that never index, retrieve or store never touch
+//! it. SQLite calls block: nodes run them through [`DataStore::with`], on tokio's blocking pool.
+//!
+//! Depends on rusqlite, serde_json and `providers` (the `Embedder` trait) only.
+
+pub mod chunk;
+pub mod embed;
+pub mod extract;
+pub mod index;
+pub mod memory;
+pub mod search;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+/// The schema this build writes, kept in `PRAGMA user_version`.
+pub const SCHEMA_VERSION: i64 = 1;
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS indexes (
+    name TEXT PRIMARY KEY NOT NULL,
+    embedder TEXT NOT NULL,
+    dims INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS documents (
+    id INTEGER PRIMARY KEY,
+    index_name TEXT NOT NULL REFERENCES indexes (name) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    name TEXT NOT NULL,
+    title TEXT,
+    format TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    indexed_at TEXT NOT NULL,
+    UNIQUE (index_name, path)
+) STRICT;
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY,
+    doc_id INTEGER NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    heading TEXT,
+    page INTEGER,
+    start_char INTEGER NOT NULL,
+    end_char INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    UNIQUE (doc_id, position)
+) STRICT;
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5 (heading, text, tokenize = 'porter unicode61');
+CREATE TABLE IF NOT EXISTS memory (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (namespace, key)
+) STRICT;
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5 (namespace UNINDEXED, key UNINDEXED, text, tokenize = 'porter unicode61');
+";
+
+/// Why the data store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("cannot open the data database {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("the data database {0} was written by a newer runner (schema {1})")]
+    NewerSchema(String, i64),
+    #[error("data database: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("index `{0}` does not exist; build it with `runner index DIR --index {0}` (or an `index` node)")]
+    NoIndex(String),
+    #[error(
+        "index `{index}` was built with embedder `{built}` and cannot be searched or extended with `{given}`; \
+         use the same `embeddings` profile, or rebuild it with `runner index --reset`"
+    )]
+    EmbedderMismatch {
+        index: String,
+        built: String,
+        given: String,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the data store's worker stopped: {0}")]
+    Worker(String),
+}
+
+/// A handle on the data database: cheap to clone, opened on first use.
+#[derive(Clone)]
+pub struct DataStore {
+    path: PathBuf,
+    conn: Arc<OnceLock<Result<Mutex<Connection>, String>>>,
+}
+
+impl std::fmt::Debug for DataStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataStore").field("path", &self.path).finish()
+    }
+}
+
+impl Default for DataStore {
+    /// An in-memory store: what a run gets when it was given no file.
+    fn default() -> DataStore {
+        DataStore::at(":memory:")
+    }
+}
+
+impl DataStore {
+    /// A store at `path` (`:memory:` keeps nothing past the process), opened on first use.
+    pub fn at(path: impl Into<PathBuf>) -> DataStore {
+        DataStore {
+            path: path.into(),
+            conn: Arc::new(OnceLock::new()),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the database was opened (a run that used none of the data kinds never opens it).
+    pub fn is_open(&self) -> bool {
+        self.conn.get().is_some()
+    }
+
+    /// Runs `f` on the connection, opening it first if needed (blocking).
+    pub fn with_blocking<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, DataError>) -> Result<T, DataError> {
+        let slot = self
+            .conn
+            .get_or_init(|| open(&self.path).map(Mutex::new).map_err(|e| e.to_string()));
+        let lock = slot.as_ref().map_err(|e| DataError::Invalid(e.clone()))?;
+        // A panic while holding the lock leaves the connection usable: SQLite rolls back an
+        // unfinished transaction when the next one begins.
+        let mut conn = lock.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut conn)
+    }
+
+    /// Runs `f` on the connection on tokio's blocking pool.
+    pub async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, DataError> + Send + 'static,
+    ) -> Result<T, DataError> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.with_blocking(f))
+            .await
+            .map_err(|e| DataError::Worker(e.to_string()))?
+    }
+}
+
+fn open(path: &Path) -> Result<Connection, DataError> {
+    let shown = path.display().to_string();
+    let wrap = |source| DataError::Open {
+        path: shown.clone(),
+        source,
+    };
+    let conn = if path.as_os_str() == ":memory:" {
+        Connection::open_in_memory().map_err(wrap)?
+    } else {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| DataError::Invalid(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path).map_err(wrap)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let _: String = conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))?;
+        conn.pragma_update(None, "synchronous", "normal")?;
+        conn
+    };
+    conn.pragma_update(None, "foreign_keys", true)?;
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(DataError::NewerSchema(shown, version));
+    }
+    conn.execute_batch(SCHEMA)?;
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    Ok(conn)
+}
+
+pub(crate) use crate::checkpoint::now;
+
+/// Turns free text into an FTS5 query: its words, each quoted, any of them matching.
+pub(crate) fn fts_query(text: &str) -> Option<String> {
+    let words: Vec<String> = text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .take(64)
+        .map(|w| format!("\"{}\"", w.to_lowercase()))
+        .collect();
+    (!words.is_empty()).then(|| words.join(" OR "))
+}

@@ -1,0 +1,1140 @@
+//! The data kinds: chunking, the offline embedder, indexes (FTS5 + vectors, re-indexing,
+//! embedder checks), hybrid retrieval with its options and rerankers, long-term memory, load
+//! and save — mostly through the real binary, in a temporary directory.
+
+#[path = "support/fake_rerank.rs"]
+mod fake_rerank;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use runner::providers::{Embedder, Embeddings, ProviderError};
+use runner::rag::chunk::{Chunking, split};
+use runner::rag::embed::{DIMS, HashedEmbedder, dot};
+use runner::rag::index::{Document, index_documents};
+use runner::rag::{DataStore, extract::Format};
+use serde_json::{Value, json};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+// ── helpers ─────────────────────────────────────────────────────────────────────────────────
+
+/// A temporary working directory holding the fixture documents under `docs/`.
+struct Project {
+    dir: tempfile::TempDir,
+}
+
+impl Project {
+    fn new() -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("docs")).unwrap();
+        for entry in std::fs::read_dir(Path::new(ROOT).join("tests/fixtures/rag/docs")).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.path().join("docs").join(entry.file_name())).unwrap();
+        }
+        Project { dir }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn write(&self, rel: &str, text: &str) {
+        let p = self.path(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn runner(&self) -> Command {
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+        cmd.current_dir(self.dir.path())
+            .env_remove("RUNNER_DATA_DB")
+            .env_remove("RUNNER_DB");
+        cmd
+    }
+
+    /// `runner index PATHS --index NAME --data-db data.db`: (exit code, stdout).
+    fn index(&self, paths: &[&str], name: &str, extra: &[&str]) -> (i32, String) {
+        let out = self
+            .runner()
+            .arg("index")
+            .args(paths)
+            .args(["--index", name, "--data-db", "data.db"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code().unwrap_or(-1), text)
+    }
+
+    /// Writes `wf.yaml` and runs it with `--data-db data.db` and `args`.
+    fn run(&self, workflow: &str, args: &[&str]) -> Outcome {
+        self.write("wf.yaml", workflow);
+        let out = self
+            .runner()
+            .args([
+                "run",
+                "wf.yaml",
+                "--db",
+                ":memory:",
+                "--data-db",
+                "data.db",
+                "--stream",
+                "jsonl",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        Outcome {
+            code: out.status.code().unwrap_or(-1),
+            output: serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+            events: stderr.lines().filter_map(|l| serde_json::from_str(l).ok()).collect(),
+            stderr,
+        }
+    }
+}
+
+struct Outcome {
+    code: i32,
+    output: Value,
+    events: Vec<Value>,
+    stderr: String,
+}
+
+impl Outcome {
+    fn ok(self) -> Outcome {
+        assert_eq!(self.code, 0, "the run failed: {}", self.stderr);
+        self
+    }
+
+    /// The `document#position` ids of the chunks found.
+    fn ids(&self) -> Vec<String> {
+        self.output["chunks"]
+            .as_array()
+            .unwrap_or(&Vec::new())
+            .iter()
+            .map(|c| c["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn custom(&self, name: &str) -> Vec<&Value> {
+        self.events
+            .iter()
+            .filter(|e| e["type"] == "custom" && e["event"] == name)
+            .collect()
+    }
+}
+
+/// A workflow with one retrieve node over `index` with the extra YAML `fields` (indented by 4).
+fn retrieve_wf(index: &str, fields: &str) -> String {
+    format!(
+        r#"name: ask
+input: {{type: object, required: [question], properties: {{question: {{type: string}}, docs: {{type: array}}}}}}
+output: [chunks, best_score, best_distance]
+models:
+  judge: {{provider: mock, model: judge-1}}
+state:
+  chunks: {{type: array, default: []}}
+  best_score: {{type: [number, "null"], default: null}}
+  best_distance: {{type: [number, "null"], default: null}}
+nodes:
+  search:
+    kind: retrieve
+    index: {index}
+    queries: input.question
+{fields}
+    update:
+      chunks: output.chunks
+      best_score: output.best_score
+      best_distance: output.best_distance
+edges:
+  - START -> search -> END
+"#
+    )
+}
+
+fn documents(text: &[(&str, &str)]) -> Vec<Result<Document, (String, String)>> {
+    text.iter()
+        .map(|(name, text)| {
+            Ok(Document {
+                key: name.to_string(),
+                name: name.to_string(),
+                title: None,
+                format: Format::Markdown,
+                text: text.to_string(),
+                metadata: json!({}),
+            })
+        })
+        .collect()
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+// ── chunking and embedding ──────────────────────────────────────────────────────────────────
+
+#[test]
+fn chunks_respect_size_and_overlap_and_never_cut_words() {
+    let text = (0..400).map(|i| format!("word{i}")).collect::<Vec<_>>().join(" ");
+    let chunks = split(&text, false, Chunking { size: 200, overlap: 40 });
+    assert!(chunks.len() > 10);
+    for (i, c) in chunks.iter().enumerate() {
+        assert_eq!(c.position, i);
+        assert!(c.text.chars().count() <= 200, "chunk {i} is {} chars", c.text.len());
+        assert_eq!(
+            c.text,
+            text.chars().skip(c.start).take(c.end - c.start).collect::<String>()
+        );
+        // Whole words only: every word is one of the text's.
+        for w in c.text.split(' ') {
+            assert!(w.starts_with("word") && w[4..].parse::<u32>().is_ok(), "cut word {w:?}");
+        }
+    }
+    for pair in chunks.windows(2) {
+        let overlap = pair[0].end.saturating_sub(pair[1].start);
+        assert!(pair[1].start < pair[0].end, "neighbours share text");
+        assert!((20..=60).contains(&overlap), "overlap {overlap}");
+    }
+    assert_eq!(chunks.last().unwrap().end, text.len());
+}
+
+#[test]
+fn markdown_chunks_keep_their_heading_path() {
+    let text = "# Guide\n\nIntro text.\n\n## Install\n\n### Linux\n\nRun the installer.\n\n```\n# not a heading\n```\n\n## Use\n\nRun it.\n";
+    let chunks = split(text, true, Chunking::default());
+    let headings: Vec<_> = chunks.iter().map(|c| c.heading.clone().unwrap()).collect();
+    assert_eq!(headings, ["Guide", "Guide > Install > Linux", "Guide > Use"]);
+    assert!(chunks[1].text.contains("# not a heading"));
+    assert!(chunks[1].text.starts_with("### Linux"));
+}
+
+#[test]
+fn the_offline_embedder_is_deterministic_normalised_and_lexical() {
+    let a = HashedEmbedder::vector("Remote employees keep core hours");
+    assert_eq!(a, HashedEmbedder::vector("Remote employees keep core hours"));
+    assert_eq!(a.len(), DIMS);
+    assert!((dot(&a, &a) - 1.0).abs() < 1e-5);
+    let near = dot(
+        &a,
+        &HashedEmbedder::vector("what are the core hours of remote employees"),
+    );
+    let far = dot(&a, &HashedEmbedder::vector("meal allowance abroad"));
+    assert!(near > 0.4 && far.abs() < 0.2, "near {near}, far {far}");
+}
+
+#[test]
+fn the_bundled_sqlite_has_fts5() {
+    let c = rusqlite::Connection::open_in_memory().unwrap();
+    let on: i64 = c
+        .query_row("SELECT sqlite_compileoption_used('ENABLE_FTS5')", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(on, 1);
+    c.execute_batch("CREATE VIRTUAL TABLE t USING fts5(x); INSERT INTO t VALUES ('hello world');")
+        .unwrap();
+    let n: i64 = c
+        .query_row("SELECT count(*) FROM t WHERE t MATCH 'world'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+// ── indexes ─────────────────────────────────────────────────────────────────────────────────
+
+#[test]
+fn reindexing_skips_unchanged_documents_and_replaces_changed_ones() {
+    let store = DataStore::at(":memory:");
+    let e: Arc<dyn Embedder> = Arc::new(HashedEmbedder);
+    let c = Chunking::default();
+    let first = block_on(index_documents(
+        &store,
+        "kb",
+        e.clone(),
+        documents(&[("a.md", "# A\n\nalpha"), ("b.md", "# B\n\nbeta")]),
+        c,
+        &|_, _, _| {},
+    ))
+    .unwrap();
+    assert_eq!((first.indexed.len(), first.skipped.len(), first.chunks), (2, 0, 2));
+    let second = block_on(index_documents(
+        &store,
+        "kb",
+        e.clone(),
+        documents(&[
+            ("a.md", "# A\n\nalpha"),
+            ("b.md", "# B\n\nbeta, now longer\n\n## More\n\ngamma"),
+        ]),
+        c,
+        &|_, _, _| {},
+    ))
+    .unwrap();
+    assert_eq!(second.indexed, ["b.md"]);
+    assert_eq!(second.skipped, ["a.md"]);
+    let rows: Vec<(String, String)> = store
+        .with_blocking(|c| {
+            let mut s = c.prepare(
+                "SELECT d.name, c.text FROM chunks c JOIN documents d ON d.id = c.doc_id ORDER BY d.name, c.position",
+            )?;
+            Ok(s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<Vec<_>, _>>()?)
+        })
+        .unwrap();
+    let texts: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    assert_eq!(texts, ["# A\n\nalpha", "# B\n\nbeta, now longer", "## More\n\ngamma"]);
+    let fts: i64 = store
+        .with_blocking(|c| Ok(c.query_row("SELECT count(*) FROM chunks_fts", [], |r| r.get(0))?))
+        .unwrap();
+    assert_eq!(fts, 3, "the old chunk's keyword entry is gone");
+}
+
+struct OtherEmbedder;
+
+impl Embedder for OtherEmbedder {
+    fn id(&self) -> &str {
+        "test:other"
+    }
+    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
+        Box::pin(async move {
+            Ok(Embeddings {
+                vectors: texts.iter().map(|_| vec![1.0, 0.0]).collect(),
+                usage: Default::default(),
+            })
+        })
+    }
+}
+
+#[test]
+fn an_index_refuses_another_embedders_vectors() {
+    let store = DataStore::at(":memory:");
+    block_on(index_documents(
+        &store,
+        "kb",
+        Arc::new(HashedEmbedder),
+        documents(&[("a.md", "alpha")]),
+        Chunking::default(),
+        &|_, _, _| {},
+    ))
+    .unwrap();
+    let err = block_on(index_documents(
+        &store,
+        "kb",
+        Arc::new(OtherEmbedder),
+        documents(&[("b.md", "beta")]),
+        Chunking::default(),
+        &|_, _, _| {},
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("index `kb` was built with embedder `runner:hashed-bow-512`") && err.contains("test:other"),
+        "{err}"
+    );
+    let req = runner::rag::search::Request {
+        index: "kb".into(),
+        embedder: "test:other".into(),
+        queries: vec![("alpha".into(), vec![1.0, 0.0])],
+        documents: vec![],
+        candidates: 5,
+    };
+    let err = store
+        .with_blocking(|c| runner::rag::search::search(c, &req))
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot be searched"), "{err}");
+}
+
+#[test]
+fn runner_index_reports_what_it_did_and_skips_unchanged_files() {
+    let p = Project::new();
+    let (code, out) = p.index(&["docs"], "kb", &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("index `kb`: 3 files indexed") && out.contains("0 unchanged"),
+        "{out}"
+    );
+    let (_, out) = p.index(&["docs"], "kb", &[]);
+    assert!(out.contains("0 files indexed (0 chunks), 3 unchanged"), "{out}");
+    p.write("docs/travel-expenses.md", "# Travel\n\nAll travel is now by bicycle.\n");
+    let (_, out) = p.index(&["docs"], "kb", &[]);
+    assert!(out.contains("1 files indexed (1 chunks), 2 unchanged"), "{out}");
+    let (code, out) = p.index(&["docs"], "kb", &["--reset", "--chunk-size", "200", "--overlap", "20"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("3 files indexed"), "{out}");
+}
+
+// ── retrieval ───────────────────────────────────────────────────────────────────────────────
+
+#[test]
+fn hybrid_retrieval_finds_the_chunk_that_answers() {
+    let p = Project::new();
+    p.index(&["docs"], "kb", &[]);
+    let r = p
+        .run(
+            &retrieve_wf("kb", "    top_k: 3"),
+            &["-i", "question=What is the daily meal allowance abroad?"],
+        )
+        .ok();
+    assert_eq!(r.ids()[0], "travel-expenses.md#1", "{:#}", r.output);
+    let top = &r.output["chunks"][0];
+    assert_eq!(top["heading"], "Travel and Expenses > Meals");
+    assert!(top["text"].as_str().unwrap().contains("80 euros abroad"));
+    assert_eq!(r.ids().len(), 3);
+    // RRF scores: a chunk first in both rankings of one query scores 2/61.
+    assert!((top["score"].as_f64().unwrap() - 2.0 / 61.0).abs() < 1e-9, "{top}");
+    assert_eq!(r.output["best_score"], top["score"]);
+    let d = r.output["best_distance"].as_f64().unwrap();
+    assert!(d > 0.0 && d < 0.8, "{d}");
+}
+
+#[test]
+fn several_queries_are_fused_and_html_is_searchable() {
+    let p = Project::new();
+    p.index(&["docs"], "kb", &[]);
+    let wf = retrieve_wf("kb", "    top_k: 1").replace(
+        "queries: input.question",
+        "queries: \"[input.question, 'lost laptop phishing report']\"",
+    );
+    let r = p.run(&wf, &["-i", "question=How long must passwords be?"]).ok();
+    // A small HTML page without Markdown headings is one chunk.
+    assert_eq!(r.ids(), ["security-handbook.html#0"]);
+    let texts: String = r.output["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert!(
+        texts.contains("sixteen characters") && texts.contains("lost laptop"),
+        "{texts}"
+    );
+    assert!(!texts.contains("console.log"));
+}
+
+#[test]
+fn documents_restrict_the_search_and_bring_their_intro_chunks() {
+    let p = Project::new();
+    p.index(&["docs"], "kb", &[]);
+    let wf = retrieve_wf("kb", "    top_k: 1\n    intro_chunks: 2\n    documents: input.docs");
+    // "euros" is in both policies; the restriction keeps to the one named by @mention.
+    let r = p
+        .run(
+            &wf,
+            &[
+                "-i",
+                "question=how many euros",
+                "-i",
+                r#"docs=["@remote-work-policy.md"]"#,
+            ],
+        )
+        .ok();
+    let ids = r.ids();
+    assert_eq!(
+        &ids[..2],
+        ["remote-work-policy.md#0", "remote-work-policy.md#1"],
+        "{ids:?}"
+    );
+    assert!(ids.iter().all(|i| i.starts_with("remote-work-policy.md#")), "{ids:?}");
+    assert!(
+        ids.contains(&"remote-work-policy.md#3".to_string()),
+        "the equipment chunk: {ids:?}"
+    );
+    // By stem, without the extension.
+    let r = p
+        .run(
+            &wf,
+            &["-i", "question=how many euros", "-i", r#"docs=["travel-expenses"]"#],
+        )
+        .ok();
+    assert!(
+        r.ids().iter().all(|i| i.starts_with("travel-expenses.md#")),
+        "{:?}",
+        r.ids()
+    );
+}
+
+#[test]
+fn neighbours_widen_each_hit_in_document_order() {
+    let p = Project::new();
+    p.index(&["docs"], "kb", &[]);
+    let wf = retrieve_wf("kb", "    top_k: 1\n    neighbours: 1");
+    let r = p.run(&wf, &["-i", "question=core hours home time zone"]).ok();
+    assert_eq!(
+        r.ids(),
+        [
+            "remote-work-policy.md#1",
+            "remote-work-policy.md#2",
+            "remote-work-policy.md#3"
+        ]
+    );
+}
+
+#[test]
+fn a_missing_index_says_how_to_build_it() {
+    let p = Project::new();
+    let r = p.run(&retrieve_wf("nowhere", ""), &["-i", "question=x"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr
+            .contains("index `nowhere` does not exist; build it with `runner index DIR --index nowhere`"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn rerank_none_orders_by_vector_similarity() {
+    let p = Project::new();
+    p.index(&["docs"], "kb", &[]);
+    let r = p
+        .run(
+            &retrieve_wf("kb", "    top_k: 4\n    rerank: none"),
+            &["-i", "question=What is the daily meal allowance abroad?"],
+        )
+        .ok();
+    let scores: Vec<f64> = r.output["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["score"].as_f64().unwrap())
+        .collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    // Cosine similarity, and the best one is 1 − best_distance.
+    assert!((scores[0] - (1.0 - r.output["best_distance"].as_f64().unwrap())).abs() < 1e-6);
+}
+
+#[test]
+fn the_llm_reranker_orders_by_the_models_scores() {
+    let p = Project::new();
+    p.index(&["docs"], "kb", &[]);
+    // The model prefers whichever passage is [1] of the candidates: the order must follow it.
+    p.write(
+        "mock.yaml",
+        "replies:\n  search: \"Here you go:\\n```json\\n{\\\"scores\\\": [{\\\"index\\\": 0, \\\"score\\\": 2}, {\\\"index\\\": 1, \\\"score\\\": 9.5}]}\\n```\"\n",
+    );
+    let wf = retrieve_wf("kb", "    top_k: 2\n    rerank: {llm: judge}");
+    let rrf = p
+        .run(&retrieve_wf("kb", "    top_k: 2"), &["-i", "question=meal allowance"])
+        .ok();
+    let r = p
+        .run(&wf, &["-i", "question=meal allowance", "--mock", "mock.yaml"])
+        .ok();
+    assert_eq!(r.ids(), [rrf.ids()[1].clone(), rrf.ids()[0].clone()]);
+    assert_eq!(r.output["best_score"], 9.5);
+    assert!(r.custom("rerank_failed").is_empty());
+}
+
+#[test]
+fn a_failing_llm_reranker_falls_back_to_rrf_and_says_so() {
+    let p = Project::new();
+    p.index(&["docs"], "kb", &[]);
+    p.write("mock.yaml", "replies:\n  search: \"I cannot rate these.\"\n");
+    let wf = retrieve_wf("kb", "    top_k: 2\n    rerank: {llm: judge}");
+    let rrf = p
+        .run(&retrieve_wf("kb", "    top_k: 2"), &["-i", "question=meal allowance"])
+        .ok();
+    let r = p
+        .run(&wf, &["-i", "question=meal allowance", "--mock", "mock.yaml"])
+        .ok();
+    assert_eq!(r.ids(), rrf.ids());
+    let failed = r.custom("rerank_failed");
+    assert_eq!(failed.len(), 1);
+    assert!(
+        failed[0]["data"]["error"].as_str().unwrap().contains("no scores"),
+        "{}",
+        failed[0]
+    );
+}
+
+#[test]
+fn the_http_reranker_posts_the_candidates_and_follows_the_endpoint() {
+    let server = fake_rerank::start("vpn");
+    let p = Project::new();
+    p.index(&["docs"], "kb", &[]);
+    let wf = retrieve_wf("kb", &format!("    top_k: 1\n    rerank: {{url: \"{}\"}}", server.url));
+    let r = p.run(&wf, &["-i", "question=laptop security"]).ok();
+    assert_eq!(r.ids(), ["remote-work-policy.md#4"], "{:#}", r.output);
+    let requests = server.requests.lock().unwrap();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0]["query"], "laptop security");
+    assert!(requests[0]["documents"].as_array().unwrap().len() > 1);
+}
+
+// ── acceptance: the project's own docs ─────────────────────────────────────────────────────
+
+#[test]
+fn acceptance_runner_index_on_docs_then_retrieve_answers_from_the_right_section() {
+    let p = Project::new();
+    let docs = Path::new(ROOT).join("docs");
+    let (code, out) = p.index(&[docs.to_str().unwrap()], "docs", &[]);
+    assert_eq!(code, 0, "{out}");
+    for (question, section) in [
+        (
+            "Which reducer deep merges objects key by key?",
+            "The workflow language > State and reducers",
+        ),
+        (
+            "How does new input on a finished thread start a new turn?",
+            "The workflow language > Threads and turns",
+        ),
+    ] {
+        let r = p
+            .run(
+                &retrieve_wf("docs", "    top_k: 3"),
+                &["-i", &format!("question={question}")],
+            )
+            .ok();
+        let headings: Vec<&str> = r.output["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["heading"].as_str().unwrap_or(""))
+            .collect();
+        assert!(headings.contains(&section), "{question}: {headings:?}");
+    }
+}
+
+// ── long-term memory ────────────────────────────────────────────────────────────────────────
+
+const MEMORY_WF: &str = r#"name: memory
+input:
+  type: object
+  properties:
+    op: {type: string}
+    key: {type: string}
+    value: {}
+    query: {type: string}
+output: [result]
+context:
+  type: object
+  properties:
+    user_id: {type: string}
+state:
+  result: {default: null}
+nodes:
+  put:
+    kind: store
+    op: put
+    namespace: [memory, "{{ context.user_id }}", prefs]
+    key: "{{ input.key }}"
+    value: input.value
+    update: {result: output}
+  get:
+    kind: store
+    op: get
+    namespace: [memory, "{{ context.user_id }}", prefs]
+    key: "{{ input.key }}"
+    update: {result: output}
+  get_all:
+    kind: store
+    op: get
+    namespace: [memory, "{{ context.user_id }}", prefs]
+    update: {result: output}
+  delete:
+    kind: store
+    op: delete
+    namespace: [memory, "{{ context.user_id }}", prefs]
+    key: "{{ input.key }}"
+    update: {result: output}
+  search:
+    kind: store
+    op: search
+    namespace: [memory, "{{ context.user_id }}"]
+    query: "{{ input.query }}"
+    limit: 2
+    update: {result: output}
+edges:
+  - from: START
+    route:
+      - {when: "input.op == 'put'", to: put}
+      - {when: "input.op == 'get'", to: get}
+      - {when: "input.op == 'delete'", to: delete}
+      - {when: "input.op == 'search'", to: search}
+      - {to: get_all}
+  - put -> END
+  - get -> END
+  - get_all -> END
+  - delete -> END
+  - search -> END
+"#;
+
+#[test]
+fn store_puts_gets_deletes_and_searches_per_user() {
+    let p = Project::new();
+    let mem = |user: &str, args: &[&str]| {
+        let mut all = vec!["--context".to_string(), format!("user_id={user}")];
+        all.extend(args.iter().map(|s| s.to_string()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        p.run(MEMORY_WF, &all).ok().output["result"].clone()
+    };
+    let put = mem(
+        "alice",
+        &[
+            "-i",
+            "op=put",
+            "-i",
+            "key=tone",
+            "-i",
+            r#"value={"style": "concise bullet points"}"#,
+        ],
+    );
+    assert_eq!(put, Value::Null);
+    mem(
+        "alice",
+        &[
+            "-i",
+            "op=put",
+            "-i",
+            "key=topics",
+            "-i",
+            r#"value=["heat pumps", "solar panels"]"#,
+        ],
+    );
+    mem(
+        "bob",
+        &["-i", "op=put", "-i", "key=tone", "-i", r#"value="formal prose""#],
+    );
+
+    assert_eq!(
+        mem("alice", &["-i", "op=get", "-i", "key=tone"]),
+        json!({"style": "concise bullet points"})
+    );
+    assert_eq!(mem("alice", &["-i", "op=get", "-i", "key=missing"]), Value::Null);
+    assert_eq!(
+        mem("alice", &["-i", "op=all"]),
+        json!({"tone": {"style": "concise bullet points"}, "topics": ["heat pumps", "solar panels"]})
+    );
+    assert_eq!(mem("bob", &["-i", "op=all"]), json!({"tone": "formal prose"}));
+
+    let found = mem("alice", &["-i", "op=search", "-i", "query=solar energy"]);
+    let found = found["items"].as_array().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0]["key"], "topics");
+    assert_eq!(found[0]["namespace"], json!(["memory", "alice", "prefs"]));
+    assert_eq!(
+        mem("bob", &["-i", "op=search", "-i", "query=solar"]),
+        json!({"items": []})
+    );
+
+    assert_eq!(mem("alice", &["-i", "op=delete", "-i", "key=tone"]), Value::Null);
+    assert_eq!(
+        mem("alice", &["-i", "op=all"]),
+        json!({"topics": ["heat pumps", "solar panels"]})
+    );
+    // Deleting what is not there is not an error.
+    mem("alice", &["-i", "op=delete", "-i", "key=tone"]);
+}
+
+#[test]
+fn a_namespace_with_a_missing_part_is_refused() {
+    let p = Project::new();
+    let wf = MEMORY_WF.replace("{{ context.user_id }}", "{{ context.user_id | default('') }}");
+    let r = p.run(&wf, &["-i", "op=all"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("empty part"), "{}", r.stderr);
+}
+
+#[test]
+fn runs_that_use_no_data_kind_never_create_the_data_database() {
+    let p = Project::new();
+    p.write(
+        "plain.yaml",
+        "name: plain\noutput: [x]\nstate: {x: {default: 0}}\nnodes:\n  s: {kind: set, update: {x: 1}}\nedges: [START -> s -> END]\n",
+    );
+    let out = p
+        .runner()
+        .args(["run", "plain.yaml", "--db", ":memory:"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!p.path(".runner/data.db").exists());
+    assert!(!p.path(".runner").exists());
+}
+
+// ── load and save ───────────────────────────────────────────────────────────────────────────
+
+const FILES_WF: &str = r#"name: files
+input:
+  type: object
+  properties:
+    source: {type: string}
+    path: {type: string}
+output: [loaded, saved]
+state:
+  loaded: {default: null}
+  saved: {default: null}
+nodes:
+  load:
+    kind: load
+    source: "{{ input.source }}"
+    update: {loaded: output}
+  save:
+    kind: save
+    path: "{{ input.path }}"
+    content: "state.loaded.content"
+    update: {saved: output}
+edges:
+  - START -> load -> save -> END
+"#;
+
+#[test]
+fn load_reads_documents_and_save_writes_under_out() {
+    let p = Project::new();
+    let r = p
+        .run(
+            FILES_WF,
+            &[
+                "-i",
+                "source=docs/security-handbook.html",
+                "-i",
+                "path=notes/handbook.txt",
+            ],
+        )
+        .ok();
+    let loaded = &r.output["loaded"];
+    assert_eq!(loaded["title"], "Security Handbook");
+    assert_eq!(loaded["format"], "html");
+    assert_eq!(loaded["source"], "docs/security-handbook.html");
+    assert!(loaded["content"].as_str().unwrap().contains("sixteen characters"));
+    assert!(!loaded["content"].as_str().unwrap().contains("<p>"));
+    assert_eq!(r.output["saved"]["path"], "out/notes/handbook.txt");
+    let written = std::fs::read_to_string(p.path("out/notes/handbook.txt")).unwrap();
+    assert_eq!(written, loaded["content"].as_str().unwrap());
+    assert_eq!(r.output["saved"]["bytes"], written.len());
+
+    p.write("data.json", r#"{"a": [1, 2]}"#);
+    let r = p
+        .run(FILES_WF, &["-i", "source=data.json", "-i", "path=copy.json"])
+        .ok();
+    assert_eq!(r.output["loaded"]["content"], json!({"a": [1, 2]}));
+    assert_eq!(r.output["loaded"]["format"], "json");
+    let copy: Value = serde_json::from_str(&std::fs::read_to_string(p.path("out/copy.json")).unwrap()).unwrap();
+    assert_eq!(copy, json!({"a": [1, 2]}));
+}
+
+#[test]
+fn load_refuses_pdf_and_oversized_documents() {
+    let p = Project::new();
+    p.write("a.pdf", "%PDF-1.7 ...");
+    let r = p.run(FILES_WF, &["-i", "source=a.pdf", "-i", "path=x"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("PDF documents are not supported"), "{}", r.stderr);
+    let wf = FILES_WF.replace(
+        "    update: {loaded: output}",
+        "    max_bytes: 10\n    update: {loaded: output}",
+    );
+    let r = p.run(&wf, &["-i", "source=docs/travel-expenses.md", "-i", "path=x"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("over `max_bytes` (10)"), "{}", r.stderr);
+}
+
+#[test]
+fn save_stays_inside_its_directory() {
+    let p = Project::new();
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), p.path("out/escape")).unwrap();
+    for (path, why) in [
+        ("../x.txt", "may not contain `..`"),
+        ("a/../../x.txt", "may not contain `..`"),
+        ("/etc/x.txt", "must be relative"),
+        ("escape/x.txt", "leads outside"),
+    ] {
+        let r = p.run(
+            FILES_WF,
+            &["-i", "source=docs/travel-expenses.md", "-i", &format!("path={path}")],
+        );
+        assert_eq!(r.code, 1, "{path}");
+        assert!(r.stderr.contains(why), "{path}: {}", r.stderr);
+    }
+    assert!(!p.path("x.txt").exists());
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+    // A symlink that stays inside is fine.
+    std::fs::create_dir_all(p.path("out/real")).unwrap();
+    std::os::unix::fs::symlink(p.path("out/real"), p.path("out/alias")).unwrap();
+    p.run(
+        FILES_WF,
+        &["-i", "source=docs/travel-expenses.md", "-i", "path=alias/x.md"],
+    )
+    .ok();
+    assert!(p.path("out/real/x.md").exists());
+}
+
+// ── acceptance: the shipped RAG chat on an index built by `runner index` ──────────────────
+
+#[test]
+fn acceptance_rag_workflow_answers_from_the_indexed_documents() {
+    let p = Project::new();
+    let (code, out) = p.index(&["docs"], "ipr_docs", &[]);
+    assert_eq!(code, 0, "{out}");
+    let out = p
+        .runner()
+        .arg("run")
+        .arg(Path::new(ROOT).join("workflows/rag.yaml"))
+        .arg("--mock")
+        .arg(Path::new(ROOT).join("tests/fixtures/mock/rag-retrieval.yaml"))
+        .args(["--db", ":memory:", "--data-db", "data.db", "--stream", "jsonl"])
+        // The offline embedder is lexical: its distances run higher than a semantic model's.
+        .args(["--set", "generator.relevance_distance=0.95"])
+        .args(["-i", "question=What does the policy say about reimbursing a monitor?"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ran: Vec<String> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "node_end")
+        .map(|e| e["node"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(
+        ran,
+        ["router", "rewriter_fast", "query_expander", "retriever", "generator"],
+        "{stderr}"
+    );
+    assert_eq!(result["intent"], "direct_rag");
+    assert_eq!(
+        result["answer"],
+        "The company reimburses a monitor up to 250 euros once every three years [remote-work-policy.md]."
+    );
+    let sources: Vec<&str> = result["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    assert!(sources.contains(&"remote-work-policy.md"), "{sources:?}");
+    let indexed = ["remote-work-policy.md", "travel-expenses.md", "security-handbook.html"];
+    assert!(sources.iter().all(|s| indexed.contains(s)), "{sources:?}");
+}
+
+#[test]
+fn rag_workflow_mentions_restrict_retrieval_to_the_named_document() {
+    let p = Project::new();
+    p.index(&["docs"], "ipr_docs", &[]);
+    p.write(
+        "q.json",
+        r#"{"question": "@travel-expenses.md how much is reimbursed in euros?"}"#,
+    );
+    let out = p
+        .runner()
+        .arg("run")
+        .arg(Path::new(ROOT).join("workflows/rag.yaml"))
+        .arg("--mock")
+        .arg(Path::new(ROOT).join("tests/fixtures/mock/rag-retrieval.yaml"))
+        .args(["--db", ":memory:", "--data-db", "data.db"])
+        // `-i key=@file` reads a file: the question comes in an input file.
+        .args(["--input-file", "q.json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["intent"], "specific_doc_rag");
+    assert_eq!(result["sources"], json!(["travel-expenses.md"]));
+}
+
+// ── acceptance: deep-research's memory and knowledge base ─────────────────────────────────
+
+/// deep-research's `memory_store`, as it is fed: one task per entry of a `send` fan-out, the
+/// entry in scope as `entry`.
+const MEMORY_STORE_WF: &str = r#"name: remember
+input: {type: object, properties: {updates: {type: array}}}
+context: {type: object, required: [user_id], properties: {user_id: {type: string}}}
+output: [stored]
+state:
+  stored: {type: array, reducer: append, default: []}
+nodes:
+  start: {kind: set}
+  memory_store:
+    kind: store
+    op: put
+    namespace: [memory, "{{ context.user_id }}", deep_research]
+    key: "{{ entry.key }}"
+    value: entry.value
+    update: {stored: "[entry.key]"}
+edges:
+  - from: START
+    to: start
+  - from: start
+    route:
+      - {send: {to: memory_store, foreach: input.updates, as: entry}}
+  - memory_store -> END
+"#;
+
+#[test]
+fn acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base() {
+    let p = Project::new();
+    assert_eq!(p.index(&["docs"], "knowledge_base", &[]).0, 0);
+    p.write(
+        "updates.json",
+        r#"{"updates": [
+            {"key": "profile", "value": {"name": "Alice", "role": "heating engineer"}},
+            {"key": "preferences", "value": {"depth": "technical"}}
+        ]}"#,
+    );
+    let stored = p
+        .run(
+            MEMORY_STORE_WF,
+            &["--input-file", "updates.json", "--context", "user_id=alice"],
+        )
+        .ok();
+    let mut keys: Vec<&str> = stored.output["stored"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["preferences", "profile"]);
+
+    let deep = |user: &str| {
+        let out = p
+            .runner()
+            .arg("run")
+            .arg(Path::new(ROOT).join("workflows/deep-research.yaml"))
+            .arg("--mock")
+            .arg(Path::new(ROOT).join("tests/fixtures/mock/deep-research-start.yaml"))
+            .args(["--db", "runs.db", "--data-db", "data.db", "--thread", user])
+            .args(["--context", &format!("user_id={user}")])
+            .args([
+                "-i",
+                "query=What does the remote work policy say about laptop security?",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+        let state = p
+            .runner()
+            .args(["state", "--thread", user, "--db", "runs.db"])
+            .output()
+            .unwrap();
+        assert!(state.status.success(), "{}", String::from_utf8_lossy(&state.stderr));
+        serde_json::from_slice::<Value>(&state.stdout).unwrap()
+    };
+    let alice = deep("alice");
+    let values = alice.get("values").unwrap_or(&alice);
+    assert_eq!(
+        values["memory"],
+        json!({"preferences": {"depth": "technical"}, "profile": {"name": "Alice", "role": "heating engineer"}})
+    );
+    assert_eq!(values["returning_user"], true);
+    let context = values["rag_context"].as_array().unwrap();
+    assert!(!context.is_empty());
+    assert_eq!(context[0]["document"], "remote-work-policy.md", "{context:?}");
+    assert!(
+        context
+            .iter()
+            .any(|c| c["text"].as_str().unwrap().contains("full-disk encryption"))
+    );
+
+    // Another user's memory is their own.
+    let bob = deep("bob");
+    let values = bob.get("values").unwrap_or(&bob);
+    assert_eq!(values["memory"], json!({}));
+    assert_eq!(values["returning_user"], false);
+}
+
+// ── the index node ──────────────────────────────────────────────────────────────────────────
+
+const INDEX_WF: &str = r#"name: learn
+input: {type: object, properties: {docs: {type: array}, question: {type: string}}}
+output: [indexed, chunks]
+state:
+  indexed: {default: null}
+  chunks: {type: array, default: []}
+nodes:
+  add:
+    kind: index
+    index: notes
+    documents: input.docs
+    chunking: {size: 300, overlap: 30}
+    update: {indexed: output}
+  ask:
+    kind: retrieve
+    index: notes
+    queries: input.question
+    top_k: 1
+    update: {chunks: output.chunks}
+edges:
+  - START -> add -> ask -> END
+"#;
+
+#[test]
+fn the_index_node_takes_paths_and_documents_and_skips_what_it_has() {
+    let p = Project::new();
+    p.write(
+        "in.json",
+        r#"{"question": "who waters the office plants?", "docs": [
+            "docs/travel-expenses.md",
+            {"id": "office-notes", "text": "Priya waters the office plants every Friday.", "title": "Office"}
+        ]}"#,
+    );
+    let r = p.run(INDEX_WF, &["--input-file", "in.json"]).ok();
+    assert_eq!(
+        r.output["indexed"],
+        json!({"documents": ["docs/travel-expenses.md", "office-notes"], "chunks": 4, "skipped": []})
+    );
+    assert_eq!(r.output["chunks"][0]["id"], "office-notes#0");
+    // Directories are walked; what did not change is skipped (a file is known by its real path,
+    // whatever it was called).
+    p.write("in.json", r#"{"question": "plants", "docs": ["docs", {"id": "office-notes", "text": "Priya waters the office plants every Friday.", "title": "Office"}]}"#);
+    let r = p.run(INDEX_WF, &["--input-file", "in.json"]).ok();
+    assert_eq!(
+        r.output["indexed"],
+        json!({
+            "documents": ["remote-work-policy.md", "security-handbook.html"],
+            "chunks": 6,
+            "skipped": ["travel-expenses.md", "office-notes"]
+        })
+    );
+}
+
+/// deep-research's `save_report`, as it is written there.
+const SAVE_REPORT_WF: &str = r#"name: save
+input: {type: object, properties: {report: {type: string}}}
+context: {type: object, required: [user_id], properties: {user_id: {type: string}}}
+output: [report_path]
+state:
+  report: {type: string, default: ""}
+  report_path: {type: [string, "null"], default: null}
+nodes:
+  start:
+    kind: set
+    update: {report: input.report}
+  save_report:
+    kind: save
+    path: "reports/{{ context.user_id }}/{{ run.thread_id }}.md"
+    content: state.report
+    update:
+      report_path: output.path
+edges:
+  - START -> start -> save_report -> END
+"#;
+
+#[test]
+fn deep_research_save_report_writes_under_out_per_user_and_thread() {
+    let p = Project::new();
+    let r = p
+        .run(
+            SAVE_REPORT_WF,
+            &[
+                "-i",
+                "report=# Heat pumps\n\nSized by load.",
+                "--context",
+                "user_id=alice",
+                "--thread",
+                "t1",
+            ],
+        )
+        .ok();
+    assert_eq!(r.output["report_path"], "out/reports/alice/t1.md");
+    assert_eq!(
+        std::fs::read_to_string(p.path("out/reports/alice/t1.md")).unwrap(),
+        "# Heat pumps\n\nSized by load."
+    );
+}
