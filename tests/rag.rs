@@ -1039,6 +1039,29 @@ fn acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base() {
     assert_eq!(values["returning_user"], false);
 }
 
+#[test]
+fn deep_research_without_a_knowledge_base_goes_on_with_no_context() {
+    let p = Project::new();
+    let out = p
+        .runner()
+        .arg("run")
+        .arg(Path::new(ROOT).join("workflows/deep-research.yaml"))
+        .arg("--mock")
+        .arg(Path::new(ROOT).join("tests/fixtures/mock/deep-research-start.yaml"))
+        .args(["--db", "runs.db", "--data-db", "data.db", "--thread", "carol"])
+        .args(["--context", "user_id=carol", "-i", "query=How are heat pumps sized?"])
+        .output()
+        .unwrap();
+    // The missing index is handled: the run reaches the plan gate.
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let state = p
+        .runner()
+        .args(["state", "--thread", "carol", "--db", "runs.db", "--key", "rag_context"])
+        .output()
+        .unwrap();
+    assert_eq!(serde_json::from_slice::<Value>(&state.stdout).unwrap(), json!([]));
+}
+
 // ── the index node ──────────────────────────────────────────────────────────────────────────
 
 const INDEX_WF: &str = r#"name: learn
