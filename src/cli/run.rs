@@ -61,6 +61,10 @@ pub struct Common {
     /// Serve every model from this scripted mock (offline runs and tests).
     #[arg(long, value_name = "SCRIPT")]
     pub mock: Option<PathBuf>,
+    /// Let the http, search and scrape kinds reach this host, address or CIDR although it is
+    /// private or loopback (repeatable; also `RUNNER_ALLOW_NET`, comma-separated).
+    #[arg(long = "allow-net", value_name = "HOST|CIDR")]
+    pub allow_net: Vec<String>,
 }
 
 /// Run a workflow, or continue one of its threads.
@@ -201,6 +205,23 @@ fn compile(file: &Path) -> anyhow::Result<Option<Arc<crate::compile::Plan>>> {
     Ok(plan)
 }
 
+/// The web client of a run: `--allow-net` and `RUNNER_ALLOW_NET` entries added to every
+/// request's allow-list.
+fn web_client(flags: &[String]) -> anyhow::Result<crate::net::Web> {
+    let from_env = std::env::var("RUNNER_ALLOW_NET").unwrap_or_default();
+    let entries = flags
+        .iter()
+        .map(String::as_str)
+        .chain(from_env.split(','))
+        .map(str::trim)
+        .filter(|e| !e.is_empty());
+    let allow = crate::net::AllowList::parse(entries).map_err(|e| anyhow::anyhow!("--allow-net: {e}"))?;
+    Ok(crate::net::Web::new(crate::net::WebConfig {
+        allow,
+        ..Default::default()
+    }))
+}
+
 fn execute(
     plan: Arc<crate::compile::Plan>,
     request: RunRequest,
@@ -215,6 +236,7 @@ fn execute(
     };
     let override_all = mock.is_some();
     let providers = Providers::for_models(&plan.models, mock, override_all)?;
+    let web = web_client(&common.allow_net)?;
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human
     } else {
@@ -233,7 +255,11 @@ fn execute(
                 }))
             }
         };
-        let engine = Engine::new(plan, store, providers, events);
+        let services = crate::nodes::Services {
+            web: Arc::new(web),
+            ..providers.into()
+        };
+        let engine = Engine::new(plan, store, services, events);
         let cancel = engine.cancel_flag();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {

@@ -2,13 +2,16 @@
 //! and a scope, and returns its `output` (and usage) or a typed failure; the engine turns the
 //! output into state writes and routing.
 //!
-//! Kinds whose run-time behaviour is not in this build yet (http, search, scrape, index,
-//! retrieve, store, load, save) fail with a clear error naming the kind; they validate and
-//! compile like every other kind.
+//! Kinds whose run-time behaviour is not in this build yet (index, retrieve, store, load,
+//! save) fail with a clear error naming the kind; they validate and compile like every other
+//! kind.
 
 mod emit;
+mod http;
 mod interrupt;
 mod llm;
+mod scrape;
+mod search;
 mod services;
 pub(crate) mod subgraph;
 
@@ -86,6 +89,16 @@ impl NodeError {
     }
 }
 
+impl From<crate::net::FetchError> for NodeError {
+    fn from(e: crate::net::FetchError) -> Self {
+        NodeError {
+            class: e.class,
+            message: e.message,
+            retry_after: e.retry_after,
+        }
+    }
+}
+
 impl From<NodeError> for NodeFailure {
     fn from(e: NodeError) -> Self {
         NodeFailure::Error(e)
@@ -114,6 +127,9 @@ pub async fn execute(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         NodeSpec::Interrupt(_) => interrupt::run(ctx),
         NodeSpec::Llm(n) => llm::run(ctx, &n.kind).await,
         NodeSpec::Subgraph(_) => subgraph::run(ctx).await,
+        NodeSpec::Http(n) => http::run(ctx, &n.kind).await,
+        NodeSpec::Search(n) => search::run(ctx, &n.kind).await,
+        NodeSpec::Scrape(n) => scrape::run(ctx, &n.kind).await,
         other => Err(NodeFailure::Error(NodeError::new(
             ErrorClass::BadRequest,
             format!(
