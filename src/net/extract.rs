@@ -102,7 +102,7 @@ fn html(body: &str, url: &str) -> Extracted {
             let words = word_count(&content);
             Extracted {
                 title,
-                quality_score: score(words, 0.2, 0.5),
+                quality_score: score(words, 0.2, html_link_ratio(body)),
                 word_count: words,
                 content,
             }
@@ -181,11 +181,11 @@ fn split_links(md: &str) -> (String, usize) {
     (out, link_chars)
 }
 
-/// The quality score: enough words (saturating at 600), the content's share of the page, and
-/// little link text. A page of a few dozen words scores low whatever else.
+/// The quality score: enough words (saturating at 600) and the content's share of the page,
+/// scaled down by the share of link text. A page of a few dozen words scores low whatever else.
 fn score(words: usize, density: f64, link_ratio: f64) -> f64 {
     let length = ((words as f64 + 1.0).ln() / (601.0f64).ln()).min(1.0);
-    let s = 0.5 * length + 0.25 * density.clamp(0.0, 1.0) + 0.25 * (1.0 - link_ratio.clamp(0.0, 1.0));
+    let s = (0.6 * length + 0.4 * density.clamp(0.0, 1.0)) * (1.0 - link_ratio.clamp(0.0, 1.0));
     let s = if words < 50 { s.min(0.25) } else { s };
     (s * 1000.0).round() / 1000.0
 }

@@ -58,7 +58,18 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &ScrapeNode) -> Result<NodeOutput, NodeFa
         max_redirects: 5,
         accept: Some(ACCEPT.iter().map(|s| s.to_string()).collect()),
     };
+    // The node's own timeout (which `timeout` also sets) cuts the whole attempt: pages stop a
+    // little before it so that what was scraped is still returned.
+    let deadline = ctx
+        .node
+        .spec
+        .common()
+        .timeout
+        .as_ref()
+        .and_then(|d| d.to_std())
+        .map(|t| tokio::time::Instant::now() + t.mul_f64(0.9));
     let scraper = Scraper {
+        deadline,
         web: &ctx.services.web,
         opts,
         robots: n.robots.unwrap_or(true),
@@ -133,6 +144,7 @@ fn targets(v: Option<Value>) -> Result<Vec<Target>, NodeError> {
 }
 
 struct Scraper<'a> {
+    deadline: Option<tokio::time::Instant>,
     web: &'a crate::net::Web,
     opts: FetchOptions,
     robots: bool,
@@ -153,7 +165,19 @@ impl Scraper<'_> {
         let closed = |_| FetchError::new(ErrorClass::Network, "the scrape was stopped");
         let _host = per_host.acquire_owned().await.map_err(closed)?;
         let _slot = self.overall.clone().acquire_owned().await.map_err(closed)?;
-        if self.robots && !self.web.robots_allow(&t.url, &self.opts).await? {
+        let mut opts = self.opts.clone();
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(FetchError::new(
+                    ErrorClass::Timeout,
+                    "the node's timeout came before this page was fetched",
+                ));
+            }
+            opts.timeout = opts.timeout.min(left);
+        }
+        let opts = &opts;
+        if self.robots && !self.web.robots_allow(&t.url, opts).await? {
             return Err(FetchError::new(
                 ErrorClass::BadRequest,
                 "disallowed by the site's robots.txt",
@@ -161,7 +185,7 @@ impl Scraper<'_> {
         }
         let resp = self
             .web
-            .fetch(Request::get(t.url.clone()), &self.opts)
+            .fetch(Request::get(t.url.clone()), opts)
             .await?
             .error_for_status()?;
         let doc = DocType::of(resp.content_type()).ok_or_else(|| {
