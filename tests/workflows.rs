@@ -7,8 +7,9 @@
 //! stops showing what earlier nodes produced fails the run instead of passing unnoticed.
 //!
 //! Only paths without the I/O node kinds (http, search, scrape, index, retrieve, store, load,
-//! save) are covered: this build cannot run those yet. deep-research.yaml itself starts with a
-//! store and a retrieve node, so only its two subgraphs run here, each on its own.
+//! save) are covered here; the research workflow's search and scrape path runs against fake
+//! web servers in `tests/web.rs`. deep-research.yaml itself starts with a store and a retrieve
+//! node, so only its two subgraphs run here, each on its own.
 
 use std::process::Command;
 
