@@ -6,8 +6,8 @@
 //! scripts answer later nodes only through `match` on the rendered prompt, so a prompt that
 //! stops showing what earlier nodes produced fails the run instead of passing unnoticed.
 //!
-//! Only paths without the web kinds (http, search, scrape) are covered: this build cannot run
-//! those yet. RAG retrieval turns and deep-research's memory and knowledge base need an index
+//! The research workflow's search and scrape path runs against fake web servers in
+//! tests/web.rs. RAG retrieval turns and deep-research's memory and knowledge base need an index
 //! built first: they run in tests/rag.rs, in a temporary directory. Here deep-research's two
 //! subgraphs run, each on its own.
 

@@ -80,6 +80,10 @@ pub struct Common {
     /// .runner/data.db; `:memory:` keeps nothing). Opened only by runs that use them.
     #[arg(long, value_name = "PATH")]
     pub data_db: Option<PathBuf>,
+    /// Let the http, search and scrape kinds reach this host, address or CIDR although it is
+    /// private or loopback (repeatable; also `RUNNER_ALLOW_NET`, comma-separated).
+    #[arg(long = "allow-net", value_name = "HOST|CIDR")]
+    pub allow_net: Vec<String>,
 }
 
 /// Run a workflow, or continue one of its threads.
@@ -220,6 +224,23 @@ fn compile(file: &Path) -> anyhow::Result<Option<Arc<crate::compile::Plan>>> {
     Ok(plan)
 }
 
+/// The web client of a run: `--allow-net` and `RUNNER_ALLOW_NET` entries added to every
+/// request's allow-list.
+fn web_client(flags: &[String]) -> anyhow::Result<crate::net::Web> {
+    let from_env = std::env::var("RUNNER_ALLOW_NET").unwrap_or_default();
+    let entries = flags
+        .iter()
+        .map(String::as_str)
+        .chain(from_env.split(','))
+        .map(str::trim)
+        .filter(|e| !e.is_empty());
+    let allow = crate::net::AllowList::parse(entries).map_err(|e| anyhow::anyhow!("--allow-net: {e}"))?;
+    Ok(crate::net::Web::new(crate::net::WebConfig {
+        allow,
+        ..Default::default()
+    }))
+}
+
 fn execute(
     plan: Arc<crate::compile::Plan>,
     request: RunRequest,
@@ -247,6 +268,7 @@ fn execute(
         providers,
         cassette: cassette.clone(),
         data: crate::rag::DataStore::at(store::data_db_path(common.data_db.as_deref())),
+        web: Arc::new(web_client(&common.allow_net)?),
     };
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human

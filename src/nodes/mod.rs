@@ -2,10 +2,11 @@
 //! and a scope, and returns its `output` (and usage) or a typed failure; the engine turns the
 //! output into state writes and routing.
 //!
-//! Kinds whose run-time behaviour is not in this build yet (http, search, scrape) fail with a
-//! clear error naming the kind; they validate and compile like every other kind.
+//! Every built-in kind runs; each fails with a typed error the retry policy and `on_error`
+//! can act on.
 
 mod emit;
+mod http;
 mod index;
 mod interrupt;
 mod llm;
@@ -13,6 +14,8 @@ mod load;
 mod rerank;
 mod retrieve;
 mod save;
+mod scrape;
+mod search;
 mod services;
 mod store;
 pub(crate) mod subgraph;
@@ -91,6 +94,16 @@ impl NodeError {
     }
 }
 
+impl From<crate::net::FetchError> for NodeError {
+    fn from(e: crate::net::FetchError) -> Self {
+        NodeError {
+            class: e.class,
+            message: e.message,
+            retry_after: e.retry_after,
+        }
+    }
+}
+
 impl From<NodeError> for NodeFailure {
     fn from(e: NodeError) -> Self {
         NodeFailure::Error(e)
@@ -125,13 +138,9 @@ pub async fn execute(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         NodeSpec::Store(_) => store::run(ctx).await,
         NodeSpec::Load(_) => load::run(ctx).await,
         NodeSpec::Save(_) => save::run(ctx).await,
-        other => Err(NodeFailure::Error(NodeError::new(
-            ErrorClass::BadRequest,
-            format!(
-                "node kind `{}` cannot run in this build yet (it validates and compiles)",
-                other.kind_name()
-            ),
-        ))),
+        NodeSpec::Http(n) => http::run(ctx, &n.kind).await,
+        NodeSpec::Search(n) => search::run(ctx, &n.kind).await,
+        NodeSpec::Scrape(n) => scrape::run(ctx, &n.kind).await,
     }
 }
 

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::cassette::Cassette;
+use crate::net::Web;
 use crate::providers::Providers;
 use crate::rag::DataStore;
 
@@ -18,6 +19,9 @@ pub struct Services {
     /// Search indexes and long-term memory (index, retrieve, store). Opened on first use; an
     /// in-memory store unless the run was given a file.
     pub data: DataStore,
+    /// The web client of the http, search and scrape kinds (a default one allows only public
+    /// addresses).
+    pub web: Arc<Web>,
 }
 
 impl Services {
@@ -37,6 +41,7 @@ impl From<Providers> for Services {
             providers,
             cassette: None,
             data: DataStore::default(),
+            web: Arc::default(),
         }
     }
 }

@@ -303,6 +303,7 @@ fn providers(plan: &Plan, case: &Case) -> Result<Services, String> {
         providers,
         cassette,
         data: crate::rag::DataStore::default(),
+        web: Default::default(),
     })
 }
 

@@ -1,0 +1,582 @@
+//! The web client of the I/O kinds. Every outbound request of http, search and scrape goes
+//! through [`Web::fetch`]: a request and its response are plain data (so an exchange can be
+//! recorded and replayed), and the guard, timeouts, size cap, redirects and concurrency bounds
+//! are enforced in this one place.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::{OnceCell, Semaphore};
+use url::Url;
+
+use super::guard::{self, AllowList};
+use super::robots::Robots;
+use crate::spec::ErrorClass;
+
+/// An outbound request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Option<Vec<u8>>,
+}
+
+impl Request {
+    pub fn get(url: impl Into<String>) -> Request {
+        Request {
+            method: "GET".into(),
+            url: url.into(),
+            headers: Vec::new(),
+            body: None,
+        }
+    }
+}
+
+/// A response, its body read (up to the size cap).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    pub status: u16,
+    /// The URL that answered, after redirects.
+    pub url: String,
+    /// Header names in lowercase, in the order received.
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+    /// The body was longer than the cap and was cut there.
+    pub truncated: bool,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn content_type(&self) -> Option<&str> {
+        self.header("content-type")
+    }
+
+    /// The response, or a typed error for a 4xx or 5xx status.
+    pub fn error_for_status(self) -> Result<Response, FetchError> {
+        if self.status < 400 {
+            return Ok(self);
+        }
+        let class = match self.status {
+            429 => ErrorClass::RateLimit,
+            408 => ErrorClass::Timeout,
+            401 | 403 | 407 => ErrorClass::Auth,
+            s if s >= 500 => ErrorClass::Server,
+            _ => ErrorClass::BadRequest,
+        };
+        let reason = reqwest::StatusCode::from_u16(self.status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("");
+        Err(FetchError {
+            class,
+            message: format!("{} answered HTTP {} {reason}", host_of(&self.url), self.status)
+                .trim_end()
+                .to_string(),
+            retry_after: self.header("retry-after").and_then(retry_after_secs),
+            status: Some(self.status),
+        })
+    }
+}
+
+/// What to do with a body longer than `max_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Oversize {
+    /// Keep the first `max_bytes` and mark the response truncated.
+    Truncate,
+    /// Fail the request.
+    Fail,
+}
+
+/// How one request is made.
+#[derive(Debug, Clone)]
+pub struct FetchOptions {
+    /// Hosts and ranges this request may reach besides public addresses (the run's allow-list
+    /// is added).
+    pub allow: AllowList,
+    /// For the whole exchange, redirects and body included.
+    pub timeout: Duration,
+    pub max_bytes: u64,
+    pub oversize: Oversize,
+    pub max_redirects: u32,
+    /// When set, a response whose content type is none of these MIME types is refused before
+    /// its body is read.
+    pub accept: Option<Vec<String>>,
+}
+
+impl Default for FetchOptions {
+    fn default() -> Self {
+        FetchOptions {
+            allow: AllowList::default(),
+            timeout: Duration::from_secs(30),
+            max_bytes: 10 * 1024 * 1024,
+            oversize: Oversize::Fail,
+            max_redirects: 5,
+            accept: None,
+        }
+    }
+}
+
+/// A failed request, classed as node errors are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FetchError {
+    pub class: ErrorClass,
+    pub message: String,
+    pub retry_after: Option<f64>,
+    pub status: Option<u16>,
+}
+
+impl FetchError {
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> FetchError {
+        FetchError {
+            class,
+            message: message.into(),
+            retry_after: None,
+            status: None,
+        }
+    }
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Run-wide settings of the web client.
+#[derive(Debug, Clone)]
+pub struct WebConfig {
+    /// Added to every request's allow-list (`--allow-net`, `RUNNER_ALLOW_NET`).
+    pub allow: AllowList,
+    /// Requests in flight at once, all hosts together.
+    pub max_connections: usize,
+    /// Requests in flight at once to one host.
+    pub per_host: usize,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        WebConfig {
+            allow: AllowList::default(),
+            max_connections: 64,
+            per_host: 8,
+        }
+    }
+}
+
+/// The web client of a run (shared by every task).
+#[derive(Debug)]
+pub struct Web {
+    config: WebConfig,
+    /// One client per allow-list: the guard lives in the client's resolver.
+    clients: Mutex<HashMap<String, reqwest::Client>>,
+    overall: Arc<Semaphore>,
+    hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
+    robots: Mutex<HashMap<String, Arc<OnceCell<Robots>>>>,
+}
+
+impl Default for Web {
+    fn default() -> Self {
+        Web::new(WebConfig::default())
+    }
+}
+
+impl Web {
+    pub fn new(config: WebConfig) -> Web {
+        Web {
+            overall: Arc::new(Semaphore::new(config.max_connections.max(1))),
+            config,
+            clients: Mutex::new(HashMap::new()),
+            hosts: Mutex::new(HashMap::new()),
+            robots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The run's allow-list.
+    pub fn allow(&self) -> &AllowList {
+        &self.config.allow
+    }
+
+    /// Sends `req`, following redirects itself so that every hop is checked by the guard.
+    pub async fn fetch(&self, req: Request, opts: &FetchOptions) -> Result<Response, FetchError> {
+        let mut allow = opts.allow.clone();
+        allow.extend(&self.config.allow);
+        match tokio::time::timeout(opts.timeout, self.exchange(req, opts, &allow)).await {
+            Ok(r) => r,
+            Err(_) => Err(FetchError::new(
+                ErrorClass::Timeout,
+                format!("no complete response within {:?}", opts.timeout),
+            )),
+        }
+    }
+
+    async fn exchange(&self, mut req: Request, opts: &FetchOptions, allow: &AllowList) -> Result<Response, FetchError> {
+        let client = self.client(allow)?;
+        let mut url = parse_url(&req.url)?;
+        let mut redirects = 0;
+        loop {
+            check_target(&url, allow)?;
+            let host = host_of(url.as_str());
+            let _overall = self.overall.clone().acquire_owned().await.map_err(closed)?;
+            let _host = self.host_permit(&host).acquire_owned().await.map_err(closed)?;
+            let method = reqwest::Method::from_bytes(req.method.as_bytes())
+                .map_err(|_| FetchError::new(ErrorClass::BadRequest, format!("bad method `{}`", req.method)))?;
+            let mut builder = client.request(method, url.clone());
+            for (k, v) in &req.headers {
+                builder = builder.header(k, v);
+            }
+            if let Some(body) = &req.body {
+                builder = builder.body(body.clone());
+            }
+            let resp = builder.send().await.map_err(|e| classify(&e))?;
+            let status = resp.status().as_u16();
+            if matches!(status, 301 | 302 | 303 | 307 | 308)
+                && let Some(loc) = resp.headers().get(reqwest::header::LOCATION)
+            {
+                if redirects >= opts.max_redirects {
+                    return Err(FetchError::new(
+                        ErrorClass::BadRequest,
+                        format!("more than {} redirects from {host}", opts.max_redirects),
+                    ));
+                }
+                redirects += 1;
+                let loc = loc
+                    .to_str()
+                    .map_err(|_| FetchError::new(ErrorClass::BadRequest, "a redirect with a bad Location"))?;
+                let next = url
+                    .join(loc)
+                    .map_err(|_| FetchError::new(ErrorClass::BadRequest, "a redirect with a bad Location"))?;
+                if status == 303 || ((status == 301 || status == 302) && req.method != "GET" && req.method != "HEAD") {
+                    req.method = "GET".into();
+                    req.body = None;
+                    req.headers.retain(|(k, _)| {
+                        !k.eq_ignore_ascii_case("content-type") && !k.eq_ignore_ascii_case("content-length")
+                    });
+                }
+                if next.host_str() != url.host_str() || next.port_or_known_default() != url.port_or_known_default() {
+                    // Credentials meant for one host are not handed to another.
+                    req.headers.retain(|(k, _)| !is_sensitive(k));
+                }
+                url = next;
+                continue;
+            }
+            let headers: Vec<(String, String)> = resp
+                .headers()
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_string(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect();
+            if let Some(accept) = &opts.accept
+                && status < 300
+            {
+                let ct = resp
+                    .headers()
+                    .get(reqwest::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+                if !ct.is_empty() && !accept.contains(&mime) {
+                    return Err(FetchError::new(
+                        ErrorClass::BadRequest,
+                        format!("unsupported content type `{mime}` from {host}"),
+                    ));
+                }
+            }
+            let (body, truncated) = read_body(resp, opts.max_bytes, opts.oversize, &host).await?;
+            return Ok(Response {
+                status,
+                url: url.to_string(),
+                headers,
+                body,
+                truncated,
+            });
+        }
+    }
+
+    /// Whether robots.txt of the URL's site lets [`super::USER_AGENT`] fetch it. Read once per
+    /// site and run; a missing robots.txt allows everything, a failing server nothing.
+    pub async fn robots_allow(&self, url: &str, opts: &FetchOptions) -> Result<bool, FetchError> {
+        let u = parse_url(url)?;
+        let origin = u.origin().ascii_serialization();
+        let cell = {
+            let mut map = self.robots.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(origin.clone()).or_default().clone()
+        };
+        let robots = cell
+            .get_or_try_init(|| async {
+                let ropts = FetchOptions {
+                    allow: opts.allow.clone(),
+                    timeout: opts.timeout.min(Duration::from_secs(10)),
+                    max_bytes: 512 * 1024,
+                    oversize: Oversize::Truncate,
+                    max_redirects: 5,
+                    accept: None,
+                };
+                match self.fetch(Request::get(format!("{origin}/robots.txt")), &ropts).await {
+                    Ok(r) if r.status < 300 => Ok(Robots::parse(&String::from_utf8_lossy(&r.body), "runner")),
+                    Ok(r) if r.status < 500 => Ok(Robots::allow_all()),
+                    Ok(_) => Ok(Robots::disallow_all()),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        let mut path = u.path().to_string();
+        if let Some(q) = u.query() {
+            path.push('?');
+            path.push_str(q);
+        }
+        Ok(robots.allows(&path))
+    }
+
+    fn client(&self, allow: &AllowList) -> Result<reqwest::Client, FetchError> {
+        let key = allow.key();
+        let mut map = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = map.get(&key) {
+            return Ok(c.clone());
+        }
+        let client = super::client_builder()
+            .redirect(reqwest::redirect::Policy::none())
+            // A proxy would connect on our behalf to addresses the guard never saw.
+            .no_proxy()
+            .dns_resolver(guard::resolver(allow.clone()))
+            .connect_timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(self.config.per_host)
+            .build()
+            .map_err(|e| FetchError::new(ErrorClass::Network, format!("cannot build the HTTP client: {e}")))?;
+        map.insert(key, client.clone());
+        Ok(client)
+    }
+
+    fn host_permit(&self, host: &str) -> Arc<Semaphore> {
+        let mut map = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(host.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.config.per_host.max(1))))
+            .clone()
+    }
+}
+
+fn closed(_: tokio::sync::AcquireError) -> FetchError {
+    FetchError::new(ErrorClass::Network, "the web client is shutting down")
+}
+
+fn parse_url(url: &str) -> Result<Url, FetchError> {
+    let u = Url::parse(url).map_err(|e| FetchError::new(ErrorClass::BadRequest, format!("bad URL: {e}")))?;
+    if u.scheme() != "http" && u.scheme() != "https" {
+        return Err(FetchError::new(
+            ErrorClass::BadRequest,
+            format!("refused the `{}` scheme: only http and https are fetched", u.scheme()),
+        ));
+    }
+    Ok(u)
+}
+
+/// The scheme and, for an address literal, the address (names are checked when resolved).
+fn check_target(url: &Url, allow: &AllowList) -> Result<(), FetchError> {
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(FetchError::new(
+            ErrorClass::BadRequest,
+            format!("refused the `{}` scheme: only http and https are fetched", url.scheme()),
+        ));
+    }
+    let ip = match url.host() {
+        Some(url::Host::Ipv4(ip)) => std::net::IpAddr::V4(ip),
+        Some(url::Host::Ipv6(ip)) => std::net::IpAddr::V6(ip),
+        Some(url::Host::Domain(_)) => return Ok(()),
+        None => return Err(FetchError::new(ErrorClass::BadRequest, "a URL without a host")),
+    };
+    allow
+        .check(url.host_str().unwrap_or_default(), ip)
+        .map_err(|m| FetchError::new(ErrorClass::BadRequest, m))
+}
+
+async fn read_body(
+    mut resp: reqwest::Response,
+    max: u64,
+    oversize: Oversize,
+    host: &str,
+) -> Result<(Bytes, bool), FetchError> {
+    let too_big = || {
+        FetchError::new(
+            ErrorClass::BadRequest,
+            format!("the response from {host} is larger than {max} bytes"),
+        )
+    };
+    if oversize == Oversize::Fail && resp.content_length().is_some_and(|n| n > max) {
+        return Err(too_big());
+    }
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| classify(&e))? {
+        let room = max.saturating_sub(buf.len() as u64) as usize;
+        if chunk.len() > room {
+            if oversize == Oversize::Fail {
+                return Err(too_big());
+            }
+            buf.extend_from_slice(&chunk[..room]);
+            return Ok((buf.freeze(), true));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok((buf.freeze(), false))
+}
+
+fn is_sensitive(header: &str) -> bool {
+    let h = header.to_ascii_lowercase();
+    h == "authorization"
+        || h == "cookie"
+        || h == "proxy-authorization"
+        || h.contains("token")
+        || h.contains("api-key")
+        || h.contains("apikey")
+        || h.contains("secret")
+}
+
+/// A reqwest error as a fetch error; the message never carries the URL (it may hold a key).
+fn classify(e: &reqwest::Error) -> FetchError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(r) = s.downcast_ref::<guard::Refused>() {
+            return FetchError::new(ErrorClass::BadRequest, r.0.clone());
+        }
+        source = s.source();
+    }
+    let class = if e.is_timeout() {
+        ErrorClass::Timeout
+    } else if e.is_body() || e.is_decode() {
+        ErrorClass::Stream
+    } else {
+        ErrorClass::Network
+    };
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    let host = e.url().map(|u| host_of(u.as_str())).unwrap_or_default();
+    let msg = match e.url() {
+        Some(u) => msg.replace(u.as_str(), &host),
+        None => msg,
+    };
+    FetchError::new(class, msg)
+}
+
+/// `host[:port]` of a URL, for messages.
+pub fn host_of(url: &str) -> String {
+    Url::parse(url)
+        .ok()
+        .and_then(|u| {
+            u.host_str()
+                .map(|h| u.port().map_or_else(|| h.to_string(), |p| format!("{h}:{p}")))
+        })
+        .unwrap_or_else(|| "the server".into())
+}
+
+/// Retry-After as seconds (a number of seconds, or an HTTP date).
+fn retry_after_secs(v: &str) -> Option<f64> {
+    let v = v.trim();
+    if let Ok(n) = v.parse::<f64>() {
+        return (n >= 0.0).then_some(n);
+    }
+    httpdate(v)
+}
+
+/// Seconds from now until an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), at least 0.
+fn httpdate(v: &str) -> Option<f64> {
+    let parts: Vec<&str> = v.split_whitespace().collect();
+    if parts.len() != 6 || parts[5] != "GMT" {
+        return None;
+    }
+    let day: i64 = parts[1].parse().ok()?;
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| *m == parts[2])? as i64
+        + 1;
+    let year: i64 = parts[3].parse().ok()?;
+    let hms: Vec<i64> = parts[4].split(':').filter_map(|x| x.parse().ok()).collect();
+    if hms.len() != 3 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let at = days * 86_400 + hms[0] * 3600 + hms[1] * 60 + hms[2];
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs() as i64;
+    Some((at - now).max(0) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_error_classes() {
+        let resp = |status: u16, headers: Vec<(&str, &str)>| Response {
+            status,
+            url: "http://api.example:8080/x?key=secret".into(),
+            headers: headers
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body: Bytes::new(),
+            truncated: false,
+        };
+        let e = resp(429, vec![("retry-after", "7")]).error_for_status().unwrap_err();
+        assert_eq!((e.class, e.retry_after), (ErrorClass::RateLimit, Some(7.0)));
+        assert!(!e.message.contains("secret"), "{}", e.message);
+        assert!(e.message.contains("api.example:8080"), "{}", e.message);
+        assert_eq!(
+            resp(401, vec![]).error_for_status().unwrap_err().class,
+            ErrorClass::Auth
+        );
+        assert_eq!(
+            resp(503, vec![]).error_for_status().unwrap_err().class,
+            ErrorClass::Server
+        );
+        assert_eq!(
+            resp(404, vec![]).error_for_status().unwrap_err().class,
+            ErrorClass::BadRequest
+        );
+        assert!(resp(204, vec![]).error_for_status().is_ok());
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        assert_eq!(retry_after_secs("3"), Some(3.0));
+        assert_eq!(retry_after_secs("Sun, 06 Nov 1994 08:49:37 GMT"), Some(0.0));
+        assert_eq!(retry_after_secs("soon"), None);
+    }
+
+    #[tokio::test]
+    async fn other_schemes_are_refused() {
+        let web = Web::default();
+        let opts = FetchOptions::default();
+        for url in ["file:///etc/passwd", "ftp://example.com/x", "gopher://x/"] {
+            let e = web.fetch(Request::get(url), &opts).await.unwrap_err();
+            assert_eq!(e.class, ErrorClass::BadRequest);
+            assert!(e.message.contains("scheme"), "{}", e.message);
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! The `scrape` kind: many pages fetched at once (bounded overall and per host), robots.txt
+//! obeyed, the main content of each extracted and scored. A page that fails becomes an entry
+//! of `output.errors` (or fails the node with `on_failure: fail`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, class_name, data};
+use crate::net::extract::{self, DocType};
+use crate::net::{AllowList, FetchError, FetchOptions, Oversize, Request, host_of, normalize_url};
+use crate::spec::{ErrorClass, FailurePolicy, ScrapeNode};
+
+/// The content types the extractor reads; anything else is refused before its body is read.
+const ACCEPT: &[&str] = &[
+    "text/html",
+    "application/xhtml+xml",
+    "text/plain",
+    "text/markdown",
+    "text/x-markdown",
+];
+
+/// One page to fetch.
+struct Target {
+    url: String,
+    tag: Value,
+}
+
+pub async fn run(ctx: &NodeCtx<'_>, n: &ScrapeNode) -> Result<NodeOutput, NodeFailure> {
+    let targets = targets(data(ctx, "/urls", &ctx.scope)?)?;
+    let skip: HashSet<String> = match data(ctx, "/skip", &ctx.scope)? {
+        Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).map(normalize_url).collect(),
+        Some(Value::String(s)) => HashSet::from([normalize_url(&s)]),
+        _ => HashSet::new(),
+    };
+    let mut seen = HashSet::new();
+    let targets: Vec<Target> = targets
+        .into_iter()
+        .filter(|t| {
+            let key = normalize_url(&t.url);
+            !skip.contains(&key) && seen.insert(key)
+        })
+        .collect();
+    let allow = AllowList::parse(&n.allow).map_err(|e| NodeError::invalid(format!("allow: {e}")))?;
+    let opts = FetchOptions {
+        allow,
+        timeout: n
+            .timeout
+            .as_ref()
+            .and_then(|d| d.to_std())
+            .unwrap_or(Duration::from_secs(20)),
+        max_bytes: n.max_bytes.unwrap_or(5 * 1024 * 1024),
+        oversize: Oversize::Truncate,
+        max_redirects: 5,
+        accept: Some(ACCEPT.iter().map(|s| s.to_string()).collect()),
+    };
+    // The node's own timeout (which `timeout` also sets) cuts the whole attempt: pages stop a
+    // little before it so that what was scraped is still returned.
+    let deadline = ctx
+        .node
+        .spec
+        .common()
+        .timeout
+        .as_ref()
+        .and_then(|d| d.to_std())
+        .map(|t| tokio::time::Instant::now() + t.mul_f64(0.9));
+    let scraper = Scraper {
+        deadline,
+        web: &ctx.services.web,
+        opts,
+        robots: n.robots.unwrap_or(true),
+        overall: Arc::new(Semaphore::new(n.concurrency.unwrap_or(8).max(1) as usize)),
+        per_host_limit: n.per_host.unwrap_or(2).max(1) as usize,
+        hosts: std::sync::Mutex::new(HashMap::new()),
+    };
+    let results = join_all(targets.iter().map(|t| scraper.page(t))).await;
+    let min_quality = n.min_quality.unwrap_or(0.0);
+    let fail = n.on_failure == Some(FailurePolicy::Fail);
+    let mut pages = Vec::new();
+    let mut errors = Vec::new();
+    for (t, r) in targets.iter().zip(results) {
+        match r {
+            Ok(page) => {
+                if page.quality_score >= min_quality {
+                    pages.push(json!({
+                        "url": t.url,
+                        "title": page.title,
+                        "content": page.content,
+                        "quality_score": page.quality_score,
+                        "word_count": page.word_count,
+                        "tag": t.tag,
+                    }));
+                }
+            }
+            Err(e) if fail => {
+                return Err(NodeError {
+                    class: e.class,
+                    message: format!("{}: {}", t.url, e.message),
+                    retry_after: e.retry_after,
+                }
+                .into());
+            }
+            Err(e) => errors.push(json!({
+                "url": t.url,
+                "error": e.message,
+                "class": class_name(e.class),
+                "tag": t.tag,
+            })),
+        }
+    }
+    Ok(NodeOutput {
+        output: json!({"pages": pages, "errors": errors}),
+        usage: Default::default(),
+    })
+}
+
+/// The URLs of `urls`: a string, a list of strings, or objects with `url` (and `tag`).
+fn targets(v: Option<Value>) -> Result<Vec<Target>, NodeError> {
+    let items = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(other) => vec![other],
+    };
+    items
+        .into_iter()
+        .map(|item| match item {
+            Value::String(url) => Ok(Target { url, tag: Value::Null }),
+            Value::Object(mut m) => match m.remove("url") {
+                Some(Value::String(url)) => Ok(Target {
+                    url,
+                    tag: m.remove("tag").unwrap_or(Value::Null),
+                }),
+                _ => Err(NodeError::invalid("urls: an object without a string `url`")),
+            },
+            other => Err(NodeError::invalid(format!(
+                "urls: expected a URL or an object with `url`, got {other}"
+            ))),
+        })
+        .collect()
+}
+
+struct Scraper<'a> {
+    deadline: Option<tokio::time::Instant>,
+    web: &'a crate::net::Web,
+    opts: FetchOptions,
+    robots: bool,
+    overall: Arc<Semaphore>,
+    per_host_limit: usize,
+    hosts: std::sync::Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl Scraper<'_> {
+    async fn page(&self, t: &Target) -> Result<extract::Extracted, FetchError> {
+        let host = host_of(&t.url);
+        let per_host = {
+            let mut map = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(host)
+                .or_insert_with(|| Arc::new(Semaphore::new(self.per_host_limit)))
+                .clone()
+        };
+        let closed = |_| FetchError::new(ErrorClass::Network, "the scrape was stopped");
+        let _host = per_host.acquire_owned().await.map_err(closed)?;
+        let _slot = self.overall.clone().acquire_owned().await.map_err(closed)?;
+        let mut opts = self.opts.clone();
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(FetchError::new(
+                    ErrorClass::Timeout,
+                    "the node's timeout came before this page was fetched",
+                ));
+            }
+            opts.timeout = opts.timeout.min(left);
+        }
+        let opts = &opts;
+        if self.robots && !self.web.robots_allow(&t.url, opts).await? {
+            return Err(FetchError::new(
+                ErrorClass::BadRequest,
+                "disallowed by the site's robots.txt",
+            ));
+        }
+        let resp = self
+            .web
+            .fetch(Request::get(t.url.clone()), opts)
+            .await?
+            .error_for_status()?;
+        let doc = DocType::of(resp.content_type()).ok_or_else(|| {
+            FetchError::new(
+                ErrorClass::BadRequest,
+                format!("unsupported content type `{}`", resp.content_type().unwrap_or_default()),
+            )
+        })?;
+        let url = resp.url.clone();
+        tokio::task::spawn_blocking(move || extract::extract(&String::from_utf8_lossy(&resp.body), doc, &url))
+            .await
+            .map_err(|e| FetchError::new(ErrorClass::Invalid, format!("extraction failed: {e}")))
+    }
+}

@@ -1,0 +1,437 @@
+//! The web kinds (http, search, scrape) through the real binary, against fake servers on
+//! loopback: what lands in state for each behaviour of the guard, robots.txt, limits and
+//! extraction, and the research workflow end to end.
+
+#[path = "support/fake_web.rs"]
+mod fake_web;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+struct Run {
+    code: i32,
+    output: Value,
+    stderr: String,
+}
+
+/// Runs `workflow` (YAML text, written to a temp dir) with `args`, env vars and jsonl events.
+fn run_yaml(workflow: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wf.yaml");
+    std::fs::write(&file, workflow).unwrap();
+    run_file(&file, args, env)
+}
+
+fn run_file(file: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+    cmd.current_dir(ROOT)
+        .env_remove("RUNNER_ALLOW_NET")
+        .env_remove("SEARXNG_URL")
+        .args(["run", file.to_str().unwrap(), "--db", ":memory:", "--stream", "jsonl"])
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the runner binary starts");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        output: serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+impl Run {
+    fn done(self) -> Run {
+        assert_eq!(self.code, 0, "the run should finish; stderr:\n{}", self.stderr);
+        self
+    }
+}
+
+/// A one-node workflow: `node` (YAML of its fields, indented 4) writes its output to `out`.
+fn one_node(node: &str) -> String {
+    format!(
+        "name: web-test
+input:
+  type: object
+  properties:
+    urls: {{type: array}}
+state:
+  out: {{type: object, default: {{}}}}
+  failure: {{type: object, default: {{}}}}
+nodes:
+  n:
+{node}
+    update: {{out: output}}
+    on_error:
+      to: failed
+      update: {{failure: \"{{'class': error.class, 'message': error.message}}\"}}
+  failed:
+    kind: set
+edges:
+  - START -> n
+  - n -> END
+  - failed -> END
+"
+    )
+}
+
+fn scrape(urls: &[String], extra: &str, args: &[&str]) -> Value {
+    let node = format!("    kind: scrape\n    urls: input.urls\n{extra}");
+    let input = format!("urls={}", json!(urls));
+    let mut all = vec!["--input", input.as_str()];
+    all.extend_from_slice(args);
+    run_yaml(&one_node(&node), &all, &[]).done().output["out"].clone()
+}
+
+fn page<'a>(out: &'a Value, url: &str) -> Option<&'a Value> {
+    out["pages"].as_array()?.iter().find(|p| p["url"] == url)
+}
+
+fn error<'a>(out: &'a Value, url: &str) -> Option<&'a Value> {
+    out["errors"].as_array()?.iter().find(|p| p["url"] == url)
+}
+
+// ── scrape ──────────────────────────────────────────────────────────────────────────────────
+
+#[test]
+fn scrape_extracts_the_article_without_its_boilerplate() {
+    let site = fake_web::start("");
+    let url = site.url("/articles/heat-pumps");
+    let txt = site.url("/notes.txt");
+    let out = scrape(&[url.clone(), txt.clone()], "", &["--allow-net", "127.0.0.1"]);
+    let p = page(&out, &url).unwrap_or_else(|| panic!("the article is scraped: {out}"));
+    assert_eq!(p["title"], "How heat pumps work | Energy Weekly");
+    let content = p["content"].as_str().unwrap();
+    assert!(content.contains("coefficient of performance (COP)"), "{content}");
+    for boilerplate in ["SPONSORED", "Trending", "Celebrity", "Copyright 2025", "Newsletter"] {
+        assert!(!content.contains(boilerplate), "`{boilerplate}` kept:\n{content}");
+    }
+    assert!(p["word_count"].as_u64().unwrap() > 150, "{p}");
+    let q = p["quality_score"].as_f64().unwrap();
+    assert!((0.5..=1.0).contains(&q), "quality {q}");
+    let t = page(&out, &txt).unwrap_or_else(|| panic!("text is scraped: {out}"));
+    assert_eq!(t["title"], "Field notes on heat pumps");
+    assert_eq!(out["errors"], json!([]));
+}
+
+#[test]
+fn without_an_allow_list_loopback_is_refused() {
+    let site = fake_web::start("");
+    let url = site.url("/articles/heat-pumps");
+    let out = scrape(std::slice::from_ref(&url), "", &[]);
+    let e = error(&out, &url).unwrap_or_else(|| panic!("refused: {out}"));
+    assert_eq!(e["class"], "bad_request");
+    assert!(e["error"].as_str().unwrap().contains("loopback"), "{e}");
+    assert!(site.hits().is_empty(), "nothing reached the site: {:?}", site.hits());
+    // The run-level allow-list also comes from the environment.
+    let input = format!("urls={}", json!([url]));
+    let r = run_yaml(
+        &one_node("    kind: scrape\n    urls: input.urls\n"),
+        &["--input", &input],
+        &[("RUNNER_ALLOW_NET", "10.9.0.0/16, 127.0.0.1")],
+    )
+    .done();
+    assert!(page(&r.output["out"], &url).is_some(), "{}", r.output);
+}
+
+#[test]
+fn a_redirect_to_an_address_not_allowed_is_refused() {
+    let bystander = fake_web::bystander("127.0.0.2");
+    let site = fake_web::start(&format!("http://127.0.0.2:{}/", bystander.port));
+    let out_url = site.url("/redirect-out");
+    let in_url = site.url("/redirect-in");
+    let out = scrape(&[out_url.clone(), in_url.clone()], "", &["--allow-net", "127.0.0.1"]);
+    let e = error(&out, &out_url).unwrap_or_else(|| panic!("refused: {out}"));
+    assert_eq!(e["class"], "bad_request");
+    assert!(e["error"].as_str().unwrap().contains("127.0.0.2"), "{e}");
+    assert!(
+        bystander.hits().is_empty(),
+        "the redirect target was reached: {:?}",
+        bystander.hits()
+    );
+    // A redirect within the allowed host is followed.
+    let p = page(&out, &in_url).unwrap_or_else(|| panic!("followed: {out}"));
+    assert!(
+        p["title"].as_str().unwrap().contains("coefficient of performance"),
+        "{p}"
+    );
+}
+
+#[test]
+fn robots_txt_is_obeyed_and_read_once() {
+    let site = fake_web::start("");
+    let private = site.url("/private/secret");
+    let a = site.url("/articles/heat-pumps");
+    let b = site.url("/articles/cop");
+    let out = scrape(
+        &[private.clone(), a.clone(), b.clone()],
+        "",
+        &["--allow-net", "127.0.0.1"],
+    );
+    let e = error(&out, &private).unwrap_or_else(|| panic!("disallowed: {out}"));
+    assert!(e["error"].as_str().unwrap().contains("robots.txt"), "{e}");
+    assert!(page(&out, &a).is_some() && page(&out, &b).is_some(), "{out}");
+    let hits = site.hits();
+    assert!(!hits.iter().any(|h| h.starts_with("/private")), "{hits:?}");
+    assert_eq!(hits.iter().filter(|h| *h == "/robots.txt").count(), 1, "{hits:?}");
+    // robots: false skips it.
+    let out = scrape(
+        std::slice::from_ref(&private),
+        "    robots: false\n",
+        &["--allow-net", "127.0.0.1"],
+    );
+    assert!(page(&out, &private).is_some(), "{out}");
+}
+
+#[test]
+fn limits_cut_huge_pages_time_out_slow_ones_and_refuse_other_types() {
+    let site = fake_web::start("");
+    let huge = site.url("/huge");
+    let slow = site.url("/slow");
+    let pdf = site.url("/report.pdf");
+    let started = std::time::Instant::now();
+    let out = scrape(
+        &[huge.clone(), slow.clone(), pdf.clone()],
+        "    timeout: 1s\n    max_bytes: 200000\n    robots: false\n",
+        &["--allow-net", "127.0.0.1"],
+    );
+    assert!(started.elapsed().as_secs() < 8, "the slow page was waited for");
+    let h = page(&out, &huge).unwrap_or_else(|| panic!("the huge page is kept, cut: {out}"));
+    let content = h["content"].as_str().unwrap();
+    assert!(content.len() < 200_000, "cut at max_bytes: {} bytes", content.len());
+    assert!(content.contains("A heat pump moves heat"), "the start is kept");
+    let s = error(&out, &slow).unwrap_or_else(|| panic!("timed out: {out}"));
+    assert_eq!(s["class"], "timeout", "{s}");
+    let p = error(&out, &pdf).unwrap_or_else(|| panic!("refused type: {out}"));
+    assert_eq!(p["class"], "bad_request");
+    assert!(
+        p["error"]
+            .as_str()
+            .unwrap()
+            .contains("unsupported content type `application/pdf`"),
+        "{p}"
+    );
+}
+
+#[test]
+fn skip_min_quality_tags_and_on_failure_fail() {
+    let site = fake_web::start("");
+    let a = site.url("/articles/heat-pumps");
+    let b = site.url("/articles/cop");
+    let node = "    kind: scrape\n    urls: \"[{'url': input.urls[0], 'tag': 'st1'}, {'url': input.urls[1], 'tag': 'st2'}, input.urls[1] ~ '#dup']\"\n    skip: \"[input.urls[0] ~ '/']\"\n";
+    let input = format!("urls={}", json!([a, b]));
+    let r = run_yaml(&one_node(node), &["--input", &input, "--allow-net", "127.0.0.1"], &[]).done();
+    let pages = r.output["out"]["pages"].as_array().unwrap().clone();
+    assert_eq!(pages.len(), 1, "skipped and de-duplicated: {pages:?}");
+    assert_eq!(
+        (pages[0]["url"].clone(), pages[0]["tag"].clone()),
+        (json!(b), json!("st2"))
+    );
+    // A quality floor above every page drops them all (they are not errors).
+    let out = scrape(
+        std::slice::from_ref(&a),
+        "    min_quality: 0.99\n",
+        &["--allow-net", "127.0.0.1"],
+    );
+    assert_eq!(out, json!({"pages": [], "errors": []}));
+    // on_failure: fail fails the node with the page's class.
+    let input = format!("urls={}", json!([site.url("/report.pdf")]));
+    let r = run_yaml(
+        &one_node("    kind: scrape\n    urls: input.urls\n    on_failure: fail\n"),
+        &["--input", &input, "--allow-net", "127.0.0.1"],
+        &[],
+    )
+    .done();
+    assert_eq!(r.output["failure"]["class"], "bad_request", "{}", r.output);
+}
+
+// ── search ──────────────────────────────────────────────────────────────────────────────────
+
+#[test]
+fn searxng_results_are_normalised_deduplicated_and_tagged() {
+    let site = fake_web::start("");
+    let node = format!(
+        "    kind: search\n    base_url: \"{}\"\n    queries: \"['heat pump cop', 'heat pump basics']\"\n    limit: 4\n    tag: \"'st1'\"\n",
+        site.base()
+    );
+    let r = run_yaml(&one_node(&node), &[], &[]).done();
+    let results = r.output["out"]["results"].as_array().unwrap().clone();
+    let urls: Vec<&str> = results.iter().map(|x| x["url"].as_str().unwrap()).collect();
+    assert_eq!(
+        urls,
+        vec![
+            site.url("/articles/heat-pumps"),
+            site.url("/articles/cop"),
+            site.url("/private/secret")
+        ],
+        "one entry per normalised URL, the best-scored copy kept"
+    );
+    let cop = &results[1];
+    assert_eq!(cop["score"], 0.8);
+    assert_eq!(cop["provider"], "searxng");
+    assert_eq!(cop["tag"], "st1");
+    assert_eq!(cop["snippet"], "The coefficient of performance.");
+    assert_eq!(results[0]["query"], "heat pump cop");
+    let searches: Vec<String> = site.hits().into_iter().filter(|h| h.starts_with("/search")).collect();
+    assert_eq!(searches.len(), 2, "both queries ran: {searches:?}");
+    assert!(searches.iter().all(|h| h.contains("format=json")), "{searches:?}");
+}
+
+#[test]
+fn tavily_takes_its_key_from_the_environment() {
+    let site = fake_web::start("");
+    let node = format!(
+        "    kind: search\n    provider: tavily\n    base_url: \"{}/tavily\"\n    api_key_env: FAKE_TAVILY_KEY\n    queries: \"'heat pumps'\"\n    limit: 2\n",
+        site.base()
+    );
+    let r = run_yaml(&one_node(&node), &[], &[("FAKE_TAVILY_KEY", "tvly-test")]).done();
+    let results = r.output["out"]["results"].as_array().unwrap().clone();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!(results[0]["provider"], "tavily");
+    assert!(!r.stderr.contains("tvly-test"), "the key never reaches events");
+    // A refused key is an auth error; a missing one is named.
+    let r = run_yaml(&one_node(&node), &[], &[("FAKE_TAVILY_KEY", "wrong")]).done();
+    assert_eq!(r.output["failure"]["class"], "auth", "{}", r.output);
+    let r = run_yaml(&one_node(&node), &[], &[]).done();
+    assert_eq!(r.output["failure"]["class"], "auth");
+    assert!(
+        r.output["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("FAKE_TAVILY_KEY")
+    );
+}
+
+// ── http ────────────────────────────────────────────────────────────────────────────────────
+
+#[test]
+fn http_sends_templates_and_a_json_body_and_parses_the_answer() {
+    let site = fake_web::start("");
+    let node = format!(
+        "    kind: http\n    method: POST\n    url: \"{}/api/echo\"\n    headers:\n      Authorization: \"Bearer ${{env:ECHO_TOKEN}}\"\n    query: {{lang: \"{{{{ input.urls[0] }}}}\"}}\n    body: {{items: input.urls, n: \"input.urls | length\"}}\n",
+        site.base()
+    );
+    let r = run_yaml(
+        &one_node(&node),
+        &["--input", "urls=[\"en\"]"],
+        &[("ECHO_TOKEN", "sekrit-value")],
+    )
+    .done();
+    let out = &r.output["out"];
+    assert_eq!(out["status"], 200);
+    assert_eq!(out["headers"]["content-type"], "application/json");
+    assert_eq!(
+        out["body"],
+        json!({"content_type": "application/json", "authorized": true, "body": {"items": ["en"], "n": 1}})
+    );
+    assert!(
+        site.hits().iter().any(|h| h == "/api/echo?lang=en"),
+        "{:?}",
+        site.hits()
+    );
+    assert!(!r.stderr.contains("sekrit-value") && !r.output.to_string().contains("sekrit-value"));
+}
+
+#[test]
+fn http_errors_are_typed_for_retry_policies() {
+    let site = fake_web::start("");
+    let node = format!(
+        "    kind: http\n    url: \"{}/busy\"\n    retry: {{max_attempts: 1}}\n",
+        site.base()
+    );
+    let r = run_yaml(&one_node(&node), &[], &[]).done();
+    assert_eq!(r.output["failure"]["class"], "rate_limit", "{}", r.output);
+    let node = format!("    kind: http\n    url: \"{}/missing\"\n", site.base());
+    let r = run_yaml(&one_node(&node), &[], &[]).done();
+    assert_eq!(r.output["failure"]["class"], "bad_request");
+    // A URL whose host comes from data is not trusted: loopback is refused.
+    let node = "    kind: http\n    url: \"{{ input.urls[0] }}\"\n";
+    let input = format!("urls={}", json!([site.url("/articles/cop")]));
+    let r = run_yaml(&one_node(node), &["--input", &input], &[]).done();
+    assert_eq!(r.output["failure"]["class"], "bad_request");
+    assert!(r.output["failure"]["message"].as_str().unwrap().contains("loopback"));
+}
+
+// ── the research workflow ───────────────────────────────────────────────────────────────────
+
+#[test]
+fn research_runs_end_to_end_on_the_fake_web() {
+    let site = fake_web::start("");
+    let heat = site.url("/articles/heat-pumps");
+    let cop = site.url("/articles/cop");
+    let seasonal = site.url("/articles/seasonal");
+    let notes = site.url("/notes.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = json!({"subtopics": [
+        {"id": "st1", "title": "Mechanism", "description": "How the cycle moves heat.",
+         "search_queries": ["heat pump refrigeration cycle", "how heat pumps work"], "status": "pending"},
+        {"id": "st2", "title": "Efficiency", "description": "Seasonal figures.",
+         "search_queries": ["heat pump SCOP"], "status": "pending"}],
+        "rationale": "Mechanism, then performance."});
+    let summary = |text: String, cites: &[&str]| {
+        json!({"summary": text, "key_points": [text], "citations": cites, "confidence": "medium", "gaps": []})
+            .to_string()
+    };
+    let s1 = summary(
+        format!("A heat pump compresses a refrigerant to move heat [{heat}]; COP is three to four [{cop}]."),
+        &[&heat, &cop],
+    );
+    let s2 = summary(
+        format!("Field trials measured SCOP between 2.5 and 3.5 [{seasonal}]."),
+        &[&seasonal],
+    );
+    let report = format!(
+        "# Heat pumps\n\n## Summary\nThey move heat [{heat}] with a COP of three to four [{cop}] and a SCOP of 2.5 to 3.5 [{seasonal}].\n\n## Sources\n1. {heat}\n2. {cop}\n3. {seasonal}\n"
+    );
+    // Each reply answers only when its prompt shows what earlier nodes produced: the scraped
+    // pages inside <source> tags, and the summaries with their sources for the synthesis.
+    let script = json!({
+        "replies": {"plan": plan.to_string()},
+        "match": [
+            {"contains": format!("Sources: {heat}, {cop}"), "reply": report},
+            {"contains": format!("url=\"{heat}\""), "reply": s1},
+            {"contains": format!("url=\"{notes}\""), "reply": s2},
+        ]
+    });
+    let mock = dir.path().join("mock.yaml");
+    std::fs::write(&mock, script.to_string()).unwrap();
+    let r = run_file(
+        &Path::new(ROOT).join("workflows/research.yaml"),
+        &[
+            "--mock",
+            mock.to_str().unwrap(),
+            "--allow-net",
+            "127.0.0.1",
+            "--input",
+            "query=How do heat pumps work?",
+        ],
+        &[("SEARXNG_URL", &site.base())],
+    )
+    .done();
+    let out = &r.output;
+    let errors = out["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "only the page robots.txt disallows: {errors:?}");
+    assert!(
+        errors[0]["error"].as_str().unwrap().contains("robots.txt"),
+        "{errors:?}"
+    );
+    let summaries = out["subtopic_summaries"].as_array().unwrap();
+    assert_eq!(summaries.len(), 2, "{out}");
+    assert_eq!(summaries[0]["citations"], json!([heat, cop]));
+    assert_eq!(summaries[1]["citations"], json!([seasonal]));
+    let final_report = out["final_report"].as_str().unwrap();
+    for url in [&heat, &cop, &seasonal] {
+        assert!(final_report.contains(url.as_str()), "{url} cited:\n{final_report}");
+    }
+    let meta = &out["report_metadata"];
+    assert_eq!(meta["sources"], json!([heat, cop, seasonal]));
+    assert_eq!(meta["subtopics_done"], 2);
+    assert_eq!(meta["pages_scraped"], 4, "{meta}");
+    let hits = site.hits();
+    assert!(hits.iter().any(|h| h == "/articles/heat-pumps"), "{hits:?}");
+    assert!(!hits.iter().any(|h| h.starts_with("/private")), "{hits:?}");
+}
