@@ -67,18 +67,26 @@ fn summary(files: usize, errors: usize, warnings: usize) -> String {
 
 /// Expands directories into the workflow files below them, sorted; test files are skipped.
 pub fn workflow_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    files_under(paths, "workflow files (*.yaml, *.yml)", |name| {
+        (name.ends_with(".yaml") || name.ends_with(".yml")) && !super::test::is_test_file(name)
+    })
+}
+
+/// The files named in `paths`, and those below its directories whose names `keep` accepts
+/// (hidden files and directories skipped), sorted; none at all is an error naming `what`.
+pub fn files_under(paths: &[PathBuf], what: &str, keep: impl Fn(&str) -> bool + Copy) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for path in paths {
         let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
         if meta.is_dir() {
-            collect(path, &mut out).with_context(|| format!("cannot list {}", path.display()))?;
+            collect(path, keep, &mut out).with_context(|| format!("cannot list {}", path.display()))?;
         } else {
             out.push(path.clone());
         }
     }
     if out.is_empty() {
         bail!(
-            "no workflow files (*.yaml, *.yml) under {}",
+            "no {what} under {}",
             paths
                 .iter()
                 .map(|p| p.display().to_string())
@@ -91,7 +99,7 @@ pub fn workflow_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+fn collect(dir: &Path, keep: impl Fn(&str) -> bool + Copy, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         let name = path
@@ -102,8 +110,8 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
             continue;
         }
         if path.is_dir() {
-            collect(&path, out)?;
-        } else if (name.ends_with(".yaml") || name.ends_with(".yml")) && !super::test::is_test_file(&name) {
+            collect(&path, keep, out)?;
+        } else if keep(&name) {
             out.push(path);
         }
     }

@@ -6,11 +6,10 @@ mod expect;
 mod suite;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
 use serde_json::Value;
 
 use super::exit;
@@ -171,47 +170,7 @@ fn ms(d: Duration) -> String {
 
 /// Expands directories into the test files below them, sorted.
 fn test_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
-    fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-        for entry in std::fs::read_dir(dir)? {
-            let path = entry?.path();
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            if name.starts_with('.') {
-                continue;
-            }
-            if path.is_dir() {
-                collect(&path, out)?;
-            } else if is_test_file(&name) {
-                out.push(path);
-            }
-        }
-        Ok(())
-    }
-    let mut out = vec![];
-    for path in paths {
-        if path.is_dir() {
-            collect(path, &mut out).map_err(|e| anyhow::anyhow!("cannot list {}: {e}", path.display()))?;
-        } else if path.is_file() {
-            out.push(path.clone());
-        } else {
-            bail!("{} does not exist", path.display());
-        }
-    }
-    if out.is_empty() {
-        bail!(
-            "no test files (*.test.yaml) under {}",
-            paths
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    out.sort();
-    out.dedup();
-    Ok(out)
+    super::validate::files_under(paths, "test files (*.test.yaml)", is_test_file)
 }
 
 /// Whether a file name is a test file's.
