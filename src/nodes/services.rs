@@ -13,8 +13,8 @@ use crate::rag::DataStore;
 pub struct Services {
     /// Model providers by profile name.
     pub providers: Providers,
-    /// The cassette of `--record` / `--replay`: kinds that make requests of their own pass
-    /// them through [`Cassette::exchange`] when it is set.
+    /// The cassette of `--record` / `--replay` (the providers and `web` were built with it: a
+    /// web request is recorded by `web` itself).
     pub cassette: Option<Arc<Cassette>>,
     /// Search indexes and long-term memory (index, retrieve, store). Opened on first use; an
     /// in-memory store unless the run was given a file.
