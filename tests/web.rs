@@ -358,9 +358,9 @@ fn http_errors_are_typed_for_retry_policies() {
 
 // ── the research workflow ───────────────────────────────────────────────────────────────────
 
-#[test]
-fn research_runs_end_to_end_on_the_fake_web() {
-    let site = fake_web::start("");
+/// The research workflow on `site`, its model replies scripted from what earlier nodes
+/// produced; `args` are added to the run's.
+fn research_on(site: &fake_web::FakeWeb, args: &[&str]) -> Run {
     let heat = site.url("/articles/heat-pumps");
     let cop = site.url("/articles/cop");
     let seasonal = site.url("/articles/seasonal");
@@ -399,19 +399,29 @@ fn research_runs_end_to_end_on_the_fake_web() {
     });
     let mock = dir.path().join("mock.yaml");
     std::fs::write(&mock, script.to_string()).unwrap();
-    let r = run_file(
+    let mut all = vec![
+        "--mock",
+        mock.to_str().unwrap(),
+        "--allow-net",
+        "127.0.0.1",
+        "--input",
+        "query=How do heat pumps work?",
+    ];
+    all.extend_from_slice(args);
+    run_file(
         &Path::new(ROOT).join("workflows/research.yaml"),
-        &[
-            "--mock",
-            mock.to_str().unwrap(),
-            "--allow-net",
-            "127.0.0.1",
-            "--input",
-            "query=How do heat pumps work?",
-        ],
+        &all,
         &[("SEARXNG_URL", &site.base())],
     )
-    .done();
+}
+
+#[test]
+fn research_runs_end_to_end_on_the_fake_web() {
+    let site = fake_web::start("");
+    let heat = site.url("/articles/heat-pumps");
+    let cop = site.url("/articles/cop");
+    let seasonal = site.url("/articles/seasonal");
+    let r = research_on(&site, &[]).done();
     let out = &r.output;
     let errors = out["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 1, "only the page robots.txt disallows: {errors:?}");
@@ -517,4 +527,26 @@ fn a_recorded_web_run_replays_with_the_servers_gone() {
         "{}",
         missed.stderr
     );
+}
+
+/// Re-records `tests/fixtures/cassettes/research-web.jsonl`, the cassette of the research
+/// workflow's search and scrape path that `workflows/research.test.yaml` replays. The fake
+/// site's port is rewritten to SearxNG's default (127.0.0.1:8888), which is where the workflow
+/// looks when `SEARXNG_URL` is unset, as it is under `runner test`.
+/// Run with `cargo test --test web -- --ignored record_the_research_cassette`.
+#[test]
+#[ignore = "writes a committed fixture"]
+fn record_the_research_cassette() {
+    let site = fake_web::start("");
+    let dir = tempfile::tempdir().unwrap();
+    let recorded = dir.path().join("research.jsonl");
+    research_on(&site, &["--record", recorded.to_str().unwrap()]).done();
+    let text = std::fs::read_to_string(&recorded)
+        .unwrap()
+        .replace(&format!("127.0.0.1:{}", site.port), "127.0.0.1:8888");
+    std::fs::write(
+        Path::new(ROOT).join("tests/fixtures/cassettes/research-web.jsonl"),
+        text,
+    )
+    .unwrap();
 }
