@@ -455,11 +455,13 @@ mod tests {
 
     #[test]
     fn secrets_and_credential_headers_are_scrubbed() {
-        let v = json!({"Authorization": "Bearer abc", "body": "key=sk-12345 ok", "x": ["sk-12345"]});
+        let v = json!({"Authorization": "Bearer abc", "body": "key=sk-12345 ok", "x": ["sk-12345"],
+            "headers": {"x-subscription-token": "brv", "cookie": "sid=1", "accept": "text/html"}});
         let out = scrub(v, &sorted_secrets(vec!["sk-12345".into(), "no".into()]));
         assert_eq!(
             out,
-            json!({"Authorization": REDACTED, "body": "key=[redacted] ok", "x": [REDACTED]})
+            json!({"Authorization": REDACTED, "body": "key=[redacted] ok", "x": [REDACTED],
+                "headers": {"x-subscription-token": REDACTED, "cookie": REDACTED, "accept": "text/html"}})
         );
         assert!(is_secret_name("OPENAI_API_KEY") && is_secret_name("db_password_file"));
         assert!(!is_secret_name("KEYBOARD") && !is_secret_name("HOME"));

@@ -19,8 +19,9 @@ pub struct Services {
     /// Search indexes and long-term memory (index, retrieve, store). Opened on first use; an
     /// in-memory store unless the run was given a file.
     pub data: DataStore,
-    /// The web client of the http, search and scrape kinds (a default one allows only public
-    /// addresses).
+    /// The web client of every request a node makes besides model calls: http, search,
+    /// scrape, load from a URL, the HTTP reranker (a default one allows only public addresses
+    /// and has no cassette).
     pub web: Arc<Web>,
 }
 
