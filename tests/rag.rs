@@ -4,6 +4,8 @@
 
 #[path = "support/fake_rerank.rs"]
 mod fake_rerank;
+#[path = "support/fake_web.rs"]
+mod fake_web;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -51,6 +53,7 @@ impl Project {
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
         cmd.current_dir(self.dir.path())
             .env_remove("RUNNER_DATA_DB")
+            .env_remove("RUNNER_ALLOW_NET")
             .env_remove("RUNNER_DB");
         cmd
     }
@@ -828,6 +831,34 @@ fn load_refuses_pdf_and_oversized_documents() {
         "    max_bytes: 10\n    update: {loaded: output}",
     );
     let r = p.run(&wf, &["-i", "source=docs/travel-expenses.md", "-i", "path=x"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("over `max_bytes` (10)"), "{}", r.stderr);
+}
+
+#[test]
+fn load_from_a_url_goes_through_the_guard() {
+    let site = fake_web::start("");
+    let p = Project::new();
+    let url = site.url("/notes.txt");
+    let source = format!("source={url}");
+    let r = p.run(FILES_WF, &["-i", &source, "-i", "path=notes.txt"]);
+    assert_eq!(r.code, 1, "a loopback source is refused: {}", r.stderr);
+    assert!(r.stderr.contains("loopback"), "{}", r.stderr);
+    assert!(site.hits().is_empty(), "{:?}", site.hits());
+    let r = p
+        .run(
+            FILES_WF,
+            &["-i", &source, "-i", "path=notes.txt", "--allow-net", "127.0.0.1"],
+        )
+        .ok();
+    assert_eq!(r.output["loaded"]["source"], url);
+    assert_eq!(r.output["loaded"]["format"], "text");
+    assert!(!r.output["loaded"]["content"].as_str().unwrap().is_empty());
+    let small = FILES_WF.replace(
+        "    update: {loaded: output}",
+        "    max_bytes: 10\n    update: {loaded: output}",
+    );
+    let r = p.run(&small, &["-i", &source, "-i", "path=x", "--allow-net", "127.0.0.1"]);
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("over `max_bytes` (10)"), "{}", r.stderr);
 }

@@ -1,5 +1,5 @@
-//! Record and replay of outbound exchanges: every model call (and any other request a node kind
-//! makes through [`Cassette::exchange`]) is written to a JSONL file with its response, and a
+//! Record and replay of outbound exchanges: every model call and every web request (the web
+//! client passes each through [`Cassette::exchange`]) is written to a JSONL file with its response, and a
 //! later run can be served from that file with no network at all.
 //!
 //! The file is one header line (`{"cassette": "runner", "version": 1, ...}`), then one line per
@@ -8,7 +8,8 @@
 //!
 //! Secrets never reach the file: the values of environment variables whose names end in `_KEY`,
 //! `_TOKEN` or `_SECRET` or contain `PASSWORD`, and every header-like field named
-//! `authorization`, `api-key` or `x-api-key`, are replaced before a line is written. Requests
+//! `authorization`, `proxy-authorization`, `api-key`, `x-api-key`, `x-subscription-token` or
+//! `cookie`, are replaced before a line is written. Requests
 //! are compared on replay after the same scrubbing, so a recorded request still matches.
 //!
 //! Replay serves the first unused entry whose kind and request are equal to the one asked for,
@@ -34,7 +35,14 @@ pub use providers::{EMBED, LLM, Recording, RecordingEmbedder, Replaying, Replayi
 const REDACTED: &str = "[redacted]";
 
 /// Header fields whose values are always scrubbed (compared case-insensitively).
-const SECRET_FIELDS: [&str; 3] = ["authorization", "api-key", "x-api-key"];
+const SECRET_FIELDS: [&str; 6] = [
+    "authorization",
+    "proxy-authorization",
+    "api-key",
+    "x-api-key",
+    "x-subscription-token",
+    "cookie",
+];
 
 /// Secrets shorter than this are not scrubbed: replacing every `1` or `yes` would mangle the
 /// file and protect nothing.
@@ -447,11 +455,13 @@ mod tests {
 
     #[test]
     fn secrets_and_credential_headers_are_scrubbed() {
-        let v = json!({"Authorization": "Bearer abc", "body": "key=sk-12345 ok", "x": ["sk-12345"]});
+        let v = json!({"Authorization": "Bearer abc", "body": "key=sk-12345 ok", "x": ["sk-12345"],
+            "headers": {"x-subscription-token": "brv", "cookie": "sid=1", "accept": "text/html"}});
         let out = scrub(v, &sorted_secrets(vec!["sk-12345".into(), "no".into()]));
         assert_eq!(
             out,
-            json!({"Authorization": REDACTED, "body": "key=[redacted] ok", "x": [REDACTED]})
+            json!({"Authorization": REDACTED, "body": "key=[redacted] ok", "x": [REDACTED],
+                "headers": {"x-subscription-token": REDACTED, "cookie": REDACTED, "accept": "text/html"}})
         );
         assert!(is_secret_name("OPENAI_API_KEY") && is_secret_name("db_password_file"));
         assert!(!is_secret_name("KEYBOARD") && !is_secret_name("HOME"));

@@ -68,12 +68,12 @@ pub struct Common {
     /// `fast=llamacpp:any@http://127.0.0.1:8080/v1`.
     #[arg(long = "model", value_name = "PROFILE=SPEC")]
     pub model: Vec<String>,
-    /// Record every model call (and other outbound request) with its response to this JSONL
-    /// cassette; secrets are scrubbed.
+    /// Record every model call and web request with its response to this JSONL cassette;
+    /// secrets are scrubbed.
     #[arg(long, value_name = "FILE", conflicts_with = "replay")]
     pub record: Option<PathBuf>,
-    /// Serve every model call from this cassette, with no network; a request it does not hold
-    /// fails the run, naming the closest recorded one.
+    /// Serve every model call and web request from this cassette, with no network; a request
+    /// it does not hold fails the run, naming the closest recorded one.
     #[arg(long, value_name = "FILE", conflicts_with = "mock")]
     pub replay: Option<PathBuf>,
     /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
@@ -268,7 +268,7 @@ fn execute(
         providers,
         cassette: cassette.clone(),
         data: crate::rag::DataStore::at(store::data_db_path(common.data_db.as_deref())),
-        web: Arc::new(web_client(&common.allow_net)?),
+        web: Arc::new(web_client(&common.allow_net)?.with_cassette(cassette.clone())),
     };
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human

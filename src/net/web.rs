@@ -1,7 +1,8 @@
 //! The web client of the I/O kinds. Every outbound request of http, search and scrape goes
 //! through [`Web::fetch`]: a request and its response are plain data (so an exchange can be
 //! recorded and replayed), and the guard, timeouts, size cap, redirects and concurrency bounds
-//! are enforced in this one place.
+//! are enforced in this one place. A web client given a cassette records every exchange
+//! (robots.txt included) or, replaying, serves it from the cassette and never connects.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,9 @@ use tokio::sync::{OnceCell, Semaphore};
 use url::Url;
 
 use super::guard::{self, AllowList};
+use super::record;
 use super::robots::Robots;
+use crate::cassette::{Cassette, ExchangeError};
 use crate::spec::ErrorClass;
 
 /// An outbound request.
@@ -181,6 +184,8 @@ pub struct Web {
     overall: Arc<Semaphore>,
     hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
     robots: Mutex<HashMap<String, Arc<OnceCell<Robots>>>>,
+    /// `--record` / `--replay`: every fetch is an exchange of this cassette.
+    cassette: Option<Arc<Cassette>>,
 }
 
 impl Default for Web {
@@ -197,7 +202,14 @@ impl Web {
             clients: Mutex::new(HashMap::new()),
             hosts: Mutex::new(HashMap::new()),
             robots: Mutex::new(HashMap::new()),
+            cassette: None,
         }
+    }
+
+    /// This client, recording every exchange to `cassette` or replaying it from there.
+    pub fn with_cassette(mut self, cassette: Option<Arc<Cassette>>) -> Web {
+        self.cassette = cassette;
+        self
     }
 
     /// The run's allow-list.
@@ -205,8 +217,25 @@ impl Web {
         &self.config.allow
     }
 
-    /// Sends `req`, following redirects itself so that every hop is checked by the guard.
+    /// Sends `req`, following redirects itself so that every hop is checked by the guard. With
+    /// a cassette, the exchange (its failure included) is recorded, or served from it.
     pub async fn fetch(&self, req: Request, opts: &FetchOptions) -> Result<Response, FetchError> {
+        let Some(cassette) = &self.cassette else {
+            return self.fetch_live(req, opts).await;
+        };
+        let key = record::request_value(&req);
+        let live =
+            async { Ok::<_, std::convert::Infallible>(record::outcome_value(&self.fetch_live(req, opts).await)) };
+        match cassette.exchange(record::HTTP, key, live).await {
+            Ok(recorded) => record::outcome_from(&recorded),
+            // A miss is a bad request: not retried, and reported by the CLI after the run even
+            // when an `on_error` handler absorbed it.
+            Err(ExchangeError::Cassette(e)) => Err(FetchError::new(ErrorClass::BadRequest, e.to_string())),
+            Err(ExchangeError::Live(never)) => match never {},
+        }
+    }
+
+    async fn fetch_live(&self, req: Request, opts: &FetchOptions) -> Result<Response, FetchError> {
         let mut allow = opts.allow.clone();
         allow.extend(&self.config.allow);
         match tokio::time::timeout(opts.timeout, self.exchange(req, opts, &allow)).await {

@@ -1,5 +1,5 @@
 //! `load`: reads one document from a path (relative to the current directory) or an http(s)
-//! URL. `output` is `{content, title, source, bytes, format}`: text for text, Markdown and HTML
+//! URL (through the run's guarded web client). `output` is `{content, title, source, bytes, format}`: text for text, Markdown and HTML
 //! (markup removed), the parsed value for JSON. PDF is refused (unsupported in this build).
 
 use std::path::Path;
@@ -7,8 +7,9 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render};
+use crate::net::{AllowList, FetchOptions, Oversize, Request, Response};
 use crate::rag::extract::{self, Format};
-use crate::spec::{DocFormat, ErrorClass, NodeSpec};
+use crate::spec::{DocFormat, NodeSpec};
 
 /// Default `max_bytes`: 20 MiB.
 const DEFAULT_MAX_BYTES: u64 = 20 << 20;
@@ -23,7 +24,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     }
     let max = n.kind.max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
     let (bytes, content_type) = if source.starts_with("http://") || source.starts_with("https://") {
-        fetch(&source, max).await?
+        fetch(ctx, &source, max).await?
     } else {
         (read(Path::new(&source), max)?, None)
     };
@@ -74,45 +75,32 @@ fn read(path: &Path, max: u64) -> Result<Vec<u8>, NodeError> {
     std::fs::read(path).map_err(|e| NodeError::invalid(format!("cannot read {}: {e}", path.display())))
 }
 
-/// Fetches a URL: at most `max` bytes, the body and its content type. The one place `load`
-/// reaches the network.
-async fn fetch(url: &str, max: u64) -> Result<(Vec<u8>, Option<String>), NodeError> {
-    let net = |e: reqwest::Error| {
-        let class = if e.is_timeout() {
-            ErrorClass::Timeout
-        } else {
-            ErrorClass::Network
-        };
-        NodeError::new(class, format!("{url}: {e}"))
+/// Fetches a URL through the run's web client: at most `max` bytes, the body and its content
+/// type. The source is rendered from data, so only public addresses are reached unless the
+/// run allows more (`--allow-net`).
+async fn fetch(ctx: &NodeCtx<'_>, url: &str, max: u64) -> Result<(Vec<u8>, Option<String>), NodeError> {
+    let opts = FetchOptions {
+        allow: AllowList::default(),
+        timeout: std::time::Duration::from_secs(60),
+        max_bytes: max,
+        oversize: Oversize::Fail,
+        max_redirects: 5,
+        accept: None,
     };
-    let client = crate::net::client_builder()
-        .timeout(std::time::Duration::from_secs(60))
-        .redirect(reqwest::redirect::Policy::limited(5))
-        .build()
-        .map_err(net)?;
-    let mut response = client.get(url).send().await.map_err(net)?;
-    let status = response.status();
-    if !status.is_success() {
-        let class = match status.as_u16() {
-            429 => ErrorClass::RateLimit,
-            500.. => ErrorClass::Server,
-            _ => ErrorClass::BadRequest,
-        };
-        return Err(NodeError::new(class, format!("{url}: HTTP {status}")));
-    }
-    let content_type = response
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(net)? {
-        if (body.len() + chunk.len()) as u64 > max {
-            return Err(NodeError::invalid(format!(
-                "{url}: the document is over `max_bytes` ({max})"
-            )));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok((body, content_type))
+    let response = ctx
+        .services
+        .web
+        .fetch(Request::get(url), &opts)
+        .await
+        .and_then(Response::error_for_status)
+        .map_err(|e| {
+            let message = if e.message.contains("is larger than") {
+                format!("{url}: the document is over `max_bytes` ({max})")
+            } else {
+                format!("{url}: {e}")
+            };
+            NodeError::new(e.class, message)
+        })?;
+    let content_type = response.content_type().map(str::to_string);
+    Ok((response.body.to_vec(), content_type))
 }

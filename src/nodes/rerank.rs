@@ -1,11 +1,12 @@
 //! Rerankers for `retrieve`: `rrf` (the fused rank as it is), `none` (vector similarity
 //! order), `{llm: PROFILE}` (a model scores every candidate 0–10 in one call) and `{url: ...}`
-//! (a Cohere/Jina/TEI-style `/rerank` endpoint). A model or endpoint that fails leaves the RRF
+//! (a Cohere/Jina/TEI-style `/rerank` endpoint, reached through the run's web client). A model or endpoint that fails leaves the RRF
 //! order, and the failure is returned so the node can report it.
 
 use serde_json::{Value, json};
 
 use super::NodeCtx;
+use crate::net::{AllowList, FetchOptions, Oversize, Request, Web};
 use crate::providers::{ChatRequest, Message, Usage, price};
 use crate::rag::search::{ChunkRow, Hit};
 use crate::spec::{Rerank, RerankName};
@@ -45,7 +46,7 @@ pub async fn rerank(
         Rerank::Named(RerankName::Rrf) => return (by_rrf(), None),
         Rerank::Named(RerankName::None) => Ok(hits.iter().map(|h| h.cosine).collect()),
         Rerank::Llm { llm } => by_llm(ctx, llm, queries, hits, usage).await,
-        Rerank::Http { url } => by_endpoint(url, queries, hits).await,
+        Rerank::Http { url } => by_endpoint(&ctx.services.web, url, queries, hits).await,
     };
     match scores {
         Ok(scores) => {
@@ -182,34 +183,39 @@ pub fn parse_scores(text: &str, n: usize) -> Option<Vec<f64>> {
 
 /// POSTs `{query, documents, top_n}` to a rerank endpoint; reads `{results: [{index,
 /// relevance_score}]}` (Cohere, Jina) or `[{index, score}]` (TEI).
-async fn by_endpoint(url: &str, queries: &[String], hits: &[Hit]) -> Result<Vec<f64>, String> {
-    let client = crate::net::client_builder()
-        .timeout(std::time::Duration::from_secs(30))
-        .build()
-        .map_err(|e| format!("rerank endpoint: {e}"))?;
+async fn by_endpoint(web: &Web, url: &str, queries: &[String], hits: &[Hit]) -> Result<Vec<f64>, String> {
     let body = json!({
         "query": queries.first().cloned().unwrap_or_default(),
         "documents": hits.iter().map(|h| h.chunk.text.clone()).collect::<Vec<_>>(),
         "texts": hits.iter().map(|h| h.chunk.text.clone()).collect::<Vec<_>>(),
         "top_n": hits.len(),
     });
-    let response = client
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| format!("rerank endpoint {url}: {e}"))?;
-    let status = response.status();
-    let bytes = response
-        .bytes()
-        .await
-        .map_err(|e| format!("rerank endpoint {url}: {e}"))?;
-    if bytes.len() > MAX_RESPONSE {
-        return Err(format!("rerank endpoint {url}: response over {MAX_RESPONSE} bytes"));
+    // The endpoint is written in the workflow: its host is trusted, as an http node's is.
+    let mut allow = AllowList::default();
+    if let Some(host) = url::Url::parse(url).ok().as_ref().and_then(url::Url::host_str) {
+        allow.add(host).map_err(|e| format!("rerank endpoint {url}: {e}"))?;
     }
-    if !status.is_success() {
+    let opts = FetchOptions {
+        allow,
+        timeout: std::time::Duration::from_secs(30),
+        max_bytes: MAX_RESPONSE as u64,
+        oversize: Oversize::Fail,
+        ..FetchOptions::default()
+    };
+    let request = Request {
+        method: "POST".into(),
+        url: url.to_string(),
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: Some(body.to_string().into_bytes()),
+    };
+    let response = web
+        .fetch(request, &opts)
+        .await
+        .map_err(|e| format!("rerank endpoint {url}: {e}"))?;
+    let bytes = response.body;
+    if response.status >= 400 {
         let shown: String = String::from_utf8_lossy(&bytes).chars().take(200).collect();
-        return Err(format!("rerank endpoint {url}: HTTP {status}: {shown}"));
+        return Err(format!("rerank endpoint {url}: HTTP {}: {shown}", response.status));
     }
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| format!("rerank endpoint {url}: {e}"))?;
     let results = value.get("results").or_else(|| value.get("data")).unwrap_or(&value);

@@ -13,14 +13,15 @@ use crate::rag::DataStore;
 pub struct Services {
     /// Model providers by profile name.
     pub providers: Providers,
-    /// The cassette of `--record` / `--replay`: kinds that make requests of their own pass
-    /// them through [`Cassette::exchange`] when it is set.
+    /// The cassette of `--record` / `--replay` (the providers and `web` were built with it: a
+    /// web request is recorded by `web` itself).
     pub cassette: Option<Arc<Cassette>>,
     /// Search indexes and long-term memory (index, retrieve, store). Opened on first use; an
     /// in-memory store unless the run was given a file.
     pub data: DataStore,
-    /// The web client of the http, search and scrape kinds (a default one allows only public
-    /// addresses).
+    /// The web client of every request a node makes besides model calls: http, search,
+    /// scrape, load from a URL, the HTTP reranker (a default one allows only public addresses
+    /// and has no cassette).
     pub web: Arc<Web>,
 }
 

@@ -20,6 +20,8 @@ pub struct FakeWeb {
     pub port: u16,
     /// Every path requested, in order.
     pub hits: Arc<Mutex<Vec<String>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<std::thread::JoinHandle<()>>,
 }
 
 impl FakeWeb {
@@ -33,6 +35,16 @@ impl FakeWeb {
 
     pub fn hits(&self) -> Vec<String> {
         self.hits.lock().unwrap().clone()
+    }
+
+    /// Shuts the server down and waits until its port is closed.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.join().unwrap();
+        }
     }
 }
 
@@ -64,7 +76,8 @@ fn start_on(ip: &str, redirect_to: &str) -> FakeWeb {
         redirect_to: redirect_to.to_string(),
         hits: hits.clone(),
     };
-    std::thread::spawn(move || {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -72,10 +85,20 @@ fn start_on(ip: &str, redirect_to: &str) -> FakeWeb {
             .unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, router(site)).await.unwrap();
+            axum::serve(listener, router(site))
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
         });
     });
-    FakeWeb { port, hits }
+    FakeWeb {
+        port,
+        hits,
+        stop: Some(stop),
+        server: Some(server),
+    }
 }
 
 fn router(site: Site) -> Router {

@@ -260,9 +260,9 @@ fn providers(plan: &Plan, case: &Case) -> Result<Services, String> {
     };
     Ok(Services {
         providers,
+        web: Arc::new(crate::net::Web::default().with_cassette(cassette.clone())),
         cassette,
         data: crate::rag::DataStore::default(),
-        web: Default::default(),
     })
 }
 
