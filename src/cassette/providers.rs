@@ -68,21 +68,12 @@ fn error_value(e: &ProviderError) -> Value {
 
 fn error_from(v: &Value) -> ProviderError {
     let message = v.get("message").and_then(Value::as_str).unwrap_or_default().to_string();
-    match v.get("class").and_then(Value::as_str).unwrap_or_default() {
-        "rate_limit" => ProviderError::RateLimited {
-            retry_after: v.get("retry_after").and_then(Value::as_f64),
-        },
-        "server" => ProviderError::Server {
-            status: v.get("status").and_then(Value::as_u64).unwrap_or(500) as u16,
-            message,
-        },
-        "timeout" => ProviderError::Timeout,
-        "network" => ProviderError::Network(message),
-        "stream" => ProviderError::StreamCut(message),
-        "bad_request" => ProviderError::BadRequest(message),
-        "auth" => ProviderError::Auth(message),
-        other => ProviderError::Malformed(format!("a recorded failure of unknown class `{other}`: {message}")),
-    }
+    let class = v.get("class").and_then(Value::as_str).unwrap_or_default();
+    let status = v.get("status").and_then(Value::as_u64).map(|s| s as u16);
+    let retry_after = v.get("retry_after").and_then(Value::as_f64);
+    ProviderError::named(class, message.clone(), status, retry_after).unwrap_or_else(|| {
+        ProviderError::Malformed(format!("a recorded failure of unknown class `{class}`: {message}"))
+    })
 }
 
 fn response_from(

@@ -155,22 +155,10 @@ fn parse_reply(v: &Value) -> Result<Reply, String> {
                     .and_then(Value::as_str)
                     .unwrap_or("scripted failure")
                     .to_string();
-                let error = match kind {
-                    "rate_limit" => ProviderError::RateLimited {
-                        retry_after: o.get("retry_after").and_then(Value::as_f64),
-                    },
-                    "server" => ProviderError::Server {
-                        status: o.get("status").and_then(Value::as_u64).unwrap_or(500) as u16,
-                        message,
-                    },
-                    "timeout" => ProviderError::Timeout,
-                    "network" => ProviderError::Network(message),
-                    "stream" => ProviderError::StreamCut(message),
-                    "bad_request" => ProviderError::BadRequest(message),
-                    "auth" => ProviderError::Auth(message),
-                    "malformed" => ProviderError::Malformed(message),
-                    other => return Err(format!("unknown error `{other}`")),
-                };
+                let status = o.get("status").and_then(Value::as_u64).map(|s| s as u16);
+                let retry_after = o.get("retry_after").and_then(Value::as_f64);
+                let error = ProviderError::named(kind, message, status, retry_after)
+                    .ok_or_else(|| format!("unknown error `{kind}`"))?;
                 return Ok(Reply::Fail { error, delay });
             }
             let text = match o.get("text") {

@@ -108,6 +108,26 @@ pub enum ProviderError {
 }
 
 impl ProviderError {
+    /// The error of a class named as in scripts and cassettes (`rate_limit`, `server`,
+    /// `timeout`, `network`, `stream`, `bad_request`, `auth`, `malformed`); `None` for another
+    /// name.
+    pub fn named(class: &str, message: String, status: Option<u16>, retry_after: Option<f64>) -> Option<ProviderError> {
+        Some(match class {
+            "rate_limit" => ProviderError::RateLimited { retry_after },
+            "server" => ProviderError::Server {
+                status: status.unwrap_or(500),
+                message,
+            },
+            "timeout" => ProviderError::Timeout,
+            "network" => ProviderError::Network(message),
+            "stream" => ProviderError::StreamCut(message),
+            "bad_request" => ProviderError::BadRequest(message),
+            "auth" => ProviderError::Auth(message),
+            "malformed" => ProviderError::Malformed(message),
+            _ => return None,
+        })
+    }
+
     pub fn class(&self) -> ErrorClass {
         match self {
             ProviderError::RateLimited { .. } => ErrorClass::RateLimit,
