@@ -425,6 +425,59 @@ edges: [START -> ask, ask -> END]
 }
 
 #[test]
+fn what_a_failed_node_spent_counts_toward_the_run_and_its_budget() {
+    let body = r#"
+limits: {max_llm_calls: 4}
+state: {errors: {type: array, reducer: append, default: []}}
+nodes:
+  ask:
+    kind: llm
+    prompt: {text: "a number"}
+    output: {format: json, repair: 1, schema: {type: object, required: [n]}}
+    retry: {max_attempts: 2, initial_interval: 0s, retry_on: [invalid]}
+    on_error: {to: again, update: {errors: "[error.class]"}}
+  again:
+    kind: llm
+    prompt: {text: "once more"}
+    on_error: {to: END, update: {errors: "[error.class]"}}
+edges: [START -> ask, ask -> END, again -> END]
+"#;
+    let p = Project::new(&[("w.yaml", &wf(body))]);
+    // Two attempts of two calls each (a reply and its repair), none matching the schema.
+    let mut r = Run::new(json!({"replies": {"ask": "{\"m\": 1}"}}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Done);
+    assert_eq!(out.usage.calls, 4, "every call the failed node made is counted");
+    // The budget saw them too: the next model call is refused.
+    assert_eq!(out.state["errors"], json!(["invalid", "budget"]));
+    let reported: u64 = r
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Usage { node, usage } if node == "ask" => Some(usage.calls),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(reported, 4);
+
+    // Without a handler the run fails, and its report still counts the calls.
+    let failing = r#"
+nodes:
+  ask:
+    kind: llm
+    prompt: {text: "a number"}
+    output: {format: json, repair: 1, schema: {type: object, required: [n]}}
+    retry: {max_attempts: 2, initial_interval: 0s, retry_on: [invalid]}
+edges: [START -> ask, ask -> END]
+"#;
+    let p = Project::new(&[("w.yaml", &wf(failing))]);
+    let mut r = Run::new(json!({"replies": {"ask": "{\"m\": 1}"}}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Failed);
+    assert_eq!(out.usage.calls, 4);
+}
+
+#[test]
 fn a_subgraph_maps_input_and_output_and_keeps_its_own_state() {
     let child = r#"
 name: child

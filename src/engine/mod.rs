@@ -354,6 +354,15 @@ impl Engine {
                 })
                 .collect();
             if !failed.is_empty() {
+                // The step is not applied and the thread's stored usage stays as it was, but
+                // what the step's tasks spent on models was spent: the run's report counts it.
+                for (_, o) in &outcomes {
+                    match o {
+                        StepResult::Done(d) => meta.usage.add(&d.usage),
+                        StepResult::Failed(e) => meta.usage.add(&e.usage),
+                        StepResult::Interrupt(_) => {}
+                    }
+                }
                 status = Status::Failed;
                 error = Some(
                     failed

@@ -71,6 +71,8 @@ pub async fn run(
     let policy = retry_policy(&node.spec);
     let timeout = common.timeout.as_ref().and_then(|t| t.to_std());
     let mut attempt = 0u32;
+    // What failed attempts spent on models: the task's usage counts every attempt.
+    let mut spent_before = Usage::default();
     let started = Instant::now();
     shared.events.send(Event::NodeStart {
         step,
@@ -109,9 +111,16 @@ pub async fn run(
             None => nodes::execute(&ctx).await,
         };
         let result = match result {
-            Ok(out) => after(&shared, node, &scope, out.output, out.usage),
+            Ok(out) => {
+                let mut usage = spent_before;
+                usage.add(&out.usage);
+                after(&shared, node, &scope, out.output, usage)
+            }
             Err(NodeFailure::Interrupt(payload)) => break Outcome::Interrupt(payload),
-            Err(NodeFailure::Error(e)) => Err(e),
+            Err(NodeFailure::Error(mut e)) => {
+                e.usage.add(&spent_before);
+                Err(e)
+            }
         };
         match result {
             Ok(done) => break Outcome::Done(done),
@@ -128,18 +137,22 @@ pub async fn run(
                         delay_ms: delay.as_secs_f64() * 1000.0,
                     });
                     tokio::time::sleep(delay).await;
+                    spent_before = e.usage;
                     continue;
                 }
                 break handle_error(&shared, node, &scope, e, attempt);
             }
         }
     };
-    if let Outcome::Done(d) = &outcome
-        && d.usage.calls > 0
-    {
+    let usage = match &outcome {
+        Outcome::Done(d) => d.usage,
+        Outcome::Failed(e) => e.usage,
+        Outcome::Interrupt(_) => Usage::default(),
+    };
+    if usage.calls > 0 {
         shared.events.send(Event::Usage {
             node: node.name.clone(),
-            usage: d.usage,
+            usage,
         });
     }
     // `node_end` is sent by the step once the result is stored: an observer that sees it may
@@ -260,13 +273,16 @@ fn handle_error(
                 writes,
                 next,
                 handled: true,
-                usage: Usage::default(),
+                usage: e.usage,
             })
         }
-        Err(e2) => Outcome::Failed(NodeError::invalid(format!(
-            "{} (and its on_error update failed: {})",
-            e.message, e2.message
-        ))),
+        Err(e2) => Outcome::Failed(
+            NodeError::invalid(format!(
+                "{} (and its on_error update failed: {})",
+                e.message, e2.message
+            ))
+            .spent(e.usage),
+        ),
     }
 }
 

@@ -90,10 +90,10 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
                 _ => None,
             };
             NodeError {
-                class: e.class(),
-                message: e.to_string(),
                 retry_after,
+                ..NodeError::new(e.class(), e.to_string())
             }
+            .spent(usage)
         })?;
         let mut call_usage = reply.usage;
         call_usage.calls = call_usage.calls.max(1);
@@ -124,6 +124,7 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
                 "the model's reply did not match the output schema after {} attempt(s): {problem}",
                 attempt + 1
             ))
+            .spent(usage)
             .into());
         }
         attempt += 1;

@@ -78,6 +78,9 @@ pub struct NodeError {
     pub message: String,
     /// A wait the remote side asked for (HTTP Retry-After), in seconds.
     pub retry_after: Option<f64>,
+    /// What the attempt spent on models before it failed (an llm node whose replies never
+    /// matched its schema paid for every one of them): budgets and the run's usage count it.
+    pub usage: Usage,
 }
 
 impl NodeError {
@@ -86,7 +89,14 @@ impl NodeError {
             class,
             message: message.into(),
             retry_after: None,
+            usage: Usage::default(),
         }
+    }
+
+    /// The same error, carrying what was spent before it.
+    pub fn spent(mut self, usage: Usage) -> NodeError {
+        self.usage = usage;
+        self
     }
 
     pub fn invalid(message: impl Into<String>) -> NodeError {
@@ -97,9 +107,8 @@ impl NodeError {
 impl From<crate::net::FetchError> for NodeError {
     fn from(e: crate::net::FetchError) -> Self {
         NodeError {
-            class: e.class,
-            message: e.message,
             retry_after: e.retry_after,
+            ..NodeError::new(e.class, e.message)
         }
     }
 }

@@ -58,7 +58,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         .data
         .with(move |c| search::search(c, &request))
         .await
-        .map_err(data_error)?;
+        .map_err(|e| data_error(e).spent(usage))?;
 
     let (mut ranked, failure) = rerank::rerank(ctx, &rerank, &queries, &found.hits, &mut usage).await;
     if let Some(err) = &failure {
@@ -78,7 +78,9 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     } else {
         found.documents.clone()
     };
-    let chunks = expand(&ctx.services.data, ranked, targeted, intro, around).await?;
+    let chunks = expand(&ctx.services.data, ranked, targeted, intro, around)
+        .await
+        .map_err(|e| e.spent(usage))?;
     let mut output = json!({
         "chunks": chunks,
         "best_score": best_score,

@@ -98,9 +98,8 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &ScrapeNode) -> Result<NodeOutput, NodeFa
             }
             Err(e) if fail => {
                 return Err(NodeError {
-                    class: e.class,
-                    message: format!("{}: {}", t.url, e.message),
                     retry_after: e.retry_after,
+                    ..NodeError::new(e.class, format!("{}: {}", t.url, e.message))
                 }
                 .into());
             }
