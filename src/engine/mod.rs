@@ -25,7 +25,8 @@ use serde_json::{Map, Value, json};
 use tokio::task::JoinSet;
 
 use crate::checkpoint::{self, Checkpoint, Checkpointer, PendingWrite, TaskSpec, Thread, ThreadStatus};
-use crate::compile::{Branch, Plan, Reducer, Target};
+use crate::compile::{Branch, NodeIx, Plan, Reducer, Target};
+use futures::FutureExt;
 use crate::nodes::{NodeError, Services};
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
@@ -770,6 +771,12 @@ impl Engine {
                 .iter()
                 .find(|w| w.task_id == t.task_id && w.channel == RESUME)
                 .map(|w| w.value.clone());
+            to_run.push((i, ix, resume, self.spent(&t.node, meta)));
+        }
+        // A task's future is made when it starts, not before: a fan-out of a thousand holds a
+        // thousand of them, so they are not also kept in a list.
+        let start = |(i, ix, resume, spent): (usize, NodeIx, Option<Value>, Option<NodeError>)| {
+            let t = &cp.next[i];
             let fut = task::run(
                 shared.clone(),
                 ix,
@@ -778,20 +785,21 @@ impl Engine {
                 base.clone(),
                 step,
                 resume,
-                self.spent(&t.node, meta),
+                spent,
             );
-            to_run.push((i, fut));
-        }
+            // `map`, not an async block: a block awaiting a captured future keeps two copies.
+            fut.map(move |out| (i, out))
+        };
         // One task runs in place; several run on the runtime's workers, in parallel.
-        let mut inline = if to_run.len() == 1 { to_run.pop() } else { None };
-        for (i, fut) in to_run {
-            set.spawn(async move { (i, fut.await) });
+        let mut inline = if to_run.len() == 1 { to_run.pop().map(start) } else { None };
+        for args in to_run {
+            set.spawn(start(args));
         }
         let mut remaining = set.len() + usize::from(inline.is_some());
         let mut deferred = Vec::new();
         loop {
             let joined = match inline.take() {
-                Some((i, fut)) => Ok((i, fut.await)),
+                Some(fut) => Ok(fut.await),
                 None => match set.join_next().await {
                     Some(joined) => joined,
                     None => break,
