@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use jsonschema::error::ValidationErrorKind;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::diag::{Code, Diagnostic, Span};
@@ -124,7 +125,8 @@ impl Source {
 /// Deserializes the top level; sections that do not fit are dropped (the schema reported them)
 /// so the rest of the file is still checked.
 fn lenient_workflow(value: &Value) -> Option<Workflow> {
-    if let Ok(w) = serde_json::from_value::<Workflow>(value.clone()) {
+    // From a reference: a copy of the whole tree would double the peak for a large file.
+    if let Ok(w) = Workflow::deserialize(value) {
         return Some(w);
     }
     let mut obj = value.as_object()?.clone();

@@ -37,8 +37,14 @@ pub struct Document {
 /// Where each JSON pointer's value (and, for mapping entries, its key) stands in the file.
 #[derive(Debug, Clone, Default)]
 pub struct SpanMap {
-    values: HashMap<String, Span>,
-    keys: HashMap<String, Span>,
+    places: HashMap<Box<str>, Place>,
+}
+
+/// One value's place: one entry per pointer, the pointer stored once.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    value: Span,
+    key: Option<Span>,
 }
 
 impl SpanMap {
@@ -46,8 +52,8 @@ impl SpanMap {
     pub fn value(&self, pointer: &str) -> Option<Span> {
         let mut p = pointer;
         loop {
-            if let Some(s) = self.values.get(p) {
-                return Some(*s);
+            if let Some(place) = self.places.get(p) {
+                return Some(place.value);
             }
             p = parent(p)?;
         }
@@ -55,12 +61,15 @@ impl SpanMap {
 
     /// The span of the mapping key whose value is at `pointer`, falling back to the value.
     pub fn key(&self, pointer: &str) -> Option<Span> {
-        self.keys.get(pointer).copied().or_else(|| self.value(pointer))
+        self.places
+            .get(pointer)
+            .and_then(|place| place.key)
+            .or_else(|| self.value(pointer))
     }
 
     /// The span of the value at `pointer` only if it has one itself.
     pub fn exact(&self, pointer: &str) -> Option<Span> {
-        self.values.get(pointer).copied()
+        self.places.get(pointer).map(|place| place.value)
     }
 }
 
@@ -207,7 +216,7 @@ pub fn parse(file: SourceFile) -> Result<Document, Vec<Diagnostic>> {
         spans: &mut spans,
         diags: &mut diags,
     };
-    let value = converter.convert(&root, String::new(), 0);
+    let value = converter.convert(&root, String::new(), None, 0);
     if diags.is_empty() {
         Ok(Document { file, value, spans })
     } else {
@@ -280,8 +289,18 @@ impl Converter<'_> {
         );
     }
 
-    fn convert(&mut self, node: &MarkedYaml, pointer: String, depth: usize) -> Value {
-        self.spans.values.insert(pointer.clone(), span_of(node));
+    /// The value of `node` (at `pointer`; `key` is its mapping key's span), its place recorded.
+    fn convert(&mut self, node: &MarkedYaml, pointer: String, key: Option<Span>, depth: usize) -> Value {
+        let value = self.value(node, &pointer, depth);
+        let place = Place {
+            value: span_of(node),
+            key,
+        };
+        self.spans.places.insert(pointer.into_boxed_str(), place);
+        value
+    }
+
+    fn value(&mut self, node: &MarkedYaml, pointer: &str, depth: usize) -> Value {
         match &node.data {
             YamlData::Value(scalar) => self.scalar(node, scalar),
             YamlData::Sequence(items) => {
@@ -291,7 +310,7 @@ impl Converter<'_> {
                 }
                 let mut out = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
-                    out.push(self.convert(item, push_pointer(&pointer, &i.to_string()), depth + 1));
+                    out.push(self.convert(item, push_pointer(pointer, &i.to_string()), None, depth + 1));
                 }
                 Value::Array(out)
             }
@@ -303,9 +322,8 @@ impl Converter<'_> {
                 let mut out = Map::with_capacity(map.len());
                 for (key, value) in map {
                     let Some(name) = self.key(key) else { continue };
-                    let child = push_pointer(&pointer, &name);
-                    self.spans.keys.insert(child.clone(), span_of(key));
-                    let v = self.convert(value, child, depth + 1);
+                    let child = push_pointer(pointer, &name);
+                    let v = self.convert(value, child, Some(span_of(key)), depth + 1);
                     out.insert(name, v);
                 }
                 Value::Object(out)
