@@ -10,10 +10,11 @@ graph.invoke(...) alone (no interpreter start, imports or graph building).
 
 runner: the real binary, timed from outside (wall time from spawn to exit, so process start,
 parsing and compiling the workflow and opening the database are included: this is unfavourable
-to runner). Two engine-only estimates are added where they can be had:
-  - from `--stream jsonl`, if its events carry timestamps: last event time - first event time;
+to runner). One engine-only estimate is added where it can be had:
   - for the loops, the marginal cost: (wall(1,000 rounds) - wall(1 round)) / (3,000 - 3) steps,
-    with `--set iterations=1`.
+    with `--set iterations=1` (events off, as in the timed runs);
+  - otherwise from a `--stream jsonl` run: run_end's duration (or last event time - first event
+    time), which also includes writing the events.
 Peak memory: GNU time's %M for the child (its ru_maxrss from os.wait4 would also count the forked
 interpreter's pages before exec); without /usr/bin/time, that ru_maxrss.
 """
@@ -405,9 +406,10 @@ def main() -> None:
 
     p("LangGraph: time of `graph.invoke()` only (no interpreter start, imports or graph building). "
       "runner: wall time of the whole `runner run` process (start, workflow compile and database "
-      "open included); \"engine\" is runner's own time where it can be measured (event "
-      "timestamps in `--stream jsonl`, or for the loops the marginal cost per step between "
-      "1 and 1,000 rounds). Per step, except the fan-out: per task (2 supersteps, 1,001 tasks).\n")
+      "open included); \"engine\" is runner's own time where it can be measured: for the loops "
+      "the marginal cost per step between 1 and 1,000 rounds, otherwise a `--stream jsonl` "
+      "run's own total (which also pays for writing the events). Per step, except the fan-out: "
+      "per task (2 supersteps, 1,001 tasks).\n")
     p("| # | case | LangGraph total | LangGraph /step | runner total (process) | runner /step (process) "
       "| ratio | runner /step (engine) | ratio (engine) | target |")
     p("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -422,11 +424,13 @@ def main() -> None:
         rt = R.med("wall_s") if R else None
         r_step = rt / per if rt is not None else None
         eng = None
-        if R and R.samples and R.samples[0].get("jsonl"):
-            eng = R.samples[0]["jsonl"]["span_s"] / per
-        elif r.rn.case in ("loop", "append") and R and (R1 := rn.get(RN(r.rn.case, r.rn.mode, 1))):
+        # Loops: the marginal cost per step, with events off as in the timed runs. Elsewhere the
+        # engine's own total from a `--stream jsonl` run, which also pays for writing the events.
+        if r.rn.case in ("loop", "append") and R and (R1 := rn.get(RN(r.rn.case, r.rn.mode, 1))):
             if rt is not None and R1.med("wall_s") is not None:
                 eng = max(rt - R1.med("wall_s"), 0.0) / (SUPERSTEPS[r.rn.case] - 3)
+        elif R and R.samples and R.samples[0].get("jsonl"):
+            eng = R.samples[0]["jsonl"]["span_s"] / per
         unit = UNIT[r.lg.case]
         cells = [
             str(i), r.label,
