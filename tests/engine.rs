@@ -424,26 +424,31 @@ edges: [START -> ask, ask -> END]
     );
 }
 
-#[test]
-fn what_a_failed_node_spent_counts_toward_the_run_and_its_budget() {
-    let body = r#"
-limits: {max_llm_calls: 4}
-state: {errors: {type: array, reducer: append, default: []}}
-nodes:
+/// An llm node whose replies never match its schema: two attempts of two calls each (a reply
+/// and its repair).
+const NEVER_MATCHES: &str = r#"
   ask:
     kind: llm
     prompt: {text: "a number"}
     output: {format: json, repair: 1, schema: {type: object, required: [n]}}
     retry: {max_attempts: 2, initial_interval: 0s, retry_on: [invalid]}
-    on_error: {to: again, update: {errors: "[error.class]"}}
+"#;
+
+#[test]
+fn what_a_failed_node_spent_counts_toward_the_run_and_its_budget() {
+    let handled = format!(
+        r#"
+limits: {{max_llm_calls: 4}}
+state: {{errors: {{type: array, reducer: append, default: []}}}}
+nodes:{NEVER_MATCHES}    on_error: {{to: again, update: {{errors: "[error.class]"}}}}
   again:
     kind: llm
-    prompt: {text: "once more"}
-    on_error: {to: END, update: {errors: "[error.class]"}}
+    prompt: {{text: "once more"}}
+    on_error: {{to: END, update: {{errors: "[error.class]"}}}}
 edges: [START -> ask, ask -> END, again -> END]
-"#;
-    let p = Project::new(&[("w.yaml", &wf(body))]);
-    // Two attempts of two calls each (a reply and its repair), none matching the schema.
+"#
+    );
+    let p = Project::new(&[("w.yaml", &wf(&handled))]);
     let mut r = Run::new(json!({"replies": {"ask": "{\"m\": 1}"}}));
     let out = r.go(&p.plan("w.yaml"), req(json!({})));
     assert_eq!(out.status, Status::Done);
@@ -461,16 +466,8 @@ edges: [START -> ask, ask -> END, again -> END]
     assert_eq!(reported, 4);
 
     // Without a handler the run fails, and its report still counts the calls.
-    let failing = r#"
-nodes:
-  ask:
-    kind: llm
-    prompt: {text: "a number"}
-    output: {format: json, repair: 1, schema: {type: object, required: [n]}}
-    retry: {max_attempts: 2, initial_interval: 0s, retry_on: [invalid]}
-edges: [START -> ask, ask -> END]
-"#;
-    let p = Project::new(&[("w.yaml", &wf(failing))]);
+    let failing = format!("nodes:{NEVER_MATCHES}edges: [START -> ask, ask -> END]\n");
+    let p = Project::new(&[("w.yaml", &wf(&failing))]);
     let mut r = Run::new(json!({"replies": {"ask": "{\"m\": 1}"}}));
     let out = r.go(&p.plan("w.yaml"), req(json!({})));
     assert_eq!(out.status, Status::Failed);

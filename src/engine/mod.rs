@@ -26,11 +26,11 @@ use tokio::task::JoinSet;
 
 use crate::checkpoint::{self, Checkpoint, Checkpointer, PendingWrite, TaskSpec, Thread, ThreadStatus};
 use crate::compile::{Branch, NodeIx, Plan, Reducer, Target};
-use futures::FutureExt;
 use crate::nodes::{NodeError, Services};
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
 use events::{Event, Events};
+use futures::FutureExt;
 use persist::Persister;
 use task::{Next, Outcome};
 use values::{Scope, to_jinja};
@@ -791,7 +791,11 @@ impl Engine {
             fut.map(move |out| (i, out))
         };
         // One task runs in place; several run on the runtime's workers, in parallel.
-        let mut inline = if to_run.len() == 1 { to_run.pop().map(start) } else { None };
+        let mut inline = if to_run.len() == 1 {
+            to_run.pop().map(start)
+        } else {
+            None
+        };
         for args in to_run {
             set.spawn(start(args));
         }
