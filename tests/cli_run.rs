@@ -7,36 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const GATE: &str = r##"
-name: gate
-models: {default: {provider: mock, model: m}}
-input: {type: object, required: [topic], properties: {topic: {type: string}}}
-config: {style: plain}
-output: [draft, log]
-types:
-  Answer:
-    type: object
-    required: [action]
-    properties: {action: {enum: [accept, respond]}, feedback: {type: string}}
-state:
-  draft: {type: string, default: ""}
-  log: {type: array, reducer: append, default: []}
-nodes:
-  write:
-    kind: llm
-    prompt: {text: "Write about {{ input.topic }} in a {{ config.style }} style (version {{ state.log | length }})."}
-    update: {draft: output, log: "['write']"}
-  review:
-    kind: interrupt
-    message: "Publish this draft?"
-    payload: {draft: state.draft}
-    response: {$ref: "#/types/Answer"}
-    update: {log: "[output.action]"}
-    goto:
-      - {when: "output.action == 'accept'", to: END}
-      - {to: write}
-edges: [START -> write -> review]
-"##;
+/// A workflow with a human gate: write, then ask; `respond` loops back to write.
+const GATE: &str = include_str!("fixtures/gate.yaml");
 
 // Each resume is a new process, so replies are matched on the prompt, not on call order.
 const MOCK: &str = "match:\n  - {contains: \"(version 0)\", reply: first draft}\n  - {contains: \"(version 2)\", reply: second draft}\n";

@@ -8,35 +8,7 @@ use std::process::{Command, Output};
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// A workflow with a human gate: write, then ask; `respond` loops back to write.
-const GATE: &str = r##"
-name: gate
-models: {default: {provider: mock, model: m}}
-input: {type: object, required: [topic], properties: {topic: {type: string}}}
-output: [draft, log]
-types:
-  Answer:
-    type: object
-    required: [action]
-    properties: {action: {enum: [accept, respond]}}
-state:
-  draft: {type: string, default: ""}
-  log: {type: array, reducer: append, default: []}
-nodes:
-  write:
-    kind: llm
-    prompt: {text: "Write about {{ input.topic }} (version {{ state.log | length }})."}
-    update: {draft: output, log: "['write']"}
-  review:
-    kind: interrupt
-    message: "Publish this draft?"
-    payload: {draft: state.draft}
-    response: {$ref: "#/types/Answer"}
-    update: {log: "[output.action]"}
-    goto:
-      - {when: "output.action == 'accept'", to: END}
-      - {to: write}
-edges: [START -> write -> review]
-"##;
+const GATE: &str = include_str!("fixtures/gate.yaml");
 
 const MOCK: &str = r#"
     mock:

@@ -58,14 +58,7 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
     }
     let opts = FetchOptions {
         allow: trusted_host(&n.url),
-        timeout: ctx
-            .node
-            .spec
-            .common()
-            .timeout
-            .as_ref()
-            .and_then(|d| d.to_std())
-            .unwrap_or(Duration::from_secs(60)),
+        timeout: ctx.timeout().unwrap_or(Duration::from_secs(60)),
         max_bytes: n.max_bytes.unwrap_or(10 * 1024 * 1024),
         oversize: Oversize::Fail,
         max_redirects: n.max_redirects.unwrap_or(5),

@@ -56,6 +56,13 @@ pub struct NodeCtx<'a> {
     pub outputs: &'a std::collections::HashMap<NodeIx, jsonschema::Validator>,
 }
 
+impl NodeCtx<'_> {
+    /// The node's own `timeout` (the limit of each attempt), if it has one.
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.node.spec.common().timeout.as_ref().and_then(|d| d.to_std())
+    }
+}
+
 /// What a node produced.
 #[derive(Debug, Clone, Default)]
 pub struct NodeOutput {

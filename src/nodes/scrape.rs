@@ -60,14 +60,7 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &ScrapeNode) -> Result<NodeOutput, NodeFa
     };
     // The node's own timeout (which `timeout` also sets) cuts the whole attempt: pages stop a
     // little before it so that what was scraped is still returned.
-    let deadline = ctx
-        .node
-        .spec
-        .common()
-        .timeout
-        .as_ref()
-        .and_then(|d| d.to_std())
-        .map(|t| tokio::time::Instant::now() + t.mul_f64(0.9));
+    let deadline = ctx.timeout().map(|t| tokio::time::Instant::now() + t.mul_f64(0.9));
     let scraper = Scraper {
         deadline,
         web: &ctx.services.web,
