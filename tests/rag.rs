@@ -58,6 +58,16 @@ impl Project {
         cmd
     }
 
+    /// `runner run` of a shipped workflow on a mock script from tests/fixtures/mock/.
+    fn run_shipped(&self, workflow: &str, mock: &str) -> Command {
+        let mut cmd = self.runner();
+        cmd.arg("run")
+            .arg(Path::new(ROOT).join("workflows").join(workflow))
+            .arg("--mock")
+            .arg(Path::new(ROOT).join("tests/fixtures/mock").join(mock));
+        cmd
+    }
+
     /// `runner index PATHS --index NAME --data-db data.db`: (exit code, stdout).
     fn index(&self, paths: &[&str], name: &str, extra: &[&str]) -> (i32, String) {
         let out = self
@@ -903,11 +913,7 @@ fn acceptance_rag_workflow_answers_from_the_indexed_documents() {
     let (code, out) = p.index(&["docs"], "ipr_docs", &[]);
     assert_eq!(code, 0, "{out}");
     let out = p
-        .runner()
-        .arg("run")
-        .arg(Path::new(ROOT).join("workflows/rag.yaml"))
-        .arg("--mock")
-        .arg(Path::new(ROOT).join("tests/fixtures/mock/rag-retrieval.yaml"))
+        .run_shipped("rag.yaml", "rag-retrieval.yaml")
         .args(["--db", ":memory:", "--data-db", "data.db", "--stream", "jsonl"])
         // The offline embedder is lexical: its distances run higher than a semantic model's.
         .args(["--set", "generator.relevance_distance=0.95"])
@@ -953,11 +959,7 @@ fn rag_workflow_mentions_restrict_retrieval_to_the_named_document() {
         r#"{"question": "@travel-expenses.md how much is reimbursed in euros?"}"#,
     );
     let out = p
-        .runner()
-        .arg("run")
-        .arg(Path::new(ROOT).join("workflows/rag.yaml"))
-        .arg("--mock")
-        .arg(Path::new(ROOT).join("tests/fixtures/mock/rag-retrieval.yaml"))
+        .run_shipped("rag.yaml", "rag-retrieval.yaml")
         .args(["--db", ":memory:", "--data-db", "data.db"])
         // `-i key=@file` reads a file: the question comes in an input file.
         .args(["--input-file", "q.json"])
@@ -1025,11 +1027,7 @@ fn acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base() {
 
     let deep = |user: &str| {
         let out = p
-            .runner()
-            .arg("run")
-            .arg(Path::new(ROOT).join("workflows/deep-research.yaml"))
-            .arg("--mock")
-            .arg(Path::new(ROOT).join("tests/fixtures/mock/deep-research-start.yaml"))
+            .run_shipped("deep-research.yaml", "deep-research-start.yaml")
             .args(["--db", "runs.db", "--data-db", "data.db", "--thread", user])
             .args(["--context", &format!("user_id={user}")])
             .args([
@@ -1074,11 +1072,7 @@ fn acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base() {
 fn deep_research_without_a_knowledge_base_goes_on_with_no_context() {
     let p = Project::new();
     let out = p
-        .runner()
-        .arg("run")
-        .arg(Path::new(ROOT).join("workflows/deep-research.yaml"))
-        .arg("--mock")
-        .arg(Path::new(ROOT).join("tests/fixtures/mock/deep-research-start.yaml"))
+        .run_shipped("deep-research.yaml", "deep-research-start.yaml")
         .args(["--db", "runs.db", "--data-db", "data.db", "--thread", "carol"])
         .args(["--context", "user_id=carol", "-i", "query=How are heat pumps sized?"])
         .output()
