@@ -353,3 +353,33 @@ fn the_plan_holds_indices_and_compiled_expressions() {
         matches!(plan.entry.as_slice(), [runner::compile::Branch::Always(t)] if t == &[runner::compile::Target::Node(a)])
     );
 }
+
+/// `width` nodes fanned out from START, each writing `key` (declared with `reducer`, a suffix
+/// of its declaration), joined into `done`.
+fn wide(width: usize, reducer: &str) -> String {
+    let names: Vec<String> = (0..width).map(|i| format!("n{i}")).collect();
+    let mut w = format!("state: {{key: {{type: array, default: []{reducer}}}}}\nnodes:\n");
+    for n in &names {
+        w.push_str(&format!("  {n}: {{kind: set, update: {{key: \"['{n}']\"}}}}\n"));
+    }
+    w.push_str("  done: {kind: set}\nedges:\n");
+    w.push_str(&format!("  - {{from: START, to: [{}]}}\n", names.join(", ")));
+    w.push_str(&format!("  - {{from: [{}], to: done}}\n", names.join(", ")));
+    w.push_str("  - done -> END\n");
+    wf(&w)
+}
+
+/// Thousands of nodes in one superstep are checked by the keys they write, not pair by pair:
+/// a wide fan-out validates, and when every branch writes a key without a reducer each
+/// writer is reported once (against the first), not once per pair (12.5 million for 5,000).
+#[test]
+fn a_five_thousand_wide_fan_out_is_checked_by_key_not_by_pair() {
+    const WIDTH: usize = 5_000;
+    check(&[("main.yaml", &wide(WIDTH, ", reducer: append"))], &[]);
+    let found = diagnostics(&[("main.yaml", &wide(WIDTH, ""))]);
+    assert_eq!(found.len(), WIDTH - 1);
+    assert!(found.iter().all(|d| d.starts_with("E404@")), "{:?}", &found[..3]);
+    // The second node's write (line 6) is the first reported; the first node's never is.
+    assert_eq!(found[0], "E404@6");
+    assert!(!found.contains(&"E404@5".to_string()));
+}

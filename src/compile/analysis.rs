@@ -80,10 +80,9 @@ pub(super) fn analyze(b: &mut Build) {
             terminals.push(ix);
         }
     }
-    let mut can_finish = HashSet::new();
-    for t in terminals {
-        can_finish.extend(bfs(b, t, Direction::Incoming));
-    }
+    // One search from every terminal at once: a search per terminal would cross the shared
+    // ancestry of every branch again (quadratic in a wide graph).
+    let can_finish = bfs_from(b, terminals, Direction::Incoming);
     let sccs = petgraph::algo::tarjan_scc(&b.graph);
     let mut reported = HashSet::new();
     for scc in sccs {
@@ -128,8 +127,13 @@ pub(super) fn analyze(b: &mut Build) {
 }
 
 fn bfs(b: &Build, from: NodeIx, dir: Direction) -> HashSet<NodeIx> {
-    let mut seen = HashSet::from([from]);
-    let mut queue = VecDeque::from([from]);
+    bfs_from(b, vec![from], dir)
+}
+
+/// Every node reachable from any of `from` (them included), following edges in `dir`.
+fn bfs_from(b: &Build, from: Vec<NodeIx>, dir: Direction) -> HashSet<NodeIx> {
+    let mut seen: HashSet<NodeIx> = from.iter().copied().collect();
+    let mut queue = VecDeque::from(from);
     while let Some(n) = queue.pop_front() {
         for e in b.graph.edges_directed(n, dir) {
             let next = if dir == Direction::Outgoing {
@@ -203,11 +207,13 @@ fn alternatives(branches: &[Branch], goto: &[Clause], joins_from: &[NodeIx]) -> 
 /// writing one (their parallel copies would conflict).
 fn write_conflicts(b: &mut Build) {
     let replace = |b: &Build, key: &str| b.state.get(key).is_some_and(|c| !c.reducer.combines());
+    // `(pointer, key, node, other)`, each `(key, node, other)` once.
     let mut report: Vec<(String, String, String, String)> = Vec::new();
+    let mut reported: HashSet<(String, String, String)> = HashSet::new();
     for d in b.drafts.values() {
         if let Some(item) = &d.item {
             for (key, at) in &d.writes {
-                if replace(b, key) {
+                if replace(b, key) && reported.insert((key.clone(), d.name.clone(), format!("fan-out:{item}"))) {
                     report.push((at.clone(), key.clone(), d.name.clone(), format!("fan-out:{item}")));
                 }
             }
@@ -233,36 +239,44 @@ fn write_conflicts(b: &mut Build) {
         .filter(|f| !f.is_empty())
         .collect();
     let mut seen: HashSet<Vec<NodeIx>> = frontier_queue.iter().cloned().collect();
-    let mut checked_pairs: HashSet<(NodeIx, NodeIx)> = HashSet::new();
     let mut explored = 0;
     while let Some(frontier) = frontier_queue.pop_front() {
         explored += 1;
         if explored > 20_000 {
             break;
         }
-        for (i, a) in frontier.iter().enumerate() {
-            for c in &frontier[i + 1..] {
-                if !checked_pairs.insert((*a, *c)) {
+        // The members writing each `replace` key, found from their writes (not by comparing
+        // every pair of members: a fan-out from START can put thousands in one set). Each
+        // writer after the first is reported against the first, so k writers of a key make
+        // k - 1 reports, not k² / 2.
+        let mut writers: HashMap<&str, (NodeIx, &str)> = HashMap::new();
+        for n in &frontier {
+            let Some(d) = b.drafts.get(n) else { continue };
+            for (key, at) in &d.writes {
+                if !replace(b, key) {
                     continue;
                 }
-                let (Some(da), Some(dc)) = (b.drafts.get(a), b.drafts.get(c)) else {
-                    continue;
-                };
-                for (key, _) in &da.writes {
-                    if !replace(b, key) {
-                        continue;
+                match writers.get(key.as_str()) {
+                    None => {
+                        writers.insert(key, (*n, d.name.as_str()));
                     }
-                    if let Some((_, at)) = dc.writes.iter().find(|(k, _)| k == key) {
-                        report.push((at.clone(), key.clone(), dc.name.clone(), da.name.clone()));
+                    Some((first, first_name)) if first != n => {
+                        let found = (at.clone(), key.clone(), d.name.clone(), first_name.to_string());
+                        if reported.insert((found.1.clone(), found.2.clone(), found.3.clone())) {
+                            report.push(found);
+                        }
                     }
+                    Some(_) => {}
                 }
             }
         }
-        // Next frontiers: every combination of each member's alternatives.
+        // Next frontiers: every combination of each member's alternatives. A member with one
+        // alternative adds it to every combination in place (copying the combinations for
+        // each member would be quadratic in the frontier's width).
         let mut next: Vec<Vec<NodeIx>> = vec![Vec::new()];
         for n in &frontier {
-            let alts = alt_cache.get(n).cloned().unwrap_or_default();
-            if next.len() * alts.len().max(1) > 256 {
+            let alts = alt_cache.get(n).map_or(&[][..], Vec::as_slice);
+            if alts.len() <= 1 || next.len() * alts.len() > 256 {
                 for x in &mut next {
                     x.extend(alts.iter().flatten().copied());
                 }
@@ -281,11 +295,7 @@ fn write_conflicts(b: &mut Build) {
             }
         }
     }
-    let mut done = HashSet::new();
     for (at, key, node, other) in report {
-        if !done.insert((key.clone(), node.clone(), other.clone())) {
-            continue;
-        }
         let d = if let Some(item) = other.strip_prefix("fan-out:") {
             b.src
                 .diag(
