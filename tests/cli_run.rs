@@ -299,3 +299,74 @@ edges: [START -> tick, {from: tick, route: [{when: "state.n >= 8", to: END}, {to
     assert_eq!(resumed.status.code(), Some(0));
     assert_eq!(serde_json::from_slice::<Value>(&resumed.stdout).unwrap()["n"], 8);
 }
+
+/// A loop of `STEPS` steps: `text` (no reducer) is rewritten whole and grows by 1 KB a step,
+/// `log` (append) gains one item a step, `n` counts.
+const GROWING: &str = r#"name: growing
+input: {type: object, properties: {steps: {type: integer}}}
+state:
+  n: {type: integer, default: 0}
+  text: {type: string, default: ""}
+  log: {type: array, reducer: append, default: []}
+nodes:
+  grow:
+    kind: set
+    update: {n: "state.n + 1", text: "state.text ~ ('x' * 1000)", log: "['step ' ~ state.n]"}
+edges:
+  - START -> grow
+  - from: grow
+    route:
+      - {when: "state.n < input.steps", to: grow}
+      - {to: END}
+limits: {recursion_limit: 1000}
+"#;
+
+/// `--persist exit` commits only the last checkpoint, and only the values it references: the
+/// database holds the initial checkpoint and the last one, and two values per key (the
+/// default and the last), however many steps ran and however much the value grew on the way.
+#[test]
+fn persist_exit_stores_only_what_the_last_checkpoint_references() {
+    const STEPS: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("growing.yaml"), GROWING).unwrap();
+    let steps = format!("steps={STEPS}");
+    let run = runner(
+        d,
+        &["run", "growing.yaml", "--thread", "g", "--persist", "exit", "--input", &steps],
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+
+    let store = ::runner::checkpoint::sqlite::SqliteCheckpointer::open(
+        &d.join("runner.db"),
+        ::runner::checkpoint::Durability::CrashSafe,
+    )
+    .unwrap();
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.checkpoints, 2, "{stats:?}");
+    assert_eq!(stats.value_rows, 6, "{stats:?}");
+    // Every intermediate `text` stored would be ~STEPS²/2 KB (45 MB); the last one is 300 KB.
+    let last_text = STEPS as u64 * 1000;
+    assert!(stats.db_bytes < 3 * last_text, "{stats:?}");
+
+    // The stored state is the run's last state, whole, and `state` and `history` read it.
+    let state = runner(d, &["state", "--thread", "g", "--key", "log"]);
+    assert_eq!(state.status.code(), Some(0), "{}", stderr(&state));
+    let log = json_out(&state);
+    assert_eq!(log.as_array().map(Vec::len), Some(STEPS));
+    assert_eq!(log[STEPS - 1], json!(format!("step {}", STEPS - 1)));
+    let text = runner(d, &["state", "--thread", "g", "--key", "text"]);
+    assert_eq!(json_out(&text).as_str().map(str::len), Some(STEPS * 1000));
+    let history = runner(d, &["history", "--thread", "g"]);
+    assert_eq!(String::from_utf8_lossy(&history.stdout).lines().count(), 2);
+
+    // A new turn continues from it (and extends what was stored).
+    let more = runner(
+        d,
+        &["run", "growing.yaml", "--thread", "g", "--persist", "exit", "--input", &format!("steps={}", STEPS + 2)],
+    );
+    assert_eq!(more.status.code(), Some(0), "{}", stderr(&more));
+    let log = json_out(&runner(d, &["state", "--thread", "g", "--key", "log"]));
+    assert_eq!(log.as_array().map(Vec::len), Some(STEPS + 2));
+    assert_eq!(json_out(&runner(d, &["state", "--thread", "g", "--key", "n"])), json!(STEPS + 2));
+}

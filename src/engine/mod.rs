@@ -390,7 +390,6 @@ impl Engine {
                 &outcomes,
                 &constants,
                 step,
-                req.persist != Persist::Exit,
             ) {
                 Ok((next_cp, values, after)) => {
                     // The state the routing saw is the next step's state.
@@ -924,7 +923,6 @@ impl Engine {
         outcomes: &[(TaskSpec, StepResult)],
         constants: &Arc<Scope>,
         step: i64,
-        extensions: bool,
     ) -> Result<(Checkpoint, NewValues, minijinja::Value), String> {
         let order = |t: &TaskSpec| {
             let pos = self
@@ -998,11 +996,11 @@ impl Engine {
             versions.insert(key.to_string(), version);
             changed.push(key.to_string());
             // Append-only keys store what the step added, extending the previous version; a full
-            // value every `MAX_CHAIN` versions keeps reads short. (`exit` mode skips versions, so
-            // it always stores full values.)
+            // value every `MAX_CHAIN` versions keeps reads short. (`exit` mode commits only the
+            // last checkpoint: its persister folds the extensions of skipped versions together.)
             let added = match (&channel.reducer, current, &value) {
                 (Reducer::Append | Reducer::Extend | Reducer::Union, Value::Array(old), Value::Array(new))
-                    if extensions && new.len() >= old.len() =>
+                    if new.len() >= old.len() =>
                 {
                     let chain = meta.chains.entry(key.to_string()).or_insert(0);
                     if *chain < MAX_CHAIN {

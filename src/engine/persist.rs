@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use super::Persist;
-use crate::checkpoint::{Checkpoint, CheckpointError, Checkpointer, PendingWrite, Put};
+use crate::checkpoint::{self, Checkpoint, CheckpointError, Checkpointer, PendingWrite, Put};
 
 enum Job {
     Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>),
@@ -16,7 +16,9 @@ enum Job {
     Flush(mpsc::Sender<()>),
 }
 
-type Held = (Checkpoint, BTreeMap<(String, u64), Value>);
+/// `Exit`: the newest checkpoint, and per key the one value it needs stored (its version's,
+/// whole or as an extension of a committed version).
+type Held = (Checkpoint, BTreeMap<String, (u64, Value)>);
 
 /// How many commits `async` mode may have waiting.
 const QUEUE: usize = 256;
@@ -24,8 +26,8 @@ const QUEUE: usize = 256;
 pub(super) struct Persister {
     store: Arc<dyn Checkpointer>,
     mode: Persist,
-    /// `Exit`: the newest checkpoint and every value introduced since the last commit, and the
-    /// id of the last committed checkpoint (the held one's parent).
+    /// `Exit`: the newest checkpoint and the values it references that are not committed yet,
+    /// and the id of the last committed checkpoint (the held one's parent).
     held: Mutex<(Option<Held>, String)>,
     /// `Async`: the ordered queue to the background committer.
     queue: Option<mpsc::SyncSender<Job>>,
@@ -105,7 +107,14 @@ impl Persister {
                 let (held, committed) = &mut *guard;
                 let mut acc = held.take().map(|(_, v)| v).unwrap_or_default();
                 for (k, version, v) in values {
-                    acc.insert((k, version), v);
+                    // Only the newest version of a key is referenced by the checkpoint that
+                    // will be committed: a newer one replaces the held one, and an extension
+                    // of the held one absorbs it.
+                    let v = match acc.remove(&k) {
+                        Some((held_version, held_value)) => absorb(held_version, held_value, v),
+                        None => v,
+                    };
+                    acc.insert(k, (version, v));
                 }
                 let mut cp = cp.clone();
                 // Intermediate checkpoints are never written: the held one hangs off the last
@@ -141,7 +150,7 @@ impl Persister {
                 let mut guard = self.held.lock().map_err(|_| poisoned())?;
                 let (held, committed) = &mut *guard;
                 if let Some((cp, values)) = held.take() {
-                    let values: Vec<(String, u64, Value)> = values.into_iter().map(|((k, v), x)| (k, v, x)).collect();
+                    let values: Vec<(String, u64, Value)> = values.into_iter().map(|(k, (v, x))| (k, v, x)).collect();
                     self.store.put_checkpoint(&cp, &values)?;
                     *committed = cp.checkpoint_id;
                 }
@@ -159,5 +168,63 @@ impl Persister {
                 .map_err(|_| CheckpointError::Backend("the background committer panicked".into()))??;
         }
         Ok(())
+    }
+}
+
+/// The value to store for a key's new version `next`, when the key's uncommitted value at
+/// `held_version` is about to be dropped: `next` itself, unless it extends that version, in
+/// which case it is rebased onto what the held value rests on (a committed version, or
+/// nothing when the held value is whole).
+fn absorb(held_version: u64, held: Value, next: Value) -> Value {
+    match checkpoint::as_extension(&next) {
+        Some((base, items)) if base == held_version => {
+            let items = items.clone();
+            match checkpoint::as_extension(&held) {
+                Some((held_base, held_items)) => {
+                    let mut all = held_items.clone();
+                    all.extend(items);
+                    checkpoint::extension(held_base, all)
+                }
+                None => match held {
+                    Value::Array(mut full) => {
+                        full.extend(items);
+                        Value::Array(full)
+                    }
+                    // Only arrays are extended, so this is a caller's bug; `next` is kept and
+                    // the store reports the missing base when it resolves the value.
+                    _ => next,
+                },
+            }
+        }
+        _ => next,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_newer_version_replaces_the_held_one_and_an_extension_is_absorbed() {
+        // A whole value replaced, and one extended: the result is whole.
+        assert_eq!(absorb(2, json!("old"), json!("new")), json!("new"));
+        assert_eq!(
+            absorb(2, json!([1, 2]), checkpoint::extension(2, vec![json!(3)])),
+            json!([1, 2, 3])
+        );
+        // An extension of an extension rests on the committed base.
+        assert_eq!(
+            absorb(
+                5,
+                checkpoint::extension(3, vec![json!(4), json!(5)]),
+                checkpoint::extension(5, vec![json!(6)])
+            ),
+            checkpoint::extension(3, vec![json!(4), json!(5), json!(6)])
+        );
+        // An extension of another (committed) version is kept as it is.
+        let other = checkpoint::extension(1, vec![json!(9)]);
+        assert_eq!(absorb(5, json!([1]), other.clone()), other);
     }
 }
