@@ -370,3 +370,99 @@ fn persist_exit_stores_only_what_the_last_checkpoint_references() {
     assert_eq!(log.as_array().map(Vec::len), Some(STEPS + 2));
     assert_eq!(json_out(&runner(d, &["state", "--thread", "g", "--key", "n"])), json!(STEPS + 2));
 }
+
+/// `threads`, `history` and `state` only read: they work on a database another connection is
+/// writing to (holding the write lock), and on a read-only file in a read-only folder, and they
+/// leave nothing behind (no `-wal`, no `-shm`).
+#[test]
+fn inspection_opens_the_database_read_only() {
+    let dir = project();
+    let d = dir.path();
+    let run = runner(
+        d,
+        &["run", "gate.yaml", "--mock", "mock.yaml", "--thread", "t1", "--input", "topic=tides"],
+    );
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    let db = d.join("runner.db");
+    let inspect = |why: &str| {
+        let started = Instant::now();
+        let threads = runner(d, &["threads"]);
+        assert_eq!(threads.status.code(), Some(0), "{why}: {}", stderr(&threads));
+        assert!(String::from_utf8_lossy(&threads.stdout).starts_with("t1  interrupted"), "{why}");
+        let history = runner(d, &["history", "--thread", "t1"]);
+        assert_eq!(history.status.code(), Some(0), "{why}: {}", stderr(&history));
+        let state = runner(d, &["state", "--thread", "t1", "--key", "draft"]);
+        assert_eq!(state.status.code(), Some(0), "{why}: {}", stderr(&state));
+        assert_eq!(json_out(&state), json!("first draft"), "{why}");
+        // Waiting for the write lock (10 s) is not reading.
+        assert!(started.elapsed() < Duration::from_secs(5), "{why}: {:?}", started.elapsed());
+    };
+
+    // Another process holds the write lock.
+    let writer = rusqlite::Connection::open(&db).unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+    inspect("while another connection writes");
+    writer.execute_batch("ROLLBACK").unwrap();
+    drop(writer);
+
+    // A read-only file in a read-only folder (root ignores the modes; the other checks hold).
+    let before = files_in(d);
+    set_mode(&db, 0o444);
+    set_mode(d, 0o555);
+    inspect("read-only file and folder");
+    let after = files_in(d);
+    set_mode(d, 0o755);
+    set_mode(&db, 0o644);
+    assert_eq!(after, before);
+    // A missing database holds no threads, and looking does not create it.
+    let missing = runner(d, &["threads", "--db", "nowhere.db"]);
+    assert_eq!(missing.status.code(), Some(0), "{}", stderr(&missing));
+    assert!(missing.stdout.is_empty());
+    assert!(!d.join("nowhere.db").exists(), "looking created a database");
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A database URL with a scheme runner does not store in is a usage error naming the forms it
+/// takes, not a SQLite file under `./postgres:/…`; `sqlite://PATH` is a path.
+#[test]
+fn a_database_url_runner_does_not_support_is_a_usage_error() {
+    let dir = project();
+    let d = dir.path();
+    for verb in [
+        &["run", "gate.yaml", "--mock", "mock.yaml", "--input", "topic=tides"][..],
+        &["threads"][..],
+        &["state", "--thread", "t1"][..],
+    ] {
+        let mut args = verb.to_vec();
+        args.extend(["--db", "postgres://user:secret@db.example:5432/runs"]);
+        let out = runner(d, &args);
+        assert_eq!(out.status.code(), Some(2), "{verb:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("`postgres://` databases are not supported"), "{err}");
+        assert!(err.contains("sqlite://PATH") && err.contains(":memory:"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+    }
+    assert_eq!(files_in(d), ["gate.yaml", "mock.yaml"], "a file was created");
+
+    let run = runner(
+        d,
+        &["run", "gate.yaml", "--mock", "mock.yaml", "--thread", "s", "--input", "topic=tides", "--db", "sqlite://runs.db"],
+    );
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    assert!(d.join("runs.db").is_file());
+    let threads = runner(d, &["threads", "--db", "sqlite://runs.db"]);
+    assert!(String::from_utf8_lossy(&threads.stdout).starts_with("s  interrupted"));
+}

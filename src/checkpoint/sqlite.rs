@@ -115,6 +115,20 @@ pub struct SqliteCheckpointer {
     counters: Arc<Counters>,
     synchronous: &'static str,
     journal_mode: String,
+    /// How read connections open the file.
+    access: Access,
+}
+
+/// How a read connection opens the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Read-write, `query_only` (the store's own readers, beside its writer).
+    ReadWrite,
+    /// SQLITE_OPEN_READ_ONLY: nothing is written; WAL's `-shm` is used if it can be.
+    ReadOnly,
+    /// Read-only and `immutable=1`: for a file with no WAL (see
+    /// [`SqliteCheckpointer::open_read_only`]).
+    Immutable,
 }
 
 /// What a store holds and what its writer did, for tests, benchmarks and `runner` diagnostics.
@@ -192,6 +206,54 @@ impl SqliteCheckpointer {
             counters,
             synchronous,
             journal_mode: journal_mode.to_ascii_lowercase(),
+            access: Access::ReadWrite,
+        })
+    }
+
+    /// Opens the existing store at `path` for reading only (SQLITE_OPEN_READ_ONLY): nothing
+    /// is written, so a file or folder without write permission can be read. Every write
+    /// fails.
+    pub fn open_read_only(path: &Path) -> Result<Self> {
+        if !path.is_file() {
+            return Err(CheckpointError::Backend(format!("`{}` does not exist", path.display())));
+        }
+        // Without a `-wal` file no connection is open and everything is in the main file:
+        // read it as immutable, which takes no lock and creates no `-shm` file (a WAL-mode
+        // reader needs one, and a read-only folder cannot hold it). A writer that starts
+        // meanwhile appends to a new WAL, unseen: the reader sees the file as it was opened.
+        // With a WAL, a writer is (or was) on it: read through it.
+        let access = if wal_path(path).exists() {
+            Access::ReadOnly
+        } else {
+            Access::Immutable
+        };
+        let conn = open_reader(path, access)?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version > SCHEMA_VERSION {
+            return Err(newer_schema(path, version));
+        }
+        if version == 0 {
+            return Err(CheckpointError::Backend(format!(
+                "`{}` is not a checkpoint database",
+                path.display()
+            )));
+        }
+        let journal_mode: String = conn.pragma_query_value(None, "journal_mode", |r| r.get(0))?;
+        let synchronous = match conn.pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))? {
+            0 => "off",
+            1 => "normal",
+            2 => "full",
+            _ => "extra",
+        };
+        Ok(SqliteCheckpointer {
+            path: path.to_path_buf(),
+            writer: None,
+            writer_thread: None,
+            readers: Mutex::new(vec![conn]),
+            counters: Arc::new(Counters::default()),
+            synchronous,
+            journal_mode: journal_mode.to_ascii_lowercase(),
+            access,
         })
     }
 
@@ -231,7 +293,13 @@ impl SqliteCheckpointer {
 
     /// Sends a command to the writer and waits until it is committed (or failed).
     fn write(&self, op: Op) -> Result<Done> {
-        let stopped = || CheckpointError::Backend("the checkpoint writer has stopped".into());
+        let stopped = || {
+            CheckpointError::Backend(if self.access != Access::ReadWrite {
+                format!("`{}` was opened read-only", self.path.display())
+            } else {
+                "the checkpoint writer has stopped".into()
+            })
+        };
         let (reply, answer) = mpsc::channel();
         self.writer
             .as_ref()
@@ -250,7 +318,7 @@ impl SqliteCheckpointer {
         let pooled = self.lock_readers()?.pop();
         let mut conn = match pooled {
             Some(conn) => conn,
-            None => open_reader(&self.path)?,
+            None => open_reader(&self.path, self.access)?,
         };
         let out = conn.transaction().map_err(CheckpointError::from).and_then(|tx| f(&tx));
         let mut readers = self.lock_readers()?;
@@ -679,11 +747,7 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > SCHEMA_VERSION {
-        return Err(CheckpointError::Backend(format!(
-            "`{}` has checkpoint schema version {version}, newer than the {SCHEMA_VERSION} this runner \
-             understands; upgrade runner to open it",
-            path.display()
-        )));
+        return Err(newer_schema(path, version));
     }
     if version == 0 {
         tx.execute_batch(SCHEMA)?;
@@ -694,11 +758,51 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn open_reader(path: &Path) -> Result<Connection> {
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
+fn newer_schema(path: &Path, version: i64) -> CheckpointError {
+    CheckpointError::Backend(format!(
+        "`{}` has checkpoint schema version {version}, newer than the {SCHEMA_VERSION} this runner \
+         understands; upgrade runner to open it",
+        path.display()
+    ))
+}
+
+/// `file:` URI of `path` with `immutable=1` (every byte but unreserved ones and `/`
+/// percent-encoded, so `?`, `#` and `%` in a name stay part of it).
+fn immutable_uri(path: &Path) -> Result<String> {
+    let absolute = std::path::absolute(path)
+        .map_err(|e| CheckpointError::Backend(format!("cannot resolve `{}`: {e}", path.display())))?;
+    let text = absolute
+        .to_str()
+        .ok_or_else(|| CheckpointError::Backend(format!("`{}` is not a UTF-8 path", path.display())))?;
+    let mut uri = String::from("file:");
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
+            uri.push(char::from(b));
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    Ok(uri)
+}
+
+fn wal_path(path: &Path) -> PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    PathBuf::from(wal)
+}
+
+/// A read connection.
+fn open_reader(path: &Path, access: Access) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = match access {
+        Access::ReadWrite => Connection::open_with_flags(path, flags | OpenFlags::SQLITE_OPEN_READ_WRITE)?,
+        Access::ReadOnly => Connection::open_with_flags(path, flags | OpenFlags::SQLITE_OPEN_READ_ONLY)?,
+        Access::Immutable => Connection::open_with_flags(
+            immutable_uri(path)?,
+            flags | OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+        )?,
+    };
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "query_only", true)?;
     // Readers look up a checkpoint or a few values at a time: a small page cache will do.

@@ -81,7 +81,7 @@ pub struct ForkArgs {
 }
 
 pub fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
-    let store = store::open(&store::db_path(args.db.db.as_deref()), Default::default())?;
+    let store = store::open_read_only(&store::db_path(args.db.db.as_deref()))?;
     let mut out = std::io::stdout().lock();
     for t in store.list_threads()? {
         writeln!(
@@ -97,7 +97,7 @@ pub fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
 }
 
 pub fn history(args: HistoryArgs) -> anyhow::Result<u8> {
-    let store = store::open(&store::db_path(args.db.db.as_deref()), Default::default())?;
+    let store = store::open_read_only(&store::db_path(args.db.db.as_deref()))?;
     if store.get_thread(&args.thread)?.is_none() {
         bail!("thread `{}` does not exist", args.thread);
     }
@@ -122,7 +122,7 @@ pub fn history(args: HistoryArgs) -> anyhow::Result<u8> {
 }
 
 pub fn state(args: StateArgs) -> anyhow::Result<u8> {
-    let store = store::open(&store::db_path(args.db.db.as_deref()), Default::default())?;
+    let store = store::open_read_only(&store::db_path(args.db.db.as_deref()))?;
     let cp = store
         .get_checkpoint(&args.thread, args.checkpoint.as_deref())?
         .with_context(|| format!("thread `{}` has no such checkpoint", args.thread))?;
