@@ -835,3 +835,107 @@ fn sqlite_append_only_state_grows_with_what_changed() {
         stats.db_bytes
     );
 }
+
+/// A large input is stored once: the thread row, which every status change rewrites whole,
+/// does not hold it (before, each status change copied it again).
+#[test]
+fn sqlite_a_large_input_is_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = SqliteCheckpointer::open(&dir.path().join("runs.db"), Durability::CrashSafe).unwrap();
+    let mut t = thread("t");
+    t.input = json!({"text": "lorem ipsum ".repeat(400_000)});
+    let input_len = t.input.to_string().len() as u64;
+    cp.create_thread(&t).unwrap();
+    for status in [
+        ThreadStatus::Running,
+        ThreadStatus::Interrupted,
+        ThreadStatus::Running,
+        ThreadStatus::Done,
+    ] {
+        cp.set_status("t", status).unwrap();
+    }
+    let c0 = checkpoint("t", None, -1, &[("count", 1)]);
+    cp.put_checkpoint(&c0, &vals(&[("count", 1, json!(4_800_000))]))
+        .unwrap();
+    let stats = cp.stats().unwrap();
+    assert!(
+        stats.db_bytes < input_len + input_len / 4,
+        "{} bytes for a {input_len}-byte input",
+        stats.db_bytes
+    );
+    let back = cp.get_thread("t").unwrap().unwrap();
+    assert_eq!((back.input, back.status), (t.input, ThreadStatus::Done));
+    assert_eq!(cp.list_threads().unwrap().len(), 1);
+    cp.delete_thread("t").unwrap();
+    assert_eq!(cp.get_thread("t").unwrap(), None);
+}
+
+/// `value` reads one key: another key's stored value, even a corrupt one, is never touched,
+/// while the whole state cannot be read past it.
+#[test]
+fn sqlite_one_key_is_read_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let cp = SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap();
+    let [_, _, c2] = three_steps(&cp, "t");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("UPDATE state_values SET value = '{not json' WHERE key = 'b'", [])
+        .unwrap();
+    assert_eq!(cp.value("t", "a", c2.versions["a"]).unwrap(), json!("a3"));
+    assert_eq!(cp.value("t", "a", 1).unwrap(), json!("a1"));
+    assert!(matches!(cp.state("t", &c2.versions), Err(CheckpointError::Corrupt(_))));
+    assert!(matches!(cp.value("t", "b", 1), Err(CheckpointError::Corrupt(_))));
+    assert!(cp.value("t", "a", 9).is_err());
+    let memory = MemoryCheckpointer::new();
+    let [_, _, m2] = three_steps(&memory, "t");
+    assert_eq!(memory.value("t", "a", m2.versions["a"]).unwrap(), json!("a3"));
+}
+
+/// A file of schema version 1 (input in the thread row) is migrated when opened to write, and
+/// read as it is when opened read-only.
+#[test]
+fn sqlite_version_1_files_are_read_and_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = wal;
+             CREATE TABLE threads (thread_id TEXT PRIMARY KEY NOT NULL, workflow TEXT NOT NULL,
+                 plan_hash TEXT NOT NULL, input TEXT NOT NULL, context TEXT NOT NULL, config TEXT NOT NULL,
+                 status TEXT NOT NULL, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+                 touched INTEGER NOT NULL, forked_from_thread TEXT, forked_from_checkpoint TEXT) STRICT;
+             CREATE INDEX threads_by_touched ON threads (touched);
+             CREATE TABLE checkpoints (thread_id TEXT NOT NULL REFERENCES threads (thread_id),
+                 checkpoint_id TEXT NOT NULL, parent_id TEXT, step INTEGER NOT NULL, versions TEXT NOT NULL,
+                 ran TEXT NOT NULL, changed TEXT NOT NULL, next TEXT NOT NULL, meta TEXT NOT NULL,
+                 plan_hash TEXT, created_at TEXT NOT NULL, PRIMARY KEY (thread_id, checkpoint_id)) STRICT, WITHOUT ROWID;
+             CREATE TABLE state_values (thread_id TEXT NOT NULL REFERENCES threads (thread_id), key TEXT NOT NULL,
+                 version INTEGER NOT NULL, value TEXT NOT NULL, PRIMARY KEY (thread_id, key, version)) STRICT;
+             CREATE TABLE writes (thread_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL, task_id TEXT NOT NULL,
+                 idx INTEGER NOT NULL, channel TEXT NOT NULL, value TEXT NOT NULL,
+                 PRIMARY KEY (thread_id, checkpoint_id, task_id, idx)) STRICT;
+             INSERT INTO threads VALUES ('old', 'w.yaml', 'h', '{\"q\":1}', '{}', '{\"k\":2}', 'done',
+                 '2020-01-01T00:00:00.000Z', '2020-01-01T00:00:00.000Z', 1, NULL, NULL);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let old = SqliteCheckpointer::open_read_only(&path).unwrap();
+    let t = old.get_thread("old").unwrap().unwrap();
+    assert_eq!((t.input, t.config), (json!({"q": 1}), json!({"k": 2})));
+    assert_eq!(thread_ids(&old.list_threads().unwrap()), ["old"]);
+    assert!(old.create_thread(&thread("new")).is_err());
+    drop(old);
+
+    let cp = SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap();
+    let t = cp.get_thread("old").unwrap().unwrap();
+    assert_eq!((t.input, t.status), (json!({"q": 1}), ThreadStatus::Done));
+    cp.create_thread(&thread("new")).unwrap();
+    assert_eq!(thread_ids(&cp.list_threads().unwrap()), ["new", "old"]);
+    drop(cp);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+}

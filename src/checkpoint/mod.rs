@@ -180,6 +180,14 @@ pub trait Checkpointer: Send + Sync {
     /// The state at a checkpoint: each key's value at its version, extensions resolved.
     fn state(&self, thread_id: &str, versions: &BTreeMap<String, u64>) -> Result<Map<String, Value>>;
 
+    /// One key's value at `version`, extensions resolved, reading nothing of the other keys
+    /// (`runner state --key`).
+    fn value(&self, thread_id: &str, key: &str, version: u64) -> Result<Value> {
+        let mut one = self.state(thread_id, &BTreeMap::from([(key.to_owned(), version)]))?;
+        one.remove(key)
+            .ok_or_else(|| CheckpointError::Corrupt(format!("no value for `{key}` at version {version}")))
+    }
+
     /// Stores a finished task's writes against the checkpoint its step started from.
     fn put_writes(&self, thread_id: &str, checkpoint_id: &str, writes: &[PendingWrite]) -> Result<()>;
 

@@ -7,9 +7,12 @@
 //! commit (one fsync in power-safe mode). Reads go through a small pool of read connections and
 //! never wait for the writer (WAL).
 //!
-//! Tables (schema version 1, kept in `PRAGMA user_version`):
+//! Tables (schema version 2, kept in `PRAGMA user_version`):
 //! - `threads`: one row per thread; `touched` is a store-wide counter bumped by every update,
 //!   which orders [`Checkpointer::list_threads`] even within one millisecond.
+//! - `thread_inputs`: a thread's input, context and config, written once. They live apart
+//!   from `threads` because SQLite rewrites a whole row on every update: a status change
+//!   would otherwise copy a large input again.
 //! - `checkpoints`: one row per checkpoint; JSON columns are TEXT.
 //! - `state_values`: `(thread_id, key, version) → value`, written once per version and never
 //!   again, so an unchanged key costs nothing per step.
@@ -32,7 +35,7 @@ use serde_json::{Map, Value};
 use super::{Checkpoint, CheckpointError, Checkpointer, Durability, PendingWrite, Result, Thread, ThreadStatus};
 
 /// The schema this build writes. Opening a file with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 /// How long a connection waits for a lock (another process's writer, a WAL checkpoint).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most commands one group commit takes, so one transaction stays bounded.
@@ -91,8 +94,24 @@ CREATE TABLE writes (
 ) STRICT;
 ";
 
-const THREAD_COLS: &str = "thread_id, workflow, plan_hash, input, context, config, status, created_at, updated_at, \
-                           forked_from_thread, forked_from_checkpoint";
+/// Version 2: a thread's input, context and config move out of its (often updated) row.
+const MIGRATE_2: &str = "
+CREATE TABLE thread_inputs (
+    thread_id TEXT PRIMARY KEY NOT NULL REFERENCES threads (thread_id),
+    input TEXT NOT NULL,
+    context TEXT NOT NULL,
+    config TEXT NOT NULL
+) STRICT;
+INSERT INTO thread_inputs (thread_id, input, context, config) SELECT thread_id, input, context, config FROM threads;
+ALTER TABLE threads DROP COLUMN input;
+ALTER TABLE threads DROP COLUMN context;
+ALTER TABLE threads DROP COLUMN config;
+";
+
+/// The columns of a thread as read, from `threads t JOIN thread_inputs i`.
+const THREAD_COLS: &str = "t.thread_id, t.workflow, t.plan_hash, i.input, i.context, i.config, t.status, t.created_at, \
+                           t.updated_at, t.forked_from_thread, t.forked_from_checkpoint";
+const THREAD_FROM: &str = "threads t JOIN thread_inputs i ON i.thread_id = t.thread_id";
 const CHECKPOINT_COLS: &str =
     "thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, meta, plan_hash, created_at";
 /// The checkpoint columns as read: a NULL plan hash is the thread's.
@@ -365,7 +384,9 @@ impl Checkpointer for SqliteCheckpointer {
 
     fn list_threads(&self) -> Result<Vec<Thread>> {
         self.read(|tx| {
-            let mut stmt = tx.prepare_cached(&format!("SELECT {THREAD_COLS} FROM threads ORDER BY touched DESC"))?;
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT {THREAD_COLS} FROM {THREAD_FROM} ORDER BY t.touched DESC"
+            ))?;
             let rows = stmt.query_map([], ThreadRow::from_row)?;
             rows.map(|row| row?.into_thread()).collect()
         })
@@ -685,7 +706,7 @@ fn apply(conn: &Connection, op: &Op) -> Result<Done> {
         }
         Op::DeleteThread(thread_id) => {
             require_thread(conn, thread_id)?;
-            for table in ["writes", "state_values", "checkpoints", "threads"] {
+            for table in ["writes", "state_values", "checkpoints", "thread_inputs", "threads"] {
                 conn.prepare_cached(&format!("DELETE FROM {table} WHERE thread_id = ?1"))?
                     .execute([thread_id])?;
             }
@@ -749,11 +770,16 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     if version > SCHEMA_VERSION {
         return Err(newer_schema(path, version));
     }
+    // A new file gets version 1, then every step up, one at a time, inside this transaction.
     if version == 0 {
         tx.execute_batch(SCHEMA)?;
+    }
+    if version < 2 {
+        tx.execute_batch(MIGRATE_2)?;
+    }
+    if version < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     }
-    // Later versions migrate here, one step at a time, inside this transaction.
     tx.commit()?;
     Ok(())
 }
@@ -804,6 +830,16 @@ fn open_reader(path: &Path, access: Access) -> Result<Connection> {
         )?,
     };
     conn.busy_timeout(BUSY_TIMEOUT)?;
+    if access != Access::ReadWrite {
+        // A file of version 1 is read as it is (looking never migrates): a temporary view
+        // gives its thread rows the shape of version 2.
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version == 1 {
+            conn.execute_batch(
+                "CREATE TEMP VIEW thread_inputs AS SELECT thread_id, input, context, config FROM main.threads",
+            )?;
+        }
+    }
     conn.pragma_update(None, "query_only", true)?;
     // Readers look up a checkpoint or a few values at a time: a small page cache will do.
     conn.pragma_update(None, "cache_size", -256)?;
@@ -884,23 +920,23 @@ impl ThreadRow {
 
     fn insert(&self, conn: &Connection) -> Result<()> {
         let (forked_thread, forked_checkpoint) = self.forked_from.clone().unzip();
-        conn.prepare_cached(&format!(
-            "INSERT INTO threads ({THREAD_COLS}, touched) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, \
-             (SELECT coalesce(max(touched), 0) + 1 FROM threads))"
-        ))?
+        conn.prepare_cached(
+            "INSERT INTO threads (thread_id, workflow, plan_hash, status, created_at, updated_at, forked_from_thread, \
+             forked_from_checkpoint, touched) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
+             (SELECT coalesce(max(touched), 0) + 1 FROM threads))",
+        )?
         .execute(params![
             self.thread_id,
             self.workflow,
             self.plan_hash,
-            self.input,
-            self.context,
-            self.config,
             self.status,
             self.created_at,
             self.updated_at,
             forked_thread,
             forked_checkpoint,
         ])?;
+        conn.prepare_cached("INSERT INTO thread_inputs (thread_id, input, context, config) VALUES (?1, ?2, ?3, ?4)")?
+            .execute(params![self.thread_id, self.input, self.context, self.config])?;
         Ok(())
     }
 }
@@ -996,7 +1032,9 @@ impl CheckpointRow {
 
 fn load_thread(conn: &Connection, thread_id: &str) -> Result<Option<ThreadRow>> {
     Ok(conn
-        .prepare_cached(&format!("SELECT {THREAD_COLS} FROM threads WHERE thread_id = ?1"))?
+        .prepare_cached(&format!(
+            "SELECT {THREAD_COLS} FROM {THREAD_FROM} WHERE t.thread_id = ?1"
+        ))?
         .query_row([thread_id], ThreadRow::from_row)
         .optional()?)
 }

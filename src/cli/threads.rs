@@ -126,13 +126,16 @@ pub fn state(args: StateArgs) -> anyhow::Result<u8> {
     let cp = store
         .get_checkpoint(&args.thread, args.checkpoint.as_deref())?
         .with_context(|| format!("thread `{}` has no such checkpoint", args.thread))?;
-    let state = store.state(&args.thread, &cp.versions)?;
+    // One key is read alone: a large value elsewhere in the state is never loaded.
     let value = match &args.key {
-        Some(k) => state
-            .get(k)
-            .cloned()
-            .with_context(|| format!("the state has no key `{k}`"))?,
-        None => Value::Object(state),
+        Some(k) => {
+            let version = cp
+                .versions
+                .get(k)
+                .with_context(|| format!("the state has no key `{k}`"))?;
+            store.value(&args.thread, k, *version)?
+        }
+        None => Value::Object(store.state(&args.thread, &cp.versions)?),
     };
     std::io::stdout()
         .lock()
