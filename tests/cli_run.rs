@@ -333,7 +333,16 @@ fn persist_exit_stores_only_what_the_last_checkpoint_references() {
     let steps = format!("steps={STEPS}");
     let run = runner(
         d,
-        &["run", "growing.yaml", "--thread", "g", "--persist", "exit", "--input", &steps],
+        &[
+            "run",
+            "growing.yaml",
+            "--thread",
+            "g",
+            "--persist",
+            "exit",
+            "--input",
+            &steps,
+        ],
     );
     assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
 
@@ -363,12 +372,24 @@ fn persist_exit_stores_only_what_the_last_checkpoint_references() {
     // A new turn continues from it (and extends what was stored).
     let more = runner(
         d,
-        &["run", "growing.yaml", "--thread", "g", "--persist", "exit", "--input", &format!("steps={}", STEPS + 2)],
+        &[
+            "run",
+            "growing.yaml",
+            "--thread",
+            "g",
+            "--persist",
+            "exit",
+            "--input",
+            &format!("steps={}", STEPS + 2),
+        ],
     );
     assert_eq!(more.status.code(), Some(0), "{}", stderr(&more));
     let log = json_out(&runner(d, &["state", "--thread", "g", "--key", "log"]));
     assert_eq!(log.as_array().map(Vec::len), Some(STEPS + 2));
-    assert_eq!(json_out(&runner(d, &["state", "--thread", "g", "--key", "n"])), json!(STEPS + 2));
+    assert_eq!(
+        json_out(&runner(d, &["state", "--thread", "g", "--key", "n"])),
+        json!(STEPS + 2)
+    );
 }
 
 /// `threads`, `history` and `state` only read: they work on a database another connection is
@@ -380,7 +401,16 @@ fn inspection_opens_the_database_read_only() {
     let d = dir.path();
     let run = runner(
         d,
-        &["run", "gate.yaml", "--mock", "mock.yaml", "--thread", "t1", "--input", "topic=tides"],
+        &[
+            "run",
+            "gate.yaml",
+            "--mock",
+            "mock.yaml",
+            "--thread",
+            "t1",
+            "--input",
+            "topic=tides",
+        ],
     );
     assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
     let db = d.join("runner.db");
@@ -388,14 +418,21 @@ fn inspection_opens_the_database_read_only() {
         let started = Instant::now();
         let threads = runner(d, &["threads"]);
         assert_eq!(threads.status.code(), Some(0), "{why}: {}", stderr(&threads));
-        assert!(String::from_utf8_lossy(&threads.stdout).starts_with("t1  interrupted"), "{why}");
+        assert!(
+            String::from_utf8_lossy(&threads.stdout).starts_with("t1  interrupted"),
+            "{why}"
+        );
         let history = runner(d, &["history", "--thread", "t1"]);
         assert_eq!(history.status.code(), Some(0), "{why}: {}", stderr(&history));
         let state = runner(d, &["state", "--thread", "t1", "--key", "draft"]);
         assert_eq!(state.status.code(), Some(0), "{why}: {}", stderr(&state));
         assert_eq!(json_out(&state), json!("first draft"), "{why}");
         // Waiting for the write lock (10 s) is not reading.
-        assert!(started.elapsed() < Duration::from_secs(5), "{why}: {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{why}: {:?}",
+            started.elapsed()
+        );
     };
 
     // Another process holds the write lock.
@@ -459,7 +496,18 @@ fn a_database_url_runner_does_not_support_is_a_usage_error() {
 
     let run = runner(
         d,
-        &["run", "gate.yaml", "--mock", "mock.yaml", "--thread", "s", "--input", "topic=tides", "--db", "sqlite://runs.db"],
+        &[
+            "run",
+            "gate.yaml",
+            "--mock",
+            "mock.yaml",
+            "--thread",
+            "s",
+            "--input",
+            "topic=tides",
+            "--db",
+            "sqlite://runs.db",
+        ],
     );
     assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
     assert!(d.join("runs.db").is_file());

@@ -119,7 +119,12 @@ mod tests {
         assert_eq!(loc("sqlite:///tmp/runs.db"), Ok(Location::File("/tmp/runs.db".into())));
         assert_eq!(loc("sqlite://:memory:"), Ok(Location::Memory));
         assert!(loc("sqlite://").is_err());
-        for url in ["postgres://user@host:5432/db", "mysql://h/db", "HTTP://h/x", "postgresql+tls://u:secret@h/db"] {
+        for url in [
+            "postgres://user@host:5432/db",
+            "mysql://h/db",
+            "HTTP://h/x",
+            "postgresql+tls://u:secret@h/db",
+        ] {
             let e = loc(url).unwrap_err();
             assert!(e.contains("are not supported") && e.contains("sqlite://PATH"), "{e}");
             assert!(!e.contains("secret") && !e.contains("host"), "{e}");

@@ -382,15 +382,7 @@ impl Engine {
                 status = Status::Interrupted;
                 break;
             }
-            match self.apply(
-                &shared,
-                &cp,
-                &mut state,
-                &mut meta,
-                &outcomes,
-                &constants,
-                step,
-            ) {
+            match self.apply(&shared, &cp, &mut state, &mut meta, &outcomes, &constants, step) {
                 Ok((next_cp, values, after)) => {
                     // The state the routing saw is the next step's state.
                     state_value = after;
