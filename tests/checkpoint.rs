@@ -10,7 +10,8 @@ use std::sync::{Arc, Barrier};
 use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
 use runner::checkpoint::{
-    Checkpoint, CheckpointError, Checkpointer, Durability, PendingWrite, Put, TaskSpec, Thread, ThreadStatus, new_id,
+    Checkpoint, CheckpointError, Checkpointer, Durability, PendingWrite, Put, TaskSpec, Thread, ThreadHead,
+    ThreadStatus, new_id,
 };
 use serde_json::{Map, Value, json};
 
@@ -152,6 +153,8 @@ fn threads(cp: &dyn Checkpointer) {
         ["t2", "t1"],
         "even within one millisecond"
     );
+    let heads: Vec<ThreadHead> = cp.list_threads().unwrap().into_iter().map(ThreadHead::from).collect();
+    assert_eq!(cp.list_thread_heads().unwrap(), heads);
 
     let err = cp.set_status("nope", ThreadStatus::Done).unwrap_err();
     assert!(
@@ -866,6 +869,17 @@ fn sqlite_a_large_input_is_stored_once() {
     let back = cp.get_thread("t").unwrap().unwrap();
     assert_eq!((back.input, back.status), (t.input, ThreadStatus::Done));
     assert_eq!(cp.list_threads().unwrap().len(), 1);
+    // A listing reads no input: one that is not even JSON does not stop it.
+    rusqlite::Connection::open(dir.path().join("runs.db"))
+        .unwrap()
+        .execute("UPDATE thread_inputs SET input = '{not json'", [])
+        .unwrap();
+    assert!(matches!(cp.list_threads(), Err(CheckpointError::Corrupt(_))));
+    let heads = cp.list_thread_heads().unwrap();
+    assert_eq!(
+        (heads[0].thread_id.as_str(), heads[0].status),
+        ("t", ThreadStatus::Done)
+    );
     cp.delete_thread("t").unwrap();
     assert_eq!(cp.get_thread("t").unwrap(), None);
 }

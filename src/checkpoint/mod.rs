@@ -40,6 +40,29 @@ pub struct Thread {
     pub forked_from: Option<(String, String)>,
 }
 
+/// What a listing of threads shows: a [`Thread`] without what it was started with (an input
+/// may be large, and a listing needs none of it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadHead {
+    pub thread_id: String,
+    pub workflow: String,
+    pub status: ThreadStatus,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<Thread> for ThreadHead {
+    fn from(t: Thread) -> Self {
+        ThreadHead {
+            thread_id: t.thread_id,
+            workflow: t.workflow,
+            status: t.status,
+            created_at: t.created_at,
+            updated_at: t.updated_at,
+        }
+    }
+}
+
 /// Where a thread stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -164,6 +187,12 @@ pub trait Checkpointer: Send + Sync {
 
     /// Every thread, most recently updated first.
     fn list_threads(&self) -> Result<Vec<Thread>>;
+
+    /// [`Checkpointer::list_threads`] without inputs, contexts and configs (`runner threads`):
+    /// a backend that stores them apart reads none of them.
+    fn list_thread_heads(&self) -> Result<Vec<ThreadHead>> {
+        Ok(self.list_threads()?.into_iter().map(ThreadHead::from).collect())
+    }
 
     /// Stores a checkpoint and the values of the keys whose version it introduces
     /// (`(key, version, value)`), atomically. A value may be an [`extension`] of an earlier

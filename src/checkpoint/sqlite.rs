@@ -392,6 +392,34 @@ impl Checkpointer for SqliteCheckpointer {
         })
     }
 
+    fn list_thread_heads(&self) -> Result<Vec<super::ThreadHead>> {
+        self.read(|tx| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT thread_id, workflow, status, created_at, updated_at FROM threads ORDER BY touched DESC",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                ))
+            })?;
+            rows.map(|row| {
+                let (thread_id, workflow, status, created_at, updated_at) = row?;
+                Ok(super::ThreadHead {
+                    thread_id,
+                    workflow,
+                    status: parse_status(&status)?,
+                    created_at,
+                    updated_at,
+                })
+            })
+            .collect()
+        })
+    }
+
     fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()> {
         self.write_unit(Op::PutCheckpoint {
             row: CheckpointRow::from_checkpoint(checkpoint)?,
@@ -897,13 +925,7 @@ impl ThreadRow {
     }
 
     fn into_thread(self) -> Result<Thread> {
-        let status = match self.status.as_str() {
-            "running" => ThreadStatus::Running,
-            "interrupted" => ThreadStatus::Interrupted,
-            "done" => ThreadStatus::Done,
-            "failed" => ThreadStatus::Failed,
-            other => return Err(CheckpointError::Corrupt(format!("thread status `{other}`"))),
-        };
+        let status = parse_status(&self.status)?;
         Ok(Thread {
             input: from_json("a thread input", &self.input)?,
             context: from_json("a thread context", &self.context)?,
@@ -1046,6 +1068,16 @@ fn load_checkpoint(conn: &Connection, thread_id: &str, checkpoint_id: &str) -> R
         ))?
         .query_row([thread_id, checkpoint_id], CheckpointRow::from_row)
         .optional()?)
+}
+
+fn parse_status(status: &str) -> Result<ThreadStatus> {
+    Ok(match status {
+        "running" => ThreadStatus::Running,
+        "interrupted" => ThreadStatus::Interrupted,
+        "done" => ThreadStatus::Done,
+        "failed" => ThreadStatus::Failed,
+        other => return Err(CheckpointError::Corrupt(format!("thread status `{other}`"))),
+    })
 }
 
 fn thread_exists(conn: &Connection, thread_id: &str) -> Result<bool> {

@@ -83,7 +83,7 @@ pub struct ForkArgs {
 pub fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
     let store = store::open_read_only(&store::db_path(args.db.db.as_deref()))?;
     let mut out = std::io::stdout().lock();
-    for t in store.list_threads()? {
+    for t in store.list_thread_heads()? {
         writeln!(
             out,
             "{}  {:<11}  {}  {}",
