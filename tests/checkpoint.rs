@@ -953,3 +953,56 @@ fn sqlite_version_1_files_are_read_and_migrated() {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
     assert_eq!(version, SCHEMA_VERSION);
 }
+
+/// A long text held in several places (the input, a state value, a task's write, the meta) is
+/// stored once; a fork shares it, and it goes when the last thread using it is deleted.
+#[test]
+fn sqlite_a_long_text_is_stored_once_wherever_it_is_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let cp = SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap();
+    let text = "lorem ipsum ".repeat(400_000);
+    let len = text.len() as u64;
+    let mut t = thread("t");
+    t.input = json!({"text": text});
+    cp.create_thread(&t).unwrap();
+    let mut c0 = checkpoint("t", None, -1, &[("doc", 1), ("n", 1)]);
+    c0.meta = json!({"input": {"text": text}});
+    cp.put_checkpoint(&c0, &vals(&[("doc", 1, json!(text)), ("n", 1, json!(0))]))
+        .unwrap();
+    cp.put_writes(
+        "t",
+        &c0.checkpoint_id,
+        &[write("task-a", 0, "doc", json!([text, text]))],
+    )
+    .unwrap();
+    let stats = cp.stats().unwrap();
+    assert!(
+        stats.db_bytes < len + len / 4,
+        "{} bytes for a {len}-byte text",
+        stats.db_bytes
+    );
+
+    assert_eq!(cp.get_thread("t").unwrap().unwrap().input, t.input);
+    assert_eq!(cp.value("t", "doc", 1).unwrap(), json!(text));
+    assert_eq!(cp.get_checkpoint("t", None).unwrap().unwrap().meta, c0.meta);
+    assert_eq!(
+        cp.get_writes("t", &c0.checkpoint_id).unwrap()[0].value,
+        json!([text, text])
+    );
+
+    let blobs = || -> i64 {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row("SELECT count(*) FROM blobs", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(blobs(), 1);
+    cp.fork("t", &c0.checkpoint_id, "f").unwrap();
+    cp.delete_thread("t").unwrap();
+    assert_eq!(blobs(), 1, "the fork still uses it");
+    assert_eq!(cp.get_thread("f").unwrap().unwrap().input, t.input);
+    assert_eq!(cp.value("f", "doc", 1).unwrap(), json!(text));
+    cp.delete_thread("f").unwrap();
+    assert_eq!(blobs(), 0);
+}

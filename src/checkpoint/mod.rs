@@ -9,6 +9,7 @@
 //! Architecture Invariant: checkpoint/ knows nothing of the engine, plans or providers; it
 //! stores JSON by thread, checkpoint, key and version.
 
+pub mod blobs;
 pub mod memory;
 pub mod sqlite;
 

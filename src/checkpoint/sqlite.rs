@@ -13,6 +13,9 @@
 //! - `thread_inputs`: a thread's input, context and config, written once. They live apart
 //!   from `threads` because SQLite rewrites a whole row on every update: a status change
 //!   would otherwise copy a large input again.
+//! - `blobs`: strings of 64 KiB or more, once per store by SHA-256; inputs, state values,
+//!   writes and checkpoint meta hold a reference instead ([`super::blobs`]). `blob_refs`
+//!   records which threads use which, so deleting the last user deletes the text.
 //! - `checkpoints`: one row per checkpoint; JSON columns are TEXT.
 //! - `state_values`: `(thread_id, key, version) → value`, written once per version and never
 //!   again, so an unchanged key costs nothing per step.
@@ -103,6 +106,13 @@ CREATE TABLE thread_inputs (
     config TEXT NOT NULL
 ) STRICT;
 INSERT INTO thread_inputs (thread_id, input, context, config) SELECT thread_id, input, context, config FROM threads;
+CREATE TABLE blobs (hash TEXT PRIMARY KEY NOT NULL, text TEXT NOT NULL) STRICT;
+CREATE TABLE blob_refs (
+    thread_id TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    PRIMARY KEY (thread_id, hash)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX blob_refs_by_hash ON blob_refs (hash);
 ALTER TABLE threads DROP COLUMN input;
 ALTER TABLE threads DROP COLUMN context;
 ALTER TABLE threads DROP COLUMN config;
@@ -367,7 +377,9 @@ impl Drop for SqliteCheckpointer {
 
 impl Checkpointer for SqliteCheckpointer {
     fn create_thread(&self, thread: &Thread) -> Result<()> {
-        self.write_unit(Op::CreateThread(ThreadRow::from_thread(thread)?))
+        let mut blobs = Vec::new();
+        let row = ThreadRow::from_thread(thread, &mut blobs)?;
+        self.write_unit(with_blobs(&thread.thread_id, blobs, Op::CreateThread(row)))
     }
 
     fn set_status(&self, thread_id: &str, status: ThreadStatus) -> Result<()> {
@@ -379,7 +391,7 @@ impl Checkpointer for SqliteCheckpointer {
     }
 
     fn get_thread(&self, thread_id: &str) -> Result<Option<Thread>> {
-        self.read(|tx| load_thread(tx, thread_id)?.map(ThreadRow::into_thread).transpose())
+        self.read(|tx| load_thread(tx, thread_id)?.map(|t| t.into_thread(tx)).transpose())
     }
 
     fn list_threads(&self) -> Result<Vec<Thread>> {
@@ -388,7 +400,7 @@ impl Checkpointer for SqliteCheckpointer {
                 "SELECT {THREAD_COLS} FROM {THREAD_FROM} ORDER BY t.touched DESC"
             ))?;
             let rows = stmt.query_map([], ThreadRow::from_row)?;
-            rows.map(|row| row?.into_thread()).collect()
+            rows.map(|row| row?.into_thread(tx)).collect()
         })
     }
 
@@ -421,29 +433,19 @@ impl Checkpointer for SqliteCheckpointer {
     }
 
     fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()> {
-        self.write_unit(Op::PutCheckpoint {
-            row: CheckpointRow::from_checkpoint(checkpoint)?,
-            values: value_rows(values)?,
-        })
+        self.write_unit(checkpoint_op(checkpoint, values)?)
     }
 
     fn put_batch(&self, puts: Vec<super::Put>) -> Result<()> {
         let ops = puts
             .into_iter()
             .map(|put| match put {
-                super::Put::Checkpoint(cp, values) => Ok(Op::PutCheckpoint {
-                    row: CheckpointRow::from_checkpoint(&cp)?,
-                    values: value_rows(&values)?,
-                }),
+                super::Put::Checkpoint(cp, values) => checkpoint_op(&cp, &values),
                 super::Put::Writes {
                     thread_id,
                     checkpoint_id,
                     writes,
-                } => Ok(Op::PutWrites {
-                    thread_id,
-                    checkpoint_id,
-                    writes: write_rows(&writes)?,
-                }),
+                } => writes_op(thread_id, checkpoint_id, &writes),
             })
             .collect::<Result<Vec<_>>>()?;
         self.write_unit(Op::Batch(ops))
@@ -463,7 +465,7 @@ impl Checkpointer for SqliteCheckpointer {
                     .query_row([thread_id], CheckpointRow::from_row)
                     .optional()?,
             };
-            row.map(CheckpointRow::into_checkpoint).transpose()
+            row.map(|c| c.into_checkpoint(tx)).transpose()
         })
     }
 
@@ -475,7 +477,7 @@ impl Checkpointer for SqliteCheckpointer {
                  ORDER BY step DESC, checkpoint_id DESC"
             ))?;
             let rows = stmt.query_map([thread_id], CheckpointRow::from_row)?;
-            rows.map(|row| row?.into_checkpoint()).collect()
+            rows.map(|row| row?.into_checkpoint(tx)).collect()
         })
     }
 
@@ -491,7 +493,7 @@ impl Checkpointer for SqliteCheckpointer {
                         .query_row(params![thread_id, key, version_to_sql(v)?], |r| r.get(0))
                         .optional()?;
                     let text = text.ok_or_else(|| missing_value(thread_id, key, v))?;
-                    from_json("a state value", &text)
+                    decode(tx, "a state value", &text)
                 })?;
                 state.insert(key.clone(), value);
             }
@@ -500,12 +502,7 @@ impl Checkpointer for SqliteCheckpointer {
     }
 
     fn put_writes(&self, thread_id: &str, checkpoint_id: &str, writes: &[PendingWrite]) -> Result<()> {
-        let writes = write_rows(writes)?;
-        self.write_unit(Op::PutWrites {
-            thread_id: thread_id.to_owned(),
-            checkpoint_id: checkpoint_id.to_owned(),
-            writes,
-        })
+        self.write_unit(writes_op(thread_id.to_owned(), checkpoint_id.to_owned(), writes)?)
     }
 
     fn get_writes(&self, thread_id: &str, checkpoint_id: &str) -> Result<Vec<PendingWrite>> {
@@ -532,7 +529,7 @@ impl Checkpointer for SqliteCheckpointer {
                     task_id,
                     idx: u32::try_from(idx).map_err(|_| CheckpointError::Corrupt(format!("write index {idx}")))?,
                     channel,
-                    value: from_json("a pending write", &value)?,
+                    value: decode(tx, "a pending write", &value)?,
                 })
             })
             .collect()
@@ -558,27 +555,83 @@ impl Checkpointer for SqliteCheckpointer {
     }
 }
 
-/// A checkpoint's values as rows: `(key, version, value JSON)`.
-fn value_rows(values: &[(String, u64, Value)]) -> Result<Vec<(String, i64, String)>> {
-    values
+/// A checkpoint and its values as one write, long strings stored apart.
+fn checkpoint_op(checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<Op> {
+    let mut blobs = Vec::new();
+    let row = CheckpointRow::from_checkpoint(checkpoint, &mut blobs)?;
+    let values = values
         .iter()
-        .map(|(key, version, value)| Ok((key.clone(), version_to_sql(*version)?, to_json(value)?)))
-        .collect()
+        .map(|(key, version, value)| Ok((key.clone(), version_to_sql(*version)?, encode(value, &mut blobs)?)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(with_blobs(
+        &checkpoint.thread_id,
+        blobs,
+        Op::PutCheckpoint { row, values },
+    ))
 }
 
-/// Pending writes as rows: `(task_id, idx, channel, value JSON)`.
-fn write_rows(writes: &[PendingWrite]) -> Result<Vec<(String, i64, String, String)>> {
-    writes
+/// Pending writes as one write: rows `(task_id, idx, channel, value JSON)`.
+fn writes_op(thread_id: String, checkpoint_id: String, writes: &[PendingWrite]) -> Result<Op> {
+    let mut blobs = Vec::new();
+    let writes = writes
         .iter()
         .map(|w| {
             Ok((
                 w.task_id.clone(),
                 i64::from(w.idx),
                 w.channel.clone(),
-                to_json(&w.value)?,
+                encode(&w.value, &mut blobs)?,
             ))
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    Ok(with_blobs(
+        &thread_id,
+        blobs,
+        Op::PutWrites {
+            thread_id: thread_id.clone(),
+            checkpoint_id,
+            writes,
+        },
+    ))
+}
+
+/// `op` preceded by storing the long strings it refers to, in one savepoint.
+fn with_blobs(thread_id: &str, blobs: Vec<(String, String)>, op: Op) -> Op {
+    if blobs.is_empty() {
+        return op;
+    }
+    Op::Batch(vec![
+        Op::Blobs {
+            thread_id: thread_id.to_owned(),
+            blobs,
+        },
+        op,
+    ])
+}
+
+/// JSON text for storage: long strings replaced by references, collected in `blobs`.
+fn encode(value: &Value, blobs: &mut Vec<(String, String)>) -> Result<String> {
+    match super::blobs::externalize(value) {
+        None => to_json(value),
+        Some((replaced, found)) => {
+            blobs.extend(found);
+            to_json(&replaced)
+        }
+    }
+}
+
+/// A stored JSON text, references to long strings resolved.
+fn decode(conn: &Connection, what: &str, text: &str) -> Result<Value> {
+    let mut value = from_json(what, text)?;
+    if text.contains(super::blobs::BLOB) {
+        let mut stmt = conn.prepare_cached("SELECT text FROM blobs WHERE hash = ?1")?;
+        super::blobs::internalize(&mut value, &mut |hash: &str| {
+            stmt.query_row([hash], |r| r.get::<_, String>(0))
+                .optional()?
+                .ok_or_else(|| CheckpointError::Corrupt(format!("no stored text {hash} ({what})")))
+        })?;
+    }
+    Ok(value)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -587,6 +640,11 @@ fn write_rows(writes: &[PendingWrite]) -> Result<Vec<(String, i64, String, Strin
 /// A write, serialized by the caller so the writer thread only does SQL.
 enum Op {
     CreateThread(ThreadRow),
+    /// Long strings `(hash, text)` that `thread_id` refers to.
+    Blobs {
+        thread_id: String,
+        blobs: Vec<(String, String)>,
+    },
     SetStatus {
         thread_id: String,
         status: ThreadStatus,
@@ -691,6 +749,7 @@ fn apply(conn: &Connection, op: &Op) -> Result<Done> {
             }
             row.insert(conn)?;
         }
+        Op::Blobs { thread_id, blobs } => store_blobs(conn, thread_id, blobs)?,
         Op::SetStatus { thread_id, status, at } => {
             let n = conn
                 .prepare_cached(
@@ -734,10 +793,19 @@ fn apply(conn: &Connection, op: &Op) -> Result<Done> {
         }
         Op::DeleteThread(thread_id) => {
             require_thread(conn, thread_id)?;
-            for table in ["writes", "state_values", "checkpoints", "thread_inputs", "threads"] {
+            for table in [
+                "writes",
+                "state_values",
+                "checkpoints",
+                "thread_inputs",
+                "threads",
+                "blob_refs",
+            ] {
                 conn.prepare_cached(&format!("DELETE FROM {table} WHERE thread_id = ?1"))?
                     .execute([thread_id])?;
             }
+            conn.prepare_cached("DELETE FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs)")?
+                .execute([])?;
         }
         Op::Fork {
             from,
@@ -748,6 +816,21 @@ fn apply(conn: &Connection, op: &Op) -> Result<Done> {
         } => return fork(conn, from, checkpoint_id, new, new_checkpoint_id, at).map(|c| Done::Forked(Box::new(c))),
     }
     Ok(Done::Unit)
+}
+
+/// Stores long strings `(hash, text)` that `thread_id` refers to; a text already stored (the
+/// same hash) is not written again.
+fn store_blobs(conn: &Connection, thread_id: &str, blobs: &[(String, String)]) -> Result<()> {
+    let mut known = conn.prepare_cached("SELECT 1 FROM blobs WHERE hash = ?1")?;
+    let mut text = conn.prepare_cached("INSERT INTO blobs (hash, text) VALUES (?1, ?2)")?;
+    let mut uses = conn.prepare_cached("INSERT OR IGNORE INTO blob_refs (thread_id, hash) VALUES (?1, ?2)")?;
+    for (hash, blob) in blobs {
+        if !known.exists([hash])? {
+            text.execute(params![hash, blob])?;
+        }
+        uses.execute(params![thread_id, hash])?;
+    }
+    Ok(())
 }
 
 fn fork(conn: &Connection, from: &str, checkpoint_id: &str, new: &str, new_id: &str, at: &str) -> Result<Checkpoint> {
@@ -763,13 +846,18 @@ fn fork(conn: &Connection, from: &str, checkpoint_id: &str, new: &str, new_id: &
     thread.updated_at = at.into();
     thread.forked_from = Some((from.into(), checkpoint_id.into()));
     thread.insert(conn)?;
+    // The copies refer to the same long strings.
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO blob_refs (thread_id, hash) SELECT ?1, hash FROM blob_refs WHERE thread_id = ?2",
+    )?
+    .execute([new, from])?;
 
     row.thread_id = new.into();
     row.checkpoint_id = new_id.into();
     row.parent_id = None;
     row.created_at = at.into();
     row.insert(conn)?;
-    let checkpoint = row.into_checkpoint()?;
+    let checkpoint = row.into_checkpoint(conn)?;
     // Values are copied resolved, so no extension in the new thread refers to the old one.
     let mut read =
         conn.prepare_cached("SELECT value FROM state_values WHERE thread_id = ?1 AND key = ?2 AND version = ?3")?;
@@ -781,9 +869,11 @@ fn fork(conn: &Connection, from: &str, checkpoint_id: &str, new: &str, new_id: &
                 .query_row(params![from, key, version_to_sql(v)?], |r| r.get(0))
                 .optional()?;
             let text = text.ok_or_else(|| missing_value(from, key, v))?;
-            from_json("a state value", &text)
+            decode(conn, "a state value", &text)
         })?;
-        write.execute(params![new, key, version_to_sql(version)?, to_json(&value)?])?;
+        let mut blobs = Vec::new();
+        write.execute(params![new, key, version_to_sql(version)?, encode(&value, &mut blobs)?])?;
+        store_blobs(conn, new, &blobs)?;
     }
     Ok(checkpoint)
 }
@@ -892,14 +982,14 @@ struct ThreadRow {
 }
 
 impl ThreadRow {
-    fn from_thread(t: &Thread) -> Result<Self> {
+    fn from_thread(t: &Thread, blobs: &mut Vec<(String, String)>) -> Result<Self> {
         Ok(ThreadRow {
             thread_id: t.thread_id.clone(),
             workflow: t.workflow.clone(),
             plan_hash: t.plan_hash.clone(),
-            input: to_json(&t.input)?,
-            context: to_json(&t.context)?,
-            config: to_json(&t.config)?,
+            input: encode(&t.input, blobs)?,
+            context: encode(&t.context, blobs)?,
+            config: encode(&t.config, blobs)?,
             status: t.status.as_str().into(),
             created_at: t.created_at.clone(),
             updated_at: t.updated_at.clone(),
@@ -924,12 +1014,12 @@ impl ThreadRow {
         })
     }
 
-    fn into_thread(self) -> Result<Thread> {
+    fn into_thread(self, conn: &Connection) -> Result<Thread> {
         let status = parse_status(&self.status)?;
         Ok(Thread {
-            input: from_json("a thread input", &self.input)?,
-            context: from_json("a thread context", &self.context)?,
-            config: from_json("a thread config", &self.config)?,
+            input: decode(conn, "a thread input", &self.input)?,
+            context: decode(conn, "a thread context", &self.context)?,
+            config: decode(conn, "a thread config", &self.config)?,
             thread_id: self.thread_id,
             workflow: self.workflow,
             plan_hash: self.plan_hash,
@@ -979,7 +1069,7 @@ struct CheckpointRow {
 }
 
 impl CheckpointRow {
-    fn from_checkpoint(c: &Checkpoint) -> Result<Self> {
+    fn from_checkpoint(c: &Checkpoint, blobs: &mut Vec<(String, String)>) -> Result<Self> {
         Ok(CheckpointRow {
             thread_id: c.thread_id.clone(),
             checkpoint_id: c.checkpoint_id.clone(),
@@ -989,7 +1079,7 @@ impl CheckpointRow {
             ran: to_json(&c.ran)?,
             changed: to_json(&c.changed)?,
             next: to_json(&c.next)?,
-            meta: to_json(&c.meta)?,
+            meta: encode(&c.meta, blobs)?,
             plan_hash: c.plan_hash.clone(),
             created_at: c.created_at.clone(),
         })
@@ -1011,13 +1101,13 @@ impl CheckpointRow {
         })
     }
 
-    fn into_checkpoint(self) -> Result<Checkpoint> {
+    fn into_checkpoint(self, conn: &Connection) -> Result<Checkpoint> {
         Ok(Checkpoint {
             versions: from_json("checkpoint versions", &self.versions)?,
             ran: from_json("checkpoint `ran`", &self.ran)?,
             changed: from_json("checkpoint `changed`", &self.changed)?,
             next: from_json("checkpoint `next`", &self.next)?,
-            meta: from_json("checkpoint meta", &self.meta)?,
+            meta: decode(conn, "checkpoint meta", &self.meta)?,
             checkpoint_id: self.checkpoint_id,
             thread_id: self.thread_id,
             parent_id: self.parent_id,
