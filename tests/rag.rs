@@ -1186,3 +1186,64 @@ fn deep_research_save_report_writes_under_out_per_user_and_thread() {
         "# Heat pumps\n\nSized by load."
     );
 }
+
+// ── secrets ─────────────────────────────────────────────────────────────────────────────────
+
+#[test]
+fn a_key_across_the_excerpt_cut_leaks_no_prefix() {
+    const KEY: &str = "sk-cut-0123456789abcdefghijklmnopqrstuvwx";
+    // The reranker quotes 200 characters of the body: the key starts 20 characters before
+    // the cut.
+    let body = json!({"detail": format!("{}{KEY} is not valid", "x".repeat(200 - 11 - 20))});
+    assert_eq!(body.to_string().find(KEY), Some(180));
+    let server = fake_web::recorder(401, body);
+    let p = Project::new();
+    p.index(&["docs"], "kb", &[]);
+    p.write(
+        "wf.yaml",
+        &retrieve_wf(
+            "kb",
+            &format!("    top_k: 1\n    rerank: {{url: \"{}\"}}", server.url("/rerank")),
+        ),
+    );
+    let out = p
+        .runner()
+        .args([
+            "run",
+            "wf.yaml",
+            "--db",
+            "cp.db",
+            "--data-db",
+            "data.db",
+            "--stream",
+            "jsonl",
+        ])
+        .args(["-i", "question=laptop security", "--record", "c.jsonl"])
+        .env("OPENAI_API_KEY", KEY)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("rerank_failed") && stderr.contains("HTTP 401"),
+        "{stderr}"
+    );
+    let mut places = vec![
+        ("stderr", stderr.into_bytes()),
+        ("stdout", out.stdout),
+        ("cassette", std::fs::read(p.path("c.jsonl")).unwrap()),
+    ];
+    for entry in std::fs::read_dir(p.dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap().to_string_lossy().starts_with("cp.db") {
+            places.push(("checkpoint db", std::fs::read(&path).unwrap()));
+        }
+    }
+    let prefix = &KEY.as_bytes()[..8];
+    for (what, bytes) in &places {
+        assert!(
+            !bytes.windows(prefix.len()).any(|w| w == prefix),
+            "{what} holds a prefix of the key"
+        );
+    }
+}

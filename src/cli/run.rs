@@ -270,6 +270,12 @@ fn execute(
         data: crate::rag::DataStore::at(store::data_db_path(common.data_db.as_deref())),
         web: Arc::new(web_client(&common.allow_net)?.with_cassette(cassette.clone())),
     };
+    // A key read from a variable with any name is a secret like the conventional ones.
+    for profile in models.values() {
+        if let Some(key) = profile.api_key_env.as_deref().and_then(|name| std::env::var(name).ok()) {
+            crate::net::secrets::register(&key);
+        }
+    }
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human
     } else {
