@@ -1187,6 +1187,152 @@ fn deep_research_save_report_writes_under_out_per_user_and_thread() {
     );
 }
 
+// ── files stay where they belong ───────────────────────────────────────────────────────────
+
+/// [`FILES_WF`] whose save node writes under `dir` (a template).
+fn files_wf_with_dir(dir: &str) -> String {
+    FILES_WF
+        .replace(
+            "    path: {type: string}\n",
+            "    path: {type: string}\n    d: {type: string}\n",
+        )
+        .replace(
+            "    path: \"{{ input.path }}\"\n",
+            &format!("    path: \"{{{{ input.path }}}}\"\n    dir: \"{dir}\"\n"),
+        )
+}
+
+#[test]
+fn save_confines_a_rendered_dir_to_its_static_root() {
+    let p = Project::new();
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), p.path("out/escape")).unwrap();
+    let wf = files_wf_with_dir("out/{{ input.d }}");
+    let abs = outside.path().join("abs");
+    // Where `../../NAME` from out/ lands: beside the project, in the shared temp directory.
+    let name = format!("{}-escaped", p.dir.path().file_name().unwrap().to_string_lossy());
+    let beside = p.dir.path().parent().unwrap().join(&name);
+    for (d, why) in [
+        (format!("../../{name}"), "may not contain `..`"),
+        (format!("a/../../{name}"), "may not contain `..`"),
+        ("..".to_string(), "may not contain `..`"),
+        (abs.to_str().unwrap().to_string(), "must be relative"),
+        ("escape".to_string(), "leads outside"),
+    ] {
+        let r = p.run(
+            &wf,
+            &[
+                "-i",
+                "source=docs/travel-expenses.md",
+                "-i",
+                "path=x.txt",
+                "-i",
+                &format!("d={d}"),
+            ],
+        );
+        assert_eq!(r.code, 1, "d={d}: {}", r.stderr);
+        assert!(r.stderr.contains(why), "d={d}: {}", r.stderr);
+    }
+    assert!(!p.path("x.txt").exists() && !p.path("out/x.txt").exists());
+    assert!(!beside.exists(), "written outside out/: {}", beside.display());
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+    // A rendered dir inside the root is written there.
+    let r = p
+        .run(
+            &wf,
+            &[
+                "-i",
+                "source=docs/travel-expenses.md",
+                "-i",
+                "path=x.txt",
+                "-i",
+                "d=alice/2025",
+            ],
+        )
+        .ok();
+    assert_eq!(r.output["saved"]["path"], "out/alice/2025/x.txt");
+    assert!(p.path("out/alice/2025/x.txt").exists());
+    // A dir that is all template is confined to the current directory.
+    let wf = files_wf_with_dir("{{ input.d }}");
+    let d = format!("d=../{name}");
+    let r = p.run(
+        &wf,
+        &["-i", "source=docs/travel-expenses.md", "-i", "path=x.txt", "-i", &d],
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        !beside.exists(),
+        "written outside the current directory: {}",
+        beside.display()
+    );
+}
+
+#[test]
+fn load_reads_only_inside_the_workflows_directory_and_allowed_roots() {
+    let p = Project::new();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(elsewhere.path().join("notes.txt"), "Notes from elsewhere.").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", p.path("docs/passwd.txt")).unwrap();
+    let other = elsewhere.path().join("notes.txt");
+    let other = other.to_str().unwrap();
+    for source in [
+        "/etc/passwd",
+        "/proc/self/environ",
+        "../../../../../../etc/hostname",
+        "docs/passwd.txt",
+        other,
+    ] {
+        let r = p.run(FILES_WF, &["-i", &format!("source={source}"), "-i", "path=x.txt"]);
+        assert_eq!(r.code, 1, "{source} is refused: {}", r.stderr);
+        assert!(
+            r.stderr.contains(&format!("refused to read {source}")) && r.stderr.contains("--allow-read"),
+            "{source}: {}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("root:"), "{}", r.stderr);
+    }
+    // An allowed root is readable, by flag or from the environment.
+    let dir = elsewhere.path().to_str().unwrap();
+    let r = p
+        .run(
+            FILES_WF,
+            &[
+                "-i",
+                &format!("source={other}"),
+                "-i",
+                "path=x.txt",
+                "--allow-read",
+                dir,
+            ],
+        )
+        .ok();
+    assert_eq!(r.output["loaded"]["content"], "Notes from elsewhere.");
+    let out = p
+        .runner()
+        .args(["run", "wf.yaml", "--db", ":memory:", "--data-db", "data.db"])
+        .args(["-i", &format!("source={other}"), "-i", "path=y.txt"])
+        .env("RUNNER_ALLOW_READ", dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // The index node reads paths from data under the same rule.
+    let wf = r#"name: idx
+input: {type: object, properties: {paths: {type: array}}}
+nodes:
+  add:
+    kind: index
+    index: kb
+    documents: input.paths
+edges:
+  - START -> add -> END
+"#;
+    let r = p.run(wf, &["-i", r#"paths=["/etc"]"#]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("refused to read /etc"), "{}", r.stderr);
+    p.run(wf, &["-i", r#"paths=["docs"]"#]).ok();
+}
+
 // ── secrets ─────────────────────────────────────────────────────────────────────────────────
 
 #[test]

@@ -20,7 +20,7 @@ mod services;
 mod store;
 pub(crate) mod subgraph;
 
-pub use services::Services;
+pub use services::{ReadRoots, Services};
 
 use std::sync::Arc;
 

@@ -263,6 +263,7 @@ fn providers(plan: &Plan, case: &Case) -> Result<Services, String> {
         web: Arc::new(crate::net::Web::default().with_cassette(cassette.clone())),
         cassette,
         data: crate::rag::DataStore::default(),
+        read_roots: crate::nodes::ReadRoots::from_flags_and_env(&[]).map_err(|e| format!("RUNNER_ALLOW_READ: {e}"))?,
     })
 }
 
