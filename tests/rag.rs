@@ -1393,3 +1393,31 @@ fn a_key_across_the_excerpt_cut_leaks_no_prefix() {
         );
     }
 }
+
+#[test]
+fn runner_test_reads_allowed_roots_too() {
+    let p = Project::new();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(elsewhere.path().join("notes.txt"), "Notes from elsewhere.").unwrap();
+    let other = elsewhere.path().join("notes.txt");
+    p.write("wf.yaml", FILES_WF);
+    p.write(
+        "wf.test.yaml",
+        &format!(
+            "workflow: wf.yaml\ncases:\n  - name: reads elsewhere\n    input: {{source: \"{}\", path: x.txt}}\n    expect:\n      output: {{loaded: {{content: Notes from elsewhere.}}}}\n",
+            other.display()
+        ),
+    );
+    let refused = p.runner().args(["test", "wf.test.yaml"]).output().unwrap();
+    let text = String::from_utf8_lossy(&refused.stdout).into_owned();
+    assert_eq!(refused.status.code(), Some(1), "{text}");
+    assert!(text.contains("--allow-read"), "{text}");
+    let dir = elsewhere.path().to_str().unwrap();
+    let allowed = p
+        .runner()
+        .args(["test", "wf.test.yaml", "--allow-read", dir])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&allowed.stdout).into_owned();
+    assert_eq!(allowed.status.code(), Some(0), "{text}");
+}
