@@ -4,8 +4,10 @@
 //! Known are: the values of environment variables whose names say they hold a credential
 //! (`*_KEY`, `*_TOKEN`, `*_SECRET`, `*PASSWORD*`, read once, on first use), and every value
 //! registered while running (a model profile's or a search engine's `api_key_env` variable,
-//! every `${env:NAME}` expanded into a request). A value shorter than [`MIN_SECRET_LEN`] is
-//! never scrubbed: replacing every `1` or `yes` would mangle text and protect nothing.
+//! every `${env:NAME}` expanded into a header). A value shorter than [`MIN_KNOWN_LEN`] is not
+//! known: it is scrubbed from every node output, and replacing every `true` or `1234` there
+//! would mangle data and protect nothing (a cassette still scrubs values from
+//! [`MIN_SECRET_LEN`] on, and redacts credential headers whatever their length).
 //!
 //! Text is scrubbed whole and only then cut ([`excerpt`]): a secret placed across the cut
 //! cannot leave a prefix behind.
@@ -21,9 +23,16 @@ pub const REDACTED: &str = "[redacted]";
 /// Secrets shorter than this are not scrubbed.
 pub const MIN_SECRET_LEN: usize = 4;
 
+/// Values shorter than this are not known as secrets process-wide.
+pub const MIN_KNOWN_LEN: usize = 8;
+
 fn known() -> &'static RwLock<Vec<String>> {
     static KNOWN: OnceLock<RwLock<Vec<String>>> = OnceLock::new();
-    KNOWN.get_or_init(|| RwLock::new(sorted(env_credentials())))
+    KNOWN.get_or_init(|| {
+        let mut list = env_credentials();
+        list.retain(|v| v.len() >= MIN_KNOWN_LEN);
+        RwLock::new(sorted(list))
+    })
 }
 
 /// Whether an environment variable's name says it holds a secret.
@@ -52,7 +61,7 @@ pub fn sorted(mut secrets: Vec<String>) -> Vec<String> {
 
 /// Makes `value` a known secret from now on.
 pub fn register(value: &str) {
-    if value.len() < MIN_SECRET_LEN {
+    if value.len() < MIN_KNOWN_LEN {
         return;
     }
     let mut list = known().write().unwrap_or_else(|e| e.into_inner());
@@ -155,11 +164,11 @@ mod tests {
     #[test]
     fn values_are_scrubbed_everywhere_and_short_ones_never() {
         register("reg-secret-value");
-        register("abc");
-        let v = serde_json::json!({"a": ["x reg-secret-value y"], "reg-secret-value": 1, "b": "abc"});
+        register("true");
+        let v = serde_json::json!({"a": ["x reg-secret-value y"], "reg-secret-value": 1, "b": "true"});
         assert_eq!(
             scrub_value(v),
-            serde_json::json!({"a": ["x [redacted] y"], "[redacted]": 1, "b": "abc"})
+            serde_json::json!({"a": ["x [redacted] y"], "[redacted]": 1, "b": "true"})
         );
         assert_eq!(
             scrub_with(
