@@ -555,6 +555,7 @@ fn record_the_research_cassette() {
 
 const OPENAI_CANARY: &str = "sk-canary-openai-0123456789abcdef0123456789";
 const SVC_CANARY: &str = "svc-canary-cred-9876543210";
+const QUERY_CANARY: &str = "svc-query-canary-5555555555";
 
 /// An http node whose url, headers, query and form mix the workflow's own `${env:...}` with
 /// templates of input that itself holds `${env:...}` text.
@@ -575,7 +576,7 @@ nodes:
       X-Query: "{{ input.q }}"
       X-Auth: "${env:SVC_CRED}"
       X-Both: "{{ input.p }}/${env:SVC_CRED}"
-    query: {q2: "{{ input.q }}"}
+    query: {q2: "{{ input.q }}", k: "${env:SVC_QUERY_CRED}"}
     form: {f: "{{ input.q }} {{ input.p }}"}
     update: {out: output}
 edges:
@@ -598,7 +599,11 @@ fn env_is_expanded_in_the_workflows_own_text_never_in_rendered_data() {
             "--record",
             cassette.to_str().unwrap(),
         ],
-        &[("OPENAI_API_KEY", OPENAI_CANARY), ("SVC_CRED", SVC_CANARY)],
+        &[
+            ("OPENAI_API_KEY", OPENAI_CANARY),
+            ("SVC_CRED", SVC_CANARY),
+            ("SVC_QUERY_CRED", QUERY_CANARY),
+        ],
     )
     .done();
     assert_eq!(r.output["out"]["status"], 200, "{}", r.output);
@@ -622,6 +627,11 @@ fn env_is_expanded_in_the_workflows_own_text_never_in_rendered_data() {
     let recorded = std::fs::read_to_string(&cassette).unwrap();
     assert!(!recorded.contains(SVC_CANARY), "{recorded}");
     assert!(!recorded.contains(OPENAI_CANARY), "{recorded}");
+    assert!(seen.contains(&format!("k={QUERY_CANARY}")), "{seen}");
+    assert!(
+        !recorded.contains(QUERY_CANARY),
+        "a query value from the environment: {recorded}"
+    );
     let entry: Value = serde_json::from_str(recorded.lines().nth(1).unwrap()).unwrap();
     assert_eq!(entry["request"]["headers"]["x-auth"], "[redacted]", "{entry}");
     assert!(!r.stderr.contains(SVC_CANARY) && !r.output.to_string().contains(SVC_CANARY));

@@ -1,9 +1,9 @@
 //! The `http` kind: one request built from the node's templates, its response parsed into
 //! `output` = `{status, headers, body}`. `url`, `headers`, `query` and `form` may use
 //! `${env:NAME}` in the workflow's own text: it is expanded there and only there (what a
-//! template renders from data is never expanded). A header value read from the environment is
-//! a secret: registered with [`crate::net::secrets`] so no event, state, error or cassette
-//! holds it, and never recorded whatever the header's name.
+//! template renders from data is never expanded). A header, query or form value read from the
+//! environment is a secret: registered with [`crate::net::secrets`] so no event, state, error
+//! or cassette holds it; a header holding one is never recorded, whatever its name.
 
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
     let mut url =
         url::Url::parse(raw_url.trim()).map_err(|e| NodeError::new(ErrorClass::BadRequest, format!("url: {e}")))?;
     for k in n.query.keys() {
-        let v = render_env(ctx, &format!("/query/{k}"), &format!("query `{k}`"))?.map(|r| r.text);
+        let v = render_env(ctx, &format!("/query/{k}"), &format!("query `{k}`"))?.map(Expanded::secret_text);
         url.query_pairs_mut().append_pair(k, &v.unwrap_or_default());
     }
     let method = match n.method.unwrap_or(HttpMethod::Get) {
@@ -44,13 +44,10 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
                 ..e
             })?
             .unwrap_or_default();
-        for value in &v.from_env {
-            secrets::register(value);
-        }
         if !v.from_env.is_empty() {
             secret_headers.push(name.clone());
         }
-        headers.push((name, v.text));
+        headers.push((name, v.secret_text()));
     }
     let has = |headers: &[(String, String)], name: &str| headers.iter().any(|(k, _)| k == name);
     let mut body = None;
@@ -63,7 +60,7 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
     } else if !n.form.is_empty() {
         let mut form = url::form_urlencoded::Serializer::new(String::new());
         for k in n.form.keys() {
-            let v = render_env(ctx, &format!("/form/{k}"), &format!("form `{k}`"))?.map(|r| r.text);
+            let v = render_env(ctx, &format!("/form/{k}"), &format!("form `{k}`"))?.map(Expanded::secret_text);
             form.append_pair(k, &v.unwrap_or_default());
         }
         body = Some(form.finish().into_bytes());
@@ -136,6 +133,17 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
 struct Expanded {
     text: String,
     from_env: Vec<String>,
+}
+
+impl Expanded {
+    /// The text, its values from the environment known as secrets from now on (a header,
+    /// query or form value read from the environment is a credential whatever its name).
+    fn secret_text(self) -> String {
+        for value in &self.from_env {
+            secrets::register(value);
+        }
+        self.text
+    }
 }
 
 /// `${env:...}` expanded in text written in the workflow.
