@@ -635,6 +635,26 @@ fn env_is_expanded_in_the_workflows_own_text_never_in_rendered_data() {
     let entry: Value = serde_json::from_str(recorded.lines().nth(1).unwrap()).unwrap();
     assert_eq!(entry["request"]["headers"]["x-auth"], "[redacted]", "{entry}");
     assert!(!r.stderr.contains(SVC_CANARY) && !r.output.to_string().contains(SVC_CANARY));
+    // The redacted request still matches on replay.
+    let replayed = run_yaml(
+        &wf,
+        &[
+            "--input",
+            "q=${env:OPENAI_API_KEY}",
+            "--input",
+            "p=${env:SVC_CRED}",
+            "--replay",
+            cassette.to_str().unwrap(),
+        ],
+        &[
+            ("OPENAI_API_KEY", OPENAI_CANARY),
+            ("SVC_CRED", SVC_CANARY),
+            ("SVC_QUERY_CRED", QUERY_CANARY),
+        ],
+    )
+    .done();
+    assert_eq!(replayed.output["out"]["status"], 200, "{}", replayed.output);
+    assert_eq!(server.requests.lock().unwrap().len(), 1, "replay never connects");
 }
 
 #[test]

@@ -110,3 +110,29 @@ pub fn confined(root: &Path, rel: &str) -> Result<PathBuf, String> {
     }
     Ok(cur)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::split_root;
+
+    #[test]
+    fn the_static_root_is_the_text_before_the_first_template_part() {
+        for (template, rendered, want) in [
+            ("out", "out", ("out", "")),
+            ("out/{{ u }}", "out/alice", ("out", "alice")),
+            (
+                "out/reports/{{ u }}/{{ t }}",
+                "out/reports/a/b/",
+                ("out/reports", "a/b"),
+            ),
+            ("out/run-{{ t }}", "out/run-7", ("out", "run-7")),
+            ("out/{{ d }}", "out/../../x", ("out", "../../x")),
+            ("{{ d }}", "/etc", (".", "/etc")),
+            ("/srv/{{ d }}", "/srv/a", ("/srv", "a")),
+            ("/{{ d }}", "/a", ("/", "a")),
+        ] {
+            assert_eq!(split_root(template, rendered).ok(), Some(want), "{template}");
+        }
+        assert!(split_root("out/ {{- d }}", "outx").is_err());
+    }
+}
