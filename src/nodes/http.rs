@@ -38,10 +38,14 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
     let mut secret_headers = Vec::new();
     for k in n.headers.keys() {
         let name = k.to_ascii_lowercase();
+        // A header's missing variable is a missing credential.
         let v = render_env(ctx, &format!("/headers/{k}"), &format!("header `{k}`"))
-            .map_err(|e| NodeError {
-                class: ErrorClass::Auth,
-                ..e
+            .map_err(|e| match e.class {
+                ErrorClass::BadRequest => NodeError {
+                    class: ErrorClass::Auth,
+                    ..e
+                },
+                _ => e,
             })?
             .unwrap_or_default();
         if !v.from_env.is_empty() {
