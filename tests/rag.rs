@@ -1186,3 +1186,238 @@ fn deep_research_save_report_writes_under_out_per_user_and_thread() {
         "# Heat pumps\n\nSized by load."
     );
 }
+
+// ── files stay where they belong ───────────────────────────────────────────────────────────
+
+/// [`FILES_WF`] whose save node writes under `dir` (a template).
+fn files_wf_with_dir(dir: &str) -> String {
+    FILES_WF
+        .replace(
+            "    path: {type: string}\n",
+            "    path: {type: string}\n    d: {type: string}\n",
+        )
+        .replace(
+            "    path: \"{{ input.path }}\"\n",
+            &format!("    path: \"{{{{ input.path }}}}\"\n    dir: \"{dir}\"\n"),
+        )
+}
+
+#[test]
+fn save_confines_a_rendered_dir_to_its_static_root() {
+    let p = Project::new();
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), p.path("out/escape")).unwrap();
+    let wf = files_wf_with_dir("out/{{ input.d }}");
+    let abs = outside.path().join("abs");
+    // Where `../../NAME` from out/ lands: beside the project, in the shared temp directory.
+    let name = format!("{}-escaped", p.dir.path().file_name().unwrap().to_string_lossy());
+    let beside = p.dir.path().parent().unwrap().join(&name);
+    for (d, why) in [
+        (format!("../../{name}"), "may not contain `..`"),
+        (format!("a/../../{name}"), "may not contain `..`"),
+        ("..".to_string(), "may not contain `..`"),
+        (abs.to_str().unwrap().to_string(), "must be relative"),
+        ("escape".to_string(), "leads outside"),
+    ] {
+        let r = p.run(
+            &wf,
+            &[
+                "-i",
+                "source=docs/travel-expenses.md",
+                "-i",
+                "path=x.txt",
+                "-i",
+                &format!("d={d}"),
+            ],
+        );
+        assert_eq!(r.code, 1, "d={d}: {}", r.stderr);
+        assert!(r.stderr.contains(why), "d={d}: {}", r.stderr);
+    }
+    assert!(!p.path("x.txt").exists() && !p.path("out/x.txt").exists());
+    assert!(!beside.exists(), "written outside out/: {}", beside.display());
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+    // A rendered dir inside the root is written there.
+    let r = p
+        .run(
+            &wf,
+            &[
+                "-i",
+                "source=docs/travel-expenses.md",
+                "-i",
+                "path=x.txt",
+                "-i",
+                "d=alice/2025",
+            ],
+        )
+        .ok();
+    assert_eq!(r.output["saved"]["path"], "out/alice/2025/x.txt");
+    assert!(p.path("out/alice/2025/x.txt").exists());
+    // A dir that is all template is confined to the current directory.
+    let wf = files_wf_with_dir("{{ input.d }}");
+    let d = format!("d=../{name}");
+    let r = p.run(
+        &wf,
+        &["-i", "source=docs/travel-expenses.md", "-i", "path=x.txt", "-i", &d],
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        !beside.exists(),
+        "written outside the current directory: {}",
+        beside.display()
+    );
+}
+
+#[test]
+fn load_reads_only_inside_the_workflows_directory_and_allowed_roots() {
+    let p = Project::new();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(elsewhere.path().join("notes.txt"), "Notes from elsewhere.").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", p.path("docs/passwd.txt")).unwrap();
+    let other = elsewhere.path().join("notes.txt");
+    let other = other.to_str().unwrap();
+    for source in [
+        "/etc/passwd",
+        "/proc/self/environ",
+        "../../../../../../etc/hostname",
+        "docs/passwd.txt",
+        other,
+    ] {
+        let r = p.run(FILES_WF, &["-i", &format!("source={source}"), "-i", "path=x.txt"]);
+        assert_eq!(r.code, 1, "{source} is refused: {}", r.stderr);
+        assert!(
+            r.stderr.contains(&format!("refused to read {source}")) && r.stderr.contains("--allow-read"),
+            "{source}: {}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("root:"), "{}", r.stderr);
+    }
+    // An allowed root is readable, by flag or from the environment.
+    let dir = elsewhere.path().to_str().unwrap();
+    let r = p
+        .run(
+            FILES_WF,
+            &[
+                "-i",
+                &format!("source={other}"),
+                "-i",
+                "path=x.txt",
+                "--allow-read",
+                dir,
+            ],
+        )
+        .ok();
+    assert_eq!(r.output["loaded"]["content"], "Notes from elsewhere.");
+    let out = p
+        .runner()
+        .args(["run", "wf.yaml", "--db", ":memory:", "--data-db", "data.db"])
+        .args(["-i", &format!("source={other}"), "-i", "path=y.txt"])
+        .env("RUNNER_ALLOW_READ", dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // The index node reads paths from data under the same rule.
+    let wf = r#"name: idx
+input: {type: object, properties: {paths: {type: array}}}
+nodes:
+  add:
+    kind: index
+    index: kb
+    documents: input.paths
+edges:
+  - START -> add -> END
+"#;
+    let r = p.run(wf, &["-i", r#"paths=["/etc"]"#]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("refused to read /etc"), "{}", r.stderr);
+    p.run(wf, &["-i", r#"paths=["docs"]"#]).ok();
+}
+
+// ── secrets ─────────────────────────────────────────────────────────────────────────────────
+
+#[test]
+fn a_key_across_the_excerpt_cut_leaks_no_prefix() {
+    const KEY: &str = "sk-cut-0123456789abcdefghijklmnopqrstuvwx";
+    // The reranker quotes 200 characters of the body: the key starts 20 characters before
+    // the cut.
+    let body = json!({"detail": format!("{}{KEY} is not valid", "x".repeat(200 - 11 - 20))});
+    assert_eq!(body.to_string().find(KEY), Some(180));
+    let server = fake_web::recorder(401, body);
+    let p = Project::new();
+    p.index(&["docs"], "kb", &[]);
+    p.write(
+        "wf.yaml",
+        &retrieve_wf(
+            "kb",
+            &format!("    top_k: 1\n    rerank: {{url: \"{}\"}}", server.url("/rerank")),
+        ),
+    );
+    let out = p
+        .runner()
+        .args([
+            "run",
+            "wf.yaml",
+            "--db",
+            "cp.db",
+            "--data-db",
+            "data.db",
+            "--stream",
+            "jsonl",
+        ])
+        .args(["-i", "question=laptop security", "--record", "c.jsonl"])
+        .env("OPENAI_API_KEY", KEY)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("rerank_failed") && stderr.contains("HTTP 401"),
+        "{stderr}"
+    );
+    let mut places = vec![
+        ("stderr", stderr.into_bytes()),
+        ("stdout", out.stdout),
+        ("cassette", std::fs::read(p.path("c.jsonl")).unwrap()),
+    ];
+    for entry in std::fs::read_dir(p.dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap().to_string_lossy().starts_with("cp.db") {
+            places.push(("checkpoint db", std::fs::read(&path).unwrap()));
+        }
+    }
+    let prefix = &KEY.as_bytes()[..8];
+    for (what, bytes) in &places {
+        assert!(
+            !bytes.windows(prefix.len()).any(|w| w == prefix),
+            "{what} holds a prefix of the key"
+        );
+    }
+}
+
+#[test]
+fn runner_test_reads_allowed_roots_too() {
+    let p = Project::new();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(elsewhere.path().join("notes.txt"), "Notes from elsewhere.").unwrap();
+    let other = elsewhere.path().join("notes.txt");
+    p.write("wf.yaml", FILES_WF);
+    p.write(
+        "wf.test.yaml",
+        &format!(
+            "workflow: wf.yaml\ncases:\n  - name: reads elsewhere\n    input: {{source: \"{}\", path: x.txt}}\n    expect:\n      output: {{loaded: {{content: Notes from elsewhere.}}}}\n",
+            other.display()
+        ),
+    );
+    let refused = p.runner().args(["test", "wf.test.yaml"]).output().unwrap();
+    let text = String::from_utf8_lossy(&refused.stdout).into_owned();
+    assert_eq!(refused.status.code(), Some(1), "{text}");
+    assert!(text.contains("--allow-read"), "{text}");
+    let dir = elsewhere.path().to_str().unwrap();
+    let allowed = p
+        .runner()
+        .args(["test", "wf.test.yaml", "--allow-read", dir])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&allowed.stdout).into_owned();
+    assert_eq!(allowed.status.code(), Some(0), "{text}");
+}

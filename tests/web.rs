@@ -550,3 +550,165 @@ fn record_the_research_cassette() {
     )
     .unwrap();
 }
+
+// ── secrets and trust ───────────────────────────────────────────────────────────────────────
+
+const OPENAI_CANARY: &str = "sk-canary-openai-0123456789abcdef0123456789";
+const SVC_CANARY: &str = "svc-canary-cred-9876543210";
+const QUERY_CANARY: &str = "svc-query-canary-5555555555";
+
+/// An http node whose url, headers, query and form mix the workflow's own `${env:...}` with
+/// templates of input that itself holds `${env:...}` text.
+const ENV_WF: &str = r#"name: env-in-data
+input:
+  type: object
+  properties:
+    q: {type: string}
+    p: {type: string}
+state:
+  out: {type: object, default: {}}
+nodes:
+  call:
+    kind: http
+    method: POST
+    url: "${env:RUNNER_TEST_UNSET_SVC_URL:-http://127.0.0.1:PORT}/api?q={{ input.q }}&p={{ input.p }}"
+    headers:
+      X-Query: "{{ input.q }}"
+      X-Auth: "${env:SVC_CRED}"
+      X-Both: "{{ input.p }}/${env:SVC_CRED}"
+    query: {q2: "{{ input.q }}", k: "${env:SVC_QUERY_CRED}"}
+    form: {f: "{{ input.q }} {{ input.p }}"}
+    update: {out: output}
+edges:
+  - START -> call -> END
+"#;
+
+#[test]
+fn env_is_expanded_in_the_workflows_own_text_never_in_rendered_data() {
+    let server = fake_web::recorder(200, json!({"ok": true}));
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = dir.path().join("env.jsonl");
+    let wf = ENV_WF.replace("PORT", &server.port.to_string());
+    let r = run_yaml(
+        &wf,
+        &[
+            "--input",
+            "q=${env:OPENAI_API_KEY}",
+            "--input",
+            "p=${env:SVC_CRED}",
+            "--record",
+            cassette.to_str().unwrap(),
+        ],
+        &[
+            ("OPENAI_API_KEY", OPENAI_CANARY),
+            ("SVC_CRED", SVC_CANARY),
+            ("SVC_QUERY_CRED", QUERY_CANARY),
+        ],
+    )
+    .done();
+    assert_eq!(r.output["out"]["status"], 200, "{}", r.output);
+    let requests = server.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    let seen = server.seen();
+    assert!(!seen.contains(OPENAI_CANARY), "an input expanded the key: {seen}");
+    let headers = &requests[0]["headers"];
+    assert_eq!(headers["x-query"], "${env:OPENAI_API_KEY}", "{seen}");
+    assert_eq!(headers["x-auth"], SVC_CANARY, "the workflow's own text is expanded");
+    assert_eq!(headers["x-both"], format!("${{env:SVC_CRED}}/{SVC_CANARY}"));
+    assert_eq!(
+        seen.matches(SVC_CANARY).count(),
+        2,
+        "only the headers that say so: {seen}"
+    );
+    // The url's `${env:NAME:-default}` was expanded before it was parsed.
+    assert!(requests[0]["uri"].as_str().unwrap().starts_with("/api?q="), "{seen}");
+    // A header from `${env:...}` is a secret whatever its name: not in the cassette, not in
+    // events.
+    let recorded = std::fs::read_to_string(&cassette).unwrap();
+    assert!(!recorded.contains(SVC_CANARY), "{recorded}");
+    assert!(!recorded.contains(OPENAI_CANARY), "{recorded}");
+    assert!(seen.contains(&format!("k={QUERY_CANARY}")), "{seen}");
+    assert!(
+        !recorded.contains(QUERY_CANARY),
+        "a query value from the environment: {recorded}"
+    );
+    let entry: Value = serde_json::from_str(recorded.lines().nth(1).unwrap()).unwrap();
+    assert_eq!(entry["request"]["headers"]["x-auth"], "[redacted]", "{entry}");
+    assert!(!r.stderr.contains(SVC_CANARY) && !r.output.to_string().contains(SVC_CANARY));
+    // The redacted request still matches on replay.
+    let replayed = run_yaml(
+        &wf,
+        &[
+            "--input",
+            "q=${env:OPENAI_API_KEY}",
+            "--input",
+            "p=${env:SVC_CRED}",
+            "--replay",
+            cassette.to_str().unwrap(),
+        ],
+        &[
+            ("OPENAI_API_KEY", OPENAI_CANARY),
+            ("SVC_CRED", SVC_CANARY),
+            ("SVC_QUERY_CRED", QUERY_CANARY),
+        ],
+    )
+    .done();
+    assert_eq!(replayed.output["out"]["status"], 200, "{}", replayed.output);
+    assert_eq!(server.requests.lock().unwrap().len(), 1, "replay never connects");
+}
+
+#[test]
+fn a_host_written_in_the_workflow_is_trusted_on_its_own_port_only() {
+    let bystander = fake_web::bystander("127.0.0.1");
+    let site = fake_web::start(&format!("http://127.0.0.1:{}/", bystander.port));
+    let node = format!("    kind: http\n    url: \"{}\"\n", site.url("/redirect-out"));
+    let r = run_yaml(&one_node(&node), &[], &[]).done();
+    assert_eq!(r.output["failure"]["class"], "bad_request", "{}", r.output);
+    assert!(
+        r.output["failure"]["message"].as_str().unwrap().contains("loopback"),
+        "{}",
+        r.output
+    );
+    assert!(site.hits().contains(&"/redirect-out".to_string()));
+    assert!(
+        bystander.hits().is_empty(),
+        "another port was reached: {:?}",
+        bystander.hits()
+    );
+    // A redirect on the trusted port is followed; --allow-net still allows a whole host.
+    let node = format!("    kind: http\n    url: \"{}\"\n", site.url("/redirect-in"));
+    let r = run_yaml(&one_node(&node), &[], &[]).done();
+    assert_eq!(r.output["out"]["status"], 200, "{}", r.output);
+    let node = format!("    kind: http\n    url: \"{}\"\n", site.url("/redirect-out"));
+    let r = run_yaml(&one_node(&node), &["--allow-net", "127.0.0.1"], &[]).done();
+    let message = r.output["failure"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("{} answered HTTP 404", bystander.port)),
+        "{}",
+        r.output
+    );
+    assert_eq!(bystander.hits().len(), 1);
+}
+
+#[test]
+fn embedded_ipv4_and_documentation_addresses_are_refused() {
+    let site = fake_web::start("");
+    let port = site.port;
+    let urls: Vec<String> = [
+        format!("http://[::127.0.0.1]:{port}/notes.txt"),
+        format!("http://[::ffff:0:7f00:1]:{port}/notes.txt"),
+        format!("http://[::ffff:127.0.0.1]:{port}/notes.txt"),
+        format!("http://[64:ff9b::7f00:1]:{port}/notes.txt"),
+        format!("http://192.0.2.1:{port}/x"),
+        format!("http://198.51.100.1:{port}/x"),
+        format!("http://203.0.113.1:{port}/x"),
+    ]
+    .into();
+    let out = scrape(&urls, "    robots: false\n", &[]);
+    for url in &urls {
+        let e = error(&out, url).unwrap_or_else(|| panic!("{url} refused: {out}"));
+        assert_eq!(e["class"], "bad_request", "{url}: {e}");
+        assert!(e["error"].as_str().unwrap().contains("refused"), "{url}: {e}");
+    }
+    assert!(site.hits().is_empty(), "{:?}", site.hits());
+}

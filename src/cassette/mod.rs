@@ -6,10 +6,12 @@
 //! exchange: `{"kind": "llm", "request": {...}, "response": {...}}`. Each line is written and
 //! flushed as the exchange ends, so a crash loses nothing recorded before it.
 //!
-//! Secrets never reach the file: the values of environment variables whose names end in `_KEY`,
-//! `_TOKEN` or `_SECRET` or contain `PASSWORD`, and every header-like field named
-//! `authorization`, `proxy-authorization`, `api-key`, `x-api-key`, `x-subscription-token` or
-//! `cookie`, are replaced before a line is written. Requests
+//! Secrets never reach the file: every value the process knows as a secret
+//! ([`crate::net::secrets`]: the values of environment variables whose names end in `_KEY`,
+//! `_TOKEN` or `_SECRET` or contain `PASSWORD`, API keys, every `${env:NAME}` expanded into a
+//! request), and every header-like field named `authorization`, `proxy-authorization`,
+//! `api-key`, `x-api-key`, `x-subscription-token` or `cookie` (and any header whose value came
+//! from `${env:NAME}`, whatever its name), are replaced before a line is written. Requests
 //! are compared on replay after the same scrubbing, so a recorded request still matches.
 //!
 //! Replay serves the first unused entry whose kind and request are equal to the one asked for,
@@ -31,8 +33,7 @@ mod providers;
 
 pub use providers::{EMBED, LLM, Recording, RecordingEmbedder, Replaying, ReplayingEmbedder, request_key};
 
-/// What replaces a secret in a written cassette.
-const REDACTED: &str = "[redacted]";
+use crate::net::secrets::{self, REDACTED};
 
 /// Header fields whose values are always scrubbed (compared case-insensitively).
 const SECRET_FIELDS: [&str; 6] = [
@@ -43,10 +44,6 @@ const SECRET_FIELDS: [&str; 6] = [
     "x-subscription-token",
     "cookie",
 ];
-
-/// Secrets shorter than this are not scrubbed: replacing every `1` or `yes` would mangle the
-/// file and protect nothing.
-const MIN_SECRET_LEN: usize = 4;
 
 /// Why a cassette could not be used.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -202,9 +199,12 @@ impl Cassette {
             .map_err(|e| self.error(&e.to_string()))
     }
 
-    /// `value` with every secret replaced.
+    /// `value` with every secret replaced: this cassette's own and every one the process
+    /// knows.
     pub fn scrub(&self, value: Value) -> Value {
-        scrub(value, &self.secrets)
+        let mut all = secrets::snapshot();
+        all.extend(self.secrets.iter().cloned());
+        scrub(value, &secrets::sorted(all))
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Mode>, CassetteError> {
@@ -227,24 +227,13 @@ fn file_error(path: &Path, message: String) -> CassetteError {
 
 /// The values of environment variables that hold secrets, by their names' convention.
 pub fn env_secrets() -> Vec<String> {
-    std::env::vars()
-        .filter(|(name, _)| is_secret_name(name))
-        .map(|(_, value)| value)
-        .collect()
+    secrets::env_credentials()
 }
 
-/// Whether an environment variable's name says it holds a secret.
-pub fn is_secret_name(name: &str) -> bool {
-    let upper = name.to_ascii_uppercase();
-    upper.ends_with("_KEY") || upper.ends_with("_TOKEN") || upper.ends_with("_SECRET") || upper.contains("PASSWORD")
-}
+pub use secrets::is_secret_name;
 
-/// Longest first, so a secret containing another is replaced whole.
-fn sorted_secrets(mut secrets: Vec<String>) -> Vec<String> {
-    secrets.retain(|s| s.len() >= MIN_SECRET_LEN);
-    secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-    secrets.dedup();
-    secrets
+fn sorted_secrets(list: Vec<String>) -> Vec<String> {
+    secrets::sorted(list)
 }
 
 fn scrub(value: Value, secrets: &[String]) -> Value {
@@ -267,13 +256,11 @@ fn scrub(value: Value, secrets: &[String]) -> Value {
     }
 }
 
-fn scrub_str(mut s: String, secrets: &[String]) -> String {
-    for secret in secrets {
-        if s.contains(secret.as_str()) {
-            s = s.replace(secret.as_str(), REDACTED);
-        }
+fn scrub_str(s: String, list: &[String]) -> String {
+    match secrets::scrub_with(&s, list) {
+        std::borrow::Cow::Borrowed(_) => s,
+        std::borrow::Cow::Owned(o) => o,
     }
-    s
 }
 
 fn parse(text: &str) -> Result<Vec<Entry>, String> {

@@ -84,6 +84,10 @@ pub struct Common {
     /// private or loopback (repeatable; also `RUNNER_ALLOW_NET`, comma-separated).
     #[arg(long = "allow-net", value_name = "HOST|CIDR")]
     pub allow_net: Vec<String>,
+    /// Let load and index read files under this directory besides the workflow's own
+    /// directory tree (repeatable; also `RUNNER_ALLOW_READ`, separated as in PATH).
+    #[arg(long = "allow-read", value_name = "DIR")]
+    pub allow_read: Vec<PathBuf>,
 }
 
 /// Run a workflow, or continue one of its threads.
@@ -269,7 +273,15 @@ fn execute(
         cassette: cassette.clone(),
         data: crate::rag::DataStore::at(store::data_db_path(common.data_db.as_deref())),
         web: Arc::new(web_client(&common.allow_net)?.with_cassette(cassette.clone())),
+        read_roots: crate::nodes::ReadRoots::from_flags_and_env(&common.allow_read)
+            .map_err(|e| anyhow::anyhow!("--allow-read: {e}"))?,
     };
+    // A key read from a variable with any name is a secret like the conventional ones.
+    for profile in models.values() {
+        if let Some(key) = profile.api_key_env.as_deref().and_then(|name| std::env::var(name).ok()) {
+            crate::net::secrets::register(&key);
+        }
+    }
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human
     } else {

@@ -7,40 +7,68 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 /// Why an address is not reachable without an allow-list entry, or `None` when it is public.
+/// An IPv6 address that embeds an IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) is
+/// judged by the IPv4 address it carries as well.
 pub fn blocked_reason(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => v4_reason(v4),
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return v4_reason(v4).map(|_| "an IPv4-mapped private address");
-            }
-            let s = v6.segments();
-            if v6.is_unspecified() {
-                Some("the unspecified address")
-            } else if v6.is_loopback() {
-                Some("a loopback address")
-            } else if v6.is_multicast() {
-                Some("a multicast address")
-            } else if s[0] & 0xfe00 == 0xfc00 {
-                Some("a unique-local address")
-            } else if s[0] & 0xffc0 == 0xfe80 {
-                Some("a link-local address")
-            } else if s[0] & 0xffc0 == 0xfec0 {
-                Some("a site-local address")
-            } else if s[0] == 0x64 && s[1] == 0xff9b {
-                // NAT64 embeds an IPv4 address in the last 32 bits.
-                let v4 = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
-                v4_reason(v4).map(|_| "a NAT64 address of a private one")
-            } else if s[0] == 0x2002 {
-                // 6to4 embeds an IPv4 address in bits 16..48.
-                let v4 = Ipv4Addr::new((s[1] >> 8) as u8, s[1] as u8, (s[2] >> 8) as u8, s[2] as u8);
-                v4_reason(v4).map(|_| "a 6to4 address of a private one")
-            } else if v6 == Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254) {
-                Some("a cloud metadata address")
-            } else {
-                None
-            }
+        IpAddr::V6(v6) => v6_reason(v6),
+    }
+}
+
+fn v6_reason(v6: Ipv6Addr) -> Option<&'static str> {
+    let s = v6.segments();
+    let low32 = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    if v6.is_unspecified() {
+        Some("the unspecified address")
+    } else if v6.is_loopback() {
+        Some("a loopback address")
+    } else if let Some(v4) = v6.to_ipv4_mapped() {
+        v4_reason(v4).map(|_| "an IPv4-mapped private address")
+    } else if s[..6] == [0; 6] {
+        // IPv4-compatible (::a.b.c.d, deprecated): some stacks still route it as IPv4.
+        Some("an IPv4-compatible address")
+    } else if s[..4] == [0, 0, 0, 0] && s[4] == 0xffff && s[5] == 0 {
+        // IPv4-translated (::ffff:0:a.b.c.d, SIIT).
+        v4_reason(low32)
+            .map(|_| "an IPv4-translated private address")
+            .or(Some("an IPv4-translated address"))
+    } else if s[0] == 0x64 && s[1] == 0xff9b {
+        // NAT64: the well-known prefix 64:ff9b::/96 and the local-use 64:ff9b:1::/48 embed an
+        // IPv4 address in the last 32 bits.
+        if s[2] == 1 || s[2..6] == [0; 4] {
+            v4_reason(low32).map(|_| "a NAT64 address of a private one")
+        } else {
+            Some("a reserved NAT64 address")
         }
+    } else if s[0] == 0x2002 {
+        // 6to4 embeds an IPv4 address in bits 16..48.
+        let v4 = Ipv4Addr::new((s[1] >> 8) as u8, s[1] as u8, (s[2] >> 8) as u8, s[2] as u8);
+        v4_reason(v4).map(|_| "a 6to4 address of a private one")
+    } else if s[0] == 0x2001 && s[1] == 0 {
+        // Teredo (2001::/32): the client's IPv4 address is the last 32 bits inverted; the
+        // server's is in bits 32..64.
+        let client = Ipv4Addr::from(!u32::from(low32));
+        let server = Ipv4Addr::new((s[2] >> 8) as u8, s[2] as u8, (s[3] >> 8) as u8, s[3] as u8);
+        v4_reason(client)
+            .or_else(|| v4_reason(server))
+            .map(|_| "a Teredo address of a private one")
+    } else if s[0] == 0x2001 && s[1] == 0x0db8 {
+        Some("a documentation address")
+    } else if s[0] == 0x0100 && s[1..4] == [0, 0, 0] {
+        Some("a discard-only address")
+    } else if v6.is_multicast() {
+        Some("a multicast address")
+    } else if s[0] & 0xfe00 == 0xfc00 {
+        Some("a unique-local address")
+    } else if s[0] & 0xffc0 == 0xfe80 {
+        Some("a link-local address")
+    } else if s[0] & 0xffc0 == 0xfec0 {
+        Some("a site-local address")
+    } else if v6 == Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254) {
+        Some("a cloud metadata address")
+    } else {
+        None
     }
 }
 
@@ -62,6 +90,13 @@ fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
         Some("an IETF protocol address")
     } else if o[0] == 198 && (o[1] == 18 || o[1] == 19) {
         Some("a benchmarking address")
+    } else if (o[0], o[1], o[2]) == (192, 0, 2)
+        || (o[0], o[1], o[2]) == (198, 51, 100)
+        || (o[0], o[1], o[2]) == (203, 0, 113)
+    {
+        Some("a documentation address")
+    } else if (o[0], o[1], o[2]) == (192, 88, 99) {
+        Some("a 6to4 relay address")
     } else {
         None
     }
@@ -72,6 +107,8 @@ fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
 pub struct AllowList {
     hosts: Vec<String>,
     nets: Vec<(IpAddr, u8)>,
+    /// Hosts (names or addresses) allowed on one port only: the server a workflow names.
+    origins: Vec<(String, u16)>,
 }
 
 impl AllowList {
@@ -114,6 +151,38 @@ impl AllowList {
         Ok(())
     }
 
+    /// Allows `host` (a name or an address) on `port` only: see [`AllowList::for_port`].
+    pub fn add_origin(&mut self, host: &str, port: u16) -> Result<(), String> {
+        let mut probe = AllowList::default();
+        probe.add(host)?;
+        let host = host
+            .trim()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        if !host.is_empty() && !self.origins.contains(&(host.clone(), port)) {
+            self.origins.push((host, port));
+        }
+        Ok(())
+    }
+
+    /// The list that applies to a connection on `port`: the hosts and ranges, and the origins
+    /// on that port as hosts; origins on other ports are dropped.
+    pub fn for_port(&self, port: u16) -> AllowList {
+        let mut out = AllowList {
+            hosts: self.hosts.clone(),
+            nets: self.nets.clone(),
+            origins: Vec::new(),
+        };
+        for (host, p) in &self.origins {
+            if *p == port {
+                // `add_origin` accepted this entry, so `add` does.
+                let _ = out.add(host);
+            }
+        }
+        out
+    }
+
     fn push_net(&mut self, ip: IpAddr, len: u8) {
         if !self.nets.contains(&(ip, len)) {
             self.nets.push((ip, len));
@@ -130,10 +199,15 @@ impl AllowList {
         for (ip, len) in &other.nets {
             self.push_net(*ip, *len);
         }
+        for o in &other.origins {
+            if !self.origins.contains(o) {
+                self.origins.push(o.clone());
+            }
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.hosts.is_empty() && self.nets.is_empty()
+        self.hosts.is_empty() && self.nets.is_empty() && self.origins.is_empty()
     }
 
     /// Whether `host` (a name as written in a URL) is allowed by name.
@@ -162,6 +236,7 @@ impl AllowList {
     pub(crate) fn key(&self) -> String {
         let mut parts: Vec<String> = self.hosts.clone();
         parts.extend(self.nets.iter().map(|(ip, len)| format!("{ip}/{len}")));
+        parts.extend(self.origins.iter().map(|(h, p)| format!("{h}@{p}")));
         parts.sort();
         parts.join(",")
     }
@@ -270,6 +345,34 @@ mod tests {
             "::ffff:127.0.0.1",
             "64:ff9b::a00:1",
             "2002:c0a8:101::1",
+            // documentation ranges (reachable on some networks)
+            "192.0.2.1",
+            "198.51.100.7",
+            "203.0.113.200",
+            "2001:db8::1",
+            // IPv4-compatible, in every spelling
+            "::127.0.0.1",
+            "::7f00:1",
+            "::8.8.8.8",
+            "::a00:1",
+            // IPv4-mapped and -translated
+            "::ffff:7f00:1",
+            "::ffff:0:7f00:1",
+            "::ffff:0:a00:1",
+            "::ffff:0:808:808",
+            "::ffff:c000:201",
+            // NAT64, well-known and local-use prefixes
+            "64:ff9b::127.0.0.1",
+            "64:ff9b::c000:201",
+            "64:ff9b:1::a9fe:a9fe",
+            "64:ff9b:1:2::1",
+            // 6to4 of loopback and a documentation address
+            "2002:7f00:1::1",
+            "2002:cb00:7101::1",
+            // Teredo: client 127.0.0.1 (inverted 80ff:fffe), or a private server
+            "2001:0:4136:e378:8000:63bf:80ff:fffe",
+            "2001:0:a00:1:8000:63bf:f7f7:f7f7",
+            "100::1",
         ] {
             assert!(blocked_reason(ip(a)).is_some(), "{a} should be refused");
         }
@@ -284,6 +387,12 @@ mod tests {
             "100.128.0.1",
             "2606:4700:4700::1111",
             "::ffff:8.8.8.8",
+            "192.0.3.1",
+            "198.51.101.1",
+            "203.0.114.1",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+            "2001:0:4136:e378:8000:63bf:f7f7:f7f7",
         ] {
             assert_eq!(blocked_reason(ip(a)), None, "{a} should pass");
         }
@@ -305,6 +414,15 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("metadata") && e.contains("--allow-net"), "{e}");
         assert!(AllowList::parse(["10.0.0.0/40"]).is_err());
+        let mut origin = AllowList::default();
+        origin.add_origin("127.0.0.1", 9000).unwrap();
+        origin.add_origin("Svc.Lan", 80).unwrap();
+        assert!(origin.check("127.0.0.1", ip("127.0.0.1")).is_err());
+        assert!(origin.for_port(9000).check("127.0.0.1", ip("127.0.0.1")).is_ok());
+        assert!(origin.for_port(9001).check("127.0.0.1", ip("127.0.0.1")).is_err());
+        assert!(origin.for_port(80).check("svc.lan", ip("10.0.0.2")).is_ok());
+        assert!(origin.for_port(9000).check("svc.lan", ip("10.0.0.2")).is_err());
+        assert!(origin.add_origin("http://x", 80).is_err());
         assert!(AllowList::parse(["http://x"]).is_err());
     }
 }

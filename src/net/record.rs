@@ -12,18 +12,28 @@ use base64::Engine as _;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
+use super::secrets::REDACTED;
 use super::web::{FetchError, Request, Response};
 use crate::spec::ErrorClass;
 
 /// The kind of web exchanges in a cassette.
 pub const HTTP: &str = "http";
 
-/// The cassette key of a request.
+/// The cassette key of a request. A header whose value is a secret (it came from
+/// `${env:NAME}`) is recorded as `[redacted]` whatever its name.
 pub fn request_value(req: &Request) -> Value {
+    let headers: Vec<(String, String)> = req
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            let secret = req.secret_headers.iter().any(|h| h.eq_ignore_ascii_case(k));
+            (k.clone(), if secret { REDACTED.to_string() } else { v.clone() })
+        })
+        .collect();
     let mut v = json!({
         "method": req.method,
         "url": req.url,
-        "headers": headers_value(&req.headers),
+        "headers": headers_value(&headers),
     });
     put_body(&mut v, req.body.as_deref());
     v
@@ -196,5 +206,8 @@ mod tests {
             v,
             json!({"method": "GET", "url": "http://example.com/", "headers": {"authorization": "Bearer x"}, "body": "q=1"})
         );
+        req.headers.push(("X-Auth".into(), "tiny".into()));
+        req.secret_headers.push("x-auth".into());
+        assert_eq!(request_value(&req)["headers"]["x-auth"], json!(REDACTED));
     }
 }

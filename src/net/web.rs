@@ -25,6 +25,9 @@ pub struct Request {
     pub url: String,
     pub headers: Vec<(String, String)>,
     pub body: Option<Vec<u8>>,
+    /// Names (lowercase) of headers whose values are secrets whatever their names (they came
+    /// from `${env:NAME}`): never recorded, never sent to another host after a redirect.
+    pub secret_headers: Vec<String>,
 }
 
 impl Request {
@@ -34,7 +37,14 @@ impl Request {
             url: url.into(),
             headers: Vec::new(),
             body: None,
+            secret_headers: Vec::new(),
         }
+    }
+
+    /// Whether the header `name` carries a credential: by its name, or because its value is a
+    /// secret.
+    pub fn is_secret_header(&self, name: &str) -> bool {
+        is_sensitive(name) || self.secret_headers.iter().any(|h| h.eq_ignore_ascii_case(name))
     }
 }
 
@@ -248,11 +258,15 @@ impl Web {
     }
 
     async fn exchange(&self, mut req: Request, opts: &FetchOptions, allow: &AllowList) -> Result<Response, FetchError> {
-        let client = self.client(allow)?;
         let mut url = parse_url(&req.url)?;
         let mut redirects = 0;
         loop {
-            check_target(&url, allow)?;
+            // A server trusted on its own port is not trusted on another one a redirect leads
+            // to: each hop gets the allow-list of its port, and a client whose resolver
+            // enforces that list.
+            let allow = allow.for_port(url.port_or_known_default().unwrap_or(0));
+            let client = self.client(&allow)?;
+            check_target(&url, &allow)?;
             let host = host_of(url.as_str());
             let _overall = self.overall.clone().acquire_owned().await.map_err(closed)?;
             let _host = self.host_permit(&host).acquire_owned().await.map_err(closed)?;
@@ -292,7 +306,8 @@ impl Web {
                 }
                 if next.host_str() != url.host_str() || next.port_or_known_default() != url.port_or_known_default() {
                     // Credentials meant for one host are not handed to another.
-                    req.headers.retain(|(k, _)| !is_sensitive(k));
+                    let headers = std::mem::take(&mut req.headers);
+                    req.headers = headers.into_iter().filter(|(k, _)| !req.is_secret_header(k)).collect();
                 }
                 url = next;
                 continue;

@@ -1,22 +1,30 @@
 //! The `http` kind: one request built from the node's templates, its response parsed into
-//! `output` = `{status, headers, body}`. Header values may carry `${env:NAME}` secrets: they are
-//! expanded after the template is rendered and never reach events, state or error messages.
+//! `output` = `{status, headers, body}`. `url`, `headers`, `query` and `form` may use
+//! `${env:NAME}` in the workflow's own text: it is expanded there and only there (what a
+//! template renders from data is never expanded). A header, query or form value read from the
+//! environment is a secret: registered with [`crate::net::secrets`] so no event, state, error
+//! or cassette holds it; a header holding one is never recorded, whatever its name.
 
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render};
-use crate::net::{AllowList, FetchOptions, Oversize, Request};
+use crate::compile::Compiled;
+use crate::net::{AllowList, FetchOptions, Oversize, Request, secrets};
+use crate::spec::interp;
 use crate::spec::{ErrorClass, HttpMethod, HttpNode, ResponseFormat};
 
 pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFailure> {
-    let raw_url = render(ctx, "/url")?.unwrap_or_else(|| n.url.clone());
+    let raw_url = match render_env(ctx, "/url", "url")? {
+        Some(r) => r.text,
+        None => expand_literal(&n.url, "url")?.text,
+    };
     let mut url =
         url::Url::parse(raw_url.trim()).map_err(|e| NodeError::new(ErrorClass::BadRequest, format!("url: {e}")))?;
     for k in n.query.keys() {
-        let v = render(ctx, &format!("/query/{k}"))?.unwrap_or_default();
-        url.query_pairs_mut().append_pair(k, &v);
+        let v = render_env(ctx, &format!("/query/{k}"), &format!("query `{k}`"))?.map(Expanded::secret_text);
+        url.query_pairs_mut().append_pair(k, &v.unwrap_or_default());
     }
     let method = match n.method.unwrap_or(HttpMethod::Get) {
         HttpMethod::Get => "GET",
@@ -27,11 +35,23 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
         HttpMethod::Head => "HEAD",
     };
     let mut headers = Vec::new();
+    let mut secret_headers = Vec::new();
     for k in n.headers.keys() {
-        let v = render(ctx, &format!("/headers/{k}"))?.unwrap_or_default();
-        let v = crate::spec::interp::expand_process_env(&v)
-            .map_err(|e| NodeError::new(ErrorClass::Auth, format!("header `{k}`: {e}")))?;
-        headers.push((k.to_ascii_lowercase(), v));
+        let name = k.to_ascii_lowercase();
+        // A header's missing variable is a missing credential.
+        let v = render_env(ctx, &format!("/headers/{k}"), &format!("header `{k}`"))
+            .map_err(|e| match e.class {
+                ErrorClass::BadRequest => NodeError {
+                    class: ErrorClass::Auth,
+                    ..e
+                },
+                _ => e,
+            })?
+            .unwrap_or_default();
+        if !v.from_env.is_empty() {
+            secret_headers.push(name.clone());
+        }
+        headers.push((name, v.secret_text()));
     }
     let has = |headers: &[(String, String)], name: &str| headers.iter().any(|(k, _)| k == name);
     let mut body = None;
@@ -44,8 +64,8 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
     } else if !n.form.is_empty() {
         let mut form = url::form_urlencoded::Serializer::new(String::new());
         for k in n.form.keys() {
-            let v = render(ctx, &format!("/form/{k}"))?.unwrap_or_default();
-            form.append_pair(k, &v);
+            let v = render_env(ctx, &format!("/form/{k}"), &format!("form `{k}`"))?.map(Expanded::secret_text);
+            form.append_pair(k, &v.unwrap_or_default());
         }
         body = Some(form.finish().into_bytes());
         if !has(&headers, "content-type") {
@@ -69,6 +89,7 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
         url: url.to_string(),
         headers,
         body,
+        secret_headers,
     };
     let resp = ctx
         .services
@@ -111,29 +132,111 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
     })
 }
 
+/// A field's text, and the values in it that came from the environment.
+#[derive(Debug, Default)]
+struct Expanded {
+    text: String,
+    from_env: Vec<String>,
+}
+
+impl Expanded {
+    /// The text, its values from the environment known as secrets from now on (a header,
+    /// query or form value read from the environment is a credential whatever its name).
+    fn secret_text(self) -> String {
+        for value in &self.from_env {
+            secrets::register(value);
+        }
+        self.text
+    }
+}
+
+/// `${env:...}` expanded in text written in the workflow.
+fn expand_literal(text: &str, what: &str) -> Result<Expanded, NodeError> {
+    let bad = |e: String| NodeError::new(ErrorClass::BadRequest, format!("{what}: {e}"));
+    let mut out = Expanded::default();
+    let mut at = 0;
+    for r in interp::env_refs(text).map_err(bad)? {
+        out.text.push_str(&text[at..r.range.start]);
+        let (value, secret) = interp::resolve(&r, |name| std::env::var(name).ok()).map_err(bad)?;
+        out.text.push_str(&value);
+        if secret {
+            out.from_env.push(value);
+        }
+        at = r.range.end;
+    }
+    out.text.push_str(&text[at..]);
+    Ok(out)
+}
+
+/// Renders the template of field `rel` with every `${env:...}` of its source expanded, and
+/// nothing it renders from data. Each reference in the source is replaced by a placeholder
+/// no data can hold (it carries a fresh random nonce), the template is rendered, and then
+/// the placeholders are replaced by the values.
+fn render_env(ctx: &NodeCtx<'_>, rel: &str, what: &str) -> Result<Option<Expanded>, NodeError> {
+    let Some(Compiled::Template(id)) = ctx.node.fields.get(rel) else {
+        return Ok(render(ctx, rel)?.map(|text| Expanded { text, from_env: vec![] }));
+    };
+    let env = ctx.plan.exprs.env();
+    let template = env
+        .get_template(&id.0)
+        .map_err(|e| NodeError::invalid(crate::engine::values::describe(&e)))?;
+    let source = template.source();
+    let bad = |e: String| NodeError::new(ErrorClass::BadRequest, format!("{what}: {e}"));
+    let refs = interp::env_refs(source).map_err(bad)?;
+    if refs.is_empty() {
+        return Ok(render(ctx, rel)?.map(|text| Expanded { text, from_env: vec![] }));
+    }
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let placeholder = |i: usize| format!("\u{1}env-{nonce}-{i}\u{1}");
+    let mut marked = String::with_capacity(source.len());
+    let mut values = Vec::with_capacity(refs.len());
+    let mut at = 0;
+    for (i, r) in refs.iter().enumerate() {
+        marked.push_str(&source[at..r.range.start]);
+        marked.push_str(&placeholder(i));
+        values.push(interp::resolve(r, |name| std::env::var(name).ok()).map_err(bad)?);
+        at = r.range.end;
+    }
+    marked.push_str(&source[at..]);
+    let mut text = env
+        .render_str(&marked, ctx.scope.clone())
+        .map_err(|e| NodeError::invalid(format!("{rel}: {}", crate::engine::values::describe(&e))))?;
+    let mut from_env = Vec::new();
+    for (i, (value, secret)) in values.into_iter().enumerate() {
+        text = text.replace(&placeholder(i), &value);
+        if secret {
+            from_env.push(value);
+        }
+    }
+    Ok(Some(Expanded { text, from_env }))
+}
+
 fn parse_json(body: &[u8]) -> Result<Value, NodeError> {
     serde_json::from_slice(body).map_err(|e| NodeError::invalid(format!("the response is not JSON: {e}")))
 }
 
-/// The host written in the workflow's URL template, when no template part decides it: the
-/// author chose that server, so the guard lets it through even on a private address.
-/// A host that comes from data (`{{ state.url }}`) is not trusted.
+/// The host and port written in the workflow's URL template (its `${env:...}` expanded), when
+/// no template part decides them: the author chose that server, so the guard lets it through
+/// even on a private address, on that port only (a redirect to another port of the same host
+/// is not trusted). A host that comes from data (`{{ state.url }}`) is not trusted.
 fn trusted_host(template: &str) -> AllowList {
     let mut allow = AllowList::default();
-    let Some((_, rest)) = template.trim().split_once("://") else {
+    let Ok(expanded) = expand_literal(template.trim(), "url") else {
+        return allow;
+    };
+    let Some((scheme, rest)) = expanded.text.split_once("://") else {
         return allow;
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    if authority.contains("{{") || authority.contains("{%") || authority.is_empty() {
+    let templated = |s: &str| s.contains("{{") || s.contains("{%");
+    if templated(scheme) || templated(authority) || authority.is_empty() {
         return allow;
     }
-    let Ok(authority) = crate::spec::interp::expand_process_env(authority) else {
-        return allow;
-    };
-    if let Ok(u) = url::Url::parse(&format!("http://{authority}/"))
+    if let Ok(u) = url::Url::parse(&format!("{scheme}://{authority}/"))
         && let Some(host) = u.host_str()
+        && let Some(port) = u.port_or_known_default()
     {
-        let _ = allow.add(host);
+        let _ = allow.add_origin(host, port);
     }
     allow
 }
@@ -144,11 +247,25 @@ mod tests {
     use crate::net::AllowList;
 
     #[test]
-    fn only_a_host_written_in_the_workflow_is_trusted() {
+    fn only_a_host_written_in_the_workflow_is_trusted_on_its_port() {
         let ip = |s: &str| s.parse().unwrap();
-        assert!(trusted_host("http://127.0.0.1:9000/render").allows_ip(ip("127.0.0.1")));
-        assert!(trusted_host("http://Images.Lan/v1?x={{ state.x }}").allows_host("images.lan"));
+        let local = trusted_host("http://127.0.0.1:9000/render");
+        assert!(local.for_port(9000).allows_ip(ip("127.0.0.1")));
+        assert!(!local.for_port(9001).allows_ip(ip("127.0.0.1")));
+        let lan = trusted_host("http://Images.Lan/v1?x={{ state.x }}");
+        assert!(lan.for_port(80).allows_host("images.lan"));
+        assert!(!lan.for_port(8080).allows_host("images.lan"));
+        assert!(
+            trusted_host("https://images.lan/v1")
+                .for_port(443)
+                .allows_host("images.lan")
+        );
         assert_eq!(trusted_host("{{ state.url }}"), AllowList::default());
         assert_eq!(trusted_host("http://{{ state.host }}/x"), AllowList::default());
+        assert!(
+            trusted_host("${env:RUNNER_TEST_UNSET_HOST:-http://127.0.0.1:7860}/render")
+                .for_port(7860)
+                .allows_ip(ip("127.0.0.1"))
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! `index`: adds documents to a named index. `documents` yields file paths (relative to the
-//! current directory) or documents `{id, text, title?, metadata?}`. `output` is `{documents,
+//! current directory; inside the workflow's directory tree or a root allowed by
+//! `--allow-read`) or documents `{id, text, title?, metadata?}`. `output` is `{documents,
 //! chunks, skipped}`: the documents indexed, the chunks written, the documents left as they
 //! were because their content had not changed.
 
@@ -28,8 +29,13 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     for item in items {
         match item {
             Value::String(path) => {
+                let dir = super::load::workflow_dir(ctx);
+                let roots = &ctx.services.read_roots;
+                roots.check(dir, path.as_ref()).map_err(NodeError::invalid)?;
                 let files = index::collect_files(&[path.clone().into()]).map_err(NodeError::invalid)?;
                 for (file, name) in files {
+                    // A file inside the directory may be a symlink that leads out of it.
+                    roots.check(dir, &file).map_err(NodeError::invalid)?;
                     let shown = if file.as_os_str() == path.as_str() {
                         path.clone()
                     } else {

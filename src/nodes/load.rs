@@ -1,5 +1,6 @@
-//! `load`: reads one document from a path (relative to the current directory) or an http(s)
-//! URL (through the run's guarded web client). `output` is `{content, title, source, bytes, format}`: text for text, Markdown and HTML
+//! `load`: reads one document from a path (relative to the current directory; inside the
+//! workflow's directory tree or a root the run allows with `--allow-read`) or an http(s) URL
+//! (through the run's guarded web client). `output` is `{content, title, source, bytes, format}`: text for text, Markdown and HTML
 //! (markup removed), the parsed value for JSON. PDF is refused (unsupported in this build).
 
 use std::path::Path;
@@ -26,7 +27,12 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     let (bytes, content_type) = if source.starts_with("http://") || source.starts_with("https://") {
         fetch(ctx, &source, max).await?
     } else {
-        (read(Path::new(&source), max)?, None)
+        let path = ctx
+            .services
+            .read_roots
+            .check(workflow_dir(ctx), Path::new(&source))
+            .map_err(NodeError::invalid)?;
+        (read(&path, Path::new(&source), max)?, None)
     };
     let format = match n.kind.format.unwrap_or(DocFormat::Auto) {
         DocFormat::Text => Format::Text,
@@ -62,17 +68,24 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     })
 }
 
-fn read(path: &Path, max: u64) -> Result<Vec<u8>, NodeError> {
+/// The directory of the workflow a node belongs to (the current directory for one without a
+/// file).
+pub(super) fn workflow_dir<'a>(ctx: &'a NodeCtx<'_>) -> &'a Path {
+    ctx.plan.path.parent().unwrap_or(Path::new(""))
+}
+
+/// Reads `path` (checked), naming it as `shown` (as written) in messages.
+fn read(path: &Path, shown: &Path, max: u64) -> Result<Vec<u8>, NodeError> {
     let meta =
-        std::fs::metadata(path).map_err(|e| NodeError::invalid(format!("cannot read {}: {e}", path.display())))?;
+        std::fs::metadata(path).map_err(|e| NodeError::invalid(format!("cannot read {}: {e}", shown.display())))?;
     if meta.len() > max {
         return Err(NodeError::invalid(format!(
             "{} is {} bytes, over `max_bytes` ({max})",
-            path.display(),
+            shown.display(),
             meta.len()
         )));
     }
-    std::fs::read(path).map_err(|e| NodeError::invalid(format!("cannot read {}: {e}", path.display())))
+    std::fs::read(path).map_err(|e| NodeError::invalid(format!("cannot read {}: {e}", shown.display())))
 }
 
 /// Fetches a URL through the run's web client: at most `max` bytes, the body and its content

@@ -20,7 +20,7 @@ mod services;
 mod store;
 pub(crate) mod subgraph;
 
-pub use services::Services;
+pub use services::{ReadRoots, Services};
 
 use std::sync::Arc;
 
@@ -145,7 +145,30 @@ pub fn class_name(c: ErrorClass) -> &'static str {
 ///
 /// Each kind's future is boxed: this function's own future stays a few words long instead of
 /// as large as the largest kind's, and a step of 1,000 tasks holds 1,000 of them.
+///
+/// What a node returns (its output, its error message, an interrupt's payload) is scrubbed of
+/// every known secret ([`crate::net::secrets`]) before the engine sees it, so no event,
+/// checkpoint or printed error can hold one.
 pub async fn execute(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
+    scrubbed(attempt(ctx).await)
+}
+
+fn scrubbed(result: Result<NodeOutput, NodeFailure>) -> Result<NodeOutput, NodeFailure> {
+    use crate::net::secrets;
+    match result {
+        Ok(mut out) => {
+            out.output = secrets::scrub_value(std::mem::take(&mut out.output));
+            Ok(out)
+        }
+        Err(NodeFailure::Error(mut e)) => {
+            e.message = secrets::scrub_string(std::mem::take(&mut e.message));
+            Err(NodeFailure::Error(e))
+        }
+        Err(NodeFailure::Interrupt(payload)) => Err(NodeFailure::Interrupt(secrets::scrub_value(payload))),
+    }
+}
+
+async fn attempt(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     match &ctx.node.spec {
         NodeSpec::Set(_) => Ok(NodeOutput::default()),
         NodeSpec::Emit(_) => emit::run(ctx),

@@ -123,7 +123,7 @@ async fn by_llm(
     price(profile, &mut call);
     usage.add(&call);
     parse_scores(&reply.text, hits.len()).ok_or_else(|| {
-        let shown: String = reply.text.chars().take(200).collect();
+        let shown = crate::net::secrets::excerpt(&reply.text, 200);
         format!("llm reranker: no scores in the reply {shown:?}")
     })
 }
@@ -192,8 +192,12 @@ async fn by_endpoint(web: &Web, url: &str, queries: &[String], hits: &[Hit]) -> 
     });
     // The endpoint is written in the workflow: its host is trusted, as an http node's is.
     let mut allow = AllowList::default();
-    if let Some(host) = url::Url::parse(url).ok().as_ref().and_then(url::Url::host_str) {
-        allow.add(host).map_err(|e| format!("rerank endpoint {url}: {e}"))?;
+    if let Some(parsed) = url::Url::parse(url).ok()
+        && let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default())
+    {
+        allow
+            .add_origin(host, port)
+            .map_err(|e| format!("rerank endpoint {url}: {e}"))?;
     }
     let opts = FetchOptions {
         allow,
@@ -207,6 +211,7 @@ async fn by_endpoint(web: &Web, url: &str, queries: &[String], hits: &[Hit]) -> 
         url: url.to_string(),
         headers: vec![("content-type".into(), "application/json".into())],
         body: Some(body.to_string().into_bytes()),
+        secret_headers: Vec::new(),
     };
     let response = web
         .fetch(request, &opts)
@@ -214,7 +219,8 @@ async fn by_endpoint(web: &Web, url: &str, queries: &[String], hits: &[Hit]) -> 
         .map_err(|e| format!("rerank endpoint {url}: {e}"))?;
     let bytes = response.body;
     if response.status >= 400 {
-        let shown: String = String::from_utf8_lossy(&bytes).chars().take(200).collect();
+        // Scrubbed whole, then cut: a secret across the cut leaves no prefix.
+        let shown = crate::net::secrets::excerpt(&String::from_utf8_lossy(&bytes), 200);
         return Err(format!("rerank endpoint {url}: HTTP {}: {shown}", response.status));
     }
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| format!("rerank endpoint {url}: {e}"))?;

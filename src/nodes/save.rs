@@ -1,7 +1,9 @@
 //! `save`: writes an artifact under an output directory (`dir`, default `out`, relative to the
-//! current directory). The path may not leave that directory: absolute paths and `..` are
-//! refused, and every existing component is resolved so a symlink cannot lead outside.
-//! `output` is `{path, bytes}`.
+//! current directory). The file may not leave the node's static root: the part of `dir` the
+//! workflow writes before any template (`out` for `out/{{ input.user }}`). Whatever the
+//! templates render, the rendered rest of `dir` and `path` together stay under that root:
+//! absolute paths and `..` are refused, and every existing component is resolved so a
+//! symlink cannot lead outside. `output` is `{path, bytes}`.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -11,16 +13,22 @@ use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render};
 use crate::spec::NodeSpec;
 
 pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
-    let NodeSpec::Save(_) = &ctx.node.spec else {
+    let NodeSpec::Save(n) = &ctx.node.spec else {
         unreachable!("dispatched on kind")
     };
     let dir = render(ctx, "/dir")?.unwrap_or_else(|| "out".to_string());
     let rel = render(ctx, "/path")?.unwrap_or_default();
+    let (root, below) = split_root(n.kind.dir.as_deref().unwrap_or("out"), &dir).map_err(NodeError::invalid)?;
     let content = match data(ctx, "/content", &ctx.scope)?.unwrap_or(Value::Null) {
         Value::String(s) => s,
         other => serde_json::to_string_pretty(&other).unwrap_or_default(),
     };
-    let target = confined(Path::new(&dir), &rel).map_err(NodeError::invalid)?;
+    let inside = if below.is_empty() {
+        rel.clone()
+    } else {
+        format!("{below}/{rel}")
+    };
+    let target = confined(Path::new(root), &inside).map_err(NodeError::invalid)?;
     std::fs::write(&target, content.as_bytes())
         .map_err(|e| NodeError::invalid(format!("cannot write {}: {e}", target.display())))?;
     let shown = Path::new(&dir).join(rel.trim_start_matches("./"));
@@ -28,6 +36,30 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         output: json!({"path": shown.display().to_string(), "bytes": content.len()}),
         ..Default::default()
     })
+}
+
+/// The static root of a `dir` template (its text up to the last `/` before the first
+/// template tag; all of it when it has none; `.` when it starts with a tag) and the rest of
+/// the rendered `dir` below that root.
+fn split_root<'a>(template: &'a str, rendered: &'a str) -> Result<(&'a str, &'a str), String> {
+    let Some(tag) = template
+        .find("{{")
+        .into_iter()
+        .chain(template.find("{%"))
+        .chain(template.find("{#"))
+        .min()
+    else {
+        return Ok((rendered, ""));
+    };
+    let Some(slash) = template[..tag].rfind('/') else {
+        return Ok((".", rendered));
+    };
+    let prefix = &template[..=slash];
+    let below = rendered
+        .strip_prefix(prefix)
+        .ok_or_else(|| format!("`dir` rendered as `{rendered}`, outside `{prefix}`"))?;
+    let root = if slash == 0 { "/" } else { &template[..slash] };
+    Ok((root, below.trim_end_matches('/')))
 }
 
 /// `rel` under `root`, with missing directories created: an error if `rel` is absolute, has a
@@ -77,4 +109,30 @@ pub fn confined(root: &Path, rel: &str) -> Result<PathBuf, String> {
         }
     }
     Ok(cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_root;
+
+    #[test]
+    fn the_static_root_is_the_text_before_the_first_template_part() {
+        for (template, rendered, want) in [
+            ("out", "out", ("out", "")),
+            ("out/{{ u }}", "out/alice", ("out", "alice")),
+            (
+                "out/reports/{{ u }}/{{ t }}",
+                "out/reports/a/b/",
+                ("out/reports", "a/b"),
+            ),
+            ("out/run-{{ t }}", "out/run-7", ("out", "run-7")),
+            ("out/{{ d }}", "out/../../x", ("out", "../../x")),
+            ("{{ d }}", "/etc", (".", "/etc")),
+            ("/srv/{{ d }}", "/srv/a", ("/srv", "a")),
+            ("/{{ d }}", "/a", ("/", "a")),
+        ] {
+            assert_eq!(split_root(template, rendered).ok(), Some(want), "{template}");
+        }
+        assert!(split_root("out/ {{- d }}", "outx").is_err());
+    }
 }

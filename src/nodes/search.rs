@@ -105,9 +105,9 @@ fn engine(n: &SearchNode) -> Result<Engine, NodeError> {
     let parsed = url::Url::parse(&base)
         .map_err(|e| NodeError::new(ErrorClass::BadRequest, format!("base_url `{base}`: {e}")))?;
     let mut allow = AllowList::default();
-    if let Some(host) = parsed.host_str() {
+    if let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) {
         allow
-            .add(host)
+            .add_origin(host, port)
             .map_err(|e| NodeError::new(ErrorClass::BadRequest, format!("base_url: {e}")))?;
     }
     let key_env = n.api_key_env.clone().or(match provider {
@@ -117,7 +117,10 @@ fn engine(n: &SearchNode) -> Result<Engine, NodeError> {
     });
     let key = match key_env {
         Some(name) => match std::env::var(&name).ok().filter(|v| !v.is_empty()) {
-            Some(v) => Some(v),
+            Some(v) => {
+                crate::net::secrets::register(&v);
+                Some(v)
+            }
             None if provider == SearchProvider::Searxng => None,
             None => {
                 return Err(NodeError::new(
@@ -175,6 +178,7 @@ async fn ask(web: &Web, engine: &Engine, query: &str, limit: usize) -> Result<Ve
                     .to_string()
                     .into_bytes(),
             ),
+            secret_headers: Vec::new(),
         },
         SearchProvider::Brave => {
             let mut u = url_of(&format!("{}/res/v1/web/search", engine.base))?;

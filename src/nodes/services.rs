@@ -1,6 +1,7 @@
 //! What nodes reach beyond the state: model providers and, per kind, the clients and stores
 //! the run was given. The engine carries a `Services` without looking inside it.
 
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use crate::cassette::Cassette;
@@ -23,6 +24,9 @@ pub struct Services {
     /// scrape, load from a URL, the HTTP reranker (a default one allows only public addresses
     /// and has no cassette).
     pub web: Arc<Web>,
+    /// Directories nodes may read files from besides the workflow's own directory tree
+    /// (`--allow-read`, `RUNNER_ALLOW_READ`).
+    pub read_roots: ReadRoots,
 }
 
 impl Services {
@@ -43,6 +47,91 @@ impl From<Providers> for Services {
             cassette: None,
             data: DataStore::default(),
             web: Arc::default(),
+            read_roots: ReadRoots::default(),
         }
     }
+}
+
+/// Where nodes may read files whose paths can come from data (load, index): the tree of the
+/// workflow's own directory and the roots a run allows. Anything else (`/etc/passwd`,
+/// `/proc/self/environ`, `../../secrets`, a symlink leading out) is refused, naming the path
+/// and the flag.
+#[derive(Clone, Default, Debug, PartialEq, Eq)]
+pub struct ReadRoots {
+    roots: Vec<PathBuf>,
+}
+
+impl ReadRoots {
+    /// The roots `dirs`, each resolved (symlinks followed): a root that does not exist is an
+    /// error.
+    pub fn new<P: AsRef<Path>>(dirs: impl IntoIterator<Item = P>) -> Result<ReadRoots, String> {
+        let mut roots = Vec::new();
+        for d in dirs {
+            let d = d.as_ref();
+            let real = std::fs::canonicalize(d).map_err(|e| format!("{}: {e}", d.display()))?;
+            if !roots.contains(&real) {
+                roots.push(real);
+            }
+        }
+        Ok(ReadRoots { roots })
+    }
+
+    /// The roots of `RUNNER_ALLOW_READ` (a list of directories separated as in `PATH`) and
+    /// of `flags`.
+    pub fn from_flags_and_env(flags: &[PathBuf]) -> Result<ReadRoots, String> {
+        let from_env = std::env::var_os("RUNNER_ALLOW_READ").unwrap_or_default();
+        let env_dirs: Vec<PathBuf> = std::env::split_paths(&from_env)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+        ReadRoots::new(flags.iter().chain(env_dirs.iter()))
+    }
+
+    /// `path` (relative to the current directory) resolved, when it lies inside
+    /// `workflow_dir` or one of the roots; else a refusal naming it. Callers read the path
+    /// returned, the one that was checked.
+    pub fn check(&self, workflow_dir: &Path, path: &Path) -> Result<PathBuf, String> {
+        let base = if workflow_dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            workflow_dir
+        };
+        let mut allowed: Vec<PathBuf> = std::fs::canonicalize(base).into_iter().collect();
+        allowed.extend(self.roots.iter().cloned());
+        // A path that exists is judged where it really is (symlinks followed); one that does
+        // not, by its spelling (its read then fails as a missing file would).
+        let real = std::fs::canonicalize(path)
+            .or_else(|_| absolute(path))
+            .map_err(|e| e.to_string())?;
+        if allowed.iter().any(|root| real.starts_with(root)) {
+            return Ok(real);
+        }
+        Err(format!(
+            "refused to read {}: it is outside the workflow's directory ({}){}; allow its directory with --allow-read DIR (or RUNNER_ALLOW_READ)",
+            path.display(),
+            allowed
+                .first()
+                .map_or_else(|| base.display().to_string(), |p| p.display().to_string()),
+            if self.roots.is_empty() {
+                String::new()
+            } else {
+                " and the directories --allow-read allows".to_string()
+            }
+        ))
+    }
+}
+
+/// `path` made absolute against the current directory, `.` and `..` resolved by spelling.
+fn absolute(path: &Path) -> std::io::Result<PathBuf> {
+    let joined = std::env::current_dir()?.join(path);
+    let mut out = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Ok(out)
 }

@@ -277,3 +277,63 @@ async fn echo(headers: HeaderMap, body: String) -> Response {
     }))
     .into_response()
 }
+
+/// A server on 127.0.0.1 that keeps every request it gets and answers each with one status
+/// and body (a service whose credentials and inputs are under test).
+pub struct Recorder {
+    pub port: u16,
+    /// Each request as `{method, uri, headers: {name: value}, body}`, in order.
+    pub requests: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Recorder {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Every request as one text (to search for a value wherever it was sent).
+    pub fn seen(&self) -> String {
+        serde_json::to_string(&*self.requests.lock().unwrap()).unwrap()
+    }
+}
+
+/// Starts a [`Recorder`] answering `status` with the JSON `body`; it lives as long as the
+/// test process.
+pub fn recorder(status: u16, body: Value) -> Recorder {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let kept = requests.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let app = Router::new().fallback(move |req: axum::extract::Request| {
+                let kept = kept.clone();
+                let body = body.clone();
+                async move {
+                    let (parts, raw) = req.into_parts();
+                    let raw = axum::body::to_bytes(raw, 1 << 20).await.unwrap_or_default();
+                    let headers: serde_json::Map<String, Value> = parts
+                        .headers
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), json!(String::from_utf8_lossy(v.as_bytes()))))
+                        .collect();
+                    kept.lock().unwrap().push(json!({
+                        "method": parts.method.to_string(),
+                        "uri": parts.uri.to_string(),
+                        "headers": headers,
+                        "body": String::from_utf8_lossy(&raw),
+                    }));
+                    (StatusCode::from_u16(status).unwrap(), axum::Json(body)).into_response()
+                }
+            });
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    Recorder { port, requests }
+}

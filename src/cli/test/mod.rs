@@ -53,6 +53,10 @@ pub struct Args {
     /// Run only the cases whose name contains this.
     #[arg(long, value_name = "SUBSTR")]
     filter: Option<String>,
+    /// Let load and index read files under this directory besides each workflow's own
+    /// directory tree (repeatable; also `RUNNER_ALLOW_READ`).
+    #[arg(long = "allow-read", value_name = "DIR")]
+    allow_read: Vec<PathBuf>,
 }
 
 /// One case's result.
@@ -63,6 +67,8 @@ struct Outcome {
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    let read_roots = crate::nodes::ReadRoots::from_flags_and_env(&args.allow_read)
+        .map_err(|e| anyhow::anyhow!("--allow-read: {e}"))?;
     let paths = if args.paths.is_empty() {
         vec![PathBuf::from("workflows")]
     } else {
@@ -109,7 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                     let nodes: Vec<&str> = plan.nodes.values().map(|n| n.name.as_str()).collect();
                     let unknown = expect::unknown_nodes(&case.expect, &nodes);
                     if unknown.is_empty() {
-                        runtime.block_on(run_case(plan.clone(), suite, case))
+                        runtime.block_on(run_case(plan.clone(), suite, case, &read_roots))
                     } else {
                         unknown
                     }
@@ -179,8 +185,8 @@ pub fn is_test_file(name: &str) -> bool {
 }
 
 /// Runs one case and returns its failures (none when it passed).
-async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case) -> Vec<String> {
-    let services = match providers(&plan, case) {
+async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, read_roots: &crate::nodes::ReadRoots) -> Vec<String> {
+    let services = match providers(&plan, case, read_roots) {
         Ok(p) => p,
         Err(e) => return vec![e],
     };
@@ -245,7 +251,7 @@ async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case) -> Vec<String> {
     failures
 }
 
-fn providers(plan: &Plan, case: &Case) -> Result<Services, String> {
+fn providers(plan: &Plan, case: &Case, read_roots: &crate::nodes::ReadRoots) -> Result<Services, String> {
     let mock = |m: Result<MockProvider, String>| m.map(Arc::new).map_err(|e| format!("mock script: {e}"));
     let (providers, cassette) = match &case.models {
         Models::Cassette(path) => {
@@ -263,6 +269,7 @@ fn providers(plan: &Plan, case: &Case) -> Result<Services, String> {
         web: Arc::new(crate::net::Web::default().with_cassette(cassette.clone())),
         cassette,
         data: crate::rag::DataStore::default(),
+        read_roots: read_roots.clone(),
     })
 }
 
