@@ -1,5 +1,6 @@
 //! Committing a run's checkpoints and task writes per its [`Persist`] mode, always in order:
-//! a write never reaches the store before the checkpoint it refers to.
+//! a write never reaches the store before the checkpoint it refers to. Every put carries the
+//! run's lease [`Fence`]: a run that lost its thread's lease has its writes refused.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc;
@@ -8,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use super::Persist;
-use crate::checkpoint::{Checkpoint, CheckpointError, Checkpointer, PendingWrite, Put};
+use crate::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Fence, PendingWrite, Put};
 
 enum Job {
     Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>),
@@ -24,6 +25,8 @@ const QUEUE: usize = 256;
 pub(super) struct Persister {
     store: Arc<dyn Checkpointer>,
     mode: Persist,
+    /// The lease every put is fenced with.
+    fence: Fence,
     /// `Exit`: the newest checkpoint and every value introduced since the last commit, and the
     /// id of the last committed checkpoint (the held one's parent).
     held: Mutex<(Option<Held>, String)>,
@@ -38,17 +41,18 @@ fn poisoned() -> CheckpointError {
 
 impl Persister {
     /// `committed` is the id of the checkpoint the run starts from (already stored).
-    pub fn new(store: Arc<dyn Checkpointer>, mode: Persist, committed: String) -> Persister {
+    pub fn new(store: Arc<dyn Checkpointer>, mode: Persist, committed: String, fence: Fence) -> Persister {
         let (queue, worker) = if mode == Persist::Async {
             // Bounded: a run that outpaces the store waits for it rather than piling up steps.
             let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
             let s = store.clone();
+            let f = fence.clone();
             let handle = std::thread::spawn(move || {
                 // Everything queued while the last commit ran goes into the next one: one
                 // commit (one fsync, power-safe) for as many steps as are waiting.
                 let mut first_error = None;
                 while let Ok(job) = rx.recv() {
-                    let mut puts = Vec::new();
+                    let mut puts = vec![Put::Fence(f.clone())];
                     let mut flushes = Vec::new();
                     let mut next = Some(job);
                     while let Some(job) = next {
@@ -63,7 +67,7 @@ impl Persister {
                         }
                         next = if flushes.is_empty() { rx.try_recv().ok() } else { None };
                     }
-                    if !puts.is_empty()
+                    if puts.len() > 1
                         && let Err(e) = s.put_batch(puts)
                     {
                         first_error.get_or_insert(e);
@@ -81,6 +85,7 @@ impl Persister {
         Persister {
             store,
             mode,
+            fence,
             held: Mutex::new((None, committed)),
             queue,
             worker,
@@ -98,7 +103,7 @@ impl Persister {
 
     pub fn put_checkpoint(&self, cp: &Checkpoint, values: Vec<(String, u64, Value)>) -> Result<(), CheckpointError> {
         match self.mode {
-            Persist::Sync => self.store.put_checkpoint(cp, &values),
+            Persist::Sync => self.put_now(vec![Put::Checkpoint(Box::new(cp.clone()), values)]),
             Persist::Async => self.send(Job::Checkpoint(Box::new(cp.clone()), values)),
             Persist::Exit => {
                 let mut guard = self.held.lock().map_err(|_| poisoned())?;
@@ -121,7 +126,11 @@ impl Persister {
     /// they are kept only in memory (the checkpoint that follows carries their effect).
     pub fn put_writes(&self, thread: &str, cp: &str, writes: Vec<PendingWrite>) -> Result<(), CheckpointError> {
         match self.mode {
-            Persist::Sync => self.store.put_writes(thread, cp, &writes),
+            Persist::Sync => self.put_now(vec![Put::Writes {
+                thread_id: thread.into(),
+                checkpoint_id: cp.into(),
+                writes,
+            }]),
             Persist::Async => self.send(Job::Writes(thread.into(), cp.into(), writes)),
             Persist::Exit => Ok(()),
         }
@@ -142,12 +151,28 @@ impl Persister {
                 let (held, committed) = &mut *guard;
                 if let Some((cp, values)) = held.take() {
                     let values: Vec<(String, u64, Value)> = values.into_iter().map(|((k, v), x)| (k, v, x)).collect();
-                    self.store.put_checkpoint(&cp, &values)?;
-                    *committed = cp.checkpoint_id;
+                    let id = cp.checkpoint_id.clone();
+                    self.put_now(vec![Put::Checkpoint(Box::new(cp), values)])?;
+                    *committed = id;
                 }
                 Ok(())
             }
         }
+    }
+
+    /// Commits everything queued, then `puts`, fenced: for the records a run writes directly
+    /// (pauses, interrupts, a failed step's finished tasks).
+    pub fn write_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
+        self.flush()?;
+        self.put_now(puts)
+    }
+
+    /// `puts` in one batch behind the run's fence.
+    fn put_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
+        let mut fenced = Vec::with_capacity(puts.len() + 1);
+        fenced.push(Put::Fence(self.fence.clone()));
+        fenced.extend(puts);
+        self.store.put_batch(fenced)
     }
 
     /// Commits what is left and stops the background committer, reporting its first error.

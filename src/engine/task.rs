@@ -98,6 +98,7 @@ pub async fn run(
             resume: resume.as_ref(),
             store: &shared.store,
             thread_id: &shared.thread_id,
+            fence: &shared.fence,
             outputs: &shared.outputs,
         };
         let result = match timeout {

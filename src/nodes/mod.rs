@@ -52,6 +52,8 @@ pub struct NodeCtx<'a> {
     pub resume: Option<&'a Value>,
     pub store: &'a Arc<dyn Checkpointer>,
     pub thread_id: &'a str,
+    /// The lease the run writes under (a subgraph runs its child thread under it).
+    pub fence: &'a crate::checkpoint::Fence,
     /// Validators of llm output schemas, by node.
     pub outputs: &'a std::collections::HashMap<NodeIx, jsonschema::Validator>,
 }
