@@ -316,6 +316,10 @@ impl Engine {
         ));
         let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
         let mut pending = self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?;
+        // Finished tasks' records must fit this workflow before anything is written.
+        for w in pending.iter().filter(|w| w.channel == DONE) {
+            decode(w, &self.plan, req.force).map_err(EngineError::Incompatible)?;
+        }
         let mut skip_before = false;
         let persister = Persister::new(self.store.clone(), req.persist, cp.checkpoint_id.clone(), fence);
         // Checked and written under the lease: of two racing answers, the second finds the
