@@ -175,7 +175,10 @@ impl SqliteCheckpointer {
         }
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
-        let journal_mode: String = conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))?;
+        // Switching a new file to WAL takes a lock that SQLite's busy handler does not wait for:
+        // two processes creating the file at once would otherwise fail with "locked".
+        let journal_mode: String =
+            retry_busy(|| conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0)))?;
         if !journal_mode.eq_ignore_ascii_case("wal") {
             return Err(CheckpointError::Backend(format!(
                 "`{}` cannot use WAL journaling (got `{journal_mode}`)",
@@ -836,6 +839,26 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     // Later versions migrate here, one step at a time, inside this transaction.
     tx.commit()?;
     Ok(())
+}
+
+/// Runs `f` again while the database is busy or locked, for up to [`BUSY_TIMEOUT`].
+fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match f() {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn open_reader(path: &Path) -> Result<Connection> {
