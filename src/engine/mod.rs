@@ -321,7 +321,13 @@ impl Engine {
             decode(w, &self.plan, req.force).map_err(EngineError::Incompatible)?;
         }
         let mut skip_before = false;
-        let persister = Persister::new(self.store.clone(), req.persist, cp.checkpoint_id.clone(), fence);
+        let persister = Persister::new(
+            self.store.clone(),
+            req.persist,
+            cp.checkpoint_id.clone(),
+            fence,
+            self.events.clone(),
+        );
         // Checked and written under the lease: of two racing answers, the second finds the
         // gate answered.
         let waiting = waiting_gates(&pending);
@@ -472,15 +478,13 @@ impl Engine {
                             .collect();
                         self.events.send(Event::StateUpdate { step, values: changed });
                     }
-                    persister.put_checkpoint(&next_cp, values)?;
-                    for e in deferred {
-                        self.events.send(e);
-                    }
-                    self.events.send(Event::StepEnd {
+                    let mut after = deferred;
+                    after.push(Event::StepEnd {
                         step,
                         checkpoint_id: next_cp.checkpoint_id.clone(),
                         duration_ms: step_started.elapsed().as_secs_f64() * 1000.0,
                     });
+                    persister.put_checkpoint(&next_cp, values, after)?;
                     let after: Vec<String> = next_cp
                         .ran
                         .iter()
@@ -1007,9 +1011,8 @@ impl Engine {
                     if remaining > 0 {
                         let writes = encode(&t.task_id, &done, &self.plan);
                         tokio::task::block_in_place(|| {
-                            persister.put_writes(&shared.thread_id, &cp.checkpoint_id, writes)
+                            persister.put_writes(&shared.thread_id, &cp.checkpoint_id, writes, vec![event])
                         })?;
-                        self.events.send(event);
                     } else {
                         deferred.push(event);
                     }

@@ -1,6 +1,11 @@
 //! Committing a run's checkpoints and task writes per its [`Persist`] mode, always in order:
 //! a write never reaches the store before the checkpoint it refers to. Every put carries the
 //! run's lease [`Fence`]: a run that lost its thread's lease has its writes refused.
+//!
+//! Events that promise durability (a task's `node_end`, a step's `step_end`) travel with the
+//! put that stores what they report and are sent once it is committed, in every mode but
+//! `exit` (which promises nothing before the run's end): whoever sees a `node_end` may rely on
+//! the task not running again, even after a crash.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc;
@@ -9,11 +14,12 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use super::Persist;
+use super::events::{Event, Events};
 use crate::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Fence, PendingWrite, Put};
 
 enum Job {
-    Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>),
-    Writes(String, String, Vec<PendingWrite>),
+    Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>, Vec<Event>),
+    Writes(String, String, Vec<PendingWrite>, Vec<Event>),
     Flush(mpsc::Sender<()>),
 }
 
@@ -27,6 +33,8 @@ pub(super) struct Persister {
     mode: Persist,
     /// The lease every put is fenced with.
     fence: Fence,
+    /// Where the events sent after a commit go.
+    events: Events,
     /// `Exit`: the newest checkpoint and every value introduced since the last commit, and the
     /// id of the last committed checkpoint (the held one's parent).
     held: Mutex<(Option<Held>, String)>,
@@ -41,36 +49,53 @@ fn poisoned() -> CheckpointError {
 
 impl Persister {
     /// `committed` is the id of the checkpoint the run starts from (already stored).
-    pub fn new(store: Arc<dyn Checkpointer>, mode: Persist, committed: String, fence: Fence) -> Persister {
+    pub fn new(
+        store: Arc<dyn Checkpointer>,
+        mode: Persist,
+        committed: String,
+        fence: Fence,
+        events: Events,
+    ) -> Persister {
         let (queue, worker) = if mode == Persist::Async {
             // Bounded: a run that outpaces the store waits for it rather than piling up steps.
             let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
             let s = store.clone();
             let f = fence.clone();
+            let ev = events.clone();
             let handle = std::thread::spawn(move || {
                 // Everything queued while the last commit ran goes into the next one: one
                 // commit (one fsync, power-safe) for as many steps as are waiting.
                 let mut first_error = None;
                 while let Ok(job) = rx.recv() {
                     let mut puts = vec![Put::Fence(f.clone())];
+                    let mut after = Vec::new();
                     let mut flushes = Vec::new();
                     let mut next = Some(job);
                     while let Some(job) = next {
                         match job {
-                            Job::Checkpoint(cp, values) => puts.push(Put::Checkpoint(cp, values)),
-                            Job::Writes(thread_id, checkpoint_id, writes) => puts.push(Put::Writes {
-                                thread_id,
-                                checkpoint_id,
-                                writes,
-                            }),
+                            Job::Checkpoint(cp, values, events) => {
+                                puts.push(Put::Checkpoint(cp, values));
+                                after.extend(events);
+                            }
+                            Job::Writes(thread_id, checkpoint_id, writes, events) => {
+                                puts.push(Put::Writes {
+                                    thread_id,
+                                    checkpoint_id,
+                                    writes,
+                                });
+                                after.extend(events);
+                            }
                             Job::Flush(done) => flushes.push(done),
                         }
                         next = if flushes.is_empty() { rx.try_recv().ok() } else { None };
                     }
-                    if puts.len() > 1
-                        && let Err(e) = s.put_batch(puts)
-                    {
-                        first_error.get_or_insert(e);
+                    if puts.len() > 1 {
+                        match s.put_batch(puts) {
+                            Ok(()) => after.into_iter().for_each(|e| ev.send(e)),
+                            Err(e) => {
+                                first_error.get_or_insert(e);
+                            }
+                        }
                     }
                     for done in flushes {
                         let _ = done.send(());
@@ -86,6 +111,7 @@ impl Persister {
             store,
             mode,
             fence,
+            events,
             held: Mutex::new((None, committed)),
             queue,
             worker,
@@ -101,11 +127,22 @@ impl Persister {
         }
     }
 
-    pub fn put_checkpoint(&self, cp: &Checkpoint, values: Vec<(String, u64, Value)>) -> Result<(), CheckpointError> {
+    /// A step's checkpoint; `after` is sent once it is committed.
+    pub fn put_checkpoint(
+        &self,
+        cp: &Checkpoint,
+        values: Vec<(String, u64, Value)>,
+        after: Vec<Event>,
+    ) -> Result<(), CheckpointError> {
         match self.mode {
-            Persist::Sync => self.put_now(vec![Put::Checkpoint(Box::new(cp.clone()), values)]),
-            Persist::Async => self.send(Job::Checkpoint(Box::new(cp.clone()), values)),
+            Persist::Sync => {
+                self.put_now(vec![Put::Checkpoint(Box::new(cp.clone()), values)])?;
+                after.into_iter().for_each(|e| self.events.send(e));
+                Ok(())
+            }
+            Persist::Async => self.send(Job::Checkpoint(Box::new(cp.clone()), values, after)),
             Persist::Exit => {
+                after.into_iter().for_each(|e| self.events.send(e));
                 let mut guard = self.held.lock().map_err(|_| poisoned())?;
                 let (held, committed) = &mut *guard;
                 let mut acc = held.take().map(|(_, v)| v).unwrap_or_default();
@@ -124,15 +161,29 @@ impl Persister {
 
     /// A finished task's writes. In `Exit` mode there is no durability before the end, so
     /// they are kept only in memory (the checkpoint that follows carries their effect).
-    pub fn put_writes(&self, thread: &str, cp: &str, writes: Vec<PendingWrite>) -> Result<(), CheckpointError> {
+    /// `after` is sent once they are committed.
+    pub fn put_writes(
+        &self,
+        thread: &str,
+        cp: &str,
+        writes: Vec<PendingWrite>,
+        after: Vec<Event>,
+    ) -> Result<(), CheckpointError> {
         match self.mode {
-            Persist::Sync => self.put_now(vec![Put::Writes {
-                thread_id: thread.into(),
-                checkpoint_id: cp.into(),
-                writes,
-            }]),
-            Persist::Async => self.send(Job::Writes(thread.into(), cp.into(), writes)),
-            Persist::Exit => Ok(()),
+            Persist::Sync => {
+                self.put_now(vec![Put::Writes {
+                    thread_id: thread.into(),
+                    checkpoint_id: cp.into(),
+                    writes,
+                }])?;
+                after.into_iter().for_each(|e| self.events.send(e));
+                Ok(())
+            }
+            Persist::Async => self.send(Job::Writes(thread.into(), cp.into(), writes, after)),
+            Persist::Exit => {
+                after.into_iter().for_each(|e| self.events.send(e));
+                Ok(())
+            }
         }
     }
 
