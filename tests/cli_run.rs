@@ -662,3 +662,49 @@ edges: [START -> pa, START -> pb, pa -> END, pb -> END]
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
     assert_eq!(json_out(&done)["log"], json!(["a:A", "b:B"]));
 }
+
+#[test]
+fn a_thread_whose_run_was_killed_shows_as_cut_off_and_resumes_at_once() {
+    let dir = race_project();
+    let d = dir.path();
+    let first = runner(d, &["run", "paused.yaml", "--mock", "mock.yaml", "--thread", "k1"]);
+    assert_eq!(first.status.code(), Some(3), "{}", stderr(&first));
+    let mut a = Live::start(
+        d,
+        &["resume", "--thread", "k1", "--mock", "mock.yaml", "--lease-ttl", "60"],
+    );
+    a.wait_for("node_start");
+    let threads = String::from_utf8(runner(d, &["threads"]).stdout).unwrap();
+    assert!(threads.starts_with("k1  running"), "{threads}");
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let threads = String::from_utf8(runner(d, &["threads"]).stdout).unwrap();
+    assert!(threads.starts_with("k1  cut-off"), "{threads}");
+    // The lease has a minute to run, but its process is gone: no wait, no --force.
+    let started = Instant::now();
+    let resumed = runner(d, &["resume", "--thread", "k1", "--mock", "mock.yaml"]);
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(json_out(&resumed)["log"], json!(["slow:done"]));
+    let threads = String::from_utf8(runner(d, &["threads"]).stdout).unwrap();
+    assert!(threads.starts_with("k1  done"), "{threads}");
+}
+
+#[test]
+fn a_bad_lease_ttl_is_a_usage_error() {
+    let dir = race_project();
+    let d = dir.path();
+    for ttl in ["0", "-1", "nan", "1e300"] {
+        let out = runner(d, &["run", "paused.yaml", "--mock", "mock.yaml", "--lease-ttl", ttl]);
+        assert_eq!(out.status.code(), Some(2), "{ttl}: {}", stderr(&out));
+    }
+    let out = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(d)
+        .env("RUNNER_DB", d.join("runner.db"))
+        .env("RUNNER_LEASE_TTL", "soon")
+        .args(["run", "paused.yaml", "--mock", "mock.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("RUNNER_LEASE_TTL"), "{}", stderr(&out));
+}

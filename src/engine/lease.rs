@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::EngineError;
-use crate::checkpoint::{self, CheckpointError, Checkpointer, Fence, LeaseClaim};
+use crate::checkpoint::{self, CheckpointError, Checkpointer, Fence, Lease, LeaseClaim};
 
 /// How long a lease lasts without a heartbeat: a run killed outright frees its thread after
 /// this long (at once when the new claimant sees on the same host that its process is gone).
@@ -115,7 +115,7 @@ pub(super) async fn take(
             Err(CheckpointError::Leased(holder)) => {
                 // A holder on this host whose process is gone will never renew: take over now
                 // rather than after its expiry (only from that owner, atomically).
-                if holder.host == claim.host && !process_alive(holder.pid) && claim.replace.is_none() {
+                if holder_gone(&holder) && claim.replace.is_none() {
                     claim.replace = Some(holder.owner.clone());
                     continue;
                 }
@@ -170,6 +170,12 @@ pub fn host() -> &'static str {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "localhost".into())
     })
+}
+
+/// Whether a lease's holder is known to be gone: it ran on this host and its process is not
+/// there any more. Its lease may not have expired, but no one will renew it.
+pub fn holder_gone(lease: &Lease) -> bool {
+    lease.host == host() && !process_alive(lease.pid)
 }
 
 /// Whether process `pid` of this host may still be running. Only Linux's `/proc` can tell it is

@@ -34,7 +34,7 @@ use crate::providers::Usage;
 use crate::spec::NodeSpec;
 use events::{Event, Events};
 use futures::FutureExt;
-pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, host};
+pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
 use persist::Persister;
 use task::{Next, Outcome};
 use values::{Scope, to_jinja};
