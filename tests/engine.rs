@@ -623,6 +623,8 @@ edges: [START -> a -> b -> c -> END]
     let out = r.go(&plan, req(json!({})));
     assert_eq!((out.status, &out.state["log"]), (Status::Interrupted, &json!(["a"])));
     assert_eq!(out.interrupt.as_ref().unwrap()["kind"], "after");
+    // Its own id: not the `__before__` of the other kind of pause.
+    assert_eq!(out.interrupt.as_ref().unwrap()["task_id"], "__after__");
     let out = r.go(&plan, resume(&out.thread_id, None));
     assert_eq!((out.status, &out.state["log"]), (Status::Interrupted, &json!(["a"])));
     assert_eq!(out.interrupt.as_ref().unwrap()["kind"], "before");
@@ -655,6 +657,8 @@ fn retries_then_success() {
     let out = r.go(&p.plan("w.yaml"), req(json!({})));
     assert_eq!(out.state["answer"], "fine");
     assert_eq!(r.events.iter().filter(|e| matches!(e, Event::Retry { .. })).count(), 2);
+    // Every call counts: two that failed and the one that answered.
+    assert_eq!(out.usage.calls, 3);
 }
 
 #[test]
@@ -1434,4 +1438,34 @@ edges: [START -> slow, slow -> END]
         "the step's checkpoint was refused"
     );
     assert_eq!(r.store.lease("X").unwrap().unwrap().owner, "someone-else");
+}
+
+#[test]
+fn a_stored_value_that_does_not_fit_its_schema_is_named_on_resume() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(
+            "state: {n: {type: integer, default: 0}}\nnodes: {g: {kind: interrupt, response: {type: object}, update: {n: '1'}}}\nedges: [START -> g, g -> END]\n",
+        ),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    // A hand-edited database: a newer checkpoint whose `n` is not an integer.
+    let latest = r.store.get_checkpoint(&out.thread_id, None).unwrap().unwrap();
+    let mut edited = latest.clone();
+    edited.checkpoint_id = runner::checkpoint::new_id();
+    edited.parent_id = Some(latest.checkpoint_id.clone());
+    edited.step += 1;
+    edited.versions.insert("n".into(), latest.versions["n"] + 1);
+    r.store
+        .put_checkpoint(&edited, &[("n".into(), latest.versions["n"] + 1, json!("seven"))])
+        .unwrap();
+    let err = try_run(&r, &plan, resume(&out.thread_id, None)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the stored value of `n` does not match its schema"),
+        "{err}"
+    );
 }

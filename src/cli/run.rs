@@ -355,6 +355,7 @@ fn execute(
                 | EngineError::AlreadyAnswered(_)
                 | EngineError::WhichGate { .. }
                 | EngineError::NoSuchGate { .. }
+                | EngineError::StoredValue { .. }
                 | EngineError::Store(CheckpointError::LeaseLost(_) | CheckpointError::Leased(_))),
             ) => {
                 eprintln!("error: {e}");

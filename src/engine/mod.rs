@@ -127,6 +127,10 @@ pub enum EngineError {
     /// Another run holds the thread's lease.
     #[error("{0}")]
     Busy(Box<Lease>),
+    /// A value read back from the store does not fit its key's schema (a corrupt or
+    /// hand-edited database, or a schema made stricter since).
+    #[error("thread `{thread}`: the stored value of `{key}` does not match its schema: {why}")]
+    StoredValue { thread: String, key: String, why: String },
     #[error("thread `{0}`: the gate was already answered")]
     AlreadyAnswered(String),
     /// A bare answer while several gates wait, or an address that fits several.
@@ -315,6 +319,7 @@ impl Engine {
             None,
         ));
         let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
+        self.check_stored(&thread.thread_id, &state)?;
         let mut pending = self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?;
         // Finished tasks' records must fit this workflow before anything is written.
         for w in pending.iter().filter(|w| w.channel == DONE) {
@@ -789,6 +794,25 @@ impl Engine {
             "the workflow changed since this thread started and its stored state no longer fits: {}; pass --force to continue anyway, or start a new thread",
             why.join(" and ")
         )))
+    }
+
+    /// Every value read back must fit its key's schema, as every value written did: a corrupt
+    /// or hand-edited one is named here rather than failing somewhere later.
+    fn check_stored(&self, thread: &str, state: &Map<String, Value>) -> Result<(), EngineError> {
+        for (key, value) in state {
+            if let Some(why) = self
+                .validators
+                .get(key)
+                .and_then(|v| crate::compile::schemas::first_violation(v, value))
+            {
+                return Err(EngineError::StoredValue {
+                    thread: thread.into(),
+                    key: key.clone(),
+                    why,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The gate an answer is for: the only one waiting, or the one `to` names (by task id or
