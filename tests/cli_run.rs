@@ -708,3 +708,73 @@ fn a_bad_lease_ttl_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("RUNNER_LEASE_TTL"), "{}", stderr(&out));
 }
+
+#[test]
+fn on_a_json_lines_stream_every_line_is_json_the_thread_and_errors_included() {
+    let dir = race_project();
+    let d = dir.path();
+    let all_json = |o: &Output| -> Vec<Value> {
+        stderr(o)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+            .collect()
+    };
+    // Done.
+    let done = runner(
+        d,
+        &[
+            "run",
+            "direct.yaml",
+            "--mock",
+            "mock.yaml",
+            "--thread",
+            "j1",
+            "--stream",
+            "jsonl",
+        ],
+    );
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    let events = all_json(&done);
+    assert!(
+        events.iter().any(|e| e["type"] == "thread" && e["thread_id"] == "j1"),
+        "{events:?}"
+    );
+    // Interrupted (paused), then a usage error: an answer to a thread that waits for none.
+    let paused = runner(
+        d,
+        &[
+            "run",
+            "paused.yaml",
+            "--mock",
+            "mock.yaml",
+            "--thread",
+            "j2",
+            "--stream",
+            "jsonl",
+        ],
+    );
+    assert_eq!(paused.status.code(), Some(3));
+    all_json(&paused);
+    let done_again = runner(d, &["resume", "--thread", "j1", "--answer", "1", "--stream", "jsonl"]);
+    assert_eq!(done_again.status.code(), Some(2));
+    let events = all_json(&done_again);
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "error" && e["message"].as_str().unwrap().contains("not waiting for an answer")),
+        "{events:?}"
+    );
+    // Failed.
+    std::fs::write(
+        d.join("bad-mock.yaml"),
+        "match:\n  - {contains: \"slow\", reply: {error: auth}}\n",
+    )
+    .unwrap();
+    let failed = runner(
+        d,
+        &["run", "direct.yaml", "--mock", "bad-mock.yaml", "--stream", "jsonl"],
+    );
+    assert_eq!(failed.status.code(), Some(1), "{}", stderr(&failed));
+    let events = all_json(&failed);
+    assert!(events.iter().any(|e| e["type"] == "error"), "{events:?}");
+}

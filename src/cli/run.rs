@@ -317,6 +317,8 @@ fn execute(
     } else {
         Stream::None
     });
+    // On a JSON-lines stream every line of stderr is JSON: the CLI's own lines become events.
+    let jsonl = stream == Stream::Jsonl;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let events = match stream {
@@ -335,7 +337,9 @@ fn execute(
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
                 cancel.store(true, Ordering::SeqCst);
-                eprintln!("\nstopping at the end of this step (Ctrl-C again to quit at once)");
+                if !jsonl {
+                    eprintln!("\nstopping at the end of this step (Ctrl-C again to quit at once)");
+                }
                 if tokio::signal::ctrl_c().await.is_ok() {
                     std::process::exit(exit::CANCELLED as i32);
                 }
@@ -358,23 +362,35 @@ fn execute(
                 | EngineError::StoredValue { .. }
                 | EngineError::Store(CheckpointError::LeaseLost(_) | CheckpointError::Leased(_))),
             ) => {
-                eprintln!("error: {e}");
+                render::error(jsonl, &e.to_string());
+                return Ok(exit::USAGE);
+            }
+            Err(e) if jsonl => {
+                render::error(true, &format!("{:#}", anyhow::Error::new(e)));
                 return Ok(exit::USAGE);
             }
             Err(e) => return Err(anyhow::Error::new(e)),
         };
-        eprintln!("thread: {}", outcome.thread_id);
+        render::notice(
+            jsonl,
+            "thread",
+            serde_json::json!({"thread_id": outcome.thread_id}),
+            &format!("thread: {}", outcome.thread_id),
+        );
         // A request the cassette lacks fails the run even when an `on_error` handler took it.
         let misses = cassette.as_ref().map(|c| c.misses()).unwrap_or_default();
         if !misses.is_empty() {
             if outcome.status != Status::Failed {
                 for miss in &misses {
-                    eprintln!("error: {miss}");
+                    render::error(jsonl, &miss.to_string());
                 }
             }
-            eprintln!(
-                "error: {} request(s) were not in the cassette; record it again with --record",
-                misses.len()
+            render::error(
+                jsonl,
+                &format!(
+                    "{} request(s) were not in the cassette; record it again with --record",
+                    misses.len()
+                ),
             );
             return Ok(exit::INVALID);
         }
@@ -391,19 +407,27 @@ fn execute(
                     serde_json::json!({"interrupt": outcome.interrupt.clone().unwrap_or(Value::Null)})
                 };
                 out.write_all(super::format_value(&result, common.output).as_bytes())?;
-                eprintln!("{}", waiting_hint(&outcome.thread_id, &outcome.interrupts));
+                // On a JSON-lines stream the `interrupt` events already said so.
+                if !jsonl {
+                    eprintln!("{}", waiting_hint(&outcome.thread_id, &outcome.interrupts));
+                }
                 Ok(exit::INTERRUPTED)
             }
+            // On a JSON-lines stream the run's `error` and `run_end` events already said so.
             Status::Failed => {
-                eprintln!("error: {}", outcome.error.unwrap_or_default());
-                eprintln!(
-                    "the last checkpoint is intact: fix the cause, then `runner resume --thread {}`",
-                    outcome.thread_id
-                );
+                if !jsonl {
+                    eprintln!("error: {}", outcome.error.unwrap_or_default());
+                    eprintln!(
+                        "the last checkpoint is intact: fix the cause, then `runner resume --thread {}`",
+                        outcome.thread_id
+                    );
+                }
                 Ok(exit::INVALID)
             }
             Status::Cancelled => {
-                eprintln!("cancelled; resume with `runner resume --thread {}`", outcome.thread_id);
+                if !jsonl {
+                    eprintln!("cancelled; resume with `runner resume --thread {}`", outcome.thread_id);
+                }
                 Ok(exit::CANCELLED)
             }
         }
