@@ -1469,3 +1469,54 @@ fn a_stored_value_that_does_not_fit_its_schema_is_named_on_resume() {
         "{err}"
     );
 }
+
+#[test]
+fn a_subgraph_waiting_at_several_gates_reports_each_and_takes_answers_addressed_inside_it() {
+    let child = r#"
+name: child
+models: {default: {provider: mock, model: m}}
+output: [log]
+state: {log: {type: array, reducer: append, default: []}}
+nodes:
+  pa: {kind: interrupt, message: "a?", response: {type: string}, update: {log: "['a:' ~ output]"}}
+  pb: {kind: interrupt, message: "b?", response: {type: string}, update: {log: "['b:' ~ output]"}}
+edges: [START -> pa, START -> pb, pa -> END, pb -> END]
+"#;
+    let p = Project::new(&[
+        ("child.yaml", child),
+        (
+            "w.yaml",
+            &wf(r#"
+state: {result: {type: array, default: []}}
+nodes:
+  sub: {kind: subgraph, workflow: child.yaml, update: {result: output.log}}
+edges: [START -> sub, sub -> END]
+"#),
+        ),
+    ]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    let ids: Vec<&str> = out.interrupts.iter().map(|i| i["task_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["sub/pa", "sub/pb"]);
+    assert_eq!(out.interrupts[1]["payload"]["payload"]["message"], "b?");
+    let thread = out.thread_id.clone();
+
+    let err = try_run(&r, &plan, resume(&thread, Some(json!("x")))).unwrap_err();
+    assert!(
+        err.to_string().contains("`sub/pa`") && err.to_string().contains("`sub/pb`"),
+        "{err}"
+    );
+    // The child's schema applies to an answer addressed inside it.
+    let err = try_run(&r, &plan, answer(&thread, Some("sub/pb"), json!(1))).unwrap_err();
+    assert!(matches!(err, runner::engine::EngineError::BadAnswer(_)), "{err}");
+
+    let out = r.go(&plan, answer(&thread, Some("sub/pb"), json!("B")));
+    assert_eq!(out.status, Status::Interrupted, "{:?}", out.error);
+    assert_eq!(out.interrupts.len(), 1);
+    assert_eq!(out.interrupts[0]["payload"]["payload"]["message"], "a?");
+    let out = r.go(&plan, resume(&thread, Some(json!("A"))));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["result"], json!(["a:A", "b:B"]));
+}

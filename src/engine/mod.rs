@@ -219,6 +219,9 @@ const RESUMED: &str = "__resumed__";
 const IDX_INTERRUPT: u32 = 0;
 const IDX_RESUME: u32 = 1;
 const IDX_DONE: u32 = 2;
+/// Which gate inside a subgraph an answer is for.
+const IDX_RESUME_TO: u32 = 3;
+const RESUME_TO: &str = "__resume_to__";
 
 impl Engine {
     pub fn new(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, services: impl Into<Services>, events: Events) -> Engine {
@@ -337,24 +340,34 @@ impl Engine {
         // gate answered.
         let waiting = waiting_gates(&pending);
         if let Some(answer) = &req.answer {
-            let gate = self.addressed_gate(&thread.thread_id, &cp, &waiting, req.answer_to.as_deref())?;
+            let (gate, inner) = self.addressed_gate(&thread.thread_id, &cp, &waiting, req.answer_to.as_deref())?;
             if gate.task_id == BEFORE || gate.task_id == AFTER {
                 skip_before = is_before(gate);
             } else {
-                self.validate_answer(gate, answer)?;
-                let w = PendingWrite {
-                    task_id: gate.task_id.clone(),
-                    idx: IDX_RESUME,
-                    channel: RESUME.into(),
-                    value: answer.clone(),
-                };
+                self.validate_answer(gate, answer, inner.as_deref())?;
+                let writes = vec![
+                    PendingWrite {
+                        task_id: gate.task_id.clone(),
+                        idx: IDX_RESUME,
+                        channel: RESUME.into(),
+                        value: answer.clone(),
+                    },
+                    // Which of a subgraph's gates the answer is for (null: its only one).
+                    PendingWrite {
+                        task_id: gate.task_id.clone(),
+                        idx: IDX_RESUME_TO,
+                        channel: RESUME_TO.into(),
+                        value: inner.map_or(Value::Null, Value::String),
+                    },
+                ];
                 persister.write_now(vec![Put::Writes {
                     thread_id: thread.thread_id.clone(),
                     checkpoint_id: cp.checkpoint_id.clone(),
-                    writes: vec![w.clone()],
+                    writes: writes.clone(),
                 }])?;
-                pending.retain(|p| !(p.task_id == w.task_id && p.idx == IDX_RESUME));
-                pending.push(w);
+                let task = gate.task_id.clone();
+                pending.retain(|p| !(p.task_id == task && (p.idx == IDX_RESUME || p.idx == IDX_RESUME_TO)));
+                pending.extend(writes);
             }
         } else if waiting.iter().any(|w| w.task_id == BEFORE && is_before(w)) {
             // Continuing a thread stopped before a node (no answer is needed) runs the node.
@@ -450,11 +463,9 @@ impl Engine {
             }
             let stopped: Vec<Value> = outcomes
                 .iter()
-                .filter_map(|(t, o)| match o {
-                    StepResult::Interrupt(p) => {
-                        Some(json!({"node": t.node, "task_id": t.task_id, "kind": "node", "payload": p}))
-                    }
-                    _ => None,
+                .flat_map(|(t, o)| match o {
+                    StepResult::Interrupt(p) => reported(t, p),
+                    _ => Vec::new(),
                 })
                 .collect();
             if !stopped.is_empty() {
@@ -823,7 +834,7 @@ impl Engine {
         cp: &Checkpoint,
         waiting: &[&'a PendingWrite],
         to: Option<&str>,
-    ) -> Result<&'a PendingWrite, EngineError> {
+    ) -> Result<(&'a PendingWrite, Option<String>), EngineError> {
         if waiting.is_empty() {
             return Err(if self.was_answered(thread, to)? {
                 EngineError::AlreadyAnswered(thread.into())
@@ -846,21 +857,28 @@ impl Engine {
         };
         let Some(to) = to else {
             return match waiting {
-                [one] => Ok(one),
+                [one] => Ok((one, None)),
                 many => Err(EngineError::WhichGate {
                     thread: thread.into(),
                     pending: describe(many),
                 }),
             };
         };
-        let by_id: Vec<&PendingWrite> = waiting.iter().copied().filter(|w| w.task_id == to).collect();
-        let matches = if by_id.is_empty() {
-            waiting.iter().copied().filter(|w| node_of(w) == to).collect()
-        } else {
-            by_id
+        let find = |to: &str| -> Vec<&'a PendingWrite> {
+            let by_id: Vec<&PendingWrite> = waiting.iter().copied().filter(|w| w.task_id == to).collect();
+            if by_id.is_empty() {
+                waiting.iter().copied().filter(|w| node_of(w) == to).collect()
+            } else {
+                by_id
+            }
+        };
+        // `sub/gate`: the gate `gate` inside the subgraph task `sub`.
+        let (matches, inner) = match (find(to), to.split_once('/')) {
+            (found, Some((head, rest))) if found.is_empty() => (find(head), Some(rest.to_string())),
+            (found, _) => (found, None),
         };
         match matches.as_slice() {
-            [one] => Ok(one),
+            [one] => Ok((one, inner)),
             [] if self.was_answered(thread, Some(to))? => Err(EngineError::AlreadyAnswered(thread.into())),
             [] => Err(EngineError::NoSuchGate {
                 thread: thread.into(),
@@ -881,7 +899,10 @@ impl Engine {
             let writes = self.store.get_writes(thread, &cp.checkpoint_id)?;
             if writes.iter().any(|w| {
                 (w.channel == RESUME || w.channel == RESUMED)
-                    && to.is_none_or(|to| w.task_id == to || gate_node(&cp, w) == to)
+                    && to.is_none_or(|to| {
+                        let head = to.split('/').next().unwrap_or(to);
+                        [to, head].iter().any(|a| w.task_id == *a || gate_node(&cp, w) == *a)
+                    })
             }) {
                 return Ok(true);
             }
@@ -889,9 +910,14 @@ impl Engine {
         Ok(false)
     }
 
-    /// Checks an answer against the response schema of the gate that is waiting (following
-    /// subgraphs down to the gate).
-    fn validate_answer(&self, waiting: &PendingWrite, answer: &Value) -> Result<(), EngineError> {
+    /// Checks an answer against the response schema of the gate that is waiting, following
+    /// subgraphs down to the gate (`child_to` addresses it among the child's gates).
+    fn validate_answer(
+        &self,
+        waiting: &PendingWrite,
+        answer: &Value,
+        child_to: Option<&str>,
+    ) -> Result<(), EngineError> {
         let node = waiting.task_id.split('#').next().unwrap_or_default();
         let Some(ix) = self.plan.node_by_name(node) else {
             return Ok(());
@@ -918,10 +944,25 @@ impl Engine {
                     && let Some(cp) = self.store.get_checkpoint(&child_thread, None)?
                 {
                     let writes = self.store.get_writes(&child_thread, &cp.checkpoint_id)?;
-                    if let Some(w) = writes.iter().find(|w| w.channel == INTERRUPT) {
-                        let engine = Engine::new(child, self.store.clone(), self.services.clone(), Events::none());
-                        return engine.validate_answer(w, answer);
-                    }
+                    let waiting_inside = waiting_gates(&writes);
+                    let engine = Engine::new(child, self.store.clone(), self.services.clone(), Events::none());
+                    // The child's gates are addressed as `<this task>/<gate>`.
+                    let inside = |e: EngineError| match e {
+                        EngineError::WhichGate { pending, .. } => EngineError::WhichGate {
+                            thread: child_thread.clone(),
+                            pending: pending.iter().map(|p| nested(&waiting.task_id, p)).collect(),
+                        },
+                        EngineError::NoSuchGate { to, pending, .. } => EngineError::NoSuchGate {
+                            thread: child_thread.clone(),
+                            to: format!("{}/{to}", waiting.task_id),
+                            pending: pending.iter().map(|p| nested(&waiting.task_id, p)).collect(),
+                        },
+                        other => other,
+                    };
+                    let (w, deeper) = engine
+                        .addressed_gate(&child_thread, &cp, &waiting_inside, child_to)
+                        .map_err(inside)?;
+                    return engine.validate_answer(w, answer, deeper.as_deref()).map_err(inside);
                 }
                 Ok(())
             }
@@ -969,12 +1010,19 @@ impl Engine {
             let resume = pending
                 .iter()
                 .find(|w| w.task_id == t.task_id && w.channel == RESUME)
-                .map(|w| w.value.clone());
+                .map(|w| {
+                    let to = pending
+                        .iter()
+                        .find(|r| r.task_id == t.task_id && r.channel == RESUME_TO)
+                        .and_then(|r| r.value.as_str().map(str::to_string));
+                    (w.value.clone(), to)
+                });
             to_run.push((i, ix, resume, self.spent(&t.node, meta)));
         }
         // A task's future is made when it starts, not before: a fan-out of a thousand holds a
         // thousand of them, so they are not also kept in a list.
-        let start = |(i, ix, resume, spent): (usize, NodeIx, Option<Value>, Option<NodeError>)| {
+        type Resume = Option<(Value, Option<String>)>;
+        let start = |(i, ix, resume, spent): (usize, NodeIx, Resume, Option<NodeError>)| {
             let t = &cp.next[i];
             let fut = task::run(
                 shared.clone(),
@@ -1416,6 +1464,36 @@ fn spent_by(budget: &crate::spec::Budget, used: &Usage, owner: &str) -> Option<S
 
 fn is_zero(u: &Usage) -> bool {
     *u == Usage::default()
+}
+
+/// How a task's stop is reported: one gate, or (a subgraph stopped at several) each of the
+/// child's gates, addressed `<task>/<gate>`.
+fn reported(t: &TaskSpec, payload: &Value) -> Vec<Value> {
+    match payload.get("interrupts").and_then(Value::as_array) {
+        Some(inner) if inner.len() > 1 => inner
+            .iter()
+            .map(|i| {
+                // Shaped as a single gate's: the child's interrupt, marked with its subgraph.
+                let mut p = i.clone();
+                if let (Value::Object(m), Some(sub)) = (&mut p, payload.get("subgraph_thread")) {
+                    m.insert("subgraph".into(), Value::String(t.node.clone()));
+                    m.insert("subgraph_thread".into(), sub.clone());
+                }
+                json!({
+                    "node": t.node,
+                    "task_id": format!("{}/{}", t.task_id, i["task_id"].as_str().unwrap_or_default()),
+                    "kind": "node",
+                    "payload": p,
+                })
+            })
+            .collect(),
+        _ => vec![json!({"node": t.node, "task_id": t.task_id, "kind": "node", "payload": payload})],
+    }
+}
+
+/// A child's gate as its parent's caller addresses it.
+fn nested(task_id: &str, described: &str) -> String {
+    format!("`{task_id}/{}", described.trim_start_matches('`'))
 }
 
 /// The node of a gate record: its task's node, or the nodes a pause stopped at.

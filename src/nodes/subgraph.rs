@@ -46,6 +46,11 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         input: (!exists).then_some(input),
         context: if exists { None } else { context },
         answer: if exists { ctx.resume.cloned() } else { None },
+        answer_to: if exists {
+            ctx.resume_to.map(str::to_string)
+        } else {
+            None
+        },
         lease: LeasePolicy::Under(ctx.fence.clone()),
         ..RunRequest::default()
     };
@@ -63,6 +68,10 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
             if let Value::Object(m) = &mut payload {
                 m.insert("subgraph".into(), Value::String(ctx.node.name.clone()));
                 m.insert("subgraph_thread".into(), Value::String(thread));
+                // Every gate the child waits at; the parent reports each as `<task>/<gate>`.
+                if outcome.interrupts.len() > 1 {
+                    m.insert("interrupts".into(), Value::Array(outcome.interrupts));
+                }
             }
             Err(NodeFailure::Interrupt(payload))
         }
