@@ -736,9 +736,12 @@ fn on_a_json_lines_stream_every_line_is_json_the_thread_and_errors_included() {
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
     let events = all_json(&done);
     assert!(
-        events.iter().any(|e| e["type"] == "thread" && e["thread_id"] == "j1"),
+        events
+            .iter()
+            .any(|e| e["type"] == "run_start" && e["thread_id"] == "j1"),
         "{events:?}"
     );
+    assert_eq!(events.last().unwrap()["type"], "run_end", "{events:?}");
     // Interrupted (paused), then a usage error: an answer to a thread that waits for none.
     let paused = runner(
         d,

@@ -136,9 +136,9 @@ impl Renderer {
     }
 }
 
-/// What the CLI itself says next to the event stream (the thread, an error): a plain line for
-/// people, or on a JSON-lines stream an object of type `kind` with `fields`, so that every
-/// line of that stream is JSON.
+/// What the CLI itself says next to the event stream: a plain line for people, or on a
+/// JSON-lines stream an object of type `kind` with `fields`, so that every line of that stream
+/// is JSON.
 pub fn notice(jsonl: bool, kind: &str, fields: Value, text: &str) {
     let mut err = std::io::stderr().lock();
     if jsonl {

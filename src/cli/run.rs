@@ -371,12 +371,10 @@ fn execute(
             }
             Err(e) => return Err(anyhow::Error::new(e)),
         };
-        render::notice(
-            jsonl,
-            "thread",
-            serde_json::json!({"thread_id": outcome.thread_id}),
-            &format!("thread: {}", outcome.thread_id),
-        );
+        // On a JSON-lines stream `run_start` carries the thread id, and `run_end` stays last.
+        if !jsonl {
+            eprintln!("thread: {}", outcome.thread_id);
+        }
         // A request the cassette lacks fails the run even when an `on_error` handler took it.
         let misses = cassette.as_ref().map(|c| c.misses()).unwrap_or_default();
         if !misses.is_empty() {
