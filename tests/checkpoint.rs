@@ -650,6 +650,16 @@ fn fencing(cp: &dyn Checkpointer) {
     );
     assert!(matches!(refused, Err(CheckpointError::LeaseLost(_))));
     assert_eq!(cp.get_thread("F/0/sub").unwrap(), None);
+    // Nor is a status set.
+    let refused = cp.put_batch(vec![
+        Put::Fence(first.fence()),
+        Put::Status {
+            thread_id: "F".into(),
+            status: ThreadStatus::Done,
+        },
+    ]);
+    assert!(matches!(refused, Err(CheckpointError::LeaseLost(_))));
+    assert_eq!(cp.get_thread("F").unwrap().unwrap().status, ThreadStatus::Running);
     // The new owner writes.
     cp.put_batch(vec![
         Put::Fence(second.fence()),

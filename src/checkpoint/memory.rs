@@ -58,6 +58,16 @@ impl Store {
         self.touched
     }
 
+    fn set_status(&mut self, thread_id: &str, status: ThreadStatus) -> Result<()> {
+        self.entry(thread_id)?;
+        let touched = self.touch();
+        let entry = self.entry_mut(thread_id)?;
+        entry.thread.status = status;
+        entry.thread.updated_at = super::now();
+        entry.touched = touched;
+        Ok(())
+    }
+
     fn create_thread(&mut self, thread: &Thread) -> Result<()> {
         if self.threads.contains_key(&thread.thread_id) {
             return Err(CheckpointError::ThreadExists(thread.thread_id.clone()));
@@ -193,14 +203,7 @@ impl Checkpointer for MemoryCheckpointer {
     }
 
     fn set_status(&self, thread_id: &str, status: ThreadStatus) -> Result<()> {
-        let mut store = self.lock()?;
-        store.entry(thread_id)?;
-        let touched = store.touch();
-        let entry = store.entry_mut(thread_id)?;
-        entry.thread.status = status;
-        entry.thread.updated_at = super::now();
-        entry.touched = touched;
-        Ok(())
+        self.lock()?.set_status(thread_id, status)
     }
 
     fn get_thread(&self, thread_id: &str) -> Result<Option<Thread>> {
@@ -287,6 +290,7 @@ impl Checkpointer for MemoryCheckpointer {
             match put {
                 Put::Fence(fence) => super::check_fence(store.leases.get(&fence.thread_id), &fence)?,
                 Put::Thread(thread) => store.create_thread(&thread)?,
+                Put::Status { thread_id, status } => store.set_status(&thread_id, status)?,
                 Put::Checkpoint(cp, values) => store.put_checkpoint(self.latest_only, &cp, &values)?,
                 Put::Writes {
                     thread_id,

@@ -126,6 +126,11 @@ pub enum Put {
     Fence(Fence),
     /// Creates a thread, as [`Checkpointer::create_thread`].
     Thread(Box<Thread>),
+    /// Sets a thread's status, as [`Checkpointer::set_status`].
+    Status {
+        thread_id: String,
+        status: ThreadStatus,
+    },
     Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>),
     Writes {
         thread_id: String,
@@ -282,6 +287,7 @@ pub trait Checkpointer: Send + Sync {
             match put {
                 Put::Fence(fence) => check_fence(self.lease(&fence.thread_id)?.as_ref(), &fence)?,
                 Put::Thread(thread) => self.create_thread(&thread)?,
+                Put::Status { thread_id, status } => self.set_status(&thread_id, status)?,
                 Put::Checkpoint(cp, values) => self.put_checkpoint(&cp, &values)?,
                 Put::Writes {
                     thread_id,

@@ -341,6 +341,11 @@ impl Checkpointer for SqliteCheckpointer {
             .map(|put| match put {
                 super::Put::Fence(fence) => Ok(Op::Fence(fence)),
                 super::Put::Thread(thread) => Ok(Op::CreateThread(ThreadRow::from_thread(&thread)?)),
+                super::Put::Status { thread_id, status } => Ok(Op::SetStatus {
+                    thread_id,
+                    status,
+                    at: super::now(),
+                }),
                 super::Put::Checkpoint(cp, values) => Ok(Op::PutCheckpoint {
                     row: CheckpointRow::from_checkpoint(&cp)?,
                     values: value_rows(&values)?,

@@ -375,7 +375,10 @@ impl Engine {
             // Continuing a thread stopped before a node (no answer is needed) runs the node.
             skip_before = true;
         }
-        self.store.set_status(&thread.thread_id, ThreadStatus::Running)?;
+        persister.write_now(vec![Put::Status {
+            thread_id: thread.thread_id.clone(),
+            status: ThreadStatus::Running,
+        }])?;
         let mut status = Status::Done;
         let mut error = None;
         let mut interrupts: Vec<Value> = Vec::new();
@@ -537,7 +540,14 @@ impl Engine {
             Status::Failed => ThreadStatus::Failed,
             Status::Cancelled => ThreadStatus::Running,
         };
-        self.store.set_status(&thread.thread_id, thread_status)?;
+        // Fenced too: a run that lost its lease does not report over its successor's status.
+        self.store.put_batch(vec![
+            Put::Fence(shared.fence.clone()),
+            Put::Status {
+                thread_id: thread.thread_id.clone(),
+                status: thread_status,
+            },
+        ])?;
         if let Some(e) = &error {
             self.events.send(Event::Error {
                 node: None,
