@@ -1520,3 +1520,48 @@ edges: [START -> sub, sub -> END]
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     assert_eq!(out.state["result"], json!(["a:A", "b:B"]));
 }
+
+#[test]
+fn the_heartbeat_keeps_a_lease_held_past_its_time_to_live() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {out: {type: string, default: ""}}
+nodes: {slow: {kind: llm, prompt: {text: "slow"}, update: {out: output}}}
+edges: [START -> slow, slow -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    // The step takes three times the lease's time to live.
+    let mut r = Run::new(json!({"match": [{"contains": "slow", "reply": {"text": "late", "delay": 0.9}}]}));
+    let store = r.store.clone();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished = done.clone();
+    let claimant = std::thread::spawn(move || {
+        let mut tries = 0;
+        while !finished.load(std::sync::atomic::Ordering::SeqCst) {
+            if store.lease("H").unwrap().is_some() {
+                tries += 1;
+                let taken = store.acquire_lease(&foreign_claim("H", std::time::Duration::from_secs(60)));
+                assert!(taken.is_err(), "the lease lapsed while its run was alive");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        tries
+    });
+    let out = r.go(
+        &plan,
+        RunRequest {
+            thread_id: Some("H".into()),
+            lease: runner::engine::LeasePolicy::Take {
+                ttl: std::time::Duration::from_millis(300),
+                wait: false,
+            },
+            ..req(json!({}))
+        },
+    );
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let tries = claimant.join().unwrap();
+    assert_eq!(out.status, Status::Done);
+    assert!(tries >= 10, "the claimant tried throughout the run ({tries} tries)");
+}
