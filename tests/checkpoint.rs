@@ -10,7 +10,8 @@ use std::sync::{Arc, Barrier};
 use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
 use runner::checkpoint::{
-    Checkpoint, CheckpointError, Checkpointer, Durability, PendingWrite, Put, TaskSpec, Thread, ThreadHead,
+    Checkpoint, CheckpointError, Checkpointer, Durability, Fence, LeaseClaim, PendingWrite, Put, TaskSpec, Thread,
+    ThreadHead,
     ThreadStatus, new_id,
 };
 use serde_json::{Map, Value, json};
@@ -551,6 +552,152 @@ fn batch(cp: &dyn Checkpointer) {
     assert!(failed.is_err());
 }
 
+fn claim(thread_id: &str, owner: &str, ttl_ms: u64) -> LeaseClaim {
+    LeaseClaim {
+        thread_id: thread_id.into(),
+        owner: owner.into(),
+        pid: 4242,
+        host: "host-a".into(),
+        ttl: std::time::Duration::from_millis(ttl_ms),
+        replace: None,
+    }
+}
+
+/// One owner per thread: a lease is granted when free, expired, already the claimant's, or
+/// explicitly replaced; otherwise the holder is named. It may exist before its thread.
+fn leases(cp: &dyn Checkpointer) {
+    assert_eq!(cp.lease("L").unwrap(), None);
+    let a = cp.acquire_lease(&claim("L", "owner-a", 60_000)).unwrap();
+    assert_eq!((a.owner.as_str(), a.generation, a.pid), ("owner-a", 1, 4242));
+    assert_eq!(cp.get_thread("L").unwrap(), None, "the lease comes before the thread");
+    assert_eq!(cp.lease("L").unwrap(), Some(a.clone()));
+
+    // Another owner is refused, and told who holds it.
+    match cp.acquire_lease(&claim("L", "owner-b", 60_000)) {
+        Err(CheckpointError::Leased(holder)) => {
+            assert_eq!(*holder, a);
+            let message = CheckpointError::Leased(holder).to_string();
+            assert!(
+                message.starts_with("thread L is running in process 4242 on host host-a since "),
+                "{message}"
+            );
+        }
+        other => panic!("expected the lease to be held: {other:?}"),
+    }
+    // The holder claiming again keeps its generation and extends the expiry.
+    let again = cp.acquire_lease(&claim("L", "owner-a", 120_000)).unwrap();
+    assert_eq!(again.generation, 1);
+    assert!(again.expires_at_ms > a.expires_at_ms);
+    // Renewal extends; release frees.
+    let renewed = cp.renew_lease(&a.fence(), std::time::Duration::from_secs(300)).unwrap();
+    assert!(renewed.expires_at_ms > again.expires_at_ms);
+    cp.release_lease(&a.fence()).unwrap();
+    assert_eq!(cp.lease("L").unwrap(), None);
+
+    // An expired lease is taken over, with the next generation; the old owner can neither
+    // renew it nor release it.
+    let old = cp.acquire_lease(&claim("M", "owner-a", 0)).unwrap();
+    let new = cp.acquire_lease(&claim("M", "owner-b", 60_000)).unwrap();
+    assert_eq!((new.owner.as_str(), new.generation), ("owner-b", old.generation + 1));
+    assert!(matches!(
+        cp.renew_lease(&old.fence(), std::time::Duration::from_secs(1)),
+        Err(CheckpointError::LeaseLost(t)) if t == "M"
+    ));
+    cp.release_lease(&old.fence()).unwrap();
+    assert_eq!(cp.lease("M").unwrap().map(|l| l.owner), Some("owner-b".to_string()));
+
+    // A live lease is replaced only from the owner named (its process is known gone).
+    let mut replace = claim("M", "owner-c", 60_000);
+    replace.replace = Some("owner-a".into());
+    assert!(matches!(cp.acquire_lease(&replace), Err(CheckpointError::Leased(_))));
+    replace.replace = Some("owner-b".into());
+    let c = cp.acquire_lease(&replace).unwrap();
+    assert_eq!((c.owner.as_str(), c.generation), ("owner-c", new.generation + 1));
+}
+
+/// Writes fenced with a lease that is no longer the writer's are refused, all of them.
+fn fencing(cp: &dyn Checkpointer) {
+    let first = cp.acquire_lease(&claim("F", "owner-a", 0)).unwrap();
+    let t = thread("F");
+    let c0 = checkpoint("F", None, -1, &[("n", 1)]);
+    cp.create_thread_with_checkpoint(Some(&first.fence()), &t, &c0, vals(&[("n", 1, json!(0))]))
+        .unwrap();
+    // Expired but not taken: still the writer's.
+    cp.put_batch(vec![
+        Put::Fence(first.fence()),
+        Put::Writes {
+            thread_id: "F".into(),
+            checkpoint_id: c0.checkpoint_id.clone(),
+            writes: vec![write("t", 0, "n", json!(1))],
+        },
+    ])
+    .unwrap();
+    // Taken over: every put of a fenced batch is refused.
+    let second = cp.acquire_lease(&claim("F", "owner-b", 60_000)).unwrap();
+    let c1 = checkpoint("F", Some(&c0), 0, &[("n", 2)]);
+    let refused = cp.put_batch(vec![
+        Put::Fence(first.fence()),
+        Put::Checkpoint(Box::new(c1.clone()), vals(&[("n", 2, json!(5))])),
+    ]);
+    assert!(
+        matches!(&refused, Err(CheckpointError::LeaseLost(t)) if t == "F"),
+        "{refused:?}"
+    );
+    assert_eq!(ids(&cp.history("F").unwrap()), vec![c0.checkpoint_id.as_str()]);
+    // A new thread under a lost lease is not created either.
+    let refused = cp.create_thread_with_checkpoint(
+        Some(&first.fence()),
+        &thread("F/0/sub"),
+        &checkpoint("F/0/sub", None, -1, &[]),
+        vec![],
+    );
+    assert!(matches!(refused, Err(CheckpointError::LeaseLost(_))));
+    assert_eq!(cp.get_thread("F/0/sub").unwrap(), None);
+    // Nor is a status set.
+    let refused = cp.put_batch(vec![
+        Put::Fence(first.fence()),
+        Put::Status {
+            thread_id: "F".into(),
+            status: ThreadStatus::Done,
+        },
+    ]);
+    assert!(matches!(refused, Err(CheckpointError::LeaseLost(_))));
+    assert_eq!(cp.get_thread("F").unwrap().unwrap().status, ThreadStatus::Running);
+    // The new owner writes.
+    cp.put_batch(vec![
+        Put::Fence(second.fence()),
+        Put::Checkpoint(Box::new(c1.clone()), vals(&[("n", 2, json!(5))])),
+    ])
+    .unwrap();
+    // A fence for a thread that was never leased holds nothing.
+    let stranger = Fence {
+        thread_id: "nobody".into(),
+        owner: "x".into(),
+        generation: 1,
+    };
+    assert!(matches!(
+        cp.put_batch(vec![Put::Fence(stranger)]),
+        Err(CheckpointError::LeaseLost(_))
+    ));
+}
+
+/// A thread and its first checkpoint are stored together: never a thread without one.
+fn thread_with_checkpoint(cp: &dyn Checkpointer) {
+    let c0 = checkpoint("N", None, -1, &[("n", 1)]);
+    cp.create_thread_with_checkpoint(None, &thread("N"), &c0, vals(&[("n", 1, json!(7))]))
+        .unwrap();
+    assert_eq!(cp.get_thread("N").unwrap().map(|t| t.thread_id), Some("N".to_string()));
+    assert_eq!(cp.get_checkpoint("N", None).unwrap(), Some(c0.clone()));
+    assert_eq!(cp.state("N", &c0.versions).unwrap(), obj(json!({"n": 7})));
+    // A second creation fails whole.
+    let again = checkpoint("N", None, -1, &[("n", 1)]);
+    assert!(matches!(
+        cp.create_thread_with_checkpoint(None, &thread("N"), &again, vec![]),
+        Err(CheckpointError::ThreadExists(_))
+    ));
+    assert_eq!(cp.history("N").unwrap().len(), 1);
+}
+
 /// A backend under test: the checkpointer, how many values it stores, and its temp dir.
 struct Backend {
     cp: Arc<dyn Checkpointer>,
@@ -602,21 +749,98 @@ macro_rules! conformance {
 conformance!(
     memory,
     super::memory(),
-    [threads, checkpoints, state, writes, delete, fork, batch, plan_hashes]
+    [
+        threads,
+        checkpoints,
+        state,
+        writes,
+        delete,
+        fork,
+        batch,
+        plan_hashes,
+        leases,
+        fencing,
+        thread_with_checkpoint
+    ]
 );
 conformance!(
     sqlite_crash_safe,
     super::sqlite(runner::checkpoint::Durability::CrashSafe),
-    [threads, checkpoints, state, writes, delete, fork, batch, plan_hashes]
+    [
+        threads,
+        checkpoints,
+        state,
+        writes,
+        delete,
+        fork,
+        batch,
+        plan_hashes,
+        leases,
+        fencing,
+        thread_with_checkpoint
+    ]
 );
 conformance!(
     sqlite_power_safe,
     super::sqlite(runner::checkpoint::Durability::PowerSafe),
-    [threads, checkpoints, state, writes, delete, fork, batch, plan_hashes]
+    [
+        threads,
+        checkpoints,
+        state,
+        writes,
+        delete,
+        fork,
+        batch,
+        plan_hashes,
+        leases,
+        fencing,
+        thread_with_checkpoint
+    ]
 );
 
 // ---------------------------------------------------------------------------------------------
 // SQLite only.
+
+/// Thread creation is one transaction: a batch whose checkpoint fails leaves no thread behind
+/// (a thread without a checkpoint could not be resumed by older builds).
+#[test]
+fn sqlite_thread_and_first_checkpoint_are_one_transaction() {
+    let backend = sqlite(Durability::CrashSafe);
+    let cp = &*backend.cp;
+    let c0 = checkpoint("A", None, -1, &[("n", 1)]);
+    let broken = cp.put_batch(vec![
+        Put::Thread(Box::new(thread("A"))),
+        Put::Checkpoint(Box::new(c0.clone()), vals(&[("n", 1, json!(0))])),
+        Put::Checkpoint(Box::new(c0.clone()), vals(&[("n", 1, json!(0))])),
+    ]);
+    assert!(broken.is_err());
+    assert_eq!(cp.get_thread("A").unwrap(), None);
+}
+
+/// Two processes' worth of claimants racing on one file: exactly one holds the lease.
+#[test]
+fn sqlite_one_lease_among_racing_claimants() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("race.db");
+    let stores: Vec<_> = (0..4)
+        .map(|_| Arc::new(SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap()))
+        .collect();
+    let barrier = Arc::new(Barrier::new(stores.len() * 2));
+    let handles: Vec<_> = stores
+        .iter()
+        .flat_map(|s| [s.clone(), s.clone()])
+        .enumerate()
+        .map(|(i, s)| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                s.acquire_lease(&claim("race", &format!("owner-{i}"), 60_000)).is_ok()
+            })
+        })
+        .collect();
+    let granted = handles.into_iter().map(|h| h.join().unwrap()).filter(|g| *g).count();
+    assert_eq!(granted, 1);
+}
 
 #[test]
 fn sqlite_data_survives_reopening() {
@@ -940,6 +1164,8 @@ fn sqlite_version_1_files_are_read_and_migrated() {
     let t = old.get_thread("old").unwrap().unwrap();
     assert_eq!((t.input, t.config), (json!({"q": 1}), json!({"k": 2})));
     assert_eq!(thread_ids(&old.list_threads().unwrap()), ["old"]);
+    // Written before leases existed: read-only, no run holds any thread.
+    assert_eq!(old.lease("old").unwrap(), None);
     assert!(old.create_thread(&thread("new")).is_err());
     drop(old);
 

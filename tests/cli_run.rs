@@ -514,3 +514,485 @@ fn a_database_url_runner_does_not_support_is_a_usage_error() {
     let threads = runner(d, &["threads", "--db", "sqlite://runs.db"]);
     assert!(String::from_utf8_lossy(&threads.stdout).starts_with("s  interrupted"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// One process per thread.
+
+/// A slow step after a gate: whoever holds the thread holds it for a while.
+const RACE: &str = r#"
+name: race
+models: {default: {provider: mock, model: m}}
+state: {log: {type: array, reducer: append, default: []}}
+nodes:
+  gate:
+    kind: interrupt
+    message: "go?"
+    response: {type: object, required: [action], properties: {action: {enum: [accept, reject]}}}
+    update: {log: "[output.action]"}
+  slow: {kind: llm, prompt: {text: "slow work"}, update: {log: "['slow:' ~ output]"}}
+edges: [START -> gate -> slow -> END]
+"#;
+
+/// The same slow step, paused before it (no answer needed to continue).
+const PAUSED: &str = r#"
+name: paused
+models: {default: {provider: mock, model: m}}
+state: {log: {type: array, reducer: append, default: []}}
+nodes:
+  slow: {kind: llm, prompt: {text: "slow work"}, update: {log: "['slow:' ~ output]"}, interrupt_before: true}
+edges: [START -> slow -> END]
+"#;
+
+fn race_project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("race.yaml"), RACE).unwrap();
+    std::fs::write(dir.path().join("paused.yaml"), PAUSED).unwrap();
+    std::fs::write(
+        dir.path().join("direct.yaml"),
+        PAUSED.replace(", interrupt_before: true", "").replace(
+            "state:",
+            "input: {type: object, properties: {x: {type: integer}}}\nstate:",
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("mock.yaml"),
+        "match:\n  - {contains: \"slow work\", reply: {text: done, delay: 1.0}}\n",
+    )
+    .unwrap();
+    dir
+}
+
+/// A runner process whose JSON-lines events are read as they come.
+struct Live {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<Value>,
+}
+
+impl Live {
+    fn start(dir: &Path, args: &[&str]) -> Live {
+        let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+            .current_dir(dir)
+            .env("RUNNER_DB", dir.join("runner.db"))
+            .args(args)
+            .args(["--stream", "jsonl"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Live {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits until the process reports an event of this type.
+    fn wait_for(&mut self, kind: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("no `{kind}` event; saw {:?}", self.seen));
+            if let Ok(e) = serde_json::from_str::<Value>(&line) {
+                let found = e["type"] == kind;
+                self.seen.push(e);
+                if found {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The exit code, stdout, and every stderr line.
+    fn finish(self) -> (Option<i32>, String, Vec<String>) {
+        let out = self.child.wait_with_output().unwrap();
+        let mut lines: Vec<String> = self.seen.iter().map(Value::to_string).collect();
+        lines.extend(self.lines.iter());
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            lines,
+        )
+    }
+}
+
+fn started(lines: &[String], node: &str) -> usize {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "node_start" && e["node"] == node)
+        .count()
+}
+
+#[test]
+fn a_second_process_on_a_running_thread_is_refused_or_waits_and_runs_nothing_again() {
+    let dir = race_project();
+    let d = dir.path();
+    let first = runner(d, &["run", "paused.yaml", "--mock", "mock.yaml", "--thread", "p1"]);
+    assert_eq!(first.status.code(), Some(3), "{}", stderr(&first));
+    assert!(
+        stderr(&first).contains("continue with `runner resume --thread p1`"),
+        "{}",
+        stderr(&first)
+    );
+
+    // The first resume holds the thread while its model call is under way.
+    let mut a = Live::start(d, &["resume", "--thread", "p1", "--mock", "mock.yaml"]);
+    a.wait_for("node_start");
+    let refused = runner(d, &["resume", "--thread", "p1", "--mock", "mock.yaml"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    let pid = a.child.id();
+    let message = stderr(&refused);
+    assert!(
+        message.contains(&format!("thread p1 is running in process {pid} on host ")) && message.contains(" since "),
+        "{message}"
+    );
+    assert!(refused.stdout.is_empty());
+    // `run` on the thread is refused the same way, new input or not.
+    let run_again = runner(d, &["run", "paused.yaml", "--mock", "mock.yaml", "--thread", "p1"]);
+    assert_eq!(run_again.status.code(), Some(2), "{}", stderr(&run_again));
+    assert!(stderr(&run_again).contains("thread p1 is running in process"));
+
+    // With --wait the next one waits for the first, then finds nothing left to run.
+    let waiter = Live::start(d, &["resume", "--thread", "p1", "--mock", "mock.yaml", "--wait"]);
+    let (code_a, out_a, lines_a) = a.finish();
+    assert_eq!(code_a, Some(0), "{lines_a:?}");
+    let (code_w, out_w, lines_w) = waiter.finish();
+    assert_eq!(code_w, Some(0), "{lines_w:?}");
+    assert_eq!(started(&lines_a, "slow"), 1);
+    assert_eq!(
+        started(&lines_w, "slow"),
+        0,
+        "the waiting process ran nothing again: {lines_w:?}"
+    );
+    let result: Value = serde_json::from_str(&out_a).unwrap();
+    assert_eq!(result["log"], json!(["slow:done"]));
+    assert_eq!(serde_json::from_str::<Value>(&out_w).unwrap(), result);
+}
+
+#[test]
+fn of_two_racing_answers_exactly_one_is_accepted() {
+    let dir = race_project();
+    let d = dir.path();
+    for thread in ["r1", "r2"] {
+        let run = runner(d, &["run", "race.yaml", "--mock", "mock.yaml", "--thread", thread]);
+        assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    }
+
+    // Started together: one is accepted, the other refused (busy, or already answered).
+    let accept = Live::start(
+        d,
+        &[
+            "resume",
+            "--thread",
+            "r1",
+            "--mock",
+            "mock.yaml",
+            "--answer",
+            r#"{"action": "accept"}"#,
+        ],
+    );
+    let reject = Live::start(
+        d,
+        &[
+            "resume",
+            "--thread",
+            "r1",
+            "--mock",
+            "mock.yaml",
+            "--answer",
+            r#"{"action": "reject"}"#,
+        ],
+    );
+    let (code_a, out_a, lines_a) = accept.finish();
+    let (code_r, out_r, lines_r) = reject.finish();
+    let mut codes = [code_a, code_r];
+    codes.sort();
+    assert_eq!(codes, [Some(0), Some(2)], "{lines_a:?} {lines_r:?}");
+    let (winner, loser) = if code_a == Some(0) {
+        (out_a, lines_r)
+    } else {
+        (out_r, lines_a)
+    };
+    let loser = loser.join("\n");
+    assert!(
+        loser.contains("is running in process") || loser.contains("the gate was already answered"),
+        "{loser}"
+    );
+    let log = serde_json::from_str::<Value>(&winner).unwrap()["log"].clone();
+    assert!(
+        log == json!(["accept", "slow:done"]) || log == json!(["reject", "slow:done"]),
+        "{log}"
+    );
+    let state = runner(d, &["state", "--thread", "r1", "--key", "log"]);
+    assert_eq!(json_out(&state), log, "the thread keeps the accepted answer only");
+
+    // In order: while the first answer runs, a second is refused as busy; with --wait it is
+    // told the gate was answered.
+    let mut first = Live::start(
+        d,
+        &[
+            "resume",
+            "--thread",
+            "r2",
+            "--mock",
+            "mock.yaml",
+            "--answer",
+            r#"{"action": "accept"}"#,
+        ],
+    );
+    first.wait_for("node_start");
+    let busy = runner(
+        d,
+        &[
+            "resume",
+            "--thread",
+            "r2",
+            "--mock",
+            "mock.yaml",
+            "--answer",
+            r#"{"action": "reject"}"#,
+        ],
+    );
+    assert_eq!(busy.status.code(), Some(2));
+    assert!(
+        stderr(&busy).contains("thread r2 is running in process"),
+        "{}",
+        stderr(&busy)
+    );
+    let late = Live::start(
+        d,
+        &[
+            "resume",
+            "--thread",
+            "r2",
+            "--mock",
+            "mock.yaml",
+            "--wait",
+            "--answer",
+            r#"{"action": "reject"}"#,
+        ],
+    );
+    assert_eq!(first.finish().0, Some(0));
+    let (code, out, lines) = late.finish();
+    assert_eq!(code, Some(2), "{lines:?}");
+    assert!(out.is_empty());
+    assert!(lines.join("\n").contains("the gate was already answered"), "{lines:?}");
+    let state = runner(d, &["state", "--thread", "r2", "--key", "log"]);
+    assert_eq!(json_out(&state), json!(["accept", "slow:done"]));
+}
+
+#[test]
+fn two_runs_racing_on_a_new_thread_id_one_runs_the_other_is_told_it_is_busy() {
+    let dir = race_project();
+    let d = dir.path();
+    let runs: Vec<Live> = (0..2)
+        .map(|_| {
+            Live::start(
+                d,
+                &[
+                    "run",
+                    "direct.yaml",
+                    "--mock",
+                    "mock.yaml",
+                    "--thread",
+                    "new",
+                    "--input",
+                    "x=1",
+                ],
+            )
+        })
+        .collect();
+    let results: Vec<_> = runs.into_iter().map(Live::finish).collect();
+    let mut codes: Vec<Option<i32>> = results.iter().map(|r| r.0).collect();
+    codes.sort();
+    assert_eq!(codes, [Some(0), Some(2)], "{results:?}");
+    // The loser met the winner's lease: never "does not exist" or "has work pending".
+    let loser = results.iter().find(|r| r.0 == Some(2)).unwrap().2.join("\n");
+    assert!(loser.contains("thread new is running in process"), "{loser}");
+    let winner = results.iter().find(|r| r.0 == Some(0)).unwrap();
+    assert_eq!(started(&winner.2, "slow"), 1);
+}
+
+#[test]
+fn several_gates_are_listed_and_answered_by_node_or_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("two.yaml"),
+        r#"
+name: two
+state: {log: {type: array, reducer: append, default: []}}
+nodes:
+  pa: {kind: interrupt, message: "a?", response: {type: string}, update: {log: "['a:' ~ output]"}}
+  pb: {kind: interrupt, message: "b?", response: {type: string}, update: {log: "['b:' ~ output]"}}
+edges: [START -> pa, START -> pb, pa -> END, pb -> END]
+"#,
+    )
+    .unwrap();
+    let run = runner(d, &["run", "two.yaml", "--thread", "g"]);
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    let pending = json_out(&run);
+    let ids: Vec<&str> = pending["interrupts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["task_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["pa", "pb"]);
+    assert!(stderr(&run).contains("--answer '<gate>=<json>'"), "{}", stderr(&run));
+
+    let bare = runner(d, &["resume", "--thread", "g", "--answer", r#""x""#]);
+    assert_eq!(bare.status.code(), Some(2));
+    assert!(
+        stderr(&bare).contains("waits at 2 gates") && stderr(&bare).contains("`pb`"),
+        "{}",
+        stderr(&bare)
+    );
+
+    let one = runner(d, &["resume", "--thread", "g", "--answer", r#"pb="B""#]);
+    assert_eq!(one.status.code(), Some(3), "{}", stderr(&one));
+    assert_eq!(
+        json_out(&one)["interrupt"]["task_id"],
+        "pa",
+        "the other gate is reported again"
+    );
+    let again = runner(d, &["resume", "--thread", "g", "--answer", r#"pb="B""#]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(stderr(&again).contains("already answered"), "{}", stderr(&again));
+    let done = runner(d, &["resume", "--thread", "g", "--answer", r#""A""#]);
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    assert_eq!(json_out(&done)["log"], json!(["a:A", "b:B"]));
+}
+
+#[test]
+fn a_thread_whose_run_was_killed_shows_as_cut_off_and_resumes_at_once() {
+    let dir = race_project();
+    let d = dir.path();
+    let first = runner(d, &["run", "paused.yaml", "--mock", "mock.yaml", "--thread", "k1"]);
+    assert_eq!(first.status.code(), Some(3), "{}", stderr(&first));
+    let mut a = Live::start(
+        d,
+        &["resume", "--thread", "k1", "--mock", "mock.yaml", "--lease-ttl", "60"],
+    );
+    a.wait_for("node_start");
+    let threads = String::from_utf8(runner(d, &["threads"]).stdout).unwrap();
+    assert!(threads.starts_with("k1  running"), "{threads}");
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let threads = String::from_utf8(runner(d, &["threads"]).stdout).unwrap();
+    assert!(threads.starts_with("k1  cut-off"), "{threads}");
+    // The lease has a minute to run, but its process is gone: no wait, no --force.
+    let started = Instant::now();
+    let resumed = runner(d, &["resume", "--thread", "k1", "--mock", "mock.yaml"]);
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(json_out(&resumed)["log"], json!(["slow:done"]));
+    let threads = String::from_utf8(runner(d, &["threads"]).stdout).unwrap();
+    assert!(threads.starts_with("k1  done"), "{threads}");
+}
+
+#[test]
+fn a_bad_lease_ttl_is_a_usage_error() {
+    let dir = race_project();
+    let d = dir.path();
+    for ttl in ["0", "-1", "nan", "1e300"] {
+        let out = runner(d, &["run", "paused.yaml", "--mock", "mock.yaml", "--lease-ttl", ttl]);
+        assert_eq!(out.status.code(), Some(2), "{ttl}: {}", stderr(&out));
+    }
+    let out = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(d)
+        .env("RUNNER_DB", d.join("runner.db"))
+        .env("RUNNER_LEASE_TTL", "soon")
+        .args(["run", "paused.yaml", "--mock", "mock.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("RUNNER_LEASE_TTL"), "{}", stderr(&out));
+}
+
+#[test]
+fn on_a_json_lines_stream_every_line_is_json_the_thread_and_errors_included() {
+    let dir = race_project();
+    let d = dir.path();
+    let all_json = |o: &Output| -> Vec<Value> {
+        stderr(o)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+            .collect()
+    };
+    // Done.
+    let done = runner(
+        d,
+        &[
+            "run",
+            "direct.yaml",
+            "--mock",
+            "mock.yaml",
+            "--thread",
+            "j1",
+            "--stream",
+            "jsonl",
+        ],
+    );
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    let events = all_json(&done);
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "run_start" && e["thread_id"] == "j1"),
+        "{events:?}"
+    );
+    assert_eq!(events.last().unwrap()["type"], "run_end", "{events:?}");
+    // Interrupted (paused), then a usage error: an answer to a thread that waits for none.
+    let paused = runner(
+        d,
+        &[
+            "run",
+            "paused.yaml",
+            "--mock",
+            "mock.yaml",
+            "--thread",
+            "j2",
+            "--stream",
+            "jsonl",
+        ],
+    );
+    assert_eq!(paused.status.code(), Some(3));
+    all_json(&paused);
+    let done_again = runner(d, &["resume", "--thread", "j1", "--answer", "1", "--stream", "jsonl"]);
+    assert_eq!(done_again.status.code(), Some(2));
+    let events = all_json(&done_again);
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "error" && e["message"].as_str().unwrap().contains("not waiting for an answer")),
+        "{events:?}"
+    );
+    // Failed.
+    std::fs::write(
+        d.join("bad-mock.yaml"),
+        "match:\n  - {contains: \"slow\", reply: {error: auth}}\n",
+    )
+    .unwrap();
+    let failed = runner(
+        d,
+        &["run", "direct.yaml", "--mock", "bad-mock.yaml", "--stream", "jsonl"],
+    );
+    assert_eq!(failed.status.code(), Some(1), "{}", stderr(&failed));
+    let events = all_json(&failed);
+    assert!(events.iter().any(|e| e["type"] == "error"), "{events:?}");
+}

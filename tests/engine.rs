@@ -623,6 +623,8 @@ edges: [START -> a -> b -> c -> END]
     let out = r.go(&plan, req(json!({})));
     assert_eq!((out.status, &out.state["log"]), (Status::Interrupted, &json!(["a"])));
     assert_eq!(out.interrupt.as_ref().unwrap()["kind"], "after");
+    // Its own id: not the `__before__` of the other kind of pause.
+    assert_eq!(out.interrupt.as_ref().unwrap()["task_id"], "__after__");
     let out = r.go(&plan, resume(&out.thread_id, None));
     assert_eq!((out.status, &out.state["log"]), (Status::Interrupted, &json!(["a"])));
     assert_eq!(out.interrupt.as_ref().unwrap()["kind"], "before");
@@ -655,6 +657,8 @@ fn retries_then_success() {
     let out = r.go(&p.plan("w.yaml"), req(json!({})));
     assert_eq!(out.state["answer"], "fine");
     assert_eq!(r.events.iter().filter(|e| matches!(e, Event::Retry { .. })).count(), 2);
+    // Every call counts: two that failed and the one that answered.
+    assert_eq!(out.usage.calls, 3);
 }
 
 #[test]
@@ -1095,4 +1099,469 @@ fn a_new_turn_has_a_fresh_budget() {
     assert_eq!(second.status, Status::Done);
     assert_eq!(second.state["n"], json!(6));
     assert_eq!(second.state["errors"].as_array().unwrap().len(), 2);
+}
+
+/// The engine with `r`'s store and mock, for runs whose error is the point.
+fn try_run(r: &Run, plan: &Arc<Plan>, req: RunRequest) -> Result<RunOutcome, runner::engine::EngineError> {
+    let providers = Providers::for_models(&plan.models, Some(r.mock.clone()), true).unwrap();
+    let engine = Engine::new(plan.clone(), r.store.clone(), providers, Events::none());
+    tokio::runtime::Runtime::new().unwrap().block_on(engine.run(req))
+}
+
+fn answer(thread: &str, to: Option<&str>, value: Value) -> RunRequest {
+    RunRequest {
+        answer_to: to.map(str::to_string),
+        ..resume(thread, Some(value))
+    }
+}
+
+const TWO_GATES: &str = r#"
+state: {log: {type: array, reducer: append, default: []}}
+nodes:
+  pa: {kind: interrupt, message: "a?", response: {type: string}, update: {log: "['a:' ~ output]"}}
+  pb: {kind: interrupt, message: "b?", response: {type: string}, update: {log: "['b:' ~ output]"}}
+  after: {kind: set, update: {log: "['after']"}}
+edges: [START -> pa, START -> pb, pa -> after, pb -> after, after -> END]
+"#;
+
+#[test]
+fn several_gates_in_one_step_are_all_reported_and_answered_one_at_a_time() {
+    let p = Project::new(&[("w.yaml", &wf(TWO_GATES))]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    let ids: Vec<&str> = out.interrupts.iter().map(|i| i["task_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["pa", "pb"], "every pending gate, with its id");
+    assert_eq!(out.interrupts[1]["payload"]["message"], "b?");
+    let thread = out.thread_id.clone();
+
+    // A bare answer is ambiguous: refused, listing the gates; nothing changes.
+    let err = try_run(&r, &plan, resume(&thread, Some(json!("x")))).unwrap_err();
+    assert!(
+        matches!(&err, runner::engine::EngineError::WhichGate { pending, .. } if pending.len() == 2),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("`pa`") && err.to_string().contains("`pb`"),
+        "{err}"
+    );
+    // An address that names no pending gate is refused too.
+    let err = try_run(&r, &plan, answer(&thread, Some("nope"), json!("x"))).unwrap_err();
+    assert!(err.to_string().contains("no pending interrupt `nope`"), "{err}");
+
+    // Answer the second gate first, by node: the thread still waits at the first.
+    let out = r.go(&plan, answer(&thread, Some("pb"), json!("B")));
+    assert_eq!(out.status, Status::Interrupted);
+    assert_eq!(out.interrupts.len(), 1, "{:#?}", out.interrupts);
+    assert_eq!(out.interrupts[0]["task_id"], "pa");
+    // The same gate again: already answered.
+    let err = try_run(&r, &plan, answer(&thread, Some("pb"), json!("B2"))).unwrap_err();
+    assert!(matches!(err, runner::engine::EngineError::AlreadyAnswered(_)), "{err}");
+    // Now a bare answer fits the only gate left, and the step completes.
+    let out = r.go(&plan, resume(&thread, Some(json!("A"))));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["log"], json!(["a:A", "b:B", "after"]));
+    // pb stopped once and finished once with its answer: the last resume took it as stored.
+    assert_eq!(r.ran().iter().filter(|t| *t == "pb").count(), 2);
+}
+
+const GOTO_AND_GATE: &str = r#"
+state: {path: {type: array, reducer: append, default: []}}
+nodes:
+  decide:
+    kind: llm
+    prompt: {text: "which?"}
+    output: {format: json, schema: {type: object, required: [next], properties: {next: {enum: [left, right]}}}}
+    update: {path: "['decide']"}
+    goto:
+      - {when: "output.next == 'left'", to: left}
+      - {to: right}
+  EXTRA
+  left: {kind: set, update: {path: "['left']"}}
+  right: {kind: set, update: {path: "['right']"}}
+  gate: {kind: interrupt, response: {type: object}}
+edges: [left -> END, right -> END, START -> decide, START -> gate, gate -> END EDGE]
+"#;
+
+#[test]
+fn a_finished_tasks_successor_is_stored_by_name_and_survives_an_edit() {
+    let v1 = wf(&GOTO_AND_GATE.replace("  EXTRA\n", "").replace(" EDGE", ""));
+    // A node declared before `left` shifts every later node's index.
+    let v2 = wf(&GOTO_AND_GATE
+        .replace("EXTRA", "extra: {kind: set}")
+        .replace(" EDGE", ", START -> extra, extra -> END"));
+    let p = Project::new(&[("v1.yaml", &v1), ("v2.yaml", &v2)]);
+    let mut r = Run::new(json!({"replies": {"decide": "{\"next\": \"right\"}"}}));
+    let out = r.go(&p.plan("v1.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    // decide finished (its choice, `right`, stored); the gate waits. Resume on the edit.
+    let out = r.go(&p.plan("v2.yaml"), resume(&out.thread_id, Some(json!({}))));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["path"], json!(["decide", "right"]));
+}
+
+#[test]
+fn a_stored_successor_that_the_edit_removed_is_refused_unless_forced() {
+    let v1 = wf(&GOTO_AND_GATE.replace("  EXTRA\n", "").replace(" EDGE", ""));
+    let v3 = wf(&GOTO_AND_GATE
+        .replace("  EXTRA\n", "")
+        .replace(" EDGE", "")
+        .replace(
+            "      - {when: \"output.next == 'left'\", to: left}\n      - {to: right}",
+            "      - {to: left}",
+        )
+        .replace("  right: {kind: set, update: {path: \"['right']\"}}\n", "")
+        .replace("right -> END, ", ""));
+    let p = Project::new(&[("v1.yaml", &v1), ("v3.yaml", &v3)]);
+    let mut r = Run::new(json!({"replies": {"decide": "{\"next\": \"right\"}"}}));
+    let out = r.go(&p.plan("v1.yaml"), req(json!({})));
+    let plan3 = p.plan("v3.yaml");
+    let err = try_run(&r, &plan3, resume(&out.thread_id, Some(json!({})))).unwrap_err();
+    assert!(
+        err.to_string().contains("`right`") && err.to_string().contains("--force"),
+        "{err}"
+    );
+    let forced = try_run(
+        &r,
+        &plan3,
+        RunRequest {
+            force: true,
+            ..resume(&out.thread_id, Some(json!({})))
+        },
+    )
+    .unwrap();
+    assert_eq!(forced.status, Status::Done);
+    assert_eq!(forced.state["path"], json!(["decide"]));
+}
+
+/// A thread row without a checkpoint (written by a build killed between the two) starts from
+/// its recorded input rather than "does not exist".
+#[test]
+fn a_thread_stored_without_a_checkpoint_runs_from_its_recorded_input() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, properties: {n: {type: integer}}}
+state: {out: {type: integer, default: 0}}
+nodes: {a: {kind: set, update: {out: "input.n * 2"}}}
+edges: [START -> a, a -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    r.store
+        .create_thread(&runner::checkpoint::Thread {
+            thread_id: "orphan".into(),
+            workflow: "w.yaml".into(),
+            plan_hash: plan.hash.clone(),
+            input: json!({"n": 21}),
+            context: json!({}),
+            config: json!({}),
+            status: runner::checkpoint::ThreadStatus::Running,
+            created_at: runner::checkpoint::now(),
+            updated_at: runner::checkpoint::now(),
+            forked_from: None,
+        })
+        .unwrap();
+    let out = r.go(&plan, resume("orphan", None));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["out"], json!(42));
+}
+
+/// The parent killed as its subgraph started: the child's thread row exists, its checkpoint
+/// does not. Resuming the parent completes.
+#[test]
+fn a_subgraph_child_cut_off_at_its_start_is_completed_by_the_parents_resume() {
+    let child = r#"
+name: child
+models: {default: {provider: mock, model: m}}
+input: {type: object, properties: {topic: {type: string}}}
+output: [summary]
+state: {summary: {type: string, default: ""}}
+nodes: {work: {kind: set, update: {summary: "'about ' ~ input.topic"}}}
+edges: [START -> work, work -> END]
+"#;
+    let p = Project::new(&[
+        ("child.yaml", child),
+        (
+            "w.yaml",
+            &wf(r#"
+state: {result: {type: string, default: ""}}
+nodes:
+  sub: {kind: subgraph, workflow: child.yaml, input: {topic: "'rust'"}, update: {result: output.summary}, interrupt_before: true}
+edges: [START -> sub, sub -> END]
+"#),
+        ),
+    ]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    let child_plan = p.plan("child.yaml");
+    r.store
+        .create_thread(&runner::checkpoint::Thread {
+            thread_id: format!("{}/0/sub", out.thread_id),
+            workflow: "child.yaml".into(),
+            plan_hash: child_plan.hash.clone(),
+            input: json!({"topic": "rust"}),
+            context: json!({}),
+            config: json!({}),
+            status: runner::checkpoint::ThreadStatus::Running,
+            created_at: runner::checkpoint::now(),
+            updated_at: runner::checkpoint::now(),
+            forked_from: None,
+        })
+        .unwrap();
+    let out = r.go(&plan, resume(&out.thread_id, None));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["result"], json!("about rust"));
+}
+
+fn foreign_claim(thread: &str, ttl: std::time::Duration) -> runner::checkpoint::LeaseClaim {
+    runner::checkpoint::LeaseClaim {
+        thread_id: thread.into(),
+        owner: "someone-else".into(),
+        pid: 1,
+        host: "another-host".into(),
+        ttl,
+        replace: None,
+    }
+}
+
+#[test]
+fn a_thread_leased_by_another_run_is_refused_or_waited_for() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(
+            "state: {n: {type: integer, reducer: sum, default: 0}}\nnodes: {a: {kind: set, update: {n: '1'}}}\nedges: [START -> a, a -> END]\n",
+        ),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let held = r
+        .store
+        .acquire_lease(&foreign_claim("T", std::time::Duration::from_secs(60)))
+        .unwrap();
+    let err = try_run(
+        &r,
+        &plan,
+        RunRequest {
+            thread_id: Some("T".into()),
+            ..req(json!({}))
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, runner::engine::EngineError::Busy(_)), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("thread T is running in process 1 on host another-host since "),
+        "{err}"
+    );
+    assert_eq!(r.store.get_thread("T").unwrap(), None, "nothing was created");
+
+    // With `wait`, the run starts once the holder lets go.
+    let store = r.store.clone();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        store.release_lease(&held.fence()).unwrap();
+    });
+    let out = r.go(
+        &plan,
+        RunRequest {
+            thread_id: Some("T".into()),
+            lease: runner::engine::LeasePolicy::Take {
+                ttl: std::time::Duration::from_secs(5),
+                wait: true,
+            },
+            ..req(json!({}))
+        },
+    );
+    releaser.join().unwrap();
+    assert_eq!((out.status, &out.state["n"]), (Status::Done, &json!(1)));
+    assert_eq!(r.store.lease("T").unwrap(), None, "released at the end of the run");
+    // An expired lease is simply taken.
+    r.store
+        .acquire_lease(&foreign_claim("T", std::time::Duration::ZERO))
+        .unwrap();
+    let out = r.go(&plan, resume("T", None));
+    assert_eq!(out.status, Status::Done);
+}
+
+#[test]
+fn a_run_whose_lease_was_taken_over_writes_nothing_more() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {out: {type: string, default: ""}}
+nodes: {slow: {kind: llm, prompt: {text: "slow"}, update: {out: output}}}
+edges: [START -> slow, slow -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let r = Run::new(json!({"match": [{"contains": "slow", "reply": {"text": "late", "delay": 0.5}}]}));
+    let store = r.store.clone();
+    let thief = std::thread::spawn(move || {
+        // Once the run holds the lease and has its first checkpoint, take the lease over.
+        let holder = loop {
+            if let Some(l) = store.lease("X").unwrap()
+                && store.get_checkpoint("X", None).unwrap().is_some()
+            {
+                break l;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        let mut claim = foreign_claim("X", std::time::Duration::from_secs(60));
+        claim.replace = Some(holder.owner);
+        store.acquire_lease(&claim).unwrap();
+    });
+    let err = try_run(
+        &r,
+        &plan,
+        RunRequest {
+            thread_id: Some("X".into()),
+            ..req(json!({}))
+        },
+    )
+    .unwrap_err();
+    thief.join().unwrap();
+    assert!(
+        matches!(
+            err,
+            runner::engine::EngineError::Store(runner::checkpoint::CheckpointError::LeaseLost(_))
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        r.store.history("X").unwrap().len(),
+        1,
+        "the step's checkpoint was refused"
+    );
+    assert_eq!(r.store.lease("X").unwrap().unwrap().owner, "someone-else");
+}
+
+#[test]
+fn a_stored_value_that_does_not_fit_its_schema_is_named_on_resume() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(
+            "state: {n: {type: integer, default: 0}}\nnodes: {g: {kind: interrupt, response: {type: object}, update: {n: '1'}}}\nedges: [START -> g, g -> END]\n",
+        ),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    // A hand-edited database: a newer checkpoint whose `n` is not an integer.
+    let latest = r.store.get_checkpoint(&out.thread_id, None).unwrap().unwrap();
+    let mut edited = latest.clone();
+    edited.checkpoint_id = runner::checkpoint::new_id();
+    edited.parent_id = Some(latest.checkpoint_id.clone());
+    edited.step += 1;
+    edited.versions.insert("n".into(), latest.versions["n"] + 1);
+    r.store
+        .put_checkpoint(&edited, &[("n".into(), latest.versions["n"] + 1, json!("seven"))])
+        .unwrap();
+    let err = try_run(&r, &plan, resume(&out.thread_id, None)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the stored value of `n` does not match its schema"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_subgraph_waiting_at_several_gates_reports_each_and_takes_answers_addressed_inside_it() {
+    let child = r#"
+name: child
+models: {default: {provider: mock, model: m}}
+output: [log]
+state: {log: {type: array, reducer: append, default: []}}
+nodes:
+  pa: {kind: interrupt, message: "a?", response: {type: string}, update: {log: "['a:' ~ output]"}}
+  pb: {kind: interrupt, message: "b?", response: {type: string}, update: {log: "['b:' ~ output]"}}
+edges: [START -> pa, START -> pb, pa -> END, pb -> END]
+"#;
+    let p = Project::new(&[
+        ("child.yaml", child),
+        (
+            "w.yaml",
+            &wf(r#"
+state: {result: {type: array, default: []}}
+nodes:
+  sub: {kind: subgraph, workflow: child.yaml, update: {result: output.log}}
+edges: [START -> sub, sub -> END]
+"#),
+        ),
+    ]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    let ids: Vec<&str> = out.interrupts.iter().map(|i| i["task_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["sub/pa", "sub/pb"]);
+    assert_eq!(out.interrupts[1]["payload"]["payload"]["message"], "b?");
+    let thread = out.thread_id.clone();
+
+    let err = try_run(&r, &plan, resume(&thread, Some(json!("x")))).unwrap_err();
+    assert!(
+        err.to_string().contains("`sub/pa`") && err.to_string().contains("`sub/pb`"),
+        "{err}"
+    );
+    // The child's schema applies to an answer addressed inside it.
+    let err = try_run(&r, &plan, answer(&thread, Some("sub/pb"), json!(1))).unwrap_err();
+    assert!(matches!(err, runner::engine::EngineError::BadAnswer(_)), "{err}");
+
+    let out = r.go(&plan, answer(&thread, Some("sub/pb"), json!("B")));
+    assert_eq!(out.status, Status::Interrupted, "{:?}", out.error);
+    assert_eq!(out.interrupts.len(), 1);
+    assert_eq!(out.interrupts[0]["payload"]["payload"]["message"], "a?");
+    let out = r.go(&plan, resume(&thread, Some(json!("A"))));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["result"], json!(["a:A", "b:B"]));
+}
+
+#[test]
+fn the_heartbeat_keeps_a_lease_held_past_its_time_to_live() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {out: {type: string, default: ""}}
+nodes: {slow: {kind: llm, prompt: {text: "slow"}, update: {out: output}}}
+edges: [START -> slow, slow -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    // The step takes three times the lease's time to live.
+    let mut r = Run::new(json!({"match": [{"contains": "slow", "reply": {"text": "late", "delay": 0.9}}]}));
+    let store = r.store.clone();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished = done.clone();
+    let claimant = std::thread::spawn(move || {
+        let mut tries = 0;
+        while !finished.load(std::sync::atomic::Ordering::SeqCst) {
+            if store.lease("H").unwrap().is_some() {
+                tries += 1;
+                let taken = store.acquire_lease(&foreign_claim("H", std::time::Duration::from_secs(60)));
+                assert!(taken.is_err(), "the lease lapsed while its run was alive");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        tries
+    });
+    let out = r.go(
+        &plan,
+        RunRequest {
+            thread_id: Some("H".into()),
+            lease: runner::engine::LeasePolicy::Take {
+                ttl: std::time::Duration::from_millis(300),
+                wait: false,
+            },
+            ..req(json!({}))
+        },
+    );
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let tries = claimant.join().unwrap();
+    assert_eq!(out.status, Status::Done);
+    assert!(tries >= 10, "the claimant tried throughout the run ({tries} tries)");
 }

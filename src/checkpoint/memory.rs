@@ -8,7 +8,10 @@ use std::sync::{Mutex, MutexGuard};
 
 use serde_json::{Map, Value};
 
-use super::{Checkpoint, CheckpointError, Checkpointer, PendingWrite, Result, Thread, ThreadStatus};
+use super::{
+    Checkpoint, CheckpointError, Checkpointer, Fence, Lease, LeaseClaim, PendingWrite, Put, Result, Thread,
+    ThreadStatus,
+};
 
 /// A [`Checkpointer`] in a `Mutex`.
 #[derive(Default)]
@@ -24,6 +27,8 @@ struct Store {
     threads: HashMap<String, Entry>,
     /// Bumped by every thread update; orders `list_threads` as SQLite's `touched` column does.
     touched: u64,
+    /// By thread id; a lease may exist before its thread does.
+    leases: HashMap<String, Lease>,
 }
 
 struct Entry {
@@ -51,6 +56,83 @@ impl Store {
     fn touch(&mut self) -> u64 {
         self.touched += 1;
         self.touched
+    }
+
+    fn set_status(&mut self, thread_id: &str, status: ThreadStatus) -> Result<()> {
+        self.entry(thread_id)?;
+        let touched = self.touch();
+        let entry = self.entry_mut(thread_id)?;
+        entry.thread.status = status;
+        entry.thread.updated_at = super::now();
+        entry.touched = touched;
+        Ok(())
+    }
+
+    fn create_thread(&mut self, thread: &Thread) -> Result<()> {
+        if self.threads.contains_key(&thread.thread_id) {
+            return Err(CheckpointError::ThreadExists(thread.thread_id.clone()));
+        }
+        self.insert(thread.clone());
+        Ok(())
+    }
+
+    fn put_checkpoint(
+        &mut self,
+        latest_only: bool,
+        checkpoint: &Checkpoint,
+        values: &[(String, u64, Value)],
+    ) -> Result<()> {
+        let entry = self.entry_mut(&checkpoint.thread_id)?;
+        if entry.checkpoints.contains_key(&checkpoint.checkpoint_id) {
+            return Err(super::sqlite::duplicate_checkpoint(
+                &checkpoint.thread_id,
+                &checkpoint.checkpoint_id,
+            ));
+        }
+        entry
+            .checkpoints
+            .insert(checkpoint.checkpoint_id.clone(), checkpoint.clone());
+        for (key, version, value) in values {
+            // Without history the base of an extension is about to go: keep the value whole.
+            let value = match super::as_extension(value) {
+                Some(_) if latest_only => {
+                    let stored = &entry.values;
+                    super::resolve(key, *version, |v| {
+                        if v == *version {
+                            Ok(value.clone())
+                        } else {
+                            stored
+                                .get(&(key.clone(), v))
+                                .cloned()
+                                .ok_or_else(|| CheckpointError::Corrupt(format!("no value for `{key}` at version {v}")))
+                        }
+                    })?
+                }
+                _ => value.clone(),
+            };
+            // Once per version: the first value stored for a version stays.
+            entry.values.entry((key.clone(), *version)).or_insert(value);
+        }
+        if latest_only {
+            let keep = &checkpoint.checkpoint_id;
+            entry.checkpoints.retain(|id, _| id == keep);
+            entry.writes.retain(|(id, _, _), _| id == keep);
+            let versions = &checkpoint.versions;
+            entry.values.retain(|(k, v), _| versions.get(k) == Some(v));
+        }
+        Ok(())
+    }
+
+    fn put_writes(&mut self, thread_id: &str, checkpoint_id: &str, writes: &[PendingWrite]) -> Result<()> {
+        let entry = self.entry_mut(thread_id)?;
+        entry.checkpoint(checkpoint_id)?;
+        for w in writes {
+            entry.writes.insert(
+                (checkpoint_id.to_owned(), w.task_id.clone(), w.idx),
+                (w.channel.clone(), w.value.clone()),
+            );
+        }
+        Ok(())
     }
 
     fn insert(&mut self, thread: Thread) -> &mut Entry {
@@ -117,23 +199,11 @@ impl MemoryCheckpointer {
 
 impl Checkpointer for MemoryCheckpointer {
     fn create_thread(&self, thread: &Thread) -> Result<()> {
-        let mut store = self.lock()?;
-        if store.threads.contains_key(&thread.thread_id) {
-            return Err(CheckpointError::ThreadExists(thread.thread_id.clone()));
-        }
-        store.insert(thread.clone());
-        Ok(())
+        self.lock()?.create_thread(thread)
     }
 
     fn set_status(&self, thread_id: &str, status: ThreadStatus) -> Result<()> {
-        let mut store = self.lock()?;
-        store.entry(thread_id)?;
-        let touched = store.touch();
-        let entry = store.entry_mut(thread_id)?;
-        entry.thread.status = status;
-        entry.thread.updated_at = super::now();
-        entry.touched = touched;
-        Ok(())
+        self.lock()?.set_status(thread_id, status)
     }
 
     fn get_thread(&self, thread_id: &str) -> Result<Option<Thread>> {
@@ -148,46 +218,7 @@ impl Checkpointer for MemoryCheckpointer {
     }
 
     fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()> {
-        let mut store = self.lock()?;
-        let entry = store.entry_mut(&checkpoint.thread_id)?;
-        if entry.checkpoints.contains_key(&checkpoint.checkpoint_id) {
-            return Err(super::sqlite::duplicate_checkpoint(
-                &checkpoint.thread_id,
-                &checkpoint.checkpoint_id,
-            ));
-        }
-        entry
-            .checkpoints
-            .insert(checkpoint.checkpoint_id.clone(), checkpoint.clone());
-        for (key, version, value) in values {
-            // Without history the base of an extension is about to go: keep the value whole.
-            let value = match super::as_extension(value) {
-                Some(_) if self.latest_only => {
-                    let stored = &entry.values;
-                    super::resolve(key, *version, |v| {
-                        if v == *version {
-                            Ok(value.clone())
-                        } else {
-                            stored
-                                .get(&(key.clone(), v))
-                                .cloned()
-                                .ok_or_else(|| CheckpointError::Corrupt(format!("no value for `{key}` at version {v}")))
-                        }
-                    })?
-                }
-                _ => value.clone(),
-            };
-            // Once per version: the first value stored for a version stays.
-            entry.values.entry((key.clone(), *version)).or_insert(value);
-        }
-        if self.latest_only {
-            let keep = &checkpoint.checkpoint_id;
-            entry.checkpoints.retain(|id, _| id == keep);
-            entry.writes.retain(|(id, _, _), _| id == keep);
-            let versions = &checkpoint.versions;
-            entry.values.retain(|(k, v), _| versions.get(k) == Some(v));
-        }
-        Ok(())
+        self.lock()?.put_checkpoint(self.latest_only, checkpoint, values)
     }
 
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
@@ -221,16 +252,7 @@ impl Checkpointer for MemoryCheckpointer {
     }
 
     fn put_writes(&self, thread_id: &str, checkpoint_id: &str, writes: &[PendingWrite]) -> Result<()> {
-        let mut store = self.lock()?;
-        let entry = store.entry_mut(thread_id)?;
-        entry.checkpoint(checkpoint_id)?;
-        for w in writes {
-            entry.writes.insert(
-                (checkpoint_id.to_owned(), w.task_id.clone(), w.idx),
-                (w.channel.clone(), w.value.clone()),
-            );
-        }
-        Ok(())
+        self.lock()?.put_writes(thread_id, checkpoint_id, writes)
     }
 
     fn get_writes(&self, thread_id: &str, checkpoint_id: &str) -> Result<Vec<PendingWrite>> {
@@ -258,6 +280,75 @@ impl Checkpointer for MemoryCheckpointer {
             .remove(thread_id)
             .map(drop)
             .ok_or_else(|| CheckpointError::NoThread(thread_id.into()))
+    }
+
+    /// Under one lock, so no reader sees half a batch. A put that fails stops the batch; those
+    /// before it stay (nothing in memory outlives a crash, so only errors can split a batch).
+    fn put_batch(&self, puts: Vec<Put>) -> Result<()> {
+        let mut store = self.lock()?;
+        for put in puts {
+            match put {
+                Put::Fence(fence) => super::check_fence(store.leases.get(&fence.thread_id), &fence)?,
+                Put::Thread(thread) => store.create_thread(&thread)?,
+                Put::Status { thread_id, status } => store.set_status(&thread_id, status)?,
+                Put::Checkpoint(cp, values) => store.put_checkpoint(self.latest_only, &cp, &values)?,
+                Put::Writes {
+                    thread_id,
+                    checkpoint_id,
+                    writes,
+                } => store.put_writes(&thread_id, &checkpoint_id, &writes)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn acquire_lease(&self, claim: &LeaseClaim) -> Result<Lease> {
+        let mut store = self.lock()?;
+        let now = super::now_ms();
+        let expires_at_ms = super::expiry_ms(now, claim.ttl);
+        let lease = match store.leases.get(&claim.thread_id) {
+            Some(held) if held.owner == claim.owner => Lease {
+                expires_at_ms,
+                ..held.clone()
+            },
+            Some(held) if held.is_live(now) && claim.replace.as_deref() != Some(held.owner.as_str()) => {
+                return Err(CheckpointError::Leased(Box::new(held.clone())));
+            }
+            held => Lease {
+                thread_id: claim.thread_id.clone(),
+                owner: claim.owner.clone(),
+                generation: held.map_or(1, |h| h.generation + 1),
+                pid: claim.pid,
+                host: claim.host.clone(),
+                acquired_at: super::now(),
+                expires_at_ms,
+            },
+        };
+        store.leases.insert(claim.thread_id.clone(), lease.clone());
+        Ok(lease)
+    }
+
+    fn renew_lease(&self, fence: &Fence, ttl: std::time::Duration) -> Result<Lease> {
+        let mut store = self.lock()?;
+        match store.leases.get_mut(&fence.thread_id) {
+            Some(held) if held.owner == fence.owner && held.generation == fence.generation => {
+                held.expires_at_ms = super::expiry_ms(super::now_ms(), ttl);
+                Ok(held.clone())
+            }
+            _ => Err(CheckpointError::LeaseLost(fence.thread_id.clone())),
+        }
+    }
+
+    fn release_lease(&self, fence: &Fence) -> Result<()> {
+        let mut store = self.lock()?;
+        if super::check_fence(store.leases.get(&fence.thread_id), fence).is_ok() {
+            store.leases.remove(&fence.thread_id);
+        }
+        Ok(())
+    }
+
+    fn lease(&self, thread_id: &str) -> Result<Option<Lease>> {
+        Ok(self.lock()?.leases.get(thread_id).cloned())
     }
 
     fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint> {

@@ -6,6 +6,12 @@
 //! Each task's writes are stored the moment the task finishes ([`PendingWrite`]s against the
 //! checkpoint its step started from), so a crash mid-step never re-runs a finished task.
 //!
+//! A thread has one owner at a time: a [`Lease`] (owner id, process, host, expiry) taken with
+//! one atomic upsert before anything runs on the thread, renewed while the run goes on, and
+//! released at its end. Each acquisition has a generation; the owner presents it as a
+//! [`Fence`] with its writes ([`Put::Fence`]), and a backend refuses a batch whose fence no
+//! longer matches the lease, so a process that lost its lease cannot write any more.
+//!
 //! Architecture Invariant: checkpoint/ knows nothing of the engine, plans or providers; it
 //! stores JSON by thread, checkpoint, key and version.
 
@@ -138,6 +144,17 @@ pub struct PendingWrite {
 /// One put of [`Checkpointer::put_batch`].
 #[derive(Debug, Clone)]
 pub enum Put {
+    /// Refuses the whole batch with [`CheckpointError::LeaseLost`] unless the lease it names is
+    /// still held by that owner at that generation. Checked where it stands in the batch, so it
+    /// goes first.
+    Fence(Fence),
+    /// Creates a thread, as [`Checkpointer::create_thread`].
+    Thread(Box<Thread>),
+    /// Sets a thread's status, as [`Checkpointer::set_status`].
+    Status {
+        thread_id: String,
+        status: ThreadStatus,
+    },
     Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>),
     Writes {
         thread_id: String,
@@ -159,6 +176,80 @@ pub enum CheckpointError {
     Backend(String),
     #[error("a stored value is corrupt: {0}")]
     Corrupt(String),
+    /// Another owner holds the thread's lease, and it has not expired.
+    #[error("{0}")]
+    Leased(Box<Lease>),
+    /// The lease a write was fenced with is no longer held by its owner (it expired and another
+    /// owner took it): the write was refused.
+    #[error(
+        "the lease on thread `{0}` was lost (it expired and another process took the thread over); this run stopped writing"
+    )]
+    LeaseLost(String),
+}
+
+/// Who runs a thread. A lease row may exist for a thread id that has no thread row yet: the
+/// lease is taken before the thread is created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub thread_id: String,
+    /// Unique per run attempt (a UUIDv7).
+    pub owner: String,
+    /// Bumped each time the lease changes owner: the fence number of this acquisition.
+    pub generation: u64,
+    pub pid: u32,
+    pub host: String,
+    /// RFC 3339 UTC.
+    pub acquired_at: String,
+    /// Milliseconds since the Unix epoch; once passed, another owner may take the lease.
+    pub expires_at_ms: i64,
+}
+
+impl Lease {
+    /// Whether the lease still excludes other owners at `now_ms`.
+    pub fn is_live(&self, now_ms: i64) -> bool {
+        self.expires_at_ms > now_ms
+    }
+
+    /// What a holder presents with its writes.
+    pub fn fence(&self) -> Fence {
+        Fence {
+            thread_id: self.thread_id.clone(),
+            owner: self.owner.clone(),
+            generation: self.generation,
+        }
+    }
+}
+
+impl std::fmt::Display for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "thread {} is running in process {} on host {} since {}",
+            self.thread_id, self.pid, self.host, self.acquired_at
+        )
+    }
+}
+
+/// A request for a thread's lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseClaim {
+    pub thread_id: String,
+    pub owner: String,
+    pub pid: u32,
+    pub host: String,
+    /// How long the lease lasts without a renewal.
+    pub ttl: std::time::Duration,
+    /// Take the lease over from this owner even though it has not expired (its process is
+    /// known to be gone). Only that owner: if another took it meanwhile, the claim fails.
+    pub replace: Option<String>,
+}
+
+/// Proof of holding a lease: the leased thread, the owner and the generation it acquired.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    pub thread_id: String,
+    pub owner: String,
+    pub generation: u64,
 }
 
 pub type Result<T> = std::result::Result<T, CheckpointError>;
@@ -232,6 +323,9 @@ pub trait Checkpointer: Send + Sync {
     fn put_batch(&self, puts: Vec<Put>) -> Result<()> {
         for put in puts {
             match put {
+                Put::Fence(fence) => check_fence(self.lease(&fence.thread_id)?.as_ref(), &fence)?,
+                Put::Thread(thread) => self.create_thread(&thread)?,
+                Put::Status { thread_id, status } => self.set_status(&thread_id, status)?,
                 Put::Checkpoint(cp, values) => self.put_checkpoint(&cp, &values)?,
                 Put::Writes {
                     thread_id,
@@ -243,11 +337,63 @@ pub trait Checkpointer: Send + Sync {
         Ok(())
     }
 
+    /// Creates a thread with its first checkpoint, atomically: a crash leaves both or neither.
+    /// `fence`, when given, must hold (see [`Put::Fence`]).
+    fn create_thread_with_checkpoint(
+        &self,
+        fence: Option<&Fence>,
+        thread: &Thread,
+        checkpoint: &Checkpoint,
+        values: Vec<(String, u64, Value)>,
+    ) -> Result<()> {
+        let mut puts = Vec::with_capacity(3);
+        puts.extend(fence.cloned().map(Put::Fence));
+        puts.push(Put::Thread(Box::new(thread.clone())));
+        puts.push(Put::Checkpoint(Box::new(checkpoint.clone()), values));
+        self.put_batch(puts)
+    }
+
+    /// Takes the thread's lease for `claim.owner`, atomically: granted when there is none, when
+    /// it has expired, when it is already this owner's (then only its expiry moves), or when it
+    /// is `claim.replace`'s. Otherwise fails with [`CheckpointError::Leased`] naming the holder.
+    fn acquire_lease(&self, claim: &LeaseClaim) -> Result<Lease>;
+
+    /// Extends a held lease by `ttl` from now. Fails with [`CheckpointError::LeaseLost`] when
+    /// the lease is no longer `fence`'s (an expired lease nobody took is still renewed).
+    fn renew_lease(&self, fence: &Fence, ttl: std::time::Duration) -> Result<Lease>;
+
+    /// Gives a lease up; nothing happens when it is no longer `fence`'s.
+    fn release_lease(&self, fence: &Fence) -> Result<()>;
+
+    /// The thread's lease row, live or expired, if there is one.
+    fn lease(&self, thread_id: &str) -> Result<Option<Lease>>;
+
     /// Starts thread `new` from `checkpoint_id` of `from` (time travel): `new` gets a copy of
     /// that checkpoint (same versions and values, no parent, a new id) and of `from`'s thread
     /// record with `forked_from` set. Values are copied resolved (no extension refers back to
     /// the original thread). The original thread is unchanged.
     fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint>;
+}
+
+/// Whether `fence` still matches the lease row `held`.
+pub fn check_fence(held: Option<&Lease>, fence: &Fence) -> Result<()> {
+    match held {
+        Some(l) if l.owner == fence.owner && l.generation == fence.generation => Ok(()),
+        _ => Err(CheckpointError::LeaseLost(fence.thread_id.clone())),
+    }
+}
+
+/// Milliseconds since the Unix epoch, the clock of lease expiry.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
+
+/// `now + ttl` in milliseconds, saturating.
+pub fn expiry_ms(now: i64, ttl: std::time::Duration) -> i64 {
+    now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The key of a stored value that extends the same key's value at an earlier version:

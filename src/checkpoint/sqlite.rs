@@ -20,6 +20,9 @@
 //! - `state_values`: `(thread_id, key, version) → value`, written once per version and never
 //!   again, so an unchanged key costs nothing per step.
 //! - `writes`: pending writes, `(thread_id, checkpoint_id, task_id, idx)`; re-putting replaces.
+//! - `leases`: one row per leased thread id (no reference to `threads`: the lease is taken
+//!   before the thread exists). Created with `IF NOT EXISTS` on open, so files written by
+//!   earlier builds gain it without a schema version change; they ignore it.
 //!
 //! Depends on rusqlite and serde_json only (Architecture Invariant of [`super`]).
 
@@ -35,7 +38,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::{Checkpoint, CheckpointError, Checkpointer, Durability, PendingWrite, Result, Thread, ThreadStatus};
+use super::{
+    Checkpoint, CheckpointError, Checkpointer, Durability, Fence, Lease, LeaseClaim, PendingWrite, Result, Thread,
+    ThreadStatus,
+};
 
 /// The schema this build writes. Opening a file with a newer one is refused.
 pub const SCHEMA_VERSION: i64 = 2;
@@ -122,6 +128,22 @@ ALTER TABLE threads DROP COLUMN config;
 const THREAD_COLS: &str = "t.thread_id, t.workflow, t.plan_hash, i.input, i.context, i.config, t.status, t.created_at, \
                            t.updated_at, t.forked_from_thread, t.forked_from_checkpoint";
 const THREAD_FROM: &str = "threads t JOIN thread_inputs i ON i.thread_id = t.thread_id";
+
+/// Applied on every open: the lease table is additive, so it needs no schema version.
+const LEASES: &str = "
+CREATE TABLE IF NOT EXISTS leases (
+    thread_id TEXT PRIMARY KEY NOT NULL,
+    owner TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    acquired_at TEXT NOT NULL,
+    -- Milliseconds since the Unix epoch.
+    expires_at INTEGER NOT NULL
+) STRICT;
+";
+
+const LEASE_COLS: &str = "thread_id, owner, generation, pid, host, acquired_at, expires_at";
 const CHECKPOINT_COLS: &str =
     "thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, meta, plan_hash, created_at";
 /// The checkpoint columns as read: a NULL plan hash is the thread's.
@@ -196,7 +218,10 @@ impl SqliteCheckpointer {
         }
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
-        let journal_mode: String = conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))?;
+        // Switching a new file to WAL takes a lock that SQLite's busy handler does not wait for:
+        // two processes creating the file at once would otherwise fail with "locked".
+        let journal_mode: String =
+            retry_busy(|| conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0)))?;
         if !journal_mode.eq_ignore_ascii_case("wal") {
             return Err(CheckpointError::Backend(format!(
                 "`{}` cannot use WAL journaling (got `{journal_mode}`)",
@@ -440,6 +465,17 @@ impl Checkpointer for SqliteCheckpointer {
         let ops = puts
             .into_iter()
             .map(|put| match put {
+                super::Put::Fence(fence) => Ok(Op::Fence(fence)),
+                super::Put::Thread(thread) => {
+                    let mut blobs = Vec::new();
+                    let row = ThreadRow::from_thread(&thread, &mut blobs)?;
+                    Ok(with_blobs(&thread.thread_id, blobs, Op::CreateThread(row)))
+                }
+                super::Put::Status { thread_id, status } => Ok(Op::SetStatus {
+                    thread_id,
+                    status,
+                    at: super::now(),
+                }),
                 super::Put::Checkpoint(cp, values) => checkpoint_op(&cp, &values),
                 super::Put::Writes {
                     thread_id,
@@ -540,6 +576,37 @@ impl Checkpointer for SqliteCheckpointer {
         self.write_unit(Op::DeleteThread(thread_id.to_owned()))
     }
 
+    fn acquire_lease(&self, claim: &LeaseClaim) -> Result<Lease> {
+        let now = super::now_ms();
+        match self.write(Op::AcquireLease {
+            claim: claim.clone(),
+            now,
+            expires: super::expiry_ms(now, claim.ttl),
+            at: super::now(),
+        })? {
+            Done::Lease(lease) => Ok(*lease),
+            _ => Err(CheckpointError::Backend("the writer did not answer a lease".into())),
+        }
+    }
+
+    fn renew_lease(&self, fence: &Fence, ttl: Duration) -> Result<Lease> {
+        match self.write(Op::RenewLease {
+            fence: fence.clone(),
+            expires: super::expiry_ms(super::now_ms(), ttl),
+        })? {
+            Done::Lease(lease) => Ok(*lease),
+            _ => Err(CheckpointError::Backend("the writer did not answer a lease".into())),
+        }
+    }
+
+    fn release_lease(&self, fence: &Fence) -> Result<()> {
+        self.write_unit(Op::ReleaseLease(fence.clone()))
+    }
+
+    fn lease(&self, thread_id: &str) -> Result<Option<Lease>> {
+        self.read(|tx| load_lease(tx, thread_id))
+    }
+
     fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint> {
         let op = Op::Fork {
             from: from.to_owned(),
@@ -550,7 +617,7 @@ impl Checkpointer for SqliteCheckpointer {
         };
         match self.write(op)? {
             Done::Forked(checkpoint) => Ok(*checkpoint),
-            Done::Unit => Err(CheckpointError::Backend("the writer did not answer a fork".into())),
+            _ => Err(CheckpointError::Backend("the writer did not answer a fork".into())),
         }
     }
 }
@@ -662,6 +729,19 @@ enum Op {
         writes: Vec<(String, i64, String, String)>,
     },
     DeleteThread(String),
+    /// Fails unless the lease is still the fence's.
+    Fence(Fence),
+    AcquireLease {
+        claim: LeaseClaim,
+        now: i64,
+        expires: i64,
+        at: String,
+    },
+    RenewLease {
+        fence: Fence,
+        expires: i64,
+    },
+    ReleaseLease(Fence),
     /// Several puts in one savepoint: all or nothing, in one transaction.
     Batch(Vec<Op>),
     Fork {
@@ -676,6 +756,7 @@ enum Op {
 enum Done {
     Unit,
     Forked(Box<Checkpoint>),
+    Lease(Box<Lease>),
 }
 
 struct Command {
@@ -807,6 +888,80 @@ fn apply(conn: &Connection, op: &Op) -> Result<Done> {
             conn.prepare_cached("DELETE FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs)")?
                 .execute([])?;
         }
+        Op::Fence(fence) => super::check_fence(load_lease(conn, &fence.thread_id)?.as_ref(), fence)?,
+        Op::AcquireLease {
+            claim,
+            now,
+            expires,
+            at,
+        } => {
+            // One statement: insert, or take over a lease that expired, is already ours, or
+            // belongs to the owner the claim replaces. (PostgreSQL: the same INSERT … ON
+            // CONFLICT … DO UPDATE … WHERE … RETURNING.)
+            let granted = conn
+                .prepare_cached(&format!(
+                    "INSERT INTO leases ({LEASE_COLS}) VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6) \
+                     ON CONFLICT (thread_id) DO UPDATE SET \
+                       generation = CASE WHEN leases.owner = excluded.owner THEN leases.generation \
+                                    ELSE leases.generation + 1 END, \
+                       acquired_at = CASE WHEN leases.owner = excluded.owner THEN leases.acquired_at \
+                                     ELSE excluded.acquired_at END, \
+                       owner = excluded.owner, pid = excluded.pid, host = excluded.host, \
+                       expires_at = excluded.expires_at \
+                     WHERE leases.expires_at <= ?7 OR leases.owner = excluded.owner OR leases.owner = ?8 \
+                     RETURNING {LEASE_COLS}"
+                ))?
+                .query_row(
+                    params![
+                        claim.thread_id,
+                        claim.owner,
+                        claim.pid,
+                        claim.host,
+                        at,
+                        expires,
+                        now,
+                        claim.replace
+                    ],
+                    lease_from_row,
+                )
+                .optional()?;
+            return match granted {
+                Some(lease) => Ok(Done::Lease(Box::new(lease?))),
+                None => match load_lease(conn, &claim.thread_id)? {
+                    Some(holder) => Err(CheckpointError::Leased(Box::new(holder))),
+                    None => Err(CheckpointError::Backend("a lease was neither granted nor held".into())),
+                },
+            };
+        }
+        Op::RenewLease { fence, expires } => {
+            let renewed = conn
+                .prepare_cached(&format!(
+                    "UPDATE leases SET expires_at = ?4 WHERE thread_id = ?1 AND owner = ?2 AND generation = ?3 \
+                     RETURNING {LEASE_COLS}"
+                ))?
+                .query_row(
+                    params![
+                        fence.thread_id,
+                        fence.owner,
+                        generation_to_sql(fence.generation)?,
+                        expires
+                    ],
+                    lease_from_row,
+                )
+                .optional()?;
+            return match renewed {
+                Some(lease) => Ok(Done::Lease(Box::new(lease?))),
+                None => Err(CheckpointError::LeaseLost(fence.thread_id.clone())),
+            };
+        }
+        Op::ReleaseLease(fence) => {
+            conn.prepare_cached("DELETE FROM leases WHERE thread_id = ?1 AND owner = ?2 AND generation = ?3")?
+                .execute(params![
+                    fence.thread_id,
+                    fence.owner,
+                    generation_to_sql(fence.generation)?
+                ])?;
+        }
         Op::Fork {
             from,
             checkpoint_id,
@@ -898,8 +1053,29 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     if version < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     }
+    tx.execute_batch(LEASES)?;
     tx.commit()?;
     Ok(())
+}
+
+/// Runs `f` again while the database is busy or locked, for up to [`BUSY_TIMEOUT`].
+fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match f() {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn newer_schema(path: &Path, version: i64) -> CheckpointError {
@@ -956,6 +1132,16 @@ fn open_reader(path: &Path, access: Access) -> Result<Connection> {
             conn.execute_batch(
                 "CREATE TEMP VIEW thread_inputs AS SELECT thread_id, input, context, config FROM main.threads",
             )?;
+        }
+        // A file no build with leases has written to has no lease table: an empty temporary
+        // one answers that no run holds any thread.
+        let has_leases: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'leases')",
+            [],
+            |r| r.get(0),
+        )?;
+        if !has_leases {
+            conn.execute_batch(&LEASES.replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))?;
         }
     }
     conn.pragma_update(None, "query_only", true)?;
@@ -1168,6 +1354,39 @@ fn parse_status(status: &str) -> Result<ThreadStatus> {
         "failed" => ThreadStatus::Failed,
         other => return Err(CheckpointError::Corrupt(format!("thread status `{other}`"))),
     })
+}
+
+/// A `leases` row; the inner result is a conversion error of a column.
+fn lease_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Lease>> {
+    let generation: i64 = r.get(2)?;
+    let pid: i64 = r.get(3)?;
+    Ok(Ok(Lease {
+        thread_id: r.get(0)?,
+        owner: r.get(1)?,
+        generation: match u64::try_from(generation) {
+            Ok(g) => g,
+            Err(_) => return Ok(Err(CheckpointError::Corrupt(format!("lease generation {generation}")))),
+        },
+        pid: match u32::try_from(pid) {
+            Ok(p) => p,
+            Err(_) => return Ok(Err(CheckpointError::Corrupt(format!("lease pid {pid}")))),
+        },
+        host: r.get(4)?,
+        acquired_at: r.get(5)?,
+        expires_at_ms: r.get(6)?,
+    }))
+}
+
+fn load_lease(conn: &Connection, thread_id: &str) -> Result<Option<Lease>> {
+    conn.prepare_cached(&format!("SELECT {LEASE_COLS} FROM leases WHERE thread_id = ?1"))?
+        .query_row([thread_id], lease_from_row)
+        .optional()?
+        .transpose()
+}
+
+fn generation_to_sql(generation: u64) -> Result<i64> {
+    i64::try_from(generation)
+        .map_err(|_| CheckpointError::Backend(format!("lease generation {generation} exceeds SQLite's range")))
 }
 
 fn thread_exists(conn: &Connection, thread_id: &str) -> Result<bool> {

@@ -136,6 +136,32 @@ impl Renderer {
     }
 }
 
+/// What the CLI itself says next to the event stream: a plain line for people, or on a
+/// JSON-lines stream an object of type `kind` with `fields`, so that every line of that stream
+/// is JSON.
+pub fn notice(jsonl: bool, kind: &str, fields: Value, text: &str) {
+    let mut err = std::io::stderr().lock();
+    if jsonl {
+        let mut line = serde_json::json!({"type": kind, "ts": crate::checkpoint::now()});
+        if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), fields) {
+            line.extend(fields);
+        }
+        let _ = writeln!(err, "{line}");
+    } else {
+        let _ = writeln!(err, "{text}");
+    }
+}
+
+/// An error, as [`notice`] says it.
+pub fn error(jsonl: bool, message: &str) {
+    notice(
+        jsonl,
+        "error",
+        serde_json::json!({"message": message}),
+        &format!("error: {message}"),
+    );
+}
+
 fn short(v: &Value) -> String {
     let s = v.to_string();
     if s.chars().count() > 120 {

@@ -11,10 +11,11 @@ use serde_json::Value;
 
 use super::{exit, render, store};
 use crate::cassette::{Cassette, Recording, RecordingEmbedder, Replaying};
+use crate::checkpoint::CheckpointError;
 use crate::compile::compile_file;
 use crate::diag::{self, Format};
 use crate::engine::events::Events;
-use crate::engine::{Engine, EngineError, Persist, RunRequest, Status};
+use crate::engine::{DEFAULT_LEASE_TTL, Engine, EngineError, LeasePolicy, Persist, RunRequest, Status};
 use crate::nodes::Services;
 use crate::providers::Providers;
 use crate::providers::mock::MockProvider;
@@ -88,6 +89,39 @@ pub struct Common {
     /// directory tree (repeatable; also `RUNNER_ALLOW_READ`, separated as in PATH).
     #[arg(long = "allow-read", value_name = "DIR")]
     pub allow_read: Vec<PathBuf>,
+    /// When another process runs the thread, wait until it ends (polling), then go on; without
+    /// it the command exits 2 at once.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long the thread's lease lasts without a heartbeat, in seconds (default:
+    /// $RUNNER_LEASE_TTL, else 10). A run killed outright frees its thread after this long (at
+    /// once for a run on the same host whose process is gone).
+    #[arg(long, value_name = "SECS")]
+    pub lease_ttl: Option<f64>,
+}
+
+impl Common {
+    /// The lease a run takes: `--lease-ttl`, else `RUNNER_LEASE_TTL`, else the default.
+    fn lease(&self) -> anyhow::Result<LeasePolicy> {
+        let ttl = match (self.lease_ttl, std::env::var("RUNNER_LEASE_TTL")) {
+            (Some(secs), _) => lease_ttl(secs).context("--lease-ttl")?,
+            (None, Ok(text)) => lease_ttl(
+                text.trim()
+                    .parse()
+                    .with_context(|| format!("RUNNER_LEASE_TTL `{text}` is not a number of seconds"))?,
+            )
+            .context("RUNNER_LEASE_TTL")?,
+            (None, Err(_)) => DEFAULT_LEASE_TTL,
+        };
+        Ok(LeasePolicy::Take { ttl, wait: self.wait })
+    }
+}
+
+fn lease_ttl(secs: f64) -> anyhow::Result<std::time::Duration> {
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        bail!("the lease time to live must be more than 0 and at most 86400 seconds, not {secs}");
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 /// Run a workflow, or continue one of its threads.
@@ -132,8 +166,9 @@ pub struct ResumeArgs {
     /// The thread.
     #[arg(long)]
     thread: String,
-    /// The answer to the pending interrupt: JSON, or `@file` with JSON.
-    #[arg(long)]
+    /// The answer to the pending interrupt: JSON, or `@file` with JSON. When several
+    /// interrupts wait, say which: `NODE_OR_ID=JSON` (e.g. `--answer review='"ok"'`).
+    #[arg(long, value_name = "[NODE_OR_ID=]JSON")]
     answer: Option<String>,
     /// Continue even though the workflow file changed incompatibly.
     #[arg(long)]
@@ -184,6 +219,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         context: fresh.then_some(Value::Object(context)),
         config,
         answer: None,
+        answer_to: None,
+        lease: args.common.lease()?,
         recursion_limit: args.common.recursion_limit,
         persist: args.common.persist,
         force: args.force,
@@ -197,14 +234,19 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
     let Some(thread) = store.get_thread(&args.thread)? else {
         bail!("thread `{}` does not exist in {}", args.thread, db.display());
     };
-    let answer = match &args.answer {
-        Some(a) => Some(parse_json_arg(a)?),
-        None => None,
+    let (answer_to, answer) = match &args.answer {
+        Some(a) => {
+            let (to, value) = parse_answer(a)?;
+            (to, Some(value))
+        }
+        None => (None, None),
     };
     let request = RunRequest {
         thread_id: Some(thread.thread_id.clone()),
         workflow: thread.workflow.clone(),
         answer,
+        answer_to,
+        lease: args.common.lease()?,
         recursion_limit: args.common.recursion_limit,
         persist: args.common.persist,
         force: args.force,
@@ -287,6 +329,8 @@ fn execute(
     } else {
         Stream::None
     });
+    // On a JSON-lines stream every line of stderr is JSON: the CLI's own lines become events.
+    let jsonl = stream == Stream::Jsonl;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let events = match stream {
@@ -305,7 +349,9 @@ fn execute(
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
                 cancel.store(true, Ordering::SeqCst);
-                eprintln!("\nstopping at the end of this step (Ctrl-C again to quit at once)");
+                if !jsonl {
+                    eprintln!("\nstopping at the end of this step (Ctrl-C again to quit at once)");
+                }
                 if tokio::signal::ctrl_c().await.is_ok() {
                     std::process::exit(exit::CANCELLED as i32);
                 }
@@ -320,25 +366,41 @@ fn execute(
                 | EngineError::NotInterrupted(_)
                 | EngineError::BadAnswer(_)
                 | EngineError::Incompatible(_)
-                | EngineError::NoThread(_)),
+                | EngineError::NoThread(_)
+                | EngineError::Busy(_)
+                | EngineError::AlreadyAnswered(_)
+                | EngineError::WhichGate { .. }
+                | EngineError::NoSuchGate { .. }
+                | EngineError::StoredValue { .. }
+                | EngineError::Store(CheckpointError::LeaseLost(_) | CheckpointError::Leased(_))),
             ) => {
-                eprintln!("error: {e}");
+                render::error(jsonl, &e.to_string());
+                return Ok(exit::USAGE);
+            }
+            Err(e) if jsonl => {
+                render::error(true, &format!("{:#}", anyhow::Error::new(e)));
                 return Ok(exit::USAGE);
             }
             Err(e) => return Err(anyhow::Error::new(e)),
         };
-        eprintln!("thread: {}", outcome.thread_id);
+        // On a JSON-lines stream `run_start` carries the thread id, and `run_end` stays last.
+        if !jsonl {
+            eprintln!("thread: {}", outcome.thread_id);
+        }
         // A request the cassette lacks fails the run even when an `on_error` handler took it.
         let misses = cassette.as_ref().map(|c| c.misses()).unwrap_or_default();
         if !misses.is_empty() {
             if outcome.status != Status::Failed {
                 for miss in &misses {
-                    eprintln!("error: {miss}");
+                    render::error(jsonl, &miss.to_string());
                 }
             }
-            eprintln!(
-                "error: {} request(s) were not in the cassette; record it again with --record",
-                misses.len()
+            render::error(
+                jsonl,
+                &format!(
+                    "{} request(s) were not in the cassette; record it again with --record",
+                    misses.len()
+                ),
             );
             return Ok(exit::INVALID);
         }
@@ -349,26 +411,33 @@ fn execute(
                 Ok(exit::OK)
             }
             Status::Interrupted => {
-                let pending = outcome.interrupt.unwrap_or(Value::Null);
-                out.write_all(
-                    super::format_value(&serde_json::json!({"interrupt": pending}), common.output).as_bytes(),
-                )?;
-                eprintln!(
-                    "waiting for an answer: runner resume --thread {} --answer '<json>'",
-                    outcome.thread_id
-                );
+                let result = if outcome.interrupts.len() > 1 {
+                    serde_json::json!({"interrupts": outcome.interrupts})
+                } else {
+                    serde_json::json!({"interrupt": outcome.interrupt.clone().unwrap_or(Value::Null)})
+                };
+                out.write_all(super::format_value(&result, common.output).as_bytes())?;
+                // On a JSON-lines stream the `interrupt` events already said so.
+                if !jsonl {
+                    eprintln!("{}", waiting_hint(&outcome.thread_id, &outcome.interrupts));
+                }
                 Ok(exit::INTERRUPTED)
             }
+            // On a JSON-lines stream the run's `error` and `run_end` events already said so.
             Status::Failed => {
-                eprintln!("error: {}", outcome.error.unwrap_or_default());
-                eprintln!(
-                    "the last checkpoint is intact: fix the cause, then `runner resume --thread {}`",
-                    outcome.thread_id
-                );
+                if !jsonl {
+                    eprintln!("error: {}", outcome.error.unwrap_or_default());
+                    eprintln!(
+                        "the last checkpoint is intact: fix the cause, then `runner resume --thread {}`",
+                        outcome.thread_id
+                    );
+                }
                 Ok(exit::INVALID)
             }
             Status::Cancelled => {
-                eprintln!("cancelled; resume with `runner resume --thread {}`", outcome.thread_id);
+                if !jsonl {
+                    eprintln!("cancelled; resume with `runner resume --thread {}`", outcome.thread_id);
+                }
                 Ok(exit::CANCELLED)
             }
         }
@@ -434,6 +503,42 @@ pub fn parse_kv(kv: &str) -> anyhow::Result<(String, Value)> {
         serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()))
     };
     Ok((k.to_string(), value))
+}
+
+/// What an interrupted run tells the person who has to continue it.
+fn waiting_hint(thread: &str, interrupts: &[Value]) -> String {
+    let needs_answer: Vec<&Value> = interrupts.iter().filter(|i| i["kind"] == "node").collect();
+    match needs_answer.as_slice() {
+        // A pause before or after a node needs no answer.
+        [] => format!("paused; continue with `runner resume --thread {thread}`"),
+        [_] => format!("waiting for an answer: runner resume --thread {thread} --answer '<json>'"),
+        many => {
+            let ids: Vec<String> = many
+                .iter()
+                .map(|i| i["task_id"].as_str().unwrap_or_default().to_string())
+                .collect();
+            format!(
+                "waiting for {} answers, one per gate: runner resume --thread {thread} --answer '<gate>=<json>' (gates: {})",
+                many.len(),
+                ids.join(", ")
+            )
+        }
+    }
+}
+
+/// `--answer`: JSON (or `@file`) for the only pending gate, or `NODE_OR_ID=JSON` for one of
+/// several. Text that parses as JSON as a whole is always a bare answer.
+fn parse_answer(a: &str) -> anyhow::Result<(Option<String>, Value)> {
+    if a.starts_with('@') || serde_json::from_str::<Value>(a).is_ok() {
+        return Ok((None, parse_json_arg(a)?));
+    }
+    match a.split_once('=') {
+        Some((to, json)) if !to.is_empty() && !to.contains(['{', '[', '"', ' ']) => Ok((
+            Some(to.to_string()),
+            parse_json_arg(json).with_context(|| format!("--answer `{a}`: the answer to `{to}`"))?,
+        )),
+        _ => Ok((None, parse_json_arg(a)?)),
+    }
 }
 
 fn parse_json_arg(a: &str) -> anyhow::Result<Value> {

@@ -18,7 +18,8 @@ pub struct Db {
     db: Option<PathBuf>,
 }
 
-/// List threads, most recently updated first.
+/// List threads, most recently updated first: id, status, last update, workflow. A thread
+/// whose run was cut off (killed, or its machine lost) shows as `cut-off`: resume it.
 ///
 /// Example: runner threads
 #[derive(clap::Args, Debug)]
@@ -83,17 +84,34 @@ pub struct ForkArgs {
 pub fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
     let store = store::open_read_only(&store::db_path(args.db.db.as_deref()))?;
     let mut out = std::io::stdout().lock();
+    let now = checkpoint::now_ms();
     for t in store.list_thread_heads()? {
-        writeln!(
-            out,
-            "{}  {:<11}  {}  {}",
-            t.thread_id,
-            t.status.as_str(),
-            t.updated_at,
-            t.workflow
-        )?;
+        let status = match t.status {
+            // `running` is what the last run recorded; only a live lease says a run is on it.
+            checkpoint::ThreadStatus::Running if !leased(&*store, &t.thread_id, now)? => "cut-off",
+            other => other.as_str(),
+        };
+        writeln!(out, "{}  {:<11}  {}  {}", t.thread_id, status, t.updated_at, t.workflow)?;
     }
     Ok(exit::OK)
+}
+
+/// Whether a live lease whose process may still run covers the thread: its own, or (a subgraph's child thread,
+/// `<parent>/<step>/<task>`) that of a thread it is nested in.
+fn leased(store: &dyn checkpoint::Checkpointer, thread_id: &str, now: i64) -> anyhow::Result<bool> {
+    let mut id = thread_id;
+    loop {
+        if store
+            .lease(id)?
+            .is_some_and(|l| l.is_live(now) && !crate::engine::holder_gone(&l))
+        {
+            return Ok(true);
+        }
+        match id.rsplit_once('/') {
+            Some((parent, _)) => id = parent,
+            None => return Ok(false),
+        }
+    }
 }
 
 pub fn history(args: HistoryArgs) -> anyhow::Result<u8> {

@@ -12,6 +12,8 @@
 //! `Provider` and node kinds through their interfaces, and never prints.
 
 pub mod events;
+mod gates;
+mod lease;
 mod persist;
 mod task;
 pub mod values;
@@ -24,13 +26,17 @@ use std::time::Instant;
 use serde_json::{Map, Value, json};
 use tokio::task::JoinSet;
 
-use crate::checkpoint::{self, Checkpoint, Checkpointer, PendingWrite, TaskSpec, Thread, ThreadStatus};
+use crate::checkpoint::{
+    self, Checkpoint, Checkpointer, Fence, Lease, PendingWrite, Put, TaskSpec, Thread, ThreadStatus,
+};
 use crate::compile::{Branch, NodeIx, Plan, Reducer, Target};
 use crate::nodes::{NodeError, Services};
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
 use events::{Event, Events};
 use futures::FutureExt;
+use gates::{is_before, reported, waiting_gates};
+pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
 use persist::Persister;
 use task::{Next, Outcome};
 use values::{Scope, to_jinja};
@@ -60,6 +66,10 @@ pub struct RunRequest {
     pub config: Vec<(String, Value)>,
     /// The answer to the thread's pending interrupt.
     pub answer: Option<Value>,
+    /// Which pending interrupt `answer` is for (its id or its node), when several wait.
+    pub answer_to: Option<String>,
+    /// The thread's lease: taken for the run, or the caller's (a subgraph's).
+    pub lease: LeasePolicy,
     pub recursion_limit: Option<u32>,
     pub persist: Persist,
     /// Continue a thread even though its workflow changed incompatibly.
@@ -94,8 +104,10 @@ pub struct RunOutcome {
     /// The workflow's output keys (or the whole state).
     pub output: Value,
     pub state: Map<String, Value>,
-    /// The pending interrupt: `{node, task_id, kind, payload}`.
+    /// The first pending interrupt: `{node, task_id, kind, payload}`.
     pub interrupt: Option<Value>,
+    /// Every pending interrupt, in plan order (a step may stop at several gates).
+    pub interrupts: Vec<Value>,
     pub error: Option<String>,
     pub steps: i64,
     pub usage: Usage,
@@ -114,6 +126,24 @@ pub enum EngineError {
     BadAnswer(String),
     #[error("thread `{0}` does not exist")]
     NoThread(String),
+    /// Another run holds the thread's lease.
+    #[error("{0}")]
+    Busy(Box<Lease>),
+    /// A value read back from the store does not fit its key's schema (a corrupt or
+    /// hand-edited database, or a schema made stricter since).
+    #[error("thread `{thread}`: the stored value of `{key}` does not match its schema: {why}")]
+    StoredValue { thread: String, key: String, why: String },
+    #[error("thread `{0}`: the gate was already answered")]
+    AlreadyAnswered(String),
+    /// A bare answer while several gates wait, or an address that fits several.
+    #[error("thread `{thread}` waits at {} gates: give the answer as NODE_OR_ID=JSON, for one of {}", .pending.len(), .pending.join(", "))]
+    WhichGate { thread: String, pending: Vec<String> },
+    #[error("thread `{thread}` has no pending interrupt `{to}`; pending: {}", .pending.join(", "))]
+    NoSuchGate {
+        thread: String,
+        to: String,
+        pending: Vec<String>,
+    },
     #[error(transparent)]
     Store(#[from] checkpoint::CheckpointError),
 }
@@ -127,6 +157,10 @@ pub struct Shared {
     pub services: Services,
     pub events: Events,
     pub thread_id: String,
+    /// The lease the run writes under; a subgraph's child runs under it too.
+    pub fence: Fence,
+    /// Continue despite incompatible stored records (`--force`).
+    pub force: bool,
 }
 
 /// Runs plans on threads.
@@ -178,10 +212,18 @@ const DONE: &str = "__done__";
 const INTERRUPT: &str = "__interrupt__";
 const RESUME: &str = "__resume__";
 const BEFORE: &str = "__before__";
+/// The record of an `interrupt_after` pause (the nodes have run; the next step has not).
+const AFTER: &str = "__after__";
+/// An answer that was given to a task which then stopped at another gate (a subgraph's next
+/// one): kept as the record that the gate it was for was answered, never passed again.
+const RESUMED: &str = "__resumed__";
 /// Record slots within a task: its pause, the answer to it, its result.
 const IDX_INTERRUPT: u32 = 0;
 const IDX_RESUME: u32 = 1;
 const IDX_DONE: u32 = 2;
+/// Which gate inside a subgraph an answer is for.
+const IDX_RESUME_TO: u32 = 3;
+const RESUME_TO: &str = "__resume_to__";
 
 impl Engine {
     pub fn new(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, services: impl Into<Services>, events: Events) -> Engine {
@@ -231,11 +273,30 @@ impl Engine {
         Box::pin(self.run(req))
     }
 
-    /// Runs (or continues) a thread until it is done, interrupted, failed or cancelled.
+    /// Runs (or continues) a thread until it is done, interrupted, failed or cancelled. The
+    /// thread's lease is held from before the thread is opened (or created) until the run ends.
     pub async fn run(&self, req: RunRequest) -> Result<RunOutcome, EngineError> {
+        let thread_id = req.thread_id.clone().unwrap_or_else(checkpoint::new_id);
+        let held = lease::take(&self.store, &thread_id, &req.lease, &self.cancel).await?;
+        let outcome = self.run_held(req, thread_id, &held).await;
+        let released = held.release();
+        let outcome = outcome?;
+        released?;
+        Ok(outcome)
+    }
+
+    async fn run_held(
+        &self,
+        req: RunRequest,
+        thread_id: String,
+        held: &lease::Held,
+    ) -> Result<RunOutcome, EngineError> {
         let started = Instant::now();
-        let (thread, mut cp, resumed) = self.open(&req)?;
+        let fence = held.fence().clone();
+        let (thread, mut cp, resumed) = self.open(&req, thread_id, &fence)?;
         let shared = Arc::new(Shared {
+            fence: fence.clone(),
+            force: req.force,
             outputs: self.outputs.clone(),
             plan: self.plan.clone(),
             store: self.store.clone(),
@@ -263,40 +324,71 @@ impl Engine {
             None,
         ));
         let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
+        self.check_stored(&thread.thread_id, &state)?;
         let mut pending = self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?;
+        // Finished tasks' records must fit this workflow before anything is written.
+        for w in pending.iter().filter(|w| w.channel == DONE) {
+            decode(w, &self.plan, req.force).map_err(EngineError::Incompatible)?;
+        }
         let mut skip_before = false;
+        let persister = Persister::new(
+            self.store.clone(),
+            req.persist,
+            cp.checkpoint_id.clone(),
+            fence,
+            self.events.clone(),
+        );
+        // Checked and written under the lease: of two racing answers, the second finds the
+        // gate answered.
+        let waiting = waiting_gates(&pending);
         if let Some(answer) = &req.answer {
-            let Some(waiting) = pending.iter().find(|w| w.channel == INTERRUPT).cloned() else {
-                return Err(EngineError::NotInterrupted(thread.thread_id.clone()));
-            };
-            if waiting.task_id == BEFORE {
-                skip_before = is_before(&waiting);
+            let (gate, inner) = self.addressed_gate(&thread.thread_id, &cp, &waiting, req.answer_to.as_deref())?;
+            if gate.task_id == BEFORE || gate.task_id == AFTER {
+                skip_before = is_before(gate);
             } else {
-                self.validate_answer(&waiting, answer)?;
-                let w = PendingWrite {
-                    task_id: waiting.task_id.clone(),
-                    idx: IDX_RESUME,
-                    channel: RESUME.into(),
-                    value: answer.clone(),
-                };
-                self.store
-                    .put_writes(&thread.thread_id, &cp.checkpoint_id, std::slice::from_ref(&w))?;
-                pending.push(w);
+                self.validate_answer(gate, answer, inner.as_deref())?;
+                let writes = vec![
+                    PendingWrite {
+                        task_id: gate.task_id.clone(),
+                        idx: IDX_RESUME,
+                        channel: RESUME.into(),
+                        value: answer.clone(),
+                    },
+                    // Which of a subgraph's gates the answer is for (null: its only one).
+                    PendingWrite {
+                        task_id: gate.task_id.clone(),
+                        idx: IDX_RESUME_TO,
+                        channel: RESUME_TO.into(),
+                        value: inner.map_or(Value::Null, Value::String),
+                    },
+                ];
+                persister.write_now(vec![Put::Writes {
+                    thread_id: thread.thread_id.clone(),
+                    checkpoint_id: cp.checkpoint_id.clone(),
+                    writes: writes.clone(),
+                }])?;
+                let task = gate.task_id.clone();
+                pending.retain(|p| !(p.task_id == task && (p.idx == IDX_RESUME || p.idx == IDX_RESUME_TO)));
+                pending.extend(writes);
             }
-        } else if pending
-            .iter()
-            .any(|w| w.channel == INTERRUPT && w.task_id == BEFORE && is_before(w))
-        {
+        } else if waiting.iter().any(|w| w.task_id == BEFORE && is_before(w)) {
             // Continuing a thread stopped before a node (no answer is needed) runs the node.
             skip_before = true;
         }
-        self.store.set_status(&thread.thread_id, ThreadStatus::Running)?;
-        let persister = Persister::new(self.store.clone(), req.persist, cp.checkpoint_id.clone());
+        persister.write_now(vec![Put::Status {
+            thread_id: thread.thread_id.clone(),
+            status: ThreadStatus::Running,
+        }])?;
         let mut status = Status::Done;
         let mut error = None;
-        let mut interrupt = None;
+        let mut interrupts: Vec<Value> = Vec::new();
         let mut state_value = values::map_to_jinja(&state);
         loop {
+            if held.lost() {
+                // Whoever took the lease over owns the thread now: stop without writing.
+                drop(persister);
+                return Err(checkpoint::CheckpointError::LeaseLost(thread.thread_id.clone()).into());
+            }
             if self.cancel.load(Ordering::SeqCst) {
                 status = Status::Cancelled;
                 break;
@@ -321,7 +413,7 @@ impl Engine {
                     .map(|t| t.node.clone())
                     .collect();
                 if !gated.is_empty() {
-                    interrupt = Some(self.pause(&persister, &thread.thread_id, &cp, "before", &gated)?);
+                    interrupts.push(self.pause(&persister, &thread.thread_id, &cp, "before", &gated)?);
                     status = Status::Interrupted;
                     break;
                 }
@@ -374,11 +466,15 @@ impl Engine {
                 );
                 break;
             }
-            if let Some((t, payload)) = outcomes.iter().find_map(|(t, o)| match o {
-                StepResult::Interrupt(p) => Some((t, p)),
-                _ => None,
-            }) {
-                interrupt = Some(json!({"node": t.node, "task_id": t.task_id, "kind": "node", "payload": payload}));
+            let stopped: Vec<Value> = outcomes
+                .iter()
+                .flat_map(|(t, o)| match o {
+                    StepResult::Interrupt(p) => reported(t, p),
+                    _ => Vec::new(),
+                })
+                .collect();
+            if !stopped.is_empty() {
+                interrupts = stopped;
                 status = Status::Interrupted;
                 break;
             }
@@ -394,15 +490,13 @@ impl Engine {
                             .collect();
                         self.events.send(Event::StateUpdate { step, values: changed });
                     }
-                    persister.put_checkpoint(&next_cp, values)?;
-                    for e in deferred {
-                        self.events.send(e);
-                    }
-                    self.events.send(Event::StepEnd {
+                    let mut after = deferred;
+                    after.push(Event::StepEnd {
                         step,
                         checkpoint_id: next_cp.checkpoint_id.clone(),
                         duration_ms: step_started.elapsed().as_secs_f64() * 1000.0,
                     });
+                    persister.put_checkpoint(&next_cp, values, after)?;
                     let after: Vec<String> = next_cp
                         .ran
                         .iter()
@@ -412,7 +506,7 @@ impl Engine {
                     cp = next_cp;
                     pending = Vec::new();
                     if !after.is_empty() && !cp.next.is_empty() {
-                        interrupt = Some(self.pause(&persister, &thread.thread_id, &cp, "after", &after)?);
+                        interrupts.push(self.pause(&persister, &thread.thread_id, &cp, "after", &after)?);
                         status = Status::Interrupted;
                         break;
                     }
@@ -420,8 +514,7 @@ impl Engine {
                 Err(message) => {
                     // The tasks did finish: keep their writes so that a fixed workflow resumes
                     // without running them again.
-                    persister.flush()?;
-                    self.keep_writes(&shared.thread_id, &cp, &pending, &outcomes)?;
+                    self.keep_writes(&persister, &shared.thread_id, &cp, &pending, &outcomes)?;
                     for e in deferred {
                         self.events.send(e);
                     }
@@ -438,7 +531,14 @@ impl Engine {
             Status::Failed => ThreadStatus::Failed,
             Status::Cancelled => ThreadStatus::Running,
         };
-        self.store.set_status(&thread.thread_id, thread_status)?;
+        // Fenced too: a run that lost its lease does not report over its successor's status.
+        self.store.put_batch(vec![
+            Put::Fence(shared.fence.clone()),
+            Put::Status {
+                thread_id: thread.thread_id.clone(),
+                status: thread_status,
+            },
+        ])?;
         if let Some(e) = &error {
             self.events.send(Event::Error {
                 node: None,
@@ -457,7 +557,8 @@ impl Engine {
             status,
             output: self.output(&state),
             state,
-            interrupt,
+            interrupt: interrupts.first().cloned(),
+            interrupts,
             error,
             steps: cp.step + 1,
             usage: meta.usage,
@@ -475,20 +576,24 @@ impl Engine {
         nodes: &[String],
     ) -> Result<Value, EngineError> {
         let payload = json!({"kind": kind, "nodes": nodes});
-        persister.flush()?;
+        let task_id = if kind == "after" { AFTER } else { BEFORE };
         let record = PendingWrite {
-            task_id: BEFORE.into(),
+            task_id: task_id.into(),
             idx: IDX_INTERRUPT,
             channel: INTERRUPT.into(),
             value: payload.clone(),
         };
-        self.store.put_writes(thread_id, &cp.checkpoint_id, &[record])?;
+        persister.write_now(vec![Put::Writes {
+            thread_id: thread_id.into(),
+            checkpoint_id: cp.checkpoint_id.clone(),
+            writes: vec![record],
+        }])?;
         self.events.send(Event::Interrupt {
             node: nodes.join(","),
-            task_id: BEFORE.into(),
+            task_id: task_id.into(),
             payload: payload.clone(),
         });
-        Ok(json!({"node": nodes[0], "task_id": BEFORE, "kind": kind, "payload": payload}))
+        Ok(json!({"node": nodes[0], "task_id": task_id, "kind": kind, "payload": payload}))
     }
 
     fn node_spec(&self, name: &str) -> Option<&NodeSpec> {
@@ -506,20 +611,27 @@ impl Engine {
         }
     }
 
-    /// Opens (or creates) the thread and returns its latest checkpoint.
-    fn open(&self, req: &RunRequest) -> Result<(Thread, Checkpoint, bool), EngineError> {
-        if let Some(id) = &req.thread_id
-            && let Some(thread) = self.store.get_thread(id)?
-        {
-            let cp = self
-                .store
-                .get_checkpoint(id, None)?
-                .ok_or_else(|| EngineError::NoThread(id.clone()))?;
+    /// Opens (or creates) the thread and returns its latest checkpoint. The thread and its
+    /// first checkpoint are written together; a thread stored without one (by an older build
+    /// killed in between) starts from its recorded input.
+    fn open(&self, req: &RunRequest, id: String, fence: &Fence) -> Result<(Thread, Checkpoint, bool), EngineError> {
+        if let Some(thread) = self.store.get_thread(&id)? {
+            let cp = match self.store.get_checkpoint(&id, None)? {
+                Some(cp) => cp,
+                None => {
+                    let (cp, values) = self.initial_checkpoint(&thread)?;
+                    self.store.put_batch(vec![
+                        Put::Fence(fence.clone()),
+                        Put::Checkpoint(Box::new(cp.clone()), values),
+                    ])?;
+                    cp
+                }
+            };
             if thread.plan_hash != self.plan.hash && !req.force {
                 self.check_compatible(&cp)?;
             }
             if let Some(input) = &req.input {
-                return self.new_turn(thread, cp, input);
+                return self.new_turn(thread, cp, input, fence);
             }
             return Ok((thread, cp, true));
         }
@@ -536,7 +648,7 @@ impl Engine {
         }
         let now = checkpoint::now();
         let thread = Thread {
-            thread_id: req.thread_id.clone().unwrap_or_else(checkpoint::new_id),
+            thread_id: id,
             workflow: req.workflow.clone(),
             plan_hash: self.plan.hash.clone(),
             input,
@@ -547,8 +659,14 @@ impl Engine {
             updated_at: now.clone(),
             forked_from: None,
         };
-        self.store.create_thread(&thread)?;
-        // The initial checkpoint holds the defaults and schedules the entry.
+        let (cp, values) = self.initial_checkpoint(&thread)?;
+        self.store
+            .create_thread_with_checkpoint(Some(fence), &thread, &cp, values)?;
+        Ok((thread, cp, false))
+    }
+
+    /// A thread's first checkpoint: the state's defaults, and what START schedules.
+    fn initial_checkpoint(&self, thread: &Thread) -> Result<(Checkpoint, NewValues), EngineError> {
         let mut state = Map::new();
         let mut versions = BTreeMap::new();
         let mut values = Vec::new();
@@ -557,7 +675,7 @@ impl Engine {
             versions.insert(key.clone(), 1);
             values.push((key.clone(), 1, channel.default.clone()));
         }
-        let tasks = self.entry_tasks(&thread, &thread.input, &state, -1)?;
+        let tasks = self.entry_tasks(thread, &thread.input, &state, -1)?;
         let meta = Meta::default();
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
@@ -570,10 +688,9 @@ impl Engine {
             next: tasks,
             meta: serde_json::to_value(&meta).unwrap_or_default(),
             plan_hash: self.plan.hash.clone(),
-            created_at: now,
+            created_at: checkpoint::now(),
         };
-        self.store.put_checkpoint(&cp, &values)?;
-        Ok((thread, cp, false))
+        Ok((cp, values))
     }
 
     /// What START schedules, given a turn's input and the state.
@@ -603,6 +720,13 @@ impl Engine {
             services: self.services.clone(),
             events: Events::none(),
             thread_id: thread.thread_id.clone(),
+            // Routing from START writes nothing.
+            fence: Fence {
+                thread_id: thread.thread_id.clone(),
+                owner: String::new(),
+                generation: 0,
+            },
+            force: false,
         };
         let mut next = Vec::new();
         for b in &self.plan.entry {
@@ -619,6 +743,7 @@ impl Engine {
         thread: Thread,
         cp: Checkpoint,
         input: &Value,
+        fence: &Fence,
     ) -> Result<(Thread, Checkpoint, bool), EngineError> {
         if !cp.next.is_empty() {
             return Err(EngineError::Input(format!(
@@ -648,7 +773,10 @@ impl Engine {
             created_at: checkpoint::now(),
             ..cp
         };
-        self.store.put_checkpoint(&turn, &[])?;
+        self.store.put_batch(vec![
+            Put::Fence(fence.clone()),
+            Put::Checkpoint(Box::new(turn.clone()), Vec::new()),
+        ])?;
         Ok((thread, turn, true))
     }
 
@@ -682,44 +810,23 @@ impl Engine {
         )))
     }
 
-    /// Checks an answer against the response schema of the gate that is waiting (following
-    /// subgraphs down to the gate).
-    fn validate_answer(&self, waiting: &PendingWrite, answer: &Value) -> Result<(), EngineError> {
-        let node = waiting.task_id.split('#').next().unwrap_or_default();
-        let Some(ix) = self.plan.node_by_name(node) else {
-            return Ok(());
-        };
-        match &self.plan.nodes[&ix].spec {
-            NodeSpec::Interrupt(_) => {
-                if let Some(crate::compile::Compiled::Literal(schema)) = self.plan.nodes[&ix].fields.get("/response") {
-                    let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::BadAnswer(e.to_string()))?;
-                    if let Some(why) = crate::compile::schemas::first_violation(&v, answer) {
-                        return Err(EngineError::BadAnswer(why));
-                    }
-                }
-                Ok(())
+    /// Every value read back must fit its key's schema, as every value written did: a corrupt
+    /// or hand-edited one is named here rather than failing somewhere later.
+    fn check_stored(&self, thread: &str, state: &Map<String, Value>) -> Result<(), EngineError> {
+        for (key, value) in state {
+            if let Some(why) = self
+                .validators
+                .get(key)
+                .and_then(|v| crate::compile::schemas::first_violation(v, value))
+            {
+                return Err(EngineError::StoredValue {
+                    thread: thread.into(),
+                    key: key.clone(),
+                    why,
+                });
             }
-            NodeSpec::Subgraph(_) => {
-                let child = self.plan.subgraphs.get(&ix).cloned();
-                let child_thread = waiting
-                    .value
-                    .get("subgraph_thread")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                if let Some(child) = child
-                    && let Some(cp) = self.store.get_checkpoint(&child_thread, None)?
-                {
-                    let writes = self.store.get_writes(&child_thread, &cp.checkpoint_id)?;
-                    if let Some(w) = writes.iter().find(|w| w.channel == INTERRUPT) {
-                        let engine = Engine::new(child, self.store.clone(), self.services.clone(), Events::none());
-                        return engine.validate_answer(w, answer);
-                    }
-                }
-                Ok(())
-            }
-            _ => Ok(()),
         }
+        Ok(())
     }
 
     /// Runs the step's tasks: those already finished before a crash are taken from their stored
@@ -739,7 +846,8 @@ impl Engine {
         let mut set = JoinSet::new();
         let mut to_run = Vec::new();
         for (i, t) in cp.next.iter().enumerate() {
-            if let Some(done) = cached(pending, &t.task_id, &self.plan) {
+            if let Some(done) = cached(pending, &t.task_id, &self.plan, shared.force) {
+                let done = done.map_err(EngineError::Incompatible)?;
                 self.events.send(Event::NodeEnd {
                     step,
                     node: t.node.clone(),
@@ -761,12 +869,19 @@ impl Engine {
             let resume = pending
                 .iter()
                 .find(|w| w.task_id == t.task_id && w.channel == RESUME)
-                .map(|w| w.value.clone());
+                .map(|w| {
+                    let to = pending
+                        .iter()
+                        .find(|r| r.task_id == t.task_id && r.channel == RESUME_TO)
+                        .and_then(|r| r.value.as_str().map(str::to_string));
+                    (w.value.clone(), to)
+                });
             to_run.push((i, ix, resume, self.spent(&t.node, meta)));
         }
         // A task's future is made when it starts, not before: a fan-out of a thousand holds a
         // thousand of them, so they are not also kept in a list.
-        let start = |(i, ix, resume, spent): (usize, NodeIx, Option<Value>, Option<NodeError>)| {
+        type Resume = Option<(Value, Option<String>)>;
+        let start = |(i, ix, resume, spent): (usize, NodeIx, Resume, Option<NodeError>)| {
             let t = &cp.next[i];
             let fut = task::run(
                 shared.clone(),
@@ -825,11 +940,10 @@ impl Engine {
                     // way `node_end` follows the commit.
                     let event = end(done.writes.iter().map(|(k, _)| k.clone()).collect());
                     if remaining > 0 {
-                        let writes = encode(&t.task_id, &done);
+                        let writes = encode(&t.task_id, &done, &self.plan);
                         tokio::task::block_in_place(|| {
-                            persister.put_writes(&shared.thread_id, &cp.checkpoint_id, writes)
+                            persister.put_writes(&shared.thread_id, &cp.checkpoint_id, writes, vec![event])
                         })?;
-                        self.events.send(event);
                     } else {
                         deferred.push(event);
                     }
@@ -840,17 +954,25 @@ impl Engine {
                     if let Value::Object(m) = &mut payload {
                         m.insert("thread_id".into(), Value::String(shared.thread_id.clone()));
                     }
-                    persister.flush()?;
-                    self.store.put_writes(
-                        &shared.thread_id,
-                        &cp.checkpoint_id,
-                        &[PendingWrite {
-                            task_id: t.task_id.clone(),
-                            idx: IDX_INTERRUPT,
-                            channel: INTERRUPT.into(),
-                            value: payload.clone(),
-                        }],
-                    )?;
+                    let mut writes = vec![PendingWrite {
+                        task_id: t.task_id.clone(),
+                        idx: IDX_INTERRUPT,
+                        channel: INTERRUPT.into(),
+                        value: payload.clone(),
+                    }];
+                    // An answered task that stops again (a subgraph at its next gate) has used
+                    // its answer: it is kept as a record, not passed again.
+                    if let Some(answer) = pending.iter().find(|w| w.task_id == t.task_id && w.channel == RESUME) {
+                        writes.push(PendingWrite {
+                            channel: RESUMED.into(),
+                            ..answer.clone()
+                        });
+                    }
+                    persister.write_now(vec![Put::Writes {
+                        thread_id: shared.thread_id.clone(),
+                        checkpoint_id: cp.checkpoint_id.clone(),
+                        writes,
+                    }])?;
                     self.events.send(Event::Interrupt {
                         node: t.node.clone(),
                         task_id: t.task_id.clone(),
@@ -875,8 +997,7 @@ impl Engine {
         // A step that stops (failure, interrupt) keeps its finished tasks' writes: the last one
         // to finish was not stored yet.
         if out.iter().any(|(_, r)| !matches!(r, StepResult::Done(_))) {
-            persister.flush()?;
-            self.keep_writes(&shared.thread_id, cp, pending, &out)?;
+            self.keep_writes(persister, &shared.thread_id, cp, pending, &out)?;
             for e in deferred.drain(..) {
                 self.events.send(e);
             }
@@ -887,19 +1008,27 @@ impl Engine {
     /// Stores the writes of finished tasks that are not stored yet.
     fn keep_writes(
         &self,
+        persister: &Persister,
         thread: &str,
         cp: &Checkpoint,
         pending: &[PendingWrite],
         outcomes: &[(TaskSpec, StepResult)],
     ) -> Result<(), EngineError> {
-        for (t, r) in outcomes {
-            if let StepResult::Done(done) = r
-                && !pending.iter().any(|w| w.task_id == t.task_id && w.channel == DONE)
-            {
-                self.store
-                    .put_writes(thread, &cp.checkpoint_id, &encode(&t.task_id, done))?;
-            }
-        }
+        let writes: Vec<PendingWrite> = outcomes
+            .iter()
+            .filter_map(|(t, r)| match r {
+                StepResult::Done(done) if !pending.iter().any(|w| w.task_id == t.task_id && w.channel == DONE) => {
+                    Some(encode(&t.task_id, done, &self.plan))
+                }
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        persister.write_now(vec![Put::Writes {
+            thread_id: thread.into(),
+            checkpoint_id: cp.checkpoint_id.clone(),
+            writes,
+        }])?;
         Ok(())
     }
 
@@ -1195,11 +1324,6 @@ fn is_zero(u: &Usage) -> bool {
     *u == Usage::default()
 }
 
-/// Whether a pause record is an `interrupt_before` (the node has not run yet).
-fn is_before(w: &PendingWrite) -> bool {
-    w.value.get("kind").and_then(Value::as_str) == Some("before")
-}
-
 /// Where a branch leads, evaluated in `scope` (the state after the step).
 fn follow(shared: &Shared, b: &Branch, scope: &minijinja::Value, next: &mut Vec<Next>) -> Result<(), NodeError> {
     match b {
@@ -1219,16 +1343,17 @@ fn follow(shared: &Shared, b: &Branch, scope: &minijinja::Value, next: &mut Vec<
     Ok(())
 }
 
-/// A finished task's result as one stored write: its state writes, the successors it chose,
-/// whether its error handler took over, and its usage.
-fn encode(task_id: &str, done: &task::Done) -> Vec<PendingWrite> {
+/// A finished task's result as one stored write: its state writes, the successors it chose
+/// (by node name: indices shift when the workflow is edited), whether its error handler took
+/// over, and its usage.
+fn encode(task_id: &str, done: &task::Done, plan: &Plan) -> Vec<PendingWrite> {
     let next: Vec<Value> = done
         .next
         .iter()
         .map(|n| match n {
-            Next::Node(ix) => json!({"to": ix.index()}),
-            Next::End => json!({"to": "END"}),
-            Next::Send(ix, item) => json!({"send": ix.index(), "item": item}),
+            Next::Node(ix) => json!({"to": plan.name_of(*ix)}),
+            Next::End => json!({"end": true}),
+            Next::Send(ix, item) => json!({"send": plan.name_of(*ix), "item": item}),
         })
         .collect();
     let writes: Vec<Value> = done.writes.iter().map(|(k, v)| json!([k, v])).collect();
@@ -1250,9 +1375,14 @@ fn encode(task_id: &str, done: &task::Done) -> Vec<PendingWrite> {
     }]
 }
 
-/// A task finished before (its result stored), decoded.
-fn cached(pending: &[PendingWrite], task_id: &str, plan: &Plan) -> Option<task::Done> {
+/// A task finished before (its result stored), decoded. A successor whose node is gone from
+/// the workflow is an error, or dropped with `force`.
+fn cached(pending: &[PendingWrite], task_id: &str, plan: &Plan, force: bool) -> Option<Result<task::Done, String>> {
     let w = pending.iter().find(|w| w.task_id == task_id && w.channel == DONE)?;
+    Some(decode(w, plan, force))
+}
+
+fn decode(w: &PendingWrite, plan: &Plan, force: bool) -> Result<task::Done, String> {
     let mut done = task::Done::default();
     for pair in w.value.get("writes").and_then(Value::as_array).into_iter().flatten() {
         if let (Some(k), Some(v)) = (pair.get(0).and_then(Value::as_str), pair.get(1)) {
@@ -1265,22 +1395,34 @@ fn cached(pending: &[PendingWrite], task_id: &str, plan: &Plan) -> Option<task::
         .get("usage")
         .and_then(|u| serde_json::from_value(u.clone()).ok())
         .unwrap_or_default();
-    let to_ix = |v: &Value| {
-        v.as_u64()
-            .map(|i| petgraph::stable_graph::NodeIndex::new(i as usize))
-            .filter(|ix| plan.nodes.contains_key(ix))
+    // Names; databases written by earlier builds hold plan indices (and `"to": "END"`).
+    let to_ix = |v: &Value| -> Result<Option<NodeIx>, String> {
+        match v {
+            Value::String(name) => match plan.node_by_name(name) {
+                Some(ix) => Ok(Some(ix)),
+                None if force => Ok(None),
+                None => Err(format!(
+                    "the workflow changed since task `{}` finished: the node `{name}` it chose next is gone; pass --force to continue without it, or start a new thread",
+                    w.task_id
+                )),
+            },
+            _ => Ok(v
+                .as_u64()
+                .map(|i| petgraph::stable_graph::NodeIndex::new(i as usize))
+                .filter(|ix| plan.nodes.contains_key(ix))),
+        }
     };
     for n in w.value.get("next").and_then(Value::as_array).into_iter().flatten() {
-        if n.get("to") == Some(&json!("END")) {
+        if n.get("end").is_some() || n.get("to") == Some(&json!("END")) {
             done.next.push(Next::End);
-        } else if let Some(ix) = n.get("to").and_then(to_ix) {
-            done.next.push(Next::Node(ix));
-        } else if let Some(ix) = n.get("send").and_then(to_ix) {
-            done.next
-                .push(Next::Send(ix, n.get("item").cloned().unwrap_or(Value::Null)));
+        } else if let Some(to) = n.get("to") {
+            done.next.extend(to_ix(to)?.map(Next::Node));
+        } else if let Some(to) = n.get("send") {
+            let item = n.get("item").cloned().unwrap_or(Value::Null);
+            done.next.extend(to_ix(to)?.map(|ix| Next::Send(ix, item)));
         }
     }
-    Some(done)
+    Ok(done)
 }
 
 /// The plan's config with a thread's overrides merged in.

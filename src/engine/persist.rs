@@ -1,5 +1,11 @@
 //! Committing a run's checkpoints and task writes per its [`Persist`] mode, always in order:
-//! a write never reaches the store before the checkpoint it refers to.
+//! a write never reaches the store before the checkpoint it refers to. Every put carries the
+//! run's lease [`Fence`]: a run that lost its thread's lease has its writes refused.
+//!
+//! Events that promise durability (a task's `node_end`, a step's `step_end`) travel with the
+//! put that stores what they report and are sent once it is committed, in every mode but
+//! `exit` (which promises nothing before the run's end): whoever sees a `node_end` may rely on
+//! the task not running again, even after a crash.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc;
@@ -8,11 +14,12 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use super::Persist;
-use crate::checkpoint::{self, Checkpoint, CheckpointError, Checkpointer, PendingWrite, Put};
+use super::events::{Event, Events};
+use crate::checkpoint::{self, Checkpoint, CheckpointError, Checkpointer, Fence, PendingWrite, Put};
 
 enum Job {
-    Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>),
-    Writes(String, String, Vec<PendingWrite>),
+    Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>, Vec<Event>),
+    Writes(String, String, Vec<PendingWrite>, Vec<Event>),
     Flush(mpsc::Sender<()>),
 }
 
@@ -26,6 +33,10 @@ const QUEUE: usize = 256;
 pub(super) struct Persister {
     store: Arc<dyn Checkpointer>,
     mode: Persist,
+    /// The lease every put is fenced with.
+    fence: Fence,
+    /// Where the events sent after a commit go.
+    events: Events,
     /// `Exit`: the newest checkpoint and the values it references that are not committed yet,
     /// and the id of the last committed checkpoint (the held one's parent).
     held: Mutex<(Option<Held>, String)>,
@@ -40,35 +51,53 @@ fn poisoned() -> CheckpointError {
 
 impl Persister {
     /// `committed` is the id of the checkpoint the run starts from (already stored).
-    pub fn new(store: Arc<dyn Checkpointer>, mode: Persist, committed: String) -> Persister {
+    pub fn new(
+        store: Arc<dyn Checkpointer>,
+        mode: Persist,
+        committed: String,
+        fence: Fence,
+        events: Events,
+    ) -> Persister {
         let (queue, worker) = if mode == Persist::Async {
             // Bounded: a run that outpaces the store waits for it rather than piling up steps.
             let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
             let s = store.clone();
+            let f = fence.clone();
+            let ev = events.clone();
             let handle = std::thread::spawn(move || {
                 // Everything queued while the last commit ran goes into the next one: one
                 // commit (one fsync, power-safe) for as many steps as are waiting.
                 let mut first_error = None;
                 while let Ok(job) = rx.recv() {
-                    let mut puts = Vec::new();
+                    let mut puts = vec![Put::Fence(f.clone())];
+                    let mut after = Vec::new();
                     let mut flushes = Vec::new();
                     let mut next = Some(job);
                     while let Some(job) = next {
                         match job {
-                            Job::Checkpoint(cp, values) => puts.push(Put::Checkpoint(cp, values)),
-                            Job::Writes(thread_id, checkpoint_id, writes) => puts.push(Put::Writes {
-                                thread_id,
-                                checkpoint_id,
-                                writes,
-                            }),
+                            Job::Checkpoint(cp, values, events) => {
+                                puts.push(Put::Checkpoint(cp, values));
+                                after.extend(events);
+                            }
+                            Job::Writes(thread_id, checkpoint_id, writes, events) => {
+                                puts.push(Put::Writes {
+                                    thread_id,
+                                    checkpoint_id,
+                                    writes,
+                                });
+                                after.extend(events);
+                            }
                             Job::Flush(done) => flushes.push(done),
                         }
                         next = if flushes.is_empty() { rx.try_recv().ok() } else { None };
                     }
-                    if !puts.is_empty()
-                        && let Err(e) = s.put_batch(puts)
-                    {
-                        first_error.get_or_insert(e);
+                    if puts.len() > 1 {
+                        match s.put_batch(puts) {
+                            Ok(()) => after.into_iter().for_each(|e| ev.send(e)),
+                            Err(e) => {
+                                first_error.get_or_insert(e);
+                            }
+                        }
                     }
                     for done in flushes {
                         let _ = done.send(());
@@ -83,6 +112,8 @@ impl Persister {
         Persister {
             store,
             mode,
+            fence,
+            events,
             held: Mutex::new((None, committed)),
             queue,
             worker,
@@ -98,11 +129,22 @@ impl Persister {
         }
     }
 
-    pub fn put_checkpoint(&self, cp: &Checkpoint, values: Vec<(String, u64, Value)>) -> Result<(), CheckpointError> {
+    /// A step's checkpoint; `after` is sent once it is committed.
+    pub fn put_checkpoint(
+        &self,
+        cp: &Checkpoint,
+        values: Vec<(String, u64, Value)>,
+        after: Vec<Event>,
+    ) -> Result<(), CheckpointError> {
         match self.mode {
-            Persist::Sync => self.store.put_checkpoint(cp, &values),
-            Persist::Async => self.send(Job::Checkpoint(Box::new(cp.clone()), values)),
+            Persist::Sync => {
+                self.put_now(vec![Put::Checkpoint(Box::new(cp.clone()), values)])?;
+                after.into_iter().for_each(|e| self.events.send(e));
+                Ok(())
+            }
+            Persist::Async => self.send(Job::Checkpoint(Box::new(cp.clone()), values, after)),
             Persist::Exit => {
+                after.into_iter().for_each(|e| self.events.send(e));
                 let mut guard = self.held.lock().map_err(|_| poisoned())?;
                 let (held, committed) = &mut *guard;
                 let mut acc = held.take().map(|(_, v)| v).unwrap_or_default();
@@ -128,11 +170,29 @@ impl Persister {
 
     /// A finished task's writes. In `Exit` mode there is no durability before the end, so
     /// they are kept only in memory (the checkpoint that follows carries their effect).
-    pub fn put_writes(&self, thread: &str, cp: &str, writes: Vec<PendingWrite>) -> Result<(), CheckpointError> {
+    /// `after` is sent once they are committed.
+    pub fn put_writes(
+        &self,
+        thread: &str,
+        cp: &str,
+        writes: Vec<PendingWrite>,
+        after: Vec<Event>,
+    ) -> Result<(), CheckpointError> {
         match self.mode {
-            Persist::Sync => self.store.put_writes(thread, cp, &writes),
-            Persist::Async => self.send(Job::Writes(thread.into(), cp.into(), writes)),
-            Persist::Exit => Ok(()),
+            Persist::Sync => {
+                self.put_now(vec![Put::Writes {
+                    thread_id: thread.into(),
+                    checkpoint_id: cp.into(),
+                    writes,
+                }])?;
+                after.into_iter().for_each(|e| self.events.send(e));
+                Ok(())
+            }
+            Persist::Async => self.send(Job::Writes(thread.into(), cp.into(), writes, after)),
+            Persist::Exit => {
+                after.into_iter().for_each(|e| self.events.send(e));
+                Ok(())
+            }
         }
     }
 
@@ -151,12 +211,28 @@ impl Persister {
                 let (held, committed) = &mut *guard;
                 if let Some((cp, values)) = held.take() {
                     let values: Vec<(String, u64, Value)> = values.into_iter().map(|(k, (v, x))| (k, v, x)).collect();
-                    self.store.put_checkpoint(&cp, &values)?;
-                    *committed = cp.checkpoint_id;
+                    let id = cp.checkpoint_id.clone();
+                    self.put_now(vec![Put::Checkpoint(Box::new(cp), values)])?;
+                    *committed = id;
                 }
                 Ok(())
             }
         }
+    }
+
+    /// Commits everything queued, then `puts`, fenced: for the records a run writes directly
+    /// (pauses, interrupts, a failed step's finished tasks).
+    pub fn write_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
+        self.flush()?;
+        self.put_now(puts)
+    }
+
+    /// `puts` in one batch behind the run's fence.
+    fn put_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
+        let mut fenced = Vec::with_capacity(puts.len() + 1);
+        fenced.push(Put::Fence(self.fence.clone()));
+        fenced.extend(puts);
+        self.store.put_batch(fenced)
     }
 
     /// Commits what is left and stops the background committer, reporting its first error.

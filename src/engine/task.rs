@@ -52,7 +52,7 @@ pub async fn run(
     item: Option<Value>,
     base: Arc<Scope>,
     step: i64,
-    resume: Option<Value>,
+    resume: Option<(Value, Option<String>)>,
     spent: Option<NodeError>,
 ) -> (Outcome, f64) {
     let plan = &shared.plan;
@@ -95,9 +95,11 @@ pub async fn run(
             step,
             events: &shared.events,
             services: &shared.services,
-            resume: resume.as_ref(),
+            resume: resume.as_ref().map(|(answer, _)| answer),
+            resume_to: resume.as_ref().and_then(|(_, to)| to.as_deref()),
             store: &shared.store,
             thread_id: &shared.thread_id,
+            fence: &shared.fence,
             outputs: &shared.outputs,
         };
         let result = match timeout {

@@ -89,11 +89,14 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
                 crate::providers::ProviderError::RateLimited { retry_after } => *retry_after,
                 _ => None,
             };
+            // A failed call is still a call (its tokens, if any, are unknown).
+            let mut spent = usage;
+            spent.calls += 1;
             NodeError {
                 retry_after,
                 ..NodeError::new(e.class(), e.to_string())
             }
-            .spent(usage)
+            .spent(spent)
         })?;
         let mut call_usage = reply.usage;
         call_usage.calls = call_usage.calls.max(1);

@@ -50,8 +50,12 @@ pub struct NodeCtx<'a> {
     pub services: &'a Services,
     /// The answer to this task's interrupt, when the run resumes it.
     pub resume: Option<&'a Value>,
+    /// Which of a subgraph's gates the answer is for, when it waits at several.
+    pub resume_to: Option<&'a str>,
     pub store: &'a Arc<dyn Checkpointer>,
     pub thread_id: &'a str,
+    /// The lease the run writes under (a subgraph runs its child thread under it).
+    pub fence: &'a crate::checkpoint::Fence,
     /// Validators of llm output schemas, by node.
     pub outputs: &'a std::collections::HashMap<NodeIx, jsonschema::Validator>,
 }

@@ -2,12 +2,14 @@
 //! parent's (`<parent>/<step>/<task>`), so a crash or an interrupt inside it resumes inside it.
 //! The child's input comes from the node's `input` map; its output (declared output keys, or
 //! its final state) is the node's `output`. An interrupt inside the child interrupts the parent;
-//! the answer given to the parent is passed down.
+//! the answer given to the parent is passed down. The child runs under the parent's lease.
+//! Its thread and first checkpoint are written together, so a parent killed as the child
+//! starts finds either no child (and starts it) or a child it can continue.
 
 use serde_json::{Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
-use crate::engine::{Engine, RunRequest, Status};
+use crate::engine::{Engine, LeasePolicy, RunRequest, Status};
 use crate::spec::ErrorClass;
 
 /// The child thread of a subgraph task.
@@ -44,6 +46,12 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         input: (!exists).then_some(input),
         context: if exists { None } else { context },
         answer: if exists { ctx.resume.cloned() } else { None },
+        answer_to: if exists {
+            ctx.resume_to.map(str::to_string)
+        } else {
+            None
+        },
+        lease: LeasePolicy::Under(ctx.fence.clone()),
         ..RunRequest::default()
     };
     let outcome = engine
@@ -60,6 +68,10 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
             if let Value::Object(m) = &mut payload {
                 m.insert("subgraph".into(), Value::String(ctx.node.name.clone()));
                 m.insert("subgraph_thread".into(), Value::String(thread));
+                // Every gate the child waits at; the parent reports each as `<task>/<gate>`.
+                if outcome.interrupts.len() > 1 {
+                    m.insert("interrupts".into(), Value::Array(outcome.interrupts));
+                }
             }
             Err(NodeFailure::Interrupt(payload))
         }

@@ -226,6 +226,10 @@ async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, read_roots: &crat
                     thread_id: Some(outcome.thread_id.clone()),
                     workflow: request.workflow.clone(),
                     answer: Some(answer.clone()),
+                    // Several gates waiting: the answers take them in the order reported.
+                    answer_to: (outcome.interrupts.len() > 1)
+                        .then(|| outcome.interrupts[0]["task_id"].as_str().map(str::to_string))
+                        .flatten(),
                     recursion_limit: case.recursion_limit,
                     ..RunRequest::default()
                 };

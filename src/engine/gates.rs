@@ -1,0 +1,219 @@
+//! Gates: which interrupts a checkpoint waits at, how they are reported, and which one an
+//! answer is for — addressed by task id or node, and through a subgraph's task as
+//! `<task>/<gate>`. Answers are checked here before anything is stored.
+
+use serde_json::{Value, json};
+
+use super::events::Events;
+use super::{AFTER, BEFORE, DONE, Engine, EngineError, INTERRUPT, RESUME, RESUMED};
+use crate::checkpoint::{Checkpoint, PendingWrite, TaskSpec};
+use crate::spec::NodeSpec;
+
+impl Engine {
+    /// The gate an answer is for: the only one waiting, or the one `to` names (by task id or
+    /// node). With no gate waiting, says whether one was answered already.
+    pub(super) fn addressed_gate<'a>(
+        &self,
+        thread: &str,
+        cp: &Checkpoint,
+        waiting: &[&'a PendingWrite],
+        to: Option<&str>,
+    ) -> Result<(&'a PendingWrite, Option<String>), EngineError> {
+        if waiting.is_empty() {
+            return Err(if self.was_answered(thread, to)? {
+                EngineError::AlreadyAnswered(thread.into())
+            } else {
+                EngineError::NotInterrupted(thread.into())
+            });
+        }
+        let node_of = |w: &PendingWrite| gate_node(cp, w);
+        let describe = |ws: &[&PendingWrite]| -> Vec<String> {
+            ws.iter()
+                .map(|w| {
+                    let node = node_of(w);
+                    if node == w.task_id {
+                        format!("`{node}`")
+                    } else {
+                        format!("`{}` (node `{node}`)", w.task_id)
+                    }
+                })
+                .collect()
+        };
+        let Some(to) = to else {
+            return match waiting {
+                [one] => Ok((one, None)),
+                many => Err(EngineError::WhichGate {
+                    thread: thread.into(),
+                    pending: describe(many),
+                }),
+            };
+        };
+        let find = |to: &str| -> Vec<&'a PendingWrite> {
+            let by_id: Vec<&PendingWrite> = waiting.iter().copied().filter(|w| w.task_id == to).collect();
+            if by_id.is_empty() {
+                waiting.iter().copied().filter(|w| node_of(w) == to).collect()
+            } else {
+                by_id
+            }
+        };
+        // `sub/gate`: the gate `gate` inside the subgraph task `sub`.
+        let (matches, inner) = match (find(to), to.split_once('/')) {
+            (found, Some((head, rest))) if found.is_empty() => (find(head), Some(rest.to_string())),
+            (found, _) => (found, None),
+        };
+        match matches.as_slice() {
+            [one] => Ok((one, inner)),
+            [] if self.was_answered(thread, Some(to))? => Err(EngineError::AlreadyAnswered(thread.into())),
+            [] => Err(EngineError::NoSuchGate {
+                thread: thread.into(),
+                to: to.into(),
+                pending: describe(waiting),
+            }),
+            many => Err(EngineError::WhichGate {
+                thread: thread.into(),
+                pending: describe(many),
+            }),
+        }
+    }
+
+    /// Whether a gate of the thread (the one `to` names, if given) was answered, at any
+    /// checkpoint. Only asked when an answer finds no gate waiting.
+    pub(super) fn was_answered(&self, thread: &str, to: Option<&str>) -> Result<bool, EngineError> {
+        for cp in self.store.history(thread)? {
+            let writes = self.store.get_writes(thread, &cp.checkpoint_id)?;
+            if writes.iter().any(|w| {
+                (w.channel == RESUME || w.channel == RESUMED)
+                    && to.is_none_or(|to| {
+                        let head = to.split('/').next().unwrap_or(to);
+                        [to, head].iter().any(|a| w.task_id == *a || gate_node(&cp, w) == *a)
+                    })
+            }) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Checks an answer against the response schema of the gate that is waiting, following
+    /// subgraphs down to the gate (`child_to` addresses it among the child's gates).
+    pub(super) fn validate_answer(
+        &self,
+        waiting: &PendingWrite,
+        answer: &Value,
+        child_to: Option<&str>,
+    ) -> Result<(), EngineError> {
+        let node = waiting.task_id.split('#').next().unwrap_or_default();
+        let Some(ix) = self.plan.node_by_name(node) else {
+            return Ok(());
+        };
+        match &self.plan.nodes[&ix].spec {
+            NodeSpec::Interrupt(_) => {
+                if let Some(crate::compile::Compiled::Literal(schema)) = self.plan.nodes[&ix].fields.get("/response") {
+                    let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::BadAnswer(e.to_string()))?;
+                    if let Some(why) = crate::compile::schemas::first_violation(&v, answer) {
+                        return Err(EngineError::BadAnswer(why));
+                    }
+                }
+                Ok(())
+            }
+            NodeSpec::Subgraph(_) => {
+                let child = self.plan.subgraphs.get(&ix).cloned();
+                let child_thread = waiting
+                    .value
+                    .get("subgraph_thread")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                if let Some(child) = child
+                    && let Some(cp) = self.store.get_checkpoint(&child_thread, None)?
+                {
+                    let writes = self.store.get_writes(&child_thread, &cp.checkpoint_id)?;
+                    let waiting_inside = waiting_gates(&writes);
+                    let engine = Engine::new(child, self.store.clone(), self.services.clone(), Events::none());
+                    // The child's gates are addressed as `<this task>/<gate>`.
+                    let inside = |e: EngineError| match e {
+                        EngineError::WhichGate { pending, .. } => EngineError::WhichGate {
+                            thread: child_thread.clone(),
+                            pending: pending.iter().map(|p| nested(&waiting.task_id, p)).collect(),
+                        },
+                        EngineError::NoSuchGate { to, pending, .. } => EngineError::NoSuchGate {
+                            thread: child_thread.clone(),
+                            to: format!("{}/{to}", waiting.task_id),
+                            pending: pending.iter().map(|p| nested(&waiting.task_id, p)).collect(),
+                        },
+                        other => other,
+                    };
+                    let (w, deeper) = engine
+                        .addressed_gate(&child_thread, &cp, &waiting_inside, child_to)
+                        .map_err(inside)?;
+                    return engine.validate_answer(w, answer, deeper.as_deref()).map_err(inside);
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// How a task's stop is reported: one gate, or (a subgraph stopped at several) each of the
+/// child's gates, addressed `<task>/<gate>`.
+pub(super) fn reported(t: &TaskSpec, payload: &Value) -> Vec<Value> {
+    match payload.get("interrupts").and_then(Value::as_array) {
+        Some(inner) if inner.len() > 1 => inner
+            .iter()
+            .map(|i| {
+                // Shaped as a single gate's: the child's interrupt, marked with its subgraph.
+                let mut p = i.clone();
+                if let (Value::Object(m), Some(sub)) = (&mut p, payload.get("subgraph_thread")) {
+                    m.insert("subgraph".into(), Value::String(t.node.clone()));
+                    m.insert("subgraph_thread".into(), sub.clone());
+                }
+                json!({
+                    "node": t.node,
+                    "task_id": format!("{}/{}", t.task_id, i["task_id"].as_str().unwrap_or_default()),
+                    "kind": "node",
+                    "payload": p,
+                })
+            })
+            .collect(),
+        _ => vec![json!({"node": t.node, "task_id": t.task_id, "kind": "node", "payload": payload})],
+    }
+}
+
+/// A child's gate as its parent's caller addresses it.
+pub(super) fn nested(task_id: &str, described: &str) -> String {
+    format!("`{task_id}/{}", described.trim_start_matches('`'))
+}
+
+/// The node of a gate record: its task's node, or the nodes a pause stopped at.
+pub(super) fn gate_node(cp: &Checkpoint, w: &PendingWrite) -> String {
+    if let Some(nodes) = w.value.get("nodes").and_then(Value::as_array)
+        && (w.task_id == BEFORE || w.task_id == AFTER)
+    {
+        return nodes.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",");
+    }
+    cp.next
+        .iter()
+        .find(|t| t.task_id == w.task_id)
+        .map(|t| t.node.clone())
+        .unwrap_or_else(|| w.task_id.clone())
+}
+
+/// Whether a pause record is an `interrupt_before` (the node has not run yet).
+pub(super) fn is_before(w: &PendingWrite) -> bool {
+    w.value.get("kind").and_then(Value::as_str) == Some("before")
+}
+
+/// The gates a checkpoint waits at: its interrupt records whose task has neither finished nor
+/// been answered, in task order.
+pub(super) fn waiting_gates(pending: &[PendingWrite]) -> Vec<&PendingWrite> {
+    pending
+        .iter()
+        .filter(|w| w.channel == INTERRUPT)
+        .filter(|w| {
+            !pending
+                .iter()
+                .any(|o| o.task_id == w.task_id && (o.channel == DONE || o.channel == RESUME))
+        })
+        .collect()
+}
