@@ -5,6 +5,7 @@
 
 pub mod extract;
 pub mod guard;
+pub mod http_error;
 mod record;
 pub mod robots;
 mod web;
