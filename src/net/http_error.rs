@@ -72,6 +72,16 @@ pub fn excerpt(text: &str, scrub: impl Fn(&str) -> String, max_chars: usize) -> 
     cut(&scrub(text), max_chars)
 }
 
+/// `text` with every one of `secrets` (of four characters or more; longest first, so a
+/// secret holding another goes whole) replaced by `***`.
+pub fn scrub_secrets(text: &str, secrets: &[String]) -> String {
+    let mut secrets: Vec<&String> = secrets.iter().filter(|s| s.len() >= 4).collect();
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets
+        .iter()
+        .fold(text.to_string(), |t, s| t.replace(s.as_str(), "***"))
+}
+
 /// `text` cut to `max_chars` characters, with `…` when something was cut.
 pub fn cut(text: &str, max_chars: usize) -> String {
     match text.char_indices().nth(max_chars) {
@@ -152,6 +162,10 @@ mod tests {
         let shown = excerpt(&body, scrub, EXCERPT_CHARS);
         assert!(!shown.contains("sk-"), "{shown}");
         assert!(shown.contains("***"), "{shown}");
+        let secrets = vec![key.to_string(), "sk-0123".to_string(), "abc".to_string()];
+        let shown = excerpt(&body, |t| scrub_secrets(t, &secrets), EXCERPT_CHARS);
+        assert!(!shown.contains("sk-") && shown.contains("***"), "{shown}");
+        assert_eq!(scrub_secrets("abc", &secrets), "abc");
         assert_eq!(cut("héllo", 2), "hé…");
         assert_eq!(cut("hi", 2), "hi");
     }

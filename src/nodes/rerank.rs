@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 use super::NodeCtx;
-use crate::net::{AllowList, FetchOptions, Oversize, Request, Web};
+use crate::net::{AllowList, FetchOptions, Oversize, Request, Web, http_error};
 use crate::providers::{ChatRequest, Message, Usage, price};
 use crate::rag::search::{ChunkRow, Hit};
 use crate::spec::{Rerank, RerankName};
@@ -214,7 +214,13 @@ async fn by_endpoint(web: &Web, url: &str, queries: &[String], hits: &[Hit]) -> 
         .map_err(|e| format!("rerank endpoint {url}: {e}"))?;
     let bytes = response.body;
     if response.status >= 400 {
-        let shown: String = String::from_utf8_lossy(&bytes).chars().take(200).collect();
+        // Secrets are scrubbed before the body is cut, so none straddles the cut.
+        let secrets = crate::cassette::env_secrets();
+        let shown = http_error::excerpt(
+            &String::from_utf8_lossy(&bytes),
+            |t| http_error::scrub_secrets(t, &secrets),
+            200,
+        );
         return Err(format!("rerank endpoint {url}: HTTP {}: {shown}", response.status));
     }
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| format!("rerank endpoint {url}: {e}"))?;
