@@ -50,7 +50,7 @@ impl Anthropic {
         if let Some(key) = self.key.value() {
             post = post.header("x-api-key", key);
         }
-        let response = http::send(post, &self.limits).await?;
+        let response = http::send(post).await?;
         if !response.status().is_success() {
             return Err(http::error_response(response, &self.limits).await);
         }

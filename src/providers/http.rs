@@ -23,7 +23,7 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// The total deadline of a model call when its profile sets no `timeout`.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
-/// The longest a streamed or slow reply may go without a byte when its profile sets no
+/// The longest a response that has started may go without a byte when its profile sets no
 /// `idle_timeout`.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// The largest reply (text and tool calls) when its profile sets no `max_reply_bytes`.
@@ -37,7 +37,7 @@ const WIRE_FACTOR: usize = 16;
 pub struct Limits {
     /// The whole call, the reply read included.
     pub deadline: Duration,
-    /// Between two pieces of the response (and until its headers).
+    /// Between two pieces of a response's body, once the response has started.
     pub idle: Duration,
     /// The reply's text and tool calls, in bytes.
     pub max_reply: usize,
@@ -149,12 +149,10 @@ pub async fn deadline<T>(
         .unwrap_or(Err(ProviderError::Timeout))
 }
 
-/// Sends a request, waiting at most the idle timeout for the response's headers.
-pub async fn send(request: reqwest::RequestBuilder, limits: &Limits) -> Result<reqwest::Response, ProviderError> {
-    match tokio::time::timeout(limits.idle, request.send()).await {
-        Ok(sent) => sent.map_err(|e| send_error(&e)),
-        Err(_) => Err(ProviderError::Timeout),
-    }
+/// Sends a request. Waiting for the response to start is bounded by the call's deadline
+/// only: a model that thinks for minutes before a non-streamed reply is not idle.
+pub async fn send(request: reqwest::RequestBuilder) -> Result<reqwest::Response, ProviderError> {
+    request.send().await.map_err(|e| send_error(&e))
 }
 
 /// The next piece of a body, waiting at most the idle timeout for it.
@@ -351,6 +349,23 @@ mod tests {
         let max = http_error::MAX_RETRY_AFTER.as_secs_f64();
         assert_eq!(retry_after(&headers(&[("retry-after", "inf")]), now), Some(max));
         assert_eq!(retry_after(&headers(&[("retry-after", "1e300")]), now), Some(max));
+    }
+
+    #[test]
+    fn every_call_is_bounded_by_default_and_profiles_override() {
+        let profile = |v: serde_json::Value| -> ModelProfile { serde_json::from_value(v).unwrap() };
+        let none = Limits::of(&profile(serde_json::json!({"provider": "openai", "model": "m"})));
+        assert_eq!(none.deadline, Duration::from_secs(600));
+        assert_eq!(none.idle, Duration::from_secs(120));
+        assert_eq!(none.max_reply, 1024 * 1024);
+        let set = Limits::of(&profile(serde_json::json!({"provider": "openai", "model": "m",
+            "timeout": "2m", "idle_timeout": 5, "max_reply_bytes": 4096})));
+        assert_eq!(
+            (set.deadline, set.idle, set.max_reply),
+            (Duration::from_secs(120), Duration::from_secs(5), 4096)
+        );
+        assert!(set.check_reply(4096).is_ok());
+        assert!(matches!(set.check_reply(4097), Err(ProviderError::TooLarge(_))));
     }
 
     #[test]

@@ -69,7 +69,7 @@ impl Endpoint {
                 None => request.bearer_auth(key),
             };
         }
-        let response = http::send(request, &self.limits).await?;
+        let response = http::send(request).await?;
         if response.status().is_success() {
             return Ok(response);
         }

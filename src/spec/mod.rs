@@ -177,9 +177,9 @@ pub struct ModelProfile {
     /// The deadline of one call, the whole reply read included, e.g. `60s` (default `10m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
-    /// The longest a call may wait for the response to start or for the next piece of a
-    /// streamed reply, e.g. `30s` (default `120s`). A call past it fails with the class
-    /// `timeout`.
+    /// The longest a call may wait for the next piece of a reply once the response has
+    /// started (a stalled stream), e.g. `30s` (default `120s`). A call past it fails with the
+    /// class `timeout`; waiting for the response to start is bounded by `timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout: Option<Duration>,
     /// The largest reply accepted, its text and tool calls together, in bytes (default 1 MiB).
