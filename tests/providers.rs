@@ -874,3 +874,121 @@ fn a_missing_key_stops_the_run_before_it_starts_naming_the_variable() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("`FAKE_KEY`"));
     assert!(server.requests().is_empty());
 }
+
+#[tokio::test]
+async fn a_server_that_never_answers_or_stalls_is_cut_off() {
+    let server = FakeLlm::start().await;
+    server.script([
+        // Never answers (within any test's lifetime): the profile's deadline ends the call.
+        Reply::completion("never").after(Duration::from_secs(3600)),
+        // Answers at once, then the stream stalls: the idle timeout ends it.
+        Reply::stream(&["a", "b", "c"]).gap(Duration::from_secs(3600)),
+        // A slow but steady stream outlives the idle timeout in total, and is read whole.
+        Reply::stream(&["s", "l", "o", "w", "l", "y"]).gap(Duration::from_millis(100)),
+    ]);
+    let never = provider_for(profile(
+        json!({"provider": "openai", "model": "m", "base_url": server.base_url, "timeout": "400ms"}),
+    ));
+    let started = Instant::now();
+    assert_eq!(call(&*never, ask("hi", false)).await.0, Err(ProviderError::Timeout));
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    // The total deadline is far away: only the idle timeout can end a stalled stream.
+    let p = provider_for(profile(
+        json!({"provider": "openai", "model": "m", "base_url": server.base_url,
+        "timeout": "1h", "idle_timeout": "400ms"}),
+    ));
+    let started = Instant::now();
+    let (reply, tokens) = call(&*p, ask("hi", true)).await;
+    assert_eq!(reply, Err(ProviderError::Timeout));
+    assert!(texts(&tokens).len() <= 1, "{:?}", texts(&tokens));
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    let started = Instant::now();
+    let (reply, _) = call(&*p, ask("hi", true)).await;
+    assert_eq!(reply.unwrap().text, "slowly");
+    assert!(
+        started.elapsed() > Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    // A timeout is retried as one.
+    assert_eq!(ProviderError::Timeout.class(), runner::spec::ErrorClass::Timeout);
+}
+
+#[tokio::test]
+async fn replies_larger_than_the_profile_allows_are_refused() {
+    let server = FakeLlm::start().await;
+    let big = "x".repeat(5_000);
+    let pieces: Vec<String> = (0..50).map(|_| "y".repeat(100)).collect();
+    let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+    server.script([
+        Reply::completion(&big),
+        Reply::stream(&pieces),
+        Reply::completion(&"z".repeat(900)),
+        Reply::anthropic_stream(&pieces),
+        // Without `max_reply_bytes`, 1 MiB is the cap.
+        Reply::completion(&"w".repeat(1_100_000)),
+    ]);
+    let p = provider_for(profile(
+        json!({"provider": "openai", "model": "m", "base_url": server.base_url,
+        "max_reply_bytes": 1000}),
+    ));
+    for stream in [false, true] {
+        let (reply, _) = call(&*p, ask("hi", stream)).await;
+        assert!(
+            matches!(&reply, Err(ProviderError::TooLarge(m)) if m.contains("1000")),
+            "{reply:?}"
+        );
+        assert_eq!(reply.unwrap_err().class(), runner::spec::ErrorClass::Invalid);
+    }
+    assert_eq!(call(&*p, ask("hi", false)).await.0.unwrap().text.len(), 900);
+    let a = provider_for(profile(json!({"provider": "anthropic", "model": "m",
+        "base_url": server.base_url.trim_end_matches("/v1"), "api_key_env": "FAKE_KEY", "max_reply_bytes": 1000})));
+    let (reply, tokens) = call(&*a, ask("hi", true)).await;
+    assert!(matches!(reply, Err(ProviderError::TooLarge(_))), "{reply:?}");
+    assert!(tokens.len() <= 11, "reading stopped at the cap: {}", tokens.len());
+    let unbounded = provider_for(profile(
+        json!({"provider": "openai", "model": "m", "base_url": server.base_url}),
+    ));
+    let (reply, _) = call(&*unbounded, ask("hi", false)).await;
+    assert!(matches!(reply, Err(ProviderError::TooLarge(_))), "{reply:?}");
+}
+
+#[tokio::test]
+async fn a_key_placed_across_the_excerpt_cut_is_scrubbed_whole() {
+    let server = FakeLlm::start().await;
+    let offsets: Vec<usize> = (250..650).step_by(3).collect();
+    server.script(offsets.iter().map(|at| {
+        Reply::json(
+            401,
+            json!({"error": {"message": format!("{}{KEY} is not a valid key", "x".repeat(*at))}}),
+        )
+    }));
+    let p = openai(&server);
+    for at in offsets {
+        let e = call(&*p, ask("hi", false)).await.0.unwrap_err();
+        let text = format!("{e} {e:?}");
+        // No four characters of the key in a row, wherever the cut fell.
+        assert!(!text.contains(&KEY[..4]), "offset {at}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn an_absurd_retry_after_is_capped_not_passed_on() {
+    let server = FakeLlm::start().await;
+    server.script([
+        Reply::json(429, json!({})).header("retry-after", "1e300"),
+        Reply::json(429, json!({})).header("retry-after", "inf"),
+        Reply::json(429, json!({})).header("retry-after", "-4"),
+        Reply::json(429, json!({})).header("retry-after-ms", "1e308"),
+    ]);
+    let p = openai(&server);
+    let max = runner::net::http_error::MAX_RETRY_AFTER.as_secs_f64();
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        match call(&*p, ask("hi", false)).await.0 {
+            Err(ProviderError::RateLimited { retry_after }) => waits.push(retry_after),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(waits, [Some(max), Some(max), None, Some(max)]);
+}

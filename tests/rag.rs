@@ -408,23 +408,28 @@ fn hybrid_retrieval_finds_the_chunk_that_answers() {
 fn several_queries_are_fused_and_html_is_searchable() {
     let p = Project::new();
     p.index(&["docs"], "kb", &[]);
-    let wf = retrieve_wf("kb", "    top_k: 1").replace(
+    let wf = retrieve_wf("kb", "    top_k: 4").replace(
         "queries: input.question",
         "queries: \"[input.question, 'lost laptop phishing report']\"",
     );
     let r = p.run(&wf, &["-i", "question=How long must passwords be?"]).ok();
-    // A small HTML page without Markdown headings is one chunk.
-    assert_eq!(r.ids(), ["security-handbook.html#0"]);
-    let texts: String = r.output["chunks"]
-        .as_array()
-        .unwrap()
+    // The page's headings make one chunk per section, each with its heading path.
+    let chunks = r.output["chunks"].as_array().unwrap();
+    let html: Vec<(&str, &str)> = chunks
         .iter()
-        .map(|c| c["text"].as_str().unwrap())
+        .filter(|c| c["id"].as_str().unwrap().starts_with("security-handbook.html#"))
+        .map(|c| (c["heading"].as_str().unwrap_or(""), c["text"].as_str().unwrap()))
         .collect();
+    assert_eq!(html.len(), 2, "{:#}", r.output);
     assert!(
-        texts.contains("sixteen characters") && texts.contains("lost laptop"),
-        "{texts}"
+        html.iter()
+            .any(|(h, t)| *h == "Security Handbook > Passwords" && t.contains("sixteen characters"))
     );
+    assert!(
+        html.iter()
+            .any(|(h, t)| *h == "Security Handbook > Incidents" && t.contains("lost laptop"))
+    );
+    let texts: String = chunks.iter().map(|c| c["text"].as_str().unwrap()).collect();
     assert!(!texts.contains("console.log"));
 }
 
@@ -1136,7 +1141,8 @@ fn the_index_node_takes_paths_and_documents_and_skips_what_it_has() {
         r.output["indexed"],
         json!({
             "documents": ["remote-work-policy.md", "security-handbook.html"],
-            "chunks": 6,
+            // The handbook's two sections are a chunk each.
+            "chunks": 7,
             "skipped": ["travel-expenses.md", "office-notes"]
         })
     );
@@ -1420,4 +1426,62 @@ fn runner_test_reads_allowed_roots_too() {
         .unwrap();
     let text = String::from_utf8_lossy(&allowed.stdout).into_owned();
     assert_eq!(allowed.status.code(), Some(0), "{text}");
+}
+
+// ── HTML extraction ─────────────────────────────────────────────────────────────────────────
+
+/// Ordinary text whose `&` is followed by a multi-byte character, with headings and a code
+/// block.
+const MENU_HTML: &str = "<!doctype html><html><head><title>Caf\u{e9} &amp; co</title></head><body>\
+<nav>Home | Menu | Contact</nav>\
+<h1>Menu</h1><p>Fish &\u{e9}t\u{e9} and R&\u{d7}D &\u{1f600} for everyone, Tea &\u{65e5}\u{672c}\u{8336}\u{306e}\u{5e97} too.</p>\
+<h2>Drinks</h2><p>Espresso is served all day.</p>\
+<h3>Recipes</h3><pre>steam milk\n  pour slowly</pre>\
+<footer>(c) Caf\u{e9}</footer></body></html>";
+
+#[test]
+fn html_with_an_ampersand_before_a_multibyte_character_is_indexed_and_loaded() {
+    let p = Project::new();
+    p.write("menu/menu.html", MENU_HTML);
+    let (code, out) = p.index(&["menu"], "menu", &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("1 files indexed"), "{out}");
+    let r = p
+        .run(FILES_WF, &["-i", "source=menu/menu.html", "-i", "path=menu.md"])
+        .ok();
+    let loaded = &r.output["loaded"];
+    assert_eq!(loaded["title"], "Caf\u{e9} & co");
+    let content = loaded["content"].as_str().unwrap();
+    assert!(
+        content.contains("Fish &\u{e9}t\u{e9} and R&\u{d7}D &\u{1f600}"),
+        "{content}"
+    );
+    assert!(
+        content.contains("Tea &\u{65e5}\u{672c}\u{8336}\u{306e}\u{5e97} too"),
+        "{content}"
+    );
+    assert!(content.contains("# Menu") && content.contains("## Drinks"), "{content}");
+    assert!(content.contains("```\nsteam milk\n  pour slowly\n```"), "{content}");
+    assert!(!content.contains("Contact") && !content.contains("(c)"), "{content}");
+}
+
+#[test]
+fn html_headings_become_chunk_heading_paths() {
+    let p = Project::new();
+    p.write("menu/menu.html", MENU_HTML);
+    p.index(&["menu"], "menu", &["--chunk-size", "60", "--overlap", "0"]);
+    let r = p
+        .run(
+            &retrieve_wf("menu", "    top_k: 5"),
+            &["-i", "question=How are milk recipes poured?"],
+        )
+        .ok();
+    let headings: Vec<&str> = r.output["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["heading"].as_str())
+        .collect();
+    assert_eq!(headings.first(), Some(&"Menu > Drinks > Recipes"), "{:#}", r.output);
+    assert!(headings.contains(&"Menu"), "{headings:?}");
 }

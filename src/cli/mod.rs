@@ -13,6 +13,7 @@ mod test;
 mod threads;
 mod validate;
 
+pub use run::parse_kv;
 pub use validate::workflow_files;
 
 use std::process::ExitCode;

@@ -12,6 +12,7 @@ use super::Shared;
 use super::events::Event;
 use super::values::{self, Scope, to_jinja};
 use crate::compile::{Clause, ClauseTarget, NodeIx, Target, Writer};
+use crate::net::http_error;
 use crate::nodes::{self, NodeCtx, NodeError, NodeFailure, class_name};
 use crate::providers::Usage;
 use crate::spec::{ErrorClass, NodeSpec, RetryPolicy};
@@ -341,10 +342,11 @@ fn backoff(p: &Policy, attempt: u32, retry_after: Option<f64>) -> Duration {
     if p.jitter {
         secs *= 0.75 + 0.5 * unit_random();
     }
-    if let Some(after) = retry_after {
-        secs = secs.max(after);
+    if let Some(after) = retry_after.filter(|a| !a.is_nan()) {
+        // A wait asked for from outside (a server, a script, a cassette) is bounded here too.
+        secs = secs.max(after.min(http_error::MAX_RETRY_AFTER.as_secs_f64()));
     }
-    Duration::from_secs_f64(secs.max(0.0))
+    http_error::delay(secs, Duration::MAX)
 }
 
 /// A number in [0, 1) for jitter; not for anything that needs real randomness.
@@ -377,6 +379,12 @@ mod tests {
         assert_eq!(backoff(&p, 2, None), Duration::from_millis(200));
         assert_eq!(backoff(&p, 3, None), Duration::from_millis(300));
         assert_eq!(backoff(&p, 1, Some(2.0)), Duration::from_secs(2));
+        let max = http_error::MAX_RETRY_AFTER;
+        for after in [f64::INFINITY, 1e300, f64::MAX] {
+            assert_eq!(backoff(&p, 1, Some(after)), max);
+        }
+        assert_eq!(backoff(&p, 1, Some(f64::NAN)), Duration::from_millis(100));
+        assert_eq!(backoff(&p, 1, Some(-5.0)), Duration::from_millis(100));
         let j = Policy { jitter: true, ..p };
         for _ in 0..100 {
             let d = backoff(&j, 1, None).as_secs_f64();

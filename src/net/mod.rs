@@ -6,6 +6,7 @@
 
 pub mod extract;
 pub mod guard;
+pub mod http_error;
 mod record;
 pub mod robots;
 pub mod secrets;

@@ -13,6 +13,7 @@ use tokio::sync::{OnceCell, Semaphore};
 use url::Url;
 
 use super::guard::{self, AllowList};
+use super::http_error;
 use super::record;
 use super::robots::Robots;
 use crate::cassette::{Cassette, ExchangeError};
@@ -78,13 +79,7 @@ impl Response {
         if self.status < 400 {
             return Ok(self);
         }
-        let class = match self.status {
-            429 => ErrorClass::RateLimit,
-            408 => ErrorClass::Timeout,
-            401 | 403 | 407 => ErrorClass::Auth,
-            s if s >= 500 => ErrorClass::Server,
-            _ => ErrorClass::BadRequest,
-        };
+        let class = http_error::class_of_status(self.status).unwrap_or(ErrorClass::BadRequest);
         let reason = reqwest::StatusCode::from_u16(self.status)
             .ok()
             .and_then(|s| s.canonical_reason())
@@ -94,7 +89,7 @@ impl Response {
             message: format!("{} answered HTTP {} {reason}", host_of(&self.url), self.status)
                 .trim_end()
                 .to_string(),
-            retry_after: self.header("retry-after").and_then(retry_after_secs),
+            retry_after: http_error::retry_after(self.header("retry-after"), None, std::time::SystemTime::now()),
             status: Some(self.status),
         })
     }
@@ -528,49 +523,6 @@ pub fn host_of(url: &str) -> String {
         .unwrap_or_else(|| "the server".into())
 }
 
-/// Retry-After as seconds (a number of seconds, or an HTTP date).
-fn retry_after_secs(v: &str) -> Option<f64> {
-    let v = v.trim();
-    if let Ok(n) = v.parse::<f64>() {
-        return (n >= 0.0).then_some(n);
-    }
-    httpdate(v)
-}
-
-/// Seconds from now until an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), at least 0.
-fn httpdate(v: &str) -> Option<f64> {
-    let parts: Vec<&str> = v.split_whitespace().collect();
-    if parts.len() != 6 || parts[5] != "GMT" {
-        return None;
-    }
-    let day: i64 = parts[1].parse().ok()?;
-    let month = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ]
-    .iter()
-    .position(|m| *m == parts[2])? as i64
-        + 1;
-    let year: i64 = parts[3].parse().ok()?;
-    let hms: Vec<i64> = parts[4].split(':').filter_map(|x| x.parse().ok()).collect();
-    if hms.len() != 3 {
-        return None;
-    }
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let at = days * 86_400 + hms[0] * 3600 + hms[1] * 60 + hms[2];
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?
-        .as_secs() as i64;
-    Some((at - now).max(0) as f64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -607,10 +559,23 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_reads_seconds_and_dates() {
-        assert_eq!(retry_after_secs("3"), Some(3.0));
-        assert_eq!(retry_after_secs("Sun, 06 Nov 1994 08:49:37 GMT"), Some(0.0));
-        assert_eq!(retry_after_secs("soon"), None);
+    fn retry_after_is_read_by_the_shared_parser_and_capped() {
+        let wait = |v: &str| {
+            let resp = Response {
+                status: 503,
+                url: "http://api.example/".into(),
+                headers: vec![("retry-after".into(), v.into())],
+                body: Bytes::new(),
+                truncated: false,
+            };
+            resp.error_for_status().unwrap_err().retry_after
+        };
+        assert_eq!(wait("3"), Some(3.0));
+        assert_eq!(wait("Sun, 06 Nov 1994 08:49:37 GMT"), Some(0.0));
+        assert_eq!(wait("soon"), None);
+        let max = Some(http_error::MAX_RETRY_AFTER.as_secs_f64());
+        assert_eq!((wait("inf"), wait("1e300")), (max, max));
+        assert_eq!((wait("-1"), wait("NaN")), (None, None));
     }
 
     #[tokio::test]

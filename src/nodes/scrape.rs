@@ -60,7 +60,10 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &ScrapeNode) -> Result<NodeOutput, NodeFa
     };
     // The node's own timeout (which `timeout` also sets) cuts the whole attempt: pages stop a
     // little before it so that what was scraped is still returned.
-    let deadline = ctx.timeout().map(|t| tokio::time::Instant::now() + t.mul_f64(0.9));
+    // A timeout too long to add to the clock is no deadline.
+    let deadline = ctx
+        .timeout()
+        .and_then(|t| tokio::time::Instant::now().checked_add(t.mul_f64(0.9)));
     let scraper = Scraper {
         deadline,
         web: &ctx.services.web,

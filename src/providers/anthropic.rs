@@ -4,12 +4,10 @@
 //! `message_stop`, `ping`, `error`). Tool-use blocks come back in the OpenAI shape the llm node
 //! reports for every provider.
 
-use std::time::Duration;
-
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 
-use super::http::{self, Key};
+use super::http::{self, Key, Limits};
 use super::{ChatRequest, ChatResponse, Provider, ProviderError, TokenSink, Usage};
 
 /// Anthropic's API, used when a profile names no `base_url`.
@@ -24,11 +22,11 @@ pub struct Anthropic {
     client: reqwest::Client,
     url: String,
     key: Key,
-    timeout: Option<Duration>,
+    limits: Limits,
 }
 
 impl Anthropic {
-    pub fn new(client: reqwest::Client, base_url: Option<&str>, key: Key, timeout: Option<Duration>) -> Anthropic {
+    pub fn new(client: reqwest::Client, base_url: Option<&str>, key: Key, limits: Limits) -> Anthropic {
         let base = base_url.unwrap_or(DEFAULT_BASE_URL).trim_end_matches('/');
         let url = if base.ends_with("/v1") {
             format!("{base}/messages")
@@ -39,7 +37,7 @@ impl Anthropic {
             client,
             url,
             key,
-            timeout,
+            limits,
         }
     }
 
@@ -52,22 +50,22 @@ impl Anthropic {
         if let Some(key) = self.key.value() {
             post = post.header("x-api-key", key);
         }
-        let response = post.send().await.map_err(|e| http::send_error(&e))?;
-        let status = response.status();
-        if !status.is_success() {
-            let headers = response.headers().clone();
-            let text = response.text().await.unwrap_or_default();
-            return Err(http::status_error(status.as_u16(), &headers, &text));
+        let response = http::send(post).await?;
+        if !response.status().is_success() {
+            return Err(http::error_response(response, &self.limits).await);
         }
         if !request.stream {
-            let text = response.text().await.map_err(|e| http::send_error(&e))?;
+            let text = http::read_body(response, &self.limits).await?;
             let v: Value = serde_json::from_str(&text).map_err(|e| {
                 ProviderError::Malformed(format!("the reply is not JSON ({e}): {}", http::excerpt(&text)))
             })?;
-            return parse_message(&v);
+            let reply = parse_message(&v)?;
+            self.limits
+                .check_reply(http::reply_len(&reply.text, &reply.tool_calls))?;
+            return Ok(reply);
         }
         let mut reply = Assembly::default();
-        let done = http::read_events(response, |event| {
+        let done = http::read_events(response, &self.limits, |event| {
             if event.data.trim().is_empty() {
                 return Ok(false);
             }
@@ -77,7 +75,10 @@ impl Anthropic {
                     http::excerpt(&event.data)
                 ))
             })?;
-            reply.event(&v, event.event.as_deref(), tokens)
+            let done = reply.event(&v, event.event.as_deref(), tokens)?;
+            let tool_json = reply.tool_calls.iter().map(|c| c.json.len()).sum::<usize>();
+            self.limits.check_reply(reply.text.len().saturating_add(tool_json))?;
+            Ok(done)
         })
         .await?;
         if !done {
@@ -101,7 +102,7 @@ impl Provider for Anthropic {
         tokens: Option<TokenSink<'a>>,
     ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
         Box::pin(async move {
-            http::deadline(self.timeout, self.call(&request, tokens))
+            http::deadline(&self.limits, self.call(&request, tokens))
                 .await
                 .map_err(|e| self.key.scrub_error(e))
         })
@@ -338,11 +339,11 @@ mod tests {
     fn urls_take_a_base_with_or_without_v1() {
         let c = crate::net::client_builder().build().unwrap();
         assert_eq!(
-            Anthropic::new(c.clone(), None, Key::default(), None).url,
+            Anthropic::new(c.clone(), None, Key::default(), Limits::default()).url,
             "https://api.anthropic.com/v1/messages"
         );
         assert_eq!(
-            Anthropic::new(c, Some("http://127.0.0.1:9/v1/"), Key::default(), None).url,
+            Anthropic::new(c, Some("http://127.0.0.1:9/v1/"), Key::default(), Limits::default()).url,
             "http://127.0.0.1:9/v1/messages"
         );
     }

@@ -1,6 +1,7 @@
 //! What every HTTP provider shares: the API key (kept out of every message), HTTP statuses and
-//! transport failures mapped to typed errors, Retry-After, the per-call deadline, and reading
-//! a response body as server-sent events.
+//! transport failures mapped to typed errors (through `net::http_error`, the vocabulary the web
+//! client shares), Retry-After, the limits of a call (total deadline, idle stream, reply size),
+//! and reading a response body as server-sent events.
 
 use std::time::{Duration, SystemTime};
 
@@ -9,9 +10,83 @@ use reqwest::header::HeaderMap;
 
 use super::ProviderError;
 use super::sse;
+use crate::net::http_error::{self, EXCERPT_CHARS};
+use crate::spec::{ErrorClass, ModelProfile};
 
-/// How much of a server's error body a message quotes.
-const EXCERPT: usize = 300;
+/// How much of a server's message is kept until the key has been scrubbed from it; the final
+/// cut (after scrubbing, in [`Key::scrub_error`]) is far shorter, so a key straddling this
+/// first cut never survives.
+const RAW_EXCERPT_CHARS: usize = 16 * 1024;
+
+/// How much of an error response's body is read.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// The total deadline of a model call when its profile sets no `timeout`.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
+/// The longest a response that has started may go without a byte when its profile sets no
+/// `idle_timeout`.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// The largest reply (text and tool calls) when its profile sets no `max_reply_bytes`.
+pub const DEFAULT_MAX_REPLY_BYTES: u64 = 1024 * 1024;
+/// How much larger than the reply the body on the wire may be: a stream frames every few
+/// tokens in an event of JSON.
+const WIRE_FACTOR: usize = 16;
+
+/// The bounds of one model call, from its profile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// The whole call, the reply read included.
+    pub deadline: Duration,
+    /// Between two pieces of a response's body, once the response has started.
+    pub idle: Duration,
+    /// The reply's text and tool calls, in bytes.
+    pub max_reply: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            deadline: DEFAULT_DEADLINE,
+            idle: DEFAULT_IDLE_TIMEOUT,
+            max_reply: DEFAULT_MAX_REPLY_BYTES as usize,
+        }
+    }
+}
+
+impl Limits {
+    pub fn of(profile: &ModelProfile) -> Limits {
+        let d = Limits::default();
+        Limits {
+            deadline: profile.timeout.as_ref().and_then(|t| t.to_std()).unwrap_or(d.deadline),
+            idle: profile.idle_timeout.as_ref().and_then(|t| t.to_std()).unwrap_or(d.idle),
+            max_reply: profile
+                .max_reply_bytes
+                .map_or(d.max_reply, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        }
+    }
+
+    /// The most bytes a response body may have on the wire.
+    fn max_body(&self) -> usize {
+        self.max_reply.saturating_mul(WIRE_FACTOR)
+    }
+
+    /// The error for a reply past [`Limits::max_reply`].
+    pub fn too_large(&self) -> ProviderError {
+        ProviderError::TooLarge(format!(
+            "the reply is larger than {} bytes (the profile's `max_reply_bytes`)",
+            self.max_reply
+        ))
+    }
+
+    /// Fails when `len` bytes of reply are more than allowed.
+    pub fn check_reply(&self, len: usize) -> Result<(), ProviderError> {
+        if len > self.max_reply {
+            Err(self.too_large())
+        } else {
+            Ok(())
+        }
+    }
+}
 
 /// An API key. Its value is only ever written into request headers: `Debug` hides it and
 /// [`Key::scrub`] removes it from any text that might have picked it up (servers echo keys in
@@ -34,44 +109,120 @@ impl Key {
         self.0.as_deref()
     }
 
-    /// `text` with every occurrence of the key replaced by `***`.
+    /// `text` with every occurrence of the key replaced by `***`, and every other secret the
+    /// process knows ([`crate::net::secrets`]) redacted.
     pub fn scrub(&self, text: &str) -> String {
-        match self.value() {
+        let text = match self.value() {
             // A very short "key" would blank unrelated text; such keys are not secrets anyway.
             Some(k) if k.len() >= 4 => text.replace(k, "***"),
             _ => text.to_string(),
-        }
+        };
+        crate::net::secrets::scrub_string(text)
     }
 
-    /// `e` with the key scrubbed from its message.
+    /// `e` with the key scrubbed from its message, which is then shortened: every error
+    /// leaving a provider passes here, so no excerpt is cut before it is scrubbed.
     pub fn scrub_error(&self, e: ProviderError) -> ProviderError {
         use ProviderError::*;
+        let clean = |m: &str| http_error::excerpt(m, |t| self.scrub(t), 2 * EXCERPT_CHARS);
         match e {
             Server { status, message } => Server {
                 status,
-                message: self.scrub(&message),
+                message: clean(&message),
             },
-            Network(m) => Network(self.scrub(&m)),
-            StreamCut(m) => StreamCut(self.scrub(&m)),
-            BadRequest(m) => BadRequest(self.scrub(&m)),
-            Auth(m) => Auth(self.scrub(&m)),
-            Malformed(m) => Malformed(self.scrub(&m)),
+            Network(m) => Network(clean(&m)),
+            StreamCut(m) => StreamCut(clean(&m)),
+            BadRequest(m) => BadRequest(clean(&m)),
+            Auth(m) => Auth(clean(&m)),
+            Malformed(m) => Malformed(clean(&m)),
+            TooLarge(m) => TooLarge(clean(&m)),
             e @ (RateLimited { .. } | Timeout) => e,
         }
     }
 }
 
-/// Runs `call` under the profile's per-call deadline.
+/// Runs `call` under the call's total deadline.
 pub async fn deadline<T>(
-    limit: Option<Duration>,
+    limits: &Limits,
     call: impl Future<Output = Result<T, ProviderError>>,
 ) -> Result<T, ProviderError> {
-    match limit {
-        Some(limit) => tokio::time::timeout(limit, call)
-            .await
-            .unwrap_or(Err(ProviderError::Timeout)),
-        None => call.await,
+    tokio::time::timeout(limits.deadline, call)
+        .await
+        .unwrap_or(Err(ProviderError::Timeout))
+}
+
+/// Sends a request. Waiting for the response to start is bounded by the call's deadline
+/// only: a model that thinks for minutes before a non-streamed reply is not idle.
+pub async fn send(request: reqwest::RequestBuilder) -> Result<reqwest::Response, ProviderError> {
+    request.send().await.map_err(|e| send_error(&e))
+}
+
+/// The next piece of a body, waiting at most the idle timeout for it.
+async fn next_chunk(
+    body: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    limits: &Limits,
+) -> Result<Option<bytes::Bytes>, ProviderError> {
+    match tokio::time::timeout(limits.idle, body.next()).await {
+        Err(_) => Err(ProviderError::Timeout),
+        Ok(None) => Ok(None),
+        Ok(Some(Ok(chunk))) => Ok(Some(chunk)),
+        Ok(Some(Err(e))) if e.is_timeout() => Err(ProviderError::Timeout),
+        Ok(Some(Err(e))) => Err(ProviderError::StreamCut(chain(&e))),
     }
+}
+
+/// A whole (not streamed) reply body as text, read under the idle timeout, refused past
+/// the size the call allows.
+pub async fn read_body(response: reqwest::Response, limits: &Limits) -> Result<String, ProviderError> {
+    let (bytes, complete) = read_up_to(response, limits.max_body(), limits).await?;
+    if !complete {
+        return Err(limits.too_large());
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Up to `max` bytes of a body, and whether that was all of it.
+async fn read_up_to(
+    response: reqwest::Response,
+    max: usize,
+    limits: &Limits,
+) -> Result<(Vec<u8>, bool), ProviderError> {
+    let mut body = response.bytes_stream();
+    let mut out = Vec::new();
+    while let Some(chunk) = next_chunk(&mut body, limits).await? {
+        if out.len() + chunk.len() > max {
+            out.extend_from_slice(&chunk[..max - out.len()]);
+            return Ok((out, false));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok((out, true))
+}
+
+/// The size of a reply as its profile's `max_reply_bytes` counts it: its text and the
+/// arguments of its tool calls (OpenAI's shape).
+pub fn reply_len(text: &str, tool_calls: &[serde_json::Value]) -> usize {
+    let args = tool_calls
+        .iter()
+        .map(|c| {
+            c.pointer("/function/arguments")
+                .and_then(serde_json::Value::as_str)
+                .map_or(0, str::len)
+        })
+        .sum::<usize>();
+    text.len().saturating_add(args)
+}
+
+/// The typed error of a response with a non-success status, its body (the first part of it)
+/// quoted.
+pub async fn error_response(response: reqwest::Response, limits: &Limits) -> ProviderError {
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = match read_up_to(response, MAX_ERROR_BODY, limits).await {
+        Ok((bytes, _)) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(_) => String::new(),
+    };
+    status_error(status, &headers, &text)
 }
 
 /// A request that got no answer.
@@ -98,18 +249,20 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// The error for a non-success status, quoting the server's message.
 pub fn status_error(status: u16, headers: &HeaderMap, body: &str) -> ProviderError {
     let message = excerpt(body);
-    match status {
-        429 => ProviderError::RateLimited {
+    match http_error::class_of_status(status) {
+        Some(ErrorClass::RateLimit) => ProviderError::RateLimited {
             retry_after: retry_after(headers, SystemTime::now()),
         },
-        401 | 403 => ProviderError::Auth(format!("{status}: {message}")),
-        500..=599 => ProviderError::Server { status, message },
+        Some(ErrorClass::Timeout) => ProviderError::Timeout,
+        Some(ErrorClass::Auth) => ProviderError::Auth(format!("{status}: {message}")),
+        Some(ErrorClass::Server) => ProviderError::Server { status, message },
         _ => ProviderError::BadRequest(format!("{status}: {message}")),
     }
 }
 
 /// The server's error message: `error.message` (or `message`, or `error` as text) from a JSON
-/// body, else the body itself, shortened.
+/// body, else the body itself, its whitespace collapsed. It is only cut to a generous length
+/// here: the short cut comes after the key is scrubbed ([`Key::scrub_error`]).
 pub fn excerpt(body: &str) -> String {
     let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
     let found = parsed.as_ref().and_then(|v| {
@@ -124,46 +277,34 @@ pub fn excerpt(body: &str) -> String {
     if text.is_empty() {
         return "(no message)".into();
     }
-    match text.char_indices().nth(EXCERPT) {
-        Some((i, _)) => format!("{}…", &text[..i]),
-        None => text,
-    }
+    http_error::cut(&text, RAW_EXCERPT_CHARS)
 }
 
-/// The wait a 429 asks for: `retry-after-ms`, or `Retry-After` in seconds or as an HTTP date.
+/// The wait a 429 asks for: `retry-after-ms`, or `Retry-After` in seconds or as an HTTP date,
+/// capped at [`http_error::MAX_RETRY_AFTER`].
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<f64> {
-    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
-        && ms.is_finite()
-        && ms >= 0.0
-    {
-        return Some(ms / 1000.0);
-    }
-    let value = get("retry-after")?;
-    if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then_some(secs);
-    }
-    let when = httpdate::parse_http_date(value).ok()?;
-    Some(when.duration_since(now).map_or(0.0, |d| d.as_secs_f64()))
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    http_error::retry_after(get("retry-after"), get("retry-after-ms"), now)
 }
 
 /// Reads a response body as server-sent events, handing each to `on_event` until it returns
 /// `Ok(true)` (the stream's own end marker) or the body ends. Returns whether the end marker
-/// came; a body that breaks off is [`ProviderError::StreamCut`].
+/// came; a body that breaks off is [`ProviderError::StreamCut`], one silent for longer than the
+/// idle timeout is [`ProviderError::Timeout`], one longer than the call allows on the wire is
+/// [`ProviderError::TooLarge`].
 pub async fn read_events(
     response: reqwest::Response,
+    limits: &Limits,
     mut on_event: impl FnMut(sse::Event) -> Result<bool, ProviderError>,
 ) -> Result<bool, ProviderError> {
     let mut parser = sse::Parser::new();
     let mut body = response.bytes_stream();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| {
-            if e.is_timeout() {
-                ProviderError::Timeout
-            } else {
-                ProviderError::StreamCut(chain(&e))
-            }
-        })?;
+    let mut read = 0usize;
+    while let Some(chunk) = next_chunk(&mut body, limits).await? {
+        read = read.saturating_add(chunk.len());
+        if read > limits.max_body() {
+            return Err(limits.too_large());
+        }
         for event in parser.push(&chunk) {
             if on_event(event)? {
                 return Ok(true);
@@ -207,6 +348,41 @@ mod tests {
         assert_eq!(retry_after(&headers(&[("retry-after", &earlier)]), now), Some(0.0));
         assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
         assert_eq!(retry_after(&headers(&[]), now), None);
+        let max = http_error::MAX_RETRY_AFTER.as_secs_f64();
+        assert_eq!(retry_after(&headers(&[("retry-after", "inf")]), now), Some(max));
+        assert_eq!(retry_after(&headers(&[("retry-after", "1e300")]), now), Some(max));
+    }
+
+    #[test]
+    fn every_call_is_bounded_by_default_and_profiles_override() {
+        let profile = |v: serde_json::Value| -> ModelProfile { serde_json::from_value(v).unwrap() };
+        let none = Limits::of(&profile(serde_json::json!({"provider": "openai", "model": "m"})));
+        assert_eq!(none.deadline, Duration::from_secs(600));
+        assert_eq!(none.idle, Duration::from_secs(120));
+        assert_eq!(none.max_reply, 1024 * 1024);
+        let set = Limits::of(&profile(serde_json::json!({"provider": "openai", "model": "m",
+            "timeout": "2m", "idle_timeout": 5, "max_reply_bytes": 4096})));
+        assert_eq!(
+            (set.deadline, set.idle, set.max_reply),
+            (Duration::from_secs(120), Duration::from_secs(5), 4096)
+        );
+        assert!(set.check_reply(4096).is_ok());
+        assert!(matches!(set.check_reply(4097), Err(ProviderError::TooLarge(_))));
+    }
+
+    #[test]
+    fn a_key_across_the_cut_is_scrubbed_whole() {
+        let secret = format!("sk-{}", "k".repeat(39));
+        let key = Key::new(Some(secret.clone()));
+        for at in 0..3 * EXCERPT_CHARS {
+            let body = format!(
+                "{{\"error\": {{\"message\": \"{}{secret} is not valid\"}}}}",
+                "x".repeat(at)
+            );
+            let e = key.scrub_error(status_error(401, &HeaderMap::new(), &body));
+            let ProviderError::Auth(m) = e else { panic!("{e:?}") };
+            assert!(!m.contains("sk-kkkk"), "at {at}: {m}");
+        }
     }
 
     #[test]
@@ -235,7 +411,11 @@ mod tests {
         assert_eq!(excerpt("  plain\n text "), "plain text");
         assert_eq!(excerpt(""), "(no message)");
         let long = "x".repeat(1000);
-        assert_eq!(excerpt(&long).chars().count(), EXCERPT + 1);
+        let e = Key::default().scrub_error(ProviderError::Malformed(excerpt(&long)));
+        assert_eq!(
+            e,
+            ProviderError::Malformed(format!("{}…", "x".repeat(2 * EXCERPT_CHARS)))
+        );
     }
 
     #[test]

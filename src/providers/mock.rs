@@ -22,6 +22,9 @@ use serde_json::Value;
 
 use super::{ChatRequest, ChatResponse, Provider, ProviderError, TokenSink, Usage};
 
+/// The longest `delay` a script may ask for; longer ones are this.
+const MAX_DELAY: Duration = Duration::from_secs(3600);
+
 /// One scripted reply.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
@@ -147,7 +150,7 @@ fn parse_reply(v: &Value) -> Result<Reply, String> {
             delay: Duration::ZERO,
         }),
         Value::Object(o) => {
-            let delay = Duration::from_secs_f64(o.get("delay").and_then(Value::as_f64).unwrap_or(0.0).max(0.0));
+            let delay = crate::net::http_error::delay(o.get("delay").and_then(Value::as_f64).unwrap_or(0.0), MAX_DELAY);
             if let Some(kind) = o.get("error") {
                 let kind = kind.as_str().ok_or("`error` is a name")?;
                 let message = o

@@ -105,15 +105,23 @@ pub enum ProviderError {
     Auth(String),
     #[error("malformed response: {0}")]
     Malformed(String),
+    /// The reply was larger than its profile allows (`max_reply_bytes`).
+    #[error("reply too large: {0}")]
+    TooLarge(String),
 }
 
 impl ProviderError {
     /// The error of a class named as in scripts and cassettes (`rate_limit`, `server`,
-    /// `timeout`, `network`, `stream`, `bad_request`, `auth`, `malformed`); `None` for another
-    /// name.
+    /// `timeout`, `network`, `stream`, `bad_request`, `auth`, `malformed`, `too_large`); `None`
+    /// for another name. A `retry_after` read from a file is kept within
+    /// [`crate::net::http_error::MAX_RETRY_AFTER`], as a server's is.
     pub fn named(class: &str, message: String, status: Option<u16>, retry_after: Option<f64>) -> Option<ProviderError> {
         Some(match class {
-            "rate_limit" => ProviderError::RateLimited { retry_after },
+            "rate_limit" => ProviderError::RateLimited {
+                retry_after: retry_after
+                    .filter(|s| *s >= 0.0)
+                    .map(|s| s.min(crate::net::http_error::MAX_RETRY_AFTER.as_secs_f64())),
+            },
             "server" => ProviderError::Server {
                 status: status.unwrap_or(500),
                 message,
@@ -124,6 +132,7 @@ impl ProviderError {
             "bad_request" => ProviderError::BadRequest(message),
             "auth" => ProviderError::Auth(message),
             "malformed" => ProviderError::Malformed(message),
+            "too_large" => ProviderError::TooLarge(message),
             _ => return None,
         })
     }
@@ -137,7 +146,7 @@ impl ProviderError {
             ProviderError::StreamCut(_) => ErrorClass::Stream,
             ProviderError::BadRequest(_) => ErrorClass::BadRequest,
             ProviderError::Auth(_) => ErrorClass::Auth,
-            ProviderError::Malformed(_) => ErrorClass::Invalid,
+            ProviderError::Malformed(_) | ProviderError::TooLarge(_) => ErrorClass::Invalid,
         }
     }
 }
@@ -246,13 +255,13 @@ impl Providers {
                             c
                         }
                     };
-                    let timeout = profile.timeout.as_ref().and_then(|t| t.to_std());
+                    let limits = http::Limits::of(&profile);
                     let provider: Arc<dyn Provider> = if kind == ProviderKind::Anthropic {
                         Arc::new(anthropic::Anthropic::new(
                             client,
                             profile.base_url.as_deref(),
                             key,
-                            timeout,
+                            limits,
                         ))
                     } else {
                         let endpoint = Arc::new(openai::Endpoint::new(
@@ -260,7 +269,7 @@ impl Providers {
                             profile.base_url.as_deref(),
                             profile.api_version.clone(),
                             key,
-                            timeout,
+                            limits,
                         ));
                         out.embedders.insert(
                             name.clone(),

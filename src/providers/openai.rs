@@ -4,12 +4,11 @@
 //! they leave out, so every field of a reply is optional here.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 
-use super::http::{self, Key};
+use super::http::{self, Key, Limits};
 use super::{ChatRequest, ChatResponse, Embedder, Embeddings, Provider, ProviderError, TokenSink, Usage};
 
 /// OpenAI's own API, used when a profile names no `base_url`.
@@ -26,7 +25,7 @@ pub struct Endpoint {
     /// Azure's `api-version`: deployment URLs and the `api-key` header.
     azure_version: Option<String>,
     key: Key,
-    timeout: Option<Duration>,
+    limits: Limits,
 }
 
 impl Endpoint {
@@ -35,14 +34,14 @@ impl Endpoint {
         base_url: Option<&str>,
         azure_version: Option<String>,
         key: Key,
-        timeout: Option<Duration>,
+        limits: Limits,
     ) -> Endpoint {
         Endpoint {
             client,
             base_url: base_url.unwrap_or(DEFAULT_BASE_URL).trim_end_matches('/').to_string(),
             azure_version,
             key,
-            timeout,
+            limits,
         }
     }
 
@@ -70,14 +69,11 @@ impl Endpoint {
                 None => request.bearer_auth(key),
             };
         }
-        let response = request.send().await.map_err(|e| http::send_error(&e))?;
-        let status = response.status();
-        if status.is_success() {
+        let response = http::send(request).await?;
+        if response.status().is_success() {
             return Ok(response);
         }
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap_or_default();
-        Err(http::status_error(status.as_u16(), &headers, &text))
+        Err(http::error_response(response, &self.limits).await)
     }
 }
 
@@ -98,7 +94,7 @@ impl OpenAi {
         // Servers that do not know a field we add answer 400 naming it: drop it and try again.
         for _ in 0..2 {
             match self.endpoint.post(&url, &body).await {
-                Ok(response) => return read_reply(response, request.stream, tokens).await,
+                Ok(response) => return read_reply(response, request.stream, tokens, &self.endpoint.limits).await,
                 Err(ProviderError::BadRequest(why)) => {
                     let obj = body.as_object_mut().ok_or(ProviderError::BadRequest(why.clone()))?;
                     if mentions(&why, &["response_format", "json_schema"]) && obj.remove("response_format").is_some() {
@@ -115,7 +111,7 @@ impl OpenAi {
             }
         }
         let response = self.endpoint.post(&url, &body).await?;
-        read_reply(response, request.stream, tokens).await
+        read_reply(response, request.stream, tokens, &self.endpoint.limits).await
     }
 }
 
@@ -126,7 +122,7 @@ impl Provider for OpenAi {
         tokens: Option<TokenSink<'a>>,
     ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
         Box::pin(async move {
-            http::deadline(self.endpoint.timeout, self.call(&request, tokens))
+            http::deadline(&self.endpoint.limits, self.call(&request, tokens))
                 .await
                 .map_err(|e| self.endpoint.key.scrub_error(e))
         })
@@ -201,6 +197,7 @@ async fn read_reply(
     response: reqwest::Response,
     stream: bool,
     tokens: Option<TokenSink<'_>>,
+    limits: &Limits,
 ) -> Result<ChatResponse, ProviderError> {
     let content_type = response
         .headers()
@@ -211,11 +208,12 @@ async fn read_reply(
     // Trust what came over what was asked: some servers stream unasked, or answer a stream
     // request with one JSON body.
     if content_type.contains("event-stream") || (stream && !content_type.contains("json")) {
-        return read_stream(response, tokens.filter(|_| stream)).await;
+        return read_stream(response, tokens.filter(|_| stream), limits).await;
     }
     // Not streamed, or a server that answered a stream request with one JSON body.
-    let text = response.text().await.map_err(|e| http::send_error(&e))?;
+    let text = http::read_body(response, limits).await?;
     let reply = parse_reply(&text)?;
+    limits.check_reply(http::reply_len(&reply.text, &reply.tool_calls))?;
     if let (true, Some(sink)) = (stream, tokens)
         && !reply.text.is_empty()
     {
@@ -381,9 +379,10 @@ fn merge_tool_call(calls: &mut Vec<Value>, delta: &Value) {
 async fn read_stream(
     response: reqwest::Response,
     tokens: Option<TokenSink<'_>>,
+    limits: &Limits,
 ) -> Result<ChatResponse, ProviderError> {
     let mut reply = Assembly::default();
-    let done = http::read_events(response, |event| {
+    let done = http::read_events(response, limits, |event| {
         let data = event.data.trim();
         if data == "[DONE]" {
             return Ok(true);
@@ -395,6 +394,7 @@ async fn read_stream(
             ProviderError::Malformed(format!("a stream chunk is not JSON ({e}): {}", http::excerpt(data)))
         })?;
         reply.chunk(&v, tokens)?;
+        limits.check_reply(http::reply_len(&reply.text, &reply.tool_calls))?;
         Ok(false)
     })
     .await?;
@@ -432,7 +432,7 @@ impl OpenAiEmbedder {
         let url = self.endpoint.url(&self.model, "embeddings");
         let body = json!({"model": self.model, "input": texts});
         let response = self.endpoint.post(&url, &body).await?;
-        let text = response.text().await.map_err(|e| http::send_error(&e))?;
+        let text = http::read_body(response, &self.endpoint.limits).await?;
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| ProviderError::Malformed(format!("the reply is not JSON ({e}): {}", http::excerpt(&text))))?;
         let data = v
@@ -476,7 +476,7 @@ impl Embedder for OpenAiEmbedder {
         Box::pin(async move {
             let mut out = Embeddings::default();
             for batch in texts.chunks(EMBED_BATCH) {
-                let part = http::deadline(self.endpoint.timeout, self.batch(batch))
+                let part = http::deadline(&self.endpoint.limits, self.batch(batch))
                     .await
                     .map_err(|e| self.endpoint.key.scrub_error(e))?;
                 out.vectors.extend(part.vectors);
@@ -564,13 +564,13 @@ mod tests {
             Some("https://r.openai.azure.com/"),
             Some("2024-10-21".into()),
             Key::default(),
-            None,
+            Limits::default(),
         );
         assert_eq!(
             e.url("gpt4o", "chat/completions"),
             "https://r.openai.azure.com/openai/deployments/gpt4o/chat/completions?api-version=2024-10-21"
         );
-        let e = Endpoint::new(client, None, None, Key::default(), None);
+        let e = Endpoint::new(client, None, None, Key::default(), Limits::default());
         assert_eq!(e.url("x", "embeddings"), "https://api.openai.com/v1/embeddings");
     }
 }

@@ -19,7 +19,8 @@ pub struct Parser {
     after_cr: bool,
     event: Option<String>,
     data: Option<String>,
-    /// The start of the stream: a byte order mark there is dropped.
+    /// The first line has ended: a byte order mark at its start (the stream's start) was
+    /// dropped. Done per line, not per chunk, since a chunk may end inside the mark.
     started: bool,
 }
 
@@ -31,11 +32,6 @@ impl Parser {
     /// Consumes a chunk and returns the events it completed.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<Event> {
         let mut out = Vec::new();
-        let mut chunk = chunk;
-        if !self.started && !chunk.is_empty() {
-            self.started = true;
-            chunk = chunk.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(chunk);
-        }
         for &b in chunk {
             match b {
                 b'\n' if self.after_cr => self.after_cr = false,
@@ -66,6 +62,12 @@ impl Parser {
     }
 
     fn line_done(&mut self, line: &[u8]) -> Option<Event> {
+        let line = if self.started {
+            line
+        } else {
+            self.started = true;
+            line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line)
+        };
         if line.is_empty() {
             return self.dispatch();
         }
@@ -173,5 +175,12 @@ mod tests {
             all(&[b"\xEF\xBB\xBFdata: x\n\ndata: last"]),
             vec![data("x"), data("last")]
         );
+        // A byte order mark split across chunks is still the stream's mark.
+        for at in 0..=3 {
+            let bytes = b"\xEF\xBB\xBFdata: x\n\n";
+            assert_eq!(all(&[&bytes[..at], &bytes[at..]]), vec![data("x")], "cut at {at}");
+        }
+        // Only at the very start.
+        assert_eq!(all(&[b"\n\xEF\xBB\xBFdata: x\n\n"]), vec![]);
     }
 }

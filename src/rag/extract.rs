@@ -1,6 +1,7 @@
-//! Documents to text: plain text and Markdown as they are, HTML without its markup (scripts,
-//! styles and other non-content elements dropped, block elements as line breaks, entities
-//! decoded), JSON parsed. PDF is not supported by this build: it is refused with a clear error.
+//! Documents to text: plain text and Markdown as they are, HTML as Markdown (through an HTML5
+//! parser: headings, code blocks, lists and tables kept; scripts, styles, navigation and
+//! footers dropped), JSON parsed. PDF is not supported by this build: it is refused with a
+//! clear error.
 
 use std::path::Path;
 
@@ -99,167 +100,53 @@ pub fn extract(bytes: &[u8], format: Format) -> Result<Extracted, String> {
     }
 }
 
+/// Elements that are not the document's content.
 const SKIPPED: &[&str] = &[
-    "script", "style", "noscript", "template", "svg", "head", "nav", "footer",
-];
-const BLOCKS: &[&str] = &[
-    "p",
-    "div",
-    "br",
-    "li",
-    "ul",
-    "ol",
-    "tr",
-    "table",
-    "section",
-    "article",
-    "header",
-    "h1",
-    "h2",
-    "h3",
-    "h4",
-    "h5",
-    "h6",
-    "pre",
-    "blockquote",
-    "hr",
-    "dt",
-    "dd",
-    "main",
-    "aside",
-    "figure",
-    "figcaption",
+    "script", "style", "noscript", "template", "svg", "head", "nav", "footer", "meta", "iframe",
 ];
 
-const PARAGRAPHS: &[&str] = &[
-    "p",
-    "div",
-    "section",
-    "article",
-    "h1",
-    "h2",
-    "h3",
-    "h4",
-    "h5",
-    "h6",
-    "pre",
-    "blockquote",
-    "table",
-    "ul",
-    "ol",
-    "main",
-];
-
-/// HTML to readable text: a small tag scanner, not a full parser (good for pages and exports,
-/// not for rendering).
+/// HTML to Markdown through an HTML5 parser (`dom_query`): headings become `#` headings (so
+/// chunks get heading paths), `<pre>` a fenced code block, lists and tables their Markdown
+/// forms, entities decoded; scripts, styles, navigation and footers are dropped.
 pub fn html_to_text(html: &str) -> Extracted {
-    let lower = html.to_ascii_lowercase();
-    let title = lower.find("<title").and_then(|i| {
-        let open_end = i + lower[i..].find('>')? + 1;
-        let close = open_end + lower[open_end..].find("</title")?;
-        Some(decode_entities(html[open_end..close].trim()))
-    });
-    let mut out = String::new();
-    let mut i = 0;
-    let bytes = html.as_bytes();
-    while i < html.len() {
-        if bytes[i] == b'<' {
-            let Some(rel) = html[i..].find('>') else { break };
-            let tag = &lower[i + 1..i + rel];
-            let end = i + rel + 1;
-            if tag.starts_with("!--") {
-                i = lower[i..].find("-->").map_or(html.len(), |p| i + p + 3);
-                continue;
-            }
-            let name: String = tag
-                .trim_start_matches('/')
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric())
-                .collect();
-            if !tag.starts_with('/') && SKIPPED.contains(&name.as_str()) && !tag.ends_with('/') {
-                let close = format!("</{name}");
-                i = lower[end..].find(&close).map_or(html.len(), |p| {
-                    let at = end + p;
-                    lower[at..].find('>').map_or(html.len(), |q| at + q + 1)
-                });
-                continue;
-            }
-            if BLOCKS.contains(&name.as_str()) {
-                // Paragraph-like blocks end with a blank line, so chunking can cut there.
-                let para = PARAGRAPHS.contains(&name.as_str());
-                let want = if para { "\n\n" } else { "\n" };
-                if !out.is_empty() && !out.ends_with(want) {
-                    out.push_str(if out.ends_with('\n') && para { "\n" } else { want });
-                }
-            } else if name == "td" || name == "th" {
-                out.push(' ');
-            }
-            i = end;
-        } else {
-            let next = html[i..].find('<').map_or(html.len(), |p| i + p);
-            out.push_str(&decode_entities(&html[i..next]));
-            i = next;
-        }
-    }
-    // Collapse runs of spaces; keep at most one blank line.
-    let mut text = String::new();
-    let mut blank = 0;
-    for line in out.lines() {
-        let line = line.split_whitespace().collect::<Vec<_>>().join(" ");
-        if line.is_empty() {
-            blank += 1;
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(if blank > 0 { "\n\n" } else { "\n" });
-        }
-        blank = 0;
-        text.push_str(&line);
-    }
+    let doc = dom_query::Document::from(html);
+    let title = doc.select("head title").text().trim().to_string();
+    let title = (!title.is_empty()).then_some(title);
+    let text = tidy(&doc.md(Some(SKIPPED)));
     Extracted { text, title }
 }
 
-fn decode_entities(s: &str) -> String {
-    if !s.contains('&') {
-        return s.to_string();
-    }
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(p) = rest.find('&') {
-        out.push_str(&rest[..p]);
-        rest = &rest[p..];
-        let Some(semi) = rest[..rest.len().min(12)].find(';') else {
-            out.push('&');
-            rest = &rest[1..];
-            continue;
-        };
-        let entity = &rest[1..semi];
-        let decoded = match entity {
-            "amp" => Some('&'),
-            "lt" => Some('<'),
-            "gt" => Some('>'),
-            "quot" => Some('"'),
-            "apos" | "#39" => Some('\''),
-            "nbsp" => Some(' '),
-            e if e.starts_with("#x") || e.starts_with("#X") => {
-                u32::from_str_radix(&e[2..], 16).ok().and_then(char::from_u32)
-            }
-            e if e.starts_with('#') => e[1..].parse().ok().and_then(char::from_u32),
-            _ => None,
-        };
-        match decoded {
-            Some(c) => {
-                out.push(c);
-                rest = &rest[semi + 1..];
-            }
-            None => {
-                out.push('&');
-                rest = &rest[1..];
-            }
+/// Markdown with no-break spaces as spaces, trailing spaces gone and at most one blank line
+/// in a row outside code fences (which keep their lines as they are).
+fn tidy(md: &str) -> String {
+    let mut text = String::with_capacity(md.len());
+    let mut blank = false;
+    let mut fence = false;
+    for line in md.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("```") {
+            fence = !fence;
         }
+        let plain;
+        let line = if fence {
+            line
+        } else {
+            plain = line.replace('\u{a0}', " ");
+            plain.trim_end()
+        };
+        if line.trim().is_empty() && !fence {
+            blank = !text.is_empty();
+            continue;
+        }
+        if blank {
+            text.push('\n');
+            blank = false;
+        }
+        text.push_str(line);
+        text.push('\n');
     }
-    out.push_str(rest);
-    out
+    text.truncate(text.trim_end().len());
+    text
 }
 
 #[cfg(test)]
@@ -273,6 +160,48 @@ mod tests {
              <body><h1>Terms</h1><p>One&nbsp;two</p><script>bad()</script><p>Three &lt;4&gt;</p></body></html>",
         );
         assert_eq!(e.title.as_deref(), Some("T & C"));
-        assert_eq!(e.text, "Terms\n\nOne two\n\nThree <4>");
+        // Markdown: a `<` that is text is escaped.
+        assert_eq!(e.text, "# Terms\n\nOne two\n\nThree \\<4>");
+    }
+
+    #[test]
+    fn an_ampersand_before_a_multibyte_character_is_text() {
+        for html in [
+            "<p>Fish &\u{e9}t\u{e9}</p>",
+            "<p>R&\u{d7}D &\u{1f600}; &#x1F600; &;</p>",
+            "&\u{e9}",
+            "<p>&amp\u{e9}</p>",
+        ] {
+            let e = html_to_text(html);
+            assert!(
+                e.text.contains('&') || e.text.contains('\u{1f600}'),
+                "{html}: {:?}",
+                e.text
+            );
+        }
+        assert_eq!(html_to_text("<p>Fish &\u{e9}t\u{e9}</p>").text, "Fish &\u{e9}t\u{e9}");
+        // Twelve bytes after the `&` end inside a character.
+        let cjk = "Tea &\u{65e5}\u{672c}\u{8336}\u{306e}\u{5e97} and more";
+        assert_eq!(html_to_text(&format!("<p>{cjk}</p>")).text, cjk);
+    }
+
+    #[test]
+    fn headings_and_code_blocks_are_kept() {
+        let e = html_to_text(
+            "<body><nav>Home | About</nav><h1>Guide</h1><p>Intro.</p><h2>Install</h2>\
+             <pre><code>cargo install runner\n  --locked</code></pre><h3>Linux</h3><ul><li>apt</li><li>dnf</li></ul>\
+             <footer>(c) 2025</footer></body>",
+        );
+        assert!(e.text.starts_with("# Guide\n\nIntro.\n\n## Install\n"), "{}", e.text);
+        assert!(
+            e.text.contains("```\ncargo install runner\n  --locked\n```"),
+            "{}",
+            e.text
+        );
+        assert!(e.text.contains("### Linux"), "{}", e.text);
+        assert!(!e.text.contains("Home") && !e.text.contains("(c) 2025"), "{}", e.text);
+        let chunks = super::super::chunk::split(&e.text, true, super::super::chunk::Chunking::default());
+        let headings: Vec<_> = chunks.iter().filter_map(|c| c.heading.as_deref()).collect();
+        assert!(headings.contains(&"Guide > Install > Linux"), "{headings:?}");
     }
 }

@@ -137,7 +137,9 @@ pub async fn index_documents(
             progress(i + 1, total, &doc.name);
             continue;
         }
-        let chunks = chunk::split(&doc.text, doc.format == Format::Markdown, chunking);
+        // HTML is extracted as Markdown, so its headings give chunks their paths too.
+        let markdown = matches!(doc.format, Format::Markdown | Format::Html);
+        let chunks = chunk::split(&doc.text, markdown, chunking);
         let texts: Vec<String> = chunks.iter().map(embedding_text).collect();
         let mut vectors = Vec::with_capacity(texts.len());
         for batch in texts.chunks(64) {

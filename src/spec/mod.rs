@@ -174,9 +174,19 @@ pub struct ModelProfile {
     /// Price in currency units per million tokens, for usage and cost budgets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<Pricing>,
-    /// Request timeout for one call, e.g. `60s`.
+    /// The deadline of one call, the whole reply read included, e.g. `60s` (default `10m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
+    /// The longest a call may wait for the next piece of a reply once the response has
+    /// started (a stalled stream), e.g. `30s` (default `120s`). A call past it fails with the
+    /// class `timeout`; waiting for the response to start is bounded by `timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<Duration>,
+    /// The largest reply accepted, its text and tool calls together, in bytes (default 1 MiB).
+    /// A larger reply fails the call with the class `invalid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_reply_bytes: Option<u64>,
     /// Extra request fields passed through to the provider unchanged.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub options: IndexMap<String, Value>,
@@ -374,8 +384,7 @@ impl Duration {
     /// The duration, or `None` when the text is not a duration.
     pub fn to_std(&self) -> Option<std::time::Duration> {
         match self {
-            Duration::Seconds(s) if s.is_finite() && *s >= 0.0 => Some(std::time::Duration::from_secs_f64(*s)),
-            Duration::Seconds(_) => None,
+            Duration::Seconds(s) => std::time::Duration::try_from_secs_f64(*s).ok(),
             Duration::Text(t) => parse_duration(t),
         }
     }
@@ -393,7 +402,7 @@ fn parse_duration(text: &str) -> Option<std::time::Duration> {
         "h" => n * 3600.0,
         _ => return None,
     };
-    secs.is_finite().then(|| std::time::Duration::from_secs_f64(secs))
+    std::time::Duration::try_from_secs_f64(secs).ok()
 }
 
 impl JsonSchema for Duration {
@@ -434,6 +443,11 @@ mod tests {
         assert_eq!(d("500ms"), Some(std::time::Duration::from_millis(500)));
         assert_eq!(d("2m"), Some(std::time::Duration::from_secs(120)));
         assert_eq!(d("1.5s"), Some(std::time::Duration::from_millis(1500)));
+        // Too long for a duration: not one, rather than a panic.
+        assert_eq!(d(&format!("{}h", "9".repeat(30))), None);
+        assert_eq!(Duration::Seconds(1e300).to_std(), None);
+        assert_eq!(Duration::Seconds(f64::INFINITY).to_std(), None);
+        assert_eq!(Duration::Seconds(-1.0).to_std(), None);
         assert_eq!(d("3 weeks"), None);
         assert_eq!(d("s"), None);
         assert_eq!(Duration::Seconds(-1.0).to_std(), None);
