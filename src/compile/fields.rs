@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use super::defs::{Def, missing_file};
 use super::exprs::{Scope, Shape, declared_props};
 use super::kinds::{kind_chain, merge_kind};
-use super::nodes::{Build, check_interpolation, list_files};
+use super::nodes::{Build, check_env_name, check_interpolation, list_files};
 use super::plan::*;
 use super::schemas::{check, first_violation, validator};
 use super::source::{kind_validator, schema_errors};
@@ -469,6 +469,9 @@ impl Build<'_, '_> {
                 expr_field(self, &mut fields, "tag", scope);
                 if let Some(url) = &n.kind.base_url {
                     check_interpolation(self.src, &push_pointer(pointer, "base_url"), url, self.diags);
+                }
+                if let Some(var) = &n.kind.api_key_env {
+                    check_env_name(self.src, &push_pointer(pointer, "api_key_env"), var, self.diags);
                 }
                 fixed(&["results"])
             }

@@ -298,7 +298,12 @@ impl<'c, 'a> Build<'c, 'a> {
             };
             for (field, value) in fields {
                 if let Value::String(s) = value {
-                    check_interpolation(self.src, &push_pointer(&base, &field), &s, self.diags);
+                    let at = push_pointer(&base, &field);
+                    if field == "api_key_env" {
+                        check_env_name(self.src, &at, &s, self.diags);
+                    } else {
+                        check_interpolation(self.src, &at, &s, self.diags);
+                    }
                 }
             }
         }
@@ -508,6 +513,32 @@ fn check_reducer_fits(
             _ => "declare `type: number`, or use another reducer",
         }),
     );
+}
+
+/// Checks that `api_key_env` is the name of an environment variable (the key is read from it
+/// when a run starts), not an interpolation that would expand to the key itself.
+pub(super) fn check_env_name(src: &Source, pointer: &str, name: &str, diags: &mut Vec<Diagnostic>) {
+    let mut chars = name.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        return;
+    }
+    let d = src.diag(
+        Code::InvalidValue,
+        pointer,
+        format!("`api_key_env` is the name of an environment variable, not `{name}`"),
+    );
+    let inner = name
+        .strip_prefix("${env:")
+        .and_then(|r| r.strip_suffix('}'))
+        .map(|r| r.split_once(":-").map_or(r, |(n, _)| n));
+    diags.push(match inner {
+        Some(var) => d.help(format!(
+            "write `api_key_env: {var}`: runner reads the key from that variable itself, and never writes it into the workflow"
+        )),
+        None => d.help("a name is letters, digits and `_`, not starting with a digit, e.g. `OPENAI_API_KEY`"),
+    });
 }
 
 /// Checks `${env:NAME}` / `${env:NAME:-default}` interpolations in `text`.
