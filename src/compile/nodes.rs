@@ -10,12 +10,12 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::defs::{Defs, check_name};
-use super::exprs::{Exprs, Scope, Shape, Symbols, declared_props};
+use super::exprs::{self, Exprs, Names, Scope, Shape, Symbols, TextSpan, UnknownCall, declared_props};
 use super::plan::*;
 use super::schemas::{Resolver, check, first_violation, validator};
 use super::source::Source;
 use super::{Compiler, analysis, graph, relative_to};
-use crate::diag::{Code, Diagnostic};
+use crate::diag::{Code, Diagnostic, Pos, Span};
 use crate::spec::load::push_pointer;
 use crate::spec::{NodeSpec, Workflow};
 
@@ -203,11 +203,12 @@ impl<'c, 'a> Build<'c, 'a> {
                     Some(r) => r,
                     None => match self.defs.reducers.get(name) {
                         Some(def) => match self.exprs.expr(&def.value) {
-                            Ok((id, vars)) => {
+                            Ok((id, names)) => {
                                 let mut scope = Scope::base(&self.sym);
                                 scope.reducer = true;
                                 scope.predicates = false;
-                                scope.check(&def.src, &def.pointer, &def.value, &vars, self.diags);
+                                scope.check(&def.src, &def.pointer, &def.value, &names.vars, self.diags);
+                                unknown_calls(&def.src, &def.pointer, &names, self.diags);
                                 Reducer::Custom {
                                     name: name.to_string(),
                                     expr: id,
@@ -275,10 +276,11 @@ impl<'c, 'a> Build<'c, 'a> {
     fn named_exprs(&mut self) {
         for (name, def) in &self.defs.predicates {
             match self.exprs.expr(&def.value) {
-                Ok((id, vars)) => {
+                Ok((id, names)) => {
                     let mut scope = Scope::base(&self.sym);
                     scope.predicates = false;
-                    scope.check(&def.src, &def.pointer, &def.value, &vars, self.diags);
+                    scope.check(&def.src, &def.pointer, &def.value, &names.vars, self.diags);
+                    unknown_calls(&def.src, &def.pointer, &names, self.diags);
                     self.predicates.insert(name.clone(), id);
                 }
                 Err(e) => self.diags.push(def.src.diag(
@@ -312,8 +314,9 @@ impl<'c, 'a> Build<'c, 'a> {
     /// Compiles one expression at `pointer`, checking its names in `scope`.
     pub fn expr(&mut self, pointer: &str, text: &str, scope: Scope) -> Option<ExprId> {
         match self.exprs.expr(text) {
-            Ok((id, vars)) => {
-                scope.check(self.src, pointer, text, &vars, self.diags);
+            Ok((id, names)) => {
+                scope.check(self.src, pointer, text, &names.vars, self.diags);
+                unknown_calls(self.src, pointer, &names, self.diags);
                 Some(id)
             }
             Err(e) => {
@@ -327,27 +330,82 @@ impl<'c, 'a> Build<'c, 'a> {
         }
     }
 
+    /// Compiles a template. An inline template's defects are reported at its field; a prompt
+    /// file's at their own line and column in the file, with a note naming the field that uses it.
     pub(super) fn template(&mut self, pointer: &str, name: &str, text: &str, scope: Scope) -> Option<TemplateId> {
-        match self.exprs.template(name, text) {
-            Ok((id, vars)) => {
-                scope.check(self.src, pointer, text, &vars, self.diags);
+        let file = self.template_file(name, text);
+        let mut found = Vec::new();
+        let id = match self.exprs.template(name, text) {
+            Ok((id, names)) => {
+                for var in names.vars.iter() {
+                    let before = found.len();
+                    scope.check(self.src, pointer, text, std::slice::from_ref(var), &mut found);
+                    if let Some(file) = &file {
+                        let at = locate_var(text, var);
+                        for d in &mut found[before..] {
+                            move_into(d, file, at);
+                        }
+                    }
+                }
+                for call in names.unknown.iter() {
+                    let d = unknown_call(self.src, pointer, call);
+                    found.push(match &file {
+                        Some(file) => {
+                            let mut d = d;
+                            move_into(&mut d, file, Some(call.at));
+                            d
+                        }
+                        None => d,
+                    });
+                }
                 Some(id)
             }
             Err(e) => {
-                self.diags.push(self.src.diag(
+                let mut msg = exprs::first_line(&e);
+                if file.is_some()
+                    && let Some(i) = msg.find(" (template line ")
+                {
+                    // The diagnostic itself points at the line.
+                    msg.truncate(i);
+                }
+                let mut d = self.src.diag(
                     Code::TemplateSyntax,
                     pointer,
                     match name.split_once('#') {
                         Some((node, field)) => format!(
-                            "the inline template of node `{node}` ({}) does not parse: {e}",
+                            "the inline template of node `{node}` ({}) does not parse: {msg}",
                             field.trim_start_matches('/')
                         ),
-                        None => format!("the template `{name}` does not parse: {e}"),
+                        None => format!("the template `{name}` does not parse: {msg}"),
                     },
-                ));
+                );
+                if let Some(file) = &file {
+                    let at = e.range().map(|r| text_span(text, r.start, r.end)).or_else(|| {
+                        e.line().map(|l| TextSpan {
+                            line: l as u32,
+                            col: 1,
+                            end_col: 1,
+                        })
+                    });
+                    move_into(&mut d, file, at);
+                }
+                found.push(d);
                 None
             }
+        };
+        self.diags.extend(found);
+        id
+    }
+
+    /// The path of a prompt file's template (its text registered for rendering), or `None`
+    /// for an inline template (named `node#/field`).
+    fn template_file(&mut self, name: &str, text: &str) -> Option<Arc<Path>> {
+        if name.contains('#') {
+            return None;
         }
+        let path: Arc<Path> = Arc::from(self.prompts_dir.as_ref()?.join(name));
+        self.c.files.add(&path, Arc::from(text));
+        Some(path)
     }
 
     /// Resolves a node's kind, merges its kind's defaults, and compiles its fields.
@@ -476,6 +534,110 @@ impl<'c, 'a> Build<'c, 'a> {
         }
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
+}
+
+/// Reports the filters, tests and functions a text calls that do not exist, at `pointer`.
+pub(super) fn unknown_calls(src: &Source, pointer: &str, names: &Names, diags: &mut Vec<Diagnostic>) {
+    for call in names.unknown.iter() {
+        diags.push(unknown_call(src, pointer, call));
+    }
+}
+
+fn unknown_call(src: &Source, pointer: &str, call: &UnknownCall) -> Diagnostic {
+    let d = src.diag(
+        Code::UnknownFilter,
+        pointer,
+        format!("unknown {} `{}`", call.what.noun(), call.name),
+    );
+    match &call.help {
+        Some(help) => d.help(help.clone()),
+        None => d.help(format!(
+            "see the {}s minijinja provides: https://docs.rs/minijinja/latest/minijinja/{}/",
+            call.what.noun(),
+            match call.what {
+                exprs::Callable::Filter => "filters",
+                exprs::Callable::Test => "tests",
+                exprs::Callable::Function => "functions",
+            }
+        )),
+    }
+}
+
+/// Moves a diagnostic reported at a workflow field into the template file it is about, at
+/// `at` (or the file's start), keeping the field as a note.
+fn move_into(d: &mut Diagnostic, file: &Arc<Path>, at: Option<TextSpan>) {
+    let field = match (&d.file, d.span) {
+        (Some(f), Some(s)) => format!("{}:{}:{}", f.display(), s.start.line, s.start.col),
+        (Some(f), None) => f.display().to_string(),
+        _ => String::new(),
+    };
+    let node = d
+        .pointer
+        .as_deref()
+        .and_then(|p| p.strip_prefix("/nodes/"))
+        .and_then(|p| p.split('/').next())
+        .map(|n| format!("node `{n}`"))
+        .unwrap_or_else(|| "the workflow".into());
+    d.note = Some(format!("the template is used by {node} at {field}"));
+    d.file = Some(file.clone());
+    d.span = Some(match at {
+        Some(t) => Span {
+            start: Pos { line: t.line, col: t.col },
+            end: Pos { line: t.line, col: t.end_col },
+        },
+        None => Span::point(1, 1),
+    });
+}
+
+/// The line and columns of byte range `start..end` of `text`.
+fn text_span(text: &str, start: usize, end: usize) -> TextSpan {
+    let before = text.get(..start).unwrap_or(text);
+    let line = before.matches('\n').count() as u32 + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let col = before[line_start..].chars().count() as u32 + 1;
+    let len = text.get(start..end).map_or(0, |s| s.split('\n').next().unwrap_or_default().chars().count());
+    TextSpan {
+        line,
+        col,
+        end_col: col + len as u32,
+    }
+}
+
+/// Where a template reads the dotted name `var` (as minijinja reports it), if it can be found.
+fn locate_var(text: &str, var: &str) -> Option<TextSpan> {
+    use minijinja::machinery::{Token, tokenize};
+    let tokens: Vec<_> = tokenize(text, false, Default::default()).map_while(Result::ok).collect();
+    let parts: Vec<&str> = var.split('.').collect();
+    let mut best: Option<(usize, usize)> = None;
+    for i in 0..tokens.len() {
+        if !matches!(tokens[i].0, Token::Ident(n) if n == parts[0]) {
+            continue;
+        }
+        if i > 0 && matches!(tokens[i - 1].0, Token::Dot) {
+            continue;
+        }
+        let mut last = i;
+        for part in &parts[1..] {
+            match (tokens.get(last + 1), tokens.get(last + 2)) {
+                (Some((Token::Dot, _)), Some((Token::Ident(n), _))) if n == part => last += 2,
+                _ => break,
+            }
+        }
+        if best.is_none_or(|(b, l)| last - i > l - b) {
+            best = Some((i, last));
+        }
+    }
+    let (first, last) = best?;
+    let (start, end) = (tokens[first].1, tokens[last].1);
+    Some(TextSpan {
+        line: u32::from(start.start_line),
+        col: u32::from(start.start_col) + 1,
+        end_col: if end.end_line == start.start_line {
+            u32::from(end.end_col) + 1
+        } else {
+            u32::from(start.end_col) + 1
+        },
+    })
 }
 
 /// Which reducers fit which JSON types.

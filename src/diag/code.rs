@@ -82,6 +82,7 @@ codes! {
     BadSchema = "E307", "bad-schema", Error, "a JSON Schema is not valid";
     BadInterpolation = "E308", "bad-interpolation", Error, "a `${env:...}` interpolation is malformed";
     BadDuration = "E309", "bad-duration", Error, "a duration does not parse";
+    UnknownFilter = "E310", "unknown-filter", Error, "an expression or template uses a filter, test or function that does not exist";
     // The graph.
     BadEdge = "E400", "bad-edge", Error, "an edge is malformed";
     NoEntry = "E401", "no-entry", Error, "START has no outgoing edge";
