@@ -409,9 +409,11 @@ impl Build<'_, '_> {
                     let src = self.src.clone();
                     match self.c.subgraph(&src, &at, &path, self.diags) {
                         Some(child) => {
+                            let mut misspelt = Vec::new();
                             if let Some(Some(props)) = child.input_schema.as_ref().map(declared_props) {
                                 for key in n.kind.input.keys() {
                                     if !props.contains(key) {
+                                        misspelt.extend(crate::diag::did_you_mean(key, props.iter().map(String::as_str)).map(str::to_string));
                                         self.diags.push(
                                             self.src
                                                 .diag_key(
@@ -423,6 +425,38 @@ impl Build<'_, '_> {
                                         );
                                     }
                                 }
+                            }
+                            // A required field given under a misspelt name was reported as such.
+                            let required = child
+                                .input_schema
+                                .as_ref()
+                                .and_then(|s| s.get("required"))
+                                .and_then(Value::as_array);
+                            let missing: Vec<&str> = required
+                                .into_iter()
+                                .flatten()
+                                .filter_map(Value::as_str)
+                                .filter(|r| !n.kind.input.contains_key(*r) && !misspelt.iter().any(|m| m == r))
+                                .collect();
+                            if !missing.is_empty() {
+                                let list = missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ");
+                                let at = if v.contains_key("input") {
+                                    push_pointer(pointer, "input")
+                                } else {
+                                    pointer.to_string()
+                                };
+                                self.diags.push(
+                                    self.src
+                                        .diag_key(
+                                            Code::MissingField,
+                                            &at,
+                                            format!("the subgraph's input requires {list}, which this node does not give"),
+                                        )
+                                        .help(format!(
+                                            "add `input: {{{}: <expression>}}`",
+                                            missing.join(": ..., ")
+                                        )),
+                                );
                             }
                             let keys = child
                                 .output
