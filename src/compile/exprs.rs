@@ -90,8 +90,19 @@ impl Exprs {
         Ok((TemplateId(Arc::from(name)), names))
     }
 
-    fn names(&self, text: &str, in_expr: bool, vars: std::collections::HashSet<String>) -> Names {
+    fn names(&self, text: &str, in_expr: bool, mut vars: std::collections::HashSet<String>) -> Names {
         let (called, unknown) = scan_calls(&self.env, text, in_expr);
+        // minijinja's analysis follows `state.key` but not `state['key']`: read both alike.
+        // Only where the root is itself read from the scope (not a loop or `set` variable).
+        let roots: Vec<String> = vars
+            .iter()
+            .map(|v| v.split('.').next().unwrap_or_default().to_string())
+            .collect();
+        vars.extend(
+            subscripted(text, in_expr)
+                .into_iter()
+                .filter(|v| roots.iter().any(|r| v.split('.').next() == Some(r.as_str()))),
+        );
         // A called function is checked as a function, not as a variable.
         let vars = vars
             .into_iter()
@@ -477,6 +488,32 @@ fn has_filter(env: &Environment<'_>, name: &str) -> bool {
 
 fn has_test(env: &Environment<'_>, name: &str) -> bool {
     !matches!(env.empty_state().perform_test(name, &[]), Err(e) if e.kind() == ErrorKind::UnknownTest)
+}
+
+/// The names `text` reads as `root['key']` (a variable subscripted with a string literal),
+/// dotted as minijinja reports `root.key`.
+fn subscripted(text: &str, in_expr: bool) -> Vec<String> {
+    use minijinja::machinery::{Token, tokenize};
+    let tokens: Vec<Token<'_>> = tokenize(text, in_expr, Default::default())
+        .map_while(Result::ok)
+        .map(|(t, _)| t)
+        .collect();
+    let mut out = Vec::new();
+    for (i, w) in tokens.windows(4).enumerate() {
+        let after_dot = i > 0 && matches!(tokens[i - 1], Token::Dot);
+        let key = match &w[2] {
+            Token::Str(k) => Some(k.to_string()),
+            Token::String(k) => Some(k.to_string()),
+            _ => None,
+        };
+        if let (Token::Ident(root), Token::BracketOpen, Some(key), Token::BracketClose) = (&w[0], &w[1], key, &w[3])
+            && !after_dot
+            && !KEYWORDS.contains(root)
+        {
+            out.push(format!("{root}.{key}"));
+        }
+    }
+    out
 }
 
 /// The filters, tests and functions `text` calls, checked against `env`.

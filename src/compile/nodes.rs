@@ -618,8 +618,16 @@ fn locate_var(text: &str, var: &str) -> Option<TextSpan> {
         }
         let mut last = i;
         for part in &parts[1..] {
-            match (tokens.get(last + 1), tokens.get(last + 2)) {
-                (Some((Token::Dot, _)), Some((Token::Ident(n), _))) if n == part => last += 2,
+            let key = |t: Option<&(Token<'_>, _)>| match t {
+                Some((Token::Ident(n) | Token::Str(n), _)) => *n == *part,
+                Some((Token::String(n), _)) => &**n == *part,
+                _ => false,
+            };
+            match (tokens.get(last + 1), tokens.get(last + 3)) {
+                (Some((Token::Dot, _)), _) if key(tokens.get(last + 2)) => last += 2,
+                (Some((Token::BracketOpen, _)), Some((Token::BracketClose, _))) if key(tokens.get(last + 2)) => {
+                    last += 3
+                }
                 _ => break,
             }
         }
