@@ -314,7 +314,10 @@ impl<'a> Scope<'a> {
             _ if self.predicates && self.sym.predicates.iter().any(|p| p == root) => None,
             _ => {
                 let bare = text.trim() == root;
-                let code = if bare && self.predicates {
+                // Only a condition is a place for a predicate; elsewhere a bare word is more
+                // likely text the author forgot to quote.
+                let condition = pointer.ends_with("/when");
+                let code = if bare && self.predicates && condition {
                     Code::UnknownPredicate
                 } else {
                     Code::UndeclaredVariable
@@ -333,6 +336,16 @@ impl<'a> Scope<'a> {
                     d.help(format!("`{root}` is not available here"))
                 } else {
                     d.suggest(root, self.roots())
+                };
+                let d = if bare && !condition {
+                    let mut d = d;
+                    let quote = format!("for the text `{root}`, quote it as a string literal: `\"'{root}'\"`");
+                    match d.help.take() {
+                        Some(h) => d.help(format!("{h} ({quote})")),
+                        None => d.help(quote),
+                    }
+                } else {
+                    d
                 };
                 Some(d)
             }

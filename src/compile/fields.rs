@@ -15,7 +15,7 @@ use super::source::{kind_validator, schema_errors};
 use super::{graph, relative_to};
 use crate::diag::Code;
 use crate::spec::load::push_pointer;
-use crate::spec::{BUILTIN_KINDS, LlmOutput, NodeSpec, OnError, OutputFormat, TextSource};
+use crate::spec::{BUILTIN_KINDS, LlmOutput, NodeCommon, NodeSpec, OnError, OutputFormat, TextSource};
 
 impl Build<'_, '_> {
     pub(super) fn node(&mut self, ix: NodeIx, name: &str) {
@@ -48,10 +48,10 @@ impl Build<'_, '_> {
         let mut merged = merged;
         merged.insert("kind".into(), Value::String(builtin.clone()));
         self.check_params(ix, &pointer, &mut merged, &declared_params);
-        let Ok(spec) = serde_json::from_value::<NodeSpec>(Value::Object(merged.clone())) else {
-            // The schema reported why; the node stays in the graph without its fields.
-            return;
-        };
+        // A node whose kind-specific fields do not fit was reported by the schema check. Its
+        // common fields (`update`, `goto`, `on_error`) are still compiled, so its edges exist
+        // and the one defect does not surface again as unreachable nodes and dead ends.
+        let spec = serde_json::from_value::<NodeSpec>(Value::Object(merged.clone())).ok();
         let sym = self.sym.clone();
         let item = self.drafts[&ix].item.clone();
         let params = self.drafts[&ix].params.clone();
@@ -60,7 +60,16 @@ impl Build<'_, '_> {
             item: item.as_deref(),
             ..Scope::base(&sym)
         };
-        let shape = self.kind_fields(ix, &pointer, &spec, &merged, scope);
+        let (shape, common) = match &spec {
+            Some(spec) => (
+                self.kind_fields(ix, &pointer, spec, &merged, scope),
+                spec.common().clone(),
+            ),
+            None => (
+                Shape::Any,
+                serde_json::from_value::<NodeCommon>(Value::Object(merged.clone())).unwrap_or_default(),
+            ),
+        };
         self.drafts[&ix].shape = shape.clone();
         // `update` and `goto` see the output; `on_error` sees the error instead.
         let params = self.drafts[&ix].params.clone();
@@ -71,7 +80,6 @@ impl Build<'_, '_> {
             usage: true,
             ..Scope::base(&sym)
         };
-        let common = spec.common().clone();
         let update = self.writes(ix, &push_pointer(&pointer, "update"), &common.update, after);
         self.drafts[&ix].update = update;
         let goto_pointer = push_pointer(&pointer, "goto");
@@ -105,7 +113,7 @@ impl Build<'_, '_> {
                 self.drafts[&ix].on_error = Some(ErrorHandler { to: target, update });
             }
         }
-        self.drafts[&ix].spec = Some(spec);
+        self.drafts[&ix].spec = spec;
     }
 
     fn check_params(

@@ -6,12 +6,20 @@ use serde_json::Value;
 use super::exprs::Scope;
 use super::nodes::Build;
 use super::plan::*;
-use crate::diag::Code;
+use crate::diag::{Code, did_you_mean};
 use crate::spec::load::push_pointer;
 use crate::spec::{Edge, EdgeObject, OneOrMany, RouteClause};
 
 /// Resolves a target name: a node or END.
 pub(super) fn target(b: &mut Build, pointer: &str, name: &str) -> Option<Target> {
+    resolve(b, pointer, name, true)
+}
+
+/// Resolves a node name. An unknown name is reported; as a target (`recover`) it then stands
+/// for the node it was probably meant to be (or END), so the graph analysis does not report
+/// the typo again as a dead end, an unreachable node or an item out of scope. The error bars
+/// the plan either way.
+fn resolve(b: &mut Build, pointer: &str, name: &str, recover: bool) -> Option<Target> {
     match name {
         "END" => Some(Target::End),
         "START" => {
@@ -31,7 +39,14 @@ pub(super) fn target(b: &mut Build, pointer: &str, name: &str) -> Option<Target>
                     .suggest(name, b.index.keys().map(String::as_str).chain(["END"]))
                     .help_or("declare it under `nodes:`");
                 b.diags.push(d);
-                None
+                if !recover {
+                    return None;
+                }
+                b.guessed_targets = true;
+                match did_you_mean(name, b.index.keys().map(String::as_str).chain(["END"])) {
+                    Some("END") | None => Some(Target::End),
+                    Some(meant) => b.index.get(meant).map(|ix| Target::Node(*ix)),
+                }
             }
         },
     }
@@ -48,7 +63,7 @@ fn source(b: &mut Build, pointer: &str, name: &str) -> Option<NodeIx> {
             );
             None
         }
-        _ => target(b, pointer, name).map(|t| match t {
+        _ => resolve(b, pointer, name, false).map(|t| match t {
             Target::Node(n) => n,
             Target::End => b.end,
         }),

@@ -61,6 +61,9 @@ pub(super) struct Build<'c, 'a> {
     pub io_schemas: (Option<Value>, Option<Value>),
     pub prompts_dir: Option<PathBuf>,
     pub hashed_files: Vec<(String, String)>,
+    /// An edge named an unknown node and stands for a guess: the graph analysis would report
+    /// that one typo again as dead ends, unreachable nodes or loops, so it is skipped.
+    pub guessed_targets: bool,
 }
 
 impl<'c, 'a> Build<'c, 'a> {
@@ -97,6 +100,7 @@ impl<'c, 'a> Build<'c, 'a> {
             io_schemas: (None, None),
             prompts_dir,
             hashed_files: Vec::new(),
+            guessed_targets: false,
         }
     }
 
@@ -121,7 +125,9 @@ impl<'c, 'a> Build<'c, 'a> {
             self.node(ix, &name);
         }
         self.outputs();
-        analysis::analyze(self);
+        if !self.guessed_targets {
+            analysis::analyze(self);
+        }
         if self.diags.iter().any(Diagnostic::is_error) {
             return None;
         }

@@ -274,6 +274,12 @@ fn span_of(node: &MarkedYaml) -> Span {
     }
 }
 
+/// Whether a mapping used as a key is what YAML makes of an unquoted `{{ name }}`: a flow
+/// mapping whose entries have no values.
+fn looks_like_braces(m: &saphyr::AnnotatedMapping<'_, MarkedYaml<'_>>) -> bool {
+    !m.is_empty() && m.values().all(|v| matches!(v.data, YamlData::Value(Scalar::Null)))
+}
+
 struct Converter<'a> {
     path: &'a Arc<Path>,
     spans: &'a mut SpanMap,
@@ -387,6 +393,16 @@ impl Converter<'_> {
             YamlData::Value(Scalar::FloatingPoint(f)) => Some(f.into_inner().to_string()),
             YamlData::Value(Scalar::Null) => {
                 self.err(Code::UnsupportedYaml, key, "a null mapping key".into(), "name the key");
+                None
+            }
+            // `x: {{ state.y }}` unquoted: YAML reads `{{ ... }}` as a mapping used as a key.
+            YamlData::Mapping(m) if looks_like_braces(m) => {
+                self.err(
+                    Code::UnsupportedYaml,
+                    key,
+                    "an unquoted `{{ ... }}`: YAML reads it as a mapping, not as text".into(),
+                    "quote it: `\"{{ ... }}\"` (a value that starts with `{` or `[` must be quoted)",
+                );
                 None
             }
             _ => {
