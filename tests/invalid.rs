@@ -333,11 +333,16 @@ fn github_format_is_one_annotation_per_diagnostic() {
     );
     let (exit, out) = validate(
         &fixtures_dir(),
-        &["W406-dead-end.yaml", "--format", "github", "--deny-warnings"],
+        &[
+            "W405-route-without-default.yaml",
+            "--format",
+            "github",
+            "--deny-warnings",
+        ],
     );
     assert_eq!(exit, 1);
     assert!(
-        out.starts_with("::warning file=W406-dead-end.yaml,line=8,col=3,endColumn=6,title=W406 dead-end::"),
+        out.starts_with("::warning file=W405-route-without-default.yaml,line=14,"),
         "{out}"
     );
 }

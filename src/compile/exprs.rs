@@ -104,14 +104,16 @@ impl Exprs {
                 .filter(|v| roots.iter().any(|r| v.split('.').next() == Some(r.as_str()))),
         );
         // A called function is checked as a function, not as a variable.
-        let vars = vars
-            .into_iter()
-            .filter(|v| !called.iter().any(|c| c == v))
-            .collect();
+        let vars = vars.into_iter().filter(|v| !called.iter().any(|c| c == v)).collect();
         Names {
             vars: sorted(vars),
             unknown: unknown.into(),
         }
+    }
+
+    /// What an expression compiled earlier reads and calls.
+    pub fn names_of(&self, text: &str) -> Option<&Names> {
+        self.by_text.get(text).map(|(_, names)| names)
     }
 
     pub fn into_table(self) -> Result<ExprTable, minijinja::Error> {
@@ -455,6 +457,7 @@ pub struct Names {
 
 /// Filters and tests minijinja can provide, for "did you mean" (each is offered only when
 /// the environment really has it).
+#[rustfmt::skip]
 const FILTER_NAMES: &[&str] = &[
     "abs", "attr", "batch", "bool", "capitalize", "chain", "count", "d", "default", "dictsort", "e", "escape",
     "first", "float", "format", "groupby", "indent", "int", "items", "join", "last", "length", "lines", "list",
@@ -462,6 +465,7 @@ const FILTER_NAMES: &[&str] = &[
     "select", "selectattr", "slice", "sort", "split", "string", "sum", "title", "tojson", "trim", "unique",
     "upper", "urlencode", "zip",
 ];
+#[rustfmt::skip]
 const TEST_NAMES: &[&str] = &[
     "boolean", "defined", "divisibleby", "endingwith", "eq", "equalto", "escaped", "even", "false", "filter",
     "float", "ge", "greaterthan", "gt", "in", "int", "integer", "iterable", "le", "lessthan", "lower", "lt",
@@ -469,6 +473,7 @@ const TEST_NAMES: &[&str] = &[
     "true", "undefined", "upper",
 ];
 /// Words of the template language that may stand before a parenthesis.
+#[rustfmt::skip]
 const KEYWORDS: &[&str] = &[
     "if", "elif", "else", "in", "not", "and", "or", "is", "for", "set", "with", "include", "import", "from", "as",
     "call", "filter", "macro", "return", "recursive", "block", "extends", "autoescape", "do", "true", "false",

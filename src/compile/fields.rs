@@ -421,7 +421,10 @@ impl Build<'_, '_> {
                             if let Some(Some(props)) = child.input_schema.as_ref().map(declared_props) {
                                 for key in n.kind.input.keys() {
                                     if !props.contains(key) {
-                                        misspelt.extend(crate::diag::did_you_mean(key, props.iter().map(String::as_str)).map(str::to_string));
+                                        misspelt.extend(
+                                            crate::diag::did_you_mean(key, props.iter().map(String::as_str))
+                                                .map(str::to_string),
+                                        );
                                         self.diags.push(
                                             self.src
                                                 .diag_key(
@@ -458,12 +461,11 @@ impl Build<'_, '_> {
                                         .diag_key(
                                             Code::MissingField,
                                             &at,
-                                            format!("the subgraph's input requires {list}, which this node does not give"),
+                                            format!(
+                                                "the subgraph's input requires {list}, which this node does not give"
+                                            ),
                                         )
-                                        .help(format!(
-                                            "add `input: {{{}: <expression>}}`",
-                                            missing.join(": ..., ")
-                                        )),
+                                        .help(format!("add `input: {{{}: <expression>}}`", missing.join(": ..., "))),
                                 );
                             }
                             let keys = child

@@ -42,7 +42,7 @@ fn resolve(b: &mut Build, pointer: &str, name: &str, recover: bool) -> Option<Ta
                 if !recover {
                     return None;
                 }
-                b.guessed_targets = true;
+                b.broken_edges = true;
                 match did_you_mean(name, b.index.keys().map(String::as_str).chain(["END"])) {
                     Some("END") | None => Some(Target::End),
                     Some(meant) => b.index.get(meant).map(|ix| Target::Node(*ix)),
@@ -93,12 +93,17 @@ pub(super) fn edges(b: &mut Build) {
     for (i, value) in raw.iter().enumerate() {
         let pointer = format!("/edges/{i}");
         let Ok(edge) = serde_json::from_value::<Edge>(value.clone()) else {
+            // The schema check reported it.
+            b.broken_edges = true;
             continue;
         };
         match edge {
             Edge::Chain(text) => chain(b, &pointer, &text),
             Edge::Object(obj) => object(b, &pointer, &obj),
         }
+    }
+    if b.diags.iter().any(|d| d.code == Code::BadEdge) {
+        b.broken_edges = true;
     }
 }
 
@@ -203,6 +208,7 @@ fn object(b: &mut Build, pointer: &str, edge: &EdgeObject) {
                     b.graph.add_edge(*f, vertex(b, *t), Flow::Join);
                 }
                 b.joins.push((froms.clone(), *t));
+                b.join_sites.push(pointer.to_string());
             }
         } else {
             for t in &targets {
@@ -298,7 +304,12 @@ pub(super) fn clauses(
             );
         }
         let when = match &clause.when {
-            Some(text) => b.expr(&push_pointer(&at, "when"), text, scope),
+            Some(text) => {
+                if !is_goto && let Some(f) = from {
+                    b.conditions.push((f, push_pointer(&at, "when"), text.clone()));
+                }
+                b.expr(&push_pointer(&at, "when"), text, scope)
+            }
             None => {
                 has_default = true;
                 None

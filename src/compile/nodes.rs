@@ -14,7 +14,7 @@ use super::exprs::{self, Exprs, Names, Scope, Shape, Symbols, TextSpan, UnknownC
 use super::plan::*;
 use super::schemas::{Resolver, check, first_violation, validator};
 use super::source::Source;
-use super::{Compiler, analysis, graph, relative_to};
+use super::{Compiler, analysis, graph, loops, relative_to};
 use crate::diag::{Code, Diagnostic, Pos, Span};
 use crate::spec::load::push_pointer;
 use crate::spec::{NodeSpec, Workflow};
@@ -61,9 +61,14 @@ pub(super) struct Build<'c, 'a> {
     pub io_schemas: (Option<Value>, Option<Value>),
     pub prompts_dir: Option<PathBuf>,
     pub hashed_files: Vec<(String, String)>,
-    /// An edge named an unknown node and stands for a guess: the graph analysis would report
-    /// that one typo again as dead ends, unreachable nodes or loops, so it is skipped.
-    pub guessed_targets: bool,
+    /// An edge is malformed, or named an unknown node and stands for a guess: the graph
+    /// analysis would report that one defect again as dead ends, unreachable nodes or loops,
+    /// so it is skipped.
+    pub broken_edges: bool,
+    /// The pointer of the edge that made each of `joins`, in order.
+    pub join_sites: Vec<String>,
+    /// Route conditions: the node routed from, the pointer of its `when` and its text.
+    pub conditions: Vec<(NodeIx, String, String)>,
 }
 
 impl<'c, 'a> Build<'c, 'a> {
@@ -100,7 +105,9 @@ impl<'c, 'a> Build<'c, 'a> {
             io_schemas: (None, None),
             prompts_dir,
             hashed_files: Vec::new(),
-            guessed_targets: false,
+            broken_edges: false,
+            join_sites: Vec::new(),
+            conditions: Vec::new(),
         }
     }
 
@@ -125,8 +132,11 @@ impl<'c, 'a> Build<'c, 'a> {
             self.node(ix, &name);
         }
         self.outputs();
-        if !self.guessed_targets {
+        // A join that can never fire is reported as such; the analysis would only report what
+        // follows from it (write conflicts between its sources) in other words.
+        if !self.broken_edges && !loops::dead_joins(self) {
             analysis::analyze(self);
+            loops::constant_exits(self);
         }
         if self.diags.iter().any(Diagnostic::is_error) {
             return None;
@@ -588,8 +598,14 @@ fn move_into(d: &mut Diagnostic, file: &Arc<Path>, at: Option<TextSpan>) {
     d.file = Some(file.clone());
     d.span = Some(match at {
         Some(t) => Span {
-            start: Pos { line: t.line, col: t.col },
-            end: Pos { line: t.line, col: t.end_col },
+            start: Pos {
+                line: t.line,
+                col: t.col,
+            },
+            end: Pos {
+                line: t.line,
+                col: t.end_col,
+            },
         },
         None => Span::point(1, 1),
     });
@@ -601,7 +617,9 @@ fn text_span(text: &str, start: usize, end: usize) -> TextSpan {
     let line = before.matches('\n').count() as u32 + 1;
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
     let col = before[line_start..].chars().count() as u32 + 1;
-    let len = text.get(start..end).map_or(0, |s| s.split('\n').next().unwrap_or_default().chars().count());
+    let len = text
+        .get(start..end)
+        .map_or(0, |s| s.split('\n').next().unwrap_or_default().chars().count());
     TextSpan {
         line,
         col,
@@ -612,7 +630,9 @@ fn text_span(text: &str, start: usize, end: usize) -> TextSpan {
 /// Where a template reads the dotted name `var` (as minijinja reports it), if it can be found.
 fn locate_var(text: &str, var: &str) -> Option<TextSpan> {
     use minijinja::machinery::{Token, tokenize};
-    let tokens: Vec<_> = tokenize(text, false, Default::default()).map_while(Result::ok).collect();
+    let tokens: Vec<_> = tokenize(text, false, Default::default())
+        .map_while(Result::ok)
+        .collect();
     let parts: Vec<&str> = var.split('.').collect();
     let mut best: Option<(usize, usize)> = None;
     for i in 0..tokens.len() {

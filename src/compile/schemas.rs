@@ -315,7 +315,11 @@ fn schema_error(src: &Source, pointer: &str, root: &Value, at: &str, why: &str) 
                 "none" | "nil" => Some("null"),
                 _ => crate::diag::did_you_mean(t, TYPES.iter().copied()),
             };
-            let d = src.diag(Code::BadSchema, here, format!("invalid JSON Schema: `{t}` is not a JSON Schema type"));
+            let d = src.diag(
+                Code::BadSchema,
+                here,
+                format!("invalid JSON Schema: `{t}` is not a JSON Schema type"),
+            );
             let types = "JSON Schema types are integer, number, string, boolean, object, array and null";
             match alias {
                 Some(a) => d.help(format!("write `type: {a}`; {types}")),

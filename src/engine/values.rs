@@ -333,7 +333,9 @@ fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, String>
                 let before = current.len();
                 current.retain(|m| m.get("id").and_then(Value::as_str) != Some(&id));
                 if current.len() == before {
-                    return Err(format!("`add_messages` cannot remove message `{id}`: no message has that id"));
+                    return Err(format!(
+                        "`add_messages` cannot remove message `{id}`: no message has that id"
+                    ));
                 }
             }
             (None, true) => return Err("a remove marker needs the `id` of the message to remove".into()),
