@@ -56,7 +56,8 @@ pub struct Diagnostic {
     pub pointer: Option<String>,
     pub help: Option<String>,
     /// Where else the problem shows, e.g. the node that uses a template whose line is reported.
-    pub note: Option<String>,
+    /// Boxed: diagnostics travel in `Result`s, and most have no note.
+    pub note: Option<Box<String>>,
 }
 
 impl Diagnostic {
@@ -91,7 +92,7 @@ impl Diagnostic {
     }
 
     pub fn note(mut self, note: impl Into<String>) -> Diagnostic {
-        self.note = Some(note.into());
+        self.note = Some(Box::new(note.into()));
         self
     }
 

@@ -109,7 +109,7 @@ pub fn render_json_value(diags: &[Diagnostic]) -> Value {
                 "end_column": d.span.map(|s| s.end.col),
                 "pointer": d.pointer,
                 "help": d.help,
-                "note": d.note,
+                "note": d.note.as_deref(),
             })
         })
         .collect();
