@@ -356,7 +356,9 @@ impl<'c, 'a> Build<'c, 'a> {
                 for var in names.vars.iter() {
                     let before = found.len();
                     scope.check(self.src, pointer, text, std::slice::from_ref(var), &mut found);
-                    if let Some(file) = &file {
+                    if let Some(file) = &file
+                        && found.len() > before
+                    {
                         let at = locate_var(text, var);
                         for d in &mut found[before..] {
                             move_into(d, file, at);
