@@ -383,3 +383,51 @@ fn a_five_thousand_wide_fan_out_is_checked_by_key_not_by_pair() {
     assert_eq!(found[0], "E404@6");
     assert!(!found.contains(&"E404@5".to_string()));
 }
+
+#[test]
+fn filters_tests_functions_and_subscripts_are_checked_everywhere() {
+    let w = wf(r#"
+state:
+  items: {type: array, default: []}
+  n: {type: integer, default: 0}
+  messages: {type: array, reducer: add_messages, default: []}
+predicates:
+  ok: "state.items | lenght > 0"
+nodes:
+  a:
+    kind: llm
+    prompt: p.j2
+    history: {from: "state['mesages']"}
+  b: {kind: set, update: {n: "state.items is emty"}}
+  c: {kind: set, update: {n: "len(state.items)"}}
+edges:
+  - START -> a -> b -> c
+  - {from: c, route: [{when: "ok", to: END}, {to: END}]}
+"#);
+    let prompt = "Hi {{ state.items | nosuch }}\n{{ state['itmes'] }}\n";
+    check(
+        &[("main.yaml", &w), ("prompts/p.j2", prompt)],
+        // Sorted by file: the workflow, then the prompt file (its defects at its own lines).
+        &["E310@9", "E302@14", "E310@15", "E310@16", "E310@1", "E302@2"],
+    );
+}
+
+#[test]
+fn legitimate_template_machinery_is_not_reported() {
+    let w = wf(r#"
+state:
+  items: {type: array, default: []}
+  text: {type: string, default: ""}
+nodes:
+  a: {kind: llm, prompt: p.j2, update: {text: "output | trim | upper ~ (range(3) | join(',')) ~ (state.items | length | string)"}}
+  b: {kind: set, update: {text: "state.text if state.items is defined and state.text is not none else dict(a=1) | tojson"}}
+edges:
+  - START -> a -> b -> END
+"#);
+    let prompt = r#"{% macro item(x) %}- {{ x | default('?') }}{% endmacro %}
+{% for it in state.items %}{{ item(it) }} {{ it['name'] }} {{ loop.index }}{% endfor %}
+{% set ns = namespace(n=0) %}{% filter upper %}{{ state.text | replace('a', 'b') }}{% endfilter %}
+{% if (state.items | length) > 1 %}{{ state['text'] }}{% endif %}
+"#;
+    check(&[("main.yaml", &w), ("prompts/p.j2", prompt)], &[]);
+}

@@ -1565,3 +1565,43 @@ edges: [START -> slow, slow -> END]
     assert_eq!(out.status, Status::Done);
     assert!(tries >= 10, "the claimant tried throughout the run ({tries} tries)");
 }
+
+#[test]
+fn a_predicate_that_cannot_be_evaluated_fails_the_run() {
+    // One predicate errors (a number plus a string), one is undefined (a missing field). Read
+    // by a route, each fails the step with its name, never reads as false (which would take
+    // the default branch silently); an inline condition behaves the same.
+    for (when, names) in [
+        ("broken", "predicate `broken`"),
+        ("missing", "predicate `missing`"),
+        ("not broken", "predicate `broken`"),
+        ("state.d.flag", "undefined"),
+    ] {
+        let p = Project::new(&[(
+            "w.yaml",
+            &wf(&format!(
+                r#"
+state:
+  n: {{type: integer, default: 1}}
+  s: {{type: string, default: "x"}}
+  d: {{type: object, default: {{}}}}
+  seen: {{type: array, reducer: append, default: []}}
+predicates: {{broken: "state.n + state.s > 1", missing: "state.d.flag"}}
+nodes:
+  first: {{kind: set, update: {{seen: "'first'"}}}}
+  fallback: {{kind: set, update: {{seen: "'fallback'"}}}}
+edges:
+  - START -> first
+  - {{from: first, route: [{{when: "{when}", to: END}}, {{to: fallback}}]}}
+  - fallback -> END
+"#
+            )),
+        )]);
+        let mut r = Run::new(json!({}));
+        let out = r.go(&p.plan("w.yaml"), req(json!({})));
+        assert_eq!(out.status, Status::Failed, "{when}: {:?}", out.state);
+        let error = out.error.unwrap_or_default();
+        assert!(error.contains(names), "{when}: {error}");
+        assert!(!r.ran().contains(&"fallback".to_string()), "{when}: {:?}", r.ran());
+    }
+}

@@ -106,74 +106,127 @@ fn format_value(value: &serde_json::Value, format: run::OutputFormat) -> String 
             s.push('\n');
             s
         }
-        run::OutputFormat::Yaml => {
-            let mut s = String::new();
-            yaml(value, 0, &mut s);
-            if !s.ends_with('\n') {
-                s.push('\n');
-            }
-            s
-        }
+        run::OutputFormat::Yaml => yaml(value),
     }
 }
 
-/// A small YAML emitter for results: block style, strings quoted when plain would mislead.
-fn yaml(v: &serde_json::Value, indent: usize, out: &mut String) {
-    use serde_json::Value;
-    let pad = " ".repeat(indent);
-    match v {
-        Value::Object(m) if !m.is_empty() => {
-            for (k, v) in m {
-                out.push_str(&format!("{pad}{}:", yaml_scalar(k)));
-                yaml_child(v, indent, out);
-            }
-        }
-        Value::Array(a) if !a.is_empty() => {
-            for v in a {
-                out.push_str(&format!("{pad}-"));
-                yaml_child(v, indent, out);
-            }
-        }
-        Value::Object(_) => out.push_str(&format!("{pad}{{}}\n")),
-        Value::Array(_) => out.push_str(&format!("{pad}[]\n")),
-        Value::String(s) => out.push_str(&format!("{pad}{}\n", yaml_scalar(s))),
-        other => out.push_str(&format!("{pad}{other}\n")),
+/// A result as YAML, by saphyr's emitter: block style, strings quoted where plain would read
+/// as something else, multi-line strings as literal blocks (with an indentation indicator when
+/// they start with a space, and chomping that keeps their trailing newlines).
+fn yaml(value: &serde_json::Value) -> String {
+    let mut out = String::new();
+    let mut emitter = saphyr::YamlEmitter::new(&mut out);
+    emitter.multiline(true);
+    if emitter.dump(&to_yaml(value)).is_err() {
+        // Writing into a String cannot fail; fall back to JSON, which is YAML too.
+        return format!("{value}\n");
     }
+    // The emitter starts a document with `---`; one result needs no marker.
+    let mut out = match out.strip_prefix("---\n") {
+        Some(rest) => rest.to_string(),
+        None => out.strip_prefix("--- ").map_or(out.clone(), str::to_string),
+    };
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
 }
 
-fn yaml_child(v: &serde_json::Value, indent: usize, out: &mut String) {
+fn to_yaml(v: &serde_json::Value) -> saphyr::Yaml<'_> {
+    use saphyr::{Scalar, Yaml};
     use serde_json::Value;
     match v {
-        Value::Object(m) if !m.is_empty() => {
-            out.push('\n');
-            yaml(v, indent + 2, out);
-        }
-        Value::Array(a) if !a.is_empty() => {
-            out.push('\n');
-            yaml(v, indent + 2, out);
-        }
-        Value::String(s) if s.contains('\n') => {
-            out.push_str(" |-\n");
-            for line in s.lines() {
-                out.push_str(&format!("{}{line}\n", " ".repeat(indent + 2)));
-            }
-        }
-        Value::Object(_) => out.push_str(" {}\n"),
-        Value::Array(_) => out.push_str(" []\n"),
-        Value::String(s) => out.push_str(&format!(" {}\n", yaml_scalar(s))),
-        other => out.push_str(&format!(" {other}\n")),
+        Value::Null => Yaml::Value(Scalar::Null),
+        Value::Bool(b) => Yaml::Value(Scalar::Boolean(*b)),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => Yaml::Value(Scalar::Integer(i)),
+            // JSON's own text for other numbers is a valid YAML number and loses nothing.
+            None => Yaml::Representation(n.to_string().into(), saphyr::ScalarStyle::Plain, None),
+        },
+        Value::String(s) => Yaml::Value(Scalar::String(s.as_str().into())),
+        Value::Array(items) => Yaml::Sequence(items.iter().map(to_yaml).collect()),
+        Value::Object(map) => Yaml::Mapping(
+            map.iter()
+                .map(|(k, v)| (Yaml::Value(Scalar::String(k.as_str().into())), to_yaml(v)))
+                .collect(),
+        ),
     }
 }
 
-fn yaml_scalar(s: &str) -> String {
-    let plain = !s.is_empty()
-        && s.chars().all(|c| c.is_alphanumeric() || " _-./".contains(c))
-        && !s.starts_with(|c: char| c == '-' || c == ' ' || c.is_ascii_digit() || c == '.')
-        && !s.ends_with(' ')
-        && !["true", "false", "null", "yes", "no", "on", "off", "~"].contains(&s.to_ascii_lowercase().as_str());
-    if plain {
-        s.to_string()
-    } else {
-        serde_json::Value::String(s.to_string()).to_string()
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// Reads YAML back the way runner reads workflows.
+    fn parse_back(text: &str) -> Value {
+        let file = crate::spec::load::SourceFile {
+            path: Arc::from(Path::new("out.yaml")),
+            text: Arc::from(text),
+        };
+        match crate::spec::load::parse(file) {
+            Ok(doc) => doc.value,
+            Err(d) => panic!("the YAML output does not parse: {d:?}\n{text}"),
+        }
+    }
+
+    #[test]
+    fn yaml_output_round_trips_tricky_strings() {
+        let strings = [
+            "  indented first line\nsecond",
+            "\tstarts with a tab\nsecond",
+            "trailing newline\n",
+            "two trailing newlines\n\n",
+            "\n\nleading newlines",
+            "   ",
+            "",
+            "---",
+            "...",
+            "--- a\n--- b\n",
+            "...\nafter the end marker",
+            "- dash",
+            "key: value",
+            "# not a comment",
+            "yes",
+            "null",
+            "~",
+            "0x1F",
+            "1e3",
+            "012",
+            "'single' and \"double\"",
+            "emoji 🎉 and ünïcode",
+            "carriage\r\nreturn",
+            "trailing space \nline",
+            "line\u{2028}separator",
+            "{{ not a mapping }}",
+            "[1, 2]",
+            "a: |\n  nested block\n",
+        ];
+        let value = json!({
+            "strings": strings,
+            "keyed": strings.iter().map(|s| (s.to_string(), json!(s))).collect::<serde_json::Map<_, _>>(),
+            "numbers": [0, -1, 9007199254740993_i64, 0.1, -2.5e-8, 1e300],
+            "nested": {"list": [[], {}, [{"a": "x\n"}], null, true]},
+        });
+        let text = yaml(&value);
+        assert_eq!(parse_back(&text), value, "{text}");
+        // Every string alone, as the whole output, too.
+        for s in strings {
+            let text = yaml(&json!(s));
+            assert_eq!(parse_back(&text), json!(s), "{s:?} as {text:?}");
+        }
+    }
+
+    #[test]
+    fn yaml_output_keeps_the_familiar_block_shape() {
+        let value = json!({"draft": "second draft", "log": ["write", "accept"], "text": "a\nb\n"});
+        assert_eq!(
+            yaml(&value),
+            "draft: second draft\nlog:\n  - write\n  - accept\ntext: |\n  a\n  b\n"
+        );
     }
 }

@@ -61,11 +61,11 @@ pub(super) fn analyze(b: &mut Build) {
                 b.diags.push(
                     b.src
                         .diag_key(
-                            Code::DeadEnd,
+                            Code::SilentEnd,
                             &pointer,
-                            format!("node `{name}` has no outgoing edge; its branch ends after it"),
+                            format!("node `{name}` has no outgoing edge, so its branch would end silently after it"),
                         )
-                        .help(format!("say so with `- {name} -> END`")),
+                        .help(format!("if the run may end here, say so with `- {name} -> END`; otherwise add the edge it is missing")),
                 );
             }
         }

@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use minijinja::{Environment, UndefinedBehavior};
+use minijinja::{Environment, ErrorKind, UndefinedBehavior};
 use serde_json::Value;
 
 use super::plan::{ExprId, ExprTable, TemplateId};
 use super::source::Source;
-use crate::diag::{Code, Diagnostic};
+use crate::diag::{Code, Diagnostic, did_you_mean};
 
 /// Functions minijinja provides everywhere; they read like variables to the checker.
 const GLOBALS: &[&str] = &["range", "dict", "namespace", "lipsum", "cycler", "joiner", "debug"];
@@ -47,8 +47,8 @@ pub fn environment(prompts: Option<PathBuf>) -> Environment<'static> {
 pub struct Exprs {
     env: Environment<'static>,
     sources: Vec<String>,
-    by_text: HashMap<String, (ExprId, Arc<[String]>)>,
-    templates: HashMap<String, Arc<[String]>>,
+    by_text: HashMap<String, (ExprId, Names)>,
+    templates: HashMap<String, Names>,
 }
 
 impl Exprs {
@@ -61,36 +61,59 @@ impl Exprs {
         }
     }
 
-    /// Compiles an expression; returns its id and the dotted names it reads.
-    pub fn expr(&mut self, text: &str) -> Result<(ExprId, Arc<[String]>), String> {
-        if let Some((id, vars)) = self.by_text.get(text) {
-            return Ok((*id, vars.clone()));
+    /// Compiles an expression; returns its id, the dotted names it reads and what it calls.
+    pub fn expr(&mut self, text: &str) -> Result<(ExprId, Names), String> {
+        if let Some((id, names)) = self.by_text.get(text) {
+            return Ok((*id, names.clone()));
         }
         if text.trim().is_empty() {
             return Err("the expression is empty".into());
         }
         let compiled = self.env.compile_expression(text).map_err(|e| first_line(&e))?;
-        let vars = sorted(compiled.undeclared_variables(true));
+        let vars = compiled.undeclared_variables(true);
+        let names = self.names(text, true, vars);
         let id = ExprId(self.sources.len() as u32);
         self.sources.push(text.to_string());
-        self.by_text.insert(text.to_string(), (id, vars.clone()));
-        Ok((id, vars))
+        self.by_text.insert(text.to_string(), (id, names.clone()));
+        Ok((id, names))
     }
 
     /// Compiles a template under `name` (shared by every node using the same file).
-    pub fn template(&mut self, name: &str, text: &str) -> Result<(TemplateId, Arc<[String]>), String> {
-        if let Some(vars) = self.templates.get(name) {
-            return Ok((TemplateId(Arc::from(name)), vars.clone()));
+    pub fn template(&mut self, name: &str, text: &str) -> Result<(TemplateId, Names), minijinja::Error> {
+        if let Some(names) = self.templates.get(name) {
+            return Ok((TemplateId(Arc::from(name)), names.clone()));
         }
-        self.env
-            .add_template_owned(name.to_string(), text.to_string())
-            .map_err(|e| first_line(&e))?;
-        let vars = match self.env.get_template(name) {
-            Ok(t) => sorted(t.undeclared_variables(true)),
-            Err(e) => return Err(first_line(&e)),
-        };
-        self.templates.insert(name.to_string(), vars.clone());
-        Ok((TemplateId(Arc::from(name)), vars))
+        self.env.add_template_owned(name.to_string(), text.to_string())?;
+        let vars = self.env.get_template(name)?.undeclared_variables(true);
+        let names = self.names(text, false, vars);
+        self.templates.insert(name.to_string(), names.clone());
+        Ok((TemplateId(Arc::from(name)), names))
+    }
+
+    fn names(&self, text: &str, in_expr: bool, mut vars: std::collections::HashSet<String>) -> Names {
+        let (called, unknown) = scan_calls(&self.env, text, in_expr);
+        // minijinja's analysis follows `state.key` but not `state['key']`: read both alike.
+        // Only where the root is itself read from the scope (not a loop or `set` variable).
+        let roots: Vec<String> = vars
+            .iter()
+            .map(|v| v.split('.').next().unwrap_or_default().to_string())
+            .collect();
+        vars.extend(
+            subscripted(text, in_expr)
+                .into_iter()
+                .filter(|v| roots.iter().any(|r| v.split('.').next() == Some(r.as_str()))),
+        );
+        // A called function is checked as a function, not as a variable.
+        let vars = vars.into_iter().filter(|v| !called.iter().any(|c| c == v)).collect();
+        Names {
+            vars: sorted(vars),
+            unknown: unknown.into(),
+        }
+    }
+
+    /// What an expression compiled earlier reads and calls.
+    pub fn names_of(&self, text: &str) -> Option<&Names> {
+        self.by_text.get(text).map(|(_, names)| names)
     }
 
     pub fn into_table(self) -> Result<ExprTable, minijinja::Error> {
@@ -104,7 +127,7 @@ fn sorted(set: std::collections::HashSet<String>) -> Arc<[String]> {
     v.into()
 }
 
-fn first_line(e: &minijinja::Error) -> String {
+pub(super) fn first_line(e: &minijinja::Error) -> String {
     let mut msg = e.to_string();
     if let Some(i) = msg.find(" (in ") {
         msg.truncate(i);
@@ -293,7 +316,10 @@ impl<'a> Scope<'a> {
             _ if self.predicates && self.sym.predicates.iter().any(|p| p == root) => None,
             _ => {
                 let bare = text.trim() == root;
-                let code = if bare && self.predicates {
+                // Only a condition is a place for a predicate; elsewhere a bare word is more
+                // likely text the author forgot to quote.
+                let condition = pointer.ends_with("/when");
+                let code = if bare && self.predicates && condition {
                     Code::UnknownPredicate
                 } else {
                     Code::UndeclaredVariable
@@ -312,6 +338,16 @@ impl<'a> Scope<'a> {
                     d.help(format!("`{root}` is not available here"))
                 } else {
                     d.suggest(root, self.roots())
+                };
+                let d = if bare && !condition {
+                    let mut d = d;
+                    let quote = format!("for the text `{root}`, quote it as a string literal: `\"'{root}'\"`");
+                    match d.help.take() {
+                        Some(h) => d.help(format!("{h} ({quote})")),
+                        None => d.help(quote),
+                    }
+                } else {
+                    d
                 };
                 Some(d)
             }
@@ -372,4 +408,237 @@ pub fn declared_props(schema: &Value) -> Option<Vec<String>> {
         return None;
     }
     Some(props.keys().cloned().collect())
+}
+
+/// What a filter, test or function is, in messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Callable {
+    Filter,
+    Test,
+    Function,
+}
+
+impl Callable {
+    pub fn noun(self) -> &'static str {
+        match self {
+            Callable::Filter => "filter",
+            Callable::Test => "test",
+            Callable::Function => "function",
+        }
+    }
+}
+
+/// A position inside an expression or template text: 1-based line, 1-based column in
+/// characters, and the column just past the name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TextSpan {
+    pub line: u32,
+    pub col: u32,
+    pub end_col: u32,
+}
+
+/// A filter, test or function a text calls that the plan's environment does not have.
+#[derive(Debug, Clone)]
+pub struct UnknownCall {
+    pub what: Callable,
+    pub name: String,
+    pub at: TextSpan,
+    pub help: Option<String>,
+}
+
+/// What compiling a text found beyond its syntax: the names it reads (functions it calls,
+/// which read like variables to minijinja's analysis, left out) and the filters, tests and
+/// functions it calls that the environment lacks.
+#[derive(Debug, Clone, Default)]
+pub struct Names {
+    pub vars: Arc<[String]>,
+    pub unknown: Arc<[UnknownCall]>,
+}
+
+/// Filters and tests minijinja can provide, for "did you mean" (each is offered only when
+/// the environment really has it).
+#[rustfmt::skip]
+const FILTER_NAMES: &[&str] = &[
+    "abs", "attr", "batch", "bool", "capitalize", "chain", "count", "d", "default", "dictsort", "e", "escape",
+    "first", "float", "format", "groupby", "indent", "int", "items", "join", "last", "length", "lines", "list",
+    "lower", "map", "max", "min", "pprint", "reject", "rejectattr", "replace", "reverse", "round", "safe",
+    "select", "selectattr", "slice", "sort", "split", "string", "sum", "title", "tojson", "trim", "unique",
+    "upper", "urlencode", "zip",
+];
+#[rustfmt::skip]
+const TEST_NAMES: &[&str] = &[
+    "boolean", "defined", "divisibleby", "endingwith", "eq", "equalto", "escaped", "even", "false", "filter",
+    "float", "ge", "greaterthan", "gt", "in", "int", "integer", "iterable", "le", "lessthan", "lower", "lt",
+    "mapping", "ne", "none", "number", "odd", "safe", "sameas", "sequence", "startingwith", "string", "test",
+    "true", "undefined", "upper",
+];
+/// Words of the template language that may stand before a parenthesis.
+#[rustfmt::skip]
+const KEYWORDS: &[&str] = &[
+    "if", "elif", "else", "in", "not", "and", "or", "is", "for", "set", "with", "include", "import", "from", "as",
+    "call", "filter", "macro", "return", "recursive", "block", "extends", "autoescape", "do", "true", "false",
+    "none", "True", "False", "None",
+];
+/// Names bound by the template machinery itself, callable without being globals.
+const MACHINERY: &[&str] = &["caller", "super", "loop", "self", "varargs", "kwargs"];
+/// Python builtins people reach for, and the filter that does the same.
+const PYTHON_BUILTINS: &[(&str, &str)] = &[
+    ("len", "length"),
+    ("str", "string"),
+    ("sorted", "sort"),
+    ("reversed", "reverse"),
+    ("abs", "abs"),
+    ("int", "int"),
+    ("float", "float"),
+    ("list", "list"),
+    ("sum", "sum"),
+    ("min", "min"),
+    ("max", "max"),
+    ("round", "round"),
+    ("bool", "bool"),
+];
+
+/// Whether `env` has a filter (or test) named `name`: minijinja reports an unknown one as
+/// such when it is applied, before looking at arguments.
+fn has_filter(env: &Environment<'_>, name: &str) -> bool {
+    !matches!(env.empty_state().apply_filter(name, &[]), Err(e) if e.kind() == ErrorKind::UnknownFilter)
+}
+
+fn has_test(env: &Environment<'_>, name: &str) -> bool {
+    !matches!(env.empty_state().perform_test(name, &[]), Err(e) if e.kind() == ErrorKind::UnknownTest)
+}
+
+/// The names `text` reads as `root['key']` (a variable subscripted with a string literal),
+/// dotted as minijinja reports `root.key`.
+fn subscripted(text: &str, in_expr: bool) -> Vec<String> {
+    use minijinja::machinery::{Token, tokenize};
+    let tokens: Vec<Token<'_>> = tokenize(text, in_expr, Default::default())
+        .map_while(Result::ok)
+        .map(|(t, _)| t)
+        .collect();
+    let mut out = Vec::new();
+    for (i, w) in tokens.windows(4).enumerate() {
+        let after_dot = i > 0 && matches!(tokens[i - 1], Token::Dot);
+        let key = match &w[2] {
+            Token::Str(k) => Some(k.to_string()),
+            Token::String(k) => Some(k.to_string()),
+            _ => None,
+        };
+        if let (Token::Ident(root), Token::BracketOpen, Some(key), Token::BracketClose) = (&w[0], &w[1], key, &w[3])
+            && !after_dot
+            && !KEYWORDS.contains(root)
+        {
+            out.push(format!("{root}.{key}"));
+        }
+    }
+    out
+}
+
+/// The filters, tests and functions `text` calls, checked against `env`.
+fn scan_calls(env: &Environment<'_>, text: &str, in_expr: bool) -> (Vec<String>, Vec<UnknownCall>) {
+    use minijinja::machinery::{Span, Token, tokenize};
+    let tokens: Vec<(Token<'_>, Span)> = tokenize(text, in_expr, Default::default())
+        .map_while(Result::ok)
+        .collect();
+    let ident = |i: usize| match tokens.get(i) {
+        Some((Token::Ident(n), _)) => Some(*n),
+        _ => None,
+    };
+    let at = |i: usize| {
+        let span = tokens[i].1;
+        TextSpan {
+            line: u32::from(span.start_line),
+            col: u32::from(span.start_col) + 1,
+            end_col: u32::from(span.end_col) + 1,
+        }
+    };
+    // Names a template binds itself (macros, imports, `set`, loop variables) may be called.
+    let mut local: Vec<&str> = Vec::new();
+    let mut binding = false;
+    for (tok, _) in &tokens {
+        match tok {
+            Token::Ident("macro" | "set" | "for" | "import" | "as" | "with") => binding = true,
+            Token::Ident("in") | Token::BlockEnd | Token::Assign | Token::ParenOpen => binding = false,
+            Token::Ident(n) if binding => local.push(n),
+            _ => {}
+        }
+    }
+    let mut found: Vec<(Callable, &str, usize)> = Vec::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        let prev = i.checked_sub(1).map(|p| &tokens[p].0);
+        match (&tokens[i].0, ident(i + 1)) {
+            (Token::Pipe, Some(name)) => {
+                found.push((Callable::Filter, name, i + 1));
+                i += 2;
+                continue;
+            }
+            (Token::BlockStart, Some("filter")) if ident(i + 2).is_some() => {
+                found.push((Callable::Filter, ident(i + 2).unwrap_or_default(), i + 2));
+                i += 3;
+                continue;
+            }
+            (Token::Ident("is"), Some(next)) => {
+                let test = if next == "not" { i + 2 } else { i + 1 };
+                if let Some(name) = ident(test) {
+                    found.push((Callable::Test, name, test));
+                    i = test + 1;
+                    continue;
+                }
+            }
+            (Token::Ident(name), _)
+                if !KEYWORDS.contains(name)
+                    && matches!(tokens.get(i + 1), Some((Token::ParenOpen, _)))
+                    && !matches!(prev, Some(Token::Dot | Token::Ident("macro" | "call"))) =>
+            {
+                found.push((Callable::Function, *name, i));
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let globals: Vec<&str> = env.globals().map(|(n, _)| n).collect();
+    let mut called = Vec::new();
+    let mut unknown = Vec::new();
+    for (what, name, ix) in found {
+        let known = match what {
+            Callable::Filter => has_filter(env, name),
+            Callable::Test => has_test(env, name),
+            Callable::Function => {
+                called.push(name.to_string());
+                globals.contains(&name) || local.contains(&name) || MACHINERY.contains(&name)
+            }
+        };
+        if known || unknown.iter().any(|u: &UnknownCall| u.what == what && u.name == name) {
+            continue;
+        }
+        let help = match what {
+            Callable::Filter if FILTER_NAMES.contains(&name) => {
+                Some(format!("minijinja's `{name}` filter is not enabled in runner"))
+            }
+            Callable::Filter => did_you_mean(name, FILTER_NAMES.iter().copied().filter(|f| has_filter(env, f)))
+                .map(|b| format!("did you mean `{b}`?")),
+            Callable::Test => did_you_mean(name, TEST_NAMES.iter().copied().filter(|t| has_test(env, t)))
+                .map(|b| format!("did you mean `{b}`?")),
+            Callable::Function => {
+                let as_filter = PYTHON_BUILTINS
+                    .iter()
+                    .find(|(f, _)| *f == name)
+                    .map(|(_, filter)| *filter)
+                    .or_else(|| has_filter(env, name).then_some(name))
+                    .filter(|f| has_filter(env, f));
+                match as_filter {
+                    Some(filter) => Some(format!("use the filter: `x | {filter}` instead of `{name}(x)`")),
+                    None => did_you_mean(name, globals.iter().copied()).map(|b| format!("did you mean `{b}`?")),
+                }
+            }
+        };
+        unknown.push(UnknownCall {
+            what,
+            name: name.to_string(),
+            at: at(ix),
+            help,
+        });
+    }
+    (called, unknown)
 }

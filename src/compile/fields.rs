@@ -8,14 +8,14 @@ use serde_json::{Map, Value};
 use super::defs::{Def, missing_file};
 use super::exprs::{Scope, Shape, declared_props};
 use super::kinds::{kind_chain, merge_kind};
-use super::nodes::{Build, check_interpolation, list_files};
+use super::nodes::{Build, check_env_name, check_interpolation, list_files};
 use super::plan::*;
 use super::schemas::{check, first_violation, validator};
 use super::source::{kind_validator, schema_errors};
 use super::{graph, relative_to};
 use crate::diag::Code;
 use crate::spec::load::push_pointer;
-use crate::spec::{BUILTIN_KINDS, LlmOutput, NodeSpec, OnError, OutputFormat, TextSource};
+use crate::spec::{BUILTIN_KINDS, LlmOutput, NodeCommon, NodeSpec, OnError, OutputFormat, TextSource};
 
 impl Build<'_, '_> {
     pub(super) fn node(&mut self, ix: NodeIx, name: &str) {
@@ -48,10 +48,10 @@ impl Build<'_, '_> {
         let mut merged = merged;
         merged.insert("kind".into(), Value::String(builtin.clone()));
         self.check_params(ix, &pointer, &mut merged, &declared_params);
-        let Ok(spec) = serde_json::from_value::<NodeSpec>(Value::Object(merged.clone())) else {
-            // The schema reported why; the node stays in the graph without its fields.
-            return;
-        };
+        // A node whose kind-specific fields do not fit was reported by the schema check. Its
+        // common fields (`update`, `goto`, `on_error`) are still compiled, so its edges exist
+        // and the one defect does not surface again as unreachable nodes and dead ends.
+        let spec = serde_json::from_value::<NodeSpec>(Value::Object(merged.clone())).ok();
         let sym = self.sym.clone();
         let item = self.drafts[&ix].item.clone();
         let params = self.drafts[&ix].params.clone();
@@ -60,7 +60,16 @@ impl Build<'_, '_> {
             item: item.as_deref(),
             ..Scope::base(&sym)
         };
-        let shape = self.kind_fields(ix, &pointer, &spec, &merged, scope);
+        let (shape, common) = match &spec {
+            Some(spec) => (
+                self.kind_fields(ix, &pointer, spec, &merged, scope),
+                spec.common().clone(),
+            ),
+            None => (
+                Shape::Any,
+                serde_json::from_value::<NodeCommon>(Value::Object(merged.clone())).unwrap_or_default(),
+            ),
+        };
         self.drafts[&ix].shape = shape.clone();
         // `update` and `goto` see the output; `on_error` sees the error instead.
         let params = self.drafts[&ix].params.clone();
@@ -71,7 +80,6 @@ impl Build<'_, '_> {
             usage: true,
             ..Scope::base(&sym)
         };
-        let common = spec.common().clone();
         let update = self.writes(ix, &push_pointer(&pointer, "update"), &common.update, after);
         self.drafts[&ix].update = update;
         let goto_pointer = push_pointer(&pointer, "goto");
@@ -105,7 +113,7 @@ impl Build<'_, '_> {
                 self.drafts[&ix].on_error = Some(ErrorHandler { to: target, update });
             }
         }
-        self.drafts[&ix].spec = Some(spec);
+        self.drafts[&ix].spec = spec;
     }
 
     fn check_params(
@@ -409,9 +417,14 @@ impl Build<'_, '_> {
                     let src = self.src.clone();
                     match self.c.subgraph(&src, &at, &path, self.diags) {
                         Some(child) => {
+                            let mut misspelt = Vec::new();
                             if let Some(Some(props)) = child.input_schema.as_ref().map(declared_props) {
                                 for key in n.kind.input.keys() {
                                     if !props.contains(key) {
+                                        misspelt.extend(
+                                            crate::diag::did_you_mean(key, props.iter().map(String::as_str))
+                                                .map(str::to_string),
+                                        );
                                         self.diags.push(
                                             self.src
                                                 .diag_key(
@@ -423,6 +436,37 @@ impl Build<'_, '_> {
                                         );
                                     }
                                 }
+                            }
+                            // A required field given under a misspelt name was reported as such.
+                            let required = child
+                                .input_schema
+                                .as_ref()
+                                .and_then(|s| s.get("required"))
+                                .and_then(Value::as_array);
+                            let missing: Vec<&str> = required
+                                .into_iter()
+                                .flatten()
+                                .filter_map(Value::as_str)
+                                .filter(|r| !n.kind.input.contains_key(*r) && !misspelt.iter().any(|m| m == r))
+                                .collect();
+                            if !missing.is_empty() {
+                                let list = missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ");
+                                let at = if v.contains_key("input") {
+                                    push_pointer(pointer, "input")
+                                } else {
+                                    pointer.to_string()
+                                };
+                                self.diags.push(
+                                    self.src
+                                        .diag_key(
+                                            Code::MissingField,
+                                            &at,
+                                            format!(
+                                                "the subgraph's input requires {list}, which this node does not give"
+                                            ),
+                                        )
+                                        .help(format!("add `input: {{{}: <expression>}}`", missing.join(": ..., "))),
+                                );
                             }
                             let keys = child
                                 .output
@@ -469,6 +513,9 @@ impl Build<'_, '_> {
                 expr_field(self, &mut fields, "tag", scope);
                 if let Some(url) = &n.kind.base_url {
                     check_interpolation(self.src, &push_pointer(pointer, "base_url"), url, self.diags);
+                }
+                if let Some(var) = &n.kind.api_key_env {
+                    check_env_name(self.src, &push_pointer(pointer, "api_key_env"), var, self.diags);
                 }
                 fixed(&["results"])
             }

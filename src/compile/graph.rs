@@ -6,12 +6,20 @@ use serde_json::Value;
 use super::exprs::Scope;
 use super::nodes::Build;
 use super::plan::*;
-use crate::diag::Code;
+use crate::diag::{Code, did_you_mean};
 use crate::spec::load::push_pointer;
 use crate::spec::{Edge, EdgeObject, OneOrMany, RouteClause};
 
 /// Resolves a target name: a node or END.
 pub(super) fn target(b: &mut Build, pointer: &str, name: &str) -> Option<Target> {
+    resolve(b, pointer, name, true)
+}
+
+/// Resolves a node name. An unknown name is reported; as a target (`recover`) it then stands
+/// for the node it was probably meant to be (or END), so the graph analysis does not report
+/// the typo again as a dead end, an unreachable node or an item out of scope. The error bars
+/// the plan either way.
+fn resolve(b: &mut Build, pointer: &str, name: &str, recover: bool) -> Option<Target> {
     match name {
         "END" => Some(Target::End),
         "START" => {
@@ -31,7 +39,14 @@ pub(super) fn target(b: &mut Build, pointer: &str, name: &str) -> Option<Target>
                     .suggest(name, b.index.keys().map(String::as_str).chain(["END"]))
                     .help_or("declare it under `nodes:`");
                 b.diags.push(d);
-                None
+                if !recover {
+                    return None;
+                }
+                b.broken_edges = true;
+                match did_you_mean(name, b.index.keys().map(String::as_str).chain(["END"])) {
+                    Some("END") | None => Some(Target::End),
+                    Some(meant) => b.index.get(meant).map(|ix| Target::Node(*ix)),
+                }
             }
         },
     }
@@ -48,7 +63,7 @@ fn source(b: &mut Build, pointer: &str, name: &str) -> Option<NodeIx> {
             );
             None
         }
-        _ => target(b, pointer, name).map(|t| match t {
+        _ => resolve(b, pointer, name, false).map(|t| match t {
             Target::Node(n) => n,
             Target::End => b.end,
         }),
@@ -78,12 +93,17 @@ pub(super) fn edges(b: &mut Build) {
     for (i, value) in raw.iter().enumerate() {
         let pointer = format!("/edges/{i}");
         let Ok(edge) = serde_json::from_value::<Edge>(value.clone()) else {
+            // The schema check reported it.
+            b.broken_edges = true;
             continue;
         };
         match edge {
             Edge::Chain(text) => chain(b, &pointer, &text),
             Edge::Object(obj) => object(b, &pointer, &obj),
         }
+    }
+    if b.diags.iter().any(|d| d.code == Code::BadEdge) {
+        b.broken_edges = true;
     }
 }
 
@@ -188,6 +208,7 @@ fn object(b: &mut Build, pointer: &str, edge: &EdgeObject) {
                     b.graph.add_edge(*f, vertex(b, *t), Flow::Join);
                 }
                 b.joins.push((froms.clone(), *t));
+                b.join_sites.push(pointer.to_string());
             }
         } else {
             for t in &targets {
@@ -283,7 +304,12 @@ pub(super) fn clauses(
             );
         }
         let when = match &clause.when {
-            Some(text) => b.expr(&push_pointer(&at, "when"), text, scope),
+            Some(text) => {
+                if !is_goto && let Some(f) = from {
+                    b.conditions.push((f, push_pointer(&at, "when"), text.clone()));
+                }
+                b.expr(&push_pointer(&at, "when"), text, scope)
+            }
             None => {
                 has_default = true;
                 None

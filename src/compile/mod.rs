@@ -13,6 +13,7 @@ mod exprs;
 mod fields;
 mod graph;
 mod kinds;
+mod loops;
 mod nodes;
 pub mod picture;
 pub mod plan;

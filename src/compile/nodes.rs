@@ -10,12 +10,12 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::defs::{Defs, check_name};
-use super::exprs::{Exprs, Scope, Shape, Symbols, declared_props};
+use super::exprs::{self, Exprs, Names, Scope, Shape, Symbols, TextSpan, UnknownCall, declared_props};
 use super::plan::*;
 use super::schemas::{Resolver, check, first_violation, validator};
 use super::source::Source;
-use super::{Compiler, analysis, graph, relative_to};
-use crate::diag::{Code, Diagnostic};
+use super::{Compiler, analysis, graph, loops, relative_to};
+use crate::diag::{Code, Diagnostic, Pos, Span};
 use crate::spec::load::push_pointer;
 use crate::spec::{NodeSpec, Workflow};
 
@@ -61,6 +61,14 @@ pub(super) struct Build<'c, 'a> {
     pub io_schemas: (Option<Value>, Option<Value>),
     pub prompts_dir: Option<PathBuf>,
     pub hashed_files: Vec<(String, String)>,
+    /// An edge is malformed, or named an unknown node and stands for a guess: the graph
+    /// analysis would report that one defect again as dead ends, unreachable nodes or loops,
+    /// so it is skipped.
+    pub broken_edges: bool,
+    /// The pointer of the edge that made each of `joins`, in order.
+    pub join_sites: Vec<String>,
+    /// Route conditions: the node routed from, the pointer of its `when` and its text.
+    pub conditions: Vec<(NodeIx, String, String)>,
 }
 
 impl<'c, 'a> Build<'c, 'a> {
@@ -97,6 +105,9 @@ impl<'c, 'a> Build<'c, 'a> {
             io_schemas: (None, None),
             prompts_dir,
             hashed_files: Vec::new(),
+            broken_edges: false,
+            join_sites: Vec::new(),
+            conditions: Vec::new(),
         }
     }
 
@@ -121,7 +132,12 @@ impl<'c, 'a> Build<'c, 'a> {
             self.node(ix, &name);
         }
         self.outputs();
-        analysis::analyze(self);
+        // A join that can never fire is reported as such; the analysis would only report what
+        // follows from it (write conflicts between its sources) in other words.
+        if !self.broken_edges && !loops::dead_joins(self) {
+            analysis::analyze(self);
+            loops::constant_exits(self);
+        }
         if self.diags.iter().any(Diagnostic::is_error) {
             return None;
         }
@@ -203,11 +219,12 @@ impl<'c, 'a> Build<'c, 'a> {
                     Some(r) => r,
                     None => match self.defs.reducers.get(name) {
                         Some(def) => match self.exprs.expr(&def.value) {
-                            Ok((id, vars)) => {
+                            Ok((id, names)) => {
                                 let mut scope = Scope::base(&self.sym);
                                 scope.reducer = true;
                                 scope.predicates = false;
-                                scope.check(&def.src, &def.pointer, &def.value, &vars, self.diags);
+                                scope.check(&def.src, &def.pointer, &def.value, &names.vars, self.diags);
+                                unknown_calls(&def.src, &def.pointer, &names, self.diags);
                                 Reducer::Custom {
                                     name: name.to_string(),
                                     expr: id,
@@ -275,10 +292,11 @@ impl<'c, 'a> Build<'c, 'a> {
     fn named_exprs(&mut self) {
         for (name, def) in &self.defs.predicates {
             match self.exprs.expr(&def.value) {
-                Ok((id, vars)) => {
+                Ok((id, names)) => {
                     let mut scope = Scope::base(&self.sym);
                     scope.predicates = false;
-                    scope.check(&def.src, &def.pointer, &def.value, &vars, self.diags);
+                    scope.check(&def.src, &def.pointer, &def.value, &names.vars, self.diags);
+                    unknown_calls(&def.src, &def.pointer, &names, self.diags);
                     self.predicates.insert(name.clone(), id);
                 }
                 Err(e) => self.diags.push(def.src.diag(
@@ -298,7 +316,12 @@ impl<'c, 'a> Build<'c, 'a> {
             };
             for (field, value) in fields {
                 if let Value::String(s) = value {
-                    check_interpolation(self.src, &push_pointer(&base, &field), &s, self.diags);
+                    let at = push_pointer(&base, &field);
+                    if field == "api_key_env" {
+                        check_env_name(self.src, &at, &s, self.diags);
+                    } else {
+                        check_interpolation(self.src, &at, &s, self.diags);
+                    }
                 }
             }
         }
@@ -307,8 +330,9 @@ impl<'c, 'a> Build<'c, 'a> {
     /// Compiles one expression at `pointer`, checking its names in `scope`.
     pub fn expr(&mut self, pointer: &str, text: &str, scope: Scope) -> Option<ExprId> {
         match self.exprs.expr(text) {
-            Ok((id, vars)) => {
-                scope.check(self.src, pointer, text, &vars, self.diags);
+            Ok((id, names)) => {
+                scope.check(self.src, pointer, text, &names.vars, self.diags);
+                unknown_calls(self.src, pointer, &names, self.diags);
                 Some(id)
             }
             Err(e) => {
@@ -322,27 +346,84 @@ impl<'c, 'a> Build<'c, 'a> {
         }
     }
 
+    /// Compiles a template. An inline template's defects are reported at its field; a prompt
+    /// file's at their own line and column in the file, with a note naming the field that uses it.
     pub(super) fn template(&mut self, pointer: &str, name: &str, text: &str, scope: Scope) -> Option<TemplateId> {
-        match self.exprs.template(name, text) {
-            Ok((id, vars)) => {
-                scope.check(self.src, pointer, text, &vars, self.diags);
+        let file = self.template_file(name, text);
+        let mut found = Vec::new();
+        let id = match self.exprs.template(name, text) {
+            Ok((id, names)) => {
+                for var in names.vars.iter() {
+                    let before = found.len();
+                    scope.check(self.src, pointer, text, std::slice::from_ref(var), &mut found);
+                    if let Some(file) = &file
+                        && found.len() > before
+                    {
+                        let at = locate_var(text, var);
+                        for d in &mut found[before..] {
+                            move_into(d, file, at);
+                        }
+                    }
+                }
+                for call in names.unknown.iter() {
+                    let d = unknown_call(self.src, pointer, call);
+                    found.push(match &file {
+                        Some(file) => {
+                            let mut d = d;
+                            move_into(&mut d, file, Some(call.at));
+                            d
+                        }
+                        None => d,
+                    });
+                }
                 Some(id)
             }
             Err(e) => {
-                self.diags.push(self.src.diag(
+                let mut msg = exprs::first_line(&e);
+                if file.is_some()
+                    && let Some(i) = msg.find(" (template line ")
+                {
+                    // The diagnostic itself points at the line.
+                    msg.truncate(i);
+                }
+                let mut d = self.src.diag(
                     Code::TemplateSyntax,
                     pointer,
                     match name.split_once('#') {
                         Some((node, field)) => format!(
-                            "the inline template of node `{node}` ({}) does not parse: {e}",
+                            "the inline template of node `{node}` ({}) does not parse: {msg}",
                             field.trim_start_matches('/')
                         ),
-                        None => format!("the template `{name}` does not parse: {e}"),
+                        None => format!("the template `{name}` does not parse: {msg}"),
                     },
-                ));
+                );
+                if let Some(file) = &file {
+                    let at = e.range().map(|r| text_span(text, r.start, r.end)).or_else(|| {
+                        e.line().map(|l| TextSpan {
+                            line: l as u32,
+                            col: 1,
+                            end_col: 1,
+                        })
+                    });
+                    move_into(&mut d, file, at);
+                }
+                found.push(d);
                 None
             }
+        };
+        self.diags.extend(found);
+        id
+    }
+
+    /// The path of a prompt file's template (its text registered for rendering), or `None`
+    /// for an inline template (named `node#/field`).
+    fn template_file(&mut self, name: &str, text: &str) -> Option<Arc<Path>> {
+        if name.contains('#') {
+            return None;
         }
+        let path: Arc<Path> = Arc::from(self.prompts_dir.as_ref()?.join(name));
+        self.c.files.add(&path, Arc::from(text));
+        Some(path)
     }
 
     /// Resolves a node's kind, merges its kind's defaults, and compiles its fields.
@@ -473,6 +554,128 @@ impl<'c, 'a> Build<'c, 'a> {
     }
 }
 
+/// Reports the filters, tests and functions a text calls that do not exist, at `pointer`.
+pub(super) fn unknown_calls(src: &Source, pointer: &str, names: &Names, diags: &mut Vec<Diagnostic>) {
+    for call in names.unknown.iter() {
+        diags.push(unknown_call(src, pointer, call));
+    }
+}
+
+fn unknown_call(src: &Source, pointer: &str, call: &UnknownCall) -> Diagnostic {
+    let d = src.diag(
+        Code::UnknownFilter,
+        pointer,
+        format!("unknown {} `{}`", call.what.noun(), call.name),
+    );
+    match &call.help {
+        Some(help) => d.help(help.clone()),
+        None => d.help(format!(
+            "see the {}s minijinja provides: https://docs.rs/minijinja/latest/minijinja/{}/",
+            call.what.noun(),
+            match call.what {
+                exprs::Callable::Filter => "filters",
+                exprs::Callable::Test => "tests",
+                exprs::Callable::Function => "functions",
+            }
+        )),
+    }
+}
+
+/// Moves a diagnostic reported at a workflow field into the template file it is about, at
+/// `at` (or the file's start), keeping the field as a note.
+fn move_into(d: &mut Diagnostic, file: &Arc<Path>, at: Option<TextSpan>) {
+    let field = match (&d.file, d.span) {
+        (Some(f), Some(s)) => format!("{}:{}:{}", f.display(), s.start.line, s.start.col),
+        (Some(f), None) => f.display().to_string(),
+        _ => String::new(),
+    };
+    let node = d
+        .pointer
+        .as_deref()
+        .and_then(|p| p.strip_prefix("/nodes/"))
+        .and_then(|p| p.split('/').next())
+        .map(|n| format!("node `{n}`"))
+        .unwrap_or_else(|| "the workflow".into());
+    d.note = Some(Box::new(format!("the template is used by {node} at {field}")));
+    d.file = Some(file.clone());
+    d.span = Some(match at {
+        Some(t) => Span {
+            start: Pos {
+                line: t.line,
+                col: t.col,
+            },
+            end: Pos {
+                line: t.line,
+                col: t.end_col,
+            },
+        },
+        None => Span::point(1, 1),
+    });
+}
+
+/// The line and columns of byte range `start..end` of `text`.
+fn text_span(text: &str, start: usize, end: usize) -> TextSpan {
+    let before = text.get(..start).unwrap_or(text);
+    let line = before.matches('\n').count() as u32 + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let col = before[line_start..].chars().count() as u32 + 1;
+    let len = text
+        .get(start..end)
+        .map_or(0, |s| s.split('\n').next().unwrap_or_default().chars().count());
+    TextSpan {
+        line,
+        col,
+        end_col: col + len as u32,
+    }
+}
+
+/// Where a template reads the dotted name `var` (as minijinja reports it), if it can be found.
+fn locate_var(text: &str, var: &str) -> Option<TextSpan> {
+    use minijinja::machinery::{Token, tokenize};
+    let tokens: Vec<_> = tokenize(text, false, Default::default())
+        .map_while(Result::ok)
+        .collect();
+    let parts: Vec<&str> = var.split('.').collect();
+    let mut best: Option<(usize, usize)> = None;
+    for i in 0..tokens.len() {
+        if !matches!(tokens[i].0, Token::Ident(n) if n == parts[0]) {
+            continue;
+        }
+        if i > 0 && matches!(tokens[i - 1].0, Token::Dot) {
+            continue;
+        }
+        let mut last = i;
+        for part in &parts[1..] {
+            let key = |t: Option<&(Token<'_>, _)>| match t {
+                Some((Token::Ident(n) | Token::Str(n), _)) => *n == *part,
+                Some((Token::String(n), _)) => &**n == *part,
+                _ => false,
+            };
+            match (tokens.get(last + 1), tokens.get(last + 3)) {
+                (Some((Token::Dot, _)), _) if key(tokens.get(last + 2)) => last += 2,
+                (Some((Token::BracketOpen, _)), Some((Token::BracketClose, _))) if key(tokens.get(last + 2)) => {
+                    last += 3
+                }
+                _ => break,
+            }
+        }
+        if best.is_none_or(|(b, l)| last - i > l - b) {
+            best = Some((i, last));
+        }
+    }
+    let (first, last) = best?;
+    let (start, end) = (tokens[first].1, tokens[last].1);
+    Some(TextSpan {
+        line: u32::from(start.start_line),
+        col: u32::from(start.start_col) + 1,
+        end_col: if end.end_line == start.start_line {
+            u32::from(end.end_col) + 1
+        } else {
+            u32::from(start.end_col) + 1
+        },
+    })
+}
+
 /// Which reducers fit which JSON types.
 fn check_reducer_fits(
     src: &Source,
@@ -508,6 +711,32 @@ fn check_reducer_fits(
             _ => "declare `type: number`, or use another reducer",
         }),
     );
+}
+
+/// Checks that `api_key_env` is the name of an environment variable (the key is read from it
+/// when a run starts), not an interpolation that would expand to the key itself.
+pub(super) fn check_env_name(src: &Source, pointer: &str, name: &str, diags: &mut Vec<Diagnostic>) {
+    let mut chars = name.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        return;
+    }
+    let d = src.diag(
+        Code::InvalidValue,
+        pointer,
+        format!("`api_key_env` is the name of an environment variable, not `{name}`"),
+    );
+    let inner = name
+        .strip_prefix("${env:")
+        .and_then(|r| r.strip_suffix('}'))
+        .map(|r| r.split_once(":-").map_or(r, |(n, _)| n));
+    diags.push(match inner {
+        Some(var) => d.help(format!(
+            "write `api_key_env: {var}`: runner reads the key from that variable itself, and never writes it into the workflow"
+        )),
+        None => d.help("a name is letters, digits and `_`, not starting with a digit, e.g. `OPENAI_API_KEY`"),
+    });
 }
 
 /// Checks `${env:NAME}` / `${env:NAME:-default}` interpolations in `text`.

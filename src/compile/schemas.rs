@@ -274,8 +274,65 @@ pub fn validator(
     match jsonschema::draft202012::new(root) {
         Ok(v) => Some(v),
         Err(e) => {
-            diags.push(src.diag(Code::BadSchema, pointer, format!("invalid JSON Schema: {}", e.masked())));
+            let at = e.instance_path().as_str().to_string();
+            diags.push(schema_error(src, pointer, root, &at, &e.masked().to_string()));
             None
+        }
+    }
+}
+
+/// An invalid-schema diagnostic for a problem at `at` inside the schema. A `type` that names
+/// no JSON Schema type (`int`, `str`, `list`) gets its own message rather than the meta-schema's
+/// "not valid under any of the schemas listed in the 'anyOf' keyword".
+fn schema_error(src: &Source, pointer: &str, root: &Value, at: &str, why: &str) -> Diagnostic {
+    const TYPES: &[&str] = &["integer", "number", "string", "boolean", "object", "array", "null"];
+    let bad_type = at
+        .ends_with("/type")
+        .then(|| root.pointer(at))
+        .flatten()
+        .and_then(|t| match t {
+            Value::String(t) => Some(t.as_str()),
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).find(|t| !TYPES.contains(t)),
+            _ => None,
+        })
+        .filter(|t| !TYPES.contains(t));
+    // Point at the offending value itself when the workflow holds it there.
+    let exact = format!("{pointer}{at}");
+    let here = if !at.is_empty() && src.doc.spans.value(&exact).is_some() {
+        exact.as_str()
+    } else {
+        pointer
+    };
+    match bad_type {
+        Some(t) => {
+            let alias = match t {
+                "int" | "long" => Some("integer"),
+                "str" | "text" => Some("string"),
+                "bool" => Some("boolean"),
+                "float" | "double" | "decimal" => Some("number"),
+                "list" | "tuple" => Some("array"),
+                "dict" | "map" | "mapping" => Some("object"),
+                "none" | "nil" => Some("null"),
+                _ => crate::diag::did_you_mean(t, TYPES.iter().copied()),
+            };
+            let d = src.diag(
+                Code::BadSchema,
+                here,
+                format!("invalid JSON Schema: `{t}` is not a JSON Schema type"),
+            );
+            let types = "JSON Schema types are integer, number, string, boolean, object, array and null";
+            match alias {
+                Some(a) => d.help(format!("write `type: {a}`; {types}")),
+                None => d.help(types),
+            }
+        }
+        None => {
+            let what = if at.is_empty() {
+                why.to_string()
+            } else {
+                format!("at `{at}`: {why}")
+            };
+            src.diag(Code::BadSchema, here, format!("invalid JSON Schema: {what}"))
         }
     }
 }
@@ -285,12 +342,7 @@ pub fn validator(
 pub fn check(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<Diagnostic>) {
     if let Err(e) = jsonschema::draft202012::meta::validate(root) {
         let at = e.instance_path().as_str().to_string();
-        let what = if at.is_empty() {
-            e.masked().to_string()
-        } else {
-            format!("at `{at}`: {}", e.masked())
-        };
-        diags.push(src.diag(Code::BadSchema, pointer, format!("invalid JSON Schema: {what}")));
+        diags.push(schema_error(src, pointer, root, &at, &e.masked().to_string()));
     }
 }
 

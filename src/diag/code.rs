@@ -82,6 +82,7 @@ codes! {
     BadSchema = "E307", "bad-schema", Error, "a JSON Schema is not valid";
     BadInterpolation = "E308", "bad-interpolation", Error, "a `${env:...}` interpolation is malformed";
     BadDuration = "E309", "bad-duration", Error, "a duration does not parse";
+    UnknownFilter = "E310", "unknown-filter", Error, "an expression or template uses a filter, test or function that does not exist";
     // The graph.
     BadEdge = "E400", "bad-edge", Error, "an edge is malformed";
     NoEntry = "E401", "no-entry", Error, "START has no outgoing edge";
@@ -89,8 +90,10 @@ codes! {
     NoExit = "E403", "no-exit", Error, "END cannot be reached from a node: a loop with no way out";
     WriteConflict = "E404", "write-conflict", Error, "nodes that can run in one superstep write a key that has no reducer";
     NoDefaultRoute = "W405", "no-default-route", Warning, "a route whose conditions may all be false";
-    DeadEnd = "W406", "dead-end", Warning, "a node with no outgoing edge ends its branch silently";
+    // W406 `dead-end` (a warning for a node with no outgoing edge) is retired: that is E408.
     RouteOrder = "E407", "route-order", Error, "a default clause that is not last makes later clauses dead";
+    SilentEnd = "E408", "silent-end", Error, "a node with no outgoing edge, not marked as an end with `-> END`";
+    DeadJoin = "E409", "dead-join", Error, "a join waits for a node that can run only after the join";
 }
 
 impl Serialize for Code {

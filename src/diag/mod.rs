@@ -55,6 +55,9 @@ pub struct Diagnostic {
     /// The JSON pointer of the offending value in the workflow document, where there is one.
     pub pointer: Option<String>,
     pub help: Option<String>,
+    /// Where else the problem shows, e.g. the node that uses a template whose line is reported.
+    /// Boxed: diagnostics travel in `Result`s, and most have no note.
+    pub note: Option<Box<String>>,
 }
 
 impl Diagnostic {
@@ -68,6 +71,7 @@ impl Diagnostic {
             span: None,
             pointer: None,
             help: None,
+            note: None,
         }
     }
 
@@ -84,6 +88,11 @@ impl Diagnostic {
 
     pub fn help(mut self, help: impl Into<String>) -> Diagnostic {
         self.help = Some(help.into());
+        self
+    }
+
+    pub fn note(mut self, note: impl Into<String>) -> Diagnostic {
+        self.note = Some(Box::new(note.into()));
         self
     }
 

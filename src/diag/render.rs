@@ -48,6 +48,9 @@ fn human(out: &mut String, d: &Diagnostic, files: &Files) {
         if let Some(help) = &d.help {
             let _ = writeln!(out, "  = help: {help}");
         }
+        if let Some(note) = &d.note {
+            let _ = writeln!(out, "  = note: {note}");
+        }
         out.push('\n');
         return;
     };
@@ -72,11 +75,17 @@ fn human(out: &mut String, d: &Diagnostic, files: &Files) {
             if let Some(help) = &d.help {
                 let _ = writeln!(out, "{:gutter$} = help: {help}", "");
             }
+            if let Some(note) = &d.note {
+                let _ = writeln!(out, "{:gutter$} = note: {note}", "");
+            }
         }
         None => {
             let _ = writeln!(out, "  --> {}", file.display());
             if let Some(help) = &d.help {
                 let _ = writeln!(out, "  = help: {help}");
+            }
+            if let Some(note) = &d.note {
+                let _ = writeln!(out, "  = note: {note}");
             }
         }
     }
@@ -100,6 +109,7 @@ pub fn render_json_value(diags: &[Diagnostic]) -> Value {
                 "end_column": d.span.map(|s| s.end.col),
                 "pointer": d.pointer,
                 "help": d.help,
+                "note": d.note.as_deref(),
             })
         })
         .collect();
@@ -131,6 +141,10 @@ fn github(d: &Diagnostic) -> String {
     if let Some(help) = &d.help {
         message.push_str("\nhelp: ");
         message.push_str(help);
+    }
+    if let Some(note) = &d.note {
+        message.push_str("\nnote: ");
+        message.push_str(note);
     }
     format!("::{level} {}::{}\n", props.join(","), escape_data(&message))
 }

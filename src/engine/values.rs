@@ -13,8 +13,9 @@ use crate::compile::{ExprId, Plan, Reducer};
 /// the fan-out item, `output`, `usage`, `error`. A scope is a stack of layers: a layer holds
 /// only what it adds and defers to its parent, so a task's scope costs its own few variables.
 /// Predicates are evaluated on first use in the layer that holds them (the step's base) and
-/// remembered there: a predicate that cannot be evaluated fails only an expression that reads
-/// it, and every task of a step shares its value.
+/// remembered there: a predicate that cannot be evaluated fails every expression that reads it
+/// (its value is an invalid value carrying the error, which minijinja refuses on lookup), and
+/// every task of a step shares its value.
 #[derive(Debug)]
 pub struct Scope {
     vars: BTreeMap<String, JValue>,
@@ -81,7 +82,13 @@ impl Scope {
         }
         // Predicates never read other predicates (the compiler refuses it), so evaluating one in
         // this very layer cannot recurse.
-        let value = plan.exprs.expr(id).eval(self.value()).ok()?;
+        let value = match plan.exprs.expr(id).eval(self.value()) {
+            Ok(v) if v.is_undefined() => invalid(format!(
+                "predicate `{name}` is undefined (give optional values a fallback with `| default(...)`)"
+            )),
+            Ok(v) => v,
+            Err(e) => invalid(format!("predicate `{name}` cannot be evaluated: {}", describe(&e))),
+        };
         if let Ok(mut memo) = memo.lock() {
             memo.insert(name.to_string(), value.clone());
         }
@@ -94,6 +101,11 @@ impl Scope {
         }
         out.extend(self.vars.keys().map(|k| JValue::from(k.as_str())));
     }
+}
+
+/// A value that fails whatever reads it, with `msg`.
+fn invalid(msg: String) -> JValue {
+    JValue::from(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
 }
 
 impl Object for Scope {
@@ -147,13 +159,17 @@ pub fn eval(plan: &Plan, id: ExprId, scope: &JValue) -> Result<Value, String> {
     to_json(&v)
 }
 
-/// Evaluates a compiled expression as a condition.
+/// Evaluates a compiled expression as a condition. A condition that is undefined or invalid
+/// (a predicate that failed) is an error, never false: a branch must not be skipped silently.
 pub fn eval_bool(plan: &Plan, id: ExprId, scope: &JValue) -> Result<bool, String> {
-    plan.exprs
-        .expr(id)
-        .eval(scope.clone())
-        .map(|v| v.is_true())
-        .map_err(|e| describe(&e))
+    let v = plan.exprs.expr(id).eval(scope.clone()).map_err(|e| describe(&e))?;
+    if v.is_undefined() {
+        return Err("the condition is undefined (give optional values a fallback with `| default(...)`)".into());
+    }
+    if v.kind() == minijinja::value::ValueKind::Invalid {
+        return Err(format!("the condition cannot be evaluated: {v}"));
+    }
+    Ok(v.is_true())
 }
 
 /// A minijinja error in one line, with what it was doing.
@@ -296,7 +312,7 @@ fn numeric(reducer: &Reducer, current: Value, update: Value) -> Result<Value, St
 }
 
 /// LangGraph's `add_messages`: a message whose `id` exists replaces it in place; `{type:
-/// remove, id}` deletes; others are appended with an id (position-based, so replays agree).
+/// remove, id}` deletes (an id no message has is an error); others are appended with an id (position-based, so replays agree).
 /// A string is a user message.
 fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, String> {
     let incoming = match update {
@@ -312,7 +328,16 @@ fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, String>
         let id = msg.get("id").and_then(Value::as_str).map(str::to_string);
         let is_remove = msg.get("type").and_then(Value::as_str) == Some("remove");
         match (id, is_remove) {
-            (Some(id), true) => current.retain(|m| m.get("id").and_then(Value::as_str) != Some(&id)),
+            (Some(id), true) => {
+                // LangGraph raises on removing a message that is not there; so does runner.
+                let before = current.len();
+                current.retain(|m| m.get("id").and_then(Value::as_str) != Some(&id));
+                if current.len() == before {
+                    return Err(format!(
+                        "`add_messages` cannot remove message `{id}`: no message has that id"
+                    ));
+                }
+            }
             (None, true) => return Err("a remove marker needs the `id` of the message to remove".into()),
             (Some(id), false) => match current
                 .iter_mut()
@@ -382,6 +407,8 @@ mod tests {
         );
         let v = r(Reducer::AddMessages, v, vec![json!({"type": "remove", "id": "m1"})]).unwrap();
         assert_eq!(v.as_array().unwrap().len(), 2);
+        let err = r(Reducer::AddMessages, v, vec![json!({"type": "remove", "id": "m1"})]).unwrap_err();
+        assert!(err.contains("`m1`"), "{err}");
     }
 
     #[test]

@@ -377,6 +377,13 @@ fn resolve(
         Some(var) => match env(&var).filter(|v| !v.is_empty()) {
             Some(v) => http::Key::new(Some(v)),
             None => {
+                // The message names the variable as the workflow wrote it: `api_key_env:
+                // "${env:KEY}"` expands to the key itself, which must never be printed.
+                let var = profile
+                    .api_key_env
+                    .clone()
+                    .filter(|raw| !raw.is_empty() && *raw != var)
+                    .unwrap_or(var);
                 return Err(SetupError::MissingKey {
                     profile: name.into(),
                     var,
@@ -455,6 +462,23 @@ mod tests {
 
     fn profile(v: Value) -> ModelProfile {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_missing_key_message_never_prints_a_value() {
+        let p = profile(json!({"provider": "openai", "model": "m", "api_key_env": "${env:REAL_KEY}"}));
+        let env = |name: &str| (name == "REAL_KEY").then(|| "sk-canary-123".to_string());
+        let Err(e) = resolve("default", &p, &env) else {
+            panic!("a key variable named by a key's value is not set")
+        };
+        let msg = e.to_string();
+        assert!(!msg.contains("sk-canary"), "{msg}");
+        assert!(msg.contains("`${env:REAL_KEY}`"), "{msg}");
+        let p = profile(json!({"provider": "openai", "model": "m", "api_key_env": "NOT_SET"}));
+        let Err(e) = resolve("default", &p, &env) else {
+            panic!("NOT_SET is not set")
+        };
+        assert!(e.to_string().contains("variable `NOT_SET`"), "{e}");
     }
 
     #[test]

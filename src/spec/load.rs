@@ -150,6 +150,24 @@ fn too_large(path: &Arc<Path>, len: u64) -> Diagnostic {
     .help("split large data out of the workflow: load it at run time with a `load` node")
 }
 
+/// The first tab in a line's leading whitespace at or after line `from` (1-based), unless
+/// line `from` itself has a tab anywhere (then the parser's position stands).
+fn leading_tab_from(text: &str, from: u32) -> Option<Span> {
+    let start = from.checked_sub(1)? as usize;
+    let mut lines = text.split('\n').enumerate().skip(start);
+    let (_, first) = lines.next()?;
+    if first.contains('\t') {
+        return None;
+    }
+    lines.find_map(|(i, l)| {
+        let indent: String = l.chars().take_while(|c| *c == ' ' || *c == '\t').collect();
+        let col = indent.chars().position(|c| c == '\t')?;
+        let mut span = Span::point(i as u32 + 1, col as u32 + 1);
+        span.end.col = span.start.col + 1;
+        Some(span)
+    })
+}
+
 /// Parses a file's YAML into a [`Document`].
 pub fn parse(file: SourceFile) -> Result<Document, Vec<Diagnostic>> {
     let path = file.path.clone();
@@ -177,6 +195,13 @@ pub fn parse(file: SourceFile) -> Result<Document, Vec<Diagnostic>> {
             (line, m.col() as u32 + 1)
         };
         let mut span = Span::point(line, col);
+        if code == Code::YamlSyntax && info.contains("tab") {
+            // The parser may blame the construct (a block scalar's `|` line) rather than the
+            // line holding the tab: point at the first tab in leading whitespace from there on.
+            if let Some(at) = leading_tab_from(&file.text, line) {
+                span = at;
+            }
+        }
         let mut message = yaml_message(code, info);
         if code == Code::DuplicateKey {
             span = key_span_at(&file.text, span);
@@ -272,6 +297,12 @@ fn span_of(node: &MarkedYaml) -> Span {
             col: e.col() as u32 + 1,
         },
     }
+}
+
+/// Whether a mapping used as a key is what YAML makes of an unquoted `{{ name }}`: a flow
+/// mapping whose entries have no values.
+fn looks_like_braces(m: &saphyr::AnnotatedMapping<'_, MarkedYaml<'_>>) -> bool {
+    !m.is_empty() && m.values().all(|v| matches!(v.data, YamlData::Value(Scalar::Null)))
 }
 
 struct Converter<'a> {
@@ -387,6 +418,16 @@ impl Converter<'_> {
             YamlData::Value(Scalar::FloatingPoint(f)) => Some(f.into_inner().to_string()),
             YamlData::Value(Scalar::Null) => {
                 self.err(Code::UnsupportedYaml, key, "a null mapping key".into(), "name the key");
+                None
+            }
+            // `x: {{ state.y }}` unquoted: YAML reads `{{ ... }}` as a mapping used as a key.
+            YamlData::Mapping(m) if looks_like_braces(m) => {
+                self.err(
+                    Code::UnsupportedYaml,
+                    key,
+                    "an unquoted `{{ ... }}`: YAML reads it as a mapping, not as text".into(),
+                    "quote it: `\"{{ ... }}\"` (a value that starts with `{` or `[` must be quoted)",
+                );
                 None
             }
             _ => {

@@ -1,0 +1,195 @@
+//! Graph defects that show only over several steps: a join waiting for a node that runs only
+//! after it, and a loop whose every exit condition reads state nothing writes. Part of the
+//! compile stage; reads the plan being built and reports diagnostics.
+
+use std::collections::{HashSet, VecDeque};
+
+use petgraph::Direction;
+use petgraph::visit::EdgeRef;
+
+use super::nodes::Build;
+use super::plan::*;
+use crate::diag::Code;
+use crate::spec::load::push_pointer;
+
+/// Nodes reachable from START without passing through `avoid`.
+fn reach_avoiding(b: &Build, avoid: Option<NodeIx>) -> HashSet<NodeIx> {
+    let mut seen = HashSet::from([b.start]);
+    let mut queue = VecDeque::from([b.start]);
+    while let Some(n) = queue.pop_front() {
+        for e in b.graph.edges_directed(n, Direction::Outgoing) {
+            let next = e.target();
+            if Some(next) != avoid && seen.insert(next) {
+                queue.push_back(next);
+            }
+        }
+    }
+    seen
+}
+
+fn name(b: &Build, ix: NodeIx) -> String {
+    b.drafts.get(&ix).map_or_else(|| "?".into(), |d| d.name.clone())
+}
+
+/// E409: a join one of whose sources can run only after the join's target has run, so the
+/// target waits forever. Returns whether one was found.
+pub(super) fn dead_joins(b: &mut Build) -> bool {
+    let everywhere = reach_avoiding(b, None);
+    let mut found = false;
+    for (i, (sources, target)) in b.joins.clone().into_iter().enumerate() {
+        let Target::Node(t) = target else { continue };
+        let before = reach_avoiding(b, Some(t));
+        // A source that cannot run at all is reported as unreachable by the analysis.
+        let late: Vec<String> = sources
+            .iter()
+            .filter(|s| !before.contains(s) && everywhere.contains(s))
+            .map(|s| format!("`{}`", name(b, *s)))
+            .collect();
+        if late.is_empty() {
+            continue;
+        }
+        found = true;
+        let target = name(b, t);
+        let all = sources.iter().map(|s| name(b, *s)).collect::<Vec<_>>().join(", ");
+        let at = b
+            .join_sites
+            .get(i)
+            .map_or_else(|| "/edges".to_string(), |p| push_pointer(p, "from"));
+        let (them, run) = if late.len() == 1 {
+            (late[0].clone(), "runs")
+        } else {
+            (late.join(" and "), "run")
+        };
+        b.diags.push(
+            b.src
+                .diag(
+                    Code::DeadJoin,
+                    &at,
+                    format!("the join [{all}] -> `{target}` can never fire: {them} {run} only after `{target}`"),
+                )
+                .help(format!(
+                    "a join waits until all its sources have run; join only nodes that can run before `{target}`, or use separate edges"
+                )),
+        );
+    }
+    found
+}
+
+/// E403: a loop whose only ways out are route conditions that read nothing the loop (or any
+/// node) can change: state keys no node writes, input, config, context.
+pub(super) fn constant_exits(b: &mut Build) {
+    let written: HashSet<String> = b
+        .drafts
+        .values()
+        .flat_map(|d| d.writes.iter().map(|(k, _)| k.clone()))
+        .collect();
+    let reachable = reach_avoiding(b, None);
+    let mut found = Vec::new();
+    for scc in petgraph::algo::tarjan_scc(&b.graph) {
+        let members: HashSet<NodeIx> = scc.iter().copied().collect();
+        let is_loop = scc.len() > 1 || b.graph.contains_edge(scc[0], scc[0]);
+        if !is_loop || !scc.iter().all(|n| b.drafts.contains_key(n) && reachable.contains(n)) {
+            continue;
+        }
+        let outside = |t: &Target| match t {
+            Target::End => true,
+            Target::Node(n) => !members.contains(n),
+        };
+        let mut exits: Vec<(String, String)> = Vec::new();
+        let mut other_exit = false;
+        let mut order: Vec<NodeIx> = scc.clone();
+        order.sort_by_key(|n| b.index.get_index_of(name(b, *n).as_str()));
+        for n in &order {
+            let d = &b.drafts[n];
+            let mut conditions = b.conditions.iter().filter(|(from, _, _)| from == n);
+            for branch in &d.branches {
+                match branch {
+                    Branch::Always(ts) => other_exit |= ts.iter().any(outside),
+                    Branch::Send(s) => other_exit |= !members.contains(&s.to),
+                    Branch::Route(clauses) => {
+                        for c in clauses {
+                            let leaves = match &c.then {
+                                ClauseTarget::Nodes(ts) => ts.iter().any(outside),
+                                ClauseTarget::Send(s) => !members.contains(&s.to),
+                            };
+                            let cond = if c.when.is_some() { conditions.next() } else { None };
+                            match (leaves, cond) {
+                                (false, _) => {}
+                                (true, Some((_, at, text))) => exits.push((at.clone(), text.clone())),
+                                (true, None) => other_exit = true,
+                            }
+                        }
+                    }
+                }
+            }
+            // A node's own choice (goto), its error handler and joins may leave the loop too.
+            other_exit |= b.graph.edges_directed(*n, Direction::Outgoing).any(|e| {
+                !members.contains(&e.target())
+                    && !matches!(e.weight(), Flow::Static | Flow::Conditional { .. } | Flow::Send { .. })
+            });
+        }
+        if other_exit || exits.is_empty() {
+            continue;
+        }
+        let mut unwritten: Vec<String> = Vec::new();
+        let constant = exits.iter().all(|(_, text)| match reads(b, text) {
+            Some(keys) => {
+                let fixed = keys.iter().all(|k| !written.contains(k));
+                unwritten.extend(keys);
+                fixed && !unwritten.is_empty()
+            }
+            None => false,
+        });
+        if constant {
+            unwritten.sort();
+            unwritten.dedup();
+            let names: Vec<String> = order.iter().map(|n| format!("`{}`", name(b, *n))).collect();
+            found.push((exits[0].0.clone(), names, unwritten));
+        }
+    }
+    for (at, names, keys) in found {
+        let keys_list = keys
+            .iter()
+            .map(|k| format!("`state.{k}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let what = if names.len() == 1 {
+            format!("the loop of node {}", names[0])
+        } else {
+            format!("the loop through {}", names.join(", "))
+        };
+        b.diags.push(
+            b.src
+                .diag(
+                    Code::NoExit,
+                    &at,
+                    format!("{what} can never end: its exit conditions read {keys_list}, which no node writes"),
+                )
+                .help(format!(
+                    "have a node of the loop write {} (e.g. in its `update`), or exit on something the loop changes",
+                    keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                )),
+        );
+    }
+}
+
+/// The state keys a condition reads (through predicates too), when everything else it reads
+/// is fixed for the run (input, config, context); `None` when it reads something that changes
+/// (`run`, or anything not known here).
+fn reads(b: &Build, text: &str) -> Option<Vec<String>> {
+    let names = b.exprs.names_of(text)?;
+    let mut keys = Vec::new();
+    for var in names.vars.iter() {
+        let mut parts = var.split('.');
+        match (parts.next(), parts.next()) {
+            (Some("state"), Some(key)) => keys.push(key.to_string()),
+            (Some("input" | "config" | "context"), _) => {}
+            (Some(root), None) if b.defs.predicates.contains_key(root) => {
+                let def = &b.defs.predicates[root];
+                keys.extend(reads(b, &def.value)?);
+            }
+            _ => return None,
+        }
+    }
+    Some(keys)
+}
