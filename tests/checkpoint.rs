@@ -11,8 +11,7 @@ use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
 use runner::checkpoint::{
     Checkpoint, CheckpointError, Checkpointer, Durability, Fence, LeaseClaim, PendingWrite, Put, TaskSpec, Thread,
-    ThreadHead,
-    ThreadStatus, new_id,
+    ThreadHead, ThreadStatus, new_id,
 };
 use serde_json::{Map, Value, json};
 
