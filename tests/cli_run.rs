@@ -29,6 +29,22 @@ fn runner(dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `run gate.yaml` on the mock with `topic=tides` on thread `thread`, plus `extra` arguments.
+fn run_gate(dir: &Path, thread: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        "gate.yaml",
+        "--mock",
+        "mock.yaml",
+        "--thread",
+        thread,
+        "--input",
+        "topic=tides",
+    ];
+    args.extend_from_slice(extra);
+    runner(dir, &args)
+}
+
 fn json_out(o: &Output) -> Value {
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|_| panic!("stdout is not JSON: {}", String::from_utf8_lossy(&o.stdout)))
@@ -42,21 +58,7 @@ fn stderr(o: &Output) -> String {
 fn run_interrupt_resume_history_state_and_fork() {
     let dir = project();
     let d = dir.path();
-    let run = runner(
-        d,
-        &[
-            "run",
-            "gate.yaml",
-            "--mock",
-            "mock.yaml",
-            "--thread",
-            "t1",
-            "--input",
-            "topic=tides",
-            "--set",
-            "style=lyrical",
-        ],
-    );
+    let run = run_gate(d, "t1", &["--set", "style=lyrical"]);
     assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
     let waiting = json_out(&run);
     assert_eq!(waiting["interrupt"]["node"], "review");
@@ -399,19 +401,7 @@ fn persist_exit_stores_only_what_the_last_checkpoint_references() {
 fn inspection_opens_the_database_read_only() {
     let dir = project();
     let d = dir.path();
-    let run = runner(
-        d,
-        &[
-            "run",
-            "gate.yaml",
-            "--mock",
-            "mock.yaml",
-            "--thread",
-            "t1",
-            "--input",
-            "topic=tides",
-        ],
-    );
+    let run = run_gate(d, "t1", &[]);
     assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
     let db = d.join("runner.db");
     let inspect = |why: &str| {
@@ -494,21 +484,7 @@ fn a_database_url_runner_does_not_support_is_a_usage_error() {
     }
     assert_eq!(files_in(d), ["gate.yaml", "mock.yaml"], "a file was created");
 
-    let run = runner(
-        d,
-        &[
-            "run",
-            "gate.yaml",
-            "--mock",
-            "mock.yaml",
-            "--thread",
-            "s",
-            "--input",
-            "topic=tides",
-            "--db",
-            "sqlite://runs.db",
-        ],
-    );
+    let run = run_gate(d, "s", &["--db", "sqlite://runs.db"]);
     assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
     assert!(d.join("runs.db").is_file());
     let threads = runner(d, &["threads", "--db", "sqlite://runs.db"]);

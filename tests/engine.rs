@@ -1388,16 +1388,16 @@ fn a_thread_leased_by_another_run_is_refused_or_waited_for() {
     assert_eq!(out.status, Status::Done);
 }
 
-#[test]
-fn a_run_whose_lease_was_taken_over_writes_nothing_more() {
-    let p = Project::new(&[(
-        "w.yaml",
-        &wf(r#"
+/// One model call; the mock script decides how long it takes.
+const ONE_SLOW_CALL: &str = r#"
 state: {out: {type: string, default: ""}}
 nodes: {slow: {kind: llm, prompt: {text: "slow"}, update: {out: output}}}
 edges: [START -> slow, slow -> END]
-"#),
-    )]);
+"#;
+
+#[test]
+fn a_run_whose_lease_was_taken_over_writes_nothing_more() {
+    let p = Project::new(&[("w.yaml", &wf(ONE_SLOW_CALL))]);
     let plan = p.plan("w.yaml");
     let r = Run::new(json!({"match": [{"contains": "slow", "reply": {"text": "late", "delay": 0.5}}]}));
     let store = r.store.clone();
@@ -1523,14 +1523,7 @@ edges: [START -> sub, sub -> END]
 
 #[test]
 fn the_heartbeat_keeps_a_lease_held_past_its_time_to_live() {
-    let p = Project::new(&[(
-        "w.yaml",
-        &wf(r#"
-state: {out: {type: string, default: ""}}
-nodes: {slow: {kind: llm, prompt: {text: "slow"}, update: {out: output}}}
-edges: [START -> slow, slow -> END]
-"#),
-    )]);
+    let p = Project::new(&[("w.yaml", &wf(ONE_SLOW_CALL))]);
     let plan = p.plan("w.yaml");
     // The step takes three times the lease's time to live.
     let mut r = Run::new(json!({"match": [{"contains": "slow", "reply": {"text": "late", "delay": 0.9}}]}));
