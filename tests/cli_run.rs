@@ -972,3 +972,46 @@ fn on_a_json_lines_stream_every_line_is_json_the_thread_and_errors_included() {
     let events = all_json(&failed);
     assert!(events.iter().any(|e| e["type"] == "error"), "{events:?}");
 }
+
+/// A model that echoes a secret in a streamed reply, split across tokens: no token event, and
+/// no other output, shows any of it.
+#[test]
+fn a_secret_streamed_across_tokens_never_reaches_the_event_stream() {
+    const KEY: &str = "sk-echo-0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("echo.yaml"),
+        "name: echo\nmodels: {default: {provider: mock, model: m}}\nstate: {said: {type: string, default: \"\"}}\nnodes:\n  say: {kind: llm, prompt: {text: \"say it\"}, stream: true, update: {said: output}}\nedges: [START -> say, say -> END]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("mock.yaml"),
+        format!(
+            "replies:\n  say: {{text: \"key {KEY} ok\", chunks: [\"key {}\", \"{}\", \" ok\"]}}\n",
+            &KEY[..10],
+            &KEY[10..]
+        ),
+    )
+    .unwrap();
+    let out = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(d)
+        .env("RUNNER_DB", d.join("runner.db"))
+        .env("ECHO_SERVICE_KEY", KEY)
+        .args(["run", "echo.yaml", "--mock", "mock.yaml", "--stream", "jsonl"])
+        .output()
+        .unwrap();
+    let events = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{events}");
+    let tokens: String = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "token")
+        .map(|e| e["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(tokens, "key [redacted] ok", "{events}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for text in [&events, &stdout.to_string()] {
+        assert!(!text.contains(&KEY[..8]), "{text}");
+    }
+}

@@ -145,6 +145,66 @@ pub fn excerpt(text: &str, max_chars: usize) -> String {
     scrub(text).chars().take(max_chars).collect()
 }
 
+/// Scrubs text that arrives in pieces (streamed tokens): a secret split across two pieces is
+/// caught too. Each piece is released at once except a tail that could be the start of a
+/// secret, which waits for the next piece (or [`StreamScrubber::finish`]); with no secret
+/// known, nothing waits.
+pub struct StreamScrubber {
+    secrets: Vec<String>,
+    held: std::sync::Mutex<String>,
+}
+
+impl StreamScrubber {
+    /// A scrubber for the secrets known now.
+    pub fn new() -> StreamScrubber {
+        StreamScrubber::with(snapshot())
+    }
+
+    pub fn with(secrets: Vec<String>) -> StreamScrubber {
+        StreamScrubber {
+            secrets: sorted(secrets),
+            held: std::sync::Mutex::new(String::new()),
+        }
+    }
+
+    /// What of `piece` (after what was held) can be shown now, scrubbed.
+    pub fn push(&self, piece: &str) -> String {
+        if self.secrets.is_empty() {
+            return piece.to_string();
+        }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.push_str(piece);
+        let text = scrub_with(&held, &self.secrets).into_owned();
+        let keep = self.open_tail(&text);
+        let (shown, tail) = text.split_at(text.len() - keep);
+        *held = tail.to_string();
+        shown.to_string()
+    }
+
+    /// Whatever is still held, scrubbed: the stream ended.
+    pub fn finish(&self) -> String {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        scrub_with(&std::mem::take(&mut *held), &self.secrets).into_owned()
+    }
+
+    /// The length of the longest tail of `text` that a secret starts with (and is not whole).
+    fn open_tail(&self, text: &str) -> usize {
+        let longest = self.secrets.first().map_or(0, String::len);
+        let from = text.len().saturating_sub(longest.saturating_sub(1));
+        (from..text.len())
+            .filter(|&i| text.is_char_boundary(i))
+            .map(|i| &text[i..])
+            .find(|tail| self.secrets.iter().any(|s| s.len() > tail.len() && s.starts_with(tail)))
+            .map_or(0, str::len)
+    }
+}
+
+impl Default for StreamScrubber {
+    fn default() -> Self {
+        StreamScrubber::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,5 +237,21 @@ mod tests {
             ),
             "[redacted] and [redacted]"
         );
+    }
+
+    #[test]
+    fn a_secret_split_across_streamed_pieces_never_shows() {
+        let key = "sk-stream-0123456789";
+        let s = StreamScrubber::with(vec![key.to_string()]);
+        let pieces = ["The key is sk-str", "eam-0123", "456789, and ", "sk-", "not one."];
+        let shown: String = pieces.iter().map(|p| s.push(p)).collect::<String>() + &s.finish();
+        assert_eq!(shown, "The key is [redacted], and sk-not one.");
+        // Nothing is held back when no secret could start in a piece's tail.
+        assert_eq!(s.push("plain text"), "plain text");
+        assert_eq!(StreamScrubber::with(vec![]).push("sk-str"), "sk-str");
+        // A tail that is not the start of any secret goes out at once, multibyte text included.
+        let s = StreamScrubber::with(vec!["geheimnis-0001".into()]);
+        assert_eq!(s.push("grüße, gehe"), "grüße, ");
+        assert_eq!(s.push("n wir"), "gehen wir");
     }
 }

@@ -70,13 +70,19 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
     let node = ctx.node.name.clone();
     let task = ctx.task_id.to_string();
     let events = ctx.events.clone();
-    let sink = move |text: &str| {
-        events.send(Event::Token {
-            node: node.clone(),
-            task_id: task.clone(),
-            text: text.to_string(),
-        });
+    // Streamed tokens are events like any other: no known secret may pass, even split
+    // across two tokens.
+    let scrubber = crate::net::secrets::StreamScrubber::new();
+    let send = move |text: String| {
+        if !text.is_empty() {
+            events.send(Event::Token {
+                node: node.clone(),
+                task_id: task.clone(),
+                text,
+            });
+        }
     };
+    let sink = |text: &str| send(scrubber.push(text));
     let mut attempt = 0;
     loop {
         let tokens = if spec.stream && ctx.events.is_on() {
@@ -84,7 +90,11 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
         } else {
             None
         };
-        let reply = provider.chat(request.clone(), tokens).await.map_err(|e| {
+        let reply = provider.chat(request.clone(), tokens).await;
+        if tokens.is_some() {
+            send(scrubber.finish());
+        }
+        let reply = reply.map_err(|e| {
             let retry_after = match &e {
                 crate::providers::ProviderError::RateLimited { retry_after } => *retry_after,
                 _ => None,
