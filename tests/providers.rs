@@ -3,13 +3,10 @@
 //! class, the per-call deadline, the key kept out of every message, and whole runs (in process
 //! and through the binary) that stream, retry and fan out.
 
-#[path = "support/fake_llm.rs"]
-mod fake_llm;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fake_llm::{FakeLlm, Reply, chunk, event};
+use crate::support::fake_llm::{FakeLlm, Reply, chunk, event};
 use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::compile::compile_file;
 use runner::engine::events::{Event, Events};

@@ -2,15 +2,11 @@
 //! embedder checks), hybrid retrieval with its options and rerankers, long-term memory, load
 //! and save — mostly through the real binary, in a temporary directory.
 
-#[path = "support/fake_rerank.rs"]
-mod fake_rerank;
-#[path = "support/fake_web.rs"]
-mod fake_web;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+use crate::support::{fake_rerank, fake_web};
 use futures::future::BoxFuture;
 use runner::providers::{Embedder, Embeddings, ProviderError};
 use runner::rag::chunk::{Chunking, split};

@@ -2,12 +2,10 @@
 //! loopback: what lands in state for each behaviour of the guard, robots.txt, limits and
 //! extraction, and the research workflow end to end.
 
-#[path = "support/fake_web.rs"]
-mod fake_web;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::support::fake_web;
 use serde_json::{Value, json};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
