@@ -1,9 +1,12 @@
-//! Support code shared by the integration tests, compiled once: fake servers on loopback and
-//! the thread each of them is served from.
+//! Support code shared by the integration tests, compiled once: fake servers on loopback, the
+//! thread each of them is served from, and projects in temporary directories.
 
 pub mod fake_llm;
 pub mod fake_rerank;
 pub mod fake_web;
+mod project;
+
+pub use project::Project;
 
 use std::net::SocketAddr;
 
