@@ -25,3 +25,23 @@ mod rag;
 mod runner_test;
 mod web;
 mod workflows;
+
+/// With `autotests = false` a file added to `tests/` is compiled only once it is declared
+/// here: a forgotten declaration would drop its tests silently.
+#[test]
+fn every_test_file_is_a_module_of_this_binary() {
+    let declared = include_str!("integration.rs");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(stem) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        let is_rust = path.extension().is_some_and(|e| e == "rs");
+        if is_rust && stem != "integration" && !declared.contains(&format!("\nmod {stem};\n")) {
+            missing.push(stem);
+        }
+    }
+    assert!(missing.is_empty(), "not declared in tests/integration.rs: {missing:?}");
+}
