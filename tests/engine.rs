@@ -7,44 +7,14 @@ use std::sync::Arc;
 
 use runner::checkpoint::Checkpointer;
 use runner::checkpoint::memory::MemoryCheckpointer;
-use runner::compile::{Plan, compile_file};
+use runner::compile::Plan;
 use runner::engine::events::{Event, Events};
 use runner::engine::{Engine, Persist, RunOutcome, RunRequest, Status};
 use runner::providers::Providers;
 use runner::providers::mock::MockProvider;
 use serde_json::{Value, json};
 
-/// A workflow (and other files) in a temp project, compiled.
-struct Project {
-    dir: tempfile::TempDir,
-}
-
-impl Project {
-    fn new(files: &[(&str, &str)]) -> Project {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("prompts")).unwrap();
-        for (name, text) in files {
-            let p = dir.path().join(name);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, text).unwrap();
-        }
-        Project { dir }
-    }
-
-    fn plan(&self, name: &str) -> Arc<Plan> {
-        let (plan, result) = compile_file(&self.dir.path().join(name));
-        assert!(
-            result.diagnostics.iter().all(|d| !d.is_error()),
-            "{:#?}",
-            result.diagnostics
-        );
-        plan.unwrap()
-    }
-
-    fn path(&self, name: &str) -> std::path::PathBuf {
-        self.dir.path().join(name)
-    }
-}
+use crate::support::Project;
 
 struct Run {
     store: Arc<dyn Checkpointer>,

@@ -7,7 +7,7 @@
 //! exactly when it reports no error; and rendering the diagnostics does not panic either.
 //!
 //! The default case count is modest; for a long run: `PROPTEST_CASES=20000 cargo test
-//! --release --test loader_props`.
+//! --release --test integration loader_props::`.
 
 use std::path::Path;
 use std::sync::Arc;

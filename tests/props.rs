@@ -4,7 +4,7 @@
 //!
 //! Each property runs a modest number of cases by default (seconds in CI); set
 //! `PROPTEST_CASES` for a long run, e.g. `PROPTEST_CASES=20000 cargo test --release --test
-//! props`.
+//! integration props::`.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -3,15 +3,14 @@
 //! class, the per-call deadline, the key kept out of every message, and whole runs (in process
 //! and through the binary) that stream, retry and fan out.
 
-#[path = "support/fake_llm.rs"]
-mod fake_llm;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fake_llm::{FakeLlm, Reply, chunk, event};
+use crate::support::{
+    self,
+    fake_llm::{FakeLlm, Reply, chunk, event},
+};
 use runner::checkpoint::memory::MemoryCheckpointer;
-use runner::compile::compile_file;
 use runner::engine::events::{Event, Events};
 use runner::engine::{Engine, RunOutcome, RunRequest, Status};
 use runner::providers::{ChatRequest, Message, Provider, ProviderError, Providers, SetupError, Usage};
@@ -543,27 +542,24 @@ async fn anthropic_errors_are_typed_like_openai_ones() {
 
 // ---- whole runs, in process ----
 
-struct Project {
-    dir: tempfile::TempDir,
+/// A project whose workflow is `w.yaml`.
+struct Project(support::Project);
+
+impl std::ops::Deref for Project {
+    type Target = support::Project;
+    fn deref(&self) -> &support::Project {
+        &self.0
+    }
 }
 
 impl Project {
     fn new(workflow: &str) -> Project {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("prompts")).unwrap();
-        std::fs::write(dir.path().join("w.yaml"), workflow).unwrap();
-        Project { dir }
+        Project(support::Project::new(&[("w.yaml", workflow)]))
     }
 
     /// Runs the workflow against `server`, returning the outcome and the events.
     fn run(&self, server: &FakeLlm, input: Value) -> (RunOutcome, Vec<Event>, Duration) {
-        let (plan, result) = compile_file(&self.dir.path().join("w.yaml"));
-        assert!(
-            result.diagnostics.iter().all(|d| !d.is_error()),
-            "{:#?}",
-            result.diagnostics
-        );
-        let plan = plan.unwrap();
+        let plan = self.plan("w.yaml");
         let base = server.base_url.clone();
         let lookup = move |name: &str| match name {
             "FAKE_BASE" => Some(base.clone()),

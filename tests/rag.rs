@@ -2,15 +2,11 @@
 //! embedder checks), hybrid retrieval with its options and rerankers, long-term memory, load
 //! and save — mostly through the real binary, in a temporary directory.
 
-#[path = "support/fake_rerank.rs"]
-mod fake_rerank;
-#[path = "support/fake_web.rs"]
-mod fake_web;
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
+use crate::support::{self, fake_rerank, fake_web};
 use futures::future::BoxFuture;
 use runner::providers::{Embedder, Embeddings, ProviderError};
 use runner::rag::chunk::{Chunking, split};
@@ -24,29 +20,24 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 // ── helpers ─────────────────────────────────────────────────────────────────────────────────
 
 /// A temporary working directory holding the fixture documents under `docs/`.
-struct Project {
-    dir: tempfile::TempDir,
+struct Project(support::Project);
+
+impl std::ops::Deref for Project {
+    type Target = support::Project;
+    fn deref(&self) -> &support::Project {
+        &self.0
+    }
 }
 
 impl Project {
     fn new() -> Project {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("docs")).unwrap();
+        let p = support::Project::new(&[]);
+        std::fs::create_dir(p.path("docs")).unwrap();
         for entry in std::fs::read_dir(Path::new(ROOT).join("tests/fixtures/rag/docs")).unwrap() {
             let entry = entry.unwrap();
-            std::fs::copy(entry.path(), dir.path().join("docs").join(entry.file_name())).unwrap();
+            std::fs::copy(entry.path(), p.path("docs").join(entry.file_name())).unwrap();
         }
-        Project { dir }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn write(&self, rel: &str, text: &str) {
-        let p = self.path(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, text).unwrap();
+        Project(p)
     }
 
     fn runner(&self) -> Command {

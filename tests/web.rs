@@ -2,12 +2,10 @@
 //! loopback: what lands in state for each behaviour of the guard, robots.txt, limits and
 //! extraction, and the research workflow end to end.
 
-#[path = "support/fake_web.rs"]
-mod fake_web;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::support::fake_web;
 use serde_json::{Value, json};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -533,7 +531,7 @@ fn a_recorded_web_run_replays_with_the_servers_gone() {
 /// workflow's search and scrape path that `workflows/research.test.yaml` replays. The fake
 /// site's port is rewritten to SearxNG's default (127.0.0.1:8888), which is where the workflow
 /// looks when `SEARXNG_URL` is unset, as it is under `runner test`.
-/// Run with `cargo test --test web -- --ignored record_the_research_cassette`.
+/// Run with `cargo test --test integration -- --ignored web::record_the_research_cassette`.
 #[test]
 #[ignore = "writes a committed fixture"]
 fn record_the_research_cassette() {

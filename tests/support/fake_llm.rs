@@ -4,8 +4,6 @@
 //! between chunks, cut mid-stream, or any status, headers and body. Every request is recorded
 //! so tests can check what was sent.
 
-#![allow(dead_code)]
-
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,6 +13,8 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use futures::StreamExt;
 use serde_json::{Value, json};
+
+use super::{Served, serve};
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -201,42 +201,43 @@ pub struct FakeLlm {
     /// `http://127.0.0.1:PORT/v1`.
     pub base_url: String,
     state: Arc<State>,
+    /// The server's own thread, for one started in the background.
+    _served: Option<Served>,
 }
 
 impl FakeLlm {
+    /// The server's routes: every path is answered by [`answer`].
+    fn app(state: Arc<State>) -> axum::Router {
+        axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
+            let s = state.clone();
+            async move { answer(&s, uri, headers, body).await }
+        })
+    }
+
     /// Starts a server on the current tokio runtime.
     pub async fn start() -> FakeLlm {
         let state = Arc::new(State::default());
-        let s = state.clone();
-        let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
-            let s = s.clone();
-            async move { answer(&s, uri, headers, body).await }
-        });
+        let app = FakeLlm::app(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         FakeLlm {
             base_url: format!("http://{addr}/v1"),
             state,
+            _served: None,
         }
     }
 
     /// Starts a server on a runtime of its own (for tests that run the engine or the binary
-    /// on theirs).
+    /// on theirs); it stops when dropped.
     pub fn start_in_background() -> FakeLlm {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                tx.send(FakeLlm::start().await).unwrap();
-                std::future::pending::<()>().await
-            });
-        });
-        rx.recv().unwrap()
+        let state = Arc::new(State::default());
+        let served = serve("127.0.0.1", |_| FakeLlm::app(state.clone()));
+        FakeLlm {
+            base_url: format!("http://{}/v1", served.addr),
+            state,
+            _served: Some(served),
+        }
     }
 
     /// Queues replies, answered in order.

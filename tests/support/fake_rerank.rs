@@ -6,9 +6,12 @@ use std::sync::{Arc, Mutex};
 use axum::{Json, Router, extract::State, routing::post};
 use serde_json::{Value, json};
 
+use super::{Served, serve};
+
 pub struct FakeRerank {
     pub url: String,
     pub requests: Arc<Mutex<Vec<Value>>>,
+    _served: Served,
 }
 
 #[derive(Clone)]
@@ -31,26 +34,19 @@ async fn rerank(State(s): State<Shared>, Json(body): Json<Value>) -> Json<Value>
     Json(json!({"results": results}))
 }
 
-/// Starts the server on its own thread; it lives as long as the test process.
+/// Starts the server on its own thread; it stops when dropped.
 pub fn start(favour: &str) -> FakeRerank {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let url = format!("http://{}/rerank", listener.local_addr().unwrap());
     let requests = Arc::new(Mutex::new(Vec::new()));
     let shared = Shared {
         favour: favour.to_lowercase(),
         requests: requests.clone(),
     };
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let app = Router::new().route("/rerank", post(rerank)).with_state(shared);
-            axum::serve(listener, app).await.unwrap();
-        });
+    let served = serve("127.0.0.1", |_| {
+        Router::new().route("/rerank", post(rerank)).with_state(shared)
     });
-    FakeRerank { url, requests }
+    FakeRerank {
+        url: format!("http://{}/rerank", served.addr),
+        requests,
+        _served: served,
+    }
 }

@@ -3,8 +3,6 @@
 //! robots.txt, a redirect, a huge page, a slow page, a PDF) and a bystander server on
 //! 127.0.0.2 that must never be reached.
 
-#![allow(dead_code)]
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,13 +13,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
+use super::{Served, serve};
+
 /// A running fake site.
 pub struct FakeWeb {
     pub port: u16,
     /// Every path requested, in order.
     pub hits: Arc<Mutex<Vec<String>>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    server: Option<std::thread::JoinHandle<()>>,
+    served: Served,
 }
 
 impl FakeWeb {
@@ -39,12 +38,7 @@ impl FakeWeb {
 
     /// Shuts the server down and waits until its port is closed.
     pub fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(server) = self.server.take() {
-            server.join().unwrap();
-        }
+        self.served.stop();
     }
 }
 
@@ -67,37 +61,18 @@ pub fn bystander(ip: &str) -> FakeWeb {
 }
 
 fn start_on(ip: &str, redirect_to: &str) -> FakeWeb {
-    let listener = std::net::TcpListener::bind((ip, 0)).expect("bind a loopback port");
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
     let hits = Arc::new(Mutex::new(Vec::new()));
-    let site = Site {
-        port,
-        redirect_to: redirect_to.to_string(),
-        hits: hits.clone(),
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, router(site))
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
+    let served = serve(ip, |addr| {
+        router(Site {
+            port: addr.port(),
+            redirect_to: redirect_to.to_string(),
+            hits: hits.clone(),
+        })
     });
     FakeWeb {
-        port,
+        port: served.addr.port(),
         hits,
-        stop: Some(stop),
-        server: Some(server),
+        served,
     }
 }
 
@@ -284,6 +259,7 @@ pub struct Recorder {
     pub port: u16,
     /// Each request as `{method, uri, headers: {name: value}, body}`, in order.
     pub requests: Arc<Mutex<Vec<Value>>>,
+    _served: Served,
 }
 
 impl Recorder {
@@ -297,43 +273,35 @@ impl Recorder {
     }
 }
 
-/// Starts a [`Recorder`] answering `status` with the JSON `body`; it lives as long as the
-/// test process.
+/// Starts a [`Recorder`] answering `status` with the JSON `body`; it stops when dropped.
 pub fn recorder(status: u16, body: Value) -> Recorder {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
     let requests = Arc::new(Mutex::new(Vec::new()));
     let kept = requests.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let app = Router::new().fallback(move |req: axum::extract::Request| {
-                let kept = kept.clone();
-                let body = body.clone();
-                async move {
-                    let (parts, raw) = req.into_parts();
-                    let raw = axum::body::to_bytes(raw, 1 << 20).await.unwrap_or_default();
-                    let headers: serde_json::Map<String, Value> = parts
-                        .headers
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), json!(String::from_utf8_lossy(v.as_bytes()))))
-                        .collect();
-                    kept.lock().unwrap().push(json!({
-                        "method": parts.method.to_string(),
-                        "uri": parts.uri.to_string(),
-                        "headers": headers,
-                        "body": String::from_utf8_lossy(&raw),
-                    }));
-                    (StatusCode::from_u16(status).unwrap(), axum::Json(body)).into_response()
-                }
-            });
-            axum::serve(listener, app).await.unwrap();
-        });
+    let served = serve("127.0.0.1", |_| {
+        Router::new().fallback(move |req: axum::extract::Request| {
+            let kept = kept.clone();
+            let body = body.clone();
+            async move {
+                let (parts, raw) = req.into_parts();
+                let raw = axum::body::to_bytes(raw, 1 << 20).await.unwrap_or_default();
+                let headers: serde_json::Map<String, Value> = parts
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), json!(String::from_utf8_lossy(v.as_bytes()))))
+                    .collect();
+                kept.lock().unwrap().push(json!({
+                    "method": parts.method.to_string(),
+                    "uri": parts.uri.to_string(),
+                    "headers": headers,
+                    "body": String::from_utf8_lossy(&raw),
+                }));
+                (StatusCode::from_u16(status).unwrap(), axum::Json(body)).into_response()
+            }
+        })
     });
-    Recorder { port, requests }
+    Recorder {
+        port: served.addr.port(),
+        requests,
+        _served: served,
+    }
 }
