@@ -285,7 +285,7 @@ fn check_compile(bytes: &[u8]) -> Result<(), TestCaseError> {
 proptest! {
     // Failures are not persisted to a file: a minimized failure becomes a fixture or a named
     // regression test below instead.
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(crate::props::config(256))]
 
     #[test]
     fn loader_survives_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {

@@ -19,7 +19,7 @@ use runner::providers::{ChatRequest, Message, Provider, ProviderError};
 use serde_json::{Value, json};
 
 /// `default` cases unless `PROPTEST_CASES` says otherwise.
-fn config(default: u32) -> ProptestConfig {
+pub(crate) fn config(default: u32) -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|c| c.parse().ok())
