@@ -39,6 +39,28 @@ pub enum OutputFormat {
     Yaml,
 }
 
+/// When checkpoints are committed, as a flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PersistArg {
+    /// Each step's checkpoint is committed before the next step starts.
+    #[default]
+    Sync,
+    /// Checkpoints are committed in the background, in order; the run waits for them at its end.
+    Async,
+    /// Only the run's last checkpoint is written (when it ends, fails or is interrupted).
+    Exit,
+}
+
+impl From<PersistArg> for Persist {
+    fn from(arg: PersistArg) -> Self {
+        match arg {
+            PersistArg::Sync => Persist::Sync,
+            PersistArg::Async => Persist::Async,
+            PersistArg::Exit => Persist::Exit,
+        }
+    }
+}
+
 /// Options shared by `run` and `resume`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Common {
@@ -57,7 +79,7 @@ pub struct Common {
     pub recursion_limit: Option<u32>,
     /// When checkpoints are committed.
     #[arg(long, value_enum, default_value_t)]
-    pub persist: Persist,
+    pub persist: PersistArg,
     /// How hard SQLite works to keep a commit.
     #[arg(long, value_enum, default_value_t)]
     pub durability: store::DurabilityArg,
@@ -222,7 +244,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         answer_to: None,
         lease: args.common.lease()?,
         recursion_limit: args.common.recursion_limit,
-        persist: args.common.persist,
+        persist: args.common.persist.into(),
         force: args.force,
     };
     execute(plan, request, &args.common, store)
@@ -248,7 +270,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
         answer_to,
         lease: args.common.lease()?,
         recursion_limit: args.common.recursion_limit,
-        persist: args.common.persist,
+        persist: args.common.persist.into(),
         force: args.force,
         ..RunRequest::default()
     };

@@ -42,7 +42,7 @@ use task::{Next, Outcome};
 use values::{Scope, to_jinja};
 
 /// When checkpoints are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Persist {
     /// Each step's checkpoint is committed before the next step starts.
     #[default]
