@@ -7,6 +7,7 @@
 pub mod cassette;
 pub mod checkpoint;
 pub mod cli;
+pub mod clock;
 pub mod compile;
 pub mod diag;
 pub mod engine;

@@ -105,7 +105,7 @@ impl Cassette {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
         let mut file = File::create(path).map_err(err)?;
-        let header = json!({"cassette": "runner", "version": 1, "created": crate::checkpoint::now()});
+        let header = json!({"cassette": "runner", "version": 1, "created": crate::clock::now()});
         writeln!(file, "{header}").map_err(err)?;
         Ok(Cassette {
             path: path.to_path_buf(),
