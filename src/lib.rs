@@ -11,6 +11,7 @@ pub mod clock;
 pub mod compile;
 pub mod diag;
 pub mod engine;
+pub mod error_class;
 pub mod net;
 pub mod nodes;
 pub mod providers;

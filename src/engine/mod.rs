@@ -1268,7 +1268,7 @@ impl Engine {
             let used = meta.node_usage.get(name).copied().unwrap_or_default();
             spent_by(budget, &used, &format!("the budget of `{name}`"))
         })?;
-        Some(NodeError::new(crate::spec::ErrorClass::Budget, why))
+        Some(NodeError::new(crate::error_class::ErrorClass::Budget, why))
     }
 
     fn over_visits(&self, cp: &Checkpoint, meta: &Meta) -> Option<String> {

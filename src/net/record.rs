@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 
 use super::secrets::REDACTED;
 use super::web::{FetchError, Request, Response};
-use crate::spec::ErrorClass;
+use crate::error_class::ErrorClass;
 
 /// The kind of web exchanges in a cassette.
 pub const HTTP: &str = "http";

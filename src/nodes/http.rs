@@ -11,9 +11,10 @@ use serde_json::{Map, Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render};
 use crate::compile::Compiled;
+use crate::error_class::ErrorClass;
 use crate::net::{AllowList, FetchOptions, Oversize, Request, secrets};
 use crate::spec::interp;
-use crate::spec::{ErrorClass, HttpMethod, HttpNode, ResponseFormat};
+use crate::spec::{HttpMethod, HttpNode, ResponseFormat};
 
 pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFailure> {
     let raw_url = match render_env(ctx, "/url", "url")? {

@@ -10,8 +10,9 @@ use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render};
 use crate::compile::Compiled;
 use crate::engine::events::Event;
 use crate::engine::values;
+use crate::error_class::ErrorClass;
 use crate::providers::{ChatRequest, Message, Usage, price};
-use crate::spec::{ErrorClass, LlmNode, LlmOutput, OutputFormat};
+use crate::spec::{LlmNode, LlmOutput, OutputFormat};
 
 pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFailure> {
     let profile_name = spec.model.as_deref().unwrap_or("default");

@@ -31,8 +31,9 @@ use crate::checkpoint::Checkpointer;
 use crate::compile::{Compiled, NodeIx, Plan, PlanNode};
 use crate::engine::events::Events;
 use crate::engine::values;
+use crate::error_class::ErrorClass;
 use crate::providers::Usage;
-use crate::spec::{ErrorClass, NodeSpec};
+use crate::spec::NodeSpec;
 
 /// What a running node can reach.
 pub struct NodeCtx<'a> {

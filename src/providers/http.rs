@@ -10,8 +10,9 @@ use reqwest::header::HeaderMap;
 
 use super::ProviderError;
 use super::sse;
+use crate::error_class::ErrorClass;
 use crate::net::http_error::{self, EXCERPT_CHARS};
-use crate::spec::{ErrorClass, ModelProfile};
+use crate::spec::ModelProfile;
 
 /// How much of a server's message is kept until the key has been scrubbed from it; the final
 /// cut (after scrubbing, in [`Key::scrub_error`]) is far shorter, so a key straddling this

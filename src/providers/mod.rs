@@ -17,7 +17,8 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{ErrorClass, ModelProfile, Provider as ProviderKind};
+use crate::error_class::ErrorClass;
+use crate::spec::{ModelProfile, Provider as ProviderKind};
 
 /// A chat message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
