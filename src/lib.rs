@@ -16,4 +16,5 @@ pub mod net;
 pub mod nodes;
 pub mod providers;
 pub mod rag;
+pub mod secrets;
 pub mod spec;

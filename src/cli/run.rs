@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use super::{exit, render, store};
-use crate::cassette::{Cassette, Recording, RecordingEmbedder, Replaying};
+use crate::cassette::Cassette;
 use crate::checkpoint::CheckpointError;
 use crate::compile::compile_file;
 use crate::diag::{self, Format};
@@ -18,6 +18,7 @@ use crate::engine::events::Events;
 use crate::engine::{DEFAULT_LEASE_TTL, Engine, EngineError, LeasePolicy, Persist, RunRequest, Status};
 use crate::nodes::Services;
 use crate::providers::Providers;
+use crate::providers::cassette::{Recording, RecordingEmbedder, Replaying, replaying_embedders};
 use crate::providers::mock::MockProvider;
 
 /// How progress is shown on stderr.
@@ -343,7 +344,7 @@ fn execute(
     // A key read from a variable with any name is a secret like the conventional ones.
     for profile in models.values() {
         if let Some(key) = profile.api_key_env.as_deref().and_then(|name| std::env::var(name).ok()) {
-            crate::net::secrets::register(&key);
+            crate::secrets::register(&key);
         }
     }
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
@@ -501,7 +502,7 @@ pub(crate) fn cassette_providers(
     if cassette.is_replay() {
         // Nothing live is set up: a replay reaches no network and needs no key.
         let mut providers = Providers::serve_all(&plan.models, Arc::new(Replaying::new(cassette.clone())));
-        for (profile, embedder) in cassette.embedders() {
+        for (profile, embedder) in replaying_embedders(&cassette) {
             providers.set_embedder(&profile, embedder);
         }
         return Ok(providers);

@@ -152,10 +152,10 @@ mod tests {
         let shown = excerpt(&body, scrub, EXCERPT_CHARS);
         assert!(!shown.contains("sk-"), "{shown}");
         assert!(shown.contains("***"), "{shown}");
-        let secrets = crate::net::secrets::sorted(vec![key.to_string(), "sk-0123".to_string()]);
+        let secrets = crate::secrets::sorted(vec![key.to_string(), "sk-0123".to_string()]);
         let shown = excerpt(
             &body,
-            |t| crate::net::secrets::scrub_with(t, &secrets).into_owned(),
+            |t| crate::secrets::scrub_with(t, &secrets).into_owned(),
             EXCERPT_CHARS,
         );
         assert!(!shown.contains("sk-") && shown.contains("[redacted]"), "{shown}");

@@ -119,7 +119,7 @@ fn engine(n: &SearchNode) -> Result<Engine, NodeError> {
     let key = match key_env {
         Some(name) => match std::env::var(&name).ok().filter(|v| !v.is_empty()) {
             Some(v) => {
-                crate::net::secrets::register(&v);
+                crate::secrets::register(&v);
                 Some(v)
             }
             None if provider == SearchProvider::Searxng => None,

@@ -111,14 +111,14 @@ impl Key {
     }
 
     /// `text` with every occurrence of the key replaced by `***`, and every other secret the
-    /// process knows ([`crate::net::secrets`]) redacted.
+    /// process knows ([`crate::secrets`]) redacted.
     pub fn scrub(&self, text: &str) -> String {
         let text = match self.value() {
             // A very short "key" would blank unrelated text; such keys are not secrets anyway.
             Some(k) if k.len() >= 4 => text.replace(k, "***"),
             _ => text.to_string(),
         };
-        crate::net::secrets::scrub_string(text)
+        crate::secrets::scrub_string(text)
     }
 
     /// `e` with the key scrubbed from its message, which is then shortened: every error

@@ -5,6 +5,7 @@
 //! trait and nothing of HTTP.
 
 pub mod anthropic;
+pub mod cassette;
 pub(crate) mod http;
 pub mod mock;
 pub mod openai;
