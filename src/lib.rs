@@ -12,6 +12,8 @@ pub mod compile;
 pub mod diag;
 pub mod engine;
 pub mod error_class;
+#[cfg(test)]
+mod layers;
 pub mod net;
 pub mod nodes;
 pub mod providers;
