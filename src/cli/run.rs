@@ -502,7 +502,7 @@ pub(crate) fn cassette_providers(
     if cassette.is_replay() {
         // Nothing live is set up: a replay reaches no network and needs no key.
         let mut providers = Providers::serve_all(&plan.models, Arc::new(Replaying::new(cassette.clone())));
-        for (profile, embedder) in replaying_embedders(&cassette) {
+        for (profile, embedder) in replaying_embedders(cassette) {
             providers.set_embedder(&profile, embedder);
         }
         return Ok(providers);
