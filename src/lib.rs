@@ -7,11 +7,16 @@
 pub mod cassette;
 pub mod checkpoint;
 pub mod cli;
+pub mod clock;
 pub mod compile;
 pub mod diag;
 pub mod engine;
+pub mod error_class;
+#[cfg(test)]
+mod layers;
 pub mod net;
 pub mod nodes;
 pub mod providers;
 pub mod rag;
+pub mod secrets;
 pub mod spec;

@@ -1229,8 +1229,8 @@ edges: [START -> a, a -> END]
             context: json!({}),
             config: json!({}),
             status: runner::checkpoint::ThreadStatus::Running,
-            created_at: runner::checkpoint::now(),
-            updated_at: runner::checkpoint::now(),
+            created_at: runner::clock::now(),
+            updated_at: runner::clock::now(),
             forked_from: None,
         })
         .unwrap();
@@ -1278,8 +1278,8 @@ edges: [START -> sub, sub -> END]
             context: json!({}),
             config: json!({}),
             status: runner::checkpoint::ThreadStatus::Running,
-            created_at: runner::checkpoint::now(),
-            updated_at: runner::checkpoint::now(),
+            created_at: runner::clock::now(),
+            updated_at: runner::clock::now(),
             forked_from: None,
         })
         .unwrap();

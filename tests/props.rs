@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use proptest::prelude::*;
-use runner::cassette::{Cassette, Replaying, request_key};
+use runner::cassette::Cassette;
 use runner::net::http_error::{self, MAX_RETRY_AFTER};
 use runner::net::robots::Robots;
+use runner::providers::cassette::{Replaying, request_key};
 use runner::providers::mock::MockProvider;
 use runner::providers::sse::{Event, Parser};
 use runner::providers::{ChatRequest, Message, Provider, ProviderError};

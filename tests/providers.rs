@@ -907,7 +907,7 @@ async fn a_server_that_never_answers_or_stalls_is_cut_off() {
         started.elapsed()
     );
     // A timeout is retried as one.
-    assert_eq!(ProviderError::Timeout.class(), runner::spec::ErrorClass::Timeout);
+    assert_eq!(ProviderError::Timeout.class(), runner::error_class::ErrorClass::Timeout);
 }
 
 #[tokio::test]
@@ -934,7 +934,7 @@ async fn replies_larger_than_the_profile_allows_are_refused() {
             matches!(&reply, Err(ProviderError::TooLarge(m)) if m.contains("1000")),
             "{reply:?}"
         );
-        assert_eq!(reply.unwrap_err().class(), runner::spec::ErrorClass::Invalid);
+        assert_eq!(reply.unwrap_err().class(), runner::error_class::ErrorClass::Invalid);
     }
     assert_eq!(call(&*p, ask("hi", false)).await.0.unwrap().text.len(), 900);
     let a = provider_for(profile(json!({"provider": "anthropic", "model": "m",

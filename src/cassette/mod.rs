@@ -7,7 +7,7 @@
 //! flushed as the exchange ends, so a crash loses nothing recorded before it.
 //!
 //! Secrets never reach the file: every value the process knows as a secret
-//! ([`crate::net::secrets`]: the values of environment variables whose names end in `_KEY`,
+//! ([`crate::secrets`]: the values of environment variables whose names end in `_KEY`,
 //! `_TOKEN` or `_SECRET` or contain `PASSWORD`, API keys, every `${env:NAME}` expanded into a
 //! request), and every header-like field named `authorization`, `proxy-authorization`,
 //! `api-key`, `x-api-key`, `x-subscription-token` or `cookie` (and any header whose value came
@@ -18,8 +18,9 @@
 //! so identical requests get their responses in recorded order. A request the cassette does
 //! not hold fails, naming the closest recorded request and the first field that differs.
 //!
-//! This module sits beside providers/: it wraps the `Provider` trait and knows nothing of the
-//! engine or the CLI.
+//! It knows nothing of providers, the web client, the engine or the CLI: exchanges are JSON.
+//! The recording and replaying providers are `providers::cassette`; the web client passes its
+//! requests through [`Cassette::exchange`] itself.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -29,11 +30,7 @@ use std::sync::Mutex;
 
 use serde_json::{Value, json};
 
-mod providers;
-
-pub use providers::{EMBED, LLM, Recording, RecordingEmbedder, Replaying, ReplayingEmbedder, request_key};
-
-use crate::net::secrets::{self, REDACTED};
+use crate::secrets::{self, REDACTED};
 
 /// Header fields whose values are always scrubbed (compared case-insensitively).
 const SECRET_FIELDS: [&str; 6] = [
@@ -105,7 +102,7 @@ impl Cassette {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
         let mut file = File::create(path).map_err(err)?;
-        let header = json!({"cassette": "runner", "version": 1, "created": crate::checkpoint::now()});
+        let header = json!({"cassette": "runner", "version": 1, "created": crate::clock::now()});
         writeln!(file, "{header}").map_err(err)?;
         Ok(Cassette {
             path: path.to_path_buf(),
@@ -197,6 +194,15 @@ impl Cassette {
         writeln!(file, "{line}")
             .and_then(|_| file.flush())
             .map_err(|e| self.error(&e.to_string()))
+    }
+
+    /// Calls `f` with the request of every recorded exchange of `kind`, in recorded order
+    /// (none when recording).
+    pub fn for_each_recorded(&self, kind: &str, mut f: impl FnMut(&Value)) {
+        let Ok(mode) = self.lock() else { return };
+        if let Mode::Replay { entries, .. } = &*mode {
+            entries.iter().filter(|e| e.kind == kind).for_each(|e| f(&e.request));
+        }
     }
 
     /// `value` with every secret replaced: this cassette's own and every one the process
@@ -426,19 +432,6 @@ fn similarity(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> f64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{ChatRequest, Message};
-
-    fn request(node: &str, prompt: &str) -> ChatRequest {
-        ChatRequest {
-            node: node.into(),
-            model: "m".into(),
-            messages: vec![Message {
-                role: "user".into(),
-                content: prompt.into(),
-            }],
-            ..ChatRequest::default()
-        }
-    }
 
     #[test]
     fn secrets_and_credential_headers_are_scrubbed() {
@@ -452,37 +445,6 @@ mod tests {
         );
         assert!(is_secret_name("OPENAI_API_KEY") && is_secret_name("db_password_file"));
         assert!(!is_secret_name("KEYBOARD") && !is_secret_name("HOME"));
-    }
-
-    #[tokio::test]
-    async fn a_recorded_exchange_is_replayed_in_order_and_a_miss_names_the_closest() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.jsonl");
-        let rec = Cassette::record_with(&path, vec![]).unwrap();
-        for (i, prompt) in ["same", "same", "Summarize the heat pump article"].iter().enumerate() {
-            let key = request_key(&request("a", prompt));
-            let got = rec
-                .exchange(LLM, key, async move { Ok::<_, String>(json!({"text": i.to_string()})) })
-                .await
-                .unwrap();
-            assert_eq!(got, json!({"text": i.to_string()}));
-        }
-        drop(rec);
-        let play = Cassette::replay_with(&path, vec![]).unwrap();
-        let never = async { Err::<Value, String>("live call during replay".into()) };
-        let first = play
-            .exchange(LLM, request_key(&request("a", "same")), never)
-            .await
-            .unwrap();
-        let second = play.serve(LLM, &request_key(&request("a", "same"))).unwrap();
-        assert_eq!((first, second), (json!({"text": "0"}), json!({"text": "1"})));
-        let miss = play
-            .serve(LLM, &request_key(&request("a", "Summarize the heat pump articles")))
-            .unwrap_err()
-            .to_string();
-        assert!(miss.contains("entry 3 (node `a`)"), "{miss}");
-        assert!(miss.contains("/messages/0/content"), "{miss}");
-        assert_eq!(play.misses().len(), 1);
     }
 
     #[test]

@@ -63,7 +63,7 @@ impl Store {
         let touched = self.touch();
         let entry = self.entry_mut(thread_id)?;
         entry.thread.status = status;
-        entry.thread.updated_at = super::now();
+        entry.thread.updated_at = crate::clock::now();
         entry.touched = touched;
         Ok(())
     }
@@ -304,7 +304,7 @@ impl Checkpointer for MemoryCheckpointer {
 
     fn acquire_lease(&self, claim: &LeaseClaim) -> Result<Lease> {
         let mut store = self.lock()?;
-        let now = super::now_ms();
+        let now = crate::clock::now_ms();
         let expires_at_ms = super::expiry_ms(now, claim.ttl);
         let lease = match store.leases.get(&claim.thread_id) {
             Some(held) if held.owner == claim.owner => Lease {
@@ -320,7 +320,7 @@ impl Checkpointer for MemoryCheckpointer {
                 generation: held.map_or(1, |h| h.generation + 1),
                 pid: claim.pid,
                 host: claim.host.clone(),
-                acquired_at: super::now(),
+                acquired_at: crate::clock::now(),
                 expires_at_ms,
             },
         };
@@ -332,7 +332,7 @@ impl Checkpointer for MemoryCheckpointer {
         let mut store = self.lock()?;
         match store.leases.get_mut(&fence.thread_id) {
             Some(held) if held.owner == fence.owner && held.generation == fence.generation => {
-                held.expires_at_ms = super::expiry_ms(super::now_ms(), ttl);
+                held.expires_at_ms = super::expiry_ms(crate::clock::now_ms(), ttl);
                 Ok(held.clone())
             }
             _ => Err(CheckpointError::LeaseLost(fence.thread_id.clone())),
@@ -369,7 +369,7 @@ impl Checkpointer for MemoryCheckpointer {
                 ))
             })
             .collect::<Result<HashMap<_, _>>>()?;
-        let at = super::now();
+        let at = crate::clock::now();
         let mut thread = source.thread.clone();
         thread.thread_id = new.into();
         thread.status = ThreadStatus::Running;

@@ -411,7 +411,7 @@ impl Checkpointer for SqliteCheckpointer {
         self.write_unit(Op::SetStatus {
             thread_id: thread_id.to_owned(),
             status,
-            at: super::now(),
+            at: crate::clock::now(),
         })
     }
 
@@ -474,7 +474,7 @@ impl Checkpointer for SqliteCheckpointer {
                 super::Put::Status { thread_id, status } => Ok(Op::SetStatus {
                     thread_id,
                     status,
-                    at: super::now(),
+                    at: crate::clock::now(),
                 }),
                 super::Put::Checkpoint(cp, values) => checkpoint_op(&cp, &values),
                 super::Put::Writes {
@@ -577,12 +577,12 @@ impl Checkpointer for SqliteCheckpointer {
     }
 
     fn acquire_lease(&self, claim: &LeaseClaim) -> Result<Lease> {
-        let now = super::now_ms();
+        let now = crate::clock::now_ms();
         match self.write(Op::AcquireLease {
             claim: claim.clone(),
             now,
             expires: super::expiry_ms(now, claim.ttl),
-            at: super::now(),
+            at: crate::clock::now(),
         })? {
             Done::Lease(lease) => Ok(*lease),
             _ => Err(CheckpointError::Backend("the writer did not answer a lease".into())),
@@ -592,7 +592,7 @@ impl Checkpointer for SqliteCheckpointer {
     fn renew_lease(&self, fence: &Fence, ttl: Duration) -> Result<Lease> {
         match self.write(Op::RenewLease {
             fence: fence.clone(),
-            expires: super::expiry_ms(super::now_ms(), ttl),
+            expires: super::expiry_ms(crate::clock::now_ms(), ttl),
         })? {
             Done::Lease(lease) => Ok(*lease),
             _ => Err(CheckpointError::Backend("the writer did not answer a lease".into())),
@@ -613,7 +613,7 @@ impl Checkpointer for SqliteCheckpointer {
             checkpoint_id: checkpoint_id.to_owned(),
             new: new.to_owned(),
             new_checkpoint_id: super::new_id(),
-            at: super::now(),
+            at: crate::clock::now(),
         };
         match self.write(op)? {
             Done::Forked(checkpoint) => Ok(*checkpoint),

@@ -8,6 +8,28 @@ use crate::compile::compile_file;
 use crate::compile::picture::{self, PictureFormat};
 use crate::diag::{self, Format};
 
+/// A picture format, as a flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PictureArg {
+    /// Mermaid flowchart text (renders on GitHub and in many editors).
+    #[default]
+    Mermaid,
+    /// Graphviz dot.
+    Dot,
+    /// The plan's nodes and edges as JSON.
+    Json,
+}
+
+impl From<PictureArg> for PictureFormat {
+    fn from(arg: PictureArg) -> Self {
+        match arg {
+            PictureArg::Mermaid => PictureFormat::Mermaid,
+            PictureArg::Dot => PictureFormat::Dot,
+            PictureArg::Json => PictureFormat::Json,
+        }
+    }
+}
+
 /// Draw a workflow as Mermaid, Graphviz dot or JSON.
 ///
 /// Conditional edges are dashed and labelled with their condition, joins and fan-outs are
@@ -20,7 +42,7 @@ pub struct Args {
     file: PathBuf,
     /// The picture format.
     #[arg(long, value_enum, default_value_t)]
-    format: PictureFormat,
+    format: PictureArg,
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
@@ -34,6 +56,6 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     };
     std::io::stdout()
         .lock()
-        .write_all(picture::render(&plan, args.format).as_bytes())?;
+        .write_all(picture::render(&plan, args.format.into()).as_bytes())?;
     Ok(exit::OK)
 }

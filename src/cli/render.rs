@@ -142,7 +142,7 @@ impl Renderer {
 pub fn notice(jsonl: bool, kind: &str, fields: Value, text: &str) {
     let mut err = std::io::stderr().lock();
     if jsonl {
-        let mut line = serde_json::json!({"type": kind, "ts": crate::checkpoint::now()});
+        let mut line = serde_json::json!({"type": kind, "ts": crate::clock::now()});
         if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), fields) {
             line.extend(fields);
         }

@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use super::{exit, render, store};
-use crate::cassette::{Cassette, Recording, RecordingEmbedder, Replaying};
+use crate::cassette::Cassette;
 use crate::checkpoint::CheckpointError;
 use crate::compile::compile_file;
 use crate::diag::{self, Format};
@@ -18,6 +18,7 @@ use crate::engine::events::Events;
 use crate::engine::{DEFAULT_LEASE_TTL, Engine, EngineError, LeasePolicy, Persist, RunRequest, Status};
 use crate::nodes::Services;
 use crate::providers::Providers;
+use crate::providers::cassette::{Recording, RecordingEmbedder, Replaying, replaying_embedders};
 use crate::providers::mock::MockProvider;
 
 /// How progress is shown on stderr.
@@ -39,6 +40,28 @@ pub enum OutputFormat {
     Yaml,
 }
 
+/// When checkpoints are committed, as a flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PersistArg {
+    /// Each step's checkpoint is committed before the next step starts.
+    #[default]
+    Sync,
+    /// Checkpoints are committed in the background, in order; the run waits for them at its end.
+    Async,
+    /// Only the run's last checkpoint is written (when it ends, fails or is interrupted).
+    Exit,
+}
+
+impl From<PersistArg> for Persist {
+    fn from(arg: PersistArg) -> Self {
+        match arg {
+            PersistArg::Sync => Persist::Sync,
+            PersistArg::Async => Persist::Async,
+            PersistArg::Exit => Persist::Exit,
+        }
+    }
+}
+
 /// Options shared by `run` and `resume`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Common {
@@ -57,7 +80,7 @@ pub struct Common {
     pub recursion_limit: Option<u32>,
     /// When checkpoints are committed.
     #[arg(long, value_enum, default_value_t)]
-    pub persist: Persist,
+    pub persist: PersistArg,
     /// How hard SQLite works to keep a commit.
     #[arg(long, value_enum, default_value_t)]
     pub durability: store::DurabilityArg,
@@ -222,7 +245,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
         answer_to: None,
         lease: args.common.lease()?,
         recursion_limit: args.common.recursion_limit,
-        persist: args.common.persist,
+        persist: args.common.persist.into(),
         force: args.force,
     };
     execute(plan, request, &args.common, store)
@@ -248,7 +271,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
         answer_to,
         lease: args.common.lease()?,
         recursion_limit: args.common.recursion_limit,
-        persist: args.common.persist,
+        persist: args.common.persist.into(),
         force: args.force,
         ..RunRequest::default()
     };
@@ -321,7 +344,7 @@ fn execute(
     // A key read from a variable with any name is a secret like the conventional ones.
     for profile in models.values() {
         if let Some(key) = profile.api_key_env.as_deref().and_then(|name| std::env::var(name).ok()) {
-            crate::net::secrets::register(&key);
+            crate::secrets::register(&key);
         }
     }
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
@@ -479,7 +502,7 @@ pub(crate) fn cassette_providers(
     if cassette.is_replay() {
         // Nothing live is set up: a replay reaches no network and needs no key.
         let mut providers = Providers::serve_all(&plan.models, Arc::new(Replaying::new(cassette.clone())));
-        for (profile, embedder) in cassette.embedders() {
+        for (profile, embedder) in replaying_embedders(cassette) {
             providers.set_embedder(&profile, embedder);
         }
         return Ok(providers);

@@ -84,7 +84,7 @@ pub struct ForkArgs {
 pub fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
     let store = store::open_read_only(&store::db_path(args.db.db.as_deref()))?;
     let mut out = std::io::stdout().lock();
-    let now = checkpoint::now_ms();
+    let now = crate::clock::now_ms();
     for t in store.list_thread_heads()? {
         let status = match t.status {
             // `running` is what the last run recorded; only a live lease says a run is on it.
@@ -189,7 +189,7 @@ pub fn fork(args: ForkArgs) -> anyhow::Result<u8> {
             versions,
             ran: Vec::new(),
             changed,
-            created_at: checkpoint::now(),
+            created_at: crate::clock::now(),
             ..base.clone()
         };
         store.put_checkpoint(&cp, &values)?;

@@ -9,6 +9,28 @@ use super::exit;
 use crate::compile::Compiler;
 use crate::diag::{self, Format};
 
+/// How problems are printed, as a flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FormatArg {
+    /// Source excerpts with carets and help, for people.
+    #[default]
+    Human,
+    /// One JSON document: `{"diagnostics": [...], "errors": N, "warnings": N}`.
+    Json,
+    /// `::error file=...,line=...,col=...::message` lines for GitHub Actions.
+    Github,
+}
+
+impl From<FormatArg> for Format {
+    fn from(arg: FormatArg) -> Self {
+        match arg {
+            FormatArg::Human => Format::Human,
+            FormatArg::Json => Format::Json,
+            FormatArg::Github => Format::Github,
+        }
+    }
+}
+
 /// Check workflows: YAML, schema, names, expressions, templates and the graph.
 ///
 /// Every problem is reported at once, sorted by position, each with a stable code,
@@ -21,7 +43,7 @@ pub struct Args {
     paths: Vec<PathBuf>,
     /// How to print problems.
     #[arg(long, value_enum, default_value_t)]
-    format: Format,
+    format: FormatArg,
     /// Fail on warnings too.
     #[arg(long)]
     deny_warnings: bool,
@@ -40,10 +62,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     }
     let result = compiler.finish();
     let mut out = std::io::stdout().lock();
-    let rendered = diag::render(&result.diagnostics, &result.files, args.format);
+    let rendered = diag::render(&result.diagnostics, &result.files, args.format.into());
     out.write_all(rendered.as_bytes())?;
     let (errors, warnings) = (result.errors(), result.warnings());
-    if args.format == Format::Human {
+    if args.format == FormatArg::Human {
         let summary = summary(files.len(), errors, warnings);
         writeln!(out, "{summary}")?;
     }

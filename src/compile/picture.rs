@@ -11,7 +11,7 @@ use super::plan::{Flow, NodeIx, Plan, Vertex};
 use crate::spec::NodeSpec;
 
 /// A picture format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PictureFormat {
     /// Mermaid flowchart text (renders on GitHub and in many editors).
     #[default]

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::{Diagnostic, Files, Severity};
 
 /// An output format for diagnostics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Format {
     /// Source excerpts with carets and help, for people.
     #[default]

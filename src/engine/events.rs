@@ -189,7 +189,7 @@ impl Events {
             return;
         }
         let envelope = Envelope {
-            ts: crate::checkpoint::now(),
+            ts: crate::clock::now(),
             elapsed_ms: self.started.elapsed().as_secs_f64() * 1000.0,
             ns: self.ns.clone(),
             event,

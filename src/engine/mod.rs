@@ -42,7 +42,7 @@ use task::{Next, Outcome};
 use values::{Scope, to_jinja};
 
 /// When checkpoints are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Persist {
     /// Each step's checkpoint is committed before the next step starts.
     #[default]
@@ -646,7 +646,7 @@ impl Engine {
         for (path, value) in &req.config {
             set_path(&mut overrides, path, value.clone(), &self.plan.config)?;
         }
-        let now = checkpoint::now();
+        let now = crate::clock::now();
         let thread = Thread {
             thread_id: id,
             workflow: req.workflow.clone(),
@@ -688,7 +688,7 @@ impl Engine {
             next: tasks,
             meta: serde_json::to_value(&meta).unwrap_or_default(),
             plan_hash: self.plan.hash.clone(),
-            created_at: checkpoint::now(),
+            created_at: crate::clock::now(),
         };
         Ok((cp, values))
     }
@@ -770,7 +770,7 @@ impl Engine {
             next,
             meta: serde_json::to_value(&meta).unwrap_or_default(),
             plan_hash: self.plan.hash.clone(),
-            created_at: checkpoint::now(),
+            created_at: crate::clock::now(),
             ..cp
         };
         self.store.put_batch(vec![
@@ -1209,7 +1209,7 @@ impl Engine {
             next: tasks,
             meta: serde_json::to_value(&*meta).unwrap_or_default(),
             plan_hash: self.plan.hash.clone(),
-            created_at: checkpoint::now(),
+            created_at: crate::clock::now(),
         };
         Ok((cp, new_values, state_value))
     }
@@ -1268,7 +1268,7 @@ impl Engine {
             let used = meta.node_usage.get(name).copied().unwrap_or_default();
             spent_by(budget, &used, &format!("the budget of `{name}`"))
         })?;
-        Some(NodeError::new(crate::spec::ErrorClass::Budget, why))
+        Some(NodeError::new(crate::error_class::ErrorClass::Budget, why))
     }
 
     fn over_visits(&self, cp: &Checkpoint, meta: &Meta) -> Option<String> {

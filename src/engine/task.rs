@@ -12,10 +12,11 @@ use super::Shared;
 use super::events::Event;
 use super::values::{self, Scope, to_jinja};
 use crate::compile::{Clause, ClauseTarget, NodeIx, Target, Writer};
+use crate::error_class::ErrorClass;
 use crate::net::http_error;
 use crate::nodes::{self, NodeCtx, NodeError, NodeFailure, class_name};
 use crate::providers::Usage;
-use crate::spec::{ErrorClass, NodeSpec, RetryPolicy};
+use crate::spec::{NodeSpec, RetryPolicy};
 
 /// Where a task sends control, besides the node's edges.
 #[derive(Debug, Clone, PartialEq)]

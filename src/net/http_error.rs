@@ -2,12 +2,12 @@
 //! client): a status's error class, the wait a server asks for (`Retry-After`), bounded delays
 //! from numbers that came from outside, and excerpts of server bodies made safe to show.
 //!
-//! It depends on nothing but the error classes of the language (`spec::ErrorClass`), so both
+//! It depends on nothing but the error classes (`error_class::ErrorClass`, a leaf), so both
 //! providers/ and net/ build on it without depending on each other.
 
 use std::time::{Duration, SystemTime};
 
-use crate::spec::ErrorClass;
+use crate::error_class::ErrorClass;
 
 /// The longest wait a server may ask for. A `Retry-After` beyond it (a day, `1e300`, `inf`) is
 /// read as this: a run waits five minutes at most per retry on a server's word, and its retry
@@ -152,10 +152,10 @@ mod tests {
         let shown = excerpt(&body, scrub, EXCERPT_CHARS);
         assert!(!shown.contains("sk-"), "{shown}");
         assert!(shown.contains("***"), "{shown}");
-        let secrets = crate::net::secrets::sorted(vec![key.to_string(), "sk-0123".to_string()]);
+        let secrets = crate::secrets::sorted(vec![key.to_string(), "sk-0123".to_string()]);
         let shown = excerpt(
             &body,
-            |t| crate::net::secrets::scrub_with(t, &secrets).into_owned(),
+            |t| crate::secrets::scrub_with(t, &secrets).into_owned(),
             EXCERPT_CHARS,
         );
         assert!(!shown.contains("sk-") && shown.contains("[redacted]"), "{shown}");

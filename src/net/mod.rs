@@ -1,15 +1,15 @@
 //! The network: one way to build HTTP clients, so every outbound request of the product
 //! (model providers, web kinds) shares the TLS setup and the user agent; and the web client of
 //! the I/O kinds (`web.rs`) with its SSRF guard (`guard.rs`), robots.txt (`robots.rs`),
-//! main-content extraction (`extract.rs`) and its exchanges as cassette data (`record.rs`); and
-//! the known secret values every message is scrubbed of (`secrets.rs`).
+//! main-content extraction (`extract.rs`) and its exchanges as cassette data (`record.rs`).
+//! Secrets are scrubbed with the leaf `crate::secrets`; exchanges pass through `crate::cassette`,
+//! which knows nothing of the network.
 
 pub mod extract;
 pub mod guard;
 pub mod http_error;
 mod record;
 pub mod robots;
-pub mod secrets;
 mod web;
 
 pub use guard::AllowList;

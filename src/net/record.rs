@@ -12,9 +12,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use super::secrets::REDACTED;
 use super::web::{FetchError, Request, Response};
-use crate::spec::ErrorClass;
+use crate::error_class::ErrorClass;
+use crate::secrets::REDACTED;
 
 /// The kind of web exchanges in a cassette.
 pub const HTTP: &str = "http";

@@ -17,7 +17,7 @@ use super::http_error;
 use super::record;
 use super::robots::Robots;
 use crate::cassette::{Cassette, ExchangeError};
-use crate::spec::ErrorClass;
+use crate::error_class::ErrorClass;
 
 /// An outbound request.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,7 +2,7 @@
 //! `output` = `{status, headers, body}`. `url`, `headers`, `query` and `form` may use
 //! `${env:NAME}` in the workflow's own text: it is expanded there and only there (what a
 //! template renders from data is never expanded). A header, query or form value read from the
-//! environment is a secret: registered with [`crate::net::secrets`] so no event, state, error
+//! environment is a secret: registered with [`crate::secrets`] so no event, state, error
 //! or cassette holds it; a header holding one is never recorded, whatever its name.
 
 use std::time::Duration;
@@ -11,9 +11,11 @@ use serde_json::{Map, Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render};
 use crate::compile::Compiled;
-use crate::net::{AllowList, FetchOptions, Oversize, Request, secrets};
+use crate::error_class::ErrorClass;
+use crate::net::{AllowList, FetchOptions, Oversize, Request};
+use crate::secrets;
 use crate::spec::interp;
-use crate::spec::{ErrorClass, HttpMethod, HttpNode, ResponseFormat};
+use crate::spec::{HttpMethod, HttpNode, ResponseFormat};
 
 pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFailure> {
     let raw_url = match render_env(ctx, "/url", "url")? {

@@ -10,8 +10,9 @@ use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render};
 use crate::compile::Compiled;
 use crate::engine::events::Event;
 use crate::engine::values;
+use crate::error_class::ErrorClass;
 use crate::providers::{ChatRequest, Message, Usage, price};
-use crate::spec::{ErrorClass, LlmNode, LlmOutput, OutputFormat};
+use crate::spec::{LlmNode, LlmOutput, OutputFormat};
 
 pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFailure> {
     let profile_name = spec.model.as_deref().unwrap_or("default");
@@ -72,7 +73,7 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
     let events = ctx.events.clone();
     // Streamed tokens are events like any other: no known secret may pass, even split
     // across two tokens.
-    let scrubber = crate::net::secrets::StreamScrubber::new();
+    let scrubber = crate::secrets::StreamScrubber::new();
     let send = move |text: String| {
         if !text.is_empty() {
             events.send(Event::Token {

@@ -31,8 +31,9 @@ use crate::checkpoint::Checkpointer;
 use crate::compile::{Compiled, NodeIx, Plan, PlanNode};
 use crate::engine::events::Events;
 use crate::engine::values;
+use crate::error_class::ErrorClass;
 use crate::providers::Usage;
-use crate::spec::{ErrorClass, NodeSpec};
+use crate::spec::NodeSpec;
 
 /// What a running node can reach.
 pub struct NodeCtx<'a> {
@@ -151,14 +152,14 @@ pub fn class_name(c: ErrorClass) -> &'static str {
 /// as large as the largest kind's, and a step of 1,000 tasks holds 1,000 of them.
 ///
 /// What a node returns (its output, its error message, an interrupt's payload) is scrubbed of
-/// every known secret ([`crate::net::secrets`]) before the engine sees it, so no event,
+/// every known secret ([`crate::secrets`]) before the engine sees it, so no event,
 /// checkpoint or printed error can hold one.
 pub async fn execute(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     scrubbed(attempt(ctx).await)
 }
 
 fn scrubbed(result: Result<NodeOutput, NodeFailure>) -> Result<NodeOutput, NodeFailure> {
-    use crate::net::secrets;
+    use crate::secrets;
     match result {
         Ok(mut out) => {
             out.output = secrets::scrub_value(std::mem::take(&mut out.output));

@@ -123,7 +123,7 @@ async fn by_llm(
     price(profile, &mut call);
     usage.add(&call);
     parse_scores(&reply.text, hits.len()).ok_or_else(|| {
-        let shown = crate::net::secrets::excerpt(&reply.text, 200);
+        let shown = crate::secrets::excerpt(&reply.text, 200);
         format!("llm reranker: no scores in the reply {shown:?}")
     })
 }
@@ -220,7 +220,7 @@ async fn by_endpoint(web: &Web, url: &str, queries: &[String], hits: &[Hit]) -> 
     let bytes = response.body;
     if response.status >= 400 {
         // Scrubbed whole, then cut: a secret across the cut leaves no prefix.
-        let shown = crate::net::secrets::excerpt(&String::from_utf8_lossy(&bytes), 200);
+        let shown = crate::secrets::excerpt(&String::from_utf8_lossy(&bytes), 200);
         return Err(format!("rerank endpoint {url}: HTTP {}: {shown}", response.status));
     }
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| format!("rerank endpoint {url}: {e}"))?;

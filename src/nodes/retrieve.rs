@@ -9,11 +9,12 @@ use serde_json::{Value, json};
 
 use super::rerank::{self, Ranked};
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use crate::error_class::ErrorClass;
 use crate::providers::Usage;
 use crate::rag::embed::{choose, normalize};
 use crate::rag::search::{self, ChunkRow, Request};
 use crate::rag::{DataError, DataStore};
-use crate::spec::{ErrorClass, NodeSpec, Rerank, RerankName};
+use crate::spec::{NodeSpec, Rerank, RerankName};
 
 pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     let NodeSpec::Retrieve(n) = &ctx.node.spec else {

@@ -11,9 +11,10 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, class_name, data};
+use crate::error_class::ErrorClass;
 use crate::net::extract::{self, DocType};
 use crate::net::{AllowList, FetchError, FetchOptions, Oversize, Request, host_of, normalize_url};
-use crate::spec::{ErrorClass, FailurePolicy, ScrapeNode};
+use crate::spec::{FailurePolicy, ScrapeNode};
 
 /// The content types the extractor reads; anything else is refused before its body is read.
 const ACCEPT: &[&str] = &[

@@ -9,8 +9,9 @@ use indexmap::IndexMap;
 use serde_json::{Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use crate::error_class::ErrorClass;
 use crate::net::{AllowList, FetchOptions, Oversize, Request, Web, normalize_url};
-use crate::spec::{ErrorClass, SearchNode, SearchProvider};
+use crate::spec::{SearchNode, SearchProvider};
 
 /// One hit as the engine gave it.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,7 +119,7 @@ fn engine(n: &SearchNode) -> Result<Engine, NodeError> {
     let key = match key_env {
         Some(name) => match std::env::var(&name).ok().filter(|v| !v.is_empty()) {
             Some(v) => {
-                crate::net::secrets::register(&v);
+                crate::secrets::register(&v);
                 Some(v)
             }
             None if provider == SearchProvider::Searxng => None,

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
 use crate::engine::{Engine, LeasePolicy, RunRequest, Status};
-use crate::spec::ErrorClass;
+use crate::error_class::ErrorClass;
 
 /// The child thread of a subgraph task.
 pub fn child_thread_id(parent: &str, step: i64, task_id: &str) -> String {

@@ -10,8 +10,9 @@ use reqwest::header::HeaderMap;
 
 use super::ProviderError;
 use super::sse;
+use crate::error_class::ErrorClass;
 use crate::net::http_error::{self, EXCERPT_CHARS};
-use crate::spec::{ErrorClass, ModelProfile};
+use crate::spec::ModelProfile;
 
 /// How much of a server's message is kept until the key has been scrubbed from it; the final
 /// cut (after scrubbing, in [`Key::scrub_error`]) is far shorter, so a key straddling this
@@ -110,14 +111,14 @@ impl Key {
     }
 
     /// `text` with every occurrence of the key replaced by `***`, and every other secret the
-    /// process knows ([`crate::net::secrets`]) redacted.
+    /// process knows ([`crate::secrets`]) redacted.
     pub fn scrub(&self, text: &str) -> String {
         let text = match self.value() {
             // A very short "key" would blank unrelated text; such keys are not secrets anyway.
             Some(k) if k.len() >= 4 => text.replace(k, "***"),
             _ => text.to_string(),
         };
-        crate::net::secrets::scrub_string(text)
+        crate::secrets::scrub_string(text)
     }
 
     /// `e` with the key scrubbed from its message, which is then shortened: every error

@@ -5,6 +5,7 @@
 //! trait and nothing of HTTP.
 
 pub mod anthropic;
+pub mod cassette;
 pub(crate) mod http;
 pub mod mock;
 pub mod openai;
@@ -17,7 +18,8 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{ErrorClass, ModelProfile, Provider as ProviderKind};
+use crate::error_class::ErrorClass;
+use crate::spec::{ModelProfile, Provider as ProviderKind};
 
 /// A chat message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

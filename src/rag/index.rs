@@ -14,7 +14,8 @@ use sha2::{Digest, Sha256};
 use super::chunk::{self, Chunk, Chunking};
 use super::embed::{normalize, to_blob};
 use super::extract::{self, Format};
-use super::{DataError, DataStore, now};
+use super::{DataError, DataStore};
+use crate::clock::now;
 use crate::providers::{Embedder, Usage};
 
 /// A document ready to be indexed.

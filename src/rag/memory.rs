@@ -5,7 +5,8 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Map, Value, json};
 
-use super::{DataError, fts_query, now};
+use super::{DataError, fts_query};
+use crate::clock::now;
 
 /// Namespace parts are joined with a unit separator, which templates never produce by
 /// accident; the trailing one makes prefixes match whole parts only.

@@ -187,8 +187,6 @@ fn open(path: &Path) -> Result<Connection, DataError> {
     Ok(conn)
 }
 
-pub(crate) use crate::checkpoint::now;
-
 /// Turns free text into an FTS5 query: its words, each quoted, any of them matching.
 pub(crate) fn fts_query(text: &str) -> Option<String> {
     let words: Vec<String> = text

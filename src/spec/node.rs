@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Duration, JsonSchemaDoc, RouteClause};
+use crate::error_class::ErrorClass;
 
 /// Fields every node takes, whatever its kind.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
@@ -79,32 +80,6 @@ pub struct RetryPolicy {
     /// Which errors are retried (default: timeout, rate_limit, server, network, stream).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retry_on: Vec<ErrorClass>,
-}
-
-/// A class of node failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorClass {
-    /// The attempt ran past its timeout.
-    Timeout,
-    /// The remote side asked us to slow down (HTTP 429).
-    RateLimit,
-    /// The remote side failed (HTTP 5xx).
-    Server,
-    /// The connection failed.
-    Network,
-    /// A streamed response was cut off.
-    Stream,
-    /// The remote side rejected the request (HTTP 4xx other than 429).
-    BadRequest,
-    /// Credentials were missing or refused.
-    Auth,
-    /// A reply could not be parsed or did not match its schema.
-    Invalid,
-    /// A usage budget (`limits` or the node's `budget`) was spent. Never retried.
-    Budget,
-    /// Any failure.
-    All,
 }
 
 /// Error handling: a handler node, optionally with state writes that record the error.

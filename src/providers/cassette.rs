@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 
-use super::{Cassette, Mode};
-use crate::providers::{ChatRequest, ChatResponse, Embedder, Embeddings, Provider, ProviderError, TokenSink, Usage};
+use super::{ChatRequest, ChatResponse, Embedder, Embeddings, Provider, ProviderError, TokenSink, Usage};
+use crate::cassette::Cassette;
 
 /// The kind of exchange a model call is recorded as.
 pub const LLM: &str = "llm";
@@ -253,38 +253,45 @@ impl Embedder for ReplayingEmbedder {
     }
 }
 
-impl Cassette {
-    /// Replaying embedders for every model profile whose embeddings calls the cassette holds.
-    pub fn embedders(self: &Arc<Self>) -> Vec<(String, Arc<dyn Embedder>)> {
-        let Ok(mode) = self.lock() else { return vec![] };
-        let Mode::Replay { entries, .. } = &*mode else {
-            return vec![];
+/// Replaying embedders for every model profile whose embeddings calls `cassette` holds.
+pub fn replaying_embedders(cassette: &Arc<Cassette>) -> Vec<(String, Arc<dyn Embedder>)> {
+    let mut out: Vec<(String, Arc<dyn Embedder>)> = vec![];
+    cassette.for_each_recorded(EMBED, |request| {
+        let (Some(profile), Some(id)) = (
+            request.get("profile").and_then(Value::as_str),
+            request.get("embedder").and_then(Value::as_str),
+        ) else {
+            return;
         };
-        let mut out: Vec<(String, Arc<dyn Embedder>)> = vec![];
-        for e in entries.iter().filter(|e| e.kind == EMBED) {
-            let (Some(profile), Some(id)) = (
-                e.request.get("profile").and_then(Value::as_str),
-                e.request.get("embedder").and_then(Value::as_str),
-            ) else {
-                continue;
-            };
-            if out.iter().any(|(p, _)| p == profile) {
-                continue;
-            }
-            let embedder = ReplayingEmbedder {
-                profile: profile.to_string(),
-                id: id.to_string(),
-                cassette: self.clone(),
-            };
-            out.push((profile.to_string(), Arc::new(embedder)));
+        if out.iter().any(|(p, _)| p == profile) {
+            return;
         }
-        out
-    }
+        let embedder = ReplayingEmbedder {
+            profile: profile.to_string(),
+            id: id.to_string(),
+            cassette: cassette.clone(),
+        };
+        out.push((profile.to_string(), Arc::new(embedder)));
+    });
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::providers::Message;
+
+    fn request(node: &str, prompt: &str) -> ChatRequest {
+        ChatRequest {
+            node: node.into(),
+            model: "m".into(),
+            messages: vec![Message {
+                role: "user".into(),
+                content: prompt.into(),
+            }],
+            ..ChatRequest::default()
+        }
+    }
 
     struct Fixed;
 
@@ -314,7 +321,7 @@ mod tests {
             .await
             .unwrap();
         let play = Arc::new(Cassette::replay_with(&path, vec![]).unwrap());
-        let embedders = play.embedders();
+        let embedders = replaying_embedders(&play);
         assert_eq!(embedders.len(), 1);
         let (profile, embedder) = &embedders[0];
         assert_eq!((profile.as_str(), embedder.id()), ("default", "fixed:v1"));
@@ -335,5 +342,36 @@ mod tests {
         ] {
             assert_eq!(error_from(&error_value(&e)), e);
         }
+    }
+
+    #[tokio::test]
+    async fn a_recorded_exchange_is_replayed_in_order_and_a_miss_names_the_closest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.jsonl");
+        let rec = Cassette::record_with(&path, vec![]).unwrap();
+        for (i, prompt) in ["same", "same", "Summarize the heat pump article"].iter().enumerate() {
+            let key = request_key(&request("a", prompt));
+            let got = rec
+                .exchange(LLM, key, async move { Ok::<_, String>(json!({"text": i.to_string()})) })
+                .await
+                .unwrap();
+            assert_eq!(got, json!({"text": i.to_string()}));
+        }
+        drop(rec);
+        let play = Cassette::replay_with(&path, vec![]).unwrap();
+        let never = async { Err::<Value, String>("live call during replay".into()) };
+        let first = play
+            .exchange(LLM, request_key(&request("a", "same")), never)
+            .await
+            .unwrap();
+        let second = play.serve(LLM, &request_key(&request("a", "same"))).unwrap();
+        assert_eq!((first, second), (json!({"text": "0"}), json!({"text": "1"})));
+        let miss = play
+            .serve(LLM, &request_key(&request("a", "Summarize the heat pump articles")))
+            .unwrap_err()
+            .to_string();
+        assert!(miss.contains("entry 3 (node `a`)"), "{miss}");
+        assert!(miss.contains("/messages/0/content"), "{miss}");
+        assert_eq!(play.misses().len(), 1);
     }
 }
