@@ -431,3 +431,16 @@ edges:
 "#;
     check(&[("main.yaml", &w), ("prompts/p.j2", prompt)], &[]);
 }
+
+/// `run.remaining_steps` is readable wherever `run` is; a misspelt `run` field is E302.
+#[test]
+fn run_remaining_steps_is_known_and_its_misspelling_is_not() {
+    let w = wf(r#"
+state: {n: {type: integer, default: 0}}
+nodes: {inc: {kind: set, update: {n: "state.n + 1"}}}
+edges:
+  - {from: START, route: [{when: "run.remaining_steps > 0", to: inc}, {to: END}]}
+  - {from: inc, route: [{when: "run.remaining_step > 1", to: inc}, {to: END}]}
+"#);
+    check(&[("main.yaml", &w)], &["E302@8"]);
+}

@@ -1568,3 +1568,53 @@ edges:
         assert!(!r.ran().contains(&"fallback".to_string()), "{when}: {:?}", r.ran());
     }
 }
+
+/// `run.remaining_steps` (LangGraph's `RemainingSteps`): how many supersteps the run may still
+/// take after the current one, so a loop can wrap up instead of hitting the recursion limit.
+/// START sees the whole limit; a node and its routes see what is left after their step.
+#[test]
+fn a_loop_wraps_up_before_the_recursion_limit_with_remaining_steps() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state:
+  n: {type: integer, default: 0}
+  seen: {type: array, reducer: append, default: []}
+  at_start: {type: integer, default: -1}
+  wrapped: {type: boolean, default: false}
+nodes:
+  first: {kind: set, update: {at_start: "run.remaining_steps"}}
+  work: {kind: set, update: {n: "state.n + 1", seen: "[run.remaining_steps]"}}
+  wrap_up: {kind: set, update: {wrapped: true}}
+edges:
+  - from: START
+    route: [{when: "run.remaining_steps >= 3", to: first}, {to: END}]
+  - first -> work
+  - {from: work, route: [{when: "run.remaining_steps > 1", to: work}, {to: wrap_up}]}
+  - wrap_up -> END
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(
+        &plan,
+        RunRequest {
+            recursion_limit: Some(6),
+            ..req(json!({}))
+        },
+    );
+    // Steps 0..5: first (5 left after it), work ×4 (4, 3, 2, 1), wrap_up in the last one.
+    assert_eq!((out.status, out.steps), (Status::Done, 6), "{:?}", out.error);
+    assert_eq!(out.state["at_start"], json!(5));
+    assert_eq!(out.state["seen"], json!([4, 3, 2, 1]));
+    assert_eq!(out.state["wrapped"], json!(true));
+    // A limit too small for the work: START's route sees it and ends at once.
+    let out = r.go(
+        &plan,
+        RunRequest {
+            recursion_limit: Some(2),
+            ..req(json!({}))
+        },
+    );
+    assert_eq!((out.status, out.state["n"].clone()), (Status::Done, json!(0)));
+}

@@ -18,7 +18,7 @@ const GLOBALS: &[&str] = &["range", "dict", "namespace", "lipsum", "cycler", "jo
 /// Fields of `usage`, `error` and `run`.
 pub const USAGE_FIELDS: &[&str] = &["prompt_tokens", "completion_tokens", "total_tokens", "cost", "calls"];
 pub const ERROR_FIELDS: &[&str] = &["node", "class", "message", "attempts"];
-pub const RUN_FIELDS: &[&str] = &["thread_id", "step", "node"];
+pub const RUN_FIELDS: &[&str] = &["thread_id", "step", "node", "remaining_steps"];
 
 /// The environment every plan's expressions and templates run in.
 pub fn environment(prompts: Option<PathBuf>) -> Environment<'static> {

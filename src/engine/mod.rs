@@ -161,6 +161,8 @@ pub struct Shared {
     pub fence: Fence,
     /// Continue despite incompatible stored records (`--force`).
     pub force: bool,
+    /// The first superstep the recursion limit no longer allows in this run.
+    pub end_step: i64,
 }
 
 /// Runs plans on threads.
@@ -294,9 +296,13 @@ impl Engine {
         let started = Instant::now();
         let fence = held.fence().clone();
         let (thread, mut cp, resumed) = self.open(&req, thread_id, &fence)?;
+        let limit = run_limit(&req, &self.plan);
+        // The limit counts the supersteps of this run, as LangGraph's does per invocation.
+        let first_step = cp.step + 1;
         let shared = Arc::new(Shared {
             fence: fence.clone(),
             force: req.force,
+            end_step: first_step + limit,
             outputs: self.outputs.clone(),
             plan: self.plan.clone(),
             store: self.store.clone(),
@@ -309,9 +315,6 @@ impl Engine {
             workflow: thread.workflow.clone(),
             resumed,
         });
-        let limit = req.recursion_limit.unwrap_or(self.plan.recursion_limit) as i64;
-        // The limit counts the supersteps of this run, as LangGraph's does per invocation.
-        let first_step = cp.step + 1;
         let config = effective_config(&self.plan.config, &thread.config);
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let input = meta.input.clone().unwrap_or_else(|| thread.input.clone());
@@ -619,7 +622,7 @@ impl Engine {
             let cp = match self.store.get_checkpoint(&id, None)? {
                 Some(cp) => cp,
                 None => {
-                    let (cp, values) = self.initial_checkpoint(&thread)?;
+                    let (cp, values) = self.initial_checkpoint(&thread, run_limit(req, &self.plan))?;
                     self.store.put_batch(vec![
                         Put::Fence(fence.clone()),
                         Put::Checkpoint(Box::new(cp.clone()), values),
@@ -631,7 +634,7 @@ impl Engine {
                 self.check_compatible(&cp)?;
             }
             if let Some(input) = &req.input {
-                return self.new_turn(thread, cp, input, fence);
+                return self.new_turn(thread, cp, input, fence, run_limit(req, &self.plan));
             }
             return Ok((thread, cp, true));
         }
@@ -659,14 +662,14 @@ impl Engine {
             updated_at: now.clone(),
             forked_from: None,
         };
-        let (cp, values) = self.initial_checkpoint(&thread)?;
+        let (cp, values) = self.initial_checkpoint(&thread, run_limit(req, &self.plan))?;
         self.store
             .create_thread_with_checkpoint(Some(fence), &thread, &cp, values)?;
         Ok((thread, cp, false))
     }
 
     /// A thread's first checkpoint: the state's defaults, and what START schedules.
-    fn initial_checkpoint(&self, thread: &Thread) -> Result<(Checkpoint, NewValues), EngineError> {
+    fn initial_checkpoint(&self, thread: &Thread, limit: i64) -> Result<(Checkpoint, NewValues), EngineError> {
         let mut state = Map::new();
         let mut versions = BTreeMap::new();
         let mut values = Vec::new();
@@ -675,7 +678,7 @@ impl Engine {
             versions.insert(key.clone(), 1);
             values.push((key.clone(), 1, channel.default.clone()));
         }
-        let tasks = self.entry_tasks(thread, &thread.input, &state, -1)?;
+        let tasks = self.entry_tasks(thread, &thread.input, &state, -1, limit)?;
         let meta = Meta::default();
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
@@ -700,6 +703,7 @@ impl Engine {
         input: &Value,
         state: &Map<String, Value>,
         step: i64,
+        limit: i64,
     ) -> Result<Vec<TaskSpec>, EngineError> {
         let config = effective_config(&self.plan.config, &thread.config);
         let scope = Scope::new(
@@ -708,7 +712,11 @@ impl Engine {
                 ("config".to_string(), to_jinja(&config)),
                 ("context".to_string(), to_jinja(&thread.context)),
                 ("state".to_string(), values::map_to_jinja(state)),
-                ("run".to_string(), values::run_value(&thread.thread_id, step, "START")),
+                // Nothing has run yet: every step of the run is still to come.
+                (
+                    "run".to_string(),
+                    values::run_value(&thread.thread_id, step, "START", limit),
+                ),
             ]),
             Some(self.plan.clone()),
         )
@@ -727,6 +735,7 @@ impl Engine {
                 generation: 0,
             },
             force: false,
+            end_step: step + 1 + limit,
         };
         let mut next = Vec::new();
         for b in &self.plan.entry {
@@ -744,6 +753,7 @@ impl Engine {
         cp: Checkpoint,
         input: &Value,
         fence: &Fence,
+        limit: i64,
     ) -> Result<(Thread, Checkpoint, bool), EngineError> {
         if !cp.next.is_empty() {
             return Err(EngineError::Input(format!(
@@ -755,7 +765,7 @@ impl Engine {
         check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
         let state = self.store.state(&thread.thread_id, &cp.versions)?;
         let step = cp.step + 1;
-        let next = self.entry_tasks(&thread, &input, &state, step)?;
+        let next = self.entry_tasks(&thread, &input, &state, step, limit)?;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         meta.input = Some(input);
         meta.barriers.clear();
@@ -1174,7 +1184,7 @@ impl Engine {
             if d.handled {
                 continue;
             }
-            let run = values::run_value(&shared.thread_id, step, &t.node);
+            let run = values::run_value(&shared.thread_id, step, &t.node, shared.end_step - step - 1);
             let scope = Arc::new(after_step.with([("run".to_string(), run)])).value();
             for b in &self.plan.nodes[&ix].branches {
                 if let Err(e) = follow(shared, b, &scope, &mut next) {
@@ -1426,6 +1436,11 @@ fn decode(w: &PendingWrite, plan: &Plan, force: bool) -> Result<task::Done, Stri
 }
 
 /// The plan's config with a thread's overrides merged in.
+/// The most supersteps the run may take: the request's `--recursion-limit`, else the plan's.
+fn run_limit(req: &RunRequest, plan: &Plan) -> i64 {
+    i64::from(req.recursion_limit.unwrap_or(plan.recursion_limit))
+}
+
 fn effective_config(base: &Value, overrides: &Value) -> Value {
     let mut out = base.clone();
     merge(&mut out, overrides);

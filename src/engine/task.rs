@@ -66,7 +66,7 @@ pub async fn run(
     }
     extra.push((
         "run".to_string(),
-        values::run_value(&shared.thread_id, step, &node.name),
+        values::run_value(&shared.thread_id, step, &node.name, shared.end_step - step - 1),
     ));
     let scope = Arc::new(base.with(extra));
     let scope_value = scope.value();

@@ -130,9 +130,16 @@ pub fn to_jinja(v: &Value) -> JValue {
     JValue::from(minijinja::value::Serde(v))
 }
 
-/// The `run` variable: where an expression is evaluated.
-pub fn run_value(thread_id: &str, step: i64, node: &str) -> JValue {
-    minijinja::context! { thread_id => thread_id, step => step, node => node }
+/// The `run` variable: where an expression is evaluated, and how many supersteps the run may
+/// still take after the current one (`remaining_steps`, 0 in the last one the recursion limit
+/// allows: LangGraph's `RemainingSteps`).
+pub fn run_value(thread_id: &str, step: i64, node: &str, remaining_steps: i64) -> JValue {
+    minijinja::context! {
+        thread_id => thread_id,
+        step => step,
+        node => node,
+        remaining_steps => remaining_steps.max(0),
+    }
 }
 
 /// A JSON object to a minijinja value, serialized by reference (no copy of the map first).
