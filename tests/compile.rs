@@ -444,3 +444,22 @@ edges:
 "#);
     check(&[("main.yaml", &w)], &["E302@8"]);
 }
+
+/// `${env:}` is expanded in an http field's literal text only: inside `{{ }}` it would go out
+/// as written, so it is refused; in the literal text of the url, a header or the query (between
+/// `{% %}` blocks included) it is fine.
+#[test]
+fn env_inside_template_braces_is_refused() {
+    let w = wf(r#"
+state: {out: {type: object, default: {}}}
+nodes:
+  call:
+    kind: http
+    url: "${env:API_URL:-http://127.0.0.1:9}/x"
+    headers: {X-Key: "{{ '${env:API_KEY}' | trim }}", X-Other: "Bearer ${env:API_KEY}"}
+    query: {q: "{{ '${env:Q}' }}", k: "{% if true %}${env:Q}{% endif %}"}
+    update: {out: output}
+edges: [START -> call, call -> END]
+"#);
+    check(&[("main.yaml", &w)], &["E308@9", "E308@10"]);
+}

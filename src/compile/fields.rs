@@ -482,6 +482,7 @@ impl Build<'_, '_> {
                 }
             }
             NodeSpec::Http(n) => {
+                check_interpolation(self.src, &push_pointer(pointer, "url"), &n.kind.url, self.diags);
                 template_field(
                     self,
                     &mut fields,
@@ -497,9 +498,7 @@ impl Build<'_, '_> {
                 ] {
                     for (k, text) in map {
                         let at = push_pointer(&push_pointer(pointer, group), k);
-                        if group == "headers" {
-                            check_interpolation(self.src, &at, text, self.diags);
-                        }
+                        check_interpolation(self.src, &at, text, self.diags);
                         template_field(self, &mut fields, &format!("/{group}/{k}"), &at, text, scope);
                     }
                 }

@@ -743,6 +743,22 @@ pub(super) fn check_env_name(src: &Source, pointer: &str, name: &str, diags: &mu
 pub(super) fn check_interpolation(src: &Source, pointer: &str, text: &str, diags: &mut Vec<Diagnostic>) {
     let mut rest = text;
     while let Some(i) = rest.find("${") {
+        // `${env:}` is expanded in the workflow's literal text only, never inside a template's
+        // `{{ }}` or `{% %}`, where it would go out as it is written.
+        let before = &text[..text.len() - rest.len() + i];
+        let opened = before.rfind("{{").max(before.rfind("{%"));
+        let closed = before.rfind("}}").max(before.rfind("%}"));
+        if opened > closed {
+            diags.push(
+                src.diag(
+                    Code::BadInterpolation,
+                    pointer,
+                    "`${env:...}` inside `{{ }}` or `{% %}` is not expanded",
+                )
+                .help("write the `${env:NAME}` in the field's literal text, outside the template's braces"),
+            );
+            return;
+        }
         let after = &rest[i + 2..];
         let Some(close) = after.find('}') else {
             diags.push(
