@@ -726,6 +726,25 @@ fn sqlite(durability: Durability) -> Backend {
 }
 
 macro_rules! conformance {
+    ($name:ident, $backend:expr) => {
+        conformance!(
+            $name,
+            $backend,
+            [
+                threads,
+                checkpoints,
+                state,
+                writes,
+                delete,
+                fork,
+                batch,
+                plan_hashes,
+                leases,
+                fencing,
+                thread_with_checkpoint
+            ]
+        );
+    };
     ($name:ident, $backend:expr, [$($case:ident),*]) => {
         mod $name {
             $(
@@ -745,56 +764,14 @@ macro_rules! conformance {
     };
 }
 
-conformance!(
-    memory,
-    super::memory(),
-    [
-        threads,
-        checkpoints,
-        state,
-        writes,
-        delete,
-        fork,
-        batch,
-        plan_hashes,
-        leases,
-        fencing,
-        thread_with_checkpoint
-    ]
-);
+conformance!(memory, super::memory());
 conformance!(
     sqlite_crash_safe,
-    super::sqlite(runner::checkpoint::Durability::CrashSafe),
-    [
-        threads,
-        checkpoints,
-        state,
-        writes,
-        delete,
-        fork,
-        batch,
-        plan_hashes,
-        leases,
-        fencing,
-        thread_with_checkpoint
-    ]
+    super::sqlite(runner::checkpoint::Durability::CrashSafe)
 );
 conformance!(
     sqlite_power_safe,
-    super::sqlite(runner::checkpoint::Durability::PowerSafe),
-    [
-        threads,
-        checkpoints,
-        state,
-        writes,
-        delete,
-        fork,
-        batch,
-        plan_hashes,
-        leases,
-        fencing,
-        thread_with_checkpoint
-    ]
+    super::sqlite(runner::checkpoint::Durability::PowerSafe)
 );
 
 // ---------------------------------------------------------------------------------------------

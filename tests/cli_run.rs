@@ -803,22 +803,14 @@ fn two_runs_racing_on_a_new_thread_id_one_runs_the_other_is_told_it_is_busy() {
     assert_eq!(started(&winner.2, "slow"), 1);
 }
 
+/// Two gates waiting in the same superstep.
+const TWO_GATES: &str = include_str!("fixtures/two-gates.yaml");
+
 #[test]
 fn several_gates_are_listed_and_answered_by_node_or_id() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("two.yaml"),
-        r#"
-name: two
-state: {log: {type: array, reducer: append, default: []}}
-nodes:
-  pa: {kind: interrupt, message: "a?", response: {type: string}, update: {log: "['a:' ~ output]"}}
-  pb: {kind: interrupt, message: "b?", response: {type: string}, update: {log: "['b:' ~ output]"}}
-edges: [START -> pa, START -> pb, pa -> END, pb -> END]
-"#,
-    )
-    .unwrap();
+    std::fs::write(d.join("two.yaml"), TWO_GATES).unwrap();
     let run = runner(d, &["run", "two.yaml", "--thread", "g"]);
     assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
     let pending = json_out(&run);

@@ -261,21 +261,13 @@ fn validate_skips_test_files_beside_workflows() {
     assert_eq!(r.stdout.trim_end(), "1 file valid");
 }
 
+/// Two gates waiting in the same superstep.
+const TWO_GATES: &str = include_str!("fixtures/two-gates.yaml");
+
 #[test]
 fn answers_take_several_waiting_gates_in_the_order_reported() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("two.yaml"),
-        r#"
-name: two
-state: {log: {type: array, reducer: append, default: []}}
-nodes:
-  pa: {kind: interrupt, message: "a?", response: {type: string}, update: {log: "['a:' ~ output]"}}
-  pb: {kind: interrupt, message: "b?", response: {type: string}, update: {log: "['b:' ~ output]"}}
-edges: [START -> pa, START -> pb, pa -> END, pb -> END]
-"#,
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("two.yaml"), TWO_GATES).unwrap();
     std::fs::write(
         dir.path().join("two.test.yaml"),
         r#"workflow: two.yaml
