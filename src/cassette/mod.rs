@@ -92,7 +92,7 @@ impl Cassette {
     /// Starts recording to `path` (created or truncated), scrubbing the secrets of the
     /// environment.
     pub fn record(path: &Path) -> Result<Cassette, CassetteError> {
-        Cassette::record_with(path, env_secrets())
+        Cassette::record_with(path, secrets::env_credentials())
     }
 
     /// Starts recording to `path`, scrubbing `secrets`.
@@ -106,7 +106,7 @@ impl Cassette {
         writeln!(file, "{header}").map_err(err)?;
         Ok(Cassette {
             path: path.to_path_buf(),
-            secrets: sorted_secrets(secrets),
+            secrets: secrets::sorted(secrets),
             mode: Mutex::new(Mode::Record(file)),
             misses: Mutex::default(),
         })
@@ -114,7 +114,7 @@ impl Cassette {
 
     /// Opens `path` for replay, scrubbing requests with the secrets of the environment.
     pub fn replay(path: &Path) -> Result<Cassette, CassetteError> {
-        Cassette::replay_with(path, env_secrets())
+        Cassette::replay_with(path, secrets::env_credentials())
     }
 
     /// Opens `path` for replay, scrubbing requests with `secrets`.
@@ -123,7 +123,7 @@ impl Cassette {
         let entries = parse(&text).map_err(|m| file_error(path, m))?;
         Ok(Cassette {
             path: path.to_path_buf(),
-            secrets: sorted_secrets(secrets),
+            secrets: secrets::sorted(secrets),
             mode: Mutex::new(Mode::Replay {
                 used: vec![false; entries.len()],
                 entries,
@@ -229,17 +229,6 @@ fn file_error(path: &Path, message: String) -> CassetteError {
         path: path.display().to_string(),
         message,
     }
-}
-
-/// The values of environment variables that hold secrets, by their names' convention.
-pub fn env_secrets() -> Vec<String> {
-    secrets::env_credentials()
-}
-
-pub use secrets::is_secret_name;
-
-fn sorted_secrets(list: Vec<String>) -> Vec<String> {
-    secrets::sorted(list)
 }
 
 fn scrub(value: Value, secrets: &[String]) -> Value {
@@ -437,14 +426,14 @@ mod tests {
     fn secrets_and_credential_headers_are_scrubbed() {
         let v = json!({"Authorization": "Bearer abc", "body": "key=sk-12345 ok", "x": ["sk-12345"],
             "headers": {"x-subscription-token": "brv", "cookie": "sid=1", "accept": "text/html"}});
-        let out = scrub(v, &sorted_secrets(vec!["sk-12345".into(), "no".into()]));
+        let out = scrub(v, &secrets::sorted(vec!["sk-12345".into(), "no".into()]));
         assert_eq!(
             out,
             json!({"Authorization": REDACTED, "body": "key=[redacted] ok", "x": [REDACTED],
                 "headers": {"x-subscription-token": REDACTED, "cookie": REDACTED, "accept": "text/html"}})
         );
-        assert!(is_secret_name("OPENAI_API_KEY") && is_secret_name("db_password_file"));
-        assert!(!is_secret_name("KEYBOARD") && !is_secret_name("HOME"));
+        assert!(secrets::is_secret_name("OPENAI_API_KEY") && secrets::is_secret_name("db_password_file"));
+        assert!(!secrets::is_secret_name("KEYBOARD") && !secrets::is_secret_name("HOME"));
     }
 
     #[test]
