@@ -36,3 +36,21 @@ pub enum ErrorClass {
     /// Any failure.
     All,
 }
+
+impl ErrorClass {
+    /// The name a workflow uses for the class (`retry_on`, `error.class`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorClass::Timeout => "timeout",
+            ErrorClass::RateLimit => "rate_limit",
+            ErrorClass::Server => "server",
+            ErrorClass::Network => "network",
+            ErrorClass::Stream => "stream",
+            ErrorClass::BadRequest => "bad_request",
+            ErrorClass::Auth => "auth",
+            ErrorClass::Invalid => "invalid",
+            ErrorClass::Budget => "budget",
+            ErrorClass::All => "all",
+        }
+    }
+}

@@ -334,6 +334,7 @@ fn execute(
         None => Providers::for_models(&models, mock, override_all)?,
     };
     let services = Services {
+        kinds: crate::nodes::builtin(),
         providers,
         cassette: cassette.clone(),
         data: crate::rag::DataStore::at(store::data_db_path(common.data_db.as_deref())),

@@ -7,7 +7,13 @@ use serde_json::{Value, json};
 use super::events::Events;
 use super::{AFTER, BEFORE, DONE, Engine, EngineError, INTERRUPT, RESUME, RESUMED};
 use crate::checkpoint::{Checkpoint, PendingWrite, TaskSpec};
-use crate::spec::NodeSpec;
+
+/// Keys of the interrupt payload of a node waiting inside a child run (a node with a child
+/// plan): the node, the child's thread, and the child's gates when it waits at several. The
+/// engine follows them down to the gate an answer is for.
+pub const CHILD_NODE: &str = "subgraph";
+pub const CHILD_THREAD: &str = "subgraph_thread";
+pub const CHILD_GATES: &str = "interrupts";
 
 impl Engine {
     /// The gate an answer is for: the only one waiting, or the one `to` names (by task id or
@@ -106,67 +112,61 @@ impl Engine {
         let Some(ix) = self.plan.node_by_name(node) else {
             return Ok(());
         };
-        match &self.plan.nodes[&ix].spec {
-            NodeSpec::Interrupt(_) => {
-                if let Some(crate::compile::Compiled::Literal(schema)) = self.plan.nodes[&ix].fields.get("/response") {
-                    let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::BadAnswer(e.to_string()))?;
-                    if let Some(why) = crate::compile::schemas::first_violation(&v, answer) {
-                        return Err(EngineError::BadAnswer(why));
-                    }
-                }
-                Ok(())
+        // A node with a child plan is answered inside the child, at the gate it waits at.
+        if let Some(child) = self.plan.subgraphs.get(&ix).cloned() {
+            let child_thread = waiting
+                .value
+                .get(CHILD_THREAD)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            if let Some(cp) = self.store.get_checkpoint(&child_thread, None)? {
+                let writes = self.store.get_writes(&child_thread, &cp.checkpoint_id)?;
+                let waiting_inside = waiting_gates(&writes);
+                let engine = Engine::new(child, self.store.clone(), self.services.clone(), Events::none());
+                // The child's gates are addressed as `<this task>/<gate>`.
+                let inside = |e: EngineError| match e {
+                    EngineError::WhichGate { pending, .. } => EngineError::WhichGate {
+                        thread: child_thread.clone(),
+                        pending: pending.iter().map(|p| nested(&waiting.task_id, p)).collect(),
+                    },
+                    EngineError::NoSuchGate { to, pending, .. } => EngineError::NoSuchGate {
+                        thread: child_thread.clone(),
+                        to: format!("{}/{to}", waiting.task_id),
+                        pending: pending.iter().map(|p| nested(&waiting.task_id, p)).collect(),
+                    },
+                    other => other,
+                };
+                let (w, deeper) = engine
+                    .addressed_gate(&child_thread, &cp, &waiting_inside, child_to)
+                    .map_err(inside)?;
+                return engine.validate_answer(w, answer, deeper.as_deref()).map_err(inside);
             }
-            NodeSpec::Subgraph(_) => {
-                let child = self.plan.subgraphs.get(&ix).cloned();
-                let child_thread = waiting
-                    .value
-                    .get("subgraph_thread")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                if let Some(child) = child
-                    && let Some(cp) = self.store.get_checkpoint(&child_thread, None)?
-                {
-                    let writes = self.store.get_writes(&child_thread, &cp.checkpoint_id)?;
-                    let waiting_inside = waiting_gates(&writes);
-                    let engine = Engine::new(child, self.store.clone(), self.services.clone(), Events::none());
-                    // The child's gates are addressed as `<this task>/<gate>`.
-                    let inside = |e: EngineError| match e {
-                        EngineError::WhichGate { pending, .. } => EngineError::WhichGate {
-                            thread: child_thread.clone(),
-                            pending: pending.iter().map(|p| nested(&waiting.task_id, p)).collect(),
-                        },
-                        EngineError::NoSuchGate { to, pending, .. } => EngineError::NoSuchGate {
-                            thread: child_thread.clone(),
-                            to: format!("{}/{to}", waiting.task_id),
-                            pending: pending.iter().map(|p| nested(&waiting.task_id, p)).collect(),
-                        },
-                        other => other,
-                    };
-                    let (w, deeper) = engine
-                        .addressed_gate(&child_thread, &cp, &waiting_inside, child_to)
-                        .map_err(inside)?;
-                    return engine.validate_answer(w, answer, deeper.as_deref()).map_err(inside);
-                }
-                Ok(())
-            }
-            _ => Ok(()),
+            return Ok(());
         }
+        let node = &self.plan.nodes[&ix];
+        if let Some(schema) = self.services.kinds.of(node).ok().and_then(|k| k.answer_schema(node)) {
+            let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::BadAnswer(e.to_string()))?;
+            if let Some(why) = crate::compile::schemas::first_violation(&v, answer) {
+                return Err(EngineError::BadAnswer(why));
+            }
+        }
+        Ok(())
     }
 }
 
 /// How a task's stop is reported: one gate, or (a subgraph stopped at several) each of the
 /// child's gates, addressed `<task>/<gate>`.
 pub(super) fn reported(t: &TaskSpec, payload: &Value) -> Vec<Value> {
-    match payload.get("interrupts").and_then(Value::as_array) {
+    match payload.get(CHILD_GATES).and_then(Value::as_array) {
         Some(inner) if inner.len() > 1 => inner
             .iter()
             .map(|i| {
                 // Shaped as a single gate's: the child's interrupt, marked with its subgraph.
                 let mut p = i.clone();
-                if let (Value::Object(m), Some(sub)) = (&mut p, payload.get("subgraph_thread")) {
-                    m.insert("subgraph".into(), Value::String(t.node.clone()));
-                    m.insert("subgraph_thread".into(), sub.clone());
+                if let (Value::Object(m), Some(sub)) = (&mut p, payload.get(CHILD_THREAD)) {
+                    m.insert(CHILD_NODE.into(), Value::String(t.node.clone()));
+                    m.insert(CHILD_THREAD.into(), sub.clone());
                 }
                 json!({
                     "node": t.node,

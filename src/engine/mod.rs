@@ -13,8 +13,10 @@
 
 pub mod events;
 mod gates;
+pub mod kind;
 mod lease;
 mod persist;
+mod services;
 mod task;
 pub mod values;
 
@@ -30,14 +32,17 @@ use crate::checkpoint::{
     self, Checkpoint, Checkpointer, Fence, Lease, PendingWrite, Put, TaskSpec, Thread, ThreadStatus,
 };
 use crate::compile::{Branch, NodeIx, Plan, Reducer, Target};
-use crate::nodes::{NodeError, Services};
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
 use events::{Event, Events};
 use futures::FutureExt;
+pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD};
 use gates::{is_before, reported, waiting_gates};
+pub use kind::{Kinds, NodeKind};
+use kind::{NodeError, Validators};
 pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
 use persist::Persister;
+pub use services::{ReadRoots, Services};
 use task::{Next, Outcome};
 use values::{Scope, to_jinja};
 
@@ -151,8 +156,9 @@ pub enum EngineError {
 /// What every task of a run shares.
 pub struct Shared {
     pub plan: Arc<Plan>,
-    /// Validators of llm output schemas, by node, built once per engine.
-    pub outputs: Arc<HashMap<crate::compile::NodeIx, jsonschema::Validator>>,
+    /// Per node, a validator built on first use (a node's output schema), kept for the
+    /// engine's life.
+    validators: Arc<Validators>,
     pub store: Arc<dyn Checkpointer>,
     pub services: Services,
     pub events: Events,
@@ -174,7 +180,7 @@ pub struct Engine {
     events: Events,
     cancel: Arc<AtomicBool>,
     validators: Arc<HashMap<String, jsonschema::Validator>>,
-    outputs: Arc<HashMap<crate::compile::NodeIx, jsonschema::Validator>>,
+    node_validators: Arc<Validators>,
 }
 
 /// Engine bookkeeping kept in each checkpoint's `meta`.
@@ -236,16 +242,8 @@ impl Engine {
                 validators.insert(key.clone(), v);
             }
         }
-        let mut outputs = HashMap::new();
-        for (ix, node) in &plan.nodes {
-            if let Some(crate::compile::Compiled::Literal(schema)) = node.fields.get("/output/schema")
-                && let Ok(v) = jsonschema::draft202012::new(schema)
-            {
-                outputs.insert(*ix, v);
-            }
-        }
         Engine {
-            outputs: Arc::new(outputs),
+            node_validators: Arc::new(Validators::for_plan(&plan)),
             plan,
             store,
             services,
@@ -303,7 +301,7 @@ impl Engine {
             fence: fence.clone(),
             force: req.force,
             end_step: first_step + limit,
-            outputs: self.outputs.clone(),
+            validators: self.node_validators.clone(),
             plan: self.plan.clone(),
             store: self.store.clone(),
             services: self.services.clone(),
@@ -722,7 +720,7 @@ impl Engine {
         )
         .into_value();
         let shared = Shared {
-            outputs: self.outputs.clone(),
+            validators: self.node_validators.clone(),
             plan: self.plan.clone(),
             store: self.store.clone(),
             services: self.services.clone(),
@@ -1269,10 +1267,11 @@ impl Engine {
     /// Why node `name` may not call a model in this step: a budget of the turn, or of the node,
     /// is spent. Only llm nodes are held back; the others run on.
     fn spent(&self, name: &str, meta: &Meta) -> Option<NodeError> {
-        let spec = self.node_spec(name)?;
-        if !matches!(spec, crate::spec::NodeSpec::Llm(_)) {
+        let node = &self.plan.nodes[&self.plan.node_by_name(name)?];
+        if !self.services.kinds.of(node).is_ok_and(|k| k.held_by_budget()) {
             return None;
         }
+        let spec = &node.spec;
         let why = spent_by(&self.plan.budget, &meta.turn, "limits").or_else(|| {
             let budget = spec.common().budget.as_ref()?;
             let used = meta.node_usage.get(name).copied().unwrap_or_default();

@@ -10,11 +10,11 @@ use serde_json::{Value, json};
 
 use super::Shared;
 use super::events::Event;
+use super::kind::{self, NodeCtx, NodeError, NodeFailure};
 use super::values::{self, Scope, to_jinja};
 use crate::compile::{Clause, ClauseTarget, NodeIx, Target, Writer};
 use crate::error_class::ErrorClass;
 use crate::net::http_error;
-use crate::nodes::{self, NodeCtx, NodeError, NodeFailure, class_name};
 use crate::providers::Usage;
 use crate::spec::{NodeSpec, RetryPolicy};
 
@@ -70,7 +70,10 @@ pub async fn run(
     ));
     let scope = Arc::new(base.with(extra));
     let scope_value = scope.value();
-    let policy = retry_policy(&node.spec);
+    let policy = retry_policy(
+        &node.spec,
+        shared.services.kinds.of(node).is_ok_and(|k| k.retries_by_default()),
+    );
     let timeout = common.timeout.as_ref().and_then(|t| t.to_std());
     let mut attempt = 0u32;
     // What failed attempts spent on models: the task's usage counts every attempt.
@@ -102,17 +105,17 @@ pub async fn run(
             store: &shared.store,
             thread_id: &shared.thread_id,
             fence: &shared.fence,
-            outputs: &shared.outputs,
+            validators: &shared.validators,
         };
         let result = match timeout {
-            Some(limit) => match tokio::time::timeout(limit, nodes::execute(&ctx)).await {
+            Some(limit) => match tokio::time::timeout(limit, kind::execute(&ctx)).await {
                 Ok(r) => r,
                 Err(_) => Err(NodeFailure::Error(NodeError::new(
                     ErrorClass::Timeout,
                     format!("the node ran longer than its timeout of {:.3}s", limit.as_secs_f64()),
                 ))),
             },
-            None => nodes::execute(&ctx).await,
+            None => kind::execute(&ctx).await,
         };
         let result = match result {
             Ok(out) => {
@@ -259,13 +262,13 @@ fn handle_error(
 ) -> Outcome {
     shared.events.send(Event::Error {
         node: Some(node.name.clone()),
-        class: Some(class_name(e.class).to_string()),
+        class: Some(e.class.name().to_string()),
         message: e.message.clone(),
     });
     let Some(handler) = &node.on_error else {
         return Outcome::Failed(e);
     };
-    let error = json!({"node": node.name, "class": class_name(e.class), "message": e.message, "attempts": attempts});
+    let error = json!({"node": node.name, "class": e.class.name(), "message": e.message, "attempts": attempts});
     let scope = scope.with([("error".to_string(), to_jinja(&error))]).into_value();
     match writes(shared, &handler.update, &scope) {
         Ok(writes) => {
@@ -290,8 +293,8 @@ fn handle_error(
     }
 }
 
-/// The effective retry policy: the node's, or the default (network kinds retry transient
-/// failures three times; others do not retry).
+/// The effective retry policy: the node's, or the default (a kind that retries by default
+/// tries transient failures three times; others do not retry).
 pub struct Policy {
     pub max_attempts: u32,
     pub initial: Duration,
@@ -301,7 +304,7 @@ pub struct Policy {
     pub retry_on: Vec<ErrorClass>,
 }
 
-fn retry_policy(spec: &NodeSpec) -> Policy {
+fn retry_policy(spec: &NodeSpec, retries_by_default: bool) -> Policy {
     let transient = vec![
         ErrorClass::Timeout,
         ErrorClass::RateLimit,
@@ -309,11 +312,7 @@ fn retry_policy(spec: &NodeSpec) -> Policy {
         ErrorClass::Network,
         ErrorClass::Stream,
     ];
-    let network_kind = !matches!(
-        spec,
-        NodeSpec::Set(_) | NodeSpec::Emit(_) | NodeSpec::Interrupt(_) | NodeSpec::Subgraph(_)
-    );
-    let default_attempts = if network_kind { 3 } else { 1 };
+    let default_attempts = if retries_by_default { 3 } else { 1 };
     let p: Option<&RetryPolicy> = spec.common().retry.as_ref();
     Policy {
         max_attempts: p

@@ -4,6 +4,7 @@ use serde_json::Value;
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
 use crate::engine::events::Event;
+use crate::engine::kind::{Attempt, NodeKind};
 use crate::engine::values::{self, to_jinja};
 use crate::spec::NodeSpec;
 
@@ -42,4 +43,17 @@ pub fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
 
 fn scope_with_item(ctx: &NodeCtx<'_>, item: &Value) -> minijinja::Value {
     ctx.base.with([("item".to_string(), to_jinja(item))]).into_value()
+}
+
+/// The `emit` kind.
+pub struct Emit;
+
+impl NodeKind for Emit {
+    fn name(&self) -> &'static str {
+        "emit"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Ready(run(ctx))
+    }
 }

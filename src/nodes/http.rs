@@ -11,9 +11,11 @@ use serde_json::{Map, Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render};
 use crate::compile::Compiled;
+use crate::engine::kind::{Attempt, NodeKind};
 use crate::error_class::ErrorClass;
 use crate::net::{AllowList, FetchOptions, Oversize, Request};
 use crate::secrets;
+use crate::spec::NodeSpec;
 use crate::spec::interp;
 use crate::spec::{HttpMethod, HttpNode, ResponseFormat};
 
@@ -241,6 +243,26 @@ fn trusted_host(template: &str) -> AllowList {
         let _ = allow.add_origin(host, port);
     }
     allow
+}
+
+/// The `http` kind.
+pub struct Http;
+
+impl NodeKind for Http {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        match &ctx.node.spec {
+            NodeSpec::Http(n) => Attempt::Pending(Box::pin(run(ctx, &n.kind))),
+            _ => Attempt::Ready(Err(super::not_of_kind(ctx).into())),
+        }
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

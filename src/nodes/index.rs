@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use super::retrieve::data_error;
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use crate::engine::kind::{Attempt, NodeKind};
 use crate::rag::chunk::Chunking;
 use crate::rag::embed::choose;
 use crate::rag::extract::Format;
@@ -90,4 +91,21 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         }),
         usage: summary.usage,
     })
+}
+
+/// The `index` kind.
+pub struct Index;
+
+impl NodeKind for Index {
+    fn name(&self) -> &'static str {
+        "index"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(run(ctx)))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
 }

@@ -5,6 +5,8 @@
 use serde_json::{Map, Value};
 
 use super::{NodeCtx, NodeFailure, NodeOutput, data, render};
+use crate::compile::{Compiled, PlanNode};
+use crate::engine::kind::{Attempt, NodeKind};
 
 pub fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     if let Some(answer) = ctx.resume {
@@ -40,4 +42,24 @@ fn strip_internal(schema: &Value) -> Value {
         }
     }
     s
+}
+
+/// The `interrupt` kind.
+pub struct Interrupt;
+
+impl NodeKind for Interrupt {
+    fn name(&self) -> &'static str {
+        "interrupt"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Ready(run(ctx))
+    }
+
+    fn answer_schema<'p>(&self, node: &'p PlanNode) -> Option<&'p Value> {
+        match node.fields.get("/response") {
+            Some(Compiled::Literal(schema)) => Some(schema),
+            _ => None,
+        }
+    }
 }

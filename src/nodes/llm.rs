@@ -9,9 +9,11 @@ use serde_json::Value;
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render};
 use crate::compile::Compiled;
 use crate::engine::events::Event;
+use crate::engine::kind::{Attempt, NodeKind};
 use crate::engine::values;
 use crate::error_class::ErrorClass;
 use crate::providers::{ChatRequest, Message, Usage, price};
+use crate::spec::NodeSpec;
 use crate::spec::{LlmNode, LlmOutput, OutputFormat};
 
 pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFailure> {
@@ -46,10 +48,13 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
             (*format == OutputFormat::Json, schema, repair.unwrap_or(2))
         }
     };
-    let validator = ctx.outputs.get(&ctx.ix);
-    if schema.is_some() && validator.is_none() {
-        return Err(NodeError::invalid("the output schema does not compile").into());
-    }
+    let validator = match &schema {
+        Some(schema) => Some(
+            ctx.validator(schema)
+                .map_err(|e| NodeError::invalid(format!("output: {}", e.message)))?,
+        ),
+        None => None,
+    };
     let mut request = ChatRequest {
         node: ctx.node.name.clone(),
         model: profile.model.clone(),
@@ -206,6 +211,30 @@ fn parse_json(text: &str) -> Result<Value, serde_json::Error> {
         .and_then(|rest| rest.trim_end().strip_suffix("```"))
         .unwrap_or(t);
     serde_json::from_str(t.trim())
+}
+
+/// The `llm` kind.
+pub struct Llm;
+
+impl NodeKind for Llm {
+    fn name(&self) -> &'static str {
+        "llm"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        match &ctx.node.spec {
+            NodeSpec::Llm(n) => Attempt::Pending(Box::pin(run(ctx, &n.kind))),
+            _ => Attempt::Ready(Err(super::not_of_kind(ctx).into())),
+        }
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
+    fn held_by_budget(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

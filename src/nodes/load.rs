@@ -8,6 +8,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render};
+use crate::engine::kind::{Attempt, NodeKind};
 use crate::net::{AllowList, FetchOptions, Oversize, Request, Response};
 use crate::rag::extract::{self, Format};
 use crate::spec::{DocFormat, NodeSpec};
@@ -116,4 +117,21 @@ async fn fetch(ctx: &NodeCtx<'_>, url: &str, max: u64) -> Result<(Vec<u8>, Optio
         })?;
     let content_type = response.content_type().map(str::to_string);
     Ok((response.body.to_vec(), content_type))
+}
+
+/// The `load` kind.
+pub struct Load;
+
+impl NodeKind for Load {
+    fn name(&self) -> &'static str {
+        "load"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(run(ctx)))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
 }

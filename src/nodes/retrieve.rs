@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::rerank::{self, Ranked};
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use crate::engine::kind::{Attempt, NodeKind};
 use crate::error_class::ErrorClass;
 use crate::providers::Usage;
 use crate::rag::embed::{choose, normalize};
@@ -166,4 +167,21 @@ pub(crate) fn data_error(e: DataError) -> NodeError {
         _ => ErrorClass::Server,
     };
     NodeError::new(class, e.to_string())
+}
+
+/// The `retrieve` kind.
+pub struct Retrieve;
+
+impl NodeKind for Retrieve {
+    fn name(&self) -> &'static str {
+        "retrieve"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(run(ctx)))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
 }

@@ -10,6 +10,7 @@ use std::path::{Component, Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render};
+use crate::engine::kind::{Attempt, NodeKind};
 use crate::spec::NodeSpec;
 
 pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
@@ -109,6 +110,23 @@ pub fn confined(root: &Path, rel: &str) -> Result<PathBuf, String> {
         }
     }
     Ok(cur)
+}
+
+/// The `save` kind.
+pub struct Save;
+
+impl NodeKind for Save {
+    fn name(&self) -> &'static str {
+        "save"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(run(ctx)))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

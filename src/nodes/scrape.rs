@@ -10,10 +10,12 @@ use futures::future::join_all;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, class_name, data};
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use crate::engine::kind::{Attempt, NodeKind};
 use crate::error_class::ErrorClass;
 use crate::net::extract::{self, DocType};
 use crate::net::{AllowList, FetchError, FetchOptions, Oversize, Request, host_of, normalize_url};
+use crate::spec::NodeSpec;
 use crate::spec::{FailurePolicy, ScrapeNode};
 
 /// The content types the extractor reads; anything else is refused before its body is read.
@@ -103,7 +105,7 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &ScrapeNode) -> Result<NodeOutput, NodeFa
             Err(e) => errors.push(json!({
                 "url": t.url,
                 "error": e.message,
-                "class": class_name(e.class),
+                "class": e.class.name(),
                 "tag": t.tag,
             })),
         }
@@ -194,5 +196,25 @@ impl Scraper<'_> {
         tokio::task::spawn_blocking(move || extract::extract(&String::from_utf8_lossy(&resp.body), doc, &url))
             .await
             .map_err(|e| FetchError::new(ErrorClass::Invalid, format!("extraction failed: {e}")))
+    }
+}
+
+/// The `scrape` kind.
+pub struct Scrape;
+
+impl NodeKind for Scrape {
+    fn name(&self) -> &'static str {
+        "scrape"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        match &ctx.node.spec {
+            NodeSpec::Scrape(n) => Attempt::Pending(Box::pin(run(ctx, &n.kind))),
+            _ => Attempt::Ready(Err(super::not_of_kind(ctx).into())),
+        }
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
     }
 }

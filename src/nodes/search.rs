@@ -9,8 +9,10 @@ use indexmap::IndexMap;
 use serde_json::{Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use crate::engine::kind::{Attempt, NodeKind};
 use crate::error_class::ErrorClass;
 use crate::net::{AllowList, FetchOptions, Oversize, Request, Web, normalize_url};
+use crate::spec::NodeSpec;
 use crate::spec::{SearchNode, SearchProvider};
 
 /// One hit as the engine gave it.
@@ -245,6 +247,26 @@ fn strip_tags(s: &str) -> String {
         }
     }
     out
+}
+
+/// The `search` kind.
+pub struct Search;
+
+impl NodeKind for Search {
+    fn name(&self) -> &'static str {
+        "search"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        match &ctx.node.spec {
+            NodeSpec::Search(n) => Attempt::Pending(Box::pin(run(ctx, &n.kind))),
+            _ => Attempt::Ready(Err(super::not_of_kind(ctx).into())),
+        }
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

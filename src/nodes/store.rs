@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::retrieve::data_error;
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render};
+use crate::engine::kind::{Attempt, NodeKind};
 use crate::rag::memory;
 use crate::spec::{NodeSpec, StoreOp};
 
@@ -78,5 +79,22 @@ fn op_name(op: StoreOp) -> &'static str {
         StoreOp::Put => "put",
         StoreOp::Delete => "delete",
         StoreOp::Search => "search",
+    }
+}
+
+/// The `store` kind.
+pub struct Store;
+
+impl NodeKind for Store {
+    fn name(&self) -> &'static str {
+        "store"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(run(ctx)))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
     }
 }

@@ -9,7 +9,8 @@
 use serde_json::{Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
-use crate::engine::{Engine, LeasePolicy, RunRequest, Status};
+use crate::engine::kind::{Attempt, NodeKind};
+use crate::engine::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, Engine, LeasePolicy, RunRequest, Status};
 use crate::error_class::ErrorClass;
 
 /// The child thread of a subgraph task.
@@ -66,11 +67,11 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         Status::Interrupted => {
             let mut payload = outcome.interrupt.unwrap_or(Value::Null);
             if let Value::Object(m) = &mut payload {
-                m.insert("subgraph".into(), Value::String(ctx.node.name.clone()));
-                m.insert("subgraph_thread".into(), Value::String(thread));
+                m.insert(CHILD_NODE.into(), Value::String(ctx.node.name.clone()));
+                m.insert(CHILD_THREAD.into(), Value::String(thread));
                 // Every gate the child waits at; the parent reports each as `<task>/<gate>`.
                 if outcome.interrupts.len() > 1 {
-                    m.insert("interrupts".into(), Value::Array(outcome.interrupts));
+                    m.insert(CHILD_GATES.into(), Value::Array(outcome.interrupts));
                 }
             }
             Err(NodeFailure::Interrupt(payload))
@@ -82,5 +83,18 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         ))
         .into()),
         Status::Cancelled => Err(NodeError::invalid("the subgraph was cancelled").into()),
+    }
+}
+
+/// The `subgraph` kind.
+pub struct Subgraph;
+
+impl NodeKind for Subgraph {
+    fn name(&self) -> &'static str {
+        "subgraph"
+    }
+
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(run(ctx)))
     }
 }

@@ -269,6 +269,7 @@ fn providers(plan: &Plan, case: &Case, read_roots: &crate::nodes::ReadRoots) -> 
         Models::MockFile(path) => (for_models(plan, mock(MockProvider::from_file(path))?)?, None),
     };
     Ok(Services {
+        kinds: crate::nodes::builtin(),
         providers,
         web: Arc::new(crate::net::Web::default().with_cassette(cassette.clone())),
         cassette,

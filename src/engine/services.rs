@@ -1,5 +1,6 @@
-//! What nodes reach beyond the state: model providers and, per kind, the clients and stores
-//! the run was given. The engine carries a `Services` without looking inside it.
+//! What nodes reach beyond the state: the node kinds of the run, model providers and, per
+//! kind, the clients and stores the run was given. The engine looks inside a `Services` only
+//! for its node kinds; it hands the rest to them.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -9,9 +10,16 @@ use crate::net::Web;
 use crate::providers::Providers;
 use crate::rag::DataStore;
 
+use super::Kinds;
+
 /// The outside world of a run, shared by every task (cheap to clone: handles only).
-#[derive(Clone, Default, Debug)]
+///
+/// `Services::default()` (and `From<Providers>`) come with the built-in node kinds: they are
+/// written where those kinds are registered (`nodes/`), which the engine does not import.
+#[derive(Clone, Debug)]
 pub struct Services {
+    /// The node kinds a plan's nodes are run by.
+    pub kinds: Kinds,
     /// Model providers by profile name.
     pub providers: Providers,
     /// The cassette of `--record` / `--replay` (the providers and `web` were built with it: a
@@ -30,20 +38,12 @@ pub struct Services {
 }
 
 impl Services {
-    /// Services whose index, retrieve and store nodes use `data`.
-    pub fn new(providers: Providers, data: DataStore) -> Services {
+    /// Services of the node kinds `kinds` and nothing else: no model provider, an in-memory
+    /// data store, a web client that allows only public addresses.
+    pub fn with_kinds(kinds: Kinds) -> Services {
         Services {
-            providers,
-            data,
-            ..Services::default()
-        }
-    }
-}
-
-impl From<Providers> for Services {
-    fn from(providers: Providers) -> Services {
-        Services {
-            providers,
+            kinds,
+            providers: Providers::default(),
             cassette: None,
             data: DataStore::default(),
             web: Arc::default(),

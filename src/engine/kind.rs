@@ -1,0 +1,342 @@
+//! What the engine asks of a node kind, and what it gives one.
+//!
+//! The engine never names a kind. It holds a [`Kinds`] registry (in the run's [`Services`]),
+//! finds each node's kind there by the name the plan gives it, and asks the kind, through
+//! [`NodeKind`], everything that differs between kinds: how to run an attempt, whether a
+//! failure retries by default, whether a spent budget holds the node back, which schema an
+//! answer to it must match. A kind is one module of `nodes/` implementing this trait, plus one
+//! line registering it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use futures::future::BoxFuture;
+use minijinja::Value as JValue;
+use serde_json::{Map, Value};
+
+use super::Services;
+use super::events::Events;
+use super::values;
+use crate::checkpoint::{Checkpointer, Fence};
+use crate::compile::{Compiled, NodeIx, Plan, PlanNode};
+use crate::error_class::ErrorClass;
+use crate::providers::Usage;
+
+/// A node kind, as the engine sees it.
+pub trait NodeKind: Send + Sync + 'static {
+    /// The kind's name as written after `kind:`.
+    fn name(&self) -> &'static str;
+
+    /// Runs one attempt of a node of this kind.
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a>;
+
+    /// Whether a node without a `retry` policy retries transient failures (timeouts, rate
+    /// limits, server and network errors) three times: true for kinds that reach the network.
+    fn retries_by_default(&self) -> bool {
+        false
+    }
+
+    /// Whether a spent budget (`limits`, the node's `budget`) stops a node of this kind before
+    /// it runs: true for kinds whose runs spend on models.
+    fn held_by_budget(&self) -> bool {
+        false
+    }
+
+    /// The schema an answer to a node of this kind waiting at a gate must match, if it has
+    /// one. (A node with a child plan is answered inside the child; the engine follows it.)
+    fn answer_schema<'p>(&self, _node: &'p PlanNode) -> Option<&'p Value> {
+        None
+    }
+}
+
+/// An attempt under way: finished already, or a future to await. Kinds that do not wait on
+/// anything (pure state updates, events, gates) answer at once, so a step of many such tasks
+/// allocates no futures for them.
+pub enum Attempt<'a> {
+    Ready(Result<NodeOutput, NodeFailure>),
+    Pending(BoxFuture<'a, Result<NodeOutput, NodeFailure>>),
+}
+
+/// The node kinds a run knows, by name.
+#[derive(Clone, Default)]
+pub struct Kinds {
+    by_name: HashMap<&'static str, Arc<dyn NodeKind>>,
+}
+
+impl Kinds {
+    /// A registry of `kinds`; a later kind of the same name replaces an earlier one.
+    pub fn new(kinds: impl IntoIterator<Item = Arc<dyn NodeKind>>) -> Kinds {
+        let mut out = Kinds::default();
+        for k in kinds {
+            out = out.with(k);
+        }
+        out
+    }
+
+    /// This registry with `kind` added (replacing a kind of the same name).
+    pub fn with(mut self, kind: Arc<dyn NodeKind>) -> Kinds {
+        self.by_name.insert(kind.name(), kind);
+        self
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn NodeKind>> {
+        self.by_name.get(name)
+    }
+
+    /// The kind of `node`, or an error naming the kind no registry entry has.
+    pub fn of(&self, node: &PlanNode) -> Result<&Arc<dyn NodeKind>, NodeError> {
+        let name = node.spec.kind_name();
+        self.get(name)
+            .ok_or_else(|| NodeError::invalid(format!("no node kind `{name}` is registered with this run")))
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut names: Vec<_> = self.by_name.keys().copied().collect();
+        names.sort_unstable();
+        names
+    }
+}
+
+impl fmt::Debug for Kinds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.names()).finish()
+    }
+}
+
+/// What a running node can reach.
+pub struct NodeCtx<'a> {
+    pub plan: &'a Arc<Plan>,
+    pub node: &'a PlanNode,
+    pub ix: NodeIx,
+    /// The scope of the node's fields: state, input, config, context, run, params, item.
+    pub base: &'a Arc<values::Scope>,
+    /// `base` as a minijinja value.
+    pub scope: JValue,
+    pub task_id: &'a str,
+    pub step: i64,
+    pub events: &'a Events,
+    /// Providers and the other clients and stores of the run.
+    pub services: &'a Services,
+    /// The answer to this task's interrupt, when the run resumes it.
+    pub resume: Option<&'a Value>,
+    /// Which of a subgraph's gates the answer is for, when it waits at several.
+    pub resume_to: Option<&'a str>,
+    pub store: &'a Arc<dyn Checkpointer>,
+    pub thread_id: &'a str,
+    /// The lease the run writes under (a subgraph runs its child thread under it).
+    pub fence: &'a Fence,
+    /// Per node, a validator built on first use and kept for the engine's life.
+    pub(super) validators: &'a Validators,
+}
+
+impl NodeCtx<'_> {
+    /// The node's own `timeout` (the limit of each attempt), if it has one.
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.node.spec.common().timeout.as_ref().and_then(|d| d.to_std())
+    }
+
+    /// The validator of `schema`, built the first time this node asks and kept for later
+    /// attempts and tasks of the node (a node has one schema to check its results against).
+    pub fn validator(&self, schema: &Value) -> Result<&jsonschema::Validator, NodeError> {
+        self.validators.get(self.ix, schema)
+    }
+}
+
+/// Validators built lazily, one per node: a run compiles only the schemas it uses.
+#[derive(Default)]
+pub(super) struct Validators {
+    by_node: HashMap<NodeIx, OnceLock<Result<jsonschema::Validator, String>>>,
+}
+
+impl Validators {
+    pub(super) fn for_plan(plan: &Plan) -> Validators {
+        Validators {
+            by_node: plan.nodes.keys().map(|ix| (*ix, OnceLock::new())).collect(),
+        }
+    }
+
+    fn get(&self, ix: NodeIx, schema: &Value) -> Result<&jsonschema::Validator, NodeError> {
+        let cell = self
+            .by_node
+            .get(&ix)
+            .ok_or_else(|| NodeError::invalid("the node is not in the engine's plan"))?;
+        cell.get_or_init(|| jsonschema::draft202012::new(schema).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| NodeError::invalid(format!("the schema does not compile: {e}")))
+    }
+}
+
+/// What a node produced.
+#[derive(Debug, Clone, Default)]
+pub struct NodeOutput {
+    pub output: Value,
+    pub usage: Usage,
+}
+
+/// Why a node did not produce an output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeFailure {
+    Error(NodeError),
+    /// The node stops the run until an answer comes (the payload is shown to the person).
+    Interrupt(Value),
+}
+
+/// A typed node error: the class decides whether a retry policy retries it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeError {
+    pub class: ErrorClass,
+    pub message: String,
+    /// A wait the remote side asked for (HTTP Retry-After), in seconds.
+    pub retry_after: Option<f64>,
+    /// What the attempt spent on models before it failed (an llm node whose replies never
+    /// matched its schema paid for every one of them): budgets and the run's usage count it.
+    pub usage: Usage,
+}
+
+impl NodeError {
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> NodeError {
+        NodeError {
+            class,
+            message: message.into(),
+            retry_after: None,
+            usage: Usage::default(),
+        }
+    }
+
+    /// The same error, carrying what was spent before it.
+    pub fn spent(mut self, usage: Usage) -> NodeError {
+        self.usage = usage;
+        self
+    }
+
+    pub fn invalid(message: impl Into<String>) -> NodeError {
+        NodeError::new(ErrorClass::Invalid, message)
+    }
+}
+
+impl From<crate::net::FetchError> for NodeError {
+    fn from(e: crate::net::FetchError) -> Self {
+        NodeError {
+            retry_after: e.retry_after,
+            ..NodeError::new(e.class, e.message)
+        }
+    }
+}
+
+impl From<NodeError> for NodeFailure {
+    fn from(e: NodeError) -> Self {
+        NodeFailure::Error(e)
+    }
+}
+
+/// Runs one attempt of a node by its kind.
+///
+/// What a node returns (its output, its error message, an interrupt's payload) is scrubbed of
+/// every known secret ([`crate::secrets`]) before the engine sees it, so no event,
+/// checkpoint or printed error can hold one.
+pub(super) async fn execute(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
+    let kind = ctx.services.kinds.of(ctx.node)?;
+    // Only the boxed future is held across the await, so this future stays a few words long
+    // whatever the kind, and a step of 1,000 tasks holds 1,000 of them.
+    let pending = match kind.run(ctx) {
+        Attempt::Ready(r) => return scrubbed(r),
+        Attempt::Pending(f) => f,
+    };
+    scrubbed(pending.await)
+}
+
+fn scrubbed(result: Result<NodeOutput, NodeFailure>) -> Result<NodeOutput, NodeFailure> {
+    use crate::secrets;
+    match result {
+        Ok(mut out) => {
+            out.output = secrets::scrub_value(std::mem::take(&mut out.output));
+            Ok(out)
+        }
+        Err(NodeFailure::Error(mut e)) => {
+            e.message = secrets::scrub_string(std::mem::take(&mut e.message));
+            Err(NodeFailure::Error(e))
+        }
+        Err(NodeFailure::Interrupt(payload)) => Err(NodeFailure::Interrupt(secrets::scrub_value(payload))),
+    }
+}
+
+/// Renders the template compiled for field `rel` (e.g. `/prompt`), if the node has one.
+pub fn render(ctx: &NodeCtx<'_>, rel: &str) -> Result<Option<String>, NodeError> {
+    match ctx.node.fields.get(rel) {
+        Some(Compiled::Template(id)) => {
+            let t = ctx
+                .plan
+                .exprs
+                .env()
+                .get_template(&id.0)
+                .map_err(|e| NodeError::invalid(values::describe(&e)))?;
+            t.render(ctx.scope.clone())
+                .map(Some)
+                .map_err(|e| NodeError::invalid(format!("{rel}: {}", values::describe(&e))))
+        }
+        Some(Compiled::Literal(v)) => Ok(Some(v.as_str().map_or_else(|| v.to_string(), str::to_string))),
+        Some(Compiled::Expr(id)) => values::eval(ctx.plan, *id, &ctx.scope)
+            .map(|v| Some(text_of(&v)))
+            .map_err(NodeError::invalid),
+        None => Ok(None),
+    }
+}
+
+/// Evaluates the data field `rel`: one expression, or a map of expressions and literals
+/// compiled as `rel/key`.
+pub fn data(ctx: &NodeCtx<'_>, rel: &str, scope: &JValue) -> Result<Option<Value>, NodeError> {
+    if let Some(c) = ctx.node.fields.get(rel) {
+        return eval_compiled(ctx.plan, c, scope)
+            .map(Some)
+            .map_err(|e| NodeError::invalid(format!("{rel}: {e}")));
+    }
+    let prefix = format!("{rel}/");
+    let mut out = Map::new();
+    for (path, c) in &ctx.node.fields {
+        if let Some(key) = path.strip_prefix(&prefix) {
+            let v = eval_compiled(ctx.plan, c, scope).map_err(|e| NodeError::invalid(format!("{path}: {e}")))?;
+            out.insert(key.replace("~1", "/").replace("~0", "~"), v);
+        }
+    }
+    Ok(if out.is_empty() { None } else { Some(Value::Object(out)) })
+}
+
+fn eval_compiled(plan: &Plan, c: &Compiled, scope: &JValue) -> Result<Value, String> {
+    match c {
+        Compiled::Expr(id) => values::eval(plan, *id, scope),
+        Compiled::Literal(v) => Ok(v.clone()),
+        Compiled::Template(id) => plan
+            .exprs
+            .env()
+            .get_template(&id.0)
+            .and_then(|t| t.render(scope.clone()))
+            .map(Value::String)
+            .map_err(|e| values::describe(&e)),
+    }
+}
+
+/// A value as text: strings as they are, anything else as JSON.
+pub fn text_of(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{NodeCtx, execute};
+
+    fn future_size<'a, F: std::future::Future>(_: fn(&'a NodeCtx<'a>) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// A step of 1,000 tasks holds 1,000 of these futures.
+    #[test]
+    fn an_attempt_future_stays_small() {
+        let size = future_size(execute);
+        assert!(size <= 64, "execute's future takes {size} bytes");
+    }
+}
