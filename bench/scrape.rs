@@ -80,7 +80,7 @@ edges: [START -> scrape, scrape -> END]
 ",
     )
     .unwrap();
-    let (plan, comp) = compile_file(&file);
+    let (plan, comp) = compile_file(&file, &runner::nodes::builtin().decls());
     let plan = plan.unwrap_or_else(|| panic!("{:?}", comp.diagnostics));
     let urls: Vec<String> = (0..PAGES).map(|i| format!("http://127.0.0.1:{port}/p/{i}")).collect();
 

@@ -170,7 +170,7 @@ impl Case {
 
 /// The pipeline `runner validate` runs: one compiler, every file checked, diagnostics sorted.
 fn check(files: &[PathBuf]) -> Compilation {
-    let mut compiler = Compiler::new();
+    let mut compiler = Compiler::new(runner::nodes::builtin().decls());
     for file in files {
         compiler.check(file);
     }
@@ -343,7 +343,7 @@ fn stages(shipped: &[PathBuf], big: &Path, huge: &Path, report: &mut String) {
 
 /// Fails the benchmark (exit 1) unless the generated workflow compiles with no problems.
 fn assert_valid(path: &Path, nodes: usize) {
-    let (plan, result) = compile_file(path);
+    let (plan, result) = compile_file(path, &runner::nodes::builtin().decls());
     if result.diagnostics.is_empty() && plan.as_ref().is_some_and(|p| p.nodes.len() == nodes) {
         return;
     }

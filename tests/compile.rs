@@ -15,7 +15,7 @@ fn diagnostics(files: &[(&str, &str)]) -> Vec<String> {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, text).unwrap();
     }
-    let mut c = Compiler::new();
+    let mut c = Compiler::new(runner::nodes::builtin().decls());
     c.check(&dir.path().join("main.yaml"));
     c.finish()
         .diagnostics
@@ -314,7 +314,7 @@ fn the_plan_hash_follows_meaning_not_formatting() {
     );
     let hash = |w: &str, p: &str| {
         write_project(dir.path(), w, p);
-        let (plan, result) = compile_file(&dir.path().join("main.yaml"));
+        let (plan, result) = compile_file(&dir.path().join("main.yaml"), &runner::nodes::builtin().decls());
         assert!(result.diagnostics.is_empty(), "{:?}", result.diagnostics);
         plan.unwrap().hash.clone()
     };
@@ -336,7 +336,7 @@ fn the_plan_holds_indices_and_compiled_expressions() {
         ),
         "",
     );
-    let (plan, _) = compile_file(&dir.path().join("main.yaml"));
+    let (plan, _) = compile_file(&dir.path().join("main.yaml"), &runner::nodes::builtin().decls());
     let plan = plan.unwrap();
     let a = plan.node_by_name("a").unwrap();
     assert_eq!(plan.name_of(a), "a");

@@ -1618,3 +1618,26 @@ edges:
     );
     assert_eq!((out.status, out.state["n"].clone()), (Status::Done, json!(0)));
 }
+
+/// A state key declared without a default starts unset (null), whatever its type: a run of a
+/// workflow with `said: {type: string}` and no default starts instead of refusing its own
+/// first checkpoint.
+#[test]
+fn a_typed_key_without_a_default_starts_unset() {
+    let p = Project::new(&[(
+        "w.yaml",
+        r#"
+name: w
+state:
+  said: {type: string}
+nodes:
+  a: {kind: set, update: {said: "'hi'"}}
+edges: [START -> a, a -> END]
+"#,
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["said"], json!("hi"));
+}

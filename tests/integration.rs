@@ -18,6 +18,7 @@ mod compile;
 mod crash;
 mod engine;
 mod invalid;
+mod kinds;
 mod loader_props;
 mod props;
 mod providers;

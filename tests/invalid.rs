@@ -276,7 +276,7 @@ fn unreadable_file_is_e001() {
     assert_eq!(exit, 2);
 
     // Through the library the same file is an E001 diagnostic.
-    let mut compiler = runner::compile::Compiler::new();
+    let mut compiler = runner::compile::Compiler::new(runner::nodes::builtin().decls());
     compiler.check(&dir.path().join("missing.yaml"));
     let result = compiler.finish();
     let codes: Vec<Code> = result.diagnostics.iter().map(|d| d.code).collect();

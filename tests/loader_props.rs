@@ -251,14 +251,14 @@ fn check_compile(bytes: &[u8]) -> Result<(), TestCaseError> {
     std::fs::write(&path, bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let text = std::str::from_utf8(bytes).ok();
 
-    let mut checker = Compiler::new();
+    let mut checker = Compiler::new(runner::nodes::builtin().decls());
     checker.check(&path);
     let checked = checker.finish();
     for d in &checked.diagnostics {
         well_placed(d, text)?;
     }
 
-    let (plan, result) = compile_file(&path);
+    let (plan, result) = compile_file(&path, &runner::nodes::builtin().decls());
     for d in &result.diagnostics {
         well_placed(d, text)?;
     }
@@ -324,7 +324,7 @@ fn the_unmutated_workflow_compiles() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let path = dir.path().join("valid.yaml");
     std::fs::write(&path, VALID).expect("write");
-    let (plan, result) = compile_file(&path);
+    let (plan, result) = compile_file(&path, &runner::nodes::builtin().decls());
     assert!(
         plan.is_some() && result.diagnostics.is_empty(),
         "{:#?}",
@@ -347,7 +347,7 @@ fn a_schema_error_alone_bars_a_plan() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let path = dir.path().join("mutated.yaml");
     std::fs::write(&path, &text).expect("write");
-    let (plan, result) = compile_file(&path);
+    let (plan, result) = compile_file(&path, &runner::nodes::builtin().decls());
     let codes: Vec<_> = result.diagnostics.iter().map(|d| d.code).collect();
     assert_eq!(codes, vec![diag::Code::UnknownField]);
     assert!(plan.is_none(), "a workflow with a schema error has no plan");

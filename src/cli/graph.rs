@@ -49,7 +49,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     if !args.file.is_file() {
         anyhow::bail!("{} is not a file", args.file.display());
     }
-    let (plan, result) = compile_file(&args.file);
+    let (plan, result) = compile_file(&args.file, &crate::nodes::builtin().decls());
     let Some(plan) = plan else {
         eprint!("{}", diag::render(&result.diagnostics, &result.files, Format::Human));
         return Ok(exit::INVALID);

@@ -52,7 +52,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let embedder: Arc<dyn Embedder> = match (&args.workflow, &args.embeddings) {
         (Some(file), Some(profile)) => {
-            let (plan, _) = compile_file(file);
+            let (plan, _) = compile_file(file, &crate::nodes::builtin().decls());
             let Some(plan) = plan else {
                 bail!(
                     "{} does not compile (see `runner validate {}`)",

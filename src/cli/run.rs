@@ -286,7 +286,7 @@ fn compile(file: &Path) -> anyhow::Result<Option<Arc<crate::compile::Plan>>> {
     if !file.is_file() {
         bail!("workflow file {} does not exist", file.display());
     }
-    let (plan, result) = compile_file(file);
+    let (plan, result) = compile_file(file, &crate::nodes::builtin().decls());
     if plan.is_none() {
         eprint!("{}", diag::render(&result.diagnostics, &result.files, Format::Human));
     }

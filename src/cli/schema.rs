@@ -17,7 +17,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let text = if args.generate {
-        crate::spec::schema::generate_text()
+        crate::spec::schema::generate_text(|g| crate::nodes::builtin().decls().schemas(g))
     } else {
         crate::spec::schema::WORKFLOW_SCHEMA.to_string()
     };

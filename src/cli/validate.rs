@@ -56,7 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         args.paths
     };
     let files = workflow_files(&paths)?;
-    let mut compiler = Compiler::new();
+    let mut compiler = Compiler::new(crate::nodes::builtin().decls());
     for file in &files {
         compiler.check(file);
     }

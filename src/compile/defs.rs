@@ -7,12 +7,13 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 use serde_json::Value;
 
+use super::kind::KindSet;
 use super::source::Source;
 use super::{Compiler, canonical, relative_to};
 use crate::compile::plan::Reducer;
 use crate::diag::{Code, Diagnostic};
 use crate::spec::load::push_pointer;
-use crate::spec::{BUILTIN_KINDS, KindDef, Workflow};
+use crate::spec::{KindDef, Workflow};
 
 /// A definition and where it was written.
 #[derive(Debug, Clone)]
@@ -48,7 +49,7 @@ pub fn collect(c: &mut Compiler, src: &Arc<Source>, wf: &Workflow, diags: &mut V
     let mut defs = Defs::default();
     let mut stack = vec![canonical(src.path())];
     import_all(c, src, wf, &mut defs, &mut stack, diags);
-    add_local(src, wf, &mut defs, diags);
+    add_local(&c.kinds, src, wf, &mut defs, diags);
     defs
 }
 
@@ -102,11 +103,11 @@ fn import_all(
         stack.push(key);
         import_all(c, &lib, &lib_wf, defs, stack, diags);
         stack.pop();
-        add_local(&lib, &lib_wf, defs, diags);
+        add_local(&c.kinds, &lib, &lib_wf, defs, diags);
     }
 }
 
-fn add_local(src: &Arc<Source>, wf: &Workflow, defs: &mut Defs, diags: &mut Vec<Diagnostic>) {
+fn add_local(kinds: &KindSet, src: &Arc<Source>, wf: &Workflow, defs: &mut Defs, diags: &mut Vec<Diagnostic>) {
     for (name, t) in &wf.types {
         let pointer = push_pointer("/types", name);
         check_name(src, &pointer, name, "type", diags);
@@ -171,7 +172,7 @@ fn add_local(src: &Arc<Source>, wf: &Workflow, defs: &mut Defs, diags: &mut Vec<
     for (name, k) in &wf.kinds {
         let pointer = push_pointer("/kinds", name);
         check_name(src, &pointer, name, "kind", diags);
-        if BUILTIN_KINDS.contains(&name.as_str()) {
+        if kinds.contains(name) {
             diags.push(
                 src.diag_key(Code::ReservedName, &pointer, format!("`{name}` is a built-in kind"))
                     .help("give the user kind another name"),
@@ -277,7 +278,7 @@ pub fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec<Diagno
     }
     for (name, k) in &defs.kinds {
         if Arc::ptr_eq(&k.src, src)
-            && let Err(d) = super::kinds::kind_chain(&defs, name, &k.src, &k.pointer)
+            && let Err(d) = super::kinds::kind_chain(&c.kinds, &defs, name, &k.src, &k.pointer)
         {
             diags.push(d);
         }

@@ -168,6 +168,11 @@ pub enum Shape {
 }
 
 impl Shape {
+    /// An object with the fields `names`.
+    pub fn fields(names: &[&str]) -> Shape {
+        Shape::Fields(names.iter().map(|s| s.to_string()).collect())
+    }
+
     /// The shape described by a JSON Schema: its properties when closed, else anything.
     pub fn of_schema(schema: &Value) -> Shape {
         let closed = schema.get("additionalProperties") == Some(&Value::Bool(false));

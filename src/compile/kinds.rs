@@ -5,13 +5,15 @@ use indexmap::IndexMap;
 use serde_json::{Map, Value};
 
 use super::defs::{Def, Defs};
+use super::kind::KindSet;
 use super::source::Source;
 use crate::diag::{Code, Diagnostic};
+use crate::spec::KindDef;
 use crate::spec::load::push_pointer;
-use crate::spec::{BUILTIN_KINDS, KindDef};
 
-/// The chain of user kinds from `name` down to its built-in kind (most derived first).
+/// The chain of user kinds from `name` down to a registered kind (most derived first).
 pub(super) fn kind_chain<'d>(
+    kinds: &KindSet,
     defs: &'d Defs,
     name: &str,
     src: &Source,
@@ -20,7 +22,7 @@ pub(super) fn kind_chain<'d>(
     let mut chain: Vec<&Def<KindDef>> = Vec::new();
     let mut cur = name.to_string();
     loop {
-        if BUILTIN_KINDS.contains(&cur.as_str()) {
+        if kinds.contains(&cur) {
             return Ok((cur, chain));
         }
         let Some(def) = defs.kinds.get(&cur) else {
@@ -28,11 +30,8 @@ pub(super) fn kind_chain<'d>(
                 Some(d) => (&*d.src, push_pointer(&d.pointer, "extends")),
                 None => (src, pointer.to_string()),
             };
-            let all: Vec<&str> = BUILTIN_KINDS
-                .iter()
-                .copied()
-                .chain(defs.kinds.keys().map(String::as_str))
-                .collect();
+            let mut all: Vec<&str> = kinds.names().collect();
+            all.extend(defs.kinds.keys().map(String::as_str));
             return Err(at_src
                 .diag(Code::UnknownKind, &at, format!("unknown kind `{cur}`"))
                 .suggest(&cur, all.iter().copied())

@@ -12,6 +12,7 @@ mod defs;
 mod exprs;
 mod fields;
 mod graph;
+pub mod kind;
 mod kinds;
 mod loops;
 mod nodes;
@@ -54,11 +55,19 @@ pub struct Compiler {
     plans: HashMap<PathBuf, Option<Arc<Plan>>>,
     /// Files being compiled, outermost first, for cycle detection across subgraphs.
     stack: Vec<PathBuf>,
+    /// The node kinds nodes may have.
+    kinds: kind::KindSet,
+    /// Validators of kinds the embedded workflow schema does not list, by kind.
+    kind_validators: HashMap<String, Option<Arc<(jsonschema::Validator, serde_json::Value)>>>,
 }
 
 impl Compiler {
-    pub fn new() -> Compiler {
-        Compiler::default()
+    /// A compiler of workflows whose nodes have the kinds `kinds`.
+    pub fn new(kinds: kind::KindSet) -> Compiler {
+        Compiler {
+            kinds,
+            ..Compiler::default()
+        }
     }
 
     /// Compiles the workflow at `path` (and its imports and subgraphs). `None` when it has
@@ -110,6 +119,31 @@ impl Compiler {
             diagnostics: self.diags,
             files: self.files,
         }
+    }
+
+    /// A validator of nodes of `kind` made from the kind's own schema, for kinds the embedded
+    /// workflow schema does not list (built once per compiler).
+    pub(super) fn kind_schema_validator(
+        &mut self,
+        kind: &str,
+    ) -> Option<Arc<(jsonschema::Validator, serde_json::Value)>> {
+        if let Some(v) = self.kind_validators.get(kind) {
+            return v.clone();
+        }
+        let decl = self.kinds.get(kind)?.clone();
+        let mut generator = crate::spec::schema::generator();
+        let mut doc = decl.schema(&mut generator);
+        let defs: serde_json::Map<String, serde_json::Value> = generator
+            .definitions()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if let Some(obj) = doc.as_object_mut() {
+            obj.insert("$defs".into(), serde_json::Value::Object(defs));
+        }
+        let v = jsonschema::draft202012::new(&doc).ok().map(|v| Arc::new((v, doc)));
+        self.kind_validators.insert(kind.to_string(), v.clone());
+        v
     }
 
     /// Loads (once) and schema-checks a file.
@@ -207,9 +241,10 @@ pub(crate) fn relative_to(base: &Path, rel: &str) -> PathBuf {
     out
 }
 
-/// Compiles one workflow file and returns the plan, or the diagnostics that prevent one.
-pub fn compile_file(path: &Path) -> (Option<Arc<Plan>>, Compilation) {
-    let mut c = Compiler::new();
+/// Compiles one workflow file, whose nodes have the kinds `kinds`, and returns the plan, or
+/// the diagnostics that prevent one.
+pub fn compile_file(path: &Path, kinds: &kind::KindSet) -> (Option<Arc<Plan>>, Compilation) {
+    let mut c = Compiler::new(kinds.clone());
     let plan = c.compile(path);
     (plan, c.finish())
 }

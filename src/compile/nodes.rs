@@ -28,7 +28,10 @@ pub(super) struct Draft {
     pub params: Vec<String>,
     pub shape: Shape,
     pub item: Option<String>,
-    pub fields: IndexMap<String, Compiled>,
+    /// The kind's compiled configuration (none when the kind's fields did not compile).
+    pub config: Option<super::kind::KindConfig>,
+    /// The node's kind is a gate.
+    pub gate: bool,
     pub update: Vec<(String, Writer)>,
     pub goto: Vec<Clause>,
     pub on_error: Option<ErrorHandler>,
@@ -160,7 +163,8 @@ impl<'c, 'a> Build<'c, 'a> {
                     params: Vec::new(),
                     shape: Shape::Any,
                     item: None,
-                    fields: IndexMap::new(),
+                    config: None,
+                    gate: false,
                     update: Vec::new(),
                     goto: Vec::new(),
                     on_error: None,
@@ -463,6 +467,7 @@ impl<'c, 'a> Build<'c, 'a> {
         let mut subgraphs = IndexMap::new();
         for (ix, d) in std::mem::take(&mut self.drafts) {
             let spec = d.spec?;
+            let config = d.config?;
             if let Some(child) = d.subgraph {
                 subgraphs.insert(ix, child);
             }
@@ -473,7 +478,8 @@ impl<'c, 'a> Build<'c, 'a> {
                     user_kind: d.user_kind,
                     spec,
                     update: d.update,
-                    fields: d.fields,
+                    config,
+                    gate: d.gate,
                     branches: d.branches,
                     goto: d.goto,
                     on_error: d.on_error,

@@ -8,7 +8,6 @@ use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use serde_json::{Value, json};
 
 use super::plan::{Flow, NodeIx, Plan, Vertex};
-use crate::spec::NodeSpec;
 
 /// A picture format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,9 +46,9 @@ pub fn render(plan: &Plan, format: PictureFormat) -> String {
 }
 
 fn is_interrupt(plan: &Plan, ix: NodeIx) -> bool {
-    plan.nodes.get(&ix).is_some_and(|n| {
-        matches!(n.spec, NodeSpec::Interrupt(_)) || n.spec.common().interrupt_before || n.spec.common().interrupt_after
-    })
+    plan.nodes
+        .get(&ix)
+        .is_some_and(|n| n.gate || n.spec.common().interrupt_before || n.spec.common().interrupt_after)
 }
 
 fn kind_label(plan: &Plan, ix: NodeIx) -> String {

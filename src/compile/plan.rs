@@ -112,9 +112,10 @@ pub struct PlanNode {
     pub spec: NodeSpec,
     /// Compiled `update` entries: key → expression or literal.
     pub update: Vec<(String, Writer)>,
-    /// Compiled expressions and templates of the kind's own fields, by field pointer
-    /// (e.g. `/prompt`, `/payload/plan`).
-    pub fields: IndexMap<String, Compiled>,
+    /// The kind's own fields, compiled by the kind into its own configuration.
+    pub config: super::kind::KindConfig,
+    /// The node stops the run for a person's answer (its kind is a gate).
+    pub gate: bool,
     /// Outgoing control flow, evaluated after the node runs.
     pub branches: Vec<Branch>,
     /// The node's own `goto` clauses, evaluated with its output.

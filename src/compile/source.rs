@@ -50,21 +50,35 @@ fn validator() -> &'static jsonschema::Validator {
     })
 }
 
-/// A validator for one built-in kind's node definition (for nodes of user kinds, checked
-/// after their kind's defaults are merged in).
-pub fn kind_validator(kind: &str) -> Option<&'static jsonschema::Validator> {
-    static V: OnceLock<Vec<(String, jsonschema::Validator)>> = OnceLock::new();
+/// A validator for the node definition of a kind the embedded workflow schema lists (for
+/// nodes of user kinds, checked after their kind's defaults are merged in).
+pub fn kind_validator(kind: &str) -> Option<&'static (jsonschema::Validator, Value)> {
+    static V: OnceLock<Vec<(String, (jsonschema::Validator, Value))>> = OnceLock::new();
     let all = V.get_or_init(|| {
         let defs = schema::workflow_schema().get("$defs").cloned().unwrap_or(Value::Null);
-        crate::spec::BUILTIN_KINDS
-            .iter()
+        let kinds: Vec<String> = defs
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.keys())
+            .filter_map(|k| k.strip_prefix("node_").map(str::to_string))
+            .collect();
+        kinds
+            .into_iter()
             .filter_map(|k| {
                 let doc = serde_json::json!({"$defs": defs, "$ref": format!("#/$defs/node_{k}")});
-                jsonschema::draft202012::new(&doc).ok().map(|v| (k.to_string(), v))
+                jsonschema::draft202012::new(&doc).ok().map(|v| (k, (v, doc)))
             })
             .collect()
     });
     all.iter().find(|(k, _)| k == kind).map(|(_, v)| v)
+}
+
+/// Whether the embedded workflow schema checks the fields of nodes of kind `kind`.
+pub fn schema_lists_kind(kind: &str) -> bool {
+    schema::workflow_schema()
+        .get("$defs")
+        .and_then(|d| d.get(format!("node_{kind}")))
+        .is_some()
 }
 
 /// Reads and checks one file. Returns `None` (with diagnostics) when it cannot be parsed.
@@ -92,7 +106,7 @@ pub fn load_source(path: &Path, diags: &mut Vec<Diagnostic>) -> Option<Source> {
         );
         return None;
     }
-    schema_errors(validator(), &doc.value, &doc, "", diags);
+    schema_errors(validator(), schema::workflow_schema(), &doc.value, &doc, "", diags);
     let schema_errors = diags.len() > before;
     let workflow = lenient_workflow(&doc.value);
     Some(Source {
@@ -170,8 +184,10 @@ fn lenient_workflow(value: &Value) -> Option<Workflow> {
 }
 
 /// Validates `value` (found at `base` in `doc`) and reports each error at its position.
+/// `schema` is the document `validator` was built from (it names the fields an object takes).
 pub fn schema_errors(
     validator: &jsonschema::Validator,
+    schema: &Value,
     value: &Value,
     doc: &Document,
     base: &str,
@@ -179,11 +195,11 @@ pub fn schema_errors(
 ) {
     for error in validator.iter_errors(value) {
         let pointer = format!("{base}{}", error.instance_path().as_str());
-        diags.push(describe(&error, &pointer, doc));
+        diags.push(describe(&error, &pointer, doc, schema));
     }
 }
 
-fn describe(error: &jsonschema::ValidationError, pointer: &str, doc: &Document) -> Diagnostic {
+fn describe(error: &jsonschema::ValidationError, pointer: &str, doc: &Document, schema: &Value) -> Diagnostic {
     let path = &doc.file.path;
     let spans = &doc.spans;
     let at = |code: Code, span: Option<Span>, msg: String| Diagnostic::new(code, msg).at(path, span).pointer(pointer);
@@ -193,7 +209,7 @@ fn describe(error: &jsonschema::ValidationError, pointer: &str, doc: &Document) 
         | ValidationErrorKind::UnevaluatedProperties { unexpected } => {
             let name = unexpected.first().cloned().unwrap_or_default();
             let child = load::push_pointer(pointer, &name);
-            let known = known_properties(error, pointer);
+            let known = known_properties(error, pointer, schema);
             let d = at(
                 Code::UnknownField,
                 spans.key(&child),
@@ -306,7 +322,7 @@ fn describe(error: &jsonschema::ValidationError, pointer: &str, doc: &Document) 
                     .filter(|errs| errs.iter().any(|e| e.instance_path().as_str().len() > here.len()))
             };
             match best.and_then(|errs| errs.first()) {
-                Some(inner) => describe(inner, &format!("{base}{}", inner.instance_path().as_str()), doc),
+                Some(inner) => describe(inner, &format!("{base}{}", inner.instance_path().as_str()), doc, schema),
                 None => at(
                     Code::WrongType,
                     spans.value(pointer),
@@ -344,8 +360,7 @@ fn forms_help(pointer: &str) -> String {
 }
 
 /// The properties the schema at the error's location accepts, for "did you mean".
-fn known_properties(error: &jsonschema::ValidationError, pointer: &str) -> Vec<String> {
-    let schema = schema::workflow_schema();
+fn known_properties(error: &jsonschema::ValidationError, pointer: &str, schema: &Value) -> Vec<String> {
     let location = error.schema_path().as_str();
     // The schema path ends in `/additionalProperties`; its parent is the object schema, which
     // may be behind `$ref`s that the path does not spell out, so resolve through the defs.

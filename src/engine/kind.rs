@@ -12,6 +12,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use futures::future::BoxFuture;
+use indexmap::IndexMap;
 use minijinja::Value as JValue;
 use serde_json::{Map, Value};
 
@@ -19,15 +20,14 @@ use super::Services;
 use super::events::Events;
 use super::values;
 use crate::checkpoint::{Checkpointer, Fence};
-use crate::compile::{Compiled, NodeIx, Plan, PlanNode};
+use crate::compile::kind::{Data, KindDecl, KindSet};
+use crate::compile::{Compiled, ExprId, NodeIx, Plan, PlanNode, TemplateId};
 use crate::error_class::ErrorClass;
 use crate::providers::Usage;
 
-/// A node kind, as the engine sees it.
-pub trait NodeKind: Send + Sync + 'static {
-    /// The kind's name as written after `kind:`.
-    fn name(&self) -> &'static str;
-
+/// A node kind, as the engine sees it: its declaration (name, schema, compile step: see
+/// [`KindDecl`]) and how it runs.
+pub trait NodeKind: KindDecl {
     /// Runs one attempt of a node of this kind.
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a>;
 
@@ -58,10 +58,10 @@ pub enum Attempt<'a> {
     Pending(BoxFuture<'a, Result<NodeOutput, NodeFailure>>),
 }
 
-/// The node kinds a run knows, by name.
+/// The node kinds a run knows, by name, in the order they were given.
 #[derive(Clone, Default)]
 pub struct Kinds {
-    by_name: HashMap<&'static str, Arc<dyn NodeKind>>,
+    by_name: IndexMap<&'static str, Arc<dyn NodeKind>>,
 }
 
 impl Kinds {
@@ -91,11 +91,14 @@ impl Kinds {
             .ok_or_else(|| NodeError::invalid(format!("no node kind `{name}` is registered with this run")))
     }
 
-    /// The registered names, sorted.
+    /// The registered names, in order.
     pub fn names(&self) -> Vec<&'static str> {
-        let mut names: Vec<_> = self.by_name.keys().copied().collect();
-        names.sort_unstable();
-        names
+        self.by_name.keys().copied().collect()
+    }
+
+    /// The same kinds as the compiler sees them.
+    pub fn decls(&self) -> KindSet {
+        KindSet::new(self.by_name.values().map(|k| k.clone() as Arc<dyn KindDecl>))
     }
 }
 
@@ -132,6 +135,17 @@ pub struct NodeCtx<'a> {
 }
 
 impl NodeCtx<'_> {
+    /// The node's compiled configuration, as its kind's own type.
+    pub fn config<T: std::any::Any>(&self) -> Result<&T, NodeError> {
+        self.node.config.get::<T>().ok_or_else(|| {
+            NodeError::invalid(format!(
+                "node `{}` of kind `{}` was compiled by another kind",
+                self.node.name,
+                self.node.spec.kind_name()
+            ))
+        })
+    }
+
     /// The node's own `timeout` (the limit of each attempt), if it has one.
     pub fn timeout(&self) -> Option<std::time::Duration> {
         self.node.spec.common().timeout.as_ref().and_then(|d| d.to_std())
@@ -262,58 +276,73 @@ fn scrubbed(result: Result<NodeOutput, NodeFailure>) -> Result<NodeOutput, NodeF
     }
 }
 
-/// Renders the template compiled for field `rel` (e.g. `/prompt`), if the node has one.
-pub fn render(ctx: &NodeCtx<'_>, rel: &str) -> Result<Option<String>, NodeError> {
-    match ctx.node.fields.get(rel) {
-        Some(Compiled::Template(id)) => {
-            let t = ctx
-                .plan
-                .exprs
-                .env()
-                .get_template(&id.0)
-                .map_err(|e| NodeError::invalid(values::describe(&e)))?;
-            t.render(ctx.scope.clone())
-                .map(Some)
-                .map_err(|e| NodeError::invalid(format!("{rel}: {}", values::describe(&e))))
-        }
-        Some(Compiled::Literal(v)) => Ok(Some(v.as_str().map_or_else(|| v.to_string(), str::to_string))),
-        Some(Compiled::Expr(id)) => values::eval(ctx.plan, *id, &ctx.scope)
-            .map(|v| Some(text_of(&v)))
-            .map_err(NodeError::invalid),
+/// Renders template `id`; `field` names it in an error (`/prompt`).
+pub fn render(ctx: &NodeCtx<'_>, id: &TemplateId, field: &str) -> Result<String, NodeError> {
+    render_in(ctx.plan, id, &ctx.scope).map_err(|e| match e {
+        RenderError::Missing(e) => NodeError::invalid(e),
+        RenderError::Failed(e) => NodeError::invalid(format!("{field}: {e}")),
+    })
+}
+
+/// Renders template `id` if the node has one (an optional field).
+pub fn render_opt(ctx: &NodeCtx<'_>, id: Option<&TemplateId>, field: &str) -> Result<Option<String>, NodeError> {
+    id.map(|id| render(ctx, id, field)).transpose()
+}
+
+/// Evaluates the data field `data` (named `field` in errors) in `scope`. An empty map is no
+/// value.
+pub fn data(ctx: &NodeCtx<'_>, data: Option<&Data>, field: &str, scope: &JValue) -> Result<Option<Value>, NodeError> {
+    match data {
         None => Ok(None),
+        Some(Data::One(c)) => eval_compiled(ctx.plan, c, scope)
+            .map(Some)
+            .map_err(|e| NodeError::invalid(format!("{field}: {e}"))),
+        Some(Data::Map(entries)) if entries.is_empty() => Ok(None),
+        Some(Data::Map(entries)) => {
+            let mut out = Map::with_capacity(entries.len());
+            for (key, c) in entries {
+                let v =
+                    eval_compiled(ctx.plan, c, scope).map_err(|e| NodeError::invalid(format!("{field}/{key}: {e}")))?;
+                out.insert(key.clone(), v);
+            }
+            Ok(Some(Value::Object(out)))
+        }
     }
 }
 
-/// Evaluates the data field `rel`: one expression, or a map of expressions and literals
-/// compiled as `rel/key`.
-pub fn data(ctx: &NodeCtx<'_>, rel: &str, scope: &JValue) -> Result<Option<Value>, NodeError> {
-    if let Some(c) = ctx.node.fields.get(rel) {
-        return eval_compiled(ctx.plan, c, scope)
-            .map(Some)
-            .map_err(|e| NodeError::invalid(format!("{rel}: {e}")));
-    }
-    let prefix = format!("{rel}/");
-    let mut out = Map::new();
-    for (path, c) in &ctx.node.fields {
-        if let Some(key) = path.strip_prefix(&prefix) {
-            let v = eval_compiled(ctx.plan, c, scope).map_err(|e| NodeError::invalid(format!("{path}: {e}")))?;
-            out.insert(key.replace("~1", "/").replace("~0", "~"), v);
-        }
-    }
-    Ok(if out.is_empty() { None } else { Some(Value::Object(out)) })
+/// Evaluates the optional expression field `id` (named `field` in errors) in the node's scope.
+pub fn value(ctx: &NodeCtx<'_>, id: Option<ExprId>, field: &str) -> Result<Option<Value>, NodeError> {
+    id.map(|id| values::eval(ctx.plan, id, &ctx.scope).map_err(|e| NodeError::invalid(format!("{field}: {e}"))))
+        .transpose()
+}
+
+/// Evaluates expression `id` in `scope`.
+pub fn eval(ctx: &NodeCtx<'_>, id: ExprId, scope: &JValue) -> Result<Value, NodeError> {
+    values::eval(ctx.plan, id, scope).map_err(NodeError::invalid)
+}
+
+enum RenderError {
+    Missing(String),
+    Failed(String),
+}
+
+fn render_in(plan: &Plan, id: &TemplateId, scope: &JValue) -> Result<String, RenderError> {
+    let t = plan
+        .exprs
+        .env()
+        .get_template(&id.0)
+        .map_err(|e| RenderError::Missing(values::describe(&e)))?;
+    t.render(scope.clone())
+        .map_err(|e| RenderError::Failed(values::describe(&e)))
 }
 
 fn eval_compiled(plan: &Plan, c: &Compiled, scope: &JValue) -> Result<Value, String> {
     match c {
         Compiled::Expr(id) => values::eval(plan, *id, scope),
         Compiled::Literal(v) => Ok(v.clone()),
-        Compiled::Template(id) => plan
-            .exprs
-            .env()
-            .get_template(&id.0)
-            .and_then(|t| t.render(scope.clone()))
+        Compiled::Template(id) => render_in(plan, id, scope)
             .map(Value::String)
-            .map_err(|e| values::describe(&e)),
+            .map_err(|(RenderError::Missing(e) | RenderError::Failed(e))| e),
     }
 }
 

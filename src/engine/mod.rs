@@ -822,6 +822,11 @@ impl Engine {
     /// or hand-edited one is named here rather than failing somewhere later.
     fn check_stored(&self, thread: &str, state: &Map<String, Value>) -> Result<(), EngineError> {
         for (key, value) in state {
+            // A key with no default starts unset (null) whatever its schema: that is no
+            // defect of the record.
+            if value.is_null() && self.plan.state.get(key).is_some_and(|c| c.default.is_null()) {
+                continue;
+            }
             if let Some(why) = self
                 .validators
                 .get(key)

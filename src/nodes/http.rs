@@ -7,28 +7,147 @@
 
 use std::time::Duration;
 
+use indexmap::IndexMap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render};
-use crate::compile::Compiled;
+use crate::compile::TemplateId;
+use crate::compile::kind::{Data, KindConfig, KindCx, KindDecl, Shape};
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::error_class::ErrorClass;
 use crate::net::{AllowList, FetchOptions, Oversize, Request};
 use crate::secrets;
-use crate::spec::NodeSpec;
 use crate::spec::interp;
-use crate::spec::{HttpMethod, HttpNode, ResponseFormat};
 
-pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFailure> {
-    let raw_url = match render_env(ctx, "/url", "url")? {
-        Some(r) => r.text,
-        None => expand_literal(&n.url, "url")?.text,
-    };
+/// An HTTP request.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct HttpNode {
+    /// The method (default GET).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<HttpMethod>,
+    /// The URL (template).
+    pub url: String,
+    /// Headers (templates). Secrets come only from the environment: `${env:NAME}`.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub headers: IndexMap<String, String>,
+    /// Query parameters (templates).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub query: IndexMap<String, String>,
+    /// A JSON body: an expression, or a map of expressions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Value>,
+    /// A form body (templates).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub form: IndexMap<String, String>,
+    /// How the response body is parsed (default `auto`: JSON when the server says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<ResponseFormat>,
+    /// Largest response body accepted, in bytes (default 10 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// Redirects followed (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_redirects: Option<u32>,
+}
+
+/// An HTTP method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum HttpMethod {
+    Get,
+    Post,
+    Put,
+    Patch,
+    Delete,
+    Head,
+}
+
+/// How a response body is parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Auto,
+    Json,
+    Text,
+}
+
+/// An `http` node, compiled: its fields, and the templates of its text fields.
+struct Config {
+    n: HttpNode,
+    url: TemplateId,
+    headers: Vec<(String, TemplateId)>,
+    query: Vec<(String, TemplateId)>,
+    form: Vec<(String, TemplateId)>,
+    body: Option<Data>,
+}
+
+/// The `http` kind.
+pub struct Http;
+
+impl KindDecl for Http {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+
+    fn schema(&self, generator: &mut schemars::SchemaGenerator) -> Value {
+        crate::spec::schema::kind_def::<HttpNode>(generator, self.name())
+    }
+
+    fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
+        let n: HttpNode = cx.own()?;
+        cx.check_interpolation(&["url"], &n.url);
+        let url = cx.template(&["url"], &n.url);
+        let mut groups: [Vec<(String, TemplateId)>; 3] = Default::default();
+        let mut ok = true;
+        for (i, (group, map)) in [("headers", &n.headers), ("query", &n.query), ("form", &n.form)]
+            .into_iter()
+            .enumerate()
+        {
+            for (k, text) in map {
+                cx.check_interpolation(&[group, k], text);
+                match cx.template(&[group, k], text) {
+                    Some(id) => groups[i].push((k.clone(), id)),
+                    None => ok = false,
+                }
+            }
+        }
+        let body = match &n.body {
+            Some(body) => Some(cx.data(&["body"], body, None)?),
+            None => None,
+        };
+        let [headers, query, form] = groups;
+        let config = Config {
+            url: url?,
+            headers,
+            query,
+            form,
+            body,
+            n,
+        };
+        ok.then(|| (KindConfig::new(config), Shape::fields(&["status", "headers", "body"])))
+    }
+}
+
+impl NodeKind for Http {
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+}
+
+async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
+    let n = &config.n;
+    let raw_url = render_env(ctx, &config.url, "/url", "url")?.text;
     let mut url =
         url::Url::parse(raw_url.trim()).map_err(|e| NodeError::new(ErrorClass::BadRequest, format!("url: {e}")))?;
-    for k in n.query.keys() {
-        let v = render_env(ctx, &format!("/query/{k}"), &format!("query `{k}`"))?.map(Expanded::secret_text);
-        url.query_pairs_mut().append_pair(k, &v.unwrap_or_default());
+    for (k, id) in &config.query {
+        let v = render_env(ctx, id, &format!("/query/{k}"), &format!("query `{k}`"))?.secret_text();
+        url.query_pairs_mut().append_pair(k, &v);
     }
     let method = match n.method.unwrap_or(HttpMethod::Get) {
         HttpMethod::Get => "GET",
@@ -40,18 +159,16 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
     };
     let mut headers = Vec::new();
     let mut secret_headers = Vec::new();
-    for k in n.headers.keys() {
+    for (k, id) in &config.headers {
         let name = k.to_ascii_lowercase();
         // A header's missing variable is a missing credential.
-        let v = render_env(ctx, &format!("/headers/{k}"), &format!("header `{k}`"))
-            .map_err(|e| match e.class {
-                ErrorClass::BadRequest => NodeError {
-                    class: ErrorClass::Auth,
-                    ..e
-                },
-                _ => e,
-            })?
-            .unwrap_or_default();
+        let v = render_env(ctx, id, &format!("/headers/{k}"), &format!("header `{k}`")).map_err(|e| match e.class {
+            ErrorClass::BadRequest => NodeError {
+                class: ErrorClass::Auth,
+                ..e
+            },
+            _ => e,
+        })?;
         if !v.from_env.is_empty() {
             secret_headers.push(name.clone());
         }
@@ -59,17 +176,17 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &HttpNode) -> Result<NodeOutput, NodeFail
     }
     let has = |headers: &[(String, String)], name: &str| headers.iter().any(|(k, _)| k == name);
     let mut body = None;
-    if n.body.is_some() {
-        let v = data(ctx, "/body", &ctx.scope)?.unwrap_or(Value::Null);
+    if config.body.is_some() {
+        let v = data(ctx, config.body.as_ref(), "/body", &ctx.scope)?.unwrap_or(Value::Null);
         body = Some(v.to_string().into_bytes());
         if !has(&headers, "content-type") {
             headers.push(("content-type".into(), "application/json".into()));
         }
     } else if !n.form.is_empty() {
         let mut form = url::form_urlencoded::Serializer::new(String::new());
-        for k in n.form.keys() {
-            let v = render_env(ctx, &format!("/form/{k}"), &format!("form `{k}`"))?.map(Expanded::secret_text);
-            form.append_pair(k, &v.unwrap_or_default());
+        for (k, id) in &config.form {
+            let v = render_env(ctx, id, &format!("/form/{k}"), &format!("form `{k}`"))?.secret_text();
+            form.append_pair(k, &v);
         }
         body = Some(form.finish().into_bytes());
         if !has(&headers, "content-type") {
@@ -172,14 +289,11 @@ fn expand_literal(text: &str, what: &str) -> Result<Expanded, NodeError> {
     Ok(out)
 }
 
-/// Renders the template of field `rel` with every `${env:...}` of its source expanded, and
+/// Renders template `id` (of field `rel`) with every `${env:...}` of its source expanded, and
 /// nothing it renders from data. Each reference in the source is replaced by a placeholder
 /// no data can hold (it carries a fresh random nonce), the template is rendered, and then
 /// the placeholders are replaced by the values.
-fn render_env(ctx: &NodeCtx<'_>, rel: &str, what: &str) -> Result<Option<Expanded>, NodeError> {
-    let Some(Compiled::Template(id)) = ctx.node.fields.get(rel) else {
-        return Ok(render(ctx, rel)?.map(|text| Expanded { text, from_env: vec![] }));
-    };
+fn render_env(ctx: &NodeCtx<'_>, id: &TemplateId, rel: &str, what: &str) -> Result<Expanded, NodeError> {
     let env = ctx.plan.exprs.env();
     let template = env
         .get_template(&id.0)
@@ -188,7 +302,10 @@ fn render_env(ctx: &NodeCtx<'_>, rel: &str, what: &str) -> Result<Option<Expande
     let bad = |e: String| NodeError::new(ErrorClass::BadRequest, format!("{what}: {e}"));
     let refs = interp::env_refs(source).map_err(bad)?;
     if refs.is_empty() {
-        return Ok(render(ctx, rel)?.map(|text| Expanded { text, from_env: vec![] }));
+        return Ok(Expanded {
+            text: render(ctx, id, rel)?,
+            from_env: vec![],
+        });
     }
     let nonce = uuid::Uuid::new_v4().simple().to_string();
     let placeholder = |i: usize| format!("\u{1}env-{nonce}-{i}\u{1}");
@@ -212,7 +329,7 @@ fn render_env(ctx: &NodeCtx<'_>, rel: &str, what: &str) -> Result<Option<Expande
             from_env.push(value);
         }
     }
-    Ok(Some(Expanded { text, from_env }))
+    Ok(Expanded { text, from_env })
 }
 
 fn parse_json(body: &[u8]) -> Result<Value, NodeError> {
@@ -243,26 +360,6 @@ fn trusted_host(template: &str) -> AllowList {
         let _ = allow.add_origin(host, port);
     }
     allow
-}
-
-/// The `http` kind.
-pub struct Http;
-
-impl NodeKind for Http {
-    fn name(&self) -> &'static str {
-        "http"
-    }
-
-    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
-        match &ctx.node.spec {
-            NodeSpec::Http(n) => Attempt::Pending(Box::pin(run(ctx, &n.kind))),
-            _ => Attempt::Ready(Err(super::not_of_kind(ctx).into())),
-        }
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
-    }
 }
 
 #[cfg(test)]

@@ -7,20 +7,89 @@
 use serde_json::{Value, json};
 
 use super::retrieve::data_error;
-use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, value};
+use crate::compile::ExprId;
+use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape};
 use crate::engine::kind::{Attempt, NodeKind};
-use crate::rag::chunk::Chunking;
+use crate::rag::chunk;
 use crate::rag::embed::choose;
 use crate::rag::extract::Format;
 use crate::rag::index::{self, Document};
-use crate::spec::NodeSpec;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
-pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
-    let NodeSpec::Index(n) = &ctx.node.spec else {
-        unreachable!("dispatched on kind")
-    };
-    let spec = &n.kind;
-    let given = data(ctx, "/documents", &ctx.scope)?.unwrap_or(Value::Null);
+/// Adds documents to a named search index (chunks, keyword index and vectors).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct IndexNode {
+    /// The index name.
+    pub index: String,
+    /// Expression yielding file paths, or documents `{id, text, title?, metadata?}`.
+    pub documents: String,
+    /// How documents are split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunking: Option<Chunking>,
+    /// The model profile used for embeddings; without it an offline lexical embedder is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embeddings: Option<String>,
+}
+
+/// Chunking for an index.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Chunking {
+    /// Target chunk size in characters (default 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u32>,
+    /// Characters shared by neighbouring chunks (default 150).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<u32>,
+}
+
+/// A `index` node, compiled.
+struct Config {
+    n: IndexNode,
+    documents: Option<ExprId>,
+}
+
+/// The `index` kind.
+pub struct Index;
+
+impl KindDecl for Index {
+    fn name(&self) -> &'static str {
+        "index"
+    }
+
+    fn schema(&self, generator: &mut schemars::SchemaGenerator) -> Value {
+        crate::spec::schema::kind_def::<IndexNode>(generator, self.name())
+    }
+
+    fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
+        let n: IndexNode = cx.own()?;
+        let documents = cx.expr("documents");
+        if let Some(m) = &n.embeddings {
+            cx.model(&["embeddings"], m, false);
+        }
+        let config = Config { n, documents };
+        Some((
+            KindConfig::new(config),
+            Shape::fields(&["documents", "chunks", "skipped"]),
+        ))
+    }
+}
+
+impl NodeKind for Index {
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+}
+
+async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
+    let spec = &config.n;
+    let given = value(ctx, config.documents, "/documents")?.unwrap_or(Value::Null);
     let items = match given {
         Value::Array(items) => items,
         Value::Null => Vec::new(),
@@ -75,7 +144,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     let chunking = spec
         .chunking
         .as_ref()
-        .map_or_else(Chunking::default, |c| Chunking::new(c.size, c.overlap));
+        .map_or_else(chunk::Chunking::default, |c| chunk::Chunking::new(c.size, c.overlap));
     let embedder = choose(&ctx.services.providers, spec.embeddings.as_deref());
     let summary = index::index_documents(&ctx.services.data, &spec.index, embedder, docs, chunking, &|_, _, _| {})
         .await
@@ -91,21 +160,4 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         }),
         usage: summary.usage,
     })
-}
-
-/// The `index` kind.
-pub struct Index;
-
-impl NodeKind for Index {
-    fn name(&self) -> &'static str {
-        "index"
-    }
-
-    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
-        Attempt::Pending(Box::pin(run(ctx)))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
-    }
 }

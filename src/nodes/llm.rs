@@ -4,19 +4,184 @@
 //! go to the event stream; usage is priced from the model profile. A reply that calls tools
 //! (the profile's or node's `options.tools`) is `{content, tool_calls}`.
 
+use indexmap::IndexMap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render};
-use crate::compile::Compiled;
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render, render_opt};
+use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape, optional};
+use crate::compile::{ExprId, TemplateId};
 use crate::engine::events::Event;
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::engine::values;
 use crate::error_class::ErrorClass;
 use crate::providers::{ChatRequest, Message, Usage, price};
-use crate::spec::NodeSpec;
-use crate::spec::{LlmNode, LlmOutput, OutputFormat};
+use crate::spec::{JsonSchemaDoc, TextSource};
 
-pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFailure> {
+/// What an llm node produces.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum LlmOutput {
+    /// `text` or `json` (json without a schema).
+    Format(OutputFormat),
+    /// The format with a schema and repair policy.
+    Spec {
+        /// `text` or `json`.
+        format: OutputFormat,
+        /// JSON Schema the reply must match (json only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        schema: Option<JsonSchemaDoc>,
+        /// How often a reply that fails the schema is sent back with the error (default 2).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        repair: Option<u32>,
+    },
+}
+
+/// Output format of an llm node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputFormat {
+    /// Plain text: `output` is a string.
+    Text,
+    /// A JSON value: `output` is the parsed value.
+    Json,
+}
+
+/// Chat history for an llm node.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct History {
+    /// Expression yielding the messages (e.g. `state.messages`).
+    pub from: String,
+    /// Keep only the last N messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<u32>,
+    /// Keep only as many recent messages as fit this many tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+}
+
+/// Calls a model.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct LlmNode {
+    /// A model profile name (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The user prompt template.
+    pub prompt: TextSource,
+    /// The system prompt template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<TextSource>,
+    /// Prior conversation sent before the prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<History>,
+    /// `text` (default) or `json`, optionally with a schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<LlmOutput>,
+    /// Stream tokens to the event stream as they arrive.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream: bool,
+    /// Sampling temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Completion token cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Stop sequences.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    /// Sampling seed, where the provider supports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// Extra request fields passed to the provider unchanged.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub options: IndexMap<String, Value>,
+}
+
+/// An `llm` node, compiled.
+struct Config {
+    n: LlmNode,
+    prompt: TemplateId,
+    system: Option<TemplateId>,
+    history: Option<ExprId>,
+    /// The output schema, resolved (self-contained).
+    schema: Option<Value>,
+}
+
+/// The `llm` kind.
+pub struct Llm;
+
+impl KindDecl for Llm {
+    fn name(&self) -> &'static str {
+        "llm"
+    }
+
+    fn schema(&self, generator: &mut schemars::SchemaGenerator) -> Value {
+        crate::spec::schema::kind_def::<LlmNode>(generator, self.name())
+    }
+
+    fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
+        let n: LlmNode = cx.own()?;
+        let prompt = cx.text_source("prompt", &n.prompt);
+        let system = n.system.as_ref().map(|source| cx.text_source("system", source));
+        let history = n.history.as_ref().map(|h| {
+            let at = cx.at(&["history", "from"]);
+            cx.expr_at(&at, &h.from)
+        });
+        let model = n.model.as_deref().unwrap_or("default");
+        cx.model(&["model"], model, n.model.is_none());
+        // A node offered tools may answer with calls: `{content, tool_calls}`.
+        let tools = n.options.contains_key("tools")
+            || cx
+                .workflow()
+                .models
+                .get(model)
+                .is_some_and(|m| m.options.contains_key("tools"));
+        let mut schema = None;
+        let shape = match &n.output {
+            _ if tools => Shape::Any,
+            None | Some(LlmOutput::Format(OutputFormat::Text)) => Shape::Text,
+            Some(LlmOutput::Format(OutputFormat::Json)) => Shape::Any,
+            Some(LlmOutput::Spec {
+                format: OutputFormat::Text,
+                ..
+            }) => Shape::Text,
+            Some(LlmOutput::Spec { schema: None, .. }) => Shape::Any,
+            Some(LlmOutput::Spec { schema: Some(s), .. }) => {
+                let root = cx.schema(&["output", "schema"], &s.0);
+                let shape = Shape::of_schema(&cx.followed(&root));
+                schema = Some(root);
+                shape
+            }
+        };
+        let config = Config {
+            prompt: prompt?,
+            system: optional(system)?,
+            history: optional(history)?,
+            schema,
+            n,
+        };
+        Some((KindConfig::new(config), shape))
+    }
+}
+
+impl NodeKind for Llm {
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
+    fn held_by_budget(&self) -> bool {
+        true
+    }
+}
+
+async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
+    let spec = &config.n;
     let profile_name = spec.model.as_deref().unwrap_or("default");
     let (provider, profile) = ctx.services.providers.get(profile_name).ok_or_else(|| {
         NodeError::new(
@@ -25,14 +190,14 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
         )
     })?;
     let mut messages = Vec::new();
-    if let Some(system) = render(ctx, "/system")? {
+    if let Some(system) = render_opt(ctx, config.system.as_ref(), "/system")? {
         messages.push(Message {
             role: "system".into(),
             content: system,
         });
     }
-    messages.extend(history(ctx, spec)?);
-    let prompt = render(ctx, "/prompt")?.unwrap_or_default();
+    messages.extend(history(ctx, spec, config.history)?);
+    let prompt = render(ctx, &config.prompt, "/prompt")?;
     messages.push(Message {
         role: "user".into(),
         content: prompt,
@@ -40,13 +205,11 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
     let (json, schema, repairs) = match &spec.output {
         None | Some(LlmOutput::Format(OutputFormat::Text)) => (false, None, 0),
         Some(LlmOutput::Format(OutputFormat::Json)) => (true, None, 2),
-        Some(LlmOutput::Spec { format, repair, .. }) => {
-            let schema = match ctx.node.fields.get("/output/schema") {
-                Some(Compiled::Literal(s)) => Some(s.clone()),
-                _ => None,
-            };
-            (*format == OutputFormat::Json, schema, repair.unwrap_or(2))
-        }
+        Some(LlmOutput::Spec { format, repair, .. }) => (
+            *format == OutputFormat::Json,
+            config.schema.clone(),
+            repair.unwrap_or(2),
+        ),
     };
     let validator = match &schema {
         Some(schema) => Some(
@@ -161,11 +324,11 @@ pub async fn run(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<NodeOutput, NodeFa
 }
 
 /// The chat history: the `history.from` expression's messages, windowed.
-fn history(ctx: &NodeCtx<'_>, spec: &LlmNode) -> Result<Vec<Message>, NodeError> {
-    let (Some(h), Some(Compiled::Expr(id))) = (&spec.history, ctx.node.fields.get("/history/from")) else {
+fn history(ctx: &NodeCtx<'_>, spec: &LlmNode, from: Option<ExprId>) -> Result<Vec<Message>, NodeError> {
+    let (Some(h), Some(id)) = (&spec.history, from) else {
         return Ok(Vec::new());
     };
-    let value = values::eval(ctx.plan, *id, &ctx.scope).map_err(NodeError::invalid)?;
+    let value = values::eval(ctx.plan, id, &ctx.scope).map_err(NodeError::invalid)?;
     let Value::Array(items) = value else {
         return Err(NodeError::invalid("`history.from` did not yield a list of messages"));
     };
@@ -211,30 +374,6 @@ fn parse_json(text: &str) -> Result<Value, serde_json::Error> {
         .and_then(|rest| rest.trim_end().strip_suffix("```"))
         .unwrap_or(t);
     serde_json::from_str(t.trim())
-}
-
-/// The `llm` kind.
-pub struct Llm;
-
-impl NodeKind for Llm {
-    fn name(&self) -> &'static str {
-        "llm"
-    }
-
-    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
-        match &ctx.node.spec {
-            NodeSpec::Llm(n) => Attempt::Pending(Box::pin(run(ctx, &n.kind))),
-            _ => Attempt::Ready(Err(super::not_of_kind(ctx).into())),
-        }
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
-    }
-
-    fn held_by_budget(&self) -> bool {
-        true
-    }
 }
 
 #[cfg(test)]

@@ -7,24 +7,90 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render};
+use crate::compile::TemplateId;
+use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape};
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::net::{AllowList, FetchOptions, Oversize, Request, Response};
 use crate::rag::extract::{self, Format};
-use crate::spec::{DocFormat, NodeSpec};
 
 /// Default `max_bytes`: 20 MiB.
 const DEFAULT_MAX_BYTES: u64 = 20 << 20;
 
-pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
-    let NodeSpec::Load(n) = &ctx.node.spec else {
-        unreachable!("dispatched on kind")
-    };
-    let source = render(ctx, "/source")?.unwrap_or_default().trim().to_string();
+/// Reads a document from a path or URL. `output` is `{content, title, source, bytes, format}`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct LoadNode {
+    /// A path or an http(s) URL (template).
+    pub source: String,
+    /// The document format (default `auto`, from the extension or content type).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<DocFormat>,
+    /// Largest document accepted, in bytes (default 20 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+}
+
+/// A document format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DocFormat {
+    Auto,
+    Text,
+    Markdown,
+    Html,
+    Pdf,
+    Json,
+}
+
+/// A `load` node, compiled.
+struct Config {
+    n: LoadNode,
+    source: TemplateId,
+}
+
+/// The `load` kind.
+pub struct Load;
+
+impl KindDecl for Load {
+    fn name(&self) -> &'static str {
+        "load"
+    }
+
+    fn schema(&self, generator: &mut schemars::SchemaGenerator) -> Value {
+        crate::spec::schema::kind_def::<LoadNode>(generator, self.name())
+    }
+
+    fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
+        let n: LoadNode = cx.own()?;
+        let source = cx.template(&["source"], &n.source)?;
+        let config = Config { n, source };
+        Some((
+            KindConfig::new(config),
+            Shape::fields(&["content", "title", "source", "bytes", "format"]),
+        ))
+    }
+}
+
+impl NodeKind for Load {
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+}
+
+async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
+    let n = &config.n;
+    let source = render(ctx, &config.source, "/source")?.trim().to_string();
     if source.is_empty() {
         return Err(NodeError::invalid("`source` rendered empty").into());
     }
-    let max = n.kind.max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
+    let max = n.max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
     let (bytes, content_type) = if source.starts_with("http://") || source.starts_with("https://") {
         fetch(ctx, &source, max).await?
     } else {
@@ -35,7 +101,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
             .map_err(NodeError::invalid)?;
         (read(&path, Path::new(&source), max)?, None)
     };
-    let format = match n.kind.format.unwrap_or(DocFormat::Auto) {
+    let format = match n.format.unwrap_or(DocFormat::Auto) {
         DocFormat::Text => Format::Text,
         DocFormat::Markdown => Format::Markdown,
         DocFormat::Html => Format::Html,
@@ -117,21 +183,4 @@ async fn fetch(ctx: &NodeCtx<'_>, url: &str, max: u64) -> Result<(Vec<u8>, Optio
         })?;
     let content_type = response.content_type().map(str::to_string);
     Ok((response.body.to_vec(), content_type))
-}
-
-/// The `load` kind.
-pub struct Load;
-
-impl NodeKind for Load {
-    fn name(&self) -> &'static str {
-        "load"
-    }
-
-    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
-        Attempt::Pending(Box::pin(run(ctx)))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
-    }
 }

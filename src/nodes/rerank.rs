@@ -6,10 +6,10 @@
 use serde_json::{Value, json};
 
 use super::NodeCtx;
+use super::retrieve::{Rerank, RerankName};
 use crate::net::{AllowList, FetchOptions, Oversize, Request, Web};
 use crate::providers::{ChatRequest, Message, Usage, price};
 use crate::rag::search::{ChunkRow, Hit};
-use crate::spec::{Rerank, RerankName};
 
 /// A hit in its final order, with the score that ordered it.
 #[derive(Debug, Clone)]

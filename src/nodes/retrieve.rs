@@ -8,28 +8,129 @@ use std::collections::HashSet;
 use serde_json::{Value, json};
 
 use super::rerank::{self, Ranked};
-use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, value};
+use crate::compile::ExprId;
+use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape};
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::error_class::ErrorClass;
 use crate::providers::Usage;
 use crate::rag::embed::{choose, normalize};
 use crate::rag::search::{self, ChunkRow, Request};
 use crate::rag::{DataError, DataStore};
-use crate::spec::{NodeSpec, Rerank, RerankName};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
-pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
-    let NodeSpec::Retrieve(n) = &ctx.node.spec else {
-        unreachable!("dispatched on kind")
-    };
-    let spec = &n.kind;
-    let queries: Vec<String> = strings(data(ctx, "/queries", &ctx.scope)?.unwrap_or(Value::Null))
+/// Hybrid (keyword + vector) search over a named index.
+/// `output` is `{chunks: [{id, document, text, score, position}], best_score, best_distance}`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct RetrieveNode {
+    /// The index name.
+    pub index: String,
+    /// Expression yielding a query or a list of queries (searched in parallel).
+    pub queries: String,
+    /// Expression yielding document names to restrict the search to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub documents: Option<String>,
+    /// Chunks returned (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    /// Neighbouring chunks added on each side of a hit (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbours: Option<u32>,
+    /// Leading chunks always included from each targeted document (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intro_chunks: Option<u32>,
+    /// How hits are reranked (default `rrf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerank: Option<Rerank>,
+    /// The model profile used for embeddings (must match the index).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embeddings: Option<String>,
+}
+
+/// A reranker.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Rerank {
+    /// `rrf` (reciprocal-rank fusion) or `none`.
+    Named(RerankName),
+    /// An LLM scores each hit.
+    Llm {
+        /// The model profile that scores.
+        llm: String,
+    },
+    /// A `/rerank` HTTP endpoint.
+    Http {
+        /// The endpoint URL.
+        url: String,
+    },
+}
+
+/// A built-in reranker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RerankName {
+    Rrf,
+    None,
+}
+
+/// A `retrieve` node, compiled.
+struct Config {
+    n: RetrieveNode,
+    queries: Option<ExprId>,
+    documents: Option<ExprId>,
+}
+
+/// The `retrieve` kind.
+pub struct Retrieve;
+
+impl KindDecl for Retrieve {
+    fn name(&self) -> &'static str {
+        "retrieve"
+    }
+
+    fn schema(&self, generator: &mut schemars::SchemaGenerator) -> Value {
+        crate::spec::schema::kind_def::<RetrieveNode>(generator, self.name())
+    }
+
+    fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
+        let n: RetrieveNode = cx.own()?;
+        let queries = cx.expr("queries");
+        let documents = cx.expr("documents");
+        if let Some(m) = &n.embeddings {
+            cx.model(&["embeddings"], m, false);
+        }
+        if let Some(Rerank::Llm { llm }) = &n.rerank {
+            cx.model(&["rerank", "llm"], llm, false);
+        }
+        let config = Config { n, queries, documents };
+        Some((
+            KindConfig::new(config),
+            Shape::fields(&["chunks", "best_score", "best_distance"]),
+        ))
+    }
+}
+
+impl NodeKind for Retrieve {
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+}
+
+async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
+    let spec = &config.n;
+    let queries: Vec<String> = strings(value(ctx, config.queries, "/queries")?.unwrap_or(Value::Null))
         .into_iter()
         .map(|q| q.trim().to_string())
         .filter(|q| !q.is_empty())
         .collect::<indexmap::IndexSet<_>>()
         .into_iter()
         .collect();
-    let documents = strings(data(ctx, "/documents", &ctx.scope)?.unwrap_or(Value::Null));
+    let documents = strings(value(ctx, config.documents, "/documents")?.unwrap_or(Value::Null));
     let top_k = spec.top_k.unwrap_or(5).max(1) as usize;
     let rerank = spec.rerank.clone().unwrap_or(Rerank::Named(RerankName::Rrf));
     let candidates = match rerank {
@@ -167,21 +268,4 @@ pub(crate) fn data_error(e: DataError) -> NodeError {
         _ => ErrorClass::Server,
     };
     NodeError::new(class, e.to_string())
-}
-
-/// The `retrieve` kind.
-pub struct Retrieve;
-
-impl NodeKind for Retrieve {
-    fn name(&self) -> &'static str {
-        "retrieve"
-    }
-
-    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
-        Attempt::Pending(Box::pin(run(ctx)))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
-    }
 }

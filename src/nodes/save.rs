@@ -9,18 +9,80 @@ use std::path::{Component, Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render};
-use crate::engine::kind::{Attempt, NodeKind};
-use crate::spec::NodeSpec;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
-pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
-    let NodeSpec::Save(n) = &ctx.node.spec else {
-        unreachable!("dispatched on kind")
-    };
-    let dir = render(ctx, "/dir")?.unwrap_or_else(|| "out".to_string());
-    let rel = render(ctx, "/path")?.unwrap_or_default();
-    let (root, below) = split_root(n.kind.dir.as_deref().unwrap_or("out"), &dir).map_err(NodeError::invalid)?;
-    let content = match data(ctx, "/content", &ctx.scope)?.unwrap_or(Value::Null) {
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render, render_opt, value};
+use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape};
+use crate::compile::{ExprId, TemplateId};
+use crate::engine::kind::{Attempt, NodeKind};
+
+/// Writes an artifact under an output directory. `output` is `{path, bytes}`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct SaveNode {
+    /// The file path (template), relative to `dir`; it may not escape it.
+    pub path: String,
+    /// The content: an expression. Strings are written as they are, other values as JSON.
+    pub content: String,
+    /// The output directory (default `out`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+}
+
+/// A `save` node, compiled.
+struct Config {
+    n: SaveNode,
+    path: TemplateId,
+    content: Option<ExprId>,
+    dir: Option<TemplateId>,
+}
+
+/// The `save` kind.
+pub struct Save;
+
+impl KindDecl for Save {
+    fn name(&self) -> &'static str {
+        "save"
+    }
+
+    fn schema(&self, generator: &mut schemars::SchemaGenerator) -> Value {
+        crate::spec::schema::kind_def::<SaveNode>(generator, self.name())
+    }
+
+    fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
+        let n: SaveNode = cx.own()?;
+        let path = cx.template(&["path"], &n.path);
+        let content = cx.expr("content");
+        let dir = match &n.dir {
+            Some(dir) => Some(cx.template(&["dir"], dir)?),
+            None => None,
+        };
+        let config = Config {
+            path: path?,
+            content,
+            dir,
+            n,
+        };
+        Some((KindConfig::new(config), Shape::fields(&["path", "bytes"])))
+    }
+}
+
+impl NodeKind for Save {
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+}
+
+async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
+    let n = &config.n;
+    let dir = render_opt(ctx, config.dir.as_ref(), "/dir")?.unwrap_or_else(|| "out".to_string());
+    let rel = render(ctx, &config.path, "/path")?;
+    let (root, below) = split_root(n.dir.as_deref().unwrap_or("out"), &dir).map_err(NodeError::invalid)?;
+    let content = match value(ctx, config.content, "/content")?.unwrap_or(Value::Null) {
         Value::String(s) => s,
         other => serde_json::to_string_pretty(&other).unwrap_or_default(),
     };
@@ -110,23 +172,6 @@ pub fn confined(root: &Path, rel: &str) -> Result<PathBuf, String> {
         }
     }
     Ok(cur)
-}
-
-/// The `save` kind.
-pub struct Save;
-
-impl NodeKind for Save {
-    fn name(&self) -> &'static str {
-        "save"
-    }
-
-    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
-        Attempt::Pending(Box::pin(run(ctx)))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
-    }
 }
 
 #[cfg(test)]

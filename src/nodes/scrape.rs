@@ -10,13 +10,15 @@ use futures::future::join_all;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, value};
+use crate::compile::ExprId;
+use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape};
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::error_class::ErrorClass;
 use crate::net::extract::{self, DocType};
 use crate::net::{AllowList, FetchError, FetchOptions, Oversize, Request, host_of, normalize_url};
-use crate::spec::NodeSpec;
-use crate::spec::{FailurePolicy, ScrapeNode};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// The content types the extractor reads; anything else is refused before its body is read.
 const ACCEPT: &[&str] = &[
@@ -33,9 +35,92 @@ struct Target {
     tag: Value,
 }
 
-pub async fn run(ctx: &NodeCtx<'_>, n: &ScrapeNode) -> Result<NodeOutput, NodeFailure> {
-    let targets = targets(data(ctx, "/urls", &ctx.scope)?)?;
-    let skip: HashSet<String> = match data(ctx, "/skip", &ctx.scope)? {
+/// Fetches web pages and extracts their main content.
+/// `output` is `{pages: [{url, title, content, quality_score, word_count, tag}], errors: [...]}`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct ScrapeNode {
+    /// Expression yielding URLs, or objects with a `url` (and optional `tag`).
+    pub urls: String,
+    /// Expression yielding URLs to skip (e.g. `state.seen_urls`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip: Option<String>,
+    /// Pages fetched at once (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// Pages fetched at once from one host (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_host: Option<u32>,
+    /// Per-page timeout (default `20s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<crate::spec::Duration>,
+    /// Largest page accepted, in bytes (default 5 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// Obey robots.txt (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub robots: Option<bool>,
+    /// Hosts or CIDRs allowed even though they are private or loopback (SSRF guard).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    /// Drop pages whose quality score is below this (0 to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_quality: Option<f64>,
+    /// `record` (default) turns a failed page into an entry of `output.errors`; `fail` fails
+    /// the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<FailurePolicy>,
+}
+
+/// What a failed item does to its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    Record,
+    Fail,
+}
+
+/// A `scrape` node, compiled.
+struct Config {
+    n: ScrapeNode,
+    urls: Option<ExprId>,
+    skip: Option<ExprId>,
+}
+
+/// The `scrape` kind.
+pub struct Scrape;
+
+impl KindDecl for Scrape {
+    fn name(&self) -> &'static str {
+        "scrape"
+    }
+
+    fn schema(&self, generator: &mut schemars::SchemaGenerator) -> Value {
+        crate::spec::schema::kind_def::<ScrapeNode>(generator, self.name())
+    }
+
+    fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
+        let n: ScrapeNode = cx.own()?;
+        let urls = cx.expr("urls");
+        let skip = cx.expr("skip");
+        let config = Config { n, urls, skip };
+        Some((KindConfig::new(config), Shape::fields(&["pages", "errors"])))
+    }
+}
+
+impl NodeKind for Scrape {
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+}
+
+async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
+    let n = &config.n;
+    let targets = targets(value(ctx, config.urls, "/urls")?)?;
+    let skip: HashSet<String> = match value(ctx, config.skip, "/skip")? {
         Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).map(normalize_url).collect(),
         Some(Value::String(s)) => HashSet::from([normalize_url(&s)]),
         _ => HashSet::new(),
@@ -196,25 +281,5 @@ impl Scraper<'_> {
         tokio::task::spawn_blocking(move || extract::extract(&String::from_utf8_lossy(&resp.body), doc, &url))
             .await
             .map_err(|e| FetchError::new(ErrorClass::Invalid, format!("extraction failed: {e}")))
-    }
-}
-
-/// The `scrape` kind.
-pub struct Scrape;
-
-impl NodeKind for Scrape {
-    fn name(&self) -> &'static str {
-        "scrape"
-    }
-
-    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
-        match &ctx.node.spec {
-            NodeSpec::Scrape(n) => Attempt::Pending(Box::pin(run(ctx, &n.kind))),
-            _ => Attempt::Ready(Err(super::not_of_kind(ctx).into())),
-        }
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 }

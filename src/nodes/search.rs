@@ -6,14 +6,91 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use indexmap::IndexMap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, value};
+use crate::compile::ExprId;
+use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape};
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::error_class::ErrorClass;
 use crate::net::{AllowList, FetchOptions, Oversize, Request, Web, normalize_url};
-use crate::spec::NodeSpec;
-use crate::spec::{SearchNode, SearchProvider};
+
+/// Web search. `output` is `{results: [{url, title, snippet, score, provider, query, tag}]}`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct SearchNode {
+    /// The search engine (default `searxng`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<SearchProvider>,
+    /// The engine's base URL (may use `${env:NAME}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The environment variable holding the engine's API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Expression yielding a query or a list of queries.
+    pub queries: String,
+    /// Results per query (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    /// Expression whose value is attached to every result as `tag` (e.g. a subtopic id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+}
+
+/// A search engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SearchProvider {
+    Searxng,
+    Tavily,
+    Brave,
+}
+
+/// A `search` node, compiled.
+struct Config {
+    n: SearchNode,
+    queries: Option<ExprId>,
+    tag: Option<ExprId>,
+}
+
+/// The `search` kind.
+pub struct Search;
+
+impl KindDecl for Search {
+    fn name(&self) -> &'static str {
+        "search"
+    }
+
+    fn schema(&self, generator: &mut schemars::SchemaGenerator) -> Value {
+        crate::spec::schema::kind_def::<SearchNode>(generator, self.name())
+    }
+
+    fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
+        let n: SearchNode = cx.own()?;
+        let queries = cx.expr("queries");
+        let tag = cx.expr("tag");
+        if let Some(url) = &n.base_url {
+            cx.check_interpolation(&["base_url"], url);
+        }
+        if let Some(var) = &n.api_key_env {
+            cx.check_env_name(&["api_key_env"], var);
+        }
+        let config = Config { n, queries, tag };
+        Some((KindConfig::new(config), Shape::fields(&["results"])))
+    }
+}
+
+impl NodeKind for Search {
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+}
 
 /// One hit as the engine gave it.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,8 +109,9 @@ struct Engine {
     opts: FetchOptions,
 }
 
-pub async fn run(ctx: &NodeCtx<'_>, n: &SearchNode) -> Result<NodeOutput, NodeFailure> {
-    let queries = match data(ctx, "/queries", &ctx.scope)? {
+async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
+    let n = &config.n;
+    let queries = match value(ctx, config.queries, "/queries")? {
         Some(Value::String(q)) => vec![q],
         Some(Value::Array(items)) => items
             .into_iter()
@@ -48,7 +126,7 @@ pub async fn run(ctx: &NodeCtx<'_>, n: &SearchNode) -> Result<NodeOutput, NodeFa
         }
     };
     let queries: Vec<String> = queries.into_iter().filter(|q| !q.trim().is_empty()).collect();
-    let tag = data(ctx, "/tag", &ctx.scope)?.unwrap_or(Value::Null);
+    let tag = value(ctx, config.tag, "/tag")?.unwrap_or(Value::Null);
     let limit = n.limit.unwrap_or(5) as usize;
     let engine = engine(n)?;
     let web = &ctx.services.web;
@@ -247,26 +325,6 @@ fn strip_tags(s: &str) -> String {
         }
     }
     out
-}
-
-/// The `search` kind.
-pub struct Search;
-
-impl NodeKind for Search {
-    fn name(&self) -> &'static str {
-        "search"
-    }
-
-    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
-        match &ctx.node.spec {
-            NodeSpec::Search(n) => Attempt::Pending(Box::pin(run(ctx, &n.kind))),
-            _ => Attempt::Ready(Err(super::not_of_kind(ctx).into())),
-        }
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
-    }
 }
 
 #[cfg(test)]

@@ -3,30 +3,122 @@
 //! the key (both output null); `search` outputs the best keyword matches in the namespace and
 //! those under it, `{items: [{namespace, key, value, score}]}`.
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::retrieve::data_error;
-use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render};
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data, render, render_opt};
+use crate::compile::TemplateId;
+use crate::compile::kind::{Data, KindConfig, KindCx, KindDecl, Shape};
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::rag::memory;
-use crate::spec::{NodeSpec, StoreOp};
 
-pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
-    let NodeSpec::Store(n) = &ctx.node.spec else {
-        unreachable!("dispatched on kind")
-    };
-    let spec = &n.kind;
+/// Long-term memory: JSON values by namespace and key.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct StoreNode {
+    /// What to do.
+    pub op: StoreOp,
+    /// The namespace: a list of templates, e.g. `[memory, "{{ context.user_id }}", prefs]`.
+    pub namespace: Vec<String>,
+    /// The key (template); `get` without a key reads the whole namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `put`: the value (expression).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+    /// `search`: the query (template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    /// `search`: the most items returned (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+/// A store operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreOp {
+    Get,
+    Put,
+    Delete,
+    Search,
+}
+
+/// A `store` node, compiled.
+struct Config {
+    n: StoreNode,
+    namespace: Vec<TemplateId>,
+    key: Option<TemplateId>,
+    query: Option<TemplateId>,
+    value: Option<Data>,
+}
+
+/// The `store` kind.
+pub struct Store;
+
+impl KindDecl for Store {
+    fn name(&self) -> &'static str {
+        "store"
+    }
+
+    fn schema(&self, generator: &mut schemars::SchemaGenerator) -> Value {
+        crate::spec::schema::kind_def::<StoreNode>(generator, self.name())
+    }
+
+    fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
+        let n: StoreNode = cx.own()?;
+        let mut namespace = Vec::with_capacity(n.namespace.len());
+        let mut ok = true;
+        for (i, part) in n.namespace.iter().enumerate() {
+            match cx.template(&["namespace", &i.to_string()], part) {
+                Some(id) => namespace.push(id),
+                None => ok = false,
+            }
+        }
+        let mut optional = |cx: &mut KindCx<'_, '_, '_>, field: &str, text: &Option<String>| match text {
+            Some(text) => {
+                let id = cx.template(&[field], text);
+                ok &= id.is_some();
+                id
+            }
+            None => None,
+        };
+        let key = optional(cx, "key", &n.key);
+        let query = optional(cx, "query", &n.query);
+        let value = match &n.value {
+            Some(v) => Some(cx.data(&["value"], v, None)?),
+            None => None,
+        };
+        let config = Config {
+            n,
+            namespace,
+            key,
+            query,
+            value,
+        };
+        ok.then(|| (KindConfig::new(config), Shape::Any))
+    }
+}
+
+impl NodeKind for Store {
+    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
+        Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
+    }
+
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+}
+
+async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
+    let spec = &config.n;
     let mut namespace = Vec::new();
-    for i in 0..spec.namespace.len() {
-        namespace.push(
-            render(ctx, &format!("/namespace/{i}"))?
-                .unwrap_or_default()
-                .trim()
-                .to_string(),
-        );
+    for (i, id) in config.namespace.iter().enumerate() {
+        namespace.push(render(ctx, id, &format!("/namespace/{i}"))?.trim().to_string());
     }
     memory::check_namespace(&namespace).map_err(data_error)?;
-    let key = render(ctx, "/key")?.map(|k| k.trim().to_string());
+    let key = render_opt(ctx, config.key.as_ref(), "/key")?.map(|k| k.trim().to_string());
     let need_key = || {
         key.clone()
             .filter(|k| !k.is_empty())
@@ -42,7 +134,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         .map_err(data_error)?,
         StoreOp::Put => {
             let k = need_key()?;
-            let value = data(ctx, "/value", &ctx.scope)?.unwrap_or(Value::Null);
+            let value = data(ctx, config.value.as_ref(), "/value", &ctx.scope)?.unwrap_or(Value::Null);
             store
                 .with(move |c| memory::put(c, &ns, &k, &value))
                 .await
@@ -58,7 +150,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
             Value::Null
         }
         StoreOp::Search => {
-            let query = render(ctx, "/query")?;
+            let query = render_opt(ctx, config.query.as_ref(), "/query")?;
             let limit = spec.limit.unwrap_or(10) as usize;
             let items = store
                 .with(move |c| memory::search(c, &ns, query.as_deref(), limit))
@@ -79,22 +171,5 @@ fn op_name(op: StoreOp) -> &'static str {
         StoreOp::Put => "put",
         StoreOp::Delete => "delete",
         StoreOp::Search => "search",
-    }
-}
-
-/// The `store` kind.
-pub struct Store;
-
-impl NodeKind for Store {
-    fn name(&self) -> &'static str {
-        "store"
-    }
-
-    fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
-        Attempt::Pending(Box::pin(run(ctx)))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 }

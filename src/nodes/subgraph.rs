@@ -6,19 +6,120 @@
 //! Its thread and first checkpoint are written together, so a parent killed as the child
 //! starts finds either no child (and starts it) or a child it can continue.
 
+use indexmap::IndexMap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
+use crate::compile::kind::{Data, KindConfig, KindCx, KindDecl, Shape, declared_props};
+use crate::diag::Code;
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::engine::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, Engine, LeasePolicy, RunRequest, Status};
 use crate::error_class::ErrorClass;
+
+/// Runs another workflow file with its own state.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct SubgraphNode {
+    /// The workflow file, relative to this one.
+    pub workflow: String,
+    /// The child's input: `key: expression`.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub input: IndexMap<String, Value>,
+}
+
+/// A `subgraph` node, compiled (its child plan is the plan's, by node).
+struct Config {
+    input: Data,
+}
+
+/// The `subgraph` kind.
+pub struct Subgraph;
+
+impl KindDecl for Subgraph {
+    fn name(&self) -> &'static str {
+        "subgraph"
+    }
+
+    fn schema(&self, generator: &mut schemars::SchemaGenerator) -> Value {
+        crate::spec::schema::kind_def::<SubgraphNode>(generator, self.name())
+    }
+
+    fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
+        let n: SubgraphNode = cx.own()?;
+        let input_value = Value::Object(n.input.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
+        let input = cx.data(&["input"], &input_value, None);
+        let child = cx.child("workflow", &n.workflow);
+        let shape = match &child {
+            Some(child) => {
+                check_input(cx, &n, child.input_schema.as_ref());
+                Shape::Fields(
+                    child
+                        .output
+                        .clone()
+                        .unwrap_or_else(|| child.state.keys().cloned().collect()),
+                )
+            }
+            None => Shape::Any,
+        };
+        child?;
+        Some((KindConfig::new(Config { input: input? }), shape))
+    }
+}
+
+/// Checks the node's `input` against the child's input schema: no field the child does not
+/// take, every field it requires.
+fn check_input(cx: &mut KindCx<'_, '_, '_>, n: &SubgraphNode, schema: Option<&Value>) {
+    let src = cx.source();
+    let mut misspelt = Vec::new();
+    if let Some(Some(props)) = schema.map(declared_props) {
+        for key in n.input.keys() {
+            if !props.contains(key) {
+                misspelt.extend(crate::diag::did_you_mean(key, props.iter().map(String::as_str)).map(str::to_string));
+                let d = src
+                    .diag_key(
+                        Code::UnknownField,
+                        &cx.at(&["input", key]),
+                        format!("the subgraph's input has no field `{key}`"),
+                    )
+                    .suggest(key, props.iter().map(String::as_str));
+                cx.report(d);
+            }
+        }
+    }
+    // A required field given under a misspelt name was reported as such.
+    let required = schema.and_then(|s| s.get("required")).and_then(Value::as_array);
+    let missing: Vec<&str> = required
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|r| !n.input.contains_key(*r) && !misspelt.iter().any(|m| m == r))
+        .collect();
+    if !missing.is_empty() {
+        let list = missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ");
+        let at = if cx.fields().contains_key("input") {
+            cx.at(&["input"])
+        } else {
+            cx.at(&[])
+        };
+        let d = src
+            .diag_key(
+                Code::MissingField,
+                &at,
+                format!("the subgraph's input requires {list}, which this node does not give"),
+            )
+            .help(format!("add `input: {{{}: <expression>}}`", missing.join(": ..., ")));
+        cx.report(d);
+    }
+}
 
 /// The child thread of a subgraph task.
 pub fn child_thread_id(parent: &str, step: i64, task_id: &str) -> String {
     format!("{parent}/{step}/{task_id}")
 }
 
-pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
+async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
+    let config = ctx.config::<Config>()?;
     let Some(child) = ctx.plan.subgraphs.get(&ctx.ix).cloned() else {
         return Err(NodeError::invalid("the subgraph's plan is missing").into());
     };
@@ -28,7 +129,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         .get_thread(&thread)
         .map_err(|e| NodeError::new(ErrorClass::Server, e.to_string()))?
         .is_some();
-    let input = data(ctx, "/input", &ctx.scope)?.unwrap_or_else(|| json!({}));
+    let input = data(ctx, Some(&config.input), "/input", &ctx.scope)?.unwrap_or_else(|| json!({}));
     let context = ctx
         .scope
         .get_attr("context")
@@ -86,14 +187,7 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     }
 }
 
-/// The `subgraph` kind.
-pub struct Subgraph;
-
 impl NodeKind for Subgraph {
-    fn name(&self) -> &'static str {
-        "subgraph"
-    }
-
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(run(ctx)))
     }

@@ -4,9 +4,11 @@
 //! (`# yaml-language-server: $schema=...`); a test fails when the file is stale. At run time
 //! the committed text is embedded, so validation costs no generation.
 //!
-//! Nodes are composed by hand: one definition per built-in kind (`node_llm`, ...) with the
-//! common fields flattened in and unknown fields refused, selected by `if kind == ...`. That
-//! keeps errors precise ("unknown field `promt`") where `oneOf` would only say "no match".
+//! Nodes are composed by hand: one definition per kind (`node_llm`, ...) with the common
+//! fields flattened in and unknown fields refused, selected by `if kind == ...`. That keeps
+//! errors precise ("unknown field `promt`") where `oneOf` would only say "no match". The
+//! kinds are not known here: each kind generates its own definition ([`kind_def`]) and the
+//! caller passes them in.
 
 use std::sync::OnceLock;
 
@@ -14,7 +16,7 @@ use schemars::{JsonSchema, generate::SchemaSettings};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::{Workflow, node::*};
+use super::{Workflow, node::NodeCommon};
 
 /// The committed schema text, embedded at build time.
 pub const WORKFLOW_SCHEMA: &str = include_str!("../../schemas/workflow.schema.json");
@@ -39,7 +41,9 @@ struct KindSchema<K: JsonSchema> {
     fields: K,
 }
 
-fn kind_def<K: JsonSchema>(generator: &mut schemars::SchemaGenerator, kind: &str) -> Value {
+/// The definition of a node of kind `kind` whose own fields are `K`: `K`'s fields and the
+/// common ones, nothing else.
+pub fn kind_def<K: JsonSchema>(generator: &mut schemars::SchemaGenerator, kind: &str) -> Value {
     let mut def = generator.subschema_for::<KindSchema<K>>().to_value();
     // `subschema_for` registers the generic wrapper under a generated name and returns a $ref;
     // inline the definition instead so each kind owns one readable entry.
@@ -55,32 +59,24 @@ fn kind_def<K: JsonSchema>(generator: &mut schemars::SchemaGenerator, kind: &str
     def
 }
 
-/// Generates the workflow schema from the spec types.
-pub fn generate() -> Value {
-    let settings = SchemaSettings::draft2020_12();
-    let mut generator = settings.into_generator();
+/// The generator every kind definition is made in.
+pub fn generator() -> schemars::SchemaGenerator {
+    SchemaSettings::draft2020_12().into_generator()
+}
+
+/// Generates the workflow schema from the spec types and the kinds' definitions, which
+/// `kinds` makes in the generator it is given (see [`kind_def`]), in the order to list them.
+pub fn generate(kinds: impl FnOnce(&mut schemars::SchemaGenerator) -> Vec<(&'static str, Value)>) -> Value {
+    let mut generator = generator();
     let mut root = generator.root_schema_for::<Workflow>().to_value();
-    let kinds: Vec<(&str, Value)> = vec![
-        ("llm", kind_def::<LlmNode>(&mut generator, "llm")),
-        ("set", kind_def::<SetNode>(&mut generator, "set")),
-        ("emit", kind_def::<EmitNode>(&mut generator, "emit")),
-        ("interrupt", kind_def::<InterruptNode>(&mut generator, "interrupt")),
-        ("subgraph", kind_def::<SubgraphNode>(&mut generator, "subgraph")),
-        ("http", kind_def::<HttpNode>(&mut generator, "http")),
-        ("search", kind_def::<SearchNode>(&mut generator, "search")),
-        ("scrape", kind_def::<ScrapeNode>(&mut generator, "scrape")),
-        ("index", kind_def::<IndexNode>(&mut generator, "index")),
-        ("retrieve", kind_def::<RetrieveNode>(&mut generator, "retrieve")),
-        ("store", kind_def::<StoreNode>(&mut generator, "store")),
-        ("load", kind_def::<LoadNode>(&mut generator, "load")),
-        ("save", kind_def::<SaveNode>(&mut generator, "save")),
-    ];
-    debug_assert_eq!(kinds.len(), BUILTIN_KINDS.len());
+    let kinds = kinds(&mut generator);
+    let names: Vec<&str> = kinds.iter().map(|(name, _)| *name).collect();
     let mut defs = serde_json::Map::new();
     for (name, def) in generator.definitions() {
         defs.insert(name.clone(), def.clone());
     }
     let mut selectors = Vec::new();
+    let listed = names.join(", ");
     for (kind, def) in kinds {
         let name = format!("node_{kind}");
         selectors.push(json!({
@@ -97,7 +93,7 @@ pub fn generate() -> Value {
             "required": ["kind"],
             "properties": {"kind": {
                 "type": "string",
-                "description": "A built-in kind (llm, set, emit, interrupt, subgraph, http, search, scrape, index, retrieve, store, load, save) or a name from `kinds`."
+                "description": format!("A built-in kind ({listed}) or a name from `kinds`.")
             }},
             "allOf": selectors
         }),
@@ -148,8 +144,8 @@ fn sort_defs(defs: serde_json::Map<String, Value>) -> serde_json::Map<String, Va
 }
 
 /// The schema as committed: pretty JSON with a trailing newline.
-pub fn generate_text() -> String {
-    let mut text = serde_json::to_string_pretty(&generate()).unwrap_or_default();
+pub fn generate_text(kinds: impl FnOnce(&mut schemars::SchemaGenerator) -> Vec<(&'static str, Value)>) -> String {
+    let mut text = serde_json::to_string_pretty(&generate(kinds)).unwrap_or_default();
     text.push('\n');
     text
 }

@@ -35,7 +35,7 @@ impl Project {
 
     /// The plan of the workflow `name`, which must compile without errors.
     pub fn plan(&self, name: &str) -> Arc<Plan> {
-        let (plan, result) = compile_file(&self.path(name));
+        let (plan, result) = compile_file(&self.path(name), &runner::nodes::builtin().decls());
         assert!(
             result.diagnostics.iter().all(|d| !d.is_error()),
             "{:#?}",

@@ -106,7 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         if human {
             writeln!(out, "{}", suite.path.display())?;
         }
-        let (plan, compiled) = compile_file(&suite.workflow);
+        let (plan, compiled) = compile_file(&suite.workflow, &crate::nodes::builtin().decls());
         let mut outcomes = vec![];
         for case in cases {
             let started = Instant::now();
