@@ -70,10 +70,30 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "secrets",
         ],
     ),
+    // The run builder assembles a run's settings and services from every layer below the CLI.
+    (
+        "run",
+        &[
+            "spec",
+            "diag",
+            "compile",
+            "engine",
+            "nodes",
+            "checkpoint",
+            "clock",
+            "error_class",
+            "net",
+            "providers",
+            "cassette",
+            "rag",
+            "secrets",
+        ],
+    ),
     // The CLI is the top: it may import everything, and nothing imports it.
     (
         "cli",
         &[
+            "run",
             "spec",
             "diag",
             "compile",
@@ -234,6 +254,9 @@ fn a_wrong_arrow_fails() {
         ("nodes", "cli"),
         ("net", "providers"),
         ("cassette", "providers"),
+        ("run", "cli"),
+        ("engine", "run"),
+        ("nodes", "run"),
     ] {
         let mut wrong = graph.clone();
         let arrows = wrong.entry(from.to_string()).or_default();

@@ -2,7 +2,8 @@
 //!
 //! The pipeline, one module per stage: [`spec`] (YAML as written) → [`compile`] (a checked,
 //! immutable [`compile::Plan`]) → engine → checkpoints. [`diag`] carries every stage's problems
-//! to the user; [`cli`] is the only place that prints.
+//! to the user; [`run`] assembles a run's settings and services; [`cli`] is the only place that
+//! prints.
 
 pub mod cassette;
 pub mod checkpoint;
@@ -18,5 +19,6 @@ pub mod net;
 pub mod nodes;
 pub mod providers;
 pub mod rag;
+pub mod run;
 pub mod secrets;
 pub mod spec;

@@ -10,16 +10,12 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use super::{exit, render, store};
-use crate::cassette::Cassette;
 use crate::checkpoint::CheckpointError;
 use crate::compile::compile_file;
 use crate::diag::{self, Format};
 use crate::engine::events::Events;
-use crate::engine::{DEFAULT_LEASE_TTL, Engine, EngineError, LeasePolicy, Persist, RunRequest, Status};
-use crate::nodes::Services;
-use crate::providers::Providers;
-use crate::providers::cassette::{Recording, RecordingEmbedder, Replaying, replaying_embedders};
-use crate::providers::mock::MockProvider;
+use crate::engine::{Engine, EngineError, Persist, RunRequest, Status};
+use crate::run::{CassetteOption, DbOption, Env, MockOption, RunOptions, RunSettings, Start};
 
 /// How progress is shown on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -124,27 +120,29 @@ pub struct Common {
 }
 
 impl Common {
-    /// The lease a run takes: `--lease-ttl`, else `RUNNER_LEASE_TTL`, else the default.
-    fn lease(&self) -> anyhow::Result<LeasePolicy> {
-        let ttl = match (self.lease_ttl, std::env::var("RUNNER_LEASE_TTL")) {
-            (Some(secs), _) => lease_ttl(secs).context("--lease-ttl")?,
-            (None, Ok(text)) => lease_ttl(
-                text.trim()
-                    .parse()
-                    .with_context(|| format!("RUNNER_LEASE_TTL `{text}` is not a number of seconds"))?,
-            )
-            .context("RUNNER_LEASE_TTL")?,
-            (None, Err(_)) => DEFAULT_LEASE_TTL,
-        };
-        Ok(LeasePolicy::Take { ttl, wait: self.wait })
+    /// What these flags say about a run, for the run builder.
+    fn options(&self, force: bool) -> RunOptions {
+        RunOptions {
+            db: self.db.clone().map(DbOption::At),
+            durability: Some(self.durability.into()),
+            data_db: self.data_db.clone(),
+            mock: self.mock.clone().map(MockOption::File),
+            cassette: match (&self.record, &self.replay) {
+                (Some(path), _) => Some(CassetteOption::Record(path.clone())),
+                (None, Some(path)) => Some(CassetteOption::Replay(path.clone())),
+                (None, None) => None,
+            },
+            models: self.model.clone(),
+            allow_net: self.allow_net.clone(),
+            allow_read: self.allow_read.clone(),
+            lease_ttl: self.lease_ttl,
+            wait: Some(self.wait),
+            recursion_limit: self.recursion_limit,
+            persist: Some(self.persist.into()),
+            force: Some(force),
+            kinds: None,
+        }
     }
-}
-
-fn lease_ttl(secs: f64) -> anyhow::Result<std::time::Duration> {
-    if !(secs > 0.0 && secs <= 86_400.0) {
-        bail!("the lease time to live must be more than 0 and at most 86400 seconds, not {secs}");
-    }
-    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 /// Run a workflow, or continue one of its threads.
@@ -226,36 +224,32 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     let Some(plan) = compile(&args.file)? else {
         return Ok(exit::INVALID);
     };
-    let db = store::db_path(args.common.db.as_deref());
-    let store = store::open(&db, args.common.durability)?;
-    let existing = match &args.thread {
-        Some(t) => store.get_thread(t)?,
-        None => None,
-    };
-    let fresh = existing.is_none();
-    // On an existing thread, new input starts a new turn; without it the thread continues.
-    let given = !args.input.is_empty() || args.input_file.is_some();
-    let request = RunRequest {
-        thread_id: args.thread.clone(),
-        workflow: absolute(&args.file).display().to_string(),
-        input: (fresh || given).then_some(input),
-        context: fresh.then_some(Value::Object(context)),
-        config,
-        answer: None,
-        answer_to: None,
-        lease: args.common.lease()?,
-        recursion_limit: args.common.recursion_limit,
-        persist: args.common.persist.into(),
-        force: args.force,
-    };
-    execute(plan, request, &args.common, store)
+    let settings = args.common.options(args.force).resolve(&Env::process())?;
+    let store = settings.open_store()?;
+    let request = settings.overrides.start(
+        store.as_ref(),
+        Start {
+            thread_id: args.thread.clone(),
+            workflow: absolute(&args.file).display().to_string(),
+            input,
+            // On an existing thread, new input starts a new turn; without it the thread continues.
+            input_given: !args.input.is_empty() || args.input_file.is_some(),
+            context: Value::Object(context),
+            config,
+        },
+    )?;
+    execute(plan, request, &args.common, &settings, store)
 }
 
 pub fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
-    let db = store::db_path(args.common.db.as_deref());
-    let store = store::open(&db, args.common.durability)?;
+    let settings = args.common.options(args.force).resolve(&Env::process())?;
+    let store = settings.open_store()?;
     let Some(thread) = store.get_thread(&args.thread)? else {
-        bail!("thread `{}` does not exist in {}", args.thread, db.display());
+        bail!(
+            "thread `{}` does not exist in {}",
+            args.thread,
+            settings.checkpoints.value
+        );
     };
     let (answer_to, answer) = match &args.answer {
         Some(a) => {
@@ -264,21 +258,13 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
         }
         None => (None, None),
     };
-    let request = RunRequest {
-        thread_id: Some(thread.thread_id.clone()),
-        workflow: thread.workflow.clone(),
-        answer,
-        answer_to,
-        lease: args.common.lease()?,
-        recursion_limit: args.common.recursion_limit,
-        persist: args.common.persist.into(),
-        force: args.force,
-        ..RunRequest::default()
-    };
+    let request = settings
+        .overrides
+        .answer(thread.thread_id.clone(), thread.workflow.clone(), answer, answer_to);
     let Some(plan) = compile(Path::new(&thread.workflow))? else {
         return Ok(exit::INVALID);
     };
-    execute(plan, request, &args.common, store)
+    execute(plan, request, &args.common, &settings, store)
 }
 
 /// Compiles the workflow, or prints why it cannot run.
@@ -293,61 +279,15 @@ fn compile(file: &Path) -> anyhow::Result<Option<Arc<crate::compile::Plan>>> {
     Ok(plan)
 }
 
-/// The web client of a run: `--allow-net` and `RUNNER_ALLOW_NET` entries added to every
-/// request's allow-list.
-fn web_client(flags: &[String]) -> anyhow::Result<crate::net::Web> {
-    let from_env = std::env::var("RUNNER_ALLOW_NET").unwrap_or_default();
-    let entries = flags
-        .iter()
-        .map(String::as_str)
-        .chain(from_env.split(','))
-        .map(str::trim)
-        .filter(|e| !e.is_empty());
-    let allow = crate::net::AllowList::parse(entries).map_err(|e| anyhow::anyhow!("--allow-net: {e}"))?;
-    Ok(crate::net::Web::new(crate::net::WebConfig {
-        allow,
-        ..Default::default()
-    }))
-}
-
 fn execute(
     plan: Arc<crate::compile::Plan>,
     request: RunRequest,
     common: &Common,
+    settings: &RunSettings,
     store: Arc<dyn crate::checkpoint::Checkpointer>,
 ) -> anyhow::Result<u8> {
-    let mock = match &common.mock {
-        Some(path) => Some(Arc::new(
-            MockProvider::from_file(path).map_err(|e| anyhow::anyhow!("--mock {}: {e}", path.display()))?,
-        )),
-        None => None,
-    };
-    let override_all = mock.is_some();
-    let models = override_models(&plan.models, &common.model)?;
-    let cassette = match (&common.record, &common.replay) {
-        (Some(path), _) => Some(Arc::new(Cassette::record(path)?)),
-        (None, Some(path)) => Some(Arc::new(Cassette::replay(path)?)),
-        (None, None) => None,
-    };
-    let providers = match &cassette {
-        Some(c) => cassette_providers(&plan, c, Providers::for_models(&models, mock, override_all))?,
-        None => Providers::for_models(&models, mock, override_all)?,
-    };
-    let services = Services {
-        kinds: crate::nodes::builtin(),
-        providers,
-        cassette: cassette.clone(),
-        data: crate::rag::DataStore::at(store::data_db_path(common.data_db.as_deref())),
-        web: Arc::new(web_client(&common.allow_net)?.with_cassette(cassette.clone())),
-        read_roots: crate::nodes::ReadRoots::from_flags_and_env(&common.allow_read)
-            .map_err(|e| anyhow::anyhow!("--allow-read: {e}"))?,
-    };
-    // A key read from a variable with any name is a secret like the conventional ones.
-    for profile in models.values() {
-        if let Some(key) = profile.api_key_env.as_deref().and_then(|name| std::env::var(name).ok()) {
-            crate::secrets::register(&key);
-        }
-    }
+    let services = settings.services(&plan)?;
+    let cassette = services.cassette.clone();
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human
     } else {
@@ -466,53 +406,6 @@ fn execute(
             }
         }
     })
-}
-
-/// The plan's model profiles with `--model PROFILE=SPEC` overrides applied.
-fn override_models(
-    models: &indexmap::IndexMap<String, crate::spec::ModelProfile>,
-    specs: &[String],
-) -> anyhow::Result<indexmap::IndexMap<String, crate::spec::ModelProfile>> {
-    let mut models = models.clone();
-    for arg in specs {
-        let (name, spec) = arg
-            .split_once('=')
-            .with_context(|| format!("--model `{arg}` is not PROFILE=PROVIDER:MODEL[@URL]"))?;
-        let Some(profile) = models.get_mut(name) else {
-            let known: Vec<&str> = models.keys().map(String::as_str).collect();
-            bail!(
-                "--model: the workflow has no model profile `{name}` (its profiles: {})",
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            );
-        };
-        *profile = crate::providers::override_profile(profile, spec).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
-    }
-    Ok(models)
-}
-
-/// Providers that record every call to `cassette`, or that serve every call from it.
-pub(crate) fn cassette_providers(
-    plan: &crate::compile::Plan,
-    cassette: &Arc<Cassette>,
-    live: Result<Providers, crate::providers::SetupError>,
-) -> Result<Providers, crate::providers::SetupError> {
-    if cassette.is_replay() {
-        // Nothing live is set up: a replay reaches no network and needs no key.
-        let mut providers = Providers::serve_all(&plan.models, Arc::new(Replaying::new(cassette.clone())));
-        for (profile, embedder) in replaying_embedders(cassette) {
-            providers.set_embedder(&profile, embedder);
-        }
-        return Ok(providers);
-    }
-    Ok(live?
-        .wrap(|p| Arc::new(Recording::new(p, cassette.clone())) as Arc<dyn crate::providers::Provider>)
-        .wrap_embedders(|name, e| {
-            Arc::new(RecordingEmbedder::new(name, e, cassette.clone())) as Arc<dyn crate::providers::Embedder>
-        }))
 }
 
 /// `key=value`: the value as JSON if it parses, else a string; `@path` reads a file as text.

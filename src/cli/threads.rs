@@ -82,7 +82,7 @@ pub struct ForkArgs {
 }
 
 pub fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
-    let store = store::open_read_only(&store::db_path(args.db.db.as_deref()))?;
+    let store = store::open_read_only(args.db.db.as_deref())?;
     let mut out = std::io::stdout().lock();
     let now = crate::clock::now_ms();
     for t in store.list_thread_heads()? {
@@ -115,7 +115,7 @@ fn leased(store: &dyn checkpoint::Checkpointer, thread_id: &str, now: i64) -> an
 }
 
 pub fn history(args: HistoryArgs) -> anyhow::Result<u8> {
-    let store = store::open_read_only(&store::db_path(args.db.db.as_deref()))?;
+    let store = store::open_read_only(args.db.db.as_deref())?;
     if store.get_thread(&args.thread)?.is_none() {
         bail!("thread `{}` does not exist", args.thread);
     }
@@ -140,7 +140,7 @@ pub fn history(args: HistoryArgs) -> anyhow::Result<u8> {
 }
 
 pub fn state(args: StateArgs) -> anyhow::Result<u8> {
-    let store = store::open_read_only(&store::db_path(args.db.db.as_deref()))?;
+    let store = store::open_read_only(args.db.db.as_deref())?;
     let cp = store
         .get_checkpoint(&args.thread, args.checkpoint.as_deref())?
         .with_context(|| format!("thread `{}` has no such checkpoint", args.thread))?;
@@ -162,7 +162,7 @@ pub fn state(args: StateArgs) -> anyhow::Result<u8> {
 }
 
 pub fn fork(args: ForkArgs) -> anyhow::Result<u8> {
-    let store = store::open(&store::db_path(args.db.db.as_deref()), Default::default())?;
+    let store = store::open(args.db.db.as_deref())?;
     let new = args.new_thread.clone().unwrap_or_else(checkpoint::new_id);
     let base = store.fork(&args.thread, &args.checkpoint, &new)?;
     if !args.set.is_empty() {

@@ -102,6 +102,17 @@ impl Kinds {
     }
 }
 
+/// The same kinds under the same names (the same objects, not look-alikes).
+impl PartialEq for Kinds {
+    fn eq(&self, other: &Kinds) -> bool {
+        self.by_name.len() == other.by_name.len()
+            && self
+                .by_name
+                .iter()
+                .all(|(name, k)| other.by_name.get(name).is_some_and(|o| Arc::ptr_eq(k, o)))
+    }
+}
+
 impl fmt::Debug for Kinds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_set().entries(self.names()).finish()

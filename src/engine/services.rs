@@ -76,16 +76,6 @@ impl ReadRoots {
         Ok(ReadRoots { roots })
     }
 
-    /// The roots of `RUNNER_ALLOW_READ` (a list of directories separated as in `PATH`) and
-    /// of `flags`.
-    pub fn from_flags_and_env(flags: &[PathBuf]) -> Result<ReadRoots, String> {
-        let from_env = std::env::var_os("RUNNER_ALLOW_READ").unwrap_or_default();
-        let env_dirs: Vec<PathBuf> = std::env::split_paths(&from_env)
-            .filter(|p| !p.as_os_str().is_empty())
-            .collect();
-        ReadRoots::new(flags.iter().chain(env_dirs.iter()))
-    }
-
     /// `path` (relative to the current directory) resolved, when it lies inside
     /// `workflow_dir` or one of the roots; else a refusal naming it. Callers read the path
     /// returned, the one that was checked.

@@ -13,15 +13,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::exit;
-use crate::cassette::Cassette;
-use crate::checkpoint::memory::MemoryCheckpointer;
 use crate::compile::{Plan, compile_file};
 use crate::diag::{self, Format};
 use crate::engine::events::{Event, Events};
-use crate::engine::{Engine, Persist, RunOutcome, RunRequest, Status};
-use crate::nodes::Services;
-use crate::providers::Providers;
-use crate::providers::mock::MockProvider;
+use crate::engine::{Engine, Persist, RunOutcome, Status};
+use crate::run::{CassetteOption, DbOption, Env, MockOption, RunOptions, Start, env};
 use expect::Observed;
 use suite::{Case, Models, Suite};
 
@@ -67,8 +63,18 @@ struct Outcome {
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let read_roots = crate::nodes::ReadRoots::from_flags_and_env(&args.allow_read)
-        .map_err(|e| anyhow::anyhow!("--allow-read: {e}"))?;
+    // A case runs the same whatever the shell says about the network or leases: only the
+    // directories it may read come from the environment (and model keys, unused under a mock).
+    let env = Env::process().without(env::ALLOW_NET).without(env::LEASE_TTL);
+    let base = RunOptions {
+        db: Some(DbOption::Scratch),
+        data_db: Some(PathBuf::from(":memory:")),
+        allow_read: args.allow_read.clone(),
+        persist: Some(Persist::Sync),
+        ..RunOptions::default()
+    };
+    // Checked once, before any case runs.
+    base.clone().resolve(&env)?;
     let paths = if args.paths.is_empty() {
         vec![PathBuf::from("workflows")]
     } else {
@@ -115,7 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                     let nodes: Vec<&str> = plan.nodes.values().map(|n| n.name.as_str()).collect();
                     let unknown = expect::unknown_nodes(&case.expect, &nodes);
                     if unknown.is_empty() {
-                        runtime.block_on(run_case(plan.clone(), suite, case, &read_roots))
+                        runtime.block_on(run_case(plan.clone(), suite, case, case_options(&base, case), &env))
                     } else {
                         unknown
                     }
@@ -184,13 +190,31 @@ pub fn is_test_file(name: &str) -> bool {
     name.ends_with(".test.yaml") || name.ends_with(".test.yml")
 }
 
-/// Runs one case and returns its failures (none when it passed).
-async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, read_roots: &crate::nodes::ReadRoots) -> Vec<String> {
-    let services = match providers(&plan, case, read_roots) {
-        Ok(p) => p,
-        Err(e) => return vec![e],
+/// The options of one case: the command's, with the case's models and recursion limit.
+fn case_options(base: &RunOptions, case: &Case) -> RunOptions {
+    let (mock, cassette) = match &case.models {
+        // A test never reaches a real model: without a script, every call fails as on an
+        // empty one.
+        Models::None => (Some(MockOption::Empty), None),
+        Models::Mock(script) => (Some(MockOption::Script(script.clone())), None),
+        Models::MockFile(path) => (Some(MockOption::File(path.clone())), None),
+        Models::Cassette(path) => (None, Some(CassetteOption::Replay(path.clone()))),
     };
-    let cassette = services.cassette.clone();
+    RunOptions {
+        mock,
+        cassette,
+        recursion_limit: case.recursion_limit,
+        ..base.clone()
+    }
+}
+
+/// Runs one case and returns its failures (none when it passed).
+async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, options: RunOptions, env: &Env) -> Vec<String> {
+    let run = match options.resolve(env).and_then(|settings| settings.build(&plan)) {
+        Ok(run) => run,
+        Err(e) => return vec![e.to_string()],
+    };
+    let cassette = run.services.cassette.clone();
     let collected: Arc<Mutex<Vec<Event>>> = Arc::default();
     let sink = collected.clone();
     let events = Events::sink(Arc::new(move |e| {
@@ -198,18 +222,23 @@ async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, read_roots: &crat
             v.push(e.event);
         }
     }));
-    let store = Arc::new(MemoryCheckpointer::new());
-    let engine = Engine::new(plan, store, services, events);
-    let mut request = RunRequest {
-        thread_id: Some("test".into()),
-        workflow: suite.workflow.display().to_string(),
-        input: Some(case.input.clone()),
-        context: Some(case.context.clone()),
-        config: case.set.clone(),
-        recursion_limit: case.recursion_limit,
-        persist: Persist::Sync,
-        ..RunRequest::default()
+    let start = run.overrides.start(
+        run.store.as_ref(),
+        Start {
+            thread_id: Some("test".into()),
+            workflow: suite.workflow.display().to_string(),
+            input: case.input.clone(),
+            input_given: true,
+            context: case.context.clone(),
+            config: case.set.clone(),
+        },
+    );
+    let mut request = match start {
+        Ok(request) => request,
+        Err(e) => return vec![e.to_string()],
     };
+    let overrides = run.overrides;
+    let engine = Engine::new(plan, run.store, run.services, events);
     let mut answers = case.answers.iter();
     let mut failures = vec![];
     let result = loop {
@@ -222,17 +251,15 @@ async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, read_roots: &crat
         }
         match answers.next() {
             Some(answer) => {
-                request = RunRequest {
-                    thread_id: Some(outcome.thread_id.clone()),
-                    workflow: request.workflow.clone(),
-                    answer: Some(answer.clone()),
+                request = overrides.answer(
+                    outcome.thread_id.clone(),
+                    request.workflow.clone(),
+                    Some(answer.clone()),
                     // Several gates waiting: the answers take them in the order reported.
-                    answer_to: (outcome.interrupts.len() > 1)
+                    (outcome.interrupts.len() > 1)
                         .then(|| outcome.interrupts[0]["task_id"].as_str().map(str::to_string))
                         .flatten(),
-                    recursion_limit: case.recursion_limit,
-                    ..RunRequest::default()
-                };
+                );
             }
             None => break Ok(outcome),
         }
@@ -253,34 +280,6 @@ async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, read_roots: &crat
     let seen = observe(result, &events);
     failures.extend(expect::check(&case.expect, &seen));
     failures
-}
-
-fn providers(plan: &Plan, case: &Case, read_roots: &crate::nodes::ReadRoots) -> Result<Services, String> {
-    let mock = |m: Result<MockProvider, String>| m.map(Arc::new).map_err(|e| format!("mock script: {e}"));
-    let (providers, cassette) = match &case.models {
-        Models::Cassette(path) => {
-            let c = Arc::new(Cassette::replay(path).map_err(|e| e.to_string())?);
-            let providers =
-                super::run::cassette_providers(plan, &c, Ok(Providers::default())).map_err(|e| e.to_string())?;
-            (providers, Some(c))
-        }
-        Models::None => (for_models(plan, Arc::new(MockProvider::empty()))?, None),
-        Models::Mock(script) => (for_models(plan, mock(MockProvider::from_value(script))?)?, None),
-        Models::MockFile(path) => (for_models(plan, mock(MockProvider::from_file(path))?)?, None),
-    };
-    Ok(Services {
-        kinds: crate::nodes::builtin(),
-        providers,
-        web: Arc::new(crate::net::Web::default().with_cassette(cassette.clone())),
-        cassette,
-        data: crate::rag::DataStore::default(),
-        read_roots: read_roots.clone(),
-    })
-}
-
-/// Every profile served by the case's mock: a test never reaches a real model.
-fn for_models(plan: &Plan, mock: Arc<MockProvider>) -> Result<Providers, String> {
-    Providers::for_models(&plan.models, Some(mock), true).map_err(|e| e.to_string())
 }
 
 fn observe(result: Result<RunOutcome, String>, events: &[Event]) -> Observed {

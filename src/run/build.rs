@@ -1,0 +1,214 @@
+//! From settings to a run: its checkpointer, its services and the engine requests it makes.
+
+use std::sync::Arc;
+
+use indexmap::IndexMap;
+use serde_json::Value;
+
+use super::RunError;
+use super::options::{CassetteOption, MockOption};
+use super::settings::{Overrides, RunSettings};
+use crate::cassette::Cassette;
+use crate::checkpoint::{CheckpointError, Checkpointer};
+use crate::compile::Plan;
+use crate::engine::RunRequest;
+use crate::nodes::Services;
+use crate::providers::cassette::{Recording, RecordingEmbedder, Replaying, replaying_embedders};
+use crate::providers::mock::MockProvider;
+use crate::providers::{Embedder, Provider, Providers};
+use crate::spec::ModelProfile;
+
+/// A run, assembled: what `Engine::new` takes besides the plan and the event sink, and what
+/// every request of the run carries.
+pub struct Run {
+    pub store: Arc<dyn Checkpointer>,
+    pub services: Services,
+    pub overrides: Overrides,
+}
+
+impl RunSettings {
+    /// The checkpointer and the services of a run of `plan`.
+    pub fn build(&self, plan: &Plan) -> Result<Run, RunError> {
+        Ok(Run {
+            store: self.open_store()?,
+            services: self.services(plan)?,
+            overrides: self.overrides.clone(),
+        })
+    }
+
+    /// The checkpointer alone, for a caller that looks at the thread before it has a plan
+    /// (`resume` reads the workflow's path from the thread).
+    pub fn open_store(&self) -> Result<Arc<dyn Checkpointer>, RunError> {
+        self.checkpoints.value.open(self.durability)
+    }
+
+    /// The read-only checkpointer, for looking at threads.
+    pub fn open_store_read_only(&self) -> Result<Arc<dyn Checkpointer>, RunError> {
+        self.checkpoints.value.open_read_only()
+    }
+
+    /// The providers (a mock, a cassette and `--model` overrides applied), the cassette, the
+    /// data store, the web client and the read roots of a run of `plan`.
+    pub fn services(&self, plan: &Plan) -> Result<Services, RunError> {
+        let mock = match &self.mock {
+            None => None,
+            Some(MockOption::Empty) => Some(Arc::new(MockProvider::empty())),
+            Some(MockOption::Script(script)) => Some(Arc::new(
+                MockProvider::from_value(script).map_err(|message| RunError::Mock { path: None, message })?,
+            )),
+            Some(MockOption::File(path)) => Some(Arc::new(MockProvider::from_file(path).map_err(|message| {
+                RunError::Mock {
+                    path: Some(path.clone()),
+                    message,
+                }
+            })?)),
+        };
+        let models = override_models(&plan.models, &self.models)?;
+        let cassette = match &self.cassette {
+            Some(CassetteOption::Record(path)) => Some(Arc::new(Cassette::record_with(path, self.env.credentials())?)),
+            Some(CassetteOption::Replay(path)) => Some(Arc::new(Cassette::replay_with(path, self.env.credentials())?)),
+            None => None,
+        };
+        let providers = match &cassette {
+            // Nothing live is set up: a replay reaches no network and needs no key.
+            Some(c) if c.is_replay() => replaying(&models, c),
+            _ => {
+                // A mock given to the run serves every profile, whatever its provider.
+                let override_all = mock.is_some();
+                let live = Providers::for_models_in(&models, mock, override_all, &|name| self.env.get(name))?;
+                match &cassette {
+                    Some(c) => recording(live, c),
+                    None => live,
+                }
+            }
+        };
+        // A key read from a variable with any name is a secret like the conventional ones.
+        for profile in models.values() {
+            if let Some(key) = profile.api_key_env.as_deref().and_then(|name| self.env.get(name)) {
+                crate::secrets::register(&key);
+            }
+        }
+        let web = crate::net::Web::new(crate::net::WebConfig {
+            allow: self.allow_net.clone(),
+            ..Default::default()
+        });
+        Ok(Services {
+            kinds: self.kinds.clone(),
+            providers,
+            web: Arc::new(web.with_cassette(cassette.clone())),
+            cassette,
+            data: crate::rag::DataStore::at(self.data_db.value.clone()),
+            read_roots: self.read_roots.clone(),
+        })
+    }
+}
+
+/// Every profile served from the cassette `replay`.
+fn replaying(models: &IndexMap<String, ModelProfile>, replay: &Arc<Cassette>) -> Providers {
+    let mut providers = Providers::serve_all(models, Arc::new(Replaying::new(replay.clone())));
+    for (profile, embedder) in replaying_embedders(replay) {
+        providers.set_embedder(&profile, embedder);
+    }
+    providers
+}
+
+/// `live`, with every call and embedding recorded to `cassette`.
+fn recording(live: Providers, cassette: &Arc<Cassette>) -> Providers {
+    live.wrap(|p| Arc::new(Recording::new(p, cassette.clone())) as Arc<dyn Provider>)
+        .wrap_embedders(|name, e| Arc::new(RecordingEmbedder::new(name, e, cassette.clone())) as Arc<dyn Embedder>)
+}
+
+/// The plan's model profiles with `PROFILE=SPEC` overrides applied.
+fn override_models(
+    models: &IndexMap<String, ModelProfile>,
+    specs: &[String],
+) -> Result<IndexMap<String, ModelProfile>, RunError> {
+    let mut models = models.clone();
+    for arg in specs {
+        let (name, spec) = arg
+            .split_once('=')
+            .ok_or_else(|| RunError::Model(format!("`{arg}` is not PROFILE=PROVIDER:MODEL[@URL]")))?;
+        let Some(profile) = models.get_mut(name) else {
+            let known: Vec<&str> = models.keys().map(String::as_str).collect();
+            return Err(RunError::Model(format!(
+                "the workflow has no model profile `{name}` (its profiles: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        };
+        *profile = crate::providers::override_profile(profile, spec).map_err(RunError::Model)?;
+    }
+    Ok(models)
+}
+
+/// Whether a run on `thread` starts a new thread: no id given (one is made), or no thread by
+/// that id in `store`.
+pub fn thread_is_new(store: &dyn Checkpointer, thread: Option<&str>) -> Result<bool, CheckpointError> {
+    match thread {
+        Some(t) => Ok(store.get_thread(t)?.is_none()),
+        None => Ok(true),
+    }
+}
+
+/// What a run of a workflow is started with: on a new thread, its input and context; on an
+/// existing one, its input starts a new turn when given, else the thread continues.
+#[derive(Debug, Clone, Default)]
+pub struct Start {
+    /// The thread to continue, or the id of a new one (none: a new id).
+    pub thread_id: Option<String>,
+    /// The workflow's path, recorded with a new thread.
+    pub workflow: String,
+    pub input: Value,
+    /// Whether `input` was given (an empty object otherwise).
+    pub input_given: bool,
+    pub context: Value,
+    /// `path=value` overrides of the workflow's `config`, recorded with a new thread.
+    pub config: Vec<(String, Value)>,
+}
+
+impl Overrides {
+    /// The request that starts or continues a thread per `start`, its newness read from
+    /// `store`.
+    pub fn start(&self, store: &dyn Checkpointer, start: Start) -> Result<RunRequest, CheckpointError> {
+        let fresh = thread_is_new(store, start.thread_id.as_deref())?;
+        Ok(RunRequest {
+            thread_id: start.thread_id,
+            workflow: start.workflow,
+            input: (fresh || start.input_given).then_some(start.input),
+            context: fresh.then_some(start.context),
+            config: start.config,
+            ..self.request()
+        })
+    }
+
+    /// The request that answers the thread's pending interrupt (`answer_to`: which, when several
+    /// wait), or continues it without an answer.
+    pub fn answer(
+        &self,
+        thread_id: String,
+        workflow: String,
+        answer: Option<Value>,
+        answer_to: Option<String>,
+    ) -> RunRequest {
+        RunRequest {
+            thread_id: Some(thread_id),
+            workflow,
+            answer,
+            answer_to,
+            ..self.request()
+        }
+    }
+
+    fn request(&self) -> RunRequest {
+        RunRequest {
+            lease: self.lease.clone(),
+            recursion_limit: self.recursion_limit,
+            persist: self.persist,
+            force: self.force,
+            ..RunRequest::default()
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Every value of a run decided: [`RunOptions`] over the environment over the defaults, each
+//! value with where it came from so that an error names the flag or the variable to fix.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::RunError;
+use super::env::{self, Env};
+use super::options::{CassetteOption, DbOption, MockOption, RunOptions};
+use super::store::Checkpoints;
+use crate::checkpoint::Durability;
+use crate::engine::Kinds;
+use crate::engine::{DEFAULT_LEASE_TTL, LeasePolicy, Persist};
+use crate::net::AllowList;
+use crate::nodes::ReadRoots;
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Said by the caller: the option, named as its flag (`--db`).
+    Given(&'static str),
+    /// Read from this environment variable.
+    Env(&'static str),
+    /// Nobody said: the default.
+    Default,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Given(name) | Source::Env(name) => f.write_str(name),
+            Source::Default => f.write_str("the default"),
+        }
+    }
+}
+
+/// A decided value and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setting<T> {
+    pub value: T,
+    pub source: Source,
+}
+
+/// What the engine is told per run besides the workflow's own settings: the same for every
+/// request of the run (its start, its answers, its new turns).
+#[derive(Debug, Clone)]
+pub struct Overrides {
+    pub lease: LeasePolicy,
+    /// The most supersteps (`None`: the workflow's `limits`).
+    pub recursion_limit: Option<u32>,
+    pub persist: Persist,
+    /// Continue a thread whose workflow changed incompatibly.
+    pub force: bool,
+}
+
+/// A run's settings, every one decided. Built by [`RunOptions::resolve`]; builds the run's
+/// checkpointer and services ([`RunSettings::build`]).
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    pub checkpoints: Setting<Checkpoints>,
+    pub durability: Durability,
+    /// The data database's file (`:memory:` keeps nothing), opened on first use.
+    pub data_db: Setting<PathBuf>,
+    pub mock: Option<MockOption>,
+    pub cassette: Option<CassetteOption>,
+    /// `PROFILE=PROVIDER:MODEL[@URL]` overrides of the workflow's model profiles.
+    pub models: Vec<String>,
+    /// Added to every web request's allow-list.
+    pub allow_net: AllowList,
+    pub read_roots: ReadRoots,
+    pub lease_ttl: Setting<Duration>,
+    pub overrides: Overrides,
+    /// Where API keys, `${env:…}` in model profiles and the secrets a cassette scrubs are read.
+    pub env: Env,
+    /// The node kinds the run knows.
+    pub kinds: Kinds,
+}
+
+impl RunOptions {
+    /// These options over `env` over the defaults. Lists (`allow_net`, `allow_read`) add to
+    /// the environment's instead of replacing it.
+    pub fn resolve(self, env: &Env) -> Result<RunSettings, RunError> {
+        if matches!(self.cassette, Some(CassetteOption::Replay(_))) && self.mock.is_some() {
+            return Err(RunError::Conflict(
+                "a cassette replay serves every call: it cannot be combined with a mock",
+            ));
+        }
+        let checkpoints = match self.db {
+            Some(DbOption::Scratch) => Setting {
+                value: Checkpoints::Scratch,
+                source: Source::Given("--db"),
+            },
+            Some(DbOption::At(path)) => checkpoints(Some(path), env)?,
+            None => checkpoints(None, env)?,
+        };
+        let lease_ttl = lease_ttl(self.lease_ttl, env)?;
+        Ok(RunSettings {
+            checkpoints,
+            durability: self.durability.unwrap_or_default(),
+            data_db: path_setting(self.data_db, env, "--data-db", env::DATA_DB, DEFAULT_DATA_DB),
+            allow_net: allow_net(&self.allow_net, env)?,
+            read_roots: read_roots(&self.allow_read, env)?,
+            mock: self.mock,
+            cassette: self.cassette,
+            kinds: self.kinds.unwrap_or_else(crate::nodes::builtin),
+            models: self.models,
+            overrides: Overrides {
+                lease: LeasePolicy::Take {
+                    ttl: lease_ttl.value,
+                    wait: self.wait.unwrap_or(false),
+                },
+                recursion_limit: self.recursion_limit,
+                persist: self.persist.unwrap_or_default(),
+                force: self.force.unwrap_or(false),
+            },
+            lease_ttl,
+            env: env.clone(),
+        })
+    }
+}
+
+/// The checkpoint database when nobody says.
+pub const DEFAULT_DB: &str = ".runner/runner.db";
+/// The data database when nobody says.
+pub const DEFAULT_DATA_DB: &str = ".runner/data.db";
+
+/// The checkpoint database's path as given: `flag`, else `RUNNER_DB`, else the default.
+pub fn db_path(flag: Option<PathBuf>, env: &Env) -> Setting<PathBuf> {
+    path_setting(flag, env, "--db", env::DB, DEFAULT_DB)
+}
+
+/// The data database's path: `flag`, else `RUNNER_DATA_DB`, else the default.
+pub fn data_db_path(flag: Option<PathBuf>, env: &Env) -> Setting<PathBuf> {
+    path_setting(flag, env, "--data-db", env::DATA_DB, DEFAULT_DATA_DB)
+}
+
+fn checkpoints(flag: Option<PathBuf>, env: &Env) -> Result<Setting<Checkpoints>, RunError> {
+    let at = db_path(flag, env);
+    Ok(Setting {
+        value: Checkpoints::parse(&at.value).map_err(|message| invalid(at.source, message))?,
+        source: at.source,
+    })
+}
+
+fn path_setting(
+    given: Option<PathBuf>,
+    env: &Env,
+    flag: &'static str,
+    var: &'static str,
+    default: &str,
+) -> Setting<PathBuf> {
+    match (given, env.get_os(var)) {
+        (Some(value), _) => Setting {
+            value,
+            source: Source::Given(flag),
+        },
+        (None, Some(value)) => Setting {
+            value: PathBuf::from(value),
+            source: Source::Env(var),
+        },
+        (None, None) => Setting {
+            value: PathBuf::from(default),
+            source: Source::Default,
+        },
+    }
+}
+
+fn invalid(source: Source, message: impl Into<String>) -> RunError {
+    RunError::Invalid {
+        source_of: source,
+        message: message.into(),
+    }
+}
+
+/// `--lease-ttl`, else `RUNNER_LEASE_TTL`, else the engine's default; more than 0 and at most
+/// a day.
+fn lease_ttl(given: Option<f64>, env: &Env) -> Result<Setting<Duration>, RunError> {
+    let (secs, source) = match (given, env.get_os(env::LEASE_TTL)) {
+        (Some(secs), _) => (secs, Source::Given("--lease-ttl")),
+        (None, Some(text)) => {
+            let source = Source::Env(env::LEASE_TTL);
+            let text = text.to_string_lossy();
+            let secs = text
+                .trim()
+                .parse()
+                .map_err(|_| invalid(source, format!("`{text}` is not a number of seconds")))?;
+            (secs, source)
+        }
+        (None, None) => {
+            return Ok(Setting {
+                value: DEFAULT_LEASE_TTL,
+                source: Source::Default,
+            });
+        }
+    };
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(invalid(
+            source,
+            format!("the lease time to live must be more than 0 and at most 86400 seconds, not {secs}"),
+        ));
+    }
+    Ok(Setting {
+        value: Duration::from_secs_f64(secs),
+        source,
+    })
+}
+
+/// The given entries and `RUNNER_ALLOW_NET`'s (comma-separated), each checked where it came
+/// from.
+fn allow_net(given: &[String], env: &Env) -> Result<AllowList, RunError> {
+    let from_env = env.get(env::ALLOW_NET).unwrap_or_default();
+    let env_entries: Vec<&str> = from_env.split(',').map(str::trim).filter(|e| !e.is_empty()).collect();
+    let mut list = AllowList::default();
+    for e in given {
+        list.add(e).map_err(|m| invalid(Source::Given("--allow-net"), m))?;
+    }
+    for e in env_entries {
+        list.add(e).map_err(|m| invalid(Source::Env(env::ALLOW_NET), m))?;
+    }
+    Ok(list)
+}
+
+/// The given directories and `RUNNER_ALLOW_READ`'s (separated as in `PATH`), each resolved.
+fn read_roots(given: &[PathBuf], env: &Env) -> Result<ReadRoots, RunError> {
+    let env_dirs: Vec<PathBuf> = env
+        .get_os(env::ALLOW_READ)
+        .map(|v| std::env::split_paths(v).filter(|p| !p.as_os_str().is_empty()).collect())
+        .unwrap_or_default();
+    ReadRoots::new(given).map_err(|m| invalid(Source::Given("--allow-read"), m))?;
+    ReadRoots::new(&env_dirs).map_err(|m| invalid(Source::Env(env::ALLOW_READ), m))?;
+    ReadRoots::new(given.iter().chain(&env_dirs)).map_err(|m| invalid(Source::Given("--allow-read"), m))
+}

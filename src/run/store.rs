@@ -1,0 +1,128 @@
+//! The checkpointer a run (or a look at threads) is given.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::RunError;
+use crate::checkpoint::memory::MemoryCheckpointer;
+use crate::checkpoint::sqlite::SqliteCheckpointer;
+use crate::checkpoint::{Checkpointer, Durability};
+
+/// The forms the checkpoint database takes, for messages.
+const FORMS: &str = "a file path, `sqlite://PATH` or `:memory:`";
+
+/// Where checkpoints are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checkpoints {
+    /// A SQLite file, created if missing.
+    Sqlite(PathBuf),
+    /// `:memory:`: nothing outlives the process, so only each thread's latest checkpoint is
+    /// kept.
+    Memory,
+    /// In memory with every checkpoint kept (history read back in the same process).
+    Scratch,
+}
+
+impl std::fmt::Display for Checkpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Checkpoints::Sqlite(path) => write!(f, "{}", path.display()),
+            Checkpoints::Memory => f.write_str(":memory:"),
+            Checkpoints::Scratch => f.write_str("memory"),
+        }
+    }
+}
+
+impl Checkpoints {
+    /// Reads a database argument: a path, `sqlite://PATH` or `:memory:`. Any other URL is
+    /// refused rather than taken for a relative path (`postgres://h/db` would otherwise become a
+    /// SQLite file under `./postgres:/h/`). Only the scheme is named in the error: the rest of a
+    /// URL may hold a password.
+    pub fn parse(arg: &Path) -> Result<Checkpoints, String> {
+        let Some(text) = arg.to_str() else {
+            return Ok(Checkpoints::Sqlite(arg.to_path_buf()));
+        };
+        if text == ":memory:" {
+            return Ok(Checkpoints::Memory);
+        }
+        if let Some(rest) = text.strip_prefix("sqlite://") {
+            return match rest {
+                "" => Err(format!("`sqlite://` names no file; the checkpoint database is {FORMS}")),
+                ":memory:" => Ok(Checkpoints::Memory),
+                path => Ok(Checkpoints::Sqlite(PathBuf::from(path))),
+            };
+        }
+        if let Some((scheme, _)) = text.split_once("://")
+            && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        {
+            return Err(format!(
+                "`{scheme}://` databases are not supported: the checkpoint database is {FORMS}"
+            ));
+        }
+        Ok(Checkpoints::Sqlite(arg.to_path_buf()))
+    }
+
+    /// The store for a run: created if missing.
+    pub fn open(&self, durability: Durability) -> Result<Arc<dyn Checkpointer>, RunError> {
+        match self {
+            Checkpoints::Memory => Ok(Arc::new(MemoryCheckpointer::ephemeral())),
+            Checkpoints::Scratch => Ok(Arc::new(MemoryCheckpointer::new())),
+            Checkpoints::Sqlite(path) => {
+                let store = SqliteCheckpointer::open(path, durability).map_err(|e| RunError::Store {
+                    path: path.clone(),
+                    error: e,
+                })?;
+                Ok(Arc::new(store))
+            }
+        }
+    }
+
+    /// The store for looking only (threads, history, state): opened read-only, so a database
+    /// the user may not write (a read-only file or folder, a copy from elsewhere) can be
+    /// inspected, and looking never creates or changes anything. A missing file holds no
+    /// threads.
+    pub fn open_read_only(&self) -> Result<Arc<dyn Checkpointer>, RunError> {
+        match self {
+            Checkpoints::Memory | Checkpoints::Scratch => Ok(Arc::new(MemoryCheckpointer::new())),
+            Checkpoints::Sqlite(path) if !path.exists() => Ok(Arc::new(MemoryCheckpointer::new())),
+            Checkpoints::Sqlite(path) => {
+                let store = SqliteCheckpointer::open_read_only(path).map_err(|e| RunError::Store {
+                    path: path.clone(),
+                    error: e,
+                })?;
+                Ok(Arc::new(store))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn db_arguments() {
+        let loc = |s: &str| Checkpoints::parse(Path::new(s));
+        assert_eq!(loc(":memory:"), Ok(Checkpoints::Memory));
+        assert_eq!(loc("runs.db"), Ok(Checkpoints::Sqlite("runs.db".into())));
+        assert_eq!(loc("dir/a:b.db"), Ok(Checkpoints::Sqlite("dir/a:b.db".into())));
+        assert_eq!(loc("sqlite://runs.db"), Ok(Checkpoints::Sqlite("runs.db".into())));
+        assert_eq!(
+            loc("sqlite:///tmp/runs.db"),
+            Ok(Checkpoints::Sqlite("/tmp/runs.db".into()))
+        );
+        assert_eq!(loc("sqlite://:memory:"), Ok(Checkpoints::Memory));
+        assert!(loc("sqlite://").is_err());
+        for url in [
+            "postgres://user@host:5432/db",
+            "mysql://h/db",
+            "HTTP://h/x",
+            "postgresql+tls://u:secret@h/db",
+        ] {
+            let e = loc(url).unwrap_err();
+            assert!(e.contains("are not supported") && e.contains("sqlite://PATH"), "{e}");
+            assert!(!e.contains("secret") && !e.contains("host"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,353 @@
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::checkpoint::memory::MemoryCheckpointer;
+use crate::checkpoint::{Checkpointer, Thread, ThreadStatus};
+use crate::engine::{DEFAULT_LEASE_TTL, LeasePolicy, Persist};
+use crate::net::AllowList;
+use crate::nodes::ReadRoots;
+
+fn resolve(options: RunOptions, env: &[(&str, &str)]) -> Result<RunSettings, String> {
+    options
+        .resolve(&Env::from_pairs(env.iter().copied()))
+        .map_err(|e| e.to_string())
+}
+
+fn settings(options: RunOptions, env: &[(&str, &str)]) -> RunSettings {
+    match resolve(options, env) {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn lease_of(s: &RunSettings) -> (Duration, bool) {
+    match s.overrides.lease {
+        LeasePolicy::Take { ttl, wait } => (ttl, wait),
+        LeasePolicy::Under(_) => panic!("a run takes its own lease"),
+    }
+}
+
+#[test]
+fn nothing_said_means_the_defaults() {
+    let s = settings(RunOptions::default(), &[]);
+    assert_eq!(
+        s.checkpoints,
+        Setting {
+            value: Checkpoints::Sqlite(".runner/runner.db".into()),
+            source: Source::Default
+        }
+    );
+    assert_eq!(
+        s.data_db,
+        Setting {
+            value: PathBuf::from(".runner/data.db"),
+            source: Source::Default
+        }
+    );
+    assert_eq!(s.lease_ttl.source, Source::Default);
+    assert_eq!(lease_of(&s), (DEFAULT_LEASE_TTL, false));
+    assert_eq!(s.overrides.persist, Persist::Sync);
+    assert_eq!(s.overrides.recursion_limit, None);
+    assert!(!s.overrides.force);
+    assert_eq!(s.allow_net, AllowList::default());
+    assert_eq!(s.read_roots, ReadRoots::default());
+    assert_eq!(s.durability, crate::checkpoint::Durability::CrashSafe);
+}
+
+#[test]
+fn the_environment_fills_what_the_options_leave_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let read = dir.path().display().to_string();
+    let env = [
+        ("RUNNER_DB", ":memory:"),
+        ("RUNNER_DATA_DB", "/tmp/data.db"),
+        ("RUNNER_LEASE_TTL", " 2.5 "),
+        ("RUNNER_ALLOW_NET", "10.0.0.0/8, ,127.0.0.1"),
+        ("RUNNER_ALLOW_READ", read.as_str()),
+    ];
+    let s = settings(RunOptions::default(), &env);
+    assert_eq!(
+        s.checkpoints,
+        Setting {
+            value: Checkpoints::Memory,
+            source: Source::Env("RUNNER_DB")
+        }
+    );
+    assert_eq!(s.data_db.value, PathBuf::from("/tmp/data.db"));
+    assert_eq!(s.data_db.source, Source::Env("RUNNER_DATA_DB"));
+    assert_eq!(s.lease_ttl.source, Source::Env("RUNNER_LEASE_TTL"));
+    assert_eq!(lease_of(&s).0, Duration::from_millis(2500));
+    assert_eq!(s.allow_net, AllowList::parse(["10.0.0.0/8", "127.0.0.1"]).unwrap());
+    assert_eq!(s.read_roots, ReadRoots::new([dir.path()]).unwrap());
+}
+
+#[test]
+fn options_win_over_the_environment_and_lists_add_up() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let env_read = b.path().display().to_string();
+    let env = [
+        ("RUNNER_DB", "from-env.db"),
+        ("RUNNER_DATA_DB", "from-env-data.db"),
+        // Not read at all when the option is given.
+        ("RUNNER_LEASE_TTL", "not a number"),
+        ("RUNNER_ALLOW_NET", "10.0.0.0/8"),
+        ("RUNNER_ALLOW_READ", env_read.as_str()),
+    ];
+    let options = RunOptions {
+        db: Some(DbOption::At("sqlite://given.db".into())),
+        data_db: Some("given-data.db".into()),
+        lease_ttl: Some(30.0),
+        wait: Some(true),
+        allow_net: vec!["127.0.0.1".into()],
+        allow_read: vec![a.path().to_path_buf()],
+        recursion_limit: Some(7),
+        persist: Some(Persist::Exit),
+        force: Some(true),
+        ..RunOptions::default()
+    };
+    let s = settings(options, &env);
+    assert_eq!(
+        s.checkpoints,
+        Setting {
+            value: Checkpoints::Sqlite("given.db".into()),
+            source: Source::Given("--db")
+        }
+    );
+    assert_eq!(
+        s.data_db,
+        Setting {
+            value: PathBuf::from("given-data.db"),
+            source: Source::Given("--data-db")
+        }
+    );
+    assert_eq!(lease_of(&s), (Duration::from_secs(30), true));
+    assert_eq!(s.lease_ttl.source, Source::Given("--lease-ttl"));
+    assert_eq!(s.allow_net, AllowList::parse(["127.0.0.1", "10.0.0.0/8"]).unwrap());
+    assert_eq!(s.read_roots, ReadRoots::new([a.path(), b.path()]).unwrap());
+    assert_eq!(s.overrides.recursion_limit, Some(7));
+    assert_eq!(s.overrides.persist, Persist::Exit);
+    assert!(s.overrides.force);
+    let scratch = settings(
+        RunOptions {
+            db: Some(DbOption::Scratch),
+            ..RunOptions::default()
+        },
+        &env[..2],
+    );
+    assert_eq!(scratch.checkpoints.value, Checkpoints::Scratch);
+}
+
+/// Options, the environment, and the start of the error they must give.
+type ErrorCase<'a> = (RunOptions, &'a [(&'a str, &'a str)], &'a str);
+
+#[test]
+fn an_error_names_the_flag_or_the_variable_it_came_from() {
+    let missing = "/no/such/dir/anywhere";
+    let cases: &[ErrorCase] = &[
+        (
+            RunOptions::default(),
+            &[("RUNNER_LEASE_TTL", "soon")],
+            "RUNNER_LEASE_TTL: `soon` is not a number of seconds",
+        ),
+        (
+            RunOptions::default(),
+            &[("RUNNER_LEASE_TTL", "0")],
+            "RUNNER_LEASE_TTL: the lease time to live must be more than 0",
+        ),
+        (
+            RunOptions {
+                lease_ttl: Some(90_000.0),
+                ..RunOptions::default()
+            },
+            &[],
+            "--lease-ttl: the lease time to live must be more than 0 and at most 86400 seconds, not 90000",
+        ),
+        (
+            RunOptions::default(),
+            &[("RUNNER_DB", "postgres://u:pw@h/db")],
+            "RUNNER_DB: `postgres://` databases are not supported",
+        ),
+        (
+            RunOptions {
+                db: Some(DbOption::At("sqlite://".into())),
+                ..RunOptions::default()
+            },
+            &[],
+            "--db: `sqlite://` names no file",
+        ),
+        (
+            RunOptions::default(),
+            &[("RUNNER_ALLOW_NET", "127.0.0.1,not a host/99")],
+            "RUNNER_ALLOW_NET: ",
+        ),
+        (
+            RunOptions {
+                allow_net: vec!["10.0.0.0/99".into()],
+                ..RunOptions::default()
+            },
+            &[],
+            "--allow-net: ",
+        ),
+        (
+            RunOptions::default(),
+            &[("RUNNER_ALLOW_READ", missing)],
+            "RUNNER_ALLOW_READ: /no/such/dir/anywhere",
+        ),
+        (
+            RunOptions {
+                allow_read: vec![missing.into()],
+                ..RunOptions::default()
+            },
+            &[],
+            "--allow-read: /no/such/dir/anywhere",
+        ),
+        (
+            RunOptions {
+                mock: Some(MockOption::Empty),
+                cassette: Some(CassetteOption::Replay("c.jsonl".into())),
+                ..RunOptions::default()
+            },
+            &[],
+            "a cassette replay serves every call: it cannot be combined with a mock",
+        ),
+    ];
+    for (options, env, expected) in cases {
+        match resolve(options.clone(), env) {
+            Ok(_) => panic!("{options:?} over {env:?} resolved"),
+            Err(e) => assert!(e.starts_with(expected), "{e} (expected {expected})"),
+        }
+    }
+}
+
+/// A workflow with one live model profile, compiled from a temporary file.
+fn plan(dir: &Path) -> std::sync::Arc<crate::compile::Plan> {
+    let file = dir.join("w.yaml");
+    std::fs::write(
+        &file,
+        r#"
+name: chat
+models: {default: {provider: openai, model: m, base_url: "${env:BUILDER_BASE}", api_key_env: BUILDER_KEY}}
+output: [answer]
+state: {answer: {type: string, default: ""}}
+nodes:
+  write: {kind: llm, prompt: {text: "hi"}, update: {answer: output}}
+edges: [START -> write -> END]
+"#,
+    )
+    .unwrap();
+    let (plan, result) = crate::compile::compile_file(&file, &crate::nodes::builtin().decls());
+    match plan {
+        Some(p) => p,
+        None => panic!("{:?}", result.diagnostics),
+    }
+}
+
+#[test]
+fn model_profiles_read_keys_and_urls_from_the_given_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = plan(dir.path());
+    let keyless = resolve(RunOptions::default(), &[("BUILDER_BASE", "http://127.0.0.1:9/v1")])
+        .map_err(|e| e.to_string())
+        .and_then(|s| s.services(&plan).map(|_| ()).map_err(|e| e.to_string()));
+    assert!(keyless.unwrap_err().contains("`BUILDER_KEY`"));
+    let s = settings(
+        RunOptions::default(),
+        &[
+            ("BUILDER_BASE", "http://127.0.0.1:9/v1"),
+            ("BUILDER_KEY", "sk-builder-test-key"),
+        ],
+    );
+    let services = s.services(&plan).unwrap();
+    let (_, profile) = services.providers.get("default").unwrap();
+    assert_eq!(profile.base_url.as_deref(), Some("http://127.0.0.1:9/v1"));
+    assert!(services.cassette.is_none());
+    assert_eq!(services.data.path(), Path::new(".runner/data.db"));
+    // A mock serves every profile: no key is needed.
+    let mocked = settings(
+        RunOptions {
+            mock: Some(MockOption::Script(json!({"replies": {"write": ["hello"]}}))),
+            models: vec!["default=ollama:llama3.2".into()],
+            ..RunOptions::default()
+        },
+        &[],
+    );
+    let services = mocked.services(&plan).unwrap();
+    assert_eq!(services.providers.get("default").unwrap().1.model, "llama3.2");
+    let unknown = settings(
+        RunOptions {
+            mock: Some(MockOption::Empty),
+            models: vec!["fast=ollama:llama3.2".into()],
+            ..RunOptions::default()
+        },
+        &[],
+    );
+    let e = unknown.services(&plan).unwrap_err().to_string();
+    assert!(
+        e.starts_with("--model: the workflow has no model profile `fast` (its profiles: default)"),
+        "{e}"
+    );
+}
+
+fn thread(id: &str) -> Thread {
+    Thread {
+        thread_id: id.into(),
+        workflow: "w.yaml".into(),
+        plan_hash: "h".into(),
+        input: json!({}),
+        context: json!({}),
+        config: json!({}),
+        status: ThreadStatus::Done,
+        created_at: "2026-01-01T00:00:00Z".into(),
+        updated_at: "2026-01-01T00:00:00Z".into(),
+        forked_from: None,
+    }
+}
+
+#[test]
+fn a_thread_is_new_unless_the_store_holds_it() {
+    let store = MemoryCheckpointer::new();
+    store.create_thread(&thread("old")).unwrap();
+    assert!(thread_is_new(&store, None).unwrap());
+    assert!(thread_is_new(&store, Some("new")).unwrap());
+    assert!(!thread_is_new(&store, Some("old")).unwrap());
+
+    let overrides = settings(
+        RunOptions {
+            recursion_limit: Some(3),
+            ..RunOptions::default()
+        },
+        &[],
+    )
+    .overrides;
+    let start = |thread: &str, given: bool| Start {
+        thread_id: Some(thread.into()),
+        workflow: "w.yaml".into(),
+        input: json!({"q": 1}),
+        input_given: given,
+        context: json!({"user": "a"}),
+        config: vec![("k".into(), Value::from(1))],
+    };
+    // A new thread gets its input and context, given or not (an empty input is an input).
+    let new = overrides.start(&store, start("new", false)).unwrap();
+    assert_eq!(
+        (new.input, new.context),
+        (Some(json!({"q": 1})), Some(json!({"user": "a"})))
+    );
+    assert_eq!(new.recursion_limit, Some(3));
+    // An existing one continues without input, and starts a new turn with it; its context
+    // stays the one it was started with.
+    let go_on = overrides.start(&store, start("old", false)).unwrap();
+    assert_eq!((go_on.input, go_on.context), (None, None));
+    let turn = overrides.start(&store, start("old", true)).unwrap();
+    assert_eq!((turn.input, turn.context), (Some(json!({"q": 1})), None));
+    assert_eq!(turn.config, vec![("k".to_string(), Value::from(1))]);
+    let answer = overrides.answer("old".into(), "w.yaml".into(), Some(json!("ok")), None);
+    assert_eq!(answer.thread_id.as_deref(), Some("old"));
+    assert_eq!(
+        (answer.answer, answer.input, answer.recursion_limit),
+        (Some(json!("ok")), None, Some(3))
+    );
+}
