@@ -10,8 +10,7 @@ use serde_json::{Value, json};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
 use crate::engine::kind::{Attempt, NodeKind};
-use crate::engine::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, Engine, LeasePolicy, RunRequest, Status};
-use crate::error_class::ErrorClass;
+use crate::engine::{Answer, CHILD_GATES, CHILD_NODE, CHILD_THREAD, Engine, LeasePolicy, RunOptions, Start, Status};
 
 /// The child thread of a subgraph task.
 pub fn child_thread_id(parent: &str, step: i64, task_id: &str) -> String {
@@ -23,11 +22,6 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         return Err(NodeError::invalid("the subgraph's plan is missing").into());
     };
     let thread = child_thread_id(ctx.thread_id, ctx.step, ctx.task_id);
-    let exists = ctx
-        .store
-        .get_thread(&thread)
-        .map_err(|e| NodeError::new(ErrorClass::Server, e.to_string()))?
-        .is_some();
     let input = data(ctx, "/input", &ctx.scope)?.unwrap_or_else(|| json!({}));
     let context = ctx
         .scope
@@ -40,23 +34,26 @@ pub async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         ctx.store.clone(),
         ctx.services.clone(),
         ctx.events.nested(&ctx.node.name, ctx.task_id),
-    );
-    let request = RunRequest {
+    )
+    .with_options(RunOptions {
+        lease: LeasePolicy::Under(ctx.fence.clone()),
+        ..RunOptions::default()
+    });
+    // The child is started the first time, and continued (with the parent's answer, when it
+    // has one) after a crash or an interrupt: the engine tells which under the child's lease.
+    let start = Start {
         thread_id: Some(thread.clone()),
         workflow: child.path.display().to_string(),
-        input: (!exists).then_some(input),
-        context: if exists { None } else { context },
-        answer: if exists { ctx.resume.cloned() } else { None },
-        answer_to: if exists {
-            ctx.resume_to.map(str::to_string)
-        } else {
-            None
-        },
-        lease: LeasePolicy::Under(ctx.fence.clone()),
-        ..RunRequest::default()
+        input: Some(input),
+        context,
+        config: Vec::new(),
     };
+    let answer = ctx.resume.cloned().map(|value| Answer {
+        to: ctx.resume_to.map(str::to_string),
+        value,
+    });
     let outcome = engine
-        .run_boxed(request)
+        .start_or_continue(start, answer)
         .await
         .map_err(|e| NodeError::invalid(format!("subgraph: {e}")))?;
     match outcome.status {
