@@ -10,10 +10,45 @@ use serde_json::{Value, json};
 
 use super::step::{StepResult, follow};
 use super::task::{self, Next};
-use super::values::{self, Scope};
-use super::{DONE, Engine, IDX_DONE, MAX_CHAIN, Meta, NewValues, Run};
+use super::values::{self, ReduceError, Scope};
+use super::{DONE, Engine, EngineError, IDX_DONE, MAX_CHAIN, Meta, NewValues, Run};
 use crate::checkpoint::{self, Checkpoint, PendingWrite, TaskSpec};
 use crate::compile::{NodeIx, Plan, Reducer, Target};
+
+/// Why a step's writes cannot be applied. The step then does not happen: the state is as
+/// before it, and the tasks' stored results let a fixed workflow go on without running them.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ApplyError {
+    #[error("node `{node}` wrote `{key}`, which is not a state key")]
+    NotAStateKey { node: String, key: String },
+    #[error("write conflict: {} wrote `{key}` in the same superstep, and `{key}` has no reducer (give it one, e.g. `reducer: append`)", .nodes.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" and "))]
+    Conflict { key: String, nodes: Vec<String> },
+    #[error("`{key}`: {source}")]
+    Reduce {
+        key: String,
+        #[source]
+        source: ReduceError,
+    },
+    #[error("the new value of `{key}` (written by `{node}`) does not match its schema: {why}")]
+    Schema { key: String, node: String, why: String },
+    #[error("routing after `{node}`: {message}")]
+    Routing { node: String, message: String },
+}
+
+/// A stored task result that no longer fits the workflow.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DecodeError {
+    #[error(
+        "the workflow changed since task `{task}` finished: the node `{node}` it chose next is gone; pass --force to continue without it, or start a new thread"
+    )]
+    SuccessorGone { task: String, node: String },
+}
+
+impl From<DecodeError> for EngineError {
+    fn from(e: DecodeError) -> EngineError {
+        EngineError::Incompatible(e.to_string())
+    }
+}
 
 /// A step's writes folded into new values: the versions after the step, the keys that
 /// changed, what to store for each, and each key's new value.
@@ -33,7 +68,7 @@ impl Engine {
         run: &mut Run,
         outcomes: &[(TaskSpec, StepResult)],
         step: i64,
-    ) -> Result<(Checkpoint, NewValues), String> {
+    ) -> Result<(Checkpoint, NewValues), ApplyError> {
         let done = self.in_plan_order(outcomes);
         let mut updates: BTreeMap<&str, Vec<(&str, &Value)>> = BTreeMap::new();
         for (t, d) in &done {
@@ -107,7 +142,7 @@ impl Engine {
     }
 
     /// Folds each key's writes (by node, in order) through its reducer and checks the result.
-    fn fold(&self, run: &mut Run, updates: &BTreeMap<&str, Vec<(&str, &Value)>>) -> Result<Folded, String> {
+    fn fold(&self, run: &mut Run, updates: &BTreeMap<&str, Vec<(&str, &Value)>>) -> Result<Folded, ApplyError> {
         let mut folded = Folded {
             versions: run.cp.versions.clone(),
             changed: Vec::new(),
@@ -116,17 +151,16 @@ impl Engine {
         };
         for (key, writes) in updates {
             let Some(channel) = self.plan.state.get(*key) else {
-                return Err(format!(
-                    "node `{}` wrote `{key}`, which is not a state key",
-                    writes[0].0
-                ));
+                return Err(ApplyError::NotAStateKey {
+                    node: writes[0].0.to_string(),
+                    key: key.to_string(),
+                });
             };
             if !channel.reducer.combines() && writes.len() > 1 {
-                let nodes: Vec<&str> = writes.iter().map(|(n, _)| *n).collect();
-                return Err(format!(
-                    "write conflict: {} wrote `{key}` in the same superstep, and `{key}` has no reducer (give it one, e.g. `reducer: append`)",
-                    nodes.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" and ")
-                ));
+                return Err(ApplyError::Conflict {
+                    key: key.to_string(),
+                    nodes: writes.iter().map(|(n, _)| n.to_string()).collect(),
+                });
             }
             let current = run.state.get(*key).unwrap_or(&Value::Null);
             let value = values::reduce(
@@ -135,16 +169,20 @@ impl Engine {
                 current,
                 writes.iter().map(|(_, v)| (*v).clone()).collect(),
             )
-            .map_err(|e| format!("`{key}`: {e}"))?;
+            .map_err(|source| ApplyError::Reduce {
+                key: key.to_string(),
+                source,
+            })?;
             if let Some(why) = self
                 .validators
                 .get(*key)
                 .and_then(|v| crate::compile::schemas::first_violation(v, &value))
             {
-                return Err(format!(
-                    "the new value of `{key}` (written by `{}`) does not match its schema: {why}",
-                    writes[0].0
-                ));
+                return Err(ApplyError::Schema {
+                    key: key.to_string(),
+                    node: writes[0].0.to_string(),
+                    why,
+                });
             }
             let version = folded.versions.get(*key).copied().unwrap_or(0) + 1;
             folded.versions.insert(key.to_string(), version);
@@ -167,7 +205,7 @@ impl Engine {
         run: &mut Run,
         done: &[(&TaskSpec, &task::Done)],
         step: i64,
-    ) -> Result<(Vec<Next>, Vec<String>), String> {
+    ) -> Result<(Vec<Next>, Vec<String>), ApplyError> {
         let shared = run.shared.clone();
         let after_step = Arc::new(Scope::over(
             &run.constants,
@@ -192,8 +230,10 @@ impl Engine {
             let run_var = values::run_value(&shared.thread_id, step, &t.node, shared.end_step - step - 1);
             let scope = Arc::new(after_step.with([("run".to_string(), run_var)])).value();
             for b in &self.plan.nodes[&ix].branches {
-                follow(&shared, b, &scope, &mut next)
-                    .map_err(|e| format!("routing after `{}`: {}", t.node, e.message))?;
+                follow(&shared, b, &scope, &mut next).map_err(|e| ApplyError::Routing {
+                    node: t.node.clone(),
+                    message: e.message,
+                })?;
             }
             self.join(meta, ix, &t.node, &mut next);
         }
@@ -287,12 +327,12 @@ pub(super) fn cached(
     task_id: &str,
     plan: &Plan,
     force: bool,
-) -> Option<Result<task::Done, String>> {
+) -> Option<Result<task::Done, DecodeError>> {
     let w = pending.iter().find(|w| w.task_id == task_id && w.channel == DONE)?;
     Some(decode(w, plan, force))
 }
 
-pub(super) fn decode(w: &PendingWrite, plan: &Plan, force: bool) -> Result<task::Done, String> {
+pub(super) fn decode(w: &PendingWrite, plan: &Plan, force: bool) -> Result<task::Done, DecodeError> {
     let mut done = task::Done::default();
     for pair in w.value.get("writes").and_then(Value::as_array).into_iter().flatten() {
         if let (Some(k), Some(v)) = (pair.get(0).and_then(Value::as_str), pair.get(1)) {
@@ -306,15 +346,15 @@ pub(super) fn decode(w: &PendingWrite, plan: &Plan, force: bool) -> Result<task:
         .and_then(|u| serde_json::from_value(u.clone()).ok())
         .unwrap_or_default();
     // Names; databases written by earlier builds hold plan indices (and `"to": "END"`).
-    let to_ix = |v: &Value| -> Result<Option<NodeIx>, String> {
+    let to_ix = |v: &Value| -> Result<Option<NodeIx>, DecodeError> {
         match v {
             Value::String(name) => match plan.node_by_name(name) {
                 Some(ix) => Ok(Some(ix)),
                 None if force => Ok(None),
-                None => Err(format!(
-                    "the workflow changed since task `{}` finished: the node `{name}` it chose next is gone; pass --force to continue without it, or start a new thread",
-                    w.task_id
-                )),
+                None => Err(DecodeError::SuccessorGone {
+                    task: w.task_id.clone(),
+                    node: name.clone(),
+                }),
             },
             _ => Ok(v
                 .as_u64()

@@ -516,7 +516,7 @@ impl Engine {
                 for e in deferred {
                     self.events.send(e);
                 }
-                return Ok(Some(End::failed(message)));
+                return Ok(Some(End::failed(message.to_string())));
             }
         };
         if self.events.is_on() {

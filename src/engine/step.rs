@@ -120,7 +120,7 @@ impl Engine {
         let mut to_run = Vec::new();
         for (i, t) in cp.next.iter().enumerate() {
             if let Some(done) = cached(pending, &t.task_id, &self.plan, run.shared.force) {
-                let done = done.map_err(EngineError::Incompatible)?;
+                let done = done?;
                 self.events.send(Event::NodeEnd {
                     step,
                     node: t.node.clone(),

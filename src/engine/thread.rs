@@ -148,7 +148,7 @@ impl Engine {
         let pending = self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?;
         // Finished tasks' records must fit this workflow before anything is written.
         for w in pending.iter().filter(|w| w.channel == DONE) {
-            super::apply::decode(w, &self.plan, self.options.force).map_err(EngineError::Incompatible)?;
+            super::apply::decode(w, &self.plan, self.options.force)?;
         }
         let persister = Persister::new(
             self.store.clone(),
