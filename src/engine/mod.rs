@@ -38,14 +38,13 @@ use crate::compile::Plan;
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
 use events::{Event, Events};
-use gates::reported;
 pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD};
 use kind::Validators;
 pub use kind::{Kinds, NodeKind};
 pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
 use persist::Persister;
 pub use services::{ReadRoots, Services};
-use step::{StepResult, follow};
+use step::{StepResult, follow, stopped};
 use thread::Entry;
 pub use thread::{Answer, Start};
 use values::Scope;
@@ -477,26 +476,6 @@ impl Engine {
         self.commit_step(run, &outcomes, deferred, step, step_started)
     }
 
-    /// Stops before the step when a node it would run has `interrupt_before` (unless the run
-    /// continues past that very gate).
-    fn gate_before(&self, run: &mut Run) -> Result<Option<End>, EngineError> {
-        if std::mem::take(&mut run.skip_before) {
-            return Ok(None);
-        }
-        let gated: Vec<String> = run
-            .cp
-            .next
-            .iter()
-            .filter(|t| self.node_spec(&t.node).is_some_and(|s| s.common().interrupt_before))
-            .map(|t| t.node.clone())
-            .collect();
-        if gated.is_empty() {
-            return Ok(None);
-        }
-        let pause = self.pause(&run.persister, &run.thread.thread_id, &run.cp, "before", &gated)?;
-        Ok(Some(End::interrupted(vec![pause])))
-    }
-
     /// Applies a step that ran to its end and stores its checkpoint; stops at an
     /// `interrupt_after` gate, or when the writes cannot be applied.
     fn commit_step(
@@ -615,37 +594,6 @@ impl Engine {
             None => Value::Object(state.clone()),
         }
     }
-}
-
-/// A step in which a task failed or stopped at a gate ends the run. The step is not applied
-/// and the thread's stored usage stays as it was, but what a failed step's tasks spent on
-/// models was spent: the run's report counts it.
-fn stopped(meta: &mut Meta, outcomes: &[(TaskSpec, StepResult)]) -> Option<End> {
-    let failed: Vec<String> = outcomes
-        .iter()
-        .filter_map(|(t, o)| match o {
-            StepResult::Failed(e) => Some(format!("node `{}` failed: {}", t.node, e.message)),
-            _ => None,
-        })
-        .collect();
-    if !failed.is_empty() {
-        for (_, o) in outcomes {
-            match o {
-                StepResult::Done(d) => meta.usage.add(&d.usage),
-                StepResult::Failed(e) => meta.usage.add(&e.usage),
-                StepResult::Interrupt(_) => {}
-            }
-        }
-        return Some(End::failed(failed.join("; ")));
-    }
-    let interrupts: Vec<Value> = outcomes
-        .iter()
-        .flat_map(|(t, o)| match o {
-            StepResult::Interrupt(p) => reported(t, p),
-            _ => Vec::new(),
-        })
-        .collect();
-    (!interrupts.is_empty()).then(|| End::interrupted(interrupts))
 }
 
 fn is_zero(u: &Usage) -> bool {

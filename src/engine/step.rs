@@ -12,12 +12,14 @@ use tokio::task::JoinSet;
 
 use super::apply::{cached, encode};
 use super::events::Event;
+use super::gates::reported;
 use super::kind::NodeError;
 use super::persist::Persister;
 use super::task::{self, Next, Outcome};
 use super::values::{self, Scope};
 use super::{
-    AFTER, BEFORE, DONE, Engine, EngineError, IDX_INTERRUPT, INTERRUPT, RESUME, RESUME_TO, RESUMED, Run, Shared,
+    AFTER, BEFORE, DONE, End, Engine, EngineError, IDX_INTERRUPT, INTERRUPT, Meta, RESUME, RESUME_TO, RESUMED, Run,
+    Shared,
 };
 use crate::checkpoint::{self, Checkpoint, PendingWrite, Put, TaskSpec};
 use crate::compile::{Branch, NodeIx, Target};
@@ -239,6 +241,26 @@ impl Engine {
         Ok(payload)
     }
 
+    /// Stops before the step when a node it would run has `interrupt_before` (unless the run
+    /// continues past that very gate).
+    pub(super) fn gate_before(&self, run: &mut Run) -> Result<Option<End>, EngineError> {
+        if std::mem::take(&mut run.skip_before) {
+            return Ok(None);
+        }
+        let gated: Vec<String> = run
+            .cp
+            .next
+            .iter()
+            .filter(|t| self.node_spec(&t.node).is_some_and(|s| s.common().interrupt_before))
+            .map(|t| t.node.clone())
+            .collect();
+        if gated.is_empty() {
+            return Ok(None);
+        }
+        let pause = self.pause(&run.persister, &run.thread.thread_id, &run.cp, "before", &gated)?;
+        Ok(Some(End::interrupted(vec![pause])))
+    }
+
     /// Stores the writes of finished tasks that are not stored yet.
     pub(super) fn keep_writes(
         &self,
@@ -361,4 +383,35 @@ pub(super) fn follow(
         }
     }
     Ok(())
+}
+
+/// A step in which a task failed or stopped at a gate ends the run. The step is not applied
+/// and the thread's stored usage stays as it was, but what a failed step's tasks spent on
+/// models was spent: the run's report counts it.
+pub(super) fn stopped(meta: &mut Meta, outcomes: &[(TaskSpec, StepResult)]) -> Option<End> {
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter_map(|(t, o)| match o {
+            StepResult::Failed(e) => Some(format!("node `{}` failed: {}", t.node, e.message)),
+            _ => None,
+        })
+        .collect();
+    if !failed.is_empty() {
+        for (_, o) in outcomes {
+            match o {
+                StepResult::Done(d) => meta.usage.add(&d.usage),
+                StepResult::Failed(e) => meta.usage.add(&e.usage),
+                StepResult::Interrupt(_) => {}
+            }
+        }
+        return Some(End::failed(failed.join("; ")));
+    }
+    let interrupts: Vec<Value> = outcomes
+        .iter()
+        .flat_map(|(t, o)| match o {
+            StepResult::Interrupt(p) => reported(t, p),
+            _ => Vec::new(),
+        })
+        .collect();
+    (!interrupts.is_empty()).then(|| End::interrupted(interrupts))
 }
