@@ -1641,3 +1641,78 @@ edges: [START -> a, a -> END]
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     assert_eq!(out.state["said"], json!("hi"));
 }
+
+#[test]
+fn each_entry_point_says_what_it_does_with_the_thread() {
+    use runner::engine::{Answer, EngineError, Start};
+    let p = Project::new(&[("w.yaml", &wf(TWO_GATES))]);
+    let plan = p.plan("w.yaml");
+    let store: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+    let engine = Engine::new(plan.clone(), store.clone(), Providers::default(), Events::none());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let start = || Start {
+        thread_id: Some("t1".into()),
+        workflow: "w.yaml".into(),
+        ..Start::default()
+    };
+    // A thread that does not exist cannot be resumed, answered or given a new turn, and
+    // none of these creates it.
+    let err = rt.block_on(engine.resume("t1")).unwrap_err();
+    assert!(matches!(err, EngineError::NoThread(ref t) if t == "t1"), "{err}");
+    let to_a = || Answer {
+        to: Some("pa".into()),
+        value: json!("yes"),
+    };
+    assert!(matches!(
+        rt.block_on(engine.answer("t1", to_a())),
+        Err(EngineError::NoThread(_))
+    ));
+    assert!(matches!(
+        rt.block_on(engine.new_turn("t1", json!({}))),
+        Err(EngineError::NoThread(_))
+    ));
+    assert!(store.get_thread("t1").unwrap().is_none());
+    let out = rt.block_on(engine.start(start())).unwrap();
+    assert_eq!(out.status, Status::Interrupted);
+    assert_eq!(out.interrupts.len(), 2);
+    // Starting it again is refused: the thread exists, and stays as it was.
+    let err = rt.block_on(engine.start(start())).unwrap_err();
+    assert!(matches!(err, EngineError::Exists(ref t) if t == "t1"), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "thread `t1` exists already: continue it, answer it, or give it a new turn"
+    );
+    // Resuming goes on to the same gates; answering takes one of them.
+    let out = rt.block_on(engine.resume("t1")).unwrap();
+    assert_eq!(out.status, Status::Interrupted);
+    let out = rt.block_on(engine.answer("t1", to_a())).unwrap();
+    assert_eq!(out.interrupts.len(), 1);
+    let out = rt
+        .block_on(engine.answer(
+            "t1",
+            Answer {
+                to: None,
+                value: json!("no"),
+            },
+        ))
+        .unwrap();
+    assert_eq!(out.status, Status::Done);
+    assert_eq!(out.state["log"], json!(["a:yes", "b:no", "after"]));
+    // A new turn runs START again on the thread's state.
+    let out = rt.block_on(engine.new_turn("t1", json!({}))).unwrap();
+    assert_eq!(out.status, Status::Interrupted);
+    assert_eq!(out.state["log"], json!(["a:yes", "b:no", "after"]));
+    // start_or_continue starts a thread that does not exist (dropping an answer meant for
+    // it) and continues one that does, with the answer.
+    let fresh = Start {
+        thread_id: Some("t2".into()),
+        ..start()
+    };
+    let out = rt
+        .block_on(engine.start_or_continue(fresh.clone(), Some(to_a())))
+        .unwrap();
+    assert_eq!(out.interrupts.len(), 2, "the answer was not taken by a new thread");
+    let out = rt.block_on(engine.start_or_continue(fresh, Some(to_a()))).unwrap();
+    assert_eq!(out.interrupts.len(), 1);
+    assert_eq!(out.interrupts[0]["node"], "pb");
+}

@@ -5,8 +5,11 @@
 use serde_json::{Value, json};
 
 use super::events::Events;
-use super::{AFTER, BEFORE, DONE, Engine, EngineError, INTERRUPT, RESUME, RESUMED};
-use crate::checkpoint::{Checkpoint, PendingWrite, TaskSpec};
+use super::thread::Answer;
+use super::{
+    AFTER, BEFORE, DONE, Engine, EngineError, IDX_RESUME, IDX_RESUME_TO, INTERRUPT, RESUME, RESUME_TO, RESUMED, Run,
+};
+use crate::checkpoint::{Checkpoint, PendingWrite, Put, TaskSpec};
 
 /// Keys of the interrupt payload of a node waiting inside a child run (a node with a child
 /// plan): the node, the child's thread, and the child's gates when it waits at several. The
@@ -16,6 +19,48 @@ pub const CHILD_THREAD: &str = "subgraph_thread";
 pub const CHILD_GATES: &str = "interrupts";
 
 impl Engine {
+    /// Takes the run's answer, checked and stored under the lease (of two racing answers, the
+    /// second finds the gate answered). Without an answer, a thread paused before a node goes
+    /// on past the pause: no answer is needed there.
+    pub(super) fn take_answer(&self, run: &mut Run, answer: Option<&Answer>) -> Result<(), EngineError> {
+        let waiting = waiting_gates(&run.pending);
+        let Some(answer) = answer else {
+            run.skip_before = waiting.iter().any(|w| w.task_id == BEFORE && is_before(w));
+            return Ok(());
+        };
+        let (gate, inner) = self.addressed_gate(&run.thread.thread_id, &run.cp, &waiting, answer.to.as_deref())?;
+        if gate.task_id == BEFORE || gate.task_id == AFTER {
+            run.skip_before = is_before(gate);
+            return Ok(());
+        }
+        self.validate_answer(gate, &answer.value, inner.as_deref())?;
+        let task = gate.task_id.clone();
+        let writes = vec![
+            PendingWrite {
+                task_id: task.clone(),
+                idx: IDX_RESUME,
+                channel: RESUME.into(),
+                value: answer.value.clone(),
+            },
+            // Which of a subgraph's gates the answer is for (null: its only one).
+            PendingWrite {
+                task_id: task.clone(),
+                idx: IDX_RESUME_TO,
+                channel: RESUME_TO.into(),
+                value: inner.map_or(Value::Null, Value::String),
+            },
+        ];
+        run.persister.write_now(vec![Put::Writes {
+            thread_id: run.thread.thread_id.clone(),
+            checkpoint_id: run.cp.checkpoint_id.clone(),
+            writes: writes.clone(),
+        }])?;
+        run.pending
+            .retain(|p| !(p.task_id == task && (p.idx == IDX_RESUME || p.idx == IDX_RESUME_TO)));
+        run.pending.extend(writes);
+        Ok(())
+    }
+
     /// The gate an answer is for: the only one waiting, or the one `to` names (by task id or
     /// node). With no gate waiting, says whether one was answered already.
     pub(super) fn addressed_gate<'a>(

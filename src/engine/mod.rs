@@ -11,13 +11,17 @@
 //! Architecture Invariant: the engine knows no HTTP and no SQL: it talks to `Checkpointer`,
 //! `Provider` and node kinds through their interfaces, and never prints.
 
+mod apply;
+mod budget;
 pub mod events;
 mod gates;
 pub mod kind;
 mod lease;
 mod persist;
 mod services;
+mod step;
 mod task;
+mod thread;
 pub mod values;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -25,26 +29,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use serde_json::{Map, Value, json};
-use tokio::task::JoinSet;
+use serde_json::{Map, Value};
 
 use crate::checkpoint::{
     self, Checkpoint, Checkpointer, Fence, Lease, PendingWrite, Put, TaskSpec, Thread, ThreadStatus,
 };
-use crate::compile::{Branch, NodeIx, Plan, Reducer, Target};
+use crate::compile::Plan;
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
 use events::{Event, Events};
-use futures::FutureExt;
 pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD};
-use gates::{is_before, reported, waiting_gates};
+use kind::Validators;
 pub use kind::{Kinds, NodeKind};
-use kind::{NodeError, Validators};
 pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
 use persist::Persister;
 pub use services::{ReadRoots, Services};
-use task::{Next, Outcome};
-use values::{Scope, to_jinja};
+use step::{StepResult, follow, stopped};
+use thread::Entry;
+pub use thread::{Answer, Start};
+use values::Scope;
 
 /// When checkpoints are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,7 +61,10 @@ pub enum Persist {
     Exit,
 }
 
-/// What to run.
+/// What to run, said through which fields are set: a thread that does not exist is started
+/// from it; an existing one gets a new turn when `input` is set, the answer when `answer` is
+/// set, and otherwise continues. The entry points ([`Engine::start`], [`Engine::resume`],
+/// [`Engine::answer`], [`Engine::new_turn`]) say it explicitly.
 #[derive(Debug, Clone, Default)]
 pub struct RunRequest {
     /// An existing thread to continue, or the id for a new one (new: a UUIDv7).
@@ -131,6 +137,8 @@ pub enum EngineError {
     BadAnswer(String),
     #[error("thread `{0}` does not exist")]
     NoThread(String),
+    #[error("thread `{0}` exists already: continue it, answer it, or give it a new turn")]
+    Exists(String),
     /// Another run holds the thread's lease.
     #[error("{0}")]
     Busy(Box<Lease>),
@@ -181,6 +189,7 @@ pub struct Engine {
     cancel: Arc<AtomicBool>,
     validators: Arc<HashMap<String, jsonschema::Validator>>,
     node_validators: Arc<Validators>,
+    options: RunOptions,
 }
 
 /// Engine bookkeeping kept in each checkpoint's `meta`.
@@ -233,6 +242,70 @@ const IDX_DONE: u32 = 2;
 const IDX_RESUME_TO: u32 = 3;
 const RESUME_TO: &str = "__resume_to__";
 
+/// How a run holds its thread, counts its steps and stores its checkpoints, whichever entry
+/// point starts it.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The thread's lease: taken for the run, or the caller's (a subgraph's).
+    pub lease: LeasePolicy,
+    pub recursion_limit: Option<u32>,
+    pub persist: Persist,
+    /// Continue a thread even though its workflow changed incompatibly.
+    pub force: bool,
+}
+
+/// A run in progress: its thread, where it stands, and what it holds back for the store.
+struct Run {
+    shared: Arc<Shared>,
+    thread: Thread,
+    cp: Checkpoint,
+    state: Map<String, Value>,
+    /// `state` as expressions see it: the state the last routing saw.
+    state_value: minijinja::Value,
+    meta: Meta,
+    /// The records stored against `cp`: finished tasks, pauses, answers.
+    pending: Vec<PendingWrite>,
+    /// `input`, `config` and `context`: what every scope of the run holds.
+    constants: Arc<Scope>,
+    persister: Persister,
+    /// The run goes on past an `interrupt_before` gate: the gated nodes run this time.
+    skip_before: bool,
+    /// The first superstep of this run, and how many it may take.
+    first_step: i64,
+    limit: i64,
+}
+
+/// How a run stopped.
+struct End {
+    status: Status,
+    error: Option<String>,
+    interrupts: Vec<Value>,
+}
+
+impl End {
+    fn with(status: Status) -> End {
+        End {
+            status,
+            error: None,
+            interrupts: Vec::new(),
+        }
+    }
+
+    fn failed(message: String) -> End {
+        End {
+            error: Some(message),
+            ..End::with(Status::Failed)
+        }
+    }
+
+    fn interrupted(interrupts: Vec<Value>) -> End {
+        End {
+            interrupts,
+            ..End::with(Status::Interrupted)
+        }
+    }
+}
+
 impl Engine {
     pub fn new(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, services: impl Into<Services>, events: Events) -> Engine {
         let services = services.into();
@@ -250,6 +323,7 @@ impl Engine {
             events,
             cancel: Arc::new(AtomicBool::new(false)),
             validators: Arc::new(validators),
+            options: RunOptions::default(),
         }
     }
 
@@ -263,270 +337,210 @@ impl Engine {
         self
     }
 
+    /// The lease, recursion limit, persist mode and `force` of the runs this engine makes.
+    pub fn with_options(mut self, options: RunOptions) -> Engine {
+        self.options = options;
+        self
+    }
+
     pub fn plan(&self) -> &Arc<Plan> {
         &self.plan
     }
 
-    /// [`Engine::run`] as a boxed future, for nodes that run an engine themselves (subgraphs):
-    /// the type erasure breaks the recursion between a task and the engine it runs.
+    /// Runs a new thread; a thread that exists already is refused.
+    pub async fn start(&self, start: Start) -> Result<RunOutcome, EngineError> {
+        self.enter(Entry::start(start)).await
+    }
+
+    /// Continues an existing thread from its last checkpoint (after a crash, a cancel, a
+    /// failure that was fixed, or past an `interrupt_before`/`interrupt_after` pause).
+    pub async fn resume(&self, thread_id: &str) -> Result<RunOutcome, EngineError> {
+        self.enter(Entry::existing(thread_id)).await
+    }
+
+    /// Answers a pending interrupt of an existing thread and continues it.
+    pub async fn answer(&self, thread_id: &str, answer: Answer) -> Result<RunOutcome, EngineError> {
+        self.enter(Entry {
+            answer: Some(answer),
+            ..Entry::existing(thread_id)
+        })
+        .await
+    }
+
+    /// Starts a new turn on a finished thread (LangGraph's `invoke(input, thread)`): START runs
+    /// again on the thread's state, with the new input.
+    pub async fn new_turn(&self, thread_id: &str, input: Value) -> Result<RunOutcome, EngineError> {
+        self.enter(Entry {
+            new_turn: Some(input),
+            ..Entry::existing(thread_id)
+        })
+        .await
+    }
+
+    /// Starts the thread if it does not exist, else continues it, with `answer` when it waits
+    /// for one (an answer for a thread that is only now started is dropped). For a run nested
+    /// in a task, which may have been cut off or interrupted before: a subgraph's child.
+    pub fn start_or_continue(
+        &self,
+        start: Start,
+        answer: Option<Answer>,
+    ) -> futures::future::BoxFuture<'_, Result<RunOutcome, EngineError>> {
+        // Boxed: the type erasure breaks the recursion between a task and the engine it runs.
+        Box::pin(self.enter(Entry::start_or_continue(start, answer)))
+    }
+
+    /// [`Engine::run`] as a boxed future.
     pub fn run_boxed(&self, req: RunRequest) -> futures::future::BoxFuture<'_, Result<RunOutcome, EngineError>> {
         Box::pin(self.run(req))
     }
 
+    /// Runs what a [`RunRequest`] describes: a thread that does not exist is started from it; an
+    /// existing one gets a new turn when the request has input, the answer when it has one, and
+    /// otherwise continues.
+    pub async fn run(&self, req: RunRequest) -> Result<RunOutcome, EngineError> {
+        let engine = self.clone().with_options(RunOptions {
+            lease: req.lease.clone(),
+            recursion_limit: req.recursion_limit,
+            persist: req.persist,
+            force: req.force,
+        });
+        engine.enter(Entry::from(req)).await
+    }
+
     /// Runs (or continues) a thread until it is done, interrupted, failed or cancelled. The
     /// thread's lease is held from before the thread is opened (or created) until the run ends.
-    pub async fn run(&self, req: RunRequest) -> Result<RunOutcome, EngineError> {
-        let thread_id = req.thread_id.clone().unwrap_or_else(checkpoint::new_id);
-        let held = lease::take(&self.store, &thread_id, &req.lease, &self.cancel).await?;
-        let outcome = self.run_held(req, thread_id, &held).await;
+    async fn enter(&self, entry: Entry) -> Result<RunOutcome, EngineError> {
+        let thread_id = entry.thread_id.clone().unwrap_or_else(checkpoint::new_id);
+        let held = lease::take(&self.store, &thread_id, &self.options.lease, &self.cancel).await?;
+        let outcome = self.run_held(entry, thread_id, &held).await;
         let released = held.release();
         let outcome = outcome?;
         released?;
         Ok(outcome)
     }
 
-    async fn run_held(
-        &self,
-        req: RunRequest,
-        thread_id: String,
-        held: &lease::Held,
-    ) -> Result<RunOutcome, EngineError> {
+    async fn run_held(&self, entry: Entry, thread_id: String, held: &lease::Held) -> Result<RunOutcome, EngineError> {
         let started = Instant::now();
-        let fence = held.fence().clone();
-        let (thread, mut cp, resumed) = self.open(&req, thread_id, &fence)?;
-        let limit = run_limit(&req, &self.plan);
-        // The limit counts the supersteps of this run, as LangGraph's does per invocation.
-        let first_step = cp.step + 1;
-        let shared = Arc::new(Shared {
-            fence: fence.clone(),
-            force: req.force,
-            end_step: first_step + limit,
-            validators: self.node_validators.clone(),
-            plan: self.plan.clone(),
-            store: self.store.clone(),
-            services: self.services.clone(),
-            events: self.events.clone(),
-            thread_id: thread.thread_id.clone(),
-        });
-        self.events.send(Event::RunStart {
-            thread_id: thread.thread_id.clone(),
-            workflow: thread.workflow.clone(),
-            resumed,
-        });
-        let config = effective_config(&self.plan.config, &thread.config);
-        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
-        let input = meta.input.clone().unwrap_or_else(|| thread.input.clone());
-        let constants = Arc::new(Scope::new(
-            BTreeMap::from([
-                ("input".to_string(), to_jinja(&input)),
-                ("config".to_string(), to_jinja(&config)),
-                ("context".to_string(), to_jinja(&thread.context)),
-            ]),
-            None,
-        ));
-        let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
-        self.check_stored(&thread.thread_id, &state)?;
-        let mut pending = self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?;
-        // Finished tasks' records must fit this workflow before anything is written.
-        for w in pending.iter().filter(|w| w.channel == DONE) {
-            decode(w, &self.plan, req.force).map_err(EngineError::Incompatible)?;
-        }
-        let mut skip_before = false;
-        let persister = Persister::new(
-            self.store.clone(),
-            req.persist,
-            cp.checkpoint_id.clone(),
-            fence,
-            self.events.clone(),
-        );
-        // Checked and written under the lease: of two racing answers, the second finds the
-        // gate answered.
-        let waiting = waiting_gates(&pending);
-        if let Some(answer) = &req.answer {
-            let (gate, inner) = self.addressed_gate(&thread.thread_id, &cp, &waiting, req.answer_to.as_deref())?;
-            if gate.task_id == BEFORE || gate.task_id == AFTER {
-                skip_before = is_before(gate);
-            } else {
-                self.validate_answer(gate, answer, inner.as_deref())?;
-                let writes = vec![
-                    PendingWrite {
-                        task_id: gate.task_id.clone(),
-                        idx: IDX_RESUME,
-                        channel: RESUME.into(),
-                        value: answer.clone(),
-                    },
-                    // Which of a subgraph's gates the answer is for (null: its only one).
-                    PendingWrite {
-                        task_id: gate.task_id.clone(),
-                        idx: IDX_RESUME_TO,
-                        channel: RESUME_TO.into(),
-                        value: inner.map_or(Value::Null, Value::String),
-                    },
-                ];
-                persister.write_now(vec![Put::Writes {
-                    thread_id: thread.thread_id.clone(),
-                    checkpoint_id: cp.checkpoint_id.clone(),
-                    writes: writes.clone(),
-                }])?;
-                let task = gate.task_id.clone();
-                pending.retain(|p| !(p.task_id == task && (p.idx == IDX_RESUME || p.idx == IDX_RESUME_TO)));
-                pending.extend(writes);
-            }
-        } else if waiting.iter().any(|w| w.task_id == BEFORE && is_before(w)) {
-            // Continuing a thread stopped before a node (no answer is needed) runs the node.
-            skip_before = true;
-        }
-        persister.write_now(vec![Put::Status {
-            thread_id: thread.thread_id.clone(),
-            status: ThreadStatus::Running,
-        }])?;
-        let mut status = Status::Done;
-        let mut error = None;
-        let mut interrupts: Vec<Value> = Vec::new();
-        let mut state_value = values::map_to_jinja(&state);
-        loop {
+        let mut run = self.begin(&entry, thread_id, held.fence())?;
+        let end = loop {
             if held.lost() {
                 // Whoever took the lease over owns the thread now: stop without writing.
-                drop(persister);
-                return Err(checkpoint::CheckpointError::LeaseLost(thread.thread_id.clone()).into());
+                return Err(checkpoint::CheckpointError::LeaseLost(run.thread.thread_id.clone()).into());
             }
-            if self.cancel.load(Ordering::SeqCst) {
-                status = Status::Cancelled;
-                break;
+            if let Some(end) = self.superstep(&mut run).await? {
+                break end;
             }
-            if cp.next.is_empty() {
-                break;
-            }
-            let step = cp.step + 1;
-            if step - first_step >= limit {
-                status = Status::Failed;
-                error = Some(format!(
-                    "the recursion limit of {limit} supersteps was reached with {} still to run; raise `limits.recursion_limit` or pass --recursion-limit",
-                    cp.next.iter().map(|t| t.node.as_str()).collect::<Vec<_>>().join(", ")
-                ));
-                break;
-            }
-            if !skip_before {
-                let gated: Vec<String> = cp
+        };
+        self.end(run, end, started)
+    }
+
+    /// One superstep: the checks that may stop the run before it, its tasks, and its
+    /// checkpoint. `Some` when the run stops.
+    async fn superstep(&self, run: &mut Run) -> Result<Option<End>, EngineError> {
+        if self.cancel.load(Ordering::SeqCst) {
+            return Ok(Some(End::with(Status::Cancelled)));
+        }
+        if run.cp.next.is_empty() {
+            return Ok(Some(End::with(Status::Done)));
+        }
+        let step = run.cp.step + 1;
+        if step - run.first_step >= run.limit {
+            return Ok(Some(End::failed(format!(
+                "the recursion limit of {} supersteps was reached with {} still to run; raise `limits.recursion_limit` or pass --recursion-limit",
+                run.limit,
+                run.cp
                     .next
                     .iter()
-                    .filter(|t| self.node_spec(&t.node).is_some_and(|s| s.common().interrupt_before))
-                    .map(|t| t.node.clone())
-                    .collect();
-                if !gated.is_empty() {
-                    interrupts.push(self.pause(&persister, &thread.thread_id, &cp, "before", &gated)?);
-                    status = Status::Interrupted;
-                    break;
-                }
-            }
-            skip_before = false;
-            if let Some(message) = self.over_visits(&cp, &meta) {
-                status = Status::Failed;
-                error = Some(message);
-                break;
-            }
-            let step_started = Instant::now();
-            self.events.send(Event::StepStart {
-                step,
-                tasks: cp.next.iter().map(|t| t.task_id.clone()).collect(),
-            });
-            let base = Arc::new(Scope::over(
-                &constants,
-                BTreeMap::from([("state".to_string(), state_value.clone())]),
-                Some(self.plan.clone()),
-            ));
-            let (outcomes, deferred) = self
-                .run_step(&shared, &cp, &pending, base, step, &persister, &meta)
-                .await?;
-            // A failure or an interrupt stops here: finished tasks' writes are stored, the last
-            // checkpoint is untouched, and the thread resumes from it.
-            let failed: Vec<(String, String)> = outcomes
-                .iter()
-                .filter_map(|(t, o)| match o {
-                    StepResult::Failed(e) => Some((t.node.clone(), e.message.clone())),
-                    _ => None,
-                })
-                .collect();
-            if !failed.is_empty() {
-                // The step is not applied and the thread's stored usage stays as it was, but
-                // what the step's tasks spent on models was spent: the run's report counts it.
-                for (_, o) in &outcomes {
-                    match o {
-                        StepResult::Done(d) => meta.usage.add(&d.usage),
-                        StepResult::Failed(e) => meta.usage.add(&e.usage),
-                        StepResult::Interrupt(_) => {}
-                    }
-                }
-                status = Status::Failed;
-                error = Some(
-                    failed
-                        .iter()
-                        .map(|(n, m)| format!("node `{n}` failed: {m}"))
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                );
-                break;
-            }
-            let stopped: Vec<Value> = outcomes
-                .iter()
-                .flat_map(|(t, o)| match o {
-                    StepResult::Interrupt(p) => reported(t, p),
-                    _ => Vec::new(),
-                })
-                .collect();
-            if !stopped.is_empty() {
-                interrupts = stopped;
-                status = Status::Interrupted;
-                break;
-            }
-            match self.apply(&shared, &cp, &mut state, &mut meta, &outcomes, &constants, step) {
-                Ok((next_cp, values, after)) => {
-                    // The state the routing saw is the next step's state.
-                    state_value = after;
-                    if self.events.is_on() {
-                        let changed: Map<String, Value> = next_cp
-                            .changed
-                            .iter()
-                            .filter_map(|k| state.get(k).map(|v| (k.clone(), v.clone())))
-                            .collect();
-                        self.events.send(Event::StateUpdate { step, values: changed });
-                    }
-                    let mut after = deferred;
-                    after.push(Event::StepEnd {
-                        step,
-                        checkpoint_id: next_cp.checkpoint_id.clone(),
-                        duration_ms: step_started.elapsed().as_secs_f64() * 1000.0,
-                    });
-                    persister.put_checkpoint(&next_cp, values, after)?;
-                    let after: Vec<String> = next_cp
-                        .ran
-                        .iter()
-                        .filter(|n| self.node_spec(n).is_some_and(|s| s.common().interrupt_after))
-                        .cloned()
-                        .collect();
-                    cp = next_cp;
-                    pending = Vec::new();
-                    if !after.is_empty() && !cp.next.is_empty() {
-                        interrupts.push(self.pause(&persister, &thread.thread_id, &cp, "after", &after)?);
-                        status = Status::Interrupted;
-                        break;
-                    }
-                }
-                Err(message) => {
-                    // The tasks did finish: keep their writes so that a fixed workflow resumes
-                    // without running them again.
-                    self.keep_writes(&persister, &shared.thread_id, &cp, &pending, &outcomes)?;
-                    for e in deferred {
-                        self.events.send(e);
-                    }
-                    status = Status::Failed;
-                    error = Some(message);
-                    break;
-                }
-            }
+                    .map(|t| t.node.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))));
         }
+        if let Some(end) = self.gate_before(run)? {
+            return Ok(Some(end));
+        }
+        if let Some(message) = self.over_visits(&run.cp, &run.meta) {
+            return Ok(Some(End::failed(message)));
+        }
+        let step_started = Instant::now();
+        self.events.send(Event::StepStart {
+            step,
+            tasks: run.cp.next.iter().map(|t| t.task_id.clone()).collect(),
+        });
+        let (outcomes, deferred) = self.run_step(run, step).await?;
+        // A failure or an interrupt stops here: finished tasks' writes are stored, the last
+        // checkpoint is untouched, and the thread resumes from it.
+        if let Some(end) = stopped(&mut run.meta, &outcomes) {
+            return Ok(Some(end));
+        }
+        self.commit_step(run, &outcomes, deferred, step, step_started)
+    }
+
+    /// Applies a step that ran to its end and stores its checkpoint; stops at an
+    /// `interrupt_after` gate, or when the writes cannot be applied.
+    fn commit_step(
+        &self,
+        run: &mut Run,
+        outcomes: &[(TaskSpec, StepResult)],
+        deferred: Vec<Event>,
+        step: i64,
+        step_started: Instant,
+    ) -> Result<Option<End>, EngineError> {
+        let (next_cp, values) = match self.apply(run, outcomes, step) {
+            Ok(applied) => applied,
+            Err(message) => {
+                // The tasks did finish: keep their writes so that a fixed workflow resumes
+                // without running them again.
+                self.keep_writes(&run.persister, &run.shared.thread_id, &run.cp, &run.pending, outcomes)?;
+                for e in deferred {
+                    self.events.send(e);
+                }
+                return Ok(Some(End::failed(message.to_string())));
+            }
+        };
+        if self.events.is_on() {
+            let changed: Map<String, Value> = next_cp
+                .changed
+                .iter()
+                .filter_map(|k| run.state.get(k).map(|v| (k.clone(), v.clone())))
+                .collect();
+            self.events.send(Event::StateUpdate { step, values: changed });
+        }
+        let mut after = deferred;
+        after.push(Event::StepEnd {
+            step,
+            checkpoint_id: next_cp.checkpoint_id.clone(),
+            duration_ms: step_started.elapsed().as_secs_f64() * 1000.0,
+        });
+        run.persister.put_checkpoint(&next_cp, values, after)?;
+        let gated: Vec<String> = next_cp
+            .ran
+            .iter()
+            .filter(|n| self.node_spec(n).is_some_and(|s| s.common().interrupt_after))
+            .cloned()
+            .collect();
+        run.cp = next_cp;
+        run.pending = Vec::new();
+        if !gated.is_empty() && !run.cp.next.is_empty() {
+            let pause = self.pause(&run.persister, &run.thread.thread_id, &run.cp, "after", &gated)?;
+            return Ok(Some(End::interrupted(vec![pause])));
+        }
+        Ok(None)
+    }
+
+    /// Commits what is left, records the thread's status, and reports the run.
+    fn end(&self, run: Run, end: End, started: Instant) -> Result<RunOutcome, EngineError> {
+        let Run {
+            shared,
+            thread,
+            cp,
+            state,
+            meta,
+            persister,
+            ..
+        } = run;
         persister.finish()?;
-        let thread_status = match status {
+        let thread_status = match end.status {
             Status::Done => ThreadStatus::Done,
             Status::Interrupted => ThreadStatus::Interrupted,
             Status::Failed => ThreadStatus::Failed,
@@ -540,7 +554,7 @@ impl Engine {
                 status: thread_status,
             },
         ])?;
-        if let Some(e) = &error {
+        if let Some(e) = &end.error {
             self.events.send(Event::Error {
                 node: None,
                 class: None,
@@ -548,53 +562,22 @@ impl Engine {
             });
         }
         self.events.send(Event::RunEnd {
-            status: status.as_str().into(),
+            status: end.status.as_str().into(),
             steps: cp.step + 1,
             duration_ms: started.elapsed().as_secs_f64() * 1000.0,
             usage: meta.usage,
         });
         Ok(RunOutcome {
             thread_id: thread.thread_id,
-            status,
+            status: end.status,
             output: self.output(&state),
             state,
-            interrupt: interrupts.first().cloned(),
-            interrupts,
-            error,
+            interrupt: end.interrupts.first().cloned(),
+            interrupts: end.interrupts,
+            error: end.error,
             steps: cp.step + 1,
             usage: meta.usage,
         })
-    }
-
-    /// Stops durably before or after `nodes` (`interrupt_before` / `interrupt_after`): the
-    /// pause is recorded against the checkpoint the run will continue from.
-    fn pause(
-        &self,
-        persister: &Persister,
-        thread_id: &str,
-        cp: &Checkpoint,
-        kind: &str,
-        nodes: &[String],
-    ) -> Result<Value, EngineError> {
-        let payload = json!({"kind": kind, "nodes": nodes});
-        let task_id = if kind == "after" { AFTER } else { BEFORE };
-        let record = PendingWrite {
-            task_id: task_id.into(),
-            idx: IDX_INTERRUPT,
-            channel: INTERRUPT.into(),
-            value: payload.clone(),
-        };
-        persister.write_now(vec![Put::Writes {
-            thread_id: thread_id.into(),
-            checkpoint_id: cp.checkpoint_id.clone(),
-            writes: vec![record],
-        }])?;
-        self.events.send(Event::Interrupt {
-            node: nodes.join(","),
-            task_id: task_id.into(),
-            payload: payload.clone(),
-        });
-        Ok(json!({"node": nodes[0], "task_id": task_id, "kind": kind, "payload": payload}))
     }
 
     fn node_spec(&self, name: &str) -> Option<&NodeSpec> {
@@ -611,946 +594,8 @@ impl Engine {
             None => Value::Object(state.clone()),
         }
     }
-
-    /// Opens (or creates) the thread and returns its latest checkpoint. The thread and its
-    /// first checkpoint are written together; a thread stored without one (by an older build
-    /// killed in between) starts from its recorded input.
-    fn open(&self, req: &RunRequest, id: String, fence: &Fence) -> Result<(Thread, Checkpoint, bool), EngineError> {
-        if let Some(thread) = self.store.get_thread(&id)? {
-            let cp = match self.store.get_checkpoint(&id, None)? {
-                Some(cp) => cp,
-                None => {
-                    let (cp, values) = self.initial_checkpoint(&thread, run_limit(req, &self.plan))?;
-                    self.store.put_batch(vec![
-                        Put::Fence(fence.clone()),
-                        Put::Checkpoint(Box::new(cp.clone()), values),
-                    ])?;
-                    cp
-                }
-            };
-            if thread.plan_hash != self.plan.hash && !req.force {
-                self.check_compatible(&cp)?;
-            }
-            if let Some(input) = &req.input {
-                return self.new_turn(thread, cp, input, fence, run_limit(req, &self.plan));
-            }
-            return Ok((thread, cp, true));
-        }
-        let input = with_defaults(
-            self.plan.input_schema.as_ref(),
-            req.input.clone().unwrap_or_else(|| json!({})),
-        );
-        check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
-        let context = req.context.clone().unwrap_or_else(|| json!({}));
-        check_schema(self.plan.context_schema.as_ref(), &context, "context")?;
-        let mut overrides = json!({});
-        for (path, value) in &req.config {
-            set_path(&mut overrides, path, value.clone(), &self.plan.config)?;
-        }
-        let now = crate::clock::now();
-        let thread = Thread {
-            thread_id: id,
-            workflow: req.workflow.clone(),
-            plan_hash: self.plan.hash.clone(),
-            input,
-            context,
-            config: overrides,
-            status: ThreadStatus::Running,
-            created_at: now.clone(),
-            updated_at: now.clone(),
-            forked_from: None,
-        };
-        let (cp, values) = self.initial_checkpoint(&thread, run_limit(req, &self.plan))?;
-        self.store
-            .create_thread_with_checkpoint(Some(fence), &thread, &cp, values)?;
-        Ok((thread, cp, false))
-    }
-
-    /// A thread's first checkpoint: the state's defaults, and what START schedules.
-    fn initial_checkpoint(&self, thread: &Thread, limit: i64) -> Result<(Checkpoint, NewValues), EngineError> {
-        let mut state = Map::new();
-        let mut versions = BTreeMap::new();
-        let mut values = Vec::new();
-        for (key, channel) in &self.plan.state {
-            state.insert(key.clone(), channel.default.clone());
-            versions.insert(key.clone(), 1);
-            values.push((key.clone(), 1, channel.default.clone()));
-        }
-        let tasks = self.entry_tasks(thread, &thread.input, &state, -1, limit)?;
-        let meta = Meta::default();
-        let cp = Checkpoint {
-            checkpoint_id: checkpoint::new_id(),
-            thread_id: thread.thread_id.clone(),
-            parent_id: None,
-            step: -1,
-            versions,
-            ran: Vec::new(),
-            changed: self.plan.state.keys().cloned().collect(),
-            next: tasks,
-            meta: serde_json::to_value(&meta).unwrap_or_default(),
-            plan_hash: self.plan.hash.clone(),
-            created_at: crate::clock::now(),
-        };
-        Ok((cp, values))
-    }
-
-    /// What START schedules, given a turn's input and the state.
-    fn entry_tasks(
-        &self,
-        thread: &Thread,
-        input: &Value,
-        state: &Map<String, Value>,
-        step: i64,
-        limit: i64,
-    ) -> Result<Vec<TaskSpec>, EngineError> {
-        let config = effective_config(&self.plan.config, &thread.config);
-        let scope = Scope::new(
-            BTreeMap::from([
-                ("input".to_string(), to_jinja(input)),
-                ("config".to_string(), to_jinja(&config)),
-                ("context".to_string(), to_jinja(&thread.context)),
-                ("state".to_string(), values::map_to_jinja(state)),
-                // Nothing has run yet: every step of the run is still to come.
-                (
-                    "run".to_string(),
-                    values::run_value(&thread.thread_id, step, "START", limit),
-                ),
-            ]),
-            Some(self.plan.clone()),
-        )
-        .into_value();
-        let shared = Shared {
-            validators: self.node_validators.clone(),
-            plan: self.plan.clone(),
-            store: self.store.clone(),
-            services: self.services.clone(),
-            events: Events::none(),
-            thread_id: thread.thread_id.clone(),
-            // Routing from START writes nothing.
-            fence: Fence {
-                thread_id: thread.thread_id.clone(),
-                owner: String::new(),
-                generation: 0,
-            },
-            force: false,
-            end_step: step + 1 + limit,
-        };
-        let mut next = Vec::new();
-        for b in &self.plan.entry {
-            follow(&shared, b, &scope, &mut next)
-                .map_err(|e| EngineError::Input(format!("routing from START: {}", e.message)))?;
-        }
-        Ok(self.schedule(next))
-    }
-
-    /// A new input on a finished thread starts a new turn (LangGraph's `invoke(input, thread)`):
-    /// START runs again on the thread's state, with the new input.
-    fn new_turn(
-        &self,
-        thread: Thread,
-        cp: Checkpoint,
-        input: &Value,
-        fence: &Fence,
-        limit: i64,
-    ) -> Result<(Thread, Checkpoint, bool), EngineError> {
-        if !cp.next.is_empty() {
-            return Err(EngineError::Input(format!(
-                "thread `{}` has work pending (it is interrupted or was cut off): continue it with `runner resume`, or fork it, before giving it new input",
-                thread.thread_id
-            )));
-        }
-        let input = with_defaults(self.plan.input_schema.as_ref(), input.clone());
-        check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
-        let state = self.store.state(&thread.thread_id, &cp.versions)?;
-        let step = cp.step + 1;
-        let next = self.entry_tasks(&thread, &input, &state, step, limit)?;
-        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
-        meta.input = Some(input);
-        meta.barriers.clear();
-        meta.turn = Usage::default();
-        meta.node_usage.clear();
-        let turn = Checkpoint {
-            checkpoint_id: checkpoint::new_id(),
-            parent_id: Some(cp.checkpoint_id.clone()),
-            step,
-            ran: Vec::new(),
-            changed: Vec::new(),
-            next,
-            meta: serde_json::to_value(&meta).unwrap_or_default(),
-            plan_hash: self.plan.hash.clone(),
-            created_at: crate::clock::now(),
-            ..cp
-        };
-        self.store.put_batch(vec![
-            Put::Fence(fence.clone()),
-            Put::Checkpoint(Box::new(turn.clone()), Vec::new()),
-        ])?;
-        Ok((thread, turn, true))
-    }
-
-    /// A thread made by another version of the workflow may go on only if its state and
-    /// scheduled nodes still exist.
-    fn check_compatible(&self, cp: &Checkpoint) -> Result<(), EngineError> {
-        let missing_keys: Vec<&String> = cp
-            .versions
-            .keys()
-            .filter(|k| !self.plan.state.contains_key(*k))
-            .collect();
-        let missing_nodes: Vec<&String> = cp
-            .next
-            .iter()
-            .map(|t| &t.node)
-            .filter(|n| self.plan.node_by_name(n).is_none())
-            .collect();
-        if missing_keys.is_empty() && missing_nodes.is_empty() {
-            return Ok(());
-        }
-        let mut why = Vec::new();
-        if !missing_keys.is_empty() {
-            why.push(format!("state keys {} are gone", list(&missing_keys)));
-        }
-        if !missing_nodes.is_empty() {
-            why.push(format!("scheduled nodes {} are gone", list(&missing_nodes)));
-        }
-        Err(EngineError::Incompatible(format!(
-            "the workflow changed since this thread started and its stored state no longer fits: {}; pass --force to continue anyway, or start a new thread",
-            why.join(" and ")
-        )))
-    }
-
-    /// Every value read back must fit its key's schema, as every value written did: a corrupt
-    /// or hand-edited one is named here rather than failing somewhere later.
-    fn check_stored(&self, thread: &str, state: &Map<String, Value>) -> Result<(), EngineError> {
-        for (key, value) in state {
-            // A key with no default starts unset (null) whatever its schema: that is no
-            // defect of the record.
-            if value.is_null() && self.plan.state.get(key).is_some_and(|c| c.default.is_null()) {
-                continue;
-            }
-            if let Some(why) = self
-                .validators
-                .get(key)
-                .and_then(|v| crate::compile::schemas::first_violation(v, value))
-            {
-                return Err(EngineError::StoredValue {
-                    thread: thread.into(),
-                    key: key.clone(),
-                    why,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs the step's tasks: those already finished before a crash are taken from their stored
-    /// writes; the others run concurrently, each storing its writes as it finishes.
-    #[allow(clippy::too_many_arguments)]
-    async fn run_step(
-        &self,
-        shared: &Arc<Shared>,
-        cp: &Checkpoint,
-        pending: &[PendingWrite],
-        base: Arc<Scope>,
-        step: i64,
-        persister: &Persister,
-        meta: &Meta,
-    ) -> Result<(Vec<(TaskSpec, StepResult)>, Vec<Event>), EngineError> {
-        let mut results: Vec<Option<StepResult>> = vec![None; cp.next.len()];
-        let mut set = JoinSet::new();
-        let mut to_run = Vec::new();
-        for (i, t) in cp.next.iter().enumerate() {
-            if let Some(done) = cached(pending, &t.task_id, &self.plan, shared.force) {
-                let done = done.map_err(EngineError::Incompatible)?;
-                self.events.send(Event::NodeEnd {
-                    step,
-                    node: t.node.clone(),
-                    task_id: t.task_id.clone(),
-                    duration_ms: 0.0,
-                    keys: done.writes.iter().map(|(k, _)| k.clone()).collect(),
-                    cached: true,
-                });
-                results[i] = Some(StepResult::Done(done));
-                continue;
-            }
-            let Some(ix) = self.plan.node_by_name(&t.node) else {
-                results[i] = Some(StepResult::Failed(NodeError::invalid(format!(
-                    "node `{}` is not in this workflow",
-                    t.node
-                ))));
-                continue;
-            };
-            let resume = pending
-                .iter()
-                .find(|w| w.task_id == t.task_id && w.channel == RESUME)
-                .map(|w| {
-                    let to = pending
-                        .iter()
-                        .find(|r| r.task_id == t.task_id && r.channel == RESUME_TO)
-                        .and_then(|r| r.value.as_str().map(str::to_string));
-                    (w.value.clone(), to)
-                });
-            to_run.push((i, ix, resume, self.spent(&t.node, meta)));
-        }
-        // A task's future is made when it starts, not before: a fan-out of a thousand holds a
-        // thousand of them, so they are not also kept in a list.
-        type Resume = Option<(Value, Option<String>)>;
-        let start = |(i, ix, resume, spent): (usize, NodeIx, Resume, Option<NodeError>)| {
-            let t = &cp.next[i];
-            let fut = task::run(
-                shared.clone(),
-                ix,
-                t.task_id.clone(),
-                t.item.clone(),
-                base.clone(),
-                step,
-                resume,
-                spent,
-            );
-            // `map`, not an async block: a block awaiting a captured future keeps two copies.
-            fut.map(move |out| (i, out))
-        };
-        // One task runs in place; several run on the runtime's workers, in parallel.
-        let mut inline = if to_run.len() == 1 {
-            to_run.pop().map(start)
-        } else {
-            None
-        };
-        for args in to_run {
-            set.spawn(start(args));
-        }
-        let mut remaining = set.len() + usize::from(inline.is_some());
-        let mut deferred = Vec::new();
-        loop {
-            let joined = match inline.take() {
-                Some(fut) => Ok(fut.await),
-                None => match set.join_next().await {
-                    Some(joined) => joined,
-                    None => break,
-                },
-            };
-            remaining -= 1;
-            let (i, (outcome, duration_ms)) = match joined {
-                Ok(r) => r,
-                Err(e) => {
-                    return Err(EngineError::Store(checkpoint::CheckpointError::Backend(format!(
-                        "a task panicked: {e}"
-                    ))));
-                }
-            };
-            let t = &cp.next[i];
-            let end = |keys: Vec<String>| Event::NodeEnd {
-                step,
-                node: t.node.clone(),
-                task_id: t.task_id.clone(),
-                duration_ms,
-                keys,
-                cached: false,
-            };
-            let result = match outcome {
-                Outcome::Done(done) => {
-                    // The last task of a step is stored with the step's checkpoint, one commit
-                    // for both; earlier ones are stored now so a crash cannot lose them. Either
-                    // way `node_end` follows the commit.
-                    let event = end(done.writes.iter().map(|(k, _)| k.clone()).collect());
-                    if remaining > 0 {
-                        let writes = encode(&t.task_id, &done, &self.plan);
-                        tokio::task::block_in_place(|| {
-                            persister.put_writes(&shared.thread_id, &cp.checkpoint_id, writes, vec![event])
-                        })?;
-                    } else {
-                        deferred.push(event);
-                    }
-                    StepResult::Done(done)
-                }
-                Outcome::Interrupt(payload) => {
-                    let mut payload = payload;
-                    if let Value::Object(m) = &mut payload {
-                        m.insert("thread_id".into(), Value::String(shared.thread_id.clone()));
-                    }
-                    let mut writes = vec![PendingWrite {
-                        task_id: t.task_id.clone(),
-                        idx: IDX_INTERRUPT,
-                        channel: INTERRUPT.into(),
-                        value: payload.clone(),
-                    }];
-                    // An answered task that stops again (a subgraph at its next gate) has used
-                    // its answer: it is kept as a record, not passed again.
-                    if let Some(answer) = pending.iter().find(|w| w.task_id == t.task_id && w.channel == RESUME) {
-                        writes.push(PendingWrite {
-                            channel: RESUMED.into(),
-                            ..answer.clone()
-                        });
-                    }
-                    persister.write_now(vec![Put::Writes {
-                        thread_id: shared.thread_id.clone(),
-                        checkpoint_id: cp.checkpoint_id.clone(),
-                        writes,
-                    }])?;
-                    self.events.send(Event::Interrupt {
-                        node: t.node.clone(),
-                        task_id: t.task_id.clone(),
-                        payload: payload.clone(),
-                    });
-                    self.events.send(end(Vec::new()));
-                    StepResult::Interrupt(payload)
-                }
-                Outcome::Failed(e) => {
-                    self.events.send(end(Vec::new()));
-                    StepResult::Failed(e)
-                }
-            };
-            results[i] = Some(result);
-        }
-        let mut out = Vec::new();
-        for (t, r) in cp.next.iter().zip(results) {
-            if let Some(r) = r {
-                out.push((t.clone(), r));
-            }
-        }
-        // A step that stops (failure, interrupt) keeps its finished tasks' writes: the last one
-        // to finish was not stored yet.
-        if out.iter().any(|(_, r)| !matches!(r, StepResult::Done(_))) {
-            self.keep_writes(persister, &shared.thread_id, cp, pending, &out)?;
-            for e in deferred.drain(..) {
-                self.events.send(e);
-            }
-        }
-        Ok((out, deferred))
-    }
-
-    /// Stores the writes of finished tasks that are not stored yet.
-    fn keep_writes(
-        &self,
-        persister: &Persister,
-        thread: &str,
-        cp: &Checkpoint,
-        pending: &[PendingWrite],
-        outcomes: &[(TaskSpec, StepResult)],
-    ) -> Result<(), EngineError> {
-        let writes: Vec<PendingWrite> = outcomes
-            .iter()
-            .filter_map(|(t, r)| match r {
-                StepResult::Done(done) if !pending.iter().any(|w| w.task_id == t.task_id && w.channel == DONE) => {
-                    Some(encode(&t.task_id, done, &self.plan))
-                }
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        persister.write_now(vec![Put::Writes {
-            thread_id: thread.into(),
-            checkpoint_id: cp.checkpoint_id.clone(),
-            writes,
-        }])?;
-        Ok(())
-    }
-
-    /// Applies a step's writes in plan order through the reducers, checks them, and schedules
-    /// the next step. Returns the new checkpoint and the values it introduces.
-    #[allow(clippy::too_many_arguments)]
-    fn apply(
-        &self,
-        shared: &Shared,
-        cp: &Checkpoint,
-        state: &mut Map<String, Value>,
-        meta: &mut Meta,
-        outcomes: &[(TaskSpec, StepResult)],
-        constants: &Arc<Scope>,
-        step: i64,
-    ) -> Result<(Checkpoint, NewValues, minijinja::Value), String> {
-        let order = |t: &TaskSpec| {
-            let pos = self
-                .plan
-                .node_by_name(&t.node)
-                .and_then(|ix| self.plan.nodes.get_index_of(&ix))
-                .unwrap_or(usize::MAX);
-            let n: usize = t
-                .task_id
-                .rsplit_once('#')
-                .and_then(|(_, n)| n.parse().ok())
-                .unwrap_or(0);
-            (pos, n)
-        };
-        let mut done: Vec<(&TaskSpec, &task::Done)> = outcomes
-            .iter()
-            .filter_map(|(t, r)| match r {
-                StepResult::Done(d) => Some((t, d)),
-                _ => None,
-            })
-            .collect();
-        done.sort_by_key(|(t, _)| order(t));
-        let mut updates: BTreeMap<&str, Vec<(&str, &Value)>> = BTreeMap::new();
-        for (t, d) in &done {
-            for (k, v) in &d.writes {
-                updates.entry(k.as_str()).or_default().push((t.node.as_str(), v));
-            }
-            meta.usage.add(&d.usage);
-            meta.turn.add(&d.usage);
-            if self.node_spec(&t.node).is_some_and(|s| s.common().budget.is_some()) {
-                meta.node_usage.entry(t.node.clone()).or_default().add(&d.usage);
-            }
-        }
-        let mut new_values = Vec::new();
-        let mut versions = cp.versions.clone();
-        let mut changed = Vec::new();
-        let mut computed: Vec<(String, Value)> = Vec::with_capacity(updates.len());
-        for (key, writes) in &updates {
-            let Some(channel) = self.plan.state.get(*key) else {
-                return Err(format!(
-                    "node `{}` wrote `{key}`, which is not a state key",
-                    writes[0].0
-                ));
-            };
-            if !channel.reducer.combines() && writes.len() > 1 {
-                let nodes: Vec<&str> = writes.iter().map(|(n, _)| *n).collect();
-                return Err(format!(
-                    "write conflict: {} wrote `{key}` in the same superstep, and `{key}` has no reducer (give it one, e.g. `reducer: append`)",
-                    nodes.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" and ")
-                ));
-            }
-            let current = state.get(*key).unwrap_or(&Value::Null);
-            let value = values::reduce(
-                &self.plan,
-                &channel.reducer,
-                current,
-                writes.iter().map(|(_, v)| (*v).clone()).collect(),
-            )
-            .map_err(|e| format!("`{key}`: {e}"))?;
-            if let Some(why) = self
-                .validators
-                .get(*key)
-                .and_then(|v| crate::compile::schemas::first_violation(v, &value))
-            {
-                return Err(format!(
-                    "the new value of `{key}` (written by `{}`) does not match its schema: {why}",
-                    writes[0].0
-                ));
-            }
-            let version = versions.get(*key).copied().unwrap_or(0) + 1;
-            versions.insert(key.to_string(), version);
-            changed.push(key.to_string());
-            // Append-only keys store what the step added, extending the previous version; a full
-            // value every `MAX_CHAIN` versions keeps reads short. (`exit` mode commits only the
-            // last checkpoint: its persister folds the extensions of skipped versions together.)
-            let added = match (&channel.reducer, current, &value) {
-                (Reducer::Append | Reducer::Extend | Reducer::Union, Value::Array(old), Value::Array(new))
-                    if new.len() >= old.len() =>
-                {
-                    let chain = meta.chains.entry(key.to_string()).or_insert(0);
-                    if *chain < MAX_CHAIN {
-                        *chain += 1;
-                        Some(new[old.len()..].to_vec())
-                    } else {
-                        *chain = 0;
-                        None
-                    }
-                }
-                _ => None,
-            };
-            let stored = match added {
-                Some(items) => checkpoint::extension(version - 1, items),
-                None => value.clone(),
-            };
-            new_values.push((key.to_string(), version, stored));
-            computed.push((key.to_string(), value));
-        }
-        // Routing sees the state after the step; if routing fails, the step did not happen.
-        let previous: Vec<(String, Option<Value>)> = computed
-            .into_iter()
-            .map(|(k, v)| (k.clone(), state.insert(k, v)))
-            .collect();
-        let restore = |state: &mut Map<String, Value>| {
-            for (k, old) in &previous {
-                match old {
-                    Some(v) => state.insert(k.clone(), v.clone()),
-                    None => state.remove(k),
-                };
-            }
-        };
-        let state_value = values::map_to_jinja(state);
-        let after_step = Arc::new(Scope::over(
-            constants,
-            BTreeMap::from([("state".to_string(), state_value.clone())]),
-            Some(self.plan.clone()),
-        ));
-        let mut next: Vec<Next> = Vec::new();
-        let mut ran = Vec::new();
-        for (t, d) in &done {
-            ran.push(t.node.clone());
-            if self.node_spec(&t.node).is_some_and(|n| n.common().max_visits.is_some()) {
-                *meta.visits.entry(t.node.clone()).or_insert(0) += 1;
-            }
-            let Some(ix) = self.plan.node_by_name(&t.node) else {
-                continue;
-            };
-            next.extend(d.next.iter().cloned());
-            if d.handled {
-                continue;
-            }
-            let run = values::run_value(&shared.thread_id, step, &t.node, shared.end_step - step - 1);
-            let scope = Arc::new(after_step.with([("run".to_string(), run)])).value();
-            for b in &self.plan.nodes[&ix].branches {
-                if let Err(e) = follow(shared, b, &scope, &mut next) {
-                    restore(state);
-                    return Err(format!("routing after `{}`: {}", t.node, e.message));
-                }
-            }
-            for (j, (sources, target)) in self.plan.joins.iter().enumerate() {
-                if sources.contains(&ix) {
-                    let barrier = meta.barriers.entry(j).or_default();
-                    barrier.insert(t.node.clone());
-                    if sources.iter().all(|s| barrier.contains(self.plan.name_of(*s))) {
-                        barrier.clear();
-                        next.push(match target {
-                            Target::Node(n) => Next::Node(*n),
-                            Target::End => Next::End,
-                        });
-                    }
-                }
-            }
-        }
-        ran.dedup();
-        let tasks = self.schedule(next);
-        let cp = Checkpoint {
-            checkpoint_id: checkpoint::new_id(),
-            thread_id: shared.thread_id.clone(),
-            parent_id: Some(cp.checkpoint_id.clone()),
-            step,
-            versions,
-            ran,
-            changed,
-            next: tasks,
-            meta: serde_json::to_value(&*meta).unwrap_or_default(),
-            plan_hash: self.plan.hash.clone(),
-            created_at: crate::clock::now(),
-        };
-        Ok((cp, new_values, state_value))
-    }
-
-    /// Turns successors into the next step's tasks: a node triggered several times runs once;
-    /// each fan-out item is its own task; tasks are ordered by the plan.
-    fn schedule(&self, next: Vec<Next>) -> Vec<TaskSpec> {
-        let mut plain: BTreeSet<usize> = BTreeSet::new();
-        let mut sends: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
-        for n in next {
-            match n {
-                Next::End => {}
-                Next::Node(ix) => {
-                    plain.insert(self.plan.nodes.get_index_of(&ix).unwrap_or(usize::MAX));
-                }
-                Next::Send(ix, item) => sends
-                    .entry(self.plan.nodes.get_index_of(&ix).unwrap_or(usize::MAX))
-                    .or_default()
-                    .push(item),
-            }
-        }
-        let mut tasks = Vec::new();
-        let positions: BTreeSet<usize> = plain.iter().chain(sends.keys()).copied().collect();
-        for pos in positions {
-            let Some((_, node)) = self.plan.nodes.get_index(pos) else {
-                continue;
-            };
-            if plain.contains(&pos) {
-                tasks.push(TaskSpec {
-                    task_id: node.name.clone(),
-                    node: node.name.clone(),
-                    item: None,
-                });
-            }
-            for (i, item) in sends.remove(&pos).unwrap_or_default().into_iter().enumerate() {
-                tasks.push(TaskSpec {
-                    task_id: format!("{}#{i}", node.name),
-                    node: node.name.clone(),
-                    item: Some(item),
-                });
-            }
-        }
-        tasks
-    }
-
-    /// A node about to run more often than its `max_visits` fails the step before it runs.
-    /// Why node `name` may not call a model in this step: a budget of the turn, or of the node,
-    /// is spent. Only llm nodes are held back; the others run on.
-    fn spent(&self, name: &str, meta: &Meta) -> Option<NodeError> {
-        let node = &self.plan.nodes[&self.plan.node_by_name(name)?];
-        if !self.services.kinds.of(node).is_ok_and(|k| k.held_by_budget()) {
-            return None;
-        }
-        let spec = &node.spec;
-        let why = spent_by(&self.plan.budget, &meta.turn, "limits").or_else(|| {
-            let budget = spec.common().budget.as_ref()?;
-            let used = meta.node_usage.get(name).copied().unwrap_or_default();
-            spent_by(budget, &used, &format!("the budget of `{name}`"))
-        })?;
-        Some(NodeError::new(crate::error_class::ErrorClass::Budget, why))
-    }
-
-    fn over_visits(&self, cp: &Checkpoint, meta: &Meta) -> Option<String> {
-        let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
-        for t in &cp.next {
-            *counts.entry(t.node.as_str()).or_default() += 1;
-        }
-        counts.into_iter().find_map(|(node, n)| {
-            let max = self.node_spec(node)?.common().max_visits?;
-            let total = meta.visits.get(node).copied().unwrap_or(0) + n;
-            (total > max).then(|| format!("node `{node}` would run {total} times, more than its max_visits of {max}"))
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
-enum StepResult {
-    Done(task::Done),
-    Interrupt(Value),
-    Failed(NodeError),
-}
-
-/// Which cap of `budget` (named `owner` in the message) `used` has reached, if any.
-fn spent_by(budget: &crate::spec::Budget, used: &Usage, owner: &str) -> Option<String> {
-    if let Some(max) = budget.max_cost
-        && used.cost >= max
-    {
-        return Some(format!(
-            "{owner}: max_cost of {max} is spent ({:.4} used); raise it, or handle the `budget` error with on_error",
-            used.cost
-        ));
-    }
-    if let Some(max) = budget.max_tokens
-        && used.total_tokens >= max
-    {
-        return Some(format!(
-            "{owner}: max_tokens of {max} is spent ({} used); raise it, or handle the `budget` error with on_error",
-            used.total_tokens
-        ));
-    }
-    if let Some(max) = budget.max_llm_calls
-        && used.calls >= max
-    {
-        return Some(format!(
-            "{owner}: max_llm_calls of {max} is spent ({} made); raise it, or handle the `budget` error with on_error",
-            used.calls
-        ));
-    }
-    None
 }
 
 fn is_zero(u: &Usage) -> bool {
     *u == Usage::default()
-}
-
-/// Where a branch leads, evaluated in `scope` (the state after the step).
-fn follow(shared: &Shared, b: &Branch, scope: &minijinja::Value, next: &mut Vec<Next>) -> Result<(), NodeError> {
-    match b {
-        Branch::Always(ts) => next.extend(ts.iter().map(|t| match t {
-            Target::Node(n) => Next::Node(*n),
-            Target::End => Next::End,
-        })),
-        Branch::Route(clauses) => next.extend(task::choose(shared, clauses, scope)?),
-        Branch::Send(s) => {
-            let items = values::eval(&shared.plan, s.foreach, scope).map_err(NodeError::invalid)?;
-            let Value::Array(items) = items else {
-                return Err(NodeError::invalid("a fan-out's `foreach` did not yield an array"));
-            };
-            next.extend(items.into_iter().map(|i| Next::Send(s.to, i)));
-        }
-    }
-    Ok(())
-}
-
-/// A finished task's result as one stored write: its state writes, the successors it chose
-/// (by node name: indices shift when the workflow is edited), whether its error handler took
-/// over, and its usage.
-fn encode(task_id: &str, done: &task::Done, plan: &Plan) -> Vec<PendingWrite> {
-    let next: Vec<Value> = done
-        .next
-        .iter()
-        .map(|n| match n {
-            Next::Node(ix) => json!({"to": plan.name_of(*ix)}),
-            Next::End => json!({"end": true}),
-            Next::Send(ix, item) => json!({"send": plan.name_of(*ix), "item": item}),
-        })
-        .collect();
-    let writes: Vec<Value> = done.writes.iter().map(|(k, v)| json!([k, v])).collect();
-    let mut value = json!({"writes": writes});
-    if !next.is_empty() {
-        value["next"] = Value::Array(next);
-    }
-    if done.handled {
-        value["handled"] = Value::Bool(true);
-    }
-    if done.usage.calls > 0 {
-        value["usage"] = serde_json::to_value(done.usage).unwrap_or_default();
-    }
-    vec![PendingWrite {
-        task_id: task_id.into(),
-        idx: IDX_DONE,
-        channel: DONE.into(),
-        value,
-    }]
-}
-
-/// A task finished before (its result stored), decoded. A successor whose node is gone from
-/// the workflow is an error, or dropped with `force`.
-fn cached(pending: &[PendingWrite], task_id: &str, plan: &Plan, force: bool) -> Option<Result<task::Done, String>> {
-    let w = pending.iter().find(|w| w.task_id == task_id && w.channel == DONE)?;
-    Some(decode(w, plan, force))
-}
-
-fn decode(w: &PendingWrite, plan: &Plan, force: bool) -> Result<task::Done, String> {
-    let mut done = task::Done::default();
-    for pair in w.value.get("writes").and_then(Value::as_array).into_iter().flatten() {
-        if let (Some(k), Some(v)) = (pair.get(0).and_then(Value::as_str), pair.get(1)) {
-            done.writes.push((k.to_string(), v.clone()));
-        }
-    }
-    done.handled = w.value.get("handled").and_then(Value::as_bool).unwrap_or(false);
-    done.usage = w
-        .value
-        .get("usage")
-        .and_then(|u| serde_json::from_value(u.clone()).ok())
-        .unwrap_or_default();
-    // Names; databases written by earlier builds hold plan indices (and `"to": "END"`).
-    let to_ix = |v: &Value| -> Result<Option<NodeIx>, String> {
-        match v {
-            Value::String(name) => match plan.node_by_name(name) {
-                Some(ix) => Ok(Some(ix)),
-                None if force => Ok(None),
-                None => Err(format!(
-                    "the workflow changed since task `{}` finished: the node `{name}` it chose next is gone; pass --force to continue without it, or start a new thread",
-                    w.task_id
-                )),
-            },
-            _ => Ok(v
-                .as_u64()
-                .map(|i| petgraph::stable_graph::NodeIndex::new(i as usize))
-                .filter(|ix| plan.nodes.contains_key(ix))),
-        }
-    };
-    for n in w.value.get("next").and_then(Value::as_array).into_iter().flatten() {
-        if n.get("end").is_some() || n.get("to") == Some(&json!("END")) {
-            done.next.push(Next::End);
-        } else if let Some(to) = n.get("to") {
-            done.next.extend(to_ix(to)?.map(Next::Node));
-        } else if let Some(to) = n.get("send") {
-            let item = n.get("item").cloned().unwrap_or(Value::Null);
-            done.next.extend(to_ix(to)?.map(|ix| Next::Send(ix, item)));
-        }
-    }
-    Ok(done)
-}
-
-/// The plan's config with a thread's overrides merged in.
-/// The most supersteps the run may take: the request's `--recursion-limit`, else the plan's.
-fn run_limit(req: &RunRequest, plan: &Plan) -> i64 {
-    i64::from(req.recursion_limit.unwrap_or(plan.recursion_limit))
-}
-
-fn effective_config(base: &Value, overrides: &Value) -> Value {
-    let mut out = base.clone();
-    merge(&mut out, overrides);
-    out
-}
-
-fn merge(base: &mut Value, over: &Value) {
-    match (base, over) {
-        (Value::Object(b), Value::Object(o)) => {
-            for (k, v) in o {
-                match b.get_mut(k) {
-                    Some(slot) => merge(slot, v),
-                    None => {
-                        b.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        (slot, v) => *slot = v.clone(),
-    }
-}
-
-/// Sets `a.b.c` in `target` to `value`; the path must exist in the workflow's config.
-fn set_path(target: &mut Value, path: &str, value: Value, known: &Value) -> Result<(), EngineError> {
-    let parts: Vec<&str> = path.split('.').collect();
-    let mut k = known;
-    for (i, p) in parts.iter().enumerate() {
-        match k.get(p) {
-            Some(next) => k = next,
-            None => {
-                let siblings: Vec<&str> = k
-                    .as_object()
-                    .map(|m| m.keys().map(String::as_str).collect())
-                    .unwrap_or_default();
-                let hint = crate::diag::did_you_mean(p, siblings.iter().copied())
-                    .map(|s| format!(" (did you mean `{s}`?)"))
-                    .unwrap_or_default();
-                return Err(EngineError::Input(format!(
-                    "--set {path}: `{}` is not in the workflow's config{hint}",
-                    parts[..=i].join(".")
-                )));
-            }
-        }
-    }
-    let mut cur = target;
-    for p in &parts[..parts.len() - 1] {
-        if !cur.is_object() {
-            *cur = json!({});
-        }
-        cur = cur
-            .as_object_mut()
-            .map(|m| m.entry(p.to_string()).or_insert_with(|| json!({})))
-            .unwrap_or_else(|| unreachable!("made an object above"));
-    }
-    if let Value::Object(m) = cur {
-        m.insert(parts[parts.len() - 1].to_string(), value);
-    }
-    Ok(())
-}
-
-/// The input with the defaults its schema gives for absent top-level properties.
-fn with_defaults(schema: Option<&Value>, input: Value) -> Value {
-    let (Some(props), Value::Object(mut map)) = (
-        schema.and_then(|s| s.get("properties")).and_then(Value::as_object),
-        input.clone(),
-    ) else {
-        return input;
-    };
-    for (name, prop) in props {
-        if let Some(default) = prop.get("default")
-            && !map.contains_key(name)
-        {
-            map.insert(name.clone(), default.clone());
-        }
-    }
-    Value::Object(map)
-}
-
-fn check_schema(schema: Option<&Value>, value: &Value, what: &str) -> Result<(), EngineError> {
-    let Some(schema) = schema else {
-        return match value {
-            Value::Object(m) if m.is_empty() => Ok(()),
-            _ => Err(EngineError::Input(format!(
-                "the workflow declares no `{what}`, but one was given"
-            ))),
-        };
-    };
-    let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::Input(format!("{what} schema: {e}")))?;
-    let errors: Vec<String> = v
-        .iter_errors(value)
-        .map(|e| {
-            let at = e.instance_path().as_str().to_string();
-            if at.is_empty() {
-                e.masked().to_string()
-            } else {
-                format!("`{}`: {}", at.trim_start_matches('/'), e.masked())
-            }
-        })
-        .collect();
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(EngineError::Input(format!("{what}: {}", errors.join("; "))))
-    }
-}
-
-fn list(items: &[&String]) -> String {
-    items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
 }

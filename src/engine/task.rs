@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::Shared;
 use super::events::Event;
-use super::kind::{self, NodeCtx, NodeError, NodeFailure};
+use super::kind::{self, NodeCtx, NodeError, NodeFailure, NodeOutput};
 use super::values::{self, Scope, to_jinja};
 use crate::compile::{Clause, ClauseTarget, NodeIx, Target, Writer};
 use crate::error_class::ErrorClass;
@@ -60,15 +60,7 @@ pub async fn run(
     let plan = &shared.plan;
     let node = &plan.nodes[&ix];
     let common = node.spec.common();
-    let mut extra = vec![("params".to_string(), to_jinja(&params(node)))];
-    if let (Some(name), Some(item)) = (&node.item, &item) {
-        extra.push((name.clone(), to_jinja(item)));
-    }
-    extra.push((
-        "run".to_string(),
-        values::run_value(&shared.thread_id, step, &node.name, shared.end_step - step - 1),
-    ));
-    let scope = Arc::new(base.with(extra));
+    let scope = task_scope(&shared, node, item.as_ref(), &base, step);
     let scope_value = scope.value();
     let policy = retry_policy(
         &node.spec,
@@ -107,17 +99,7 @@ pub async fn run(
             fence: &shared.fence,
             validators: &shared.validators,
         };
-        let result = match timeout {
-            Some(limit) => match tokio::time::timeout(limit, kind::execute(&ctx)).await {
-                Ok(r) => r,
-                Err(_) => Err(NodeFailure::Error(NodeError::new(
-                    ErrorClass::Timeout,
-                    format!("the node ran longer than its timeout of {:.3}s", limit.as_secs_f64()),
-                ))),
-            },
-            None => kind::execute(&ctx).await,
-        };
-        let result = match result {
+        let result = match execute_within(&ctx, timeout).await {
             Ok(out) => {
                 let mut usage = spent_before;
                 usage.add(&out.usage);
@@ -132,18 +114,8 @@ pub async fn run(
         match result {
             Ok(done) => break Outcome::Done(done),
             Err(e) => {
-                let retryable = e.class != ErrorClass::Budget
-                    && policy.retry_on.iter().any(|c| *c == e.class || *c == ErrorClass::All);
-                if attempt < policy.max_attempts && retryable {
-                    let delay = backoff(&policy, attempt, e.retry_after);
-                    shared.events.send(Event::Retry {
-                        node: node.name.clone(),
-                        task_id: task_id.clone(),
-                        attempt,
-                        error: e.message.clone(),
-                        delay_ms: delay.as_secs_f64() * 1000.0,
-                    });
-                    tokio::time::sleep(delay).await;
+                if let Some(delay) = retry_delay(&policy, attempt, &e) {
+                    wait_to_retry(&shared, &node.name, &task_id, attempt, &e, delay).await;
                     spent_before = e.usage;
                     continue;
                 }
@@ -151,20 +123,79 @@ pub async fn run(
             }
         }
     };
-    let usage = match &outcome {
+    report_usage(&shared, &node.name, &outcome);
+    // `node_end` is sent by the step once the result is stored: an observer that sees it may
+    // rely on the task never running again.
+    (outcome, started.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// What a task's expressions read on top of the step's scope: `params`, its fan-out item,
+/// and `run`.
+fn task_scope(
+    shared: &Shared,
+    node: &crate::compile::PlanNode,
+    item: Option<&Value>,
+    base: &Arc<Scope>,
+    step: i64,
+) -> Arc<Scope> {
+    let mut extra = vec![("params".to_string(), to_jinja(&params(node)))];
+    if let (Some(name), Some(item)) = (&node.item, item) {
+        extra.push((name.clone(), to_jinja(item)));
+    }
+    extra.push((
+        "run".to_string(),
+        values::run_value(&shared.thread_id, step, &node.name, shared.end_step - step - 1),
+    ));
+    Arc::new(base.with(extra))
+}
+
+/// One attempt of the node's kind, cut off at `timeout`.
+async fn execute_within(ctx: &NodeCtx<'_>, timeout: Option<Duration>) -> Result<NodeOutput, NodeFailure> {
+    match timeout {
+        Some(limit) => match tokio::time::timeout(limit, kind::execute(ctx)).await {
+            Ok(r) => r,
+            Err(_) => Err(NodeFailure::Error(NodeError::new(
+                ErrorClass::Timeout,
+                format!("the node ran longer than its timeout of {:.3}s", limit.as_secs_f64()),
+            ))),
+        },
+        None => kind::execute(ctx).await,
+    }
+}
+
+/// How long to wait before attempt `attempt + 1`, if the policy retries this error (a spent
+/// budget is never retried).
+fn retry_delay(policy: &Policy, attempt: u32, e: &NodeError) -> Option<Duration> {
+    let retryable =
+        e.class != ErrorClass::Budget && policy.retry_on.iter().any(|c| *c == e.class || *c == ErrorClass::All);
+    (attempt < policy.max_attempts && retryable).then(|| backoff(policy, attempt, e.retry_after))
+}
+
+/// Reports the retry, and waits `delay` before it.
+async fn wait_to_retry(shared: &Shared, node: &str, task_id: &str, attempt: u32, e: &NodeError, delay: Duration) {
+    shared.events.send(Event::Retry {
+        node: node.to_string(),
+        task_id: task_id.to_string(),
+        attempt,
+        error: e.message.clone(),
+        delay_ms: delay.as_secs_f64() * 1000.0,
+    });
+    tokio::time::sleep(delay).await;
+}
+
+/// Reports what the task spent on models, if anything.
+fn report_usage(shared: &Shared, node: &str, outcome: &Outcome) {
+    let usage = match outcome {
         Outcome::Done(d) => d.usage,
         Outcome::Failed(e) => e.usage,
         Outcome::Interrupt(_) => Usage::default(),
     };
     if usage.calls > 0 {
         shared.events.send(Event::Usage {
-            node: node.name.clone(),
+            node: node.to_string(),
             usage,
         });
     }
-    // `node_end` is sent by the step once the result is stored: an observer that sees it may
-    // rely on the task never running again.
-    (outcome, started.elapsed().as_secs_f64() * 1000.0)
 }
 
 fn params(node: &crate::compile::PlanNode) -> Value {

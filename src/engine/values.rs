@@ -125,6 +125,53 @@ impl Object for Scope {
     }
 }
 
+/// Why an expression gave no value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EvalError {
+    /// What minijinja reported, in one line.
+    #[error("{0}")]
+    Expr(String),
+    #[error("the value is undefined (give optional values a fallback with `| default(...)`)")]
+    Undefined,
+    #[error("the condition is undefined (give optional values a fallback with `| default(...)`)")]
+    UndefinedCondition,
+    #[error("the condition cannot be evaluated: {0}")]
+    InvalidCondition(String),
+    #[error("the value cannot be stored as JSON: {0}")]
+    NotJson(String),
+}
+
+/// Why a reducer could not fold an update into a key's value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReduceError {
+    #[error("`{reducer}` needs the key to hold an array, not {found}")]
+    NotAnArray { reducer: &'static str, found: &'static str },
+    #[error("`extend` needs an array to add, got {0}")]
+    ExtendNeedsAnArray(&'static str),
+    #[error("`merge` combines objects, not {0} and {1}")]
+    MergeNeedsObjects(&'static str, &'static str),
+    #[error("a numeric reducer needs a number, got {0}")]
+    NotANumber(&'static str),
+    #[error("a numeric reducer needs the key to hold a number, not {0}")]
+    KeyNotANumber(&'static str),
+    #[error("the sum is not a finite number")]
+    NotFinite,
+    #[error("a message is an object or a string, not {0}")]
+    NotAMessage(&'static str),
+    #[error("`add_messages` cannot remove message `{0}`: no message has that id")]
+    NoSuchMessage(String),
+    #[error("a remove marker needs the `id` of the message to remove")]
+    RemoveWithoutId,
+    #[error("reducer `{0}` needs its plan")]
+    NoPlan(String),
+    #[error("reducer `{name}`: {source}")]
+    Custom {
+        name: String,
+        #[source]
+        source: EvalError,
+    },
+}
+
 /// JSON to a minijinja value.
 pub fn to_jinja(v: &Value) -> JValue {
     JValue::from(minijinja::value::Serde(v))
@@ -148,33 +195,47 @@ pub fn map_to_jinja(m: &serde_json::Map<String, Value>) -> JValue {
 }
 
 /// A minijinja value back to JSON. Undefined becomes null.
-pub fn to_json(v: &JValue) -> Result<Value, String> {
+pub fn to_json(v: &JValue) -> Result<Value, EvalError> {
     if v.is_undefined() {
         return Ok(Value::Null);
     }
-    serde_json::to_value(v).map_err(|e| format!("the value cannot be stored as JSON: {e}"))
+    serde_json::to_value(v).map_err(|e| EvalError::NotJson(e.to_string()))
 }
 
-/// Evaluates a compiled expression in a scope, as JSON.
+/// Evaluates a compiled expression in a scope, as JSON. The error is the message of an
+/// [`EvalError`], for the node kinds that wrap it in their own.
 pub fn eval(plan: &Plan, id: ExprId, scope: &JValue) -> Result<Value, String> {
-    let v = plan.exprs.expr(id).eval(scope.clone()).map_err(|e| describe(&e))?;
+    eval_value(plan, id, scope).map_err(|e| e.to_string())
+}
+
+/// [`eval`] with its typed error.
+pub fn eval_value(plan: &Plan, id: ExprId, scope: &JValue) -> Result<Value, EvalError> {
+    let v = plan
+        .exprs
+        .expr(id)
+        .eval(scope.clone())
+        .map_err(|e| EvalError::Expr(describe(&e)))?;
     if v.is_undefined() {
         // Strict mode only trips on using an undefined value; a data expression that *is* one
         // (a missing optional input, a key absent from an object) must not become null silently.
-        return Err("the value is undefined (give optional values a fallback with `| default(...)`)".into());
+        return Err(EvalError::Undefined);
     }
     to_json(&v)
 }
 
 /// Evaluates a compiled expression as a condition. A condition that is undefined or invalid
 /// (a predicate that failed) is an error, never false: a branch must not be skipped silently.
-pub fn eval_bool(plan: &Plan, id: ExprId, scope: &JValue) -> Result<bool, String> {
-    let v = plan.exprs.expr(id).eval(scope.clone()).map_err(|e| describe(&e))?;
+pub fn eval_bool(plan: &Plan, id: ExprId, scope: &JValue) -> Result<bool, EvalError> {
+    let v = plan
+        .exprs
+        .expr(id)
+        .eval(scope.clone())
+        .map_err(|e| EvalError::Expr(describe(&e)))?;
     if v.is_undefined() {
-        return Err("the condition is undefined (give optional values a fallback with `| default(...)`)".into());
+        return Err(EvalError::UndefinedCondition);
     }
     if v.kind() == minijinja::value::ValueKind::Invalid {
-        return Err(format!("the condition cannot be evaluated: {v}"));
+        return Err(EvalError::InvalidCondition(v.to_string()));
     }
     Ok(v.is_true())
 }
@@ -189,7 +250,7 @@ pub fn describe(e: &minijinja::Error) -> String {
 }
 
 /// Folds `updates` (in their deterministic order) into `current` with a key's reducer.
-pub fn reduce(plan: &Plan, reducer: &Reducer, current: &Value, updates: Vec<Value>) -> Result<Value, String> {
+pub fn reduce(plan: &Plan, reducer: &Reducer, current: &Value, updates: Vec<Value>) -> Result<Value, ReduceError> {
     let mut value = current.clone();
     for update in updates {
         value = reduce_one(Some(plan), reducer, value, update)?;
@@ -197,7 +258,7 @@ pub fn reduce(plan: &Plan, reducer: &Reducer, current: &Value, updates: Vec<Valu
     Ok(value)
 }
 
-fn reduce_one(plan: Option<&Plan>, reducer: &Reducer, current: Value, update: Value) -> Result<Value, String> {
+fn reduce_one(plan: Option<&Plan>, reducer: &Reducer, current: Value, update: Value) -> Result<Value, ReduceError> {
     Ok(match reducer {
         Reducer::Replace => update,
         Reducer::Append => {
@@ -212,7 +273,7 @@ fn reduce_one(plan: Option<&Plan>, reducer: &Reducer, current: Value, update: Va
             let mut items = as_array(current, "extend")?;
             match update {
                 Value::Array(more) => items.extend(more),
-                other => return Err(format!("`extend` needs an array to add, got {}", kind(&other))),
+                other => return Err(ReduceError::ExtendNeedsAnArray(kind(&other))),
             }
             Value::Array(items)
         }
@@ -237,30 +298,33 @@ fn reduce_one(plan: Option<&Plan>, reducer: &Reducer, current: Value, update: Va
                 deep_merge(&mut base, over);
                 Value::Object(base)
             }
-            (c, u) => return Err(format!("`merge` combines objects, not {} and {}", kind(&c), kind(&u))),
+            (c, u) => return Err(ReduceError::MergeNeedsObjects(kind(&c), kind(&u))),
         },
         Reducer::Sum | Reducer::Max | Reducer::Min => numeric(reducer, current, update)?,
         Reducer::Custom { name, expr } => {
             let Some(plan) = plan else {
-                return Err(format!("reducer `{name}` needs its plan"));
+                return Err(ReduceError::NoPlan(name.clone()));
             };
             let mut vars = BTreeMap::new();
             vars.insert("current".to_string(), to_jinja(&current));
             vars.insert("update".to_string(), to_jinja(&update));
             let scope = Scope::new(vars, None).into_value();
-            eval(plan, *expr, &scope).map_err(|e| format!("reducer `{name}`: {e}"))?
+            eval_value(plan, *expr, &scope).map_err(|source| ReduceError::Custom {
+                name: name.clone(),
+                source,
+            })?
         }
     })
 }
 
-fn as_array(v: Value, reducer: &str) -> Result<Vec<Value>, String> {
+fn as_array(v: Value, reducer: &'static str) -> Result<Vec<Value>, ReduceError> {
     match v {
         Value::Null => Ok(Vec::new()),
         Value::Array(a) => Ok(a),
-        other => Err(format!(
-            "`{reducer}` needs the key to hold an array, not {}",
-            kind(&other)
-        )),
+        other => Err(ReduceError::NotAnArray {
+            reducer,
+            found: kind(&other),
+        }),
     }
 }
 
@@ -286,19 +350,14 @@ fn deep_merge(base: &mut Map<String, Value>, over: Map<String, Value>) {
     }
 }
 
-fn numeric(reducer: &Reducer, current: Value, update: Value) -> Result<Value, String> {
-    let u = update
-        .as_f64()
-        .ok_or_else(|| format!("a numeric reducer needs a number, got {}", kind(&update)))?;
+fn numeric(reducer: &Reducer, current: Value, update: Value) -> Result<Value, ReduceError> {
+    let u = update.as_f64().ok_or_else(|| ReduceError::NotANumber(kind(&update)))?;
     if current.is_null() {
         return Ok(update);
     }
-    let c = current.as_f64().ok_or_else(|| {
-        format!(
-            "a numeric reducer needs the key to hold a number, not {}",
-            kind(&current)
-        )
-    })?;
+    let c = current
+        .as_f64()
+        .ok_or_else(|| ReduceError::KeyNotANumber(kind(&current)))?;
     let both_int = current.is_i64() && update.is_i64();
     let r = match reducer {
         Reducer::Sum if both_int => {
@@ -315,13 +374,13 @@ fn numeric(reducer: &Reducer, current: Value, update: Value) -> Result<Value, St
     };
     serde_json::Number::from_f64(r)
         .map(Value::Number)
-        .ok_or_else(|| "the sum is not a finite number".into())
+        .ok_or(ReduceError::NotFinite)
 }
 
 /// LangGraph's `add_messages`: a message whose `id` exists replaces it in place; `{type:
 /// remove, id}` deletes (an id no message has is an error); others are appended with an id (position-based, so replays agree).
 /// A string is a user message.
-fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, String> {
+fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, ReduceError> {
     let incoming = match update {
         Value::Array(items) => items,
         one => vec![one],
@@ -330,7 +389,7 @@ fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, String>
         let mut msg = match msg {
             Value::String(s) => serde_json::json!({"role": "user", "content": s}),
             Value::Object(o) => Value::Object(o),
-            other => return Err(format!("a message is an object or a string, not {}", kind(&other))),
+            other => return Err(ReduceError::NotAMessage(kind(&other))),
         };
         let id = msg.get("id").and_then(Value::as_str).map(str::to_string);
         let is_remove = msg.get("type").and_then(Value::as_str) == Some("remove");
@@ -340,12 +399,10 @@ fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, String>
                 let before = current.len();
                 current.retain(|m| m.get("id").and_then(Value::as_str) != Some(&id));
                 if current.len() == before {
-                    return Err(format!(
-                        "`add_messages` cannot remove message `{id}`: no message has that id"
-                    ));
+                    return Err(ReduceError::NoSuchMessage(id));
                 }
             }
-            (None, true) => return Err("a remove marker needs the `id` of the message to remove".into()),
+            (None, true) => return Err(ReduceError::RemoveWithoutId),
             (Some(id), false) => match current
                 .iter_mut()
                 .find(|m| m.get("id").and_then(Value::as_str) == Some(&id))
@@ -381,7 +438,7 @@ mod tests {
     fn r(reducer: Reducer, current: Value, updates: Vec<Value>) -> Result<Value, String> {
         let mut c = current;
         for u in updates {
-            c = reduce_one(None, &reducer, c, u)?;
+            c = reduce_one(None, &reducer, c, u).map_err(|e| e.to_string())?;
         }
         Ok(c)
     }
@@ -443,5 +500,52 @@ mod tests {
             Ok(json!([1, 2, 3, 4]))
         );
         assert!(r(Reducer::Extend, json!([1]), vec![json!(2)]).is_err());
+    }
+
+    #[test]
+    fn reducer_errors_are_typed_and_keep_their_messages() {
+        let check = |reducer: Reducer, current: Value, update: Value, expected: ReduceError, message: &str| {
+            let err = reduce_one(None, &reducer, current, update).unwrap_err();
+            assert_eq!(err, expected);
+            assert_eq!(err.to_string(), message);
+        };
+        check(
+            Reducer::Append,
+            json!(1),
+            json!(2),
+            ReduceError::NotAnArray {
+                reducer: "append",
+                found: "a number",
+            },
+            "`append` needs the key to hold an array, not a number",
+        );
+        check(
+            Reducer::Extend,
+            json!([1]),
+            json!(2),
+            ReduceError::ExtendNeedsAnArray("a number"),
+            "`extend` needs an array to add, got a number",
+        );
+        check(
+            Reducer::Merge,
+            json!([1]),
+            json!({}),
+            ReduceError::MergeNeedsObjects("an array", "an object"),
+            "`merge` combines objects, not an array and an object",
+        );
+        check(
+            Reducer::Sum,
+            json!("x"),
+            json!(1),
+            ReduceError::KeyNotANumber("a string"),
+            "a numeric reducer needs the key to hold a number, not a string",
+        );
+        check(
+            Reducer::AddMessages,
+            json!([]),
+            json!({"type": "remove"}),
+            ReduceError::RemoveWithoutId,
+            "a remove marker needs the `id` of the message to remove",
+        );
     }
 }

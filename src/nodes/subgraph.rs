@@ -15,8 +15,7 @@ use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
 use crate::compile::kind::{Data, KindConfig, KindCx, KindDecl, Shape, declared_props};
 use crate::diag::Code;
 use crate::engine::kind::{Attempt, NodeKind};
-use crate::engine::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, Engine, LeasePolicy, RunRequest, Status};
-use crate::error_class::ErrorClass;
+use crate::engine::{Answer, CHILD_GATES, CHILD_NODE, CHILD_THREAD, Engine, LeasePolicy, RunOptions, Start, Status};
 
 /// Runs another workflow file with its own state.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -124,11 +123,6 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         return Err(NodeError::invalid("the subgraph's plan is missing").into());
     };
     let thread = child_thread_id(ctx.thread_id, ctx.step, ctx.task_id);
-    let exists = ctx
-        .store
-        .get_thread(&thread)
-        .map_err(|e| NodeError::new(ErrorClass::Server, e.to_string()))?
-        .is_some();
     let input = data(ctx, Some(&config.input), "/input", &ctx.scope)?.unwrap_or_else(|| json!({}));
     let context = ctx
         .scope
@@ -141,23 +135,26 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         ctx.store.clone(),
         ctx.services.clone(),
         ctx.events.nested(&ctx.node.name, ctx.task_id),
-    );
-    let request = RunRequest {
+    )
+    .with_options(RunOptions {
+        lease: LeasePolicy::Under(ctx.fence.clone()),
+        ..RunOptions::default()
+    });
+    // The child is started the first time, and continued (with the parent's answer, when it
+    // has one) after a crash or an interrupt: the engine tells which under the child's lease.
+    let start = Start {
         thread_id: Some(thread.clone()),
         workflow: child.path.display().to_string(),
-        input: (!exists).then_some(input),
-        context: if exists { None } else { context },
-        answer: if exists { ctx.resume.cloned() } else { None },
-        answer_to: if exists {
-            ctx.resume_to.map(str::to_string)
-        } else {
-            None
-        },
-        lease: LeasePolicy::Under(ctx.fence.clone()),
-        ..RunRequest::default()
+        input: Some(input),
+        context,
+        config: Vec::new(),
     };
+    let answer = ctx.resume.cloned().map(|value| Answer {
+        to: ctx.resume_to.map(str::to_string),
+        value,
+    });
     let outcome = engine
-        .run_boxed(request)
+        .start_or_continue(start, answer)
         .await
         .map_err(|e| NodeError::invalid(format!("subgraph: {e}")))?;
     match outcome.status {

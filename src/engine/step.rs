@@ -1,0 +1,417 @@
+//! A superstep's tasks and what follows them: tasks finished before a crash taken from their
+//! records, the others run concurrently (each storing its result as it finishes), pauses at
+//! `interrupt_before` / `interrupt_after`, where branches lead, and the next step's tasks
+//! (joins fire once all their sources ran; each fan-out item is its own task).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::FutureExt;
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+
+use super::apply::{cached, encode};
+use super::events::Event;
+use super::gates::reported;
+use super::kind::NodeError;
+use super::persist::Persister;
+use super::task::{self, Next, Outcome};
+use super::values::{self, Scope};
+use super::{
+    AFTER, BEFORE, DONE, End, Engine, EngineError, IDX_INTERRUPT, INTERRUPT, Meta, RESUME, RESUME_TO, RESUMED, Run,
+    Shared,
+};
+use crate::checkpoint::{self, Checkpoint, PendingWrite, Put, TaskSpec};
+use crate::compile::{Branch, NodeIx, Target};
+
+/// What became of one task of a step.
+#[derive(Debug, Clone)]
+pub(super) enum StepResult {
+    Done(task::Done),
+    Interrupt(Value),
+    Failed(NodeError),
+}
+
+/// A task to start: its index in the step, its node, the answer it resumes with (and which
+/// gate inside it the answer is for), and why it may not call a model (a spent budget).
+type ToRun = (usize, NodeIx, Option<(Value, Option<String>)>, Option<NodeError>);
+
+impl Engine {
+    /// Runs the step's tasks: those already finished before a crash are taken from their stored
+    /// writes; the others run concurrently, each storing its writes as it finishes. Returns
+    /// each task's result, in the step's order, and the events to send once the step's
+    /// checkpoint is committed.
+    pub(super) async fn run_step(
+        &self,
+        run: &Run,
+        step: i64,
+    ) -> Result<(Vec<(TaskSpec, StepResult)>, Vec<Event>), EngineError> {
+        let cp = &run.cp;
+        let base = Arc::new(Scope::over(
+            &run.constants,
+            BTreeMap::from([("state".to_string(), run.state_value.clone())]),
+            Some(self.plan.clone()),
+        ));
+        let (mut results, mut to_run) = self.prepare_tasks(run, step)?;
+        // A task's future is made when it starts, not before: a fan-out of a thousand holds a
+        // thousand of them, so they are not also kept in a list.
+        let start = |(i, ix, resume, spent): ToRun| {
+            let t = &cp.next[i];
+            let fut = task::run(
+                run.shared.clone(),
+                ix,
+                t.task_id.clone(),
+                t.item.clone(),
+                base.clone(),
+                step,
+                resume,
+                spent,
+            );
+            // `map`, not an async block: a block awaiting a captured future keeps two copies.
+            fut.map(move |out| (i, out))
+        };
+        // One task runs in place; several run on the runtime's workers, in parallel.
+        let mut inline = if to_run.len() == 1 {
+            to_run.pop().map(start)
+        } else {
+            None
+        };
+        let mut set = JoinSet::new();
+        for args in to_run {
+            set.spawn(start(args));
+        }
+        let mut remaining = set.len() + usize::from(inline.is_some());
+        let mut deferred = Vec::new();
+        loop {
+            let joined = match inline.take() {
+                Some(fut) => Ok(fut.await),
+                None => match set.join_next().await {
+                    Some(joined) => joined,
+                    None => break,
+                },
+            };
+            remaining -= 1;
+            let (i, (outcome, duration_ms)) = joined.map_err(|e| {
+                EngineError::Store(checkpoint::CheckpointError::Backend(format!("a task panicked: {e}")))
+            })?;
+            let result = self.settle(run, &cp.next[i], outcome, duration_ms, step, remaining, &mut deferred)?;
+            results[i] = Some(result);
+        }
+        let out: Vec<(TaskSpec, StepResult)> = cp
+            .next
+            .iter()
+            .zip(results)
+            .filter_map(|(t, r)| r.map(|r| (t.clone(), r)))
+            .collect();
+        // A step that stops (failure, interrupt) keeps its finished tasks' writes: the last one
+        // to finish was not stored yet.
+        if out.iter().any(|(_, r)| !matches!(r, StepResult::Done(_))) {
+            self.keep_writes(&run.persister, &run.shared.thread_id, cp, &run.pending, &out)?;
+            for e in deferred.drain(..) {
+                self.events.send(e);
+            }
+        }
+        Ok((out, deferred))
+    }
+
+    /// The step's results known before anything runs (tasks finished before a crash, tasks of
+    /// nodes gone from the workflow), and the tasks to start.
+    fn prepare_tasks(&self, run: &Run, step: i64) -> Result<(Vec<Option<StepResult>>, Vec<ToRun>), EngineError> {
+        let (cp, pending) = (&run.cp, &run.pending);
+        let mut results: Vec<Option<StepResult>> = vec![None; cp.next.len()];
+        let mut to_run = Vec::new();
+        for (i, t) in cp.next.iter().enumerate() {
+            if let Some(done) = cached(pending, &t.task_id, &self.plan, run.shared.force) {
+                let done = done?;
+                self.events.send(Event::NodeEnd {
+                    step,
+                    node: t.node.clone(),
+                    task_id: t.task_id.clone(),
+                    duration_ms: 0.0,
+                    keys: done.writes.iter().map(|(k, _)| k.clone()).collect(),
+                    cached: true,
+                });
+                results[i] = Some(StepResult::Done(done));
+                continue;
+            }
+            let Some(ix) = self.plan.node_by_name(&t.node) else {
+                results[i] = Some(StepResult::Failed(NodeError::invalid(format!(
+                    "node `{}` is not in this workflow",
+                    t.node
+                ))));
+                continue;
+            };
+            let resume = pending
+                .iter()
+                .find(|w| w.task_id == t.task_id && w.channel == RESUME)
+                .map(|w| {
+                    let to = pending
+                        .iter()
+                        .find(|r| r.task_id == t.task_id && r.channel == RESUME_TO)
+                        .and_then(|r| r.value.as_str().map(str::to_string));
+                    (w.value.clone(), to)
+                });
+            to_run.push((i, ix, resume, self.spent(&t.node, &run.meta)));
+        }
+        Ok((results, to_run))
+    }
+
+    /// Records how task `t` ended. A finished task's writes are stored at once, unless it is
+    /// the step's last (`remaining` is 0): that one is stored with the step's checkpoint, one
+    /// commit for both, and its `node_end` goes to `deferred`. Either way `node_end` follows
+    /// the commit.
+    #[allow(clippy::too_many_arguments)]
+    fn settle(
+        &self,
+        run: &Run,
+        t: &TaskSpec,
+        outcome: Outcome,
+        duration_ms: f64,
+        step: i64,
+        remaining: usize,
+        deferred: &mut Vec<Event>,
+    ) -> Result<StepResult, EngineError> {
+        let end = |keys: Vec<String>| Event::NodeEnd {
+            step,
+            node: t.node.clone(),
+            task_id: t.task_id.clone(),
+            duration_ms,
+            keys,
+            cached: false,
+        };
+        Ok(match outcome {
+            Outcome::Done(done) => {
+                let event = end(done.writes.iter().map(|(k, _)| k.clone()).collect());
+                if remaining > 0 {
+                    let writes = encode(&t.task_id, &done, &self.plan);
+                    tokio::task::block_in_place(|| {
+                        run.persister
+                            .put_writes(&run.shared.thread_id, &run.cp.checkpoint_id, writes, vec![event])
+                    })?;
+                } else {
+                    deferred.push(event);
+                }
+                StepResult::Done(done)
+            }
+            Outcome::Interrupt(payload) => {
+                let payload = self.stop_at_gate(run, t, payload)?;
+                self.events.send(end(Vec::new()));
+                StepResult::Interrupt(payload)
+            }
+            Outcome::Failed(e) => {
+                self.events.send(end(Vec::new()));
+                StepResult::Failed(e)
+            }
+        })
+    }
+
+    /// Stores the interrupt task `t` stopped at, and reports it.
+    fn stop_at_gate(&self, run: &Run, t: &TaskSpec, mut payload: Value) -> Result<Value, EngineError> {
+        if let Value::Object(m) = &mut payload {
+            m.insert("thread_id".into(), Value::String(run.shared.thread_id.clone()));
+        }
+        let mut writes = vec![PendingWrite {
+            task_id: t.task_id.clone(),
+            idx: IDX_INTERRUPT,
+            channel: INTERRUPT.into(),
+            value: payload.clone(),
+        }];
+        // An answered task that stops again (a subgraph at its next gate) has used its answer:
+        // it is kept as a record, not passed again.
+        if let Some(answer) = run
+            .pending
+            .iter()
+            .find(|w| w.task_id == t.task_id && w.channel == RESUME)
+        {
+            writes.push(PendingWrite {
+                channel: RESUMED.into(),
+                ..answer.clone()
+            });
+        }
+        run.persister.write_now(vec![Put::Writes {
+            thread_id: run.shared.thread_id.clone(),
+            checkpoint_id: run.cp.checkpoint_id.clone(),
+            writes,
+        }])?;
+        self.events.send(Event::Interrupt {
+            node: t.node.clone(),
+            task_id: t.task_id.clone(),
+            payload: payload.clone(),
+        });
+        Ok(payload)
+    }
+
+    /// Stops before the step when a node it would run has `interrupt_before` (unless the run
+    /// continues past that very gate).
+    pub(super) fn gate_before(&self, run: &mut Run) -> Result<Option<End>, EngineError> {
+        if std::mem::take(&mut run.skip_before) {
+            return Ok(None);
+        }
+        let gated: Vec<String> = run
+            .cp
+            .next
+            .iter()
+            .filter(|t| self.node_spec(&t.node).is_some_and(|s| s.common().interrupt_before))
+            .map(|t| t.node.clone())
+            .collect();
+        if gated.is_empty() {
+            return Ok(None);
+        }
+        let pause = self.pause(&run.persister, &run.thread.thread_id, &run.cp, "before", &gated)?;
+        Ok(Some(End::interrupted(vec![pause])))
+    }
+
+    /// Stores the writes of finished tasks that are not stored yet.
+    pub(super) fn keep_writes(
+        &self,
+        persister: &Persister,
+        thread: &str,
+        cp: &Checkpoint,
+        pending: &[PendingWrite],
+        outcomes: &[(TaskSpec, StepResult)],
+    ) -> Result<(), EngineError> {
+        let writes: Vec<PendingWrite> = outcomes
+            .iter()
+            .filter_map(|(t, r)| match r {
+                StepResult::Done(done) if !pending.iter().any(|w| w.task_id == t.task_id && w.channel == DONE) => {
+                    Some(encode(&t.task_id, done, &self.plan))
+                }
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        persister.write_now(vec![Put::Writes {
+            thread_id: thread.into(),
+            checkpoint_id: cp.checkpoint_id.clone(),
+            writes,
+        }])?;
+        Ok(())
+    }
+
+    /// Turns successors into the next step's tasks: a node triggered several times runs once;
+    /// each fan-out item is its own task; tasks are ordered by the plan.
+    pub(super) fn schedule(&self, next: Vec<Next>) -> Vec<TaskSpec> {
+        let mut plain: BTreeSet<usize> = BTreeSet::new();
+        let mut sends: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
+        for n in next {
+            match n {
+                Next::End => {}
+                Next::Node(ix) => {
+                    plain.insert(self.plan.nodes.get_index_of(&ix).unwrap_or(usize::MAX));
+                }
+                Next::Send(ix, item) => sends
+                    .entry(self.plan.nodes.get_index_of(&ix).unwrap_or(usize::MAX))
+                    .or_default()
+                    .push(item),
+            }
+        }
+        let mut tasks = Vec::new();
+        let positions: BTreeSet<usize> = plain.iter().chain(sends.keys()).copied().collect();
+        for pos in positions {
+            let Some((_, node)) = self.plan.nodes.get_index(pos) else {
+                continue;
+            };
+            if plain.contains(&pos) {
+                tasks.push(TaskSpec {
+                    task_id: node.name.clone(),
+                    node: node.name.clone(),
+                    item: None,
+                });
+            }
+            for (i, item) in sends.remove(&pos).unwrap_or_default().into_iter().enumerate() {
+                tasks.push(TaskSpec {
+                    task_id: format!("{}#{i}", node.name),
+                    node: node.name.clone(),
+                    item: Some(item),
+                });
+            }
+        }
+        tasks
+    }
+
+    /// Stops durably before or after `nodes` (`interrupt_before` / `interrupt_after`): the
+    /// pause is recorded against the checkpoint the run will continue from.
+    pub(super) fn pause(
+        &self,
+        persister: &Persister,
+        thread_id: &str,
+        cp: &Checkpoint,
+        kind: &str,
+        nodes: &[String],
+    ) -> Result<Value, EngineError> {
+        let payload = json!({"kind": kind, "nodes": nodes});
+        let task_id = if kind == "after" { AFTER } else { BEFORE };
+        let record = PendingWrite {
+            task_id: task_id.into(),
+            idx: IDX_INTERRUPT,
+            channel: INTERRUPT.into(),
+            value: payload.clone(),
+        };
+        persister.write_now(vec![Put::Writes {
+            thread_id: thread_id.into(),
+            checkpoint_id: cp.checkpoint_id.clone(),
+            writes: vec![record],
+        }])?;
+        self.events.send(Event::Interrupt {
+            node: nodes.join(","),
+            task_id: task_id.into(),
+            payload: payload.clone(),
+        });
+        Ok(json!({"node": nodes[0], "task_id": task_id, "kind": kind, "payload": payload}))
+    }
+}
+
+/// Where a branch leads, evaluated in `scope` (the state after the step).
+pub(super) fn follow(
+    shared: &Shared,
+    b: &Branch,
+    scope: &minijinja::Value,
+    next: &mut Vec<Next>,
+) -> Result<(), NodeError> {
+    match b {
+        Branch::Always(ts) => next.extend(ts.iter().map(|t| match t {
+            Target::Node(n) => Next::Node(*n),
+            Target::End => Next::End,
+        })),
+        Branch::Route(clauses) => next.extend(task::choose(shared, clauses, scope)?),
+        Branch::Send(s) => {
+            let items = values::eval(&shared.plan, s.foreach, scope).map_err(NodeError::invalid)?;
+            let Value::Array(items) = items else {
+                return Err(NodeError::invalid("a fan-out's `foreach` did not yield an array"));
+            };
+            next.extend(items.into_iter().map(|i| Next::Send(s.to, i)));
+        }
+    }
+    Ok(())
+}
+
+/// A step in which a task failed or stopped at a gate ends the run. The step is not applied
+/// and the thread's stored usage stays as it was, but what a failed step's tasks spent on
+/// models was spent: the run's report counts it.
+pub(super) fn stopped(meta: &mut Meta, outcomes: &[(TaskSpec, StepResult)]) -> Option<End> {
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter_map(|(t, o)| match o {
+            StepResult::Failed(e) => Some(format!("node `{}` failed: {}", t.node, e.message)),
+            _ => None,
+        })
+        .collect();
+    if !failed.is_empty() {
+        for (_, o) in outcomes {
+            match o {
+                StepResult::Done(d) => meta.usage.add(&d.usage),
+                StepResult::Failed(e) => meta.usage.add(&e.usage),
+                StepResult::Interrupt(_) => {}
+            }
+        }
+        return Some(End::failed(failed.join("; ")));
+    }
+    let interrupts: Vec<Value> = outcomes
+        .iter()
+        .flat_map(|(t, o)| match o {
+            StepResult::Interrupt(p) => reported(t, p),
+            _ => Vec::new(),
+        })
+        .collect();
+    (!interrupts.is_empty()).then(|| End::interrupted(interrupts))
+}

@@ -1,0 +1,556 @@
+//! The thread lifecycle: what a run is asked to do with its thread (the entry points), opening
+//! or creating the thread under its lease, new turns, whether a stored thread still fits the
+//! workflow, and a new thread's input, context and config with their defaults.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+use super::events::{Event, Events};
+use super::persist::Persister;
+use super::values::{self, Scope, to_jinja};
+use super::{DONE, Engine, EngineError, Meta, NewValues, Run, RunRequest, Shared, follow};
+use crate::checkpoint::{self, Checkpoint, Fence, Put, TaskSpec, Thread, ThreadStatus};
+use crate::providers::Usage;
+
+/// A new thread.
+#[derive(Debug, Clone, Default)]
+pub struct Start {
+    /// The new thread's id (none: a UUIDv7).
+    pub thread_id: Option<String>,
+    /// The workflow path recorded with the thread.
+    pub workflow: String,
+    /// The input (none: `{}`); its schema's defaults fill absent properties.
+    pub input: Option<Value>,
+    /// The context (none: `{}`).
+    pub context: Option<Value>,
+    /// `--set path=value` overrides of `config`, recorded with the thread.
+    pub config: Vec<(String, Value)>,
+}
+
+/// The answer to a pending interrupt.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// Which gate it is for (its task id or its node, `<task>/<gate>` inside a subgraph),
+    /// when several wait.
+    pub to: Option<String>,
+    pub value: Value,
+}
+
+/// What a run does with its thread. Whether the thread exists is found out once, in
+/// [`Engine::open`], under the thread's lease.
+pub(super) struct Entry {
+    pub(super) thread_id: Option<String>,
+    /// How to create the thread when it does not exist (none: it must exist).
+    pub(super) create: Option<Start>,
+    /// The thread must not exist yet.
+    pub(super) only_new: bool,
+    /// On an existing thread, a new turn with this input.
+    pub(super) new_turn: Option<Value>,
+    pub(super) answer: Option<Answer>,
+    /// An answer for a thread this run creates is dropped rather than refused.
+    pub(super) drop_answer_if_new: bool,
+}
+
+impl Entry {
+    pub(super) fn start(start: Start) -> Entry {
+        Entry {
+            thread_id: start.thread_id.clone(),
+            create: Some(start),
+            only_new: true,
+            new_turn: None,
+            answer: None,
+            drop_answer_if_new: false,
+        }
+    }
+
+    pub(super) fn existing(thread_id: &str) -> Entry {
+        Entry {
+            thread_id: Some(thread_id.to_string()),
+            create: None,
+            only_new: false,
+            new_turn: None,
+            answer: None,
+            drop_answer_if_new: false,
+        }
+    }
+
+    pub(super) fn start_or_continue(start: Start, answer: Option<Answer>) -> Entry {
+        Entry {
+            only_new: false,
+            answer,
+            drop_answer_if_new: true,
+            ..Entry::start(start)
+        }
+    }
+}
+
+impl From<RunRequest> for Entry {
+    fn from(req: RunRequest) -> Entry {
+        Entry {
+            thread_id: req.thread_id.clone(),
+            only_new: false,
+            new_turn: req.input.clone(),
+            answer: req.answer.map(|value| Answer {
+                to: req.answer_to,
+                value,
+            }),
+            drop_answer_if_new: false,
+            create: Some(Start {
+                thread_id: req.thread_id,
+                workflow: req.workflow,
+                input: req.input,
+                context: req.context,
+                config: req.config,
+            }),
+        }
+    }
+}
+
+impl Engine {
+    /// Opens (or creates) the thread, reads its state and stored records, takes the answer
+    /// the entry gives, and marks the thread running.
+    pub(super) fn begin(&self, entry: &Entry, thread_id: String, fence: &Fence) -> Result<Run, EngineError> {
+        let (thread, cp, resumed) = self.open(entry, thread_id, fence)?;
+        let limit = self.limit();
+        // The limit counts the supersteps of this run, as LangGraph's does per invocation.
+        let first_step = cp.step + 1;
+        let shared = Arc::new(Shared {
+            fence: fence.clone(),
+            force: self.options.force,
+            end_step: first_step + limit,
+            validators: self.node_validators.clone(),
+            plan: self.plan.clone(),
+            store: self.store.clone(),
+            services: self.services.clone(),
+            events: self.events.clone(),
+            thread_id: thread.thread_id.clone(),
+        });
+        self.events.send(Event::RunStart {
+            thread_id: thread.thread_id.clone(),
+            workflow: thread.workflow.clone(),
+            resumed,
+        });
+        let config = effective_config(&self.plan.config, &thread.config);
+        let meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        let input = meta.input.clone().unwrap_or_else(|| thread.input.clone());
+        let constants = Arc::new(Scope::new(
+            BTreeMap::from([
+                ("input".to_string(), to_jinja(&input)),
+                ("config".to_string(), to_jinja(&config)),
+                ("context".to_string(), to_jinja(&thread.context)),
+            ]),
+            None,
+        ));
+        let state = self.store.state(&thread.thread_id, &cp.versions)?;
+        self.check_stored(&thread.thread_id, &state)?;
+        let pending = self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?;
+        // Finished tasks' records must fit this workflow before anything is written.
+        for w in pending.iter().filter(|w| w.channel == DONE) {
+            super::apply::decode(w, &self.plan, self.options.force)?;
+        }
+        let persister = Persister::new(
+            self.store.clone(),
+            self.options.persist,
+            cp.checkpoint_id.clone(),
+            fence.clone(),
+            self.events.clone(),
+        );
+        let mut run = Run {
+            shared,
+            state_value: values::map_to_jinja(&state),
+            thread,
+            cp,
+            state,
+            meta,
+            pending,
+            constants,
+            persister,
+            skip_before: false,
+            first_step,
+            limit,
+        };
+        let answer = entry.answer.as_ref().filter(|_| resumed || !entry.drop_answer_if_new);
+        self.take_answer(&mut run, answer)?;
+        run.persister.write_now(vec![Put::Status {
+            thread_id: run.thread.thread_id.clone(),
+            status: ThreadStatus::Running,
+        }])?;
+        Ok(run)
+    }
+
+    /// Opens the thread the entry names, or creates it, and returns its latest checkpoint and
+    /// whether it existed.
+    fn open(&self, entry: &Entry, id: String, fence: &Fence) -> Result<(Thread, Checkpoint, bool), EngineError> {
+        if let Some(thread) = self.store.get_thread(&id)? {
+            if entry.only_new {
+                return Err(EngineError::Exists(id));
+            }
+            let (thread, cp) = self.reopen(thread, entry.new_turn.as_ref(), fence)?;
+            return Ok((thread, cp, true));
+        }
+        let Some(start) = &entry.create else {
+            return Err(EngineError::NoThread(id));
+        };
+        let thread = self.new_thread(start, id)?;
+        let (cp, values) = self.initial_checkpoint(&thread, self.limit())?;
+        // The thread and its first checkpoint are written together.
+        self.store
+            .create_thread_with_checkpoint(Some(fence), &thread, &cp, values)?;
+        Ok((thread, cp, false))
+    }
+
+    /// An existing thread's latest checkpoint, checked against this workflow; with `input`, the
+    /// checkpoint of a new turn. A thread stored without a checkpoint (by an older build killed
+    /// in between) starts from its recorded input.
+    fn reopen(
+        &self,
+        thread: Thread,
+        input: Option<&Value>,
+        fence: &Fence,
+    ) -> Result<(Thread, Checkpoint), EngineError> {
+        let cp = match self.store.get_checkpoint(&thread.thread_id, None)? {
+            Some(cp) => cp,
+            None => {
+                let (cp, values) = self.initial_checkpoint(&thread, self.limit())?;
+                self.store.put_batch(vec![
+                    Put::Fence(fence.clone()),
+                    Put::Checkpoint(Box::new(cp.clone()), values),
+                ])?;
+                cp
+            }
+        };
+        if thread.plan_hash != self.plan.hash && !self.options.force {
+            self.check_compatible(&cp)?;
+        }
+        match input {
+            Some(input) => {
+                let turn = self.turn(&thread, cp, input, fence, self.limit())?;
+                Ok((thread, turn))
+            }
+            None => Ok((thread, cp)),
+        }
+    }
+
+    /// A new thread's record: its input and context checked against their schemas, its
+    /// config overrides against the workflow's config.
+    fn new_thread(&self, start: &Start, id: String) -> Result<Thread, EngineError> {
+        let input = with_defaults(
+            self.plan.input_schema.as_ref(),
+            start.input.clone().unwrap_or_else(|| json!({})),
+        );
+        check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
+        let context = start.context.clone().unwrap_or_else(|| json!({}));
+        check_schema(self.plan.context_schema.as_ref(), &context, "context")?;
+        let mut overrides = json!({});
+        for (path, value) in &start.config {
+            set_path(&mut overrides, path, value.clone(), &self.plan.config)?;
+        }
+        let now = crate::clock::now();
+        Ok(Thread {
+            thread_id: id,
+            workflow: start.workflow.clone(),
+            plan_hash: self.plan.hash.clone(),
+            input,
+            context,
+            config: overrides,
+            status: ThreadStatus::Running,
+            created_at: now.clone(),
+            updated_at: now,
+            forked_from: None,
+        })
+    }
+
+    /// The most supersteps a run may take: the options' recursion limit, else the plan's.
+    fn limit(&self) -> i64 {
+        i64::from(self.options.recursion_limit.unwrap_or(self.plan.recursion_limit))
+    }
+
+    /// A thread's first checkpoint: the state's defaults, and what START schedules.
+    fn initial_checkpoint(&self, thread: &Thread, limit: i64) -> Result<(Checkpoint, NewValues), EngineError> {
+        let mut state = Map::new();
+        let mut versions = BTreeMap::new();
+        let mut values = Vec::new();
+        for (key, channel) in &self.plan.state {
+            state.insert(key.clone(), channel.default.clone());
+            versions.insert(key.clone(), 1);
+            values.push((key.clone(), 1, channel.default.clone()));
+        }
+        let tasks = self.entry_tasks(thread, &thread.input, &state, -1, limit)?;
+        let meta = Meta::default();
+        let cp = Checkpoint {
+            checkpoint_id: checkpoint::new_id(),
+            thread_id: thread.thread_id.clone(),
+            parent_id: None,
+            step: -1,
+            versions,
+            ran: Vec::new(),
+            changed: self.plan.state.keys().cloned().collect(),
+            next: tasks,
+            meta: serde_json::to_value(&meta).unwrap_or_default(),
+            plan_hash: self.plan.hash.clone(),
+            created_at: crate::clock::now(),
+        };
+        Ok((cp, values))
+    }
+
+    /// What START schedules, given a turn's input and the state.
+    fn entry_tasks(
+        &self,
+        thread: &Thread,
+        input: &Value,
+        state: &Map<String, Value>,
+        step: i64,
+        limit: i64,
+    ) -> Result<Vec<TaskSpec>, EngineError> {
+        let config = effective_config(&self.plan.config, &thread.config);
+        let scope = Scope::new(
+            BTreeMap::from([
+                ("input".to_string(), to_jinja(input)),
+                ("config".to_string(), to_jinja(&config)),
+                ("context".to_string(), to_jinja(&thread.context)),
+                ("state".to_string(), values::map_to_jinja(state)),
+                // Nothing has run yet: every step of the run is still to come.
+                (
+                    "run".to_string(),
+                    values::run_value(&thread.thread_id, step, "START", limit),
+                ),
+            ]),
+            Some(self.plan.clone()),
+        )
+        .into_value();
+        let shared = Shared {
+            validators: self.node_validators.clone(),
+            plan: self.plan.clone(),
+            store: self.store.clone(),
+            services: self.services.clone(),
+            events: Events::none(),
+            thread_id: thread.thread_id.clone(),
+            // Routing from START writes nothing.
+            fence: Fence {
+                thread_id: thread.thread_id.clone(),
+                owner: String::new(),
+                generation: 0,
+            },
+            force: false,
+            end_step: step + 1 + limit,
+        };
+        let mut next = Vec::new();
+        for b in &self.plan.entry {
+            follow(&shared, b, &scope, &mut next)
+                .map_err(|e| EngineError::Input(format!("routing from START: {}", e.message)))?;
+        }
+        Ok(self.schedule(next))
+    }
+
+    /// A new input on a finished thread starts a new turn (LangGraph's `invoke(input, thread)`):
+    /// START runs again on the thread's state, with the new input.
+    fn turn(
+        &self,
+        thread: &Thread,
+        cp: Checkpoint,
+        input: &Value,
+        fence: &Fence,
+        limit: i64,
+    ) -> Result<Checkpoint, EngineError> {
+        if !cp.next.is_empty() {
+            return Err(EngineError::Input(format!(
+                "thread `{}` has work pending (it is interrupted or was cut off): continue it with `runner resume`, or fork it, before giving it new input",
+                thread.thread_id
+            )));
+        }
+        let input = with_defaults(self.plan.input_schema.as_ref(), input.clone());
+        check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
+        let state = self.store.state(&thread.thread_id, &cp.versions)?;
+        let step = cp.step + 1;
+        let next = self.entry_tasks(thread, &input, &state, step, limit)?;
+        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        meta.input = Some(input);
+        meta.barriers.clear();
+        meta.turn = Usage::default();
+        meta.node_usage.clear();
+        let turn = Checkpoint {
+            checkpoint_id: checkpoint::new_id(),
+            parent_id: Some(cp.checkpoint_id.clone()),
+            step,
+            ran: Vec::new(),
+            changed: Vec::new(),
+            next,
+            meta: serde_json::to_value(&meta).unwrap_or_default(),
+            plan_hash: self.plan.hash.clone(),
+            created_at: crate::clock::now(),
+            ..cp
+        };
+        self.store.put_batch(vec![
+            Put::Fence(fence.clone()),
+            Put::Checkpoint(Box::new(turn.clone()), Vec::new()),
+        ])?;
+        Ok(turn)
+    }
+
+    /// A thread made by another version of the workflow may go on only if its state and
+    /// scheduled nodes still exist.
+    fn check_compatible(&self, cp: &Checkpoint) -> Result<(), EngineError> {
+        let missing_keys: Vec<&String> = cp
+            .versions
+            .keys()
+            .filter(|k| !self.plan.state.contains_key(*k))
+            .collect();
+        let missing_nodes: Vec<&String> = cp
+            .next
+            .iter()
+            .map(|t| &t.node)
+            .filter(|n| self.plan.node_by_name(n).is_none())
+            .collect();
+        if missing_keys.is_empty() && missing_nodes.is_empty() {
+            return Ok(());
+        }
+        let mut why = Vec::new();
+        if !missing_keys.is_empty() {
+            why.push(format!("state keys {} are gone", list(&missing_keys)));
+        }
+        if !missing_nodes.is_empty() {
+            why.push(format!("scheduled nodes {} are gone", list(&missing_nodes)));
+        }
+        Err(EngineError::Incompatible(format!(
+            "the workflow changed since this thread started and its stored state no longer fits: {}; pass --force to continue anyway, or start a new thread",
+            why.join(" and ")
+        )))
+    }
+
+    /// Every value read back must fit its key's schema, as every value written did: a corrupt
+    /// or hand-edited one is named here rather than failing somewhere later.
+    fn check_stored(&self, thread: &str, state: &Map<String, Value>) -> Result<(), EngineError> {
+        for (key, value) in state {
+            // A key with no default starts unset (null) whatever its schema: that is no
+            // defect of the record.
+            if value.is_null() && self.plan.state.get(key).is_some_and(|c| c.default.is_null()) {
+                continue;
+            }
+            if let Some(why) = self
+                .validators
+                .get(key)
+                .and_then(|v| crate::compile::schemas::first_violation(v, value))
+            {
+                return Err(EngineError::StoredValue {
+                    thread: thread.into(),
+                    key: key.clone(),
+                    why,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The plan's config with a thread's overrides merged in.
+fn effective_config(base: &Value, overrides: &Value) -> Value {
+    let mut out = base.clone();
+    merge(&mut out, overrides);
+    out
+}
+
+fn merge(base: &mut Value, over: &Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v.clone(),
+    }
+}
+
+/// Sets `a.b.c` in `target` to `value`; the path must exist in the workflow's config.
+fn set_path(target: &mut Value, path: &str, value: Value, known: &Value) -> Result<(), EngineError> {
+    let parts: Vec<&str> = path.split('.').collect();
+    let mut k = known;
+    for (i, p) in parts.iter().enumerate() {
+        match k.get(p) {
+            Some(next) => k = next,
+            None => {
+                let siblings: Vec<&str> = k
+                    .as_object()
+                    .map(|m| m.keys().map(String::as_str).collect())
+                    .unwrap_or_default();
+                let hint = crate::diag::did_you_mean(p, siblings.iter().copied())
+                    .map(|s| format!(" (did you mean `{s}`?)"))
+                    .unwrap_or_default();
+                return Err(EngineError::Input(format!(
+                    "--set {path}: `{}` is not in the workflow's config{hint}",
+                    parts[..=i].join(".")
+                )));
+            }
+        }
+    }
+    let mut cur = target;
+    for p in &parts[..parts.len() - 1] {
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        cur = cur
+            .as_object_mut()
+            .map(|m| m.entry(p.to_string()).or_insert_with(|| json!({})))
+            .unwrap_or_else(|| unreachable!("made an object above"));
+    }
+    if let Value::Object(m) = cur {
+        m.insert(parts[parts.len() - 1].to_string(), value);
+    }
+    Ok(())
+}
+
+/// The input with the defaults its schema gives for absent top-level properties.
+fn with_defaults(schema: Option<&Value>, input: Value) -> Value {
+    let (Some(props), Value::Object(mut map)) = (
+        schema.and_then(|s| s.get("properties")).and_then(Value::as_object),
+        input.clone(),
+    ) else {
+        return input;
+    };
+    for (name, prop) in props {
+        if let Some(default) = prop.get("default")
+            && !map.contains_key(name)
+        {
+            map.insert(name.clone(), default.clone());
+        }
+    }
+    Value::Object(map)
+}
+
+fn check_schema(schema: Option<&Value>, value: &Value, what: &str) -> Result<(), EngineError> {
+    let Some(schema) = schema else {
+        return match value {
+            Value::Object(m) if m.is_empty() => Ok(()),
+            _ => Err(EngineError::Input(format!(
+                "the workflow declares no `{what}`, but one was given"
+            ))),
+        };
+    };
+    let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::Input(format!("{what} schema: {e}")))?;
+    let errors: Vec<String> = v
+        .iter_errors(value)
+        .map(|e| {
+            let at = e.instance_path().as_str().to_string();
+            if at.is_empty() {
+                e.masked().to_string()
+            } else {
+                format!("`{}`: {}", at.trim_start_matches('/'), e.masked())
+            }
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(EngineError::Input(format!("{what}: {}", errors.join("; "))))
+    }
+}
+
+fn list(items: &[&String]) -> String {
+    items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+}
