@@ -1716,3 +1716,56 @@ fn each_entry_point_says_what_it_does_with_the_thread() {
     assert_eq!(out.interrupts.len(), 1);
     assert_eq!(out.interrupts[0]["node"], "pb");
 }
+
+const QUESTIONS: &str = r#"
+state:
+  brief: {type: object, default: {}}
+nodes:
+  ask:
+    kind: interrupt
+    questions:
+      - {id: audience, message: "Who is it for?", response: {type: string, enum: [experts, everyone]}}
+      - {id: length, message: "How many pages for {{ state.brief }}?", response: {type: integer, minimum: 1}}
+    update: {brief: output}
+edges: [START -> ask, ask -> END]
+"#;
+
+/// A gate asks its questions one at a time (LangGraph's several `interrupt()` calls in one
+/// node): each answer is checked against its own question's schema, the next question is asked
+/// only once the last is answered, and `output` holds every answer by question id. The answers
+/// given so far are stored: another engine on the same store carries on where the first was.
+#[test]
+fn a_gate_asks_its_questions_one_at_a_time() {
+    let p = Project::new(&[("w.yaml", &wf(QUESTIONS))]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    let asked = &out.interrupt.as_ref().unwrap()["payload"];
+    assert_eq!(asked["message"], "Who is it for?");
+    assert_eq!(
+        (asked["question"].clone(), asked["questions"].clone()),
+        (json!("audience"), json!(2))
+    );
+    let thread = out.thread_id.clone();
+    // An answer that fits the second question but not the first is refused.
+    let err = try_run(&r, &plan, resume(&thread, Some(json!(3)))).unwrap_err();
+    assert!(err.to_string().contains("not of type \"string\""), "{err}");
+    let out = r.go(&plan, resume(&thread, Some(json!("experts"))));
+    assert_eq!(out.status, Status::Interrupted, "{:?}", out.error);
+    let asked = &out.interrupt.as_ref().unwrap()["payload"];
+    assert_eq!(asked["question"], "length");
+    assert_eq!(asked["questions_answered"], 1);
+    // Now the first question's answer no longer fits: the second question's schema applies.
+    let err = try_run(&r, &plan, resume(&thread, Some(json!("everyone")))).unwrap_err();
+    assert!(err.to_string().contains("integer"), "{err}");
+    // A fresh engine on the same store finishes the gate with both answers.
+    let providers = Providers::for_models(&plan.models, Some(r.mock.clone()), true).unwrap();
+    let engine = Engine::new(plan.clone(), r.store.clone(), providers, Events::none());
+    let out = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(engine.run(resume(&thread, Some(json!(12)))))
+        .unwrap();
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["brief"], json!({"audience": "experts", "length": 12}));
+}

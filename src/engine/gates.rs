@@ -33,7 +33,7 @@ impl Engine {
             run.skip_before = is_before(gate);
             return Ok(());
         }
-        self.validate_answer(gate, &answer.value, inner.as_deref())?;
+        self.validate_answer(gate, &answer.value, inner.as_deref(), &run.pending)?;
         let task = gate.task_id.clone();
         let writes = vec![
             PendingWrite {
@@ -152,6 +152,7 @@ impl Engine {
         waiting: &PendingWrite,
         answer: &Value,
         child_to: Option<&str>,
+        pending: &[PendingWrite],
     ) -> Result<(), EngineError> {
         let node = waiting.task_id.split('#').next().unwrap_or_default();
         let Some(ix) = self.plan.node_by_name(node) else {
@@ -185,12 +186,21 @@ impl Engine {
                 let (w, deeper) = engine
                     .addressed_gate(&child_thread, &cp, &waiting_inside, child_to)
                     .map_err(inside)?;
-                return engine.validate_answer(w, answer, deeper.as_deref()).map_err(inside);
+                return engine
+                    .validate_answer(w, answer, deeper.as_deref(), &writes)
+                    .map_err(inside);
             }
             return Ok(());
         }
         let node = &self.plan.nodes[&ix];
-        if let Some(schema) = self.services.kinds.of(node).ok().and_then(|k| k.answer_schema(node)) {
+        let answered = super::step::earlier_answers(pending, &waiting.task_id).len();
+        if let Some(schema) = self
+            .services
+            .kinds
+            .of(node)
+            .ok()
+            .and_then(|k| k.answer_schema(node, answered))
+        {
             let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::BadAnswer(e.to_string()))?;
             if let Some(why) = crate::compile::schemas::first_violation(&v, answer) {
                 return Err(EngineError::BadAnswer(why));

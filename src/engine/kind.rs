@@ -44,8 +44,9 @@ pub trait NodeKind: KindDecl {
     }
 
     /// The schema an answer to a node of this kind waiting at a gate must match, if it has
-    /// one. (A node with a child plan is answered inside the child; the engine follows it.)
-    fn answer_schema<'p>(&self, _node: &'p PlanNode) -> Option<&'p Value> {
+    /// one, when the task was given `answered` answers before. (A node with a child plan is
+    /// answered inside the child; the engine follows it.)
+    fn answer_schema<'p>(&self, _node: &'p PlanNode, _answered: usize) -> Option<&'p Value> {
         None
     }
 }
@@ -137,6 +138,9 @@ pub struct NodeCtx<'a> {
     pub resume: Option<&'a Value>,
     /// Which of a subgraph's gates the answer is for, when it waits at several.
     pub resume_to: Option<&'a str>,
+    /// The answers this task was given before `resume`, in order (a gate that asks several
+    /// questions, one at a time).
+    pub answered: &'a [Value],
     pub store: &'a Arc<dyn Checkpointer>,
     pub thread_id: &'a str,
     /// The lease the run writes under (a subgraph runs its child thread under it).

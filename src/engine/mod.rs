@@ -241,6 +241,9 @@ const IDX_DONE: u32 = 2;
 /// Which gate inside a subgraph an answer is for.
 const IDX_RESUME_TO: u32 = 3;
 const RESUME_TO: &str = "__resume_to__";
+/// The answers a task has used, one record each from this slot on, in the order given (a gate
+/// that asks several questions reads them all when the last is answered).
+const IDX_ANSWERED: u32 = 16;
 
 /// How a run holds its thread, counts its steps and stores its checkpoints, whichever entry
 /// point starts it.

@@ -18,8 +18,8 @@ use super::persist::Persister;
 use super::task::{self, Next, Outcome};
 use super::values::{self, Scope};
 use super::{
-    AFTER, BEFORE, DONE, End, Engine, EngineError, IDX_INTERRUPT, INTERRUPT, Meta, RESUME, RESUME_TO, RESUMED, Run,
-    Shared,
+    AFTER, BEFORE, DONE, End, Engine, EngineError, IDX_ANSWERED, IDX_INTERRUPT, INTERRUPT, Meta, RESUME, RESUME_TO,
+    RESUMED, Run, Shared,
 };
 use crate::checkpoint::{self, Checkpoint, PendingWrite, Put, TaskSpec};
 use crate::compile::{Branch, NodeIx, Target};
@@ -32,9 +32,19 @@ pub(super) enum StepResult {
     Failed(NodeError),
 }
 
+/// The answers task `task_id` used before, in the order given.
+pub(super) fn earlier_answers(pending: &[PendingWrite], task_id: &str) -> Vec<Value> {
+    let mut earlier: Vec<&PendingWrite> = pending
+        .iter()
+        .filter(|w| w.task_id == task_id && w.channel == RESUMED && w.idx >= IDX_ANSWERED)
+        .collect();
+    earlier.sort_by_key(|w| w.idx);
+    earlier.into_iter().map(|w| w.value.clone()).collect()
+}
+
 /// A task to start: its index in the step, its node, the answer it resumes with (and which
 /// gate inside it the answer is for), and why it may not call a model (a spent budget).
-type ToRun = (usize, NodeIx, Option<(Value, Option<String>)>, Option<NodeError>);
+type ToRun = (usize, NodeIx, Option<task::Resume>, Option<NodeError>);
 
 impl Engine {
     /// Runs the step's tasks: those already finished before a crash are taken from their stored
@@ -144,12 +154,13 @@ impl Engine {
             let resume = pending
                 .iter()
                 .find(|w| w.task_id == t.task_id && w.channel == RESUME)
-                .map(|w| {
-                    let to = pending
+                .map(|w| task::Resume {
+                    answer: w.value.clone(),
+                    to: pending
                         .iter()
                         .find(|r| r.task_id == t.task_id && r.channel == RESUME_TO)
-                        .and_then(|r| r.value.as_str().map(str::to_string));
-                    (w.value.clone(), to)
+                        .and_then(|r| r.value.as_str().map(str::to_string)),
+                    earlier: earlier_answers(pending, &t.task_id),
                 });
             to_run.push((i, ix, resume, self.spent(&t.node, &run.meta)));
         }
@@ -216,8 +227,9 @@ impl Engine {
             channel: INTERRUPT.into(),
             value: payload.clone(),
         }];
-        // An answered task that stops again (a subgraph at its next gate) has used its answer:
-        // it is kept as a record, not passed again.
+        // An answered task that stops again (a subgraph at its next gate, a gate at its next
+        // question) has used its answer: it is kept as a record, not passed again, and among
+        // the task's earlier answers, in order.
         if let Some(answer) = run
             .pending
             .iter()
@@ -225,6 +237,12 @@ impl Engine {
         {
             writes.push(PendingWrite {
                 channel: RESUMED.into(),
+                ..answer.clone()
+            });
+            let n = earlier_answers(&run.pending, &t.task_id).len() as u32;
+            writes.push(PendingWrite {
+                channel: RESUMED.into(),
+                idx: IDX_ANSWERED + n,
                 ..answer.clone()
             });
         }

@@ -26,6 +26,16 @@ pub enum Next {
     Send(NodeIx, Value),
 }
 
+/// The answer a task resumes with.
+#[derive(Debug, Clone)]
+pub struct Resume {
+    pub answer: Value,
+    /// Which of a subgraph's gates it is for, when it waits at several.
+    pub to: Option<String>,
+    /// The answers the task was given before, in order (a gate that asks several questions).
+    pub earlier: Vec<Value>,
+}
+
 /// A finished task.
 #[derive(Debug, Clone, Default)]
 pub struct Done {
@@ -54,7 +64,7 @@ pub async fn run(
     item: Option<Value>,
     base: Arc<Scope>,
     step: i64,
-    resume: Option<(Value, Option<String>)>,
+    resume: Option<Resume>,
     spent: Option<NodeError>,
 ) -> (Outcome, f64) {
     let plan = &shared.plan;
@@ -92,8 +102,9 @@ pub async fn run(
             step,
             events: &shared.events,
             services: &shared.services,
-            resume: resume.as_ref().map(|(answer, _)| answer),
-            resume_to: resume.as_ref().and_then(|(_, to)| to.as_deref()),
+            resume: resume.as_ref().map(|r| &r.answer),
+            resume_to: resume.as_ref().and_then(|r| r.to.as_deref()),
+            answered: resume.as_ref().map_or(&[], |r| &r.earlier),
             store: &shared.store,
             thread_id: &shared.thread_id,
             fence: &shared.fence,

@@ -15,7 +15,9 @@ use crate::engine::kind::{Attempt, NodeKind};
 use crate::spec::JsonSchemaDoc;
 
 /// A human-in-the-loop gate: stops the run durably until `runner resume --answer`.
-/// The answer is `output` in `update` and `goto`.
+/// The answer is `output` in `update` and `goto`. A gate may instead ask several `questions`,
+/// one at a time: each answer is checked before the next question is asked, and `output` is
+/// the object of the answers by question id.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 pub struct InterruptNode {
     /// Text shown to the person answering (template).
@@ -25,15 +27,44 @@ pub struct InterruptNode {
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub payload: IndexMap<String, Value>,
     /// JSON Schema an answer must match; a bad answer is refused and the gate stays open.
+    /// Required unless the gate asks `questions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<JsonSchemaDoc>,
+    /// Questions asked one after another (LangGraph's several `interrupt()` calls in one
+    /// node); `output` is `{id: answer, ...}` once all are answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub questions: Vec<Question>,
+}
+
+/// One question of a gate that asks several.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Question {
+    /// The answer's name in `output`.
+    pub id: String,
+    /// Text shown to the person answering (template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Data shown with the message: a map of expressions.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub payload: IndexMap<String, Value>,
+    /// JSON Schema this question's answer must match.
     pub response: JsonSchemaDoc,
 }
 
-/// An `interrupt` node, compiled.
-struct Config {
+/// One question, compiled.
+struct Asked {
+    /// The answer's name in `output` (none: the gate's only question, whose answer is `output`).
+    id: Option<String>,
     message: Option<TemplateId>,
     payload: Option<Data>,
     /// The response schema, resolved (self-contained).
     response: Value,
+}
+
+/// An `interrupt` node, compiled: its questions, in order.
+struct Config {
+    questions: Vec<Asked>,
 }
 
 /// The `interrupt` kind.
@@ -50,30 +81,122 @@ impl KindDecl for Interrupt {
 
     fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
         let n: InterruptNode = cx.own()?;
-        let message = n.message.as_ref().map(|text| cx.template(&["message"], text));
-        let payload = Value::Object(n.payload.into_iter().collect());
-        let payload = cx.data(&["payload"], &payload, None);
-        let response = cx.schema(&["response"], &n.response.0);
-        let followed = cx.followed(&response);
-        if accepts_anything(&followed) {
-            let d = cx
-                .source()
-                .diag(Code::InterruptResponse, &cx.at(&["response"]), "the gate's response schema accepts any answer")
-                .help("declare what an answer looks like, e.g. {type: object, required: [action], properties: {action: {enum: [accept, edit, respond, ignore]}}}");
-            cx.report(d);
+        let src = cx.source();
+        match (&n.response, n.questions.is_empty()) {
+            (Some(response), true) => {
+                let (asked, followed) = question(cx, &[], None, n.message.as_deref(), n.payload, response);
+                let shape = Shape::of_schema(&followed);
+                Some((
+                    KindConfig::new(Config {
+                        questions: vec![asked?],
+                    }),
+                    shape,
+                ))
+            }
+            (None, false) => {
+                if n.message.is_some() || !n.payload.is_empty() {
+                    let d = src
+                        .diag_key(
+                            Code::InterruptResponse,
+                            &cx.at(&["questions"]),
+                            "a gate that asks `questions` has no `message` or `payload` of its own",
+                        )
+                        .help("give each question its `message` and `payload`");
+                    cx.report(d);
+                }
+                let mut seen = std::collections::HashSet::new();
+                let mut questions = Vec::new();
+                let mut ok = true;
+                for (i, q) in n.questions.iter().enumerate() {
+                    let index = i.to_string();
+                    if !seen.insert(q.id.as_str()) {
+                        let d = src.diag(
+                            Code::DuplicateName,
+                            &cx.at(&["questions", &index, "id"]),
+                            format!("two questions of the gate are named `{}`", q.id),
+                        );
+                        cx.report(d);
+                        ok = false;
+                    }
+                    let (asked, _) = question(
+                        cx,
+                        &["questions", &index],
+                        Some(q.id.clone()),
+                        q.message.as_deref(),
+                        q.payload.clone(),
+                        &q.response,
+                    );
+                    match asked {
+                        Some(a) => questions.push(a),
+                        None => ok = false,
+                    }
+                }
+                let ids: Vec<&str> = n.questions.iter().map(|q| q.id.as_str()).collect();
+                ok.then(|| (KindConfig::new(Config { questions }), Shape::fields(&ids)))
+            }
+            (Some(_), false) => {
+                let d = src
+                    .diag_key(
+                        Code::InterruptResponse,
+                        &cx.at(&["questions"]),
+                        "a gate has either one `response` or several `questions`, not both",
+                    )
+                    .help("move the gate's `response` (and its `message`) into a question");
+                cx.report(d);
+                None
+            }
+            (None, true) => {
+                let d = src
+                    .diag_key(
+                        Code::MissingField,
+                        &cx.at(&[]),
+                        format!("missing field `response` in node `{}`", cx.node()),
+                    )
+                    .help(
+                        "a gate says what an answer looks like with a `response` schema, or asks several `questions`",
+                    );
+                cx.report(d);
+                None
+            }
         }
-        let shape = Shape::of_schema(&followed);
-        let config = Config {
-            message: optional(message)?,
-            payload: Some(payload?),
-            response,
-        };
-        Some((KindConfig::new(config), shape))
     }
 
     fn is_gate(&self) -> bool {
         true
     }
+}
+
+/// Compiles one question written at `path` (the gate itself when empty); returns it with its
+/// response schema followed.
+fn question(
+    cx: &mut KindCx<'_, '_, '_>,
+    path: &[&str],
+    id: Option<String>,
+    message: Option<&str>,
+    payload: IndexMap<String, Value>,
+    response: &JsonSchemaDoc,
+) -> (Option<Asked>, Value) {
+    let at = |field: &'static str| [path, &[field]].concat();
+    let message = message.map(|text| cx.template(&at("message"), text));
+    let payload = cx.data(&at("payload"), &Value::Object(payload.into_iter().collect()), None);
+    let response = cx.schema(&at("response"), &response.0);
+    let followed = cx.followed(&response);
+    if accepts_anything(&followed) {
+        let d = cx
+            .source()
+            .diag(Code::InterruptResponse, &cx.at(&at("response")), "the gate's response schema accepts any answer")
+            .help("declare what an answer looks like, e.g. {type: object, required: [action], properties: {action: {enum: [accept, edit, respond, ignore]}}}");
+        cx.report(d);
+    }
+    let asked = (|| {
+        Some(Asked {
+            id,
+            message: optional(message)?,
+            payload: Some(payload?),
+            response,
+        })
+    })();
+    (asked, followed)
 }
 
 impl NodeKind for Interrupt {
@@ -85,26 +208,44 @@ impl NodeKind for Interrupt {
         )
     }
 
-    fn answer_schema<'p>(&self, node: &'p PlanNode) -> Option<&'p Value> {
-        node.config.get::<Config>().map(|c| &c.response)
+    fn answer_schema<'p>(&self, node: &'p PlanNode, answered: usize) -> Option<&'p Value> {
+        let config = node.config.get::<Config>()?;
+        config.questions.get(answered).map(|q| &q.response)
     }
 }
 
 fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
-    if let Some(answer) = ctx.resume {
+    let answers: Vec<&Value> = ctx.answered.iter().chain(ctx.resume).collect();
+    if answers.len() >= config.questions.len() {
+        let output = match config.questions.as_slice() {
+            [only] if only.id.is_none() => answers.first().map_or(Value::Null, |a| (*a).clone()),
+            questions => Value::Object(
+                questions
+                    .iter()
+                    .zip(&answers)
+                    .map(|(q, a)| (q.id.clone().unwrap_or_default(), (*a).clone()))
+                    .collect(),
+            ),
+        };
         return Ok(NodeOutput {
-            output: answer.clone(),
+            output,
             ..Default::default()
         });
     }
+    let asked = &config.questions[answers.len()];
     let mut payload = Map::new();
-    if let Some(message) = render_opt(ctx, config.message.as_ref(), "/message")? {
+    if let Some(message) = render_opt(ctx, asked.message.as_ref(), "/message")? {
         payload.insert("message".into(), Value::String(message));
     }
-    if let Some(data) = data(ctx, config.payload.as_ref(), "/payload", &ctx.scope)? {
+    if let Some(data) = data(ctx, asked.payload.as_ref(), "/payload", &ctx.scope)? {
         payload.insert("payload".into(), data);
     }
-    payload.insert("response_schema".into(), strip_internal(&config.response));
+    payload.insert("response_schema".into(), strip_internal(&asked.response));
+    if let Some(id) = &asked.id {
+        payload.insert("question".into(), Value::String(id.clone()));
+        payload.insert("questions_answered".into(), Value::from(answers.len()));
+        payload.insert("questions".into(), Value::from(config.questions.len()));
+    }
     Err(NodeFailure::Interrupt(Value::Object(payload)))
 }
 
