@@ -1769,3 +1769,57 @@ fn a_gate_asks_its_questions_one_at_a_time() {
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     assert_eq!(out.state["brief"], json!({"audience": "experts", "length": 12}));
 }
+
+/// LangGraph's deferred-node example: `d` is reached by a short branch (`c`) and a long one
+/// (`b -> b_2`). Deferred, it waits until nothing else is scheduled and runs once, after both;
+/// not deferred, it runs twice, once per branch.
+#[test]
+fn a_deferred_node_waits_for_every_branch_and_runs_once() {
+    let graph = |defer: bool| {
+        wf(&format!(
+            r#"
+state: {{log: {{type: array, reducer: append, default: []}}}}
+nodes:
+  a: {{kind: set, update: {{log: "['a']"}}}}
+  b: {{kind: set, update: {{log: "['b']"}}}}
+  b_2: {{kind: set, update: {{log: "['b_2']"}}}}
+  c: {{kind: set, update: {{log: "['c']"}}}}
+  d: {{kind: set, defer: {defer}, update: {{log: "['d after ' ~ (state.log | join(','))]"}}}}
+edges: [START -> a, a -> b, a -> c, b -> b_2, b_2 -> d, c -> d, d -> END]
+"#
+        ))
+    };
+    let p = Project::new(&[("deferred.yaml", &graph(true)), ("eager.yaml", &graph(false))]);
+    let out = Run::new(json!({})).go(&p.plan("deferred.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["log"], json!(["a", "b", "c", "b_2", "d after a,b,c,b_2"]));
+    let out = Run::new(json!({})).go(&p.plan("eager.yaml"), req(json!({})));
+    assert_eq!(
+        out.state["log"],
+        json!(["a", "b", "c", "b_2", "d after a,b,c", "d after a,b,c,b_2,d after a,b,c"])
+    );
+}
+
+/// A deferred node started from START beside other work waits for it too, and the wait is
+/// stored: a thread stopped at a gate in between still runs the deferred node once after.
+#[test]
+fn a_deferred_node_waits_across_a_gate() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+state: {log: {type: array, reducer: append, default: []}}
+nodes:
+  ask: {kind: interrupt, message: "go?", response: {type: string}, update: {log: "['ask']"}}
+  wrap: {kind: set, defer: true, update: {log: "['wrap']"}}
+edges: [START -> ask, START -> wrap, ask -> END, wrap -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let out = r.go(&plan, req(json!({})));
+    assert_eq!(out.status, Status::Interrupted);
+    assert_eq!(out.state["log"], json!([]));
+    let out = r.go(&plan, resume(&out.thread_id, Some(json!("yes"))));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["log"], json!(["ask", "wrap"]));
+}

@@ -123,6 +123,17 @@ impl Build<'_, '_> {
                 serde_json::from_value::<NodeCommon>(Value::Object(merged.clone())).unwrap_or_default(),
             ),
         };
+        if common.defer && self.drafts[&ix].item.is_some() {
+            self.diags.push(
+                self.src
+                    .diag(
+                        Code::BadDefer,
+                        &push_pointer(&pointer, "defer"),
+                        "a fan-out's target runs once per item: it cannot be deferred",
+                    )
+                    .help("defer the node that gathers the fan-out's results instead"),
+            );
+        }
         self.drafts[&ix].shape = shape.clone();
         // `update` and `goto` see the output; `on_error` sees the error instead.
         let params = self.drafts[&ix].params.clone();

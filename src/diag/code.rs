@@ -94,6 +94,7 @@ codes! {
     RouteOrder = "E407", "route-order", Error, "a default clause that is not last makes later clauses dead";
     SilentEnd = "E408", "silent-end", Error, "a node with no outgoing edge, not marked as an end with `-> END`";
     DeadJoin = "E409", "dead-join", Error, "a join waits for a node that can run only after the join";
+    BadDefer = "E410", "bad-defer", Error, "`defer` on a node whose tasks cannot be deferred";
 }
 
 impl Serialize for Code {

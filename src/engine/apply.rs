@@ -98,6 +98,7 @@ impl Engine {
                 return Err(message);
             }
         };
+        let next = self.hold_deferred(&mut run.meta, self.schedule(next));
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             thread_id: run.shared.thread_id.clone(),
@@ -106,7 +107,7 @@ impl Engine {
             versions: folded.versions,
             ran,
             changed: folded.changed,
-            next: self.schedule(next),
+            next,
             meta: serde_json::to_value(&run.meta).unwrap_or_default(),
             plan_hash: self.plan.hash.clone(),
             created_at: crate::clock::now(),

@@ -217,6 +217,9 @@ struct Meta {
     /// finished thread starts a new turn).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     input: Option<Value>,
+    /// Deferred nodes triggered while other work was scheduled: they run when nothing else is.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    deferred: BTreeSet<String>,
 }
 
 /// The most extensions stored in a row for one key before a full value.

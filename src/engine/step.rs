@@ -347,6 +347,32 @@ impl Engine {
         tasks
     }
 
+    /// Holds back the deferred nodes (`defer: true`) among `tasks` while anything else is
+    /// scheduled: they wait in `meta` and run, once each however often they were triggered,
+    /// in the first step that would otherwise run nothing (LangGraph's deferred nodes).
+    pub(super) fn hold_deferred(&self, meta: &mut Meta, tasks: Vec<TaskSpec>) -> Vec<TaskSpec> {
+        let deferred = |t: &TaskSpec| {
+            t.item.is_none()
+                && self
+                    .plan
+                    .node_by_name(&t.node)
+                    .is_some_and(|ix| self.plan.nodes[&ix].spec.common().defer)
+        };
+        let (held, now): (Vec<TaskSpec>, Vec<TaskSpec>) = tasks.into_iter().partition(deferred);
+        if !now.is_empty() {
+            meta.deferred.extend(held.into_iter().map(|t| t.node));
+            return now;
+        }
+        let mut waiting = std::mem::take(&mut meta.deferred);
+        waiting.extend(held.into_iter().map(|t| t.node));
+        let next = waiting
+            .into_iter()
+            .filter_map(|name| self.plan.node_by_name(&name))
+            .map(Next::Node)
+            .collect();
+        self.schedule(next)
+    }
+
     /// Stops durably before or after `nodes` (`interrupt_before` / `interrupt_after`): the
     /// pause is recorded against the checkpoint the run will continue from.
     pub(super) fn pause(

@@ -277,8 +277,8 @@ impl Engine {
             versions.insert(key.clone(), 1);
             values.push((key.clone(), 1, channel.default.clone()));
         }
-        let tasks = self.entry_tasks(thread, &thread.input, &state, -1, limit)?;
-        let meta = Meta::default();
+        let mut meta = Meta::default();
+        let tasks = self.hold_deferred(&mut meta, self.entry_tasks(thread, &thread.input, &state, -1, limit)?);
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             thread_id: thread.thread_id.clone(),
@@ -364,10 +364,11 @@ impl Engine {
         check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
         let state = self.store.state(&thread.thread_id, &cp.versions)?;
         let step = cp.step + 1;
-        let next = self.entry_tasks(thread, &input, &state, step, limit)?;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
-        meta.input = Some(input);
         meta.barriers.clear();
+        meta.deferred.clear();
+        let next = self.hold_deferred(&mut meta, self.entry_tasks(thread, &input, &state, step, limit)?);
+        meta.input = Some(input);
         meta.turn = Usage::default();
         meta.node_usage.clear();
         let turn = Checkpoint {

@@ -50,6 +50,10 @@ pub struct NodeCommon {
     /// Where to go when the node fails after its retries, instead of failing the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_error: Option<OnError>,
+    /// Run only when nothing else is scheduled (LangGraph's `defer=True`): a node triggered
+    /// while other branches still have work waits for them, and runs once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub defer: bool,
     /// Stop the run durably before this node runs; `runner resume` continues it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interrupt_before: bool,
