@@ -216,8 +216,18 @@ impl SqliteCheckpointer {
             std::fs::create_dir_all(dir)
                 .map_err(|e| CheckpointError::Backend(format!("cannot create `{}`: {e}", dir.display())))?;
         }
+        // Whether the file holds nothing yet (missing, or created empty by another process).
+        let fresh = std::fs::metadata(path).map_or(true, |m| m.len() == 0);
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
+        // A new file's switch to WAL is a rollback-journal transaction that writes the header: at
+        // the default `synchronous` that is four fsyncs (journal, folder, journal, file) to
+        // protect a file with nothing in it yet from power loss. Crash-safe promises survival
+        // of a process crash only, which the OS's cache gives without them; power-safe keeps
+        // them.
+        if fresh && durability == Durability::CrashSafe {
+            conn.pragma_update(None, "synchronous", "OFF")?;
+        }
         // Switching a new file to WAL takes a lock that SQLite's busy handler does not wait for:
         // two processes creating the file at once would otherwise fail with "locked".
         let journal_mode: String =

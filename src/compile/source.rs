@@ -51,20 +51,20 @@ fn validator() -> &'static jsonschema::Validator {
 }
 
 /// A validator for one built-in kind's node definition (for nodes of user kinds, checked
-/// after their kind's defaults are merged in).
+/// after their kind's defaults are merged in). Each is built the first time a node of a user
+/// kind resting on it is checked: a compile pays only for the kinds its workflow uses.
 pub fn kind_validator(kind: &str) -> Option<&'static jsonschema::Validator> {
-    static V: OnceLock<Vec<(String, jsonschema::Validator)>> = OnceLock::new();
-    let all = V.get_or_init(|| {
-        let defs = schema::workflow_schema().get("$defs").cloned().unwrap_or(Value::Null);
-        crate::spec::BUILTIN_KINDS
-            .iter()
-            .filter_map(|k| {
-                let doc = serde_json::json!({"$defs": defs, "$ref": format!("#/$defs/node_{k}")});
-                jsonschema::draft202012::new(&doc).ok().map(|v| (k.to_string(), v))
-            })
-            .collect()
-    });
-    all.iter().find(|(k, _)| k == kind).map(|(_, v)| v)
+    static V: OnceLock<Vec<OnceLock<Option<jsonschema::Validator>>>> = OnceLock::new();
+    let i = crate::spec::BUILTIN_KINDS.iter().position(|k| *k == kind)?;
+    let slots = V.get_or_init(|| crate::spec::BUILTIN_KINDS.iter().map(|_| OnceLock::new()).collect());
+    slots
+        .get(i)?
+        .get_or_init(|| {
+            let defs = schema::workflow_schema().get("$defs").cloned().unwrap_or(Value::Null);
+            let doc = serde_json::json!({"$defs": defs, "$ref": format!("#/$defs/node_{kind}")});
+            jsonschema::draft202012::new(&doc).ok()
+        })
+        .as_ref()
 }
 
 /// Reads and checks one file. Returns `None` (with diagnostics) when it cannot be parsed.
@@ -456,5 +456,27 @@ fn short(v: &Value) -> String {
         format!("{}…", s.chars().take(40).collect::<String>())
     } else {
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Run time trusts the embedded schemas: they are checked against the 2020-12 meta-schema
+    // here, once, rather than on every start.
+    #[test]
+    fn the_embedded_schemas_are_valid_json_schemas() {
+        let workflow = schema::workflow_schema();
+        if let Err(e) = jsonschema::draft202012::meta::validate(workflow) {
+            panic!("the workflow schema is not a valid JSON Schema: {e}");
+        }
+        // The validators the compiler builds from them, the workflow's and every kind's.
+        assert!(std::ptr::eq(validator(), validator()));
+        for kind in crate::spec::BUILTIN_KINDS {
+            let v = kind_validator(kind).unwrap_or_else(|| panic!("the schema of kind `{kind}` does not compile"));
+            assert!(std::ptr::eq(v, kind_validator(kind).unwrap()), "`{kind}` is built once");
+        }
+        assert!(kind_validator("no-such-kind").is_none());
     }
 }

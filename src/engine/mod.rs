@@ -18,7 +18,7 @@ mod persist;
 mod task;
 pub mod values;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 use crate::checkpoint::{
     self, Checkpoint, Checkpointer, Fence, Lease, PendingWrite, Put, TaskSpec, Thread, ThreadStatus,
 };
-use crate::compile::{Branch, NodeIx, Plan, Reducer, Target};
+use crate::compile::{Branch, NodeIx, Plan, Reducer, Target, Validators};
 use crate::nodes::{NodeError, Services};
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
@@ -151,8 +151,8 @@ pub enum EngineError {
 /// What every task of a run shares.
 pub struct Shared {
     pub plan: Arc<Plan>,
-    /// Validators of llm output schemas, by node, built once per engine.
-    pub outputs: Arc<HashMap<crate::compile::NodeIx, jsonschema::Validator>>,
+    /// Validators of llm output schemas, by node, each built when its node first runs.
+    pub outputs: Arc<Validators<crate::compile::NodeIx>>,
     pub store: Arc<dyn Checkpointer>,
     pub services: Services,
     pub events: Events,
@@ -173,8 +173,8 @@ pub struct Engine {
     services: Services,
     events: Events,
     cancel: Arc<AtomicBool>,
-    validators: Arc<HashMap<String, jsonschema::Validator>>,
-    outputs: Arc<HashMap<crate::compile::NodeIx, jsonschema::Validator>>,
+    validators: Arc<Validators<String>>,
+    outputs: Arc<Validators<crate::compile::NodeIx>>,
 }
 
 /// Engine bookkeeping kept in each checkpoint's `meta`.
@@ -230,20 +230,14 @@ const RESUME_TO: &str = "__resume_to__";
 impl Engine {
     pub fn new(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, services: impl Into<Services>, events: Events) -> Engine {
         let services = services.into();
-        let mut validators = HashMap::new();
-        for (key, channel) in &plan.state {
-            if let Ok(v) = jsonschema::draft202012::new(&channel.schema) {
-                validators.insert(key.clone(), v);
-            }
-        }
-        let mut outputs = HashMap::new();
-        for (ix, node) in &plan.nodes {
-            if let Some(crate::compile::Compiled::Literal(schema)) = node.fields.get("/output/schema")
-                && let Ok(v) = jsonschema::draft202012::new(schema)
-            {
-                outputs.insert(*ix, v);
-            }
-        }
+        // Built when first used: a run compiles the schemas of what it writes and runs only.
+        let validators = Validators::new(plan.state.iter().map(|(key, c)| (key.clone(), c.schema.clone())));
+        let outputs = Validators::new(plan.nodes.iter().filter_map(
+            |(ix, node)| match node.fields.get("/output/schema") {
+                Some(crate::compile::Compiled::Literal(schema)) => Some((*ix, schema.clone())),
+                _ => None,
+            },
+        ));
         Engine {
             outputs: Arc::new(outputs),
             plan,

@@ -58,7 +58,7 @@ pub struct NodeCtx<'a> {
     /// The lease the run writes under (a subgraph runs its child thread under it).
     pub fence: &'a crate::checkpoint::Fence,
     /// Validators of llm output schemas, by node.
-    pub outputs: &'a std::collections::HashMap<NodeIx, jsonschema::Validator>,
+    pub outputs: &'a crate::compile::Validators<NodeIx>,
 }
 
 impl NodeCtx<'_> {
