@@ -213,7 +213,15 @@ impl Persister {
     /// Makes everything so far durable, before the run writes to the store directly.
     pub fn flush(&self) -> Result<(), CheckpointError> {
         match self.mode {
-            Persist::Sync => Ok(()),
+            // Writes committed unsynced are made durable (a synced commit of the fence alone),
+            // and their events sent.
+            Persist::Sync => {
+                if self.unsynced.lock().map_err(|_| poisoned())?.is_empty() {
+                    Ok(())
+                } else {
+                    self.put_now(Vec::new())
+                }
+            }
             Persist::Async => {
                 let (tx, rx) = mpsc::channel();
                 self.send(Job::Flush(tx))?;
@@ -237,7 +245,10 @@ impl Persister {
     /// Commits everything queued, then `puts`, fenced: for the records a run writes directly
     /// (pauses, interrupts, a failed step's finished tasks).
     pub fn write_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
-        self.flush()?;
+        // `sync`: the commit of `puts` is synced, and covers the unsynced writes itself.
+        if self.mode != Persist::Sync {
+            self.flush()?;
+        }
         self.put_now(puts)
     }
 
