@@ -628,7 +628,6 @@ impl Checkpointer for SqliteCheckpointer {
     }
 }
 
-/// A checkpoint and its values as one write, long strings stored apart.
 /// One op for puts applied in order.
 fn batch_op(puts: Vec<super::Put>) -> Result<Op> {
     let ops = puts
@@ -656,6 +655,7 @@ fn batch_op(puts: Vec<super::Put>) -> Result<Op> {
     Ok(Op::Batch(ops))
 }
 
+/// A checkpoint and its values as one write, long strings stored apart.
 fn checkpoint_op(checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<Op> {
     let mut blobs = Vec::new();
     let row = CheckpointRow::from_checkpoint(checkpoint, &mut blobs)?;
