@@ -904,6 +904,44 @@ fn sqlite_a_batch_is_one_commit() {
     assert_eq!(store.history("b").unwrap().len(), 50);
 }
 
+/// A step's task writes may be committed without an fsync: the step's synced checkpoint commit
+/// covers them. Power-safe says so (they are not durable yet); crash-safe never syncs a commit.
+#[test]
+fn sqlite_unsynced_writes_wait_for_the_next_synced_commit() {
+    for durability in [Durability::CrashSafe, Durability::PowerSafe] {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = SqliteCheckpointer::open(&dir.path().join("runs.db"), durability).unwrap();
+        let [_, _, c2] = three_steps(&cp, "t");
+        let before = cp.stats().unwrap().synced_commits;
+        for i in 0..10 {
+            let id = format!("task-{i}");
+            let durable = cp
+                .put_batch_unsynced(vec![Put::Writes {
+                    thread_id: "t".into(),
+                    checkpoint_id: c2.checkpoint_id.clone(),
+                    writes: vec![write(&id, 0, "a", json!(i))],
+                }])
+                .unwrap();
+            assert_eq!(durable, durability == Durability::CrashSafe, "{durability:?}");
+        }
+        assert_eq!(
+            cp.stats().unwrap().synced_commits,
+            before,
+            "{durability:?}: no fsync for the writes"
+        );
+        assert_eq!(
+            cp.get_writes("t", &c2.checkpoint_id).unwrap().len(),
+            10,
+            "committed all the same"
+        );
+        let c3 = checkpoint("t", Some(&c2), 2, &[("a", 4), ("b", 1)]);
+        cp.put_batch(vec![Put::Checkpoint(Box::new(c3), vals(&[("a", 4, json!("a4"))]))])
+            .unwrap();
+        let synced = cp.stats().unwrap().synced_commits - before;
+        assert_eq!(synced, u64::from(durability == Durability::PowerSafe), "{durability:?}");
+    }
+}
+
 #[test]
 fn sqlite_concurrent_writes_are_group_committed() {
     const TASKS: usize = 16;

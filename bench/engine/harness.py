@@ -126,6 +126,28 @@ def fresh_dir(work: Path, name: str) -> Path:
 # ---------------------------------------------------------------- LangGraph
 
 
+def fsync_floor(work: Path, commits: int = 200) -> float:
+    """Seconds per SQLite FULL commit on the disk the databases are on: WAL journaling,
+    `synchronous=FULL`, one small row per transaction (the least a power-safe step can cost)."""
+    import sqlite3
+
+    d = fresh_dir(work, "floor")
+    conn = sqlite3.connect(str(d / "floor.db"), isolation_level=None)
+    conn.execute("PRAGMA journal_mode=wal")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE t (i INTEGER PRIMARY KEY, v TEXT)")
+    times = []
+    for i in range(commits + 10):
+        t0 = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO t (v) VALUES (?)", (f"step {i}",))
+        conn.execute("COMMIT")
+        if i >= 10:  # the first commits also grow the file: not counted
+            times.append(time.perf_counter() - t0)
+    conn.close()
+    return statistics.median(times)
+
+
 def run_langgraph(cfg: LG, reps: int, work: Path, python: str) -> Runs:
     runs = Runs()
     for i in range(reps):
@@ -387,7 +409,20 @@ def main() -> None:
             runner_note = SKIPPED_MSG
             rn.clear()
 
+    # The floors the targets are measured against, in the same run: the fsync of one SQLite
+    # FULL commit on this disk, and a bare `runner --version`.
+    floor = fsync_floor(work)
+    version_s = None
+    if runner_note is None:
+        walls = []
+        for _ in range(max(reps, 10)):
+            t0 = time.perf_counter()
+            subprocess.run([str(binary), "--version"], capture_output=True)
+            walls.append(time.perf_counter() - t0)
+        version_s = statistics.median(walls)
+
     # ---- report
+    engine_per_step: dict[int, float] = {}
     out: list[str] = []
     p = out.append
     lg_any = next((x.samples[0] for x in lg.values() if x.samples), None)
@@ -431,6 +466,8 @@ def main() -> None:
                 eng = max(rt - R1.med("wall_s"), 0.0) / (SUPERSTEPS[r.rn.case] - 3)
         elif R and R.samples and R.samples[0].get("jsonl"):
             eng = R.samples[0]["jsonl"]["span_s"] / per
+        if eng is not None:
+            engine_per_step[i] = eng
         unit = UNIT[r.lg.case]
         cells = [
             str(i), r.label,
@@ -479,6 +516,16 @@ def main() -> None:
     if any(x and x.samples for _, x in one):
         p("runner process for a 1-round loop (3 supersteps: start, compile, open, run, exit): " + ", ".join(
             f"{m} {ms(x.med('wall_s'))}" for m, x in one if x and x.samples) + ".\n")
+    if version_s is not None:
+        p(f"A bare `runner --version`: {ms(version_s)}; a 1-round loop against it (target <= 3x): " + ", ".join(
+            f"{m} {ratio(x.med('wall_s'), version_s)}" for m, x in one if x and x.samples) + ".\n")
+    sync_row = next(i for i, r in enumerate(ROWS, 1) if r.rn == RN("loop", "power-safe", persist="sync"))
+    line = f"fsync floor (one SQLite FULL commit in WAL mode on the same disk, median of 200): {us(floor)}"
+    if sync_row in engine_per_step:
+        line += (f"; runner power-safe with `--persist sync` (row {sync_row}): "
+                 f"{us(engine_per_step[sync_row])}/step, {ratio(engine_per_step[sync_row], floor)} the floor "
+                 "(target <= 1.2x)")
+    p(line + ".\n")
 
     errors = [(k, v.error) for d in (lg, rn) for k, v in d.items() if v.error]
     if errors:
@@ -502,6 +549,8 @@ def main() -> None:
     if args.json:
         dump = {
             "machine": mach,
+            "fsync_floor_s": floor,
+            "runner_version_s": version_s,
             "runner_note": runner_note,
             "langgraph": {str(k): {"samples": v.samples, "error": v.error} for k, v in lg.items()},
             "runner": {str(k): {"samples": v.samples, "error": v.error} for k, v in rn.items()},

@@ -318,6 +318,14 @@ pub trait Checkpointer: Send + Sync {
     /// Deletes a thread with its checkpoints, values and writes.
     fn delete_thread(&self, thread_id: &str) -> Result<()>;
 
+    /// Like [`Checkpointer::put_batch`], for puts a later `put_batch` will make durable: the
+    /// backend may commit them without waiting for the disk (SQLite power-safe: no fsync; the
+    /// next synced commit's fsync covers them). They survive a crash of the process at once.
+    /// Returns whether they are already as durable as the store promises.
+    fn put_batch_unsynced(&self, puts: Vec<Put>) -> Result<bool> {
+        self.put_batch(puts).map(|()| true)
+    }
+
     /// Several puts, in order, committed together where the backend can (SQLite: one
     /// transaction, so one fsync at most however many steps they hold).
     fn put_batch(&self, puts: Vec<Put>) -> Result<()> {

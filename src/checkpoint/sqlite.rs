@@ -193,6 +193,9 @@ pub struct Stats {
     pub commits: u64,
     /// Write commands it applied in them (each trait call that writes is one).
     pub write_ops: u64,
+    /// Those of the commits that waited for the disk (an fsync each, at `synchronous` FULL or
+    /// EXTRA); commits of [`Checkpointer::put_batch_unsynced`] alone do not.
+    pub synced_commits: u64,
     /// The database's logical size (`page_count × page_size`, including pages still in the WAL).
     pub db_bytes: u64,
     /// The main file plus its `-wal` file on disk.
@@ -206,6 +209,7 @@ pub struct Stats {
 #[derive(Default)]
 struct Counters {
     commits: AtomicU64,
+    synced: AtomicU64,
     ops: AtomicU64,
 }
 
@@ -216,8 +220,18 @@ impl SqliteCheckpointer {
             std::fs::create_dir_all(dir)
                 .map_err(|e| CheckpointError::Backend(format!("cannot create `{}`: {e}", dir.display())))?;
         }
+        // Whether the file holds nothing yet (missing, or created empty by another process).
+        let fresh = std::fs::metadata(path).map_or(true, |m| m.len() == 0);
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
+        // A new file's switch to WAL is a rollback-journal transaction that writes the header: at
+        // the default `synchronous` that is four fsyncs (journal, folder, journal, file) to
+        // protect a file with nothing in it yet from power loss. Crash-safe promises survival
+        // of a process crash only, which the OS's cache gives without them; power-safe keeps
+        // them.
+        if fresh && durability == Durability::CrashSafe {
+            conn.pragma_update(None, "synchronous", "OFF")?;
+        }
         // Switching a new file to WAL takes a lock that SQLite's busy handler does not wait for:
         // two processes creating the file at once would otherwise fail with "locked".
         let journal_mode: String =
@@ -250,7 +264,7 @@ impl SqliteCheckpointer {
         let writer_counters = Arc::clone(&counters);
         let writer_thread = std::thread::Builder::new()
             .name("checkpoint-writer".into())
-            .spawn(move || run_writer(conn, rx, &writer_counters))
+            .spawn(move || run_writer(conn, rx, &writer_counters, synchronous))
             .map_err(|e| CheckpointError::Backend(format!("cannot start the checkpoint writer: {e}")))?;
         Ok(SqliteCheckpointer {
             path: path.to_path_buf(),
@@ -338,6 +352,7 @@ impl SqliteCheckpointer {
             write_rows,
             commits: self.counters.commits.load(Ordering::Relaxed),
             write_ops: self.counters.ops.load(Ordering::Relaxed),
+            synced_commits: self.counters.synced.load(Ordering::Relaxed),
             db_bytes,
             file_bytes: size(&self.path) + size(Path::new(&wal)),
             synchronous: self.synchronous,
@@ -347,6 +362,12 @@ impl SqliteCheckpointer {
 
     /// Sends a command to the writer and waits until it is committed (or failed).
     fn write(&self, op: Op) -> Result<Done> {
+        self.send(op, true)
+    }
+
+    /// `synced: false`: the command may be committed without an fsync (see
+    /// [`Checkpointer::put_batch_unsynced`]).
+    fn send(&self, op: Op, synced: bool) -> Result<Done> {
         let stopped = || {
             CheckpointError::Backend(if self.access != Access::ReadWrite {
                 format!("`{}` was opened read-only", self.path.display())
@@ -358,7 +379,7 @@ impl SqliteCheckpointer {
         self.writer
             .as_ref()
             .ok_or_else(stopped)?
-            .send(Command { op, reply })
+            .send(Command { op, synced, reply })
             .map_err(|_| stopped())?;
         answer.recv().map_err(|_| stopped())?
     }
@@ -461,30 +482,15 @@ impl Checkpointer for SqliteCheckpointer {
         self.write_unit(checkpoint_op(checkpoint, values)?)
     }
 
+    fn put_batch_unsynced(&self, puts: Vec<super::Put>) -> Result<bool> {
+        let op = batch_op(puts)?;
+        self.send(op, false)?;
+        // Only a FULL connection syncs its commits; below that nothing was skipped.
+        Ok(self.synchronous != "full" && self.synchronous != "extra")
+    }
+
     fn put_batch(&self, puts: Vec<super::Put>) -> Result<()> {
-        let ops = puts
-            .into_iter()
-            .map(|put| match put {
-                super::Put::Fence(fence) => Ok(Op::Fence(fence)),
-                super::Put::Thread(thread) => {
-                    let mut blobs = Vec::new();
-                    let row = ThreadRow::from_thread(&thread, &mut blobs)?;
-                    Ok(with_blobs(&thread.thread_id, blobs, Op::CreateThread(row)))
-                }
-                super::Put::Status { thread_id, status } => Ok(Op::SetStatus {
-                    thread_id,
-                    status,
-                    at: crate::clock::now(),
-                }),
-                super::Put::Checkpoint(cp, values) => checkpoint_op(&cp, &values),
-                super::Put::Writes {
-                    thread_id,
-                    checkpoint_id,
-                    writes,
-                } => writes_op(thread_id, checkpoint_id, &writes),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.write_unit(Op::Batch(ops))
+        self.write_unit(batch_op(puts)?)
     }
 
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
@@ -620,6 +626,33 @@ impl Checkpointer for SqliteCheckpointer {
             _ => Err(CheckpointError::Backend("the writer did not answer a fork".into())),
         }
     }
+}
+
+/// One op for puts applied in order.
+fn batch_op(puts: Vec<super::Put>) -> Result<Op> {
+    let ops = puts
+        .into_iter()
+        .map(|put| match put {
+            super::Put::Fence(fence) => Ok(Op::Fence(fence)),
+            super::Put::Thread(thread) => {
+                let mut blobs = Vec::new();
+                let row = ThreadRow::from_thread(&thread, &mut blobs)?;
+                Ok(with_blobs(&thread.thread_id, blobs, Op::CreateThread(row)))
+            }
+            super::Put::Status { thread_id, status } => Ok(Op::SetStatus {
+                thread_id,
+                status,
+                at: crate::clock::now(),
+            }),
+            super::Put::Checkpoint(cp, values) => checkpoint_op(&cp, &values),
+            super::Put::Writes {
+                thread_id,
+                checkpoint_id,
+                writes,
+            } => writes_op(thread_id, checkpoint_id, &writes),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Op::Batch(ops))
 }
 
 /// A checkpoint and its values as one write, long strings stored apart.
@@ -761,10 +794,14 @@ enum Done {
 
 struct Command {
     op: Op,
+    /// Whether its commit must reach the disk before it is answered (at `synchronous=FULL`).
+    synced: bool,
     reply: mpsc::Sender<Result<Done>>,
 }
 
-fn run_writer(mut conn: Connection, commands: mpsc::Receiver<Command>, counters: &Counters) {
+/// `synchronous`: the connection's level (`full` and `extra` sync every commit).
+fn run_writer(mut conn: Connection, commands: mpsc::Receiver<Command>, counters: &Counters, synchronous: &str) {
+    let syncs = matches!(synchronous, "full" | "extra");
     // Ends when every sender is gone (the checkpointer dropped) and the queue is drained.
     while let Ok(first) = commands.recv() {
         let mut batch = vec![first];
@@ -774,7 +811,37 @@ fn run_writer(mut conn: Connection, commands: mpsc::Receiver<Command>, counters:
                 Err(_) => break,
             }
         }
-        let results = commit_batch(&mut conn, &batch, counters);
+        // A commit none of whose commands needs the disk skips the fsync (the WAL's NORMAL
+        // level); the next synced commit's fsync makes it durable too, as WAL frames reach the
+        // disk in order.
+        let lazy = syncs && batch.iter().all(|c| !c.synced);
+        let results = if lazy {
+            match conn.pragma_update(None, "synchronous", "NORMAL") {
+                Ok(()) => {
+                    let results = commit_batch(&mut conn, &batch, counters);
+                    match conn.pragma_update(None, "synchronous", synchronous) {
+                        Ok(()) => results,
+                        Err(e) => {
+                            // Later commits would not be synced as promised: stop the writer
+                            // (every caller then gets "the checkpoint writer has stopped").
+                            for command in batch {
+                                let _ = command
+                                    .reply
+                                    .send(Err(CheckpointError::Backend(format!("sqlite: {e}"))));
+                            }
+                            return;
+                        }
+                    }
+                }
+                Err(_) => commit_batch(&mut conn, &batch, counters),
+            }
+        } else {
+            let results = commit_batch(&mut conn, &batch, counters);
+            if syncs && results.iter().any(Result::is_ok) {
+                counters.synced.fetch_add(1, Ordering::Relaxed);
+            }
+            results
+        };
         for (command, result) in batch.into_iter().zip(results) {
             // The caller waits on its reply channel; if it has gone there is no one to tell.
             let _ = command.reply.send(result);

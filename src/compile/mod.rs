@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use plan::*;
+pub use schemas::Validators;
 
 use crate::diag::{Code, Diagnostic, Files};
 use source::Source;

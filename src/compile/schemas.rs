@@ -6,7 +6,11 @@
 //! `files` with the file's own `#...` references rewritten to point into it, so validation
 //! needs no retriever and never touches the network.
 
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use indexmap::IndexMap;
 use serde_json::{Map, Value};
@@ -346,6 +350,43 @@ pub fn check(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<Diagnost
     }
 }
 
+/// Validators of schemas a run may check values against, each built the first time it is
+/// asked for: a run compiles only the schemas of the keys it writes and of the nodes it runs.
+/// The schemas were checked when the workflow was compiled; one that still fails to build
+/// gives no validator, as if it had none.
+#[derive(Debug, Default)]
+pub struct Validators<K> {
+    slots: HashMap<K, (Value, OnceLock<Option<jsonschema::Validator>>)>,
+}
+
+impl<K: Hash + Eq> Validators<K> {
+    /// The schemas, by key; none is compiled yet.
+    pub fn new(schemas: impl IntoIterator<Item = (K, Value)>) -> Validators<K> {
+        Validators {
+            slots: schemas
+                .into_iter()
+                .map(|(k, schema)| (k, (schema, OnceLock::new())))
+                .collect(),
+        }
+    }
+
+    /// The validator of `key`'s schema, compiled on the first call.
+    pub fn get<Q>(&self, key: &Q) -> Option<&jsonschema::Validator>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (schema, slot) = self.slots.get(key)?;
+        slot.get_or_init(|| jsonschema::draft202012::new(schema).ok()).as_ref()
+    }
+
+    /// How many validators have been built so far.
+    #[cfg(test)]
+    pub fn built(&self) -> usize {
+        self.slots.values().filter(|(_, slot)| slot.get().is_some()).count()
+    }
+}
+
 /// The first way `value` fails `validator`, as text.
 pub fn first_violation(validator: &jsonschema::Validator, value: &Value) -> Option<String> {
     validator.iter_errors(value).next().map(|e| {
@@ -356,4 +397,29 @@ pub fn first_violation(validator: &jsonschema::Validator, value: &Value) -> Opti
             format!("at `{at}`: {}", e.masked())
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn validators_are_built_when_first_asked_for() {
+        let v = Validators::new([
+            ("n".to_string(), json!({"type": "integer"})),
+            ("s".to_string(), json!({"type": "string"})),
+            ("bad".to_string(), json!({"type": "int"})),
+        ]);
+        assert_eq!(v.built(), 0);
+        let n = v.get("n").expect("a valid schema gives a validator");
+        assert!(n.is_valid(&json!(3)) && !n.is_valid(&json!("3")));
+        assert_eq!(v.built(), 1);
+        assert!(std::ptr::eq(n, v.get("n").unwrap()), "built once");
+        assert_eq!(v.built(), 1);
+        assert!(v.get("bad").is_none());
+        assert!(v.get("missing").is_none());
+        assert_eq!(v.built(), 2);
+    }
 }

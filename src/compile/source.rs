@@ -50,27 +50,28 @@ fn validator() -> &'static jsonschema::Validator {
     })
 }
 
-/// A validator for the node definition of a kind the embedded workflow schema lists (for
-/// nodes of user kinds, checked after their kind's defaults are merged in).
+/// A validator for the node definition of a kind the embedded workflow schema lists, with the
+/// document it was built from (for nodes of user kinds, checked after their kind's defaults are
+/// merged in). Each is built the first time a node of a user kind resting on it is checked: a
+/// compile pays only for the kinds its workflow uses.
 pub fn kind_validator(kind: &str) -> Option<&'static (jsonschema::Validator, Value)> {
-    static V: OnceLock<Vec<(String, (jsonschema::Validator, Value))>> = OnceLock::new();
-    let all = V.get_or_init(|| {
-        let defs = schema::workflow_schema().get("$defs").cloned().unwrap_or(Value::Null);
-        let kinds: Vec<String> = defs
-            .as_object()
-            .into_iter()
+    type Slot = OnceLock<Option<(jsonschema::Validator, Value)>>;
+    static V: OnceLock<Vec<(String, Slot)>> = OnceLock::new();
+    let slots = V.get_or_init(|| {
+        let defs = schema::workflow_schema().get("$defs").and_then(Value::as_object);
+        defs.into_iter()
             .flat_map(|m| m.keys())
-            .filter_map(|k| k.strip_prefix("node_").map(str::to_string))
-            .collect();
-        kinds
-            .into_iter()
-            .filter_map(|k| {
-                let doc = serde_json::json!({"$defs": defs, "$ref": format!("#/$defs/node_{k}")});
-                jsonschema::draft202012::new(&doc).ok().map(|v| (k, (v, doc)))
-            })
+            .filter_map(|k| k.strip_prefix("node_"))
+            .map(|k| (k.to_string(), OnceLock::new()))
             .collect()
     });
-    all.iter().find(|(k, _)| k == kind).map(|(_, v)| v)
+    let (_, slot) = slots.iter().find(|(k, _)| k == kind)?;
+    slot.get_or_init(|| {
+        let defs = schema::workflow_schema().get("$defs").cloned().unwrap_or(Value::Null);
+        let doc = serde_json::json!({"$defs": defs, "$ref": format!("#/$defs/node_{kind}")});
+        jsonschema::draft202012::new(&doc).ok().map(|v| (v, doc))
+    })
+    .as_ref()
 }
 
 /// Whether the embedded workflow schema checks the fields of nodes of kind `kind`.
@@ -471,5 +472,34 @@ fn short(v: &Value) -> String {
         format!("{}…", s.chars().take(40).collect::<String>())
     } else {
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Run time trusts the embedded schemas: they are checked against the 2020-12 meta-schema
+    // here, once, rather than on every start.
+    #[test]
+    fn the_embedded_schemas_are_valid_json_schemas() {
+        let workflow = schema::workflow_schema();
+        if let Err(e) = jsonschema::draft202012::meta::validate(workflow) {
+            panic!("the workflow schema is not a valid JSON Schema: {e}");
+        }
+        // The validators the compiler builds from them, the workflow's and every kind's.
+        assert!(std::ptr::eq(validator(), validator()));
+        let kinds: Vec<&str> = workflow["$defs"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.keys())
+            .filter_map(|k| k.strip_prefix("node_"))
+            .collect();
+        assert!(kinds.len() >= 13, "{kinds:?}");
+        for kind in kinds {
+            let v = kind_validator(kind).unwrap_or_else(|| panic!("the schema of kind `{kind}` does not compile"));
+            assert!(std::ptr::eq(v, kind_validator(kind).unwrap()), "`{kind}` is built once");
+        }
+        assert!(kind_validator("no-such-kind").is_none());
     }
 }

@@ -24,7 +24,7 @@ mod task;
 mod thread;
 pub mod values;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -187,7 +187,8 @@ pub struct Engine {
     services: Services,
     events: Events,
     cancel: Arc<AtomicBool>,
-    validators: Arc<HashMap<String, jsonschema::Validator>>,
+    /// Validators of state keys' schemas, each built when a value of its key is first checked.
+    validators: Arc<crate::compile::Validators<String>>,
     node_validators: Arc<Validators>,
     options: RunOptions,
 }
@@ -315,12 +316,9 @@ impl End {
 impl Engine {
     pub fn new(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, services: impl Into<Services>, events: Events) -> Engine {
         let services = services.into();
-        let mut validators = HashMap::new();
-        for (key, channel) in &plan.state {
-            if let Ok(v) = jsonschema::draft202012::new(&channel.schema) {
-                validators.insert(key.clone(), v);
-            }
-        }
+        // Built when first used: a run compiles the schemas of what it writes and runs only.
+        let validators =
+            crate::compile::Validators::new(plan.state.iter().map(|(key, c)| (key.clone(), c.schema.clone())));
         Engine {
             node_validators: Arc::new(Validators::for_plan(&plan)),
             plan,

@@ -40,6 +40,9 @@ pub(super) struct Persister {
     /// `Exit`: the newest checkpoint and the values it references that are not committed yet,
     /// and the id of the last committed checkpoint (the held one's parent).
     held: Mutex<(Option<Held>, String)>,
+    /// `Sync`: events of writes committed without waiting for the disk, sent once a synced
+    /// commit (the step's checkpoint) has made them durable.
+    unsynced: Mutex<Vec<Event>>,
     /// `Async`: the ordered queue to the background committer.
     queue: Option<mpsc::SyncSender<Job>>,
     worker: Option<std::thread::JoinHandle<Result<(), CheckpointError>>>,
@@ -115,6 +118,7 @@ impl Persister {
             fence,
             events,
             held: Mutex::new((None, committed)),
+            unsynced: Mutex::new(Vec::new()),
             queue,
             worker,
         }
@@ -179,13 +183,23 @@ impl Persister {
         after: Vec<Event>,
     ) -> Result<(), CheckpointError> {
         match self.mode {
+            // One fsync per step however many tasks it has: a task's writes are committed at
+            // once (a crashed process keeps them) but synced by the step's checkpoint commit,
+            // and their events wait for that where the store promises more than this commit.
             Persist::Sync => {
-                self.put_now(vec![Put::Writes {
-                    thread_id: thread.into(),
-                    checkpoint_id: cp.into(),
-                    writes,
-                }])?;
-                after.into_iter().for_each(|e| self.events.send(e));
+                let durable = self.store.put_batch_unsynced(vec![
+                    Put::Fence(self.fence.clone()),
+                    Put::Writes {
+                        thread_id: thread.into(),
+                        checkpoint_id: cp.into(),
+                        writes,
+                    },
+                ])?;
+                if durable {
+                    after.into_iter().for_each(|e| self.events.send(e));
+                } else {
+                    self.unsynced.lock().map_err(|_| poisoned())?.extend(after);
+                }
                 Ok(())
             }
             Persist::Async => self.send(Job::Writes(thread.into(), cp.into(), writes, after)),
@@ -199,7 +213,15 @@ impl Persister {
     /// Makes everything so far durable, before the run writes to the store directly.
     pub fn flush(&self) -> Result<(), CheckpointError> {
         match self.mode {
-            Persist::Sync => Ok(()),
+            // Writes committed unsynced are made durable (a synced commit of the fence alone),
+            // and their events sent.
+            Persist::Sync => {
+                if self.unsynced.lock().map_err(|_| poisoned())?.is_empty() {
+                    Ok(())
+                } else {
+                    self.put_now(Vec::new())
+                }
+            }
             Persist::Async => {
                 let (tx, rx) = mpsc::channel();
                 self.send(Job::Flush(tx))?;
@@ -223,16 +245,23 @@ impl Persister {
     /// Commits everything queued, then `puts`, fenced: for the records a run writes directly
     /// (pauses, interrupts, a failed step's finished tasks).
     pub fn write_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
-        self.flush()?;
+        // `sync`: the commit of `puts` is synced, and covers the unsynced writes itself.
+        if self.mode != Persist::Sync {
+            self.flush()?;
+        }
         self.put_now(puts)
     }
 
-    /// `puts` in one batch behind the run's fence.
+    /// `puts` in one batch behind the run's fence; it makes earlier unsynced writes durable
+    /// too, so their events go out.
     fn put_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
         let mut fenced = Vec::with_capacity(puts.len() + 1);
         fenced.push(Put::Fence(self.fence.clone()));
         fenced.extend(puts);
-        self.store.put_batch(fenced)
+        self.store.put_batch(fenced)?;
+        let synced = std::mem::take(&mut *self.unsynced.lock().map_err(|_| poisoned())?);
+        synced.into_iter().for_each(|e| self.events.send(e));
+        Ok(())
     }
 
     /// Commits what is left and stops the background committer, reporting its first error.
