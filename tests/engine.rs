@@ -1823,3 +1823,55 @@ edges: [START -> ask, START -> wrap, ask -> END, wrap -> END]
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     assert_eq!(out.state["log"], json!(["ask", "wrap"]));
 }
+
+/// The tool loop closes in YAML: the model's tool calls are kept in the history through
+/// `add_messages`, a tool's result answers its call by id, and the model is called again with
+/// the whole exchange until it answers without calls.
+#[test]
+fn a_tool_calling_loop_keeps_calls_and_results_in_the_history() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, properties: {q: {type: string}}}
+state:
+  messages: {type: array, reducer: add_messages, default: []}
+nodes:
+  start: {kind: set, update: {messages: "[{'role': 'user', 'content': input.q}]"}}
+  agent:
+    kind: llm
+    prompt: {text: "Go on."}
+    history: {from: state.messages}
+    options: {tools: [{type: function, function: {name: lookup, parameters: {type: object}}}]}
+    update:
+      messages: "[{'role': 'assistant', 'content': output.content, 'tool_calls': output.tool_calls}]"
+    goto:
+      - {when: "output.tool_calls", to: tools}
+      - {to: END}
+  tools:
+    kind: set
+    update:
+      messages: >-
+        [{'role': 'tool', 'tool_call_id': (state.messages | last).tool_calls[0].id,
+          'name': (state.messages | last).tool_calls[0].function.name, 'content': 'found it'}]
+edges: [START -> start, start -> agent, tools -> agent]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({"replies": {"agent": [
+        {"tool_calls": [{"name": "lookup", "args": {"q": "rust"}}]},
+        "It is a language."
+    ]}}));
+    let out = r.go(&plan, req(json!({"q": "what is rust?"})));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    let messages = out.state["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant"]);
+    assert_eq!(messages[1]["tool_calls"][0]["id"], "call_1");
+    assert_eq!(
+        messages[1]["tool_calls"][0]["function"]["arguments"],
+        "{\"q\":\"rust\"}"
+    );
+    assert_eq!(messages[2]["tool_call_id"], "call_1");
+    assert_eq!(messages[3]["content"], "It is a language.");
+    assert_eq!(r.mock.calls()["agent"], 2);
+}

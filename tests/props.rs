@@ -148,10 +148,7 @@ fn request() -> ChatRequest {
     ChatRequest {
         node: "n".into(),
         model: "m".into(),
-        messages: vec![Message {
-            role: "user".into(),
-            content: "hi".into(),
-        }],
+        messages: vec![Message::new("user", "hi")],
         stream: true,
         ..ChatRequest::default()
     }

@@ -45,16 +45,7 @@ fn ask(text: &str, stream: bool) -> ChatRequest {
     ChatRequest {
         node: "n".into(),
         model: "gpt-test".into(),
-        messages: vec![
-            Message {
-                role: "system".into(),
-                content: "Be brief.".into(),
-            },
-            Message {
-                role: "user".into(),
-                content: text.into(),
-            },
-        ],
+        messages: vec![Message::new("system", "Be brief."), Message::new("user", text)],
         stream,
         ..ChatRequest::default()
     }
@@ -987,4 +978,91 @@ async fn an_absurd_retry_after_is_capped_not_passed_on() {
         }
     }
     assert_eq!(waits, [Some(max), Some(max), None, Some(max)]);
+}
+
+/// A conversation that went through a tool call: the user's question, the assistant's call,
+/// the tool's result (and a failed one), as state holds it in LangChain's shape.
+fn tool_history() -> Vec<Message> {
+    [
+        json!({"type": "human", "content": "Weather in Paris?"}),
+        json!({"type": "ai", "content": "", "tool_calls": [
+            {"id": "c1", "name": "weather", "args": {"city": "Paris"}},
+            {"id": "c2", "name": "forecast", "args": {"city": "Paris", "days": 2}}
+        ]}),
+        json!({"type": "tool", "tool_call_id": "c1", "name": "weather", "content": "18C, sunny"}),
+        json!({"type": "tool", "tool_call_id": "c2", "name": "forecast", "content": "no such tool", "status": "error"}),
+    ]
+    .iter()
+    .map(Message::from_value)
+    .collect()
+}
+
+/// Messages carry tool calls end to end: the assistant's calls go out in OpenAI's shape and
+/// each tool result names the call it answers; a reply's calls come back whole.
+#[tokio::test]
+async fn openai_sends_tool_calls_and_results_and_reads_calls_back() {
+    let server = FakeLlm::start().await;
+    server.script([Reply::json(
+        200,
+        json!({"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c3", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Lyon\"}"}}
+        ]}, "finish_reason": "tool_calls"}]}),
+    )]);
+    let request = ChatRequest {
+        messages: tool_history(),
+        ..ask("", false)
+    };
+    let (reply, _) = call(&*openai(&server), request).await;
+    let reply = reply.unwrap();
+    assert_eq!(reply.tool_calls[0]["function"]["name"], "weather");
+    assert_eq!(reply.finish_reason.as_deref(), Some("tool_calls"));
+    let sent = &server.requests()[0].body["messages"];
+    assert_eq!(sent[0], json!({"role": "user", "content": "Weather in Paris?"}));
+    assert_eq!(
+        sent[1],
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+            {"id": "c2", "type": "function", "function": {"name": "forecast", "arguments": "{\"city\":\"Paris\",\"days\":2}"}}
+        ]})
+    );
+    assert_eq!(
+        sent[2],
+        json!({"role": "tool", "content": "18C, sunny", "tool_call_id": "c1", "name": "weather"})
+    );
+    assert_eq!(sent[3]["tool_call_id"], "c2");
+}
+
+/// The same conversation as Anthropic's Messages API takes it: the calls as `tool_use` blocks
+/// with object inputs, both results as `tool_result` blocks of one user turn, the failed one
+/// marked as an error.
+#[tokio::test]
+async fn anthropic_sends_tool_use_and_tool_result_blocks() {
+    let server = FakeLlm::start().await;
+    server.script([Reply::json(
+        200,
+        json!({"type": "message", "content": [{"type": "text", "text": "Sunny."}], "stop_reason": "end_turn",
+               "usage": {"input_tokens": 5, "output_tokens": 2}}),
+    )]);
+    let request = ChatRequest {
+        messages: tool_history(),
+        ..ask("", false)
+    };
+    let (reply, _) = call(&*anthropic(&server), request).await;
+    assert_eq!(reply.unwrap().text, "Sunny.");
+    let sent = &server.requests()[0].body["messages"];
+    assert_eq!(sent.as_array().unwrap().len(), 3, "{sent:#}");
+    assert_eq!(
+        sent[1],
+        json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": "c1", "name": "weather", "input": {"city": "Paris"}},
+            {"type": "tool_use", "id": "c2", "name": "forecast", "input": {"city": "Paris", "days": 2}}
+        ]})
+    );
+    assert_eq!(
+        sent[2],
+        json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "c1", "content": "18C, sunny"},
+            {"type": "tool_result", "tool_use_id": "c2", "content": "no such tool", "is_error": true}
+        ]})
+    );
 }

@@ -107,6 +107,8 @@ struct Config {
     history: Option<ExprId>,
     /// The output schema, resolved (self-contained).
     schema: Option<Value>,
+    /// The node is offered tools (its own or its profile's `options.tools`).
+    tools: bool,
 }
 
 /// The `llm` kind.
@@ -139,7 +141,18 @@ impl KindDecl for Llm {
                 .get(model)
                 .is_some_and(|m| m.options.contains_key("tools"));
         let mut schema = None;
+        let text = matches!(
+            &n.output,
+            None | Some(LlmOutput::Format(OutputFormat::Text))
+                | Some(LlmOutput::Spec {
+                    format: OutputFormat::Text,
+                    ..
+                })
+        );
         let shape = match &n.output {
+            // A text node offered tools always answers `{content, tool_calls}` (no calls: an
+            // empty list), so a loop can route on `output.tool_calls`.
+            _ if tools && text => Shape::fields(&["content", "tool_calls"]),
             _ if tools => Shape::Any,
             None | Some(LlmOutput::Format(OutputFormat::Text)) => Shape::Text,
             Some(LlmOutput::Format(OutputFormat::Json)) => Shape::Any,
@@ -160,6 +173,7 @@ impl KindDecl for Llm {
             system: optional(system)?,
             history: optional(history)?,
             schema,
+            tools,
             n,
         };
         Some((KindConfig::new(config), shape))
@@ -191,17 +205,11 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     })?;
     let mut messages = Vec::new();
     if let Some(system) = render_opt(ctx, config.system.as_ref(), "/system")? {
-        messages.push(Message {
-            role: "system".into(),
-            content: system,
-        });
+        messages.push(Message::new("system", system));
     }
     messages.extend(history(ctx, spec, config.history)?);
     let prompt = render(ctx, &config.prompt, "/prompt")?;
-    messages.push(Message {
-        role: "user".into(),
-        content: prompt,
-    });
+    messages.push(Message::new("user", prompt));
     let (json, schema, repairs) = match &spec.output {
         None | Some(LlmOutput::Format(OutputFormat::Text)) => (false, None, 0),
         Some(LlmOutput::Format(OutputFormat::Json)) => (true, None, 2),
@@ -281,8 +289,9 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         call_usage.calls = call_usage.calls.max(1);
         price(profile, &mut call_usage);
         usage.add(&call_usage);
-        // A reply that calls tools is for the workflow to act on, whatever the format.
-        if !reply.tool_calls.is_empty() {
+        // A reply that calls tools is for the workflow to act on, whatever the format; a text
+        // node offered tools answers in that shape even without calls.
+        if !reply.tool_calls.is_empty() || (config.tools && !json) {
             return Ok(NodeOutput {
                 output: serde_json::json!({"content": reply.text, "tool_calls": reply.tool_calls}),
                 usage,
@@ -310,16 +319,10 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             .into());
         }
         attempt += 1;
-        request.messages.push(Message {
-            role: "assistant".into(),
-            content: reply.text,
-        });
-        request.messages.push(Message {
-            role: "user".into(),
-            content: format!(
+        request.messages.push(Message::new("assistant", reply.text));
+        request.messages.push(Message::new("user", format!(
                 "Your reply was not valid: {problem}. Reply again with only the JSON value, matching the schema exactly."
-            ),
-        });
+            )));
     }
 }
 
@@ -332,19 +335,9 @@ fn history(ctx: &NodeCtx<'_>, spec: &LlmNode, from: Option<ExprId>) -> Result<Ve
     let Value::Array(items) = value else {
         return Err(NodeError::invalid("`history.from` did not yield a list of messages"));
     };
-    let mut messages: Vec<Message> = items
-        .iter()
-        .map(|m| match m {
-            Value::String(s) => Message {
-                role: "user".into(),
-                content: s.clone(),
-            },
-            other => Message {
-                role: other.get("role").and_then(Value::as_str).unwrap_or("user").to_string(),
-                content: other.get("content").map(super::text_of).unwrap_or_default(),
-            },
-        })
-        .collect();
+    // Tool calls and tool results travel with their messages, so an agent loop's history is
+    // sent back to the model whole.
+    let mut messages: Vec<Message> = items.iter().map(Message::from_value).collect();
     if let Some(last) = h.last {
         let skip = messages.len().saturating_sub(last as usize);
         messages.drain(..skip);

@@ -102,14 +102,11 @@ async fn by_llm(
         node: ctx.node.name.clone(),
         model: profile.model.clone(),
         messages: vec![
-            Message {
-                role: "system".into(),
-                content: "You judge the relevance of search results. You reply with JSON only.".into(),
-            },
-            Message {
-                role: "user".into(),
-                content: prompt,
-            },
+            Message::new(
+                "system",
+                "You judge the relevance of search results. You reply with JSON only.",
+            ),
+            Message::new("user", prompt),
         ],
         temperature: Some(0.0),
         max_tokens: Some(64 + 16 * hits.len() as u32),

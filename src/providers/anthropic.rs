@@ -117,7 +117,41 @@ fn body(request: &ChatRequest) -> Value {
     for m in &request.messages {
         match m.role.as_str() {
             "system" => system.push(m.content.clone()),
+            "assistant" if !m.tool_calls.is_empty() => {
+                let mut blocks = Vec::new();
+                if !m.content.is_empty() {
+                    blocks.push(json!({"type": "text", "text": m.content}));
+                }
+                blocks.extend(m.tool_calls.iter().map(tool_use_block));
+                messages.push(json!({"role": "assistant", "content": blocks}));
+            }
             "assistant" => messages.push(json!({"role": "assistant", "content": m.content})),
+            // A tool result is a `tool_result` block of a user turn; the results of one
+            // assistant turn's calls go together in the turn that follows it.
+            "tool" => {
+                let mut block = json!({
+                    "type": "tool_result",
+                    "tool_use_id": m.tool_call_id.clone().unwrap_or_default(),
+                    "content": m.content,
+                });
+                if m.is_error {
+                    block["is_error"] = json!(true);
+                }
+                match messages.last_mut() {
+                    Some(Value::Object(last))
+                        if last.get("role") == Some(&json!("user"))
+                            && last
+                                .get("content")
+                                .and_then(Value::as_array)
+                                .is_some_and(|c| c.iter().all(|b| b["type"] == "tool_result")) =>
+                    {
+                        if let Some(Value::Array(blocks)) = last.get_mut("content") {
+                            blocks.push(block);
+                        }
+                    }
+                    _ => messages.push(json!({"role": "user", "content": [block]})),
+                }
+            }
             _ => messages.push(json!({"role": "user", "content": m.content})),
         }
     }
@@ -170,6 +204,18 @@ fn parse_message(v: &Value) -> Result<ChatResponse, ProviderError> {
         finish_reason: v.get("stop_reason").and_then(Value::as_str).map(str::to_string),
         tool_calls,
     })
+}
+
+/// A tool call (OpenAI's shape, as calls are kept) as a `tool_use` block: the arguments, a JSON
+/// text there, are an object here.
+fn tool_use_block(call: &Value) -> Value {
+    let f = &call["function"];
+    let input = f["arguments"]
+        .as_str()
+        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    json!({"type": "tool_use", "id": call["id"], "name": f["name"], "input": input})
 }
 
 fn tool_call(block: &Value, arguments: Option<String>) -> Value {
@@ -314,16 +360,7 @@ mod tests {
     fn the_system_prompt_is_top_level_and_max_tokens_defaults() {
         let request = ChatRequest {
             model: "claude".into(),
-            messages: vec![
-                Message {
-                    role: "system".into(),
-                    content: "Be brief.".into(),
-                },
-                Message {
-                    role: "user".into(),
-                    content: "Hi".into(),
-                },
-            ],
+            messages: vec![Message::new("system", "Be brief."), Message::new("user", "Hi")],
             stop: vec!["END".into()],
             stream: true,
             ..ChatRequest::default()

@@ -285,10 +285,7 @@ mod tests {
         ChatRequest {
             node: node.into(),
             model: "m".into(),
-            messages: vec![Message {
-                role: "user".into(),
-                content: prompt.into(),
-            }],
+            messages: vec![Message::new("user", prompt)],
             ..ChatRequest::default()
         }
     }

@@ -8,6 +8,9 @@
 //!   summarize:
 //!     - {error: rate_limit, retry_after: 0.01}
 //!     - {text: "A summary.", chunks: ["A ", "summary."], usage: {prompt_tokens: 120, completion_tokens: 8}}
+//!   agent:
+//!     - {tool_calls: [{name: search, args: {q: "rust"}}]}   # ids default to call_1, call_2...
+//!     - "The answer, from the search."
 //!   "*": "a reply for any other node"
 //! match:
 //!   - {contains: "quantum", reply: "About quantum computing."}
@@ -33,6 +36,8 @@ pub enum Reply {
         chunks: Option<Vec<String>>,
         usage: Option<Usage>,
         delay: Duration,
+        /// Tool calls the reply makes, in OpenAI's shape.
+        tool_calls: Vec<Value>,
     },
     Fail {
         error: ProviderError,
@@ -148,6 +153,7 @@ fn parse_reply(v: &Value) -> Result<Reply, String> {
             chunks: None,
             usage: None,
             delay: Duration::ZERO,
+            tool_calls: Vec::new(),
         }),
         Value::Object(o) => {
             let delay = crate::net::http_error::delay(o.get("delay").and_then(Value::as_f64).unwrap_or(0.0), MAX_DELAY);
@@ -164,10 +170,29 @@ fn parse_reply(v: &Value) -> Result<Reply, String> {
                     .ok_or_else(|| format!("unknown error `{kind}`"))?;
                 return Ok(Reply::Fail { error, delay });
             }
+            let tool_calls = match o.get("tool_calls") {
+                Some(Value::Array(calls)) => calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        if c.get("name").and_then(Value::as_str).is_none() && c.get("function").is_none() {
+                            return Err(format!("tool_calls[{i}]: a call needs a `name`"));
+                        }
+                        let mut call = super::tool_call_openai(c);
+                        if call["id"].as_str().is_none_or(str::is_empty) {
+                            call["id"] = Value::String(format!("call_{}", i + 1));
+                        }
+                        Ok(call)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+                Some(_) => return Err("`tool_calls` is a list of {name, args}".into()),
+                None => Vec::new(),
+            };
             let text = match o.get("text") {
                 Some(Value::String(s)) => s.clone(),
                 Some(other) => other.to_string(),
-                None => return Err("a reply needs `text` or `error`".into()),
+                None if !tool_calls.is_empty() => String::new(),
+                None => return Err("a reply needs `text`, `tool_calls` or `error`".into()),
             };
             let chunks = match o.get("chunks") {
                 Some(Value::Array(c)) => Some(c.iter().map(|x| x.as_str().unwrap_or_default().to_string()).collect()),
@@ -183,6 +208,7 @@ fn parse_reply(v: &Value) -> Result<Reply, String> {
                 chunks,
                 usage,
                 delay,
+                tool_calls,
             })
         }
         // A JSON value scripted as data is the reply's text.
@@ -191,6 +217,7 @@ fn parse_reply(v: &Value) -> Result<Reply, String> {
             chunks: None,
             usage: None,
             delay: Duration::ZERO,
+            tool_calls: Vec::new(),
         }),
     }
 }
@@ -220,6 +247,7 @@ impl Provider for MockProvider {
                     chunks,
                     usage,
                     delay,
+                    tool_calls,
                 } => {
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
@@ -237,8 +265,8 @@ impl Provider for MockProvider {
                     Ok(ChatResponse {
                         text,
                         usage,
-                        finish_reason: Some("stop".into()),
-                        tool_calls: Vec::new(),
+                        finish_reason: Some(if tool_calls.is_empty() { "stop" } else { "tool_calls" }.into()),
+                        tool_calls,
                     })
                 }
             }

@@ -21,11 +21,96 @@ use serde_json::Value;
 use crate::error_class::ErrorClass;
 use crate::spec::{ModelProfile, Provider as ProviderKind};
 
-/// A chat message.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A chat message: `system`, `user`, `assistant` (which may carry the tool calls it made) or
+/// `tool` (one call's result, naming the call it answers).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant message's tool calls, in OpenAI's shape (`{id, type: "function", function:
+    /// {name, arguments}}`, the arguments a JSON text), whichever provider made them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<Value>,
+    /// A tool message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool message: the tool's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// A tool message whose call failed (sent to the model as an error result).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
+}
+
+impl Message {
+    /// A message of `role` with text `content` and nothing else.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
+        Message {
+            role: role.into(),
+            content: content.into(),
+            ..Message::default()
+        }
+    }
+
+    /// A chat message as state holds it: `{role, content}` (OpenAI's names: `tool_calls`,
+    /// `tool_call_id`, `name`) or LangChain's message dict (`type: human | ai | tool | system`,
+    /// tool calls as `{id, name, args}`); a plain string is a user message. Content given as
+    /// blocks is joined from their text.
+    pub fn from_value(v: &Value) -> Message {
+        let Value::Object(m) = v else {
+            return Message::new("user", v.as_str().map_or_else(|| v.to_string(), str::to_string));
+        };
+        let role = match m.get("role").or_else(|| m.get("type")).and_then(Value::as_str) {
+            Some("human") => "user",
+            Some("ai") | Some("AIMessageChunk") => "assistant",
+            Some(r) => r,
+            None => "user",
+        };
+        let content = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(blocks)) => blocks
+                .iter()
+                .filter_map(|b| b.as_str().or_else(|| b.get("text").and_then(Value::as_str)))
+                .collect::<Vec<_>>()
+                .join(""),
+            Some(Value::Null) | None => String::new(),
+            Some(other) => other.to_string(),
+        };
+        let tool_calls = match m.get("tool_calls") {
+            Some(Value::Array(calls)) => calls.iter().map(tool_call_openai).collect(),
+            _ => Vec::new(),
+        };
+        Message {
+            role: role.to_string(),
+            content,
+            tool_calls,
+            tool_call_id: m.get("tool_call_id").and_then(Value::as_str).map(str::to_string),
+            name: m.get("name").and_then(Value::as_str).map(str::to_string),
+            is_error: m.get("status").and_then(Value::as_str) == Some("error")
+                || m.get("is_error").and_then(Value::as_bool) == Some(true),
+        }
+    }
+}
+
+/// A tool call in OpenAI's shape, from that shape or LangChain's (`{id, name, args}`, the
+/// arguments an object).
+pub fn tool_call_openai(call: &Value) -> Value {
+    if call.get("function").is_some() {
+        return call.clone();
+    }
+    let args = match call.get("args").or_else(|| call.get("arguments")) {
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+        None => "{}".into(),
+    };
+    serde_json::json!({
+        "id": call.get("id").and_then(Value::as_str).unwrap_or_default(),
+        "type": "function",
+        "function": {
+            "name": call.get("name").and_then(Value::as_str).unwrap_or_default(),
+            "arguments": args,
+        }
+    })
 }
 
 /// One model call.

@@ -134,18 +134,40 @@ fn mentions(text: &str, words: &[&str]) -> bool {
     words.iter().any(|w| text.contains(w))
 }
 
+/// A message as Chat Completions takes it: an assistant's tool calls (its content null when it
+/// has none), a tool result with the id of the call it answers.
+fn message(m: &super::Message) -> Value {
+    let mut out = Map::new();
+    out.insert("role".into(), json!(m.role));
+    if m.role == "assistant" && !m.tool_calls.is_empty() {
+        out.insert(
+            "content".into(),
+            if m.content.is_empty() {
+                Value::Null
+            } else {
+                json!(m.content)
+            },
+        );
+        out.insert("tool_calls".into(), Value::Array(m.tool_calls.clone()));
+    } else {
+        out.insert("content".into(), json!(m.content));
+    }
+    if let Some(id) = &m.tool_call_id {
+        out.insert("tool_call_id".into(), json!(id));
+    }
+    if m.role == "tool"
+        && let Some(name) = &m.name
+    {
+        out.insert("name".into(), json!(name));
+    }
+    Value::Object(out)
+}
+
 /// The request body: the request's fields, then its `options` unchanged (they win).
 fn body(request: &ChatRequest) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(request.model));
-    body.insert(
-        "messages".into(),
-        request
-            .messages
-            .iter()
-            .map(|m| json!({"role": m.role, "content": m.content}))
-            .collect(),
-    );
+    body.insert("messages".into(), request.messages.iter().map(message).collect());
     body.insert("stream".into(), json!(request.stream));
     if request.stream {
         body.insert("stream_options".into(), json!({"include_usage": true}));
