@@ -329,9 +329,7 @@ pub(super) fn clauses(
                 }
                 let Some(f) = from else { continue };
                 let spec = handoff(b, &hp, h, scope);
-                let label = label
-                    .clone()
-                    .or_else(|| Some(format!("handoff to parent `{}`", h.to)));
+                let label = label.clone().or_else(|| Some(format!("handoff to parent `{}`", h.to)));
                 b.graph.add_edge(f, b.end, Flow::Goto { label });
                 ClauseTarget::Handoff(spec)
             }
@@ -379,10 +377,11 @@ pub(super) fn clauses(
                 }
             }
             _ => {
-                b.diags.push(
-                    b.src
-                        .diag(Code::BadEdge, &at, "a clause takes exactly one of `to`, `send` and `handoff`"),
-                );
+                b.diags.push(b.src.diag(
+                    Code::BadEdge,
+                    &at,
+                    "a clause takes exactly one of `to`, `send` and `handoff`",
+                ));
                 continue;
             }
         };

@@ -311,23 +311,27 @@ impl KindCx<'_, '_, '_> {
                 "END" => Some(self.b.end),
                 _ => self.b.index.get(to).copied(),
             };
-            match target {
-                Some(t) => {
-                    let label = Some(format!("handoff to `{to}`"));
-                    self.b.graph.add_edge(self.ix, t, Flow::Goto { label });
-                    if t != self.b.end {
-                        self.b.drafts[&self.ix].handoffs.push(t);
-                    }
+            // An unknown name stands for the node it was probably meant to be, so the analysis
+            // does not report that node again as unreachable (the error bars the plan anyway).
+            let meant = target.or_else(|| {
+                crate::diag::did_you_mean(to, self.b.index.keys().map(String::as_str))
+                    .and_then(|m| self.b.index.get(m).copied())
+            });
+            if let Some(t) = meant {
+                let label = Some(format!("handoff to `{to}`"));
+                self.b.graph.add_edge(self.ix, t, Flow::Goto { label });
+                if t != self.b.end {
+                    self.b.drafts[&self.ix].handoffs.push(t);
                 }
-                None => {
-                    let d = in_child(
-                        &site.to,
-                        format!("`{to}` is not a node of `{parent}`, which runs this workflow as a subgraph"),
-                    )
-                    .suggest(to, self.b.index.keys().map(String::as_str).chain(["END"]))
-                    .help_or(format!("a handoff names a node of the parent workflow `{parent}`"));
-                    self.b.diags.push(d);
-                }
+            }
+            if target.is_none() {
+                let d = in_child(
+                    &site.to,
+                    format!("`{to}` is not a node of `{parent}`, which runs this workflow as a subgraph"),
+                )
+                .suggest(to, self.b.index.keys().map(String::as_str).chain(["END"]))
+                .help_or(format!("a handoff names a node of the parent workflow `{parent}`"));
+                self.b.diags.push(d);
             }
             for key in &site.keys {
                 let name = &key.name;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::step::{StepResult, follow};
 use super::kind::Handoff;
+use super::step::{StepResult, follow};
 use super::task::{self, Next};
 use super::values::{self, ReduceError, Scope};
 use super::{DONE, Engine, EngineError, IDX_DONE, MAX_CHAIN, Meta, NewValues, Run};
