@@ -43,6 +43,8 @@ pub(super) enum DecodeError {
         "the workflow changed since task `{task}` finished: the node `{node}` it chose next is gone; pass --force to continue without it, or start a new thread"
     )]
     SuccessorGone { task: String, node: String },
+    #[error("the stored result of task `{task}` is not readable: {why}")]
+    Unreadable { task: String, why: String },
 }
 
 impl From<DecodeError> for EngineError {
@@ -400,9 +402,11 @@ pub(super) fn decode(w: &PendingWrite, plan: &Plan, force: bool) -> Result<task:
         } else if let Some(to) = n.get("to") {
             done.next.extend(to_ix(to)?.map(Next::Node));
         } else if let Some(h) = n.get("handoff") {
-            if let Ok(h) = serde_json::from_value::<Handoff>(h.clone()) {
-                done.next.push(Next::Handoff(h));
-            }
+            let h = serde_json::from_value::<Handoff>(h.clone()).map_err(|e| DecodeError::Unreadable {
+                task: w.task_id.clone(),
+                why: format!("its handoff: {e}"),
+            })?;
+            done.next.push(Next::Handoff(h));
         } else if let Some(to) = n.get("send") {
             let item = n.get("item").cloned().unwrap_or(Value::Null);
             done.next.extend(to_ix(to)?.map(|ix| Next::Send(ix, item)));
