@@ -189,3 +189,54 @@ edges:
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     assert_eq!(out.state["log"], json!(["handoff: first", "target"]));
 }
+
+/// A step that fails beside a subgraph that handed off keeps the subgraph task's result,
+/// handoff included: resuming goes to the handoff's target without running the child again.
+#[test]
+fn a_handed_off_task_kept_from_a_failed_step_is_not_run_again() {
+    let child = r#"
+name: child
+models: {default: {provider: mock, model: m}}
+state: {reply: {type: string, default: ""}}
+nodes:
+  think:
+    kind: llm
+    prompt: {text: "Think"}
+    update: {reply: output}
+    goto:
+      - when: "true"
+        handoff: {to: target, update: {log: "'handoff: ' ~ output"}}
+      - {to: END}
+edges: [START -> think]
+"#;
+    let parent = r#"
+name: parent
+models: {default: {provider: mock, model: m}}
+state:
+  log: {type: array, reducer: append, default: []}
+nodes:
+  sub: {kind: subgraph, workflow: child.yaml}
+  flaky: {kind: llm, prompt: {text: "Flaky"}, update: {log: "'flaky: ' ~ output"}}
+  after: {kind: set, update: {log: "'after'"}}
+  target: {kind: set, update: {log: "'target'"}}
+edges:
+  - START -> sub -> after -> END
+  - START -> flaky -> END
+  - target -> END
+"#;
+    let p = Project::new(&[("child.yaml", child), ("w.yaml", parent)]);
+    let store: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+    let mock = Arc::new(
+        MockProvider::from_value(&json!({"replies": {
+            "think": ["first", "second"],
+            "flaky": [{"error": "auth", "message": "no key"}, "ok"],
+        }}))
+        .unwrap(),
+    );
+    let plan = p.plan("w.yaml");
+    let out = go(&store, &mock, &plan, req(None, Some(json!({}))));
+    assert_eq!(out.status, Status::Failed);
+    let out = go(&store, &mock, &plan, req(Some(&out.thread_id), None));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["log"], json!(["handoff: first", "flaky: ok", "target"]));
+}
