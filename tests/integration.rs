@@ -17,6 +17,7 @@ mod cli_run;
 mod compile;
 mod crash;
 mod engine;
+mod handoff;
 mod invalid;
 mod kinds;
 mod loader_props;

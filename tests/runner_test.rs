@@ -58,7 +58,14 @@ fn the_shipped_workflows_pass_their_tests() {
     let (passed, rest) = last.split_once(" passed, ").expect("a summary line");
     assert!(passed.parse::<u32>().unwrap() >= 15, "{last}");
     assert_eq!(rest, "0 failed");
-    for file in ["mindmap", "rag", "research", "slides", "deep-research/report"] {
+    for file in [
+        "mindmap",
+        "rag",
+        "research",
+        "slides",
+        "deep-research/report",
+        "handoff",
+    ] {
         assert!(
             r.stdout.contains(&format!("workflows/{file}.test.yaml")),
             "{}",

@@ -164,6 +164,8 @@ fn alternatives(branches: &[Branch], goto: &[Clause], joins_from: &[NodeIx]) -> 
             .map(|c| match &c.then {
                 ClauseTarget::Nodes(ts) => nodes(ts),
                 ClauseTarget::Send(s) => vec![s.to],
+                // The subgraph ends: nothing of this workflow runs after it.
+                ClauseTarget::Handoff(_) => Vec::new(),
             })
             .collect();
         if !cs.iter().any(|c| c.when.is_none()) {
@@ -231,7 +233,11 @@ fn write_conflicts(b: &mut Build) {
     for (ix, d) in &b.drafts {
         alt_cache.insert(
             *ix,
-            alternatives(&d.branches, &d.goto, joins_from.get(ix).map_or(&[][..], |v| v)),
+            // A subgraph that hands off replaces the node's own routing with its target.
+            alternatives(&d.branches, &d.goto, joins_from.get(ix).map_or(&[][..], |v| v))
+                .into_iter()
+                .chain(d.handoffs.iter().map(|t| vec![*t]))
+                .collect(),
         );
     }
     let mut frontier_queue: VecDeque<Vec<NodeIx>> = alternatives(&b.entry, &[], &[])

@@ -316,8 +316,24 @@ pub(super) fn clauses(
             }
         };
         let label = clause.label.clone().or_else(|| clause.when.clone());
-        let then = match (&clause.to, &clause.send) {
-            (Some(to), None) => {
+        let then = match (&clause.to, &clause.send, &clause.handoff) {
+            (None, None, Some(h)) => {
+                let hp = push_pointer(&at, "handoff");
+                if !is_goto {
+                    b.diags.push(
+                        b.src
+                            .diag_key(Code::BadEdge, &hp, "only a node's `goto` can hand off to the parent")
+                            .help("move this clause into the `goto` of the node the route leaves"),
+                    );
+                    continue;
+                }
+                let Some(f) = from else { continue };
+                let spec = handoff(b, &hp, h, scope);
+                let label = label.clone().or_else(|| Some(format!("handoff to parent `{}`", h.to)));
+                b.graph.add_edge(f, b.end, Flow::Goto { label });
+                ClauseTarget::Handoff(spec)
+            }
+            (Some(to), None, None) => {
                 let mut targets = Vec::new();
                 for (j, name) in to.as_slice().iter().enumerate() {
                     let tp = if matches!(to, OneOrMany::Many(_)) {
@@ -342,7 +358,7 @@ pub(super) fn clauses(
                 }
                 ClauseTarget::Nodes(targets)
             }
-            (None, Some(send)) => {
+            (None, Some(send), None) => {
                 let Some(f) = from else { continue };
                 let base = Scope {
                     output: None,
@@ -361,10 +377,11 @@ pub(super) fn clauses(
                 }
             }
             _ => {
-                b.diags.push(
-                    b.src
-                        .diag(Code::BadEdge, &at, "a clause takes exactly one of `to` and `send`"),
-                );
+                b.diags.push(b.src.diag(
+                    Code::BadEdge,
+                    &at,
+                    "a clause takes exactly one of `to`, `send` and `handoff`",
+                ));
                 continue;
             }
         };
@@ -382,6 +399,43 @@ pub(super) fn clauses(
         );
     }
     out
+}
+
+/// Compiles a handoff's writes in the `goto` scope and records the parent node and keys it
+/// names: they are checked against each workflow that runs this one as a subgraph.
+fn handoff(b: &mut Build, pointer: &str, h: &crate::spec::Handoff, scope: Scope) -> HandoffSpec {
+    let to_pointer = push_pointer(pointer, "to");
+    let update_pointer = push_pointer(pointer, "update");
+    let mut update = Vec::new();
+    let mut keys = Vec::new();
+    for (key, value) in &h.update {
+        let at = push_pointer(&update_pointer, key);
+        let writer = match value {
+            Value::String(text) => match b.expr(&at, text, scope) {
+                Some(id) => Writer::Expr(id),
+                None => continue,
+            },
+            other => Writer::Literal(other.clone()),
+        };
+        keys.push(Named {
+            name: key.clone(),
+            span: b.src.doc.spans.key(&at),
+            pointer: at,
+        });
+        update.push((key.clone(), writer));
+    }
+    b.handoffs.push(HandoffSite {
+        to: Named {
+            name: h.to.clone(),
+            span: b.src.doc.spans.value(&to_pointer),
+            pointer: to_pointer,
+        },
+        keys,
+    });
+    HandoffSpec {
+        to: h.to.clone(),
+        update,
+    }
 }
 
 /// E304: a fan-out over a value declared as something other than an array.

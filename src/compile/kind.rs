@@ -20,10 +20,10 @@ use super::defs::missing_file;
 use super::exprs::Scope;
 pub use super::exprs::{Shape, declared_props};
 use super::nodes::{Build, check_env_name, check_interpolation};
-use super::plan::{Compiled, ExprId, NodeIx, Plan, TemplateId};
+use super::plan::{Compiled, ExprId, Flow, Named, NodeIx, Plan, TemplateId};
 use super::schemas::check;
 use super::source::Source;
-use crate::diag::Diagnostic;
+use crate::diag::{Code, Diagnostic};
 use crate::spec::load::push_pointer;
 use crate::spec::{TextSource, Workflow};
 
@@ -274,7 +274,8 @@ impl KindCx<'_, '_, '_> {
 
     /// The workflow file `path` (relative to this workflow's directory), named at field
     /// `field`, compiled as the node's child plan. `None` (reported) when it is missing or
-    /// has errors.
+    /// has errors. The child's handoffs are checked against this workflow: each node it hands
+    /// off to must be one of this workflow's, each key it writes one of its state keys.
     pub fn child(&mut self, field: &str, path: &str) -> Option<Arc<Plan>> {
         let at = self.at(&[field]);
         let file = super::relative_to(self.b.src.path(), path);
@@ -289,6 +290,63 @@ impl KindCx<'_, '_, '_> {
             .hashed_files
             .push((format!("subgraph:{path}"), child.hash.clone()));
         self.b.drafts[&self.ix].subgraph = Some(child.clone());
+        self.check_handoffs(&child, &at);
         Some(child)
+    }
+
+    /// E215 for each parent node or key a child's handoff names that this workflow lacks, at
+    /// the child's line; the node's handoff targets become graph edges and its writes this
+    /// workflow's writes, so the analysis (reachability, write conflicts) sees them.
+    fn check_handoffs(&mut self, child: &Plan, at: &str) {
+        let child_file: Arc<std::path::Path> = Arc::from(child.path.as_path());
+        let parent = self.b.src.path().display().to_string();
+        let in_child = |named: &Named, message: String| {
+            Diagnostic::new(Code::BadHandoff, message)
+                .at(&child_file, named.span)
+                .pointer(named.pointer.clone())
+        };
+        for site in &child.handoffs {
+            let to = &site.to.name;
+            let target = match to.as_str() {
+                "END" => Some(self.b.end),
+                _ => self.b.index.get(to).copied(),
+            };
+            // An unknown name stands for the node it was probably meant to be, so the analysis
+            // does not report that node again as unreachable (the error bars the plan anyway).
+            let meant = target.or_else(|| {
+                crate::diag::did_you_mean(to, self.b.index.keys().map(String::as_str))
+                    .and_then(|m| self.b.index.get(m).copied())
+            });
+            if let Some(t) = meant {
+                let label = Some(format!("handoff to `{to}`"));
+                self.b.graph.add_edge(self.ix, t, Flow::Goto { label });
+                if t != self.b.end {
+                    self.b.drafts[&self.ix].handoffs.push(t);
+                }
+            }
+            if target.is_none() {
+                let d = in_child(
+                    &site.to,
+                    format!("`{to}` is not a node of `{parent}`, which runs this workflow as a subgraph"),
+                )
+                .suggest(to, self.b.index.keys().map(String::as_str).chain(["END"]))
+                .help_or(format!("a handoff names a node of the parent workflow `{parent}`"));
+                self.b.diags.push(d);
+            }
+            for key in &site.keys {
+                let name = &key.name;
+                if self.b.wf.state.contains_key(name) || self.b.src.declares("state", name) {
+                    self.b.drafts[&self.ix].writes.push((name.clone(), at.to_string()));
+                } else {
+                    let d = in_child(
+                        key,
+                        format!("`{name}` is not a state key of `{parent}`, which runs this workflow as a subgraph"),
+                    )
+                    .suggest(name, self.b.wf.state.keys().map(String::as_str))
+                    .help_or(format!("a handoff writes the state of the parent workflow `{parent}`"));
+                    self.b.diags.push(d);
+                }
+            }
+        }
     }
 }

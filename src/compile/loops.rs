@@ -111,6 +111,7 @@ pub(super) fn constant_exits(b: &mut Build) {
                             let leaves = match &c.then {
                                 ClauseTarget::Nodes(ts) => ts.iter().any(outside),
                                 ClauseTarget::Send(s) => !members.contains(&s.to),
+                                ClauseTarget::Handoff(_) => true,
                             };
                             let cond = if c.when.is_some() { conditions.next() } else { None };
                             match (leaves, cond) {

@@ -39,6 +39,8 @@ pub(super) struct Draft {
     /// State keys the node may write, with the pointer of each write.
     pub writes: Vec<(String, String)>,
     pub subgraph: Option<Arc<Plan>>,
+    /// Parent nodes its subgraph may hand off to (instead of the node's own edges).
+    pub handoffs: Vec<NodeIx>,
 }
 
 pub(super) struct Build<'c, 'a> {
@@ -72,6 +74,8 @@ pub(super) struct Build<'c, 'a> {
     pub join_sites: Vec<String>,
     /// Route conditions: the node routed from, the pointer of its `when` and its text.
     pub conditions: Vec<(NodeIx, String, String)>,
+    /// Handoffs to a parent, by where they are written.
+    pub handoffs: Vec<HandoffSite>,
 }
 
 impl<'c, 'a> Build<'c, 'a> {
@@ -111,6 +115,7 @@ impl<'c, 'a> Build<'c, 'a> {
             broken_edges: false,
             join_sites: Vec::new(),
             conditions: Vec::new(),
+            handoffs: Vec::new(),
         }
     }
 
@@ -171,6 +176,7 @@ impl<'c, 'a> Build<'c, 'a> {
                     branches: Vec::new(),
                     writes: Vec::new(),
                     subgraph: None,
+                    handoffs: Vec::new(),
                 },
             );
         }
@@ -510,6 +516,7 @@ impl<'c, 'a> Build<'c, 'a> {
             predicates: std::mem::take(&mut self.predicates),
             models: self.wf.models.clone(),
             subgraphs,
+            handoffs: std::mem::take(&mut self.handoffs),
             exprs,
         })
     }

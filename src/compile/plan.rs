@@ -48,6 +48,9 @@ pub struct Plan {
     pub models: IndexMap<String, crate::spec::ModelProfile>,
     /// Child plans of subgraph nodes.
     pub subgraphs: IndexMap<NodeIx, Arc<Plan>>,
+    /// Where this workflow hands off to a parent, when it runs as a subgraph: checked against
+    /// each workflow that imports it.
+    pub handoffs: Vec<HandoffSite>,
     pub exprs: ExprTable,
 }
 
@@ -171,6 +174,31 @@ pub struct Clause {
 pub enum ClauseTarget {
     Nodes(Vec<Target>),
     Send(SendSpec),
+    /// End the subgraph and continue in its parent.
+    Handoff(HandoffSpec),
+}
+
+/// A handoff to the parent workflow, compiled. The target is a name: it is resolved in the
+/// parent, which is not known when the child is compiled (each parent checks it statically).
+#[derive(Debug, Clone)]
+pub struct HandoffSpec {
+    pub to: String,
+    pub update: Vec<(String, Writer)>,
+}
+
+/// Where a workflow names a parent node and parent keys, for the parent's checks.
+#[derive(Debug, Clone)]
+pub struct HandoffSite {
+    pub to: Named,
+    pub keys: Vec<Named>,
+}
+
+/// A name written in a workflow, with its place (for diagnostics in that file).
+#[derive(Debug, Clone)]
+pub struct Named {
+    pub name: String,
+    pub pointer: String,
+    pub span: Option<crate::diag::Span>,
 }
 
 /// A compiled fan-out.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::kind::Handoff;
 use super::step::{StepResult, follow};
 use super::task::{self, Next};
 use super::values::{self, ReduceError, Scope};
@@ -42,6 +43,8 @@ pub(super) enum DecodeError {
         "the workflow changed since task `{task}` finished: the node `{node}` it chose next is gone; pass --force to continue without it, or start a new thread"
     )]
     SuccessorGone { task: String, node: String },
+    #[error("the stored result of task `{task}` is not readable: {why}")]
+    Unreadable { task: String, why: String },
 }
 
 impl From<DecodeError> for EngineError {
@@ -225,7 +228,8 @@ impl Engine {
                 continue;
             };
             next.extend(d.next.iter().cloned());
-            if d.handled {
+            // A node that hands off to the parent ends this run: its edges are not followed.
+            if d.handled || d.next.iter().any(|n| matches!(n, Next::Handoff(_))) {
                 continue;
             }
             let run_var = values::run_value(&shared.thread_id, step, &t.node, shared.end_step - step - 1);
@@ -239,6 +243,35 @@ impl Engine {
             self.join(meta, ix, &t.node, &mut next);
         }
         ran.dedup();
+        let handoffs: Vec<Handoff> = next
+            .iter()
+            .filter_map(|n| match n {
+                Next::Handoff(h) => Some(h.clone()),
+                _ => None,
+            })
+            .collect();
+        if let Some(h) = handoffs.first()
+            && !shared.as_child
+        {
+            let node = done
+                .iter()
+                .find(|(_, d)| d.next.iter().any(|n| matches!(n, Next::Handoff(_))))
+                .map(|(t, _)| t.node.clone())
+                .unwrap_or_default();
+            return Err(ApplyError::Routing {
+                node,
+                message: format!(
+                    "it hands off to the parent's node `{}`, but this workflow runs on its own: a handoff needs a workflow that runs it as a subgraph",
+                    h.to
+                ),
+            });
+        }
+        // A handoff ends the run after this step: what else the step scheduled never runs.
+        // The checkpoint records the handoffs, so the parent reads them again after a crash.
+        if !handoffs.is_empty() {
+            next.clear();
+        }
+        meta.handoffs = handoffs;
         Ok((next, ran))
     }
 
@@ -300,6 +333,7 @@ pub(super) fn encode(task_id: &str, done: &task::Done, plan: &Plan) -> Vec<Pendi
             Next::Node(ix) => json!({"to": plan.name_of(*ix)}),
             Next::End => json!({"end": true}),
             Next::Send(ix, item) => json!({"send": plan.name_of(*ix), "item": item}),
+            Next::Handoff(h) => json!({"handoff": h}),
         })
         .collect();
     let writes: Vec<Value> = done.writes.iter().map(|(k, v)| json!([k, v])).collect();
@@ -368,6 +402,12 @@ pub(super) fn decode(w: &PendingWrite, plan: &Plan, force: bool) -> Result<task:
             done.next.push(Next::End);
         } else if let Some(to) = n.get("to") {
             done.next.extend(to_ix(to)?.map(Next::Node));
+        } else if let Some(h) = n.get("handoff") {
+            let h = serde_json::from_value::<Handoff>(h.clone()).map_err(|e| DecodeError::Unreadable {
+                task: w.task_id.clone(),
+                why: format!("its handoff: {e}"),
+            })?;
+            done.next.push(Next::Handoff(h));
         } else if let Some(to) = n.get("send") {
             let item = n.get("item").cloned().unwrap_or(Value::Null);
             done.next.extend(to_ix(to)?.map(|ix| Next::Send(ix, item)));

@@ -198,18 +198,36 @@ impl Validators {
 }
 
 /// What a node produced.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeOutput {
     pub output: Value,
     pub usage: Usage,
 }
 
-/// Why a node did not produce an output.
+/// Why a node did not end with its output alone.
 #[derive(Debug, Clone, PartialEq)]
 pub enum NodeFailure {
     Error(NodeError),
     /// The node stops the run until an answer comes (the payload is shown to the person).
     Interrupt(Value),
+    /// The node's subgraph handed off: the node continues at the handoffs' targets instead of
+    /// its own `goto` and edges (like an interrupt, this bubbles up from the child).
+    Handoff(Box<HandedOff>),
+}
+
+/// A subgraph's handoff to its parent: the parent's node to run next (or `END`) and the
+/// writes to the parent's state, which go through the parent's reducers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Handoff {
+    pub to: String,
+    pub writes: Vec<(String, Value)>,
+}
+
+/// What a subgraph node produced when its child handed off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandedOff {
+    pub output: NodeOutput,
+    pub handoffs: Vec<Handoff>,
 }
 
 /// A typed node error: the class decides whether a retry policy retries it.
@@ -288,6 +306,15 @@ fn scrubbed(result: Result<NodeOutput, NodeFailure>) -> Result<NodeOutput, NodeF
             Err(NodeFailure::Error(e))
         }
         Err(NodeFailure::Interrupt(payload)) => Err(NodeFailure::Interrupt(secrets::scrub_value(payload))),
+        Err(NodeFailure::Handoff(mut h)) => {
+            h.output.output = secrets::scrub_value(std::mem::take(&mut h.output.output));
+            for handoff in &mut h.handoffs {
+                for (_, v) in &mut handoff.writes {
+                    *v = secrets::scrub_value(std::mem::take(v));
+                }
+            }
+            Err(NodeFailure::Handoff(h))
+        }
     }
 }
 

@@ -122,6 +122,8 @@ pub struct RunOutcome {
     pub error: Option<String>,
     pub steps: i64,
     pub usage: Usage,
+    /// A subgraph's child that ended by handing off to its parent: where to, and the writes.
+    pub handoffs: Vec<kind::Handoff>,
 }
 
 /// Why a run could not start or go on.
@@ -177,6 +179,8 @@ pub struct Shared {
     pub force: bool,
     /// The first superstep the recursion limit no longer allows in this run.
     pub end_step: i64,
+    /// The run is a subgraph's child, which may hand off to its parent.
+    pub as_child: bool,
 }
 
 /// Runs plans on threads.
@@ -221,6 +225,9 @@ struct Meta {
     /// Deferred nodes triggered while other work was scheduled: they run when nothing else is.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     deferred: BTreeSet<String>,
+    /// The handoffs to the parent the last step chose (a subgraph's child): the run ended there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    handoffs: Vec<kind::Handoff>,
 }
 
 /// The most extensions stored in a row for one key before a full value.
@@ -259,6 +266,9 @@ pub struct RunOptions {
     pub persist: Persist,
     /// Continue a thread even though its workflow changed incompatibly.
     pub force: bool,
+    /// The run is a subgraph's child: a handoff ends it and goes to the parent (a workflow run
+    /// on its own that hands off fails).
+    pub as_child: bool,
 }
 
 /// A run in progress: its thread, where it stands, and what it holds back for the store.
@@ -407,6 +417,7 @@ impl Engine {
             recursion_limit: req.recursion_limit,
             persist: req.persist,
             force: req.force,
+            as_child: false,
         });
         engine.enter(Entry::from(req)).await
     }
@@ -571,7 +582,13 @@ impl Engine {
             duration_ms: started.elapsed().as_secs_f64() * 1000.0,
             usage: meta.usage,
         });
+        let handoffs = if end.status == Status::Done {
+            meta.handoffs
+        } else {
+            Vec::new()
+        };
         Ok(RunOutcome {
+            handoffs,
             thread_id: thread.thread_id,
             status: end.status,
             output: self.output(&state),

@@ -313,7 +313,7 @@ impl Engine {
         let mut sends: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
         for n in next {
             match n {
-                Next::End => {}
+                Next::End | Next::Handoff(_) => {}
                 Next::Node(ix) => {
                     plain.insert(self.plan.nodes.get_index_of(&ix).unwrap_or(usize::MAX));
                 }

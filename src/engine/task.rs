@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::Shared;
 use super::events::Event;
-use super::kind::{self, NodeCtx, NodeError, NodeFailure, NodeOutput};
+use super::kind::{self, HandedOff, Handoff, NodeCtx, NodeError, NodeFailure, NodeOutput};
 use super::values::{self, Scope, to_jinja};
 use crate::compile::{Clause, ClauseTarget, NodeIx, Target, Writer};
 use crate::error_class::ErrorClass;
@@ -24,6 +24,8 @@ pub enum Next {
     Node(NodeIx),
     End,
     Send(NodeIx, Value),
+    /// End this workflow's run and continue in the parent's (a subgraph's handoff).
+    Handoff(Handoff),
 }
 
 /// The answer a task resumes with.
@@ -42,7 +44,8 @@ pub struct Done {
     pub writes: Vec<(String, Value)>,
     /// Successors chosen by `goto` (or the `on_error` handler).
     pub next: Vec<Next>,
-    /// The node failed and its `on_error` handler takes over: its edges are not followed.
+    /// Its edges are not followed: the node failed and its `on_error` handler took over, or
+    /// its subgraph handed off and `next` holds the handoff's targets.
     pub handled: bool,
     pub usage: Usage,
 }
@@ -117,6 +120,12 @@ pub async fn run(
                 after(&shared, node, &scope, out.output, usage)
             }
             Err(NodeFailure::Interrupt(payload)) => break Outcome::Interrupt(payload),
+            Err(NodeFailure::Handoff(h)) => {
+                let HandedOff { output, handoffs } = *h;
+                let mut usage = spent_before;
+                usage.add(&output.usage);
+                after(&shared, node, &scope, output.output, usage).and_then(|done| handed_off(&shared, done, handoffs))
+            }
             Err(NodeFailure::Error(mut e)) => {
                 e.usage.add(&spent_before);
                 Err(e)
@@ -247,6 +256,26 @@ fn after(
     })
 }
 
+/// A subgraph node whose child handed off: the handoffs' writes are the node's writes (after
+/// its own `update`), their targets its successors, instead of its `goto` and edges.
+fn handed_off(shared: &Shared, mut done: Done, handoffs: Vec<Handoff>) -> Result<Done, NodeError> {
+    let mut next = Vec::new();
+    for h in handoffs {
+        next.push(match h.to.as_str() {
+            "END" => Next::End,
+            name => shared.plan.node_by_name(name).map(Next::Node).ok_or_else(|| {
+                // The compiler checks every target against this workflow; a child edited since
+                // would be refused as an incompatible plan.
+                NodeError::invalid(format!("the subgraph handed off to `{name}`, which is not a node here"))
+            })?,
+        });
+        done.writes.extend(h.writes);
+    }
+    done.next = next;
+    done.handled = true;
+    Ok(done)
+}
+
 fn writes(
     shared: &Shared,
     update: &[(String, Writer)],
@@ -290,6 +319,10 @@ pub(super) fn choose(shared: &Shared, clauses: &[Clause], scope: &minijinja::Val
                 };
                 Ok(items.into_iter().map(|i| Next::Send(s.to, i)).collect())
             }
+            ClauseTarget::Handoff(h) => Ok(vec![Next::Handoff(Handoff {
+                to: h.to.clone(),
+                writes: writes(shared, &h.update, scope)?,
+            })]),
         };
     }
     Ok(Vec::new())

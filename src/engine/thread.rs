@@ -119,6 +119,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             fence: fence.clone(),
             force: self.options.force,
+            as_child: self.options.as_child,
             end_step: first_step + limit,
             validators: self.node_validators.clone(),
             plan: self.plan.clone(),
@@ -334,6 +335,7 @@ impl Engine {
                 generation: 0,
             },
             force: false,
+            as_child: false,
             end_step: step + 1 + limit,
         };
         let mut next = Vec::new();

@@ -3,6 +3,9 @@
 //! The child's input comes from the node's `input` map; its output (declared output keys, or
 //! its final state) is the node's `output`. An interrupt inside the child interrupts the parent;
 //! the answer given to the parent is passed down. The child runs under the parent's lease.
+//! A child that hands off (a `goto` clause with `handoff:`) ends there; this node then goes to
+//! the parent node the handoff names instead of its own `goto` and edges, and the handoff's
+//! writes are this node's writes, through the parent's reducers.
 //! Its thread and first checkpoint are written together, so a parent killed as the child
 //! starts finds either no child (and starts it) or a child it can continue.
 
@@ -14,7 +17,7 @@ use serde_json::{Value, json};
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
 use crate::compile::kind::{Data, KindConfig, KindCx, KindDecl, Shape, declared_props};
 use crate::diag::Code;
-use crate::engine::kind::{Attempt, NodeKind};
+use crate::engine::kind::{Attempt, HandedOff, NodeKind};
 use crate::engine::{Answer, CHILD_GATES, CHILD_NODE, CHILD_THREAD, Engine, LeasePolicy, RunOptions, Start, Status};
 
 /// Runs another workflow file with its own state.
@@ -138,6 +141,7 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     )
     .with_options(RunOptions {
         lease: LeasePolicy::Under(ctx.fence.clone()),
+        as_child: true,
         ..RunOptions::default()
     });
     // The child is started the first time, and continued (with the parent's answer, when it
@@ -158,6 +162,15 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         .await
         .map_err(|e| NodeError::invalid(format!("subgraph: {e}")))?;
     match outcome.status {
+        // The child handed off: this node continues where it says, with its writes. The child's
+        // checkpoint records the handoff, so a parent that crashed reads it again from there.
+        Status::Done if !outcome.handoffs.is_empty() => Err(NodeFailure::Handoff(Box::new(HandedOff {
+            output: NodeOutput {
+                output: outcome.output,
+                usage: outcome.usage,
+            },
+            handoffs: outcome.handoffs,
+        }))),
         Status::Done => Ok(NodeOutput {
             output: outcome.output,
             usage: outcome.usage,

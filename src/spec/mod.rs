@@ -292,9 +292,28 @@ pub struct RouteClause {
     /// Fan out instead of naming targets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send: Option<Send>,
+    /// In a subgraph's `goto` only: end the subgraph here and continue at a node of the
+    /// workflow that runs it, writing that workflow's state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<Handoff>,
     /// A label for pictures of the graph (defaults to the condition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+}
+
+/// A handoff to the parent (LangGraph's `Command(graph=Command.PARENT, goto=..., update=...)`):
+/// the subgraph's run ends, and the subgraph node of the workflow that runs it continues at `to`
+/// instead of its own edges, with `update` written to that workflow's state as the subgraph
+/// node's writes.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Handoff {
+    /// The node of the parent workflow to run next.
+    pub to: String,
+    /// Writes to the parent's state: `key: expression` (with `output` in scope), through the
+    /// parent's reducers.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub update: IndexMap<String, Value>,
 }
 
 /// Fan-out (LangGraph's `Send`): one task of `to` per item of `foreach`, each seeing its item
