@@ -344,7 +344,7 @@ fn stages(shipped: &[PathBuf], big: &Path, huge: &Path, report: &mut String) {
 /// Fails the benchmark (exit 1) unless the generated workflow compiles with no problems.
 fn assert_valid(path: &Path, nodes: usize) {
     let (plan, result) = compile_file(path, &runner::nodes::builtin().decls());
-    if result.diagnostics.is_empty() && plan.as_ref().is_some_and(|p| p.nodes.len() == nodes) {
+    if result.diagnostics.is_empty() && plan.as_ref().is_some_and(|p| p.nodes().len() == nodes) {
         return;
     }
     eprint!("{}", diag::render(&result.diagnostics, &result.files, Format::Human));
@@ -353,7 +353,7 @@ fn assert_valid(path: &Path, nodes: usize) {
         path.display(),
         result.errors(),
         result.warnings(),
-        plan.map(|p| p.nodes.len())
+        plan.map(|p| p.nodes().len())
     );
     std::process::exit(1);
 }

@@ -316,7 +316,7 @@ fn the_plan_hash_follows_meaning_not_formatting() {
         write_project(dir.path(), w, p);
         let (plan, result) = compile_file(&dir.path().join("main.yaml"), &runner::nodes::builtin().decls());
         assert!(result.diagnostics.is_empty(), "{:?}", result.diagnostics);
-        plan.unwrap().hash.clone()
+        plan.unwrap().hash().to_string()
     };
     let h0 = hash(&base, "Hello");
     let reformatted = format!("# a comment\n{}", base.replace("nodes: {a:", "nodes:   {a:"));
@@ -340,18 +340,16 @@ fn the_plan_holds_indices_and_compiled_expressions() {
     let plan = plan.unwrap();
     let a = plan.node_by_name("a").unwrap();
     assert_eq!(plan.name_of(a), "a");
-    let runner::compile::Writer::Expr(id) = plan.nodes[&a].update[0].1 else {
+    let runner::compile::Writer::Expr(id) = plan.nodes()[&a].update[0].1 else {
         panic!("an expression")
     };
     let v = plan
-        .exprs
+        .exprs()
         .expr(id)
         .eval(minijinja::context! { state => minijinja::context! { n => 41 } })
         .unwrap();
     assert_eq!(v.as_i64(), Some(42));
-    assert!(
-        matches!(plan.entry.as_slice(), [runner::compile::Branch::Always(t)] if t == &[runner::compile::Target::Node(a)])
-    );
+    assert!(matches!(plan.entry(), [runner::compile::Branch::Always(t)] if t == &[runner::compile::Target::Node(a)]));
 }
 
 /// `width` nodes fanned out from START, each writing `key` (declared with `reducer`, a suffix

@@ -32,7 +32,7 @@ impl Run {
     }
 
     fn go(&mut self, plan: &Arc<Plan>, req: RunRequest) -> RunOutcome {
-        let providers = Providers::for_models(&plan.models, Some(self.mock.clone()), true).unwrap();
+        let providers = Providers::for_models(plan.models(), Some(self.mock.clone()), true).unwrap();
         let (events, mut rx) = Events::channel();
         let engine = Engine::new(plan.clone(), self.store.clone(), providers, events);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -158,7 +158,7 @@ fn a_write_conflict_fails_the_step_and_leaves_the_thread_resumable() {
     // The compiler refuses two writers of a replace key in one step; a plan that slips past it
     // (here: edited after compilation) is still caught at run time.
     let mut plan = Arc::try_unwrap(p.plan("w.yaml")).unwrap();
-    plan.state.get_mut("x").unwrap().reducer = runner::compile::Reducer::Replace;
+    plan.tamper_with_state().get_mut("x").unwrap().reducer = runner::compile::Reducer::Replace;
     let broken = Arc::new(plan);
     let mut r = Run::new(json!({}));
     let out = r.go(&broken, req(json!({})));
@@ -532,7 +532,7 @@ fn an_interrupt_stops_durably_and_resumes_with_a_validated_answer() {
     assert_eq!(pending["payload"]["payload"], json!({"plan": "draft"}));
     let thread = out.thread_id.clone();
     // A bad answer is refused and the gate stays open.
-    let providers = Providers::for_models(&plan.models, Some(r.mock.clone()), true).unwrap();
+    let providers = Providers::for_models(plan.models(), Some(r.mock.clone()), true).unwrap();
     let engine = Engine::new(plan.clone(), r.store.clone(), providers, Events::none());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let err = rt
@@ -1073,7 +1073,7 @@ fn a_new_turn_has_a_fresh_budget() {
 
 /// The engine with `r`'s store and mock, for runs whose error is the point.
 fn try_run(r: &Run, plan: &Arc<Plan>, req: RunRequest) -> Result<RunOutcome, runner::engine::EngineError> {
-    let providers = Providers::for_models(&plan.models, Some(r.mock.clone()), true).unwrap();
+    let providers = Providers::for_models(plan.models(), Some(r.mock.clone()), true).unwrap();
     let engine = Engine::new(plan.clone(), r.store.clone(), providers, Events::none());
     tokio::runtime::Runtime::new().unwrap().block_on(engine.run(req))
 }
@@ -1224,7 +1224,7 @@ edges: [START -> a, a -> END]
         .create_thread(&runner::checkpoint::Thread {
             thread_id: "orphan".into(),
             workflow: "w.yaml".into(),
-            plan_hash: plan.hash.clone(),
+            plan_hash: plan.hash().to_string(),
             input: json!({"n": 21}),
             context: json!({}),
             config: json!({}),
@@ -1273,7 +1273,7 @@ edges: [START -> sub, sub -> END]
         .create_thread(&runner::checkpoint::Thread {
             thread_id: format!("{}/0/sub", out.thread_id),
             workflow: "child.yaml".into(),
-            plan_hash: child_plan.hash.clone(),
+            plan_hash: child_plan.hash().to_string(),
             input: json!({"topic": "rust"}),
             context: json!({}),
             config: json!({}),
@@ -1760,7 +1760,7 @@ fn a_gate_asks_its_questions_one_at_a_time() {
     let err = try_run(&r, &plan, resume(&thread, Some(json!("everyone")))).unwrap_err();
     assert!(err.to_string().contains("integer"), "{err}");
     // A fresh engine on the same store finishes the gate with both answers.
-    let providers = Providers::for_models(&plan.models, Some(r.mock.clone()), true).unwrap();
+    let providers = Providers::for_models(plan.models(), Some(r.mock.clone()), true).unwrap();
     let engine = Engine::new(plan.clone(), r.store.clone(), providers, Events::none());
     let out = tokio::runtime::Runtime::new()
         .unwrap()

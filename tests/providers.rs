@@ -556,7 +556,7 @@ impl Project {
             "FAKE_BASE" => Some(base.clone()),
             _ => env(name),
         };
-        let providers = Providers::for_models_in(&plan.models, None, false, &lookup).unwrap();
+        let providers = Providers::for_models_in(plan.models(), None, false, &lookup).unwrap();
         let (events, mut rx) = Events::channel();
         let engine = Engine::new(plan, Arc::new(MemoryCheckpointer::new()), providers, events);
         let rt = tokio::runtime::Builder::new_multi_thread()

@@ -60,10 +60,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                     file.display()
                 );
             };
-            if !plan.models.contains_key(profile) {
+            if !plan.models().contains_key(profile) {
                 bail!("{} declares no model profile `{profile}`", file.display());
             }
-            let providers = Providers::for_models(&plan.models, None, false)?;
+            let providers = Providers::for_models(plan.models(), None, false)?;
             match providers.embedder(profile) {
                 Some(e) => e,
                 None => {

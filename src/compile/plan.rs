@@ -18,40 +18,142 @@ pub type NodeIx = NodeIndex<u32>;
 
 /// An executable workflow.
 pub struct Plan {
-    pub name: String,
-    pub description: Option<String>,
-    pub path: PathBuf,
+    pub(in crate::compile) name: String,
+    pub(in crate::compile) description: Option<String>,
+    pub(in crate::compile) path: PathBuf,
     /// Identifies this version of the workflow: the resolved spec, prompts, schema files and
     /// subgraphs, hashed (SHA-256, hex). Comments and formatting do not change it.
-    pub hash: String,
+    pub(in crate::compile) hash: String,
     /// The graph: START, END and every node; edge weights say how control flows.
-    pub graph: StableDiGraph<Vertex, Flow>,
-    pub start: NodeIx,
-    pub end: NodeIx,
+    pub(in crate::compile) graph: StableDiGraph<Vertex, Flow>,
+    pub(in crate::compile) start: NodeIx,
+    pub(in crate::compile) end: NodeIx,
     /// Per node (by graph index): its resolved spec, compiled fields and outgoing branches.
-    pub nodes: IndexMap<NodeIx, PlanNode>,
+    pub(in crate::compile) nodes: IndexMap<NodeIx, PlanNode>,
     /// Node names to indices, for the engine's stored task records and the CLI.
-    pub by_name: std::collections::HashMap<String, NodeIx>,
+    pub(in crate::compile) by_name: std::collections::HashMap<String, NodeIx>,
     /// What runs first.
-    pub entry: Vec<Branch>,
+    pub(in crate::compile) entry: Vec<Branch>,
     /// Joins: the target runs once every source has run since it last ran.
-    pub joins: Vec<(Vec<NodeIx>, Target)>,
-    pub state: IndexMap<String, Channel>,
-    pub input_schema: Option<Value>,
-    pub context_schema: Option<Value>,
-    pub config: Value,
-    pub output: Option<Vec<String>>,
-    pub recursion_limit: u32,
+    pub(in crate::compile) joins: Vec<(Vec<NodeIx>, Target)>,
+    pub(in crate::compile) state: IndexMap<String, Channel>,
+    pub(in crate::compile) input_schema: Option<Value>,
+    pub(in crate::compile) context_schema: Option<Value>,
+    pub(in crate::compile) config: Value,
+    pub(in crate::compile) output: Option<Vec<String>>,
+    pub(in crate::compile) recursion_limit: u32,
     /// What one turn of a thread may spend on models.
-    pub budget: crate::spec::Budget,
-    pub predicates: IndexMap<String, ExprId>,
-    pub models: IndexMap<String, crate::spec::ModelProfile>,
+    pub(in crate::compile) budget: crate::spec::Budget,
+    pub(in crate::compile) predicates: IndexMap<String, ExprId>,
+    pub(in crate::compile) models: IndexMap<String, crate::spec::ModelProfile>,
     /// Child plans of subgraph nodes.
-    pub subgraphs: IndexMap<NodeIx, Arc<Plan>>,
+    pub(in crate::compile) subgraphs: IndexMap<NodeIx, Arc<Plan>>,
     /// Where this workflow hands off to a parent, when it runs as a subgraph: checked against
     /// each workflow that imports it.
-    pub handoffs: Vec<HandoffSite>,
-    pub exprs: ExprTable,
+    pub(in crate::compile) handoffs: Vec<HandoffSite>,
+    pub(in crate::compile) exprs: ExprTable,
+}
+
+/// Reads of a plan. Its fields are the compiler's: only compile/ builds or changes a `Plan`.
+impl Plan {
+    /// The state channels, to change: only for tests of the engine's own run-time checks,
+    /// which need a plan the compiler would have refused.
+    #[doc(hidden)]
+    pub fn tamper_with_state(&mut self) -> &mut IndexMap<String, Channel> {
+        &mut self.state
+    }
+
+    pub fn exprs(&self) -> &ExprTable {
+        &self.exprs
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn description(&self) -> Option<&String> {
+        self.description.as_ref()
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    pub fn graph(&self) -> &StableDiGraph<Vertex, Flow> {
+        &self.graph
+    }
+
+    pub fn start(&self) -> NodeIx {
+        self.start
+    }
+
+    pub fn end(&self) -> NodeIx {
+        self.end
+    }
+
+    pub fn nodes(&self) -> &IndexMap<NodeIx, PlanNode> {
+        &self.nodes
+    }
+
+    pub fn by_name(&self) -> &std::collections::HashMap<String, NodeIx> {
+        &self.by_name
+    }
+
+    pub fn entry(&self) -> &[Branch] {
+        &self.entry
+    }
+
+    pub fn joins(&self) -> &[(Vec<NodeIx>, Target)] {
+        &self.joins
+    }
+
+    pub fn state(&self) -> &IndexMap<String, Channel> {
+        &self.state
+    }
+
+    pub fn input_schema(&self) -> Option<&Value> {
+        self.input_schema.as_ref()
+    }
+
+    pub fn context_schema(&self) -> Option<&Value> {
+        self.context_schema.as_ref()
+    }
+
+    pub fn config(&self) -> &Value {
+        &self.config
+    }
+
+    pub fn output(&self) -> Option<&[String]> {
+        self.output.as_deref()
+    }
+
+    pub fn recursion_limit(&self) -> u32 {
+        self.recursion_limit
+    }
+
+    pub fn budget(&self) -> &crate::spec::Budget {
+        &self.budget
+    }
+
+    pub fn predicates(&self) -> &IndexMap<String, ExprId> {
+        &self.predicates
+    }
+
+    pub fn models(&self) -> &IndexMap<String, crate::spec::ModelProfile> {
+        &self.models
+    }
+
+    pub fn subgraphs(&self) -> &IndexMap<NodeIx, Arc<Plan>> {
+        &self.subgraphs
+    }
+
+    pub fn handoffs(&self) -> &[HandoffSite] {
+        &self.handoffs
+    }
 }
 
 impl std::fmt::Debug for Plan {

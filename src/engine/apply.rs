@@ -112,7 +112,7 @@ impl Engine {
             changed: folded.changed,
             next,
             meta: serde_json::to_value(&run.meta).unwrap_or_default(),
-            plan_hash: self.plan.hash.clone(),
+            plan_hash: self.plan.hash().to_string(),
             created_at: crate::clock::now(),
         };
         Ok((cp, folded.stored))
@@ -125,7 +125,7 @@ impl Engine {
             let pos = self
                 .plan
                 .node_by_name(&t.node)
-                .and_then(|ix| self.plan.nodes.get_index_of(&ix))
+                .and_then(|ix| self.plan.nodes().get_index_of(&ix))
                 .unwrap_or(usize::MAX);
             let n: usize = t
                 .task_id
@@ -154,7 +154,7 @@ impl Engine {
             values: Vec::with_capacity(updates.len()),
         };
         for (key, writes) in updates {
-            let Some(channel) = self.plan.state.get(*key) else {
+            let Some(channel) = self.plan.state().get(*key) else {
                 return Err(ApplyError::NotAStateKey {
                     node: writes[0].0.to_string(),
                     key: key.to_string(),
@@ -234,7 +234,7 @@ impl Engine {
             }
             let run_var = values::run_value(&shared.thread_id, step, &t.node, shared.end_step - step - 1);
             let scope = Arc::new(after_step.with([("run".to_string(), run_var)])).value();
-            for b in &self.plan.nodes[&ix].branches {
+            for b in &self.plan.nodes()[&ix].branches {
                 follow(&shared, b, &scope, &mut next).map_err(|e| ApplyError::Routing {
                     node: t.node.clone(),
                     message: e.message,
@@ -278,7 +278,7 @@ impl Engine {
     /// Records that `node` ran toward each join it is a source of; a join whose sources have
     /// all run since its target last ran fires.
     fn join(&self, meta: &mut Meta, ix: NodeIx, node: &str, next: &mut Vec<Next>) {
-        for (j, (sources, target)) in self.plan.joins.iter().enumerate() {
+        for (j, (sources, target)) in self.plan.joins().iter().enumerate() {
             if sources.contains(&ix) {
                 let barrier = meta.barriers.entry(j).or_default();
                 barrier.insert(node.to_string());
@@ -394,7 +394,7 @@ pub(super) fn decode(w: &PendingWrite, plan: &Plan, force: bool) -> Result<task:
             _ => Ok(v
                 .as_u64()
                 .map(|i| petgraph::stable_graph::NodeIndex::new(i as usize))
-                .filter(|ix| plan.nodes.contains_key(ix))),
+                .filter(|ix| plan.nodes().contains_key(ix))),
         }
     };
     for n in w.value.get("next").and_then(Value::as_array).into_iter().flatten() {

@@ -12,12 +12,12 @@ impl Engine {
     /// Why node `name` may not call a model in this step: a budget of the turn, or of the node,
     /// is spent. Only llm nodes are held back; the others run on.
     pub(super) fn spent(&self, name: &str, meta: &Meta) -> Option<NodeError> {
-        let node = &self.plan.nodes[&self.plan.node_by_name(name)?];
+        let node = &self.plan.nodes()[&self.plan.node_by_name(name)?];
         if !self.services.kinds.of(node).is_ok_and(|k| k.held_by_budget()) {
             return None;
         }
         let spec = &node.spec;
-        let why = spent_by(&self.plan.budget, &meta.turn, "limits").or_else(|| {
+        let why = spent_by(self.plan.budget(), &meta.turn, "limits").or_else(|| {
             let budget = spec.common().budget.as_ref()?;
             let used = meta.node_usage.get(name).copied().unwrap_or_default();
             spent_by(budget, &used, &format!("the budget of `{name}`"))

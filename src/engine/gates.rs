@@ -159,7 +159,7 @@ impl Engine {
             return Ok(());
         };
         // A node with a child plan is answered inside the child, at the gate it waits at.
-        if let Some(child) = self.plan.subgraphs.get(&ix).cloned() {
+        if let Some(child) = self.plan.subgraphs().get(&ix).cloned() {
             let child_thread = waiting
                 .value
                 .get(CHILD_THREAD)
@@ -192,7 +192,7 @@ impl Engine {
             }
             return Ok(());
         }
-        let node = &self.plan.nodes[&ix];
+        let node = &self.plan.nodes()[&ix];
         let answered = super::step::earlier_answers(pending, &waiting.task_id).len();
         if let Some(schema) = self
             .services

@@ -182,7 +182,7 @@ pub(super) struct Validators {
 impl Validators {
     pub(super) fn for_plan(plan: &Plan) -> Validators {
         Validators {
-            by_node: plan.nodes.keys().map(|ix| (*ix, OnceLock::new())).collect(),
+            by_node: plan.nodes().keys().map(|ix| (*ix, OnceLock::new())).collect(),
         }
     }
 
@@ -370,7 +370,7 @@ enum RenderError {
 
 fn render_in(plan: &Plan, id: &TemplateId, scope: &JValue) -> Result<String, RenderError> {
     let t = plan
-        .exprs
+        .exprs()
         .env()
         .get_template(&id.0)
         .map_err(|e| RenderError::Missing(values::describe(&e)))?;

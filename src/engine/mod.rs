@@ -328,7 +328,7 @@ impl Engine {
         let services = services.into();
         // Built when first used: a run compiles the schemas of what it writes and runs only.
         let validators =
-            crate::compile::Validators::new(plan.state.iter().map(|(key, c)| (key.clone(), c.schema.clone())));
+            crate::compile::Validators::new(plan.state().iter().map(|(key, c)| (key.clone(), c.schema.clone())));
         Engine {
             node_validators: Arc::new(Validators::for_plan(&plan)),
             plan,
@@ -602,11 +602,11 @@ impl Engine {
     }
 
     fn node_spec(&self, name: &str) -> Option<&NodeSpec> {
-        self.plan.node_by_name(name).map(|ix| &self.plan.nodes[&ix].spec)
+        self.plan.node_by_name(name).map(|ix| &self.plan.nodes()[&ix].spec)
     }
 
     fn output(&self, state: &Map<String, Value>) -> Value {
-        match &self.plan.output {
+        match &self.plan.output() {
             Some(keys) => Value::Object(
                 keys.iter()
                     .map(|k| (k.clone(), state.get(k).cloned().unwrap_or(Value::Null)))

@@ -315,10 +315,10 @@ impl Engine {
             match n {
                 Next::End | Next::Handoff(_) => {}
                 Next::Node(ix) => {
-                    plain.insert(self.plan.nodes.get_index_of(&ix).unwrap_or(usize::MAX));
+                    plain.insert(self.plan.nodes().get_index_of(&ix).unwrap_or(usize::MAX));
                 }
                 Next::Send(ix, item) => sends
-                    .entry(self.plan.nodes.get_index_of(&ix).unwrap_or(usize::MAX))
+                    .entry(self.plan.nodes().get_index_of(&ix).unwrap_or(usize::MAX))
                     .or_default()
                     .push(item),
             }
@@ -326,7 +326,7 @@ impl Engine {
         let mut tasks = Vec::new();
         let positions: BTreeSet<usize> = plain.iter().chain(sends.keys()).copied().collect();
         for pos in positions {
-            let Some((_, node)) = self.plan.nodes.get_index(pos) else {
+            let Some((_, node)) = self.plan.nodes().get_index(pos) else {
                 continue;
             };
             if plain.contains(&pos) {
@@ -356,7 +356,7 @@ impl Engine {
                 && self
                     .plan
                     .node_by_name(&t.node)
-                    .is_some_and(|ix| self.plan.nodes[&ix].spec.common().defer)
+                    .is_some_and(|ix| self.plan.nodes()[&ix].spec.common().defer)
         };
         let (held, now): (Vec<TaskSpec>, Vec<TaskSpec>) = tasks.into_iter().partition(deferred);
         if !now.is_empty() {

@@ -71,7 +71,7 @@ pub async fn run(
     spent: Option<NodeError>,
 ) -> (Outcome, f64) {
     let plan = &shared.plan;
-    let node = &plan.nodes[&ix];
+    let node = &plan.nodes()[&ix];
     let common = node.spec.common();
     let scope = task_scope(&shared, node, item.as_ref(), &base, step);
     let scope_value = scope.value();

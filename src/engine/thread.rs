@@ -133,7 +133,7 @@ impl Engine {
             workflow: thread.workflow.clone(),
             resumed,
         });
-        let config = effective_config(&self.plan.config, &thread.config);
+        let config = effective_config(self.plan.config(), &thread.config);
         let meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let input = meta.input.clone().unwrap_or_else(|| thread.input.clone());
         let constants = Arc::new(Scope::new(
@@ -222,7 +222,7 @@ impl Engine {
                 cp
             }
         };
-        if thread.plan_hash != self.plan.hash && !self.options.force {
+        if thread.plan_hash != self.plan.hash() && !self.options.force {
             self.check_compatible(&cp)?;
         }
         match input {
@@ -238,21 +238,21 @@ impl Engine {
     /// config overrides against the workflow's config.
     fn new_thread(&self, start: &Start, id: String) -> Result<Thread, EngineError> {
         let input = with_defaults(
-            self.plan.input_schema.as_ref(),
+            self.plan.input_schema(),
             start.input.clone().unwrap_or_else(|| json!({})),
         );
-        check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
+        check_schema(self.plan.input_schema(), &input, "input")?;
         let context = start.context.clone().unwrap_or_else(|| json!({}));
-        check_schema(self.plan.context_schema.as_ref(), &context, "context")?;
+        check_schema(self.plan.context_schema(), &context, "context")?;
         let mut overrides = json!({});
         for (path, value) in &start.config {
-            set_path(&mut overrides, path, value.clone(), &self.plan.config)?;
+            set_path(&mut overrides, path, value.clone(), self.plan.config())?;
         }
         let now = crate::clock::now();
         Ok(Thread {
             thread_id: id,
             workflow: start.workflow.clone(),
-            plan_hash: self.plan.hash.clone(),
+            plan_hash: self.plan.hash().to_string(),
             input,
             context,
             config: overrides,
@@ -265,7 +265,7 @@ impl Engine {
 
     /// The most supersteps a run may take: the options' recursion limit, else the plan's.
     fn limit(&self) -> i64 {
-        i64::from(self.options.recursion_limit.unwrap_or(self.plan.recursion_limit))
+        i64::from(self.options.recursion_limit.unwrap_or(self.plan.recursion_limit()))
     }
 
     /// A thread's first checkpoint: the state's defaults, and what START schedules.
@@ -273,7 +273,7 @@ impl Engine {
         let mut state = Map::new();
         let mut versions = BTreeMap::new();
         let mut values = Vec::new();
-        for (key, channel) in &self.plan.state {
+        for (key, channel) in self.plan.state() {
             state.insert(key.clone(), channel.default.clone());
             versions.insert(key.clone(), 1);
             values.push((key.clone(), 1, channel.default.clone()));
@@ -287,10 +287,10 @@ impl Engine {
             step: -1,
             versions,
             ran: Vec::new(),
-            changed: self.plan.state.keys().cloned().collect(),
+            changed: self.plan.state().keys().cloned().collect(),
             next: tasks,
             meta: serde_json::to_value(&meta).unwrap_or_default(),
-            plan_hash: self.plan.hash.clone(),
+            plan_hash: self.plan.hash().to_string(),
             created_at: crate::clock::now(),
         };
         Ok((cp, values))
@@ -305,7 +305,7 @@ impl Engine {
         step: i64,
         limit: i64,
     ) -> Result<Vec<TaskSpec>, EngineError> {
-        let config = effective_config(&self.plan.config, &thread.config);
+        let config = effective_config(self.plan.config(), &thread.config);
         let scope = Scope::new(
             BTreeMap::from([
                 ("input".to_string(), to_jinja(input)),
@@ -339,7 +339,7 @@ impl Engine {
             end_step: step + 1 + limit,
         };
         let mut next = Vec::new();
-        for b in &self.plan.entry {
+        for b in self.plan.entry() {
             follow(&shared, b, &scope, &mut next)
                 .map_err(|e| EngineError::Input(format!("routing from START: {}", e.message)))?;
         }
@@ -362,8 +362,8 @@ impl Engine {
                 thread.thread_id
             )));
         }
-        let input = with_defaults(self.plan.input_schema.as_ref(), input.clone());
-        check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
+        let input = with_defaults(self.plan.input_schema(), input.clone());
+        check_schema(self.plan.input_schema(), &input, "input")?;
         let state = self.store.state(&thread.thread_id, &cp.versions)?;
         let step = cp.step + 1;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
@@ -381,7 +381,7 @@ impl Engine {
             changed: Vec::new(),
             next,
             meta: serde_json::to_value(&meta).unwrap_or_default(),
-            plan_hash: self.plan.hash.clone(),
+            plan_hash: self.plan.hash().to_string(),
             created_at: crate::clock::now(),
             ..cp
         };
@@ -398,7 +398,7 @@ impl Engine {
         let missing_keys: Vec<&String> = cp
             .versions
             .keys()
-            .filter(|k| !self.plan.state.contains_key(*k))
+            .filter(|k| !self.plan.state().contains_key(*k))
             .collect();
         let missing_nodes: Vec<&String> = cp
             .next
@@ -428,7 +428,7 @@ impl Engine {
         for (key, value) in state {
             // A key with no default starts unset (null) whatever its schema: that is no
             // defect of the record.
-            if value.is_null() && self.plan.state.get(key).is_some_and(|c| c.default.is_null()) {
+            if value.is_null() && self.plan.state().get(key).is_some_and(|c| c.default.is_null()) {
                 continue;
             }
             if let Some(why) = self

@@ -74,7 +74,7 @@ impl Scope {
         let Some((plan, memo)) = &self.predicates else {
             return self.parent.as_ref()?.predicate(name);
         };
-        let id = *plan.predicates.get(name)?;
+        let id = *plan.predicates().get(name)?;
         if let Ok(memo) = memo.lock()
             && let Some(v) = memo.get(name)
         {
@@ -82,7 +82,7 @@ impl Scope {
         }
         // Predicates never read other predicates (the compiler refuses it), so evaluating one in
         // this very layer cannot recurse.
-        let value = match plan.exprs.expr(id).eval(self.value()) {
+        let value = match plan.exprs().expr(id).eval(self.value()) {
             Ok(v) if v.is_undefined() => invalid(format!(
                 "predicate `{name}` is undefined (give optional values a fallback with `| default(...)`)"
             )),
@@ -211,7 +211,7 @@ pub fn eval(plan: &Plan, id: ExprId, scope: &JValue) -> Result<Value, String> {
 /// [`eval`] with its typed error.
 pub fn eval_value(plan: &Plan, id: ExprId, scope: &JValue) -> Result<Value, EvalError> {
     let v = plan
-        .exprs
+        .exprs()
         .expr(id)
         .eval(scope.clone())
         .map_err(|e| EvalError::Expr(describe(&e)))?;
@@ -227,7 +227,7 @@ pub fn eval_value(plan: &Plan, id: ExprId, scope: &JValue) -> Result<Value, Eval
 /// (a predicate that failed) is an error, never false: a branch must not be skipped silently.
 pub fn eval_bool(plan: &Plan, id: ExprId, scope: &JValue) -> Result<bool, EvalError> {
     let v = plan
-        .exprs
+        .exprs()
         .expr(id)
         .eval(scope.clone())
         .map_err(|e| EvalError::Expr(describe(&e)))?;

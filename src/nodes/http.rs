@@ -294,7 +294,7 @@ fn expand_literal(text: &str, what: &str) -> Result<Expanded, NodeError> {
 /// no data can hold (it carries a fresh random nonce), the template is rendered, and then
 /// the placeholders are replaced by the values.
 fn render_env(ctx: &NodeCtx<'_>, id: &TemplateId, rel: &str, what: &str) -> Result<Expanded, NodeError> {
-    let env = ctx.plan.exprs.env();
+    let env = ctx.plan.exprs().env();
     let template = env
         .get_template(&id.0)
         .map_err(|e| NodeError::invalid(crate::engine::values::describe(&e)))?;

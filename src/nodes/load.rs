@@ -138,7 +138,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
 /// The directory of the workflow a node belongs to (the current directory for one without a
 /// file).
 pub(super) fn workflow_dir<'a>(ctx: &'a NodeCtx<'_>) -> &'a Path {
-    ctx.plan.path.parent().unwrap_or(Path::new(""))
+    ctx.plan.path().parent().unwrap_or(Path::new(""))
 }
 
 /// Reads `path` (checked), naming it as `shown` (as written) in messages.

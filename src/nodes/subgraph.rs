@@ -54,12 +54,11 @@ impl KindDecl for Subgraph {
         let child = cx.child("workflow", &n.workflow);
         let shape = match &child {
             Some(child) => {
-                check_input(cx, &n, child.input_schema.as_ref());
+                check_input(cx, &n, child.input_schema());
                 Shape::Fields(
                     child
-                        .output
-                        .clone()
-                        .unwrap_or_else(|| child.state.keys().cloned().collect()),
+                        .output()
+                        .map_or_else(|| child.state().keys().cloned().collect(), <[String]>::to_vec),
                 )
             }
             None => Shape::Any,
@@ -122,7 +121,7 @@ pub fn child_thread_id(parent: &str, step: i64, task_id: &str) -> String {
 
 async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     let config = ctx.config::<Config>()?;
-    let Some(child) = ctx.plan.subgraphs.get(&ctx.ix).cloned() else {
+    let Some(child) = ctx.plan.subgraphs().get(&ctx.ix).cloned() else {
         return Err(NodeError::invalid("the subgraph's plan is missing").into());
     };
     let thread = child_thread_id(ctx.thread_id, ctx.step, ctx.task_id);
@@ -132,7 +131,7 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         .get_attr("context")
         .ok()
         .and_then(|c| crate::engine::values::to_json(&c).ok())
-        .filter(|_| child.context_schema.is_some());
+        .filter(|_| child.context_schema().is_some());
     let engine = Engine::new(
         child.clone(),
         ctx.store.clone(),
@@ -148,7 +147,7 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     // has one) after a crash or an interrupt: the engine tells which under the child's lease.
     let start = Start {
         thread_id: Some(thread.clone()),
-        workflow: child.path.display().to_string(),
+        workflow: child.path().display().to_string(),
         input: Some(input),
         context,
         config: Vec::new(),
@@ -189,7 +188,7 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         }
         Status::Failed => Err(NodeError::invalid(format!(
             "subgraph `{}` failed: {}",
-            child.name,
+            child.name(),
             outcome.error.unwrap_or_default()
         ))
         .into()),

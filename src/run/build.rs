@@ -63,7 +63,7 @@ impl RunSettings {
                 }
             })?)),
         };
-        let models = override_models(&plan.models, &self.models)?;
+        let models = override_models(plan.models(), &self.models)?;
         let cassette = match &self.cassette {
             Some(CassetteOption::Record(path)) => Some(Arc::new(Cassette::record_with(path, self.env.credentials())?)),
             Some(CassetteOption::Replay(path)) => Some(Arc::new(Cassette::replay_with(path, self.env.credentials())?)),

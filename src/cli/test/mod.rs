@@ -118,7 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             let started = Instant::now();
             let failures = match &plan {
                 Some(plan) => {
-                    let nodes: Vec<&str> = plan.nodes.values().map(|n| n.name.as_str()).collect();
+                    let nodes: Vec<&str> = plan.nodes().values().map(|n| n.name.as_str()).collect();
                     let unknown = expect::unknown_nodes(&case.expect, &nodes);
                     if unknown.is_empty() {
                         runtime.block_on(run_case(plan.clone(), suite, case, case_options(&base, case), &env))
