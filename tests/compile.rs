@@ -463,3 +463,22 @@ edges: [START -> call, call -> END]
 "#);
     check(&[("main.yaml", &w)], &["E308@9", "E308@10"]);
 }
+
+#[test]
+fn a_reducer_bypass_that_cannot_work_is_refused() {
+    let w = wf(r#"
+state:
+  log: {type: array, reducer: append, default: []}
+  messages: {type: array, reducer: add_messages, default: []}
+  items: {type: array, default: [1, 2]}
+nodes:
+  trim: {kind: set, update: {messages: "[remove_all_messages()]", log: "[remove_all_messages()]"}}
+  worker: {kind: set, update: {log: "overwrite([item])"}}
+  reset: {kind: set, update: {log: "overwrite([])"}}
+edges:
+  - START -> trim
+  - {from: trim, send: {to: worker, foreach: state.items}}
+  - worker -> reset -> END
+"#);
+    check(&[("main.yaml", &w)], &["E311@9", "E311@10"]);
+}

@@ -1716,3 +1716,48 @@ fn each_entry_point_says_what_it_does_with_the_thread() {
     assert_eq!(out.interrupts.len(), 1);
     assert_eq!(out.interrupts[0]["node"], "pb");
 }
+
+#[test]
+fn overwrite_bypasses_the_reducer_and_remove_all_messages_empties_the_history() {
+    let body = |b_log: &str| {
+        wf(&format!(
+            r#"
+state:
+  log: {{type: array, reducer: append, default: [old]}}
+  n: {{type: integer, reducer: sum, default: 5}}
+  messages: {{type: array, reducer: add_messages, default: []}}
+nodes:
+  seed: {{kind: set, update: {{messages: "['a', 'b']"}}}}
+  a: {{kind: set, update: {{log: "overwrite(['fresh'])", n: "overwrite(1)"}}}}
+  b: {{kind: set, update: {{log: "{b_log}", n: "2"}}}}
+  trim: {{kind: set, update: {{messages: "[remove_all_messages(), 'kept']"}}}}
+edges:
+  - START -> seed
+  - {{from: seed, to: [a, b]}}
+  - {{from: [a, b], to: trim}}
+  - trim -> END
+"#
+        ))
+    };
+    let p = Project::new(&[("w.yaml", &body("['dropped']")), ("two.yaml", &body("overwrite(['two'])"))]);
+    let mut r = Run::new(json!({}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    // The overwrite wins over the step's other writes of the key, as LangGraph's does.
+    assert_eq!(out.state["log"], json!(["fresh"]));
+    assert_eq!(out.state["n"], json!(1));
+    assert_eq!(
+        out.state["messages"],
+        json!([{"role": "user", "content": "kept", "id": "m0"}])
+    );
+    // What was stored reads back the same (an overwritten value is no extension of the old).
+    let cp = r.store.get_checkpoint(&out.thread_id, None).unwrap().unwrap();
+    let stored = r.store.state(&out.thread_id, &cp.versions).unwrap();
+    assert_eq!(stored["log"], json!(["fresh"]));
+    assert_eq!(stored["messages"], out.state["messages"]);
+    // Two overwrites of one key in one step: neither can win, and the step fails.
+    let out = r.go(&p.plan("two.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Failed);
+    let err = out.error.unwrap();
+    assert!(err.contains("`log`") && err.contains("overwrite"), "{err}");
+}

@@ -83,6 +83,7 @@ codes! {
     BadInterpolation = "E308", "bad-interpolation", Error, "a `${env:...}` interpolation is malformed";
     BadDuration = "E309", "bad-duration", Error, "a duration does not parse";
     UnknownFilter = "E310", "unknown-filter", Error, "an expression or template uses a filter, test or function that does not exist";
+    ReducerBypass = "E311", "reducer-bypass", Error, "a write bypasses its key's reducer where it cannot: `remove_all_messages()` on a key that does not hold messages, or `overwrite(...)` in a fanned-out node";
     // The graph.
     BadEdge = "E400", "bad-edge", Error, "an edge is malformed";
     NoEntry = "E401", "no-entry", Error, "START has no outgoing edge";

@@ -163,7 +163,7 @@ impl Engine {
                 });
             }
             let current = run.state.get(*key).unwrap_or(&Value::Null);
-            let value = values::reduce(
+            let reduced = values::reduce(
                 &self.plan,
                 &channel.reducer,
                 current,
@@ -173,6 +173,7 @@ impl Engine {
                 key: key.to_string(),
                 source,
             })?;
+            let value = reduced.value;
             if let Some(why) = self
                 .validators
                 .get(*key)
@@ -187,7 +188,14 @@ impl Engine {
             let version = folded.versions.get(*key).copied().unwrap_or(0) + 1;
             folded.versions.insert(key.to_string(), version);
             folded.changed.push(key.to_string());
-            let stored = match stored_extension(&mut run.meta, key, &channel.reducer, current, &value) {
+            // An overwritten value need not begin with the old one: it is stored whole.
+            let extension = if reduced.overwritten {
+                run.meta.chains.insert(key.to_string(), 0);
+                None
+            } else {
+                stored_extension(&mut run.meta, key, &channel.reducer, current, &value)
+            };
+            let stored = match extension {
                 Some(items) => checkpoint::extension(version - 1, items),
                 None => value.clone(),
             };
