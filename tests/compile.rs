@@ -482,3 +482,24 @@ edges:
 "#);
     check(&[("main.yaml", &w)], &["E311@9", "E311@10"]);
 }
+
+#[test]
+fn a_key_fed_from_an_input_field_the_input_cannot_hold_is_refused() {
+    let body = |input: &str| {
+        wf(&format!(
+            r#"{input}
+state:
+  messages: {{type: array, reducer: add_messages, default: [], from_input: qestion}}
+  q: {{type: string, from_input: true}}
+nodes: {{a: {{kind: set}}}}
+edges: [START -> a -> END]
+"#
+        ))
+    };
+    let closed = body("input: {type: object, properties: {question: {type: string}, q: {type: string}}}");
+    check(&[("main.yaml", &closed)], &["E215@5"]);
+    let open = body("input: {type: object}");
+    check(&[("main.yaml", &open)], &[]);
+    let none = body("");
+    check(&[("main.yaml", &none)], &["E215@5", "E215@6"]);
+}

@@ -1761,3 +1761,56 @@ edges:
     let err = out.error.unwrap();
     assert!(err.contains("`log`") && err.contains("overwrite"), "{err}");
 }
+
+#[test]
+fn input_feeds_state_keys_through_their_reducers_at_start_and_each_turn() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, required: [question], properties: {question: {type: string}, tags: {type: array}}}
+state:
+  messages: {type: array, reducer: add_messages, default: [], from_input: question}
+  tags: {type: array, reducer: union, default: [base], from_input: true}
+  seen: {type: integer, default: 0}
+nodes:
+  reply: {kind: set, update: {messages: "[{'role': 'assistant', 'content': 'saw ' ~ (state.messages | length)}]", seen: "state.tags | length"}}
+edges: [START -> reply, reply -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let first = r.go(&plan, req(json!({"question": "hi", "tags": ["a"]})));
+    assert_eq!(first.status, Status::Done, "{:?}", first.error);
+    // The first node already sees the question in the history: no node copied it there.
+    assert_eq!(
+        first.state["messages"],
+        json!([
+            {"role": "user", "content": "hi", "id": "m0"},
+            {"role": "assistant", "content": "saw 1", "id": "m1"}
+        ])
+    );
+    assert_eq!(first.state["tags"], json!(["base", "a"]));
+    assert_eq!(first.state["seen"], json!(2));
+    // A new turn appends its question to the history rather than replacing it; an input
+    // without a fed field writes nothing to that key.
+    let second = r.go(
+        &plan,
+        RunRequest {
+            thread_id: Some(first.thread_id.clone()),
+            ..req(json!({"question": "again"}))
+        },
+    );
+    assert_eq!(second.status, Status::Done, "{:?}", second.error);
+    let contents: Vec<&str> = second.state["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents, ["hi", "saw 1", "again", "saw 3"]);
+    assert_eq!(second.state["tags"], json!(["base", "a"]));
+    // The turn's checkpoint stored the fed value: it reads back from the store.
+    let cp = r.store.get_checkpoint(&first.thread_id, None).unwrap().unwrap();
+    let stored = r.store.state(&first.thread_id, &cp.versions).unwrap();
+    assert_eq!(stored["messages"], second.state["messages"]);
+}

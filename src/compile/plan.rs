@@ -194,6 +194,9 @@ pub struct Channel {
     pub reducer: Reducer,
     pub default: Value,
     pub schema: Value,
+    /// The input field written to the key through its reducer when a thread starts and at
+    /// each new turn.
+    pub from_input: Option<String>,
 }
 
 /// A write `{"__overwrite__": value}` sets its key to `value`, bypassing the key's reducer

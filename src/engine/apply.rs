@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::step::{StepResult, follow};
 use super::task::{self, Next};
@@ -52,11 +52,11 @@ impl From<DecodeError> for EngineError {
 
 /// A step's writes folded into new values: the versions after the step, the keys that
 /// changed, what to store for each, and each key's new value.
-struct Folded {
-    versions: BTreeMap<String, u64>,
-    changed: Vec<String>,
-    stored: NewValues,
-    values: Vec<(String, Value)>,
+pub(super) struct Folded {
+    pub(super) versions: BTreeMap<String, u64>,
+    pub(super) changed: Vec<String>,
+    pub(super) stored: NewValues,
+    pub(super) values: Vec<(String, Value)>,
 }
 
 impl Engine {
@@ -143,8 +143,20 @@ impl Engine {
 
     /// Folds each key's writes (by node, in order) through its reducer and checks the result.
     fn fold(&self, run: &mut Run, updates: &BTreeMap<&str, Vec<(&str, &Value)>>) -> Result<Folded, ApplyError> {
+        self.fold_writes(&run.state, &run.cp.versions, &mut run.meta, updates)
+    }
+
+    /// [`Engine::fold`] on a state outside a run: the state and versions of a checkpoint, and
+    /// the meta of the checkpoint being made.
+    pub(super) fn fold_writes(
+        &self,
+        state: &Map<String, Value>,
+        versions: &BTreeMap<String, u64>,
+        meta: &mut Meta,
+        updates: &BTreeMap<&str, Vec<(&str, &Value)>>,
+    ) -> Result<Folded, ApplyError> {
         let mut folded = Folded {
-            versions: run.cp.versions.clone(),
+            versions: versions.clone(),
             changed: Vec::new(),
             stored: Vec::new(),
             values: Vec::with_capacity(updates.len()),
@@ -162,7 +174,7 @@ impl Engine {
                     nodes: writes.iter().map(|(n, _)| n.to_string()).collect(),
                 });
             }
-            let current = run.state.get(*key).unwrap_or(&Value::Null);
+            let current = state.get(*key).unwrap_or(&Value::Null);
             let reduced = values::reduce(
                 &self.plan,
                 &channel.reducer,
@@ -190,10 +202,10 @@ impl Engine {
             folded.changed.push(key.to_string());
             // An overwritten value need not begin with the old one: it is stored whole.
             let extension = if reduced.overwritten {
-                run.meta.chains.insert(key.to_string(), 0);
+                meta.chains.insert(key.to_string(), 0);
                 None
             } else {
-                stored_extension(&mut run.meta, key, &channel.reducer, current, &value)
+                stored_extension(meta, key, &channel.reducer, current, &value)
             };
             let stored = match extension {
                 Some(items) => checkpoint::extension(version - 1, items),

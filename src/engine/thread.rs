@@ -275,10 +275,18 @@ impl Engine {
         for (key, channel) in &self.plan.state {
             state.insert(key.clone(), channel.default.clone());
             versions.insert(key.clone(), 1);
-            values.push((key.clone(), 1, channel.default.clone()));
+        }
+        let mut meta = Meta::default();
+        // The input's writes start from the defaults and are the keys' first versions.
+        let fed = self.input_writes(&state, &versions, &mut meta, &thread.input)?;
+        for (key, value) in fed.values {
+            state.insert(key, value);
+        }
+        meta = Meta::default();
+        for (key, value) in &state {
+            values.push((key.clone(), 1, value.clone()));
         }
         let tasks = self.entry_tasks(thread, &thread.input, &state, -1, limit)?;
-        let meta = Meta::default();
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             thread_id: thread.thread_id.clone(),
@@ -362,10 +370,15 @@ impl Engine {
         }
         let input = with_defaults(self.plan.input_schema.as_ref(), input.clone());
         check_schema(self.plan.input_schema.as_ref(), &input, "input")?;
-        let state = self.store.state(&thread.thread_id, &cp.versions)?;
+        let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
         let step = cp.step + 1;
-        let next = self.entry_tasks(thread, &input, &state, step, limit)?;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        // The new input goes through the reducers of the keys it feeds, on the thread's state.
+        let fed = self.input_writes(&state, &cp.versions, &mut meta, &input)?;
+        for (key, value) in fed.values {
+            state.insert(key, value);
+        }
+        let next = self.entry_tasks(thread, &input, &state, step, limit)?;
         meta.input = Some(input);
         meta.barriers.clear();
         meta.turn = Usage::default();
@@ -374,8 +387,9 @@ impl Engine {
             checkpoint_id: checkpoint::new_id(),
             parent_id: Some(cp.checkpoint_id.clone()),
             step,
+            versions: fed.versions,
             ran: Vec::new(),
-            changed: Vec::new(),
+            changed: fed.changed,
             next,
             meta: serde_json::to_value(&meta).unwrap_or_default(),
             plan_hash: self.plan.hash.clone(),
@@ -384,9 +398,31 @@ impl Engine {
         };
         self.store.put_batch(vec![
             Put::Fence(fence.clone()),
-            Put::Checkpoint(Box::new(turn.clone()), Vec::new()),
+            Put::Checkpoint(Box::new(turn.clone()), fed.stored),
         ])?;
         Ok(turn)
+    }
+
+    /// A turn's input written through the reducers of the keys it feeds (`from_input`), on
+    /// `state`: the new versions and values. An input without a key's field writes nothing.
+    fn input_writes(
+        &self,
+        state: &Map<String, Value>,
+        versions: &BTreeMap<String, u64>,
+        meta: &mut Meta,
+        input: &Value,
+    ) -> Result<super::apply::Folded, EngineError> {
+        let writes: BTreeMap<&str, Vec<(&str, &Value)>> = self
+            .plan
+            .state
+            .iter()
+            .filter_map(|(key, channel)| {
+                let value = input.get(channel.from_input.as_deref()?)?;
+                Some((key.as_str(), vec![("input", value)]))
+            })
+            .collect();
+        self.fold_writes(state, versions, meta, &writes)
+            .map_err(|e| EngineError::Input(e.to_string()))
     }
 
     /// A thread made by another version of the workflow may go on only if its state and
