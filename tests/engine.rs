@@ -1814,3 +1814,69 @@ edges: [START -> reply, reply -> END]
     let stored = r.store.state(&first.thread_id, &cp.versions).unwrap();
     assert_eq!(stored["messages"], second.state["messages"]);
 }
+
+#[test]
+fn a_state_edit_as_a_node_goes_through_the_reducers_and_continues_from_its_edges() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, properties: {q: {type: string}}}
+state:
+  messages: {type: array, reducer: add_messages, default: [], from_input: q}
+  log: {type: array, reducer: append, default: []}
+nodes:
+  human: {kind: set, update: {log: "['human']"}}
+  agent: {kind: set, update: {messages: "[{'role': 'assistant', 'content': 'reply to ' ~ state.messages[-1].content}]", log: "['agent']"}}
+edges: [START -> human -> agent -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let first = r.go(&plan, req(json!({"q": "hi"})));
+    assert_eq!(first.status, Status::Done, "{:?}", first.error);
+    let engine = Engine::new(plan.clone(), r.store.clone(), Providers::default(), Events::none());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let thread = first.thread_id.clone();
+    let before = r.store.get_checkpoint(&thread, None).unwrap().unwrap();
+    // As `human`: the message is appended by add_messages (not replacing the history), and
+    // the thread goes on from human's edge, to `agent`.
+    let edited = rt
+        .block_on(engine.update_state(&thread, vec![("messages".into(), json!("more please"))], Some("human")))
+        .unwrap();
+    assert_eq!(edited.step, before.step + 1);
+    assert_eq!(edited.ran, ["human"]);
+    assert_eq!(edited.next.iter().map(|t| t.node.as_str()).collect::<Vec<_>>(), ["agent"]);
+    let out = r.go(&plan, resume(&thread, None));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    let contents: Vec<&str> = out.state["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents, ["hi", "reply to hi", "more please", "reply to more please"]);
+    // The edit stood for `human`: only `agent` ran again.
+    assert_eq!(out.state["log"], json!(["human", "agent", "agent"]));
+    // Without a node the values replace outright, and nothing new is scheduled.
+    let replaced = rt
+        .block_on(engine.update_state(&thread, vec![("log".into(), json!(["reset"]))], None))
+        .unwrap();
+    assert!(replaced.next.is_empty());
+    let state = r.store.state(&thread, &replaced.versions).unwrap();
+    assert_eq!(state["log"], json!(["reset"]));
+    // Unknown nodes and keys, and values that do not fit, are refused with the thread unchanged.
+    let err = rt
+        .block_on(engine.update_state(&thread, vec![("log".into(), json!(["x"]))], Some("agnet")))
+        .unwrap_err();
+    assert!(err.to_string().contains("no node `agnet` (did you mean `agent`?)"), "{err}");
+    let err = rt
+        .block_on(engine.update_state(&thread, vec![("logs".into(), json!(["x"]))], Some("agent")))
+        .unwrap_err();
+    assert!(err.to_string().contains("no key `logs` (did you mean `log`?)"), "{err}");
+    let err = rt
+        .block_on(engine.update_state(&thread, vec![("log".into(), json!(3))], None))
+        .unwrap_err();
+    assert!(err.to_string().contains("does not match its schema"), "{err}");
+    let latest = r.store.get_checkpoint(&thread, None).unwrap().unwrap();
+    assert_eq!(latest.checkpoint_id, replaced.checkpoint_id);
+}

@@ -263,7 +263,7 @@ impl Engine {
 
     /// Records that `node` ran toward each join it is a source of; a join whose sources have
     /// all run since its target last ran fires.
-    fn join(&self, meta: &mut Meta, ix: NodeIx, node: &str, next: &mut Vec<Next>) {
+    pub(super) fn join(&self, meta: &mut Meta, ix: NodeIx, node: &str, next: &mut Vec<Next>) {
         for (j, (sources, target)) in self.plan.joins.iter().enumerate() {
             if sources.contains(&ix) {
                 let barrier = meta.barriers.entry(j).or_default();

@@ -13,6 +13,7 @@
 
 mod apply;
 mod budget;
+mod edit;
 pub mod events;
 mod gates;
 pub mod kind;
@@ -46,6 +47,7 @@ use persist::Persister;
 pub use services::{ReadRoots, Services};
 use step::{StepResult, follow, stopped};
 use thread::Entry;
+pub use edit::EditError;
 pub use thread::{Answer, Start};
 use values::Scope;
 
@@ -157,6 +159,8 @@ pub enum EngineError {
         to: String,
         pending: Vec<String>,
     },
+    #[error(transparent)]
+    Edit(#[from] EditError),
     #[error(transparent)]
     Store(#[from] checkpoint::CheckpointError),
 }

@@ -263,7 +263,7 @@ impl Engine {
     }
 
     /// The most supersteps a run may take: the options' recursion limit, else the plan's.
-    fn limit(&self) -> i64 {
+    pub(super) fn limit(&self) -> i64 {
         i64::from(self.options.recursion_limit.unwrap_or(self.plan.recursion_limit))
     }
 
@@ -312,6 +312,26 @@ impl Engine {
         step: i64,
         limit: i64,
     ) -> Result<Vec<TaskSpec>, EngineError> {
+        let next = self
+            .route_outside(thread, input, state, step, limit, "START", &self.plan.entry)
+            .map_err(|e| EngineError::Input(format!("routing from START: {e}")))?;
+        Ok(self.schedule(next))
+    }
+
+    /// Where `branches` (of START, or of `node`) lead on `state`, outside a run (the start of a
+    /// turn, a state edit): the scope has the turn's input, the thread's config and context,
+    /// and the state.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn route_outside(
+        &self,
+        thread: &Thread,
+        input: &Value,
+        state: &Map<String, Value>,
+        step: i64,
+        limit: i64,
+        node: &str,
+        branches: &[crate::compile::Branch],
+    ) -> Result<Vec<super::task::Next>, String> {
         let config = effective_config(&self.plan.config, &thread.config);
         let scope = Scope::new(
             BTreeMap::from([
@@ -322,7 +342,7 @@ impl Engine {
                 // Nothing has run yet: every step of the run is still to come.
                 (
                     "run".to_string(),
-                    values::run_value(&thread.thread_id, step, "START", limit),
+                    values::run_value(&thread.thread_id, step, node, limit),
                 ),
             ]),
             Some(self.plan.clone()),
@@ -335,7 +355,7 @@ impl Engine {
             services: self.services.clone(),
             events: Events::none(),
             thread_id: thread.thread_id.clone(),
-            // Routing from START writes nothing.
+            // Routing writes nothing.
             fence: Fence {
                 thread_id: thread.thread_id.clone(),
                 owner: String::new(),
@@ -345,11 +365,10 @@ impl Engine {
             end_step: step + 1 + limit,
         };
         let mut next = Vec::new();
-        for b in &self.plan.entry {
-            follow(&shared, b, &scope, &mut next)
-                .map_err(|e| EngineError::Input(format!("routing from START: {}", e.message)))?;
+        for b in branches {
+            follow(&shared, b, &scope, &mut next).map_err(|e| e.message)?;
         }
-        Ok(self.schedule(next))
+        Ok(next)
     }
 
     /// A new input on a finished thread starts a new turn (LangGraph's `invoke(input, thread)`):
@@ -481,7 +500,7 @@ impl Engine {
 }
 
 /// The plan's config with a thread's overrides merged in.
-fn effective_config(base: &Value, overrides: &Value) -> Value {
+pub(super) fn effective_config(base: &Value, overrides: &Value) -> Value {
     let mut out = base.clone();
     merge(&mut out, overrides);
     out
