@@ -1739,7 +1739,10 @@ edges:
 "#
         ))
     };
-    let p = Project::new(&[("w.yaml", &body("['dropped']")), ("two.yaml", &body("overwrite(['two'])"))]);
+    let p = Project::new(&[
+        ("w.yaml", &body("['dropped']")),
+        ("two.yaml", &body("overwrite(['two'])")),
+    ]);
     let mut r = Run::new(json!({}));
     let out = r.go(&p.plan("w.yaml"), req(json!({})));
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
@@ -1845,7 +1848,13 @@ edges: [START -> human -> agent -> END]
         .unwrap();
     assert_eq!(edited.step, before.step + 1);
     assert_eq!(edited.ran, ["human"]);
-    assert_eq!(edited.next.iter().map(|t| t.node.as_str()).collect::<Vec<_>>(), ["agent"]);
+    assert_eq!(
+        edited.next.iter().map(|t| t.node.as_str()).collect::<Vec<_>>(),
+        ["agent"]
+    );
+    // The done thread has work again.
+    let status = r.store.get_thread(&thread).unwrap().unwrap().status;
+    assert_eq!(status, runner::checkpoint::ThreadStatus::Running);
     let out = r.go(&plan, resume(&thread, None));
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     let contents: Vec<&str> = out.state["messages"]
@@ -1868,7 +1877,10 @@ edges: [START -> human -> agent -> END]
     let err = rt
         .block_on(engine.update_state(&thread, vec![("log".into(), json!(["x"]))], Some("agnet")))
         .unwrap_err();
-    assert!(err.to_string().contains("no node `agnet` (did you mean `agent`?)"), "{err}");
+    assert!(
+        err.to_string().contains("no node `agnet` (did you mean `agent`?)"),
+        "{err}"
+    );
     let err = rt
         .block_on(engine.update_state(&thread, vec![("logs".into(), json!(["x"]))], Some("agent")))
         .unwrap_err();

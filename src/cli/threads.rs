@@ -195,7 +195,11 @@ pub fn fork(args: ForkArgs) -> anyhow::Result<u8> {
 
 /// Applies a fork's edits through the engine, with the workflow's reducers and edges.
 fn edit(args: &ForkArgs, store: &Arc<dyn checkpoint::Checkpointer>, thread_id: &str) -> anyhow::Result<()> {
-    let values = args.set.iter().map(|kv| parse_kv(kv)).collect::<anyhow::Result<Vec<_>>>()?;
+    let values = args
+        .set
+        .iter()
+        .map(|kv| parse_kv(kv))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let recorded = store
         .get_thread(thread_id)?
         .map(|t| PathBuf::from(t.workflow))

@@ -321,7 +321,9 @@ impl<'c, 'a> Build<'c, 'a> {
                     format!("`{key}` is fed from the input field `{field}`, which the input schema does not declare"),
                 )
                 .suggest(field, fields.iter().map(String::as_str))
-                .help_or(format!("declare `{field}` under `input.properties`, or name a declared field: `from_input: FIELD`")),
+                .help_or(format!(
+                    "declare `{field}` under `input.properties`, or name a declared field: `from_input: FIELD`"
+                )),
             _ => return,
         };
         self.diags.push(d);

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::task::Next;
 use super::{Engine, EngineError, Meta, NewValues, lease};
-use crate::checkpoint::{self, Checkpoint, Fence, Put};
+use crate::checkpoint::{self, Checkpoint, Fence, Put, ThreadStatus};
 
 /// Why a state edit cannot be applied. The thread is unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -84,10 +84,23 @@ impl Engine {
             created_at: crate::clock::now(),
             ..edited
         };
-        self.store.put_batch(vec![
+        let mut puts = vec![
             Put::Fence(fence.clone()),
             Put::Checkpoint(Box::new(edited.clone()), stored),
-        ])?;
+        ];
+        // As a node, the edit decides what is left to run: the thread is done, or can be
+        // continued (no gate waits: the edit's checkpoint has no records).
+        if as_node.is_some() {
+            puts.push(Put::Status {
+                thread_id: thread_id.to_string(),
+                status: if edited.next.is_empty() {
+                    ThreadStatus::Done
+                } else {
+                    ThreadStatus::Running
+                },
+            });
+        }
+        self.store.put_batch(puts)?;
         Ok(edited)
     }
 

@@ -38,6 +38,7 @@ use crate::checkpoint::{
 use crate::compile::Plan;
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
+pub use edit::EditError;
 use events::{Event, Events};
 pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD};
 use kind::Validators;
@@ -47,7 +48,6 @@ use persist::Persister;
 pub use services::{ReadRoots, Services};
 use step::{StepResult, follow, stopped};
 use thread::Entry;
-pub use edit::EditError;
 pub use thread::{Answer, Start};
 use values::Scope;
 

@@ -285,14 +285,16 @@ pub fn reduce(plan: &Plan, reducer: &Reducer, current: &Value, updates: Vec<Valu
 
 /// Whether a write to an `add_messages` key holds the marker that removes every message.
 fn removes_all(update: &Value) -> bool {
-    let is_marker = |m: &Value| {
-        m.get("type").and_then(Value::as_str) == Some("remove")
-            && m.get("id").and_then(Value::as_str) == Some(REMOVE_ALL_MESSAGES)
-    };
     match update {
-        Value::Array(items) => items.iter().any(is_marker),
-        one => is_marker(one),
+        Value::Array(items) => items.iter().any(is_remove_all),
+        one => is_remove_all(one),
     }
+}
+
+/// Whether one message is the marker that removes every message.
+fn is_remove_all(m: &Value) -> bool {
+    m.get("type").and_then(Value::as_str) == Some("remove")
+        && m.get("id").and_then(Value::as_str) == Some(REMOVE_ALL_MESSAGES)
 }
 
 fn reduce_one(plan: Option<&Plan>, reducer: &Reducer, current: Value, update: Value) -> Result<Value, ReduceError> {
@@ -423,7 +425,7 @@ fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, ReduceE
         Value::Array(items) => items,
         one => vec![one],
     };
-    if let Some(last) = incoming.iter().rposition(|m| removes_all(m)) {
+    if let Some(last) = incoming.iter().rposition(is_remove_all) {
         current.clear();
         incoming.drain(..=last);
     }
@@ -515,6 +517,25 @@ mod tests {
         assert_eq!(v.as_array().unwrap().len(), 2);
         let err = r(Reducer::AddMessages, v, vec![json!({"type": "remove", "id": "m1"})]).unwrap_err();
         assert!(err.contains("`m1`"), "{err}");
+    }
+
+    #[test]
+    fn remove_all_messages_drops_the_history_and_what_came_before_it_in_the_update() {
+        let base = json!([{"id": "a", "role": "user", "content": "hi"}]);
+        let marker = json!({"type": "remove", "id": REMOVE_ALL_MESSAGES});
+        let v = r(
+            Reducer::AddMessages,
+            base,
+            vec![json!(["dropped", marker, {"id": "a", "role": "user", "content": "kept"}, "new"])],
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            json!([
+                {"id": "a", "role": "user", "content": "kept"},
+                {"id": "m1", "role": "user", "content": "new"}
+            ])
+        );
     }
 
     #[test]
