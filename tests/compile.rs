@@ -497,9 +497,9 @@ edges: [START -> a -> END]
         ))
     };
     let closed = body("input: {type: object, properties: {question: {type: string}, q: {type: string}}}");
-    check(&[("main.yaml", &closed)], &["E215@5"]);
+    check(&[("main.yaml", &closed)], &["E216@5"]);
     let open = body("input: {type: object}");
     check(&[("main.yaml", &open)], &[]);
     let none = body("");
-    check(&[("main.yaml", &none)], &["E215@5", "E215@6"]);
+    check(&[("main.yaml", &none)], &["E216@5", "E216@6"]);
 }

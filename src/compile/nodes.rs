@@ -298,7 +298,7 @@ impl<'c, 'a> Build<'c, 'a> {
         }
     }
 
-    /// E215: a key fed from an input field the input cannot hold: the workflow declares no
+    /// E216: a key fed from an input field the input cannot hold: the workflow declares no
     /// input (so a run's input must be empty), or its schema lists its fields and not this one.
     fn check_input_feed(&mut self, pointer: &str, key: &str, field: &str) {
         let at = push_pointer(pointer, "from_input");

@@ -71,7 +71,7 @@ codes! {
     KindCycle = "E212", "kind-cycle", Error, "user kinds extend each other in a cycle";
     BadImport = "E213", "bad-import", Error, "an imported file defines nodes or edges";
     BadParams = "E214", "bad-params", Error, "a node's params do not fit its kind's parameters";
-    InputFeed = "E215", "input-feed", Error, "a state key is fed from an input field the input schema does not declare";
+    InputFeed = "E216", "input-feed", Error, "a state key is fed from an input field the input schema does not declare";
     // Expressions, templates and types.
     ExprSyntax = "E300", "expression-syntax", Error, "an expression does not parse";
     TemplateSyntax = "E301", "template-syntax", Error, "a template does not parse";
