@@ -1007,3 +1007,55 @@ fn a_secret_streamed_across_tokens_never_reaches_the_event_stream() {
         assert!(!text.contains(&KEY[..8]), "{text}");
     }
 }
+
+#[test]
+fn fork_as_a_node_appends_through_the_reducer_and_continues_from_its_edges() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("chat.yaml"),
+        r#"name: chat
+input: {type: object, properties: {q: {type: string}}}
+state:
+  messages: {type: array, reducer: add_messages, default: [], from_input: q}
+nodes:
+  human: {kind: set}
+  agent: {kind: set, update: {messages: "[{'role': 'assistant', 'content': 'reply to ' ~ state.messages[-1].content}]"}}
+edges: [START -> human -> agent -> END]
+"#,
+    )
+    .unwrap();
+    let first = runner(d, &["run", "chat.yaml", "--thread", "c1", "--input", "q=hi"]);
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let history = String::from_utf8(runner(d, &["history", "--thread", "c1"]).stdout).unwrap();
+    let latest = history.split_whitespace().next().unwrap().to_string();
+    let contents = |thread: &str| -> Vec<String> {
+        let o = runner(d, &["state", "--thread", thread, "--key", "messages"]);
+        json_out(&o)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let fork = |new: &str, extra: &[&str]| {
+        let mut args = vec!["fork", "--thread", "c1", "--checkpoint", &latest, "--new-thread", new];
+        args.extend_from_slice(extra);
+        runner(d, &args)
+    };
+    let o = fork("c2", &["--set", "messages=\"more\"", "--as-node", "human"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = runner(d, &["resume", "--thread", "c2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(contents("c2"), ["hi", "reply to hi", "more", "reply to more"]);
+    // Without --as-node the value replaces the history outright.
+    let o = fork("c3", &["--set", "messages=[]"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(contents("c3").is_empty());
+    // An unknown node is refused, and the fork is not left behind.
+    let o = fork("c4", &["--set", "messages=\"x\"", "--as-node", "humn"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("did you mean `human`?"), "{}", stderr(&o));
+    let threads = String::from_utf8(runner(d, &["threads"]).stdout).unwrap();
+    assert!(!threads.contains("c4"), "{threads}");
+}

@@ -461,3 +461,43 @@ edges: [START -> call, call -> END]
 "#);
     check(&[("main.yaml", &w)], &["E308@9", "E308@10"]);
 }
+
+#[test]
+fn a_reducer_bypass_that_cannot_work_is_refused() {
+    let w = wf(r#"
+state:
+  log: {type: array, reducer: append, default: []}
+  messages: {type: array, reducer: add_messages, default: []}
+  items: {type: array, default: [1, 2]}
+nodes:
+  trim: {kind: set, update: {messages: "[remove_all_messages()]", log: "[remove_all_messages()]"}}
+  worker: {kind: set, update: {log: "overwrite([item])"}}
+  reset: {kind: set, update: {log: "overwrite([])"}}
+edges:
+  - START -> trim
+  - {from: trim, send: {to: worker, foreach: state.items}}
+  - worker -> reset -> END
+"#);
+    check(&[("main.yaml", &w)], &["E311@9", "E311@10"]);
+}
+
+#[test]
+fn a_key_fed_from_an_input_field_the_input_cannot_hold_is_refused() {
+    let body = |input: &str| {
+        wf(&format!(
+            r#"{input}
+state:
+  messages: {{type: array, reducer: add_messages, default: [], from_input: qestion}}
+  q: {{type: string, from_input: true}}
+nodes: {{a: {{kind: set}}}}
+edges: [START -> a -> END]
+"#
+        ))
+    };
+    let closed = body("input: {type: object, properties: {question: {type: string}, q: {type: string}}}");
+    check(&[("main.yaml", &closed)], &["E216@5"]);
+    let open = body("input: {type: object}");
+    check(&[("main.yaml", &open)], &[]);
+    let none = body("");
+    check(&[("main.yaml", &none)], &["E216@5", "E216@6"]);
+}

@@ -1875,3 +1875,179 @@ edges: [START -> start, start -> agent, tools -> agent]
     assert_eq!(messages[3]["content"], "It is a language.");
     assert_eq!(r.mock.calls()["agent"], 2);
 }
+
+#[test]
+fn overwrite_bypasses_the_reducer_and_remove_all_messages_empties_the_history() {
+    let body = |b_log: &str| {
+        wf(&format!(
+            r#"
+state:
+  log: {{type: array, reducer: append, default: [old]}}
+  n: {{type: integer, reducer: sum, default: 5}}
+  messages: {{type: array, reducer: add_messages, default: []}}
+nodes:
+  seed: {{kind: set, update: {{messages: "['a', 'b']"}}}}
+  a: {{kind: set, update: {{log: "overwrite(['fresh'])", n: "overwrite(1)"}}}}
+  b: {{kind: set, update: {{log: "{b_log}", n: "2"}}}}
+  trim: {{kind: set, update: {{messages: "[remove_all_messages(), 'kept']"}}}}
+edges:
+  - START -> seed
+  - {{from: seed, to: [a, b]}}
+  - {{from: [a, b], to: trim}}
+  - trim -> END
+"#
+        ))
+    };
+    let p = Project::new(&[
+        ("w.yaml", &body("['dropped']")),
+        ("two.yaml", &body("overwrite(['two'])")),
+    ]);
+    let mut r = Run::new(json!({}));
+    let out = r.go(&p.plan("w.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    // The overwrite wins over the step's other writes of the key, as LangGraph's does.
+    assert_eq!(out.state["log"], json!(["fresh"]));
+    assert_eq!(out.state["n"], json!(1));
+    assert_eq!(
+        out.state["messages"],
+        json!([{"role": "user", "content": "kept", "id": "m0"}])
+    );
+    // What was stored reads back the same (an overwritten value is no extension of the old).
+    let cp = r.store.get_checkpoint(&out.thread_id, None).unwrap().unwrap();
+    let stored = r.store.state(&out.thread_id, &cp.versions).unwrap();
+    assert_eq!(stored["log"], json!(["fresh"]));
+    assert_eq!(stored["messages"], out.state["messages"]);
+    // Two overwrites of one key in one step: neither can win, and the step fails.
+    let out = r.go(&p.plan("two.yaml"), req(json!({})));
+    assert_eq!(out.status, Status::Failed);
+    let err = out.error.unwrap();
+    assert!(err.contains("`log`") && err.contains("overwrite"), "{err}");
+}
+
+#[test]
+fn input_feeds_state_keys_through_their_reducers_at_start_and_each_turn() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, required: [question], properties: {question: {type: string}, tags: {type: array}}}
+state:
+  messages: {type: array, reducer: add_messages, default: [], from_input: question}
+  tags: {type: array, reducer: union, default: [base], from_input: true}
+  seen: {type: integer, default: 0}
+nodes:
+  reply: {kind: set, update: {messages: "[{'role': 'assistant', 'content': 'saw ' ~ (state.messages | length)}]", seen: "state.tags | length"}}
+edges: [START -> reply, reply -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let first = r.go(&plan, req(json!({"question": "hi", "tags": ["a"]})));
+    assert_eq!(first.status, Status::Done, "{:?}", first.error);
+    // The first node already sees the question in the history: no node copied it there.
+    assert_eq!(
+        first.state["messages"],
+        json!([
+            {"role": "user", "content": "hi", "id": "m0"},
+            {"role": "assistant", "content": "saw 1", "id": "m1"}
+        ])
+    );
+    assert_eq!(first.state["tags"], json!(["base", "a"]));
+    assert_eq!(first.state["seen"], json!(2));
+    // A new turn appends its question to the history rather than replacing it; an input
+    // without a fed field writes nothing to that key.
+    let second = r.go(
+        &plan,
+        RunRequest {
+            thread_id: Some(first.thread_id.clone()),
+            ..req(json!({"question": "again"}))
+        },
+    );
+    assert_eq!(second.status, Status::Done, "{:?}", second.error);
+    let contents: Vec<&str> = second.state["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents, ["hi", "saw 1", "again", "saw 3"]);
+    assert_eq!(second.state["tags"], json!(["base", "a"]));
+    // The turn's checkpoint stored the fed value: it reads back from the store.
+    let cp = r.store.get_checkpoint(&first.thread_id, None).unwrap().unwrap();
+    let stored = r.store.state(&first.thread_id, &cp.versions).unwrap();
+    assert_eq!(stored["messages"], second.state["messages"]);
+}
+
+#[test]
+fn a_state_edit_as_a_node_goes_through_the_reducers_and_continues_from_its_edges() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(r#"
+input: {type: object, properties: {q: {type: string}}}
+state:
+  messages: {type: array, reducer: add_messages, default: [], from_input: q}
+  log: {type: array, reducer: append, default: []}
+nodes:
+  human: {kind: set, update: {log: "['human']"}}
+  agent: {kind: set, update: {messages: "[{'role': 'assistant', 'content': 'reply to ' ~ state.messages[-1].content}]", log: "['agent']"}}
+edges: [START -> human -> agent -> END]
+"#),
+    )]);
+    let plan = p.plan("w.yaml");
+    let mut r = Run::new(json!({}));
+    let first = r.go(&plan, req(json!({"q": "hi"})));
+    assert_eq!(first.status, Status::Done, "{:?}", first.error);
+    let engine = Engine::new(plan.clone(), r.store.clone(), Providers::default(), Events::none());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let thread = first.thread_id.clone();
+    let before = r.store.get_checkpoint(&thread, None).unwrap().unwrap();
+    // As `human`: the message is appended by add_messages (not replacing the history), and
+    // the thread goes on from human's edge, to `agent`.
+    let edited = rt
+        .block_on(engine.update_state(&thread, vec![("messages".into(), json!("more please"))], Some("human")))
+        .unwrap();
+    assert_eq!(edited.step, before.step + 1);
+    assert_eq!(edited.ran, ["human"]);
+    assert_eq!(
+        edited.next.iter().map(|t| t.node.as_str()).collect::<Vec<_>>(),
+        ["agent"]
+    );
+    // The done thread has work again.
+    let status = r.store.get_thread(&thread).unwrap().unwrap().status;
+    assert_eq!(status, runner::checkpoint::ThreadStatus::Running);
+    let out = r.go(&plan, resume(&thread, None));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    let contents: Vec<&str> = out.state["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents, ["hi", "reply to hi", "more please", "reply to more please"]);
+    // The edit stood for `human`: only `agent` ran again.
+    assert_eq!(out.state["log"], json!(["human", "agent", "agent"]));
+    // Without a node the values replace outright, and nothing new is scheduled.
+    let replaced = rt
+        .block_on(engine.update_state(&thread, vec![("log".into(), json!(["reset"]))], None))
+        .unwrap();
+    assert!(replaced.next.is_empty());
+    let state = r.store.state(&thread, &replaced.versions).unwrap();
+    assert_eq!(state["log"], json!(["reset"]));
+    // Unknown nodes and keys, and values that do not fit, are refused with the thread unchanged.
+    let err = rt
+        .block_on(engine.update_state(&thread, vec![("log".into(), json!(["x"]))], Some("agnet")))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("no node `agnet` (did you mean `agent`?)"),
+        "{err}"
+    );
+    let err = rt
+        .block_on(engine.update_state(&thread, vec![("logs".into(), json!(["x"]))], Some("agent")))
+        .unwrap_err();
+    assert!(err.to_string().contains("no key `logs` (did you mean `log`?)"), "{err}");
+    let err = rt
+        .block_on(engine.update_state(&thread, vec![("log".into(), json!(3))], None))
+        .unwrap_err();
+    assert!(err.to_string().contains("does not match its schema"), "{err}");
+    let latest = r.store.get_checkpoint(&thread, None).unwrap().unwrap();
+    assert_eq!(latest.checkpoint_id, replaced.checkpoint_id);
+}

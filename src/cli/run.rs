@@ -268,7 +268,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
 }
 
 /// Compiles the workflow, or prints why it cannot run.
-fn compile(file: &Path) -> anyhow::Result<Option<Arc<crate::compile::Plan>>> {
+pub(super) fn compile(file: &Path) -> anyhow::Result<Option<Arc<crate::compile::Plan>>> {
     if !file.is_file() {
         bail!("workflow file {} does not exist", file.display());
     }

@@ -2,13 +2,16 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
 
 use super::run::{OutputFormat, parse_kv};
 use super::{exit, store};
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint;
+use crate::engine::events::Events;
+use crate::engine::{Engine, Services};
 
 /// Where the threads are.
 #[derive(clap::Args, Debug)]
@@ -61,9 +64,11 @@ pub struct StateArgs {
 /// Start a new thread from any checkpoint of another (time travel), optionally editing state.
 ///
 /// The new thread continues from that checkpoint with `runner resume --thread NEW`; the
-/// original is unchanged.
+/// original is unchanged. With `--as-node NODE` the edits are NODE's write, through the
+/// reducers (a message is appended), and the thread goes on from what NODE's edges say
+/// (LangGraph's `update_state(values, as_node)`); without it they replace the values outright.
 ///
-/// Example: runner fork --thread T --checkpoint C --set 'subtopics=[]' --new-thread T2
+/// Example: runner fork --thread T --checkpoint C --set 'messages="try again"' --as-node review --new-thread T2
 #[derive(clap::Args, Debug)]
 pub struct ForkArgs {
     #[arg(long)]
@@ -74,6 +79,13 @@ pub struct ForkArgs {
     /// A state edit: `key=json`.
     #[arg(long = "set", value_name = "KEY=JSON")]
     set: Vec<String>,
+    /// Apply the edits as a write of this node, through the reducers, and continue from its
+    /// edges (default: replace the values, keep the pending tasks).
+    #[arg(long, value_name = "NODE")]
+    as_node: Option<String>,
+    /// The workflow whose reducers and edges apply (default: the one recorded with the thread).
+    #[arg(long, value_name = "FILE")]
+    workflow: Option<PathBuf>,
     /// The new thread's id (default: a new id).
     #[arg(long)]
     new_thread: Option<String>,
@@ -164,35 +176,14 @@ pub fn state(args: StateArgs) -> anyhow::Result<u8> {
 pub fn fork(args: ForkArgs) -> anyhow::Result<u8> {
     let store = store::open(args.db.db.as_deref())?;
     let new = args.new_thread.clone().unwrap_or_else(checkpoint::new_id);
-    let base = store.fork(&args.thread, &args.checkpoint, &new)?;
-    if !args.set.is_empty() {
+    store.fork(&args.thread, &args.checkpoint, &new)?;
+    if !args.set.is_empty() || args.as_node.is_some() {
         // Edits become a checkpoint of their own on the new thread, on top of the copy, so the
-        // history shows them.
-        let mut versions = base.versions.clone();
-        let mut values = Vec::new();
-        let mut changed = Vec::new();
-        let current = store.state(&new, &base.versions)?;
-        for kv in &args.set {
-            let (key, value) = parse_kv(kv)?;
-            if !current.contains_key(&key) {
-                store.delete_thread(&new)?;
-                bail!("the state has no key `{key}`");
-            }
-            let version = versions.get(&key).copied().unwrap_or(0) + 1;
-            versions.insert(key.clone(), version);
-            values.push((key.clone(), version, value));
-            changed.push(key);
+        // history shows them; a fork whose edit fails is removed.
+        if let Err(e) = edit(&args, &store, &new) {
+            store.delete_thread(&new)?;
+            return Err(e);
         }
-        let cp = Checkpoint {
-            checkpoint_id: checkpoint::new_id(),
-            parent_id: Some(base.checkpoint_id.clone()),
-            versions,
-            ran: Vec::new(),
-            changed,
-            created_at: crate::clock::now(),
-            ..base.clone()
-        };
-        store.put_checkpoint(&cp, &values)?;
     }
     eprintln!(
         "forked {} at {} into {new}; continue it with `runner resume --thread {new}`",
@@ -200,4 +191,25 @@ pub fn fork(args: ForkArgs) -> anyhow::Result<u8> {
     );
     writeln!(std::io::stdout().lock(), "{new}")?;
     Ok(exit::OK)
+}
+
+/// Applies a fork's edits through the engine, with the workflow's reducers and edges.
+fn edit(args: &ForkArgs, store: &Arc<dyn checkpoint::Checkpointer>, thread_id: &str) -> anyhow::Result<()> {
+    let values = args
+        .set
+        .iter()
+        .map(|kv| parse_kv(kv))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let recorded = store
+        .get_thread(thread_id)?
+        .map(|t| PathBuf::from(t.workflow))
+        .unwrap_or_default();
+    let workflow = args.workflow.clone().unwrap_or(recorded);
+    let Some(plan) = super::run::compile(&workflow)? else {
+        bail!("the workflow {} is not valid", workflow.display());
+    };
+    let engine = Engine::new(plan, store.clone(), Services::default(), Events::none());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(engine.update_state(thread_id, values, args.as_node.as_deref()))?;
+    Ok(())
 }

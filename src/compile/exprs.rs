@@ -24,6 +24,17 @@ pub const RUN_FIELDS: &[&str] = &["thread_id", "step", "node", "remaining_steps"
 pub fn environment(prompts: Option<PathBuf>) -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
+    // A write that bypasses its key's reducer, and the marker that empties an `add_messages`
+    // key: LangGraph's `Overwrite(value)` and `RemoveMessage(id=REMOVE_ALL_MESSAGES)`.
+    env.add_function("overwrite", |value: minijinja::Value| {
+        minijinja::Value::from(std::collections::BTreeMap::from([(super::OVERWRITE, value)]))
+    });
+    env.add_function("remove_all_messages", || {
+        minijinja::Value::from(std::collections::BTreeMap::from([
+            ("type", "remove"),
+            ("id", super::REMOVE_ALL_MESSAGES),
+        ]))
+    });
     if let Some(dir) = prompts {
         // `{% include %}` of partials under the prompts directory; names may not escape it.
         env.set_loader(move |name: &str| {
@@ -107,6 +118,7 @@ impl Exprs {
         let vars = vars.into_iter().filter(|v| !called.iter().any(|c| c == v)).collect();
         Names {
             vars: sorted(vars),
+            calls: called.into(),
             unknown: unknown.into(),
         }
     }
@@ -457,6 +469,8 @@ pub struct UnknownCall {
 #[derive(Debug, Clone, Default)]
 pub struct Names {
     pub vars: Arc<[String]>,
+    /// The filters, tests and functions it calls, by name.
+    pub calls: Arc<[String]>,
     pub unknown: Arc<[UnknownCall]>,
 }
 

@@ -274,7 +274,10 @@ impl Build<'_, '_> {
             }
             let writer = match value {
                 Value::String(text) => match self.expr(&at, text, scope) {
-                    Some(id) => Writer::Expr(id),
+                    Some(id) => {
+                        self.check_bypass(ix, &at, key, text);
+                        Writer::Expr(id)
+                    }
                     None => continue,
                 },
                 other => Writer::Literal(other.clone()),
@@ -283,6 +286,48 @@ impl Build<'_, '_> {
             out.push((key.clone(), writer));
         }
         out
+    }
+
+    /// E311: a write that bypasses its key's reducer where it cannot work: every message
+    /// removed from a key that does not hold messages, or an overwrite by a node that runs
+    /// once per fan-out item (its copies would overwrite the key together, and only one may).
+    fn check_bypass(&mut self, ix: NodeIx, at: &str, key: &str, text: &str) {
+        let Some(calls) = self.exprs.names_of(text).map(|n| n.calls.clone()) else {
+            return;
+        };
+        let calls_fn = |name: &str| calls.iter().any(|c| c == name);
+        if calls_fn("remove_all_messages")
+            && let Some(channel) = self.state.get(key)
+            && channel.reducer != Reducer::AddMessages
+        {
+            self.diags.push(
+                self.src
+                    .diag(
+                        Code::ReducerBypass,
+                        at,
+                        format!("`remove_all_messages()` is written to `{key}`, whose reducer is not `add_messages`"),
+                    )
+                    .help(format!(
+                        "give `{key}` `reducer: add_messages`, or empty it with `overwrite([])`"
+                    )),
+            );
+        }
+        if calls_fn("overwrite")
+            && let Some(item) = self.drafts[&ix].item.clone()
+        {
+            let node = self.drafts[&ix].name.clone();
+            self.diags.push(
+                self.src
+                    .diag(
+                        Code::ReducerBypass,
+                        at,
+                        format!("node `{node}` runs once per fan-out item (`{item}`) and overwrites `{key}`"),
+                    )
+                    .help(format!(
+                        "only one write may overwrite `{key}` in a superstep: let the copies write through its reducer, and overwrite it in a node after them"
+                    )),
+            );
+        }
     }
 
     pub(super) fn model_ref(&mut self, pointer: &str, name: &str, implicit: bool) {

@@ -287,6 +287,10 @@ impl<'c, 'a> Build<'c, 'a> {
             } else {
                 check(self.src, &pointer, &root, self.diags);
             }
+            let from_input = spec.from_input.as_ref().and_then(|f| f.field(key)).map(str::to_string);
+            if let Some(field) = &from_input {
+                self.check_input_feed(&pointer, key, field);
+            }
             self.state_schemas.insert(key.clone(), root.clone());
             self.state.insert(
                 key.clone(),
@@ -294,9 +298,41 @@ impl<'c, 'a> Build<'c, 'a> {
                     reducer,
                     default,
                     schema: root,
+                    from_input,
                 },
             );
         }
+    }
+
+    /// E216: a key fed from an input field the input cannot hold: the workflow declares no
+    /// input (so a run's input must be empty), or its schema lists its fields and not this one.
+    fn check_input_feed(&mut self, pointer: &str, key: &str, field: &str) {
+        let at = push_pointer(pointer, "from_input");
+        let d = match &self.sym.input {
+            None => self
+                .src
+                .diag(
+                    Code::InputFeed,
+                    &at,
+                    format!("`{key}` is fed from the input field `{field}`, but the workflow declares no `input`"),
+                )
+                .help(format!(
+                    "declare `input: {{type: object, properties: {{{field}: ...}}}}`"
+                )),
+            Some(Some(fields)) if !fields.iter().any(|f| f == field) => self
+                .src
+                .diag(
+                    Code::InputFeed,
+                    &at,
+                    format!("`{key}` is fed from the input field `{field}`, which the input schema does not declare"),
+                )
+                .suggest(field, fields.iter().map(String::as_str))
+                .help_or(format!(
+                    "declare `{field}` under `input.properties`, or name a declared field: `from_input: FIELD`"
+                )),
+            _ => return,
+        };
+        self.diags.push(d);
     }
 
     fn named_exprs(&mut self) {

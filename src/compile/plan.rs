@@ -324,6 +324,26 @@ pub struct Channel {
     pub reducer: Reducer,
     pub default: Value,
     pub schema: Value,
+    /// The input field written to the key through its reducer when a thread starts and at
+    /// each new turn.
+    pub from_input: Option<String>,
+}
+
+/// A write `{"__overwrite__": value}` sets its key to `value`, bypassing the key's reducer
+/// (LangGraph's `Overwrite(value)`, in the JSON form LangGraph gives it). Expressions write it
+/// with `overwrite(value)`.
+pub const OVERWRITE: &str = "__overwrite__";
+
+/// The id of a remove marker that removes every message of an `add_messages` key (LangGraph's
+/// `RemoveMessage(id=REMOVE_ALL_MESSAGES)`). Expressions write it with `remove_all_messages()`.
+pub const REMOVE_ALL_MESSAGES: &str = "__remove_all__";
+
+/// The value an overwrite marker carries, if `v` is one.
+pub fn overwritten(v: &Value) -> Option<&Value> {
+    match v {
+        Value::Object(m) if m.len() == 1 => m.get(OVERWRITE),
+        _ => None,
+    }
 }
 
 /// How writes to a key combine.

@@ -72,6 +72,7 @@ codes! {
     BadImport = "E213", "bad-import", Error, "an imported file defines nodes or edges";
     BadParams = "E214", "bad-params", Error, "a node's params do not fit its kind's parameters";
     BadHandoff = "E215", "bad-handoff", Error, "a subgraph hands off to a node or writes a key its parent workflow does not have";
+    InputFeed = "E216", "input-feed", Error, "a state key is fed from an input field the input schema does not declare";
     // Expressions, templates and types.
     ExprSyntax = "E300", "expression-syntax", Error, "an expression does not parse";
     TemplateSyntax = "E301", "template-syntax", Error, "a template does not parse";
@@ -84,6 +85,7 @@ codes! {
     BadInterpolation = "E308", "bad-interpolation", Error, "a `${env:...}` interpolation is malformed";
     BadDuration = "E309", "bad-duration", Error, "a duration does not parse";
     UnknownFilter = "E310", "unknown-filter", Error, "an expression or template uses a filter, test or function that does not exist";
+    ReducerBypass = "E311", "reducer-bypass", Error, "a write bypasses its key's reducer where it cannot: `remove_all_messages()` on a key that does not hold messages, or `overwrite(...)` in a fanned-out node";
     // The graph.
     BadEdge = "E400", "bad-edge", Error, "an edge is malformed";
     NoEntry = "E401", "no-entry", Error, "START has no outgoing edge";

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::kind::Handoff;
 use super::step::{StepResult, follow};
@@ -55,11 +55,11 @@ impl From<DecodeError> for EngineError {
 
 /// A step's writes folded into new values: the versions after the step, the keys that
 /// changed, what to store for each, and each key's new value.
-struct Folded {
-    versions: BTreeMap<String, u64>,
-    changed: Vec<String>,
-    stored: NewValues,
-    values: Vec<(String, Value)>,
+pub(super) struct Folded {
+    pub(super) versions: BTreeMap<String, u64>,
+    pub(super) changed: Vec<String>,
+    pub(super) stored: NewValues,
+    pub(super) values: Vec<(String, Value)>,
 }
 
 impl Engine {
@@ -147,8 +147,20 @@ impl Engine {
 
     /// Folds each key's writes (by node, in order) through its reducer and checks the result.
     fn fold(&self, run: &mut Run, updates: &BTreeMap<&str, Vec<(&str, &Value)>>) -> Result<Folded, ApplyError> {
+        self.fold_writes(&run.state, &run.cp.versions, &mut run.meta, updates)
+    }
+
+    /// [`Engine::fold`] on a state outside a run: the state and versions of a checkpoint, and
+    /// the meta of the checkpoint being made.
+    pub(super) fn fold_writes(
+        &self,
+        state: &Map<String, Value>,
+        versions: &BTreeMap<String, u64>,
+        meta: &mut Meta,
+        updates: &BTreeMap<&str, Vec<(&str, &Value)>>,
+    ) -> Result<Folded, ApplyError> {
         let mut folded = Folded {
-            versions: run.cp.versions.clone(),
+            versions: versions.clone(),
             changed: Vec::new(),
             stored: Vec::new(),
             values: Vec::with_capacity(updates.len()),
@@ -166,8 +178,8 @@ impl Engine {
                     nodes: writes.iter().map(|(n, _)| n.to_string()).collect(),
                 });
             }
-            let current = run.state.get(*key).unwrap_or(&Value::Null);
-            let value = values::reduce(
+            let current = state.get(*key).unwrap_or(&Value::Null);
+            let reduced = values::reduce(
                 &self.plan,
                 &channel.reducer,
                 current,
@@ -177,6 +189,7 @@ impl Engine {
                 key: key.to_string(),
                 source,
             })?;
+            let value = reduced.value;
             if let Some(why) = self
                 .validators
                 .get(*key)
@@ -191,7 +204,14 @@ impl Engine {
             let version = folded.versions.get(*key).copied().unwrap_or(0) + 1;
             folded.versions.insert(key.to_string(), version);
             folded.changed.push(key.to_string());
-            let stored = match stored_extension(&mut run.meta, key, &channel.reducer, current, &value) {
+            // An overwritten value need not begin with the old one: it is stored whole.
+            let extension = if reduced.overwritten {
+                meta.chains.insert(key.to_string(), 0);
+                None
+            } else {
+                stored_extension(meta, key, &channel.reducer, current, &value)
+            };
+            let stored = match extension {
                 Some(items) => checkpoint::extension(version - 1, items),
                 None => value.clone(),
             };
@@ -277,7 +297,7 @@ impl Engine {
 
     /// Records that `node` ran toward each join it is a source of; a join whose sources have
     /// all run since its target last ran fires.
-    fn join(&self, meta: &mut Meta, ix: NodeIx, node: &str, next: &mut Vec<Next>) {
+    pub(super) fn join(&self, meta: &mut Meta, ix: NodeIx, node: &str, next: &mut Vec<Next>) {
         for (j, (sources, target)) in self.plan.joins().iter().enumerate() {
             if sources.contains(&ix) {
                 let barrier = meta.barriers.entry(j).or_default();

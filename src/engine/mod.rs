@@ -13,6 +13,7 @@
 
 mod apply;
 mod budget;
+mod edit;
 pub mod events;
 mod gates;
 pub mod kind;
@@ -37,6 +38,7 @@ use crate::checkpoint::{
 use crate::compile::Plan;
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
+pub use edit::EditError;
 use events::{Event, Events};
 pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD};
 use kind::Validators;
@@ -159,6 +161,8 @@ pub enum EngineError {
         to: String,
         pending: Vec<String>,
     },
+    #[error(transparent)]
+    Edit(#[from] EditError),
     #[error(transparent)]
     Store(#[from] checkpoint::CheckpointError),
 }

@@ -264,7 +264,7 @@ impl Engine {
     }
 
     /// The most supersteps a run may take: the options' recursion limit, else the plan's.
-    fn limit(&self) -> i64 {
+    pub(super) fn limit(&self) -> i64 {
         i64::from(self.options.recursion_limit.unwrap_or(self.plan.recursion_limit()))
     }
 
@@ -276,9 +276,17 @@ impl Engine {
         for (key, channel) in self.plan.state() {
             state.insert(key.clone(), channel.default.clone());
             versions.insert(key.clone(), 1);
-            values.push((key.clone(), 1, channel.default.clone()));
         }
         let mut meta = Meta::default();
+        // The input's writes start from the defaults and are the keys' first versions.
+        let fed = self.input_writes(&state, &versions, &mut meta, &thread.input)?;
+        for (key, value) in fed.values {
+            state.insert(key, value);
+        }
+        meta = Meta::default();
+        for (key, value) in &state {
+            values.push((key.clone(), 1, value.clone()));
+        }
         let tasks = self.hold_deferred(&mut meta, self.entry_tasks(thread, &thread.input, &state, -1, limit)?);
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
@@ -305,6 +313,26 @@ impl Engine {
         step: i64,
         limit: i64,
     ) -> Result<Vec<TaskSpec>, EngineError> {
+        let next = self
+            .route_outside(thread, input, state, step, limit, "START", self.plan.entry())
+            .map_err(|e| EngineError::Input(format!("routing from START: {e}")))?;
+        Ok(self.schedule(next))
+    }
+
+    /// Where `branches` (of START, or of `node`) lead on `state`, outside a run (the start of a
+    /// turn, a state edit): the scope has the turn's input, the thread's config and context,
+    /// and the state.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn route_outside(
+        &self,
+        thread: &Thread,
+        input: &Value,
+        state: &Map<String, Value>,
+        step: i64,
+        limit: i64,
+        node: &str,
+        branches: &[crate::compile::Branch],
+    ) -> Result<Vec<super::task::Next>, String> {
         let config = effective_config(self.plan.config(), &thread.config);
         let scope = Scope::new(
             BTreeMap::from([
@@ -315,7 +343,7 @@ impl Engine {
                 // Nothing has run yet: every step of the run is still to come.
                 (
                     "run".to_string(),
-                    values::run_value(&thread.thread_id, step, "START", limit),
+                    values::run_value(&thread.thread_id, step, node, limit),
                 ),
             ]),
             Some(self.plan.clone()),
@@ -328,7 +356,7 @@ impl Engine {
             services: self.services.clone(),
             events: Events::none(),
             thread_id: thread.thread_id.clone(),
-            // Routing from START writes nothing.
+            // Routing writes nothing.
             fence: Fence {
                 thread_id: thread.thread_id.clone(),
                 owner: String::new(),
@@ -339,11 +367,10 @@ impl Engine {
             end_step: step + 1 + limit,
         };
         let mut next = Vec::new();
-        for b in self.plan.entry() {
-            follow(&shared, b, &scope, &mut next)
-                .map_err(|e| EngineError::Input(format!("routing from START: {}", e.message)))?;
+        for b in branches {
+            follow(&shared, b, &scope, &mut next).map_err(|e| e.message)?;
         }
-        Ok(self.schedule(next))
+        Ok(next)
     }
 
     /// A new input on a finished thread starts a new turn (LangGraph's `invoke(input, thread)`):
@@ -364,9 +391,14 @@ impl Engine {
         }
         let input = with_defaults(self.plan.input_schema(), input.clone());
         check_schema(self.plan.input_schema(), &input, "input")?;
-        let state = self.store.state(&thread.thread_id, &cp.versions)?;
+        let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
         let step = cp.step + 1;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        // The new input goes through the reducers of the keys it feeds, on the thread's state.
+        let fed = self.input_writes(&state, &cp.versions, &mut meta, &input)?;
+        for (key, value) in fed.values {
+            state.insert(key, value);
+        }
         meta.barriers.clear();
         meta.deferred.clear();
         let next = self.hold_deferred(&mut meta, self.entry_tasks(thread, &input, &state, step, limit)?);
@@ -377,8 +409,9 @@ impl Engine {
             checkpoint_id: checkpoint::new_id(),
             parent_id: Some(cp.checkpoint_id.clone()),
             step,
+            versions: fed.versions,
             ran: Vec::new(),
-            changed: Vec::new(),
+            changed: fed.changed,
             next,
             meta: serde_json::to_value(&meta).unwrap_or_default(),
             plan_hash: self.plan.hash().to_string(),
@@ -387,9 +420,31 @@ impl Engine {
         };
         self.store.put_batch(vec![
             Put::Fence(fence.clone()),
-            Put::Checkpoint(Box::new(turn.clone()), Vec::new()),
+            Put::Checkpoint(Box::new(turn.clone()), fed.stored),
         ])?;
         Ok(turn)
+    }
+
+    /// A turn's input written through the reducers of the keys it feeds (`from_input`), on
+    /// `state`: the new versions and values. An input without a key's field writes nothing.
+    fn input_writes(
+        &self,
+        state: &Map<String, Value>,
+        versions: &BTreeMap<String, u64>,
+        meta: &mut Meta,
+        input: &Value,
+    ) -> Result<super::apply::Folded, EngineError> {
+        let writes: BTreeMap<&str, Vec<(&str, &Value)>> = self
+            .plan
+            .state()
+            .iter()
+            .filter_map(|(key, channel)| {
+                let value = input.get(channel.from_input.as_deref()?)?;
+                Some((key.as_str(), vec![("input", value)]))
+            })
+            .collect();
+        self.fold_writes(state, versions, meta, &writes)
+            .map_err(|e| EngineError::Input(e.to_string()))
     }
 
     /// A thread made by another version of the workflow may go on only if its state and
@@ -448,7 +503,7 @@ impl Engine {
 }
 
 /// The plan's config with a thread's overrides merged in.
-fn effective_config(base: &Value, overrides: &Value) -> Value {
+pub(super) fn effective_config(base: &Value, overrides: &Value) -> Value {
     let mut out = base.clone();
     merge(&mut out, overrides);
     out

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use minijinja::value::{Enumerator, Object, ObjectRepr, Value as JValue};
 use serde_json::{Map, Value};
 
-use crate::compile::{ExprId, Plan, Reducer};
+use crate::compile::{ExprId, Plan, REMOVE_ALL_MESSAGES, Reducer};
 
 /// What expressions read: `state`, `input`, `config`, `context`, `run`, and per use `params`,
 /// the fan-out item, `output`, `usage`, `error`. A scope is a stack of layers: a layer holds
@@ -162,6 +162,8 @@ pub enum ReduceError {
     NoSuchMessage(String),
     #[error("a remove marker needs the `id` of the message to remove")]
     RemoveWithoutId,
+    #[error("two writes overwrite the key in the same superstep; only one can (have one of them write another key)")]
+    TwoOverwrites,
     #[error("reducer `{0}` needs its plan")]
     NoPlan(String),
     #[error("reducer `{name}`: {source}")]
@@ -249,13 +251,50 @@ pub fn describe(e: &minijinja::Error) -> String {
     s
 }
 
-/// Folds `updates` (in their deterministic order) into `current` with a key's reducer.
-pub fn reduce(plan: &Plan, reducer: &Reducer, current: &Value, updates: Vec<Value>) -> Result<Value, ReduceError> {
+/// A key's new value, and whether an overwrite set it (then it need not extend the old one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reduced {
+    pub value: Value,
+    pub overwritten: bool,
+}
+
+/// Folds `updates` (in their deterministic order) into `current` with a key's reducer. An
+/// overwrite (`{"__overwrite__": value}`) sets the value and the step's other writes of the key
+/// are dropped, as LangGraph's `Overwrite` does; two overwrites of one key in one step are an
+/// error, since neither can win.
+pub fn reduce(plan: &Plan, reducer: &Reducer, current: &Value, updates: Vec<Value>) -> Result<Reduced, ReduceError> {
+    let mut overwrites = updates.iter().filter_map(crate::compile::overwritten);
+    if let Some(value) = overwrites.next() {
+        if overwrites.next().is_some() {
+            return Err(ReduceError::TwoOverwrites);
+        }
+        return Ok(Reduced {
+            value: value.clone(),
+            overwritten: true,
+        });
+    }
     let mut value = current.clone();
+    let mut overwritten = false;
     for update in updates {
+        // Removing every message starts the key afresh, as an overwrite does.
+        overwritten |= *reducer == Reducer::AddMessages && removes_all(&update);
         value = reduce_one(Some(plan), reducer, value, update)?;
     }
-    Ok(value)
+    Ok(Reduced { value, overwritten })
+}
+
+/// Whether a write to an `add_messages` key holds the marker that removes every message.
+fn removes_all(update: &Value) -> bool {
+    match update {
+        Value::Array(items) => items.iter().any(is_remove_all),
+        one => is_remove_all(one),
+    }
+}
+
+/// Whether one message is the marker that removes every message.
+fn is_remove_all(m: &Value) -> bool {
+    m.get("type").and_then(Value::as_str) == Some("remove")
+        && m.get("id").and_then(Value::as_str) == Some(REMOVE_ALL_MESSAGES)
 }
 
 fn reduce_one(plan: Option<&Plan>, reducer: &Reducer, current: Value, update: Value) -> Result<Value, ReduceError> {
@@ -379,12 +418,17 @@ fn numeric(reducer: &Reducer, current: Value, update: Value) -> Result<Value, Re
 
 /// LangGraph's `add_messages`: a message whose `id` exists replaces it in place; `{type:
 /// remove, id}` deletes (an id no message has is an error); others are appended with an id (position-based, so replays agree).
-/// A string is a user message.
+/// A string is a user message. `{type: remove, id: "__remove_all__"}` removes every message
+/// before it, those of the key and those earlier in the same update.
 fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, ReduceError> {
-    let incoming = match update {
+    let mut incoming = match update {
         Value::Array(items) => items,
         one => vec![one],
     };
+    if let Some(last) = incoming.iter().rposition(is_remove_all) {
+        current.clear();
+        incoming.drain(..=last);
+    }
     for msg in incoming {
         let mut msg = match msg {
             Value::String(s) => serde_json::json!({"role": "user", "content": s}),
@@ -473,6 +517,25 @@ mod tests {
         assert_eq!(v.as_array().unwrap().len(), 2);
         let err = r(Reducer::AddMessages, v, vec![json!({"type": "remove", "id": "m1"})]).unwrap_err();
         assert!(err.contains("`m1`"), "{err}");
+    }
+
+    #[test]
+    fn remove_all_messages_drops_the_history_and_what_came_before_it_in_the_update() {
+        let base = json!([{"id": "a", "role": "user", "content": "hi"}]);
+        let marker = json!({"type": "remove", "id": REMOVE_ALL_MESSAGES});
+        let v = r(
+            Reducer::AddMessages,
+            base,
+            vec![json!(["dropped", marker, {"id": "a", "role": "user", "content": "kept"}, "new"])],
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            json!([
+                {"id": "a", "role": "user", "content": "kept"},
+                {"id": "m1", "role": "user", "content": "new"}
+            ])
+        );
     }
 
     #[test]

@@ -114,12 +114,39 @@ pub struct StateKey {
     /// The value before any node writes the key. Without it the key starts as null.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default: Option<Value>,
+    /// The key is fed from the run's input: when a thread starts and at each new turn, the
+    /// input's field of the same name (`true`), or of the name given, is written to the key
+    /// through its reducer, as LangGraph applies a run's input (a new message is appended by
+    /// `add_messages`). An input without the field writes nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_input: Option<FromInput>,
     /// What the key holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// Any other JSON Schema keywords (`type`, `items`, `properties`, `$ref`, `enum`, ...).
     #[serde(flatten)]
     pub schema: IndexMap<String, Value>,
+}
+
+/// Which input field feeds a state key.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum FromInput {
+    /// `true`: the input field named like the key; `false`: none.
+    Same(bool),
+    /// The input field of this name.
+    Field(String),
+}
+
+impl FromInput {
+    /// The input field that feeds `key`, if any.
+    pub fn field<'a>(&'a self, key: &'a str) -> Option<&'a str> {
+        match self {
+            FromInput::Same(true) => Some(key),
+            FromInput::Same(false) => None,
+            FromInput::Field(f) => Some(f),
+        }
+    }
 }
 
 /// A named expression: the expression text alone, or with a description.

@@ -1,0 +1,208 @@
+//! State edits, LangGraph's `update_state(values, as_node)`: values written to a thread's latest
+//! checkpoint as a new checkpoint, under the thread's lease. As a node, the values are that
+//! node's write, folded through the reducers, and the thread goes on from what the node's edges
+//! say; without one they replace the keys' values outright and the pending tasks stay.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::task::Next;
+use super::{Engine, EngineError, Meta, NewValues, lease};
+use crate::checkpoint::{self, Checkpoint, Fence, Put, ThreadStatus};
+
+/// Why a state edit cannot be applied. The thread is unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum EditError {
+    #[error("the workflow has no node `{node}`{hint}")]
+    NoSuchNode { node: String, hint: String },
+    #[error("the state has no key `{key}`{hint}")]
+    NoSuchKey { key: String, hint: String },
+    #[error("the edit of `{key}` does not match its schema: {why}")]
+    Schema { key: String, why: String },
+    /// The write as the node could not be folded, or its edges not followed.
+    #[error("as `{node}`: {message}")]
+    AsNode { node: String, message: String },
+}
+
+impl Engine {
+    /// Edits the state of a thread at its latest checkpoint, as a new checkpoint. With
+    /// `as_node`, `values` are written as that node's write through the reducers (a message
+    /// is appended to an `add_messages` key, an `overwrite(...)` marker replaces) and the thread
+    /// continues from what the node's edges say on the edited state: the node's successors are
+    /// scheduled beside the pending tasks of other nodes, and a pending task of the node itself
+    /// counts as done. Without it, the values replace the keys' values outright and the pending
+    /// tasks stay. Continue the thread with [`Engine::resume`].
+    pub async fn update_state(
+        &self,
+        thread_id: &str,
+        values: Vec<(String, Value)>,
+        as_node: Option<&str>,
+    ) -> Result<Checkpoint, EngineError> {
+        let held = lease::take(&self.store, thread_id, &self.options.lease, &self.cancel).await?;
+        let edited = self.edit(thread_id, values, as_node, held.fence());
+        let released = held.release();
+        let edited = edited?;
+        released?;
+        Ok(edited)
+    }
+
+    fn edit(
+        &self,
+        thread_id: &str,
+        values: Vec<(String, Value)>,
+        as_node: Option<&str>,
+        fence: &Fence,
+    ) -> Result<Checkpoint, EngineError> {
+        let thread = self
+            .store
+            .get_thread(thread_id)?
+            .ok_or_else(|| EngineError::NoThread(thread_id.to_string()))?;
+        let cp = self
+            .store
+            .get_checkpoint(thread_id, None)?
+            .ok_or_else(|| EngineError::NoThread(thread_id.to_string()))?;
+        for (key, _) in &values {
+            if !self.plan.state().contains_key(key) {
+                return Err(EditError::NoSuchKey {
+                    key: key.clone(),
+                    hint: hint(key, self.plan.state().keys().map(String::as_str)),
+                }
+                .into());
+            }
+        }
+        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        let (edited, stored) = match as_node {
+            None => self.replaced(&cp, &mut meta, values)?,
+            Some(node) => self.as_node(&thread, &cp, &mut meta, &values, node)?,
+        };
+        let edited = Checkpoint {
+            checkpoint_id: checkpoint::new_id(),
+            parent_id: Some(cp.checkpoint_id.clone()),
+            meta: serde_json::to_value(&meta).unwrap_or_default(),
+            plan_hash: self.plan.hash().to_string(),
+            created_at: crate::clock::now(),
+            ..edited
+        };
+        let mut puts = vec![
+            Put::Fence(fence.clone()),
+            Put::Checkpoint(Box::new(edited.clone()), stored),
+        ];
+        // As a node, the edit decides what is left to run: the thread is done, or can be
+        // continued (no gate waits: the edit's checkpoint has no records).
+        if as_node.is_some() {
+            puts.push(Put::Status {
+                thread_id: thread_id.to_string(),
+                status: if edited.next.is_empty() {
+                    ThreadStatus::Done
+                } else {
+                    ThreadStatus::Running
+                },
+            });
+        }
+        self.store.put_batch(puts)?;
+        Ok(edited)
+    }
+
+    /// The values replace the keys' values outright, each checked against its key's schema;
+    /// the step and the pending tasks stay.
+    fn replaced(
+        &self,
+        cp: &Checkpoint,
+        meta: &mut Meta,
+        values: Vec<(String, Value)>,
+    ) -> Result<(Checkpoint, NewValues), EngineError> {
+        let mut versions = cp.versions.clone();
+        let mut changed = Vec::new();
+        let mut stored = Vec::new();
+        for (key, value) in values {
+            if let Some(why) = self
+                .validators
+                .get(&key)
+                .and_then(|v| crate::compile::schemas::first_violation(v, &value))
+            {
+                return Err(EditError::Schema { key, why }.into());
+            }
+            let version = versions.get(&key).copied().unwrap_or(0) + 1;
+            versions.insert(key.clone(), version);
+            // A whole value ends the key's chain of stored extensions.
+            meta.chains.insert(key.clone(), 0);
+            changed.push(key.clone());
+            stored.push((key, version, value));
+        }
+        let edited = Checkpoint {
+            versions,
+            ran: Vec::new(),
+            changed,
+            ..cp.clone()
+        };
+        Ok((edited, stored))
+    }
+
+    /// The values as `node`'s write through the reducers, and the tasks after it: the pending
+    /// tasks of other nodes and what `node`'s edges say on the edited state.
+    fn as_node(
+        &self,
+        thread: &checkpoint::Thread,
+        cp: &Checkpoint,
+        meta: &mut Meta,
+        values: &[(String, Value)],
+        node: &str,
+    ) -> Result<(Checkpoint, NewValues), EngineError> {
+        let Some(ix) = self.plan.node_by_name(node) else {
+            return Err(EditError::NoSuchNode {
+                node: node.to_string(),
+                hint: hint(node, self.plan.nodes().values().map(|n| n.name.as_str())),
+            }
+            .into());
+        };
+        let failed = |message: String| EditError::AsNode {
+            node: node.to_string(),
+            message,
+        };
+        let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
+        let writes: BTreeMap<&str, Vec<(&str, &Value)>> =
+            values.iter().map(|(k, v)| (k.as_str(), vec![(node, v)])).collect();
+        let folded = self
+            .fold_writes(&state, &cp.versions, meta, &writes)
+            .map_err(|e| failed(e.to_string()))?;
+        for (key, value) in folded.values {
+            state.insert(key, value);
+        }
+        let step = cp.step + 1;
+        let input = meta.input.clone().unwrap_or_else(|| thread.input.clone());
+        let branches = &self.plan.nodes()[&ix].branches;
+        let mut next = self
+            .route_outside(thread, &input, &state, step, self.limit(), node, branches)
+            .map_err(failed)?;
+        self.join(meta, ix, node, &mut next);
+        // The pending tasks of other nodes still run; a pending task of `node` is what the
+        // edit stands for.
+        let pending = cp.next.iter().filter(|t| t.node != node).filter_map(|t| {
+            let ix = self.plan.node_by_name(&t.node)?;
+            Some(match &t.item {
+                Some(item) => Next::Send(ix, item.clone()),
+                None => Next::Node(ix),
+            })
+        });
+        let next: Vec<Next> = pending.chain(next).collect();
+        // A deferred node the edit's edges reach waits like one a step reached.
+        let next = self.hold_deferred(meta, self.schedule(next));
+        let edited = Checkpoint {
+            step,
+            versions: folded.versions,
+            ran: vec![node.to_string()],
+            changed: folded.changed,
+            next,
+            ..cp.clone()
+        };
+        Ok((edited, folded.stored))
+    }
+}
+
+/// " (did you mean `x`?)" for a near miss among `names`, else nothing.
+fn hint<'a>(name: &str, names: impl Iterator<Item = &'a str>) -> String {
+    crate::diag::did_you_mean(name, names)
+        .map(|s| format!(" (did you mean `{s}`?)"))
+        .unwrap_or_default()
+}
