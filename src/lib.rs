@@ -20,5 +20,5 @@ pub mod nodes;
 pub mod providers;
 pub mod rag;
 pub mod run;
-pub mod secrets;
+mod secrets;
 pub mod spec;

@@ -18,13 +18,13 @@ use std::sync::{OnceLock, RwLock};
 use serde_json::Value;
 
 /// What replaces a secret.
-pub const REDACTED: &str = "[redacted]";
+pub(crate) const REDACTED: &str = "[redacted]";
 
 /// Secrets shorter than this are not scrubbed.
-pub const MIN_SECRET_LEN: usize = 4;
+pub(crate) const MIN_SECRET_LEN: usize = 4;
 
 /// Values shorter than this are not known as secrets process-wide.
-pub const MIN_KNOWN_LEN: usize = 8;
+pub(crate) const MIN_KNOWN_LEN: usize = 8;
 
 fn known() -> &'static RwLock<Vec<String>> {
     static KNOWN: OnceLock<RwLock<Vec<String>>> = OnceLock::new();
@@ -36,13 +36,13 @@ fn known() -> &'static RwLock<Vec<String>> {
 }
 
 /// Whether an environment variable's name says it holds a secret.
-pub fn is_secret_name(name: &str) -> bool {
+pub(crate) fn is_secret_name(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
     upper.ends_with("_KEY") || upper.ends_with("_TOKEN") || upper.ends_with("_SECRET") || upper.contains("PASSWORD")
 }
 
 /// The values of environment variables that hold secrets, by their names' convention.
-pub fn env_credentials() -> Vec<String> {
+pub(crate) fn env_credentials() -> Vec<String> {
     std::env::vars_os()
         .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
         .filter(|(name, _)| is_secret_name(name))
@@ -52,7 +52,7 @@ pub fn env_credentials() -> Vec<String> {
 
 /// Longest first (so a secret containing another is replaced whole), without short values or
 /// duplicates.
-pub fn sorted(mut secrets: Vec<String>) -> Vec<String> {
+pub(crate) fn sorted(mut secrets: Vec<String>) -> Vec<String> {
     secrets.retain(|s| s.len() >= MIN_SECRET_LEN);
     secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
     secrets.dedup();
@@ -60,7 +60,7 @@ pub fn sorted(mut secrets: Vec<String>) -> Vec<String> {
 }
 
 /// Makes `value` a known secret from now on.
-pub fn register(value: &str) {
+pub(crate) fn register(value: &str) {
     if value.len() < MIN_KNOWN_LEN {
         return;
     }
@@ -73,18 +73,18 @@ pub fn register(value: &str) {
 }
 
 /// Every known secret, longest first.
-pub fn snapshot() -> Vec<String> {
+pub(crate) fn snapshot() -> Vec<String> {
     known().read().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// `text` with every known secret replaced by [`REDACTED`].
-pub fn scrub(text: &str) -> Cow<'_, str> {
+pub(crate) fn scrub(text: &str) -> Cow<'_, str> {
     let list = known().read().unwrap_or_else(|e| e.into_inner());
     scrub_with(text, &list)
 }
 
 /// `text` with every one of `secrets` (longest first) replaced by [`REDACTED`].
-pub fn scrub_with<'a>(text: &'a str, secrets: &[String]) -> Cow<'a, str> {
+pub(crate) fn scrub_with<'a>(text: &'a str, secrets: &[String]) -> Cow<'a, str> {
     let mut out = Cow::Borrowed(text);
     for secret in secrets {
         if secret.len() >= MIN_SECRET_LEN && out.contains(secret.as_str()) {
@@ -95,7 +95,7 @@ pub fn scrub_with<'a>(text: &'a str, secrets: &[String]) -> Cow<'a, str> {
 }
 
 /// [`scrub`] over an owned string, allocating only when something is replaced.
-pub fn scrub_string(text: String) -> String {
+pub(crate) fn scrub_string(text: String) -> String {
     match scrub(&text) {
         Cow::Borrowed(_) => text,
         Cow::Owned(s) => s,
@@ -104,7 +104,7 @@ pub fn scrub_string(text: String) -> String {
 
 /// `value` with every known secret replaced in every string, keys included (rebuilt only when
 /// it holds one).
-pub fn scrub_value(value: Value) -> Value {
+pub(crate) fn scrub_value(value: Value) -> Value {
     let list = known().read().unwrap_or_else(|e| e.into_inner());
     if list.is_empty() || !holds_any(&value, &list) {
         return value;
@@ -123,7 +123,7 @@ fn holds_any(value: &Value, secrets: &[String]) -> bool {
 }
 
 /// `value` with every one of `secrets` replaced in every string, keys included.
-pub fn scrub_value_with(value: Value, secrets: &[String]) -> Value {
+pub(crate) fn scrub_value_with(value: Value, secrets: &[String]) -> Value {
     match value {
         Value::String(s) => Value::String(match scrub_with(&s, secrets) {
             Cow::Borrowed(_) => s,
@@ -141,7 +141,7 @@ pub fn scrub_value_with(value: Value, secrets: &[String]) -> Value {
 
 /// The first `max_chars` characters of `text` after every known secret is scrubbed from the
 /// whole of it (scrubbing first: a secret across the cut leaves no prefix).
-pub fn excerpt(text: &str, max_chars: usize) -> String {
+pub(crate) fn excerpt(text: &str, max_chars: usize) -> String {
     scrub(text).chars().take(max_chars).collect()
 }
 
@@ -149,18 +149,18 @@ pub fn excerpt(text: &str, max_chars: usize) -> String {
 /// caught too. Each piece is released at once except a tail that could be the start of a
 /// secret, which waits for the next piece (or [`StreamScrubber::finish`]); with no secret
 /// known, nothing waits.
-pub struct StreamScrubber {
+pub(crate) struct StreamScrubber {
     secrets: Vec<String>,
     held: std::sync::Mutex<String>,
 }
 
 impl StreamScrubber {
     /// A scrubber for the secrets known now.
-    pub fn new() -> StreamScrubber {
+    pub(crate) fn new() -> StreamScrubber {
         StreamScrubber::with(snapshot())
     }
 
-    pub fn with(secrets: Vec<String>) -> StreamScrubber {
+    pub(crate) fn with(secrets: Vec<String>) -> StreamScrubber {
         StreamScrubber {
             secrets: sorted(secrets),
             held: std::sync::Mutex::new(String::new()),
@@ -168,7 +168,7 @@ impl StreamScrubber {
     }
 
     /// What of `piece` (after what was held) can be shown now, scrubbed.
-    pub fn push(&self, piece: &str) -> String {
+    pub(crate) fn push(&self, piece: &str) -> String {
         if self.secrets.is_empty() {
             return piece.to_string();
         }
@@ -182,7 +182,7 @@ impl StreamScrubber {
     }
 
     /// Whatever is still held, scrubbed: the stream ended.
-    pub fn finish(&self) -> String {
+    pub(crate) fn finish(&self) -> String {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         scrub_with(&std::mem::take(&mut *held), &self.secrets).into_owned()
     }

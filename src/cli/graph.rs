@@ -37,7 +37,7 @@ impl From<PictureArg> for PictureFormat {
 ///
 /// Example: runner graph workflows/research.yaml --format dot | dot -Tsvg > research.svg
 #[derive(clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     /// The workflow file.
     file: PathBuf,
     /// The picture format.
@@ -45,7 +45,7 @@ pub struct Args {
     format: PictureArg,
 }
 
-pub fn run(args: Args) -> anyhow::Result<u8> {
+pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     if !args.file.is_file() {
         anyhow::bail!("{} is not a file", args.file.display());
     }

@@ -22,7 +22,7 @@ use crate::rag::{DataStore, index};
 ///
 /// Example: runner index docs/ --index docs
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(super) struct Args {
     /// Files and directories to index.
     #[arg(required = true)]
     paths: Vec<PathBuf>,
@@ -49,7 +49,7 @@ pub struct Args {
     reset: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<u8> {
+pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     let embedder: Arc<dyn Embedder> = match (&args.workflow, &args.embeddings) {
         (Some(file), Some(profile)) => {
             let (plan, _) = compile_file(file, &crate::nodes::builtin().decls());

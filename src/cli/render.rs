@@ -7,21 +7,21 @@ use serde_json::Value;
 use crate::engine::events::{Envelope, Event};
 
 /// Renders events on stderr as they come.
-pub struct Renderer {
+pub(super) struct Renderer {
     jsonl: bool,
     /// Tokens are being written on the current line.
     streaming: bool,
 }
 
 impl Renderer {
-    pub fn new(jsonl: bool) -> Renderer {
+    pub(super) fn new(jsonl: bool) -> Renderer {
         Renderer {
             jsonl,
             streaming: false,
         }
     }
 
-    pub fn render(&mut self, e: &Envelope) {
+    pub(super) fn render(&mut self, e: &Envelope) {
         let mut err = std::io::stderr().lock();
         if self.jsonl {
             if let Ok(line) = serde_json::to_string(e) {
@@ -139,7 +139,7 @@ impl Renderer {
 /// What the CLI itself says next to the event stream: a plain line for people, or on a
 /// JSON-lines stream an object of type `kind` with `fields`, so that every line of that stream
 /// is JSON.
-pub fn notice(jsonl: bool, kind: &str, fields: Value, text: &str) {
+pub(super) fn notice(jsonl: bool, kind: &str, fields: Value, text: &str) {
     let mut err = std::io::stderr().lock();
     if jsonl {
         let mut line = serde_json::json!({"type": kind, "ts": crate::clock::now()});
@@ -153,7 +153,7 @@ pub fn notice(jsonl: bool, kind: &str, fields: Value, text: &str) {
 }
 
 /// An error, as [`notice`] says it.
-pub fn error(jsonl: bool, message: &str) {
+pub(super) fn error(jsonl: bool, message: &str) {
     notice(
         jsonl,
         "error",

@@ -19,7 +19,7 @@ use crate::run::{CassetteOption, DbOption, Env, MockOption, RunOptions, RunSetti
 
 /// How progress is shown on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Stream {
+pub(super) enum Stream {
     /// A live view for people (the default on a terminal).
     Human,
     /// One JSON event per line (documented in README; stable).
@@ -30,7 +30,7 @@ pub enum Stream {
 
 /// How the result is printed on stdout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum OutputFormat {
+pub(super) enum OutputFormat {
     #[default]
     Json,
     Yaml,
@@ -60,7 +60,7 @@ impl From<PersistArg> for Persist {
 
 /// Options shared by `run` and `resume`.
 #[derive(clap::Args, Debug, Clone)]
-pub struct Common {
+pub(super) struct Common {
     /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db; `:memory:` keeps
     /// nothing).
     #[arg(long)]
@@ -153,7 +153,7 @@ impl Common {
 ///
 /// Example: runner run workflows/research.yaml --input query="How do heat pumps work?"
 #[derive(clap::Args, Debug)]
-pub struct RunArgs {
+pub(super) struct RunArgs {
     /// The workflow file.
     file: PathBuf,
     /// An input field: `key=value` (JSON if it parses as JSON, else a string; `@path` reads a
@@ -183,7 +183,7 @@ pub struct RunArgs {
 ///
 /// Example: runner resume --thread 0192f0c4-... --answer '{"action": "accept"}'
 #[derive(clap::Args, Debug)]
-pub struct ResumeArgs {
+pub(super) struct ResumeArgs {
     /// The thread.
     #[arg(long)]
     thread: String,
@@ -198,7 +198,7 @@ pub struct ResumeArgs {
     common: Common,
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<u8> {
+pub(super) fn run(args: RunArgs) -> anyhow::Result<u8> {
     let mut input = match &args.input_file {
         Some(f) => read_data_file(f)?,
         None => Value::Object(Default::default()),
@@ -241,7 +241,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     execute(plan, request, &args.common, &settings, store)
 }
 
-pub fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
+pub(super) fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
     let settings = args.common.options(args.force).resolve(&Env::process())?;
     let store = settings.open_store()?;
     let Some(thread) = store.get_thread(&args.thread)? else {

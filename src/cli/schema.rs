@@ -8,14 +8,14 @@ use super::exit;
 ///
 /// Example: runner schema > workflow.schema.json
 #[derive(clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     /// Generate the schema from this build's types instead of printing the embedded copy
     /// (for refreshing schemas/workflow.schema.json after changing the language).
     #[arg(long, hide = true)]
     generate: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<u8> {
+pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     let text = if args.generate {
         crate::spec::schema::generate_text(|g| crate::nodes::builtin().decls().schemas(g))
     } else {

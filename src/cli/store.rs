@@ -32,16 +32,16 @@ fn checkpoints(flag: Option<&Path>) -> anyhow::Result<Checkpoints> {
 }
 
 /// `--data-db`, else `$RUNNER_DATA_DB`, else `.runner/data.db`.
-pub fn data_db_path(flag: Option<&Path>) -> PathBuf {
+pub(super) fn data_db_path(flag: Option<&Path>) -> PathBuf {
     crate::run::data_db_path(flag.map(Path::to_path_buf), &Env::process()).value
 }
 
 /// The store `--db` names, created if missing.
-pub fn open(flag: Option<&Path>) -> anyhow::Result<Arc<dyn Checkpointer>> {
+pub(super) fn open(flag: Option<&Path>) -> anyhow::Result<Arc<dyn Checkpointer>> {
     Ok(checkpoints(flag)?.open(Durability::default())?)
 }
 
 /// The store `--db` names, for looking only: opened read-only, never created.
-pub fn open_read_only(flag: Option<&Path>) -> anyhow::Result<Arc<dyn Checkpointer>> {
+pub(super) fn open_read_only(flag: Option<&Path>) -> anyhow::Result<Arc<dyn Checkpointer>> {
     Ok(checkpoints(flag)?.open_read_only()?)
 }

@@ -15,7 +15,7 @@ use crate::engine::{Engine, Services};
 
 /// Where the threads are.
 #[derive(clap::Args, Debug)]
-pub struct Db {
+pub(super) struct Db {
     /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db).
     #[arg(long)]
     db: Option<PathBuf>,
@@ -26,7 +26,7 @@ pub struct Db {
 ///
 /// Example: runner threads
 #[derive(clap::Args, Debug)]
-pub struct ThreadsArgs {
+pub(super) struct ThreadsArgs {
     #[command(flatten)]
     db: Db,
 }
@@ -35,7 +35,7 @@ pub struct ThreadsArgs {
 ///
 /// Example: runner history --thread 0192f0c4-...
 #[derive(clap::Args, Debug)]
-pub struct HistoryArgs {
+pub(super) struct HistoryArgs {
     #[arg(long)]
     thread: String,
     #[command(flatten)]
@@ -46,7 +46,7 @@ pub struct HistoryArgs {
 ///
 /// Example: runner state --thread 0192f0c4-... --key final_report
 #[derive(clap::Args, Debug)]
-pub struct StateArgs {
+pub(super) struct StateArgs {
     #[arg(long)]
     thread: String,
     /// A checkpoint id from `runner history` (default: the latest).
@@ -70,7 +70,7 @@ pub struct StateArgs {
 ///
 /// Example: runner fork --thread T --checkpoint C --set 'messages="try again"' --as-node review --new-thread T2
 #[derive(clap::Args, Debug)]
-pub struct ForkArgs {
+pub(super) struct ForkArgs {
     #[arg(long)]
     thread: String,
     /// The checkpoint to branch from (see `runner history`).
@@ -93,7 +93,7 @@ pub struct ForkArgs {
     db: Db,
 }
 
-pub fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
+pub(super) fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
     let store = store::open_read_only(args.db.db.as_deref())?;
     let mut out = std::io::stdout().lock();
     let now = crate::clock::now_ms();
@@ -126,7 +126,7 @@ fn leased(store: &dyn checkpoint::Checkpointer, thread_id: &str, now: i64) -> an
     }
 }
 
-pub fn history(args: HistoryArgs) -> anyhow::Result<u8> {
+pub(super) fn history(args: HistoryArgs) -> anyhow::Result<u8> {
     let store = store::open_read_only(args.db.db.as_deref())?;
     if store.get_thread(&args.thread)?.is_none() {
         bail!("thread `{}` does not exist", args.thread);
@@ -151,7 +151,7 @@ pub fn history(args: HistoryArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
-pub fn state(args: StateArgs) -> anyhow::Result<u8> {
+pub(super) fn state(args: StateArgs) -> anyhow::Result<u8> {
     let store = store::open_read_only(args.db.db.as_deref())?;
     let cp = store
         .get_checkpoint(&args.thread, args.checkpoint.as_deref())?
@@ -173,7 +173,7 @@ pub fn state(args: StateArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
-pub fn fork(args: ForkArgs) -> anyhow::Result<u8> {
+pub(super) fn fork(args: ForkArgs) -> anyhow::Result<u8> {
     let store = store::open(args.db.db.as_deref())?;
     let new = args.new_thread.clone().unwrap_or_else(checkpoint::new_id);
     store.fork(&args.thread, &args.checkpoint, &new)?;

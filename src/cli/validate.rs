@@ -38,7 +38,7 @@ impl From<FormatArg> for Format {
 ///
 /// Example: runner validate workflows/ --format github
 #[derive(clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     /// Workflow files, or directories searched for *.yaml / *.yml (default: workflows/).
     paths: Vec<PathBuf>,
     /// How to print problems.
@@ -49,7 +49,7 @@ pub struct Args {
     deny_warnings: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<u8> {
+pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     let paths = if args.paths.is_empty() {
         vec![PathBuf::from("workflows")]
     } else {
@@ -96,7 +96,11 @@ pub fn workflow_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
 
 /// The files named in `paths`, and those below its directories whose names `keep` accepts
 /// (hidden files and directories skipped), sorted; none at all is an error naming `what`.
-pub fn files_under(paths: &[PathBuf], what: &str, keep: impl Fn(&str) -> bool + Copy) -> anyhow::Result<Vec<PathBuf>> {
+pub(super) fn files_under(
+    paths: &[PathBuf],
+    what: &str,
+    keep: impl Fn(&str) -> bool + Copy,
+) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for path in paths {
         let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;

@@ -17,7 +17,7 @@ use crate::spec::{KindDef, Workflow};
 
 /// A definition and where it was written.
 #[derive(Debug, Clone)]
-pub struct Def<T> {
+pub(crate) struct Def<T> {
     pub value: T,
     pub src: Arc<Source>,
     pub pointer: String,
@@ -25,7 +25,7 @@ pub struct Def<T> {
 
 /// Every definition visible in a workflow.
 #[derive(Debug, Default)]
-pub struct Defs {
+pub(super) struct Defs {
     pub types: IndexMap<String, Def<Value>>,
     pub reducers: IndexMap<String, Def<String>>,
     pub predicates: IndexMap<String, Def<String>>,
@@ -33,19 +33,19 @@ pub struct Defs {
 }
 
 /// Names that expressions use for their own namespaces; a predicate may not take one.
-pub const RESERVED_ROOTS: &[&str] = &[
+pub(super) const RESERVED_ROOTS: &[&str] = &[
     "state", "input", "config", "context", "params", "output", "usage", "error", "run", "item", "current", "update",
     "loop", "true", "false", "none", "True", "False", "None",
 ];
 
-pub fn is_identifier(name: &str) -> bool {
+pub(super) fn is_identifier(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Collects the definitions of `src` and its imports.
-pub fn collect(c: &mut Compiler, src: &Arc<Source>, wf: &Workflow, diags: &mut Vec<Diagnostic>) -> Defs {
+pub(super) fn collect(c: &mut Compiler, src: &Arc<Source>, wf: &Workflow, diags: &mut Vec<Diagnostic>) -> Defs {
     let mut defs = Defs::default();
     let mut stack = vec![canonical(src.path())];
     import_all(c, src, wf, &mut defs, &mut stack, diags);
@@ -212,7 +212,7 @@ fn insert<T>(map: &mut IndexMap<String, Def<T>>, name: &str, def: Def<T>, what: 
 }
 
 /// Reports a name that is not an identifier or is reserved.
-pub fn check_name(src: &Source, pointer: &str, name: &str, what: &str, diags: &mut Vec<Diagnostic>) {
+pub(super) fn check_name(src: &Source, pointer: &str, name: &str, what: &str, diags: &mut Vec<Diagnostic>) {
     if name == "START" || name == "END" {
         diags.push(
             src.diag_key(Code::ReservedName, pointer, format!("`{name}` is reserved"))
@@ -231,7 +231,7 @@ pub fn check_name(src: &Source, pointer: &str, name: &str, what: &str, diags: &m
 }
 
 /// A missing referenced file, with "did you mean" among its would-be siblings.
-pub fn missing_file(src: &Source, pointer: &str, path: &std::path::Path, what: &str) -> Diagnostic {
+pub(super) fn missing_file(src: &Source, pointer: &str, path: &std::path::Path, what: &str) -> Diagnostic {
     let siblings: Vec<String> = path
         .parent()
         .map(|d| {
@@ -261,7 +261,7 @@ pub fn missing_file(src: &Source, pointer: &str, path: &std::path::Path, what: &
 }
 
 /// Checks a library file (definitions only): names, imports, expression syntax, kinds.
-pub fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec<Diagnostic>) {
+pub(super) fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec<Diagnostic>) {
     let Some(wf) = src.workflow.clone() else { return };
     let defs = collect(c, src, &wf, diags);
     let mut exprs = super::exprs::Exprs::new(None);

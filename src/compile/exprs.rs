@@ -16,12 +16,12 @@ use crate::diag::{Code, Diagnostic, did_you_mean};
 const GLOBALS: &[&str] = &["range", "dict", "namespace", "lipsum", "cycler", "joiner", "debug"];
 
 /// Fields of `usage`, `error` and `run`.
-pub const USAGE_FIELDS: &[&str] = &["prompt_tokens", "completion_tokens", "total_tokens", "cost", "calls"];
-pub const ERROR_FIELDS: &[&str] = &["node", "class", "message", "attempts"];
-pub const RUN_FIELDS: &[&str] = &["thread_id", "step", "node", "remaining_steps"];
+pub(super) const USAGE_FIELDS: &[&str] = &["prompt_tokens", "completion_tokens", "total_tokens", "cost", "calls"];
+pub(super) const ERROR_FIELDS: &[&str] = &["node", "class", "message", "attempts"];
+pub(super) const RUN_FIELDS: &[&str] = &["thread_id", "step", "node", "remaining_steps"];
 
 /// The environment every plan's expressions and templates run in.
-pub fn environment(prompts: Option<PathBuf>) -> Environment<'static> {
+pub(super) fn environment(prompts: Option<PathBuf>) -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
     // A write that bypasses its key's reducer, and the marker that empties an `add_messages`
@@ -55,7 +55,7 @@ pub fn environment(prompts: Option<PathBuf>) -> Environment<'static> {
 }
 
 /// Collects a plan's expressions and templates.
-pub struct Exprs {
+pub(super) struct Exprs {
     env: Environment<'static>,
     sources: Vec<String>,
     by_text: HashMap<String, (ExprId, Names)>,
@@ -63,7 +63,7 @@ pub struct Exprs {
 }
 
 impl Exprs {
-    pub fn new(prompts: Option<PathBuf>) -> Exprs {
+    pub(super) fn new(prompts: Option<PathBuf>) -> Exprs {
         Exprs {
             env: environment(prompts),
             sources: Vec::new(),
@@ -73,7 +73,7 @@ impl Exprs {
     }
 
     /// Compiles an expression; returns its id, the dotted names it reads and what it calls.
-    pub fn expr(&mut self, text: &str) -> Result<(ExprId, Names), String> {
+    pub(super) fn expr(&mut self, text: &str) -> Result<(ExprId, Names), String> {
         if let Some((id, names)) = self.by_text.get(text) {
             return Ok((*id, names.clone()));
         }
@@ -90,7 +90,7 @@ impl Exprs {
     }
 
     /// Compiles a template under `name` (shared by every node using the same file).
-    pub fn template(&mut self, name: &str, text: &str) -> Result<(TemplateId, Names), minijinja::Error> {
+    pub(super) fn template(&mut self, name: &str, text: &str) -> Result<(TemplateId, Names), minijinja::Error> {
         if let Some(names) = self.templates.get(name) {
             return Ok((TemplateId(Arc::from(name)), names.clone()));
         }
@@ -124,11 +124,11 @@ impl Exprs {
     }
 
     /// What an expression compiled earlier reads and calls.
-    pub fn names_of(&self, text: &str) -> Option<&Names> {
+    pub(super) fn names_of(&self, text: &str) -> Option<&Names> {
         self.by_text.get(text).map(|(_, names)| names)
     }
 
-    pub fn into_table(self) -> Result<ExprTable, minijinja::Error> {
+    pub(super) fn into_table(self) -> Result<ExprTable, minijinja::Error> {
         ExprTable::build(self.env, self.sources)
     }
 }
@@ -157,7 +157,7 @@ pub(super) fn first_line(e: &minijinja::Error) -> String {
 
 /// The names declared by a workflow, for checking expressions.
 #[derive(Debug, Default)]
-pub struct Symbols {
+pub(super) struct Symbols {
     pub state: Vec<String>,
     /// `None`: no input declared. `Some(None)`: declared but open.
     pub input: Option<Option<Vec<String>>>,
@@ -197,7 +197,7 @@ impl Shape {
 
 /// What an expression may read where it is used.
 #[derive(Debug, Clone, Copy)]
-pub struct Scope<'a> {
+pub(super) struct Scope<'a> {
     pub sym: &'a Symbols,
     pub params: Option<&'a [String]>,
     pub item: Option<&'a str>,
@@ -209,7 +209,7 @@ pub struct Scope<'a> {
 }
 
 impl<'a> Scope<'a> {
-    pub fn base(sym: &'a Symbols) -> Scope<'a> {
+    pub(super) fn base(sym: &'a Symbols) -> Scope<'a> {
         Scope {
             sym,
             params: None,
@@ -249,7 +249,7 @@ impl<'a> Scope<'a> {
     }
 
     /// Checks every name in `vars` (dotted, as minijinja reports them).
-    pub fn check(&self, src: &Source, pointer: &str, text: &str, vars: &[String], diags: &mut Vec<Diagnostic>) {
+    pub(super) fn check(&self, src: &Source, pointer: &str, text: &str, vars: &[String], diags: &mut Vec<Diagnostic>) {
         for var in vars {
             if let Some(d) = self.check_one(src, pointer, text, var) {
                 diags.push(d);
@@ -429,14 +429,14 @@ pub fn declared_props(schema: &Value) -> Option<Vec<String>> {
 
 /// What a filter, test or function is, in messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Callable {
+pub(super) enum Callable {
     Filter,
     Test,
     Function,
 }
 
 impl Callable {
-    pub fn noun(self) -> &'static str {
+    pub(super) fn noun(self) -> &'static str {
         match self {
             Callable::Filter => "filter",
             Callable::Test => "test",
@@ -448,7 +448,7 @@ impl Callable {
 /// A position inside an expression or template text: 1-based line, 1-based column in
 /// characters, and the column just past the name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TextSpan {
+pub(super) struct TextSpan {
     pub line: u32,
     pub col: u32,
     pub end_col: u32,
@@ -456,7 +456,7 @@ pub struct TextSpan {
 
 /// A filter, test or function a text calls that the plan's environment does not have.
 #[derive(Debug, Clone)]
-pub struct UnknownCall {
+pub(super) struct UnknownCall {
     pub what: Callable,
     pub name: String,
     pub at: TextSpan,
@@ -467,7 +467,7 @@ pub struct UnknownCall {
 /// which read like variables to minijinja's analysis, left out) and the filters, tests and
 /// functions it calls that the environment lacks.
 #[derive(Debug, Clone, Default)]
-pub struct Names {
+pub(super) struct Names {
     pub vars: Arc<[String]>,
     /// The filters, tests and functions it calls, by name.
     pub calls: Arc<[String]>,

@@ -79,7 +79,7 @@ pub(super) struct Build<'c, 'a> {
 }
 
 impl<'c, 'a> Build<'c, 'a> {
-    pub fn new(
+    pub(super) fn new(
         c: &'c mut Compiler,
         src: &'a Arc<Source>,
         wf: &'a Workflow,
@@ -119,7 +119,7 @@ impl<'c, 'a> Build<'c, 'a> {
         }
     }
 
-    pub fn run(&mut self) -> Option<Plan> {
+    pub(super) fn run(&mut self) -> Option<Plan> {
         if self.src.doc.value.get("nodes").is_none() {
             self.diags.push(
                 self.src
@@ -374,7 +374,7 @@ impl<'c, 'a> Build<'c, 'a> {
     }
 
     /// Compiles one expression at `pointer`, checking its names in `scope`.
-    pub fn expr(&mut self, pointer: &str, text: &str, scope: Scope) -> Option<ExprId> {
+    pub(super) fn expr(&mut self, pointer: &str, text: &str, scope: Scope) -> Option<ExprId> {
         match self.exprs.expr(text) {
             Ok((id, names)) => {
                 scope.check(self.src, pointer, text, &names.vars, self.diags);

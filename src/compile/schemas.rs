@@ -21,7 +21,7 @@ use crate::diag::{Code, Diagnostic};
 use crate::spec::load::push_pointer;
 
 /// Resolves schemas against a workflow's types.
-pub struct Resolver<'a> {
+pub(crate) struct Resolver<'a> {
     types: &'a IndexMap<String, Def<Value>>,
     /// Inlined files, by path, with their slot under `files`.
     files: IndexMap<PathBuf, Value>,
@@ -29,7 +29,7 @@ pub struct Resolver<'a> {
 }
 
 impl<'a> Resolver<'a> {
-    pub fn new(types: &'a IndexMap<String, Def<Value>>) -> Resolver<'a> {
+    pub(crate) fn new(types: &'a IndexMap<String, Def<Value>>) -> Resolver<'a> {
         Resolver {
             types,
             files: IndexMap::new(),
@@ -38,7 +38,13 @@ impl<'a> Resolver<'a> {
     }
 
     /// Resolves `schema` (found at `pointer` in `src`) into a self-contained root document.
-    pub fn resolve(&mut self, src: &Source, pointer: &str, schema: &Value, diags: &mut Vec<Diagnostic>) -> Value {
+    pub(crate) fn resolve(
+        &mut self,
+        src: &Source,
+        pointer: &str,
+        schema: &Value,
+        diags: &mut Vec<Diagnostic>,
+    ) -> Value {
         self.ensure_types(diags);
         let mut out = schema.clone();
         self.walk(src.path(), Some(src), pointer, &mut out, None, diags);
@@ -204,7 +210,7 @@ impl<'a> Resolver<'a> {
     }
 
     /// Follows `$ref`s to types and files to the schema they name, for static analysis.
-    pub fn follow<'v>(&'v self, schema: &'v Value) -> &'v Value {
+    pub(crate) fn follow<'v>(&'v self, schema: &'v Value) -> &'v Value {
         let mut cur = schema;
         for _ in 0..16 {
             let Some(r) = cur.get("$ref").and_then(Value::as_str) else {
@@ -236,7 +242,7 @@ impl<'a> Resolver<'a> {
     }
 
     /// The JSON types a schema declares (following references), if it says.
-    pub fn types_of(&self, schema: &Value) -> Option<Vec<String>> {
+    pub(crate) fn types_of(&self, schema: &Value) -> Option<Vec<String>> {
         match self.follow(schema).get("type")? {
             Value::String(t) => Some(vec![t.clone()]),
             Value::Array(ts) => Some(ts.iter().filter_map(|t| t.as_str().map(str::to_string)).collect()),
@@ -269,7 +275,7 @@ fn load_schema_file(path: &Path) -> Result<Value, String> {
 }
 
 /// Compiles a resolved schema, reporting an invalid one at `pointer`.
-pub fn validator(
+pub(crate) fn validator(
     src: &Source,
     pointer: &str,
     root: &Value,
@@ -343,7 +349,7 @@ fn schema_error(src: &Source, pointer: &str, root: &Value, at: &str, why: &str) 
 
 /// Checks that a resolved schema is a valid JSON Schema, without building a validator for it
 /// (schemas only checked here are compiled where they are used, at run time).
-pub fn check(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<Diagnostic>) {
+pub(crate) fn check(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<Diagnostic>) {
     if let Err(e) = jsonschema::draft202012::meta::validate(root) {
         let at = e.instance_path().as_str().to_string();
         diags.push(schema_error(src, pointer, root, &at, &e.masked().to_string()));
@@ -388,7 +394,7 @@ impl<K: Hash + Eq> Validators<K> {
 }
 
 /// The first way `value` fails `validator`, as text.
-pub fn first_violation(validator: &jsonschema::Validator, value: &Value) -> Option<String> {
+pub(crate) fn first_violation(validator: &jsonschema::Validator, value: &Value) -> Option<String> {
     validator.iter_errors(value).next().map(|e| {
         let at = e.instance_path().as_str().to_string();
         if at.is_empty() {

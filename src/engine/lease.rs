@@ -52,17 +52,17 @@ pub(super) struct Held {
 }
 
 impl Held {
-    pub fn fence(&self) -> &Fence {
+    pub(super) fn fence(&self) -> &Fence {
         &self.fence
     }
 
     /// Whether the heartbeat found the lease taken over.
-    pub fn lost(&self) -> bool {
+    pub(super) fn lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst)
     }
 
     /// Stops the heartbeat and gives the lease up (when this run took it).
-    pub fn release(mut self) -> Result<(), EngineError> {
+    pub(super) fn release(mut self) -> Result<(), EngineError> {
         if let Some(h) = self.heartbeat.take() {
             h.abort();
         }

@@ -54,7 +54,7 @@ fn poisoned() -> CheckpointError {
 
 impl Persister {
     /// `committed` is the id of the checkpoint the run starts from (already stored).
-    pub fn new(
+    pub(super) fn new(
         store: Arc<dyn Checkpointer>,
         mode: Persist,
         committed: String,
@@ -134,7 +134,7 @@ impl Persister {
     }
 
     /// A step's checkpoint; `after` is sent once it is committed.
-    pub fn put_checkpoint(
+    pub(super) fn put_checkpoint(
         &self,
         cp: &Checkpoint,
         values: Vec<(String, u64, Value)>,
@@ -175,7 +175,7 @@ impl Persister {
     /// A finished task's writes. In `Exit` mode there is no durability before the end, so
     /// they are kept only in memory (the checkpoint that follows carries their effect).
     /// `after` is sent once they are committed.
-    pub fn put_writes(
+    pub(super) fn put_writes(
         &self,
         thread: &str,
         cp: &str,
@@ -211,7 +211,7 @@ impl Persister {
     }
 
     /// Makes everything so far durable, before the run writes to the store directly.
-    pub fn flush(&self) -> Result<(), CheckpointError> {
+    pub(super) fn flush(&self) -> Result<(), CheckpointError> {
         match self.mode {
             // Writes committed unsynced are made durable (a synced commit of the fence alone),
             // and their events sent.
@@ -244,7 +244,7 @@ impl Persister {
 
     /// Commits everything queued, then `puts`, fenced: for the records a run writes directly
     /// (pauses, interrupts, a failed step's finished tasks).
-    pub fn write_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
+    pub(super) fn write_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
         // `sync`: the commit of `puts` is synced, and covers the unsynced writes itself.
         if self.mode != Persist::Sync {
             self.flush()?;
@@ -265,7 +265,7 @@ impl Persister {
     }
 
     /// Commits what is left and stops the background committer, reporting its first error.
-    pub fn finish(mut self) -> Result<(), CheckpointError> {
+    pub(super) fn finish(mut self) -> Result<(), CheckpointError> {
         self.flush()?;
         drop(self.queue.take());
         if let Some(h) = self.worker.take() {

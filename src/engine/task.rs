@@ -20,7 +20,7 @@ use crate::spec::{NodeSpec, RetryPolicy};
 
 /// Where a task sends control, besides the node's edges.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Next {
+pub(super) enum Next {
     Node(NodeIx),
     End,
     Send(NodeIx, Value),
@@ -30,7 +30,7 @@ pub enum Next {
 
 /// The answer a task resumes with.
 #[derive(Debug, Clone)]
-pub struct Resume {
+pub(super) struct Resume {
     pub answer: Value,
     /// Which of a subgraph's gates it is for, when it waits at several.
     pub to: Option<String>,
@@ -40,7 +40,7 @@ pub struct Resume {
 
 /// A finished task.
 #[derive(Debug, Clone, Default)]
-pub struct Done {
+pub(super) struct Done {
     pub writes: Vec<(String, Value)>,
     /// Successors chosen by `goto` (or the `on_error` handler).
     pub next: Vec<Next>,
@@ -52,7 +52,7 @@ pub struct Done {
 
 /// How a task ended.
 #[derive(Debug, Clone)]
-pub enum Outcome {
+pub(super) enum Outcome {
     Done(Done),
     Interrupt(Value),
     Failed(NodeError),
@@ -60,7 +60,7 @@ pub enum Outcome {
 
 /// Runs a task to its end; `spent` is a budget error that stops it before it calls a model.
 #[allow(clippy::too_many_arguments)]
-pub async fn run(
+pub(super) async fn run(
     shared: Arc<Shared>,
     ix: NodeIx,
     task_id: String,
@@ -370,7 +370,7 @@ fn handle_error(
 
 /// The effective retry policy: the node's, or the default (a kind that retries by default
 /// tries transient failures three times; others do not retry).
-pub struct Policy {
+pub(super) struct Policy {
     pub max_attempts: u32,
     pub initial: Duration,
     pub factor: f64,

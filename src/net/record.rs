@@ -17,11 +17,11 @@ use crate::error_class::ErrorClass;
 use crate::secrets::REDACTED;
 
 /// The kind of web exchanges in a cassette.
-pub const HTTP: &str = "http";
+pub(super) const HTTP: &str = "http";
 
 /// The cassette key of a request. A header whose value is a secret (it came from
 /// `${env:NAME}`) is recorded as `[redacted]` whatever its name.
-pub fn request_value(req: &Request) -> Value {
+pub(super) fn request_value(req: &Request) -> Value {
     let headers: Vec<(String, String)> = req
         .headers
         .iter()
@@ -40,7 +40,7 @@ pub fn request_value(req: &Request) -> Value {
 }
 
 /// The cassette value of a fetch's outcome.
-pub fn outcome_value(outcome: &Result<Response, FetchError>) -> Value {
+pub(super) fn outcome_value(outcome: &Result<Response, FetchError>) -> Value {
     match outcome {
         Ok(r) => {
             let mut v = json!({
@@ -62,7 +62,7 @@ pub fn outcome_value(outcome: &Result<Response, FetchError>) -> Value {
 }
 
 /// A recorded outcome back as the fetch's result; a malformed entry is a typed error.
-pub fn outcome_from(v: &Value) -> Result<Response, FetchError> {
+pub(super) fn outcome_from(v: &Value) -> Result<Response, FetchError> {
     let bad = |what: &str| FetchError::new(ErrorClass::Invalid, format!("a recorded web exchange has {what}"));
     if let Some(e) = v.get("error") {
         let class: ErrorClass = e

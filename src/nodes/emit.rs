@@ -13,7 +13,7 @@ use crate::engine::values::to_jinja;
 
 /// Emits a custom event on the run's event stream (e.g. a mindmap's `node_added`).
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct EmitNode {
+pub(super) struct EmitNode {
     /// The event name.
     pub event: String,
     /// The event payload: an expression, or a map of expressions.
@@ -32,7 +32,7 @@ struct Config {
 }
 
 /// The `emit` kind.
-pub struct Emit;
+pub(super) struct Emit;
 
 impl KindDecl for Emit {
     fn name(&self) -> &'static str {

@@ -23,7 +23,7 @@ use crate::spec::interp;
 
 /// An HTTP request.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct HttpNode {
+pub(super) struct HttpNode {
     /// The method (default GET).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<HttpMethod>,
@@ -55,7 +55,7 @@ pub struct HttpNode {
 /// An HTTP method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "UPPERCASE")]
-pub enum HttpMethod {
+pub(super) enum HttpMethod {
     Get,
     Post,
     Put,
@@ -67,7 +67,7 @@ pub enum HttpMethod {
 /// How a response body is parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum ResponseFormat {
+pub(super) enum ResponseFormat {
     Auto,
     Json,
     Text,
@@ -84,7 +84,7 @@ struct Config {
 }
 
 /// The `http` kind.
-pub struct Http;
+pub(super) struct Http;
 
 impl KindDecl for Http {
     fn name(&self) -> &'static str {

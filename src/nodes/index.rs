@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 /// Adds documents to a named search index (chunks, keyword index and vectors).
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct IndexNode {
+pub(super) struct IndexNode {
     /// The index name.
     pub index: String,
     /// Expression yielding file paths, or documents `{id, text, title?, metadata?}`.
@@ -36,7 +36,7 @@ pub struct IndexNode {
 /// Chunking for an index.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Chunking {
+pub(super) struct Chunking {
     /// Target chunk size in characters (default 1000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u32>,
@@ -52,7 +52,7 @@ struct Config {
 }
 
 /// The `index` kind.
-pub struct Index;
+pub(super) struct Index;
 
 impl KindDecl for Index {
     fn name(&self) -> &'static str {

@@ -19,7 +19,7 @@ use crate::spec::JsonSchemaDoc;
 /// one at a time: each answer is checked before the next question is asked, and `output` is
 /// the object of the answers by question id.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct InterruptNode {
+pub(super) struct InterruptNode {
     /// Text shown to the person answering (template).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -39,7 +39,7 @@ pub struct InterruptNode {
 /// One question of a gate that asks several.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Question {
+pub(super) struct Question {
     /// The answer's name in `output`.
     pub id: String,
     /// Text shown to the person answering (template).
@@ -68,7 +68,7 @@ struct Config {
 }
 
 /// The `interrupt` kind.
-pub struct Interrupt;
+pub(super) struct Interrupt;
 
 impl KindDecl for Interrupt {
     fn name(&self) -> &'static str {

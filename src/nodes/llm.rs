@@ -22,7 +22,7 @@ use crate::spec::{JsonSchemaDoc, TextSource};
 /// What an llm node produces.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(untagged)]
-pub enum LlmOutput {
+pub(super) enum LlmOutput {
     /// `text` or `json` (json without a schema).
     Format(OutputFormat),
     /// The format with a schema and repair policy.
@@ -41,7 +41,7 @@ pub enum LlmOutput {
 /// Output format of an llm node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum OutputFormat {
+pub(super) enum OutputFormat {
     /// Plain text: `output` is a string.
     Text,
     /// A JSON value: `output` is the parsed value.
@@ -51,7 +51,7 @@ pub enum OutputFormat {
 /// Chat history for an llm node.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct History {
+pub(super) struct History {
     /// Expression yielding the messages (e.g. `state.messages`).
     pub from: String,
     /// Keep only the last N messages.
@@ -64,7 +64,7 @@ pub struct History {
 
 /// Calls a model.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct LlmNode {
+pub(super) struct LlmNode {
     /// A model profile name (default `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -112,7 +112,7 @@ struct Config {
 }
 
 /// The `llm` kind.
-pub struct Llm;
+pub(super) struct Llm;
 
 impl KindDecl for Llm {
     fn name(&self) -> &'static str {

@@ -22,7 +22,7 @@ const DEFAULT_MAX_BYTES: u64 = 20 << 20;
 
 /// Reads a document from a path or URL. `output` is `{content, title, source, bytes, format}`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct LoadNode {
+pub(super) struct LoadNode {
     /// A path or an http(s) URL (template).
     pub source: String,
     /// The document format (default `auto`, from the extension or content type).
@@ -36,7 +36,7 @@ pub struct LoadNode {
 /// A document format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum DocFormat {
+pub(super) enum DocFormat {
     Auto,
     Text,
     Markdown,
@@ -52,7 +52,7 @@ struct Config {
 }
 
 /// The `load` kind.
-pub struct Load;
+pub(super) struct Load;
 
 impl KindDecl for Load {
     fn name(&self) -> &'static str {

@@ -13,7 +13,7 @@ use crate::rag::search::{ChunkRow, Hit};
 
 /// A hit in its final order, with the score that ordered it.
 #[derive(Debug, Clone)]
-pub struct Ranked {
+pub(super) struct Ranked {
     pub chunk: ChunkRow,
     pub score: f64,
 }
@@ -24,7 +24,7 @@ const MAX_RESPONSE: usize = 4 << 20;
 const LLM_PASSAGE_CHARS: usize = 1200;
 
 /// Orders `hits`; on a reranker failure, the RRF order and the error.
-pub async fn rerank(
+pub(super) async fn rerank(
     ctx: &NodeCtx<'_>,
     how: &Rerank,
     queries: &[String],
@@ -128,7 +128,7 @@ async fn by_llm(
 /// Scores from a model's reply: `{"scores": [{index, score}]}`, `[{index, score}]`,
 /// `[7, 3, ...]` or `{"0": 7, ...}`, possibly inside a code fence or prose. Candidates the
 /// reply leaves out score -1 (after every scored one).
-pub fn parse_scores(text: &str, n: usize) -> Option<Vec<f64>> {
+pub(super) fn parse_scores(text: &str, n: usize) -> Option<Vec<f64>> {
     let start = text.find(['{', '['])?;
     let end = text.rfind(['}', ']'])?;
     let value: Value = serde_json::from_str(text.get(start..=end)?).ok()?;

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 /// Hybrid (keyword + vector) search over a named index.
 /// `output` is `{chunks: [{id, document, text, score, position}], best_score, best_distance}`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct RetrieveNode {
+pub(super) struct RetrieveNode {
     /// The index name.
     pub index: String,
     /// Expression yielding a query or a list of queries (searched in parallel).
@@ -51,7 +51,7 @@ pub struct RetrieveNode {
 /// A reranker.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(untagged)]
-pub enum Rerank {
+pub(super) enum Rerank {
     /// `rrf` (reciprocal-rank fusion) or `none`.
     Named(RerankName),
     /// An LLM scores each hit.
@@ -69,7 +69,7 @@ pub enum Rerank {
 /// A built-in reranker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum RerankName {
+pub(super) enum RerankName {
     Rrf,
     None,
 }
@@ -82,7 +82,7 @@ struct Config {
 }
 
 /// The `retrieve` kind.
-pub struct Retrieve;
+pub(super) struct Retrieve;
 
 impl KindDecl for Retrieve {
     fn name(&self) -> &'static str {

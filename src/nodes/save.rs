@@ -19,7 +19,7 @@ use crate::engine::kind::{Attempt, NodeKind};
 
 /// Writes an artifact under an output directory. `output` is `{path, bytes}`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct SaveNode {
+pub(super) struct SaveNode {
     /// The file path (template), relative to `dir`; it may not escape it.
     pub path: String,
     /// The content: an expression. Strings are written as they are, other values as JSON.
@@ -38,7 +38,7 @@ struct Config {
 }
 
 /// The `save` kind.
-pub struct Save;
+pub(super) struct Save;
 
 impl KindDecl for Save {
     fn name(&self) -> &'static str {
@@ -127,7 +127,7 @@ fn split_root<'a>(template: &'a str, rendered: &'a str) -> Result<(&'a str, &'a 
 
 /// `rel` under `root`, with missing directories created: an error if `rel` is absolute, has a
 /// `..`, or passes through a symlink that leads outside `root`.
-pub fn confined(root: &Path, rel: &str) -> Result<PathBuf, String> {
+pub(super) fn confined(root: &Path, rel: &str) -> Result<PathBuf, String> {
     let mut parts = Vec::new();
     for c in Path::new(rel).components() {
         match c {

@@ -38,7 +38,7 @@ struct Target {
 /// Fetches web pages and extracts their main content.
 /// `output` is `{pages: [{url, title, content, quality_score, word_count, tag}], errors: [...]}`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct ScrapeNode {
+pub(super) struct ScrapeNode {
     /// Expression yielding URLs, or objects with a `url` (and optional `tag`).
     pub urls: String,
     /// Expression yielding URLs to skip (e.g. `state.seen_urls`).
@@ -74,7 +74,7 @@ pub struct ScrapeNode {
 /// What a failed item does to its node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum FailurePolicy {
+pub(super) enum FailurePolicy {
     Record,
     Fail,
 }
@@ -87,7 +87,7 @@ struct Config {
 }
 
 /// The `scrape` kind.
-pub struct Scrape;
+pub(super) struct Scrape;
 
 impl KindDecl for Scrape {
     fn name(&self) -> &'static str {

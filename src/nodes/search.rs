@@ -19,7 +19,7 @@ use crate::net::{AllowList, FetchOptions, Oversize, Request, Web, normalize_url}
 
 /// Web search. `output` is `{results: [{url, title, snippet, score, provider, query, tag}]}`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct SearchNode {
+pub(super) struct SearchNode {
     /// The search engine (default `searxng`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<SearchProvider>,
@@ -42,7 +42,7 @@ pub struct SearchNode {
 /// A search engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum SearchProvider {
+pub(super) enum SearchProvider {
     Searxng,
     Tavily,
     Brave,
@@ -56,7 +56,7 @@ struct Config {
 }
 
 /// The `search` kind.
-pub struct Search;
+pub(super) struct Search;
 
 impl KindDecl for Search {
     fn name(&self) -> &'static str {

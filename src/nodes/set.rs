@@ -11,10 +11,10 @@ use crate::engine::kind::{Attempt, NodeKind};
 
 /// Pure state updates: only `update` (and `goto`).
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
-pub struct SetNode {}
+pub(super) struct SetNode {}
 
 /// The `set` kind.
-pub struct Set;
+pub(super) struct Set;
 
 impl KindDecl for Set {
     fn name(&self) -> &'static str {

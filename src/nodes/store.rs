@@ -16,7 +16,7 @@ use crate::rag::memory;
 
 /// Long-term memory: JSON values by namespace and key.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct StoreNode {
+pub(super) struct StoreNode {
     /// What to do.
     pub op: StoreOp,
     /// The namespace: a list of templates, e.g. `[memory, "{{ context.user_id }}", prefs]`.
@@ -38,7 +38,7 @@ pub struct StoreNode {
 /// A store operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum StoreOp {
+pub(super) enum StoreOp {
     Get,
     Put,
     Delete,
@@ -55,7 +55,7 @@ struct Config {
 }
 
 /// The `store` kind.
-pub struct Store;
+pub(super) struct Store;
 
 impl KindDecl for Store {
     fn name(&self) -> &'static str {

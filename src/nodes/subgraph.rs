@@ -22,7 +22,7 @@ use crate::engine::{Answer, CHILD_GATES, CHILD_NODE, CHILD_THREAD, Engine, Lease
 
 /// Runs another workflow file with its own state.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct SubgraphNode {
+pub(crate) struct SubgraphNode {
     /// The workflow file, relative to this one.
     pub workflow: String,
     /// The child's input: `key: expression`.
@@ -36,7 +36,7 @@ struct Config {
 }
 
 /// The `subgraph` kind.
-pub struct Subgraph;
+pub(crate) struct Subgraph;
 
 impl KindDecl for Subgraph {
     fn name(&self) -> &'static str {
@@ -115,7 +115,7 @@ fn check_input(cx: &mut KindCx<'_, '_, '_>, n: &SubgraphNode, schema: Option<&Va
 }
 
 /// The child thread of a subgraph task.
-pub fn child_thread_id(parent: &str, step: i64, task_id: &str) -> String {
+pub(crate) fn child_thread_id(parent: &str, step: i64, task_id: &str) -> String {
     format!("{parent}/{step}/{task_id}")
 }
 

@@ -23,12 +23,12 @@ const RAW_EXCERPT_CHARS: usize = 16 * 1024;
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// The total deadline of a model call when its profile sets no `timeout`.
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
 /// The longest a response that has started may go without a byte when its profile sets no
 /// `idle_timeout`.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// The largest reply (text and tool calls) when its profile sets no `max_reply_bytes`.
-pub const DEFAULT_MAX_REPLY_BYTES: u64 = 1024 * 1024;
+pub(crate) const DEFAULT_MAX_REPLY_BYTES: u64 = 1024 * 1024;
 /// How much larger than the reply the body on the wire may be: a stream frames every few
 /// tokens in an event of JSON.
 const WIRE_FACTOR: usize = 16;
@@ -143,7 +143,7 @@ impl Key {
 }
 
 /// Runs `call` under the call's total deadline.
-pub async fn deadline<T>(
+pub(crate) async fn deadline<T>(
     limits: &Limits,
     call: impl Future<Output = Result<T, ProviderError>>,
 ) -> Result<T, ProviderError> {
@@ -154,7 +154,7 @@ pub async fn deadline<T>(
 
 /// Sends a request. Waiting for the response to start is bounded by the call's deadline
 /// only: a model that thinks for minutes before a non-streamed reply is not idle.
-pub async fn send(request: reqwest::RequestBuilder) -> Result<reqwest::Response, ProviderError> {
+pub(crate) async fn send(request: reqwest::RequestBuilder) -> Result<reqwest::Response, ProviderError> {
     request.send().await.map_err(|e| send_error(&e))
 }
 
@@ -174,7 +174,7 @@ async fn next_chunk(
 
 /// A whole (not streamed) reply body as text, read under the idle timeout, refused past
 /// the size the call allows.
-pub async fn read_body(response: reqwest::Response, limits: &Limits) -> Result<String, ProviderError> {
+pub(crate) async fn read_body(response: reqwest::Response, limits: &Limits) -> Result<String, ProviderError> {
     let (bytes, complete) = read_up_to(response, limits.max_body(), limits).await?;
     if !complete {
         return Err(limits.too_large());
@@ -202,7 +202,7 @@ async fn read_up_to(
 
 /// The size of a reply as its profile's `max_reply_bytes` counts it: its text and the
 /// arguments of its tool calls (OpenAI's shape).
-pub fn reply_len(text: &str, tool_calls: &[serde_json::Value]) -> usize {
+pub(crate) fn reply_len(text: &str, tool_calls: &[serde_json::Value]) -> usize {
     let args = tool_calls
         .iter()
         .map(|c| {
@@ -216,7 +216,7 @@ pub fn reply_len(text: &str, tool_calls: &[serde_json::Value]) -> usize {
 
 /// The typed error of a response with a non-success status, its body (the first part of it)
 /// quoted.
-pub async fn error_response(response: reqwest::Response, limits: &Limits) -> ProviderError {
+pub(crate) async fn error_response(response: reqwest::Response, limits: &Limits) -> ProviderError {
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let text = match read_up_to(response, MAX_ERROR_BODY, limits).await {
@@ -227,7 +227,7 @@ pub async fn error_response(response: reqwest::Response, limits: &Limits) -> Pro
 }
 
 /// A request that got no answer.
-pub fn send_error(e: &reqwest::Error) -> ProviderError {
+pub(crate) fn send_error(e: &reqwest::Error) -> ProviderError {
     if e.is_timeout() {
         ProviderError::Timeout
     } else {
@@ -248,7 +248,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// The error for a non-success status, quoting the server's message.
-pub fn status_error(status: u16, headers: &HeaderMap, body: &str) -> ProviderError {
+pub(crate) fn status_error(status: u16, headers: &HeaderMap, body: &str) -> ProviderError {
     let message = excerpt(body);
     match http_error::class_of_status(status) {
         Some(ErrorClass::RateLimit) => ProviderError::RateLimited {
@@ -264,7 +264,7 @@ pub fn status_error(status: u16, headers: &HeaderMap, body: &str) -> ProviderErr
 /// The server's error message: `error.message` (or `message`, or `error` as text) from a JSON
 /// body, else the body itself, its whitespace collapsed. It is only cut to a generous length
 /// here: the short cut comes after the key is scrubbed ([`Key::scrub_error`]).
-pub fn excerpt(body: &str) -> String {
+pub(crate) fn excerpt(body: &str) -> String {
     let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
     let found = parsed.as_ref().and_then(|v| {
         v.pointer("/error/message")
@@ -283,7 +283,7 @@ pub fn excerpt(body: &str) -> String {
 
 /// The wait a 429 asks for: `retry-after-ms`, or `Retry-After` in seconds or as an HTTP date,
 /// capped at [`http_error::MAX_RETRY_AFTER`].
-pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<f64> {
+pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<f64> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     http_error::retry_after(get("retry-after"), get("retry-after-ms"), now)
 }
@@ -293,7 +293,7 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<f64> {
 /// came; a body that breaks off is [`ProviderError::StreamCut`], one silent for longer than the
 /// idle timeout is [`ProviderError::Timeout`], one longer than the call allows on the wire is
 /// [`ProviderError::TooLarge`].
-pub async fn read_events(
+pub(crate) async fn read_events(
     response: reqwest::Response,
     limits: &Limits,
     mut on_event: impl FnMut(sse::Event) -> Result<bool, ProviderError>,

@@ -18,7 +18,7 @@ use super::{Served, serve};
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     /// Wait this long before answering.
@@ -28,7 +28,7 @@ pub struct Reply {
 
 /// What a reply's body is.
 #[derive(Debug, Clone)]
-pub enum Payload {
+pub(crate) enum Payload {
     /// The whole body at once.
     Whole(String),
     /// Parts sent one by one, `gap` apart; `cut` breaks the connection after the last.
@@ -41,7 +41,7 @@ pub enum Payload {
 
 impl Reply {
     /// A JSON body with a status.
-    pub fn json(status: u16, body: Value) -> Reply {
+    pub(crate) fn json(status: u16, body: Value) -> Reply {
         Reply {
             status,
             headers: vec![("content-type".into(), "application/json".into())],
@@ -51,7 +51,7 @@ impl Reply {
     }
 
     /// Any text body with a status.
-    pub fn raw(status: u16, body: &str) -> Reply {
+    pub(crate) fn raw(status: u16, body: &str) -> Reply {
         Reply {
             status,
             headers: vec![("content-type".into(), "text/plain".into())],
@@ -61,7 +61,7 @@ impl Reply {
     }
 
     /// A non-streamed chat completion.
-    pub fn completion(text: &str) -> Reply {
+    pub(crate) fn completion(text: &str) -> Reply {
         Reply::json(
             200,
             json!({
@@ -73,7 +73,7 @@ impl Reply {
     }
 
     /// An event stream of these raw SSE parts, as written.
-    pub fn sse(parts: &[&str]) -> Reply {
+    pub(crate) fn sse(parts: &[&str]) -> Reply {
         Reply {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
@@ -88,7 +88,7 @@ impl Reply {
 
     /// A streamed chat completion of these pieces: a role chunk, one chunk per piece, a
     /// finish chunk, a usage chunk and `[DONE]`.
-    pub fn stream(pieces: &[&str]) -> Reply {
+    pub(crate) fn stream(pieces: &[&str]) -> Reply {
         let mut parts = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
         parts.extend(pieces.iter().map(|p| chunk(json!({"content": p}), None)));
         parts.push(chunk(json!({}), Some("stop")));
@@ -101,7 +101,7 @@ impl Reply {
     }
 
     /// A streamed Anthropic message of these pieces.
-    pub fn anthropic_stream(pieces: &[&str]) -> Reply {
+    pub(crate) fn anthropic_stream(pieces: &[&str]) -> Reply {
         let mut parts = vec![
             event(
                 "message_start",
@@ -132,7 +132,7 @@ impl Reply {
     }
 
     /// This reply's parts `gap` apart.
-    pub fn gap(mut self, gap: Duration) -> Reply {
+    pub(crate) fn gap(mut self, gap: Duration) -> Reply {
         if let Payload::Parts { gap: g, .. } = &mut self.payload {
             *g = gap;
         }
@@ -140,13 +140,13 @@ impl Reply {
     }
 
     /// This reply after `latency`.
-    pub fn after(mut self, latency: Duration) -> Reply {
+    pub(crate) fn after(mut self, latency: Duration) -> Reply {
         self.latency = latency;
         self
     }
 
     /// Only this reply's first `n` parts, then the connection breaks.
-    pub fn cut_after(mut self, n: usize) -> Reply {
+    pub(crate) fn cut_after(mut self, n: usize) -> Reply {
         if let Payload::Parts { parts, cut, .. } = &mut self.payload {
             parts.truncate(n);
             *cut = true;
@@ -155,21 +155,21 @@ impl Reply {
     }
 
     /// Only this reply's first `n` parts, then the body ends cleanly.
-    pub fn end_after(mut self, n: usize) -> Reply {
+    pub(crate) fn end_after(mut self, n: usize) -> Reply {
         if let Payload::Parts { parts, .. } = &mut self.payload {
             parts.truncate(n);
         }
         self
     }
 
-    pub fn header(mut self, name: &str, value: &str) -> Reply {
+    pub(crate) fn header(mut self, name: &str, value: &str) -> Reply {
         self.headers.push((name.into(), value.into()));
         self
     }
 }
 
 /// One OpenAI stream chunk with a delta.
-pub fn chunk(delta: Value, finish: Option<&str>) -> String {
+pub(crate) fn chunk(delta: Value, finish: Option<&str>) -> String {
     format!(
         "data: {}\n\n",
         json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
@@ -177,13 +177,13 @@ pub fn chunk(delta: Value, finish: Option<&str>) -> String {
 }
 
 /// One named SSE event.
-pub fn event(name: &str, data: Value) -> String {
+pub(crate) fn event(name: &str, data: Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
 }
 
 /// A request the server got.
 #[derive(Debug, Clone)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     pub path: String,
     pub headers: HashMap<String, String>,
     pub body: Value,
@@ -197,7 +197,7 @@ struct State {
 }
 
 /// The running server.
-pub struct FakeLlm {
+pub(crate) struct FakeLlm {
     /// `http://127.0.0.1:PORT/v1`.
     pub base_url: String,
     state: Arc<State>,
@@ -215,7 +215,7 @@ impl FakeLlm {
     }
 
     /// Starts a server on the current tokio runtime.
-    pub async fn start() -> FakeLlm {
+    pub(crate) async fn start() -> FakeLlm {
         let state = Arc::new(State::default());
         let app = FakeLlm::app(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -230,7 +230,7 @@ impl FakeLlm {
 
     /// Starts a server on a runtime of its own (for tests that run the engine or the binary
     /// on theirs); it stops when dropped.
-    pub fn start_in_background() -> FakeLlm {
+    pub(crate) fn start_in_background() -> FakeLlm {
         let state = Arc::new(State::default());
         let served = serve("127.0.0.1", |_| FakeLlm::app(state.clone()));
         FakeLlm {
@@ -241,16 +241,16 @@ impl FakeLlm {
     }
 
     /// Queues replies, answered in order.
-    pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
+    pub(crate) fn script(&self, replies: impl IntoIterator<Item = Reply>) {
         self.state.script.lock().unwrap().extend(replies);
     }
 
     /// The reply once the script has run out.
-    pub fn default_reply(&self, reply: Reply) {
+    pub(crate) fn default_reply(&self, reply: Reply) {
         *self.state.default.lock().unwrap() = Some(reply);
     }
 
-    pub fn requests(&self) -> Vec<Recorded> {
+    pub(crate) fn requests(&self) -> Vec<Recorded> {
         self.state.requests.lock().unwrap().clone()
     }
 }

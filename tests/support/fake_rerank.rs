@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::{Served, serve};
 
-pub struct FakeRerank {
+pub(crate) struct FakeRerank {
     pub url: String,
     pub requests: Arc<Mutex<Vec<Value>>>,
     _served: Served,
@@ -35,7 +35,7 @@ async fn rerank(State(s): State<Shared>, Json(body): Json<Value>) -> Json<Value>
 }
 
 /// Starts the server on its own thread; it stops when dropped.
-pub fn start(favour: &str) -> FakeRerank {
+pub(crate) fn start(favour: &str) -> FakeRerank {
     let requests = Arc::new(Mutex::new(Vec::new()));
     let shared = Shared {
         favour: favour.to_lowercase(),

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::{Served, serve};
 
 /// A running fake site.
-pub struct FakeWeb {
+pub(crate) struct FakeWeb {
     pub port: u16,
     /// Every path requested, in order.
     pub hits: Arc<Mutex<Vec<String>>>,
@@ -24,20 +24,20 @@ pub struct FakeWeb {
 }
 
 impl FakeWeb {
-    pub fn base(&self) -> String {
+    pub(crate) fn base(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base())
     }
 
-    pub fn hits(&self) -> Vec<String> {
+    pub(crate) fn hits(&self) -> Vec<String> {
         self.hits.lock().unwrap().clone()
     }
 
     /// Shuts the server down and waits until its port is closed.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         self.served.stop();
     }
 }
@@ -51,12 +51,12 @@ struct Site {
 }
 
 /// Starts the site on 127.0.0.1; `/redirect-out` redirects to `redirect_to`.
-pub fn start(redirect_to: &str) -> FakeWeb {
+pub(crate) fn start(redirect_to: &str) -> FakeWeb {
     start_on("127.0.0.1", redirect_to)
 }
 
 /// A server on `ip` that only counts the requests it gets (the target of refused redirects).
-pub fn bystander(ip: &str) -> FakeWeb {
+pub(crate) fn bystander(ip: &str) -> FakeWeb {
     start_on(ip, "")
 }
 
@@ -255,7 +255,7 @@ async fn echo(headers: HeaderMap, body: String) -> Response {
 
 /// A server on 127.0.0.1 that keeps every request it gets and answers each with one status
 /// and body (a service whose credentials and inputs are under test).
-pub struct Recorder {
+pub(crate) struct Recorder {
     pub port: u16,
     /// Each request as `{method, uri, headers: {name: value}, body}`, in order.
     pub requests: Arc<Mutex<Vec<Value>>>,
@@ -263,18 +263,18 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
     /// Every request as one text (to search for a value wherever it was sent).
-    pub fn seen(&self) -> String {
+    pub(crate) fn seen(&self) -> String {
         serde_json::to_string(&*self.requests.lock().unwrap()).unwrap()
     }
 }
 
 /// Starts a [`Recorder`] answering `status` with the JSON `body`; it stops when dropped.
-pub fn recorder(status: u16, body: Value) -> Recorder {
+pub(crate) fn recorder(status: u16, body: Value) -> Recorder {
     let requests = Arc::new(Mutex::new(Vec::new()));
     let kept = requests.clone();
     let served = serve("127.0.0.1", |_| {

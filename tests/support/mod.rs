@@ -1,12 +1,12 @@
 //! Support code shared by the integration tests, compiled once: fake servers on loopback, the
 //! thread each of them is served from, and projects in temporary directories.
 
-pub mod fake_llm;
-pub mod fake_rerank;
-pub mod fake_web;
+pub(crate) mod fake_llm;
+pub(crate) mod fake_rerank;
+pub(crate) mod fake_web;
 mod project;
 
-pub use project::Project;
+pub(crate) use project::Project;
 
 use std::net::SocketAddr;
 
@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 /// whatever the test's own runtime (or the binary it starts) is doing. Dropping it starts a
 /// graceful shutdown; [`Served::stop`] also waits until the port is closed. All tests share
 /// one process, so no server outlives the test that started it.
-pub struct Served {
+pub(crate) struct Served {
     pub addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -22,7 +22,7 @@ pub struct Served {
 
 impl Served {
     /// Shuts the server down and waits until its port is closed.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -42,7 +42,7 @@ impl Drop for Served {
 
 /// Serves the router `app` makes for the address it gets: a free port of `ip` (a loopback
 /// address).
-pub fn serve(ip: &str, app: impl FnOnce(SocketAddr) -> axum::Router) -> Served {
+pub(crate) fn serve(ip: &str, app: impl FnOnce(SocketAddr) -> axum::Router) -> Served {
     let listener = std::net::TcpListener::bind((ip, 0)).expect("bind a loopback port");
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use runner::compile::{Plan, compile_file};
 
-pub struct Project {
+pub(crate) struct Project {
     pub dir: tempfile::TempDir,
 }
 
 impl Project {
     /// A project holding `files` (relative path, text), folders created as needed.
-    pub fn new(files: &[(&str, &str)]) -> Project {
+    pub(crate) fn new(files: &[(&str, &str)]) -> Project {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("prompts")).unwrap();
         let project = Project { dir };
@@ -22,19 +22,19 @@ impl Project {
         project
     }
 
-    pub fn path(&self, rel: &str) -> PathBuf {
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
 
     /// Writes `text` to `rel`, creating its folders.
-    pub fn write(&self, rel: &str, text: &str) {
+    pub(crate) fn write(&self, rel: &str, text: &str) {
         let p = self.path(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
     }
 
     /// The plan of the workflow `name`, which must compile without errors.
-    pub fn plan(&self, name: &str) -> Arc<Plan> {
+    pub(crate) fn plan(&self, name: &str) -> Arc<Plan> {
         let (plan, result) = compile_file(&self.path(name), &runner::nodes::builtin().decls());
         assert!(
             result.diagnostics.iter().all(|d| !d.is_error()),

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use super::suite::Expect;
 
 /// What one case did.
-pub struct Observed {
+pub(super) struct Observed {
     pub status: String,
     pub output: Value,
     pub state: Value,
@@ -19,7 +19,7 @@ pub struct Observed {
 }
 
 /// Every way `seen` differs from `expect`, one line each.
-pub fn check(expect: &Expect, seen: &Observed) -> Vec<String> {
+pub(super) fn check(expect: &Expect, seen: &Observed) -> Vec<String> {
     let mut out = vec![];
     if seen.status != expect.status {
         let why = match &seen.error {
@@ -76,7 +76,7 @@ pub fn check(expect: &Expect, seen: &Observed) -> Vec<String> {
 
 /// Node names the expectations give that the workflow does not have, each explained: a typo
 /// in `not_visited` would otherwise pass forever.
-pub fn unknown_nodes(expect: &Expect, nodes: &[&str]) -> Vec<String> {
+pub(super) fn unknown_nodes(expect: &Expect, nodes: &[&str]) -> Vec<String> {
     let mut out = vec![];
     let named = expect
         .path
@@ -140,7 +140,7 @@ fn event(i: usize, want: &Map<String, Value>, events: &[Value], out: &mut Vec<St
 /// Checks that `got` has everything `want` has: mappings may hold more keys, lists must have
 /// the same length (each item matched the same way), `{$contains: x}` matches a list holding
 /// items like each of `x` or a string containing each of `x`, and numbers compare by value.
-pub fn subset(want: &Value, got: &Value, at: &str, out: &mut Vec<String>) {
+pub(super) fn subset(want: &Value, got: &Value, at: &str, out: &mut Vec<String>) {
     match want {
         Value::Object(w) if w.len() == 1 && w.contains_key("$contains") => contains(&w["$contains"], got, at, out),
         Value::Object(w) => {

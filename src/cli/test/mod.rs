@@ -23,7 +23,7 @@ use suite::{Case, Models, Suite};
 
 /// How results are reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum TestFormat {
+pub(super) enum TestFormat {
     /// One line per case, failure details, a summary line.
     #[default]
     Human,
@@ -40,7 +40,7 @@ pub enum TestFormat {
 ///
 /// Example: runner test workflows/ --format junit > junit.xml
 #[derive(clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     /// Test files, or directories searched for *.test.yaml (default: workflows/).
     paths: Vec<PathBuf>,
     /// How to report.
@@ -62,7 +62,7 @@ struct Outcome {
     failures: Vec<String>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<u8> {
+pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     // A case runs the same whatever the shell says about the network or leases: only the
     // directories it may read come from the environment (and model keys, unused under a mock).
     let env = Env::process().without(env::ALLOW_NET).without(env::LEASE_TTL);
@@ -186,7 +186,7 @@ fn test_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 /// Whether a file name is a test file's.
-pub fn is_test_file(name: &str) -> bool {
+pub(super) fn is_test_file(name: &str) -> bool {
     name.ends_with(".test.yaml") || name.ends_with(".test.yml")
 }
 

@@ -10,7 +10,7 @@ use crate::spec::load::{self, Document, push_pointer};
 
 /// A test file: one workflow and its cases.
 #[derive(Debug)]
-pub struct Suite {
+pub(super) struct Suite {
     pub path: PathBuf,
     pub workflow: PathBuf,
     pub cases: Vec<Case>,
@@ -18,7 +18,7 @@ pub struct Suite {
 
 /// One case: how to run the workflow and what must come out.
 #[derive(Debug)]
-pub struct Case {
+pub(super) struct Case {
     pub name: String,
     pub input: Value,
     pub context: Value,
@@ -31,7 +31,7 @@ pub struct Case {
 
 /// Where a case's model replies come from.
 #[derive(Debug)]
-pub enum Models {
+pub(super) enum Models {
     /// No script: mock profiles fail each call, saying that no reply is scripted.
     None,
     /// A mock script given inline.
@@ -44,7 +44,7 @@ pub enum Models {
 
 /// What a case checks. Every part but `status` is optional.
 #[derive(Debug, Default)]
-pub struct Expect {
+pub(super) struct Expect {
     /// `done`, `interrupted` or `failed` (default `done`).
     pub status: String,
     pub output: Option<Value>,
@@ -126,7 +126,7 @@ impl Problems<'_> {
 }
 
 /// Reads and checks a test file. On failure, every problem found.
-pub fn read(path: &Path) -> Result<Suite, Vec<String>> {
+pub(super) fn read(path: &Path) -> Result<Suite, Vec<String>> {
     let file = load::read(path).map_err(|d| vec![format!("{}: {}", path.display(), d.message)])?;
     let doc = load::parse(file).map_err(|ds| {
         ds.iter()
