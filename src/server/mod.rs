@@ -1,0 +1,103 @@
+//! `runner serve`'s library half: the LangGraph Server API over HTTP and server-sent events, so
+//! that LangGraph's own clients (`langgraph-sdk`, agent-chat-ui) drive the workflows of a folder.
+//!
+//! The top layer beside the CLI: it may import the run builder, the engine, the compiler, the
+//! checkpointer, diagnostics and the node kinds, never `cli` (and no clap type lives here). A
+//! run it starts goes through the run builder ([`crate::run`]) and takes the thread's lease in
+//! `Engine::run`, exactly as `runner run` does.
+//!
+//! - `graphs.rs`: the served workflows, their assistants, graph pictures and schemas;
+//! - `threads.rs`: threads, their state and history, read from the checkpointer;
+//! - `runs.rs`: runs on a thread or stateless, streamed (SSE) or waited for;
+//! - `sse.rs`: the event stream's framing and how engine events become stream-mode events;
+//! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS.
+
+mod graphs;
+mod http;
+mod runs;
+mod sse;
+mod threads;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::routing::{get, post};
+
+pub use graphs::{Graph, Graphs, Rejected, assistant_id};
+
+use crate::checkpoint::Checkpointer;
+use crate::run::{RunError, RunSettings};
+
+/// What every request handler shares.
+pub(crate) struct App {
+    graphs: Graphs,
+    settings: RunSettings,
+    store: Arc<dyn Checkpointer>,
+    /// Threads created through the API, with their metadata (a thread's runs and checkpoints
+    /// are in the checkpointer; its API metadata lives as long as the server).
+    threads: Mutex<HashMap<String, threads::ThreadMeta>>,
+    /// Runs this server started, by run id.
+    runs: Mutex<HashMap<String, runs::RunRecord>>,
+}
+
+pub(crate) type Shared = Arc<App>;
+
+/// A server ready to accept connections: its graphs and its run settings, the checkpointer
+/// opened once for every run.
+pub struct Server {
+    app: Shared,
+}
+
+impl Server {
+    /// A server over `graphs`, whose runs are built from `settings`.
+    pub fn new(graphs: Graphs, settings: RunSettings) -> Result<Server, RunError> {
+        let store = settings.open_store()?;
+        Ok(Server {
+            app: Arc::new(App {
+                graphs,
+                settings,
+                store,
+                threads: Mutex::new(HashMap::new()),
+                runs: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Serves on `listener` until the process ends.
+    pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        axum::serve(listener, router(self.app)).await
+    }
+}
+
+/// Loads every workflow of `dir`: the graphs that compile, and why the others do not.
+pub fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {
+    graphs::load(dir)
+}
+
+fn router(app: Shared) -> Router {
+    Router::new()
+        .route("/ok", get(http::ok))
+        .route("/info", get(http::info))
+        .route("/assistants/search", post(graphs::search))
+        .route("/assistants/{id}", get(graphs::get_assistant))
+        .route("/assistants/{id}/graph", get(graphs::get_graph))
+        .route("/assistants/{id}/schemas", get(graphs::get_schemas))
+        .route("/threads", post(threads::create))
+        .route("/threads/search", post(threads::search))
+        .route("/threads/{id}", get(threads::get).delete(threads::delete))
+        .route("/threads/{id}/state", get(threads::state))
+        .route(
+            "/threads/{id}/history",
+            post(threads::history_post).get(threads::history_get),
+        )
+        .route("/threads/{id}/runs/stream", post(runs::stream_on_thread))
+        .route("/threads/{id}/runs/wait", post(runs::wait_on_thread))
+        .route("/threads/{id}/runs/{run_id}", get(runs::get_run))
+        .route("/runs/stream", post(runs::stream_stateless))
+        .route("/runs/wait", post(runs::wait_stateless))
+        .fallback(http::not_found)
+        .layer(axum::middleware::from_fn(http::cors))
+        .with_state(app)
+}

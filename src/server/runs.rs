@@ -1,0 +1,507 @@
+//! Runs: on a thread or stateless (a thread of its own, deleted when the run ends), streamed as
+//! server-sent events or waited for. Every run is built by the run builder and takes the
+//! thread's lease in `Engine::run`; the response starts only once the run holds the thread, so
+//! a thread another run holds is a 409 before any byte of a stream.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Json, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use super::Shared;
+use super::graphs::Graph;
+use super::http::{ApiError, body};
+use super::sse::{Modes, Translate, frame};
+use super::threads::{ThreadMeta, exists, lock, pending_interrupts};
+use crate::checkpoint::CheckpointError;
+use crate::engine::events::{Envelope, Events};
+use crate::engine::{Engine, EngineError, RunOutcome, Status};
+use crate::run::Start;
+
+/// A run this server started, as `GET /threads/{id}/runs/{run_id}` reports it.
+#[derive(Debug, Clone)]
+pub(crate) struct RunRecord {
+    pub run_id: String,
+    pub thread_id: String,
+    pub assistant_id: String,
+    pub status: &'static str,
+    pub created_at: String,
+    pub updated_at: String,
+    pub metadata: Map<String, Value>,
+}
+
+impl RunRecord {
+    pub fn is_active(&self) -> bool {
+        matches!(self.status, "pending" | "running")
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "run_id": self.run_id, "thread_id": self.thread_id, "assistant_id": self.assistant_id,
+            "created_at": self.created_at, "updated_at": self.updated_at, "status": self.status,
+            "metadata": self.metadata, "kwargs": {}, "multitask_strategy": "reject",
+        })
+    }
+}
+
+/// `command` of a run: LangGraph's `Command`. Only `resume` is carried out.
+#[derive(Deserialize, Default)]
+struct Command {
+    resume: Option<Value>,
+    update: Option<Value>,
+    goto: Option<Value>,
+}
+
+/// A run request (`RunCreateStateful` / `RunCreateStateless`): the fields runner reads; others
+/// are ignored as the reference ignores unknown ones.
+#[derive(Deserialize)]
+struct RunCreate {
+    assistant_id: String,
+    input: Option<Value>,
+    command: Option<Command>,
+    stream_mode: Option<Value>,
+    #[serde(default)]
+    stream_subgraphs: bool,
+    #[serde(default)]
+    metadata: Map<String, Value>,
+    config: Option<Value>,
+    context: Option<Value>,
+    multitask_strategy: Option<String>,
+    if_not_exists: Option<String>,
+    on_disconnect: Option<String>,
+    on_completion: Option<String>,
+    interrupt_before: Option<Value>,
+    interrupt_after: Option<Value>,
+}
+
+/// A run that holds its thread: the events it sends, and its end.
+struct Started {
+    run_id: String,
+    thread_id: String,
+    /// A run without a thread of the client's: it runs on a thread of its own.
+    stateless: bool,
+    /// Its own thread is deleted when it ends (unless `on_completion: keep`).
+    temporary: bool,
+    first: Envelope,
+    events: mpsc::UnboundedReceiver<Envelope>,
+    done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
+    cancel: Arc<AtomicBool>,
+    modes: Modes,
+    cancel_on_disconnect: bool,
+}
+
+/// Why a run could not start, as the reference answers it.
+fn refused(e: EngineError) -> ApiError {
+    match e {
+        EngineError::Busy(_) | EngineError::Store(CheckpointError::Leased(_)) => ApiError::conflict(
+            "Thread is already running a task. Wait for it to finish or choose a different multitask strategy.",
+        ),
+        EngineError::NoThread(t) => ApiError::not_found(format!("Thread with ID {t} not found")),
+        e @ (EngineError::Input(_)
+        | EngineError::Incompatible(_)
+        | EngineError::NotInterrupted(_)
+        | EngineError::BadAnswer(_)
+        | EngineError::AlreadyAnswered(_)
+        | EngineError::WhichGate { .. }
+        | EngineError::NoSuchGate { .. }) => ApiError::invalid(e.to_string()),
+        e => ApiError::internal(e),
+    }
+}
+
+/// The answer and the gate it is for, from `command.resume`: a map from pending interrupt ids
+/// to values answers those gates; any other value answers the only gate waiting.
+fn answer(app: &Shared, thread_id: &str, resume: Value) -> Result<(Option<String>, Value), ApiError> {
+    let pending: Vec<String> = match app.store.get_checkpoint(thread_id, None)? {
+        Some(cp) => pending_interrupts(&app.store.get_writes(thread_id, &cp.checkpoint_id)?)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect(),
+        None => Vec::new(),
+    };
+    match resume {
+        Value::Object(m) if !m.is_empty() && m.keys().all(|k| pending.contains(k)) => {
+            if m.len() > 1 {
+                return Err(ApiError::invalid(
+                    "resuming several interrupts in one run is not supported yet: resume them one at a time",
+                ));
+            }
+            let (id, value) = m.into_iter().next().unwrap_or_default();
+            Ok((Some(id), value))
+        }
+        other => Ok((None, other)),
+    }
+}
+
+/// Starts a run of `req` on `thread` (none: a thread of its own) and waits until it holds the
+/// thread.
+async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<Started, ApiError> {
+    let graph: Arc<Graph> = app
+        .graphs
+        .find(&req.assistant_id)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(format!("Assistant '{}' not found", req.assistant_id)))?;
+    let modes = Modes::parse(req.stream_mode.as_ref(), req.stream_subgraphs).map_err(ApiError::invalid)?;
+    match req.multitask_strategy.as_deref() {
+        None | Some("reject") => {}
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "multitask_strategy `{other}` is not supported yet; runner rejects a second run on a busy thread (`reject`)"
+            )));
+        }
+    }
+    let command = req.command.unwrap_or_default();
+    if command.update.is_some() || command.goto.is_some() {
+        return Err(ApiError::invalid(
+            "command.update and command.goto are not supported yet",
+        ));
+    }
+    if req.interrupt_before.is_some() || req.interrupt_after.is_some() {
+        return Err(ApiError::invalid(
+            "interrupt_before and interrupt_after are not supported yet: declare them on the workflow's nodes",
+        ));
+    }
+    let stateless = thread.is_none();
+    let temporary = stateless && req.on_completion.as_deref() != Some("keep");
+    let thread_id = match thread {
+        Some(t) if exists(app, &t)? => t,
+        Some(t) if req.if_not_exists.as_deref() == Some("create") => t,
+        Some(t) => return Err(ApiError::not_found(format!("Thread with ID {t} not found"))),
+        None => crate::checkpoint::new_id(),
+    };
+    {
+        let mut threads = lock(&app.threads);
+        let meta = threads
+            .entry(thread_id.clone())
+            .or_insert_with(|| ThreadMeta::new(Map::new()));
+        meta.metadata.insert("graph_id".into(), json!(graph.graph_id));
+        meta.metadata.insert("assistant_id".into(), json!(graph.assistant_id));
+        meta.updated_at = crate::clock::now();
+    }
+    let overrides = &app.settings.overrides;
+    let workflow = graph.path.display().to_string();
+    let mut request = match command.resume {
+        Some(resume) => {
+            let (to, value) = answer(app, &thread_id, resume)?;
+            overrides.answer(thread_id.clone(), workflow, Some(value), to)
+        }
+        None => overrides.start(
+            app.store.as_ref(),
+            Start {
+                thread_id: Some(thread_id.clone()),
+                workflow,
+                input_given: req.input.as_ref().is_some_and(|i| !i.is_null()),
+                input: req.input.filter(|i| !i.is_null()).unwrap_or_else(|| json!({})),
+                context: req.context.unwrap_or_else(|| json!({})),
+                config: Vec::new(),
+            },
+        )?,
+    };
+    if let Some(limit) = req
+        .config
+        .as_ref()
+        .and_then(|c| c.get("recursion_limit"))
+        .and_then(Value::as_u64)
+    {
+        request.recursion_limit = Some(u32::try_from(limit).unwrap_or(u32::MAX));
+    }
+    let services = app.settings.services(&graph.plan)?;
+    let run_id = uuid::Uuid::now_v7().to_string();
+    let now = crate::clock::now();
+    lock(&app.runs).insert(
+        run_id.clone(),
+        RunRecord {
+            run_id: run_id.clone(),
+            thread_id: thread_id.clone(),
+            assistant_id: graph.assistant_id.clone(),
+            status: "pending",
+            created_at: now.clone(),
+            updated_at: now,
+            metadata: req.metadata,
+        },
+    );
+    let (events, mut rx) = Events::channel();
+    let engine = Engine::new(graph.plan.clone(), app.store.clone(), services, events);
+    let cancel = engine.cancel_flag();
+    let (tx, mut done) = oneshot::channel();
+    tokio::spawn(async move {
+        let outcome = engine.run(request).await;
+        // The engine (and with it every sender of its events) is gone before its end is told.
+        drop(engine);
+        let _ = tx.send(outcome);
+    });
+    // The run sends `run_start` once it holds the thread; before that it can only fail.
+    let first = tokio::select! {
+        biased;
+        Some(first) = rx.recv() => Some(first),
+        outcome = &mut done => match outcome {
+            Ok(Err(e)) => {
+                finish(app, &run_id, &thread_id, temporary, "error");
+                return Err(refused(e));
+            }
+            _ => None,
+        },
+    };
+    let first = match first {
+        Some(f) => f,
+        // Ended without a word: only a run that did nothing (its events were sent, then it ended).
+        None => rx
+            .recv()
+            .await
+            .ok_or_else(|| ApiError::internal("the run ended without starting"))?,
+    };
+    set_status(app, &run_id, "running");
+    Ok(Started {
+        run_id,
+        thread_id,
+        stateless,
+        temporary,
+        first,
+        events: rx,
+        done,
+        cancel,
+        modes,
+        cancel_on_disconnect: req.on_disconnect.as_deref() != Some("continue"),
+    })
+}
+
+fn set_status(app: &Shared, run_id: &str, status: &'static str) {
+    if let Some(r) = lock(&app.runs).get_mut(run_id) {
+        r.status = status;
+        r.updated_at = crate::clock::now();
+    }
+}
+
+/// Records how a run ended; a run's own thread is deleted with it.
+fn finish(app: &Shared, run_id: &str, thread_id: &str, temporary: bool, status: &'static str) {
+    set_status(app, run_id, status);
+    if temporary {
+        lock(&app.threads).remove(thread_id);
+        // A temporary thread nobody can name again: failing to delete it leaves only garbage.
+        let _ = app.store.delete_thread(thread_id);
+    }
+}
+
+/// A run's status as LangGraph reports it: a run that stopped at a gate succeeded (its thread
+/// is `interrupted`).
+fn run_status(outcome: &Result<RunOutcome, EngineError>) -> &'static str {
+    match outcome {
+        Ok(o) => match o.status {
+            Status::Done | Status::Interrupted => "success",
+            Status::Failed => "error",
+            Status::Cancelled => "interrupted",
+        },
+        Err(_) => "error",
+    }
+}
+
+/// Stops the run when its stream is dropped before the end (the client went away), unless the
+/// client asked for the run to go on.
+struct CancelOnDrop {
+    flag: Arc<AtomicBool>,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.flag.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// What a stream body holds while it is read.
+struct Pump {
+    app: Shared,
+    started_events: mpsc::UnboundedReceiver<Envelope>,
+    done: Option<oneshot::Receiver<Result<RunOutcome, EngineError>>>,
+    translate: Translate,
+    queue: VecDeque<Bytes>,
+    run_id: String,
+    thread_id: String,
+    temporary: bool,
+    guard: CancelOnDrop,
+}
+
+impl Pump {
+    /// The next frame, or `None` once the run has ended and every frame was sent.
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(b) = self.queue.pop_front() {
+                return Some(b);
+            }
+            let done = self.done.take()?;
+            match self.started_events.recv().await {
+                Some(envelope) => {
+                    self.done = Some(done);
+                    let frames = self.translate.on(envelope);
+                    self.queue.extend(frames.iter().map(|(e, d)| frame(e, d)));
+                }
+                None => {
+                    let outcome = done
+                        .await
+                        .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
+                    let frames = self.translate.finish(&outcome);
+                    // The run's end is recorded before the stream closes: a client that finds
+                    // the stream closed asks the run's status to know whether to reconnect.
+                    finish(
+                        &self.app,
+                        &self.run_id,
+                        &self.thread_id,
+                        self.temporary,
+                        run_status(&outcome),
+                    );
+                    self.guard.armed = false;
+                    self.queue.extend(frames.iter().map(|(e, d)| frame(e, d)));
+                }
+            }
+        }
+    }
+}
+
+fn stream_response(app: Shared, s: Started) -> Response {
+    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone());
+    let mut queue = VecDeque::new();
+    queue.push_back(frame("metadata", &json!({"run_id": s.run_id, "attempt": 1})));
+    queue.extend(translate.on(s.first).iter().map(|(e, d)| frame(e, d)));
+    let (location, content_location) = if s.stateless {
+        (format!("/runs/{}/stream", s.run_id), format!("/runs/{}", s.run_id))
+    } else {
+        (
+            format!("/threads/{}/runs/{}/stream", s.thread_id, s.run_id),
+            format!("/threads/{}/runs/{}", s.thread_id, s.run_id),
+        )
+    };
+    let pump = Pump {
+        app,
+        started_events: s.events,
+        done: Some(s.done),
+        translate,
+        queue,
+        run_id: s.run_id,
+        thread_id: s.thread_id,
+        temporary: s.temporary,
+        guard: CancelOnDrop {
+            flag: s.cancel,
+            armed: s.cancel_on_disconnect,
+        },
+    };
+    let body = futures::stream::unfold(pump, |mut pump| async move {
+        pump.next().await.map(|b| (Ok::<_, std::convert::Infallible>(b), pump))
+    });
+    let mut response = Body::from_stream(body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    for (name, value) in [
+        (header::LOCATION, location),
+        (header::CONTENT_LOCATION, content_location),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    }
+    response
+}
+
+/// Runs to the end and answers the final values: with `__interrupt__` when the run stopped at
+/// a gate, `__error__` when it failed.
+async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
+    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone());
+    translate.on(s.first);
+    let mut events = s.events;
+    while let Some(envelope) = events.recv().await {
+        translate.on(envelope);
+    }
+    let outcome = s
+        .done
+        .await
+        .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
+    let mut values = match app.store.get_checkpoint(&s.thread_id, None)? {
+        Some(cp) => app.store.state(&s.thread_id, &cp.versions)?,
+        None => translate.values(),
+    };
+    match &outcome {
+        Ok(o) if o.status == Status::Interrupted => {
+            values.insert("__interrupt__".into(), Value::Array(translate.interrupts.clone()));
+        }
+        Ok(o) if o.status == Status::Failed => {
+            if let Some((_, error)) = translate.finish(&outcome).into_iter().next() {
+                values = Map::from_iter([("__error__".to_string(), error)]);
+            }
+        }
+        Err(_) => {
+            if let Some((_, error)) = translate.finish(&outcome).into_iter().next() {
+                values = Map::from_iter([("__error__".to_string(), error)]);
+            }
+        }
+        Ok(_) => {}
+    }
+    finish(&app, &s.run_id, &s.thread_id, s.temporary, run_status(&outcome));
+    let (location, content_location) = if s.stateless {
+        (format!("/runs/{}/join", s.run_id), format!("/runs/{}", s.run_id))
+    } else {
+        (
+            format!("/threads/{}/runs/{}/join", s.thread_id, s.run_id),
+            format!("/threads/{}/runs/{}", s.thread_id, s.run_id),
+        )
+    };
+    let mut response = Json(Value::Object(values)).into_response();
+    for (name, value) in [
+        (header::LOCATION, location),
+        (header::CONTENT_LOCATION, content_location),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, v);
+        }
+    }
+    Ok(response)
+}
+
+pub(super) async fn stream_on_thread(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let started = start(&app, Some(id), body(&bytes)?).await?;
+    Ok(stream_response(app, started))
+}
+
+pub(super) async fn stream_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
+    let started = start(&app, None, body(&bytes)?).await?;
+    Ok(stream_response(app, started))
+}
+
+pub(super) async fn wait_on_thread(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let started = start(&app, Some(id), body(&bytes)?).await?;
+    wait_response(app, started).await
+}
+
+pub(super) async fn wait_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
+    let started = start(&app, None, body(&bytes)?).await?;
+    wait_response(app, started).await
+}
+
+pub(super) async fn get_run(
+    State(app): State<Shared>,
+    UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    match lock(&app.runs).get(&run_id) {
+        Some(r) if r.thread_id == thread_id => Ok((StatusCode::OK, Json(r.json())).into_response()),
+        _ => Err(ApiError::not_found(format!("Run {run_id} not found"))),
+    }
+}
