@@ -185,19 +185,14 @@ pub(super) async fn get_graph(
 ) -> Result<Json<Value>, ApiError> {
     let g = find(&app, &id)?;
     let picture = crate::compile::picture::json_value(&g.plan);
-    let nodes: Vec<Value> = picture["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|n| {
-            let name = node_id(n["name"].as_str().unwrap_or_default());
-            if name == "__start__" || name == "__end__" {
-                json!({"id": name, "type": "schema", "data": name})
-            } else {
-                json!({"id": name, "type": "runnable", "data": {"id": ["runner", n["kind"]], "name": name}})
-            }
-        })
-        .collect();
+    // The picture names the plan's nodes; LangGraph draws its start and end as nodes too.
+    let schema = |id: &str| json!({"id": id, "type": "schema", "data": id});
+    let mut nodes = vec![schema("__start__")];
+    nodes.extend(picture["nodes"].as_array().into_iter().flatten().map(|n| {
+        let name = n["name"].as_str().unwrap_or_default();
+        json!({"id": name, "type": "runnable", "data": {"id": ["runner", n["kind"]], "name": name}})
+    }));
+    nodes.push(schema("__end__"));
     let edges: Vec<Value> = picture["edges"]
         .as_array()
         .into_iter()

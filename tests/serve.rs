@@ -1,0 +1,437 @@
+//! `runner serve` through the real binary on 127.0.0.1: LangGraph's own Python client
+//! (`langgraph-sdk`, pinned in `tests/sdk/requirements.txt`, installed into a venv by this
+//! file's set-up) drives it as an application would, and plain HTTP checks statuses, error
+//! shapes, CORS, the SSE framing and the thread lease.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A `runner serve` over the test workflows, killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `runner serve` on a free port over `tests/fixtures/gate.yaml`, the workflows of
+/// `tests/fixtures/serve/` and one that does not validate, on the scripted mock.
+fn serve() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let workflows = dir.path().join("workflows");
+    std::fs::create_dir(&workflows).unwrap();
+    std::fs::copy(fixtures.join("gate.yaml"), workflows.join("gate.yaml")).unwrap();
+    for name in ["shout.yaml", "slow.yaml"] {
+        std::fs::copy(fixtures.join("serve").join(name), workflows.join(name)).unwrap();
+    }
+    std::fs::write(
+        workflows.join("broken.yaml"),
+        "name: broken\nnodes: {a: {kind: nope}}\n",
+    )
+    .unwrap();
+    std::fs::write(workflows.join("gate.test.yaml"), "not: a workflow\n").unwrap();
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(dir.path())
+        .env("RUNNER_DB", dir.path().join("runner.db"))
+        .args(["serve", "workflows", "--port", "0", "--mock"])
+        .arg(fixtures.join("serve/mock.yaml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    let base = loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("runner serve ended before listening:\n{said}");
+        }
+        said.push_str(&line);
+        if let Some(url) = line.trim().strip_prefix("listening on ") {
+            break url.to_string();
+        }
+    };
+    // The workflow that does not validate is reported and not served; the test file is no
+    // workflow at all.
+    assert!(said.contains("not served:") && said.contains("broken.yaml"), "{said}");
+    assert!(said.contains("serving gate, shout, slow\n"), "{said}");
+    // Whatever it says later is not read: drain it so the server never blocks on stderr.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    Server { child, base, _dir: dir }
+}
+
+fn client() -> reqwest::Client {
+    runner::net::client_builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// `method path` with an optional JSON body: the status, the headers and the body as JSON
+/// (`null` when empty).
+async fn call(
+    s: &Server,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut req = client().request(method, format!("{}{path}", s.base));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap();
+    let value = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("{path}: not JSON: {text}"))
+    };
+    (status, headers, value)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn statuses_and_error_shapes_are_the_reference_servers() {
+    use reqwest::Method;
+    let s = serve();
+    assert_eq!(call(&s, Method::GET, "/ok", None).await.0, 200);
+    assert_eq!(call(&s, Method::GET, "/info", None).await.0, 200);
+
+    // An assistant by its graph id or its uuid5 id; a missing one is a 404 with a detail.
+    let (status, _, a) = call(&s, Method::GET, "/assistants/gate", None).await;
+    assert_eq!((status, a["graph_id"].as_str()), (200, Some("gate")));
+    let by_uuid = format!("/assistants/{}", a["assistant_id"].as_str().unwrap());
+    assert_eq!(call(&s, Method::GET, &by_uuid, None).await.2["graph_id"], "gate");
+    let (status, _, e) = call(&s, Method::GET, "/assistants/broken", None).await;
+    assert_eq!(
+        (status, e["detail"].as_str()),
+        (404, Some("Assistant 'broken' not found"))
+    );
+    let (_, _, graph) = call(&s, Method::GET, "/assistants/gate/graph", None).await;
+    let ids: Vec<&str> = graph["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"__start__") && ids.contains(&"write") && ids.contains(&"review"),
+        "{graph}"
+    );
+    assert!(
+        graph["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["source"] == "write" && e["target"] == "review")
+    );
+    let (_, _, schemas) = call(&s, Method::GET, "/assistants/gate/schemas", None).await;
+    assert_eq!(schemas["input_schema"]["required"], json!(["topic"]));
+    assert!(schemas["state_schema"]["properties"]["draft"].is_object(), "{schemas}");
+
+    // Threads: a duplicate id is a 409 unless `if_exists: do_nothing`; unknown ones 404.
+    let (status, _, t) = call(
+        &s,
+        Method::POST,
+        "/threads",
+        Some(json!({"thread_id": "t1", "metadata": {"k": 1}})),
+    )
+    .await;
+    assert_eq!((status, t["status"].as_str()), (200, Some("idle")));
+    let again = json!({"thread_id": "t1"});
+    let (status, _, e) = call(&s, Method::POST, "/threads", Some(again)).await;
+    assert_eq!(status, 409, "{e}");
+    assert!(e["detail"].is_string(), "{e}");
+    let quiet = json!({"thread_id": "t1", "if_exists": "do_nothing"});
+    assert_eq!(
+        call(&s, Method::POST, "/threads", Some(quiet)).await.2["metadata"]["k"],
+        1
+    );
+    for path in ["/threads/nope", "/threads/nope/state"] {
+        let (status, _, e) = call(&s, Method::GET, path, None).await;
+        assert_eq!(
+            (status, e["detail"].as_str()),
+            (404, Some("Thread with ID nope not found")),
+            "{path}"
+        );
+    }
+    let run = json!({"assistant_id": "gate", "input": {"topic": "x"}});
+    assert_eq!(
+        call(&s, Method::POST, "/threads/nope/runs/wait", Some(run)).await.0,
+        404
+    );
+    let (status, _, e) = call(&s, Method::POST, "/threads/t1/runs/wait", Some(json!({"input": {}}))).await;
+    assert_eq!(status, 422, "{e}");
+    assert!(e["detail"].as_str().unwrap().contains("assistant_id"), "{e}");
+    let bad_mode = json!({"assistant_id": "gate", "stream_mode": "valuez"});
+    assert_eq!(
+        call(&s, Method::POST, "/threads/t1/runs/stream", Some(bad_mode))
+            .await
+            .0,
+        422
+    );
+    // Input the workflow's input schema refuses.
+    let (status, _, e) = call(
+        &s,
+        Method::POST,
+        "/runs/wait",
+        Some(json!({"assistant_id": "gate", "input": {}})),
+    )
+    .await;
+    assert_eq!(status, 422, "{e}");
+    assert!(e["detail"].as_str().unwrap().contains("topic"), "{e}");
+    let (status, _, e) = call(&s, Method::GET, "/no/such/route", None).await;
+    assert_eq!((status, e["detail"].as_str()), (404, Some("Not Found")));
+
+    // Search pages with the reference's headers.
+    for id in ["t2", "t3"] {
+        call(
+            &s,
+            Method::POST,
+            "/threads",
+            Some(json!({"thread_id": id, "metadata": {"k": 1}})),
+        )
+        .await;
+    }
+    let page = json!({"metadata": {"k": 1}, "limit": 2});
+    let (_, headers, found) = call(&s, Method::POST, "/threads/search", Some(page)).await;
+    assert_eq!(found.as_array().unwrap().len(), 2);
+    assert_eq!(headers["x-pagination-total"], "3");
+    assert_eq!(headers["x-pagination-next"], "2");
+
+    assert_eq!(call(&s, Method::DELETE, "/threads/t2", None).await.0, 204);
+    assert_eq!(call(&s, Method::GET, "/threads/t2", None).await.0, 404);
+    assert_eq!(call(&s, Method::DELETE, "/threads/t2", None).await.0, 404);
+
+    // CORS: a preflight is answered with the private-network grant; responses expose
+    // `content-location`.
+    let preflight = client()
+        .request(Method::OPTIONS, format!("{}/threads", s.base))
+        .header("origin", "http://localhost:3000")
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "content-type,x-api-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status(), 200);
+    let h = preflight.headers();
+    assert_eq!(h["access-control-allow-origin"], "*");
+    assert_eq!(h["access-control-allow-private-network"], "true");
+    assert_eq!(h["access-control-allow-headers"], "content-type,x-api-key");
+    let (_, headers, _) = call(&s, Method::GET, "/ok", None).await;
+    assert!(
+        headers["access-control-expose-headers"]
+            .to_str()
+            .unwrap()
+            .contains("content-location")
+    );
+}
+
+/// The raw bytes of a streamed run: CRLF framing, `metadata` first, the interrupt in
+/// `updates` and in the last `values`, and a failed run's `error` event last.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_is_framed_as_the_reference_frames_it() {
+    let s = serve();
+    let resp = client()
+        .post(format!("{}/threads/t1/runs/stream", s.base))
+        .json(&json!({"assistant_id": "gate", "input": {"topic": "tides"}, "stream_mode": ["values", "updates"], "if_not_exists": "create"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream; charset=utf-8");
+    let location = resp.headers()["content-location"].to_str().unwrap().to_string();
+    assert!(location.starts_with("/threads/t1/runs/"), "{location}");
+    let body = resp.text().await.unwrap();
+    assert!(body.starts_with("event: metadata\r\ndata: {\"run_id\":"), "{body}");
+    let events = parse(&body);
+    assert!(
+        events
+            .iter()
+            .any(|(e, d)| e == "updates" && d["write"]["draft"] == "first draft"),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(e, d)| e == "updates" && d["__interrupt__"].is_array())
+    );
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "values");
+    assert_eq!(data["__interrupt__"][0]["value"]["payload"]["draft"], "first draft");
+    // The run's end was recorded before the stream closed.
+    let run = client().get(format!("{}{location}", s.base)).send().await.unwrap();
+    assert_eq!(run.json::<Value>().await.unwrap()["status"], "success");
+
+    let failed = client()
+        .post(format!("{}/runs/stream", s.base))
+        .json(&json!({"assistant_id": "shout", "input": {"word": "boom"}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(failed.headers()["location"].to_str().unwrap().starts_with("/runs/"));
+    let events = parse(&failed.text().await.unwrap());
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "error", "{events:?}");
+    assert!(data["message"].as_str().unwrap().contains("no reply"), "{data}");
+    assert!(data["error"].is_string(), "{data}");
+}
+
+/// `(event, data)` of every event of an SSE body framed with CRLF.
+fn parse(body: &str) -> Vec<(String, Value)> {
+    body.split("\r\n\r\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let mut lines = e.split("\r\n");
+            let event = lines.next().unwrap().strip_prefix("event: ").unwrap().to_string();
+            let data = lines.next().unwrap().strip_prefix("data: ").unwrap();
+            (event, serde_json::from_str(data).unwrap())
+        })
+        .collect()
+}
+
+/// A second run on a thread a run holds is refused with 409 before any byte is streamed: the
+/// server's runs take the thread lease as the CLI's do.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_run_on_a_busy_thread_is_a_conflict() {
+    let s = serve();
+    let first = client()
+        .post(format!("{}/threads/busy/runs/stream", s.base))
+        .json(&json!({"assistant_id": "slow", "if_not_exists": "create"}))
+        .send()
+        .await
+        .unwrap();
+    // The response has begun: the run holds the thread.
+    assert_eq!(first.status(), 200);
+    let thread = client().get(format!("{}/threads/busy", s.base)).send().await.unwrap();
+    assert_eq!(thread.json::<Value>().await.unwrap()["status"], "busy");
+    let second = client()
+        .post(format!("{}/threads/busy/runs/wait", s.base))
+        .json(&json!({"assistant_id": "slow", "multitask_strategy": "reject"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 409);
+    let detail = second.json::<Value>().await.unwrap();
+    assert!(
+        detail["detail"].as_str().unwrap().contains("already running"),
+        "{detail}"
+    );
+    let strategy = client()
+        .post(format!("{}/threads/busy/runs/wait", s.base))
+        .json(&json!({"assistant_id": "slow", "multitask_strategy": "enqueue"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        strategy.status(),
+        422,
+        "a strategy runner does not carry out is refused, not ignored"
+    );
+    let events = parse(&first.text().await.unwrap());
+    assert_eq!(events.last().unwrap().1["said"], "done", "{events:?}");
+    // Once the first run ended, the thread takes another.
+    let third = client()
+        .post(format!("{}/threads/busy/runs/wait", s.base))
+        .json(&json!({"assistant_id": "slow"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(third.status(), 200);
+}
+
+/// The Python interpreter of a venv holding `tests/sdk/requirements.txt`, created once per
+/// target directory. Parallel test processes take turns through a lock directory; a venv is
+/// used only once its marker says it holds exactly these requirements.
+fn sdk_python() -> &'static Path {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match PYTHON.get_or_init(make_venv) {
+        Ok(p) => p,
+        Err(e) => panic!("the Python SDK test client could not be installed: {e}"),
+    }
+}
+
+fn make_venv() -> Result<PathBuf, String> {
+    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements).map_err(|e| e.to_string())?;
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let venv = root.join("sdk-venv");
+    let python = venv.join("bin/python");
+    let marker = venv.join("requirements.installed");
+    let lock = root.join("sdk-venv.lock");
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while std::fs::create_dir(&lock).is_err() {
+        // A lock older than the longest install was left by a process that died.
+        let stale = std::fs::metadata(&lock)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(900));
+        if stale {
+            let _ = std::fs::remove_dir(&lock);
+        } else if Instant::now() > deadline {
+            return Err(format!("{} stayed locked for 15 minutes", lock.display()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let result = (|| {
+        if std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
+            return Ok(python.clone());
+        }
+        let _ = std::fs::remove_dir_all(&venv);
+        let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+            let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{what} failed:\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(())
+        };
+        run(
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+            "python3 -m venv",
+        )?;
+        run(
+            Command::new(&python)
+                .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
+                .arg(&requirements),
+            "pip install -r tests/sdk/requirements.txt (it needs PyPI)",
+        )?;
+        std::fs::write(&marker, &wanted).map_err(|e| e.to_string())?;
+        Ok(python.clone())
+    })();
+    let _ = std::fs::remove_dir(&lock);
+    result
+}
+
+/// LangGraph's Python client drives the server through a whole conversation: assistants,
+/// threads, streamed and waited runs, state, interrupt and resume, history, search, errors.
+#[test]
+fn the_python_sdk_drives_the_server() {
+    let python = sdk_python();
+    let s = serve();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/drive.py");
+    let out = Command::new(python).arg(script).arg(&s.base).output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the SDK script failed:\n{said}");
+    assert!(said.contains("sdk: every check passed"), "{said}");
+}
