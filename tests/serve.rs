@@ -289,6 +289,34 @@ async fn a_stream_is_framed_as_the_reference_frames_it() {
     assert_eq!(last, "error", "{events:?}");
     assert!(data["message"].as_str().unwrap().contains("no reply"), "{data}");
     assert!(data["error"].is_string(), "{data}");
+    // A stateless run's thread is its own: deleted once the run ends (unless
+    // `on_completion: keep`).
+    let kept = client()
+        .post(format!("{}/runs/wait", s.base))
+        .json(&json!({"assistant_id": "shout", "input": {"word": "hello"}, "on_completion": "keep"}))
+        .send()
+        .await
+        .unwrap();
+    let kept_thread = kept.headers()["content-location"].to_str().unwrap().to_string();
+    assert!(kept_thread.starts_with("/runs/"), "{kept_thread}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Value = client()
+            .post(format!("{}/threads/search", s.base))
+            .json(&json!({"metadata": {"graph_id": "shout"}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if found.as_array().unwrap().len() == 1 {
+            assert_eq!(found[0]["values"]["said"], "hello there", "{found}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "stateless threads left behind: {found}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// `(event, data)` of every event of an SSE body framed with CRLF.
@@ -434,4 +462,60 @@ fn the_python_sdk_drives_the_server() {
     );
     assert!(out.status.success(), "the SDK script failed:\n{said}");
     assert!(said.contains("sdk: every check passed"), "{said}");
+}
+
+/// A client that goes away cancels its run at the next step boundary, unless it asked for the
+/// run to go on (`on_disconnect: continue`, as agent-chat-ui does); either way the run's end is
+/// recorded.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_goes_away_cancels_its_run_unless_it_said_continue() {
+    let s = serve();
+    let mut runs = Vec::new();
+    for (thread, on_disconnect) in [("gone", "cancel"), ("stays", "continue")] {
+        let resp = client()
+            .post(format!("{}/threads/{thread}/runs/stream", s.base))
+            .json(&json!({"assistant_id": "slow", "if_not_exists": "create", "on_disconnect": on_disconnect}))
+            .send()
+            .await
+            .unwrap();
+        runs.push((thread, resp.headers()["content-location"].to_str().unwrap().to_string()));
+        // The response is dropped unread: the client went away during the first step.
+        drop(resp);
+    }
+    for (thread, run) in runs {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            let r: Value = client()
+                .get(format!("{}{run}", s.base))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if r["status"] != "running" && r["status"] != "pending" {
+                break r["status"].clone();
+            }
+            assert!(Instant::now() < deadline, "{thread}: the run never ended");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let state: Value = client()
+            .get(format!("{}/threads/{thread}/state", s.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if thread == "gone" {
+            assert_eq!(status, "interrupted");
+            assert_eq!(
+                (&state["values"]["said"], &state["next"]),
+                (&json!("half"), &json!(["tock"]))
+            );
+        } else {
+            assert_eq!(status, "success");
+            assert_eq!((&state["values"]["said"], &state["next"]), (&json!("done"), &json!([])));
+        }
+    }
 }

@@ -87,12 +87,13 @@ struct Started {
     thread_id: String,
     /// A run without a thread of the client's: it runs on a thread of its own.
     stateless: bool,
-    /// Its own thread is deleted when it ends (unless `on_completion: keep`).
-    temporary: bool,
     first: Envelope,
     events: mpsc::UnboundedReceiver<Envelope>,
     done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
     cancel: Arc<AtomicBool>,
+    /// Dropped once the stream or the wait is done reading the run's thread: a thread of the
+    /// run's own is deleted then.
+    release: oneshot::Sender<()>,
     modes: Modes,
     cancel_on_disconnect: bool,
 }
@@ -230,21 +231,31 @@ async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<S
     let engine = Engine::new(graph.plan.clone(), app.store.clone(), services, events);
     let cancel = engine.cancel_flag();
     let (tx, mut done) = oneshot::channel();
+    let (release, released) = oneshot::channel::<()>();
+    let ended = Ended {
+        app: app.clone(),
+        thread_id: thread_id.clone(),
+        temporary,
+    };
+    let ended_run = run_id.clone();
     tokio::spawn(async move {
         let outcome = engine.run(request).await;
         // The engine (and with it every sender of its events) is gone before its end is told.
         drop(engine);
+        // Recorded whether or not a client still listens, and before a stream closes: a
+        // client that finds the stream closed asks the run's status to know whether to
+        // reconnect.
+        set_status(&ended.app, &ended_run, run_status(&outcome));
         let _ = tx.send(outcome);
+        let _ = released.await;
+        ended.release();
     });
     // The run sends `run_start` once it holds the thread; before that it can only fail.
     let first = tokio::select! {
         biased;
         Some(first) = rx.recv() => Some(first),
         outcome = &mut done => match outcome {
-            Ok(Err(e)) => {
-                finish(app, &run_id, &thread_id, temporary, "error");
-                return Err(refused(e));
-            }
+            Ok(Err(e)) => return Err(refused(e)),
             _ => None,
         },
     };
@@ -261,11 +272,11 @@ async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<S
         run_id,
         thread_id,
         stateless,
-        temporary,
         first,
         events: rx,
         done,
         cancel,
+        release,
         modes,
         cancel_on_disconnect: req.on_disconnect.as_deref() != Some("continue"),
     })
@@ -278,13 +289,21 @@ fn set_status(app: &Shared, run_id: &str, status: &'static str) {
     }
 }
 
-/// Records how a run ended; a run's own thread is deleted with it.
-fn finish(app: &Shared, run_id: &str, thread_id: &str, temporary: bool, status: &'static str) {
-    set_status(app, run_id, status);
-    if temporary {
-        lock(&app.threads).remove(thread_id);
-        // A temporary thread nobody can name again: failing to delete it leaves only garbage.
-        let _ = app.store.delete_thread(thread_id);
+/// A run's thread, released when nobody reads the run any more.
+struct Ended {
+    app: Shared,
+    thread_id: String,
+    /// A thread of the run's own, deleted with it (unless `on_completion: keep`).
+    temporary: bool,
+}
+
+impl Ended {
+    fn release(self) {
+        if self.temporary {
+            lock(&self.app.threads).remove(&self.thread_id);
+            // A thread nobody can name again: failing to delete it leaves only garbage behind.
+            let _ = self.app.store.delete_thread(&self.thread_id);
+        }
     }
 }
 
@@ -316,17 +335,17 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// How long a stream stays silent before a heartbeat comment, as the reference server's.
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What a stream body holds while it is read.
 struct Pump {
-    app: Shared,
     started_events: mpsc::UnboundedReceiver<Envelope>,
     done: Option<oneshot::Receiver<Result<RunOutcome, EngineError>>>,
     translate: Translate,
     queue: VecDeque<Bytes>,
-    run_id: String,
-    thread_id: String,
-    temporary: bool,
     guard: CancelOnDrop,
+    _release: oneshot::Sender<()>,
 }
 
 impl Pump {
@@ -337,7 +356,13 @@ impl Pump {
                 return Some(b);
             }
             let done = self.done.take()?;
-            match self.started_events.recv().await {
+            let Ok(received) = tokio::time::timeout(HEARTBEAT, self.started_events.recv()).await else {
+                // Silence: a comment keeps proxies from closing the stream and finds out whether
+                // the client is still there.
+                self.done = Some(done);
+                return Some(Bytes::from_static(b": heartbeat\r\n\r\n"));
+            };
+            match received {
                 Some(envelope) => {
                     self.done = Some(done);
                     let frames = self.translate.on(envelope);
@@ -348,15 +373,6 @@ impl Pump {
                         .await
                         .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
                     let frames = self.translate.finish(&outcome);
-                    // The run's end is recorded before the stream closes: a client that finds
-                    // the stream closed asks the run's status to know whether to reconnect.
-                    finish(
-                        &self.app,
-                        &self.run_id,
-                        &self.thread_id,
-                        self.temporary,
-                        run_status(&outcome),
-                    );
                     self.guard.armed = false;
                     self.queue.extend(frames.iter().map(|(e, d)| frame(e, d)));
                 }
@@ -379,14 +395,11 @@ fn stream_response(app: Shared, s: Started) -> Response {
         )
     };
     let pump = Pump {
-        app,
         started_events: s.events,
         done: Some(s.done),
         translate,
         queue,
-        run_id: s.run_id,
-        thread_id: s.thread_id,
-        temporary: s.temporary,
+        _release: s.release,
         guard: CancelOnDrop {
             flag: s.cancel,
             armed: s.cancel_on_disconnect,
@@ -447,7 +460,7 @@ async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
         }
         Ok(_) => {}
     }
-    finish(&app, &s.run_id, &s.thread_id, s.temporary, run_status(&outcome));
+    drop(s.release);
     let (location, content_location) = if s.stateless {
         (format!("/runs/{}/join", s.run_id), format!("/runs/{}", s.run_id))
     } else {
