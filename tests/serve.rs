@@ -194,6 +194,16 @@ async fn statuses_and_error_shapes_are_the_reference_servers() {
     .await;
     assert_eq!(status, 422, "{e}");
     assert!(e["detail"].as_str().unwrap().contains("topic"), "{e}");
+    for path in ["/threads/t1/runs/nope", "/threads/t1/runs/nope/join"] {
+        let (status, _, e) = call(&s, Method::GET, path, None).await;
+        assert_eq!(
+            (status, e["detail"].as_str()),
+            (404, Some("Run nope not found")),
+            "{path}"
+        );
+    }
+    let rollback = "/threads/t1/runs/nope/cancel?action=rollback";
+    assert_eq!(call(&s, Method::POST, rollback, None).await.0, 422);
     let (status, _, e) = call(&s, Method::GET, "/no/such/route", None).await;
     assert_eq!((status, e["detail"].as_str()), (404, Some("Not Found")));
 

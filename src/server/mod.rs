@@ -9,9 +9,11 @@
 //! - `graphs.rs`: the served workflows, their assistants, graph pictures and schemas;
 //! - `threads.rs`: threads, their state and history, read from the checkpointer;
 //! - `runs.rs`: runs on a thread or stateless, streamed (SSE) or waited for;
+//! - `control.rs`: runs in the background, listed, looked at, joined, cancelled;
 //! - `sse.rs`: the event stream's framing and how engine events become stream-mode events;
 //! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS.
 
+mod control;
 mod graphs;
 mod http;
 mod runs;
@@ -86,15 +88,26 @@ fn router(app: Shared) -> Router {
         .route("/assistants/{id}/schemas", get(graphs::get_schemas))
         .route("/threads", post(threads::create))
         .route("/threads/search", post(threads::search))
-        .route("/threads/{id}", get(threads::get).delete(threads::delete))
+        .route(
+            "/threads/{id}",
+            get(threads::get).delete(threads::delete).patch(threads::patch),
+        )
         .route("/threads/{id}/state", get(threads::state))
+        .route("/threads/{id}/state/checkpoint", post(threads::state_at_post))
+        .route("/threads/{id}/state/{checkpoint_id}", get(threads::state_at_get))
         .route(
             "/threads/{id}/history",
             post(threads::history_post).get(threads::history_get),
         )
         .route("/threads/{id}/runs/stream", post(runs::stream_on_thread))
         .route("/threads/{id}/runs/wait", post(runs::wait_on_thread))
-        .route("/threads/{id}/runs/{run_id}", get(runs::get_run))
+        .route(
+            "/threads/{id}/runs",
+            post(control::create_on_thread).get(control::list_runs),
+        )
+        .route("/threads/{id}/runs/{run_id}", get(control::get_run))
+        .route("/threads/{id}/runs/{run_id}/join", get(control::join))
+        .route("/threads/{id}/runs/{run_id}/cancel", post(control::cancel))
         .route("/runs/stream", post(runs::stream_stateless))
         .route("/runs/wait", post(runs::wait_stateless))
         .fallback(http::not_found)

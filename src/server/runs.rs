@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path as UrlPath, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Json, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -35,6 +35,12 @@ pub(crate) struct RunRecord {
     pub created_at: String,
     pub updated_at: String,
     pub metadata: Map<String, Value>,
+    /// Stops the run at its next step boundary.
+    pub cancel: Arc<AtomicBool>,
+    /// Becomes true once the run's end is recorded.
+    pub ended: tokio::sync::watch::Receiver<bool>,
+    /// Why the run failed: `{error, message}`.
+    pub error: Option<Value>,
 }
 
 impl RunRecord {
@@ -42,7 +48,7 @@ impl RunRecord {
         matches!(self.status, "pending" | "running")
     }
 
-    fn json(&self) -> Value {
+    pub fn json(&self) -> Value {
         json!({
             "run_id": self.run_id, "thread_id": self.thread_id, "assistant_id": self.assistant_id,
             "created_at": self.created_at, "updated_at": self.updated_at, "status": self.status,
@@ -62,7 +68,7 @@ struct Command {
 /// A run request (`RunCreateStateful` / `RunCreateStateless`): the fields runner reads; others
 /// are ignored as the reference ignores unknown ones.
 #[derive(Deserialize)]
-struct RunCreate {
+pub(super) struct RunCreate {
     assistant_id: String,
     input: Option<Value>,
     command: Option<Command>,
@@ -75,25 +81,25 @@ struct RunCreate {
     context: Option<Value>,
     multitask_strategy: Option<String>,
     if_not_exists: Option<String>,
-    on_disconnect: Option<String>,
+    pub on_disconnect: Option<String>,
     on_completion: Option<String>,
     interrupt_before: Option<Value>,
     interrupt_after: Option<Value>,
 }
 
 /// A run that holds its thread: the events it sends, and its end.
-struct Started {
-    run_id: String,
-    thread_id: String,
+pub(super) struct Started {
+    pub run_id: String,
+    pub thread_id: String,
     /// A run without a thread of the client's: it runs on a thread of its own.
     stateless: bool,
     first: Envelope,
-    events: mpsc::UnboundedReceiver<Envelope>,
-    done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
+    pub events: mpsc::UnboundedReceiver<Envelope>,
+    pub done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
     cancel: Arc<AtomicBool>,
     /// Dropped once the stream or the wait is done reading the run's thread: a thread of the
     /// run's own is deleted then.
-    release: oneshot::Sender<()>,
+    pub release: oneshot::Sender<()>,
     modes: Modes,
     cancel_on_disconnect: bool,
 }
@@ -142,7 +148,7 @@ fn answer(app: &Shared, thread_id: &str, resume: Value) -> Result<(Option<String
 
 /// Starts a run of `req` on `thread` (none: a thread of its own) and waits until it holds the
 /// thread.
-async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<Started, ApiError> {
+pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<Started, ApiError> {
     let graph: Arc<Graph> = app
         .graphs
         .find(&req.assistant_id)
@@ -215,6 +221,10 @@ async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<S
     let services = app.settings.services(&graph.plan)?;
     let run_id = uuid::Uuid::now_v7().to_string();
     let now = crate::clock::now();
+    let (events, mut rx) = Events::channel();
+    let engine = Engine::new(graph.plan.clone(), app.store.clone(), services, events);
+    let cancel = engine.cancel_flag();
+    let (ended_tx, ended_rx) = tokio::sync::watch::channel(false);
     lock(&app.runs).insert(
         run_id.clone(),
         RunRecord {
@@ -225,11 +235,11 @@ async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<S
             created_at: now.clone(),
             updated_at: now,
             metadata: req.metadata,
+            cancel: cancel.clone(),
+            ended: ended_rx,
+            error: None,
         },
     );
-    let (events, mut rx) = Events::channel();
-    let engine = Engine::new(graph.plan.clone(), app.store.clone(), services, events);
-    let cancel = engine.cancel_flag();
     let (tx, mut done) = oneshot::channel();
     let (release, released) = oneshot::channel::<()>();
     let ended = Ended {
@@ -246,6 +256,17 @@ async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<S
         // client that finds the stream closed asks the run's status to know whether to
         // reconnect.
         set_status(&ended.app, &ended_run, run_status(&outcome));
+        if let Some(r) = lock(&ended.app.runs).get_mut(&ended_run) {
+            r.error = match &outcome {
+                Ok(o) if o.status == Status::Failed => {
+                    Some(json!({"error": "RunError", "message": o.error.clone().unwrap_or_default()}))
+                }
+                Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
+                Ok(_) => None,
+            };
+        }
+        // Nobody waiting for the run's end is no failure.
+        let _ = ended_tx.send(true);
         let _ = tx.send(outcome);
         let _ = released.await;
         ended.release();
@@ -284,6 +305,10 @@ async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<S
 
 fn set_status(app: &Shared, run_id: &str, status: &'static str) {
     if let Some(r) = lock(&app.runs).get_mut(run_id) {
+        // A run that ended before its start was told stays ended.
+        if status == "running" && r.status != "pending" {
+            return;
+        }
         r.status = status;
         r.updated_at = crate::clock::now();
     }
@@ -507,14 +532,4 @@ pub(super) async fn wait_on_thread(
 pub(super) async fn wait_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
     let started = start(&app, None, body(&bytes)?).await?;
     wait_response(app, started).await
-}
-
-pub(super) async fn get_run(
-    State(app): State<Shared>,
-    UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
-) -> Result<Response, ApiError> {
-    match lock(&app.runs).get(&run_id) {
-        Some(r) if r.thread_id == thread_id => Ok((StatusCode::OK, Json(r.json())).into_response()),
-        _ => Err(ApiError::not_found(format!("Run {run_id} not found"))),
-    }
 }

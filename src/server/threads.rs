@@ -340,3 +340,71 @@ fn history(app: &Shared, id: &str, q: HistoryQuery) -> Result<Json<Value>, ApiEr
     }
     Ok(Json(Value::Array(out)))
 }
+
+/// The state at one checkpoint of the thread.
+fn state_at(app: &Shared, id: &str, checkpoint_id: &str) -> Result<Json<Value>, ApiError> {
+    match app.store.get_checkpoint(id, Some(checkpoint_id))? {
+        Some(cp) => Ok(Json(state_json(app, id, &cp)?)),
+        None if exists(app, id)? => Err(ApiError::not_found(format!(
+            "Checkpoint {checkpoint_id} of thread {id} not found"
+        ))),
+        None => Err(no_thread(id)),
+    }
+}
+
+pub(super) async fn state_at_get(
+    State(app): State<Shared>,
+    UrlPath((id, checkpoint_id)): UrlPath<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    state_at(&app, &id, &checkpoint_id)
+}
+
+#[derive(Deserialize)]
+struct AtCheckpoint {
+    checkpoint: CheckpointRef,
+}
+
+#[derive(Deserialize)]
+struct CheckpointRef {
+    checkpoint_id: String,
+}
+
+pub(super) async fn state_at_post(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let at: AtCheckpoint = body(&bytes)?;
+    state_at(&app, &id, &at.checkpoint.checkpoint_id)
+}
+
+#[derive(Deserialize)]
+struct Patch {
+    #[serde(default)]
+    metadata: Map<String, Value>,
+}
+
+/// Merges metadata into the thread's.
+pub(super) async fn patch(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let p: Patch = body(&bytes)?;
+    if !exists(&app, &id)? {
+        return Err(no_thread(&id));
+    }
+    // A thread from before this server starts its API metadata from what it records.
+    let current = thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?;
+    {
+        let mut threads = lock(&app.threads);
+        let meta = threads.entry(id.clone()).or_insert_with(|| ThreadMeta {
+            created_at: current["created_at"].as_str().unwrap_or_default().to_string(),
+            updated_at: current["updated_at"].as_str().unwrap_or_default().to_string(),
+            metadata: current["metadata"].as_object().cloned().unwrap_or_default(),
+        });
+        meta.metadata.extend(p.metadata);
+        meta.updated_at = crate::clock::now();
+    }
+    Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
+}

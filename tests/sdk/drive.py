@@ -97,6 +97,30 @@ async def main():
     waited = await client.runs.wait(t2, "gate", input={"topic": "tides"})
     assert waited["draft"] == "first draft" and waited["__interrupt__"], waited
 
+    # A run in the background: created, joined, looked at, listed.
+    t3 = (await client.threads.create())["thread_id"]
+    run = await client.runs.create(t3, "shout", input={"word": "hello"})
+    assert run["thread_id"] == t3 and run["status"] in ("pending", "running"), run
+    assert await client.runs.join(t3, run["run_id"]) == {"said": "hello there"}
+    assert (await client.runs.get(t3, run["run_id"]))["status"] == "success"
+    assert [r["run_id"] for r in await client.runs.list(t3)] == [run["run_id"]]
+
+    # Cancelling stops a run at its next step boundary; its thread can be continued.
+    t4 = (await client.threads.create())["thread_id"]
+    slow = await client.runs.create(t4, "slow")
+    await client.runs.cancel(t4, slow["run_id"], wait=True)
+    assert (await client.runs.get(t4, slow["run_id"]))["status"] == "interrupted"
+    assert (await client.threads.get_state(t4))["next"] == ["tock"]
+
+    # Metadata merged; the state at an older checkpoint, by id or by checkpoint.
+    updated = await client.threads.update(tid, metadata={"extra": 1})
+    assert updated["metadata"]["extra"] == 1 and updated["metadata"]["who"] == "sdk", updated
+    older = history[1]
+    by_id = await client.threads.get_state(tid, checkpoint_id=older["checkpoint"]["checkpoint_id"])
+    by_checkpoint = await client.threads.get_state(tid, checkpoint=older["checkpoint"])
+    assert by_id["values"] == by_checkpoint["values"] == older["values"], (by_id, older)
+    assert by_id["next"] == older["next"]
+
     try:
         await client.threads.get(str(uuid.uuid4()))
         raise AssertionError("a missing thread was found")
