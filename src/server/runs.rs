@@ -91,6 +91,7 @@ pub(super) struct RunCreate {
 pub(super) struct Started {
     pub run_id: String,
     pub thread_id: String,
+    graph: Arc<Graph>,
     /// A run without a thread of the client's: it runs on a thread of its own.
     stateless: bool,
     first: Envelope,
@@ -290,6 +291,7 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
     };
     set_status(app, &run_id, "running");
     Ok(Started {
+        graph,
         run_id,
         thread_id,
         stateless,
@@ -360,6 +362,16 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// What a run's `messages` events say of it.
+fn run_meta(s: &Started) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("run_id".into(), json!(s.run_id));
+    m.insert("thread_id".into(), json!(s.thread_id));
+    m.insert("graph_id".into(), json!(s.graph.graph_id));
+    m.insert("assistant_id".into(), json!(s.graph.assistant_id));
+    m
+}
+
 /// How long a stream stays silent before a heartbeat comment, as the reference server's.
 const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -407,7 +419,7 @@ impl Pump {
 }
 
 fn stream_response(app: Shared, s: Started) -> Response {
-    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone());
+    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone(), run_meta(&s));
     let mut queue = VecDeque::new();
     queue.push_back(frame("metadata", &json!({"run_id": s.run_id, "attempt": 1})));
     queue.extend(translate.on(s.first).iter().map(|(e, d)| frame(e, d)));
@@ -455,7 +467,7 @@ fn stream_response(app: Shared, s: Started) -> Response {
 /// Runs to the end and answers the final values: with `__interrupt__` when the run stopped at
 /// a gate, `__error__` when it failed.
 async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
-    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone());
+    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone(), run_meta(&s));
     translate.on(s.first);
     let mut events = s.events;
     while let Some(envelope) = events.recv().await {

@@ -1,6 +1,6 @@
 //! The event stream of a run as the LangGraph API frames it: `event: NAME`, `data: JSON` and a
 //! blank line, every line ended by CRLF; and the engine's events turned into the stream modes
-//! a client asked for (`values`, `updates`, `custom`), namespaced `mode|node:task` inside
+//! a client asked for (`values`, `updates`, `custom`, `messages-tuple`), namespaced `mode|node:task` inside
 //! subgraphs.
 
 use std::collections::HashMap;
@@ -25,8 +25,8 @@ pub(crate) fn frame(event: &str, data: &Value) -> Bytes {
     Bytes::from(out)
 }
 
-/// The stream modes LangGraph knows. Those runner produces are `values`, `updates` and `custom`;
-/// the others are accepted (clients such as agent-chat-ui always ask for `messages-tuple`) and
+/// The stream modes LangGraph knows. Those runner produces are `values`, `updates`, `custom`
+/// and `messages-tuple`; the others are accepted (clients such as agent-chat-ui always ask for `messages-tuple`) and
 /// produce no events yet.
 const KNOWN: &[&str] = &[
     "values",
@@ -48,6 +48,8 @@ pub(crate) struct Modes {
     values: bool,
     updates: bool,
     custom: bool,
+    /// `messages-tuple`: streamed model tokens as `messages` events.
+    messages: bool,
     /// Events from inside subgraphs too, namespaced.
     subgraphs: bool,
 }
@@ -73,6 +75,7 @@ impl Modes {
                 "values" => modes.values = true,
                 "updates" => modes.updates = true,
                 "custom" => modes.custom = true,
+                "messages-tuple" => modes.messages = true,
                 n if KNOWN.contains(&n) => {}
                 n => return Err(format!("unknown stream_mode `{n}`; known: {}", KNOWN.join(", "))),
             }
@@ -101,11 +104,22 @@ pub(crate) struct Translate {
     error_class: Option<String>,
     /// The run started and its first step has not: the state it starts from is still to show.
     initial: bool,
+    /// What every `messages` event's metadata says of the run: `run_id`, `thread_id`,
+    /// `graph_id`, `assistant_id`.
+    run: Map<String, Value>,
+    /// The step each namespace runs.
+    steps: HashMap<Option<Arc<str>>, i64>,
+    /// The tasks that streamed tokens, whose message ends with their node.
+    streamed: std::collections::HashSet<String>,
 }
 
 impl Translate {
-    pub fn new(modes: Modes, store: Arc<dyn Checkpointer>, thread_id: String) -> Translate {
+    /// `run` is what `messages` metadata says of the run (`run_id`, `graph_id`, …).
+    pub fn new(modes: Modes, store: Arc<dyn Checkpointer>, thread_id: String, run: Map<String, Value>) -> Translate {
         Translate {
+            run,
+            steps: HashMap::new(),
+            streamed: Default::default(),
             modes,
             store,
             thread_id,
@@ -154,7 +168,21 @@ impl Translate {
                     out.push((name("values"), Value::Object(self.values())));
                 }
             }
-            Event::NodeEnd { node, keys, .. } => {
+            Event::StepStart { step, .. } => {
+                self.steps.insert(ns.clone(), step);
+            }
+            Event::Token { node, task_id, text } if modes.messages => {
+                self.streamed.insert(task_id.clone());
+                let chunk = self.chunk(&task_id, text, None);
+                out.push((name("messages"), json!([chunk, self.message_meta(&node, &ns)])));
+            }
+            Event::NodeEnd {
+                node, keys, task_id, ..
+            } => {
+                if self.streamed.remove(&task_id) {
+                    let chunk = self.chunk(&task_id, String::new(), Some("last"));
+                    out.push((name("messages"), json!([chunk, self.message_meta(&node, &ns)])));
+                }
                 self.scopes.entry(ns.clone()).or_default().ended.push((node, keys));
             }
             Event::StateUpdate { values, .. } => {
@@ -205,6 +233,29 @@ impl Translate {
             _ => {}
         }
         out
+    }
+
+    /// A piece of the message a task's model call streams: every piece of one call shares its
+    /// id, as LangChain's `AIMessageChunk`s do.
+    fn chunk(&self, task_id: &str, text: String, position: Option<&str>) -> Value {
+        let run = self.run.get("run_id").and_then(Value::as_str).unwrap_or_default();
+        json!({
+            "type": "AIMessageChunk", "content": text, "id": format!("run-{run}-{task_id}"),
+            "additional_kwargs": {}, "response_metadata": {}, "name": null, "tool_calls": [],
+            "invalid_tool_calls": [], "tool_call_chunks": [], "usage_metadata": null,
+            "chunk_position": position,
+        })
+    }
+
+    /// The metadata of a `messages` event from `node` in namespace `ns`.
+    fn message_meta(&self, node: &str, ns: &Option<Arc<str>>) -> Value {
+        let mut meta = self.run.clone();
+        let ns_text = ns.as_deref().unwrap_or_default();
+        meta.insert("langgraph_node".into(), json!(node));
+        meta.insert("langgraph_step".into(), json!(self.steps.get(ns).copied().unwrap_or(0)));
+        meta.insert("langgraph_checkpoint_ns".into(), json!(ns_text));
+        meta.insert("checkpoint_ns".into(), json!(ns_text));
+        Value::Object(meta)
     }
 
     /// The stream events that close a run: the final values with its interrupts, or the error

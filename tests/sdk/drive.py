@@ -80,12 +80,21 @@ async def main():
 
     # Stateless runs: waited for, and streamed with an emit node's custom event.
     assert await client.runs.wait(None, "shout", input={"word": "hello"}) == {"said": "hello there"}
-    customs = [
-        p.data
-        async for p in client.runs.stream(None, "shout", input={"word": "hello"}, stream_mode=["custom"])
-        if p.event == "custom"
+    parts = [
+        p
+        async for p in client.runs.stream(
+            None, "shout", input={"word": "hello"}, stream_mode=["custom", "messages-tuple"]
+        )
     ]
+    customs = [p.data for p in parts if p.event == "custom"]
     assert customs == [{"event": "said", "data": {"text": "hello there"}}], customs
+    # The model's tokens as LangChain message chunks sharing one id, the last one marked.
+    messages = [p.data for p in parts if p.event == "messages"]
+    assert "".join(chunk["content"] for chunk, _ in messages) == "hello there", messages
+    assert {chunk["id"] for chunk, _ in messages} == {messages[0][0]["id"]}, messages
+    assert all(chunk["type"] == "AIMessageChunk" for chunk, _ in messages), messages
+    assert messages[-1][0]["chunk_position"] == "last", messages
+    assert all(meta["langgraph_node"] == "say" and meta["graph_id"] == "shout" for _, meta in messages)
 
     # A run that fails ends its stream with an `error` event.
     failed = [p async for p in client.runs.stream(None, "shout", input={"word": "boom"})]
