@@ -529,3 +529,34 @@ async fn a_client_that_goes_away_cancels_its_run_unless_it_said_continue() {
         }
     }
 }
+
+/// SIGTERM: the server stops accepting, lets a running run reach its next step boundary (its
+/// checkpoint intact), ends the stream, and exits 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
+    let mut s = serve();
+    let resp = client()
+        .post(format!("{}/threads/t/runs/stream", s.base))
+        .json(&json!({"assistant_id": "slow", "if_not_exists": "create", "stream_mode": "values"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let killed = Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let events = parse(&resp.text().await.unwrap());
+    // The first step ended; the second never started.
+    assert_eq!(events.last().unwrap().1, json!({"said": "half"}), "{events:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+}

@@ -87,7 +87,30 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         let bound = listener.local_addr()?;
         writeln!(err, "listening on http://{bound}")?;
         drop(err);
-        server.serve(listener).await?;
+        server.serve(listener, stop_signal()).await?;
         Ok(exit::OK)
     })
+}
+
+/// Ctrl-C or SIGTERM: the server stops accepting, lets its runs reach a step boundary, and ends.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -67,9 +67,24 @@ impl Server {
         })
     }
 
-    /// Serves on `listener` until the process ends.
-    pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-        axum::serve(listener, router(self.app)).await
+    /// Serves on `listener` until `shutdown` resolves; then stops accepting connections, stops
+    /// every run at its next step boundary (its checkpoint intact, its thread resumable) and
+    /// returns once every response has ended.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let app = self.app.clone();
+        let stop = async move {
+            shutdown.await;
+            for run in threads::lock(&app.runs).values().filter(|r| r.is_active()) {
+                run.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        };
+        axum::serve(listener, router(self.app))
+            .with_graceful_shutdown(stop)
+            .await
     }
 }
 

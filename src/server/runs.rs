@@ -226,21 +226,25 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
     let engine = Engine::new(graph.plan.clone(), app.store.clone(), services, events);
     let cancel = engine.cancel_flag();
     let (ended_tx, ended_rx) = tokio::sync::watch::channel(false);
-    lock(&app.runs).insert(
-        run_id.clone(),
-        RunRecord {
-            run_id: run_id.clone(),
-            thread_id: thread_id.clone(),
-            assistant_id: graph.assistant_id.clone(),
-            status: "pending",
-            created_at: now.clone(),
-            updated_at: now,
-            metadata: req.metadata,
-            cancel: cancel.clone(),
-            ended: ended_rx,
-            error: None,
-        },
-    );
+    {
+        let mut runs = lock(&app.runs);
+        prune(&mut runs, KEPT_RUNS);
+        runs.insert(
+            run_id.clone(),
+            RunRecord {
+                run_id: run_id.clone(),
+                thread_id: thread_id.clone(),
+                assistant_id: graph.assistant_id.clone(),
+                status: "pending",
+                created_at: now.clone(),
+                updated_at: now,
+                metadata: req.metadata,
+                cancel: cancel.clone(),
+                ended: ended_rx,
+                error: None,
+            },
+        );
+    }
     let (tx, mut done) = oneshot::channel();
     let (release, released) = oneshot::channel::<()>();
     let ended = Ended {
@@ -303,6 +307,29 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
         modes,
         cancel_on_disconnect: req.on_disconnect.as_deref() != Some("continue"),
     })
+}
+
+/// How many runs a server remembers: past it, the oldest ended ones are forgotten (their
+/// threads and checkpoints stay).
+const KEPT_RUNS: usize = 10_000;
+
+/// Forgets the oldest ended runs once more than `keep` are remembered, down to nine tenths of
+/// `keep`, so that the sort is paid once per tenth of `keep` runs.
+fn prune(runs: &mut std::collections::HashMap<String, RunRecord>, keep: usize) {
+    if runs.len() < keep {
+        return;
+    }
+    let mut ended: Vec<String> = runs
+        .values()
+        .filter(|r| !r.is_active())
+        .map(|r| r.run_id.clone())
+        .collect();
+    // Run ids are UUIDv7: in creation order.
+    ended.sort();
+    let excess = runs.len() - keep * 9 / 10;
+    for id in ended.into_iter().take(excess) {
+        runs.remove(&id);
+    }
 }
 
 fn set_status(app: &Shared, run_id: &str, status: &'static str) {
@@ -544,4 +571,41 @@ pub(super) async fn wait_on_thread(
 pub(super) async fn wait_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
     let started = start(&app, None, body(&bytes)?).await?;
     wait_response(app, started).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(run_id: &str, status: &'static str) -> RunRecord {
+        RunRecord {
+            run_id: run_id.into(),
+            thread_id: "t".into(),
+            assistant_id: "a".into(),
+            status,
+            created_at: String::new(),
+            updated_at: String::new(),
+            metadata: Map::new(),
+            cancel: Arc::default(),
+            ended: tokio::sync::watch::channel(false).1,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_oldest_ended_runs_are_forgotten_never_a_running_one() {
+        let mut runs: std::collections::HashMap<String, RunRecord> = (0..10)
+            .map(|i| {
+                let status = if i < 3 { "running" } else { "success" };
+                (format!("r{i}"), record(&format!("r{i}"), status))
+            })
+            .collect();
+        prune(&mut runs, 20);
+        assert_eq!(runs.len(), 10, "under the limit nothing is forgotten");
+        prune(&mut runs, 10);
+        let mut kept: Vec<&str> = runs.keys().map(String::as_str).collect();
+        kept.sort();
+        // Down to 9: the running r0..r2 stay, the oldest ended one (r3) goes.
+        assert_eq!(kept, ["r0", "r1", "r2", "r4", "r5", "r6", "r7", "r8", "r9"]);
+    }
 }
