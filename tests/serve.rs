@@ -177,6 +177,21 @@ async fn statuses_and_error_shapes_are_the_reference_servers() {
     let (status, _, e) = call(&s, Method::POST, "/threads/t1/runs/wait", Some(json!({"input": {}}))).await;
     assert_eq!(status, 422, "{e}");
     assert!(e["detail"].as_str().unwrap().contains("assistant_id"), "{e}");
+    let bad_durability = json!({"assistant_id": "shout", "durability": "never"});
+    assert_eq!(call(&s, Method::POST, "/runs/wait", Some(bad_durability)).await.0, 422);
+    // Only the run's last checkpoint is written: the same values, a shorter history.
+    let exit =
+        json!({"assistant_id": "shout", "input": {"word": "hello"}, "durability": "exit", "if_not_exists": "create"});
+    let (status, _, v) = call(&s, Method::POST, "/threads/ex/runs/wait", Some(exit)).await;
+    assert_eq!((status, &v), (200, &json!({"said": "hello there"})));
+    let (_, _, history) = call(&s, Method::GET, "/threads/ex/history", None).await;
+    let steps: Vec<&Value> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| &h["metadata"]["step"])
+        .collect();
+    assert_eq!(steps, [&json!(1), &json!(-1)], "{history}");
     let bad_mode = json!({"assistant_id": "gate", "stream_mode": "valuez"});
     assert_eq!(
         call(&s, Method::POST, "/threads/t1/runs/stream", Some(bad_mode))
@@ -371,7 +386,7 @@ async fn a_second_run_on_a_busy_thread_is_a_conflict() {
     );
     let strategy = client()
         .post(format!("{}/threads/busy/runs/wait", s.base))
-        .json(&json!({"assistant_id": "slow", "multitask_strategy": "enqueue"}))
+        .json(&json!({"assistant_id": "slow", "multitask_strategy": "rollback"}))
         .send()
         .await
         .unwrap();
@@ -380,8 +395,34 @@ async fn a_second_run_on_a_busy_thread_is_a_conflict() {
         422,
         "a strategy runner does not carry out is refused, not ignored"
     );
+    // `enqueue` waits for the thread's lease: it runs once the first run has ended.
+    let queued = tokio::spawn(
+        client()
+            .post(format!("{}/threads/busy/runs/wait", s.base))
+            .json(&json!({"assistant_id": "slow", "multitask_strategy": "enqueue"}))
+            .send(),
+    );
     let events = parse(&first.text().await.unwrap());
     assert_eq!(events.last().unwrap().1["said"], "done", "{events:?}");
+    let queued = queued.await.unwrap().unwrap();
+    assert_eq!(queued.status(), 200);
+    assert_eq!(queued.json::<Value>().await.unwrap()["said"], "done");
+    let runs: Value = client()
+        .get(format!("{}/threads/busy/runs", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let statuses: Vec<(&str, &str)> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "success")
+        .map(|r| (r["multitask_strategy"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(statuses, [("enqueue", "success"), ("reject", "success")], "{runs}");
     // Once the first run ended, the thread takes another.
     let third = client()
         .post(format!("{}/threads/busy/runs/wait", s.base))

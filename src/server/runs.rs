@@ -22,7 +22,7 @@ use super::sse::{Modes, Translate, frame};
 use super::threads::{ThreadMeta, exists, lock, pending_interrupts};
 use crate::checkpoint::CheckpointError;
 use crate::engine::events::{Envelope, Events};
-use crate::engine::{Engine, EngineError, RunOutcome, Status};
+use crate::engine::{Engine, EngineError, LeasePolicy, Persist, RunOutcome, Status};
 use crate::run::Start;
 
 /// A run this server started, as `GET /threads/{id}/runs/{run_id}` reports it.
@@ -35,6 +35,7 @@ pub(crate) struct RunRecord {
     pub created_at: String,
     pub updated_at: String,
     pub metadata: Map<String, Value>,
+    pub multitask_strategy: &'static str,
     /// Stops the run at its next step boundary.
     pub cancel: Arc<AtomicBool>,
     /// Becomes true once the run's end is recorded.
@@ -52,7 +53,7 @@ impl RunRecord {
         json!({
             "run_id": self.run_id, "thread_id": self.thread_id, "assistant_id": self.assistant_id,
             "created_at": self.created_at, "updated_at": self.updated_at, "status": self.status,
-            "metadata": self.metadata, "kwargs": {}, "multitask_strategy": "reject",
+            "metadata": self.metadata, "kwargs": {}, "multitask_strategy": self.multitask_strategy,
         })
     }
 }
@@ -85,6 +86,7 @@ pub(super) struct RunCreate {
     on_completion: Option<String>,
     interrupt_before: Option<Value>,
     interrupt_after: Option<Value>,
+    durability: Option<String>,
 }
 
 /// A run that holds its thread: the events it sends, and its end.
@@ -156,14 +158,27 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
         .cloned()
         .ok_or_else(|| ApiError::not_found(format!("Assistant '{}' not found", req.assistant_id)))?;
     let modes = Modes::parse(req.stream_mode.as_ref(), req.stream_subgraphs).map_err(ApiError::invalid)?;
-    match req.multitask_strategy.as_deref() {
-        None | Some("reject") => {}
+    // `enqueue`: the run waits for the thread's lease (the runs before it end first).
+    let enqueue = match req.multitask_strategy.as_deref() {
+        None | Some("reject") => false,
+        Some("enqueue") => true,
         Some(other) => {
             return Err(ApiError::invalid(format!(
-                "multitask_strategy `{other}` is not supported yet; runner rejects a second run on a busy thread (`reject`)"
+                "multitask_strategy `{other}` is not supported yet: a run on a busy thread is refused (`reject`) or waits its turn (`enqueue`)"
             )));
         }
-    }
+    };
+    let persist = match req.durability.as_deref() {
+        None => None,
+        Some("sync") => Some(Persist::Sync),
+        Some("async") => Some(Persist::Async),
+        Some("exit") => Some(Persist::Exit),
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "durability must be `sync`, `async` or `exit`, not `{other}`"
+            )));
+        }
+    };
     let command = req.command.unwrap_or_default();
     if command.update.is_some() || command.goto.is_some() {
         return Err(ApiError::invalid(
@@ -211,6 +226,12 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
             },
         )?,
     };
+    if let LeasePolicy::Take { wait, .. } = &mut request.lease {
+        *wait = enqueue;
+    }
+    if let Some(persist) = persist {
+        request.persist = persist;
+    }
     if let Some(limit) = req
         .config
         .as_ref()
@@ -242,6 +263,7 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
                 cancel: cancel.clone(),
                 ended: ended_rx,
                 error: None,
+                multitask_strategy: if enqueue { "enqueue" } else { "reject" },
             },
         );
     }
@@ -589,6 +611,7 @@ mod tests {
             cancel: Arc::default(),
             ended: tokio::sync::watch::channel(false).1,
             error: None,
+            multitask_strategy: "reject",
         }
     }
 
