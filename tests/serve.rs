@@ -28,6 +28,11 @@ impl Drop for Server {
 /// Starts `runner serve` on a free port over `tests/fixtures/gate.yaml`, the workflows of
 /// `tests/fixtures/serve/` and one that does not validate, on the scripted mock.
 fn serve() -> Server {
+    serve_with(&[], &[])
+}
+
+/// [`serve`] with more arguments and environment variables.
+fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let workflows = dir.path().join("workflows");
@@ -47,6 +52,8 @@ fn serve() -> Server {
         .env("RUNNER_DB", dir.path().join("runner.db"))
         .args(["serve", "workflows", "--port", "0", "--mock"])
         .arg(fixtures.join("serve/mock.yaml"))
+        .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -600,4 +607,45 @@ async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// With `--api-key-env`, every request but `/ok` and CORS preflights needs the key, as
+/// `x-api-key` or `Authorization: Bearer`; without it, no address but loopback is accepted.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_api_key_guards_every_route_but_ok() {
+    let s = serve_with(&["--api-key-env", "SERVE_TEST_KEY"], &[("SERVE_TEST_KEY", "sesame")]);
+    let get = |path: &str, header: Option<(&'static str, &'static str)>| {
+        let mut req = client().get(format!("{}{path}", s.base));
+        if let Some((name, value)) = header {
+            req = req.header(name, value);
+        }
+        async move { req.send().await.unwrap() }
+    };
+    assert_eq!(get("/ok", None).await.status(), 200);
+    let refused = get("/info", None).await;
+    assert_eq!(refused.status(), 401);
+    assert_eq!(refused.headers()["access-control-allow-origin"], "*");
+    assert!(refused.json::<Value>().await.unwrap()["detail"].is_string());
+    assert_eq!(get("/info", Some(("x-api-key", "wrong"))).await.status(), 401);
+    assert_eq!(get("/info", Some(("x-api-key", "sesame"))).await.status(), 200);
+    assert_eq!(
+        get("/info", Some(("authorization", "Bearer sesame"))).await.status(),
+        200
+    );
+    let preflight = client()
+        .request(reqwest::Method::OPTIONS, format!("{}/threads", s.base))
+        .header("origin", "http://localhost:3000")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status(), 200);
+
+    let open = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .args(["serve", "--host", "0.0.0.0", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(open.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&open.stderr);
+    assert!(said.contains("without --api-key-env"), "{said}");
 }

@@ -13,8 +13,7 @@ use crate::run::{DbOption, Env, MockOption, RunOptions};
 /// agent-chat-ui (`get_client(url="http://127.0.0.1:2024")`).
 ///
 /// Each workflow file is a graph named by its file stem; a file that does not validate is
-/// reported and not served. There is no authentication yet, so only loopback addresses are
-/// accepted.
+/// reported and not served. Without `--api-key-env` only loopback addresses are accepted.
 ///
 /// Example: runner serve workflows --port 2024
 #[derive(clap::Args, Debug)]
@@ -22,7 +21,7 @@ pub struct Args {
     /// The folder of workflow files (`*.test.yaml` files are not workflows).
     #[arg(default_value = "workflows")]
     dir: PathBuf,
-    /// The address to listen on (a loopback address).
+    /// The address to listen on (a loopback address unless `--api-key-env` is given).
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
     /// The port to listen on (0: any free port, printed at start).
@@ -46,12 +45,25 @@ pub struct Args {
     /// $RUNNER_LEASE_TTL, else 10).
     #[arg(long, value_name = "SECS")]
     lease_ttl: Option<f64>,
+    /// Require the API key held by this environment variable on every request but `GET /ok`,
+    /// as `x-api-key` (what LangGraph's SDKs send from `LANGGRAPH_API_KEY`) or
+    /// `Authorization: Bearer`.
+    #[arg(long, value_name = "NAME")]
+    api_key_env: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    if !args.host.is_loopback() {
+    let env = Env::process();
+    let api_key = match &args.api_key_env {
+        Some(name) => match env.get(name) {
+            Some(key) if !key.is_empty() => Some(key),
+            _ => bail!("--api-key-env {name}: the variable {name} is not set or is empty"),
+        },
+        None => None,
+    };
+    if !args.host.is_loopback() && api_key.is_none() {
         bail!(
-            "--host {}: runner serve has no authentication yet, so it listens only on a loopback address (127.0.0.1 or ::1)",
+            "--host {}: without --api-key-env anyone who can reach the address could run the workflows, so runner serve listens only on a loopback address (127.0.0.1 or ::1)",
             args.host
         );
     }
@@ -65,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         wait: Some(false),
         ..RunOptions::default()
     }
-    .resolve(&Env::process())?;
+    .resolve(&env)?;
     let (graphs, rejected) =
         crate::server::load(&args.dir).with_context(|| format!("cannot read the folder {}", args.dir.display()))?;
     let mut err = std::io::stderr().lock();
@@ -77,7 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         bail!("no workflow in {} validates: nothing to serve", args.dir.display());
     }
     writeln!(err, "serving {}", graphs.ids().join(", "))?;
-    let server = crate::server::Server::new(graphs, settings)?;
+    let server = crate::server::Server::new(graphs, settings, api_key)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let addr = SocketAddr::new(args.host, args.port);

@@ -2,7 +2,7 @@
 //! statuses, JSON bodies read leniently (unknown fields ignored, an empty body is `{}`), CORS.
 
 use axum::body::Bytes;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -121,4 +121,40 @@ pub(crate) async fn cors(request: Request, next: Next) -> Response {
     headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
     headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static(EXPOSED));
     response
+}
+
+/// With an API key, every request but `GET /ok` and CORS preflights must carry it, as
+/// `x-api-key` (what LangGraph's SDKs send) or `Authorization: Bearer`.
+pub(crate) async fn auth(State(app): State<super::Shared>, request: Request, next: Next) -> Response {
+    let Some(key) = &app.api_key else {
+        return next.run(request).await;
+    };
+    if request.uri().path() == "/ok" || request.method() == Method::OPTIONS {
+        return next.run(request).await;
+    }
+    let headers = request.headers();
+    let given = headers.get("x-api-key").and_then(|v| v.to_str().ok()).or_else(|| {
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+    });
+    match given {
+        Some(g) if same(g.as_bytes(), key.as_bytes()) => next.run(request).await,
+        Some(_) => ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            detail: "Invalid API key".into(),
+        }
+        .into_response(),
+        None => ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            detail: "Missing API key: send it as x-api-key or Authorization: Bearer".into(),
+        }
+        .into_response(),
+    }
+}
+
+/// Whether two secrets are equal, in a time that does not tell how much of them matched.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -11,7 +11,7 @@
 //! - `runs.rs`: runs on a thread or stateless, streamed (SSE) or waited for;
 //! - `control.rs`: runs in the background, listed, looked at, joined, cancelled;
 //! - `sse.rs`: the event stream's framing and how engine events become stream-mode events;
-//! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS.
+//! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS, the API key.
 
 mod control;
 mod graphs;
@@ -42,6 +42,8 @@ pub(crate) struct App {
     threads: Mutex<HashMap<String, threads::ThreadMeta>>,
     /// Runs this server started, by run id.
     runs: Mutex<HashMap<String, runs::RunRecord>>,
+    /// The key every request but `/ok` must carry, when set.
+    api_key: Option<String>,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -53,8 +55,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// A server over `graphs`, whose runs are built from `settings`.
-    pub fn new(graphs: Graphs, settings: RunSettings) -> Result<Server, RunError> {
+    /// A server over `graphs`, whose runs are built from `settings`; with `api_key`, every
+    /// request but `GET /ok` must carry it.
+    pub fn new(graphs: Graphs, settings: RunSettings, api_key: Option<String>) -> Result<Server, RunError> {
         let store = settings.open_store()?;
         Ok(Server {
             app: Arc::new(App {
@@ -63,6 +66,7 @@ impl Server {
                 store,
                 threads: Mutex::new(HashMap::new()),
                 runs: Mutex::new(HashMap::new()),
+                api_key,
             }),
         })
     }
@@ -126,6 +130,7 @@ fn router(app: Shared) -> Router {
         .route("/runs/stream", post(runs::stream_stateless))
         .route("/runs/wait", post(runs::wait_stateless))
         .fallback(http::not_found)
+        .layer(axum::middleware::from_fn_with_state(app.clone(), http::auth))
         .layer(axum::middleware::from_fn(http::cors))
         .with_state(app)
 }
