@@ -649,3 +649,62 @@ async fn an_api_key_guards_every_route_but_ok() {
     let said = String::from_utf8_lossy(&open.stderr);
     assert!(said.contains("without --api-key-env"), "{said}");
 }
+
+/// A run created with `stream_resumable` is joined from its start (`Last-Event-ID: -1`) or after
+/// the last event a client saw, its events numbered from 1; joining with no id reads only what
+/// comes next.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumable_run_is_rejoined_with_last_event_id() {
+    let s = serve();
+    let created: Value = client()
+        .post(format!("{}/threads/j/runs", s.base))
+        .json(
+            &json!({"assistant_id": "slow", "if_not_exists": "create", "stream_resumable": true,
+                       "stream_mode": ["values", "updates"]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let url = format!(
+        "{}/threads/j/runs/{}/stream",
+        s.base,
+        created["run_id"].as_str().unwrap()
+    );
+    let join = |last: Option<&'static str>| {
+        let mut req = client().get(&url);
+        if let Some(id) = last {
+            req = req.header("last-event-id", id);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.headers()["content-type"], "text/event-stream; charset=utf-8");
+            resp.text().await.unwrap()
+        }
+    };
+    // Joined while it runs: every event from the first, then live to the end.
+    let all = join(Some("-1")).await;
+    let events: Vec<&str> = all
+        .split("\r\n\r\n")
+        .filter(|e| !e.starts_with(':') && !e.is_empty())
+        .collect();
+    assert!(events[0].starts_with("event: metadata\r\ndata: {\"run_id\":"), "{all}");
+    for (i, e) in events.iter().enumerate() {
+        assert!(e.ends_with(&format!("\r\nid: {}", i + 1)), "event {i}: {e}");
+    }
+    assert!(events.last().unwrap().contains("\"said\":\"done\""), "{all}");
+    // After the second event: the same events from the third on.
+    let rest = join(Some("2")).await;
+    let again: Vec<&str> = rest
+        .split("\r\n\r\n")
+        .filter(|e| !e.starts_with(':') && !e.is_empty())
+        .collect();
+    assert_eq!(again, events[2..]);
+    // The run has ended: nothing comes next.
+    assert_eq!(join(None).await, "");
+    let bad = client().get(&url).header("last-event-id", "x").send().await.unwrap();
+    assert_eq!(bad.status(), 422);
+}

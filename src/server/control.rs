@@ -75,15 +75,11 @@ pub(super) async fn create_on_thread(
     // Nobody is connected to go away: the run always goes on.
     req.on_disconnect = Some("continue".into());
     let started = start(&app, Some(thread_id), req).await?;
-    let run = record(&app, &started.thread_id, &started.run_id)?;
     let location = format!("/threads/{}/runs/{}", started.thread_id, started.run_id);
-    tokio::spawn(async move {
-        let mut events = started.events;
-        while events.recv().await.is_some() {}
-        // The run's end is recorded by the task that runs it; here it is only waited for.
-        let _ = started.done.await;
-        drop(started.release);
-    });
+    let (thread_id, run_id) = (started.thread_id.clone(), started.run_id.clone());
+    // Nobody reads it now; a client may join it.
+    super::hub::feed(&app, started);
+    let run = record(&app, &thread_id, &run_id)?;
     let mut response = Json(run.json()).into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {
         response.headers_mut().insert(header::CONTENT_LOCATION, v);
@@ -145,4 +141,35 @@ pub(super) async fn cancel(
         let _ = ended.wait_for(|e| *e).await;
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Joins a run's stream: from the start (`Last-Event-ID: -1`), after the event a client saw
+/// (`Last-Event-ID: N`), or from now on. A run no reader may join any more (it ended and was not
+/// created with `stream_resumable`) gives an empty stream.
+pub(super) async fn join_stream(
+    State(app): State<Shared>,
+    UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, ApiError> {
+    let run = record(&app, &thread_id, &run_id)?;
+    let last = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    let locations = [
+        (header::LOCATION, format!("/threads/{thread_id}/runs/{run_id}/stream")),
+        (header::CONTENT_LOCATION, format!("/threads/{thread_id}/runs/{run_id}")),
+    ];
+    let Some(hub) = run.hub else {
+        return Ok(super::hub::response(super::hub::ended(), 0, None, locations));
+    };
+    let from = match last {
+        Some("-1") => 0,
+        // Ids count frames from 1: after id N comes the frame at index N.
+        Some(id) => id
+            .parse::<usize>()
+            .map_err(|_| ApiError::invalid(format!("Last-Event-ID `{id}` is not an event id of this run")))?,
+        None => hub.len(),
+    };
+    Ok(super::hub::response(hub, from, None, locations))
 }

@@ -10,12 +10,14 @@
 //! - `threads.rs`: threads, their state and history, read from the checkpointer;
 //! - `runs.rs`: runs on a thread or stateless, streamed (SSE) or waited for;
 //! - `control.rs`: runs in the background, listed, looked at, joined, cancelled;
+//! - `hub.rs`: a streamed run's frames, kept for the client that started it and any that join;
 //! - `sse.rs`: the event stream's framing and how engine events become stream-mode events;
 //! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS, the API key.
 
 mod control;
 mod graphs;
 mod http;
+mod hub;
 mod runs;
 mod sse;
 mod threads;
@@ -126,6 +128,7 @@ fn router(app: Shared) -> Router {
         )
         .route("/threads/{id}/runs/{run_id}", get(control::get_run))
         .route("/threads/{id}/runs/{run_id}/join", get(control::join))
+        .route("/threads/{id}/runs/{run_id}/stream", get(control::join_stream))
         .route("/threads/{id}/runs/{run_id}/cancel", post(control::cancel))
         .route("/runs/stream", post(runs::stream_stateless))
         .route("/runs/wait", post(runs::wait_stateless))

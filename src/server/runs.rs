@@ -3,11 +3,10 @@
 //! thread's lease in `Engine::run`; the response starts only once the run holds the thread, so
 //! a thread another run holds is a 409 before any byte of a stream.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Json, Response};
@@ -18,7 +17,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::Shared;
 use super::graphs::Graph;
 use super::http::{ApiError, body};
-use super::sse::{Modes, Translate, frame};
+use super::hub::{self, CancelOnDrop, Hub};
+use super::sse::{Modes, Translate};
 use super::threads::{ThreadMeta, exists, lock, pending_interrupts};
 use crate::checkpoint::CheckpointError;
 use crate::engine::events::{Envelope, Events};
@@ -42,6 +42,8 @@ pub(crate) struct RunRecord {
     pub ended: tokio::sync::watch::Receiver<bool>,
     /// Why the run failed: `{error, message}`.
     pub error: Option<Value>,
+    /// Its frames, while readers may join it.
+    pub hub: Option<Arc<Hub>>,
 }
 
 impl RunRecord {
@@ -77,6 +79,8 @@ pub(super) struct RunCreate {
     #[serde(default)]
     stream_subgraphs: bool,
     #[serde(default)]
+    stream_resumable: bool,
+    #[serde(default)]
     metadata: Map<String, Value>,
     config: Option<Value>,
     context: Option<Value>,
@@ -93,17 +97,19 @@ pub(super) struct RunCreate {
 pub(super) struct Started {
     pub run_id: String,
     pub thread_id: String,
-    graph: Arc<Graph>,
+    pub graph: Arc<Graph>,
+    /// Its frames carry ids and stay for readers that rejoin.
+    pub resumable: bool,
     /// A run without a thread of the client's: it runs on a thread of its own.
     stateless: bool,
-    first: Envelope,
+    pub first: Envelope,
     pub events: mpsc::UnboundedReceiver<Envelope>,
     pub done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
     cancel: Arc<AtomicBool>,
     /// Dropped once the stream or the wait is done reading the run's thread: a thread of the
     /// run's own is deleted then.
     pub release: oneshot::Sender<()>,
-    modes: Modes,
+    pub modes: Modes,
     cancel_on_disconnect: bool,
 }
 
@@ -263,6 +269,7 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
                 cancel: cancel.clone(),
                 ended: ended_rx,
                 error: None,
+                hub: None,
                 multitask_strategy: if enqueue { "enqueue" } else { "reject" },
             },
         );
@@ -317,6 +324,7 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
     };
     set_status(app, &run_id, "running");
     Ok(Started {
+        resumable: req.stream_resumable,
         graph,
         run_id,
         thread_id,
@@ -395,128 +403,36 @@ fn run_status(outcome: &Result<RunOutcome, EngineError>) -> &'static str {
         Err(_) => "error",
     }
 }
-
-/// Stops the run when its stream is dropped before the end (the client went away), unless the
-/// client asked for the run to go on.
-struct CancelOnDrop {
-    flag: Arc<AtomicBool>,
-    armed: bool,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if self.armed {
-            self.flag.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-/// What a run's `messages` events say of it.
-fn run_meta(s: &Started) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("run_id".into(), json!(s.run_id));
-    m.insert("thread_id".into(), json!(s.thread_id));
-    m.insert("graph_id".into(), json!(s.graph.graph_id));
-    m.insert("assistant_id".into(), json!(s.graph.assistant_id));
-    m
-}
-
-/// How long a stream stays silent before a heartbeat comment, as the reference server's.
-const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// What a stream body holds while it is read.
-struct Pump {
-    started_events: mpsc::UnboundedReceiver<Envelope>,
-    done: Option<oneshot::Receiver<Result<RunOutcome, EngineError>>>,
-    translate: Translate,
-    queue: VecDeque<Bytes>,
-    guard: CancelOnDrop,
-    _release: oneshot::Sender<()>,
-}
-
-impl Pump {
-    /// The next frame, or `None` once the run has ended and every frame was sent.
-    async fn next(&mut self) -> Option<Bytes> {
-        loop {
-            if let Some(b) = self.queue.pop_front() {
-                return Some(b);
-            }
-            let done = self.done.take()?;
-            let Ok(received) = tokio::time::timeout(HEARTBEAT, self.started_events.recv()).await else {
-                // Silence: a comment keeps proxies from closing the stream and finds out whether
-                // the client is still there.
-                self.done = Some(done);
-                return Some(Bytes::from_static(b": heartbeat\r\n\r\n"));
-            };
-            match received {
-                Some(envelope) => {
-                    self.done = Some(done);
-                    let frames = self.translate.on(envelope);
-                    self.queue.extend(frames.iter().map(|(e, d)| frame(e, d)));
-                }
-                None => {
-                    let outcome = done
-                        .await
-                        .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
-                    let frames = self.translate.finish(&outcome);
-                    self.guard.armed = false;
-                    self.queue.extend(frames.iter().map(|(e, d)| frame(e, d)));
-                }
-            }
-        }
-    }
-}
-
 fn stream_response(app: Shared, s: Started) -> Response {
-    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone(), run_meta(&s));
-    let mut queue = VecDeque::new();
-    queue.push_back(frame("metadata", &json!({"run_id": s.run_id, "attempt": 1})));
-    queue.extend(translate.on(s.first).iter().map(|(e, d)| frame(e, d)));
-    let (location, content_location) = if s.stateless {
-        (format!("/runs/{}/stream", s.run_id), format!("/runs/{}", s.run_id))
+    let locations = if s.stateless {
+        [
+            (header::LOCATION, format!("/runs/{}/stream", s.run_id)),
+            (header::CONTENT_LOCATION, format!("/runs/{}", s.run_id)),
+        ]
     } else {
-        (
-            format!("/threads/{}/runs/{}/stream", s.thread_id, s.run_id),
-            format!("/threads/{}/runs/{}", s.thread_id, s.run_id),
-        )
+        [
+            (
+                header::LOCATION,
+                format!("/threads/{}/runs/{}/stream", s.thread_id, s.run_id),
+            ),
+            (
+                header::CONTENT_LOCATION,
+                format!("/threads/{}/runs/{}", s.thread_id, s.run_id),
+            ),
+        ]
     };
-    let pump = Pump {
-        started_events: s.events,
-        done: Some(s.done),
-        translate,
-        queue,
-        _release: s.release,
-        guard: CancelOnDrop {
-            flag: s.cancel,
-            armed: s.cancel_on_disconnect,
-        },
+    let guard = CancelOnDrop {
+        flag: s.cancel.clone(),
+        armed: s.cancel_on_disconnect,
     };
-    let body = futures::stream::unfold(pump, |mut pump| async move {
-        pump.next().await.map(|b| (Ok::<_, std::convert::Infallible>(b), pump))
-    });
-    let mut response = Body::from_stream(body).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    for (name, value) in [
-        (header::LOCATION, location),
-        (header::CONTENT_LOCATION, content_location),
-    ] {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(name, v);
-        }
-    }
-    response
+    let hub = hub::feed(&app, s);
+    hub::response(hub, 0, Some(guard), locations)
 }
 
 /// Runs to the end and answers the final values: with `__interrupt__` when the run stopped at
 /// a gate, `__error__` when it failed.
 async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
-    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone(), run_meta(&s));
+    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone(), hub::run_meta(&s));
     translate.on(s.first);
     let mut events = s.events;
     while let Some(envelope) = events.recv().await {
@@ -611,6 +527,7 @@ mod tests {
             cancel: Arc::default(),
             ended: tokio::sync::watch::channel(false).1,
             error: None,
+            hub: None,
             multitask_strategy: "reject",
         }
     }

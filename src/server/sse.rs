@@ -13,14 +13,18 @@ use crate::checkpoint::Checkpointer;
 use crate::engine::events::{Envelope, Event};
 use crate::engine::{EngineError, RunOutcome, Status};
 
-/// One event, framed.
-pub(crate) fn frame(event: &str, data: &Value) -> Bytes {
+/// One event, framed; `id` (for runs a client may rejoin) comes after the data, as the
+/// reference server frames it.
+pub(crate) fn frame(event: &str, data: &Value, id: Option<usize>) -> Bytes {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(event.as_bytes());
     out.extend_from_slice(b"\r\ndata: ");
     // A `Value` always serialises; compact JSON has no line breaks, so one `data:` line holds it.
     out.extend_from_slice(serde_json::to_string(data).unwrap_or_default().as_bytes());
+    if let Some(id) = id {
+        out.extend_from_slice(format!("\r\nid: {id}").as_bytes());
+    }
     out.extend_from_slice(b"\r\n\r\n");
     Bytes::from(out)
 }
@@ -289,8 +293,10 @@ mod tests {
 
     #[test]
     fn frames_end_every_line_with_crlf() {
-        let f = frame("values", &json!({"a": "x\ny"}));
+        let f = frame("values", &json!({"a": "x\ny"}), None);
         assert_eq!(&f[..], b"event: values\r\ndata: {\"a\":\"x\\ny\"}\r\n\r\n");
+        let f = frame("values", &json!(1), Some(7));
+        assert_eq!(&f[..], b"event: values\r\ndata: 1\r\nid: 7\r\n\r\n");
     }
 
     #[test]

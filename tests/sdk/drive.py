@@ -114,6 +114,15 @@ async def main():
     assert (await client.runs.get(t3, run["run_id"]))["status"] == "success"
     assert [r["run_id"] for r in await client.runs.list(t3)] == [run["run_id"]]
 
+    # A resumable run joined from its first event, as the SDK reconnects to a dropped stream.
+    resumable = await client.runs.create(
+        t3, "shout", input={"word": "hello"}, stream_resumable=True, stream_mode=["values", "custom"]
+    )
+    joined = [p async for p in client.runs.join_stream(t3, resumable["run_id"], last_event_id="-1")]
+    assert joined[0].event == "metadata" and joined[0].id == "1", joined[0]
+    assert [p.id for p in joined] == [str(i) for i in range(1, len(joined) + 1)], joined
+    assert {"event": "said", "data": {"text": "hello there"}} in [p.data for p in joined if p.event == "custom"]
+
     # Cancelling stops a run at its next step boundary; its thread can be continued.
     t4 = (await client.threads.create())["thread_id"]
     slow = await client.runs.create(t4, "slow")
