@@ -204,15 +204,6 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
         Some(t) => return Err(ApiError::not_found(format!("Thread with ID {t} not found"))),
         None => crate::checkpoint::new_id(),
     };
-    {
-        let mut threads = lock(&app.threads);
-        let meta = threads
-            .entry(thread_id.clone())
-            .or_insert_with(|| ThreadMeta::new(Map::new()));
-        meta.metadata.insert("graph_id".into(), json!(graph.graph_id));
-        meta.metadata.insert("assistant_id".into(), json!(graph.assistant_id));
-        meta.updated_at = crate::clock::now();
-    }
     let overrides = &app.settings.overrides;
     let workflow = graph.path.display().to_string();
     let mut request = match command.resume {
@@ -247,6 +238,16 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
         request.recursion_limit = Some(u32::try_from(limit).unwrap_or(u32::MAX));
     }
     let services = app.settings.services(&graph.plan)?;
+    // From here on the run starts, and its end (or refusal) releases a thread of its own.
+    {
+        let mut threads = lock(&app.threads);
+        let meta = threads
+            .entry(thread_id.clone())
+            .or_insert_with(|| ThreadMeta::new(Map::new()));
+        meta.metadata.insert("graph_id".into(), json!(graph.graph_id));
+        meta.metadata.insert("assistant_id".into(), json!(graph.assistant_id));
+        meta.updated_at = crate::clock::now();
+    }
     let run_id = uuid::Uuid::now_v7().to_string();
     let now = crate::clock::now();
     let (events, mut rx) = Events::channel();
