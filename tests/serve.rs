@@ -280,7 +280,7 @@ async fn a_stream_is_framed_as_the_reference_frames_it() {
     let s = serve();
     let resp = client()
         .post(format!("{}/threads/t1/runs/stream", s.base))
-        .json(&json!({"assistant_id": "gate", "input": {"topic": "tides"}, "stream_mode": ["values", "updates"], "if_not_exists": "create"}))
+        .json(&json!({"assistant_id": "gate", "input": {"topic": "tides"}, "stream_mode": ["values", "updates", "tasks"], "if_not_exists": "create"}))
         .send()
         .await
         .unwrap();
@@ -301,6 +301,19 @@ async fn a_stream_is_framed_as_the_reference_frames_it() {
         events
             .iter()
             .any(|(e, d)| e == "updates" && d["__interrupt__"].is_array())
+    );
+    // `tasks`: the task's start, then its result (the keys it wrote).
+    let tasks: Vec<&Value> = events.iter().filter(|(e, _)| e == "tasks").map(|(_, d)| d).collect();
+    assert_eq!(tasks[0]["name"], "write", "{tasks:?}");
+    assert!(
+        tasks[0].get("result").is_none() && tasks[0]["triggers"].is_array(),
+        "{tasks:?}"
+    );
+    assert_eq!(tasks[1]["id"], tasks[0]["id"]);
+    assert_eq!(
+        tasks[1]["result"],
+        json!([["draft", "first draft"], ["log", ["write"]]]),
+        "{tasks:?}"
     );
     let (last, data) = events.last().unwrap();
     assert_eq!(last, "values");

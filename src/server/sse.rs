@@ -1,6 +1,6 @@
 //! The event stream of a run as the LangGraph API frames it: `event: NAME`, `data: JSON` and a
 //! blank line, every line ended by CRLF; and the engine's events turned into the stream modes
-//! a client asked for (`values`, `updates`, `custom`, `messages-tuple`), namespaced `mode|node:task` inside
+//! a client asked for (`values`, `updates`, `custom`, `messages-tuple`, `tasks`), namespaced `mode|node:task` inside
 //! subgraphs.
 
 use std::collections::HashMap;
@@ -29,8 +29,8 @@ pub(crate) fn frame(event: &str, data: &Value, id: Option<usize>) -> Bytes {
     Bytes::from(out)
 }
 
-/// The stream modes LangGraph knows. Those runner produces are `values`, `updates`, `custom`
-/// and `messages-tuple`; the others are accepted (clients such as agent-chat-ui always ask for `messages-tuple`) and
+/// The stream modes LangGraph knows. Those runner produces are `values`, `updates`, `custom`,
+/// `messages-tuple` and `tasks`; the others are accepted (clients such as agent-chat-ui always ask for `messages-tuple`) and
 /// produce no events yet.
 const KNOWN: &[&str] = &[
     "values",
@@ -54,6 +54,8 @@ pub(crate) struct Modes {
     custom: bool,
     /// `messages-tuple`: streamed model tokens as `messages` events.
     messages: bool,
+    /// Each task's start and result.
+    tasks: bool,
     /// Events from inside subgraphs too, namespaced.
     subgraphs: bool,
 }
@@ -80,6 +82,7 @@ impl Modes {
                 "updates" => modes.updates = true,
                 "custom" => modes.custom = true,
                 "messages-tuple" => modes.messages = true,
+                "tasks" => modes.tasks = true,
                 n if KNOWN.contains(&n) => {}
                 n => return Err(format!("unknown stream_mode `{n}`; known: {}", KNOWN.join(", "))),
             }
@@ -92,8 +95,8 @@ impl Modes {
 #[derive(Default)]
 struct Scope {
     values: Map<String, Value>,
-    /// The nodes that ended in the current step, with the keys each wrote.
-    ended: Vec<(String, Vec<String>)>,
+    /// The tasks that ended in the current step: node, task id and the keys it wrote.
+    ended: Vec<(String, String, Vec<String>)>,
 }
 
 /// Turns a run's events into stream-mode events.
@@ -175,6 +178,12 @@ impl Translate {
             Event::StepStart { step, .. } => {
                 self.steps.insert(ns.clone(), step);
             }
+            Event::NodeStart { node, task_id, .. } if modes.tasks => {
+                out.push((
+                    name("tasks"),
+                    json!({"id": task_id, "name": node, "input": null, "triggers": []}),
+                ));
+            }
             Event::Token { node, task_id, text } if modes.messages => {
                 self.streamed.insert(task_id.clone());
                 let chunk = self.chunk(&task_id, text, None);
@@ -187,7 +196,11 @@ impl Translate {
                     let chunk = self.chunk(&task_id, String::new(), Some("last"));
                     out.push((name("messages"), json!([chunk, self.message_meta(&node, &ns)])));
                 }
-                self.scopes.entry(ns.clone()).or_default().ended.push((node, keys));
+                self.scopes
+                    .entry(ns.clone())
+                    .or_default()
+                    .ended
+                    .push((node, task_id, keys));
             }
             Event::StateUpdate { values, .. } => {
                 self.scopes.entry(ns.clone()).or_default().values.extend(values);
@@ -202,12 +215,19 @@ impl Translate {
                     self.scopes.entry(None).or_default().values = values;
                 }
                 let scope = self.scopes.entry(ns.clone()).or_default();
-                if modes.updates {
-                    for (node, keys) in std::mem::take(&mut scope.ended) {
-                        let update: Map<String, Value> = keys
-                            .iter()
-                            .filter_map(|k| scope.values.get(k).map(|v| (k.clone(), v.clone())))
-                            .collect();
+                for (node, task_id, keys) in std::mem::take(&mut scope.ended) {
+                    let update: Map<String, Value> = keys
+                        .iter()
+                        .filter_map(|k| scope.values.get(k).map(|v| (k.clone(), v.clone())))
+                        .collect();
+                    if modes.tasks {
+                        let result: Vec<Value> = update.iter().map(|(k, v)| json!([k, v])).collect();
+                        out.push((
+                            name("tasks"),
+                            json!({"id": task_id, "name": node, "error": null, "result": result, "interrupts": []}),
+                        ));
+                    }
+                    if modes.updates {
                         let update = if update.is_empty() {
                             Value::Null
                         } else {
@@ -216,7 +236,6 @@ impl Translate {
                         out.push((name("updates"), json!({ node: update })));
                     }
                 }
-                scope.ended.clear();
                 if modes.values {
                     out.push((name("values"), Value::Object(scope.values.clone())));
                 }
