@@ -109,7 +109,8 @@ async def main():
     # A run in the background: created, joined, looked at, listed.
     t3 = (await client.threads.create())["thread_id"]
     run = await client.runs.create(t3, "shout", input={"word": "hello"})
-    assert run["thread_id"] == t3 and run["status"] in ("pending", "running"), run
+    # Its status when answered: a quick run may have ended already.
+    assert run["thread_id"] == t3 and run["status"] in ("pending", "running", "success"), run
     assert await client.runs.join(t3, run["run_id"]) == {"said": "hello there"}
     assert (await client.runs.get(t3, run["run_id"]))["status"] == "success"
     assert [r["run_id"] for r in await client.runs.list(t3)] == [run["run_id"]]
