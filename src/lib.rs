@@ -21,4 +21,5 @@ pub mod providers;
 pub mod rag;
 pub mod run;
 mod secrets;
+pub mod server;
 pub mod spec;

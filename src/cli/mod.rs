@@ -8,6 +8,7 @@ mod index;
 mod render;
 mod run;
 mod schema;
+mod serve;
 mod store;
 mod test;
 mod threads;
@@ -55,6 +56,7 @@ enum Command {
     Schema(schema::Args),
     Test(test::Args),
     Index(index::Args),
+    Serve(serve::Args),
 }
 
 /// Runs the CLI and maps the outcome to an exit code.
@@ -79,6 +81,7 @@ pub fn main() -> ExitCode {
         Command::Schema(args) => schema::run(args),
         Command::Test(args) => test::run(args),
         Command::Index(args) => index::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

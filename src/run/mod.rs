@@ -9,7 +9,7 @@
 //! - [`Run`]: the checkpointer, the [`Services`](crate::nodes::Services) and the engine
 //!   [`Overrides`], from [`RunSettings::build`].
 //!
-//! It may import every module but `cli`; only `cli` (and later the server) imports it. No clap
+//! It may import every module but `cli`; only `cli` and `server` import it. No clap
 //! type lives here.
 
 mod build;

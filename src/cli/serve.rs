@@ -1,0 +1,128 @@
+//! `runner serve`: the workflows of a folder as LangGraph assistants over HTTP.
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+
+use super::exit;
+use crate::run::{DbOption, Env, MockOption, RunOptions};
+
+/// Serve every workflow of a folder with the LangGraph Server API, for LangGraph's SDKs and
+/// agent-chat-ui (`get_client(url="http://127.0.0.1:2024")`).
+///
+/// Each workflow file is a graph named by its file stem; a file that does not validate is
+/// reported and not served. Without `--api-key-env` only loopback addresses are accepted.
+///
+/// Example: runner serve workflows --port 2024
+#[derive(clap::Args, Debug)]
+pub(super) struct Args {
+    /// The folder of workflow files (`*.test.yaml` files are not workflows).
+    #[arg(default_value = "workflows")]
+    dir: PathBuf,
+    /// The address to listen on (a loopback address unless `--api-key-env` is given).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// The port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 2024)]
+    port: u16,
+    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db).
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
+    /// .runner/data.db).
+    #[arg(long, value_name = "PATH")]
+    data_db: Option<PathBuf>,
+    /// Serve every model from this scripted mock (offline use and tests); each run reads the
+    /// script from its start.
+    #[arg(long, value_name = "SCRIPT")]
+    mock: Option<PathBuf>,
+    /// Serve a model profile from another model: `PROFILE=PROVIDER:MODEL[@URL]`.
+    #[arg(long = "model", value_name = "PROFILE=SPEC")]
+    model: Vec<String>,
+    /// How long a thread's lease lasts without a heartbeat, in seconds (default:
+    /// $RUNNER_LEASE_TTL, else 10).
+    #[arg(long, value_name = "SECS")]
+    lease_ttl: Option<f64>,
+    /// Require the API key held by this environment variable on every request but `GET /ok`,
+    /// as `x-api-key` (what LangGraph's SDKs send from `LANGGRAPH_API_KEY`) or
+    /// `Authorization: Bearer`.
+    #[arg(long, value_name = "NAME")]
+    api_key_env: Option<String>,
+}
+
+pub(super) fn run(args: Args) -> anyhow::Result<u8> {
+    let env = Env::process();
+    let api_key = match &args.api_key_env {
+        Some(name) => match env.get(name) {
+            Some(key) if !key.is_empty() => Some(key),
+            _ => bail!("--api-key-env {name}: the variable {name} is not set or is empty"),
+        },
+        None => None,
+    };
+    if !args.host.is_loopback() && api_key.is_none() {
+        bail!(
+            "--host {}: without --api-key-env anyone who can reach the address could run the workflows, so runner serve listens only on a loopback address (127.0.0.1 or ::1)",
+            args.host
+        );
+    }
+    let settings = RunOptions {
+        db: args.db.map(DbOption::At),
+        data_db: args.data_db,
+        mock: args.mock.map(MockOption::File),
+        models: args.model,
+        lease_ttl: args.lease_ttl,
+        // A busy thread is answered at once (409), never waited for.
+        wait: Some(false),
+        ..RunOptions::default()
+    }
+    .resolve(&env)?;
+    let (graphs, rejected) =
+        crate::server::load(&args.dir).with_context(|| format!("cannot read the folder {}", args.dir.display()))?;
+    let mut err = std::io::stderr().lock();
+    for r in &rejected {
+        writeln!(err, "not served: {} does not validate", r.path.display())?;
+        err.write_all(r.why.as_bytes())?;
+    }
+    if graphs.ids().is_empty() {
+        bail!("no workflow in {} validates: nothing to serve", args.dir.display());
+    }
+    writeln!(err, "serving {}", graphs.ids().join(", "))?;
+    let server = crate::server::Server::new(graphs, settings, api_key)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let addr = SocketAddr::new(args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let bound = listener.local_addr()?;
+        writeln!(err, "listening on http://{bound}")?;
+        drop(err);
+        server.serve(listener, stop_signal()).await?;
+        Ok(exit::OK)
+    })
+}
+
+/// Ctrl-C or SIGTERM: the server stops accepting, lets its runs reach a step boundary, and ends.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,256 @@
+//! The served workflows: one graph per workflow file of the folder, each with LangGraph's system
+//! assistant (id `uuid5(NAMESPACE, graph_id)`), its picture and its schemas.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, State};
+use axum::response::Json;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::Shared;
+use super::http::{ApiError, body};
+use crate::compile::Plan;
+use crate::diag::{self, Format};
+
+/// The namespace LangGraph derives its system assistants' ids from.
+const NAMESPACE: uuid::Uuid = uuid::uuid!("6ba7b821-9dad-11d1-80b4-00c04fd430c8");
+
+/// The id of the system assistant of `graph_id`, as LangGraph's server makes it.
+pub fn assistant_id(graph_id: &str) -> String {
+    uuid::Uuid::new_v5(&NAMESPACE, graph_id.as_bytes()).to_string()
+}
+
+/// A served workflow.
+pub struct Graph {
+    /// The file's stem.
+    pub graph_id: String,
+    pub assistant_id: String,
+    /// The file, absolute: recorded with the threads the graph starts.
+    pub path: PathBuf,
+    pub plan: Arc<Plan>,
+    /// When the server loaded it, as assistants report `created_at`.
+    loaded_at: String,
+}
+
+/// A workflow file that is not served, and why (its diagnostics, rendered).
+pub struct Rejected {
+    pub path: PathBuf,
+    pub why: String,
+}
+
+/// Every served graph, in file-name order.
+#[derive(Default)]
+pub struct Graphs {
+    graphs: Vec<Arc<Graph>>,
+}
+
+impl Graphs {
+    /// The graph an assistant id or a graph id names.
+    pub fn find(&self, id: &str) -> Option<&Arc<Graph>> {
+        self.graphs.iter().find(|g| g.assistant_id == id || g.graph_id == id)
+    }
+
+    /// The graph whose workflow file a thread records.
+    pub(crate) fn of_workflow(&self, workflow: &str) -> Option<&Arc<Graph>> {
+        self.graphs.iter().find(|g| g.path.as_os_str() == workflow)
+    }
+
+    pub fn ids(&self) -> Vec<&str> {
+        self.graphs.iter().map(|g| g.graph_id.as_str()).collect()
+    }
+}
+
+/// Whether `path` is a workflow: a YAML file that is not a test file (`*.test.yaml`).
+fn is_workflow(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    path.is_file()
+        && (name.ends_with(".yaml") || name.ends_with(".yml"))
+        && !name.ends_with(".test.yaml")
+        && !name.ends_with(".test.yml")
+}
+
+pub(super) fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| is_workflow(p))
+        .collect();
+    files.sort();
+    let kinds = crate::nodes::builtin().decls();
+    let mut graphs = Graphs::default();
+    let mut rejected = Vec::new();
+    for file in files {
+        let path = std::fs::canonicalize(&file).unwrap_or(file);
+        let graph_id = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .trim_end_matches(".yml")
+            .to_string();
+        let (plan, result) = crate::compile::compile_file(&path, &kinds);
+        match plan {
+            Some(plan) => graphs.graphs.push(Arc::new(Graph {
+                assistant_id: assistant_id(&graph_id),
+                graph_id,
+                path,
+                plan,
+                loaded_at: crate::clock::now(),
+            })),
+            None => rejected.push(Rejected {
+                why: diag::render(&result.diagnostics, &result.files, Format::Human),
+                path,
+            }),
+        }
+    }
+    Ok((graphs, rejected))
+}
+
+fn assistant(g: &Graph) -> Value {
+    json!({
+        "assistant_id": g.assistant_id,
+        "graph_id": g.graph_id,
+        "config": {},
+        "context": {},
+        "metadata": {"created_by": "system"},
+        "name": g.graph_id,
+        "description": g.plan.description(),
+        "version": 1,
+        "created_at": g.loaded_at,
+        "updated_at": g.loaded_at,
+    })
+}
+
+fn find<'a>(app: &'a Shared, id: &str) -> Result<&'a Arc<Graph>, ApiError> {
+    app.graphs
+        .find(id)
+        .ok_or_else(|| ApiError::not_found(format!("Assistant '{id}' not found")))
+}
+
+#[derive(Deserialize)]
+struct Search {
+    graph_id: Option<String>,
+    name: Option<String>,
+    #[serde(default)]
+    metadata: Map<String, Value>,
+    #[serde(default = "ten")]
+    limit: usize,
+    #[serde(default)]
+    offset: usize,
+}
+
+fn ten() -> usize {
+    10
+}
+
+pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
+    let q: Search = body(&bytes)?;
+    let system = json!({"created_by": "system"});
+    let found: Vec<Value> = app
+        .graphs
+        .graphs
+        .iter()
+        .filter(|g| q.graph_id.as_ref().is_none_or(|id| *id == g.graph_id))
+        .filter(|g| q.name.as_ref().is_none_or(|n| g.graph_id.contains(n.as_str())))
+        .filter(|_| q.metadata.iter().all(|(k, v)| system.get(k) == Some(v)))
+        .skip(q.offset)
+        .take(q.limit)
+        .map(|g| assistant(g))
+        .collect();
+    Ok(Json(Value::Array(found)))
+}
+
+pub(super) async fn get_assistant(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(assistant(find(&app, &id)?)))
+}
+
+/// LangGraph's node name for a plan's start and end.
+fn node_id(name: &str) -> &str {
+    match name {
+        "START" => "__start__",
+        "END" => "__end__",
+        n => n,
+    }
+}
+
+/// The plan as LangGraph draws a graph: `{nodes: [{id, type, data}], edges: [{source, target,
+/// conditional}]}`, from the same picture `runner graph --format json` prints.
+pub(super) async fn get_graph(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    let g = find(&app, &id)?;
+    let picture = crate::compile::picture::json_value(&g.plan);
+    // The picture names the plan's nodes; LangGraph draws its start and end as nodes too.
+    let schema = |id: &str| json!({"id": id, "type": "schema", "data": id});
+    let mut nodes = vec![schema("__start__")];
+    nodes.extend(picture["nodes"].as_array().into_iter().flatten().map(|n| {
+        let name = n["name"].as_str().unwrap_or_default();
+        json!({"id": name, "type": "runnable", "data": {"id": ["runner", n["kind"]], "name": name}})
+    }));
+    nodes.push(schema("__end__"));
+    let edges: Vec<Value> = picture["edges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let mut edge = json!({
+                "source": node_id(e["from"].as_str().unwrap_or_default()),
+                "target": node_id(e["to"].as_str().unwrap_or_default()),
+            });
+            if e["kind"] != "static" {
+                edge["conditional"] = json!(true);
+            }
+            if let Some(label) = e["label"].as_str() {
+                edge["data"] = json!(label);
+            }
+            edge
+        })
+        .collect();
+    Ok(Json(json!({"nodes": nodes, "edges": edges})))
+}
+
+/// The input, output, state and context schemas of the workflow.
+pub(super) async fn get_schemas(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    let g = find(&app, &id)?;
+    let plan = &g.plan;
+    let object = |keys: &mut dyn Iterator<Item = (&String, &Value)>| {
+        let properties: Map<String, Value> = keys.map(|(k, s)| (k.clone(), s.clone())).collect();
+        json!({"type": "object", "properties": properties})
+    };
+    let state = object(&mut plan.state().iter().map(|(k, c)| (k, &c.schema)));
+    let output = match &plan.output() {
+        Some(keys) => object(
+            &mut plan
+                .state()
+                .iter()
+                .filter(|(k, _)| keys.contains(k))
+                .map(|(k, c)| (k, &c.schema)),
+        ),
+        None => state.clone(),
+    };
+    Ok(Json(json!({
+        "graph_id": g.graph_id,
+        "input_schema": plan.input_schema(),
+        "output_schema": output,
+        "state_schema": state,
+        "config_schema": null,
+        "context_schema": plan.context_schema(),
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn assistant_ids_are_langgraphs() {
+        // The id LangGraph's server gives the system assistant of a graph named `agent`.
+        assert_eq!(super::assistant_id("agent"), "fe096781-5601-53d2-b2f6-0d3403f7e9ca");
+    }
+}

@@ -1,0 +1,160 @@
+//! The HTTP edges every endpoint shares: errors as `{"detail": …}` with the reference server's
+//! statuses, JSON bodies read leniently (unknown fields ignored, an empty body is `{}`), CORS.
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+/// An error answered as `{"detail": message}` with its status.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    pub status: StatusCode,
+    pub detail: String,
+}
+
+impl ApiError {
+    pub(super) fn not_found(detail: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            detail: detail.into(),
+        }
+    }
+
+    pub(super) fn conflict(detail: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::CONFLICT,
+            detail: detail.into(),
+        }
+    }
+
+    pub(super) fn invalid(detail: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            detail: detail.into(),
+        }
+    }
+
+    pub(super) fn internal(detail: impl std::fmt::Display) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            detail: detail.to_string(),
+        }
+    }
+}
+
+impl From<crate::checkpoint::CheckpointError> for ApiError {
+    fn from(e: crate::checkpoint::CheckpointError) -> Self {
+        ApiError::internal(e)
+    }
+}
+
+impl From<crate::run::RunError> for ApiError {
+    fn from(e: crate::run::RunError) -> Self {
+        ApiError::internal(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(json!({"detail": self.detail}))).into_response()
+    }
+}
+
+/// A request body as `T`: an empty body is `{}`; anything that is not `T` is a 422 naming why.
+pub(crate) fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
+    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    serde_json::from_slice(text).map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
+}
+
+pub(crate) async fn ok() -> axum::Json<Value> {
+    axum::Json(json!({"ok": true}))
+}
+
+pub(crate) async fn info() -> axum::Json<Value> {
+    axum::Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "langgraph_py_version": null,
+        "flags": {"assistants": true, "crons": false, "langsmith": false, "langsmith_tracing_replicas": false},
+        "host": {"kind": "runner", "project_id": null, "revision_id": null, "tenant_id": null},
+    }))
+}
+
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::not_found("Not Found")
+}
+
+/// The headers a browser may read from a response: without `content-location` a JS client
+/// never learns the id of the run it started.
+const EXPOSED: &str = "x-pagination-total, x-pagination-next, content-location";
+const METHODS: &str = "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT";
+
+/// CORS as the reference server answers it: any origin, method and header; preflights answered
+/// here (with `Access-Control-Allow-Private-Network`, which Chrome needs before a public page
+/// may call a server on loopback).
+pub(crate) async fn cors(request: Request, next: Next) -> Response {
+    let preflight =
+        request.method() == Method::OPTIONS && request.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    if preflight {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+        headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static(METHODS));
+        let asked = request
+            .headers()
+            .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+            .cloned()
+            .unwrap_or_else(|| HeaderValue::from_static("*"));
+        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+        headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+        headers.insert("access-control-allow-private-network", HeaderValue::from_static("true"));
+        return (StatusCode::OK, headers, "OK").into_response();
+    }
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+    headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static(EXPOSED));
+    response
+}
+
+/// With an API key, every request but `GET /ok` and CORS preflights must carry it, as
+/// `x-api-key` (what LangGraph's SDKs send) or `Authorization: Bearer`.
+pub(crate) async fn auth(State(app): State<super::Shared>, request: Request, next: Next) -> Response {
+    let Some(key) = &app.api_key else {
+        return next.run(request).await;
+    };
+    if request.uri().path() == "/ok" || request.method() == Method::OPTIONS {
+        return next.run(request).await;
+    }
+    let headers = request.headers();
+    let given = headers.get("x-api-key").and_then(|v| v.to_str().ok()).or_else(|| {
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+    });
+    match given {
+        Some(g) if same(g.as_bytes(), key.as_bytes()) => next.run(request).await,
+        Some(_) => ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            detail: "Invalid API key".into(),
+        }
+        .into_response(),
+        None => ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            detail: "Missing API key: send it as x-api-key or Authorization: Bearer".into(),
+        }
+        .into_response(),
+    }
+}
+
+/// Whether two secrets are equal, in a time that does not tell how much of them matched.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

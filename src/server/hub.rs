@@ -1,0 +1,199 @@
+//! A streamed run's events, framed once and kept for every reader: the client that started the
+//! run, and any that join it later (`GET …/runs/{run_id}/stream`), from the start
+//! (`Last-Event-ID: -1`), after an event they saw (`Last-Event-ID: N`, ids numbered from 1 when
+//! the run was created with `stream_resumable`), or from now on.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+
+use super::Shared;
+use super::runs::Started;
+use super::sse::{Translate, frame};
+use super::threads::lock;
+use crate::engine::EngineError;
+
+/// How long a stream stays silent before a heartbeat comment, as the reference server's.
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How far the run's frames have come.
+#[derive(Debug, Clone, Copy, Default)]
+struct Progress {
+    count: usize,
+    ended: bool,
+}
+
+/// The frames of one run.
+#[derive(Debug)]
+pub(crate) struct Hub {
+    frames: std::sync::Mutex<Vec<Bytes>>,
+    progress: watch::Sender<Progress>,
+    /// Frames carry ids, and the frames stay after the run for readers that rejoin.
+    resumable: bool,
+}
+
+impl Hub {
+    /// The number of frames so far: where a reader that wants only what comes next starts.
+    pub(super) fn len(&self) -> usize {
+        lock(&self.frames).len()
+    }
+
+    fn push(&self, frames: Vec<(String, Value)>) {
+        if frames.is_empty() {
+            return;
+        }
+        let count = {
+            let mut all = lock(&self.frames);
+            for (event, data) in frames {
+                let id = self.resumable.then(|| all.len() + 1);
+                all.push(frame(&event, &data, id));
+            }
+            all.len()
+        };
+        self.progress.send_modify(|p| p.count = count);
+    }
+}
+
+/// Starts the task that turns the run's events into frames, and returns their hub. The run's
+/// record offers the hub to joining readers; a run that is not resumable withdraws it when it
+/// ends (its frames then live only as long as the readers that hold them).
+pub(super) fn feed(app: &Shared, s: Started) -> Arc<Hub> {
+    let hub = Arc::new(Hub {
+        frames: std::sync::Mutex::new(Vec::new()),
+        progress: watch::channel(Progress::default()).0,
+        resumable: s.resumable,
+    });
+    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone(), run_meta(&s));
+    hub.push(vec![("metadata".into(), json!({"run_id": s.run_id, "attempt": 1}))]);
+    hub.push(translate.on(s.first));
+    if let Some(r) = lock(&app.runs).get_mut(&s.run_id) {
+        r.hub = Some(hub.clone());
+    }
+    let (app, fed) = (app.clone(), hub.clone());
+    let (run_id, mut events, done, release) = (s.run_id, s.events, s.done, s.release);
+    tokio::spawn(async move {
+        while let Some(envelope) = events.recv().await {
+            fed.push(translate.on(envelope));
+        }
+        let outcome = done
+            .await
+            .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
+        fed.push(translate.finish(&outcome));
+        fed.progress.send_modify(|p| p.ended = true);
+        if !fed.resumable
+            && let Some(r) = lock(&app.runs).get_mut(&run_id)
+        {
+            r.hub = None;
+        }
+        drop(release);
+    });
+    hub
+}
+
+/// A hub with no frames whose run has ended: what a reader of a run nobody may join reads.
+pub(super) fn ended() -> Arc<Hub> {
+    Arc::new(Hub {
+        frames: std::sync::Mutex::new(Vec::new()),
+        progress: watch::channel(Progress { count: 0, ended: true }).0,
+        resumable: false,
+    })
+}
+
+/// What a run's `messages` events say of it.
+pub(super) fn run_meta(s: &Started) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("run_id".into(), json!(s.run_id));
+    m.insert("thread_id".into(), json!(s.thread_id));
+    m.insert("graph_id".into(), json!(s.graph.graph_id));
+    m.insert("assistant_id".into(), json!(s.graph.assistant_id));
+    m
+}
+
+/// Stops the run when its reader is dropped before the end (the client went away).
+pub(super) struct CancelOnDrop {
+    pub flag: Arc<AtomicBool>,
+    pub armed: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.flag.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// One reader of a hub.
+struct Reader {
+    hub: Arc<Hub>,
+    next: usize,
+    progress: watch::Receiver<Progress>,
+    guard: Option<CancelOnDrop>,
+}
+
+impl Reader {
+    /// The next frame (a heartbeat after a silence), or `None` once the run has ended and
+    /// every frame was read.
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            // Marked seen before the frames are read: a frame pushed after this wakes the wait.
+            let progress = *self.progress.borrow_and_update();
+            if let Some(b) = lock(&self.hub.frames).get(self.next).cloned() {
+                self.next += 1;
+                return Some(b);
+            }
+            if progress.ended {
+                if let Some(g) = &mut self.guard {
+                    g.armed = false;
+                }
+                return None;
+            }
+            match tokio::time::timeout(HEARTBEAT, self.progress.changed()).await {
+                // Silence: a comment keeps proxies from closing the stream and finds out
+                // whether the client is still there.
+                Err(_) => return Some(Bytes::from_static(b": heartbeat\r\n\r\n")),
+                // The hub (which this reader holds) owns the sender: it cannot be gone.
+                Ok(Err(_)) => return None,
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+}
+
+/// An SSE response reading `hub` from frame `from`; `guard` cancels the run if this reader
+/// goes away first.
+pub(super) fn response(
+    hub: Arc<Hub>,
+    from: usize,
+    guard: Option<CancelOnDrop>,
+    locations: [(header::HeaderName, String); 2],
+) -> Response {
+    let reader = Reader {
+        progress: hub.progress.subscribe(),
+        hub,
+        next: from,
+        guard,
+    };
+    let body = futures::stream::unfold(reader, |mut r| async move {
+        r.next().await.map(|b| (Ok::<_, std::convert::Infallible>(b), r))
+    });
+    let mut response = Body::from_stream(body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    for (name, value) in locations {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    }
+    response
+}

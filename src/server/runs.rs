@@ -1,0 +1,552 @@
+//! Runs: on a thread or stateless (a thread of its own, deleted when the run ends), streamed as
+//! server-sent events or waited for. Every run is built by the run builder and takes the
+//! thread's lease in `Engine::run`; the response starts only once the run holds the thread, so
+//! a thread another run holds is a 409 before any byte of a stream.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Json, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use super::Shared;
+use super::graphs::Graph;
+use super::http::{ApiError, body};
+use super::hub::{self, CancelOnDrop, Hub};
+use super::sse::{Modes, Translate};
+use super::threads::{ThreadMeta, exists, lock, pending_interrupts};
+use crate::checkpoint::CheckpointError;
+use crate::engine::events::{Envelope, Events};
+use crate::engine::{Engine, EngineError, LeasePolicy, Persist, RunOutcome, Status};
+use crate::run::Start;
+
+/// A run this server started, as `GET /threads/{id}/runs/{run_id}` reports it.
+#[derive(Debug, Clone)]
+pub(crate) struct RunRecord {
+    pub run_id: String,
+    pub thread_id: String,
+    pub assistant_id: String,
+    pub status: &'static str,
+    pub created_at: String,
+    pub updated_at: String,
+    pub metadata: Map<String, Value>,
+    pub multitask_strategy: &'static str,
+    /// Stops the run at its next step boundary.
+    pub cancel: Arc<AtomicBool>,
+    /// Becomes true once the run's end is recorded.
+    pub ended: tokio::sync::watch::Receiver<bool>,
+    /// Why the run failed: `{error, message}`.
+    pub error: Option<Value>,
+    /// Its frames, while readers may join it.
+    pub hub: Option<Arc<Hub>>,
+}
+
+impl RunRecord {
+    pub(super) fn is_active(&self) -> bool {
+        matches!(self.status, "pending" | "running")
+    }
+
+    pub(super) fn json(&self) -> Value {
+        json!({
+            "run_id": self.run_id, "thread_id": self.thread_id, "assistant_id": self.assistant_id,
+            "created_at": self.created_at, "updated_at": self.updated_at, "status": self.status,
+            "metadata": self.metadata, "kwargs": {}, "multitask_strategy": self.multitask_strategy,
+        })
+    }
+}
+
+/// `command` of a run: LangGraph's `Command`. Only `resume` is carried out.
+#[derive(Deserialize, Default)]
+struct Command {
+    resume: Option<Value>,
+    update: Option<Value>,
+    goto: Option<Value>,
+}
+
+/// A run request (`RunCreateStateful` / `RunCreateStateless`): the fields runner reads; others
+/// are ignored as the reference ignores unknown ones.
+#[derive(Deserialize)]
+pub(super) struct RunCreate {
+    assistant_id: String,
+    input: Option<Value>,
+    command: Option<Command>,
+    stream_mode: Option<Value>,
+    #[serde(default)]
+    stream_subgraphs: bool,
+    #[serde(default)]
+    stream_resumable: bool,
+    #[serde(default)]
+    metadata: Map<String, Value>,
+    config: Option<Value>,
+    context: Option<Value>,
+    multitask_strategy: Option<String>,
+    if_not_exists: Option<String>,
+    pub on_disconnect: Option<String>,
+    on_completion: Option<String>,
+    interrupt_before: Option<Value>,
+    interrupt_after: Option<Value>,
+    durability: Option<String>,
+}
+
+/// A run that holds its thread: the events it sends, and its end.
+pub(super) struct Started {
+    pub run_id: String,
+    pub thread_id: String,
+    pub graph: Arc<Graph>,
+    /// Its frames carry ids and stay for readers that rejoin.
+    pub resumable: bool,
+    /// A run without a thread of the client's: it runs on a thread of its own.
+    stateless: bool,
+    pub first: Envelope,
+    pub events: mpsc::UnboundedReceiver<Envelope>,
+    pub done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
+    cancel: Arc<AtomicBool>,
+    /// Dropped once the stream or the wait is done reading the run's thread: a thread of the
+    /// run's own is deleted then.
+    pub release: oneshot::Sender<()>,
+    pub modes: Modes,
+    cancel_on_disconnect: bool,
+}
+
+/// Why a run could not start, as the reference answers it.
+fn refused(e: EngineError) -> ApiError {
+    match e {
+        EngineError::Busy(_) | EngineError::Store(CheckpointError::Leased(_)) => ApiError::conflict(
+            "Thread is already running a task. Wait for it to finish or choose a different multitask strategy.",
+        ),
+        EngineError::NoThread(t) => ApiError::not_found(format!("Thread with ID {t} not found")),
+        e @ (EngineError::Input(_)
+        | EngineError::Incompatible(_)
+        | EngineError::NotInterrupted(_)
+        | EngineError::BadAnswer(_)
+        | EngineError::AlreadyAnswered(_)
+        | EngineError::WhichGate { .. }
+        | EngineError::NoSuchGate { .. }) => ApiError::invalid(e.to_string()),
+        e => ApiError::internal(e),
+    }
+}
+
+/// The answer and the gate it is for, from `command.resume`: a map from pending interrupt ids
+/// to values answers those gates; any other value answers the only gate waiting.
+fn answer(app: &Shared, thread_id: &str, resume: Value) -> Result<(Option<String>, Value), ApiError> {
+    let pending: Vec<String> = match app.store.get_checkpoint(thread_id, None)? {
+        Some(cp) => pending_interrupts(&app.store.get_writes(thread_id, &cp.checkpoint_id)?)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect(),
+        None => Vec::new(),
+    };
+    match resume {
+        Value::Object(m) if !m.is_empty() && m.keys().all(|k| pending.contains(k)) => {
+            if m.len() > 1 {
+                return Err(ApiError::invalid(
+                    "resuming several interrupts in one run is not supported yet: resume them one at a time",
+                ));
+            }
+            let (id, value) = m.into_iter().next().unwrap_or_default();
+            Ok((Some(id), value))
+        }
+        other => Ok((None, other)),
+    }
+}
+
+/// Starts a run of `req` on `thread` (none: a thread of its own) and waits until it holds the
+/// thread.
+pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<Started, ApiError> {
+    let graph: Arc<Graph> = app
+        .graphs
+        .find(&req.assistant_id)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(format!("Assistant '{}' not found", req.assistant_id)))?;
+    let modes = Modes::parse(req.stream_mode.as_ref(), req.stream_subgraphs).map_err(ApiError::invalid)?;
+    // `enqueue`: the run waits for the thread's lease (the runs before it end first).
+    let enqueue = match req.multitask_strategy.as_deref() {
+        None | Some("reject") => false,
+        Some("enqueue") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "multitask_strategy `{other}` is not supported yet: a run on a busy thread is refused (`reject`) or waits its turn (`enqueue`)"
+            )));
+        }
+    };
+    let persist = match req.durability.as_deref() {
+        None => None,
+        Some("sync") => Some(Persist::Sync),
+        Some("async") => Some(Persist::Async),
+        Some("exit") => Some(Persist::Exit),
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "durability must be `sync`, `async` or `exit`, not `{other}`"
+            )));
+        }
+    };
+    let command = req.command.unwrap_or_default();
+    if command.update.is_some() || command.goto.is_some() {
+        return Err(ApiError::invalid(
+            "command.update and command.goto are not supported yet",
+        ));
+    }
+    if req.interrupt_before.is_some() || req.interrupt_after.is_some() {
+        return Err(ApiError::invalid(
+            "interrupt_before and interrupt_after are not supported yet: declare them on the workflow's nodes",
+        ));
+    }
+    let stateless = thread.is_none();
+    let temporary = stateless && req.on_completion.as_deref() != Some("keep");
+    let thread_id = match thread {
+        Some(t) if exists(app, &t)? => t,
+        Some(t) if req.if_not_exists.as_deref() == Some("create") => t,
+        Some(t) => return Err(ApiError::not_found(format!("Thread with ID {t} not found"))),
+        None => crate::checkpoint::new_id(),
+    };
+    let overrides = &app.settings.overrides;
+    let workflow = graph.path.display().to_string();
+    let mut request = match command.resume {
+        Some(resume) => {
+            let (to, value) = answer(app, &thread_id, resume)?;
+            overrides.answer(thread_id.clone(), workflow, Some(value), to)
+        }
+        None => overrides.start(
+            app.store.as_ref(),
+            Start {
+                thread_id: Some(thread_id.clone()),
+                workflow,
+                input_given: req.input.as_ref().is_some_and(|i| !i.is_null()),
+                input: req.input.filter(|i| !i.is_null()).unwrap_or_else(|| json!({})),
+                context: req.context.unwrap_or_else(|| json!({})),
+                config: Vec::new(),
+            },
+        )?,
+    };
+    if let LeasePolicy::Take { wait, .. } = &mut request.lease {
+        *wait = enqueue;
+    }
+    if let Some(persist) = persist {
+        request.persist = persist;
+    }
+    if let Some(limit) = req
+        .config
+        .as_ref()
+        .and_then(|c| c.get("recursion_limit"))
+        .and_then(Value::as_u64)
+    {
+        request.recursion_limit = Some(u32::try_from(limit).unwrap_or(u32::MAX));
+    }
+    let services = app.settings.services(&graph.plan)?;
+    // From here on the run starts, and its end (or refusal) releases a thread of its own.
+    {
+        let mut threads = lock(&app.threads);
+        let meta = threads
+            .entry(thread_id.clone())
+            .or_insert_with(|| ThreadMeta::new(Map::new()));
+        meta.metadata.insert("graph_id".into(), json!(graph.graph_id));
+        meta.metadata.insert("assistant_id".into(), json!(graph.assistant_id));
+        meta.updated_at = crate::clock::now();
+    }
+    let run_id = uuid::Uuid::now_v7().to_string();
+    let now = crate::clock::now();
+    let (events, mut rx) = Events::channel();
+    let engine = Engine::new(graph.plan.clone(), app.store.clone(), services, events);
+    let cancel = engine.cancel_flag();
+    let (ended_tx, ended_rx) = tokio::sync::watch::channel(false);
+    {
+        let mut runs = lock(&app.runs);
+        prune(&mut runs, KEPT_RUNS);
+        runs.insert(
+            run_id.clone(),
+            RunRecord {
+                run_id: run_id.clone(),
+                thread_id: thread_id.clone(),
+                assistant_id: graph.assistant_id.clone(),
+                status: "pending",
+                created_at: now.clone(),
+                updated_at: now,
+                metadata: req.metadata,
+                cancel: cancel.clone(),
+                ended: ended_rx,
+                error: None,
+                hub: None,
+                multitask_strategy: if enqueue { "enqueue" } else { "reject" },
+            },
+        );
+    }
+    let (tx, mut done) = oneshot::channel();
+    let (release, released) = oneshot::channel::<()>();
+    let ended = Ended {
+        app: app.clone(),
+        thread_id: thread_id.clone(),
+        temporary,
+    };
+    let ended_run = run_id.clone();
+    tokio::spawn(async move {
+        let outcome = engine.run(request).await;
+        // The engine (and with it every sender of its events) is gone before its end is told.
+        drop(engine);
+        // Recorded whether or not a client still listens, and before a stream closes: a
+        // client that finds the stream closed asks the run's status to know whether to
+        // reconnect.
+        set_status(&ended.app, &ended_run, run_status(&outcome));
+        if let Some(r) = lock(&ended.app.runs).get_mut(&ended_run) {
+            r.error = match &outcome {
+                Ok(o) if o.status == Status::Failed => {
+                    Some(json!({"error": "RunError", "message": o.error.clone().unwrap_or_default()}))
+                }
+                Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
+                Ok(_) => None,
+            };
+        }
+        // Nobody waiting for the run's end is no failure.
+        let _ = ended_tx.send(true);
+        let _ = tx.send(outcome);
+        let _ = released.await;
+        ended.release();
+    });
+    // The run sends `run_start` once it holds the thread; before that it can only fail.
+    let first = tokio::select! {
+        biased;
+        Some(first) = rx.recv() => Some(first),
+        outcome = &mut done => match outcome {
+            Ok(Err(e)) => return Err(refused(e)),
+            _ => None,
+        },
+    };
+    let first = match first {
+        Some(f) => f,
+        // Ended without a word: only a run that did nothing (its events were sent, then it ended).
+        None => rx
+            .recv()
+            .await
+            .ok_or_else(|| ApiError::internal("the run ended without starting"))?,
+    };
+    set_status(app, &run_id, "running");
+    Ok(Started {
+        resumable: req.stream_resumable,
+        graph,
+        run_id,
+        thread_id,
+        stateless,
+        first,
+        events: rx,
+        done,
+        cancel,
+        release,
+        modes,
+        cancel_on_disconnect: req.on_disconnect.as_deref() != Some("continue"),
+    })
+}
+
+/// How many runs a server remembers: past it, the oldest ended ones are forgotten (their
+/// threads and checkpoints stay).
+const KEPT_RUNS: usize = 10_000;
+
+/// Forgets the oldest ended runs once more than `keep` are remembered, down to nine tenths of
+/// `keep`, so that the sort is paid once per tenth of `keep` runs.
+fn prune(runs: &mut std::collections::HashMap<String, RunRecord>, keep: usize) {
+    if runs.len() < keep {
+        return;
+    }
+    let mut ended: Vec<String> = runs
+        .values()
+        .filter(|r| !r.is_active())
+        .map(|r| r.run_id.clone())
+        .collect();
+    // Run ids are UUIDv7: in creation order.
+    ended.sort();
+    let excess = runs.len() - keep * 9 / 10;
+    for id in ended.into_iter().take(excess) {
+        runs.remove(&id);
+    }
+}
+
+fn set_status(app: &Shared, run_id: &str, status: &'static str) {
+    if let Some(r) = lock(&app.runs).get_mut(run_id) {
+        // A run that ended before its start was told stays ended.
+        if status == "running" && r.status != "pending" {
+            return;
+        }
+        r.status = status;
+        r.updated_at = crate::clock::now();
+    }
+}
+
+/// A run's thread, released when nobody reads the run any more.
+struct Ended {
+    app: Shared,
+    thread_id: String,
+    /// A thread of the run's own, deleted with it (unless `on_completion: keep`).
+    temporary: bool,
+}
+
+impl Ended {
+    fn release(self) {
+        if self.temporary {
+            lock(&self.app.threads).remove(&self.thread_id);
+            // A thread nobody can name again: failing to delete it leaves only garbage behind.
+            let _ = self.app.store.delete_thread(&self.thread_id);
+        }
+    }
+}
+
+/// A run's status as LangGraph reports it: a run that stopped at a gate succeeded (its thread
+/// is `interrupted`).
+fn run_status(outcome: &Result<RunOutcome, EngineError>) -> &'static str {
+    match outcome {
+        Ok(o) => match o.status {
+            Status::Done | Status::Interrupted => "success",
+            Status::Failed => "error",
+            Status::Cancelled => "interrupted",
+        },
+        Err(_) => "error",
+    }
+}
+fn stream_response(app: Shared, s: Started) -> Response {
+    let locations = if s.stateless {
+        [
+            (header::LOCATION, format!("/runs/{}/stream", s.run_id)),
+            (header::CONTENT_LOCATION, format!("/runs/{}", s.run_id)),
+        ]
+    } else {
+        [
+            (
+                header::LOCATION,
+                format!("/threads/{}/runs/{}/stream", s.thread_id, s.run_id),
+            ),
+            (
+                header::CONTENT_LOCATION,
+                format!("/threads/{}/runs/{}", s.thread_id, s.run_id),
+            ),
+        ]
+    };
+    let guard = CancelOnDrop {
+        flag: s.cancel.clone(),
+        armed: s.cancel_on_disconnect,
+    };
+    let hub = hub::feed(&app, s);
+    hub::response(hub, 0, Some(guard), locations)
+}
+
+/// Runs to the end and answers the final values: with `__interrupt__` when the run stopped at
+/// a gate, `__error__` when it failed.
+async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
+    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone(), hub::run_meta(&s));
+    translate.on(s.first);
+    let mut events = s.events;
+    while let Some(envelope) = events.recv().await {
+        translate.on(envelope);
+    }
+    let outcome = s
+        .done
+        .await
+        .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
+    let mut values = match app.store.get_checkpoint(&s.thread_id, None)? {
+        Some(cp) => app.store.state(&s.thread_id, &cp.versions)?,
+        None => translate.values(),
+    };
+    match &outcome {
+        Ok(o) if o.status == Status::Interrupted => {
+            values.insert("__interrupt__".into(), Value::Array(translate.interrupts.clone()));
+        }
+        Ok(o) if o.status == Status::Failed => {
+            if let Some((_, error)) = translate.finish(&outcome).into_iter().next() {
+                values = Map::from_iter([("__error__".to_string(), error)]);
+            }
+        }
+        Err(_) => {
+            if let Some((_, error)) = translate.finish(&outcome).into_iter().next() {
+                values = Map::from_iter([("__error__".to_string(), error)]);
+            }
+        }
+        Ok(_) => {}
+    }
+    drop(s.release);
+    let (location, content_location) = if s.stateless {
+        (format!("/runs/{}/join", s.run_id), format!("/runs/{}", s.run_id))
+    } else {
+        (
+            format!("/threads/{}/runs/{}/join", s.thread_id, s.run_id),
+            format!("/threads/{}/runs/{}", s.thread_id, s.run_id),
+        )
+    };
+    let mut response = Json(Value::Object(values)).into_response();
+    for (name, value) in [
+        (header::LOCATION, location),
+        (header::CONTENT_LOCATION, content_location),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, v);
+        }
+    }
+    Ok(response)
+}
+
+pub(super) async fn stream_on_thread(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let started = start(&app, Some(id), body(&bytes)?).await?;
+    Ok(stream_response(app, started))
+}
+
+pub(super) async fn stream_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
+    let started = start(&app, None, body(&bytes)?).await?;
+    Ok(stream_response(app, started))
+}
+
+pub(super) async fn wait_on_thread(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let started = start(&app, Some(id), body(&bytes)?).await?;
+    wait_response(app, started).await
+}
+
+pub(super) async fn wait_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
+    let started = start(&app, None, body(&bytes)?).await?;
+    wait_response(app, started).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(run_id: &str, status: &'static str) -> RunRecord {
+        RunRecord {
+            run_id: run_id.into(),
+            thread_id: "t".into(),
+            assistant_id: "a".into(),
+            status,
+            created_at: String::new(),
+            updated_at: String::new(),
+            metadata: Map::new(),
+            cancel: Arc::default(),
+            ended: tokio::sync::watch::channel(false).1,
+            error: None,
+            hub: None,
+            multitask_strategy: "reject",
+        }
+    }
+
+    #[test]
+    fn the_oldest_ended_runs_are_forgotten_never_a_running_one() {
+        let mut runs: std::collections::HashMap<String, RunRecord> = (0..10)
+            .map(|i| {
+                let status = if i < 3 { "running" } else { "success" };
+                (format!("r{i}"), record(&format!("r{i}"), status))
+            })
+            .collect();
+        prune(&mut runs, 20);
+        assert_eq!(runs.len(), 10, "under the limit nothing is forgotten");
+        prune(&mut runs, 10);
+        let mut kept: Vec<&str> = runs.keys().map(String::as_str).collect();
+        kept.sort();
+        // Down to 9: the running r0..r2 stay, the oldest ended one (r3) goes.
+        assert_eq!(kept, ["r0", "r1", "r2", "r4", "r5", "r6", "r7", "r8", "r9"]);
+    }
+}

@@ -1,0 +1,410 @@
+//! Threads, as the LangGraph API shows them: a thread's runs and checkpoints are the
+//! checkpointer's; the API's metadata (`graph_id`, `assistant_id` and the client's own) is kept
+//! beside, from the thread's creation through the API or its first run.
+
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Json, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::Shared;
+use super::http::{ApiError, body};
+use crate::checkpoint::{Checkpoint, PendingWrite, ThreadStatus};
+
+/// The write that records a gate a task stopped at, and those that close it (the task finished,
+/// or the gate was answered): the engine's record names, read here to report pending interrupts.
+const INTERRUPT: &str = "__interrupt__";
+const CLOSED: [&str; 2] = ["__done__", "__resume__"];
+
+/// What the API knows of a thread besides its checkpoints.
+#[derive(Debug, Clone)]
+pub(crate) struct ThreadMeta {
+    pub created_at: String,
+    pub updated_at: String,
+    pub metadata: Map<String, Value>,
+}
+
+impl ThreadMeta {
+    pub(super) fn new(metadata: Map<String, Value>) -> ThreadMeta {
+        let now = crate::clock::now();
+        ThreadMeta {
+            created_at: now.clone(),
+            updated_at: now,
+            metadata,
+        }
+    }
+}
+
+/// Whether a thread exists: created through the API or by a run.
+pub(crate) fn exists(app: &Shared, thread_id: &str) -> Result<bool, ApiError> {
+    if lock(&app.threads).contains_key(thread_id) {
+        return Ok(true);
+    }
+    Ok(app.store.get_thread(thread_id)?.is_some())
+}
+
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A handler that panicked while holding the lock left plain data behind, still usable.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The gates `writes` (a checkpoint's pending writes) wait at, as LangGraph's `Interrupt`s.
+pub(crate) fn pending_interrupts(writes: &[PendingWrite]) -> Vec<(String, Value)> {
+    writes
+        .iter()
+        .filter(|w| w.channel == INTERRUPT)
+        .filter(|w| {
+            !writes
+                .iter()
+                .any(|o| o.task_id == w.task_id && CLOSED.contains(&o.channel.as_str()))
+        })
+        .map(|w| (w.task_id.clone(), json!({"id": w.task_id, "value": w.value})))
+        .collect()
+}
+
+/// The API's thread: `{thread_id, created_at, updated_at, state_updated_at, metadata, status,
+/// config, values, error, interrupts}`.
+pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>, ApiError> {
+    let meta = lock(&app.threads).get(thread_id).cloned();
+    let stored = app.store.get_thread(thread_id)?;
+    let busy = lock(&app.runs)
+        .values()
+        .any(|r| r.thread_id == thread_id && r.is_active());
+    let (meta, status) = match (meta, &stored) {
+        (None, None) => return Ok(None),
+        (meta, Some(t)) => {
+            let meta = meta.unwrap_or_else(|| {
+                // A thread from before this server: its graph is the workflow it records.
+                let mut m = Map::new();
+                if let Some(g) = app.graphs.of_workflow(&t.workflow) {
+                    m.insert("graph_id".into(), json!(g.graph_id));
+                    m.insert("assistant_id".into(), json!(g.assistant_id));
+                }
+                ThreadMeta {
+                    created_at: t.created_at.clone(),
+                    updated_at: t.updated_at.clone(),
+                    metadata: m,
+                }
+            });
+            (meta, status_name(t.status))
+        }
+        (Some(meta), None) => (meta, "idle"),
+    };
+    let (values, interrupts, updated) = match app.store.get_checkpoint(thread_id, None)? {
+        Some(cp) => {
+            let values = Value::Object(app.store.state(thread_id, &cp.versions)?);
+            let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
+            let interrupts: Map<String, Value> = pending_interrupts(&writes)
+                .into_iter()
+                .map(|(task, i)| (task, json!([i])))
+                .collect();
+            (values, interrupts, cp.created_at)
+        }
+        None => (Value::Null, Map::new(), meta.updated_at.clone()),
+    };
+    let updated_at = stored
+        .as_ref()
+        .map_or(meta.updated_at.clone(), |t| t.updated_at.clone());
+    Ok(Some(json!({
+        "thread_id": thread_id,
+        "created_at": meta.created_at,
+        "updated_at": updated_at,
+        "state_updated_at": updated,
+        "metadata": meta.metadata,
+        "status": if busy { "busy" } else { status },
+        "config": {},
+        "values": values,
+        "error": null,
+        "interrupts": interrupts,
+    })))
+}
+
+/// The API's name of a stored thread's status. A thread left `running` by a server that
+/// stopped is not running now: it waits to be continued, as an idle thread does.
+fn status_name(s: ThreadStatus) -> &'static str {
+    match s {
+        ThreadStatus::Interrupted => "interrupted",
+        ThreadStatus::Failed => "error",
+        ThreadStatus::Done | ThreadStatus::Running => "idle",
+    }
+}
+
+/// A checkpoint as LangGraph's `ThreadState`.
+pub(crate) fn state_json(app: &Shared, thread_id: &str, cp: &Checkpoint) -> Result<Value, ApiError> {
+    let values = app.store.state(thread_id, &cp.versions)?;
+    let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
+    let interrupts = pending_interrupts(&writes);
+    let tasks: Vec<Value> = cp
+        .next
+        .iter()
+        .map(|t| {
+            let mine: Vec<&Value> = interrupts
+                .iter()
+                .filter(|(id, _)| *id == t.task_id)
+                .map(|(_, i)| i)
+                .collect();
+            json!({
+                "id": t.task_id, "name": t.node, "path": ["__pregel_pull", t.node], "error": null,
+                "interrupts": mine, "checkpoint": null, "state": null, "result": null,
+            })
+        })
+        .collect();
+    let mut metadata = lock(&app.threads)
+        .get(thread_id)
+        .map(|m| m.metadata.clone())
+        .unwrap_or_default();
+    metadata.insert("step".into(), json!(cp.step));
+    metadata.insert("source".into(), json!(if cp.step < 0 { "input" } else { "loop" }));
+    metadata.insert("thread_id".into(), json!(thread_id));
+    let reference = |id: &str| json!({"checkpoint_id": id, "thread_id": thread_id, "checkpoint_ns": ""});
+    Ok(json!({
+        "values": values,
+        "next": cp.next.iter().map(|t| t.node.as_str()).collect::<Vec<_>>(),
+        "tasks": tasks,
+        "metadata": metadata,
+        "created_at": cp.created_at,
+        "checkpoint": reference(&cp.checkpoint_id),
+        "parent_checkpoint": cp.parent_id.as_deref().map(reference),
+        "interrupts": interrupts.into_iter().map(|(_, i)| i).collect::<Vec<_>>(),
+        "checkpoint_id": cp.checkpoint_id,
+        "parent_checkpoint_id": cp.parent_id,
+    }))
+}
+
+fn no_thread(id: &str) -> ApiError {
+    ApiError::not_found(format!("Thread with ID {id} not found"))
+}
+
+#[derive(Deserialize)]
+struct Create {
+    thread_id: Option<String>,
+    #[serde(default)]
+    metadata: Map<String, Value>,
+    if_exists: Option<String>,
+    graph_id: Option<String>,
+}
+
+pub(super) async fn create(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
+    let c: Create = body(&bytes)?;
+    let id = c.thread_id.unwrap_or_else(crate::checkpoint::new_id);
+    if exists(&app, &id)? {
+        return match c.if_exists.as_deref() {
+            Some("do_nothing") => Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?)),
+            None | Some("raise") => Err(ApiError::conflict(format!("Thread {id} already exists"))),
+            Some(other) => Err(ApiError::invalid(format!(
+                "if_exists must be `raise` or `do_nothing`, not `{other}`"
+            ))),
+        };
+    }
+    let mut metadata = c.metadata;
+    if let Some(g) = c.graph_id {
+        metadata.insert("graph_id".into(), json!(g));
+    }
+    lock(&app.threads).insert(id.clone(), ThreadMeta::new(metadata));
+    Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
+}
+
+pub(super) async fn get(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
+}
+
+pub(super) async fn delete(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<StatusCode, ApiError> {
+    if !exists(&app, &id)? {
+        return Err(no_thread(&id));
+    }
+    if lock(&app.runs).values().any(|r| r.thread_id == id && r.is_active()) {
+        return Err(ApiError::conflict(format!("Thread {id} has a run in progress")));
+    }
+    if app.store.get_thread(&id)?.is_some() {
+        app.store.delete_thread(&id)?;
+    }
+    lock(&app.threads).remove(&id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct Search {
+    #[serde(default)]
+    metadata: Map<String, Value>,
+    status: Option<String>,
+    ids: Option<Vec<String>>,
+    #[serde(default = "ten")]
+    limit: usize,
+    #[serde(default)]
+    offset: usize,
+}
+
+fn ten() -> usize {
+    10
+}
+
+/// Threads whose metadata holds every pair asked for, newest first, with the reference's
+/// pagination headers.
+pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
+    let q: Search = body(&bytes)?;
+    let mut ids: Vec<String> = lock(&app.threads).keys().cloned().collect();
+    for head in app.store.list_thread_heads()? {
+        // A child thread of a subgraph or a thread of another program is not this server's.
+        if app.graphs.of_workflow(&head.workflow).is_some() && !ids.contains(&head.thread_id) {
+            ids.push(head.thread_id);
+        }
+    }
+    let mut found = Vec::new();
+    for id in ids {
+        if q.ids.as_ref().is_some_and(|wanted| !wanted.contains(&id)) {
+            continue;
+        }
+        let Some(t) = thread_json(&app, &id)? else { continue };
+        let fits = q.metadata.iter().all(|(k, v)| t["metadata"].get(k) == Some(v))
+            && q.status.as_ref().is_none_or(|s| t["status"] == *s);
+        if fits {
+            found.push(t);
+        }
+    }
+    found.sort_by(|a, b| b["updated_at"].as_str().cmp(&a["updated_at"].as_str()));
+    let total = found.len();
+    let page: Vec<Value> = found.into_iter().skip(q.offset).take(q.limit).collect();
+    let mut headers = HeaderMap::new();
+    headers.insert("x-pagination-total", HeaderValue::from(total));
+    if q.offset + page.len() < total {
+        headers.insert("x-pagination-next", HeaderValue::from(q.offset + page.len()));
+    }
+    Ok((headers, Json(Value::Array(page))).into_response())
+}
+
+/// The head of a thread. A thread created but never run has empty values and nothing next.
+pub(super) async fn state(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<Json<Value>, ApiError> {
+    match app.store.get_checkpoint(&id, None)? {
+        Some(cp) => Ok(Json(state_json(&app, &id, &cp)?)),
+        None if exists(&app, &id)? => Ok(Json(json!({
+            "values": {}, "next": [], "tasks": [], "metadata": {}, "created_at": null,
+            "checkpoint": {"checkpoint_id": null, "thread_id": id, "checkpoint_ns": ""},
+            "parent_checkpoint": null, "interrupts": [], "checkpoint_id": null, "parent_checkpoint_id": null,
+        }))),
+        None => Err(no_thread(&id)),
+    }
+}
+
+#[derive(Deserialize)]
+struct HistoryQuery {
+    #[serde(default = "ten")]
+    limit: usize,
+    before: Option<Value>,
+}
+
+pub(super) async fn history_post(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let q: HistoryQuery = body(&bytes)?;
+    history(&app, &id, q)
+}
+
+pub(super) async fn history_get(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    Query(params): Query<Map<String, Value>>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = match params.get("limit") {
+        Some(Value::String(s)) => s.parse().map_err(|_| ApiError::invalid("limit must be a number"))?,
+        _ => 10,
+    };
+    let before = params.get("before").cloned().map(|b| json!({"checkpoint_id": b}));
+    history(&app, &id, HistoryQuery { limit, before })
+}
+
+/// The thread's checkpoints newest first, each as a `ThreadState`; `before` starts after the
+/// checkpoint it names.
+fn history(app: &Shared, id: &str, q: HistoryQuery) -> Result<Json<Value>, ApiError> {
+    if !exists(app, id)? {
+        return Err(no_thread(id));
+    }
+    let before = q
+        .before
+        .as_ref()
+        .and_then(|b| b.get("checkpoint_id").and_then(Value::as_str).map(str::to_string));
+    let mut out = Vec::new();
+    let mut started = before.is_none();
+    for cp in app.store.history(id)? {
+        if !started {
+            started = Some(&cp.checkpoint_id) == before.as_ref();
+            continue;
+        }
+        if out.len() == q.limit {
+            break;
+        }
+        out.push(state_json(app, id, &cp)?);
+    }
+    Ok(Json(Value::Array(out)))
+}
+
+/// The state at one checkpoint of the thread.
+fn state_at(app: &Shared, id: &str, checkpoint_id: &str) -> Result<Json<Value>, ApiError> {
+    match app.store.get_checkpoint(id, Some(checkpoint_id))? {
+        Some(cp) => Ok(Json(state_json(app, id, &cp)?)),
+        None if exists(app, id)? => Err(ApiError::not_found(format!(
+            "Checkpoint {checkpoint_id} of thread {id} not found"
+        ))),
+        None => Err(no_thread(id)),
+    }
+}
+
+pub(super) async fn state_at_get(
+    State(app): State<Shared>,
+    UrlPath((id, checkpoint_id)): UrlPath<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    state_at(&app, &id, &checkpoint_id)
+}
+
+#[derive(Deserialize)]
+struct AtCheckpoint {
+    checkpoint: CheckpointRef,
+}
+
+#[derive(Deserialize)]
+struct CheckpointRef {
+    checkpoint_id: String,
+}
+
+pub(super) async fn state_at_post(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let at: AtCheckpoint = body(&bytes)?;
+    state_at(&app, &id, &at.checkpoint.checkpoint_id)
+}
+
+#[derive(Deserialize)]
+struct Patch {
+    #[serde(default)]
+    metadata: Map<String, Value>,
+}
+
+/// Merges metadata into the thread's.
+pub(super) async fn patch(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let p: Patch = body(&bytes)?;
+    if !exists(&app, &id)? {
+        return Err(no_thread(&id));
+    }
+    // A thread from before this server starts its API metadata from what it records.
+    let current = thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?;
+    {
+        let mut threads = lock(&app.threads);
+        let meta = threads.entry(id.clone()).or_insert_with(|| ThreadMeta {
+            created_at: current["created_at"].as_str().unwrap_or_default().to_string(),
+            updated_at: current["updated_at"].as_str().unwrap_or_default().to_string(),
+            metadata: current["metadata"].as_object().cloned().unwrap_or_default(),
+        });
+        meta.metadata.extend(p.metadata);
+        meta.updated_at = crate::clock::now();
+    }
+    Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
+}

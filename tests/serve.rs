@@ -1,0 +1,723 @@
+//! `runner serve` through the real binary on 127.0.0.1: LangGraph's own Python client
+//! (`langgraph-sdk`, pinned in `tests/sdk/requirements.txt`, installed into a venv by this
+//! file's set-up) drives it as an application would, and plain HTTP checks statuses, error
+//! shapes, CORS, the SSE framing and the thread lease.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A `runner serve` over the test workflows, killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `runner serve` on a free port over `tests/fixtures/gate.yaml`, the workflows of
+/// `tests/fixtures/serve/` and one that does not validate, on the scripted mock.
+fn serve() -> Server {
+    serve_with(&[], &[])
+}
+
+/// [`serve`] with more arguments and environment variables.
+fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let workflows = dir.path().join("workflows");
+    std::fs::create_dir(&workflows).unwrap();
+    std::fs::copy(fixtures.join("gate.yaml"), workflows.join("gate.yaml")).unwrap();
+    for name in ["shout.yaml", "slow.yaml"] {
+        std::fs::copy(fixtures.join("serve").join(name), workflows.join(name)).unwrap();
+    }
+    std::fs::write(
+        workflows.join("broken.yaml"),
+        "name: broken\nnodes: {a: {kind: nope}}\n",
+    )
+    .unwrap();
+    std::fs::write(workflows.join("gate.test.yaml"), "not: a workflow\n").unwrap();
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(dir.path())
+        .env("RUNNER_DB", dir.path().join("runner.db"))
+        .args(["serve", "workflows", "--port", "0", "--mock"])
+        .arg(fixtures.join("serve/mock.yaml"))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    let base = loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("runner serve ended before listening:\n{said}");
+        }
+        said.push_str(&line);
+        if let Some(url) = line.trim().strip_prefix("listening on ") {
+            break url.to_string();
+        }
+    };
+    // The workflow that does not validate is reported and not served; the test file is no
+    // workflow at all.
+    assert!(said.contains("not served:") && said.contains("broken.yaml"), "{said}");
+    assert!(said.contains("serving gate, shout, slow\n"), "{said}");
+    // Whatever it says later is not read: drain it so the server never blocks on stderr.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    Server { child, base, _dir: dir }
+}
+
+fn client() -> reqwest::Client {
+    runner::net::client_builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// `method path` with an optional JSON body: the status, the headers and the body as JSON
+/// (`null` when empty).
+async fn call(
+    s: &Server,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut req = client().request(method, format!("{}{path}", s.base));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap();
+    let value = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("{path}: not JSON: {text}"))
+    };
+    (status, headers, value)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn statuses_and_error_shapes_are_the_reference_servers() {
+    use reqwest::Method;
+    let s = serve();
+    assert_eq!(call(&s, Method::GET, "/ok", None).await.0, 200);
+    assert_eq!(call(&s, Method::GET, "/info", None).await.0, 200);
+
+    // An assistant by its graph id or its uuid5 id; a missing one is a 404 with a detail.
+    let (status, _, a) = call(&s, Method::GET, "/assistants/gate", None).await;
+    assert_eq!((status, a["graph_id"].as_str()), (200, Some("gate")));
+    let by_uuid = format!("/assistants/{}", a["assistant_id"].as_str().unwrap());
+    assert_eq!(call(&s, Method::GET, &by_uuid, None).await.2["graph_id"], "gate");
+    let (status, _, e) = call(&s, Method::GET, "/assistants/broken", None).await;
+    assert_eq!(
+        (status, e["detail"].as_str()),
+        (404, Some("Assistant 'broken' not found"))
+    );
+    let (_, _, graph) = call(&s, Method::GET, "/assistants/gate/graph", None).await;
+    let ids: Vec<&str> = graph["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"__start__") && ids.contains(&"write") && ids.contains(&"review"),
+        "{graph}"
+    );
+    assert!(
+        graph["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["source"] == "write" && e["target"] == "review")
+    );
+    let (_, _, schemas) = call(&s, Method::GET, "/assistants/gate/schemas", None).await;
+    assert_eq!(schemas["input_schema"]["required"], json!(["topic"]));
+    assert!(schemas["state_schema"]["properties"]["draft"].is_object(), "{schemas}");
+
+    // Threads: a duplicate id is a 409 unless `if_exists: do_nothing`; unknown ones 404.
+    let (status, _, t) = call(
+        &s,
+        Method::POST,
+        "/threads",
+        Some(json!({"thread_id": "t1", "metadata": {"k": 1}})),
+    )
+    .await;
+    assert_eq!((status, t["status"].as_str()), (200, Some("idle")));
+    let again = json!({"thread_id": "t1"});
+    let (status, _, e) = call(&s, Method::POST, "/threads", Some(again)).await;
+    assert_eq!(status, 409, "{e}");
+    assert!(e["detail"].is_string(), "{e}");
+    let quiet = json!({"thread_id": "t1", "if_exists": "do_nothing"});
+    assert_eq!(
+        call(&s, Method::POST, "/threads", Some(quiet)).await.2["metadata"]["k"],
+        1
+    );
+    for path in ["/threads/nope", "/threads/nope/state"] {
+        let (status, _, e) = call(&s, Method::GET, path, None).await;
+        assert_eq!(
+            (status, e["detail"].as_str()),
+            (404, Some("Thread with ID nope not found")),
+            "{path}"
+        );
+    }
+    let run = json!({"assistant_id": "gate", "input": {"topic": "x"}});
+    assert_eq!(
+        call(&s, Method::POST, "/threads/nope/runs/wait", Some(run)).await.0,
+        404
+    );
+    let (status, _, e) = call(&s, Method::POST, "/threads/t1/runs/wait", Some(json!({"input": {}}))).await;
+    assert_eq!(status, 422, "{e}");
+    assert!(e["detail"].as_str().unwrap().contains("assistant_id"), "{e}");
+    let bad_durability = json!({"assistant_id": "shout", "durability": "never"});
+    assert_eq!(call(&s, Method::POST, "/runs/wait", Some(bad_durability)).await.0, 422);
+    // Only the run's last checkpoint is written: the same values, a shorter history.
+    let exit =
+        json!({"assistant_id": "shout", "input": {"word": "hello"}, "durability": "exit", "if_not_exists": "create"});
+    let (status, _, v) = call(&s, Method::POST, "/threads/ex/runs/wait", Some(exit)).await;
+    assert_eq!((status, &v), (200, &json!({"said": "hello there"})));
+    let (_, _, history) = call(&s, Method::GET, "/threads/ex/history", None).await;
+    let steps: Vec<&Value> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| &h["metadata"]["step"])
+        .collect();
+    assert_eq!(steps, [&json!(1), &json!(-1)], "{history}");
+    let bad_mode = json!({"assistant_id": "gate", "stream_mode": "valuez"});
+    assert_eq!(
+        call(&s, Method::POST, "/threads/t1/runs/stream", Some(bad_mode))
+            .await
+            .0,
+        422
+    );
+    // Input the workflow's input schema refuses.
+    let (status, _, e) = call(
+        &s,
+        Method::POST,
+        "/runs/wait",
+        Some(json!({"assistant_id": "gate", "input": {}})),
+    )
+    .await;
+    assert_eq!(status, 422, "{e}");
+    assert!(e["detail"].as_str().unwrap().contains("topic"), "{e}");
+    for path in ["/threads/t1/runs/nope", "/threads/t1/runs/nope/join"] {
+        let (status, _, e) = call(&s, Method::GET, path, None).await;
+        assert_eq!(
+            (status, e["detail"].as_str()),
+            (404, Some("Run nope not found")),
+            "{path}"
+        );
+    }
+    let rollback = "/threads/t1/runs/nope/cancel?action=rollback";
+    assert_eq!(call(&s, Method::POST, rollback, None).await.0, 422);
+    let (status, _, e) = call(&s, Method::GET, "/no/such/route", None).await;
+    assert_eq!((status, e["detail"].as_str()), (404, Some("Not Found")));
+
+    // Search pages with the reference's headers.
+    for id in ["t2", "t3"] {
+        call(
+            &s,
+            Method::POST,
+            "/threads",
+            Some(json!({"thread_id": id, "metadata": {"k": 1}})),
+        )
+        .await;
+    }
+    let page = json!({"metadata": {"k": 1}, "limit": 2});
+    let (_, headers, found) = call(&s, Method::POST, "/threads/search", Some(page)).await;
+    assert_eq!(found.as_array().unwrap().len(), 2);
+    assert_eq!(headers["x-pagination-total"], "3");
+    assert_eq!(headers["x-pagination-next"], "2");
+
+    assert_eq!(call(&s, Method::DELETE, "/threads/t2", None).await.0, 204);
+    assert_eq!(call(&s, Method::GET, "/threads/t2", None).await.0, 404);
+    assert_eq!(call(&s, Method::DELETE, "/threads/t2", None).await.0, 404);
+
+    // CORS: a preflight is answered with the private-network grant; responses expose
+    // `content-location`.
+    let preflight = client()
+        .request(Method::OPTIONS, format!("{}/threads", s.base))
+        .header("origin", "http://localhost:3000")
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "content-type,x-api-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status(), 200);
+    let h = preflight.headers();
+    assert_eq!(h["access-control-allow-origin"], "*");
+    assert_eq!(h["access-control-allow-private-network"], "true");
+    assert_eq!(h["access-control-allow-headers"], "content-type,x-api-key");
+    let (_, headers, _) = call(&s, Method::GET, "/ok", None).await;
+    assert!(
+        headers["access-control-expose-headers"]
+            .to_str()
+            .unwrap()
+            .contains("content-location")
+    );
+}
+
+/// The raw bytes of a streamed run: CRLF framing, `metadata` first, the interrupt in
+/// `updates` and in the last `values`, and a failed run's `error` event last.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_is_framed_as_the_reference_frames_it() {
+    let s = serve();
+    let resp = client()
+        .post(format!("{}/threads/t1/runs/stream", s.base))
+        .json(&json!({"assistant_id": "gate", "input": {"topic": "tides"}, "stream_mode": ["values", "updates", "tasks"], "if_not_exists": "create"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream; charset=utf-8");
+    let location = resp.headers()["content-location"].to_str().unwrap().to_string();
+    assert!(location.starts_with("/threads/t1/runs/"), "{location}");
+    let body = resp.text().await.unwrap();
+    assert!(body.starts_with("event: metadata\r\ndata: {\"run_id\":"), "{body}");
+    let events = parse(&body);
+    assert!(
+        events
+            .iter()
+            .any(|(e, d)| e == "updates" && d["write"]["draft"] == "first draft"),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(e, d)| e == "updates" && d["__interrupt__"].is_array())
+    );
+    // `tasks`: the task's start, then its result (the keys it wrote).
+    let tasks: Vec<&Value> = events.iter().filter(|(e, _)| e == "tasks").map(|(_, d)| d).collect();
+    assert_eq!(tasks[0]["name"], "write", "{tasks:?}");
+    assert!(
+        tasks[0].get("result").is_none() && tasks[0]["triggers"].is_array(),
+        "{tasks:?}"
+    );
+    assert_eq!(tasks[1]["id"], tasks[0]["id"]);
+    assert_eq!(
+        tasks[1]["result"],
+        json!([["draft", "first draft"], ["log", ["write"]]]),
+        "{tasks:?}"
+    );
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "values");
+    assert_eq!(data["__interrupt__"][0]["value"]["payload"]["draft"], "first draft");
+    // The run's end was recorded before the stream closed.
+    let run = client().get(format!("{}{location}", s.base)).send().await.unwrap();
+    assert_eq!(run.json::<Value>().await.unwrap()["status"], "success");
+
+    let failed = client()
+        .post(format!("{}/runs/stream", s.base))
+        .json(&json!({"assistant_id": "shout", "input": {"word": "boom"}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(failed.headers()["location"].to_str().unwrap().starts_with("/runs/"));
+    let events = parse(&failed.text().await.unwrap());
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "error", "{events:?}");
+    assert!(data["message"].as_str().unwrap().contains("no reply"), "{data}");
+    assert!(data["error"].is_string(), "{data}");
+    // A stateless run's thread is its own: deleted once the run ends (unless
+    // `on_completion: keep`).
+    let kept = client()
+        .post(format!("{}/runs/wait", s.base))
+        .json(&json!({"assistant_id": "shout", "input": {"word": "hello"}, "on_completion": "keep"}))
+        .send()
+        .await
+        .unwrap();
+    let kept_thread = kept.headers()["content-location"].to_str().unwrap().to_string();
+    assert!(kept_thread.starts_with("/runs/"), "{kept_thread}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Value = client()
+            .post(format!("{}/threads/search", s.base))
+            .json(&json!({"metadata": {"graph_id": "shout"}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if found.as_array().unwrap().len() == 1 {
+            assert_eq!(found[0]["values"]["said"], "hello there", "{found}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "stateless threads left behind: {found}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `(event, data)` of every event of an SSE body framed with CRLF.
+fn parse(body: &str) -> Vec<(String, Value)> {
+    body.split("\r\n\r\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let mut lines = e.split("\r\n");
+            let event = lines.next().unwrap().strip_prefix("event: ").unwrap().to_string();
+            let data = lines.next().unwrap().strip_prefix("data: ").unwrap();
+            (event, serde_json::from_str(data).unwrap())
+        })
+        .collect()
+}
+
+/// A second run on a thread a run holds is refused with 409 before any byte is streamed: the
+/// server's runs take the thread lease as the CLI's do.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_run_on_a_busy_thread_is_a_conflict() {
+    let s = serve();
+    let first = client()
+        .post(format!("{}/threads/busy/runs/stream", s.base))
+        .json(&json!({"assistant_id": "slow", "if_not_exists": "create"}))
+        .send()
+        .await
+        .unwrap();
+    // The response has begun: the run holds the thread.
+    assert_eq!(first.status(), 200);
+    let thread = client().get(format!("{}/threads/busy", s.base)).send().await.unwrap();
+    assert_eq!(thread.json::<Value>().await.unwrap()["status"], "busy");
+    let second = client()
+        .post(format!("{}/threads/busy/runs/wait", s.base))
+        .json(&json!({"assistant_id": "slow", "multitask_strategy": "reject"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 409);
+    let detail = second.json::<Value>().await.unwrap();
+    assert!(
+        detail["detail"].as_str().unwrap().contains("already running"),
+        "{detail}"
+    );
+    let strategy = client()
+        .post(format!("{}/threads/busy/runs/wait", s.base))
+        .json(&json!({"assistant_id": "slow", "multitask_strategy": "rollback"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        strategy.status(),
+        422,
+        "a strategy runner does not carry out is refused, not ignored"
+    );
+    // `enqueue` waits for the thread's lease: it runs once the first run has ended.
+    let queued = tokio::spawn(
+        client()
+            .post(format!("{}/threads/busy/runs/wait", s.base))
+            .json(&json!({"assistant_id": "slow", "multitask_strategy": "enqueue"}))
+            .send(),
+    );
+    let events = parse(&first.text().await.unwrap());
+    assert_eq!(events.last().unwrap().1["said"], "done", "{events:?}");
+    let queued = queued.await.unwrap().unwrap();
+    assert_eq!(queued.status(), 200);
+    assert_eq!(queued.json::<Value>().await.unwrap()["said"], "done");
+    let runs: Value = client()
+        .get(format!("{}/threads/busy/runs", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let statuses: Vec<(&str, &str)> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "success")
+        .map(|r| (r["multitask_strategy"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(statuses, [("enqueue", "success"), ("reject", "success")], "{runs}");
+    // Once the first run ended, the thread takes another.
+    let third = client()
+        .post(format!("{}/threads/busy/runs/wait", s.base))
+        .json(&json!({"assistant_id": "slow"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(third.status(), 200);
+}
+
+/// The Python interpreter of a venv holding `tests/sdk/requirements.txt`, created once per
+/// target directory. Parallel test processes take turns through a lock directory; a venv is
+/// used only once its marker says it holds exactly these requirements.
+fn sdk_python() -> &'static Path {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match PYTHON.get_or_init(make_venv) {
+        Ok(p) => p,
+        Err(e) => panic!("the Python SDK test client could not be installed: {e}"),
+    }
+}
+
+fn make_venv() -> Result<PathBuf, String> {
+    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements).map_err(|e| e.to_string())?;
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let venv = root.join("sdk-venv");
+    let python = venv.join("bin/python");
+    let marker = venv.join("requirements.installed");
+    let lock = root.join("sdk-venv.lock");
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while std::fs::create_dir(&lock).is_err() {
+        // A lock older than the longest install was left by a process that died.
+        let stale = std::fs::metadata(&lock)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(900));
+        if stale {
+            let _ = std::fs::remove_dir(&lock);
+        } else if Instant::now() > deadline {
+            return Err(format!("{} stayed locked for 15 minutes", lock.display()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let result = (|| {
+        if std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
+            return Ok(python.clone());
+        }
+        let _ = std::fs::remove_dir_all(&venv);
+        let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+            let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{what} failed:\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(())
+        };
+        run(
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+            "python3 -m venv",
+        )?;
+        run(
+            Command::new(&python)
+                .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
+                .arg(&requirements),
+            "pip install -r tests/sdk/requirements.txt (it needs PyPI)",
+        )?;
+        std::fs::write(&marker, &wanted).map_err(|e| e.to_string())?;
+        Ok(python.clone())
+    })();
+    let _ = std::fs::remove_dir(&lock);
+    result
+}
+
+/// LangGraph's Python client drives the server through a whole conversation: assistants,
+/// threads, streamed and waited runs, state, interrupt and resume, history, search, errors.
+#[test]
+fn the_python_sdk_drives_the_server() {
+    let python = sdk_python();
+    let s = serve();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/drive.py");
+    let out = Command::new(python).arg(script).arg(&s.base).output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the SDK script failed:\n{said}");
+    assert!(said.contains("sdk: every check passed"), "{said}");
+}
+
+/// A client that goes away cancels its run at the next step boundary, unless it asked for the
+/// run to go on (`on_disconnect: continue`, as agent-chat-ui does); either way the run's end is
+/// recorded.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_goes_away_cancels_its_run_unless_it_said_continue() {
+    let s = serve();
+    let mut runs = Vec::new();
+    for (thread, on_disconnect) in [("gone", "cancel"), ("stays", "continue")] {
+        let resp = client()
+            .post(format!("{}/threads/{thread}/runs/stream", s.base))
+            .json(&json!({"assistant_id": "slow", "if_not_exists": "create", "on_disconnect": on_disconnect}))
+            .send()
+            .await
+            .unwrap();
+        runs.push((thread, resp.headers()["content-location"].to_str().unwrap().to_string()));
+        // The response is dropped unread: the client went away during the first step.
+        drop(resp);
+    }
+    for (thread, run) in runs {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            let r: Value = client()
+                .get(format!("{}{run}", s.base))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if r["status"] != "running" && r["status"] != "pending" {
+                break r["status"].clone();
+            }
+            assert!(Instant::now() < deadline, "{thread}: the run never ended");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let state: Value = client()
+            .get(format!("{}/threads/{thread}/state", s.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if thread == "gone" {
+            assert_eq!(status, "interrupted");
+            assert_eq!(
+                (&state["values"]["said"], &state["next"]),
+                (&json!("half"), &json!(["tock"]))
+            );
+        } else {
+            assert_eq!(status, "success");
+            assert_eq!((&state["values"]["said"], &state["next"]), (&json!("done"), &json!([])));
+        }
+    }
+}
+
+/// SIGTERM: the server stops accepting, lets a running run reach its next step boundary (its
+/// checkpoint intact), ends the stream, and exits 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
+    let mut s = serve();
+    let resp = client()
+        .post(format!("{}/threads/t/runs/stream", s.base))
+        .json(&json!({"assistant_id": "slow", "if_not_exists": "create", "stream_mode": "values"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let killed = Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let events = parse(&resp.text().await.unwrap());
+    // The first step ended; the second never started.
+    assert_eq!(events.last().unwrap().1, json!({"said": "half"}), "{events:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+/// With `--api-key-env`, every request but `/ok` and CORS preflights needs the key, as
+/// `x-api-key` or `Authorization: Bearer`; without it, no address but loopback is accepted.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_api_key_guards_every_route_but_ok() {
+    let s = serve_with(&["--api-key-env", "SERVE_TEST_KEY"], &[("SERVE_TEST_KEY", "sesame")]);
+    let get = |path: &str, header: Option<(&'static str, &'static str)>| {
+        let mut req = client().get(format!("{}{path}", s.base));
+        if let Some((name, value)) = header {
+            req = req.header(name, value);
+        }
+        async move { req.send().await.unwrap() }
+    };
+    assert_eq!(get("/ok", None).await.status(), 200);
+    let refused = get("/info", None).await;
+    assert_eq!(refused.status(), 401);
+    assert_eq!(refused.headers()["access-control-allow-origin"], "*");
+    assert!(refused.json::<Value>().await.unwrap()["detail"].is_string());
+    assert_eq!(get("/info", Some(("x-api-key", "wrong"))).await.status(), 401);
+    assert_eq!(get("/info", Some(("x-api-key", "sesame"))).await.status(), 200);
+    assert_eq!(
+        get("/info", Some(("authorization", "Bearer sesame"))).await.status(),
+        200
+    );
+    let preflight = client()
+        .request(reqwest::Method::OPTIONS, format!("{}/threads", s.base))
+        .header("origin", "http://localhost:3000")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status(), 200);
+
+    let open = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .args(["serve", "--host", "0.0.0.0", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(open.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&open.stderr);
+    assert!(said.contains("without --api-key-env"), "{said}");
+}
+
+/// A run created with `stream_resumable` is joined from its start (`Last-Event-ID: -1`) or after
+/// the last event a client saw, its events numbered from 1; joining with no id reads only what
+/// comes next.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumable_run_is_rejoined_with_last_event_id() {
+    let s = serve();
+    let created: Value = client()
+        .post(format!("{}/threads/j/runs", s.base))
+        .json(
+            &json!({"assistant_id": "slow", "if_not_exists": "create", "stream_resumable": true,
+                       "stream_mode": ["values", "updates"]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let url = format!(
+        "{}/threads/j/runs/{}/stream",
+        s.base,
+        created["run_id"].as_str().unwrap()
+    );
+    let join = |last: Option<&'static str>| {
+        let mut req = client().get(&url);
+        if let Some(id) = last {
+            req = req.header("last-event-id", id);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.headers()["content-type"], "text/event-stream; charset=utf-8");
+            resp.text().await.unwrap()
+        }
+    };
+    // Joined while it runs: every event from the first, then live to the end.
+    let all = join(Some("-1")).await;
+    let events: Vec<&str> = all
+        .split("\r\n\r\n")
+        .filter(|e| !e.starts_with(':') && !e.is_empty())
+        .collect();
+    assert!(events[0].starts_with("event: metadata\r\ndata: {\"run_id\":"), "{all}");
+    for (i, e) in events.iter().enumerate() {
+        assert!(e.ends_with(&format!("\r\nid: {}", i + 1)), "event {i}: {e}");
+    }
+    assert!(events.last().unwrap().contains("\"said\":\"done\""), "{all}");
+    // After the second event: the same events from the third on.
+    let rest = join(Some("2")).await;
+    let again: Vec<&str> = rest
+        .split("\r\n\r\n")
+        .filter(|e| !e.starts_with(':') && !e.is_empty())
+        .collect();
+    assert_eq!(again, events[2..]);
+    // The run has ended: nothing comes next.
+    assert_eq!(join(None).await, "");
+    let bad = client().get(&url).header("last-event-id", "x").send().await.unwrap();
+    assert_eq!(bad.status(), 422);
+}
