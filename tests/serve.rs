@@ -38,7 +38,7 @@ fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Server {
     let workflows = dir.path().join("workflows");
     std::fs::create_dir(&workflows).unwrap();
     std::fs::copy(fixtures.join("gate.yaml"), workflows.join("gate.yaml")).unwrap();
-    for name in ["shout.yaml", "slow.yaml"] {
+    for name in ["chat.yaml", "shout.yaml", "slow.yaml"] {
         std::fs::copy(fixtures.join("serve").join(name), workflows.join(name)).unwrap();
     }
     std::fs::write(
@@ -74,7 +74,7 @@ fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Server {
     // The workflow that does not validate is reported and not served; the test file is no
     // workflow at all.
     assert!(said.contains("not served:") && said.contains("broken.yaml"), "{said}");
-    assert!(said.contains("serving gate, shout, slow\n"), "{said}");
+    assert!(said.contains("serving chat, gate, shout, slow\n"), "{said}");
     // Whatever it says later is not read: drain it so the server never blocks on stderr.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     Server { child, base, _dir: dir }
@@ -720,4 +720,44 @@ async fn a_resumable_run_is_rejoined_with_last_event_id() {
     assert_eq!(join(None).await, "");
     let bad = client().get(&url).header("last-event-id", "x").send().await.unwrap();
     assert_eq!(bad.status(), 422);
+}
+
+/// A run's input goes through the state's reducers (agent-chat-ui sends one new message and
+/// expects it appended to the history), and `threads.update_state` writes as a node, through
+/// the reducers too, answering the checkpoint it made.
+#[tokio::test(flavor = "multi_thread")]
+async fn input_and_state_updates_go_through_the_reducers() {
+    let s = serve();
+    let (status, _, thread) = call(&s, reqwest::Method::POST, "/threads", Some(json!({}))).await;
+    assert_eq!(status, 200, "{thread}");
+    let id = thread["thread_id"].as_str().unwrap().to_string();
+    let runs = format!("/threads/{id}/runs/wait");
+    for word in ["hi", "again"] {
+        let input = json!({"assistant_id": "chat", "input": {"messages": [{"type": "human", "content": word}]}});
+        let (status, _, out) = call(&s, reqwest::Method::POST, &runs, Some(input)).await;
+        assert_eq!(status, 200, "{out}");
+    }
+    let contents = |state: &Value| -> Vec<String> {
+        state["values"]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let path = format!("/threads/{id}/state");
+    let (_, _, state) = call(&s, reqwest::Method::GET, &path, None).await;
+    assert_eq!(contents(&state), ["hi", "echo: hi", "again", "echo: again"]);
+    let edit = json!({"values": {"messages": [{"role": "user", "content": "edited"}]}, "as_node": "reply"});
+    let (status, _, made) = call(&s, reqwest::Method::POST, &path, Some(edit)).await;
+    assert_eq!(status, 200, "{made}");
+    let (_, _, state) = call(&s, reqwest::Method::GET, &path, None).await;
+    assert_eq!(contents(&state), ["hi", "echo: hi", "again", "echo: again", "edited"]);
+    assert_eq!(
+        state["checkpoint"]["checkpoint_id"],
+        made["checkpoint"]["checkpoint_id"]
+    );
+    let bad = json!({"values": {"nope": 1}, "as_node": "reply"});
+    let (status, _, err) = call(&s, reqwest::Method::POST, &path, Some(bad)).await;
+    assert_eq!(status, 422, "{err}");
 }

@@ -113,7 +113,7 @@ fn router(app: Shared) -> Router {
             "/threads/{id}",
             get(threads::get).delete(threads::delete).patch(threads::patch),
         )
-        .route("/threads/{id}/state", get(threads::state))
+        .route("/threads/{id}/state", get(threads::state).post(threads::update_state))
         .route("/threads/{id}/state/checkpoint", post(threads::state_at_post))
         .route("/threads/{id}/state/{checkpoint_id}", get(threads::state_at_get))
         .route(

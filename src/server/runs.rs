@@ -114,7 +114,7 @@ pub(super) struct Started {
 }
 
 /// Why a run could not start, as the reference answers it.
-fn refused(e: EngineError) -> ApiError {
+pub(super) fn refused(e: EngineError) -> ApiError {
     match e {
         EngineError::Busy(_) | EngineError::Store(CheckpointError::Leased(_)) => ApiError::conflict(
             "Thread is already running a task. Wait for it to finish or choose a different multitask strategy.",
@@ -126,7 +126,8 @@ fn refused(e: EngineError) -> ApiError {
         | EngineError::BadAnswer(_)
         | EngineError::AlreadyAnswered(_)
         | EngineError::WhichGate { .. }
-        | EngineError::NoSuchGate { .. }) => ApiError::invalid(e.to_string()),
+        | EngineError::NoSuchGate { .. }
+        | EngineError::Edit(_)) => ApiError::invalid(e.to_string()),
         e => ApiError::internal(e),
     }
 }

@@ -379,6 +379,68 @@ pub(super) async fn state_at_post(
 }
 
 #[derive(Deserialize)]
+struct StateUpdate {
+    #[serde(default)]
+    values: Option<Value>,
+    #[serde(default)]
+    as_node: Option<String>,
+    #[serde(default)]
+    checkpoint: Option<Value>,
+}
+
+/// `threads.update_state`: the values written as node `as_node`'s writes, through the state's
+/// reducers, the thread then going on from that node's edges (LangGraph's
+/// `update_state(values, as_node)`); without `as_node`, the values replace the keys' values.
+/// Answers the new checkpoint.
+pub(super) async fn update_state(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    bytes: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: StateUpdate = body(&bytes)?;
+    if req.checkpoint.as_ref().is_some_and(|c| !c.is_null()) {
+        return Err(ApiError::invalid(
+            "updating the state from an older checkpoint is not supported yet: update the thread's latest",
+        ));
+    }
+    let values: Vec<(String, Value)> = match req.values {
+        Some(Value::Object(m)) => m.into_iter().collect(),
+        None | Some(Value::Null) => Vec::new(),
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "`values` is an object of state keys, not {other}"
+            )));
+        }
+    };
+    let thread = app.store.get_thread(&id)?.ok_or_else(|| no_thread(&id))?;
+    let graph = app.graphs.of_workflow(&thread.workflow).ok_or_else(|| {
+        ApiError::conflict(format!(
+            "the workflow of thread {id} ({}) is not served",
+            thread.workflow
+        ))
+    })?;
+    let services = app.settings.services(&graph.plan)?;
+    let engine = crate::engine::Engine::new(
+        graph.plan.clone(),
+        app.store.clone(),
+        services,
+        crate::engine::events::Events::none(),
+    )
+    .with_options(crate::engine::RunOptions {
+        lease: app.settings.overrides.lease.clone(),
+        ..crate::engine::RunOptions::default()
+    });
+    let cp = engine
+        .update_state(&id, values, req.as_node.as_deref())
+        .await
+        .map_err(super::runs::refused)?;
+    Ok(Json(json!({
+        "checkpoint": {"thread_id": id, "checkpoint_ns": "", "checkpoint_id": cp.checkpoint_id, "checkpoint_map": null},
+        "configurable": {"thread_id": id, "checkpoint_ns": "", "checkpoint_id": cp.checkpoint_id},
+    })))
+}
+
+#[derive(Deserialize)]
 struct Patch {
     #[serde(default)]
     metadata: Map<String, Value>,
