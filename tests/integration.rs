@@ -25,6 +25,7 @@ mod props;
 mod providers;
 mod rag;
 mod runner_test;
+mod tools;
 mod web;
 mod workflows;
 

@@ -72,6 +72,7 @@ codes! {
     BadImport = "E213", "bad-import", Error, "an imported file defines nodes or edges";
     BadParams = "E214", "bad-params", Error, "a node's params do not fit its kind's parameters";
     BadHandoff = "E215", "bad-handoff", Error, "a subgraph hands off to a node or writes a key its parent workflow does not have";
+    UnknownTool = "E216", "unknown-tool", Error, "a node names a tool the workflow does not declare";
     // Expressions, templates and types.
     ExprSyntax = "E300", "expression-syntax", Error, "an expression does not parse";
     TemplateSyntax = "E301", "template-syntax", Error, "a template does not parse";
