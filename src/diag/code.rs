@@ -69,7 +69,7 @@ codes! {
     ReservedName = "E210", "reserved-name", Error, "a name that is reserved or malformed";
     UnknownStateKey = "E211", "unknown-state-key", Error, "a write or output names a state key that is not declared";
     KindCycle = "E212", "kind-cycle", Error, "user kinds extend each other in a cycle";
-    BadImport = "E213", "bad-import", Error, "an imported file defines nodes or edges";
+    BadImport = "E213", "bad-import", Error, "an imported file defines nodes, edges or tools";
     BadParams = "E214", "bad-params", Error, "a node's params do not fit its kind's parameters";
     BadHandoff = "E215", "bad-handoff", Error, "a subgraph hands off to a node or writes a key its parent workflow does not have";
     UnknownTool = "E216", "unknown-tool", Error, "a node names a tool the workflow does not declare";
