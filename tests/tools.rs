@@ -15,6 +15,7 @@ use runner::providers::Providers;
 use runner::providers::mock::MockProvider;
 use serde_json::{Value, json};
 
+use crate::support::fake_llm::{FakeLlm, Reply};
 use crate::support::{Project, fake_web};
 
 fn run(plan: &Arc<Plan>, script: Value, input: Value) -> (RunOutcome, Arc<MockProvider>) {
@@ -290,4 +291,48 @@ fn a_workflow_tool_takes_its_args_schema_from_the_workflows_input() {
     let m = &out.state["messages"][2];
     assert_eq!(m["status"], "error");
     assert!(m["content"].as_str().unwrap().contains("\"word\""), "{m}");
+}
+
+#[test]
+fn an_llm_node_sends_the_declared_tools_to_the_model_as_functions() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = rt.block_on(FakeLlm::start());
+    server.script([Reply::completion("No tools needed.")]);
+    let text = agent("http://127.0.0.1:9").replace(
+        "models: {default: {provider: mock, model: m}}",
+        &format!(
+            "models: {{default: {{provider: openai, model: gpt-test, base_url: \"{}\", api_key_env: FAKE_KEY}}}}",
+            server.base_url
+        ),
+    );
+    let p = Project::new(&[("w.yaml", &text), ("define.yaml", DEFINE)]);
+    let plan = p.plan("w.yaml");
+    let env = |name: &str| (name == "FAKE_KEY").then(|| "sk-test".to_string());
+    let providers = Providers::for_models_in(&plan.models, None, false, &env).unwrap();
+    let (events, _rx) = Events::channel();
+    let engine = Engine::new(plan.clone(), Arc::new(MemoryCheckpointer::new()), providers, events);
+    let req = RunRequest {
+        input: Some(json!({"q": "hi"})),
+        workflow: "w.yaml".into(),
+        ..RunRequest::default()
+    };
+    let out = rt.block_on(engine.run(req)).unwrap();
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    let body = &server.requests()[0].body;
+    let tools = body["tools"].as_array().unwrap();
+    assert_eq!(
+        tools[0],
+        json!({"type": "function", "function": {
+            "name": "web_search",
+            "description": "Search the web.",
+            "parameters": {"type": "object", "required": ["q"], "properties": {"q": {"type": "string"}}}
+        }})
+    );
+    // A workflow tool's arguments are the workflow's input.
+    assert_eq!(tools[1]["function"]["name"], "define");
+    assert_eq!(tools[1]["function"]["parameters"]["required"], json!(["word"]));
 }
