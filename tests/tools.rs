@@ -336,3 +336,14 @@ fn an_llm_node_sends_the_declared_tools_to_the_model_as_functions() {
     assert_eq!(tools[1]["function"]["name"], "define");
     assert_eq!(tools[1]["function"]["parameters"]["required"], json!(["word"]));
 }
+
+/// The README's ReAct agent is a valid workflow.
+#[test]
+fn the_readme_react_agent_compiles() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme.split("## A ReAct agent").nth(1).expect("the README has the section");
+    let yaml = section.split("```yaml\n").nth(1).unwrap().split("```").next().unwrap();
+    assert!(yaml.contains("kind: tools"), "{yaml}");
+    let plan = Project::new(&[("w.yaml", yaml)]).plan("w.yaml");
+    assert!(plan.node_by_name("tools").is_some());
+}
