@@ -99,10 +99,17 @@ fn a_react_loop_in_yaml_runs_every_call_and_feeds_failures_back_as_error_message
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     let messages = out.state["messages"].as_array().unwrap();
     let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
-    assert_eq!(roles, ["user", "assistant", "tool", "tool", "tool", "tool", "assistant"]);
+    assert_eq!(
+        roles,
+        ["user", "assistant", "tool", "tool", "tool", "tool", "assistant"]
+    );
     let tool = &messages[2..6];
     let ids: Vec<&str> = tool.iter().map(|m| m["tool_call_id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["call_1", "call_2", "call_3", "call_4"], "one message per call, in call order");
+    assert_eq!(
+        ids,
+        ["call_1", "call_2", "call_3", "call_4"],
+        "one message per call, in call order"
+    );
     let names: Vec<&str> = tool.iter().map(|m| m["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["web_search", "define", "web_search", "weather"]);
     let status: Vec<&str> = tool.iter().map(|m| m["status"].as_str().unwrap()).collect();
@@ -110,20 +117,30 @@ fn a_react_loop_in_yaml_runs_every_call_and_feeds_failures_back_as_error_message
     // The search ran on the fake engine with the model's query; its output is the content.
     let found: Value = serde_json::from_str(tool[0]["content"].as_str().unwrap()).unwrap();
     assert_eq!(found["results"][0]["query"], "heat pump cop", "{found}");
-    assert!(site.hits().iter().any(|h| h.starts_with("/search?q=heat+pump+cop")), "{:?}", site.hits());
+    assert!(
+        site.hits().iter().any(|h| h.starts_with("/search?q=heat+pump+cop")),
+        "{:?}",
+        site.hits()
+    );
     // The workflow tool got the arguments as its input.
     let meaning: Value = serde_json::from_str(tool[1]["content"].as_str().unwrap()).unwrap();
     assert_eq!(meaning, json!({"meaning": "cop means a ratio"}));
     // Arguments that do not fit the schema never reach the tool; an unknown tool is named.
     let bad_args = tool[2]["content"].as_str().unwrap();
-    assert!(bad_args.contains("do not fit") && bad_args.contains("\"q\""), "{bad_args}");
+    assert!(
+        bad_args.contains("do not fit") && bad_args.contains("\"q\""),
+        "{bad_args}"
+    );
     assert_eq!(
         site.hits().iter().filter(|h| h.starts_with("/search")).count(),
         1,
         "only the good call searched"
     );
     let unknown = tool[3]["content"].as_str().unwrap();
-    assert!(unknown.contains("no tool `weather`") && unknown.contains("web_search, define"), "{unknown}");
+    assert!(
+        unknown.contains("no tool `weather`") && unknown.contains("web_search, define"),
+        "{unknown}"
+    );
     assert_eq!(messages[6]["content"], "A heat pump's COP is a ratio.");
     assert_eq!(mock.calls()["agent"], 2);
 }
@@ -145,11 +162,21 @@ fn a_failing_tool_is_an_error_message_unless_the_node_fails_on_it() {
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     let messages = out.state["messages"].as_array().unwrap();
     assert_eq!(messages[2]["status"], "error");
-    assert!(messages[2]["content"].as_str().unwrap().starts_with("Error: "), "{}", messages[2]);
+    assert!(
+        messages[2]["content"].as_str().unwrap().starts_with("Error: "),
+        "{}",
+        messages[2]
+    );
     assert_eq!(messages[3]["status"], "success", "the other call still ran");
-    assert_eq!(messages[4]["content"], "Sorry.", "the model read the error and answered");
+    assert_eq!(
+        messages[4]["content"], "Sorry.",
+        "the model read the error and answered"
+    );
 
-    p.write("w.yaml", &text.replace("{kind: tools,", "{kind: tools, on_tool_error: fail,"));
+    p.write(
+        "w.yaml",
+        &text.replace("{kind: tools,", "{kind: tools, on_tool_error: fail,"),
+    );
     let (out, _) = run(&p.plan("w.yaml"), script, json!({"q": "?"}));
     assert_eq!(out.status, Status::Failed);
     let error = out.error.unwrap_or_default();
@@ -164,21 +191,23 @@ fn gate() -> crate::support::Served {
     crate::support::serve("127.0.0.1", move |_| {
         axum::Router::new().route(
             "/gate",
-            axum::routing::get(move |q: axum::extract::Query<std::collections::HashMap<String, usize>>| {
-                let arrived = arrived.clone();
-                async move {
-                    let need = q.get("need").copied().unwrap_or(1);
-                    arrived.fetch_add(1, Ordering::SeqCst);
-                    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(1500);
-                    while arrived.load(Ordering::SeqCst) < need {
-                        if tokio::time::Instant::now() > deadline {
-                            return "alone";
+            axum::routing::get(
+                move |q: axum::extract::Query<std::collections::HashMap<String, usize>>| {
+                    let arrived = arrived.clone();
+                    async move {
+                        let need = q.get("need").copied().unwrap_or(1);
+                        arrived.fetch_add(1, Ordering::SeqCst);
+                        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(1500);
+                        while arrived.load(Ordering::SeqCst) < need {
+                            if tokio::time::Instant::now() > deadline {
+                                return "alone";
+                            }
+                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                         }
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        "together"
                     }
-                    "together"
-                }
-            }),
+                },
+            ),
         )
     })
 }
@@ -224,7 +253,10 @@ fn calls_run_in_parallel_up_to_the_concurrency_bound_answered_in_call_order() {
     assert_eq!(ids, ["a", "b", "c"]);
     for m in &all {
         assert_eq!(m["status"], "success", "{m}");
-        assert!(m["content"].as_str().unwrap().contains("together"), "three at once: {m}");
+        assert!(
+            m["content"].as_str().unwrap().contains("together"),
+            "three at once: {m}"
+        );
     }
     drop(server);
     let server = gate();
@@ -247,7 +279,11 @@ fn a_call_that_outlives_its_tools_timeout_is_an_error_message() {
         assert_eq!(m["status"], "error", "{m}");
         assert!(m["content"].as_str().unwrap().contains("did not finish within"), "{m}");
     }
-    assert_eq!(late[2]["status"], "success", "a timed-out call does not stop the next: {}", late[2]);
+    assert_eq!(
+        late[2]["status"], "success",
+        "a timed-out call does not stop the next: {}",
+        late[2]
+    );
 }
 
 /// `runner validate` on `text` (as `w.yaml` in a temp dir): its exit code and JSON report.
@@ -341,7 +377,10 @@ fn an_llm_node_sends_the_declared_tools_to_the_model_as_functions() {
 #[test]
 fn the_readme_react_agent_compiles() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme.split("## A ReAct agent").nth(1).expect("the README has the section");
+    let section = readme
+        .split("## A ReAct agent")
+        .nth(1)
+        .expect("the README has the section");
     let yaml = section.split("```yaml\n").nth(1).unwrap().split("```").next().unwrap();
     assert!(yaml.contains("kind: tools"), "{yaml}");
     let plan = Project::new(&[("w.yaml", yaml)]).plan("w.yaml");

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::exprs::{Scope, Shape};
 use super::kind::KindCx;
-use super::plan::{PlanNode, Plan};
+use super::plan::{Plan, PlanNode};
 use crate::diag::Code;
 use crate::spec::NodeSpec;
 use crate::spec::load::push_pointer;
@@ -34,7 +34,7 @@ pub struct Tool {
 pub enum ToolRun {
     /// A node, run with `args` in scope: its kind's compiled fields and nothing else (no
     /// state writes, no routing).
-    Node(PlanNode),
+    Node(Box<PlanNode>),
     /// A workflow, run as a child thread with the arguments as its input.
     Workflow(Arc<Plan>),
 }
@@ -98,9 +98,7 @@ impl KindCx<'_, '_, '_> {
                     return None;
                 }
                 let child = self.b.c.subgraph(&src, &at, &path, self.b.diags)?;
-                self.b
-                    .hashed_files
-                    .push((format!("tool:{file}"), child.hash.clone()));
+                self.b.hashed_files.push((format!("tool:{file}"), child.hash.clone()));
                 if !child.handoffs.is_empty() {
                     self.b.diags.push(src.diag(
                         Code::InvalidValue,
@@ -120,7 +118,7 @@ impl KindCx<'_, '_, '_> {
             (Some(run), None) => {
                 let at = push_pointer(&pointer, "run");
                 let (node, shape) = self.tool_node(name, &at, run)?;
-                (ToolRun::Node(node), None, shape)
+                (ToolRun::Node(Box::new(node)), None, shape)
             }
         };
         let args = match &def.args {

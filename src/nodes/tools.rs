@@ -137,7 +137,9 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     let messages = match value(ctx, Some(config.from), "/from")? {
         Some(Value::Array(items)) => items,
         Some(Value::Null) | None => Vec::new(),
-        Some(other) => return Err(NodeError::invalid(format!("from: expected a list of messages, got {other}")).into()),
+        Some(other) => {
+            return Err(NodeError::invalid(format!("from: expected a list of messages, got {other}")).into());
+        }
     };
     let calls: Vec<Call> = messages
         .iter()
@@ -206,19 +208,18 @@ async fn call_tool(ctx: &NodeCtx<'_>, config: &Config, call: &Call) -> Result<No
     };
     let args: Value = match call.arguments.trim() {
         "" => json!({}),
-        text => serde_json::from_str(text)
-            .map_err(|e| NodeError::invalid(format!("the arguments are not JSON: {e}")))?,
+        text => {
+            serde_json::from_str(text).map_err(|e| NodeError::invalid(format!("the arguments are not JSON: {e}")))?
+        }
     };
     check_args(&tool.args, &args)?;
     let running = run_tool(ctx, tool, call, args);
     let result = match tool.timeout {
         Some(limit) => match tokio::time::timeout(limit, running).await {
             Ok(r) => r,
-            Err(_) => Err(NodeError::new(
-                ErrorClass::Timeout,
-                format!("the call did not finish within {limit:?}"),
-            )
-            .into()),
+            Err(_) => {
+                Err(NodeError::new(ErrorClass::Timeout, format!("the call did not finish within {limit:?}")).into())
+            }
         },
         None => running.await,
     };
