@@ -386,3 +386,61 @@ fn the_readme_react_agent_compiles() {
     let plan = Project::new(&[("w.yaml", yaml)]).plan("w.yaml");
     assert!(plan.node_by_name("tools").is_some());
 }
+
+/// A server whose `/flaky` fails with 503 `fails` times, then answers `fine`; it counts hits.
+fn flaky(fails: usize) -> (crate::support::Served, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = Arc::new(AtomicUsize::new(0));
+    let seen = hits.clone();
+    let served = crate::support::serve("127.0.0.1", move |_| {
+        axum::Router::new().route(
+            "/flaky",
+            axum::routing::get(move || {
+                let n = seen.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    match n < fails {
+                        true => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy"),
+                        false => (axum::http::StatusCode::OK, "fine"),
+                    }
+                }
+            }),
+        )
+    });
+    (served, hits)
+}
+
+fn flaky_tool(base: &str, retry: &str) -> String {
+    gated(base, 1, "10s")
+        .replace(
+            &format!("run: {{kind: http, url: \"{base}/gate?need=3&n={{{{ args.n }}}}\", response: text}}"),
+            &format!("run: {{kind: http, url: \"{base}/flaky\", response: text{retry}}}"),
+        )
+        .replace(
+            "{'id': 'b', 'name': 'fetch', 'args': {'n': 2}}, {'id': 'c', 'name': 'fetch', 'args': {'n': 3}}",
+            "",
+        )
+        .replace("{'n': 1}},\n", "{'n': 1}}")
+}
+
+#[test]
+fn a_tools_run_retries_as_its_kind_and_its_retry_policy_say() {
+    use std::sync::atomic::Ordering;
+    let (server, hits) = flaky(2);
+    let base = format!("http://{}", server.addr);
+    let text = flaky_tool(
+        &base,
+        ", retry: {max_attempts: 3, initial_interval: 10ms, jitter: false}",
+    );
+    assert!(text.contains("/flaky") && !text.contains("'b'"), "{text}");
+    let m = tool_messages(&text);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(m[0]["status"], "success", "{}", m[0]);
+    assert!(m[0]["content"].as_str().unwrap().contains("fine"), "{}", m[0]);
+    assert_eq!(hits.load(Ordering::SeqCst), 3, "two failed attempts, then the answer");
+
+    let (server, hits) = flaky(1);
+    let base = format!("http://{}", server.addr);
+    let m = tool_messages(&flaky_tool(&base, ", retry: {max_attempts: 1}"));
+    assert_eq!(m[0]["status"], "error", "one attempt only: {}", m[0]);
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+}

@@ -6,10 +6,10 @@
 //! timeout) becomes a message with status `error` for the model to read, unless
 //! `on_tool_error: fail`.
 //!
-//! The kind does not retry by default: each tool's `run` node is run by its own kind, whose
-//! attempt is what a retry would repeat, and a failed call is already an answer the model can
-//! act on (call again, call another tool, or give up). A `retry` policy on the node repeats
-//! every call of the message.
+//! The kind does not retry by default: each call's `run` node is retried by its own policy or
+//! its kind's default (`NodeCtx::run_nested`), and what still fails is an answer the model can
+//! act on (call again, call another tool, or give up); a node-level retry would repeat every
+//! call of the message, the ones that worked included.
 
 use std::sync::Arc;
 
