@@ -444,3 +444,21 @@ fn a_tools_run_retries_as_its_kind_and_its_retry_policy_say() {
     assert_eq!(m[0]["status"], "error", "one attempt only: {}", m[0]);
     assert_eq!(hits.load(Ordering::SeqCst), 1);
 }
+
+#[test]
+fn a_tool_whose_run_offers_itself_is_reported_not_compiled_forever() {
+    let text = r#"name: loop
+models: {default: {provider: mock, model: m}}
+tools:
+  ask:
+    description: Ask a model that may ask again.
+    args: {type: object, properties: {q: {type: string}}}
+    run: {kind: llm, prompt: {text: "{{ args.q }}"}, tools: [ask]}
+nodes:
+  go: {kind: llm, prompt: {text: "hi"}, tools: [ask]}
+edges: [START -> go -> END]
+"#;
+    let (code, out) = validate(&[("w.yaml", text)]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("the tool `ask` offers itself: ask -> ask"), "{out}");
+}

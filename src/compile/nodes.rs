@@ -78,6 +78,8 @@ pub(super) struct Build<'c, 'a> {
     pub handoffs: Vec<HandoffSite>,
     /// The workflow's tools compiled so far, by name (`None`: did not compile, reported).
     pub tools: std::collections::HashMap<String, Option<Arc<super::kind::Tool>>>,
+    /// The tools being compiled, innermost last (a tool whose `run` offers tools names them).
+    pub tools_open: Vec<String>,
 }
 
 impl<'c, 'a> Build<'c, 'a> {
@@ -119,6 +121,7 @@ impl<'c, 'a> Build<'c, 'a> {
             conditions: Vec::new(),
             handoffs: Vec::new(),
             tools: std::collections::HashMap::new(),
+            tools_open: Vec::new(),
         }
     }
 

@@ -72,7 +72,26 @@ impl KindCx<'_, '_, '_> {
         if let Some(done) = self.b.tools.get(name) {
             return done.clone();
         }
+        if self.b.tools_open.iter().any(|t| t == name) {
+            let at = self.at(path);
+            let chain = [self.b.tools_open.as_slice(), &[name.to_string()]]
+                .concat()
+                .join(" -> ");
+            let d = self
+                .b
+                .src
+                .diag(
+                    Code::InvalidValue,
+                    &at,
+                    format!("the tool `{name}` offers itself: {chain}"),
+                )
+                .help("a tool's `run` may offer other tools, never one that leads back to it");
+            self.b.diags.push(d);
+            return None;
+        }
+        self.b.tools_open.push(name.to_string());
         let tool = self.compile_tool(name, &def);
+        self.b.tools_open.pop();
         self.b.tools.insert(name.to_string(), tool.clone());
         tool
     }
