@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::exprs::{Scope, Shape};
+use super::exprs::Scope;
 use super::kind::KindCx;
 use super::plan::{Plan, PlanNode};
 use crate::diag::Code;
@@ -26,8 +26,6 @@ pub struct Tool {
     /// The limit of one call.
     pub timeout: Option<std::time::Duration>,
     pub run: ToolRun,
-    /// The shape of what a call returns.
-    pub shape: Shape,
 }
 
 /// What runs a tool's call.
@@ -99,7 +97,7 @@ impl KindCx<'_, '_, '_> {
     fn compile_tool(&mut self, name: &str, def: &crate::spec::ToolDef) -> Option<Arc<Tool>> {
         let pointer = push_pointer("/tools", name);
         let src = self.b.src.clone();
-        let (run, default_args, shape) = match (&def.run, &def.workflow) {
+        let (run, default_args) = match (&def.run, &def.workflow) {
             (Some(_), Some(_)) | (None, None) => {
                 self.b.diags.push(src.diag_key(
                     Code::InvalidValue,
@@ -125,19 +123,13 @@ impl KindCx<'_, '_, '_> {
                         "a workflow run as a tool cannot hand off: it answers the model, not the graph",
                     ));
                 }
-                let shape = Shape::Fields(
-                    child
-                        .output
-                        .clone()
-                        .unwrap_or_else(|| child.state.keys().cloned().collect()),
-                );
                 let args = child.input_schema.clone();
-                (ToolRun::Workflow(child), args, shape)
+                (ToolRun::Workflow(child), args)
             }
             (Some(run), None) => {
                 let at = push_pointer(&pointer, "run");
-                let (node, shape) = self.tool_node(name, &at, run)?;
-                (ToolRun::Node(Box::new(node)), None, shape)
+                let node = self.tool_node(name, &at, run)?;
+                (ToolRun::Node(Box::new(node)), None)
             }
         };
         let args = match &def.args {
@@ -155,12 +147,11 @@ impl KindCx<'_, '_, '_> {
             args,
             timeout: def.timeout.as_ref().and_then(|d| d.to_std()),
             run,
-            shape,
         }))
     }
 
     /// A tool's `run` node (written at `at`) compiled by its kind, with `args` in scope.
-    fn tool_node(&mut self, name: &str, at: &str, run: &Value) -> Option<(PlanNode, Shape)> {
+    fn tool_node(&mut self, name: &str, at: &str, run: &Value) -> Option<PlanNode> {
         let src = self.b.src.clone();
         let fields = run.as_object()?.clone();
         let kind = fields.get("kind").and_then(Value::as_str)?.to_string();
@@ -199,7 +190,7 @@ impl KindCx<'_, '_, '_> {
             },
             label: Some(format!("tool:{name}")),
         };
-        let (config, shape) = decl.compile(&mut cx)?;
+        let (config, _) = decl.compile(&mut cx)?;
         let node = PlanNode {
             name: name.to_string(),
             user_kind: None,
@@ -212,6 +203,6 @@ impl KindCx<'_, '_, '_> {
             on_error: None,
             item: Some("args".into()),
         };
-        Some((node, shape))
+        Some(node)
     }
 }
