@@ -26,6 +26,7 @@ mod providers;
 mod rag;
 mod runner_test;
 mod serve;
+mod tools;
 mod web;
 mod workflows;
 

@@ -88,13 +88,13 @@ fn import_all(
         }
         let Some(lib) = c.source(&path) else { continue };
         let Some(lib_wf) = lib.workflow.clone() else { continue };
-        if !lib_wf.nodes.is_empty() || !lib_wf.edges.is_empty() {
+        if !lib_wf.nodes.is_empty() || !lib_wf.edges.is_empty() || !lib_wf.tools.is_empty() {
             diags.push(
                 src.diag(
                     Code::BadImport,
                     &pointer,
                     format!(
-                        "`{rel}` defines nodes or edges; an import shares only types, reducers, predicates and kinds"
+                        "`{rel}` defines nodes, edges or tools; an import shares only types, reducers, predicates and kinds"
                     ),
                 )
                 .help("use a `subgraph` node to run another workflow"),

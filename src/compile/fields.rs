@@ -96,6 +96,7 @@ impl Build<'_, '_> {
                     pointer: pointer.clone(),
                     fields: &merged,
                     scope,
+                    label: None,
                 };
                 let compiled = decl.compile(&mut cx);
                 // A kind that makes no node says why; if nothing did, say that it did not.

@@ -23,6 +23,7 @@ use super::nodes::{Build, check_env_name, check_interpolation};
 use super::plan::{Compiled, ExprId, Flow, Named, NodeIx, Plan, TemplateId};
 use super::schemas::check;
 use super::source::Source;
+pub use super::tools::{Tool, ToolRun};
 use crate::diag::{Code, Diagnostic};
 use crate::spec::load::push_pointer;
 use crate::spec::{TextSource, Workflow};
@@ -135,12 +136,20 @@ pub struct KindCx<'x, 'c, 'a> {
     pub(super) pointer: String,
     pub(super) fields: &'x Map<String, Value>,
     pub(super) scope: Scope<'x>,
+    /// Names the fields' templates instead of the node (a tool's `run`, compiled once for
+    /// every node that names the tool).
+    pub(super) label: Option<String>,
 }
 
 impl KindCx<'_, '_, '_> {
     /// The node's name.
     pub fn node(&self) -> &str {
         &self.b.drafts[&self.ix].name
+    }
+
+    /// What the fields' templates are named after: the node, or the tool being compiled.
+    fn label(&self) -> &str {
+        self.label.as_deref().unwrap_or_else(|| self.node())
     }
 
     /// The node's fields as written (a user kind's defaults merged in).
@@ -190,7 +199,7 @@ impl KindCx<'_, '_, '_> {
     /// The template `text` written at `path`, compiled in the node's scope.
     pub fn template(&mut self, path: &[&str], text: &str) -> Option<TemplateId> {
         let at = self.at(path);
-        let name = format!("{}#/{}", self.node(), path.join("/"));
+        let name = format!("{}#/{}", self.label(), path.join("/"));
         self.b.template(&at, &name, text, self.scope)
     }
 
@@ -204,7 +213,7 @@ impl KindCx<'_, '_, '_> {
             }
             TextSource::Inline { text } => {
                 let at = self.at(&[field, "text"]);
-                let name = format!("{}#/{field}", self.node());
+                let name = format!("{}#/{field}", self.label());
                 self.b.template(&at, &name, text, self.scope)
             }
         }
@@ -278,6 +287,18 @@ impl KindCx<'_, '_, '_> {
     /// off to must be one of this workflow's, each key it writes one of its state keys.
     pub fn child(&mut self, field: &str, path: &str) -> Option<Arc<Plan>> {
         let at = self.at(&[field]);
+        // The child plan is kept on the node being compiled, which for a tool's `run` is the
+        // node naming the tool: several tools would share it. A workflow tool runs its own
+        // child thread per call instead.
+        if self.label.is_some() {
+            let d = self
+                .b
+                .src
+                .diag(Code::InvalidValue, &at, "a tool's `run` cannot run a workflow")
+                .help("write `workflow: file.yaml` on the tool itself to run a workflow as a tool");
+            self.b.diags.push(d);
+            return None;
+        }
         let file = super::relative_to(self.b.src.path(), path);
         if !file.is_file() {
             let d = missing_file(self.b.src, &at, &file, "subgraph workflow");

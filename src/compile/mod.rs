@@ -20,6 +20,7 @@ pub mod picture;
 pub mod plan;
 pub(crate) mod schemas;
 pub mod source;
+mod tools;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

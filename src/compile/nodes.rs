@@ -76,6 +76,10 @@ pub(super) struct Build<'c, 'a> {
     pub conditions: Vec<(NodeIx, String, String)>,
     /// Handoffs to a parent, by where they are written.
     pub handoffs: Vec<HandoffSite>,
+    /// The workflow's tools compiled so far, by name (`None`: did not compile, reported).
+    pub tools: std::collections::HashMap<String, Option<Arc<super::kind::Tool>>>,
+    /// The tools being compiled, innermost last (a tool whose `run` offers tools names them).
+    pub tools_open: Vec<String>,
 }
 
 impl<'c, 'a> Build<'c, 'a> {
@@ -116,6 +120,8 @@ impl<'c, 'a> Build<'c, 'a> {
             join_sites: Vec::new(),
             conditions: Vec::new(),
             handoffs: Vec::new(),
+            tools: std::collections::HashMap::new(),
+            tools_open: Vec::new(),
         }
     }
 

@@ -69,10 +69,11 @@ codes! {
     ReservedName = "E210", "reserved-name", Error, "a name that is reserved or malformed";
     UnknownStateKey = "E211", "unknown-state-key", Error, "a write or output names a state key that is not declared";
     KindCycle = "E212", "kind-cycle", Error, "user kinds extend each other in a cycle";
-    BadImport = "E213", "bad-import", Error, "an imported file defines nodes or edges";
+    BadImport = "E213", "bad-import", Error, "an imported file defines nodes, edges or tools";
     BadParams = "E214", "bad-params", Error, "a node's params do not fit its kind's parameters";
     BadHandoff = "E215", "bad-handoff", Error, "a subgraph hands off to a node or writes a key its parent workflow does not have";
     InputFeed = "E216", "input-feed", Error, "a state key is fed from an input field the input schema does not declare";
+    UnknownTool = "E217", "unknown-tool", Error, "a node names a tool the workflow does not declare";
     // Expressions, templates and types.
     ExprSyntax = "E300", "expression-syntax", Error, "an expression does not parse";
     TemplateSyntax = "E301", "template-syntax", Error, "a template does not parse";

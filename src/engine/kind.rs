@@ -171,6 +171,70 @@ impl NodeCtx<'_> {
     pub fn validator(&self, schema: &Value) -> Result<&jsonschema::Validator, NodeError> {
         self.validators.get(self.ix, schema)
     }
+
+    /// Runs `node` — compiled by its kind, not in the graph (a tool's `run`) — as part of
+    /// this task, its fields evaluated in this node's scope with `vars` added. Only the
+    /// node's kind runs: it writes no state and routes nowhere; its output is returned,
+    /// scrubbed like any node's. A failed attempt is retried as a task of that node would be:
+    /// by its own `retry` policy, else its kind's default; what failed attempts spent is
+    /// counted.
+    pub async fn run_nested(&self, node: &PlanNode, vars: Vec<(String, JValue)>) -> Result<NodeOutput, NodeFailure> {
+        let kind = self.services.kinds.of(node)?;
+        let policy = super::task::retry_policy(&node.spec, kind.retries_by_default());
+        let mut spent = crate::providers::Usage::default();
+        let mut attempt = 1;
+        loop {
+            match self.attempt_nested(node, vars.clone()).await {
+                Ok(mut out) => {
+                    out.usage.add(&spent);
+                    return Ok(out);
+                }
+                Err(NodeFailure::Error(mut e)) => {
+                    e.usage.add(&spent);
+                    let Some(delay) = super::task::retry_delay(&policy, attempt, &e) else {
+                        return Err(e.into());
+                    };
+                    self.events.send(super::events::Event::Retry {
+                        node: node.name.clone(),
+                        task_id: self.task_id.to_string(),
+                        attempt,
+                        error: e.message.clone(),
+                        delay_ms: delay.as_secs_f64() * 1000.0,
+                    });
+                    tokio::time::sleep(delay).await;
+                    spent = e.usage;
+                    attempt += 1;
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    async fn attempt_nested(&self, node: &PlanNode, vars: Vec<(String, JValue)>) -> Result<NodeOutput, NodeFailure> {
+        let base = Arc::new(self.base.with(vars));
+        let scope = base.value();
+        // Its own validator: the nested node's schema is not this node's.
+        let validators = Validators::single(self.ix);
+        let ctx = NodeCtx {
+            plan: self.plan,
+            node,
+            ix: self.ix,
+            base: &base,
+            scope,
+            task_id: self.task_id,
+            step: self.step,
+            events: self.events,
+            services: self.services,
+            resume: None,
+            resume_to: None,
+            answered: &[],
+            store: self.store,
+            thread_id: self.thread_id,
+            fence: self.fence,
+            validators: &validators,
+        };
+        execute(&ctx).await
+    }
 }
 
 /// Validators built lazily, one per node: a run compiles only the schemas it uses.
@@ -183,6 +247,12 @@ impl Validators {
     pub(super) fn for_plan(plan: &Plan) -> Validators {
         Validators {
             by_node: plan.nodes().keys().map(|ix| (*ix, OnceLock::new())).collect(),
+        }
+    }
+
+    fn single(ix: NodeIx) -> Validators {
+        Validators {
+            by_node: HashMap::from([(ix, OnceLock::new())]),
         }
     }
 

@@ -185,7 +185,7 @@ async fn execute_within(ctx: &NodeCtx<'_>, timeout: Option<Duration>) -> Result<
 
 /// How long to wait before attempt `attempt + 1`, if the policy retries this error (a spent
 /// budget is never retried).
-fn retry_delay(policy: &Policy, attempt: u32, e: &NodeError) -> Option<Duration> {
+pub(super) fn retry_delay(policy: &Policy, attempt: u32, e: &NodeError) -> Option<Duration> {
     let retryable =
         e.class != ErrorClass::Budget && policy.retry_on.iter().any(|c| *c == e.class || *c == ErrorClass::All);
     (attempt < policy.max_attempts && retryable).then(|| backoff(policy, attempt, e.retry_after))
@@ -379,7 +379,7 @@ pub(super) struct Policy {
     pub retry_on: Vec<ErrorClass>,
 }
 
-fn retry_policy(spec: &NodeSpec, retries_by_default: bool) -> Policy {
+pub(super) fn retry_policy(spec: &NodeSpec, retries_by_default: bool) -> Policy {
     let transient = vec![
         ErrorClass::Timeout,
         ErrorClass::RateLimit,

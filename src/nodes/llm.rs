@@ -97,6 +97,10 @@ pub(super) struct LlmNode {
     /// Extra request fields passed to the provider unchanged.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub options: IndexMap<String, Value>,
+    /// Tools the workflow declares (under `tools:`) that the model is offered, by name: sent
+    /// as `options.tools`, each with its description and argument schema.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<String>,
 }
 
 /// An `llm` node, compiled.
@@ -107,8 +111,10 @@ struct Config {
     history: Option<ExprId>,
     /// The output schema, resolved (self-contained).
     schema: Option<Value>,
-    /// The node is offered tools (its own or its profile's `options.tools`).
+    /// The node is offered tools (its own `tools`, or its or its profile's `options.tools`).
     tools: bool,
+    /// The declared tools it offers, in OpenAI's function shape.
+    offered: Vec<Value>,
 }
 
 /// The `llm` kind.
@@ -133,8 +139,17 @@ impl KindDecl for Llm {
         });
         let model = n.model.as_deref().unwrap_or("default");
         cx.model(&["model"], model, n.model.is_none());
+        let mut offered = Vec::new();
+        let mut offered_ok = true;
+        for (i, name) in n.tools.iter().enumerate() {
+            match cx.tool(&["tools", &i.to_string()], name) {
+                Some(tool) => offered.push(tool.function()),
+                None => offered_ok = false,
+            }
+        }
         // A node offered tools may answer with calls: `{content, tool_calls}`.
-        let tools = n.options.contains_key("tools")
+        let tools = !n.tools.is_empty()
+            || n.options.contains_key("tools")
             || cx
                 .workflow()
                 .models
@@ -174,9 +189,10 @@ impl KindDecl for Llm {
             history: optional(history)?,
             schema,
             tools,
+            offered,
             n,
         };
-        Some((KindConfig::new(config), shape))
+        offered_ok.then(|| (KindConfig::new(config), shape))
     }
 }
 
@@ -243,6 +259,15 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             .collect(),
         stream: spec.stream,
     };
+    if !config.offered.is_empty() {
+        // Declared tools come after any written by hand in `options.tools`.
+        let mut all = match request.options.remove("tools") {
+            Some(Value::Array(given)) => given,
+            _ => Vec::new(),
+        };
+        all.extend(config.offered.iter().cloned());
+        request.options.insert("tools".into(), Value::Array(all));
+    }
     let mut usage = Usage::default();
     let node = ctx.node.name.clone();
     let task = ctx.task_id.to_string();

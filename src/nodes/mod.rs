@@ -20,6 +20,7 @@ mod search;
 mod set;
 mod store;
 pub(crate) mod subgraph;
+mod tools;
 
 use std::sync::Arc;
 
@@ -32,7 +33,7 @@ use crate::providers::Providers;
 
 /// The built-in node kinds.
 pub fn builtin() -> Kinds {
-    let kinds: [Arc<dyn NodeKind>; 13] = [
+    let kinds: [Arc<dyn NodeKind>; 14] = [
         Arc::new(llm::Llm),
         Arc::new(set::Set),
         Arc::new(emit::Emit),
@@ -46,6 +47,7 @@ pub fn builtin() -> Kinds {
         Arc::new(store::Store),
         Arc::new(load::Load),
         Arc::new(save::Save),
+        Arc::new(tools::Tools),
     ];
     Kinds::new(kinds)
 }
@@ -88,7 +90,8 @@ mod tests {
                 "retrieve",
                 "store",
                 "load",
-                "save"
+                "save",
+                "tools"
             ]
         );
     }

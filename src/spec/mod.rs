@@ -69,6 +69,11 @@ pub struct Workflow {
     /// User-defined node kinds: a built-in (or other user) kind with defaults and parameters.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub kinds: IndexMap<String, KindDef>,
+    /// Tools a model may call, by name: what each does, its arguments' JSON Schema, and what
+    /// runs it (a node of any kind, or a workflow). `tools` nodes run them; `llm` nodes offer
+    /// them with `tools: [names]`.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub tools: IndexMap<String, ToolDef>,
     /// The nodes, by name. Each has a `kind` that decides which other fields it takes.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     #[schemars(with = "IndexMap<String, NodeSchemaRef>")]
@@ -239,6 +244,28 @@ pub struct Pricing {
     pub input: f64,
     /// Price per million completion tokens.
     pub output: f64,
+}
+
+/// A tool a model may call.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolDef {
+    /// What the tool does, for the model.
+    pub description: String,
+    /// The JSON Schema of the tool's arguments (an object). By default, for a `workflow`
+    /// tool, the workflow's `input` schema; otherwise any object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<JsonSchemaDoc>,
+    /// The node that runs the tool: any kind, its fields with `args` in scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<NodeSchemaRef>")]
+    pub run: Option<Value>,
+    /// A workflow file (relative to this one) run as the tool, the arguments as its input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
+    /// The limit of one call (e.g. `30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
 }
 
 /// A user-defined node kind.

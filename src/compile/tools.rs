@@ -1,0 +1,208 @@
+//! Tools declared in a workflow's `tools:` section, compiled for the nodes that use them: the
+//! arguments' JSON Schema resolved and checked, and what runs a call — a node of any
+//! registered kind, its fields compiled through that kind with `args` in scope (so they are
+//! checked at validate time, at their lines), or a child workflow whose input is the arguments.
+//!
+//! A tool is compiled once per workflow, the first time a node names it, and shared by every
+//! node that names it.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::exprs::Scope;
+use super::kind::KindCx;
+use super::plan::{Plan, PlanNode};
+use crate::diag::Code;
+use crate::spec::NodeSpec;
+use crate::spec::load::push_pointer;
+
+/// A tool, compiled.
+pub struct Tool {
+    pub name: String,
+    pub description: String,
+    /// The arguments' JSON Schema, resolved (self-contained).
+    pub args: Value,
+    /// The limit of one call.
+    pub timeout: Option<std::time::Duration>,
+    pub run: ToolRun,
+}
+
+/// What runs a tool's call.
+pub enum ToolRun {
+    /// A node, run with `args` in scope: its kind's compiled fields and nothing else (no
+    /// state writes, no routing).
+    Node(Box<PlanNode>),
+    /// A workflow, run as a child thread with the arguments as its input.
+    Workflow(Arc<Plan>),
+}
+
+impl Tool {
+    /// The tool as a model is offered it (OpenAI's function shape, which every provider maps).
+    pub fn function(&self) -> Value {
+        json!({
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.args},
+        })
+    }
+}
+
+impl KindCx<'_, '_, '_> {
+    /// The names of the tools the workflow declares, in order.
+    pub fn tool_names(&self) -> Vec<String> {
+        self.b.wf.tools.keys().cloned().collect()
+    }
+
+    /// The tool `name`, named at `path` of the node, compiled; `None` (reported: E217 for a
+    /// name the workflow does not declare) when it does not compile.
+    pub fn tool(&mut self, path: &[&str], name: &str) -> Option<Arc<Tool>> {
+        let Some(def) = self.b.wf.tools.get(name).cloned() else {
+            let at = self.at(path);
+            let d = self
+                .b
+                .src
+                .diag(Code::UnknownTool, &at, format!("no tool `{name}` is declared"))
+                .suggest(name, self.b.wf.tools.keys().map(String::as_str))
+                .help_or("declare it under the workflow's top-level `tools:`");
+            self.b.diags.push(d);
+            return None;
+        };
+        if let Some(done) = self.b.tools.get(name) {
+            return done.clone();
+        }
+        if self.b.tools_open.iter().any(|t| t == name) {
+            let at = self.at(path);
+            let chain = [self.b.tools_open.as_slice(), &[name.to_string()]]
+                .concat()
+                .join(" -> ");
+            let d = self
+                .b
+                .src
+                .diag(
+                    Code::InvalidValue,
+                    &at,
+                    format!("the tool `{name}` offers itself: {chain}"),
+                )
+                .help("a tool's `run` may offer other tools, never one that leads back to it");
+            self.b.diags.push(d);
+            return None;
+        }
+        self.b.tools_open.push(name.to_string());
+        let tool = self.compile_tool(name, &def);
+        self.b.tools_open.pop();
+        self.b.tools.insert(name.to_string(), tool.clone());
+        tool
+    }
+
+    fn compile_tool(&mut self, name: &str, def: &crate::spec::ToolDef) -> Option<Arc<Tool>> {
+        let pointer = push_pointer("/tools", name);
+        let src = self.b.src.clone();
+        let (run, default_args) = match (&def.run, &def.workflow) {
+            (Some(_), Some(_)) | (None, None) => {
+                self.b.diags.push(src.diag_key(
+                    Code::InvalidValue,
+                    &pointer,
+                    format!("the tool `{name}` needs exactly one of `run` (a node) and `workflow` (a file)"),
+                ));
+                return None;
+            }
+            (None, Some(file)) => {
+                let at = push_pointer(&pointer, "workflow");
+                let path = super::relative_to(src.path(), file);
+                if !path.is_file() {
+                    let d = super::defs::missing_file(&src, &at, &path, "tool workflow");
+                    self.b.diags.push(d);
+                    return None;
+                }
+                let child = self.b.c.subgraph(&src, &at, &path, self.b.diags)?;
+                self.b.hashed_files.push((format!("tool:{file}"), child.hash.clone()));
+                if !child.handoffs.is_empty() {
+                    self.b.diags.push(src.diag(
+                        Code::InvalidValue,
+                        &at,
+                        "a workflow run as a tool cannot hand off: it answers the model, not the graph",
+                    ));
+                }
+                let args = child.input_schema.clone();
+                (ToolRun::Workflow(child), args)
+            }
+            (Some(run), None) => {
+                let at = push_pointer(&pointer, "run");
+                let node = self.tool_node(name, &at, run)?;
+                (ToolRun::Node(Box::new(node)), None)
+            }
+        };
+        let args = match &def.args {
+            Some(schema) => {
+                let at = push_pointer(&pointer, "args");
+                let root = self.b.resolver.resolve(&src, &at, &schema.0, self.b.diags);
+                super::schemas::check(&src, &at, &root, self.b.diags);
+                root
+            }
+            None => default_args.unwrap_or_else(|| json!({"type": "object"})),
+        };
+        Some(Arc::new(Tool {
+            name: name.to_string(),
+            description: def.description.clone(),
+            args,
+            timeout: def.timeout.as_ref().and_then(|d| d.to_std()),
+            run,
+        }))
+    }
+
+    /// A tool's `run` node (written at `at`) compiled by its kind, with `args` in scope.
+    fn tool_node(&mut self, name: &str, at: &str, run: &Value) -> Option<PlanNode> {
+        let src = self.b.src.clone();
+        let fields = run.as_object()?.clone();
+        let kind = fields.get("kind").and_then(Value::as_str)?.to_string();
+        let Some(decl) = self.b.c.kinds.get(&kind).cloned() else {
+            let d = src
+                .diag(
+                    Code::UnknownKind,
+                    &push_pointer(at, "kind"),
+                    format!("a tool runs a node of a registered kind; `{kind}` is not one"),
+                )
+                .suggest(&kind, self.b.c.kinds.names());
+            self.b.diags.push(d);
+            return None;
+        };
+        if decl.is_gate() {
+            self.b.diags.push(
+                src.diag(
+                    Code::InvalidValue,
+                    &push_pointer(at, "kind"),
+                    format!("a tool cannot run a `{kind}` node"),
+                )
+                .help("a tool answers the model at once; a gate waits for a person"),
+            );
+            return None;
+        }
+        let spec = serde_json::from_value::<NodeSpec>(run.clone()).ok()?;
+        let sym = self.b.sym.clone();
+        let mut cx = KindCx {
+            b: &mut *self.b,
+            ix: self.ix,
+            pointer: at.to_string(),
+            fields: &fields,
+            scope: Scope {
+                item: Some("args"),
+                ..Scope::base(&sym)
+            },
+            label: Some(format!("tool:{name}")),
+        };
+        let (config, _) = decl.compile(&mut cx)?;
+        let node = PlanNode {
+            name: name.to_string(),
+            user_kind: None,
+            spec,
+            update: Vec::new(),
+            config,
+            gate: false,
+            branches: Vec::new(),
+            goto: Vec::new(),
+            on_error: None,
+            item: Some("args".into()),
+        };
+        Some(node)
+    }
+}
