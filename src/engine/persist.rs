@@ -28,8 +28,22 @@ enum Job {
 /// whole or as an extension of a committed version).
 type Held = (Checkpoint, BTreeMap<String, (u64, Value)>);
 
+/// Finished tasks' writes held for one commit, the events to send after it, and how many
+/// tasks they are from.
+#[derive(Default)]
+struct Ready {
+    puts: Vec<Put>,
+    after: Vec<Event>,
+    tasks: usize,
+}
+
 /// How many commits `async` mode may have waiting.
 const QUEUE: usize = 256;
+
+/// How many finished tasks' writes are held at most: a larger fan-out is committed in batches
+/// of this many while the run settles the next tasks, so the store works alongside the run
+/// instead of after it.
+const BATCH: usize = 64;
 
 pub(super) struct Persister {
     store: Arc<dyn Checkpointer>,
@@ -47,7 +61,7 @@ pub(super) struct Persister {
     /// `Sync`, `Async`: finished tasks' writes not handed to the store yet, and their events.
     /// Tasks that finish while the run is busy with others are committed together by
     /// [`Persister::release`]: one commit for a burst of a fan-out rather than one per task.
-    ready: Mutex<(Vec<Put>, Vec<Event>)>,
+    ready: Mutex<Ready>,
     /// `Async`: the ordered queue to the background committer.
     queue: Option<mpsc::SyncSender<Job>>,
     worker: Option<std::thread::JoinHandle<Result<(), CheckpointError>>>,
@@ -120,7 +134,7 @@ impl Persister {
             events,
             held: Mutex::new((None, committed)),
             unsynced: Mutex::new(Vec::new()),
-            ready: Mutex::new((Vec::new(), Vec::new())),
+            ready: Mutex::new(Ready::default()),
             queue,
             worker,
         }
@@ -191,19 +205,35 @@ impl Persister {
             return Ok(());
         }
         let mut ready = self.ready.lock().map_err(|_| poisoned())?;
-        ready.0.push(Put::Writes {
-            thread_id: thread.into(),
-            checkpoint_id: cp.into(),
-            writes,
-        });
-        ready.1.extend(after);
+        // The writes of one step's tasks go in as one put: the store checks the thread and
+        // the checkpoint once for all of them.
+        match ready.puts.last_mut() {
+            Some(Put::Writes {
+                thread_id,
+                checkpoint_id,
+                writes: held,
+            }) if thread_id == thread && checkpoint_id == cp => held.extend(writes),
+            _ => ready.puts.push(Put::Writes {
+                thread_id: thread.into(),
+                checkpoint_id: cp.into(),
+                writes,
+            }),
+        }
+        ready.after.extend(after);
+        ready.tasks += 1;
         Ok(())
+    }
+
+    /// Whether as many finished tasks' writes are held as go in one commit: time to
+    /// [`Persister::release`] them even if other tasks have finished.
+    pub fn holds_a_batch(&self) -> bool {
+        self.ready.lock().is_ok_and(|r| r.tasks >= BATCH)
     }
 
     /// Commits the writes [`Persister::put_writes`] holds, in one batch: for when the run has
     /// no other finished task at hand. It may block (`sync` commits, a full `async` queue).
     pub fn release(&self) -> Result<(), CheckpointError> {
-        let (puts, after) = std::mem::take(&mut *self.ready.lock().map_err(|_| poisoned())?);
+        let Ready { puts, after, .. } = std::mem::take(&mut *self.ready.lock().map_err(|_| poisoned())?);
         if puts.is_empty() {
             return Ok(());
         }
@@ -430,10 +460,32 @@ mod tests {
             let after = store.stats().unwrap();
             assert_eq!(after.write_rows, 3, "{mode:?}");
             // One commit for the three tasks, and, power-safe, one sync (the flush's).
-            assert_eq!(after.commits - before.commits, 1 + u64::from(mode == Persist::Sync), "{mode:?}");
+            assert_eq!(
+                after.commits - before.commits,
+                1 + u64::from(mode == Persist::Sync),
+                "{mode:?}"
+            );
             assert_eq!(ended(&mut rx), ["a", "b", "c"], "{mode:?}");
             p.finish().unwrap();
         }
+    }
+
+    #[test]
+    fn a_fan_out_is_committed_in_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, fence) = store(dir.path());
+        let p = Persister::new(store.clone(), Persist::Sync, "c0".into(), fence, Events::none());
+        for i in 0..BATCH {
+            assert!(!p.holds_a_batch(), "{i}");
+            p.put_writes("t", "c0", write(&format!("w#{i}")), Vec::new()).unwrap();
+        }
+        assert!(p.holds_a_batch());
+        let before = store.stats().unwrap().commits;
+        p.release().unwrap();
+        assert!(!p.holds_a_batch());
+        assert_eq!(store.stats().unwrap().commits, before + 1);
+        assert_eq!(store.stats().unwrap().write_rows, BATCH as u64);
+        p.finish().unwrap();
     }
 
     #[test]
@@ -450,7 +502,12 @@ mod tests {
                 writes: write("b"),
             }])
             .unwrap();
-            let stored: Vec<String> = store.get_writes("t", "c0").unwrap().into_iter().map(|w| w.task_id).collect();
+            let stored: Vec<String> = store
+                .get_writes("t", "c0")
+                .unwrap()
+                .into_iter()
+                .map(|w| w.task_id)
+                .collect();
             assert_eq!(stored, ["a", "b"], "{mode:?}");
             p.finish().unwrap();
         }

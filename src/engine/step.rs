@@ -96,17 +96,24 @@ impl Engine {
             let joined = match inline.take() {
                 Some(fut) => Ok(fut.await),
                 // Tasks that finished meanwhile are settled before the writes of those settled
-                // so far are committed: one commit for all of them.
-                None => match set.try_join_next() {
-                    Some(joined) => joined,
-                    None => {
-                        tokio::task::block_in_place(|| run.persister.release())?;
-                        match set.join_next().await {
-                            Some(joined) => joined,
-                            None => break,
+                // so far are committed: one commit for all of them (up to a batch).
+                None => {
+                    let ready = if run.persister.holds_a_batch() {
+                        None
+                    } else {
+                        set.try_join_next()
+                    };
+                    match ready {
+                        Some(joined) => joined,
+                        None => {
+                            tokio::task::block_in_place(|| run.persister.release())?;
+                            match set.join_next().await {
+                                Some(joined) => joined,
+                                None => break,
+                            }
                         }
                     }
-                },
+                }
             };
             remaining -= 1;
             let (i, (outcome, duration_ms)) = joined.map_err(|e| {
