@@ -18,16 +18,33 @@ pub fn now() -> String {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    let secs = d.as_secs() as i64;
+    rfc3339(d.as_secs() as i64, d.subsec_millis())
+}
+
+/// `secs` since the epoch plus `millis`, as `YYYY-MM-DDTHH:MM:SS.mmmZ`. Written digit by digit:
+/// every checkpoint and event takes a timestamp, and `format!` costs several times more.
+fn rfc3339(secs: i64, millis: u32) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let (y, m, day) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
+    let mut out = String::with_capacity(24);
+    // Years outside 0..=9999 are not RFC 3339; the clock of a running process never gives one.
+    let fields = [
+        (y, 4, '-'),
+        (i64::from(m), 2, '-'),
+        (i64::from(day), 2, 'T'),
+        (rem / 3600, 2, ':'),
+        ((rem % 3600) / 60, 2, ':'),
+        (rem % 60, 2, '.'),
+        (i64::from(millis), 3, 'Z'),
+    ];
+    for (n, width, then) in fields {
+        for p in (0..width).rev() {
+            let digit = (n / 10_i64.pow(p)).rem_euclid(10) as u8;
+            out.push(char::from(b'0' + digit));
+        }
+        out.push(then);
+    }
+    out
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
@@ -51,6 +68,20 @@ mod tests {
         assert_eq!(super::civil_from_days(0), (1970, 1, 1));
         assert_eq!(super::civil_from_days(20_779), (2026, 11, 22));
         assert_eq!(super::civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn rfc3339_text() {
+        assert_eq!(super::rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        // 2026-11-22T13:05:09.042Z
+        assert_eq!(
+            super::rfc3339(20_779 * 86_400 + 13 * 3600 + 5 * 60 + 9, 42),
+            "2026-11-22T13:05:09.042Z"
+        );
+        assert_eq!(
+            super::rfc3339(11_016 * 86_400 + 86_399, 999),
+            "2000-02-29T23:59:59.999Z"
+        );
     }
 
     #[test]

@@ -76,11 +76,13 @@ impl Store {
         Ok(())
     }
 
+    /// Takes the checkpoint and values by value: a batch hands over what it owns, so a step's
+    /// checkpoint is not copied once more on its way in.
     fn put_checkpoint(
         &mut self,
         latest_only: bool,
-        checkpoint: &Checkpoint,
-        values: &[(String, u64, Value)],
+        checkpoint: Checkpoint,
+        values: Vec<(String, u64, Value)>,
     ) -> Result<()> {
         let entry = self.entry_mut(&checkpoint.thread_id)?;
         if entry.checkpoints.contains_key(&checkpoint.checkpoint_id) {
@@ -89,16 +91,13 @@ impl Store {
                 &checkpoint.checkpoint_id,
             ));
         }
-        entry
-            .checkpoints
-            .insert(checkpoint.checkpoint_id.clone(), checkpoint.clone());
         for (key, version, value) in values {
             // Without history the base of an extension is about to go: keep the value whole.
-            let value = match super::as_extension(value) {
+            let value = match super::as_extension(&value) {
                 Some(_) if latest_only => {
                     let stored = &entry.values;
-                    super::resolve(key, *version, |v| {
-                        if v == *version {
+                    super::resolve(&key, version, |v| {
+                        if v == version {
                             Ok(value.clone())
                         } else {
                             stored
@@ -108,10 +107,10 @@ impl Store {
                         }
                     })?
                 }
-                _ => value.clone(),
+                _ => value,
             };
             // Once per version: the first value stored for a version stays.
-            entry.values.entry((key.clone(), *version)).or_insert(value);
+            entry.values.entry((key, version)).or_insert(value);
         }
         if latest_only {
             let keep = &checkpoint.checkpoint_id;
@@ -120,6 +119,7 @@ impl Store {
             let versions = &checkpoint.versions;
             entry.values.retain(|(k, v), _| versions.get(k) == Some(v));
         }
+        entry.checkpoints.insert(checkpoint.checkpoint_id.clone(), checkpoint);
         Ok(())
     }
 
@@ -218,7 +218,8 @@ impl Checkpointer for MemoryCheckpointer {
     }
 
     fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()> {
-        self.lock()?.put_checkpoint(self.latest_only, checkpoint, values)
+        self.lock()?
+            .put_checkpoint(self.latest_only, checkpoint.clone(), values.to_vec())
     }
 
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
@@ -291,7 +292,7 @@ impl Checkpointer for MemoryCheckpointer {
                 Put::Fence(fence) => super::check_fence(store.leases.get(&fence.thread_id), &fence)?,
                 Put::Thread(thread) => store.create_thread(&thread)?,
                 Put::Status { thread_id, status } => store.set_status(&thread_id, status)?,
-                Put::Checkpoint(cp, values) => store.put_checkpoint(self.latest_only, &cp, &values)?,
+                Put::Checkpoint(cp, values) => store.put_checkpoint(self.latest_only, *cp, values)?,
                 Put::Writes {
                     thread_id,
                     checkpoint_id,

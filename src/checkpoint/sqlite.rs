@@ -247,7 +247,12 @@ impl SqliteCheckpointer {
             Durability::PowerSafe => "FULL",
         };
         conn.pragma_update(None, "synchronous", synchronous)?;
-        conn.pragma_update(None, "foreign_keys", true)?;
+        // The schema's REFERENCES are not enforced by SQLite: every op checks what it refers
+        // to itself (`require_thread`, `checkpoint_exists`, `thread_exists`) and deletes a
+        // thread's rows children first. Enforced, each row of `writes` would look up its
+        // checkpoint, and a fan-out's checkpoint (its `next` lists every task) overflows its
+        // page: SQLite reads the whole row for each comparison, for each task's writes.
+        conn.pragma_update(None, "foreign_keys", false)?;
         // The writer appends rows and touches few old pages (the right edges of the b-trees and
         // their roots): a 256 KiB page cache is plenty, and larger ones only add to the RSS.
         conn.pragma_update(None, "cache_size", -256)?;

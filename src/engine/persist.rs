@@ -19,7 +19,8 @@ use crate::checkpoint::{self, Checkpoint, CheckpointError, Checkpointer, Fence, 
 
 enum Job {
     Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>, Vec<Event>),
-    Writes(String, String, Vec<PendingWrite>, Vec<Event>),
+    /// Finished tasks' writes (`Put::Writes` each).
+    Writes(Vec<Put>, Vec<Event>),
     Flush(mpsc::Sender<()>),
 }
 
@@ -27,8 +28,22 @@ enum Job {
 /// whole or as an extension of a committed version).
 type Held = (Checkpoint, BTreeMap<String, (u64, Value)>);
 
+/// Finished tasks' writes held for one commit, the events to send after it, and how many
+/// tasks they are from.
+#[derive(Default)]
+struct Ready {
+    puts: Vec<Put>,
+    after: Vec<Event>,
+    tasks: usize,
+}
+
 /// How many commits `async` mode may have waiting.
 const QUEUE: usize = 256;
+
+/// How many finished tasks' writes are held at most: a larger fan-out is committed in batches
+/// of this many while the run settles the next tasks, so the store works alongside the run
+/// instead of after it.
+const BATCH: usize = 64;
 
 pub(super) struct Persister {
     store: Arc<dyn Checkpointer>,
@@ -43,6 +58,10 @@ pub(super) struct Persister {
     /// `Sync`: events of writes committed without waiting for the disk, sent once a synced
     /// commit (the step's checkpoint) has made them durable.
     unsynced: Mutex<Vec<Event>>,
+    /// `Sync`, `Async`: finished tasks' writes not handed to the store yet, and their events.
+    /// Tasks that finish while the run is busy with others are committed together by
+    /// [`Persister::release`]: one commit for a burst of a fan-out rather than one per task.
+    ready: Mutex<Ready>,
     /// `Async`: the ordered queue to the background committer.
     queue: Option<mpsc::SyncSender<Job>>,
     worker: Option<std::thread::JoinHandle<Result<(), CheckpointError>>>,
@@ -82,12 +101,8 @@ impl Persister {
                                 puts.push(Put::Checkpoint(cp, values));
                                 after.extend(events);
                             }
-                            Job::Writes(thread_id, checkpoint_id, writes, events) => {
-                                puts.push(Put::Writes {
-                                    thread_id,
-                                    checkpoint_id,
-                                    writes,
-                                });
+                            Job::Writes(writes, events) => {
+                                puts.extend(writes);
                                 after.extend(events);
                             }
                             Job::Flush(done) => flushes.push(done),
@@ -119,6 +134,7 @@ impl Persister {
             events,
             held: Mutex::new((None, committed)),
             unsynced: Mutex::new(Vec::new()),
+            ready: Mutex::new(Ready::default()),
             queue,
             worker,
         }
@@ -140,6 +156,7 @@ impl Persister {
         values: Vec<(String, u64, Value)>,
         after: Vec<Event>,
     ) -> Result<(), CheckpointError> {
+        self.release()?;
         match self.mode {
             Persist::Sync => {
                 self.put_now(vec![Put::Checkpoint(Box::new(cp.clone()), values)])?;
@@ -172,9 +189,10 @@ impl Persister {
         }
     }
 
-    /// A finished task's writes. In `Exit` mode there is no durability before the end, so
-    /// they are kept only in memory (the checkpoint that follows carries their effect).
-    /// `after` is sent once they are committed.
+    /// A finished task's writes, held until [`Persister::release`] (or any later put) commits
+    /// them with those of the tasks that finished meanwhile. In `Exit` mode there is no
+    /// durability before the end, so they are kept only in memory (the checkpoint that
+    /// follows carries their effect). `after` is sent once they are committed.
     pub(super) fn put_writes(
         &self,
         thread: &str,
@@ -182,36 +200,68 @@ impl Persister {
         writes: Vec<PendingWrite>,
         after: Vec<Event>,
     ) -> Result<(), CheckpointError> {
+        if self.mode == Persist::Exit {
+            after.into_iter().for_each(|e| self.events.send(e));
+            return Ok(());
+        }
+        let mut ready = self.ready.lock().map_err(|_| poisoned())?;
+        // The writes of one step's tasks go in as one put: the store checks the thread and
+        // the checkpoint once for all of them.
+        match ready.puts.last_mut() {
+            Some(Put::Writes {
+                thread_id,
+                checkpoint_id,
+                writes: held,
+            }) if thread_id == thread && checkpoint_id == cp => held.extend(writes),
+            _ => ready.puts.push(Put::Writes {
+                thread_id: thread.into(),
+                checkpoint_id: cp.into(),
+                writes,
+            }),
+        }
+        ready.after.extend(after);
+        ready.tasks += 1;
+        Ok(())
+    }
+
+    /// Whether as many finished tasks' writes are held as go in one commit: time to
+    /// [`Persister::release`] them even if other tasks have finished.
+    pub(super) fn holds_a_batch(&self) -> bool {
+        self.ready.lock().is_ok_and(|r| r.tasks >= BATCH)
+    }
+
+    /// Commits the writes [`Persister::put_writes`] holds, in one batch: for when the run has
+    /// no other finished task at hand. It may block (`sync` commits, a full `async` queue).
+    pub(super) fn release(&self) -> Result<(), CheckpointError> {
+        let Ready { puts, after, .. } = std::mem::take(&mut *self.ready.lock().map_err(|_| poisoned())?);
+        if puts.is_empty() {
+            return Ok(());
+        }
         match self.mode {
-            // One fsync per step however many tasks it has: a task's writes are committed at
-            // once (a crashed process keeps them) but synced by the step's checkpoint commit,
-            // and their events wait for that where the store promises more than this commit.
+            // One fsync per step however many tasks it has: finished tasks' writes are
+            // committed at once (a crashed process keeps them) but synced by the step's
+            // checkpoint commit, and their events wait for that where the store promises more
+            // than this commit.
             Persist::Sync => {
-                let durable = self.store.put_batch_unsynced(vec![
-                    Put::Fence(self.fence.clone()),
-                    Put::Writes {
-                        thread_id: thread.into(),
-                        checkpoint_id: cp.into(),
-                        writes,
-                    },
-                ])?;
-                if durable {
+                let mut fenced = Vec::with_capacity(puts.len() + 1);
+                fenced.push(Put::Fence(self.fence.clone()));
+                fenced.extend(puts);
+                if self.store.put_batch_unsynced(fenced)? {
                     after.into_iter().for_each(|e| self.events.send(e));
                 } else {
                     self.unsynced.lock().map_err(|_| poisoned())?.extend(after);
                 }
                 Ok(())
             }
-            Persist::Async => self.send(Job::Writes(thread.into(), cp.into(), writes, after)),
-            Persist::Exit => {
-                after.into_iter().for_each(|e| self.events.send(e));
-                Ok(())
-            }
+            Persist::Async => self.send(Job::Writes(puts, after)),
+            // Nothing is held in this mode.
+            Persist::Exit => Ok(()),
         }
     }
 
     /// Makes everything so far durable, before the run writes to the store directly.
     pub(super) fn flush(&self) -> Result<(), CheckpointError> {
+        self.release()?;
         match self.mode {
             // Writes committed unsynced are made durable (a synced commit of the fence alone),
             // and their events sent.
@@ -246,7 +296,9 @@ impl Persister {
     /// (pauses, interrupts, a failed step's finished tasks).
     pub(super) fn write_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
         // `sync`: the commit of `puts` is synced, and covers the unsynced writes itself.
-        if self.mode != Persist::Sync {
+        if self.mode == Persist::Sync {
+            self.release()?;
+        } else {
             self.flush()?;
         }
         self.put_now(puts)
@@ -310,6 +362,156 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::checkpoint::sqlite::SqliteCheckpointer;
+    use crate::checkpoint::{Durability, LeaseClaim, Thread, ThreadStatus};
+
+    /// A store holding thread `t` at checkpoint `c0`, leased; the lease's fence.
+    fn store(dir: &std::path::Path) -> (Arc<SqliteCheckpointer>, Fence) {
+        let store = SqliteCheckpointer::open(&dir.join("r.db"), Durability::PowerSafe).unwrap();
+        let at = crate::clock::now();
+        store
+            .create_thread(&Thread {
+                thread_id: "t".into(),
+                workflow: "w.yaml".into(),
+                plan_hash: "h".into(),
+                input: json!({}),
+                context: json!({}),
+                config: json!({}),
+                status: ThreadStatus::Running,
+                created_at: at.clone(),
+                updated_at: at.clone(),
+                forked_from: None,
+            })
+            .unwrap();
+        let cp = Checkpoint {
+            checkpoint_id: "c0".into(),
+            thread_id: "t".into(),
+            parent_id: None,
+            step: -1,
+            versions: BTreeMap::new(),
+            ran: Vec::new(),
+            changed: Vec::new(),
+            next: Vec::new(),
+            meta: json!({}),
+            plan_hash: "h".into(),
+            created_at: at,
+        };
+        store.put_checkpoint(&cp, &[]).unwrap();
+        let lease = store
+            .acquire_lease(&LeaseClaim {
+                thread_id: "t".into(),
+                owner: "me".into(),
+                pid: 1,
+                host: "here".into(),
+                ttl: std::time::Duration::from_secs(60),
+                replace: None,
+            })
+            .unwrap();
+        (Arc::new(store), lease.fence())
+    }
+
+    fn write(task: &str) -> Vec<PendingWrite> {
+        vec![PendingWrite {
+            task_id: task.into(),
+            idx: 0,
+            channel: "k".into(),
+            value: json!(task),
+        }]
+    }
+
+    fn done(task: &str) -> Vec<Event> {
+        vec![Event::NodeEnd {
+            step: 0,
+            node: "n".into(),
+            task_id: task.into(),
+            duration_ms: 0.0,
+            keys: vec!["k".into()],
+            cached: false,
+        }]
+    }
+
+    /// The tasks whose `node_end` was sent so far.
+    fn ended(rx: &mut tokio::sync::mpsc::UnboundedReceiver<super::super::events::Envelope>) -> Vec<String> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .filter_map(|e| match e.event {
+                Event::NodeEnd { task_id, .. } => Some(task_id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tasks_finished_together_are_committed_together_and_reported_after_the_commit() {
+        for mode in [Persist::Sync, Persist::Async] {
+            let dir = tempfile::tempdir().unwrap();
+            let (store, fence) = store(dir.path());
+            let (events, mut rx) = Events::channel();
+            let p = Persister::new(store.clone(), mode, "c0".into(), fence, events);
+            let before = store.stats().unwrap();
+            for task in ["a", "b", "c"] {
+                p.put_writes("t", "c0", write(task), done(task)).unwrap();
+            }
+            // Held: nothing committed, nothing reported.
+            let held = store.stats().unwrap();
+            assert_eq!((held.commits, held.write_rows), (before.commits, 0), "{mode:?}");
+            assert!(ended(&mut rx).is_empty(), "{mode:?}");
+            p.release().unwrap();
+            p.flush().unwrap();
+            let after = store.stats().unwrap();
+            assert_eq!(after.write_rows, 3, "{mode:?}");
+            // One commit for the three tasks, and, power-safe, one sync (the flush's).
+            assert_eq!(
+                after.commits - before.commits,
+                1 + u64::from(mode == Persist::Sync),
+                "{mode:?}"
+            );
+            assert_eq!(ended(&mut rx), ["a", "b", "c"], "{mode:?}");
+            p.finish().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_fan_out_is_committed_in_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, fence) = store(dir.path());
+        let p = Persister::new(store.clone(), Persist::Sync, "c0".into(), fence, Events::none());
+        for i in 0..BATCH {
+            assert!(!p.holds_a_batch(), "{i}");
+            p.put_writes("t", "c0", write(&format!("w#{i}")), Vec::new()).unwrap();
+        }
+        assert!(p.holds_a_batch());
+        let before = store.stats().unwrap().commits;
+        p.release().unwrap();
+        assert!(!p.holds_a_batch());
+        assert_eq!(store.stats().unwrap().commits, before + 1);
+        assert_eq!(store.stats().unwrap().write_rows, BATCH as u64);
+        p.finish().unwrap();
+    }
+
+    #[test]
+    fn held_writes_reach_the_store_before_anything_put_after_them() {
+        for mode in [Persist::Sync, Persist::Async] {
+            let dir = tempfile::tempdir().unwrap();
+            let (store, fence) = store(dir.path());
+            let p = Persister::new(store.clone(), mode, "c0".into(), fence.clone(), Events::none());
+            p.put_writes("t", "c0", write("a"), Vec::new()).unwrap();
+            // A put straight to the store (a pause's record) finds the held write stored.
+            p.write_now(vec![Put::Writes {
+                thread_id: "t".into(),
+                checkpoint_id: "c0".into(),
+                writes: write("b"),
+            }])
+            .unwrap();
+            let stored: Vec<String> = store
+                .get_writes("t", "c0")
+                .unwrap()
+                .into_iter()
+                .map(|w| w.task_id)
+                .collect();
+            assert_eq!(stored, ["a", "b"], "{mode:?}");
+            p.finish().unwrap();
+        }
+    }
 
     #[test]
     fn a_newer_version_replaces_the_held_one_and_an_extension_is_absorbed() {

@@ -95,10 +95,25 @@ impl Engine {
         loop {
             let joined = match inline.take() {
                 Some(fut) => Ok(fut.await),
-                None => match set.join_next().await {
-                    Some(joined) => joined,
-                    None => break,
-                },
+                // Tasks that finished meanwhile are settled before the writes of those settled
+                // so far are committed: one commit for all of them (up to a batch).
+                None => {
+                    let ready = if run.persister.holds_a_batch() {
+                        None
+                    } else {
+                        set.try_join_next()
+                    };
+                    match ready {
+                        Some(joined) => joined,
+                        None => {
+                            tokio::task::block_in_place(|| run.persister.release())?;
+                            match set.join_next().await {
+                                Some(joined) => joined,
+                                None => break,
+                            }
+                        }
+                    }
+                }
             };
             remaining -= 1;
             let (i, (outcome, duration_ms)) = joined.map_err(|e| {
@@ -167,10 +182,10 @@ impl Engine {
         Ok((results, to_run))
     }
 
-    /// Records how task `t` ended. A finished task's writes are stored at once, unless it is
-    /// the step's last (`remaining` is 0): that one is stored with the step's checkpoint, one
-    /// commit for both, and its `node_end` goes to `deferred`. Either way `node_end` follows
-    /// the commit.
+    /// Records how task `t` ended. A finished task's writes are stored as soon as the step
+    /// has no other finished task at hand (with theirs), unless it is the step's last
+    /// (`remaining` is 0): that one is stored with the step's checkpoint, one commit for both,
+    /// and its `node_end` goes to `deferred`. Either way `node_end` follows the commit.
     #[allow(clippy::too_many_arguments)]
     fn settle(
         &self,
@@ -195,10 +210,8 @@ impl Engine {
                 let event = end(done.writes.iter().map(|(k, _)| k.clone()).collect());
                 if remaining > 0 {
                     let writes = encode(&t.task_id, &done, &self.plan);
-                    tokio::task::block_in_place(|| {
-                        run.persister
-                            .put_writes(&run.shared.thread_id, &run.cp.checkpoint_id, writes, vec![event])
-                    })?;
+                    run.persister
+                        .put_writes(&run.shared.thread_id, &run.cp.checkpoint_id, writes, vec![event])?;
                 } else {
                     deferred.push(event);
                 }
