@@ -758,3 +758,63 @@ fn deep_research_research_subgraph_without_tasks_synthesises_at_once() {
     assert_eq!(r.output["sources"], json!(["https://example.org/cop"]));
     assert!(r.output["total_cost"].as_f64().unwrap() > 0.0);
 }
+
+/// What a small local model needs of the seeds that died on one (slides, deep research): every
+/// llm node caps its reply (`max_tokens`), and every structured output schema bounds its
+/// strings and lists, so a reply constrained by the schema cannot ramble into truncated JSON.
+#[test]
+fn the_agent_seeds_bound_what_their_models_write() {
+    let root = std::path::Path::new(ROOT);
+    for file in [
+        "workflows/slides.yaml",
+        "workflows/slides/researcher.yaml",
+        "workflows/deep-research.yaml",
+        "workflows/deep-research/report.yaml",
+        "workflows/deep-research/research.yaml",
+    ] {
+        let doc = runner::spec::load::parse(runner::spec::load::read(&root.join(file)).unwrap()).unwrap();
+        for (name, node) in doc.value["nodes"].as_object().unwrap() {
+            if node["kind"] == "llm" {
+                assert!(
+                    node.get("max_tokens").is_some(),
+                    "{file}: llm node `{name}` has no max_tokens"
+                );
+            }
+        }
+    }
+    fn unbounded(schema: &Value, at: &str, out: &mut Vec<String>) {
+        match schema {
+            Value::Object(m) => {
+                let types: Vec<&str> = match &m.get("type") {
+                    Some(Value::String(t)) => vec![t.as_str()],
+                    Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+                    _ => vec![],
+                };
+                let fixed = m.contains_key("enum") || m.contains_key("const");
+                if types.contains(&"string") && !fixed && !m.contains_key("maxLength") {
+                    out.push(format!("{at}: a string without maxLength"));
+                }
+                if types.contains(&"array") && !m.contains_key("maxItems") {
+                    out.push(format!("{at}: a list without maxItems"));
+                }
+                for (k, v) in m {
+                    unbounded(v, &format!("{at}/{k}"), out);
+                }
+            }
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .for_each(|(i, v)| unbounded(v, &format!("{at}/{i}"), out)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    for dir in ["schemas/slides", "schemas/deep-research", "schemas/rag"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let schema: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            unbounded(&schema, &path.display().to_string(), &mut found);
+        }
+    }
+    assert!(found.is_empty(), "unbounded output fields:\n{}", found.join("\n"));
+}
