@@ -1059,3 +1059,28 @@ edges: [START -> human -> agent -> END]
     let threads = String::from_utf8(runner(d, &["threads"]).stdout).unwrap();
     assert!(!threads.contains("c4"), "{threads}");
 }
+
+/// A mock script with replies for a node the workflow does not have (a misspelt name, which
+/// would leave the real node unscripted) is refused before the run, naming the node.
+#[test]
+fn a_mock_script_for_a_node_the_workflow_lacks_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("w.yaml"),
+        "name: w\nmodels: {default: {provider: mock, model: m}}\nstate: {said: {type: string, default: ''}}\nnodes:\n  ask: {kind: llm, prompt: {text: hi}, update: {said: output}}\nedges: [START -> ask, ask -> END]\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("m.yaml"), "replies:\n  aks: hello\n").unwrap();
+    let out = assert_cmd::Command::cargo_bin("runner")
+        .unwrap()
+        .current_dir(dir.path())
+        .args(["run", "w.yaml", "--mock", "m.yaml", "--db", ":memory:"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("replies for `aks`") && err.contains("did you mean `ask`?"),
+        "{err}"
+    );
+}

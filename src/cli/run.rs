@@ -279,6 +279,29 @@ pub(super) fn compile(file: &Path) -> anyhow::Result<Option<Arc<crate::compile::
     Ok(plan)
 }
 
+/// A mock script's replies for a node the workflow does not have would never be used: most
+/// often a misspelt node name, which would leave the real node unscripted.
+fn check_mock(plan: &crate::compile::Plan, common: &Common) -> anyhow::Result<()> {
+    let Some(path) = &common.mock else {
+        return Ok(());
+    };
+    let mock = crate::providers::mock::MockProvider::from_file(path)
+        .map_err(|e| anyhow::anyhow!("mock script {}: {e}", path.display()))?;
+    let names = plan.all_node_names();
+    let unknown = mock.replies_for_unknown_nodes(&names);
+    if let Some(first) = unknown.first() {
+        let hint = crate::diag::did_you_mean(first, names.iter().copied())
+            .map(|n| format!("; did you mean `{n}`?"))
+            .unwrap_or_default();
+        anyhow::bail!(
+            "mock script {}: replies for {}, which the workflow has no node of that name{hint}",
+            path.display(),
+            unknown.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(())
+}
+
 fn execute(
     plan: Arc<crate::compile::Plan>,
     request: RunRequest,
@@ -286,6 +309,7 @@ fn execute(
     settings: &RunSettings,
     store: Arc<dyn crate::checkpoint::Checkpointer>,
 ) -> anyhow::Result<u8> {
+    check_mock(&plan, common)?;
     let services = settings.services(&plan)?;
     let cassette = services.cassette.clone();
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {

@@ -559,6 +559,7 @@ impl<'c, 'a> Build<'c, 'a> {
             models: self.wf.models.clone(),
             subgraphs,
             handoffs: std::mem::take(&mut self.handoffs),
+            tools: self.wf.tools.keys().cloned().collect(),
             exprs,
         })
     }

@@ -51,6 +51,8 @@ pub struct Plan {
     /// Where this workflow hands off to a parent, when it runs as a subgraph: checked against
     /// each workflow that imports it.
     pub(in crate::compile) handoffs: Vec<HandoffSite>,
+    /// The names of the workflow's declared tools (a tool's `run` node is named after it).
+    pub(in crate::compile) tools: Vec<String>,
     pub(in crate::compile) exprs: ExprTable,
 }
 
@@ -174,6 +176,17 @@ impl Plan {
             Vertex::End => "END",
             Vertex::Node(name) => name,
         }
+    }
+
+    /// Every name a model call of a run of this plan can come from: its nodes, its tools and,
+    /// recursively, its subgraphs'.
+    pub fn all_node_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.nodes.values().map(|n| n.name.as_str()).collect();
+        names.extend(self.tools.iter().map(String::as_str));
+        for child in self.subgraphs.values() {
+            names.extend(child.all_node_names());
+        }
+        names
     }
 
     /// The node called `name`, if any.

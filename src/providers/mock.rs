@@ -25,6 +25,19 @@ use serde_json::Value;
 
 use super::{ChatRequest, ChatResponse, Provider, ProviderError, TokenSink, Usage};
 
+/// The fields a scripted reply may have.
+const REPLY_KEYS: &[&str] = &[
+    "text",
+    "chunks",
+    "usage",
+    "delay",
+    "tool_calls",
+    "error",
+    "message",
+    "status",
+    "retry_after",
+];
+
 /// The longest `delay` a script may ask for; longer ones are this.
 const MAX_DELAY: Duration = Duration::from_secs(3600);
 
@@ -108,6 +121,19 @@ impl MockProvider {
         Ok(mock)
     }
 
+    /// The nodes the script has replies for (`*` aside) that are not among `nodes`: replies a
+    /// run would never use, most often a misspelt node name.
+    pub fn replies_for_unknown_nodes<'a>(&'a self, nodes: &[&str]) -> Vec<&'a str> {
+        let mut unknown: Vec<&str> = self
+            .replies
+            .keys()
+            .map(String::as_str)
+            .filter(|n| *n != "*" && !nodes.contains(n))
+            .collect();
+        unknown.sort_unstable();
+        unknown
+    }
+
     /// How many calls each node has made.
     pub fn calls(&self) -> HashMap<String, usize> {
         self.calls.lock().map(|c| c.clone()).unwrap_or_default()
@@ -156,7 +182,22 @@ fn parse_reply(v: &Value) -> Result<Reply, String> {
             tool_calls: Vec::new(),
         }),
         Value::Object(o) => {
-            let delay = crate::net::http_error::delay(o.get("delay").and_then(Value::as_f64).unwrap_or(0.0), MAX_DELAY);
+            if let Some(key) = o.keys().find(|k| !REPLY_KEYS.contains(&k.as_str())) {
+                return Err(format!(
+                    "unknown field `{key}` in a reply (a reply takes {})",
+                    REPLY_KEYS.join(", ")
+                ));
+            }
+            let delay = match o.get("delay") {
+                None => Duration::ZERO,
+                Some(d) => serde_json::from_value::<crate::spec::Duration>(d.clone())
+                    .ok()
+                    .and_then(|d| d.to_std())
+                    .ok_or_else(|| {
+                        format!("`delay` is a duration: seconds, or text such as `200ms` or `1.5s`, not {d}")
+                    })?
+                    .min(MAX_DELAY),
+            };
             if let Some(kind) = o.get("error") {
                 let kind = kind.as_str().ok_or("`error` is a name")?;
                 let message = o
@@ -271,5 +312,43 @@ impl Provider for MockProvider {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MockProvider, Reply};
+    use serde_json::json;
+    use std::time::Duration;
+
+    /// A delay is a duration as everywhere in the language: `200ms` is 0.2 s, not 0.
+    #[test]
+    fn a_delay_is_a_duration() {
+        let mock = MockProvider::from_value(
+            &json!({"replies": {"a": {"text": "x", "delay": "200ms"}, "b": {"text": "y", "delay": 1.5}}}),
+        )
+        .unwrap();
+        let delay = |node: &str| match &mock.replies[node][0] {
+            Reply::Text { delay, .. } => *delay,
+            Reply::Fail { delay, .. } => *delay,
+        };
+        assert_eq!(delay("a"), Duration::from_millis(200));
+        assert_eq!(delay("b"), Duration::from_millis(1500));
+        let err = MockProvider::from_value(&json!({"replies": {"a": {"text": "x", "delay": "soon"}}})).unwrap_err();
+        assert!(err.contains("`delay` is a duration"), "{err}");
+    }
+
+    /// A reply's unknown field is an error naming it, not silently ignored.
+    #[test]
+    fn an_unknown_reply_field_is_refused() {
+        let err = MockProvider::from_value(&json!({"replies": {"a": {"text": "x", "colour": "red"}}})).unwrap_err();
+        assert!(err.contains("unknown field `colour`"), "{err}");
+    }
+
+    /// Replies for nodes a workflow lacks are found (`*` serves any node).
+    #[test]
+    fn replies_for_nodes_the_workflow_lacks_are_found() {
+        let mock = MockProvider::from_value(&json!({"replies": {"ask": "a", "aks": "b", "*": "c"}})).unwrap();
+        assert_eq!(mock.replies_for_unknown_nodes(&["ask"]), ["aks"]);
     }
 }

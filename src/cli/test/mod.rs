@@ -210,6 +210,22 @@ fn case_options(base: &RunOptions, case: &Case) -> RunOptions {
 
 /// Runs one case and returns its failures (none when it passed).
 async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, options: RunOptions, env: &Env) -> Vec<String> {
+    // Replies scripted for a node the workflow lacks would never be used: a misspelt name.
+    let script = match &case.models {
+        Models::Mock(script) => Some(crate::providers::mock::MockProvider::from_value(script)),
+        Models::MockFile(path) => Some(crate::providers::mock::MockProvider::from_file(path)),
+        _ => None,
+    };
+    if let Some(Ok(mock)) = script {
+        let names = plan.all_node_names();
+        let unknown = mock.replies_for_unknown_nodes(&names);
+        if !unknown.is_empty() {
+            return vec![format!(
+                "mock: replies for {}, which the workflow has no node of that name",
+                unknown.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+            )];
+        }
+    }
     let run = match options.resolve(env).and_then(|settings| settings.build(&plan)) {
         Ok(run) => run,
         Err(e) => return vec![e.to_string()],
