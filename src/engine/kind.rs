@@ -161,6 +161,23 @@ impl NodeCtx<'_> {
         })
     }
 
+    /// An engine for a child run of this task (a subgraph, a workflow run as a tool): on the
+    /// same store and services, its events nested under this task, writing under this run's
+    /// lease, and ending at a handoff to the parent.
+    pub fn child_engine(&self, child: Arc<Plan>) -> super::Engine {
+        super::Engine::new(
+            child,
+            self.store.clone(),
+            self.services.clone(),
+            self.events.nested(&self.node.name, self.task_id),
+        )
+        .with_options(super::RunOptions {
+            lease: super::LeasePolicy::Under(self.fence.clone()),
+            as_child: true,
+            ..super::RunOptions::default()
+        })
+    }
+
     /// The node's own `timeout` (the limit of each attempt), if it has one.
     pub fn timeout(&self) -> Option<std::time::Duration> {
         self.node.spec.common().timeout.as_ref().and_then(|d| d.to_std())

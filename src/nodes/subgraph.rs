@@ -18,7 +18,7 @@ use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, data};
 use crate::compile::kind::{Data, KindConfig, KindCx, KindDecl, Shape, declared_props};
 use crate::diag::Code;
 use crate::engine::kind::{Attempt, HandedOff, NodeKind};
-use crate::engine::{Answer, CHILD_GATES, CHILD_NODE, CHILD_THREAD, Engine, LeasePolicy, RunOptions, Start, Status};
+use crate::engine::{Answer, CHILD_GATES, CHILD_NODE, CHILD_THREAD, Start, Status};
 
 /// Runs another workflow file with its own state.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -132,17 +132,7 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         .ok()
         .and_then(|c| crate::engine::values::to_json(&c).ok())
         .filter(|_| child.context_schema().is_some());
-    let engine = Engine::new(
-        child.clone(),
-        ctx.store.clone(),
-        ctx.services.clone(),
-        ctx.events.nested(&ctx.node.name, ctx.task_id),
-    )
-    .with_options(RunOptions {
-        lease: LeasePolicy::Under(ctx.fence.clone()),
-        as_child: true,
-        ..RunOptions::default()
-    });
+    let engine = ctx.child_engine(child.clone());
     // The child is started the first time, and continued (with the parent's answer, when it
     // has one) after a crash or an interrupt: the engine tells which under the child's lease.
     let start = Start {

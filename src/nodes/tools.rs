@@ -25,7 +25,7 @@ use crate::compile::ExprId;
 use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape, Tool, ToolRun};
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::engine::values::to_jinja;
-use crate::engine::{Engine, LeasePolicy, RunOptions, Start, Status};
+use crate::engine::{Start, Status};
 use crate::error_class::ErrorClass;
 use crate::providers::{Message, Usage};
 
@@ -260,17 +260,7 @@ async fn run_tool(ctx: &NodeCtx<'_>, tool: &Tool, call: &Call, args: Value) -> R
         ToolRun::Workflow(child) => {
             // One child thread per call, so parallel calls of one tool do not share a thread.
             let thread = format!("{}/{}", child_thread_id(ctx.thread_id, ctx.step, ctx.task_id), call.id);
-            let engine = Engine::new(
-                child.clone(),
-                ctx.store.clone(),
-                ctx.services.clone(),
-                ctx.events.nested(&ctx.node.name, ctx.task_id),
-            )
-            .with_options(RunOptions {
-                lease: LeasePolicy::Under(ctx.fence.clone()),
-                as_child: true,
-                ..RunOptions::default()
-            });
+            let engine = ctx.child_engine(child.clone());
             let start = Start {
                 thread_id: Some(thread),
                 workflow: child.path().display().to_string(),
