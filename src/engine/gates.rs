@@ -261,7 +261,9 @@ pub(super) fn is_before(w: &PendingWrite) -> bool {
 
 /// The gates a checkpoint waits at: its interrupt records whose task has neither finished nor
 /// been answered, in task order.
-pub(super) fn waiting_gates(pending: &[PendingWrite]) -> Vec<&PendingWrite> {
+/// The gates a checkpoint's records wait at: the interrupts of tasks that have neither finished
+/// nor been answered (a server reports them as a thread's pending interrupts).
+pub fn waiting_gates(pending: &[PendingWrite]) -> Vec<&PendingWrite> {
     pending
         .iter()
         .filter(|w| w.channel == INTERRUPT)

@@ -40,7 +40,7 @@ use crate::providers::Usage;
 use crate::spec::NodeSpec;
 pub use edit::EditError;
 use events::{Event, Events};
-pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD};
+pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, waiting_gates};
 use kind::Validators;
 pub use kind::{Kinds, NodeKind};
 pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};

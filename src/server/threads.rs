@@ -13,11 +13,6 @@ use super::Shared;
 use super::http::{ApiError, body};
 use crate::checkpoint::{Checkpoint, PendingWrite, ThreadStatus};
 
-/// The write that records a gate a task stopped at, and those that close it (the task finished,
-/// or the gate was answered): the engine's record names, read here to report pending interrupts.
-const INTERRUPT: &str = "__interrupt__";
-const CLOSED: [&str; 2] = ["__done__", "__resume__"];
-
 /// What the API knows of a thread besides its checkpoints.
 #[derive(Debug, Clone)]
 pub(crate) struct ThreadMeta {
@@ -52,14 +47,8 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The gates `writes` (a checkpoint's pending writes) wait at, as LangGraph's `Interrupt`s.
 pub(crate) fn pending_interrupts(writes: &[PendingWrite]) -> Vec<(String, Value)> {
-    writes
-        .iter()
-        .filter(|w| w.channel == INTERRUPT)
-        .filter(|w| {
-            !writes
-                .iter()
-                .any(|o| o.task_id == w.task_id && CLOSED.contains(&o.channel.as_str()))
-        })
+    crate::engine::waiting_gates(writes)
+        .into_iter()
         .map(|w| (w.task_id.clone(), json!({"id": w.task_id, "value": w.value})))
         .collect()
 }
