@@ -208,6 +208,8 @@ fn edit(args: &ForkArgs, store: &Arc<dyn checkpoint::Checkpointer>, thread_id: &
     let Some(plan) = super::run::compile(&workflow)? else {
         bail!("the workflow {} is not valid", workflow.display());
     };
+    // An edit runs no node: it needs the kinds (to know the nodes' edges), not the run's
+    // providers, keys or stores, so no run is assembled for it.
     let engine = Engine::new(plan, store.clone(), Services::default(), Events::none());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(engine.update_state(thread_id, values, args.as_node.as_deref()))?;
