@@ -267,3 +267,27 @@ fn every_verb_has_help_with_an_example() {
         );
     }
 }
+
+/// The completion scripts come from the CLI's own definition: every verb and flag is in them,
+/// for each shell; an unknown shell is a usage error.
+#[test]
+fn completions_know_every_verb() {
+    for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
+        let out = assert_cmd::Command::cargo_bin("runner")
+            .unwrap()
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        for word in ["validate", "resume", "serve", "fork", "thread", "answer"] {
+            assert!(script.contains(word), "{shell}: no `{word}`");
+        }
+    }
+    let out = assert_cmd::Command::cargo_bin("runner")
+        .unwrap()
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

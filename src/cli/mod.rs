@@ -3,6 +3,7 @@
 //! Architecture Invariant: only cli/ prints; every other module returns values and
 //! diagnostics.
 
+mod completions;
 mod graph;
 mod index;
 mod render;
@@ -57,6 +58,8 @@ enum Command {
     Test(test::Args),
     Index(index::Args),
     Serve(serve::Args),
+    /// Print the shell completion script (e.g. `runner completions bash > /etc/bash_completion.d/runner`).
+    Completions(completions::Args),
 }
 
 /// Runs the CLI and maps the outcome to an exit code.
@@ -82,6 +85,7 @@ pub fn main() -> ExitCode {
         Command::Test(args) => test::run(args),
         Command::Index(args) => index::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Completions(args) => completions::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
