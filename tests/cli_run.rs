@@ -145,6 +145,22 @@ fn run_interrupt_resume_history_state_and_fork() {
         "{history}"
     );
 
+    // The same listings as JSON, for scripts: the checkpoints newest first with their parent
+    // links, and the thread with its status.
+    let listed = json_out(&runner(d, &["history", "--thread", "t1", "--format", "json"]));
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 5);
+    assert_eq!(
+        (listed[0]["step"].clone(), listed[0]["ran"].clone()),
+        (json!(3), json!(["review"]))
+    );
+    assert_eq!(listed[3]["checkpoint_id"], json!(step0));
+    assert_eq!(listed[0]["parent_id"], listed[1]["checkpoint_id"]);
+    assert_eq!(listed[4]["next"], json!(["write"]));
+    let threads = json_out(&runner(d, &["threads", "--format", "json"]));
+    assert_eq!(threads[0]["thread_id"], "t1");
+    assert_eq!(threads[0]["status"], "done");
+
     // state at the latest and at an earlier checkpoint.
     let state = runner(d, &["state", "--thread", "t1", "--key", "draft"]);
     assert_eq!(json_out(&state), json!("second draft"));

@@ -27,8 +27,19 @@ pub(super) struct Db {
 /// Example: runner threads
 #[derive(clap::Args, Debug)]
 pub(super) struct ThreadsArgs {
+    /// `text` (a line each) or `json` (an array of objects, for scripts).
+    #[arg(long, value_enum, default_value_t)]
+    format: ListFormat,
     #[command(flatten)]
     db: Db,
+}
+
+/// How a listing is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub(super) enum ListFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 /// Show a thread's checkpoints, newest first: id, step, nodes that ran, keys changed, time.
@@ -38,6 +49,9 @@ pub(super) struct ThreadsArgs {
 pub(super) struct HistoryArgs {
     #[arg(long)]
     thread: String,
+    /// `text` (a line each) or `json` (an array of objects, for scripts).
+    #[arg(long, value_enum, default_value_t)]
+    format: ListFormat,
     #[command(flatten)]
     db: Db,
 }
@@ -97,13 +111,22 @@ pub(super) fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
     let store = store::open_read_only(args.db.db.as_deref())?;
     let mut out = std::io::stdout().lock();
     let now = crate::clock::now_ms();
+    let mut listed = Vec::new();
     for t in store.list_thread_heads()? {
         let status = match t.status {
             // `running` is what the last run recorded; only a live lease says a run is on it.
             checkpoint::ThreadStatus::Running if !leased(&*store, &t.thread_id, now)? => "cut-off",
             other => other.as_str(),
         };
-        writeln!(out, "{}  {:<11}  {}  {}", t.thread_id, status, t.updated_at, t.workflow)?;
+        match args.format {
+            ListFormat::Text => writeln!(out, "{}  {:<11}  {}  {}", t.thread_id, status, t.updated_at, t.workflow)?,
+            ListFormat::Json => listed.push(serde_json::json!({
+                "thread_id": t.thread_id, "status": status, "updated_at": t.updated_at, "workflow": t.workflow,
+            })),
+        }
+    }
+    if args.format == ListFormat::Json {
+        writeln!(out, "{}", Value::Array(listed))?;
     }
     Ok(exit::OK)
 }
@@ -132,6 +155,25 @@ pub(super) fn history(args: HistoryArgs) -> anyhow::Result<u8> {
         bail!("thread `{}` does not exist", args.thread);
     }
     let mut out = std::io::stdout().lock();
+    if args.format == ListFormat::Json {
+        let listed: Vec<Value> = store
+            .history(&args.thread)?
+            .into_iter()
+            .map(|cp| {
+                serde_json::json!({
+                    "checkpoint_id": cp.checkpoint_id,
+                    "parent_id": cp.parent_id,
+                    "step": cp.step,
+                    "ran": cp.ran,
+                    "changed": cp.changed,
+                    "next": cp.next.iter().map(|t| &t.task_id).collect::<Vec<_>>(),
+                    "created_at": cp.created_at,
+                })
+            })
+            .collect();
+        writeln!(out, "{}", Value::Array(listed))?;
+        return Ok(exit::OK);
+    }
     for cp in store.history(&args.thread)? {
         writeln!(
             out,
