@@ -21,6 +21,12 @@ pub fn now() -> String {
     rfc3339(d.as_secs() as i64, d.subsec_millis())
 }
 
+/// `ms` milliseconds since the epoch as RFC 3339 UTC text, the form records store (so two
+/// times compare as their texts do).
+pub fn at_ms(ms: i64) -> String {
+    rfc3339(ms.div_euclid(1000), ms.rem_euclid(1000) as u32)
+}
+
 /// `secs` since the epoch plus `millis`, as `YYYY-MM-DDTHH:MM:SS.mmmZ`. Written digit by digit:
 /// every checkpoint and event takes a timestamp, and `format!` costs several times more.
 fn rfc3339(secs: i64, millis: u32) -> String {

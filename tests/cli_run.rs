@@ -1100,3 +1100,57 @@ fn a_mock_script_for_a_node_the_workflow_lacks_is_refused() {
         "{err}"
     );
 }
+
+/// Threads are deleted one by one (one that does not exist is refused, nothing deleted) or
+/// pruned by age (and status); what a prune deletes is named on stdout.
+#[test]
+fn threads_are_deleted_and_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("w.yaml"),
+        "name: w\nstate: {n: {type: integer, default: 0}}\nnodes:\n  a: {kind: set, update: {n: 1}}\nedges: [START -> a, a -> END]\n",
+    )
+    .unwrap();
+    for t in ["one", "two", "three"] {
+        assert_eq!(runner(d, &["run", "w.yaml", "--thread", t]).status.code(), Some(0));
+    }
+    let ids = |d: &Path| -> Vec<String> {
+        let listed = json_out(&runner(d, &["threads", "--format", "json"]));
+        let mut ids: Vec<String> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["thread_id"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(ids(d), ["one", "three", "two"]);
+    let refused = runner(d, &["threads", "delete", "one", "nope"]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        stderr(&refused).contains("thread `nope` does not exist"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(ids(d), ["one", "three", "two"], "nothing deleted");
+    assert_eq!(runner(d, &["threads", "delete", "one"]).status.code(), Some(0));
+    assert_eq!(ids(d), ["three", "two"]);
+    // Nothing is a day old; everything is older than nothing.
+    let kept = runner(d, &["threads", "prune", "--older-than", "1d"]);
+    assert_eq!((kept.status.code(), kept.stdout.len()), (Some(0), 0));
+    assert_eq!(
+        runner(d, &["threads", "prune", "--older-than", "0s", "--status", "failed"])
+            .stdout
+            .len(),
+        0
+    );
+    let pruned = runner(d, &["threads", "prune", "--older-than", "0s", "--status", "done"]);
+    let mut gone: Vec<&str> = std::str::from_utf8(&pruned.stdout).unwrap().lines().collect();
+    gone.sort();
+    assert_eq!(gone, ["three", "two"]);
+    assert!(ids(d).is_empty());
+    let bad = runner(d, &["threads", "prune", "--older-than", "soon"]);
+    assert_eq!(bad.status.code(), Some(2));
+}

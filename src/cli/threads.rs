@@ -27,11 +27,32 @@ pub(super) struct Db {
 /// Example: runner threads
 #[derive(clap::Args, Debug)]
 pub(super) struct ThreadsArgs {
+    #[command(subcommand)]
+    action: Option<ThreadsAction>,
     /// `text` (a line each) or `json` (an array of objects, for scripts).
     #[arg(long, value_enum, default_value_t)]
     format: ListFormat,
     #[command(flatten)]
     db: Db,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum ThreadsAction {
+    /// Delete threads (and their subgraphs' threads) with every checkpoint. A thread a run
+    /// holds is refused.
+    Delete {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Delete the threads last updated longer ago than `--older-than` (e.g. `30d`, `12h`),
+    /// optionally only those of a status. Threads a run holds are kept.
+    Prune {
+        #[arg(long, value_name = "DURATION")]
+        older_than: String,
+        /// Only threads of this status: done, failed, interrupted, running, cut-off.
+        #[arg(long)]
+        status: Option<String>,
+    },
 }
 
 /// How a listing is printed.
@@ -108,6 +129,11 @@ pub(super) struct ForkArgs {
 }
 
 pub(super) fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
+    match &args.action {
+        None => {}
+        Some(ThreadsAction::Delete { ids }) => return delete(&args, ids),
+        Some(ThreadsAction::Prune { older_than, status }) => return prune(&args, older_than, status.as_deref()),
+    }
     let store = store::open_read_only(args.db.db.as_deref())?;
     let mut out = std::io::stdout().lock();
     let now = crate::clock::now_ms();
@@ -129,6 +155,65 @@ pub(super) fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
         writeln!(out, "{}", Value::Array(listed))?;
     }
     Ok(exit::OK)
+}
+
+/// Deletes `ids`, each with the threads of its subgraphs (`<id>/…`); one a run holds is refused
+/// before anything is deleted.
+fn delete(args: &ThreadsArgs, ids: &[String]) -> anyhow::Result<u8> {
+    let store = store::open(args.db.db.as_deref())?;
+    let now = crate::clock::now_ms();
+    let heads = store.list_thread_heads()?;
+    for id in ids {
+        if !heads.iter().any(|t| &t.thread_id == id) {
+            bail!("thread `{id}` does not exist");
+        }
+        if leased(&*store, id, now)? {
+            bail!("thread `{id}` is running: stop its run first");
+        }
+    }
+    for id in ids {
+        remove(&*store, &heads, id)?;
+    }
+    Ok(exit::OK)
+}
+
+/// Deletes the threads last updated before `older_than` ago (of `status`, when given), each
+/// with its subgraphs' threads; names each on stdout.
+fn prune(args: &ThreadsArgs, older_than: &str, status: Option<&str>) -> anyhow::Result<u8> {
+    let age = crate::spec::Duration::Text(older_than.to_string())
+        .to_std()
+        .with_context(|| format!("--older-than: `{older_than}` is not a duration (e.g. `30d`, `12h`, `90m`)"))?;
+    let store = store::open(args.db.db.as_deref())?;
+    let now = crate::clock::now_ms();
+    let cutoff = crate::clock::at_ms(now - i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
+    let heads = store.list_thread_heads()?;
+    let mut out = std::io::stdout().lock();
+    for t in &heads {
+        // A subgraph's thread goes with its parent.
+        if t.thread_id.contains('/') || t.updated_at >= cutoff || leased(&*store, &t.thread_id, now)? {
+            continue;
+        }
+        let shown = match t.status {
+            checkpoint::ThreadStatus::Running => "cut-off",
+            other => other.as_str(),
+        };
+        if status.is_some_and(|s| s != shown) {
+            continue;
+        }
+        remove(&*store, &heads, &t.thread_id)?;
+        writeln!(out, "{}", t.thread_id)?;
+    }
+    Ok(exit::OK)
+}
+
+/// Deletes thread `id` and the threads of its subgraphs.
+fn remove(store: &dyn checkpoint::Checkpointer, heads: &[checkpoint::ThreadHead], id: &str) -> anyhow::Result<()> {
+    let nested = format!("{id}/");
+    for t in heads.iter().filter(|t| t.thread_id.starts_with(&nested)) {
+        store.delete_thread(&t.thread_id)?;
+    }
+    store.delete_thread(id)?;
+    Ok(())
 }
 
 /// Whether a live lease whose process may still run covers the thread: its own, or (a subgraph's child thread,

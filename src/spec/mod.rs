@@ -445,7 +445,7 @@ impl Budget {
     }
 }
 
-/// A duration: seconds as a number, or a string such as `500ms`, `30s`, `2m`, `1h`.
+/// A duration: seconds as a number, or a string such as `500ms`, `30s`, `2m`, `1h`, `30d`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum Duration {
@@ -473,6 +473,7 @@ fn parse_duration(text: &str) -> Option<std::time::Duration> {
         "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
+        "d" => n * 86_400.0,
         _ => return None,
     };
     std::time::Duration::try_from_secs_f64(secs).ok()
@@ -484,10 +485,10 @@ impl JsonSchema for Duration {
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "A duration: seconds as a number, or text such as `500ms`, `30s`, `2m`, `1h`.",
+            "description": "A duration: seconds as a number, or text such as `500ms`, `30s`, `2m`, `1h`, `1d`.",
             "anyOf": [
                 {"type": "number", "minimum": 0},
-                {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?(ms|s|m|h)$"}
+                {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?(ms|s|m|h|d)$"}
             ]
         })
     }
@@ -516,6 +517,7 @@ mod tests {
         assert_eq!(d("500ms"), Some(std::time::Duration::from_millis(500)));
         assert_eq!(d("2m"), Some(std::time::Duration::from_secs(120)));
         assert_eq!(d("1.5s"), Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(d("30d"), Some(std::time::Duration::from_secs(30 * 86_400)));
         // Too long for a duration: not one, rather than a panic.
         assert_eq!(d(&format!("{}h", "9".repeat(30))), None);
         assert_eq!(Duration::Seconds(1e300).to_std(), None);
