@@ -226,18 +226,15 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<u8> {
     };
     let settings = args.common.options(args.force).resolve(&Env::process())?;
     let store = settings.open_store()?;
-    let request = settings.overrides.start(
-        store.as_ref(),
-        Start {
-            thread_id: args.thread.clone(),
-            workflow: absolute(&args.file).display().to_string(),
-            input,
-            // On an existing thread, new input starts a new turn; without it the thread continues.
-            input_given: !args.input.is_empty() || args.input_file.is_some(),
-            context: Value::Object(context),
-            config,
-        },
-    )?;
+    let request = settings.overrides.start(Start {
+        thread_id: args.thread.clone(),
+        workflow: absolute(&args.file).display().to_string(),
+        input,
+        // On an existing thread, new input starts a new turn; without it the thread continues.
+        input_given: !args.input.is_empty() || args.input_file.is_some(),
+        context: Value::Object(context),
+        config,
+    });
     execute(plan, request, &args.common, &settings, store)
 }
 

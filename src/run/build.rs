@@ -9,7 +9,7 @@ use super::RunError;
 use super::options::{CassetteOption, MockOption};
 use super::settings::{Overrides, RunSettings};
 use crate::cassette::Cassette;
-use crate::checkpoint::{CheckpointError, Checkpointer};
+use crate::checkpoint::Checkpointer;
 use crate::compile::Plan;
 use crate::engine::RunRequest;
 use crate::nodes::Services;
@@ -144,15 +144,6 @@ fn override_models(
     Ok(models)
 }
 
-/// Whether a run on `thread` starts a new thread: no id given (one is made), or no thread by
-/// that id in `store`.
-pub fn thread_is_new(store: &dyn Checkpointer, thread: Option<&str>) -> Result<bool, CheckpointError> {
-    match thread {
-        Some(t) => Ok(store.get_thread(t)?.is_none()),
-        None => Ok(true),
-    }
-}
-
 /// What a run of a workflow is started with: on a new thread, its input and context; on an
 /// existing one, its input starts a new turn when given, else the thread continues.
 #[derive(Debug, Clone, Default)]
@@ -170,18 +161,19 @@ pub struct Start {
 }
 
 impl Overrides {
-    /// The request that starts or continues a thread per `start`, its newness read from
-    /// `store`.
-    pub fn start(&self, store: &dyn Checkpointer, start: Start) -> Result<RunRequest, CheckpointError> {
-        let fresh = thread_is_new(store, start.thread_id.as_deref())?;
-        Ok(RunRequest {
+    /// The request that starts or continues a thread per `start`. Whether the thread exists
+    /// is the engine's to tell, under the thread's lease: a new one is created with the
+    /// context and the input (an empty one when none was given); an existing one starts a new
+    /// turn when input was given and continues otherwise, keeping its context.
+    pub fn start(&self, start: Start) -> RunRequest {
+        RunRequest {
             thread_id: start.thread_id,
             workflow: start.workflow,
-            input: (fresh || start.input_given).then_some(start.input),
-            context: fresh.then_some(start.context),
+            input: start.input_given.then_some(start.input),
+            context: Some(start.context),
             config: start.config,
             ..self.request()
-        })
+        }
     }
 
     /// The request that answers the thread's pending interrupt (`answer_to`: which, when several

@@ -20,7 +20,7 @@ mod store;
 
 use std::path::PathBuf;
 
-pub use build::{Run, Start, thread_is_new};
+pub use build::{Run, Start};
 pub use env::Env;
 pub use options::{CassetteOption, DbOption, MockOption, RunOptions};
 pub use settings::{DEFAULT_DATA_DB, DEFAULT_DB, Overrides, RunSettings, Setting, Source, data_db_path, db_path};

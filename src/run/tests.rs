@@ -4,8 +4,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::checkpoint::memory::MemoryCheckpointer;
-use crate::checkpoint::{Checkpointer, Thread, ThreadStatus};
 use crate::engine::{DEFAULT_LEASE_TTL, LeasePolicy, Persist};
 use crate::net::AllowList;
 use crate::nodes::ReadRoots;
@@ -291,29 +289,12 @@ fn model_profiles_read_keys_and_urls_from_the_given_environment() {
     );
 }
 
-fn thread(id: &str) -> Thread {
-    Thread {
-        thread_id: id.into(),
-        workflow: "w.yaml".into(),
-        plan_hash: "h".into(),
-        input: json!({}),
-        context: json!({}),
-        config: json!({}),
-        status: ThreadStatus::Done,
-        created_at: "2026-01-01T00:00:00Z".into(),
-        updated_at: "2026-01-01T00:00:00Z".into(),
-        forked_from: None,
-    }
-}
-
+/// What `runner run` asks of the engine: the input only when given (an existing thread then
+/// starts a new turn; a new one starts from an empty input), and always the context (the
+/// engine uses it only for a thread it creates). Whether the thread exists is the engine's to
+/// tell, under the lease; `cli_run` and `engine` test what it does with each.
 #[test]
-fn a_thread_is_new_unless_the_store_holds_it() {
-    let store = MemoryCheckpointer::new();
-    store.create_thread(&thread("old")).unwrap();
-    assert!(thread_is_new(&store, None).unwrap());
-    assert!(thread_is_new(&store, Some("new")).unwrap());
-    assert!(!thread_is_new(&store, Some("old")).unwrap());
-
+fn a_start_request_leaves_the_thread_s_newness_to_the_engine() {
     let overrides = settings(
         RunOptions {
             recursion_limit: Some(3),
@@ -322,28 +303,23 @@ fn a_thread_is_new_unless_the_store_holds_it() {
         &[],
     )
     .overrides;
-    let start = |thread: &str, given: bool| Start {
-        thread_id: Some(thread.into()),
+    let start = |given: bool| Start {
+        thread_id: Some("t".into()),
         workflow: "w.yaml".into(),
         input: json!({"q": 1}),
         input_given: given,
         context: json!({"user": "a"}),
         config: vec![("k".into(), Value::from(1))],
     };
-    // A new thread gets its input and context, given or not (an empty input is an input).
-    let new = overrides.start(&store, start("new", false)).unwrap();
+    let go_on = overrides.start(start(false));
+    assert_eq!((go_on.input, go_on.context), (None, Some(json!({"user": "a"}))));
+    let turn = overrides.start(start(true));
     assert_eq!(
-        (new.input, new.context),
+        (turn.input, turn.context),
         (Some(json!({"q": 1})), Some(json!({"user": "a"})))
     );
-    assert_eq!(new.recursion_limit, Some(3));
-    // An existing one continues without input, and starts a new turn with it; its context
-    // stays the one it was started with.
-    let go_on = overrides.start(&store, start("old", false)).unwrap();
-    assert_eq!((go_on.input, go_on.context), (None, None));
-    let turn = overrides.start(&store, start("old", true)).unwrap();
-    assert_eq!((turn.input, turn.context), (Some(json!({"q": 1})), None));
     assert_eq!(turn.config, vec![("k".to_string(), Value::from(1))]);
+    assert_eq!(turn.recursion_limit, Some(3));
     let answer = overrides.answer("old".into(), "w.yaml".into(), Some(json!("ok")), None);
     assert_eq!(answer.thread_id.as_deref(), Some("old"));
     assert_eq!(

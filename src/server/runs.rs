@@ -212,17 +212,14 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
             let (to, value) = answer(app, &thread_id, resume)?;
             overrides.answer(thread_id.clone(), workflow, Some(value), to)
         }
-        None => overrides.start(
-            app.store.as_ref(),
-            Start {
-                thread_id: Some(thread_id.clone()),
-                workflow,
-                input_given: req.input.as_ref().is_some_and(|i| !i.is_null()),
-                input: req.input.filter(|i| !i.is_null()).unwrap_or_else(|| json!({})),
-                context: req.context.unwrap_or_else(|| json!({})),
-                config: Vec::new(),
-            },
-        )?,
+        None => overrides.start(Start {
+            thread_id: Some(thread_id.clone()),
+            workflow,
+            input_given: req.input.as_ref().is_some_and(|i| !i.is_null()),
+            input: req.input.filter(|i| !i.is_null()).unwrap_or_else(|| json!({})),
+            context: req.context.unwrap_or_else(|| json!({})),
+            config: Vec::new(),
+        }),
     };
     if let LeasePolicy::Take { wait, .. } = &mut request.lease {
         *wait = enqueue;

@@ -238,21 +238,14 @@ async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, options: RunOptio
             v.push(e.event);
         }
     }));
-    let start = run.overrides.start(
-        run.store.as_ref(),
-        Start {
-            thread_id: Some("test".into()),
-            workflow: suite.workflow.display().to_string(),
-            input: case.input.clone(),
-            input_given: true,
-            context: case.context.clone(),
-            config: case.set.clone(),
-        },
-    );
-    let mut request = match start {
-        Ok(request) => request,
-        Err(e) => return vec![e.to_string()],
-    };
+    let mut request = run.overrides.start(Start {
+        thread_id: Some("test".into()),
+        workflow: suite.workflow.display().to_string(),
+        input: case.input.clone(),
+        input_given: true,
+        context: case.context.clone(),
+        config: case.set.clone(),
+    });
     let overrides = run.overrides;
     let engine = Engine::new(plan, run.store, run.services, events);
     let mut answers = case.answers.iter();
