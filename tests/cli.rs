@@ -291,3 +291,155 @@ fn completions_know_every_verb() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+const ECHO: &str = "name: echo\ninput: {type: object, properties: {word: {type: string}}}\nstate:\n  said: {type: string, default: \"\"}\nnodes:\n  say: {kind: set, update: {said: input.word}}\nedges: [START -> say -> END]\noutput: [said]\n";
+
+/// `-` reads standard input wherever a file is taken: `validate -` and `graph -` (problems
+/// named `<stdin>`), `--input-file -`, `-i key=@-`; `run -` is refused (a thread records its
+/// workflow's path to be resumed).
+#[test]
+fn a_dash_reads_standard_input() {
+    let out = runner().args(["validate", "-"]).write_stdin(ECHO).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 file valid"));
+    let out = runner()
+        .args(["validate", "-"])
+        .write_stdin(ECHO.replace("input.word", "input.wrod"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("<stdin>:6:"), "{text}");
+    let out = runner().args(["graph", "-"]).write_stdin(ECHO).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("say"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("echo.yaml");
+    std::fs::write(&file, ECHO).unwrap();
+    let run = |args: &[&str], stdin: &str| {
+        let out = runner()
+            .arg("run")
+            .arg(&file)
+            .args(["--db", ":memory:", "--output", "json"])
+            .args(args)
+            .write_stdin(stdin.to_string())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    assert_eq!(run(&["--input-file", "-"], "word: from-yaml\n")["said"], "from-yaml");
+    assert_eq!(run(&["-i", "word=@-"], "from stdin")["said"], "from stdin");
+
+    let out = runner().args(["run", "-"]).write_stdin(ECHO).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a workflow file"));
+}
+
+/// The environment variables that stand for a flag are declared on it, so `--help` shows them
+/// and they work whichever command reads them.
+#[test]
+fn help_shows_the_environment_variables_of_flags() {
+    for (verb, vars) in [
+        ("run", &["RUNNER_DB", "RUNNER_DATA_DB", "RUNNER_LEASE_TTL"][..]),
+        ("serve", &["RUNNER_DB", "RUNNER_DATA_DB", "RUNNER_LEASE_TTL"][..]),
+        ("threads", &["RUNNER_DB"][..]),
+    ] {
+        let out = runner().args([verb, "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        for var in vars {
+            assert!(
+                help.contains(&format!("[env: {var}")),
+                "{verb} --help lacks {var}:\n{help}"
+            );
+        }
+    }
+}
+
+/// `runner.toml` is found from a subdirectory and its paths are relative to it; `.env` beside
+/// it wins over it, the process's environment over both, a flag over everything; its model
+/// overrides apply to the workflows that have the profile; a key it does not know is an error
+/// naming the file.
+#[test]
+fn a_project_file_and_dot_env_give_defaults() {
+    let project = tempfile::tempdir().unwrap();
+    let root = project.path();
+    std::fs::create_dir_all(root.join("flows/deep")).unwrap();
+    std::fs::write(root.join("flows/echo.yaml"), ECHO).unwrap();
+    std::fs::write(
+        root.join("runner.toml"),
+        "db = \"state/from-toml.db\"\ndata_db = \"state/data.db\"\n[models]\ndefault = \"mock:m\"\n",
+    )
+    .unwrap();
+    let run_from = |dir: &Path, extra: &[(&str, &str)], args: &[&str]| {
+        let mut cmd = Command::cargo_bin("runner").unwrap();
+        cmd.current_dir(dir)
+            .env_remove("RUNNER_DB")
+            .env_remove("RUNNER_DATA_DB")
+            .args(["run", "../echo.yaml", "-i", "word=hi", "--thread", "t1"])
+            .args(args);
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let deep = root.join("flows/deep");
+    run_from(&deep, &[], &[]);
+    assert!(
+        root.join("state/from-toml.db").is_file(),
+        "runner.toml's db, relative to the file"
+    );
+
+    std::fs::write(
+        root.join(".env"),
+        "# a comment\nexport RUNNER_DB=\"state/from-env-file.db\"\n",
+    )
+    .unwrap();
+    run_from(&deep, &[], &[]);
+    // `.env` holds plain variables: a relative path is relative to the working directory.
+    assert!(
+        deep.join("state/from-env-file.db").is_file(),
+        ".env wins over runner.toml"
+    );
+
+    let from_process = root.join("state/from-process.db");
+    run_from(&deep, &[("RUNNER_DB", from_process.to_str().unwrap())], &[]);
+    assert!(from_process.is_file(), "the environment wins over .env");
+
+    let from_flag = root.join("state/from-flag.db");
+    run_from(
+        &deep,
+        &[("RUNNER_DB", from_process.to_str().unwrap())],
+        &["--db", from_flag.to_str().unwrap()],
+    );
+    assert!(from_flag.is_file(), "a flag wins over everything");
+
+    std::fs::write(root.join("runner.toml"), "db = \"x.db\"\nmodel = \"oops\"\n").unwrap();
+    let out = Command::cargo_bin("runner")
+        .unwrap()
+        .current_dir(&deep)
+        .args(["run", "../echo.yaml", "-i", "word=hi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("runner.toml") && err.contains("model"), "{err}");
+}
+
+/// `runner man` prints the manual page; `--dir` writes one per command.
+#[test]
+fn man_pages_come_from_the_cli() {
+    let out = runner().arg("man").output().unwrap();
+    assert!(out.status.success());
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(page.starts_with(".ie") || page.contains(".TH runner 1"), "{page}");
+    assert!(page.contains("validate"));
+    let dir = tempfile::tempdir().unwrap();
+    runner().args(["man", "--dir"]).arg(dir.path()).assert().success();
+    for page in ["runner.1", "runner-run.1", "runner-threads-prune.1", "runner-serve.1"] {
+        let text = std::fs::read_to_string(dir.path().join(page)).unwrap_or_else(|_| panic!("no {page}"));
+        assert!(text.contains(".TH"), "{page}");
+    }
+}

@@ -1,7 +1,7 @@
 //! `runner graph`: draw a workflow's compiled plan.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::exit;
 use crate::compile::compile_file;
@@ -38,7 +38,7 @@ impl From<PictureArg> for PictureFormat {
 /// Example: runner graph workflows/research.yaml --format dot | dot -Tsvg > research.svg
 #[derive(clap::Args)]
 pub(super) struct Args {
-    /// The workflow file.
+    /// The workflow file (`-`: standard input).
     file: PathBuf,
     /// The picture format.
     #[arg(long, value_enum, default_value_t)]
@@ -46,7 +46,7 @@ pub(super) struct Args {
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
-    if !args.file.is_file() {
+    if args.file != Path::new(crate::spec::load::STDIN) && !args.file.is_file() {
         anyhow::bail!("{} is not a file", args.file.display());
     }
     let (plan, result) = compile_file(&args.file, &crate::nodes::builtin().decls());

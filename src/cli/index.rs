@@ -29,8 +29,8 @@ pub(super) struct Args {
     /// The index name (as `index:` in retrieve nodes).
     #[arg(long)]
     index: String,
-    /// The data database (default: $RUNNER_DATA_DB, else .runner/data.db).
-    #[arg(long, value_name = "PATH")]
+    /// The data database (default: .runner/data.db).
+    #[arg(long, env = "RUNNER_DATA_DB", value_name = "PATH")]
     data_db: Option<PathBuf>,
     /// Target chunk size in characters.
     #[arg(long, default_value_t = 1000)]
@@ -78,7 +78,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     if files.is_empty() {
         bail!("no documents (.txt, .md, .html) under {}", show(&args.paths));
     }
-    let db = store::data_db_path(args.data_db.as_deref());
+    let db = store::data_db_path(args.data_db.as_deref())?;
     let data = DataStore::at(&db);
     if args.reset {
         let name = args.index.clone();

@@ -6,6 +6,7 @@
 mod completions;
 mod graph;
 mod index;
+mod man;
 mod render;
 mod run;
 mod schema;
@@ -60,6 +61,8 @@ enum Command {
     Serve(serve::Args),
     /// Print the shell completion script (e.g. `runner completions bash > /etc/bash_completion.d/runner`).
     Completions(completions::Args),
+    /// Print runner's manual page (`runner man > runner.1`), or every command's with `--dir`.
+    Man(man::Args),
 }
 
 /// Runs the CLI and maps the outcome to an exit code.
@@ -86,6 +89,7 @@ pub fn main() -> ExitCode {
         Command::Index(args) => index::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Completions(args) => completions::run(args),
+        Command::Man(args) => man::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -158,6 +162,14 @@ fn to_yaml(v: &serde_json::Value) -> saphyr::Yaml<'_> {
                 .collect(),
         ),
     }
+}
+
+/// The process's environment filled in by the project's `runner.toml` and `.env` (found from
+/// the current directory), and the project's model overrides.
+fn project_env() -> anyhow::Result<(crate::run::Env, Vec<String>)> {
+    let cwd = std::env::current_dir()?;
+    let project = crate::run::Project::discover(&cwd)?;
+    Ok((project.fill(crate::run::Env::process()), project.models))
 }
 
 #[cfg(test)]

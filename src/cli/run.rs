@@ -15,7 +15,7 @@ use crate::compile::compile_file;
 use crate::diag::{self, Format};
 use crate::engine::events::Events;
 use crate::engine::{Engine, EngineError, Persist, RunRequest, Status};
-use crate::run::{CassetteOption, DbOption, Env, MockOption, RunOptions, RunSettings, Start};
+use crate::run::{CassetteOption, DbOption, MockOption, RunOptions, RunSettings, Start};
 
 /// How progress is shown on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -61,9 +61,8 @@ impl From<PersistArg> for Persist {
 /// Options shared by `run` and `resume`.
 #[derive(clap::Args, Debug, Clone)]
 pub(super) struct Common {
-    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db; `:memory:` keeps
-    /// nothing).
-    #[arg(long)]
+    /// The checkpoint database (default: .runner/runner.db; `:memory:` keeps nothing).
+    #[arg(long, env = "RUNNER_DB")]
     pub db: Option<PathBuf>,
     /// How progress is shown on stderr.
     #[arg(long, value_enum)]
@@ -96,9 +95,9 @@ pub(super) struct Common {
     /// it does not hold fails the run, naming the closest recorded one.
     #[arg(long, value_name = "FILE", conflicts_with = "mock")]
     pub replay: Option<PathBuf>,
-    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
-    /// .runner/data.db; `:memory:` keeps nothing). Opened only by runs that use them.
-    #[arg(long, value_name = "PATH")]
+    /// The data database: search indexes and long-term memory (default: .runner/data.db;
+    /// `:memory:` keeps nothing). Opened only by runs that use them.
+    #[arg(long, env = "RUNNER_DATA_DB", value_name = "PATH")]
     pub data_db: Option<PathBuf>,
     /// Let the http, search and scrape kinds reach this host, address or CIDR although it is
     /// private or loopback (repeatable; also `RUNNER_ALLOW_NET`, comma-separated).
@@ -112,10 +111,10 @@ pub(super) struct Common {
     /// it the command exits 2 at once.
     #[arg(long)]
     pub wait: bool,
-    /// How long the thread's lease lasts without a heartbeat, in seconds (default:
-    /// $RUNNER_LEASE_TTL, else 10). A run killed outright frees its thread after this long (at
-    /// once for a run on the same host whose process is gone).
-    #[arg(long, value_name = "SECS")]
+    /// How long the thread's lease lasts without a heartbeat, in seconds (default: 10). A run
+    /// killed outright frees its thread after this long (at once for a run on the same host
+    /// whose process is gone).
+    #[arg(long, env = "RUNNER_LEASE_TTL", value_name = "SECS")]
     pub lease_ttl: Option<f64>,
 }
 
@@ -133,6 +132,7 @@ impl Common {
                 (None, None) => None,
             },
             models: self.model.clone(),
+            project_models: Vec::new(),
             allow_net: self.allow_net.clone(),
             allow_read: self.allow_read.clone(),
             lease_ttl: self.lease_ttl,
@@ -157,10 +157,10 @@ pub(super) struct RunArgs {
     /// The workflow file.
     file: PathBuf,
     /// An input field: `key=value` (JSON if it parses as JSON, else a string; `@path` reads a
-    /// file).
+    /// file, `@-` standard input).
     #[arg(long = "input", short = 'i', value_name = "KEY=VALUE")]
     input: Vec<String>,
-    /// The whole input from a JSON or YAML file.
+    /// The whole input from a JSON or YAML file (`-`: standard input).
     #[arg(long, value_name = "FILE")]
     input_file: Option<PathBuf>,
     /// A config override: `path.to.key=value`.
@@ -220,11 +220,21 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<u8> {
         .iter()
         .map(|kv| parse_kv(kv))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    if args.file == Path::new(crate::spec::load::STDIN) {
+        bail!(
+            "runner run needs a workflow file, not standard input: a thread records its workflow's path to be resumed"
+        );
+    }
     // Compile first: its transient memory is gone before the store's caches arrive.
     let Some(plan) = compile(&args.file)? else {
         return Ok(exit::INVALID);
     };
-    let settings = args.common.options(args.force).resolve(&Env::process())?;
+    let (env, project_models) = super::project_env()?;
+    let settings = RunOptions {
+        project_models,
+        ..args.common.options(args.force)
+    }
+    .resolve(&env)?;
     let store = settings.open_store()?;
     let request = settings.overrides.start(Start {
         thread_id: args.thread.clone(),
@@ -239,7 +249,12 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<u8> {
 }
 
 pub(super) fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
-    let settings = args.common.options(args.force).resolve(&Env::process())?;
+    let (env, project_models) = super::project_env()?;
+    let settings = RunOptions {
+        project_models,
+        ..args.common.options(args.force)
+    }
+    .resolve(&env)?;
     let store = settings.open_store()?;
     let Some(thread) = store.get_thread(&args.thread)? else {
         bail!(
@@ -436,7 +451,7 @@ pub fn parse_kv(kv: &str) -> anyhow::Result<(String, Value)> {
         bail!("`{kv}` has no key");
     }
     let value = if let Some(path) = v.strip_prefix('@') {
-        Value::String(std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?)
+        Value::String(read_text_arg(path)?)
     } else {
         serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()))
     };
@@ -481,10 +496,19 @@ fn parse_answer(a: &str) -> anyhow::Result<(Option<String>, Value)> {
 
 fn parse_json_arg(a: &str) -> anyhow::Result<Value> {
     let text = match a.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?,
+        Some(path) => read_text_arg(path)?,
         None => a.to_string(),
     };
     serde_json::from_str(&text).with_context(|| format!("`{a}` is not JSON"))
+}
+
+/// The text of the file an `@PATH` argument names; `@-` is standard input.
+fn read_text_arg(path: &str) -> anyhow::Result<String> {
+    if path == crate::spec::load::STDIN {
+        let bytes = crate::spec::load::stdin_bytes().map_err(|e| anyhow::anyhow!("cannot read standard input: {e}"))?;
+        return String::from_utf8(bytes.to_vec()).context("standard input is not UTF-8 text");
+    }
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))
 }
 
 fn read_data_file(path: &Path) -> anyhow::Result<Value> {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 
 use super::exit;
-use crate::run::{DbOption, Env, MockOption, RunOptions};
+use crate::run::{DbOption, MockOption, RunOptions};
 
 /// Serve every workflow of a folder with the LangGraph Server API, for LangGraph's SDKs and
 /// agent-chat-ui (`get_client(url="http://127.0.0.1:2024")`).
@@ -27,12 +27,11 @@ pub(super) struct Args {
     /// The port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 2024)]
     port: u16,
-    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db).
-    #[arg(long)]
+    /// The checkpoint database (default: .runner/runner.db).
+    #[arg(long, env = "RUNNER_DB")]
     db: Option<PathBuf>,
-    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
-    /// .runner/data.db).
-    #[arg(long, value_name = "PATH")]
+    /// The data database: search indexes and long-term memory (default: .runner/data.db).
+    #[arg(long, env = "RUNNER_DATA_DB", value_name = "PATH")]
     data_db: Option<PathBuf>,
     /// Serve every model from this scripted mock (offline use and tests); each run reads the
     /// script from its start.
@@ -41,9 +40,8 @@ pub(super) struct Args {
     /// Serve a model profile from another model: `PROFILE=PROVIDER:MODEL[@URL]`.
     #[arg(long = "model", value_name = "PROFILE=SPEC")]
     model: Vec<String>,
-    /// How long a thread's lease lasts without a heartbeat, in seconds (default:
-    /// $RUNNER_LEASE_TTL, else 10).
-    #[arg(long, value_name = "SECS")]
+    /// How long a thread's lease lasts without a heartbeat, in seconds (default: 10).
+    #[arg(long, env = "RUNNER_LEASE_TTL", value_name = "SECS")]
     lease_ttl: Option<f64>,
     /// Require the API key held by this environment variable on every request but `GET /ok`,
     /// as `x-api-key` (what LangGraph's SDKs send from `LANGGRAPH_API_KEY`) or
@@ -53,7 +51,7 @@ pub(super) struct Args {
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
-    let env = Env::process();
+    let (env, project_models) = super::project_env()?;
     let api_key = match &args.api_key_env {
         Some(name) => match env.get(name) {
             Some(key) if !key.is_empty() => Some(key),
@@ -72,6 +70,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         data_db: args.data_db,
         mock: args.mock.map(MockOption::File),
         models: args.model,
+        project_models,
         lease_ttl: args.lease_ttl,
         // A busy thread is answered at once (409), never waited for.
         wait: Some(false),

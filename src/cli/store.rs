@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::checkpoint::{Checkpointer, Durability};
-use crate::run::{Checkpoints, Env};
+use crate::run::Checkpoints;
 
 /// SQLite durability, as a flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -27,13 +27,13 @@ impl From<DurabilityArg> for Durability {
 }
 
 fn checkpoints(flag: Option<&Path>) -> anyhow::Result<Checkpoints> {
-    let at = crate::run::db_path(flag.map(Path::to_path_buf), &Env::process());
+    let at = crate::run::db_path(flag.map(Path::to_path_buf), &super::project_env()?.0);
     Checkpoints::parse(&at.value).map_err(|m| anyhow::anyhow!("{}: {m}", at.source))
 }
 
 /// `--data-db`, else `$RUNNER_DATA_DB`, else `.runner/data.db`.
-pub(super) fn data_db_path(flag: Option<&Path>) -> PathBuf {
-    crate::run::data_db_path(flag.map(Path::to_path_buf), &Env::process()).value
+pub(super) fn data_db_path(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    Ok(crate::run::data_db_path(flag.map(Path::to_path_buf), &super::project_env()?.0).value)
 }
 
 /// The store `--db` names, created if missing.

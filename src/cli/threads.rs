@@ -16,8 +16,8 @@ use crate::engine::{Engine, Services};
 /// Where the threads are.
 #[derive(clap::Args, Debug)]
 pub(super) struct Db {
-    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db).
-    #[arg(long)]
+    /// The checkpoint database (default: .runner/runner.db).
+    #[arg(long, env = "RUNNER_DB")]
     db: Option<PathBuf>,
 }
 

@@ -39,7 +39,8 @@ impl From<FormatArg> for Format {
 /// Example: runner validate workflows/ --format github
 #[derive(clap::Args)]
 pub(super) struct Args {
-    /// Workflow files, or directories searched for *.yaml / *.yml (default: workflows/).
+    /// Workflow files, or directories searched for *.yaml / *.yml (default: workflows/); `-`
+    /// reads one workflow from standard input.
     paths: Vec<PathBuf>,
     /// How to print problems.
     #[arg(long, value_enum, default_value_t)]
@@ -103,6 +104,10 @@ pub(super) fn files_under(
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for path in paths {
+        if path == Path::new(crate::spec::load::STDIN) {
+            out.push(path.clone());
+            continue;
+        }
         let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
         if meta.is_dir() {
             collect(path, keep, &mut out).with_context(|| format!("cannot list {}", path.display()))?;

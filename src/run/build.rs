@@ -63,7 +63,16 @@ impl RunSettings {
                 }
             })?)),
         };
-        let models = override_models(plan.models(), &self.models)?;
+        let project: Vec<String> = self
+            .project_models
+            .iter()
+            .filter(|spec| {
+                spec.split_once('=')
+                    .is_some_and(|(name, _)| plan.models().contains_key(name))
+            })
+            .cloned()
+            .collect();
+        let models = override_models(plan.models(), &[project, self.models.clone()].concat())?;
         let cassette = match &self.cassette {
             Some(CassetteOption::Record(path)) => Some(Arc::new(Cassette::record_with(path, self.env.credentials())?)),
             Some(CassetteOption::Replay(path)) => Some(Arc::new(Cassette::replay_with(path, self.env.credentials())?)),

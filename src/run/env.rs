@@ -51,6 +51,11 @@ impl Env {
         self.get_os(name)?.to_str().map(str::to_string)
     }
 
+    /// Sets `name` to `value` unless it is set already.
+    pub fn set_default(&mut self, name: &str, value: OsString) {
+        self.vars.entry(name.to_string()).or_insert(value);
+    }
+
     /// This environment without `name`.
     pub fn without(mut self, name: &str) -> Env {
         self.vars.remove(name);

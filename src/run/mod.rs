@@ -15,6 +15,7 @@
 mod build;
 pub mod env;
 mod options;
+mod project;
 mod settings;
 mod store;
 
@@ -23,6 +24,7 @@ use std::path::PathBuf;
 pub use build::{Run, Start};
 pub use env::Env;
 pub use options::{CassetteOption, DbOption, MockOption, RunOptions};
+pub use project::{Project, ProjectError};
 pub use settings::{DEFAULT_DATA_DB, DEFAULT_DB, Overrides, RunSettings, Setting, Source, data_db_path, db_path};
 pub use store::Checkpoints;
 

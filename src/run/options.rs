@@ -55,6 +55,9 @@ pub struct RunOptions {
     pub cassette: Option<CassetteOption>,
     /// `PROFILE=PROVIDER:MODEL[@URL]`: serve a profile from another model.
     pub models: Vec<String>,
+    /// `PROFILE=PROVIDER:MODEL[@URL]` defaults of a project (`runner.toml`): applied before
+    /// `models`, and only to the workflows that have the profile.
+    pub project_models: Vec<String>,
     /// Added to `RUNNER_ALLOW_NET`'s entries.
     pub allow_net: Vec<String>,
     /// Added to `RUNNER_ALLOW_READ`'s directories.

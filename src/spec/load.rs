@@ -95,8 +95,22 @@ pub fn push_pointer(base: &str, token: &str) -> String {
     p
 }
 
-/// Reads a file's bytes into a [`SourceFile`]: size cap, UTF-8 check.
+/// The path that names standard input, as command-line tools spell it.
+pub const STDIN: &str = "-";
+/// How standard input is named in diagnostics.
+pub const STDIN_NAME: &str = "<stdin>";
+
+/// Reads a file's bytes into a [`SourceFile`]: size cap, UTF-8 check. The path `-` reads
+/// standard input (once per process: a second read gets the same text), named `<stdin>`;
+/// files it refers to are found relative to the current directory.
 pub fn read(path: &Path) -> Result<SourceFile, Diagnostic> {
+    if path == Path::new(STDIN) {
+        let path: Arc<Path> = Arc::from(Path::new(STDIN_NAME));
+        return match stdin_bytes() {
+            Ok(bytes) => from_bytes(path, bytes.to_vec()),
+            Err(e) => Err(Diagnostic::new(Code::Io, format!("cannot read standard input: {e}")).at(&path, None)),
+        };
+    }
     let path: Arc<Path> = Arc::from(path);
     let meta = std::fs::metadata(&path).map_err(|e| io_error(&path, &e))?;
     if meta.len() > MAX_FILE_BYTES as u64 {
@@ -104,6 +118,25 @@ pub fn read(path: &Path) -> Result<SourceFile, Diagnostic> {
     }
     let bytes = std::fs::read(&path).map_err(|e| io_error(&path, &e))?;
     from_bytes(path, bytes)
+}
+
+/// Standard input's bytes, read to its end at the first call (at most one byte past the
+/// size cap, so a runaway pipe is not held in memory).
+pub fn stdin_bytes() -> Result<&'static [u8], String> {
+    use std::io::Read;
+    static STDIN_BYTES: std::sync::OnceLock<Result<Vec<u8>, String>> = std::sync::OnceLock::new();
+    STDIN_BYTES
+        .get_or_init(|| {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .lock()
+                .take(MAX_FILE_BYTES as u64 + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| e.to_string())?;
+            Ok(bytes)
+        })
+        .as_deref()
+        .map_err(Clone::clone)
 }
 
 /// Builds a [`SourceFile`] from bytes: size cap, UTF-8 check.

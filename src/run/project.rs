@@ -1,0 +1,171 @@
+//! A project's defaults: `runner.toml`, found by walking up from the current directory, and
+//! a `.env` file (beside `runner.toml`, else in the current directory). Both only fill in
+//! what the process's environment leaves unset, and flags override all three:
+//!
+//! flag > environment variable > `.env` > `runner.toml` > built-in default.
+//!
+//! ```toml
+//! db = ".runner/runner.db"          # RUNNER_DB
+//! data_db = ".runner/data.db"       # RUNNER_DATA_DB
+//! allow_net = ["127.0.0.1", "10.0.0.0/8"]   # RUNNER_ALLOW_NET
+//! allow_read = ["../corpus"]        # RUNNER_ALLOW_READ
+//! lease_ttl = 10                    # RUNNER_LEASE_TTL
+//! env_file = ".env"                 # the default
+//!
+//! [models]                          # --model PROFILE=SPEC, for workflows with that profile
+//! default = "ollama:llama3.2"
+//! ```
+//!
+//! Relative paths are relative to the file's directory.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use indexmap::IndexMap;
+use serde::Deserialize;
+
+use super::Env;
+use super::env::{ALLOW_NET, ALLOW_READ, DATA_DB, DB, LEASE_TTL};
+
+/// The project file's name.
+pub(super) const FILE_NAME: &str = "runner.toml";
+
+/// What `runner.toml` may say.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProjectFile {
+    db: Option<PathBuf>,
+    data_db: Option<PathBuf>,
+    #[serde(default)]
+    allow_net: Vec<String>,
+    #[serde(default)]
+    allow_read: Vec<PathBuf>,
+    lease_ttl: Option<f64>,
+    env_file: Option<PathBuf>,
+    #[serde(default)]
+    models: IndexMap<String, String>,
+}
+
+/// A project's defaults, read once at start.
+#[derive(Debug, Default)]
+pub struct Project {
+    /// The `runner.toml` read, if one was found.
+    pub file: Option<PathBuf>,
+    /// The `.env` file read, if there was one.
+    pub env_file: Option<PathBuf>,
+    /// `PROFILE=SPEC` model overrides, applied to the workflows that have the profile.
+    pub models: Vec<String>,
+    /// Variables to add where the process leaves them unset, `.env`'s before the file's.
+    vars: Vec<(String, OsString)>,
+}
+
+/// Why the project's defaults could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {message}", path.display())]
+pub struct ProjectError {
+    pub path: PathBuf,
+    pub message: String,
+}
+
+impl Project {
+    /// Finds `runner.toml` in `dir` or the nearest directory above it, and the `.env` file,
+    /// and reads them. No file at all is an empty project.
+    pub fn discover(dir: &Path) -> Result<Project, ProjectError> {
+        let file = dir.ancestors().map(|d| d.join(FILE_NAME)).find(|p| p.is_file());
+        let Some(file) = file else {
+            let mut project = Project::default();
+            project.read_env_file(&dir.join(".env"), false)?;
+            return Ok(project);
+        };
+        let base = file.parent().unwrap_or(dir).to_path_buf();
+        let text = std::fs::read_to_string(&file).map_err(|e| ProjectError {
+            path: file.clone(),
+            message: format!("cannot read: {e}"),
+        })?;
+        let parsed: ProjectFile = toml::from_str(&text).map_err(|e| ProjectError {
+            path: file.clone(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let mut project = Project {
+            file: Some(file.clone()),
+            ..Project::default()
+        };
+        let named_env = parsed.env_file.is_some();
+        let env_file = base.join(parsed.env_file.as_deref().unwrap_or(Path::new(".env")));
+        project.read_env_file(&env_file, named_env)?;
+        let path = |p: &Path| OsString::from(base.join(p));
+        if let Some(db) = &parsed.db {
+            // `:memory:` and `sqlite://…` are not paths to resolve.
+            let spelled = db.to_string_lossy();
+            let value = if spelled == ":memory:" || spelled.starts_with("sqlite://") {
+                db.clone().into_os_string()
+            } else {
+                path(db)
+            };
+            project.vars.push((DB.to_string(), value));
+        }
+        if let Some(db) = &parsed.data_db {
+            let value = if db.to_string_lossy() == ":memory:" {
+                db.clone().into_os_string()
+            } else {
+                path(db)
+            };
+            project.vars.push((DATA_DB.to_string(), value));
+        }
+        if !parsed.allow_net.is_empty() {
+            project
+                .vars
+                .push((ALLOW_NET.to_string(), parsed.allow_net.join(",").into()));
+        }
+        if !parsed.allow_read.is_empty() {
+            let dirs =
+                std::env::join_paths(parsed.allow_read.iter().map(|d| base.join(d))).map_err(|e| ProjectError {
+                    path: file.clone(),
+                    message: format!("allow_read: {e}"),
+                })?;
+            project.vars.push((ALLOW_READ.to_string(), dirs));
+        }
+        if let Some(ttl) = parsed.lease_ttl {
+            project.vars.push((LEASE_TTL.to_string(), ttl.to_string().into()));
+        }
+        project.models = parsed
+            .models
+            .into_iter()
+            .map(|(p, spec)| format!("{p}={spec}"))
+            .collect();
+        Ok(project)
+    }
+
+    /// Reads `KEY=VALUE` lines of a `.env` file (`export`, quotes and comments as dotenv
+    /// writes them). A missing file is an error only when it was named.
+    fn read_env_file(&mut self, path: &Path, required: bool) -> Result<(), ProjectError> {
+        if !path.is_file() {
+            return if required {
+                Err(ProjectError {
+                    path: path.to_path_buf(),
+                    message: "env_file names a file that does not exist".to_string(),
+                })
+            } else {
+                Ok(())
+            };
+        }
+        let error = |e: dotenvy::Error| ProjectError {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        };
+        for item in dotenvy::from_path_iter(path).map_err(error)? {
+            let (key, value) = item.map_err(error)?;
+            self.vars.push((key, value.into()));
+        }
+        self.env_file = Some(path.to_path_buf());
+        Ok(())
+    }
+
+    /// `env` with this project's variables added where it leaves them unset.
+    pub fn fill(&self, mut env: Env) -> Env {
+        for (name, value) in &self.vars {
+            env.set_default(name, value.clone());
+        }
+        env
+    }
+}
