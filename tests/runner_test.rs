@@ -5,6 +5,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use serde_json::Value;
+
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// A workflow with a human gate: write, then ask; `respond` loops back to write.
@@ -201,6 +203,37 @@ fn junit_reports_every_case_and_its_failure() {
     assert!(x.trim_end().ends_with("</testsuites>"), "{x}");
 }
 
+/// `--format github`: the human report, then one `::error` annotation per failing case, at the
+/// line the case starts on, its failures joined with escaped newlines.
+#[test]
+fn github_annotations_point_at_failing_cases() {
+    let dir = suite(&format!(
+        r#"
+  - name: passes
+    input: {{topic: heat pumps}}
+{MOCK}
+    expect: {{status: interrupted}}
+  - name: "fails, here"
+    input: {{topic: heat pumps}}
+{MOCK}
+    expect: {{status: done}}
+"#
+    ));
+    let r = runner(dir.path(), &["test", ".", "--format", "github"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stdout.contains("1 passed, 1 failed"), "{}", r.stdout);
+    let annotations: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("::error ")).collect();
+    assert_eq!(annotations.len(), 1, "{}", r.stdout);
+    let text = std::fs::read_to_string(dir.path().join("gate.test.yaml")).unwrap();
+    let line = text.lines().position(|l| l.contains("fails, here")).unwrap() + 1;
+    assert_eq!(
+        annotations[0],
+        format!(
+            "::error file=./gate.test.yaml,line={line},title=runner test%3A fails%2C here::status: expected done, got interrupted"
+        )
+    );
+}
+
 #[test]
 fn a_bad_test_file_is_refused_with_positions_before_anything_runs() {
     let dir = suite(
@@ -289,4 +322,66 @@ cases:
     .unwrap();
     let r = runner(dir.path(), &["test", "."]);
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+}
+
+/// Every shipped test file and mock script names its JSON Schema (for editors) and is valid
+/// against it; a schema that drifts from what `runner test` accepts fails here or in the unit
+/// tests beside the readers.
+#[test]
+fn the_shipped_test_files_and_mock_scripts_match_their_schemas() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let schema = |name: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(root.join("schemas").join(name)).unwrap()).unwrap()
+    };
+    let (mut test_schema, mock_schema) = (schema("test.schema.json"), schema("mock.schema.json"));
+    // The test schema refers to the mock schema beside it; embedded (it has its own `$id`), the
+    // reference needs no retrieval.
+    let mock = &mut test_schema["$defs"]["case"]["properties"]["mock"];
+    assert_eq!(mock["$ref"], "mock.schema.json");
+    *mock = mock_schema.clone();
+    let tests = jsonschema::validator_for(&test_schema).unwrap();
+    let mocks = jsonschema::validator_for(&mock_schema).unwrap();
+    let mut files = Vec::new();
+    let mut stack = vec![root.join("workflows"), root.join("tests/fixtures/mock")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.to_string_lossy().ends_with(".test.yaml") || p.starts_with(root.join("tests/fixtures/mock")) {
+                files.push(p);
+            }
+        }
+    }
+    files.push(root.join("tests/fixtures/serve/mock.yaml"));
+    assert!(files.len() > 20, "{files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let is_test = file.to_string_lossy().ends_with(".test.yaml");
+        let name = if is_test {
+            "test.schema.json"
+        } else {
+            "mock.schema.json"
+        };
+        let modeline = text.lines().next().unwrap_or_default();
+        assert!(
+            modeline.starts_with("# yaml-language-server: $schema=") && modeline.ends_with(name),
+            "{}: the first line names schemas/{name}",
+            file.display()
+        );
+        let doc = runner::spec::load::parse(runner::spec::load::read(&file).unwrap()).unwrap();
+        let validator = if is_test { &tests } else { &mocks };
+        let errors: Vec<String> = validator
+            .iter_errors(&doc.value)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        assert!(errors.is_empty(), "{}: {errors:#?}", file.display());
+    }
+    // The schemas refuse what runner refuses.
+    assert!(!mocks.is_valid(&serde_json::json!({"replies": {"a": {"txt": "typo"}}})));
+    assert!(
+        !tests.is_valid(
+            &serde_json::json!({"workflow": "w.yaml", "cases": [{"name": "x", "expect": {"stauts": "done"}}]})
+        )
+    );
 }

@@ -13,7 +13,7 @@ use indexmap::IndexMap;
 use serde::Serialize;
 
 pub use code::Code;
-pub use render::{Format, render, render_json_value};
+pub use render::{Format, github_error, render, render_json_value};
 
 /// How bad a problem is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

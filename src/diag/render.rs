@@ -149,6 +149,17 @@ fn github(d: &Diagnostic) -> String {
     format!("::{level} {}::{}\n", props.join(","), escape_data(&message))
 }
 
+/// A GitHub Actions `::error` annotation for something that is not a diagnostic (a failed
+/// test case): `file` and `line` place it, `title` heads it.
+pub fn github_error(file: &str, line: Option<u32>, title: &str, message: &str) -> String {
+    let mut props = vec![format!("file={}", escape_property(file))];
+    if let Some(line) = line {
+        props.push(format!("line={line}"));
+    }
+    props.push(format!("title={}", escape_property(title)));
+    format!("::error {}::{}\n", props.join(","), escape_data(message))
+}
+
 fn escape_data(s: &str) -> String {
     s.replace('%', "%25").replace('\r', "%0D").replace('\n', "%0A")
 }

@@ -317,7 +317,26 @@ impl Provider for MockProvider {
 
 #[cfg(test)]
 mod tests {
-    use super::{MockProvider, Reply};
+    /// The JSON Schema of mock scripts (schemas/mock.schema.json, for editors) lists exactly
+    /// the reply keys the reader accepts.
+    #[test]
+    fn the_mock_schema_lists_the_reply_keys_read() {
+        let schema: Value = serde_json::from_str(include_str!("../../schemas/mock.schema.json")).unwrap();
+        let object = &schema["$defs"]["reply"]["anyOf"][4];
+        let mut listed: Vec<&str> = object["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut read = REPLY_KEYS.to_vec();
+        listed.sort_unstable();
+        read.sort_unstable();
+        assert_eq!(listed, read);
+    }
+
+    use super::{MockProvider, REPLY_KEYS, Reply};
+    use serde_json::Value;
     use serde_json::json;
     use std::time::Duration;
 

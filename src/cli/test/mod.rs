@@ -29,6 +29,9 @@ pub(super) enum TestFormat {
     Human,
     /// JUnit XML on stdout, for CI.
     Junit,
+    /// The human report, and a GitHub Actions `::error` annotation for each failing case at
+    /// its line in the test file.
+    Github,
 }
 
 /// Run workflow test files (`*.test.yaml`).
@@ -58,6 +61,7 @@ pub(super) struct Args {
 /// One case's result.
 struct Outcome {
     name: String,
+    line: Option<u32>,
     duration: Duration,
     failures: Vec<String>,
 }
@@ -97,7 +101,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         return Ok(exit::USAGE);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let human = args.format == TestFormat::Human;
+    let human = args.format != TestFormat::Junit;
     let mut out = std::io::stdout().lock();
     let mut results: Vec<(&Suite, Vec<Outcome>)> = vec![];
     for suite in &suites {
@@ -134,6 +138,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
             };
             let outcome = Outcome {
                 name: case.name.clone(),
+                line: case.line,
                 duration: started.elapsed(),
                 failures,
             };
@@ -165,6 +170,15 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
             }
         }
         writeln!(out, "\n{passed} passed, {failed} failed")?;
+        if args.format == TestFormat::Github {
+            for (suite, outcomes) in &results {
+                for o in outcomes.iter().filter(|o| !o.failures.is_empty()) {
+                    let file = suite.path.display().to_string();
+                    let title = format!("runner test: {}", o.name);
+                    out.write_all(diag::github_error(&file, o.line, &title, &o.failures.join("\n")).as_bytes())?;
+                }
+            }
+        }
     } else {
         out.write_all(junit(&results).as_bytes())?;
         eprintln!("{passed} passed, {failed} failed");

@@ -20,6 +20,8 @@ pub(super) struct Suite {
 #[derive(Debug)]
 pub(super) struct Case {
     pub name: String,
+    /// The line the case starts on in its file.
+    pub line: Option<u32>,
     pub input: Value,
     pub context: Value,
     pub set: Vec<(String, Value)>,
@@ -331,6 +333,7 @@ fn read_case(p: &mut Problems<'_>, dir: &Path, item: &Value, at: &str) -> Option
     };
     Some(Case {
         name,
+        line: p.doc.spans.value(at).map(|s| s.start.line),
         input,
         context,
         set,
@@ -434,4 +437,35 @@ fn read_data(path: &Path) -> Result<Value, String> {
         )
     })?;
     Ok(doc.value)
+}
+
+/// The JSON Schema of test files (schemas/test.schema.json, for editors) lists exactly the
+/// keys the reader accepts.
+#[cfg(test)]
+mod schema_tests {
+    use super::*;
+
+    fn keys(v: &Value) -> Vec<String> {
+        let mut k: Vec<String> = v["properties"].as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    fn sorted(k: &[&str]) -> Vec<String> {
+        let mut k: Vec<String> = k.iter().map(|s| s.to_string()).collect();
+        k.sort();
+        k
+    }
+
+    #[test]
+    fn the_test_file_schema_lists_the_keys_read() {
+        let schema: Value = serde_json::from_str(include_str!("../../../schemas/test.schema.json")).unwrap();
+        assert_eq!(keys(&schema), sorted(TOP));
+        assert_eq!(keys(&schema["$defs"]["case"]), sorted(CASE));
+        assert_eq!(keys(&schema["$defs"]["expect"]), sorted(EXPECT));
+        assert_eq!(
+            schema["$defs"]["expect"]["properties"]["status"]["enum"],
+            serde_json::json!(STATUSES)
+        );
+    }
 }
