@@ -443,3 +443,69 @@ fn man_pages_come_from_the_cli() {
         assert!(text.contains(".TH"), "{page}");
     }
 }
+
+/// `runner new NAME` writes a workflow, its prompt, a test file and a mock script that pass
+/// `validate` and `test` as written and run on the mock; it never overwrites a file and
+/// refuses a name that is not one.
+#[test]
+fn new_scaffolds_a_workflow_that_validates_tests_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let in_dir = |args: &[&str]| {
+        Command::cargo_bin("runner")
+            .unwrap()
+            .current_dir(dir.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = in_dir(&["new", "hello"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for file in [
+        "workflows/hello.yaml",
+        "workflows/prompts/hello/answer.j2",
+        "workflows/hello.test.yaml",
+        "workflows/hello.mock.yaml",
+    ] {
+        assert!(dir.path().join(file).is_file(), "{file}");
+    }
+    let out = in_dir(&["validate", "workflows", "--deny-warnings"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 file valid"),
+        "the mock script is no workflow"
+    );
+    let out = in_dir(&["test", "workflows"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 passed, 0 failed"));
+    let out = in_dir(&[
+        "run",
+        "workflows/hello.yaml",
+        "--mock",
+        "workflows/hello.mock.yaml",
+        "--db",
+        ":memory:",
+        "--output",
+        "json",
+        "-i",
+        "question=What is a heat pump?",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(result["answer"].as_str().unwrap().contains("heat pump"));
+
+    // A prompts folder above is the one used; nothing is overwritten; bad names are refused.
+    std::fs::create_dir(dir.path().join("prompts")).unwrap();
+    let out = in_dir(&["new", "other", "--dir", "flows"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.path().join("prompts/other/answer.j2").is_file());
+    assert!(in_dir(&["validate", "flows"]).status.success());
+    let before = std::fs::read_to_string(dir.path().join("workflows/hello.yaml")).unwrap();
+    let out = in_dir(&["new", "hello"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exists already"));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("workflows/hello.yaml")).unwrap(),
+        before
+    );
+    assert_eq!(in_dir(&["new", "Bad Name"]).status.code(), Some(2));
+}

@@ -7,6 +7,7 @@ mod completions;
 mod graph;
 mod index;
 mod man;
+mod new;
 mod render;
 mod run;
 mod schema;
@@ -61,6 +62,8 @@ enum Command {
     Serve(serve::Args),
     /// Print the shell completion script (e.g. `runner completions bash > /etc/bash_completion.d/runner`).
     Completions(completions::Args),
+    /// Scaffold a workflow with its prompt, a test case and a mock script.
+    New(new::Args),
     /// Print runner's manual page (`runner man > runner.1`), or every command's with `--dir`.
     Man(man::Args),
 }
@@ -90,6 +93,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),
+        Command::New(args) => new::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -88,11 +88,14 @@ fn summary(files: usize, errors: usize, warnings: usize) -> String {
     }
 }
 
-/// Expands directories into the workflow files below them, sorted; test files are skipped.
+/// Expands directories into the workflow files below them, sorted; test files and mock
+/// scripts (`*.test.yaml`, `*.mock.yaml`) are skipped.
 pub fn workflow_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
-    files_under(paths, "workflow files (*.yaml, *.yml)", |name| {
-        (name.ends_with(".yaml") || name.ends_with(".yml")) && !super::test::is_test_file(name)
-    })
+    files_under(
+        paths,
+        "workflow files (*.yaml, *.yml)",
+        crate::spec::load::is_workflow_file_name,
+    )
 }
 
 /// The files named in `paths`, and those below its directories whose names `keep` accepts

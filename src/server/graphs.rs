@@ -63,13 +63,10 @@ impl Graphs {
     }
 }
 
-/// Whether `path` is a workflow: a YAML file that is not a test file (`*.test.yaml`).
+/// Whether `path` is a workflow: a YAML file that is not a test file or a mock script.
 fn is_workflow(path: &Path) -> bool {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-    path.is_file()
-        && (name.ends_with(".yaml") || name.ends_with(".yml"))
-        && !name.ends_with(".test.yaml")
-        && !name.ends_with(".test.yml")
+    path.is_file() && crate::spec::load::is_workflow_file_name(name)
 }
 
 pub(super) fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {

@@ -95,6 +95,15 @@ pub fn push_pointer(base: &str, token: &str) -> String {
     p
 }
 
+/// Whether a file name is a workflow's by the naming convention: `*.yaml` / `*.yml`, but not
+/// a test file (`*.test.yaml`) or a mock script (`*.mock.yaml`) kept beside the workflows.
+pub fn is_workflow_file_name(name: &str) -> bool {
+    let Some(stem) = name.strip_suffix(".yaml").or_else(|| name.strip_suffix(".yml")) else {
+        return false;
+    };
+    !stem.ends_with(".test") && !stem.ends_with(".mock")
+}
+
 /// The path that names standard input, as command-line tools spell it.
 pub const STDIN: &str = "-";
 /// How standard input is named in diagnostics.
