@@ -182,7 +182,7 @@ fn validate_reports_in_three_formats_and_exits_1() {
     let human = String::from_utf8(human).unwrap();
     assert_eq!(
         human,
-        "error[E201]: unknown kind `serch`\n  --> bad.yaml:3:13\n  |\n3 |   a: {kind: serch, queries: x}\n  |             ^^^^^\n  = help: did you mean `search`?\n\n1 error, 0 warnings in 1 file\n"
+        "error[E201]: unknown kind `serch`\n --> bad.yaml:3:13\n  |\n3 |   a: {kind: serch, queries: x}\n  |             ^^^^^\n  |\n  = help: did you mean `search`?\n\n1 error, 0 warnings in 1 file\n"
     );
     let github = Command::cargo_bin("runner")
         .unwrap()
@@ -508,4 +508,28 @@ fn new_scaffolds_a_workflow_that_validates_tests_and_runs() {
         before
     );
     assert_eq!(in_dir(&["new", "Bad Name"]).status.code(), Some(2));
+}
+
+/// Diagnostics are coloured only for a terminal (or when CLICOLOR_FORCE asks); a pipe gets
+/// plain text, and NO_COLOR wins over everything.
+#[test]
+fn diagnostics_are_coloured_only_when_asked() {
+    let bad = "name: w\nnodes:\n  a: {kind: serch}\nedges: [START -> a -> END]\n";
+    let out = runner().args(["validate", "-"]).write_stdin(bad).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains('\u{1b}'));
+    let out = runner()
+        .env("CLICOLOR_FORCE", "1")
+        .args(["validate", "-"])
+        .write_stdin(bad)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\u{1b}["));
+    let out = runner()
+        .env("CLICOLOR_FORCE", "1")
+        .env("NO_COLOR", "1")
+        .args(["validate", "-"])
+        .write_stdin(bad)
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains('\u{1b}'));
 }

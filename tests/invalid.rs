@@ -320,8 +320,8 @@ fn oversized_files_are_e004() {
     let (_, human) = validate(dir.path(), &["ten-mb.yaml"]);
     insta::assert_snapshot!(human, @r"
     error[E004]: the file has 10000000 bytes; a workflow file may have at most 4194304
-      --> ten-mb.yaml
-      = help: split large data out of the workflow: load it at run time with a `load` node
+    --> ten-mb.yaml
+     = help: split large data out of the workflow: load it at run time with a `load` node
 
     1 error, 0 warnings in 1 file
     ");
@@ -376,6 +376,7 @@ fn json_format_has_a_stable_shape() {
         "end_line",
         "end_column",
         "pointer",
+        "labels",
         "help",
         "note",
     ]);
@@ -467,6 +468,15 @@ fn the_whole_corpus_at_once_reports_what_each_file_reports_alone() {
         let strip = |d: &Value| {
             let mut d = d.clone();
             d["file"] = Value::Null;
+            // A label in the same file is named as the diagnostic's file is.
+            for label in d["labels"].as_array_mut().into_iter().flatten() {
+                let file = label["file"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .trim_start_matches("./")
+                    .to_string();
+                label["file"] = Value::String(file);
+            }
             d.to_string()
         };
         let alone: Vec<String> = diagnostics(&alone)

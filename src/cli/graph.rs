@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use super::exit;
 use crate::compile::compile_file;
 use crate::compile::picture::{self, PictureFormat};
-use crate::diag::{self, Format};
+use crate::diag;
 
 /// A picture format, as a flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -51,7 +51,14 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     }
     let (plan, result) = compile_file(&args.file, &crate::nodes::builtin().decls());
     let Some(plan) = plan else {
-        eprint!("{}", diag::render(&result.diagnostics, &result.files, Format::Human));
+        eprint!(
+            "{}",
+            diag::render(
+                &result.diagnostics,
+                &result.files,
+                super::human_format(&std::io::stderr())
+            )
+        );
         return Ok(exit::INVALID);
     };
     std::io::stdout()

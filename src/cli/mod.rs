@@ -168,6 +168,15 @@ fn to_yaml(v: &serde_json::Value) -> saphyr::Yaml<'_> {
     }
 }
 
+/// The human diagnostic format for `stream`: coloured when it is a terminal and colour is not
+/// turned off (`NO_COLOR`, `CLICOLOR=0`; `CLICOLOR_FORCE` turns it on).
+fn human_format<S: anstream::stream::RawStream>(stream: &S) -> crate::diag::Format {
+    match anstream::AutoStream::choice(stream) {
+        anstream::ColorChoice::Never => crate::diag::Format::Human,
+        _ => crate::diag::Format::HumanColor,
+    }
+}
+
 /// The process's environment filled in by the project's `runner.toml` and `.env` (found from
 /// the current directory), and the project's model overrides.
 fn project_env() -> anyhow::Result<(crate::run::Env, Vec<String>)> {

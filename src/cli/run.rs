@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::{exit, render, store};
 use crate::checkpoint::CheckpointError;
 use crate::compile::compile_file;
-use crate::diag::{self, Format};
+use crate::diag;
 use crate::engine::events::Events;
 use crate::engine::{Engine, EngineError, Persist, RunRequest, Status};
 use crate::run::{CassetteOption, DbOption, MockOption, RunOptions, RunSettings, Start};
@@ -286,7 +286,14 @@ pub(super) fn compile(file: &Path) -> anyhow::Result<Option<Arc<crate::compile::
     }
     let (plan, result) = compile_file(file, &crate::nodes::builtin().decls());
     if plan.is_none() {
-        eprint!("{}", diag::render(&result.diagnostics, &result.files, Format::Human));
+        eprint!(
+            "{}",
+            diag::render(
+                &result.diagnostics,
+                &result.files,
+                super::human_format(&std::io::stderr())
+            )
+        );
     }
     Ok(plan)
 }

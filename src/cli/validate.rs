@@ -63,7 +63,11 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     }
     let result = compiler.finish();
     let mut out = std::io::stdout().lock();
-    let rendered = diag::render(&result.diagnostics, &result.files, args.format.into());
+    let format = match args.format {
+        FormatArg::Human => super::human_format(&std::io::stdout()),
+        other => other.into(),
+    };
+    let rendered = diag::render(&result.diagnostics, &result.files, format);
     out.write_all(rendered.as_bytes())?;
     let (errors, warnings) = (result.errors(), result.warnings());
     if args.format == FormatArg::Human {

@@ -209,14 +209,14 @@ fn alternatives(branches: &[Branch], goto: &[Clause], joins_from: &[NodeIx]) -> 
 /// writing one (their parallel copies would conflict).
 fn write_conflicts(b: &mut Build) {
     let replace = |b: &Build, key: &str| b.state.get(key).is_some_and(|c| !c.reducer.combines());
-    // `(pointer, key, node, other)`, each `(key, node, other)` once.
-    let mut report: Vec<(String, String, String, String)> = Vec::new();
+    // `(pointer, key, node, other, other's pointer)`, each `(key, node, other)` once.
+    let mut report: Vec<(String, String, String, String, Option<String>)> = Vec::new();
     let mut reported: HashSet<(String, String, String)> = HashSet::new();
     for d in b.drafts.values() {
         if let Some(item) = &d.item {
             for (key, at) in &d.writes {
                 if replace(b, key) && reported.insert((key.clone(), d.name.clone(), format!("fan-out:{item}"))) {
-                    report.push((at.clone(), key.clone(), d.name.clone(), format!("fan-out:{item}")));
+                    report.push((at.clone(), key.clone(), d.name.clone(), format!("fan-out:{item}"), None));
                 }
             }
         }
@@ -255,7 +255,7 @@ fn write_conflicts(b: &mut Build) {
         // every pair of members: a fan-out from START can put thousands in one set). Each
         // writer after the first is reported against the first, so k writers of a key make
         // k - 1 reports, not k² / 2.
-        let mut writers: HashMap<&str, (NodeIx, &str)> = HashMap::new();
+        let mut writers: HashMap<&str, (NodeIx, &str, &str)> = HashMap::new();
         for n in &frontier {
             let Some(d) = b.drafts.get(n) else { continue };
             for (key, at) in &d.writes {
@@ -264,10 +264,16 @@ fn write_conflicts(b: &mut Build) {
                 }
                 match writers.get(key.as_str()) {
                     None => {
-                        writers.insert(key, (*n, d.name.as_str()));
+                        writers.insert(key, (*n, d.name.as_str(), at.as_str()));
                     }
-                    Some((first, first_name)) if first != n => {
-                        let found = (at.clone(), key.clone(), d.name.clone(), first_name.to_string());
+                    Some((first, first_name, first_at)) if first != n => {
+                        let found = (
+                            at.clone(),
+                            key.clone(),
+                            d.name.clone(),
+                            first_name.to_string(),
+                            Some(first_at.to_string()),
+                        );
                         if reported.insert((found.1.clone(), found.2.clone(), found.3.clone())) {
                             report.push(found);
                         }
@@ -301,7 +307,7 @@ fn write_conflicts(b: &mut Build) {
             }
         }
     }
-    for (at, key, node, other) in report {
+    for (at, key, node, other, other_at) in report {
         let d = if let Some(item) = other.strip_prefix("fan-out:") {
             b.src
                 .diag(
@@ -315,8 +321,10 @@ fn write_conflicts(b: &mut Build) {
                     "parallel copies would overwrite each other: give `{key}` a reducer such as `append`"
                 ))
         } else {
+            let other_span = other_at.and_then(|p| b.src.doc.spans.value(&p));
             b.src
                 .diag(Code::WriteConflict, &at, format!("nodes `{other}` and `{node}` can run in the same superstep and both write `{key}`, which has no reducer"))
+                .label(b.src.path(), other_span, format!("`{other}` writes `{key}` here"))
                 .help(format!("give `{key}` a reducer (e.g. `reducer: append`), or have one of them write another key"))
         };
         b.diags.push(d);

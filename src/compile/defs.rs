@@ -204,6 +204,11 @@ fn insert<T>(map: &mut IndexMap<String, Def<T>>, name: &str, def: Def<T>, what: 
                     &def.pointer,
                     format!("{what} `{name}` is already defined in {}", prev.src.path().display()),
                 )
+                .label(
+                    prev.src.path(),
+                    prev.src.doc.spans.key(&prev.pointer),
+                    format!("`{name}` is first defined here"),
+                )
                 .help(format!("rename one of the two {what}s")),
         );
         return;

@@ -652,7 +652,7 @@ fn move_into(d: &mut Diagnostic, file: &Arc<Path>, at: Option<TextSpan>) {
         .and_then(|p| p.split('/').next())
         .map(|n| format!("node `{n}`"))
         .unwrap_or_else(|| "the workflow".into());
-    d.note = Some(Box::new(format!("the template is used by {node} at {field}")));
+    d.set_note(format!("the template is used by {node} at {field}"));
     d.file = Some(file.clone());
     d.span = Some(match at {
         Some(t) => Span {

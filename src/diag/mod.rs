@@ -55,9 +55,27 @@ pub struct Diagnostic {
     /// The JSON pointer of the offending value in the workflow document, where there is one.
     pub pointer: Option<String>,
     pub help: Option<String>,
+    /// The note and the other places, when there are any. Boxed: diagnostics travel in
+    /// `Result`s, and most have neither.
+    more: Option<Box<More>>,
+}
+
+/// What few diagnostics have.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct More {
     /// Where else the problem shows, e.g. the node that uses a template whose line is reported.
-    /// Boxed: diagnostics travel in `Result`s, and most have no note.
-    pub note: Option<Box<String>>,
+    note: Option<String>,
+    /// Other places the problem involves, each with what it is there (the first definition of
+    /// a duplicated name, the other writer of a conflicting key).
+    labels: Vec<Label>,
+}
+
+/// A second place a diagnostic points at, with what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Label {
+    pub file: Arc<Path>,
+    pub span: Span,
+    pub message: String,
 }
 
 impl Diagnostic {
@@ -71,8 +89,30 @@ impl Diagnostic {
             span: None,
             pointer: None,
             help: None,
-            note: None,
+            more: None,
         }
+    }
+
+    /// Points at another place the problem involves (nothing when `span` is unknown).
+    pub fn label(mut self, file: &Arc<Path>, span: Option<Span>, message: impl Into<String>) -> Diagnostic {
+        if let Some(span) = span {
+            self.more.get_or_insert_default().labels.push(Label {
+                file: file.clone(),
+                span,
+                message: message.into(),
+            });
+        }
+        self
+    }
+
+    /// The other places the problem involves.
+    pub fn labels(&self) -> &[Label] {
+        self.more.as_deref().map_or(&[], |m| m.labels.as_slice())
+    }
+
+    /// Where else the problem shows, if said.
+    pub fn note_text(&self) -> Option<&str> {
+        self.more.as_deref().and_then(|m| m.note.as_deref())
     }
 
     pub fn at(mut self, file: &Arc<Path>, span: Option<Span>) -> Diagnostic {
@@ -92,8 +132,13 @@ impl Diagnostic {
     }
 
     pub fn note(mut self, note: impl Into<String>) -> Diagnostic {
-        self.note = Some(Box::new(note.into()));
+        self.set_note(note);
         self
+    }
+
+    /// Sets the note of a diagnostic in place.
+    pub fn set_note(&mut self, note: impl Into<String>) {
+        self.more.get_or_insert_default().note = Some(note.into());
     }
 
     /// Sets the help unless a suggestion already did.

@@ -1,18 +1,23 @@
-//! Rendering diagnostics: human text with the source line and a caret, a stable JSON format,
+//! Rendering diagnostics: human text with source excerpts (annotate-snippets, the renderer
+//! rustc uses: display-width-aware underlines, secondary labels, colour), a stable JSON format,
 //! and GitHub workflow-command annotations.
 
-use std::fmt::Write;
+use std::borrow::Cow;
+use std::ops::Range;
 
+use annotate_snippets::{AnnotationKind, Group, Level, Origin, Renderer, Snippet};
 use serde_json::{Value, json};
 
-use super::{Diagnostic, Files, Severity};
+use super::{Diagnostic, Files, Label, Severity, Span};
 
 /// An output format for diagnostics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Format {
-    /// Source excerpts with carets and help, for people.
+    /// Source excerpts with underlines and help, for people.
     #[default]
     Human,
+    /// The same, coloured with ANSI escapes (for a terminal).
+    HumanColor,
     /// One JSON document: `{"diagnostics": [...], "errors": N, "warnings": N}`.
     Json,
     /// `::error file=...,line=...,col=...::message` lines for GitHub Actions.
@@ -22,13 +27,8 @@ pub enum Format {
 /// Renders `diags` (already sorted) in `format`.
 pub fn render(diags: &[Diagnostic], files: &Files, format: Format) -> String {
     match format {
-        Format::Human => {
-            let mut out = String::new();
-            for d in diags {
-                human(&mut out, d, files);
-            }
-            out
-        }
+        Format::Human => human(diags, files, &Renderer::plain()),
+        Format::HumanColor => human(diags, files, &Renderer::styled()),
         Format::Json => {
             let mut text = serde_json::to_string_pretty(&render_json_value(diags)).unwrap_or_default();
             text.push('\n');
@@ -38,58 +38,101 @@ pub fn render(diags: &[Diagnostic], files: &Files, format: Format) -> String {
     }
 }
 
-fn human(out: &mut String, d: &Diagnostic, files: &Files) {
-    let label = match d.severity {
-        Severity::Error => "error",
-        Severity::Warning => "warning",
+fn human(diags: &[Diagnostic], files: &Files, renderer: &Renderer) -> String {
+    let mut out = String::new();
+    for d in diags {
+        let code = d.code.to_string();
+        let report = [group(d, &code, files)];
+        out.push_str(&renderer.render(&report));
+        out.push_str("\n\n");
+    }
+    out
+}
+
+/// One diagnostic as a report group: the title, an excerpt of each file it points into (its
+/// own place underlined, its labels' places marked with their text), then help and note.
+fn group<'a>(d: &'a Diagnostic, code: &'a str, files: &'a Files) -> Group<'a> {
+    let level = match d.severity {
+        Severity::Error => Level::ERROR,
+        Severity::Warning => Level::WARNING,
     };
-    let _ = writeln!(out, "{label}[{}]: {}", d.code, d.message);
-    let Some(file) = &d.file else {
-        if let Some(help) = &d.help {
-            let _ = writeln!(out, "  = help: {help}");
-        }
-        if let Some(note) = &d.note {
-            let _ = writeln!(out, "  = note: {note}");
-        }
-        out.push('\n');
-        return;
-    };
-    match d.span {
-        Some(span) => {
-            let _ = writeln!(out, "  --> {}:{}:{}", file.display(), span.start.line, span.start.col);
-            let gutter = span.start.line.to_string().len();
-            if let Some(line) = files.line(file, span.start.line) {
-                let shown = line.replace('\t', " ");
-                let _ = writeln!(out, "{:gutter$} |", "");
-                let _ = writeln!(out, "{} | {}", span.start.line, shown);
-                let start = span.start.col.max(1) as usize;
-                let chars = shown.chars().count();
-                let width = if span.end.line == span.start.line && span.end.col > span.start.col {
-                    (span.end.col - span.start.col) as usize
-                } else {
-                    chars.saturating_sub(start - 1).max(1)
-                };
-                let width = width.min(chars.saturating_sub(start - 1).max(1));
-                let _ = writeln!(out, "{:gutter$} | {}{}", "", " ".repeat(start - 1), "^".repeat(width));
+    let mut group = Group::with_title(level.primary_title(d.message.as_str()).id(code));
+    if let Some(file) = &d.file {
+        let path: Cow<'a, str> = Cow::Owned(file.display().to_string());
+        match (d.span, files.get(file)) {
+            (Some(span), Some(text)) => {
+                let mut snippet = Snippet::source(text)
+                    .path(path)
+                    .annotation(AnnotationKind::Primary.span(byte_range(text, span)));
+                for label in d.labels().iter().filter(|l| l.file == *file) {
+                    snippet = snippet.annotation(context(text, label));
+                }
+                group = group.element(snippet);
             }
-            if let Some(help) = &d.help {
-                let _ = writeln!(out, "{:gutter$} = help: {help}", "");
+            (Some(span), None) => {
+                group = group.element(
+                    Origin::path(path)
+                        .line(span.start.line as usize)
+                        .char_column(span.start.col.max(1) as usize),
+                );
             }
-            if let Some(note) = &d.note {
-                let _ = writeln!(out, "{:gutter$} = note: {note}", "");
-            }
-        }
-        None => {
-            let _ = writeln!(out, "  --> {}", file.display());
-            if let Some(help) = &d.help {
-                let _ = writeln!(out, "  = help: {help}");
-            }
-            if let Some(note) = &d.note {
-                let _ = writeln!(out, "  = note: {note}");
-            }
+            (None, _) => group = group.element(Origin::path(path)),
         }
     }
-    out.push('\n');
+    for label in d.labels().iter().filter(|l| d.file.as_ref() != Some(&l.file)) {
+        let path: Cow<'a, str> = Cow::Owned(label.file.display().to_string());
+        group = match files.get(&label.file) {
+            Some(text) => group.element(Snippet::source(text).path(path).annotation(context(text, label))),
+            None => group.element(
+                Origin::path(path)
+                    .line(label.span.start.line as usize)
+                    .char_column(label.span.start.col.max(1) as usize),
+            ),
+        };
+    }
+    if let Some(help) = &d.help {
+        group = group.element(Level::HELP.message(help.as_str()));
+    }
+    if let Some(note) = d.note_text() {
+        group = group.element(Level::NOTE.message(note));
+    }
+    group
+}
+
+fn context<'a>(text: &str, label: &'a Label) -> annotate_snippets::Annotation<'a> {
+    AnnotationKind::Context
+        .span(byte_range(text, label.span))
+        .label(label.message.as_str())
+}
+
+/// The bytes of `text` a span covers. Lines and columns count from 1, columns in characters;
+/// a span that ends on a later line is shown up to the end of its first line, and an empty
+/// span (a point) covers the character there (or the line's end).
+fn byte_range(text: &str, span: Span) -> Range<usize> {
+    let line_start = text
+        .split_inclusive('\n')
+        .take(span.start.line.saturating_sub(1) as usize)
+        .map(str::len)
+        .sum::<usize>()
+        .min(text.len());
+    let line = &text[line_start..];
+    let line = &line[..line.find('\n').unwrap_or(line.len())];
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    let at_col = |col: u32| {
+        line.char_indices()
+            .nth(col.saturating_sub(1) as usize)
+            .map_or(line.len(), |(i, _)| i)
+    };
+    let start = at_col(span.start.col.max(1));
+    let end = if span.end.line == span.start.line && span.end.col > span.start.col {
+        at_col(span.end.col)
+    } else if span.end.line > span.start.line {
+        line.len()
+    } else {
+        // A point: the character under it.
+        line[start..].chars().next().map_or(start, |c| start + c.len_utf8())
+    };
+    line_start + start..line_start + end.max(start)
 }
 
 /// The JSON format: stable field names, one object per diagnostic.
@@ -108,8 +151,16 @@ pub fn render_json_value(diags: &[Diagnostic]) -> Value {
                 "end_line": d.span.map(|s| s.end.line),
                 "end_column": d.span.map(|s| s.end.col),
                 "pointer": d.pointer,
+                "labels": d.labels().iter().map(|l| json!({
+                    "file": l.file.display().to_string(),
+                    "line": l.span.start.line,
+                    "column": l.span.start.col,
+                    "end_line": l.span.end.line,
+                    "end_column": l.span.end.col,
+                    "message": l.message,
+                })).collect::<Vec<_>>(),
                 "help": d.help,
-                "note": d.note.as_deref(),
+                "note": d.note_text(),
             })
         })
         .collect();
@@ -142,9 +193,18 @@ fn github(d: &Diagnostic) -> String {
         message.push_str("\nhelp: ");
         message.push_str(help);
     }
-    if let Some(note) = &d.note {
+    if let Some(note) = d.note_text() {
         message.push_str("\nnote: ");
         message.push_str(note);
+    }
+    for l in d.labels() {
+        message.push_str(&format!(
+            "\n{}:{}:{}: {}",
+            l.file.display(),
+            l.span.start.line,
+            l.span.start.col,
+            l.message
+        ));
     }
     format!("::{level} {}::{}\n", props.join(","), escape_data(&message))
 }
@@ -194,8 +254,41 @@ mod tests {
         let (d, files) = sample();
         assert_eq!(
             render(&d, &files, Format::Human),
-            "error[E201]: unknown kind `serch`\n  --> w.yaml:3:13\n  |\n3 |   a: {kind: serch}\n  |             ^^^^^\n  = help: did you mean `search`?\n\n"
+            "error[E201]: unknown kind `serch`\n --> w.yaml:3:13\n  |\n3 |   a: {kind: serch}\n  |             ^^^^^\n  |\n  = help: did you mean `search`?\n\n"
         );
+    }
+
+    /// Underlines count display columns: a CJK character is two wide, so the caret under
+    /// `世界` is four long and starts after the two-column `名` (columns count characters).
+    #[test]
+    fn underlines_count_display_width() {
+        let path: Arc<Path> = Arc::from(Path::new("w.yaml"));
+        let mut files = Files::default();
+        files.add(&path, Arc::from("名: 世界\n"));
+        let d = Diagnostic::new(Code::WrongType, "not a mapping").at(
+            &path,
+            Some(Span {
+                start: crate::diag::Pos { line: 1, col: 4 },
+                end: crate::diag::Pos { line: 1, col: 6 },
+            }),
+        );
+        let out = render(&[d], &files, Format::Human);
+        assert!(out.contains("1 | 名: 世界\n  |     ^^^^\n"), "{out}");
+    }
+
+    /// A second place is shown with its label; colour only when asked for.
+    #[test]
+    fn labels_and_colour() {
+        let (d, files) = sample();
+        let path: Arc<Path> = Arc::from(Path::new("w.yaml"));
+        let d = vec![d[0].clone().label(&path, Some(Span::point(1, 7)), "the workflow")];
+        let plain = render(&d, &files, Format::Human);
+        assert!(plain.contains("1 | name: w\n  |       - the workflow\n"), "{plain}");
+        assert!(!plain.contains('\u{1b}'));
+        assert!(render(&d, &files, Format::HumanColor).contains("\u{1b}["));
+        let json = render_json_value(&d);
+        assert_eq!(json["diagnostics"][0]["labels"][0]["message"], "the workflow");
+        assert!(render(&d, &files, Format::Github).contains("%0Aw.yaml:1:7: the workflow"));
     }
 
     #[test]

@@ -104,17 +104,20 @@ impl KindDecl for Interrupt {
                         .help("give each question its `message` and `payload`");
                     cx.report(d);
                 }
-                let mut seen = std::collections::HashSet::new();
+                let mut seen = std::collections::HashMap::new();
                 let mut questions = Vec::new();
                 let mut ok = true;
                 for (i, q) in n.questions.iter().enumerate() {
                     let index = i.to_string();
-                    if !seen.insert(q.id.as_str()) {
-                        let d = src.diag(
-                            Code::DuplicateName,
-                            &cx.at(&["questions", &index, "id"]),
-                            format!("two questions of the gate are named `{}`", q.id),
-                        );
+                    if let Some(first) = seen.insert(q.id.as_str(), index.clone()) {
+                        let first_at = src.doc.spans.value(&cx.at(&["questions", &first, "id"]));
+                        let d = src
+                            .diag(
+                                Code::DuplicateName,
+                                &cx.at(&["questions", &index, "id"]),
+                                format!("two questions of the gate are named `{}`", q.id),
+                            )
+                            .label(src.path(), first_at, "the first is here");
                         cx.report(d);
                         ok = false;
                     }
