@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::routing::{get, post};
 
-pub use graphs::{Graph, Graphs, Rejected, assistant_id};
+pub use graphs::{Graph, Graphs, Rejected, Reloaded, assistant_id};
 
 use crate::checkpoint::Checkpointer;
 use crate::run::{RunError, RunSettings};
@@ -86,6 +86,11 @@ impl Server {
         })
     }
 
+    /// A handle that reloads the served workflows while the server runs.
+    pub fn reloader(&self) -> Reloader {
+        Reloader { app: self.app.clone() }
+    }
+
     /// Serves on `listener` until `shutdown` resolves; then stops accepting connections, stops
     /// every run at its next step boundary (its checkpoint intact, its thread resumable) and
     /// returns once every response has ended.
@@ -104,6 +109,18 @@ impl Server {
         axum::serve(listener, router(self.app))
             .with_graceful_shutdown(stop)
             .await
+    }
+}
+
+/// Reloads a running server's workflows (see [`Graphs::reload`]).
+#[derive(Clone)]
+pub struct Reloader {
+    app: Shared,
+}
+
+impl Reloader {
+    pub fn reload(&self, dir: &Path) -> std::io::Result<Reloaded> {
+        self.app.graphs.reload(dir)
     }
 }
 

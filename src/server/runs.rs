@@ -162,7 +162,6 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
     let graph: Arc<Graph> = app
         .graphs
         .find(&req.assistant_id)
-        .cloned()
         .ok_or_else(|| ApiError::not_found(format!("Assistant '{}' not found", req.assistant_id)))?;
     let modes = Modes::parse(req.stream_mode.as_ref(), req.stream_subgraphs).map_err(ApiError::invalid)?;
     // `enqueue`: the run waits for the thread's lease (the runs before it end first).
