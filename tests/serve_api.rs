@@ -30,8 +30,14 @@ async fn the_store_endpoints_share_the_data_store_with_store_nodes() {
     let (status, _, item) = call(&s, Method::GET, "/store/items?namespace=users.ann&key=prefs", None).await;
     assert_eq!(status, 200);
     assert_eq!(item["namespace"], json!(["users", "ann"]), "{item}");
-    assert_eq!((&item["key"], &item["value"]), (&json!("prefs"), &json!({"theme": "dark"})));
-    assert!(item["created_at"].is_string() && item["updated_at"].is_string(), "{item}");
+    assert_eq!(
+        (&item["key"], &item["value"]),
+        (&json!("prefs"), &json!({"theme": "dark"}))
+    );
+    assert!(
+        item["created_at"].is_string() && item["updated_at"].is_string(),
+        "{item}"
+    );
 
     // The run reads it, and leaves a note.
     let (status, _, values) = call(
@@ -43,7 +49,13 @@ async fn the_store_endpoints_share_the_data_store_with_store_nodes() {
     .await;
     assert_eq!(status, 200, "{values}");
     assert_eq!(values["prefs"], json!({"theme": "dark"}), "{values}");
-    let (_, _, note) = call(&s, Method::GET, "/store/items?namespace=users.ann.notes&key=visit", None).await;
+    let (_, _, note) = call(
+        &s,
+        Method::GET,
+        "/store/items?namespace=users.ann.notes&key=visit",
+        None,
+    )
+    .await;
     assert_eq!(note["value"], json!({"seen": true, "theme": "dark"}), "{note}");
 
     // Search: under a prefix, by keyword, by an exact filter on the value, paged.
@@ -52,7 +64,12 @@ async fn the_store_endpoints_share_the_data_store_with_store_nodes() {
         async move { call(s, Method::POST, "/store/items/search", Some(body)).await.2 }
     };
     let all = search(json!({"namespace_prefix": ["users"]})).await;
-    let mut keys: Vec<&str> = all["items"].as_array().unwrap().iter().map(|i| i["key"].as_str().unwrap()).collect();
+    let mut keys: Vec<&str> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap())
+        .collect();
     keys.sort();
     assert_eq!(keys, ["prefs", "visit"], "{all}");
     let filtered = search(json!({"namespace_prefix": ["users"], "filter": {"seen": true}})).await;
@@ -62,7 +79,10 @@ async fn the_store_endpoints_share_the_data_store_with_store_nodes() {
     assert!(found["items"][0]["score"].is_number(), "{found}");
     let paged = search(json!({"namespace_prefix": ["users"], "limit": 1, "offset": 1})).await;
     assert_eq!(paged["items"].as_array().unwrap().len(), 1, "{paged}");
-    assert_eq!(search(json!({"namespace_prefix": ["nobody"]})).await, json!({"items": []}));
+    assert_eq!(
+        search(json!({"namespace_prefix": ["nobody"]})).await,
+        json!({"items": []})
+    );
 
     // Namespaces: every one, cut to a depth, or those ending with a suffix.
     let namespaces = |body: Value| {
@@ -120,8 +140,10 @@ async fn the_legacy_messages_checkpoints_and_debug_modes_stream_the_references_s
     let s = serve();
     let resp = client()
         .post(format!("{}/threads/m1/runs/stream", s.base))
-        .json(&json!({"assistant_id": "shout", "input": {"word": "hello"}, "if_not_exists": "create",
-                      "stream_mode": ["messages", "checkpoints", "debug"]}))
+        .json(
+            &json!({"assistant_id": "shout", "input": {"word": "hello"}, "if_not_exists": "create",
+                      "stream_mode": ["messages", "checkpoints", "debug"]}),
+        )
         .send()
         .await
         .unwrap();
@@ -184,7 +206,11 @@ async fn the_legacy_messages_checkpoints_and_debug_modes_stream_the_references_s
             ("checkpoint", "")
         ]
     );
-    assert!(named("debug").iter().all(|d| d["step"].is_i64() && d["timestamp"].is_string()));
+    assert!(
+        named("debug")
+            .iter()
+            .all(|d| d["step"].is_i64() && d["timestamp"].is_string())
+    );
 }
 
 /// `/runs/batch` starts every run in the background at once, each on a thread of its own.
@@ -244,7 +270,12 @@ fn sample(page: &str, name: &str) -> f64 {
 async fn metrics(s: &super::serve::Server) -> String {
     let resp = client().get(format!("{}/metrics", s.base)).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/plain; version=0.0.4"));
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
     resp.text().await.unwrap()
 }
 

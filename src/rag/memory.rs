@@ -207,7 +207,14 @@ pub fn items(c: &Connection, q: &ItemQuery<'_>) -> Result<Vec<Value>, DataError>
                  ORDER BY bm25(memory_fts), m.key",
             )?;
             stmt.query_map(params![text, ns], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, Some(-r.get::<_, f64>(5)?)))
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    Some(-r.get::<_, f64>(5)?),
+                ))
             })?
             .collect::<Result<_, _>>()?
         }
@@ -273,4 +280,91 @@ pub fn namespaces(
         }
     }
     Ok(out.into_iter().skip(offset).take(limit).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rag::DataStore;
+
+    fn ns(parts: &[&str]) -> Vec<String> {
+        parts.iter().map(|p| p.to_string()).collect()
+    }
+
+    #[test]
+    fn a_data_store_from_before_created_at_is_upgraded_and_keeps_its_items() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data.db");
+        {
+            // Version 1's memory table, with an item in it.
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE memory (namespace TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+                   updated_at TEXT NOT NULL, PRIMARY KEY (namespace, key)) STRICT;
+                 INSERT INTO memory VALUES ('u\u{1f}', 'old', '{\"a\":1}', '2026-01-01T00:00:00Z');
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        let store = DataStore::at(&path);
+        let old = store.with_blocking(|c| item(c, &ns(&["u"]), "old")).unwrap().unwrap();
+        assert_eq!(old["value"], json!({"a": 1}));
+        assert_eq!(old["created_at"], Value::Null, "unknown for an item stored before");
+        store
+            .with_blocking(|c| put(c, &ns(&["u"]), "new", &json!({"b": 2})))
+            .unwrap();
+        let new = store.with_blocking(|c| item(c, &ns(&["u"]), "new")).unwrap().unwrap();
+        assert!(new["created_at"].is_string(), "{new}");
+        // Replacing a value keeps when it was first stored.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        store
+            .with_blocking(|c| put(c, &ns(&["u"]), "new", &json!({"b": 3})))
+            .unwrap();
+        let again = store.with_blocking(|c| item(c, &ns(&["u"]), "new")).unwrap().unwrap();
+        assert_eq!(again["created_at"], new["created_at"]);
+        assert_eq!(again["value"], json!({"b": 3}));
+    }
+
+    #[test]
+    fn items_filter_before_paging_and_namespaces_cut_to_a_depth() {
+        let store = DataStore::default();
+        store
+            .with_blocking(|c| {
+                for (i, who) in ["a", "b", "c"].iter().enumerate() {
+                    put(c, &ns(&["users", who]), "k", &json!({"even": i % 2 == 0}))?;
+                    put(c, &ns(&["users", who, "notes"]), "n", &json!({"even": false}))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        let even = serde_json::Map::from_iter([("even".to_string(), json!(true))]);
+        let page = |offset| {
+            store
+                .with_blocking(|c| {
+                    items(
+                        c,
+                        &ItemQuery {
+                            prefix: &ns(&["users"]),
+                            filter: Some(&even),
+                            limit: 1,
+                            offset,
+                            ..Default::default()
+                        },
+                    )
+                })
+                .unwrap()
+        };
+        // Two items match (a and c): the filter is applied before the page is cut.
+        assert_eq!(page(0).len(), 1);
+        assert_eq!(page(1).len(), 1);
+        assert!(page(2).is_empty());
+        let listed = store
+            .with_blocking(|c| namespaces(c, &ns(&["users"]), &[], Some(2), 100, 0))
+            .unwrap();
+        assert_eq!(listed, [ns(&["users", "a"]), ns(&["users", "b"]), ns(&["users", "c"])]);
+        let notes = store
+            .with_blocking(|c| namespaces(c, &[], &ns(&["notes"]), None, 1, 1))
+            .unwrap();
+        assert_eq!(notes, [ns(&["users", "b", "notes"])]);
+    }
 }

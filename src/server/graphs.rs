@@ -77,7 +77,9 @@ impl Graphs {
 
     /// The graph an assistant id or a graph id names.
     pub fn find(&self, id: &str) -> Option<Arc<Graph>> {
-        self.all().into_iter().find(|g| g.assistant_id == id || g.graph_id == id)
+        self.all()
+            .into_iter()
+            .find(|g| g.assistant_id == id || g.graph_id == id)
     }
 
     /// The graph whose workflow file a thread records.

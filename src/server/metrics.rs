@@ -122,7 +122,11 @@ fn render(app: &Shared) -> String {
         "# HELP runner_active_streams Event streams being sent.\n# TYPE runner_active_streams gauge\nrunner_active_streams {}",
         m.streams.load(Ordering::Relaxed)
     );
-    m.steps.render(&mut out, "runner_step_duration_seconds", "Supersteps, from start to checkpoint.");
+    m.steps.render(
+        &mut out,
+        "runner_step_duration_seconds",
+        "Supersteps, from start to checkpoint.",
+    );
     m.model_calls.render(
         &mut out,
         "runner_llm_duration_seconds",

@@ -171,7 +171,10 @@ fn router(app: Shared) -> Router {
         .route("/store/namespaces", post(store::namespaces))
         .route("/metrics", get(metrics::metrics))
         .fallback(http::not_found)
-        .layer(axum::middleware::from_fn_with_state(app.clone(), metrics::count_streams))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            metrics::count_streams,
+        ))
         .layer(axum::middleware::from_fn_with_state(app.clone(), http::auth))
         .layer(axum::middleware::from_fn(http::cors))
         .with_state(app)

@@ -249,7 +249,9 @@ impl Translate {
             Event::StateUpdate { values, .. } => {
                 self.scopes.entry(ns.clone()).or_default().values.extend(values);
             }
-            Event::StepEnd { checkpoint_id, step, .. } => {
+            Event::StepEnd {
+                checkpoint_id, step, ..
+            } => {
                 let committed = if top {
                     self.store
                         .get_checkpoint(&self.thread_id, Some(&checkpoint_id))
@@ -346,9 +348,7 @@ impl Translate {
         let Ok(state) = super::threads::state_json(&self.app, &self.thread_id, cp) else {
             return;
         };
-        let config = |id: &Value| {
-            json!({"configurable": {"thread_id": self.thread_id, "checkpoint_ns": "", "checkpoint_id": id}})
-        };
+        let config = |id: &Value| json!({"configurable": {"thread_id": self.thread_id, "checkpoint_ns": "", "checkpoint_id": id}});
         let parent = match &state["parent_checkpoint_id"] {
             Value::Null => Value::Null,
             id => config(id),

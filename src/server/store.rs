@@ -17,7 +17,10 @@ use crate::rag::{DataError, memory};
 /// Namespace labels as the reference checks them: none empty, none with a period (the GET
 /// endpoint joins them with periods in its query string).
 fn check(namespace: &[String]) -> Result<(), ApiError> {
-    if namespace.iter().any(|l| l.is_empty() || l.contains('.') || l.contains('\u{1f}')) {
+    if namespace
+        .iter()
+        .any(|l| l.is_empty() || l.contains('.') || l.contains('\u{1f}'))
+    {
         return Err(ApiError::invalid(format!(
             "Namespace labels cannot be empty or contain periods. Received: {namespace:?}"
         )));
