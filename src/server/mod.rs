@@ -2,7 +2,8 @@
 //! that LangGraph's own clients (`langgraph-sdk`, agent-chat-ui) drive the workflows of a folder.
 //!
 //! The top layer beside the CLI: it may import the run builder, the engine, the compiler, the
-//! checkpointer, diagnostics and the node kinds, never `cli` (and no clap type lives here). A
+//! checkpointer, diagnostics, the node kinds and the data store (`rag`, for the store
+//! endpoints), never `cli` (and no clap type lives here). A
 //! run it starts goes through the run builder ([`crate::run`]) and takes the thread's lease in
 //! `Engine::run`, exactly as `runner run` does.
 //!
