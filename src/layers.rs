@@ -90,6 +90,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     // The server drives runs through the run builder, as the CLI does; it never imports the CLI.
+    // Its store endpoints read and write the data store as `store` nodes do.
     (
         "server",
         &[
@@ -101,6 +102,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "nodes",
             "checkpoint",
             "clock",
+            "rag",
         ],
     ),
     // The CLI is the top: it may import everything, and nothing imports it.

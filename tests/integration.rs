@@ -26,6 +26,7 @@ mod providers;
 mod rag;
 mod runner_test;
 mod serve;
+mod serve_api;
 mod tools;
 mod web;
 mod workflows;

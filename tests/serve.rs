@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 /// A `runner serve` over the test workflows, killed when dropped.
-struct Server {
-    child: Child,
-    base: String,
-    _dir: tempfile::TempDir,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) base: String,
+    /// Holds the served folder, `workflows/`.
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Drop for Server {
@@ -27,18 +28,18 @@ impl Drop for Server {
 
 /// Starts `runner serve` on a free port over `tests/fixtures/gate.yaml`, the workflows of
 /// `tests/fixtures/serve/` and one that does not validate, on the scripted mock.
-fn serve() -> Server {
+pub(crate) fn serve() -> Server {
     serve_with(&[], &[])
 }
 
 /// [`serve`] with more arguments and environment variables.
-fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Server {
+pub(crate) fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let workflows = dir.path().join("workflows");
     std::fs::create_dir(&workflows).unwrap();
     std::fs::copy(fixtures.join("gate.yaml"), workflows.join("gate.yaml")).unwrap();
-    for name in ["chat.yaml", "shout.yaml", "slow.yaml"] {
+    for name in ["chat.yaml", "memo.yaml", "shout.yaml", "slow.yaml"] {
         std::fs::copy(fixtures.join("serve").join(name), workflows.join(name)).unwrap();
     }
     std::fs::write(
@@ -74,13 +75,13 @@ fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Server {
     // The workflow that does not validate is reported and not served; the test file is no
     // workflow at all.
     assert!(said.contains("not served:") && said.contains("broken.yaml"), "{said}");
-    assert!(said.contains("serving chat, gate, shout, slow\n"), "{said}");
+    assert!(said.contains("serving chat, gate, memo, shout, slow\n"), "{said}");
     // Whatever it says later is not read: drain it so the server never blocks on stderr.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    Server { child, base, _dir: dir }
+    Server { child, base, dir }
 }
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     runner::net::client_builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -89,7 +90,7 @@ fn client() -> reqwest::Client {
 
 /// `method path` with an optional JSON body: the status, the headers and the body as JSON
 /// (`null` when empty).
-async fn call(
+pub(crate) async fn call(
     s: &Server,
     method: reqwest::Method,
     path: &str,
@@ -365,7 +366,7 @@ async fn a_stream_is_framed_as_the_reference_frames_it() {
 }
 
 /// `(event, data)` of every event of an SSE body framed with CRLF.
-fn parse(body: &str) -> Vec<(String, Value)> {
+pub(crate) fn parse(body: &str) -> Vec<(String, Value)> {
     body.split("\r\n\r\n")
         .filter(|e| !e.is_empty())
         .map(|e| {
@@ -456,7 +457,7 @@ async fn a_second_run_on_a_busy_thread_is_a_conflict() {
 /// The Python interpreter of a venv holding `tests/sdk/requirements.txt`, created once per
 /// target directory. Parallel test processes take turns through a lock directory; a venv is
 /// used only once its marker says it holds exactly these requirements.
-fn sdk_python() -> &'static Path {
+pub(crate) fn sdk_python() -> &'static Path {
     static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     match PYTHON.get_or_init(make_venv) {
         Ok(p) => p,

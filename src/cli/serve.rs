@@ -89,8 +89,10 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     }
     writeln!(err, "serving {}", graphs.ids().join(", "))?;
     let server = crate::server::Server::new(graphs, settings, api_key)?;
+    let reloader = server.reloader();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
+        reload_on_hangup(reloader, args.dir.clone());
         let addr = SocketAddr::new(args.host, args.port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -101,6 +103,51 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         server.serve(listener, stop_signal()).await?;
         Ok(exit::OK)
     })
+}
+
+/// SIGHUP reloads the folder: new workflows are served, changed ones recompiled, removed ones
+/// dropped; one that stops validating is reported and keeps serving its previous version.
+fn reload_on_hangup(reloader: crate::server::Reloader, dir: PathBuf) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                let report = reloader.reload(&dir);
+                let mut err = std::io::stderr().lock();
+                // The report is for an operator: a closed stderr loses it and nothing else.
+                let _ = match report {
+                    Ok(r) => {
+                        for rejected in &r.rejected {
+                            let kept = if r.kept.contains(&rejected.path) {
+                                " (its previous version is still served)"
+                            } else {
+                                ""
+                            };
+                            let _ = writeln!(err, "not served: {} does not validate{kept}", rejected.path.display());
+                            let _ = err.write_all(rejected.why.as_bytes());
+                        }
+                        writeln!(
+                            err,
+                            "reloaded {}: added [{}], changed [{}], removed [{}]",
+                            dir.display(),
+                            r.added.join(", "),
+                            r.changed.join(", "),
+                            r.removed.join(", ")
+                        )
+                    }
+                    Err(e) => writeln!(err, "cannot reload {}: {e}; serving what was served", dir.display()),
+                };
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (reloader, dir);
+    }
 }
 
 /// Ctrl-C or SIGTERM: the server stops accepting, lets its runs reach a step boundary, and ends.

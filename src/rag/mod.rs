@@ -21,7 +21,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 /// The schema this build writes, kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 const SCHEMA: &str = "
@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS memory (
     key TEXT NOT NULL,
     value TEXT NOT NULL,
     updated_at TEXT NOT NULL,
+    created_at TEXT,
     PRIMARY KEY (namespace, key)
 ) STRICT;
 CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5 (namespace UNINDEXED, key UNINDEXED, text, tokenize = 'porter unicode61');
@@ -183,6 +184,15 @@ fn open(path: &Path) -> Result<Connection, DataError> {
         return Err(DataError::NewerSchema(shown, version));
     }
     conn.execute_batch(SCHEMA)?;
+    // Version 2: memory items remember when they were first stored (older items: unknown).
+    let has_created: bool = conn.query_row(
+        "SELECT count(*) FROM pragma_table_info('memory') WHERE name = 'created_at'",
+        [],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    if !has_created {
+        conn.execute_batch("ALTER TABLE memory ADD COLUMN created_at TEXT")?;
+    }
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     Ok(conn)
 }

@@ -1,8 +1,9 @@
 //! The served workflows: one graph per workflow file of the folder, each with LangGraph's system
-//! assistant (id `uuid5(NAMESPACE, graph_id)`), its picture and its schemas.
+//! assistant (id `uuid5(NAMESPACE, graph_id)`), its picture and its schemas; reloaded from the
+//! folder on demand (SIGHUP).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
@@ -31,35 +32,111 @@ pub struct Graph {
     /// The file, absolute: recorded with the threads the graph starts.
     pub path: PathBuf,
     pub plan: Arc<Plan>,
-    /// When the server loaded it, as assistants report `created_at`.
+    /// When the server first served it, as assistants report `created_at`.
+    created_at: String,
+    /// When the server last loaded it (its start, or the reload that changed it).
     loaded_at: String,
+    /// Its assistant's `version`: 1, plus one for every reload that changed it.
+    version: u64,
+    /// The workflow's text when it was compiled: a reload that finds the same text keeps the
+    /// graph as it is.
+    source: String,
 }
 
 /// A workflow file that is not served, and why (its diagnostics, rendered).
+#[derive(Debug)]
 pub struct Rejected {
     pub path: PathBuf,
     pub why: String,
 }
 
-/// Every served graph, in file-name order.
+/// Every served graph, in file-name order. A run holds the graph it started with: a reload
+/// swaps the list, never a graph under a run.
 #[derive(Default)]
 pub struct Graphs {
-    graphs: Vec<Arc<Graph>>,
+    graphs: RwLock<Vec<Arc<Graph>>>,
+}
+
+/// What a reload changed.
+#[derive(Debug, Default)]
+pub struct Reloaded {
+    pub added: Vec<String>,
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
+    /// Files that do not validate: a graph served before keeps its previous version (its
+    /// file is in `kept`); a new file is not served.
+    pub rejected: Vec<Rejected>,
+    pub kept: Vec<PathBuf>,
 }
 
 impl Graphs {
+    fn all(&self) -> Vec<Arc<Graph>> {
+        // A writer never panics while holding the lock (it only swaps a vector).
+        self.graphs.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// The graph an assistant id or a graph id names.
-    pub fn find(&self, id: &str) -> Option<&Arc<Graph>> {
-        self.graphs.iter().find(|g| g.assistant_id == id || g.graph_id == id)
+    pub fn find(&self, id: &str) -> Option<Arc<Graph>> {
+        self.all()
+            .into_iter()
+            .find(|g| g.assistant_id == id || g.graph_id == id)
     }
 
     /// The graph whose workflow file a thread records.
-    pub(crate) fn of_workflow(&self, workflow: &str) -> Option<&Arc<Graph>> {
-        self.graphs.iter().find(|g| g.path.as_os_str() == workflow)
+    pub(crate) fn of_workflow(&self, workflow: &str) -> Option<Arc<Graph>> {
+        self.all().into_iter().find(|g| g.path.as_os_str() == workflow)
     }
 
-    pub fn ids(&self) -> Vec<&str> {
-        self.graphs.iter().map(|g| g.graph_id.as_str()).collect()
+    pub fn ids(&self) -> Vec<String> {
+        self.all().iter().map(|g| g.graph_id.clone()).collect()
+    }
+
+    /// Loads `dir` again: new files are served, changed ones recompiled, removed ones dropped.
+    /// A file that stops validating keeps serving its previous version, so that a mistake
+    /// made while editing a served workflow does not take it away from its clients; it is
+    /// reported, and replaced once it validates again.
+    pub fn reload(&self, dir: &Path) -> std::io::Result<Reloaded> {
+        let (fresh, rejected) = load(dir)?;
+        let old = self.all();
+        let mut report = Reloaded::default();
+        let mut next: Vec<Arc<Graph>> = Vec::new();
+        for g in fresh.all() {
+            match old.iter().find(|o| o.graph_id == g.graph_id) {
+                Some(o) if o.source == g.source => next.push(o.clone()),
+                Some(o) => {
+                    report.changed.push(g.graph_id.clone());
+                    next.push(Arc::new(Graph {
+                        graph_id: g.graph_id.clone(),
+                        assistant_id: g.assistant_id.clone(),
+                        path: g.path.clone(),
+                        plan: g.plan.clone(),
+                        created_at: o.created_at.clone(),
+                        loaded_at: g.loaded_at.clone(),
+                        version: o.version + 1,
+                        source: g.source.clone(),
+                    }));
+                }
+                None => {
+                    report.added.push(g.graph_id.clone());
+                    next.push(g);
+                }
+            }
+        }
+        for r in rejected {
+            if let Some(o) = old.iter().find(|o| o.path == r.path) {
+                report.kept.push(o.path.clone());
+                next.push(o.clone());
+            }
+            report.rejected.push(r);
+        }
+        for o in &old {
+            if !next.iter().any(|g| g.graph_id == o.graph_id) {
+                report.removed.push(o.graph_id.clone());
+            }
+        }
+        next.sort_by(|a, b| a.path.cmp(&b.path));
+        *self.graphs.write().unwrap_or_else(|p| p.into_inner()) = next;
+        Ok(report)
     }
 }
 
@@ -76,7 +153,7 @@ pub(super) fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {
         .collect();
     files.sort();
     let kinds = crate::nodes::builtin().decls();
-    let mut graphs = Graphs::default();
+    let mut graphs = Vec::new();
     let mut rejected = Vec::new();
     for file in files {
         let path = std::fs::canonicalize(&file).unwrap_or(file);
@@ -86,22 +163,34 @@ pub(super) fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {
             .unwrap_or_default()
             .trim_end_matches(".yml")
             .to_string();
+        let source = std::fs::read_to_string(&path).unwrap_or_default();
         let (plan, result) = crate::compile::compile_file(&path, &kinds);
         match plan {
-            Some(plan) => graphs.graphs.push(Arc::new(Graph {
-                assistant_id: assistant_id(&graph_id),
-                graph_id,
-                path,
-                plan,
-                loaded_at: crate::clock::now(),
-            })),
+            Some(plan) => {
+                let now = crate::clock::now();
+                graphs.push(Arc::new(Graph {
+                    assistant_id: assistant_id(&graph_id),
+                    graph_id,
+                    path,
+                    plan,
+                    created_at: now.clone(),
+                    loaded_at: now,
+                    version: 1,
+                    source,
+                }))
+            }
             None => rejected.push(Rejected {
                 why: diag::render(&result.diagnostics, &result.files, Format::Human),
                 path,
             }),
         }
     }
-    Ok((graphs, rejected))
+    Ok((
+        Graphs {
+            graphs: RwLock::new(graphs),
+        },
+        rejected,
+    ))
 }
 
 fn assistant(g: &Graph) -> Value {
@@ -113,13 +202,13 @@ fn assistant(g: &Graph) -> Value {
         "metadata": {"created_by": "system"},
         "name": g.graph_id,
         "description": g.plan.description(),
-        "version": 1,
-        "created_at": g.loaded_at,
+        "version": g.version,
+        "created_at": g.created_at,
         "updated_at": g.loaded_at,
     })
 }
 
-fn find<'a>(app: &'a Shared, id: &str) -> Result<&'a Arc<Graph>, ApiError> {
+fn find(app: &Shared, id: &str) -> Result<Arc<Graph>, ApiError> {
     app.graphs
         .find(id)
         .ok_or_else(|| ApiError::not_found(format!("Assistant '{id}' not found")))
@@ -146,7 +235,7 @@ pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Js
     let system = json!({"created_by": "system"});
     let found: Vec<Value> = app
         .graphs
-        .graphs
+        .all()
         .iter()
         .filter(|g| q.graph_id.as_ref().is_none_or(|id| *id == g.graph_id))
         .filter(|g| q.name.as_ref().is_none_or(|n| g.graph_id.contains(n.as_str())))
@@ -162,7 +251,8 @@ pub(super) async fn get_assistant(
     State(app): State<Shared>,
     UrlPath(id): UrlPath<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(assistant(find(&app, &id)?)))
+    let g = find(&app, &id)?;
+    Ok(Json(assistant(&g)))
 }
 
 /// LangGraph's node name for a plan's start and end.

@@ -68,7 +68,7 @@ pub(super) fn feed(app: &Shared, s: Started) -> Arc<Hub> {
         progress: watch::channel(Progress::default()).0,
         resumable: s.resumable,
     });
-    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone(), run_meta(&s));
+    let mut translate = Translate::new(s.modes, app, s.thread_id.clone(), run_meta(&s));
     hub.push(vec![("metadata".into(), json!({"run_id": s.run_id, "attempt": 1}))]);
     hub.push(translate.on(s.first));
     if let Some(r) = lock(&app.runs).get_mut(&s.run_id) {

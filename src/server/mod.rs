@@ -2,7 +2,8 @@
 //! that LangGraph's own clients (`langgraph-sdk`, agent-chat-ui) drive the workflows of a folder.
 //!
 //! The top layer beside the CLI: it may import the run builder, the engine, the compiler, the
-//! checkpointer, diagnostics and the node kinds, never `cli` (and no clap type lives here). A
+//! checkpointer, diagnostics, the node kinds and the data store (`rag`, for the store
+//! endpoints), never `cli` (and no clap type lives here). A
 //! run it starts goes through the run builder ([`crate::run`]) and takes the thread's lease in
 //! `Engine::run`, exactly as `runner run` does.
 //!
@@ -10,16 +11,22 @@
 //! - `threads.rs`: threads, their state and history, read from the checkpointer;
 //! - `runs.rs`: runs on a thread or stateless, streamed (SSE) or waited for;
 //! - `control.rs`: runs in the background, listed, looked at, joined, cancelled;
+//! - `batch.rs`: `/runs/batch`, stateless runs started in the background together;
 //! - `hub.rs`: a streamed run's frames, kept for the client that started it and any that join;
 //! - `sse.rs`: the event stream's framing and how engine events become stream-mode events;
+//! - `store.rs`: the store endpoints, over the data store `store` nodes use;
+//! - `metrics.rs`: `GET /metrics` in Prometheus's text format;
 //! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS, the API key.
 
+mod batch;
 mod control;
 mod graphs;
 mod http;
 mod hub;
+mod metrics;
 mod runs;
 mod sse;
+mod store;
 mod threads;
 
 use std::collections::HashMap;
@@ -29,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::routing::{get, post};
 
-pub use graphs::{Graph, Graphs, Rejected, assistant_id};
+pub use graphs::{Graph, Graphs, Rejected, Reloaded, assistant_id};
 
 use crate::checkpoint::Checkpointer;
 use crate::run::{RunError, RunSettings};
@@ -46,6 +53,10 @@ pub(crate) struct App {
     runs: Mutex<HashMap<String, runs::RunRecord>>,
     /// The key every request but `/ok` must carry, when set.
     api_key: Option<String>,
+    /// The data store (`--data-db`), opened once: the store endpoints and every run's `store`,
+    /// `index` and `retrieve` nodes share it.
+    data: crate::rag::DataStore,
+    metrics: metrics::Metrics,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -61,8 +72,11 @@ impl Server {
     /// request but `GET /ok` must carry it.
     pub fn new(graphs: Graphs, settings: RunSettings, api_key: Option<String>) -> Result<Server, RunError> {
         let store = settings.open_store()?;
+        let data = crate::rag::DataStore::at(settings.data_db.value.clone());
         Ok(Server {
             app: Arc::new(App {
+                data,
+                metrics: metrics::Metrics::default(),
                 graphs,
                 settings,
                 store,
@@ -71,6 +85,11 @@ impl Server {
                 api_key,
             }),
         })
+    }
+
+    /// A handle that reloads the served workflows while the server runs.
+    pub fn reloader(&self) -> Reloader {
+        Reloader { app: self.app.clone() }
     }
 
     /// Serves on `listener` until `shutdown` resolves; then stops accepting connections, stops
@@ -91,6 +110,18 @@ impl Server {
         axum::serve(listener, router(self.app))
             .with_graceful_shutdown(stop)
             .await
+    }
+}
+
+/// Reloads a running server's workflows (see [`Graphs::reload`]).
+#[derive(Clone)]
+pub struct Reloader {
+    app: Shared,
+}
+
+impl Reloader {
+    pub fn reload(&self, dir: &Path) -> std::io::Result<Reloaded> {
+        self.app.graphs.reload(dir)
     }
 }
 
@@ -132,7 +163,19 @@ fn router(app: Shared) -> Router {
         .route("/threads/{id}/runs/{run_id}/cancel", post(control::cancel))
         .route("/runs/stream", post(runs::stream_stateless))
         .route("/runs/wait", post(runs::wait_stateless))
+        .route("/runs/batch", post(batch::batch))
+        .route(
+            "/store/items",
+            axum::routing::put(store::put).get(store::get).delete(store::delete),
+        )
+        .route("/store/items/search", post(store::search))
+        .route("/store/namespaces", post(store::namespaces))
+        .route("/metrics", get(metrics::metrics))
         .fallback(http::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            metrics::count_streams,
+        ))
         .layer(axum::middleware::from_fn_with_state(app.clone(), http::auth))
         .layer(axum::middleware::from_fn(http::cors))
         .with_state(app)

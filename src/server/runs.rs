@@ -162,7 +162,6 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
     let graph: Arc<Graph> = app
         .graphs
         .find(&req.assistant_id)
-        .cloned()
         .ok_or_else(|| ApiError::not_found(format!("Assistant '{}' not found", req.assistant_id)))?;
     let modes = Modes::parse(req.stream_mode.as_ref(), req.stream_subgraphs).map_err(ApiError::invalid)?;
     // `enqueue`: the run waits for the thread's lease (the runs before it end first).
@@ -235,7 +234,9 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
     {
         request.recursion_limit = Some(u32::try_from(limit).unwrap_or(u32::MAX));
     }
-    let services = app.settings.services(&graph.plan)?;
+    let mut services = app.settings.services(&graph.plan)?;
+    // One data store for the server: what the store endpoints write, runs read.
+    services.data = app.data.clone();
     // From here on the run starts, and its end (or refusal) releases a thread of its own.
     {
         let mut threads = lock(&app.threads);
@@ -289,6 +290,7 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
         // client that finds the stream closed asks the run's status to know whether to
         // reconnect.
         set_status(&ended.app, &ended_run, run_status(&outcome));
+        ended.app.metrics.run_ended(run_status(&outcome));
         if let Some(r) = lock(&ended.app.runs).get_mut(&ended_run) {
             r.error = match &outcome {
                 Ok(o) if o.status == Status::Failed => {
@@ -431,7 +433,7 @@ fn stream_response(app: Shared, s: Started) -> Response {
 /// Runs to the end and answers the final values: with `__interrupt__` when the run stopped at
 /// a gate, `__error__` when it failed.
 async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
-    let mut translate = Translate::new(s.modes, app.store.clone(), s.thread_id.clone(), hub::run_meta(&s));
+    let mut translate = Translate::new(s.modes, &app, s.thread_id.clone(), hub::run_meta(&s));
     translate.on(s.first);
     let mut events = s.events;
     while let Some(envelope) = events.recv().await {

@@ -1,7 +1,8 @@
 //! The event stream of a run as the LangGraph API frames it: `event: NAME`, `data: JSON` and a
 //! blank line, every line ended by CRLF; and the engine's events turned into the stream modes
-//! a client asked for (`values`, `updates`, `custom`, `messages-tuple`, `tasks`), namespaced `mode|node:task` inside
-//! subgraphs.
+//! a client asked for (`values`, `updates`, `custom`, `messages-tuple`, the legacy `messages`,
+//! `tasks`, `checkpoints`, `debug`), namespaced `mode|node:task` inside subgraphs. The same
+//! events feed the server's step and model-call latency metrics.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use serde_json::{Map, Value, json};
 
+use super::Shared;
 use crate::checkpoint::Checkpointer;
 use crate::engine::events::{Envelope, Event};
 use crate::engine::{EngineError, RunOutcome, Status};
@@ -29,9 +31,8 @@ pub(crate) fn frame(event: &str, data: &Value, id: Option<usize>) -> Bytes {
     Bytes::from(out)
 }
 
-/// The stream modes LangGraph knows. Those runner produces are `values`, `updates`, `custom`,
-/// `messages-tuple` and `tasks`; the others are accepted (clients such as agent-chat-ui always ask for `messages-tuple`) and
-/// produce no events yet.
+/// The stream modes LangGraph knows. `events`, `tools` and `lifecycle` (LangChain callback
+/// events and the newer protocol's channels) are accepted and produce no events.
 const KNOWN: &[&str] = &[
     "values",
     "updates",
@@ -54,8 +55,15 @@ pub(crate) struct Modes {
     custom: bool,
     /// `messages-tuple`: streamed model tokens as `messages` events.
     messages: bool,
+    /// The legacy `messages`: `messages/metadata` once per message, then `messages/partial`
+    /// with the message so far.
+    partial: bool,
     /// Each task's start and result.
     tasks: bool,
+    /// Each checkpoint as `{config, parent_config, values, metadata, next, tasks}`.
+    checkpoints: bool,
+    /// Checkpoints, task starts and task results wrapped as `{step, timestamp, type, payload}`.
+    debug: bool,
     /// Events from inside subgraphs too, namespaced.
     subgraphs: bool,
 }
@@ -82,7 +90,10 @@ impl Modes {
                 "updates" => modes.updates = true,
                 "custom" => modes.custom = true,
                 "messages-tuple" => modes.messages = true,
+                "messages" => modes.partial = true,
                 "tasks" => modes.tasks = true,
+                "checkpoints" => modes.checkpoints = true,
+                "debug" => modes.debug = true,
                 n if KNOWN.contains(&n) => {}
                 n => return Err(format!("unknown stream_mode `{n}`; known: {}", KNOWN.join(", "))),
             }
@@ -102,6 +113,7 @@ struct Scope {
 /// Turns a run's events into stream-mode events.
 pub(crate) struct Translate {
     modes: Modes,
+    app: Shared,
     store: Arc<dyn Checkpointer>,
     thread_id: String,
     scopes: HashMap<Option<Arc<str>>, Scope>,
@@ -118,22 +130,25 @@ pub(crate) struct Translate {
     steps: HashMap<Option<Arc<str>>, i64>,
     /// The tasks that streamed tokens, whose message ends with their node.
     streamed: std::collections::HashSet<String>,
+    /// The text each task streamed so far (the legacy `messages` mode sends it whole each time).
+    partial: HashMap<String, String>,
+    /// Tasks that called a model in the current step, by namespace and node (the usage report
+    /// names the node, and comes just before the task's end).
+    called: HashMap<(Option<Arc<str>>, String), usize>,
 }
 
 impl Translate {
     /// `run` is what `messages` metadata says of the run (`run_id`, `graph_id`, …).
-    pub(super) fn new(
-        modes: Modes,
-        store: Arc<dyn Checkpointer>,
-        thread_id: String,
-        run: Map<String, Value>,
-    ) -> Translate {
+    pub(super) fn new(modes: Modes, app: &Shared, thread_id: String, run: Map<String, Value>) -> Translate {
         Translate {
             run,
             steps: HashMap::new(),
             streamed: Default::default(),
+            partial: HashMap::new(),
+            called: HashMap::new(),
             modes,
-            store,
+            app: app.clone(),
+            store: app.store.clone(),
             thread_id,
             scopes: HashMap::new(),
             interrupts: Vec::new(),
@@ -150,6 +165,7 @@ impl Translate {
     /// The stream events `envelope` makes.
     pub(super) fn on(&mut self, envelope: Envelope) -> Vec<(String, Value)> {
         let ns = envelope.ns;
+        self.measure(&ns, &envelope.event);
         if ns.is_some() && !self.modes.subgraphs {
             return Vec::new();
         }
@@ -171,7 +187,7 @@ impl Translate {
                     .history(&self.thread_id)
                     .ok()
                     .and_then(|h| h.into_iter().find(|c| c.step == step - 1));
-                if let Some(cp) = before
+                if let Some(cp) = &before
                     && let Ok(values) = self.store.state(&self.thread_id, &cp.versions)
                 {
                     self.scopes.entry(None).or_default().values = values;
@@ -179,25 +195,48 @@ impl Translate {
                 if modes.values {
                     out.push((name("values"), Value::Object(self.values())));
                 }
+                if let Some(cp) = &before {
+                    self.checkpoint(cp, step - 1, &mut out);
+                }
             }
             Event::StepStart { step, .. } => {
                 self.steps.insert(ns.clone(), step);
             }
-            Event::NodeStart { node, task_id, .. } if modes.tasks => {
-                out.push((
-                    name("tasks"),
-                    json!({"id": task_id, "name": node, "input": null, "triggers": []}),
-                ));
+            Event::NodeStart { node, task_id, step } if modes.tasks || modes.debug => {
+                let task = json!({"id": task_id, "name": node, "input": null, "triggers": []});
+                if modes.debug {
+                    out.push((name("debug"), debug(step, "task", &task)));
+                }
+                if modes.tasks {
+                    out.push((name("tasks"), task));
+                }
             }
-            Event::Token { node, task_id, text } if modes.messages => {
+            Event::Token { node, task_id, text } if modes.messages || modes.partial => {
+                if modes.partial {
+                    let first = !self.partial.contains_key(&task_id);
+                    let so_far = self.partial.entry(task_id.clone()).or_default();
+                    so_far.push_str(&text);
+                    let so_far = so_far.clone();
+                    let mut message = self.chunk(&task_id, so_far, None);
+                    message["type"] = json!("ai");
+                    if first {
+                        let id = message["id"].as_str().unwrap_or_default().to_string();
+                        let meta = self.message_meta(&node, &ns);
+                        out.push((name("messages/metadata"), json!({ id: {"metadata": meta} })));
+                    }
+                    out.push((name("messages/partial"), json!([message])));
+                }
                 self.streamed.insert(task_id.clone());
-                let chunk = self.chunk(&task_id, text, None);
-                out.push((name("messages"), json!([chunk, self.message_meta(&node, &ns)])));
+                if modes.messages {
+                    let chunk = self.chunk(&task_id, text, None);
+                    out.push((name("messages"), json!([chunk, self.message_meta(&node, &ns)])));
+                }
             }
             Event::NodeEnd {
                 node, keys, task_id, ..
             } => {
-                if self.streamed.remove(&task_id) {
+                self.partial.remove(&task_id);
+                if self.streamed.remove(&task_id) && modes.messages {
                     let chunk = self.chunk(&task_id, String::new(), Some("last"));
                     out.push((name("messages"), json!([chunk, self.message_meta(&node, &ns)])));
                 }
@@ -210,9 +249,18 @@ impl Translate {
             Event::StateUpdate { values, .. } => {
                 self.scopes.entry(ns.clone()).or_default().values.extend(values);
             }
-            Event::StepEnd { checkpoint_id, .. } => {
-                if top
-                    && let Ok(Some(cp)) = self.store.get_checkpoint(&self.thread_id, Some(&checkpoint_id))
+            Event::StepEnd {
+                checkpoint_id, step, ..
+            } => {
+                let committed = if top {
+                    self.store
+                        .get_checkpoint(&self.thread_id, Some(&checkpoint_id))
+                        .ok()
+                        .flatten()
+                } else {
+                    None
+                };
+                if let Some(cp) = &committed
                     && let Ok(values) = self.store.state(&self.thread_id, &cp.versions)
                 {
                     // The committed checkpoint is the truth; the step's updates are only what
@@ -225,12 +273,16 @@ impl Translate {
                         .iter()
                         .filter_map(|k| scope.values.get(k).map(|v| (k.clone(), v.clone())))
                         .collect();
-                    if modes.tasks {
+                    if modes.tasks || modes.debug {
                         let result: Vec<Value> = update.iter().map(|(k, v)| json!([k, v])).collect();
-                        out.push((
-                            name("tasks"),
-                            json!({"id": task_id, "name": node, "error": null, "result": result, "interrupts": []}),
-                        ));
+                        let task =
+                            json!({"id": task_id, "name": node, "error": null, "result": result, "interrupts": []});
+                        if modes.debug {
+                            out.push((name("debug"), debug(step, "task_result", &task)));
+                        }
+                        if modes.tasks {
+                            out.push((name("tasks"), task));
+                        }
                     }
                     if modes.updates {
                         let update = if update.is_empty() {
@@ -243,6 +295,9 @@ impl Translate {
                 }
                 if modes.values {
                     out.push((name("values"), Value::Object(scope.values.clone())));
+                }
+                if let Some(cp) = &committed {
+                    self.checkpoint(cp, step, &mut out);
                 }
             }
             Event::Custom { event, data, .. } if modes.custom => {
@@ -261,6 +316,57 @@ impl Translate {
             _ => {}
         }
         out
+    }
+
+    /// Feeds the server's latency histograms: every step (subgraphs' included) and every task
+    /// that called a model.
+    fn measure(&mut self, ns: &Option<Arc<str>>, event: &Event) {
+        let metrics = &self.app.metrics;
+        match event {
+            Event::StepEnd { duration_ms, .. } => metrics.steps.observe_ms(*duration_ms),
+            Event::Usage { node, usage } if usage.calls > 0 => {
+                *self.called.entry((ns.clone(), node.clone())).or_default() += 1;
+            }
+            Event::NodeEnd { node, duration_ms, .. } => {
+                if let Some(n) = self.called.get_mut(&(ns.clone(), node.clone())) {
+                    metrics.model_calls.observe_ms(*duration_ms);
+                    *n -= 1;
+                    if *n == 0 {
+                        self.called.remove(&(ns.clone(), node.clone()));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The `checkpoints` and `debug` events of checkpoint `cp` of the run's thread.
+    fn checkpoint(&self, cp: &crate::checkpoint::Checkpoint, step: i64, out: &mut Vec<(String, Value)>) {
+        if !(self.modes.checkpoints || self.modes.debug) {
+            return;
+        }
+        let Ok(state) = super::threads::state_json(&self.app, &self.thread_id, cp) else {
+            return;
+        };
+        let config = |id: &Value| json!({"configurable": {"thread_id": self.thread_id, "checkpoint_ns": "", "checkpoint_id": id}});
+        let parent = match &state["parent_checkpoint_id"] {
+            Value::Null => Value::Null,
+            id => config(id),
+        };
+        let payload = json!({
+            "config": config(&state["checkpoint_id"]),
+            "parent_config": parent,
+            "values": state["values"],
+            "metadata": state["metadata"],
+            "next": state["next"],
+            "tasks": state["tasks"],
+        });
+        if self.modes.debug {
+            out.push(("debug".into(), debug(step, "checkpoint", &payload)));
+        }
+        if self.modes.checkpoints {
+            out.push(("checkpoints".into(), payload));
+        }
     }
 
     /// A piece of the message a task's model call streams: every piece of one call shares its
@@ -309,6 +415,11 @@ impl Translate {
             )],
         }
     }
+}
+
+/// A `debug` event: `{step, timestamp, type, payload}`.
+fn debug(step: i64, kind: &str, payload: &Value) -> Value {
+    json!({"step": step, "timestamp": crate::clock::now(), "type": kind, "payload": payload})
 }
 
 #[cfg(test)]

@@ -1,0 +1,167 @@
+//! The store endpoints (`/store/items`, `/store/items/search`, `/store/namespaces`) with the
+//! reference server's shapes, over the data store the `store` node kind reads and writes: the
+//! server opens it once and hands the same handle to every run, so a value put over HTTP is
+//! what a `store` node gets, and the other way round.
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::Shared;
+use super::http::{ApiError, body};
+use crate::rag::{DataError, memory};
+
+/// Namespace labels as the reference checks them: none empty, none with a period (the GET
+/// endpoint joins them with periods in its query string).
+fn check(namespace: &[String]) -> Result<(), ApiError> {
+    if namespace
+        .iter()
+        .any(|l| l.is_empty() || l.contains('.') || l.contains('\u{1f}'))
+    {
+        return Err(ApiError::invalid(format!(
+            "Namespace labels cannot be empty or contain periods. Received: {namespace:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn failed(e: DataError) -> ApiError {
+    match e {
+        DataError::Invalid(m) => ApiError::invalid(m),
+        e => ApiError::internal(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct Put {
+    namespace: Vec<String>,
+    key: String,
+    value: Map<String, Value>,
+}
+
+/// `PUT /store/items`: stores `value` (an object) under `namespace` and `key`; 204.
+pub(super) async fn put(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
+    let p: Put = body(&bytes)?;
+    check(&p.namespace)?;
+    if p.namespace.is_empty() {
+        return Err(ApiError::invalid("namespace must have at least one label"));
+    }
+    let value = Value::Object(p.value);
+    app.data
+        .with(move |c| memory::put(c, &p.namespace, &p.key, &value))
+        .await
+        .map_err(failed)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize)]
+pub(super) struct GetQuery {
+    #[serde(default)]
+    namespace: String,
+    key: Option<String>,
+}
+
+/// `GET /store/items?namespace=a.b&key=k`: the item, or `null` when there is none (as the
+/// reference answers).
+pub(super) async fn get(State(app): State<Shared>, Query(q): Query<GetQuery>) -> Result<Response, ApiError> {
+    let namespace: Vec<String> = q.namespace.split('.').map(str::to_string).collect();
+    check(&namespace)?;
+    let Some(key) = q.key.filter(|k| !k.is_empty()) else {
+        return Ok((StatusCode::BAD_REQUEST, Json(json!({"error": "Key is required"}))).into_response());
+    };
+    let item = app
+        .data
+        .with(move |c| memory::item(c, &namespace, &key))
+        .await
+        .map_err(failed)?;
+    Ok(Json(item.unwrap_or(Value::Null)).into_response())
+}
+
+#[derive(Deserialize)]
+struct Delete {
+    #[serde(default)]
+    namespace: Vec<String>,
+    key: String,
+}
+
+/// `DELETE /store/items` with `{namespace, key}`: 204, whether or not the item was there.
+pub(super) async fn delete(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
+    let d: Delete = body(&bytes)?;
+    check(&d.namespace)?;
+    app.data
+        .with(move |c| memory::delete(c, &d.namespace, &d.key))
+        .await
+        .map_err(failed)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize)]
+struct Search {
+    #[serde(default)]
+    namespace_prefix: Vec<String>,
+    filter: Option<Map<String, Value>>,
+    limit: Option<usize>,
+    offset: Option<usize>,
+    query: Option<String>,
+}
+
+/// `POST /store/items/search`: `{items: [item with score]}`, keyword matches best first (the
+/// data store's BM25; the reference's `query` needs an embedding index), else the most
+/// recently updated first.
+pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
+    let s: Search = body(&bytes)?;
+    check(&s.namespace_prefix)?;
+    let items = app
+        .data
+        .with(move |c| {
+            memory::items(
+                c,
+                &memory::ItemQuery {
+                    prefix: &s.namespace_prefix,
+                    query: s.query.as_deref(),
+                    filter: s.filter.as_ref(),
+                    limit: s.limit.unwrap_or(10),
+                    offset: s.offset.unwrap_or(0),
+                },
+            )
+        })
+        .await
+        .map_err(failed)?;
+    Ok(Json(json!({"items": items})))
+}
+
+#[derive(Deserialize)]
+struct Namespaces {
+    #[serde(default)]
+    prefix: Vec<String>,
+    #[serde(default)]
+    suffix: Vec<String>,
+    max_depth: Option<usize>,
+    limit: Option<usize>,
+    offset: Option<usize>,
+}
+
+/// `POST /store/namespaces`: `{namespaces: [[label, …], …]}`.
+pub(super) async fn namespaces(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
+    let n: Namespaces = body(&bytes)?;
+    check(&n.prefix)?;
+    check(&n.suffix)?;
+    let found = app
+        .data
+        .with(move |c| {
+            memory::namespaces(
+                c,
+                &n.prefix,
+                &n.suffix,
+                n.max_depth,
+                n.limit.unwrap_or(100),
+                n.offset.unwrap_or(0),
+            )
+        })
+        .await
+        .map_err(failed)?;
+    Ok(Json(json!({"namespaces": found})))
+}

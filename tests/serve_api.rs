@@ -1,0 +1,504 @@
+//! `runner serve`'s store endpoints, the stream modes beyond the common ones (legacy
+//! `messages`, `checkpoints`, `debug`), `/runs/batch`, `/metrics` and reloading on SIGHUP,
+//! through the real binary on 127.0.0.1 (the server of `serve.rs`); and LangGraph's JS client
+//! (`@langchain/langgraph-sdk`, pinned in `tests/sdk/js/package-lock.json`, installed with
+//! `npm ci` by this file's set-up) and its Python client driving the store.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::serve::{call, client, parse, sdk_python, serve};
+
+/// A value put over HTTP is what a `store` node reads in a run, and what a `store` node
+/// writes is read back over HTTP: one data store, in the reference's shapes.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_endpoints_share_the_data_store_with_store_nodes() {
+    let s = serve();
+    let (status, _, body) = call(
+        &s,
+        Method::PUT,
+        "/store/items",
+        Some(json!({"namespace": ["users", "ann"], "key": "prefs", "value": {"theme": "dark"}})),
+    )
+    .await;
+    assert_eq!((status, body), (204, Value::Null));
+    let (status, _, item) = call(&s, Method::GET, "/store/items?namespace=users.ann&key=prefs", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(item["namespace"], json!(["users", "ann"]), "{item}");
+    assert_eq!(
+        (&item["key"], &item["value"]),
+        (&json!("prefs"), &json!({"theme": "dark"}))
+    );
+    assert!(
+        item["created_at"].is_string() && item["updated_at"].is_string(),
+        "{item}"
+    );
+
+    // The run reads it, and leaves a note.
+    let (status, _, values) = call(
+        &s,
+        Method::POST,
+        "/runs/wait",
+        Some(json!({"assistant_id": "memo", "input": {"user": "ann"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(values["prefs"], json!({"theme": "dark"}), "{values}");
+    let (_, _, note) = call(
+        &s,
+        Method::GET,
+        "/store/items?namespace=users.ann.notes&key=visit",
+        None,
+    )
+    .await;
+    assert_eq!(note["value"], json!({"seen": true, "theme": "dark"}), "{note}");
+
+    // Search: under a prefix, by keyword, by an exact filter on the value, paged.
+    let search = |body: Value| {
+        let s = &s;
+        async move { call(s, Method::POST, "/store/items/search", Some(body)).await.2 }
+    };
+    let all = search(json!({"namespace_prefix": ["users"]})).await;
+    let mut keys: Vec<&str> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["prefs", "visit"], "{all}");
+    let filtered = search(json!({"namespace_prefix": ["users"], "filter": {"seen": true}})).await;
+    assert_eq!(filtered["items"].as_array().unwrap().len(), 1, "{filtered}");
+    assert_eq!(filtered["items"][0]["namespace"], json!(["users", "ann", "notes"]));
+    let found = search(json!({"namespace_prefix": ["users"], "query": "dark"})).await;
+    assert!(found["items"][0]["score"].is_number(), "{found}");
+    let paged = search(json!({"namespace_prefix": ["users"], "limit": 1, "offset": 1})).await;
+    assert_eq!(paged["items"].as_array().unwrap().len(), 1, "{paged}");
+    assert_eq!(
+        search(json!({"namespace_prefix": ["nobody"]})).await,
+        json!({"items": []})
+    );
+
+    // Namespaces: every one, cut to a depth, or those ending with a suffix.
+    let namespaces = |body: Value| {
+        let s = &s;
+        async move { call(s, Method::POST, "/store/namespaces", Some(body)).await.2 }
+    };
+    assert_eq!(
+        namespaces(json!({})).await,
+        json!({"namespaces": [["users", "ann"], ["users", "ann", "notes"]]})
+    );
+    assert_eq!(
+        namespaces(json!({"max_depth": 2})).await,
+        json!({"namespaces": [["users", "ann"]]})
+    );
+    assert_eq!(
+        namespaces(json!({"prefix": ["users"], "suffix": ["notes"]})).await,
+        json!({"namespaces": [["users", "ann", "notes"]]})
+    );
+
+    // Delete; a missing item is null, as the reference answers; bad labels are 422.
+    let (status, _, _) = call(
+        &s,
+        Method::DELETE,
+        "/store/items",
+        Some(json!({"namespace": ["users", "ann"], "key": "prefs"})),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _, gone) = call(&s, Method::GET, "/store/items?namespace=users.ann&key=prefs", None).await;
+    assert_eq!((status, gone), (200, Value::Null));
+    let (status, _, error) = call(
+        &s,
+        Method::PUT,
+        "/store/items",
+        Some(json!({"namespace": ["a.b"], "key": "k", "value": {}})),
+    )
+    .await;
+    assert_eq!(status, 422, "{error}");
+    assert!(error["detail"].as_str().unwrap().contains("periods"), "{error}");
+    let (status, _, _) = call(
+        &s,
+        Method::PUT,
+        "/store/items",
+        Some(json!({"namespace": ["a"], "key": "k", "value": "not an object"})),
+    )
+    .await;
+    assert_eq!(status, 422);
+}
+
+/// The legacy `messages` mode sends each streamed message's metadata once, then the message
+/// so far; `checkpoints` every checkpoint of the run linked to its parent; `debug` the
+/// checkpoints and tasks wrapped with their step and type.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_legacy_messages_checkpoints_and_debug_modes_stream_the_references_shapes() {
+    let s = serve();
+    let resp = client()
+        .post(format!("{}/threads/m1/runs/stream", s.base))
+        .json(
+            &json!({"assistant_id": "shout", "input": {"word": "hello"}, "if_not_exists": "create",
+                      "stream_mode": ["messages", "checkpoints", "debug"]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let events = parse(&resp.text().await.unwrap());
+    let named = |name: &str| -> Vec<&Value> { events.iter().filter(|(e, _)| e == name).map(|(_, d)| d).collect() };
+
+    let meta = named("messages/metadata");
+    assert_eq!(meta.len(), 1, "{events:?}");
+    let (id, m) = meta[0].as_object().unwrap().iter().next().unwrap();
+    assert_eq!(m["metadata"]["langgraph_node"], "say", "{m}");
+    let partial: Vec<(&str, &str)> = named("messages/partial")
+        .iter()
+        .map(|d| (d[0]["content"].as_str().unwrap(), d[0]["id"].as_str().unwrap()))
+        .collect();
+    assert_eq!(partial, [("hello", id.as_str()), ("hello there", id.as_str())]);
+    assert_eq!(named("messages/partial")[0][0]["type"], "ai");
+    assert!(named("messages").is_empty(), "messages-tuple was not asked for");
+
+    // The input checkpoint and one per step, each the parent of the next.
+    let checkpoints = named("checkpoints");
+    assert_eq!(checkpoints.len(), 3, "{checkpoints:?}");
+    assert_eq!(checkpoints[0]["parent_config"], Value::Null);
+    for pair in checkpoints.windows(2) {
+        assert_eq!(
+            pair[1]["parent_config"]["configurable"]["checkpoint_id"],
+            pair[0]["config"]["configurable"]["checkpoint_id"]
+        );
+    }
+    assert_eq!(checkpoints[0]["next"], json!(["say"]));
+    assert_eq!(checkpoints[1]["values"]["said"], "hello there");
+    assert_eq!(checkpoints[2]["next"], json!([]));
+    assert_eq!(checkpoints[2]["config"]["configurable"]["thread_id"], "m1");
+    let state: Value = client()
+        .get(format!("{}/threads/m1/state", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        checkpoints[2]["config"]["configurable"]["checkpoint_id"],
+        state["checkpoint"]["checkpoint_id"]
+    );
+
+    let debug: Vec<(&str, &str)> = named("debug")
+        .iter()
+        .map(|d| (d["type"].as_str().unwrap(), d["payload"]["name"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        debug,
+        [
+            ("checkpoint", ""),
+            ("task", "say"),
+            ("task_result", "say"),
+            ("checkpoint", ""),
+            ("task", "tell"),
+            ("task_result", "tell"),
+            ("checkpoint", "")
+        ]
+    );
+    assert!(
+        named("debug")
+            .iter()
+            .all(|d| d["step"].is_i64() && d["timestamp"].is_string())
+    );
+}
+
+/// `/runs/batch` starts every run in the background at once, each on a thread of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_starts_every_run_in_the_background() {
+    let s = serve();
+    let (status, _, runs) = call(
+        &s,
+        Method::POST,
+        "/runs/batch",
+        Some(json!([
+            {"assistant_id": "memo", "input": {"user": "bo"}},
+            {"assistant_id": "memo", "input": {"user": "cy"}},
+        ])),
+    )
+    .await;
+    assert_eq!(status, 200, "{runs}");
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_ne!(runs[0]["run_id"], runs[1]["run_id"]);
+    assert_ne!(runs[0]["thread_id"], runs[1]["thread_id"]);
+    // Both ran: each left its note.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for user in ["bo", "cy"] {
+        loop {
+            let path = format!("/store/items?namespace=users.{user}.notes&key=visit");
+            let (_, _, note) = call(&s, Method::GET, &path, None).await;
+            if note["value"]["seen"] == true {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the batch's run for {user} left no note");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // A request that is not a run starts none.
+    let (status, _, _) = call(
+        &s,
+        Method::POST,
+        "/runs/batch",
+        Some(json!([{"assistant_id": "memo", "input": {"user": "di"}}, {"input": {}}])),
+    )
+    .await;
+    assert_eq!(status, 422);
+    let (_, _, none) = call(&s, Method::GET, "/store/items?namespace=users.di.notes&key=visit", None).await;
+    assert_eq!(none, Value::Null);
+}
+
+/// The value of the sample `name` (with its labels) in a Prometheus text page.
+fn sample(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in:\n{page}"))
+        .parse()
+        .unwrap()
+}
+
+async fn metrics(s: &super::serve::Server) -> String {
+    let resp = client().get(format!("{}/metrics", s.base)).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
+    resp.text().await.unwrap()
+}
+
+/// `/metrics` counts runs by status, the streams open now, and every step and model call.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_runs_streams_steps_and_model_calls() {
+    let s = serve();
+    let page = metrics(&s).await;
+    assert_eq!(sample(&page, "runner_runs_total{status=\"success\"}"), 0.0);
+    assert_eq!(sample(&page, "runner_active_streams"), 0.0);
+    assert!(page.contains("# TYPE runner_step_duration_seconds histogram"), "{page}");
+
+    for word in ["hello", "boom"] {
+        let (status, _, _) = call(
+            &s,
+            Method::POST,
+            "/runs/wait",
+            Some(json!({"assistant_id": "shout", "input": {"word": word}})),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    // A stream held open: the slow workflow's first model call takes a second.
+    let open = client()
+        .post(format!("{}/runs/stream", s.base))
+        .json(&json!({"assistant_id": "slow"}))
+        .send()
+        .await
+        .unwrap();
+    let page = metrics(&s).await;
+    assert_eq!(sample(&page, "runner_active_streams"), 1.0, "{page}");
+    assert_eq!(sample(&page, "runner_runs{status=\"running\"}"), 1.0, "{page}");
+    assert_eq!(sample(&page, "runner_runs_total{status=\"success\"}"), 1.0, "{page}");
+    assert_eq!(sample(&page, "runner_runs_total{status=\"error\"}"), 1.0, "{page}");
+    // shout's `hello` run: two steps; a model call each for `hello` and `boom` (a call that
+    // failed took its time too).
+    assert!(sample(&page, "runner_step_duration_seconds_count") >= 2.0, "{page}");
+    assert_eq!(sample(&page, "runner_llm_duration_seconds_count"), 2.0, "{page}");
+    let inf = sample(&page, "runner_step_duration_seconds_bucket{le=\"+Inf\"}");
+    assert_eq!(inf, sample(&page, "runner_step_duration_seconds_count"));
+    let body = open.text().await.unwrap();
+    assert!(body.contains("event: values"), "{body}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = metrics(&s).await;
+        if sample(&page, "runner_active_streams") == 0.0
+            && sample(&page, "runner_runs_total{status=\"success\"}") == 2.0
+        {
+            assert_eq!(sample(&page, "runner_llm_duration_seconds_count"), 4.0, "{page}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stream stayed counted:\n{page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// LangGraph's Python client reads and writes the store a run uses.
+#[test]
+fn the_python_sdk_drives_the_store() {
+    let python = sdk_python();
+    let s = serve();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/store.py");
+    let out = Command::new(python).arg(script).arg(&s.base).output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the SDK script failed:\n{said}");
+    assert!(said.contains("sdk store: every check passed"), "{said}");
+}
+
+/// `tests/sdk/js/` with `@langchain/langgraph-sdk` installed by `npm ci` from its lock file,
+/// once per target directory (copied there, so the source tree stays clean). Parallel test
+/// processes take turns through a lock directory; an install is used only once its marker
+/// holds exactly this lock file. A failed install fails the test: it is never skipped.
+fn sdk_js() -> &'static Path {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match DIR.get_or_init(npm_ci) {
+        Ok(p) => p,
+        Err(e) => panic!("the JS SDK test client could not be installed: {e}"),
+    }
+}
+
+fn npm_ci() -> Result<PathBuf, String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/js");
+    let wanted = std::fs::read_to_string(source.join("package-lock.json")).map_err(|e| e.to_string())?;
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = root.join("sdk-js");
+    let marker = dir.join("lock.installed");
+    let lock = root.join("sdk-js.lock");
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while std::fs::create_dir(&lock).is_err() {
+        // A lock older than the longest install was left by a process that died.
+        let stale = std::fs::metadata(&lock)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(900));
+        if stale {
+            let _ = std::fs::remove_dir(&lock);
+        } else if Instant::now() > deadline {
+            return Err(format!("{} stayed locked for 15 minutes", lock.display()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let result = (|| {
+        if std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
+            return Ok(dir.clone());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        for file in ["package.json", "package-lock.json"] {
+            std::fs::copy(source.join(file), dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
+        }
+        let out = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+            .current_dir(&dir)
+            .output()
+            .map_err(|e| format!("npm ci (is node/npm installed?): {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "npm ci in {} failed (it needs the npm registry):\n{}{}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        std::fs::write(&marker, &wanted).map_err(|e| e.to_string())?;
+        Ok(dir.clone())
+    })();
+    let _ = std::fs::remove_dir(&lock);
+    result
+}
+
+/// LangGraph's JS client drives the server as an application would: threads, streams in each
+/// mode, wait, state, history, search, an interrupt resumed, a run cancelled, a stream
+/// rejoined with `Last-Event-ID`, the store.
+#[test]
+fn the_js_sdk_drives_the_server() {
+    let dir = sdk_js();
+    let s = serve();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/js/drive.mjs");
+    // The script is run from the install so that its imports resolve to the installed SDK.
+    std::fs::copy(&script, dir.join("drive.mjs")).unwrap();
+    let out = Command::new("node")
+        .arg(dir.join("drive.mjs"))
+        .arg(&s.base)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the JS SDK script failed:\n{said}");
+    assert!(said.contains("js sdk: every check passed"), "{said}");
+}
+
+/// SIGHUP reloads the folder: a new workflow is served, a changed one recompiled (its
+/// assistant's version goes up), a removed one dropped, and one that stops validating keeps
+/// serving its previous version.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads_the_workflow_folder() {
+    let s = serve();
+    let workflows = s.dir.path().join("workflows");
+    let chat = std::fs::read_to_string(workflows.join("chat.yaml")).unwrap();
+    std::fs::write(workflows.join("echo.yaml"), &chat).unwrap();
+    std::fs::write(workflows.join("chat.yaml"), chat.replace("'echo: '", "'echo again: '")).unwrap();
+    std::fs::write(workflows.join("shout.yaml"), "name: shout\nnodes: {a: {kind: nope}}\n").unwrap();
+    std::fs::remove_file(workflows.join("slow.yaml")).unwrap();
+    let hup = Command::new("kill")
+        .args(["-HUP", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let served = loop {
+        let (_, _, found) = call(&s, Method::POST, "/assistants/search", Some(json!({"limit": 100}))).await;
+        let ids: Vec<String> = found
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["graph_id"].as_str().unwrap().to_string())
+            .collect();
+        if ids.contains(&"echo".to_string()) {
+            break ids;
+        }
+        assert!(Instant::now() < deadline, "no reload: {ids:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(served, ["chat", "echo", "gate", "memo", "shout"]);
+    let (status, _, _) = call(&s, Method::GET, "/assistants/slow", None).await;
+    assert_eq!(status, 404);
+    let (_, _, chat) = call(&s, Method::GET, "/assistants/chat", None).await;
+    assert_eq!(chat["version"], 2, "{chat}");
+    let (_, _, gate) = call(&s, Method::GET, "/assistants/gate", None).await;
+    assert_eq!(gate["version"], 1, "an unchanged file is not reloaded: {gate}");
+
+    let input = json!({"messages": [{"type": "human", "content": "hi"}]});
+    let (_, _, changed) = call(
+        &s,
+        Method::POST,
+        "/runs/wait",
+        Some(json!({"assistant_id": "chat", "input": input})),
+    )
+    .await;
+    assert_eq!(changed["messages"][1]["content"], "echo again: hi", "{changed}");
+    let (_, _, added) = call(
+        &s,
+        Method::POST,
+        "/runs/wait",
+        Some(json!({"assistant_id": "echo", "input": input})),
+    )
+    .await;
+    assert_eq!(added["messages"][1]["content"], "echo: hi", "{added}");
+    // The broken file's previous version still answers.
+    let (_, _, kept) = call(
+        &s,
+        Method::POST,
+        "/runs/wait",
+        Some(json!({"assistant_id": "shout", "input": {"word": "hello"}})),
+    )
+    .await;
+    assert_eq!(kept["said"], "hello there", "{kept}");
+}
