@@ -26,7 +26,7 @@ use super::sse::{Modes, Translate};
 use super::threads::{exists, lock, new_meta, pending_interrupts};
 use crate::checkpoint::{CheckpointError, RunRow, RunStatus};
 use crate::engine::events::{Envelope, Events};
-use crate::engine::{Engine, EngineError, LeasePolicy, Persist, RunOutcome, Status};
+use crate::engine::{Engine, EngineError, LeasePolicy, NodeSet, Persist, RunGates, RunOutcome, Status};
 use crate::run::Start;
 
 /// A run this server started: what only a live run has (what is shown of a run is its row).
@@ -137,6 +137,34 @@ pub(super) fn refused(e: EngineError) -> ApiError {
     }
 }
 
+/// `interrupt_before` / `interrupt_after` of a request: `"*"` (every node) or node names of the
+/// graph.
+fn node_set(graph: &Graph, field: &str, value: Option<&Value>) -> Result<NodeSet, ApiError> {
+    let names = match value {
+        None | Some(Value::Null) => return Ok(NodeSet::None),
+        Some(Value::String(all)) if all == "*" => return Ok(NodeSet::All),
+        Some(Value::Array(names)) => names,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "{field} is \"*\" or a list of node names, not {other}"
+            )));
+        }
+    };
+    let mut set = Vec::new();
+    for name in names {
+        match name.as_str() {
+            Some(n) if graph.plan.node_by_name(n).is_some() => set.push(n.to_string()),
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "{field}: {name} is not a node of graph {}",
+                    graph.graph_id
+                )));
+            }
+        }
+    }
+    Ok(NodeSet::Named(set))
+}
+
 /// The answer and the gate it is for, from `command.resume`: a map from pending interrupt ids
 /// to values answers those gates; any other value answers the only gate waiting.
 fn answer(app: &Shared, thread_id: &str, resume: Value) -> Result<(Option<String>, Value), ApiError> {
@@ -220,11 +248,10 @@ async fn start_run(
             "command.update and command.goto are not supported yet",
         ));
     }
-    if req.interrupt_before.is_some() || req.interrupt_after.is_some() {
-        return Err(ApiError::invalid(
-            "interrupt_before and interrupt_after are not supported yet: declare them on the workflow's nodes",
-        ));
-    }
+    let gates = RunGates {
+        before: node_set(&graph, "interrupt_before", req.interrupt_before.as_ref())?,
+        after: node_set(&graph, "interrupt_after", req.interrupt_after.as_ref())?,
+    };
     // A stateless run records so in its row, so that a resumed one still deletes its thread.
     let stateless = thread.is_none() || kwargs.get("stateless") == Some(&Value::Bool(true));
     let temporary = stateless && req.on_completion.as_deref() != Some("keep");
@@ -265,6 +292,7 @@ async fn start_run(
     if let Some(persist) = persist {
         request.persist = persist;
     }
+    request.gates = gates;
     if let Some(limit) = req
         .config
         .as_ref()

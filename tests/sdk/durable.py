@@ -4,12 +4,14 @@ in requirements.txt). Run by tests/serve.rs:
 - `python durable.py URL join THREAD:RUN...`: joins runs a killed server left and a restarted
   one resumed; each ends once, with the slow workflow's result;
 - `python durable.py URL controls`: cancel with rollback, `multitask_strategy` interrupt and
-  rollback, deleting runs.
+  rollback, deleting runs, per-run `interrupt_before` / `interrupt_after`.
 
 Exits non-zero with the failed assertion on any difference from what the SDK expects."""
 
 import asyncio
 import sys
+
+import httpx
 
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import ConflictError, NotFoundError
@@ -93,13 +95,33 @@ async def multitask_rollback(client):
     assert steps == [1, 0, -1], steps
 
 
+async def interrupt_points(client):
+    # Per-run interrupt points (the slow workflow declares none): a run stops before (or after)
+    # the nodes it names, or every node with "*"; the next run, without them, goes on.
+    for points in ({"interrupt_before": ["tock"]}, {"interrupt_after": "*"}):
+        tid = (await client.threads.create())["thread_id"]
+        await client.runs.wait(tid, "slow", **points)
+        state = await client.threads.get_state(tid)
+        assert state["next"] == ["tock"] and state["values"] == {"said": "half"}, (points, state)
+        assert await client.runs.wait(tid, "slow") == {"said": "done"}, points
+    try:
+        await client.runs.wait(None, "slow", interrupt_before=["nope"])
+        raise AssertionError("an interrupt point that is no node is refused")
+    # `runs.wait` raises httpx's error, not the SDK's own.
+    except httpx.HTTPStatusError as e:
+        assert e.response.status_code == 422, e
+
+
 async def main():
     client = get_client(url=URL, api_key=None)
     if sys.argv[2] == "join":
         await join(client, sys.argv[3:])
     else:
         await asyncio.gather(
-            cancel_with_rollback(client), multitask_interrupt(client), multitask_rollback(client)
+            cancel_with_rollback(client),
+            multitask_interrupt(client),
+            multitask_rollback(client),
+            interrupt_points(client),
         )
     print("durable: every check passed")
 
