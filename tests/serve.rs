@@ -886,10 +886,26 @@ async fn runs_outlive_a_killed_server_and_end_exactly_once() {
     }
     let (seen_ids, _) = ids_and_values(&seen);
     let last_seen = *seen_ids.last().unwrap();
+    // Thread metadata set through the API is stored too: a thread's, and a thread never run.
+    let patch = json!({"metadata": {"kept": true}});
+    assert_eq!(
+        call(&s, reqwest::Method::PATCH, "/threads/d2", Some(patch)).await.0,
+        200
+    );
+    let idle = json!({"thread_id": "idle", "metadata": {"who": "me"}});
+    assert_eq!(call(&s, reqwest::Method::POST, "/threads", Some(idle)).await.0, 200);
     let dir = s.kill9();
     let _ = queued.await;
 
     let s = serve_in(dir, &[], &[]);
+    let (_, _, d2) = call(&s, reqwest::Method::GET, "/threads/d2", None).await;
+    assert_eq!(
+        (&d2["metadata"]["kept"], &d2["metadata"]["graph_id"]),
+        (&json!(true), &json!("slow")),
+        "{d2}"
+    );
+    let (status, _, idle) = call(&s, reqwest::Method::GET, "/threads/idle", None).await;
+    assert_eq!((status, &idle["metadata"]["who"]), (200, &json!("me")), "{idle}");
     let rejoined = client()
         .get(format!("{}{location}", s.base))
         .header("last-event-id", last_seen.to_string())
