@@ -232,6 +232,35 @@ async fn stop(app: &Shared, run: RunRecord, rollback: bool) -> Result<(), ApiErr
         return Ok(());
     }
     let thread_id = &run.thread_id;
+    // The thread's lease, held while it is taken back, as every write to a thread is: a run
+    // that took the thread since (one queued behind) is left alone.
+    let claim = crate::checkpoint::LeaseClaim {
+        thread_id: thread_id.clone(),
+        owner: crate::checkpoint::new_id(),
+        pid: std::process::id(),
+        host: crate::engine::host().to_string(),
+        ttl: crate::engine::DEFAULT_LEASE_TTL,
+        replace: None,
+    };
+    let lease = match app.store.acquire_lease(&claim) {
+        Ok(lease) => lease,
+        Err(crate::checkpoint::CheckpointError::Leased(_)) => {
+            return Err(ApiError::conflict(format!(
+                "run {} stopped, but another run took thread {thread_id} before it could be rolled back",
+                run.run_id
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let rolled = roll_back(app, &run);
+    // A lease that cannot be given up expires on its own.
+    let _ = app.store.release_lease(&lease.fence());
+    rolled
+}
+
+/// Takes `run`'s thread back to where it was before the run, and deletes the run.
+fn roll_back(app: &Shared, run: &RunRecord) -> Result<(), ApiError> {
+    let thread_id = &run.thread_id;
     match &run.rollback_to {
         Some((to, writes)) => {
             app.store.rollback_thread(thread_id, to, writes)?;
