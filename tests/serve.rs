@@ -613,7 +613,8 @@ async fn a_client_that_goes_away_cancels_its_run_unless_it_said_continue() {
 }
 
 /// SIGTERM: the server stops accepting, lets a running run reach its next step boundary (its
-/// checkpoint intact), ends the stream, and exits 0.
+/// checkpoint intact), ends the stream, and exits 0; the next server on the database continues
+/// the run to its end.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
     let mut s = serve();
@@ -624,6 +625,7 @@ async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
+    let run = resp.headers()["content-location"].to_str().unwrap().to_string();
     let killed = Command::new("kill")
         .args(["-TERM", &s.child.id().to_string()])
         .status()
@@ -641,6 +643,11 @@ async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status:?}");
+
+    let s = serve_in(s.dir.take().unwrap(), &[], &[]);
+    let (_, _, joined) = call(&s, reqwest::Method::GET, &format!("{run}/join"), None).await;
+    assert_eq!(joined, json!({"said": "done"}));
+    assert_eq!(call(&s, reqwest::Method::GET, &run, None).await.2["status"], "success");
 }
 
 /// With `--api-key-env`, every request but `/ok` and CORS preflights needs the key, as

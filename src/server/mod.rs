@@ -45,6 +45,9 @@ pub(crate) struct App {
     runs: Mutex<HashMap<String, runs::RunRecord>>,
     /// The key every request but `/ok` must carry, when set.
     api_key: Option<String>,
+    /// The server is shutting down: the runs it stops stay unfinished in the store, for the
+    /// next server to continue.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -67,6 +70,7 @@ impl Server {
                 store,
                 runs: Mutex::new(HashMap::new()),
                 api_key,
+                stopping: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -85,6 +89,7 @@ impl Server {
         let app = self.app.clone();
         let stop = async move {
             shutdown.await;
+            app.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
             for run in threads::lock(&app.runs).values().filter(|r| r.is_active()) {
                 run.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
             }

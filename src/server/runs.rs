@@ -512,6 +512,11 @@ fn set_status(app: &Shared, run_id: &str, status: RunStatus, error: Option<Value
         }
         r.status = status;
     }
+    // A run the server stopped as it shuts down stays `running` (or `pending`) in the store: the
+    // next server on this database continues it.
+    if status == RunStatus::Interrupted && app.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
     // A status that could not be stored leaves the run itself unharmed; only a server
     // restarted later would take it for unfinished and continue its thread, which has nothing
     // left to run.
