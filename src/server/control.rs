@@ -1,6 +1,7 @@
 //! A thread's runs after they started: listed, looked at, joined, cancelled (interrupted, or
-//! rolled back), deleted; and runs started in the background, which nobody streams. What is
-//! shown of a run is its row in the store, so runs outlive the server that started them.
+//! rolled back), deleted; runs started in the background, which nobody streams; and the runs a
+//! server before this one left unfinished, resumed. What is shown of a run is its row in the
+//! store, so runs outlive the server that started them.
 
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, Query, State};
@@ -11,9 +12,9 @@ use serde_json::{Value, json};
 
 use super::Shared;
 use super::http::{ApiError, body};
-use super::runs::{RunRecord, run_json, start};
+use super::runs::{Resumed, RunRecord, run_json, start};
 use super::threads::{lock, pending_interrupts};
-use crate::checkpoint::{PendingWrite, RunRow, ThreadStatus};
+use crate::checkpoint::{PendingWrite, RunRow, RunStatus, ThreadStatus};
 
 fn no_run(run_id: &str) -> ApiError {
     ApiError::not_found(format!("Run {run_id} not found"))
@@ -325,4 +326,51 @@ pub(super) async fn join_stream(
         None => hub.len(),
     };
     Ok(super::hub::response(hub, from, None, locations))
+}
+
+/// Starts again every run the store holds as pending or running: runs a server left unfinished
+/// when it stopped or was killed. Each holds its thread again (waiting out the lease of a dead
+/// server on another host) and is fed as a background run that a client joins by its id. The
+/// runs of one thread go one after the other, oldest first, as they were queued.
+pub(crate) fn resume_unfinished(app: &Shared) -> Result<usize, ApiError> {
+    let rows = app.store.list_runs(None, &[RunStatus::Pending, RunStatus::Running])?;
+    let count = rows.len();
+    let mut by_thread: Vec<(String, Vec<RunRow>)> = Vec::new();
+    for row in rows {
+        match by_thread.iter_mut().find(|(t, _)| *t == row.thread_id) {
+            Some((_, runs)) => runs.push(row),
+            None => by_thread.push((row.thread_id.clone(), vec![row])),
+        }
+    }
+    for (thread_id, rows) in by_thread {
+        let app = app.clone();
+        tokio::spawn(async move {
+            for row in rows {
+                let run_id = row.run_id.clone();
+                let kwargs = row.kwargs.clone();
+                let resumed = Resumed {
+                    was_running: row.status == RunStatus::Running,
+                    row,
+                };
+                match super::runs::start_run(&app, Some(thread_id.clone()), kwargs, Some(resumed)).await {
+                    Ok(started) => {
+                        super::hub::feed(&app, started);
+                        let ended = lock(&app.runs).get(&run_id).map(|r| r.ended.clone());
+                        if let Some(mut ended) = ended {
+                            // A closed channel means the run's task is gone, after its end.
+                            let _ = ended.wait_for(|e| *e).await;
+                        }
+                    }
+                    Err(e) => {
+                        let error = json!({"error": "ResumeError", "message": e.detail});
+                        // Nothing else is left to tell: the run's row is its only record.
+                        let _ = app
+                            .store
+                            .set_run_status(&run_id, RunStatus::Error, Some(&error), &crate::clock::now());
+                    }
+                }
+            }
+        });
+    }
+    Ok(count)
 }

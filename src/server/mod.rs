@@ -85,7 +85,7 @@ impl Server {
     ) -> std::io::Result<()> {
         // Runs a server before this one left unfinished (stopped, or killed) go on. A store
         // that cannot list them cannot serve anything else either: its requests will say why.
-        let _ = runs::resume_unfinished(&self.app);
+        let _ = control::resume_unfinished(&self.app);
         let app = self.app.clone();
         let stop = async move {
             shutdown.await;

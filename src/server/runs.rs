@@ -5,7 +5,7 @@
 //!
 //! Every run is a row in the checkpoint database ([`crate::checkpoint::runs`]), with the request
 //! it was created with: a server that stops before a run ends starts it again when it comes back
-//! ([`resume_unfinished`]), and the engine's resume runs no finished task again.
+//! ([`super::control::resume_unfinished`]), and the engine's resume runs no finished task again.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -204,7 +204,7 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, kwargs: Value) -
 }
 
 /// [`start`], or with `resumed` the run of that row again (same id, same thread).
-async fn start_run(
+pub(super) async fn start_run(
     app: &Shared,
     thread: Option<String>,
     kwargs: Value,
@@ -428,53 +428,6 @@ async fn start_run(
         modes,
         cancel_on_disconnect: req.on_disconnect.as_deref() != Some("continue"),
     })
-}
-
-/// Starts again every run the store holds as pending or running: runs a server left unfinished
-/// when it stopped or was killed. Each holds its thread again (waiting out the lease of a dead
-/// server on another host) and is fed as a background run that a client joins by its id. The
-/// runs of one thread go one after the other, oldest first, as they were queued.
-pub(crate) fn resume_unfinished(app: &Shared) -> Result<usize, ApiError> {
-    let rows = app.store.list_runs(None, &[RunStatus::Pending, RunStatus::Running])?;
-    let count = rows.len();
-    let mut by_thread: Vec<(String, Vec<RunRow>)> = Vec::new();
-    for row in rows {
-        match by_thread.iter_mut().find(|(t, _)| *t == row.thread_id) {
-            Some((_, runs)) => runs.push(row),
-            None => by_thread.push((row.thread_id.clone(), vec![row])),
-        }
-    }
-    for (thread_id, rows) in by_thread {
-        let app = app.clone();
-        tokio::spawn(async move {
-            for row in rows {
-                let run_id = row.run_id.clone();
-                let kwargs = row.kwargs.clone();
-                let resumed = Resumed {
-                    was_running: row.status == RunStatus::Running,
-                    row,
-                };
-                match start_run(&app, Some(thread_id.clone()), kwargs, Some(resumed)).await {
-                    Ok(started) => {
-                        hub::feed(&app, started);
-                        let ended = lock(&app.runs).get(&run_id).map(|r| r.ended.clone());
-                        if let Some(mut ended) = ended {
-                            // A closed channel means the run's task is gone, after its end.
-                            let _ = ended.wait_for(|e| *e).await;
-                        }
-                    }
-                    Err(e) => {
-                        let error = json!({"error": "ResumeError", "message": e.detail});
-                        // Nothing else is left to tell: the run's row is its only record.
-                        let _ = app
-                            .store
-                            .set_run_status(&run_id, RunStatus::Error, Some(&error), &crate::clock::now());
-                    }
-                }
-            }
-        });
-    }
-    Ok(count)
 }
 
 /// How many runs a server remembers: past it, the oldest ended ones are forgotten (their
