@@ -15,8 +15,18 @@ use serde_json::{Value, json};
 pub(crate) struct Server {
     pub(crate) child: Child,
     pub(crate) base: String,
-    /// Holds the served folder, `workflows/`.
-    pub(crate) dir: tempfile::TempDir,
+    /// Its folder (workflows, database); none once [`Server::kill9`] took it.
+    pub(crate) dir: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// Kills the server outright (SIGKILL: nothing of it runs after) and hands back its
+    /// folder, for a server started again on the same database.
+    pub(crate) fn kill9(&mut self) -> tempfile::TempDir {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.dir.take().unwrap()
+    }
 }
 
 impl Drop for Server {
@@ -34,10 +44,14 @@ pub(crate) fn serve() -> Server {
 
 /// [`serve`] with more arguments and environment variables.
 pub(crate) fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Server {
-    let dir = tempfile::tempdir().unwrap();
+    serve_in(tempfile::tempdir().unwrap(), args, env)
+}
+
+/// [`serve_with`] in `dir`: on the database a server before left there, if one did.
+pub(crate) fn serve_in(dir: tempfile::TempDir, args: &[&str], env: &[(&str, &str)]) -> Server {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let workflows = dir.path().join("workflows");
-    std::fs::create_dir(&workflows).unwrap();
+    let _ = std::fs::create_dir(&workflows);
     std::fs::copy(fixtures.join("gate.yaml"), workflows.join("gate.yaml")).unwrap();
     for name in ["chat.yaml", "memo.yaml", "shout.yaml", "slow.yaml"] {
         std::fs::copy(fixtures.join("serve").join(name), workflows.join(name)).unwrap();
@@ -78,7 +92,11 @@ pub(crate) fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Server {
     assert!(said.contains("serving chat, gate, memo, shout, slow\n"), "{said}");
     // Whatever it says later is not read: drain it so the server never blocks on stderr.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    Server { child, base, dir }
+    Server {
+        child,
+        base,
+        dir: Some(dir),
+    }
 }
 
 pub(crate) fn client() -> reqwest::Client {
@@ -226,7 +244,9 @@ async fn statuses_and_error_shapes_are_the_reference_servers() {
         );
     }
     let rollback = "/threads/t1/runs/nope/cancel?action=rollback";
-    assert_eq!(call(&s, Method::POST, rollback, None).await.0, 422);
+    assert_eq!(call(&s, Method::POST, rollback, None).await.0, 404);
+    let unknown = "/threads/t1/runs/nope/cancel?action=explode";
+    assert_eq!(call(&s, Method::POST, unknown, None).await.0, 422);
     let (status, _, e) = call(&s, Method::GET, "/no/such/route", None).await;
     assert_eq!((status, e["detail"].as_str()), (404, Some("Not Found")));
 
@@ -407,14 +427,14 @@ async fn a_second_run_on_a_busy_thread_is_a_conflict() {
     );
     let strategy = client()
         .post(format!("{}/threads/busy/runs/wait", s.base))
-        .json(&json!({"assistant_id": "slow", "multitask_strategy": "rollback"}))
+        .json(&json!({"assistant_id": "slow", "multitask_strategy": "explode"}))
         .send()
         .await
         .unwrap();
     assert_eq!(
         strategy.status(),
         422,
-        "a strategy runner does not carry out is refused, not ignored"
+        "a strategy that is none of LangGraph's is refused, not ignored"
     );
     // `enqueue` waits for the thread's lease: it runs once the first run has ended.
     let queued = tokio::spawn(
@@ -593,7 +613,8 @@ async fn a_client_that_goes_away_cancels_its_run_unless_it_said_continue() {
 }
 
 /// SIGTERM: the server stops accepting, lets a running run reach its next step boundary (its
-/// checkpoint intact), ends the stream, and exits 0.
+/// checkpoint intact), ends the stream, and exits 0; the next server on the database continues
+/// the run to its end.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
     let mut s = serve();
@@ -604,6 +625,7 @@ async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
+    let run = resp.headers()["content-location"].to_str().unwrap().to_string();
     let killed = Command::new("kill")
         .args(["-TERM", &s.child.id().to_string()])
         .status()
@@ -621,6 +643,11 @@ async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status:?}");
+
+    let s = serve_in(s.dir.take().unwrap(), &[], &[]);
+    let (_, _, joined) = call(&s, reqwest::Method::GET, &format!("{run}/join"), None).await;
+    assert_eq!(joined, json!({"said": "done"}));
+    assert_eq!(call(&s, reqwest::Method::GET, &run, None).await.2["status"], "success");
 }
 
 /// With `--api-key-env`, every request but `/ok` and CORS preflights needs the key, as
@@ -761,4 +788,187 @@ async fn input_and_state_updates_go_through_the_reducers() {
     let bad = json!({"values": {"nope": 1}, "as_node": "reply"});
     let (status, _, err) = call(&s, reqwest::Method::POST, &path, Some(bad)).await;
     assert_eq!(status, 422, "{err}");
+}
+
+/// Runs `tests/sdk/durable.py` against `s` with `args`.
+fn durable_py(s: &Server, args: &[String]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/durable.py");
+    let out = Command::new(sdk_python())
+        .arg(script)
+        .arg(&s.base)
+        .args(args)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the SDK script failed:\n{said}");
+    assert!(said.contains("durable: every check passed"), "{said}");
+}
+
+/// The `id:` of each frame of an SSE body, and the `values` events' data.
+fn ids_and_values(body: &str) -> (Vec<u64>, Vec<Value>) {
+    let mut ids = Vec::new();
+    let mut values = Vec::new();
+    for frame in body.split("\r\n\r\n").filter(|f| !f.starts_with(':') && !f.is_empty()) {
+        let field = |name: &str| frame.lines().find_map(|l| l.strip_prefix(name).map(str::to_string));
+        if let Some(id) = field("id: ") {
+            ids.push(id.parse().unwrap());
+        }
+        if field("event: ").as_deref() == Some("values") {
+            values.push(serde_json::from_str(&field("data: ").unwrap()).unwrap());
+        }
+    }
+    (ids, values)
+}
+
+/// Runs outlive the server: killed outright (SIGKILL) in the middle of two background runs
+/// with a third queued behind one of them, a server started again on the same database resumes
+/// all three. Each ends once (success), no node that had finished runs again (one checkpoint
+/// per step), a client that lost its stream rejoins it from `Location` with `Last-Event-ID` and
+/// reads the resumed run's events (their ids after every id it saw), and the SDK's `runs.join`
+/// gets each run's result.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_outlive_a_killed_server_and_end_exactly_once() {
+    sdk_python();
+    let mut s = serve();
+    let mut runs = Vec::new();
+    for thread in ["d1", "d2"] {
+        let (status, _, run) = call(
+            &s,
+            reqwest::Method::POST,
+            &format!("/threads/{thread}/runs"),
+            Some(json!({"assistant_id": "slow", "if_not_exists": "create", "stream_resumable": true})),
+        )
+        .await;
+        assert_eq!(status, 200, "{run}");
+        runs.push((thread.to_string(), run["run_id"].as_str().unwrap().to_string()));
+    }
+    // Queued behind d1's run: its request waits (and is cut off by the kill), its row pending.
+    let queued = {
+        let url = format!("{}/threads/d1/runs", s.base);
+        tokio::spawn(async move {
+            let body = json!({"assistant_id": "slow", "input": {}, "multitask_strategy": "enqueue"});
+            let _ = client().post(url).json(&body).send().await;
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pending = loop {
+        let (_, _, listed) = call(&s, reqwest::Method::GET, "/threads/d1/runs", None).await;
+        if let Some(p) = listed.as_array().unwrap().iter().find(|r| r["status"] == "pending") {
+            break p["run_id"].as_str().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "the queued run was never recorded: {listed}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    runs.push(("d1".into(), pending));
+
+    // A client reads d1's stream up to the end of its first step; then the server dies.
+    let (d1_run, location) = (&runs[0].1, format!("/threads/d1/runs/{}/stream", runs[0].1));
+    let mut stream = client()
+        .get(format!("{}{location}", s.base))
+        .header("last-event-id", "-1")
+        .send()
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while !seen.contains("\"said\":\"half\"") {
+        let chunk = stream
+            .chunk()
+            .await
+            .unwrap()
+            .expect("the stream ended before the first step did");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, _, state) = call(&s, reqwest::Method::GET, "/threads/d2/state", None).await;
+        if state["values"]["said"] == "half" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "d2's first step never ended: {state}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (seen_ids, _) = ids_and_values(&seen);
+    let last_seen = *seen_ids.last().unwrap();
+    // Thread metadata set through the API is stored too: a thread's, and a thread never run.
+    let patch = json!({"metadata": {"kept": true}});
+    assert_eq!(
+        call(&s, reqwest::Method::PATCH, "/threads/d2", Some(patch)).await.0,
+        200
+    );
+    let idle = json!({"thread_id": "idle", "metadata": {"who": "me"}});
+    assert_eq!(call(&s, reqwest::Method::POST, "/threads", Some(idle)).await.0, 200);
+    let dir = s.kill9();
+    let _ = queued.await;
+
+    let s = serve_in(dir, &[], &[]);
+    let (_, _, d2) = call(&s, reqwest::Method::GET, "/threads/d2", None).await;
+    assert_eq!(
+        (&d2["metadata"]["kept"], &d2["metadata"]["graph_id"]),
+        (&json!(true), &json!("slow")),
+        "{d2}"
+    );
+    let (status, _, idle) = call(&s, reqwest::Method::GET, "/threads/idle", None).await;
+    assert_eq!((status, &idle["metadata"]["who"]), (200, &json!("me")), "{idle}");
+    let rejoined = client()
+        .get(format!("{}{location}", s.base))
+        .header("last-event-id", last_seen.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rejoined.status(), 200);
+    let (ids, values) = ids_and_values(&rejoined.text().await.unwrap());
+    assert!(
+        ids.first().is_some_and(|first| *first > last_seen),
+        "{ids:?} after {last_seen}"
+    );
+    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
+    assert_eq!(values.last(), Some(&json!({"said": "done"})), "{values:?}");
+
+    let pairs: Vec<String> = runs.iter().map(|(t, r)| format!("{t}:{r}")).collect();
+    let args: Vec<String> = std::iter::once("join".to_string()).chain(pairs).collect();
+    durable_py(&s, &args);
+
+    // One checkpoint per step: tick (step 0) ran once, before the kill; tock (step 1) once,
+    // after it. d1 has a second turn (the queued run), after the first one's.
+    let steps = |thread: &'static str| {
+        let s = &s;
+        async move {
+            let (_, _, history) = call(
+                s,
+                reqwest::Method::GET,
+                &format!("/threads/{thread}/history?limit=100"),
+                None,
+            )
+            .await;
+            history
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h["metadata"]["step"].as_i64().unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(steps("d2").await, [1, 0, -1]);
+    let d1 = steps("d1").await;
+    assert_eq!(d1[d1.len() - 3..], [1, 0, -1], "{d1:?}");
+    let (_, _, listed) = call(&s, reqwest::Method::GET, "/threads/d1/runs", None).await;
+    let statuses: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["success", "success"], "{listed} ({d1_run})");
+}
+
+/// The run controls through the SDK: cancel with `action=rollback`, `multitask_strategy`
+/// `interrupt` and `rollback`, deleting runs (see `tests/sdk/durable.py`).
+#[test]
+fn the_python_sdk_interrupts_rolls_back_and_deletes_runs() {
+    let s = serve();
+    durable_py(&s, &["controls".to_string()]);
 }

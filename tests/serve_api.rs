@@ -440,7 +440,7 @@ fn the_js_sdk_drives_the_server() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sighup_reloads_the_workflow_folder() {
     let s = serve();
-    let workflows = s.dir.path().join("workflows");
+    let workflows = s.dir.as_ref().unwrap().path().join("workflows");
     let chat = std::fs::read_to_string(workflows.join("chat.yaml")).unwrap();
     std::fs::write(workflows.join("echo.yaml"), &chat).unwrap();
     std::fs::write(workflows.join("chat.yaml"), chat.replace("'echo: '", "'echo again: '")).unwrap();

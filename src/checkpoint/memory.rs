@@ -20,6 +20,8 @@ pub struct MemoryCheckpointer {
     /// Keep only each thread's latest checkpoint (and what it references): a run that keeps
     /// nothing afterwards (`--db :memory:`) then needs memory for its state, not its history.
     latest_only: bool,
+    /// Runs and thread metadata ([`super::runs`]).
+    runs: Mutex<super::runs::Memory>,
 }
 
 #[derive(Default)]
@@ -188,6 +190,26 @@ impl MemoryCheckpointer {
     /// How many `(thread, key, version)` values are stored (SQLite's `state_values` rows).
     pub fn value_rows(&self) -> Result<u64> {
         Ok(self.lock()?.threads.values().map(|e| e.values.len() as u64).sum())
+    }
+
+    /// Deletes the checkpoints of `thread_id` newer than `to`, the values they introduced and
+    /// every write stored against `to` or them ([`super::RunStore::rollback_thread`]).
+    pub(super) fn truncate(&self, thread_id: &str, to: &str) -> Result<()> {
+        let mut store = self.lock()?;
+        let entry = store.entry_mut(thread_id)?;
+        let versions = entry.checkpoint(to)?.versions.clone();
+        entry.checkpoints.retain(|id, _| id.as_str() <= to);
+        entry.writes.retain(|(id, _, _), _| id.as_str() < to);
+        entry
+            .values
+            .retain(|(k, v), _| versions.get(k).is_some_and(|kept| v <= kept));
+        Ok(())
+    }
+
+    pub(super) fn lock_runs(&self) -> Result<MutexGuard<'_, super::runs::Memory>> {
+        self.runs
+            .lock()
+            .map_err(|_| CheckpointError::Backend("the in-memory store is poisoned".into()))
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, Store>> {

@@ -17,12 +17,15 @@
 
 pub mod blobs;
 pub mod memory;
+pub mod runs;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+pub use runs::{RunRow, RunStatus, RunStore, ThreadMeta};
 
 /// A thread's identity and what it was started with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -268,7 +271,7 @@ pub enum Durability {
 /// it returns. Implementations are shared between tasks and threads.
 ///
 /// The conformance suite in `tests/checkpoint.rs` runs against every implementation.
-pub trait Checkpointer: Send + Sync {
+pub trait Checkpointer: runs::RunStore + Send + Sync {
     /// Creates a thread. Fails with [`CheckpointError::ThreadExists`] if it exists.
     fn create_thread(&self, thread: &Thread) -> Result<()>;
 

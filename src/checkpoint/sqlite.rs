@@ -23,6 +23,8 @@
 //! - `leases`: one row per leased thread id (no reference to `threads`: the lease is taken
 //!   before the thread exists). Created with `IF NOT EXISTS` on open, so files written by
 //!   earlier builds gain it without a schema version change; they ignore it.
+//! - `runs`, `thread_meta`: the server's runs and API thread metadata, added the same way; see
+//!   [`super::runs`].
 //!
 //! Depends on rusqlite and serde_json only (Architecture Invariant of [`super`]).
 
@@ -393,8 +395,13 @@ impl SqliteCheckpointer {
         self.write(op).map(|_| ())
     }
 
+    /// Runs `f` on the write connection, committed with the writer's next group.
+    pub(super) fn exec(&self, f: Exec) -> Result<()> {
+        self.write_unit(Op::Exec(f))
+    }
+
     /// Runs `f` in a read transaction (one snapshot) on a pooled read connection.
-    fn read<T>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
+    pub(super) fn read<T>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         let pooled = self.lock_readers()?.pop();
         let mut conn = match pooled {
             Some(conn) => conn,
@@ -780,6 +787,8 @@ enum Op {
         expires: i64,
     },
     ReleaseLease(Fence),
+    /// SQL of another module of the store ([`super::runs`]).
+    Exec(Exec),
     /// Several puts in one savepoint: all or nothing, in one transaction.
     Batch(Vec<Op>),
     Fork {
@@ -790,6 +799,9 @@ enum Op {
         at: String,
     },
 }
+
+/// What [`Op::Exec`] runs on the write connection.
+pub(super) type Exec = Box<dyn Fn(&Connection) -> Result<()> + Send>;
 
 enum Done {
     Unit,
@@ -891,6 +903,7 @@ fn apply_in_savepoint(tx: &mut Transaction<'_>, op: &Op) -> Result<Done> {
 
 fn apply(conn: &Connection, op: &Op) -> Result<Done> {
     match op {
+        Op::Exec(f) => f(conn)?,
         Op::Batch(ops) => {
             for op in ops {
                 apply(conn, op)?;
@@ -1126,6 +1139,7 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     }
     tx.execute_batch(LEASES)?;
+    tx.execute_batch(super::runs::SCHEMA)?;
     tx.commit()?;
     Ok(())
 }

@@ -87,6 +87,37 @@ pub struct RunRequest {
     pub persist: Persist,
     /// Continue a thread even though its workflow changed incompatibly.
     pub force: bool,
+    /// Nodes this run stops before or after, besides those the workflow declares.
+    pub gates: RunGates,
+}
+
+/// Nodes one run stops before (`interrupt_before`) or after (`interrupt_after`), besides the
+/// gates the workflow declares on its nodes: LangGraph's per-run interrupt points. They hold for
+/// the run's own graph only, not a subgraph's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunGates {
+    pub before: NodeSet,
+    pub after: NodeSet,
+}
+
+/// Some nodes of a graph, by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum NodeSet {
+    #[default]
+    None,
+    /// Every node (LangGraph's `"*"`).
+    All,
+    Named(Vec<String>),
+}
+
+impl NodeSet {
+    pub fn contains(&self, node: &str) -> bool {
+        match self {
+            NodeSet::None => false,
+            NodeSet::All => true,
+            NodeSet::Named(names) => names.iter().any(|n| n == node),
+        }
+    }
 }
 
 /// How a run ended.
@@ -273,6 +304,8 @@ pub struct RunOptions {
     /// The run is a subgraph's child: a handoff ends it and goes to the parent (a workflow run
     /// on its own that hands off fails).
     pub as_child: bool,
+    /// Nodes this run stops before or after, besides those the workflow declares.
+    pub gates: RunGates,
 }
 
 /// A run in progress: its thread, where it stands, and what it holds back for the store.
@@ -422,6 +455,7 @@ impl Engine {
             persist: req.persist,
             force: req.force,
             as_child: false,
+            gates: req.gates.clone(),
         });
         engine.enter(Entry::from(req)).await
     }
@@ -535,7 +569,9 @@ impl Engine {
         let gated: Vec<String> = next_cp
             .ran
             .iter()
-            .filter(|n| self.node_spec(n).is_some_and(|s| s.common().interrupt_after))
+            .filter(|n| {
+                self.node_spec(n).is_some_and(|s| s.common().interrupt_after) || self.options.gates.after.contains(n)
+            })
             .cloned()
             .collect();
         run.cp = next_cp;

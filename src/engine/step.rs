@@ -282,7 +282,10 @@ impl Engine {
             .cp
             .next
             .iter()
-            .filter(|t| self.node_spec(&t.node).is_some_and(|s| s.common().interrupt_before))
+            .filter(|t| {
+                self.node_spec(&t.node).is_some_and(|s| s.common().interrupt_before)
+                    || self.options.gates.before.contains(&t.node)
+            })
             .map(|t| t.node.clone())
             .collect();
         if gated.is_empty() {

@@ -4,29 +4,33 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Json;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::Shared;
+use super::control::stored;
 use super::http::{ApiError, body};
-use super::runs::{RunCreate, start};
-use super::threads::lock;
+use super::runs::{RunCreate, run_json, start};
 
 /// Every request is read before any run starts, so a malformed one starts none; a run refused
 /// once the others started (an unknown assistant, say) fails the request, and the runs already
 /// started go on, as the reference's do.
 pub(super) async fn batch(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
-    let requests: Vec<RunCreate> = body(&bytes)?;
+    let requests: Vec<Value> = body(&bytes)?;
+    for req in &requests {
+        serde_json::from_value::<RunCreate>(req.clone())
+            .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))?;
+    }
     let mut runs = Vec::with_capacity(requests.len());
-    for mut req in requests {
+    for mut kwargs in requests {
         // Nobody is connected to go away: a background run always goes on.
-        req.on_disconnect = Some("continue".into());
-        let started = start(&app, None, req).await?;
-        let run_id = started.run_id.clone();
+        if let Value::Object(k) = &mut kwargs {
+            k.insert("on_disconnect".into(), json!("continue"));
+        }
+        let started = start(&app, None, kwargs).await?;
+        let (thread_id, run_id) = (started.thread_id.clone(), started.run_id.clone());
         // Nobody reads it now; a client may join it.
         super::hub::feed(&app, started);
-        if let Some(r) = lock(&app.runs).get(&run_id) {
-            runs.push(r.json());
-        }
+        runs.push(run_json(&stored(&app, &thread_id, &run_id)?));
     }
     Ok(Json(Value::Array(runs)))
 }

@@ -2,6 +2,11 @@
 //! run, and any that join it later (`GET …/runs/{run_id}/stream`), from the start
 //! (`Last-Event-ID: -1`), after an event they saw (`Last-Event-ID: N`, ids numbered from 1 when
 //! the run was created with `stream_resumable`), or from now on.
+//!
+//! A resumable run's ids are reserved in its row ahead of use, a block at a time: a run
+//! resumed by a restarted server numbers its events after every id the killed one may have
+//! sent, so a client's `Last-Event-ID` from before the restart reads the resumed run's events
+//! from their first.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,12 +25,26 @@ use crate::engine::EngineError;
 
 /// How long a stream stays silent before a heartbeat comment, as the reference server's.
 const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How many event ids a resumable run reserves in its row at a time.
+const RESERVE: u64 = 1000;
 
 /// How far the run's frames have come.
 #[derive(Debug, Clone, Copy, Default)]
 struct Progress {
     count: usize,
     ended: bool,
+}
+
+/// Where a resumable run's event ids are reserved: its row.
+struct Reserve {
+    store: Arc<dyn crate::checkpoint::Checkpointer>,
+    run_id: String,
+}
+
+impl std::fmt::Debug for Reserve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reserve").field("run_id", &self.run_id).finish()
+    }
 }
 
 /// The frames of one run.
@@ -35,6 +54,12 @@ pub(crate) struct Hub {
     progress: watch::Sender<Progress>,
     /// Frames carry ids, and the frames stay after the run for readers that rejoin.
     resumable: bool,
+    /// The id before the first frame's (a resumed run's: the ids reserved before).
+    base: u64,
+    /// Where the ids are reserved: the store and the run's id, for a resumable run.
+    reserve: Option<Reserve>,
+    /// The ids reserved so far.
+    reserved: std::sync::atomic::AtomicU64,
 }
 
 impl Hub {
@@ -43,14 +68,32 @@ impl Hub {
         lock(&self.frames).len()
     }
 
+    /// The frame index after event id `id`: ids before this run's first are before its start.
+    pub(super) fn index_after(&self, id: u64) -> usize {
+        usize::try_from(id.saturating_sub(self.base)).unwrap_or(usize::MAX)
+    }
+
     fn push(&self, frames: Vec<(String, Value)>) {
         if frames.is_empty() {
             return;
         }
         let count = {
             let mut all = lock(&self.frames);
+            let last = self.base + (all.len() + frames.len()) as u64;
+            if let Some(Reserve { store, run_id }) = &self.reserve
+                && last > self.reserved.load(Ordering::SeqCst)
+            {
+                // Stored before any frame with such an id is sent. A failure leaves the ids
+                // unreserved (and is tried again with the next frames): only a run resumed
+                // after a crash could then reuse some.
+                let upto = last + RESERVE;
+                if store.reserve_event_ids(run_id, upto).is_ok() {
+                    self.reserved.store(upto, Ordering::SeqCst);
+                }
+            }
             for (event, data) in frames {
-                let id = self.resumable.then(|| all.len() + 1);
+                let base = usize::try_from(self.base).unwrap_or(usize::MAX);
+                let id = self.resumable.then(|| base.saturating_add(all.len() + 1));
                 all.push(frame(&event, &data, id));
             }
             all.len()
@@ -67,6 +110,12 @@ pub(super) fn feed(app: &Shared, s: Started) -> Arc<Hub> {
         frames: std::sync::Mutex::new(Vec::new()),
         progress: watch::channel(Progress::default()).0,
         resumable: s.resumable,
+        base: s.first_event_id,
+        reserve: s.resumable.then(|| Reserve {
+            store: app.store.clone(),
+            run_id: s.run_id.clone(),
+        }),
+        reserved: std::sync::atomic::AtomicU64::new(s.first_event_id),
     });
     let mut translate = Translate::new(s.modes, app, s.thread_id.clone(), run_meta(&s));
     hub.push(vec![("metadata".into(), json!({"run_id": s.run_id, "attempt": 1}))]);
@@ -101,6 +150,9 @@ pub(super) fn ended() -> Arc<Hub> {
         frames: std::sync::Mutex::new(Vec::new()),
         progress: watch::channel(Progress { count: 0, ended: true }).0,
         resumable: false,
+        base: 0,
+        reserve: None,
+        reserved: std::sync::atomic::AtomicU64::new(0),
     })
 }
 

@@ -102,7 +102,7 @@ fn render(app: &Shared) -> String {
     let mut out = String::new();
     let mut active: BTreeMap<&'static str, u64> = [("pending", 0), ("running", 0)].into();
     for r in lock(&app.runs).values().filter(|r| r.is_active()) {
-        *active.entry(r.status).or_default() += 1;
+        *active.entry(r.status.as_str()).or_default() += 1;
     }
     out.push_str("# HELP runner_runs Runs not yet ended, by status.\n# TYPE runner_runs gauge\n");
     for (status, n) in &active {

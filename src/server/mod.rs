@@ -45,11 +45,10 @@ use crate::run::{RunError, RunSettings};
 pub(crate) struct App {
     graphs: Graphs,
     settings: RunSettings,
+    /// Checkpoints, and the runs and thread metadata of the API.
     store: Arc<dyn Checkpointer>,
-    /// Threads created through the API, with their metadata (a thread's runs and checkpoints
-    /// are in the checkpointer; its API metadata lives as long as the server).
-    threads: Mutex<HashMap<String, threads::ThreadMeta>>,
-    /// Runs this server started, by run id.
+    /// Runs this server started, by run id: what only a live run has (its cancel flag, its
+    /// end, its frames); what is shown of a run is its row in `store`.
     runs: Mutex<HashMap<String, runs::RunRecord>>,
     /// The key every request but `/ok` must carry, when set.
     api_key: Option<String>,
@@ -57,6 +56,9 @@ pub(crate) struct App {
     /// `index` and `retrieve` nodes share it.
     data: crate::rag::DataStore,
     metrics: metrics::Metrics,
+    /// The server is shutting down: the runs it stops stay unfinished in the store, for the
+    /// next server to continue.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -80,9 +82,9 @@ impl Server {
                 graphs,
                 settings,
                 store,
-                threads: Mutex::new(HashMap::new()),
                 runs: Mutex::new(HashMap::new()),
                 api_key,
+                stopping: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -100,9 +102,13 @@ impl Server {
         listener: tokio::net::TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        // Runs a server before this one left unfinished (stopped, or killed) go on. A store
+        // that cannot list them cannot serve anything else either: its requests will say why.
+        let _ = control::resume_unfinished(&self.app);
         let app = self.app.clone();
         let stop = async move {
             shutdown.await;
+            app.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
             for run in threads::lock(&app.runs).values().filter(|r| r.is_active()) {
                 run.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
             }
@@ -157,7 +163,10 @@ fn router(app: Shared) -> Router {
             "/threads/{id}/runs",
             post(control::create_on_thread).get(control::list_runs),
         )
-        .route("/threads/{id}/runs/{run_id}", get(control::get_run))
+        .route(
+            "/threads/{id}/runs/{run_id}",
+            get(control::get_run).delete(control::delete_run),
+        )
         .route("/threads/{id}/runs/{run_id}/join", get(control::join))
         .route("/threads/{id}/runs/{run_id}/stream", get(control::join_stream))
         .route("/threads/{id}/runs/{run_id}/cancel", post(control::cancel))

@@ -2,6 +2,10 @@
 //! server-sent events or waited for. Every run is built by the run builder and takes the
 //! thread's lease in `Engine::run`; the response starts only once the run holds the thread, so
 //! a thread another run holds is a 409 before any byte of a stream.
+//!
+//! Every run is a row in the checkpoint database ([`crate::checkpoint::runs`]), with the request
+//! it was created with: a server that stops before a run ends starts it again when it comes back
+//! ([`super::control::resume_unfinished`]), and the engine's resume runs no finished task again.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -19,45 +23,44 @@ use super::graphs::Graph;
 use super::http::{ApiError, body};
 use super::hub::{self, CancelOnDrop, Hub};
 use super::sse::{Modes, Translate};
-use super::threads::{ThreadMeta, exists, lock, pending_interrupts};
-use crate::checkpoint::CheckpointError;
+use super::threads::{exists, lock, new_meta, pending_interrupts};
+use crate::checkpoint::{CheckpointError, RunRow, RunStatus};
 use crate::engine::events::{Envelope, Events};
-use crate::engine::{Engine, EngineError, LeasePolicy, Persist, RunOutcome, Status};
+use crate::engine::{Engine, EngineError, LeasePolicy, NodeSet, Persist, RunGates, RunOutcome, Status};
 use crate::run::Start;
 
-/// A run this server started, as `GET /threads/{id}/runs/{run_id}` reports it.
+/// A run this server started: what only a live run has (what is shown of a run is its row).
 #[derive(Debug, Clone)]
 pub(crate) struct RunRecord {
     pub run_id: String,
     pub thread_id: String,
-    pub assistant_id: String,
-    pub status: &'static str,
-    pub created_at: String,
-    pub updated_at: String,
-    pub metadata: Map<String, Value>,
-    pub multitask_strategy: &'static str,
+    /// As stored; kept here too so that a thread's busy status reads no store.
+    pub status: RunStatus,
+    /// The thread's latest checkpoint when the run was created, with the writes it had then:
+    /// what a rollback goes back to (none: the thread had no checkpoint, and a rollback deletes
+    /// them all).
+    pub rollback_to: Option<(String, Vec<crate::checkpoint::PendingWrite>)>,
     /// Stops the run at its next step boundary.
     pub cancel: Arc<AtomicBool>,
     /// Becomes true once the run's end is recorded.
     pub ended: tokio::sync::watch::Receiver<bool>,
-    /// Why the run failed: `{error, message}`.
-    pub error: Option<Value>,
     /// Its frames, while readers may join it.
     pub hub: Option<Arc<Hub>>,
 }
 
 impl RunRecord {
     pub(super) fn is_active(&self) -> bool {
-        matches!(self.status, "pending" | "running")
+        self.status.is_active()
     }
+}
 
-    pub(super) fn json(&self) -> Value {
-        json!({
-            "run_id": self.run_id, "thread_id": self.thread_id, "assistant_id": self.assistant_id,
-            "created_at": self.created_at, "updated_at": self.updated_at, "status": self.status,
-            "metadata": self.metadata, "kwargs": {}, "multitask_strategy": self.multitask_strategy,
-        })
-    }
+/// A stored run as the API shows it.
+pub(super) fn run_json(row: &RunRow) -> Value {
+    json!({
+        "run_id": row.run_id, "thread_id": row.thread_id, "assistant_id": row.assistant_id,
+        "created_at": row.created_at, "updated_at": row.updated_at, "status": row.status.as_str(),
+        "metadata": row.metadata, "kwargs": row.kwargs, "multitask_strategy": row.multitask_strategy,
+    })
 }
 
 /// `command` of a run: LangGraph's `Command`. Only `resume` is carried out.
@@ -100,6 +103,8 @@ pub(super) struct Started {
     pub graph: Arc<Graph>,
     /// Its frames carry ids and stay for readers that rejoin.
     pub resumable: bool,
+    /// The ids its stream reserved before (a resumed run's): its frames are numbered after them.
+    pub first_event_id: u64,
     /// A run without a thread of the client's: it runs on a thread of its own.
     stateless: bool,
     pub first: Envelope,
@@ -132,6 +137,34 @@ pub(super) fn refused(e: EngineError) -> ApiError {
     }
 }
 
+/// `interrupt_before` / `interrupt_after` of a request: `"*"` (every node) or node names of the
+/// graph.
+fn node_set(graph: &Graph, field: &str, value: Option<&Value>) -> Result<NodeSet, ApiError> {
+    let names = match value {
+        None | Some(Value::Null) => return Ok(NodeSet::None),
+        Some(Value::String(all)) if all == "*" => return Ok(NodeSet::All),
+        Some(Value::Array(names)) => names,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "{field} is \"*\" or a list of node names, not {other}"
+            )));
+        }
+    };
+    let mut set = Vec::new();
+    for name in names {
+        match name.as_str() {
+            Some(n) if graph.plan.node_by_name(n).is_some() => set.push(n.to_string()),
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "{field}: {name} is not a node of graph {}",
+                    graph.graph_id
+                )));
+            }
+        }
+    }
+    Ok(NodeSet::Named(set))
+}
+
 /// The answer and the gate it is for, from `command.resume`: a map from pending interrupt ids
 /// to values answers those gates; any other value answers the only gate waiting.
 fn answer(app: &Shared, thread_id: &str, resume: Value) -> Result<(Option<String>, Value), ApiError> {
@@ -156,21 +189,44 @@ fn answer(app: &Shared, thread_id: &str, resume: Value) -> Result<(Option<String
     }
 }
 
-/// Starts a run of `req` on `thread` (none: a thread of its own) and waits until it holds the
-/// thread.
-pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) -> Result<Started, ApiError> {
+/// A run a server left unfinished, started again from its row.
+pub(super) struct Resumed {
+    pub row: RunRow,
+    /// Whether the run held its thread when the server stopped: it continues the thread rather
+    /// than applying its input (or answer) again.
+    pub was_running: bool,
+}
+
+/// Starts a run of the request `kwargs` on `thread` (none: a thread of its own) and waits until
+/// it holds the thread.
+pub(super) async fn start(app: &Shared, thread: Option<String>, kwargs: Value) -> Result<Started, ApiError> {
+    start_run(app, thread, kwargs, None).await
+}
+
+/// [`start`], or with `resumed` the run of that row again (same id, same thread).
+pub(super) async fn start_run(
+    app: &Shared,
+    thread: Option<String>,
+    kwargs: Value,
+    resumed: Option<Resumed>,
+) -> Result<Started, ApiError> {
+    let req: RunCreate =
+        serde_json::from_value(kwargs.clone()).map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))?;
     let graph: Arc<Graph> = app
         .graphs
         .find(&req.assistant_id)
         .ok_or_else(|| ApiError::not_found(format!("Assistant '{}' not found", req.assistant_id)))?;
     let modes = Modes::parse(req.stream_mode.as_ref(), req.stream_subgraphs).map_err(ApiError::invalid)?;
     // `enqueue`: the run waits for the thread's lease (the runs before it end first).
-    let enqueue = match req.multitask_strategy.as_deref() {
-        None | Some("reject") => false,
-        Some("enqueue") => true,
+    // `interrupt` / `rollback`: the thread's running runs are cancelled (and rolled back) first.
+    let strategy = match req.multitask_strategy.as_deref() {
+        None | Some("reject") => "reject",
+        Some("enqueue") => "enqueue",
+        Some("interrupt") => "interrupt",
+        Some("rollback") => "rollback",
         Some(other) => {
             return Err(ApiError::invalid(format!(
-                "multitask_strategy `{other}` is not supported yet: a run on a busy thread is refused (`reject`) or waits its turn (`enqueue`)"
+                "multitask_strategy must be `reject`, `enqueue`, `interrupt` or `rollback`, not `{other}`"
             )));
         }
     };
@@ -191,22 +247,29 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
             "command.update and command.goto are not supported yet",
         ));
     }
-    if req.interrupt_before.is_some() || req.interrupt_after.is_some() {
-        return Err(ApiError::invalid(
-            "interrupt_before and interrupt_after are not supported yet: declare them on the workflow's nodes",
-        ));
-    }
-    let stateless = thread.is_none();
+    let gates = RunGates {
+        before: node_set(&graph, "interrupt_before", req.interrupt_before.as_ref())?,
+        after: node_set(&graph, "interrupt_after", req.interrupt_after.as_ref())?,
+    };
+    // A stateless run records so in its row, so that a resumed one still deletes its thread.
+    let stateless = thread.is_none() || kwargs.get("stateless") == Some(&Value::Bool(true));
     let temporary = stateless && req.on_completion.as_deref() != Some("keep");
     let thread_id = match thread {
-        Some(t) if exists(app, &t)? => t,
+        Some(t) if resumed.is_some() || exists(app, &t)? => t,
         Some(t) if req.if_not_exists.as_deref() == Some("create") => t,
         Some(t) => return Err(ApiError::not_found(format!("Thread with ID {t} not found"))),
         None => crate::checkpoint::new_id(),
     };
+    if matches!(strategy, "interrupt" | "rollback") {
+        super::control::stop_runs_of(app, &thread_id, strategy == "rollback").await?;
+    }
     let overrides = &app.settings.overrides;
     let workflow = graph.path.display().to_string();
+    let was_running = resumed.as_ref().is_some_and(|r| r.was_running);
+    let is_resumed = resumed.is_some();
     let mut request = match command.resume {
+        // A resumed run that held its thread had taken its answer: the thread goes on.
+        _ if was_running => overrides.answer(thread_id.clone(), workflow, None, None),
         Some(resume) => {
             let (to, value) = answer(app, &thread_id, resume)?;
             overrides.answer(thread_id.clone(), workflow, Some(value), to)
@@ -221,11 +284,14 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
         }),
     };
     if let LeasePolicy::Take { wait, .. } = &mut request.lease {
-        *wait = enqueue;
+        // A resumed run waits out the lease of the server that was killed (on another host, or
+        // a process id taken again), as one that asked to wait its turn does.
+        *wait = strategy != "reject" || is_resumed;
     }
     if let Some(persist) = persist {
         request.persist = persist;
     }
+    request.gates = gates;
     if let Some(limit) = req
         .config
         .as_ref()
@@ -238,17 +304,48 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
     // One data store for the server: what the store endpoints write, runs read.
     services.data = app.data.clone();
     // From here on the run starts, and its end (or refusal) releases a thread of its own.
-    {
-        let mut threads = lock(&app.threads);
-        let meta = threads
-            .entry(thread_id.clone())
-            .or_insert_with(|| ThreadMeta::new(Map::new()));
-        meta.metadata.insert("graph_id".into(), json!(graph.graph_id));
-        meta.metadata.insert("assistant_id".into(), json!(graph.assistant_id));
-        meta.updated_at = crate::clock::now();
+    let mut meta = app
+        .store
+        .get_thread_meta(&thread_id)?
+        .unwrap_or_else(|| new_meta(&thread_id, Map::new()));
+    if let Value::Object(m) = &mut meta.metadata {
+        m.insert("graph_id".into(), json!(graph.graph_id));
+        m.insert("assistant_id".into(), json!(graph.assistant_id));
     }
-    let run_id = uuid::Uuid::now_v7().to_string();
+    meta.updated_at = crate::clock::now();
+    app.store.put_thread_meta(&meta)?;
+    let rollback_to = match app.store.get_checkpoint(&thread_id, None)? {
+        Some(cp) => {
+            let writes = app.store.get_writes(&thread_id, &cp.checkpoint_id)?;
+            Some((cp.checkpoint_id, writes))
+        }
+        None => None,
+    };
     let now = crate::clock::now();
+    let row = match resumed {
+        Some(r) => r.row,
+        None => {
+            let mut kwargs = kwargs;
+            if stateless && let Value::Object(k) = &mut kwargs {
+                k.insert("stateless".into(), Value::Bool(true));
+            }
+            RunRow {
+                run_id: uuid::Uuid::now_v7().to_string(),
+                thread_id: thread_id.clone(),
+                assistant_id: graph.assistant_id.clone(),
+                status: RunStatus::Pending,
+                created_at: now.clone(),
+                updated_at: now,
+                kwargs,
+                multitask_strategy: strategy.to_string(),
+                metadata: Value::Object(req.metadata),
+                error: None,
+                event_ids: 0,
+            }
+        }
+    };
+    app.store.put_run(&row)?;
+    let run_id = row.run_id.clone();
     let (events, mut rx) = Events::channel();
     let engine = Engine::new(graph.plan.clone(), app.store.clone(), services, events);
     let cancel = engine.cancel_flag();
@@ -261,16 +358,11 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
             RunRecord {
                 run_id: run_id.clone(),
                 thread_id: thread_id.clone(),
-                assistant_id: graph.assistant_id.clone(),
-                status: "pending",
-                created_at: now.clone(),
-                updated_at: now,
-                metadata: req.metadata,
+                status: RunStatus::Pending,
                 cancel: cancel.clone(),
                 ended: ended_rx,
-                error: None,
                 hub: None,
-                multitask_strategy: if enqueue { "enqueue" } else { "reject" },
+                rollback_to,
             },
         );
     }
@@ -286,20 +378,18 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
         let outcome = engine.run(request).await;
         // The engine (and with it every sender of its events) is gone before its end is told.
         drop(engine);
+        let error = match &outcome {
+            Ok(o) if o.status == Status::Failed => {
+                Some(json!({"error": "RunError", "message": o.error.clone().unwrap_or_default()}))
+            }
+            Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
+            Ok(_) => None,
+        };
         // Recorded whether or not a client still listens, and before a stream closes: a
         // client that finds the stream closed asks the run's status to know whether to
         // reconnect.
-        set_status(&ended.app, &ended_run, run_status(&outcome));
-        ended.app.metrics.run_ended(run_status(&outcome));
-        if let Some(r) = lock(&ended.app.runs).get_mut(&ended_run) {
-            r.error = match &outcome {
-                Ok(o) if o.status == Status::Failed => {
-                    Some(json!({"error": "RunError", "message": o.error.clone().unwrap_or_default()}))
-                }
-                Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
-                Ok(_) => None,
-            };
-        }
+        set_status(&ended.app, &ended_run, run_status(&outcome), error);
+        ended.app.metrics.run_ended(run_status(&outcome).as_str());
         // Nobody waiting for the run's end is no failure.
         let _ = ended_tx.send(true);
         let _ = tx.send(outcome);
@@ -323,9 +413,11 @@ pub(super) async fn start(app: &Shared, thread: Option<String>, req: RunCreate) 
             .await
             .ok_or_else(|| ApiError::internal("the run ended without starting"))?,
     };
-    set_status(app, &run_id, "running");
+    set_status(app, &run_id, RunStatus::Running, None);
     Ok(Started {
-        resumable: req.stream_resumable,
+        // A resumed run's stream may be rejoined: its client lost it with the server.
+        resumable: req.stream_resumable || is_resumed,
+        first_event_id: row.event_ids,
         graph,
         run_id,
         thread_id,
@@ -363,15 +455,27 @@ fn prune(runs: &mut std::collections::HashMap<String, RunRecord>, keep: usize) {
     }
 }
 
-fn set_status(app: &Shared, run_id: &str, status: &'static str) {
-    if let Some(r) = lock(&app.runs).get_mut(run_id) {
+/// Records a run's status (and why it failed), in memory and in the store.
+fn set_status(app: &Shared, run_id: &str, status: RunStatus, error: Option<Value>) {
+    let now = crate::clock::now();
+    {
+        let mut runs = lock(&app.runs);
+        let Some(r) = runs.get_mut(run_id) else { return };
         // A run that ended before its start was told stays ended.
-        if status == "running" && r.status != "pending" {
+        if status == RunStatus::Running && r.status != RunStatus::Pending {
             return;
         }
         r.status = status;
-        r.updated_at = crate::clock::now();
     }
+    // A run the server stopped as it shuts down stays `running` (or `pending`) in the store: the
+    // next server on this database continues it.
+    if status == RunStatus::Interrupted && app.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
+    // A status that could not be stored leaves the run itself unharmed; only a server
+    // restarted later would take it for unfinished and continue its thread, which has nothing
+    // left to run.
+    let _ = app.store.set_run_status(run_id, status, error.as_ref(), &now);
 }
 
 /// A run's thread, released when nobody reads the run any more.
@@ -385,23 +489,24 @@ struct Ended {
 impl Ended {
     fn release(self) {
         if self.temporary {
-            lock(&self.app.threads).remove(&self.thread_id);
             // A thread nobody can name again: failing to delete it leaves only garbage behind.
             let _ = self.app.store.delete_thread(&self.thread_id);
+            let _ = self.app.store.delete_thread_meta(&self.thread_id);
+            lock(&self.app.runs).retain(|_, r| r.thread_id != self.thread_id);
         }
     }
 }
 
 /// A run's status as LangGraph reports it: a run that stopped at a gate succeeded (its thread
 /// is `interrupted`).
-fn run_status(outcome: &Result<RunOutcome, EngineError>) -> &'static str {
+fn run_status(outcome: &Result<RunOutcome, EngineError>) -> RunStatus {
     match outcome {
         Ok(o) => match o.status {
-            Status::Done | Status::Interrupted => "success",
-            Status::Failed => "error",
-            Status::Cancelled => "interrupted",
+            Status::Done | Status::Interrupted => RunStatus::Success,
+            Status::Failed => RunStatus::Error,
+            Status::Cancelled => RunStatus::Interrupted,
         },
-        Err(_) => "error",
+        Err(_) => RunStatus::Error,
     }
 }
 fn stream_response(app: Shared, s: Started) -> Response {
@@ -489,12 +594,12 @@ pub(super) async fn stream_on_thread(
     UrlPath(id): UrlPath<String>,
     bytes: Bytes,
 ) -> Result<Response, ApiError> {
-    let started = start(&app, Some(id), body(&bytes)?).await?;
+    let started = start(&app, Some(id), body::<Value>(&bytes)?).await?;
     Ok(stream_response(app, started))
 }
 
 pub(super) async fn stream_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
-    let started = start(&app, None, body(&bytes)?).await?;
+    let started = start(&app, None, body::<Value>(&bytes)?).await?;
     Ok(stream_response(app, started))
 }
 
@@ -503,12 +608,12 @@ pub(super) async fn wait_on_thread(
     UrlPath(id): UrlPath<String>,
     bytes: Bytes,
 ) -> Result<Response, ApiError> {
-    let started = start(&app, Some(id), body(&bytes)?).await?;
+    let started = start(&app, Some(id), body::<Value>(&bytes)?).await?;
     wait_response(app, started).await
 }
 
 pub(super) async fn wait_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
-    let started = start(&app, None, body(&bytes)?).await?;
+    let started = start(&app, None, body::<Value>(&bytes)?).await?;
     wait_response(app, started).await
 }
 
@@ -516,20 +621,15 @@ pub(super) async fn wait_stateless(State(app): State<Shared>, bytes: Bytes) -> R
 mod tests {
     use super::*;
 
-    fn record(run_id: &str, status: &'static str) -> RunRecord {
+    fn record(run_id: &str, status: RunStatus) -> RunRecord {
         RunRecord {
             run_id: run_id.into(),
             thread_id: "t".into(),
-            assistant_id: "a".into(),
             status,
-            created_at: String::new(),
-            updated_at: String::new(),
-            metadata: Map::new(),
             cancel: Arc::default(),
             ended: tokio::sync::watch::channel(false).1,
-            error: None,
             hub: None,
-            multitask_strategy: "reject",
+            rollback_to: None,
         }
     }
 
@@ -537,7 +637,7 @@ mod tests {
     fn the_oldest_ended_runs_are_forgotten_never_a_running_one() {
         let mut runs: std::collections::HashMap<String, RunRecord> = (0..10)
             .map(|i| {
-                let status = if i < 3 { "running" } else { "success" };
+                let status = if i < 3 { RunStatus::Running } else { RunStatus::Success };
                 (format!("r{i}"), record(&format!("r{i}"), status))
             })
             .collect();

@@ -1,6 +1,7 @@
 //! Threads, as the LangGraph API shows them: a thread's runs and checkpoints are the
-//! checkpointer's; the API's metadata (`graph_id`, `assistant_id` and the client's own) is kept
-//! beside, from the thread's creation through the API or its first run.
+//! checkpointer's; the API's metadata (`graph_id`, `assistant_id` and the client's own) is
+//! stored beside them ([`crate::checkpoint::runs`]), from the thread's creation through the API
+//! or its first run, so it outlives the server.
 
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, Query, State};
@@ -11,30 +12,27 @@ use serde_json::{Map, Value, json};
 
 use super::Shared;
 use super::http::{ApiError, body};
-use crate::checkpoint::{Checkpoint, PendingWrite, ThreadStatus};
+use crate::checkpoint::{Checkpoint, PendingWrite, ThreadMeta, ThreadStatus};
 
-/// What the API knows of a thread besides its checkpoints.
-#[derive(Debug, Clone)]
-pub(crate) struct ThreadMeta {
-    pub created_at: String,
-    pub updated_at: String,
-    pub metadata: Map<String, Value>,
+/// A thread's API record made now.
+pub(super) fn new_meta(thread_id: &str, metadata: Map<String, Value>) -> ThreadMeta {
+    let now = crate::clock::now();
+    ThreadMeta {
+        thread_id: thread_id.to_string(),
+        created_at: now.clone(),
+        updated_at: now,
+        metadata: Value::Object(metadata),
+    }
 }
 
-impl ThreadMeta {
-    pub(super) fn new(metadata: Map<String, Value>) -> ThreadMeta {
-        let now = crate::clock::now();
-        ThreadMeta {
-            created_at: now.clone(),
-            updated_at: now,
-            metadata,
-        }
-    }
+/// A thread's API metadata as an object.
+fn metadata_of(meta: &ThreadMeta) -> Map<String, Value> {
+    meta.metadata.as_object().cloned().unwrap_or_default()
 }
 
 /// Whether a thread exists: created through the API or by a run.
 pub(crate) fn exists(app: &Shared, thread_id: &str) -> Result<bool, ApiError> {
-    if lock(&app.threads).contains_key(thread_id) {
+    if app.store.get_thread_meta(thread_id)?.is_some() {
         return Ok(true);
     }
     Ok(app.store.get_thread(thread_id)?.is_some())
@@ -56,7 +54,7 @@ pub(crate) fn pending_interrupts(writes: &[PendingWrite]) -> Vec<(String, Value)
 /// The API's thread: `{thread_id, created_at, updated_at, state_updated_at, metadata, status,
 /// config, values, error, interrupts}`.
 pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>, ApiError> {
-    let meta = lock(&app.threads).get(thread_id).cloned();
+    let meta = app.store.get_thread_meta(thread_id)?;
     let stored = app.store.get_thread(thread_id)?;
     let busy = lock(&app.runs)
         .values()
@@ -72,9 +70,10 @@ pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>
                     m.insert("assistant_id".into(), json!(g.assistant_id));
                 }
                 ThreadMeta {
+                    thread_id: thread_id.to_string(),
                     created_at: t.created_at.clone(),
                     updated_at: t.updated_at.clone(),
-                    metadata: m,
+                    metadata: Value::Object(m),
                 }
             });
             (meta, status_name(t.status))
@@ -101,7 +100,7 @@ pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>
         "created_at": meta.created_at,
         "updated_at": updated_at,
         "state_updated_at": updated,
-        "metadata": meta.metadata,
+        "metadata": metadata_of(&meta),
         "status": if busy { "busy" } else { status },
         "config": {},
         "values": values,
@@ -140,9 +139,10 @@ pub(crate) fn state_json(app: &Shared, thread_id: &str, cp: &Checkpoint) -> Resu
             })
         })
         .collect();
-    let mut metadata = lock(&app.threads)
-        .get(thread_id)
-        .map(|m| m.metadata.clone())
+    let mut metadata = app
+        .store
+        .get_thread_meta(thread_id)?
+        .map(|m| metadata_of(&m))
         .unwrap_or_default();
     metadata.insert("step".into(), json!(cp.step));
     metadata.insert("source".into(), json!(if cp.step < 0 { "input" } else { "loop" }));
@@ -191,7 +191,7 @@ pub(super) async fn create(State(app): State<Shared>, bytes: Bytes) -> Result<Js
     if let Some(g) = c.graph_id {
         metadata.insert("graph_id".into(), json!(g));
     }
-    lock(&app.threads).insert(id.clone(), ThreadMeta::new(metadata));
+    app.store.put_thread_meta(&new_meta(&id, metadata))?;
     Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
 }
 
@@ -209,7 +209,8 @@ pub(super) async fn delete(State(app): State<Shared>, UrlPath(id): UrlPath<Strin
     if app.store.get_thread(&id)?.is_some() {
         app.store.delete_thread(&id)?;
     }
-    lock(&app.threads).remove(&id);
+    app.store.delete_thread_meta(&id)?;
+    lock(&app.runs).retain(|_, r| r.thread_id != id);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -233,7 +234,7 @@ fn ten() -> usize {
 /// pagination headers.
 pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
     let q: Search = body(&bytes)?;
-    let mut ids: Vec<String> = lock(&app.threads).keys().cloned().collect();
+    let mut ids: Vec<String> = app.store.list_thread_meta()?.into_iter().map(|m| m.thread_id).collect();
     for head in app.store.list_thread_heads()? {
         // A child thread of a subgraph or a thread of another program is not this server's.
         if app.graphs.of_workflow(&head.workflow).is_some() && !ids.contains(&head.thread_id) {
@@ -447,15 +448,16 @@ pub(super) async fn patch(
     }
     // A thread from before this server starts its API metadata from what it records.
     let current = thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?;
-    {
-        let mut threads = lock(&app.threads);
-        let meta = threads.entry(id.clone()).or_insert_with(|| ThreadMeta {
-            created_at: current["created_at"].as_str().unwrap_or_default().to_string(),
-            updated_at: current["updated_at"].as_str().unwrap_or_default().to_string(),
-            metadata: current["metadata"].as_object().cloned().unwrap_or_default(),
-        });
-        meta.metadata.extend(p.metadata);
-        meta.updated_at = crate::clock::now();
-    }
+    let mut meta = app.store.get_thread_meta(&id)?.unwrap_or_else(|| ThreadMeta {
+        thread_id: id.clone(),
+        created_at: current["created_at"].as_str().unwrap_or_default().to_string(),
+        updated_at: String::new(),
+        metadata: current["metadata"].clone(),
+    });
+    let mut metadata = metadata_of(&meta);
+    metadata.extend(p.metadata);
+    meta.metadata = Value::Object(metadata);
+    meta.updated_at = crate::clock::now();
+    app.store.put_thread_meta(&meta)?;
     Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
 }
