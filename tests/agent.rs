@@ -370,3 +370,100 @@ fn a_killed_agent_resumes_without_running_its_finished_tool_calls_again() {
         .count();
     assert_eq!(tools_started, 0, "{stderr}");
 }
+
+/// `runner` in `dir` with `args`: exit code, stdout as JSON (null when it is not), stderr.
+fn cli(dir: &std::path::Path, args: &[&str]) -> (i32, Value, String) {
+    let out = runner().current_dir(dir).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn started(stderr: &str, node: &str) -> usize {
+    stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "node_start" && e["node"] == node)
+        .count()
+}
+
+/// Reviewed calls stop the run one at a time with agent-inbox's shapes; no call runs until
+/// every one is decided; an edit runs with the edited arguments, a response goes back to the
+/// model as the call's result, and a malformed decision is refused with the gate kept.
+#[test]
+fn reviewed_calls_wait_for_each_decision_and_run_as_decided() {
+    let text = workflow(MOCK, "    review: [erase]\n").replace(
+        "    workflow: define.yaml\n",
+        "    workflow: define.yaml\n  erase:\n    description: Erase a word.\n    workflow: define.yaml\n",
+    );
+    let text = text.replace("tools: [define]", "tools: [define, erase]");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("w.yaml"), &text).unwrap();
+    std::fs::write(d.join("define.yaml"), DEFINE).unwrap();
+    std::fs::write(
+        d.join("mock.yaml"),
+        "replies:\n  helper:\n    - {tool_calls: [{name: define, args: {word: cop}}, {name: erase, args: {word: x}}, {name: erase, args: {word: y}}]}\n    - \"done\"\n",
+    )
+    .unwrap();
+    let base = ["--mock", "mock.yaml", "--db", "r.db", "--stream", "jsonl"];
+    let (code, out, err) = cli(
+        d,
+        &[&["run", "w.yaml", "--thread", "t1", "--input", "q=cop"][..], &base].concat(),
+    );
+    assert_eq!(code, 3, "{err}");
+    // The loop's gate, reported through the agent's task as a subgraph's is.
+    let payload = &out["interrupt"]["payload"]["payload"];
+    assert_eq!(out["interrupt"]["payload"]["node"], "tools", "{out}");
+    assert_eq!(
+        payload["action_request"],
+        json!({"action": "erase", "args": {"word": "x"}}),
+        "{out}"
+    );
+    assert_eq!(
+        payload["config"],
+        json!({"allow_accept": true, "allow_edit": true, "allow_respond": true, "allow_ignore": true})
+    );
+    let mut say = started(&err, "say");
+    assert_eq!(say, 0, "no call runs before every reviewed call is decided");
+
+    let resume = |answer: &str| {
+        cli(
+            d,
+            &[&["resume", "--thread", "t1", "--answer", answer][..], &base].concat(),
+        )
+    };
+    let (code, _, err) = resume(r#"{"type": "maybe"}"#);
+    assert_eq!(code, 2, "a decision of no known type is refused: {err}");
+    let (code, out, err) = resume(r#"{"type": "edit", "args": {"action": "erase", "args": {"word": "z"}}}"#);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(
+        out["interrupt"]["payload"]["payload"]["action_request"]["args"],
+        json!({"word": "y"})
+    );
+    say += started(&err, "say");
+    assert_eq!(say, 0);
+    // A new process replays the script from its start: the model's next reply is its answer.
+    std::fs::write(d.join("mock.yaml"), "replies:\n  helper: [\"done\"]\n").unwrap();
+    let (code, out, err) = resume(r#"[{"type": "response", "args": "Do not erase that."}]"#);
+    assert_eq!(code, 0, "{out} {err}");
+    say += started(&err, "say");
+    assert_eq!(say, 2, "define and the edited erase ran once each");
+    let messages = out["messages"].as_array().unwrap();
+    assert_eq!(
+        roles(&out["messages"]),
+        ["user", "assistant", "tool", "tool", "tool", "assistant"]
+    );
+    let content = |i: usize| messages[i]["content"].as_str().unwrap().to_string();
+    assert!(content(2).contains("cop means a ratio"), "{}", content(2));
+    assert!(
+        content(3).contains("z means a ratio"),
+        "the edited arguments: {}",
+        content(3)
+    );
+    assert_eq!(content(4), "Do not erase that.");
+    assert_eq!(messages[4]["status"], "error");
+    assert_eq!(out["answer"], "done");
+}
