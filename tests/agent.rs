@@ -467,3 +467,43 @@ fn reviewed_calls_wait_for_each_decision_and_run_as_decided() {
     assert_eq!(messages[4]["status"], "error");
     assert_eq!(out["answer"], "done");
 }
+
+/// The README's agent-kind example is a valid workflow whose `model` node runs a loop.
+#[test]
+fn the_readme_agent_compiles_into_a_loop() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let yaml = readme
+        .split("```yaml\n")
+        .map(|block| block.split("```").next().unwrap())
+        .find(|block| block.contains("kind: agent"))
+        .expect("the README shows an agent node");
+    let plan = Project::new(&[("w.yaml", yaml)]).plan("w.yaml");
+    let ix = plan.node_by_name("model").unwrap();
+    let child = plan.subgraphs().get(&ix).expect("the agent's loop is its child plan");
+    assert!(child.node_by_name("tools").is_some());
+}
+
+#[test]
+fn a_tools_node_reviews_only_tools_it_runs() {
+    let text = r#"name: w
+models: {default: {provider: mock, model: m}}
+state:
+  messages: {type: array, reducer: add_messages, default: []}
+tools:
+  define: {description: Define., workflow: define.yaml}
+nodes:
+  act: {kind: tools, tools: [define], review: [defne], update: {messages: output}}
+edges: [START -> act -> END]
+"#;
+    let (code, out) = validate(&[("w.yaml", text), ("define.yaml", DEFINE)]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("E217") && out.contains("`defne` is not one of the tools this node runs"),
+        "{out}"
+    );
+    let (code, out) = validate(&[
+        ("w.yaml", &text.replace("[defne]", "[define]")),
+        ("define.yaml", DEFINE),
+    ]);
+    assert_eq!(code, 0, "{out}");
+}
