@@ -507,3 +507,43 @@ edges: [START -> act -> END]
     ]);
     assert_eq!(code, 0, "{out}");
 }
+
+#[test]
+fn an_agents_problems_are_reported_once_in_the_file_as_written() {
+    let text = workflow(MOCK, "    model: smrt\n    output: {schema: {type: objct}}\n");
+    let (code, out) = validate(&[("w.yaml", &text), ("define.yaml", DEFINE)]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("smrt"), "{out}");
+    assert!(
+        !out.contains("w.yaml#helper"),
+        "nothing reported inside the generated loop: {out}"
+    );
+}
+
+#[test]
+fn an_agent_streams_its_models_tokens_and_its_tool_events_as_the_loops() {
+    let p = Project::new(&[
+        ("w.yaml", &workflow(MOCK, "    stream: true\n")),
+        ("define.yaml", DEFINE),
+    ]);
+    let script = json!({"replies": {"helper": [
+        {"tool_calls": [{"name": "define", "args": {"word": "cop"}}]},
+        {"text": "A ratio.", "chunks": ["A ", "ratio."]}
+    ]}});
+    let (out, _, events) = run_mock(&p.plan("w.yaml"), script);
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    let in_loop = |e: &&Value| e["ns"].as_str().is_some_and(|ns| ns.starts_with("helper:"));
+    let tokens: Vec<&str> = events
+        .iter()
+        .filter(in_loop)
+        .filter(|e| e["type"] == "token")
+        .map(|e| e["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.concat(), "A ratio.", "{events:?}");
+    let tool_ends = events
+        .iter()
+        .filter(in_loop)
+        .filter(|e| e["type"] == "node_end" && e["node"] == "tools")
+        .count();
+    assert_eq!(tool_ends, 1, "{events:?}");
+}

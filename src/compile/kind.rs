@@ -178,6 +178,11 @@ impl KindCx<'_, '_, '_> {
         self.b.src.clone()
     }
 
+    /// How many errors the compilation of this file has reported so far.
+    pub fn errors(&self) -> usize {
+        self.b.diags.iter().filter(|d| d.is_error()).count()
+    }
+
     /// Reports a problem.
     pub fn report(&mut self, d: Diagnostic) {
         self.b.diags.push(d);

@@ -115,6 +115,7 @@ impl KindDecl for Agent {
 
     fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
         let n: AgentNode = cx.own()?;
+        let errors = cx.errors();
         let model = n.model.as_deref().unwrap_or("default");
         cx.model(&["model"], model, n.model.is_none());
         // The tools are compiled here, in this file, so their problems are reported at their
@@ -164,7 +165,9 @@ impl KindDecl for Agent {
             // Checked here, at its line; the loop's own copy refers to the same types and files.
             cx.schema(&["output", "schema"], &out.schema.0);
         }
-        if !ok {
+        // The loop is generated only from fields found good here, so its own compilation
+        // reports nothing a second time, at a place the author never wrote.
+        if !ok || cx.errors() > errors {
             return None;
         }
         let doc = loop_workflow(cx, &n);
