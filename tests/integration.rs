@@ -9,6 +9,7 @@
 
 mod support;
 
+mod agent;
 mod build;
 mod cassette;
 mod checkpoint;

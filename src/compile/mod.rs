@@ -148,6 +148,25 @@ impl Compiler {
         v
     }
 
+    /// Compiles a workflow a kind generates (an `agent` node's loop) as if it were the file
+    /// `path`, which need not exist: relative paths in it resolve from its directory. Compiled
+    /// once per path, like a file.
+    fn generated(&mut self, path: &Path, text: String) -> Option<Arc<Plan>> {
+        let key = canonical(path);
+        if !self.sources.contains_key(&key) {
+            let mut diags = Vec::new();
+            let file = crate::spec::load::SourceFile {
+                path: Arc::from(path),
+                text: Arc::from(text),
+            };
+            self.files.add(&file.path, file.text.clone());
+            let src = source::source_of(file, &mut diags).map(Arc::new);
+            self.diags.extend(diags);
+            self.sources.insert(key, src);
+        }
+        self.compile(path)
+    }
+
     /// Loads (once) and schema-checks a file.
     fn source(&mut self, path: &Path) -> Option<Arc<Source>> {
         let key = canonical(path);

@@ -171,6 +171,11 @@ pub fn load_source(path: &Path, diags: &mut Vec<Diagnostic>) -> Option<Source> {
             return None;
         }
     };
+    source_of(file, diags)
+}
+
+/// Checks a file's text, read from disk or generated (a kind's child workflow).
+pub(crate) fn source_of(file: load::SourceFile, diags: &mut Vec<Diagnostic>) -> Option<Source> {
     let doc = match load::parse(file) {
         Ok(doc) => doc,
         Err(ds) => {

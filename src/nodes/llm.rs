@@ -9,9 +9,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render, render_opt};
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render_opt};
 use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape, optional};
 use crate::compile::{ExprId, TemplateId};
+use crate::diag::Code;
 use crate::engine::events::Event;
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::engine::values;
@@ -68,8 +69,10 @@ pub(super) struct LlmNode {
     /// A model profile name (default `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// The user prompt template.
-    pub prompt: TextSource,
+    /// The user prompt template. A node with a `history` may have none: it then sends the
+    /// history as it is (an agent's model turn after tool results).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<TextSource>,
     /// The system prompt template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<TextSource>,
@@ -106,7 +109,7 @@ pub(super) struct LlmNode {
 /// An `llm` node, compiled.
 struct Config {
     n: LlmNode,
-    prompt: TemplateId,
+    prompt: Option<TemplateId>,
     system: Option<TemplateId>,
     history: Option<ExprId>,
     /// The output schema, resolved (self-contained).
@@ -131,7 +134,18 @@ impl KindDecl for Llm {
 
     fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
         let n: LlmNode = cx.own()?;
-        let prompt = cx.text_source("prompt", &n.prompt);
+        let prompt = n.prompt.as_ref().map(|source| cx.text_source("prompt", source));
+        if n.prompt.is_none() && n.history.is_none() {
+            let d = cx
+                .source()
+                .diag_key(
+                    Code::MissingField,
+                    &cx.at(&[]),
+                    "an llm node needs a `prompt`, a `history`, or both",
+                )
+                .help("add `prompt: {text: ...}` or `history: {from: state.messages}`");
+            cx.report(d);
+        }
         let system = n.system.as_ref().map(|source| cx.text_source("system", source));
         let history = n.history.as_ref().map(|h| {
             let at = cx.at(&["history", "from"]);
@@ -184,7 +198,7 @@ impl KindDecl for Llm {
             }
         };
         let config = Config {
-            prompt: prompt?,
+            prompt: optional(prompt)?,
             system: optional(system)?,
             history: optional(history)?,
             schema,
@@ -224,8 +238,9 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         messages.push(Message::new("system", system));
     }
     messages.extend(history(ctx, spec, config.history)?);
-    let prompt = render(ctx, &config.prompt, "/prompt")?;
-    messages.push(Message::new("user", prompt));
+    if let Some(prompt) = render_opt(ctx, config.prompt.as_ref(), "/prompt")? {
+        messages.push(Message::new("user", prompt));
+    }
     let (json, schema, repairs) = match &spec.output {
         None | Some(LlmOutput::Format(OutputFormat::Text)) => (false, None, 0),
         Some(LlmOutput::Format(OutputFormat::Json)) => (true, None, 2),

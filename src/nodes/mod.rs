@@ -6,6 +6,7 @@
 //! Every built-in kind runs; each fails with a typed error the retry policy and `on_error`
 //! can act on.
 
+mod agent;
 mod emit;
 mod http;
 mod index;
@@ -33,7 +34,7 @@ use crate::providers::Providers;
 
 /// The built-in node kinds.
 pub fn builtin() -> Kinds {
-    let kinds: [Arc<dyn NodeKind>; 14] = [
+    let kinds: [Arc<dyn NodeKind>; 15] = [
         Arc::new(llm::Llm),
         Arc::new(set::Set),
         Arc::new(emit::Emit),
@@ -48,6 +49,7 @@ pub fn builtin() -> Kinds {
         Arc::new(load::Load),
         Arc::new(save::Save),
         Arc::new(tools::Tools),
+        Arc::new(agent::Agent),
     ];
     Kinds::new(kinds)
 }
@@ -91,7 +93,8 @@ mod tests {
                 "store",
                 "load",
                 "save",
-                "tools"
+                "tools",
+                "agent"
             ]
         );
     }

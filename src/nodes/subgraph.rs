@@ -124,8 +124,19 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
     let Some(child) = ctx.plan.subgraphs().get(&ctx.ix).cloned() else {
         return Err(NodeError::invalid("the subgraph's plan is missing").into());
     };
-    let thread = child_thread_id(ctx.thread_id, ctx.step, ctx.task_id);
     let input = data(ctx, Some(&config.input), "/input", &ctx.scope)?.unwrap_or_else(|| json!({}));
+    run_child(ctx, child, input).await
+}
+
+/// Runs `child` on this task's child thread with `input` (the parent's context passed on when
+/// the child takes one): started the first time, continued after a crash or an interrupt. Its
+/// output is the node's; an interrupt inside it interrupts this node, a handoff hands off.
+pub(super) async fn run_child(
+    ctx: &NodeCtx<'_>,
+    child: std::sync::Arc<crate::compile::Plan>,
+    input: Value,
+) -> Result<NodeOutput, NodeFailure> {
+    let thread = child_thread_id(ctx.thread_id, ctx.step, ctx.task_id);
     let context = ctx
         .scope
         .get_attr("context")

@@ -6,6 +6,13 @@
 //! timeout) becomes a message with status `error` for the model to read, unless
 //! `on_tool_error: fail`.
 //!
+//! `review: [names]` stops before the calls of those tools for a person's decision, one
+//! call at a time, in call order, with agent-inbox's shapes: the interrupt's payload holds
+//! `action_request: {action, args}` and `config: {allow_accept, allow_edit, allow_respond,
+//! allow_ignore}`, and an answer is `{type: accept}`, `{type: edit, args: {action, args}}`,
+//! `{type: response, args: "why not"}` or `{type: ignore}` (or a list of one such). No call
+//! runs until every reviewed call is answered, so a resumed node never runs one twice.
+//!
 //! The kind does not retry by default: each call's `run` node is retried by its own policy or
 //! its kind's default (`NodeCtx::run_nested`), and what still fails is an answer the model can
 //! act on (call again, call another tool, or give up); a node-level retry would repeat every
@@ -21,8 +28,9 @@ use serde_json::{Value, json};
 
 use super::subgraph::child_thread_id;
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, text_of, value};
-use crate::compile::ExprId;
 use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape, Tool, ToolRun};
+use crate::compile::{ExprId, PlanNode};
+use crate::diag::Code;
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::engine::values::to_jinja;
 use crate::engine::{Start, Status};
@@ -47,6 +55,10 @@ pub(super) struct ToolsNode {
     /// status `error`; `fail` fails the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_tool_error: Option<OnToolError>,
+    /// Tools whose calls wait for a person's review before they run: accept, edit the
+    /// arguments, respond instead (the message goes back to the model), or ignore.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub review: Vec<String>,
 }
 
 /// What a failed tool call does.
@@ -63,6 +75,10 @@ struct Config {
     tools: IndexMap<String, Arc<Tool>>,
     concurrency: usize,
     fail: bool,
+    /// The tools whose calls are reviewed.
+    review: Vec<String>,
+    /// What an answer to a review must match.
+    decision: Value,
 }
 
 /// The `tools` kind.
@@ -110,11 +126,28 @@ impl KindDecl for Tools {
                 }
             }
         }
+        for (i, name) in n.review.iter().enumerate() {
+            if !tools.contains_key(name) && ok {
+                let d = cx
+                    .source()
+                    .diag(
+                        Code::UnknownTool,
+                        &cx.at(&["review", &i.to_string()]),
+                        format!("`{name}` is not one of the tools this node runs"),
+                    )
+                    .suggest(name, tools.keys().map(String::as_str))
+                    .help_or("`review` names tools the node runs");
+                cx.report(d);
+                ok = false;
+            }
+        }
         let config = Config {
             from: from?,
             tools,
             concurrency: n.concurrency.unwrap_or(4).max(1) as usize,
             fail: n.on_tool_error == Some(OnToolError::Fail),
+            review: n.review,
+            decision: decision_schema(),
         };
         ok.then(|| (KindConfig::new(config), Shape::Any))
     }
@@ -124,9 +157,37 @@ impl NodeKind for Tools {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
     }
+
+    fn answer_schema<'p>(&self, node: &'p PlanNode, _answered: usize) -> Option<&'p Value> {
+        let config = node.config.get::<Config>()?;
+        (!config.review.is_empty()).then_some(&config.decision)
+    }
+}
+
+/// A person's decision on a reviewed call (agent-inbox's `HumanResponse`).
+fn decision_schema() -> Value {
+    let one = json!({
+        "type": "object",
+        "required": ["type"],
+        "properties": {
+            "type": {"enum": ["accept", "edit", "response", "ignore"]},
+            "args": {},
+        },
+        "allOf": [
+            {"if": {"properties": {"type": {"const": "edit"}}},
+             "then": {"required": ["args"], "properties": {"args": {
+                 "type": "object", "required": ["args"],
+                 "properties": {"action": {"type": "string"}, "args": {"type": "object"}},
+             }}}},
+            {"if": {"properties": {"type": {"const": "response"}}},
+             "then": {"required": ["args"], "properties": {"args": {"type": "string"}}}},
+        ],
+    });
+    json!({"anyOf": [one, {"type": "array", "minItems": 1, "maxItems": 1, "items": one}]})
 }
 
 /// One call of the message: its id, the tool's name and the arguments as the model wrote them.
+#[derive(Clone)]
 struct Call {
     id: String,
     name: String,
@@ -147,7 +208,39 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         .rfind(|m| m.role == "assistant")
         .map(|m| m.tool_calls.iter().map(call_of).collect())
         .unwrap_or_default();
-    let pending: Vec<_> = calls.iter().map(|call| answer(ctx, config, call)).collect();
+    let reviewed: Vec<&Call> = calls.iter().filter(|c| config.review.contains(&c.name)).collect();
+    let answers: Vec<&Value> = ctx.answered.iter().chain(ctx.resume).collect();
+    if let Some(call) = reviewed.get(answers.len()) {
+        return Err(NodeFailure::Interrupt(review_request(
+            config,
+            call,
+            answers.len(),
+            reviewed.len(),
+        )));
+    }
+    // Every reviewed call has its decision, in call order.
+    let decisions: Vec<(&str, &Value)> = reviewed
+        .iter()
+        .zip(&answers)
+        .map(|(c, a)| {
+            let a = match a {
+                Value::Array(one) => one.first().unwrap_or(a),
+                _ => a,
+            };
+            (c.id.as_str(), a)
+        })
+        .collect();
+    let pending: Vec<_> = calls
+        .iter()
+        .map(|call| {
+            decided(
+                ctx,
+                config,
+                call,
+                decisions.iter().find(|(id, _)| *id == call.id).map(|d| d.1),
+            )
+        })
+        .collect();
     let results: Vec<Result<(Value, Usage), NodeFailure>> = futures::stream::iter(pending)
         .buffered(config.concurrency)
         .collect()
@@ -171,6 +264,56 @@ fn call_of(call: &Value) -> Call {
         id: text(&call["id"]),
         name: text(&call["function"]["name"]),
         arguments: text(&call["function"]["arguments"]),
+    }
+}
+
+/// What a person reviewing `call` is shown (the `index`th of `total` reviewed calls).
+fn review_request(config: &Config, call: &Call, index: usize, total: usize) -> Value {
+    let args = serde_json::from_str::<Value>(&call.arguments).unwrap_or_else(|_| Value::String(call.arguments.clone()));
+    json!({
+        "message": format!("Review the call of `{}` before it runs.", call.name),
+        "action_request": {"action": call.name, "args": args},
+        "config": {"allow_accept": true, "allow_edit": true, "allow_respond": true, "allow_ignore": true},
+        "description": format!("The model calls `{}` (call {}). Accept, edit the arguments, respond instead, or ignore.", call.name, call.id),
+        "tool_call_id": call.id,
+        "response_schema": config.decision,
+        "questions_answered": index,
+        "questions": total,
+    })
+}
+
+/// The tool message answering `call` as the person reviewing it decided (no decision: the
+/// call is not reviewed).
+async fn decided(
+    ctx: &NodeCtx<'_>,
+    config: &Config,
+    call: &Call,
+    decision: Option<&Value>,
+) -> Result<(Value, Usage), NodeFailure> {
+    let Some(decision) = decision else {
+        return answer(ctx, config, call).await;
+    };
+    let reply = |content: String| {
+        let message = json!({
+            "role": "tool",
+            "tool_call_id": call.id,
+            "name": call.name,
+            "content": content,
+            "status": "error",
+        });
+        Ok((message, Usage::default()))
+    };
+    match decision["type"].as_str() {
+        Some("edit") => {
+            let edited = Call {
+                arguments: decision["args"]["args"].to_string(),
+                ..call.clone()
+            };
+            answer(ctx, config, &edited).await
+        }
+        Some("response") => reply(text_of(&decision["args"])),
+        Some("ignore") => reply("The person reviewing this call chose not to run it.".into()),
+        _ => answer(ctx, config, call).await,
     }
 }
 
