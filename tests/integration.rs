@@ -15,6 +15,7 @@ mod checkpoint;
 mod cli;
 mod cli_run;
 mod compile;
+mod context;
 mod crash;
 mod engine;
 mod handoff;

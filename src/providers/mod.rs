@@ -190,6 +190,9 @@ pub enum ProviderError {
     BadRequest(String),
     #[error("authentication failed: {0}")]
     Auth(String),
+    /// The server said the prompt does not fit the model's context window.
+    #[error("the prompt does not fit the model's context: {0}")]
+    ContextLength(String),
     #[error("malformed response: {0}")]
     Malformed(String),
     /// The reply was larger than its profile allows (`max_reply_bytes`).
@@ -199,7 +202,8 @@ pub enum ProviderError {
 
 impl ProviderError {
     /// The error of a class named as in scripts and cassettes (`rate_limit`, `server`,
-    /// `timeout`, `network`, `stream`, `bad_request`, `auth`, `malformed`, `too_large`); `None`
+    /// `timeout`, `network`, `stream`, `bad_request`, `auth`, `context_length`, `malformed`,
+    /// `too_large`); `None`
     /// for another name. A `retry_after` read from a file is kept within
     /// [`crate::net::http_error::MAX_RETRY_AFTER`], as a server's is.
     pub fn named(class: &str, message: String, status: Option<u16>, retry_after: Option<f64>) -> Option<ProviderError> {
@@ -218,6 +222,7 @@ impl ProviderError {
             "stream" => ProviderError::StreamCut(message),
             "bad_request" => ProviderError::BadRequest(message),
             "auth" => ProviderError::Auth(message),
+            "context_length" => ProviderError::ContextLength(message),
             "malformed" => ProviderError::Malformed(message),
             "too_large" => ProviderError::TooLarge(message),
             _ => return None,
@@ -233,6 +238,7 @@ impl ProviderError {
             ProviderError::StreamCut(_) => ErrorClass::Stream,
             ProviderError::BadRequest(_) => ErrorClass::BadRequest,
             ProviderError::Auth(_) => ErrorClass::Auth,
+            ProviderError::ContextLength(_) => ErrorClass::ContextLength,
             ProviderError::Malformed(_) | ProviderError::TooLarge(_) => ErrorClass::Invalid,
         }
     }
