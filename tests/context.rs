@@ -248,3 +248,33 @@ fn an_overflow_that_trimming_cannot_cure_fails_as_context_length_without_retries
     assert_eq!(out.state["why"], "context_length noted");
     assert_eq!(out.usage.calls, 2);
 }
+
+#[test]
+fn a_schema_repair_sends_back_only_the_start_of_a_runaway_reply() {
+    let server = FakeLlm::start_in_background();
+    let runaway = format!("{{\"title\": \"{}", "la ".repeat(5000));
+    server.script([Reply::completion(&runaway), Reply::completion(r#"{"title": "Short"}"#)]);
+    let workflow = r#"
+name: repair
+models: {default: {provider: openai, model: m, base_url: "${env:FAKE_BASE}"}}
+state: {title: {type: string, default: ""}}
+nodes:
+  name_it:
+    kind: llm
+    prompt: {text: "Name it"}
+    output: {format: json, schema: {type: object, properties: {title: {type: string, maxLength: 40}}, required: [title]}}
+    update: {title: output.title}
+edges: [START -> name_it -> END]
+"#;
+    let (out, _) = run(workflow, &server, json!({}));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["title"], "Short");
+    let sent = server.requests();
+    assert_eq!(sent.len(), 2);
+    let texts = contents(&sent[1].body);
+    let echoed = &texts[texts.len() - 2];
+    assert!(echoed.starts_with("{\"title\": \"la la"), "{echoed}");
+    assert!(echoed.len() < 1100, "{} bytes sent back", echoed.len());
+    assert!(texts.last().unwrap().contains("cut to its first"), "{texts:?}");
+    assert_eq!(out.usage.calls, 2);
+}

@@ -112,6 +112,9 @@ pub(super) struct LlmNode {
     pub fit: Option<Fit>,
 }
 
+/// The most of an invalid reply a schema-repair call sends back, in estimated tokens.
+const REPAIR_ECHO_TOKENS: u64 = 256;
+
 /// An `llm` node, compiled.
 struct Config {
     n: LlmNode,
@@ -394,9 +397,18 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             .into());
         }
         attempt += 1;
-        request.messages.push(Message::new("assistant", reply.text));
+        // A runaway reply (a string that never closes, a list that never ends) is not sent
+        // back whole: its start shows the model what went wrong, and the rest would only fill
+        // the context it needs for a second try.
+        let echoed = fit::cut_text(&reply.text, REPAIR_ECHO_TOKENS);
+        let cut = if echoed.len() < reply.text.len() {
+            format!(" (shown above cut to its first {REPAIR_ECHO_TOKENS} tokens; it was too long)")
+        } else {
+            String::new()
+        };
+        request.messages.push(Message::new("assistant", echoed));
         request.messages.push(Message::new("user", format!(
-                "Your reply was not valid: {problem}. Reply again with only the JSON value, matching the schema exactly."
+                "Your reply{cut} was not valid: {problem}. Reply again with only the JSON value, matching the schema exactly."
             )));
     }
 }
