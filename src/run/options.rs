@@ -55,6 +55,8 @@ pub struct RunOptions {
     pub cassette: Option<CassetteOption>,
     /// `PROFILE=PROVIDER:MODEL[@URL]`: serve a profile from another model.
     pub models: Vec<String>,
+    /// `PROFILE=IN,OUT`: a profile's price per million prompt and completion tokens.
+    pub prices: Vec<String>,
     /// Added to `RUNNER_ALLOW_NET`'s entries.
     pub allow_net: Vec<String>,
     /// Added to `RUNNER_ALLOW_READ`'s directories.

@@ -65,6 +65,8 @@ pub struct RunSettings {
     pub cassette: Option<CassetteOption>,
     /// `PROFILE=PROVIDER:MODEL[@URL]` overrides of the workflow's model profiles.
     pub models: Vec<String>,
+    /// `PROFILE=IN,OUT` prices, applied after `models`.
+    pub prices: Vec<String>,
     /// Added to every web request's allow-list.
     pub allow_net: AllowList,
     pub read_roots: ReadRoots,
@@ -104,6 +106,7 @@ impl RunOptions {
             cassette: self.cassette,
             kinds: self.kinds.unwrap_or_else(crate::nodes::builtin),
             models: self.models,
+            prices: self.prices,
             overrides: Overrides {
                 lease: LeasePolicy::Take {
                     ttl: lease_ttl.value,
