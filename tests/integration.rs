@@ -9,6 +9,7 @@
 
 mod support;
 
+mod accounting;
 mod build;
 mod cassette;
 mod checkpoint;

@@ -156,13 +156,13 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         Status::Done if !outcome.handoffs.is_empty() => Err(NodeFailure::Handoff(Box::new(HandedOff {
             output: NodeOutput {
                 output: outcome.output,
-                usage: outcome.usage,
+                usage: outcome.unreported_usage,
             },
             handoffs: outcome.handoffs,
         }))),
         Status::Done => Ok(NodeOutput {
             output: outcome.output,
-            usage: outcome.usage,
+            usage: outcome.unreported_usage,
         }),
         Status::Interrupted => {
             let mut payload = outcome.interrupt.unwrap_or(Value::Null);
@@ -176,11 +176,13 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
             }
             Err(NodeFailure::Interrupt(payload))
         }
+        // The child's calls are the parent's too, whether or not it got anywhere.
         Status::Failed => Err(NodeError::invalid(format!(
             "subgraph `{}` failed: {}",
             child.name(),
             outcome.error.unwrap_or_default()
         ))
+        .spent(outcome.unreported_usage)
         .into()),
         Status::Cancelled => Err(NodeError::invalid("the subgraph was cancelled").into()),
     }

@@ -153,6 +153,17 @@ impl Usage {
         }
     }
 
+    /// This usage less `other` (a part of it), never below zero.
+    pub fn less(&self, other: &Usage) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens.saturating_sub(other.prompt_tokens),
+            completion_tokens: self.completion_tokens.saturating_sub(other.completion_tokens),
+            total_tokens: self.total_tokens.saturating_sub(other.total_tokens),
+            cost: (self.cost - other.cost).max(0.0),
+            calls: self.calls.saturating_sub(other.calls),
+        }
+    }
+
     pub fn add(&mut self, other: &Usage) {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
