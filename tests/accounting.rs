@@ -161,3 +161,40 @@ edges: [START -> answer -> END]
     assert_eq!(out.turn_usage.calls, 1);
     assert_eq!(out.usage.calls, 2);
 }
+
+#[test]
+fn an_error_handler_sees_what_the_failed_attempts_spent() {
+    let p = Project::new(&[(
+        "w.yaml",
+        r#"
+name: tally
+models: {default: {provider: mock, model: m}}
+state:
+  calls: {type: integer, reducer: sum, default: 0}
+  tokens: {type: integer, reducer: sum, default: 0}
+nodes:
+  ask:
+    kind: llm
+    prompt: {text: "json please"}
+    output: {format: json, schema: {type: object, required: [m]}}
+    on_error: {to: END, update: {calls: error.usage.calls, tokens: error.usage.total_tokens}}
+edges: [START -> ask -> END]
+"#,
+    )]);
+    let store: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+    let mock = Arc::new(
+        MockProvider::from_value(
+            &json!({"replies": {"ask": [{"text": "nope", "usage": {"prompt_tokens": 4, "completion_tokens": 1}}]}}),
+        )
+        .unwrap(),
+    );
+    let (out, _) = go(&store, &mock, &p.plan("w.yaml"), req("t3", json!({})));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    // The reply and its two repairs: three calls of five tokens, in the workflow's own tally
+    // as in the run's.
+    assert_eq!(
+        (out.state["calls"].clone(), out.state["tokens"].clone()),
+        (json!(3), json!(15))
+    );
+    assert_eq!(out.usage.calls, 3);
+}
