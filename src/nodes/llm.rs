@@ -112,6 +112,34 @@ pub(super) struct LlmNode {
     pub fit: Option<Fit>,
 }
 
+/// A completion cap (the node's `max_tokens`, else its profile's) must leave room for a prompt
+/// in the profile's `context`.
+fn check_room(cx: &mut KindCx<'_, '_, '_>, n: &LlmNode, model: &str) {
+    let Some(profile) = cx.workflow().models.get(model) else {
+        return;
+    };
+    let (Some(context), Some(cap)) = (profile.context, n.max_tokens.or(profile.max_tokens)) else {
+        return;
+    };
+    if cap < context {
+        return;
+    }
+    let at = if n.max_tokens.is_some() {
+        cx.at(&["max_tokens"])
+    } else {
+        cx.at(&["model"])
+    };
+    let d = cx
+        .source()
+        .diag(
+            crate::diag::Code::NoRoomForPrompt,
+            &at,
+            format!("`max_tokens` {cap} leaves no room for a prompt in model profile `{model}`'s context of {context} tokens"),
+        )
+        .help("lower `max_tokens` well below the context (a quarter of it is a common choice), or use a model with a larger window");
+    cx.report(d);
+}
+
 /// The most of an invalid reply a schema-repair call sends back, in estimated tokens.
 const REPAIR_ECHO_TOKENS: u64 = 256;
 
@@ -153,6 +181,7 @@ impl KindDecl for Llm {
         });
         let model = n.model.as_deref().unwrap_or("default");
         cx.model(&["model"], model, n.model.is_none());
+        check_room(cx, &n, model);
         let mut offered = Vec::new();
         let mut offered_ok = true;
         for (i, name) in n.tools.iter().enumerate() {
