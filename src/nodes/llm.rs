@@ -366,7 +366,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
                 usage.calls += 1;
                 let sent = fit::estimate(&request.messages);
                 let target = harder_target(&why, sent, reserve);
-                let messages = compose(ctx, config, Some(target), 2)?;
+                let messages = compose(ctx, config, Some(target), 2).map_err(|e| e.spent(usage))?;
                 if fit::estimate(&messages) < sent {
                     request.messages = messages;
                     attempt = 0;
