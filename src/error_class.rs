@@ -29,6 +29,10 @@ pub enum ErrorClass {
     BadRequest,
     /// Credentials were missing or refused.
     Auth,
+    /// The prompt did not fit the model's context window (a server's overflow reply). An llm
+    /// node answers it by trimming its prompt once more, harder, by its `fit` policy; it is
+    /// not retried blindly by default.
+    ContextLength,
     /// A reply could not be parsed or did not match its schema.
     Invalid,
     /// A usage budget (`limits` or the node's `budget`) was spent. Never retried.
@@ -48,6 +52,7 @@ impl ErrorClass {
             ErrorClass::Stream => "stream",
             ErrorClass::BadRequest => "bad_request",
             ErrorClass::Auth => "auth",
+            ErrorClass::ContextLength => "context_length",
             ErrorClass::Invalid => "invalid",
             ErrorClass::Budget => "budget",
             ErrorClass::All => "all",

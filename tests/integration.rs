@@ -9,6 +9,7 @@
 
 mod support;
 
+mod accounting;
 mod agent;
 mod build;
 mod cassette;
@@ -16,6 +17,7 @@ mod checkpoint;
 mod cli;
 mod cli_run;
 mod compile;
+mod context;
 mod crash;
 mod engine;
 mod handoff;

@@ -437,7 +437,7 @@ fn research_with_no_subtopics_goes_straight_to_synthesis() {
     assert_eq!(meta["budget_exhausted"], false);
     assert_eq!(meta["sources"], json!([]));
     // Both calls are priced (0.15 / 0.60 per million tokens) and summed.
-    let run_cost = r.events.last().unwrap()["usage"]["cost"].as_f64().unwrap();
+    let run_cost = r.events.last().unwrap()["turn_usage"]["cost"].as_f64().unwrap();
     let cost = meta["total_cost"].as_f64().unwrap();
     assert!(cost > 0.0 && (cost - run_cost).abs() < 1e-12, "{cost} vs {run_cost}");
     assert_eq!(r.output["subtopic_summaries"], json!([]));

@@ -111,15 +111,24 @@ impl Renderer {
                 status,
                 steps,
                 duration_ms,
-                usage,
+                turn_usage,
+                thread_usage,
             } => Some(format!(
-                "■ {status} after {steps} step{} in {:.0} ms{}",
+                "■ {status} after {steps} step{} in {:.0} ms{}{}",
                 if *steps == 1 { "" } else { "s" },
                 duration_ms,
-                if usage.calls > 0 {
+                if turn_usage.calls > 0 {
                     format!(
-                        "; {} LLM call(s), {} tokens, cost {:.4}",
-                        usage.calls, usage.total_tokens, usage.cost
+                        "; this turn {} LLM call(s), {} tokens, cost {:.4}",
+                        turn_usage.calls, turn_usage.total_tokens, turn_usage.cost
+                    )
+                } else {
+                    String::new()
+                },
+                if thread_usage.calls > turn_usage.calls {
+                    format!(
+                        "; the thread {} call(s), {} tokens, cost {:.4}",
+                        thread_usage.calls, thread_usage.total_tokens, thread_usage.cost
                     )
                 } else {
                     String::new()

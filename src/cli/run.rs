@@ -87,6 +87,11 @@ pub(super) struct Common {
     /// `fast=llamacpp:any@http://127.0.0.1:8080/v1`.
     #[arg(long = "model", value_name = "PROFILE=SPEC")]
     pub model: Vec<String>,
+    /// A model profile's price per million prompt and completion tokens, for usage and cost
+    /// caps: `PROFILE=IN,OUT`, e.g. `default=0.15,0.6`. A `--model` whose price is not known
+    /// (see docs/language.md) costs 0 unless given one here.
+    #[arg(long = "price", value_name = "PROFILE=IN,OUT")]
+    pub price: Vec<String>,
     /// Record every model call and web request with its response to this JSONL cassette;
     /// secrets are scrubbed.
     #[arg(long, value_name = "FILE", conflicts_with = "replay")]
@@ -133,6 +138,7 @@ impl Common {
             },
             models: self.model.clone(),
             project_models: Vec::new(),
+            prices: self.price.clone(),
             allow_net: self.allow_net.clone(),
             allow_read: self.allow_read.clone(),
             lease_ttl: self.lease_ttl,
@@ -330,6 +336,9 @@ fn execute(
 ) -> anyhow::Result<u8> {
     check_mock(&plan, common)?;
     let services = settings.services(&plan)?;
+    for note in settings.price_notes(&plan) {
+        eprintln!("note: {note}");
+    }
     let cassette = services.cassette.clone();
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human

@@ -332,6 +332,7 @@ impl Build<'_, '_> {
     }
 
     pub(super) fn model_ref(&mut self, pointer: &str, name: &str, implicit: bool) {
+        self.model_uses.push((pointer.to_string(), name.to_string()));
         if self.wf.models.contains_key(name) || self.src.declares("models", name) {
             return;
         }

@@ -8,6 +8,7 @@
 //! (workflows, prompts, schemas) and nothing else.
 
 mod analysis;
+mod costs;
 mod defs;
 mod exprs;
 mod fields;

@@ -80,6 +80,8 @@ pub(super) struct Build<'c, 'a> {
     pub tools: std::collections::HashMap<String, Option<Arc<super::kind::Tool>>>,
     /// The tools being compiled, innermost last (a tool whose `run` offers tools names them).
     pub tools_open: Vec<String>,
+    /// The model profiles nodes call, with the pointer of the node's `model` field.
+    pub model_uses: Vec<(String, String)>,
 }
 
 impl<'c, 'a> Build<'c, 'a> {
@@ -122,6 +124,7 @@ impl<'c, 'a> Build<'c, 'a> {
             handoffs: Vec::new(),
             tools: std::collections::HashMap::new(),
             tools_open: Vec::new(),
+            model_uses: Vec::new(),
         }
     }
 
@@ -535,6 +538,7 @@ impl<'c, 'a> Build<'c, 'a> {
                 },
             );
         }
+        self.check_cost_caps();
         let by_name = nodes.iter().map(|(ix, n)| (n.name.clone(), *ix)).collect();
         Some(Plan {
             by_name,

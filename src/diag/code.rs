@@ -74,6 +74,8 @@ codes! {
     BadHandoff = "E215", "bad-handoff", Error, "a subgraph hands off to a node or writes a key its parent workflow does not have";
     InputFeed = "E216", "input-feed", Error, "a state key is fed from an input field the input schema does not declare";
     UnknownTool = "E217", "unknown-tool", Error, "a node names a tool the workflow does not declare";
+    UnpricedCostCap = "W218", "unpriced-cost-cap", Warning, "a cost cap over a model profile that has no `pricing`, so the cap never triggers";
+    NoRoomForPrompt = "E219", "no-room-for-prompt", Error, "a node's completion cap is as large as its model profile's context window, leaving no room for the prompt";
     // Expressions, templates and types.
     ExprSyntax = "E300", "expression-syntax", Error, "an expression does not parse";
     TemplateSyntax = "E301", "template-syntax", Error, "a template does not parse";

@@ -84,7 +84,10 @@ pub enum Event {
         status: String,
         steps: i64,
         duration_ms: f64,
-        usage: Usage,
+        /// What this turn of the thread spent (its resumes included).
+        turn_usage: Usage,
+        /// What the thread has spent over all its turns.
+        thread_usage: Usage,
     },
 }
 

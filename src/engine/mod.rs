@@ -154,7 +154,14 @@ pub struct RunOutcome {
     pub interrupts: Vec<Value>,
     pub error: Option<String>,
     pub steps: i64,
+    /// The thread's usage, every turn and run of it.
     pub usage: Usage,
+    /// This turn's usage (a new input starts a turn; a resume does not).
+    pub turn_usage: Usage,
+    /// The thread's usage its caller has not been told of yet: all of it, less what a failed
+    /// run of it before this one reported. A parent charges a child run this, so a child that
+    /// failed and is run again is counted once.
+    pub unreported_usage: Usage,
     /// A subgraph's child that ended by handing off to its parent: where to, and the writes.
     pub handoffs: Vec<kind::Handoff>,
 }
@@ -327,6 +334,9 @@ struct Run {
     /// The first superstep of this run, and how many it may take.
     first_step: i64,
     limit: i64,
+    /// The thread's usage a failed run before this one reported (see
+    /// `RunOutcome::unreported_usage`).
+    reported: Usage,
 }
 
 /// How a run stopped.
@@ -592,6 +602,7 @@ impl Engine {
             state,
             meta,
             persister,
+            reported,
             ..
         } = run;
         persister.finish()?;
@@ -620,7 +631,8 @@ impl Engine {
             status: end.status.as_str().into(),
             steps: cp.step + 1,
             duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-            usage: meta.usage,
+            turn_usage: meta.turn,
+            thread_usage: meta.usage,
         });
         let handoffs = if end.status == Status::Done {
             meta.handoffs
@@ -638,6 +650,8 @@ impl Engine {
             error: end.error,
             steps: cp.step + 1,
             usage: meta.usage,
+            turn_usage: meta.turn,
+            unreported_usage: meta.usage.less(&reported),
         })
     }
 

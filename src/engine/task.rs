@@ -343,7 +343,8 @@ fn handle_error(
     let Some(handler) = &node.on_error else {
         return Outcome::Failed(e);
     };
-    let error = json!({"node": node.name, "class": e.class.name(), "message": e.message, "attempts": attempts});
+    // `usage`: what the failed attempts spent, so a workflow's own cost tally can count it.
+    let error = json!({"node": node.name, "class": e.class.name(), "message": e.message, "attempts": attempts, "usage": e.usage});
     let scope = scope.with([("error".to_string(), to_jinja(&error))]).into_value();
     match writes(shared, &handler.update, &scope) {
         Ok(writes) => {

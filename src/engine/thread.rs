@@ -158,7 +158,15 @@ impl Engine {
             fence.clone(),
             self.events.clone(),
         );
+        // A failed run reported what the thread had spent up to its end; its steps up to the
+        // last checkpoint are in this meta, and are not to be reported again.
+        let reported = if thread.status == ThreadStatus::Failed {
+            meta.usage
+        } else {
+            Usage::default()
+        };
         let mut run = Run {
+            reported,
             shared,
             state_value: values::map_to_jinja(&state),
             thread,

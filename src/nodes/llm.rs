@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render_opt};
+use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render};
 use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape, optional};
 use crate::compile::{ExprId, TemplateId};
 use crate::diag::Code;
@@ -19,6 +19,9 @@ use crate::engine::values;
 use crate::error_class::ErrorClass;
 use crate::providers::{ChatRequest, Message, Usage, price};
 use crate::spec::{JsonSchemaDoc, TextSource};
+
+mod fit;
+use fit::Fit;
 
 /// What an llm node produces.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -104,7 +107,44 @@ pub(super) struct LlmNode {
     /// as `options.tools`, each with its description and argument schema.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<String>,
+    /// How the prompt is trimmed when it would not fit the model's context window (the
+    /// profile's `context`, or the window a context-overflow reply names): variables cut to a
+    /// size, oldest history dropped; the system prompt and the prompt are always kept. Without
+    /// it, only the oldest history is dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit: Option<Fit>,
 }
+
+/// A completion cap (the node's `max_tokens`, else its profile's) must leave room for a prompt
+/// in the profile's `context`.
+fn check_room(cx: &mut KindCx<'_, '_, '_>, n: &LlmNode, model: &str) {
+    let Some(profile) = cx.workflow().models.get(model) else {
+        return;
+    };
+    let (Some(context), Some(cap)) = (profile.context, n.max_tokens.or(profile.max_tokens)) else {
+        return;
+    };
+    if cap < context {
+        return;
+    }
+    let at = if n.max_tokens.is_some() {
+        cx.at(&["max_tokens"])
+    } else {
+        cx.at(&["model"])
+    };
+    let d = cx
+        .source()
+        .diag(
+            crate::diag::Code::NoRoomForPrompt,
+            &at,
+            format!("`max_tokens` {cap} leaves no room for a prompt in model profile `{model}`'s context of {context} tokens"),
+        )
+        .help("lower `max_tokens` well below the context (a quarter of it is a common choice), or use a model with a larger window");
+    cx.report(d);
+}
+
+/// The most of an invalid reply a schema-repair call sends back, in estimated tokens.
+const REPAIR_ECHO_TOKENS: u64 = 256;
 
 /// An `llm` node, compiled.
 struct Config {
@@ -118,6 +158,8 @@ struct Config {
     tools: bool,
     /// The declared tools it offers, in OpenAI's function shape.
     offered: Vec<Value>,
+    /// `fit.truncate`: each variable's path (its root variable first) and its size in tokens.
+    truncate: Vec<(Vec<String>, u32)>,
 }
 
 /// The `llm` kind.
@@ -153,6 +195,7 @@ impl KindDecl for Llm {
         });
         let model = n.model.as_deref().unwrap_or("default");
         cx.model(&["model"], model, n.model.is_none());
+        check_room(cx, &n, model);
         let mut offered = Vec::new();
         let mut offered_ok = true;
         for (i, name) in n.tools.iter().enumerate() {
@@ -197,7 +240,29 @@ impl KindDecl for Llm {
                 shape
             }
         };
+        let mut truncate = Vec::new();
+        let mut truncate_ok = true;
+        for (path, tokens) in n.fit.iter().flat_map(|f| &f.truncate) {
+            let at = cx.at(&["fit", "truncate", path]);
+            if !fit::is_path(path) {
+                let d = cx
+                    .source()
+                    .diag_key(
+                        crate::diag::Code::InvalidValue,
+                        &at,
+                        format!("`{path}` is not a variable path"),
+                    )
+                    .help("name a variable the templates read, as identifiers joined by dots, e.g. `state.drafts`");
+                cx.report(d);
+                truncate_ok = false;
+                continue;
+            }
+            // Compiled only to check that it names something the node can read.
+            truncate_ok &= cx.expr_at(&at, path).is_some();
+            truncate.push((path.split('.').map(str::to_string).collect(), *tokens));
+        }
         let config = Config {
+            truncate,
             prompt: optional(prompt)?,
             system: optional(system)?,
             history: optional(history)?,
@@ -206,7 +271,7 @@ impl KindDecl for Llm {
             offered,
             n,
         };
-        offered_ok.then(|| (KindConfig::new(config), shape))
+        (offered_ok && truncate_ok).then(|| (KindConfig::new(config), shape))
     }
 }
 
@@ -233,14 +298,10 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             format!("no provider is set up for model profile `{profile_name}`"),
         )
     })?;
-    let mut messages = Vec::new();
-    if let Some(system) = render_opt(ctx, config.system.as_ref(), "/system")? {
-        messages.push(Message::new("system", system));
-    }
-    messages.extend(history(ctx, spec, config.history)?);
-    if let Some(prompt) = render_opt(ctx, config.prompt.as_ref(), "/prompt")? {
-        messages.push(Message::new("user", prompt));
-    }
+    // Room kept for the reply: the completion cap, when there is one.
+    let reserve = u64::from(spec.max_tokens.or(profile.max_tokens).unwrap_or(0));
+    let target = profile.context.map(|c| u64::from(c).saturating_sub(reserve));
+    let messages = compose(ctx, config, target, 1)?;
     let (json, schema, repairs) = match &spec.output {
         None | Some(LlmOutput::Format(OutputFormat::Text)) => (false, None, 0),
         Some(LlmOutput::Format(OutputFormat::Json)) => (true, None, 2),
@@ -301,6 +362,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     };
     let sink = |text: &str| send(scrubber.push(text));
     let mut attempt = 0;
+    let mut refitted = false;
     loop {
         let tokens = if spec.stream && ctx.events.is_on() {
             Some(&sink as &(dyn Fn(&str) + Send + Sync))
@@ -311,6 +373,25 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         if tokens.is_some() {
             send(scrubber.finish());
         }
+        let reply = match reply {
+            Err(crate::providers::ProviderError::ContextLength(why)) if !refitted => {
+                // The server knows the window better than the estimate: trim harder, once.
+                refitted = true;
+                usage.calls += 1;
+                let sent = fit::estimate(&request.messages);
+                let target = harder_target(&why, sent, reserve);
+                let messages = compose(ctx, config, Some(target), 2).map_err(|e| e.spent(usage))?;
+                if fit::estimate(&messages) < sent {
+                    request.messages = messages;
+                    attempt = 0;
+                    continue;
+                }
+                Err(crate::providers::ProviderError::ContextLength(format!(
+                    "{why} (nothing left to trim: declare `fit.truncate` for the variables that may be cut)"
+                )))
+            }
+            other => other,
+        };
         let reply = reply.map_err(|e| {
             let retry_after = match &e {
                 crate::providers::ProviderError::RateLimited { retry_after } => *retry_after,
@@ -359,19 +440,129 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             .into());
         }
         attempt += 1;
-        request.messages.push(Message::new("assistant", reply.text));
+        // A runaway reply (a string that never closes, a list that never ends) is not sent
+        // back whole: its start shows the model what went wrong, and the rest would only fill
+        // the context it needs for a second try.
+        let echoed = fit::cut_text(&reply.text, REPAIR_ECHO_TOKENS);
+        let cut = if echoed.len() < reply.text.len() {
+            format!(" (shown above cut to its first {REPAIR_ECHO_TOKENS} tokens; it was too long)")
+        } else {
+            String::new()
+        };
+        request.messages.push(Message::new("assistant", echoed));
         request.messages.push(Message::new("user", format!(
-                "Your reply was not valid: {problem}. Reply again with only the JSON value, matching the schema exactly."
+                "Your reply{cut} was not valid: {problem}. Reply again with only the JSON value, matching the schema exactly."
             )));
     }
 }
 
+/// The messages of a call: the system prompt, the history and the prompt. When they would not
+/// fit `target` tokens (by [`fit::estimate`]), the node's `fit` policy trims them: its
+/// variables cut to their sizes divided by `shrink`, then the oldest history dropped.
+fn compose(ctx: &NodeCtx<'_>, config: &Config, target: Option<u64>, shrink: u32) -> Result<Vec<Message>, NodeError> {
+    let spec = &config.n;
+    let assemble = |scope: &minijinja::Value, history: Vec<Message>| -> Result<Vec<Message>, NodeError> {
+        let mut messages = Vec::with_capacity(history.len() + 2);
+        if let Some(system) = &config.system {
+            messages.push(Message::new("system", render_in(ctx, system, "/system", scope)?));
+        }
+        messages.extend(history);
+        if let Some(prompt) = &config.prompt {
+            messages.push(Message::new("user", render_in(ctx, prompt, "/prompt", scope)?));
+        }
+        Ok(messages)
+    };
+    let history_of = |scope: &minijinja::Value| history(ctx, spec, config.history, scope);
+    let messages = assemble(&ctx.scope, history_of(&ctx.scope)?)?;
+    let Some(target) = target.filter(|t| fit::estimate(&messages) > *t) else {
+        return Ok(messages);
+    };
+    let policy = spec.fit.clone().unwrap_or_default();
+    let scope = if config.truncate.is_empty() {
+        ctx.scope.clone()
+    } else {
+        cut_scope(ctx, &config.truncate, shrink)?
+    };
+    let mut history = history_of(&scope)?;
+    let fixed = assemble(&scope, Vec::new())?;
+    if policy.drop_history.unwrap_or(true) {
+        let base = fit::estimate(&fixed);
+        fit::drop_oldest(&mut history, |rest| base + fit::estimate(rest) <= target);
+    }
+    assemble(&scope, history)
+}
+
+/// The node's scope with each `fit.truncate` variable cut to its size divided by `shrink`.
+fn cut_scope(ctx: &NodeCtx<'_>, truncate: &[(Vec<String>, u32)], shrink: u32) -> Result<minijinja::Value, NodeError> {
+    let mut roots: IndexMap<&str, Value> = IndexMap::new();
+    for (path, tokens) in truncate {
+        let Some((root, rest)) = path.split_first() else {
+            continue;
+        };
+        if !roots.contains_key(root.as_str()) {
+            let value = ctx
+                .scope
+                .get_attr(root)
+                .map_err(|e| NodeError::invalid(values::describe(&e)))
+                .and_then(|v| values::to_json(&v).map_err(|e| NodeError::invalid(e.to_string())))?;
+            roots.insert(root, value);
+        }
+        let tokens = u64::from(*tokens / shrink.max(1));
+        let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+        if let Some(value) = roots.get_mut(root.as_str()) {
+            fit::cut_at(value, &rest, |v| fit::cut_value(v, tokens));
+        }
+    }
+    let layer = roots.into_iter().map(|(k, v)| (k.to_string(), values::to_jinja(&v)));
+    Ok(ctx.base.with(layer).into_value())
+}
+
+/// How many tokens (by the estimate) a prompt may take after the server refused `sent`
+/// estimated tokens with overflow message `why`: scaled by the server's own counts when it
+/// gives them (its window less the reply's room, with a tenth to spare), else three quarters
+/// of what was sent.
+fn harder_target(why: &str, sent: u64, reserve: u64) -> u64 {
+    match fit::overflow_numbers(why) {
+        (Some(counted), Some(window)) if counted > 0 => {
+            let room = window.saturating_sub(reserve) as f64;
+            (room * sent as f64 / counted as f64 * 0.9) as u64
+        }
+        _ => sent * 3 / 4,
+    }
+}
+
+/// Renders template `id` in `scope`; `field` names it in an error.
+fn render_in(
+    ctx: &NodeCtx<'_>,
+    id: &crate::compile::TemplateId,
+    field: &str,
+    scope: &minijinja::Value,
+) -> Result<String, NodeError> {
+    if std::ptr::eq(scope, &ctx.scope) {
+        return render(ctx, id, field);
+    }
+    let template = ctx
+        .plan
+        .exprs()
+        .env()
+        .get_template(&id.0)
+        .map_err(|e| NodeError::invalid(values::describe(&e)))?;
+    template
+        .render(scope.clone())
+        .map_err(|e| NodeError::invalid(format!("{field}: {}", values::describe(&e))))
+}
+
 /// The chat history: the `history.from` expression's messages, windowed.
-fn history(ctx: &NodeCtx<'_>, spec: &LlmNode, from: Option<ExprId>) -> Result<Vec<Message>, NodeError> {
+fn history(
+    ctx: &NodeCtx<'_>,
+    spec: &LlmNode,
+    from: Option<ExprId>,
+    scope: &minijinja::Value,
+) -> Result<Vec<Message>, NodeError> {
     let (Some(h), Some(id)) = (&spec.history, from) else {
         return Ok(Vec::new());
     };
-    let value = values::eval(ctx.plan, id, &ctx.scope).map_err(NodeError::invalid)?;
+    let value = values::eval(ctx.plan, id, scope).map_err(NodeError::invalid)?;
     let Value::Array(items) = value else {
         return Err(NodeError::invalid("`history.from` did not yield a list of messages"));
     };

@@ -167,13 +167,13 @@ pub(super) async fn run_child(
         Status::Done if !outcome.handoffs.is_empty() => Err(NodeFailure::Handoff(Box::new(HandedOff {
             output: NodeOutput {
                 output: outcome.output,
-                usage: outcome.usage,
+                usage: outcome.unreported_usage,
             },
             handoffs: outcome.handoffs,
         }))),
         Status::Done => Ok(NodeOutput {
             output: outcome.output,
-            usage: outcome.usage,
+            usage: outcome.unreported_usage,
         }),
         Status::Interrupted => {
             let mut payload = outcome.interrupt.unwrap_or(Value::Null);
@@ -187,11 +187,13 @@ pub(super) async fn run_child(
             }
             Err(NodeFailure::Interrupt(payload))
         }
+        // The child's calls are the parent's too, whether or not it got anywhere.
         Status::Failed => Err(NodeError::invalid(format!(
             "subgraph `{}` failed: {}",
             child.name(),
             outcome.error.unwrap_or_default()
         ))
+        .spent(outcome.unreported_usage)
         .into()),
         Status::Cancelled => Err(NodeError::invalid("the subgraph was cancelled").into()),
     }

@@ -418,13 +418,14 @@ async fn run_tool(ctx: &NodeCtx<'_>, tool: &Tool, call: &Call, args: Value) -> R
             match outcome.status {
                 Status::Done => Ok(NodeOutput {
                     output: outcome.output,
-                    usage: outcome.usage,
+                    usage: outcome.unreported_usage,
                 }),
                 Status::Failed => Err(NodeError::invalid(format!(
                     "workflow `{}` failed: {}",
                     child.name(),
                     outcome.error.unwrap_or_default()
                 ))
+                .spent(outcome.unreported_usage)
                 .into()),
                 Status::Interrupted => Err(NodeError::invalid(format!(
                     "workflow `{}` stopped for a person's answer, which a tool call cannot wait for",

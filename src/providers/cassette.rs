@@ -62,6 +62,7 @@ fn error_value(e: &ProviderError) -> Value {
         ProviderError::StreamCut(m) => json!({"class": "stream", "message": m}),
         ProviderError::BadRequest(m) => json!({"class": "bad_request", "message": m}),
         ProviderError::Auth(m) => json!({"class": "auth", "message": m}),
+        ProviderError::ContextLength(m) => json!({"class": "context_length", "message": m}),
         ProviderError::Malformed(m) => json!({"class": "malformed", "message": m}),
         ProviderError::TooLarge(m) => json!({"class": "too_large", "message": m}),
     }

@@ -135,6 +135,7 @@ impl Key {
             StreamCut(m) => StreamCut(clean(&m)),
             BadRequest(m) => BadRequest(clean(&m)),
             Auth(m) => Auth(clean(&m)),
+            ContextLength(m) => ContextLength(clean(&m)),
             Malformed(m) => Malformed(clean(&m)),
             TooLarge(m) => TooLarge(clean(&m)),
             e @ (RateLimited { .. } | Timeout) => e,
@@ -250,6 +251,9 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// The error for a non-success status, quoting the server's message.
 pub(crate) fn status_error(status: u16, headers: &HeaderMap, body: &str) -> ProviderError {
     let message = excerpt(body);
+    if is_context_overflow(status, body) {
+        return ProviderError::ContextLength(format!("{status}: {message}"));
+    }
     match http_error::class_of_status(status) {
         Some(ErrorClass::RateLimit) => ProviderError::RateLimited {
             retry_after: retry_after(headers, SystemTime::now()),
@@ -259,6 +263,29 @@ pub(crate) fn status_error(status: u16, headers: &HeaderMap, body: &str) -> Prov
         Some(ErrorClass::Server) => ProviderError::Server { status, message },
         _ => ProviderError::BadRequest(format!("{status}: {message}")),
     }
+}
+
+/// Whether a failed response says the prompt overflowed the model's context window: OpenAI's
+/// `context_length_exceeded` (400), llama.cpp's `exceed_context_size_error` ("request (N
+/// tokens) exceeds the available context size (M tokens)", 400) and its older "Context size
+/// has been exceeded" (500), vLLM's and OpenAI's "maximum context length is N tokens",
+/// Anthropic's "prompt is too long". Read from the body as the server sent it, before it is
+/// shortened.
+pub(crate) fn is_context_overflow(status: u16, body: &str) -> bool {
+    if !matches!(status, 400 | 413 | 500) {
+        return false;
+    }
+    let text = body.to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "exceed_context_size",
+        "exceeds the available context size",
+        "context size has been exceeded",
+        "maximum context length",
+        "prompt is too long",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
 }
 
 /// The server's error message: `error.message` (or `message`, or `error` as text) from a JSON

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error_class::ErrorClass;
-use crate::spec::{ModelProfile, Provider as ProviderKind};
+use crate::spec::{ModelProfile, Pricing, Provider as ProviderKind};
 
 /// A chat message: `system`, `user`, `assistant` (which may carry the tool calls it made) or
 /// `tool` (one call's result, naming the call it answers).
@@ -153,6 +153,17 @@ impl Usage {
         }
     }
 
+    /// This usage less `other` (a part of it), never below zero.
+    pub fn less(&self, other: &Usage) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens.saturating_sub(other.prompt_tokens),
+            completion_tokens: self.completion_tokens.saturating_sub(other.completion_tokens),
+            total_tokens: self.total_tokens.saturating_sub(other.total_tokens),
+            cost: (self.cost - other.cost).max(0.0),
+            calls: self.calls.saturating_sub(other.calls),
+        }
+    }
+
     pub fn add(&mut self, other: &Usage) {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
@@ -190,6 +201,9 @@ pub enum ProviderError {
     BadRequest(String),
     #[error("authentication failed: {0}")]
     Auth(String),
+    /// The server said the prompt does not fit the model's context window.
+    #[error("the prompt does not fit the model's context: {0}")]
+    ContextLength(String),
     #[error("malformed response: {0}")]
     Malformed(String),
     /// The reply was larger than its profile allows (`max_reply_bytes`).
@@ -199,7 +213,8 @@ pub enum ProviderError {
 
 impl ProviderError {
     /// The error of a class named as in scripts and cassettes (`rate_limit`, `server`,
-    /// `timeout`, `network`, `stream`, `bad_request`, `auth`, `malformed`, `too_large`); `None`
+    /// `timeout`, `network`, `stream`, `bad_request`, `auth`, `context_length`, `malformed`,
+    /// `too_large`); `None`
     /// for another name. A `retry_after` read from a file is kept within
     /// [`crate::net::http_error::MAX_RETRY_AFTER`], as a server's is.
     pub fn named(class: &str, message: String, status: Option<u16>, retry_after: Option<f64>) -> Option<ProviderError> {
@@ -218,6 +233,7 @@ impl ProviderError {
             "stream" => ProviderError::StreamCut(message),
             "bad_request" => ProviderError::BadRequest(message),
             "auth" => ProviderError::Auth(message),
+            "context_length" => ProviderError::ContextLength(message),
             "malformed" => ProviderError::Malformed(message),
             "too_large" => ProviderError::TooLarge(message),
             _ => return None,
@@ -233,6 +249,7 @@ impl ProviderError {
             ProviderError::StreamCut(_) => ErrorClass::Stream,
             ProviderError::BadRequest(_) => ErrorClass::BadRequest,
             ProviderError::Auth(_) => ErrorClass::Auth,
+            ProviderError::ContextLength(_) => ErrorClass::ContextLength,
             ProviderError::Malformed(_) | ProviderError::TooLarge(_) => ErrorClass::Invalid,
         }
     }
@@ -485,7 +502,10 @@ fn resolve(
 /// A profile overridden by a `--model` spec: `provider:model` with an optional `@base_url`.
 /// Providers are `openai`, `anthropic`, `mock`, and the local OpenAI-compatible servers
 /// `ollama`, `llamacpp`, `vllm` and `lmstudio` (keyless, at their usual local address).
-/// Sampling settings, timeout and options are kept; pricing, which belongs to a model, is not.
+/// Sampling settings, timeout and options are kept. Pricing belongs to a model: the profile's
+/// own is kept when the model stays the same, a local server's is zero, a model of
+/// [`KNOWN_PRICES`] gets its price, and any other is left without one (the caller states it,
+/// and `--price` gives one).
 pub fn override_profile(profile: &ModelProfile, spec: &str) -> Result<ModelProfile, String> {
     let (provider, rest) = spec
         .split_once(':')
@@ -519,14 +539,74 @@ pub fn override_profile(profile: &ModelProfile, spec: &str) -> Result<ModelProfi
         ("anthropic", _) => profile.api_key_env.clone().filter(|_| same).or(key_env),
         _ => key_env,
     };
+    let local_server = !matches!(provider, "openai" | "anthropic" | "mock");
+    let pricing = if same && profile.model == model {
+        profile.pricing.clone()
+    } else if local_server {
+        Some(Pricing {
+            input: 0.0,
+            output: 0.0,
+        })
+    } else if base.is_some() {
+        // Another server may price the same name differently.
+        None
+    } else {
+        known_price(provider, model)
+    };
     let mut p = profile.clone();
     p.provider = kind;
     p.model = model.to_string();
     p.base_url = base.or(default_base);
     p.api_key_env = key_env;
     p.api_version = None;
-    p.pricing = None;
+    p.pricing = pricing;
     Ok(p)
+}
+
+/// Prices per million tokens (input, output) of common hosted models, in US dollars as their
+/// providers list them (2025); a model name matches its longest listed prefix, so dated
+/// snapshots (`gpt-4o-mini-2024-07-18`) and `-latest` names are found too.
+pub const KNOWN_PRICES: &[(&str, &str, f64, f64)] = &[
+    ("openai", "gpt-4o-mini", 0.15, 0.60),
+    ("openai", "gpt-4o", 2.50, 10.00),
+    ("openai", "gpt-4.1-nano", 0.10, 0.40),
+    ("openai", "gpt-4.1-mini", 0.40, 1.60),
+    ("openai", "gpt-4.1", 2.00, 8.00),
+    ("openai", "o4-mini", 1.10, 4.40),
+    ("openai", "o3-mini", 1.10, 4.40),
+    ("anthropic", "claude-3-haiku", 0.25, 1.25),
+    ("anthropic", "claude-3-5-haiku", 0.80, 4.00),
+    ("anthropic", "claude-haiku-4-5", 1.00, 5.00),
+    ("anthropic", "claude-3-5-sonnet", 3.00, 15.00),
+    ("anthropic", "claude-3-7-sonnet", 3.00, 15.00),
+    ("anthropic", "claude-sonnet-4", 3.00, 15.00),
+    ("anthropic", "claude-opus-4", 15.00, 75.00),
+];
+
+/// The listed price of `model` on `provider`'s own API, by its longest matching prefix.
+pub fn known_price(provider: &str, model: &str) -> Option<Pricing> {
+    KNOWN_PRICES
+        .iter()
+        .filter(|(p, prefix, ..)| *p == provider && model.starts_with(prefix))
+        .max_by_key(|(_, prefix, ..)| prefix.len())
+        .map(|&(_, _, input, output)| Pricing { input, output })
+}
+
+/// A `--price` value, `IN,OUT` per million tokens.
+pub fn parse_price(text: &str) -> Result<Pricing, String> {
+    let bad = || format!("`{text}` is not IN,OUT (prices per million prompt and completion tokens, e.g. 0.15,0.6)");
+    let (input, output) = text.split_once(',').ok_or_else(bad)?;
+    let number = |s: &str| {
+        s.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite() && *n >= 0.0)
+            .ok_or_else(bad)
+    };
+    Ok(Pricing {
+        input: number(input)?,
+        output: number(output)?,
+    })
 }
 
 /// What a model is told when the schema cannot be sent as a request field.
@@ -577,7 +657,8 @@ mod tests {
         assert_eq!(o.base_url.as_deref(), Some("http://127.0.0.1:11434/v1"));
         assert_eq!(o.api_key_env, None);
         assert_eq!(o.temperature, Some(0.2));
-        assert!(o.pricing.is_none());
+        // A local server costs nothing, and says so.
+        assert_eq!(o.pricing.map(|p| (p.input, p.output)), Some((0.0, 0.0)));
         let o = override_profile(&base, "llamacpp:any@http://10.0.0.2:8080/v1").unwrap();
         assert_eq!(o.base_url.as_deref(), Some("http://10.0.0.2:8080/v1"));
         let o = override_profile(&base, "openai:gpt-4o-mini").unwrap();
@@ -597,6 +678,28 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown provider `bard`")
         );
+    }
+
+    #[test]
+    fn an_override_keeps_or_states_its_price() {
+        let base = profile(json!({"provider": "openai", "model": "gpt-4o", "pricing": {"input": 1, "output": 2}}));
+        let price = |spec: &str| {
+            override_profile(&base, spec)
+                .unwrap()
+                .pricing
+                .map(|p| (p.input, p.output))
+        };
+        assert_eq!(price("openai:gpt-4o"), Some((1.0, 2.0)));
+        assert_eq!(price("openai:gpt-4o-mini"), Some((0.15, 0.60)));
+        assert_eq!(price("openai:gpt-4o-mini-2024-07-18"), Some((0.15, 0.60)));
+        assert_eq!(price("anthropic:claude-3-5-haiku-latest"), Some((0.80, 4.00)));
+        assert_eq!(price("llamacpp:smollm2"), Some((0.0, 0.0)));
+        assert_eq!(price("openai:unknown-model"), None);
+        assert_eq!(price("openai:gpt-4o-mini@https://openrouter.ai/api/v1"), None);
+        let p = parse_price("0.15, 0.6").unwrap();
+        assert_eq!((p.input, p.output), (0.15, 0.6));
+        assert!(parse_price("0.15").is_err());
+        assert!(parse_price("-1,2").is_err());
     }
 
     #[test]

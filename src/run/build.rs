@@ -72,7 +72,7 @@ impl RunSettings {
             })
             .cloned()
             .collect();
-        let models = override_models(plan.models(), &[project, self.models.clone()].concat())?;
+        let models = override_models(plan.models(), &[project, self.models.clone()].concat(), &self.prices)?;
         let cassette = match &self.cassette {
             Some(CassetteOption::Record(path)) => Some(Arc::new(Cassette::record_with(path, self.env.credentials())?)),
             Some(CassetteOption::Replay(path)) => Some(Arc::new(Cassette::replay_with(path, self.env.credentials())?)),
@@ -127,30 +127,71 @@ fn recording(live: Providers, cassette: &Arc<Cassette>) -> Providers {
         .wrap_embedders(|name, e| Arc::new(RecordingEmbedder::new(name, e, cassette.clone())) as Arc<dyn Embedder>)
 }
 
-/// The plan's model profiles with `PROFILE=SPEC` overrides applied.
+/// The plan's model profiles with `PROFILE=SPEC` overrides applied, then `PROFILE=IN,OUT`
+/// prices.
 fn override_models(
     models: &IndexMap<String, ModelProfile>,
     specs: &[String],
+    prices: &[String],
 ) -> Result<IndexMap<String, ModelProfile>, RunError> {
     let mut models = models.clone();
     for arg in specs {
         let (name, spec) = arg
             .split_once('=')
             .ok_or_else(|| RunError::Model(format!("`{arg}` is not PROFILE=PROVIDER:MODEL[@URL]")))?;
-        let Some(profile) = models.get_mut(name) else {
-            let known: Vec<&str> = models.keys().map(String::as_str).collect();
-            return Err(RunError::Model(format!(
-                "the workflow has no model profile `{name}` (its profiles: {})",
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            )));
-        };
+        let profile = profile_mut(&mut models, name)?;
         *profile = crate::providers::override_profile(profile, spec).map_err(RunError::Model)?;
     }
+    for arg in prices {
+        let (name, price) = arg
+            .split_once('=')
+            .ok_or_else(|| RunError::Model(format!("`{arg}` is not PROFILE=IN,OUT")))?;
+        let pricing = crate::providers::parse_price(price).map_err(RunError::Model)?;
+        profile_mut(&mut models, name)?.pricing = Some(pricing);
+    }
     Ok(models)
+}
+
+impl RunSettings {
+    /// What a person should know about the prices of this run's models: each profile that
+    /// `--model` points at a model whose price is unknown, so its calls count as costing
+    /// nothing (and a cost cap never triggers).
+    pub fn price_notes(&self, plan: &Plan) -> Vec<String> {
+        let Ok(models) = override_models(plan.models(), &self.models, &self.prices) else {
+            return Vec::new();
+        };
+        self.models
+            .iter()
+            .filter_map(|arg| arg.split_once('='))
+            .filter(|(name, _)| models.get(*name).is_some_and(|p| p.pricing.is_none()))
+            .map(|(name, spec)| {
+                format!(
+                    "model profile `{name}` is served by `{spec}`, whose price is unknown: its calls count as costing 0; give one with `--price {name}=IN,OUT` (per million tokens)"
+                )
+            })
+            .collect()
+    }
+}
+
+/// The profile `name` of `models`, or an error naming the profiles there are.
+fn profile_mut<'a>(
+    models: &'a mut IndexMap<String, ModelProfile>,
+    name: &str,
+) -> Result<&'a mut ModelProfile, RunError> {
+    if !models.contains_key(name) {
+        let known: Vec<&str> = models.keys().map(String::as_str).collect();
+        return Err(RunError::Model(format!(
+            "the workflow has no model profile `{name}` (its profiles: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        )));
+    }
+    models
+        .get_mut(name)
+        .ok_or_else(|| RunError::Model(format!("the workflow has no model profile `{name}`")))
 }
 
 /// What a run of a workflow is started with: on a new thread, its input and context; on an

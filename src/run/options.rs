@@ -58,6 +58,8 @@ pub struct RunOptions {
     /// `PROFILE=PROVIDER:MODEL[@URL]` defaults of a project (`runner.toml`): applied before
     /// `models`, and only to the workflows that have the profile.
     pub project_models: Vec<String>,
+    /// `PROFILE=IN,OUT`: a profile's price per million prompt and completion tokens.
+    pub prices: Vec<String>,
     /// Added to `RUNNER_ALLOW_NET`'s entries.
     pub allow_net: Vec<String>,
     /// Added to `RUNNER_ALLOW_READ`'s directories.

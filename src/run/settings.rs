@@ -67,6 +67,8 @@ pub struct RunSettings {
     pub models: Vec<String>,
     /// The project's overrides, for the profiles a workflow has (see [`RunOptions`]).
     pub project_models: Vec<String>,
+    /// `PROFILE=IN,OUT` prices, applied after `models`.
+    pub prices: Vec<String>,
     /// Added to every web request's allow-list.
     pub allow_net: AllowList,
     pub read_roots: ReadRoots,
@@ -107,6 +109,7 @@ impl RunOptions {
             kinds: self.kinds.unwrap_or_else(crate::nodes::builtin),
             models: self.models,
             project_models: self.project_models,
+            prices: self.prices,
             overrides: Overrides {
                 lease: LeasePolicy::Take {
                     ttl: lease_ttl.value,

@@ -327,3 +327,47 @@ fn a_start_request_leaves_the_thread_s_newness_to_the_engine() {
         (Some(json!("ok")), None, Some(3))
     );
 }
+
+#[test]
+fn a_model_override_keeps_states_or_takes_a_price() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = plan(dir.path());
+    let with = |models: &[&str], prices: &[&str]| {
+        settings(
+            RunOptions {
+                mock: Some(MockOption::Empty),
+                models: models.iter().map(|s| s.to_string()).collect(),
+                prices: prices.iter().map(|s| s.to_string()).collect(),
+                ..RunOptions::default()
+            },
+            &[],
+        )
+    };
+    let price_of = |s: &RunSettings| {
+        let services = s.services(&plan).unwrap();
+        services
+            .providers
+            .get("default")
+            .unwrap()
+            .1
+            .pricing
+            .clone()
+            .map(|p| (p.input, p.output))
+    };
+    // A known model is priced; nothing needs saying.
+    let known = with(&["default=openai:gpt-4o-mini"], &[]);
+    assert_eq!(price_of(&known), Some((0.15, 0.60)));
+    assert!(known.price_notes(&plan).is_empty());
+    // An unknown one is said to cost nothing, naming the flag that prices it.
+    let unknown = with(&["default=openai:mystery@http://127.0.0.1:9/v1"], &[]);
+    assert_eq!(price_of(&unknown), None);
+    let notes = unknown.price_notes(&plan);
+    assert_eq!(notes.len(), 1);
+    assert!(notes[0].contains("`--price default=IN,OUT`"), "{notes:?}");
+    // `--price` gives it one.
+    let priced = with(&["default=openai:mystery@http://127.0.0.1:9/v1"], &["default=0.5,1.5"]);
+    assert_eq!(price_of(&priced), Some((0.5, 1.5)));
+    assert!(priced.price_notes(&plan).is_empty());
+    let bad = with(&[], &["default=cheap"]).services(&plan).unwrap_err().to_string();
+    assert!(bad.contains("is not IN,OUT"), "{bad}");
+}

@@ -203,6 +203,13 @@ pub struct ModelProfile {
     /// Completion token cap used unless a node sets its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// The model's context window in tokens, the prompt and the reply together (e.g. 4096 for
+    /// a llama.cpp server started with `-c 4096`). An llm node's prompt that would not fit,
+    /// with room kept for its `max_tokens`, is trimmed by the node's `fit` policy before the
+    /// call; without it only a server's overflow reply does that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub context: Option<u32>,
     /// Price in currency units per million tokens, for usage and cost budgets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<Pricing>,

@@ -97,7 +97,8 @@ pub enum OnError {
     Handler {
         /// The handler node (or `END`).
         to: String,
-        /// State writes; expressions see `error` (`node`, `class`, `message`, `attempts`).
+        /// State writes; expressions see `error` (`node`, `class`, `message`, `attempts`,
+        /// `usage`).
         #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
         update: IndexMap<String, Value>,
     },

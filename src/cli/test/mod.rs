@@ -435,7 +435,8 @@ mod tests {
             status: "done".into(),
             steps: 1,
             duration_ms: 0.0,
-            usage: Default::default(),
+            turn_usage: Default::default(),
+            thread_usage: Default::default(),
         };
         let step = |tasks: &[&str]| Event::StepStart {
             step: 1,
