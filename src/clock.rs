@@ -32,25 +32,24 @@ pub fn at_ms(ms: i64) -> String {
 fn rfc3339(secs: i64, millis: u32) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let (y, m, day) = civil_from_days(days);
-    let mut out = String::with_capacity(24);
+    let mut out = *b"0000-00-00T00:00:00.000Z";
     // Years outside 0..=9999 are not RFC 3339; the clock of a running process never gives one.
     let fields = [
-        (y, 4, '-'),
-        (i64::from(m), 2, '-'),
-        (i64::from(day), 2, 'T'),
-        (rem / 3600, 2, ':'),
-        ((rem % 3600) / 60, 2, ':'),
-        (rem % 60, 2, '.'),
-        (i64::from(millis), 3, 'Z'),
+        (0, 4, y),
+        (5, 2, i64::from(m)),
+        (8, 2, i64::from(day)),
+        (11, 2, rem / 3600),
+        (14, 2, (rem % 3600) / 60),
+        (17, 2, rem % 60),
+        (20, 3, i64::from(millis)),
     ];
-    for (n, width, then) in fields {
-        for p in (0..width).rev() {
-            let digit = (n / 10_i64.pow(p)).rem_euclid(10) as u8;
-            out.push(char::from(b'0' + digit));
+    for (at, width, mut n) in fields {
+        for digit in out[at..at + width].iter_mut().rev() {
+            *digit = b'0' + n.rem_euclid(10) as u8;
+            n /= 10;
         }
-        out.push(then);
     }
-    out
+    out.iter().map(|&b| char::from(b)).collect()
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).

@@ -1163,6 +1163,7 @@ fn sqlite_version_1_files_are_read_and_migrated() {
                  checkpoint_id TEXT NOT NULL, parent_id TEXT, step INTEGER NOT NULL, versions TEXT NOT NULL,
                  ran TEXT NOT NULL, changed TEXT NOT NULL, next TEXT NOT NULL, meta TEXT NOT NULL,
                  plan_hash TEXT, created_at TEXT NOT NULL, PRIMARY KEY (thread_id, checkpoint_id)) STRICT, WITHOUT ROWID;
+             CREATE INDEX checkpoints_by_step ON checkpoints (thread_id, step, checkpoint_id);
              CREATE TABLE state_values (thread_id TEXT NOT NULL REFERENCES threads (thread_id), key TEXT NOT NULL,
                  version INTEGER NOT NULL, value TEXT NOT NULL, PRIMARY KEY (thread_id, key, version)) STRICT;
              CREATE TABLE writes (thread_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL, task_id TEXT NOT NULL,
@@ -1192,6 +1193,53 @@ fn sqlite_version_1_files_are_read_and_migrated() {
     let conn = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
     assert_eq!(version, SCHEMA_VERSION);
+    // A new file is created with the current schema directly: the same tables, columns and
+    // indexes as a migrated one.
+    let fresh = dir.path().join("fresh.db");
+    drop(SqliteCheckpointer::open(&fresh, Durability::CrashSafe).unwrap());
+    assert_eq!(layout(&rusqlite::Connection::open(&fresh).unwrap()), layout(&conn));
+}
+
+/// Every table and index of a database, by name: a table's columns (name, type, not null,
+/// primary key position), an index's table and columns.
+fn layout(conn: &rusqlite::Connection) -> Vec<String> {
+    let objects: Vec<(String, String, String)> = conn
+        .prepare("SELECT type, name, tbl_name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(objects.len() > 5, "{objects:?}");
+    objects
+        .into_iter()
+        .map(|(kind, name, table)| {
+            let columns: Vec<String> = if kind == "table" {
+                conn.prepare("SELECT name, type, \"notnull\", pk FROM pragma_table_info(?1)")
+                    .unwrap()
+                    .query_map([&name], |r| {
+                        Ok(format!(
+                            "{}:{}:{}:{}",
+                            r.get::<_, String>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, i64>(2)?,
+                            r.get::<_, i64>(3)?
+                        ))
+                    })
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            } else {
+                conn.prepare("SELECT name FROM pragma_index_info(?1)")
+                    .unwrap()
+                    .query_map([&name], |r| r.get::<_, String>(0))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            };
+            format!("{kind} {name} on {table}: {}", columns.join(", "))
+        })
+        .collect()
 }
 
 /// A long text held in several places (the input, a state value, a task's write, the meta) is

@@ -115,9 +115,9 @@ impl Store {
             entry.values.entry((key, version)).or_insert(value);
         }
         if latest_only {
-            let keep = &checkpoint.checkpoint_id;
-            entry.checkpoints.retain(|id, _| id == keep);
-            entry.writes.retain(|(id, _, _), _| id == keep);
+            // Every checkpoint and write stored so far is older than this one: none is kept.
+            entry.checkpoints.clear();
+            entry.writes.clear();
             let versions = &checkpoint.versions;
             entry.values.retain(|(k, v), _| versions.get(k) == Some(v));
         }

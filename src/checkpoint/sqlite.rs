@@ -54,14 +54,14 @@ const MAX_BATCH: usize = 1024;
 /// Read connections kept open between reads; more are opened under load and closed after.
 const MAX_IDLE_READERS: usize = 8;
 
+/// A new file's schema: what a version 1 file becomes with [`MIGRATE_2`], written directly
+/// (the migration's `ALTER TABLE … DROP COLUMN`s rewrite the table and reread the schema each:
+/// most of creating a file). A test holds the two to the same tables, columns and indexes.
 const SCHEMA: &str = "
 CREATE TABLE threads (
     thread_id TEXT PRIMARY KEY NOT NULL,
     workflow TEXT NOT NULL,
     plan_hash TEXT NOT NULL,
-    input TEXT NOT NULL,
-    context TEXT NOT NULL,
-    config TEXT NOT NULL,
     status TEXT NOT NULL,
     created_at TEXT NOT NULL,
     updated_at TEXT NOT NULL,
@@ -103,6 +103,19 @@ CREATE TABLE writes (
     PRIMARY KEY (thread_id, checkpoint_id, task_id, idx),
     FOREIGN KEY (thread_id, checkpoint_id) REFERENCES checkpoints (thread_id, checkpoint_id)
 ) STRICT;
+CREATE TABLE thread_inputs (
+    thread_id TEXT PRIMARY KEY NOT NULL REFERENCES threads (thread_id),
+    input TEXT NOT NULL,
+    context TEXT NOT NULL,
+    config TEXT NOT NULL
+) STRICT;
+CREATE TABLE blobs (hash TEXT PRIMARY KEY NOT NULL, text TEXT NOT NULL) STRICT;
+CREATE TABLE blob_refs (
+    thread_id TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    PRIMARY KEY (thread_id, hash)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX blob_refs_by_hash ON blob_refs (hash);
 ";
 
 /// Version 2: a thread's input, context and config move out of its (often updated) row.
@@ -248,7 +261,12 @@ impl SqliteCheckpointer {
             Durability::CrashSafe => "NORMAL",
             Durability::PowerSafe => "FULL",
         };
-        conn.pragma_update(None, "synchronous", synchronous)?;
+        // Likewise a new crash-safe file's schema is written unsynced: its first WAL commit
+        // would sync the WAL's header and its folder for tables with nothing in them yet.
+        let unsynced_schema = fresh && durability == Durability::CrashSafe;
+        if !unsynced_schema {
+            conn.pragma_update(None, "synchronous", synchronous)?;
+        }
         // The schema's REFERENCES are not enforced by SQLite: every op checks what it refers
         // to itself (`require_thread`, `checkpoint_exists`, `thread_exists`) and deletes a
         // thread's rows children first. Enforced, each row of `writes` would look up its
@@ -259,6 +277,9 @@ impl SqliteCheckpointer {
         // their roots): a 256 KiB page cache is plenty, and larger ones only add to the RSS.
         conn.pragma_update(None, "cache_size", -256)?;
         migrate(&mut conn, path)?;
+        if unsynced_schema {
+            conn.pragma_update(None, "synchronous", synchronous)?;
+        }
         let synchronous = match conn.pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))? {
             0 => "off",
             1 => "normal",
@@ -1128,11 +1149,11 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     if version > SCHEMA_VERSION {
         return Err(newer_schema(path, version));
     }
-    // A new file gets version 1, then every step up, one at a time, inside this transaction.
+    // A new file gets the current schema; an older one every step up, one at a time, inside
+    // this transaction.
     if version == 0 {
         tx.execute_batch(SCHEMA)?;
-    }
-    if version < 2 {
+    } else if version < 2 {
         tx.execute_batch(MIGRATE_2)?;
     }
     if version < SCHEMA_VERSION {

@@ -514,7 +514,7 @@ impl<'c, 'a> Build<'c, 'a> {
                 return None;
             }
         };
-        let mut nodes = IndexMap::with_capacity(self.drafts.len());
+        let mut nodes = IndexMap::with_capacity_and_hasher(self.drafts.len(), Default::default());
         let mut subgraphs = IndexMap::new();
         for (ix, d) in std::mem::take(&mut self.drafts) {
             let spec = d.spec?;

@@ -9,6 +9,9 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 use minijinja::{Environment, Expression};
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+// The engine looks nodes up by index and by name several times per task: a fast hash for
+// keys the workflow's author chose, not an attacker (SipHash was most of those lookups).
+use rustc_hash::FxBuildHasher;
 use serde_json::Value;
 
 use crate::spec::NodeSpec;
@@ -29,9 +32,9 @@ pub struct Plan {
     pub(in crate::compile) start: NodeIx,
     pub(in crate::compile) end: NodeIx,
     /// Per node (by graph index): its resolved spec, compiled fields and outgoing branches.
-    pub(in crate::compile) nodes: IndexMap<NodeIx, PlanNode>,
+    pub(in crate::compile) nodes: IndexMap<NodeIx, PlanNode, FxBuildHasher>,
     /// Node names to indices, for the engine's stored task records and the CLI.
-    pub(in crate::compile) by_name: std::collections::HashMap<String, NodeIx>,
+    pub(in crate::compile) by_name: std::collections::HashMap<String, NodeIx, FxBuildHasher>,
     /// What runs first.
     pub(in crate::compile) entry: Vec<Branch>,
     /// Joins: the target runs once every source has run since it last ran.
@@ -97,11 +100,11 @@ impl Plan {
         self.end
     }
 
-    pub fn nodes(&self) -> &IndexMap<NodeIx, PlanNode> {
+    pub fn nodes(&self) -> &IndexMap<NodeIx, PlanNode, FxBuildHasher> {
         &self.nodes
     }
 
-    pub fn by_name(&self) -> &std::collections::HashMap<String, NodeIx> {
+    pub fn by_name(&self) -> &std::collections::HashMap<String, NodeIx, FxBuildHasher> {
         &self.by_name
     }
 

@@ -281,7 +281,7 @@ pub(crate) fn validator(
     root: &Value,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<jsonschema::Validator> {
-    match jsonschema::draft202012::new(root) {
+    match super::meta::validator(root) {
         Ok(v) => Some(v),
         Err(e) => {
             let at = e.instance_path().as_str().to_string();
@@ -350,6 +350,9 @@ fn schema_error(src: &Source, pointer: &str, root: &Value, at: &str, why: &str) 
 /// Checks that a resolved schema is a valid JSON Schema, without building a validator for it
 /// (schemas only checked here are compiled where they are used, at run time).
 pub(crate) fn check(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<Diagnostic>) {
+    if super::meta::plainly_valid(root) {
+        return;
+    }
     if let Err(e) = jsonschema::draft202012::meta::validate(root) {
         let at = e.instance_path().as_str().to_string();
         diags.push(schema_error(src, pointer, root, &at, &e.masked().to_string()));
@@ -383,7 +386,7 @@ impl<K: Hash + Eq> Validators<K> {
         Q: Hash + Eq + ?Sized,
     {
         let (schema, slot) = self.slots.get(key)?;
-        slot.get_or_init(|| jsonschema::draft202012::new(schema).ok()).as_ref()
+        slot.get_or_init(|| super::meta::validator(schema).ok()).as_ref()
     }
 
     /// How many validators have been built so far.

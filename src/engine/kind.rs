@@ -278,7 +278,7 @@ impl Validators {
             .by_node
             .get(&ix)
             .ok_or_else(|| NodeError::invalid("the node is not in the engine's plan"))?;
-        cell.get_or_init(|| jsonschema::draft202012::new(schema).map_err(|e| e.to_string()))
+        cell.get_or_init(|| crate::compile::meta::validator(schema).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| NodeError::invalid(format!("the schema does not compile: {e}")))
     }

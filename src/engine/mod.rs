@@ -526,10 +526,13 @@ impl Engine {
             return Ok(Some(End::failed(message)));
         }
         let step_started = Instant::now();
-        self.events.send(Event::StepStart {
-            step,
-            tasks: run.cp.next.iter().map(|t| t.task_id.clone()).collect(),
-        });
+        // Built only for someone listening: its task list is a copy of every task id.
+        if self.events.is_on() {
+            self.events.send(Event::StepStart {
+                step,
+                tasks: run.cp.next.iter().map(|t| t.task_id.clone()).collect(),
+            });
+        }
         let (outcomes, deferred) = self.run_step(run, step).await?;
         // A failure or an interrupt stops here: finished tasks' writes are stored, the last
         // checkpoint is untouched, and the thread resumes from it.

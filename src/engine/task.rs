@@ -84,11 +84,13 @@ pub(super) async fn run(
     // What failed attempts spent on models: the task's usage counts every attempt.
     let mut spent_before = Usage::default();
     let started = Instant::now();
-    shared.events.send(Event::NodeStart {
-        step,
-        node: node.name.clone(),
-        task_id: task_id.clone(),
-    });
+    if shared.events.is_on() {
+        shared.events.send(Event::NodeStart {
+            step,
+            node: node.name.clone(),
+            task_id: task_id.clone(),
+        });
+    }
     if let Some(e) = spent {
         let outcome = handle_error(&shared, node, &scope, e, 0);
         return (outcome, started.elapsed().as_secs_f64() * 1000.0);

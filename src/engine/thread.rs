@@ -598,7 +598,7 @@ fn check_schema(schema: Option<&Value>, value: &Value, what: &str) -> Result<(),
             ))),
         };
     };
-    let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::Input(format!("{what} schema: {e}")))?;
+    let v = crate::compile::meta::validator(schema).map_err(|e| EngineError::Input(format!("{what} schema: {e}")))?;
     let errors: Vec<String> = v
         .iter_errors(value)
         .map(|e| {
