@@ -116,10 +116,11 @@ pub(super) struct Common {
     /// it the command exits 2 at once.
     #[arg(long)]
     pub wait: bool,
-    /// How long the thread's lease lasts without a heartbeat, in seconds (default: 10). A run
-    /// killed outright frees its thread after this long (at once for a run on the same host
-    /// whose process is gone).
-    #[arg(long, env = "RUNNER_LEASE_TTL", value_name = "SECS")]
+    /// How long the thread's lease lasts without a heartbeat, in seconds (default:
+    /// $RUNNER_LEASE_TTL, else 10). A run killed outright frees its thread after this long (at
+    /// once for a run on the same host whose process is gone).
+    // Not `env = …`: the run builder reads the variable, so a bad value is named as such.
+    #[arg(long, value_name = "SECS")]
     pub lease_ttl: Option<f64>,
 }
 

@@ -40,8 +40,10 @@ pub(super) struct Args {
     /// Serve a model profile from another model: `PROFILE=PROVIDER:MODEL[@URL]`.
     #[arg(long = "model", value_name = "PROFILE=SPEC")]
     model: Vec<String>,
-    /// How long a thread's lease lasts without a heartbeat, in seconds (default: 10).
-    #[arg(long, env = "RUNNER_LEASE_TTL", value_name = "SECS")]
+    /// How long a thread's lease lasts without a heartbeat, in seconds (default:
+    /// $RUNNER_LEASE_TTL, else 10).
+    // Not `env = …`: the run builder reads the variable, so a bad value is named as such.
+    #[arg(long, value_name = "SECS")]
     lease_ttl: Option<f64>,
     /// Require the API key held by this environment variable on every request but `GET /ok`,
     /// as `x-api-key` (what LangGraph's SDKs send from `LANGGRAPH_API_KEY`) or
