@@ -30,6 +30,7 @@ mod rag;
 mod runner_test;
 mod serve;
 mod serve_api;
+mod serve_seeds;
 mod tools;
 mod web;
 mod workflows;

@@ -62,11 +62,35 @@ pub(crate) fn serve_in(dir: tempfile::TempDir, args: &[&str], env: &[(&str, &str
     )
     .unwrap();
     std::fs::write(workflows.join("gate.test.yaml"), "not: a workflow\n").unwrap();
+    let (child, base, said) = spawn(dir.path(), &workflows, &fixtures.join("serve/mock.yaml"), args, env);
+    // The workflow that does not validate is reported and not served; the test file is no
+    // workflow at all.
+    assert!(said.contains("not served:") && said.contains("broken.yaml"), "{said}");
+    assert!(said.contains("serving chat, gate, memo, shout, slow\n"), "{said}");
+    Server {
+        child,
+        base,
+        dir: Some(dir),
+    }
+}
+
+/// Starts `runner serve WORKFLOWS --mock MOCK` in `cwd` on a free port, its checkpoints in
+/// `cwd/runner.db`: the child, its base URL and what it said before listening (the rest of its
+/// stderr is drained so it never blocks).
+pub(crate) fn spawn(
+    cwd: &Path,
+    workflows: &Path,
+    mock: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Child, String, String) {
     let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
-        .current_dir(dir.path())
-        .env("RUNNER_DB", dir.path().join("runner.db"))
-        .args(["serve", "workflows", "--port", "0", "--mock"])
-        .arg(fixtures.join("serve/mock.yaml"))
+        .current_dir(cwd)
+        .env("RUNNER_DB", cwd.join("runner.db"))
+        .arg("serve")
+        .arg(workflows)
+        .args(["--port", "0", "--mock"])
+        .arg(mock)
         .args(args)
         .envs(env.iter().copied())
         .stdout(Stdio::null())
@@ -86,17 +110,8 @@ pub(crate) fn serve_in(dir: tempfile::TempDir, args: &[&str], env: &[(&str, &str
             break url.to_string();
         }
     };
-    // The workflow that does not validate is reported and not served; the test file is no
-    // workflow at all.
-    assert!(said.contains("not served:") && said.contains("broken.yaml"), "{said}");
-    assert!(said.contains("serving chat, gate, memo, shout, slow\n"), "{said}");
-    // Whatever it says later is not read: drain it so the server never blocks on stderr.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    Server {
-        child,
-        base,
-        dir: Some(dir),
-    }
+    (child, base, said)
 }
 
 pub(crate) fn client() -> reqwest::Client {
