@@ -128,3 +128,111 @@ async fn the_mindmap_streams_node_added_as_custom_events() {
     let values = &events.iter().rev().find(|(e, _)| e == "values").unwrap().1;
     assert_eq!(values["nodes"].as_object().unwrap().len(), 5, "{values}");
 }
+
+/// What waits at the thread's gate, from `GET /threads/{id}/state`: the interrupt's value, with
+/// the gate's node name added as `node`.
+async fn waiting(s: &Server, thread: &str) -> Value {
+    let (status, _, state) =
+        super::serve::call(s, reqwest::Method::GET, &format!("/threads/{thread}/state"), None).await;
+    assert_eq!(status, 200);
+    let interrupts: Vec<(&Value, &Value)> = state["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["interrupts"].as_array().unwrap().iter().map(move |i| (&t["name"], i)))
+        .collect();
+    assert_eq!(interrupts.len(), 1, "{state}");
+    let (node, interrupt) = interrupts[0];
+    let mut value = interrupt["value"].clone();
+    value["node"] = node.clone();
+    value
+}
+
+async fn wait(s: &Server, thread: &str, body: Value) -> Value {
+    let (status, _, values) = super::serve::call(
+        s,
+        reqwest::Method::POST,
+        &format!("/threads/{thread}/runs/wait"),
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{values}");
+    values
+}
+
+/// The deep-research assistant (001) through its three gates over HTTP, each answer shape used
+/// (respond, edit, ignore, accept), with the server killed outright (SIGKILL) between two
+/// gates and the thread taken up by a new server on the same database.
+#[tokio::test(flavor = "multi_thread")]
+async fn deep_research_goes_through_its_three_gates_across_a_killed_server() {
+    let mut s = serve_shipped("deep-research-served.yaml");
+    let start = json!({"assistant_id": "deep-research", "if_not_exists": "create",
+                       "input": {"query": "How are heat pumps sized?"}, "context": {"user_id": "alice"}});
+    wait(&s, "dr", start).await;
+    let gate = waiting(&s, "dr").await;
+    assert_eq!(gate["node"], "hitl_plan_gate", "{gate}");
+    assert_eq!(gate["payload"]["plan"]["title"], "Heat pump sizing", "{gate}");
+
+    // respond: the planner revises the plan and the same gate asks again.
+    let resume = |answer: Value| json!({"assistant_id": "deep-research", "command": {"resume": answer}, "context": {"user_id": "alice"}});
+    wait(
+        &s,
+        "dr",
+        resume(json!({"action": "respond", "feedback": "Cover cold climates."})),
+    )
+    .await;
+    let gate = waiting(&s, "dr").await;
+    assert_eq!(gate["node"], "hitl_plan_gate");
+    assert_eq!(gate["payload"]["plan"]["title"], "Heat pump sizing, revised", "{gate}");
+    assert_eq!(gate["payload"]["version"], 2, "{gate}");
+
+    // edit: the edited plan is the one researched; the run stops at the discovery gate.
+    let edited = json!({"title": "Sizing, as edited", "objective": "Size it.", "tasks": [], "report_outline": []});
+    wait(&s, "dr", resume(json!({"action": "edit", "edit": edited}))).await;
+    let gate = waiting(&s, "dr").await;
+    assert_eq!(gate["node"], "hitl_discovery_gate", "{gate}");
+
+    // The server dies between two gates; a new one on the same database takes the thread up.
+    let dir = s.kill9();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (child, base, _) = spawn(
+        dir.path(),
+        &root.join("workflows"),
+        &root.join("tests/fixtures/mock/deep-research-served.yaml"),
+        &["--data-db", ":memory:"],
+        &[],
+    );
+    s = Server {
+        child,
+        base,
+        dir: Some(dir),
+    };
+    assert_eq!(waiting(&s, "dr").await["node"], "hitl_discovery_gate");
+
+    // ignore: the review is skipped and the report written; accept: it is saved.
+    wait(&s, "dr", resume(json!({"action": "ignore"}))).await;
+    let gate = waiting(&s, "dr").await;
+    assert_eq!(gate["node"], "hitl_final_gate", "{gate}");
+    assert!(
+        gate["payload"]["report"]
+            .as_str()
+            .unwrap()
+            .starts_with("# Heat pumps in the cold"),
+        "{gate}"
+    );
+    let values = wait(&s, "dr", resume(json!({"action": "accept"}))).await;
+    assert_eq!(values["plan"]["title"], "Sizing, as edited", "{values}");
+    let saved = s
+        .dir
+        .as_ref()
+        .unwrap()
+        .path()
+        .join(values["report_path"].as_str().unwrap());
+    assert!(
+        std::fs::read_to_string(&saved)
+            .unwrap()
+            .starts_with("# Heat pumps in the cold")
+    );
+    let (_, _, thread) = super::serve::call(&s, reqwest::Method::GET, "/threads/dr", None).await;
+    assert_eq!(thread["status"], "idle", "{thread}");
+}
