@@ -385,3 +385,62 @@ fn the_shipped_test_files_and_mock_scripts_match_their_schemas() {
         )
     );
 }
+
+/// `--update` rewrites what failing cases expect to what they did: block entries in place, a
+/// missing `status` added, a flow `expect` whole, a subset kept to the keys it names; comments
+/// and passing cases stay as written, and the file then passes.
+#[test]
+fn update_accepts_what_failing_cases_did() {
+    let dir = suite(&format!(
+        r#"
+  # Stays as written.
+  - name: passes
+    input: {{topic: heat pumps}}
+    answers: [{{action: accept}}]
+{MOCK}
+    expect:
+      status: done
+  - name: block
+    input: {{topic: heat pumps}}
+    answers: [{{action: accept}}]
+{MOCK}
+    expect:
+      output:
+        draft: an old draft   # a comment in the value goes with it
+        log: [write]
+      path: [write]
+
+  - name: flow
+    input: {{topic: heat pumps}}
+{MOCK}
+    expect: {{status: done, output: {{draft: x}}}}
+"#
+    ));
+    let r = runner(dir.path(), &["test", ".", "--update"]);
+    assert_eq!(
+        r.code, 1,
+        "the run that updates still reports the failures: {}",
+        r.stdout
+    );
+    assert!(
+        r.stderr
+            .contains("updated ./gate.test.yaml: 4 expectation(s) of 2 case(s)"),
+        "{}",
+        r.stderr
+    );
+    let text = std::fs::read_to_string(dir.path().join("gate.test.yaml")).unwrap();
+    assert!(text.contains("  # Stays as written.\n  - name: passes"), "{text}");
+    assert!(
+        text.contains(
+            "    expect:\n      output: {\"draft\":\"first draft\",\"log\":[\"write\",\"accept\"]}\n      path: [\"write\",\"review\",\"review\"]\n\n  - name: flow"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("    expect: {\"status\":\"interrupted\",\"output\":{\"draft\":\"first draft\"}}\n"),
+        "{text}"
+    );
+    let r = runner(dir.path(), &["test", "."]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.ends_with("\n3 passed, 0 failed\n"), "{}", r.stdout);
+}

@@ -4,6 +4,7 @@
 
 mod expect;
 mod suite;
+mod update;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -52,6 +53,10 @@ pub(super) struct Args {
     /// Run only the cases whose name contains this.
     #[arg(long, value_name = "SUBSTR")]
     filter: Option<String>,
+    /// Accept what failing cases did: rewrite their `status`, `output`, `state`, `interrupt`,
+    /// `path` and `visits` expectations in the test files (review the diff).
+    #[arg(long)]
+    update: bool,
     /// Let load and index read files under this directory besides each workflow's own
     /// directory tree (repeatable; also `RUNNER_ALLOW_READ`).
     #[arg(long = "allow-read", value_name = "DIR")]
@@ -118,6 +123,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         }
         let (plan, compiled) = compile_file(&suite.workflow, &crate::nodes::builtin().decls());
         let mut outcomes = vec![];
+        let mut updates = vec![];
         for case in cases {
             let started = Instant::now();
             let failures = match &plan {
@@ -125,7 +131,18 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
                     let nodes: Vec<&str> = plan.nodes().values().map(|n| n.name.as_str()).collect();
                     let unknown = expect::unknown_nodes(&case.expect, &nodes);
                     if unknown.is_empty() {
-                        runtime.block_on(run_case(plan.clone(), suite, case, case_options(&base, case), &env))
+                        let (failures, seen) =
+                            runtime.block_on(run_case(plan.clone(), suite, case, case_options(&base, case), &env));
+                        if args.update
+                            && !failures.is_empty()
+                            && let Some(seen) = seen
+                        {
+                            let new = update::refreshed(&case.expect, &seen);
+                            if !new.is_empty() {
+                                updates.push((case.index, new));
+                            }
+                        }
+                        failures
                     } else {
                         unknown
                     }
@@ -151,6 +168,15 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
                 writeln!(out, "  {verdict}  {}  ({})", outcome.name, ms(outcome.duration))?;
             }
             outcomes.push(outcome);
+        }
+        if !updates.is_empty() {
+            update::rewrite(&suite.path, &updates)?;
+            let keys: usize = updates.iter().map(|(_, k)| k.len()).sum();
+            eprintln!(
+                "updated {}: {keys} expectation(s) of {} case(s)",
+                suite.path.display(),
+                updates.len()
+            );
         }
         results.push((suite, outcomes));
     }
@@ -222,8 +248,15 @@ fn case_options(base: &RunOptions, case: &Case) -> RunOptions {
     }
 }
 
-/// Runs one case and returns its failures (none when it passed).
-async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, options: RunOptions, env: &Env) -> Vec<String> {
+/// Runs one case and returns its failures (none when it passed) and what it did (none when it
+/// could not run).
+async fn run_case(
+    plan: Arc<Plan>,
+    suite: &Suite,
+    case: &Case,
+    options: RunOptions,
+    env: &Env,
+) -> (Vec<String>, Option<Observed>) {
     // Replies scripted for a node the workflow lacks would never be used: a misspelt name.
     let script = match &case.models {
         Models::Mock(script) => Some(crate::providers::mock::MockProvider::from_value(script)),
@@ -234,15 +267,18 @@ async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, options: RunOptio
         let names = plan.all_node_names();
         let unknown = mock.replies_for_unknown_nodes(&names);
         if !unknown.is_empty() {
-            return vec![format!(
-                "mock: replies for {}, which the workflow has no node of that name",
-                unknown.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
-            )];
+            return (
+                vec![format!(
+                    "mock: replies for {}, which the workflow has no node of that name",
+                    unknown.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+                )],
+                None,
+            );
         }
     }
     let run = match options.resolve(env).and_then(|settings| settings.build(&plan)) {
         Ok(run) => run,
-        Err(e) => return vec![e.to_string()],
+        Err(e) => return (vec![e.to_string()], None),
     };
     let cassette = run.services.cassette.clone();
     let collected: Arc<Mutex<Vec<Event>>> = Arc::default();
@@ -302,7 +338,7 @@ async fn run_case(plan: Arc<Plan>, suite: &Suite, case: &Case, options: RunOptio
     let events = collected.lock().map(|v| v.clone()).unwrap_or_default();
     let seen = observe(result, &events);
     failures.extend(expect::check(&case.expect, &seen));
-    failures
+    (failures, Some(seen))
 }
 
 fn observe(result: Result<RunOutcome, String>, events: &[Event]) -> Observed {

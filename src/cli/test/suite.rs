@@ -19,6 +19,8 @@ pub(super) struct Suite {
 /// One case: how to run the workflow and what must come out.
 #[derive(Debug)]
 pub(super) struct Case {
+    /// Its place in the file's `cases`.
+    pub index: usize,
     pub name: String,
     /// The line the case starts on in its file.
     pub line: Option<u32>,
@@ -171,7 +173,8 @@ pub(super) fn read(path: &Path) -> Result<Suite, Vec<String>> {
             let mut names = std::collections::HashSet::new();
             for (i, item) in items.iter().enumerate() {
                 let at = format!("/cases/{i}");
-                if let Some(case) = read_case(&mut p, &dir, item, &at) {
+                if let Some(mut case) = read_case(&mut p, &dir, item, &at) {
+                    case.index = i;
                     if !names.insert(case.name.clone()) {
                         p.at(&format!("{at}/name"), format!("two cases are named `{}`", case.name));
                     }
@@ -332,6 +335,7 @@ fn read_case(p: &mut Problems<'_>, dir: &Path, item: &Value, at: &str) -> Option
         }
     };
     Some(Case {
+        index: 0,
         name,
         line: p.doc.spans.value(at).map(|s| s.start.line),
         input,
