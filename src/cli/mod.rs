@@ -6,6 +6,7 @@
 mod completions;
 mod graph;
 mod index;
+mod mcp;
 mod render;
 mod run;
 mod schema;
@@ -58,6 +59,7 @@ enum Command {
     Test(test::Args),
     Index(index::Args),
     Serve(serve::Args),
+    Mcp(mcp::Args),
     /// Print the shell completion script (e.g. `runner completions bash > /etc/bash_completion.d/runner`).
     Completions(completions::Args),
 }
@@ -85,6 +87,7 @@ pub fn main() -> ExitCode {
         Command::Test(args) => test::run(args),
         Command::Index(args) => index::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Mcp(args) => mcp::run(args),
         Command::Completions(args) => completions::run(args),
     };
     match result {

@@ -15,6 +15,7 @@ mod graph;
 pub mod kind;
 mod kinds;
 mod loops;
+pub mod mcp;
 mod nodes;
 pub mod picture;
 pub mod plan;

@@ -74,6 +74,9 @@ codes! {
     BadHandoff = "E215", "bad-handoff", Error, "a subgraph hands off to a node or writes a key its parent workflow does not have";
     InputFeed = "E216", "input-feed", Error, "a state key is fed from an input field the input schema does not declare";
     UnknownTool = "E217", "unknown-tool", Error, "a node names a tool the workflow does not declare";
+    McpLockMissing = "E218", "mcp-lock-missing", Error, "an MCP server's tools are not in the workflow's lock file (`runner mcp lock` writes it)";
+    McpLockStale = "E219", "mcp-lock-stale", Error, "an MCP server's configuration changed since the lock file was written";
+    UnknownMcpTool = "E220", "unknown-mcp-tool", Error, "a `tools:` entry imports a tool its MCP server does not list";
     // Expressions, templates and types.
     ExprSyntax = "E300", "expression-syntax", Error, "an expression does not parse";
     TemplateSyntax = "E301", "template-syntax", Error, "a template does not parse";
