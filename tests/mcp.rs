@@ -360,3 +360,65 @@ fn the_readme_mcp_example_compiles_from_its_lock() {
     let plan = p.plan("w.yaml");
     assert!(plan.node_by_name("reader").is_some());
 }
+
+/// A server that exits at once is named with what it wrote on its standard error; one that
+/// never answers the handshake is given up on after its `startup_timeout`. Both are error
+/// messages for the model, and the run goes on.
+#[test]
+fn a_server_that_exits_or_never_answers_is_an_error_message_with_the_reason() {
+    let broken = runner::spec::McpServer {
+        command: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            "echo missing API key >&2; exit 3".into(),
+        ]),
+        ..Default::default()
+    };
+    let silent = runner::spec::McpServer {
+        command: Some(vec!["sleep".into(), "30".into()]),
+        ..Default::default()
+    };
+    let tool = |name: &str| json!({"name": name, "description": "A tool.", "input_schema": {"type": "object"}});
+    let lock = json!({"version": 1, "servers": {
+        "broken": {"fingerprint": runner::compile::mcp::fingerprint(&broken), "tools": [tool("lookup")]},
+        "silent": {"fingerprint": runner::compile::mcp::fingerprint(&silent), "tools": [tool("wait")]},
+    }});
+    let yaml = r#"name: down
+models: {default: {provider: mock, model: m}}
+input: {type: object, properties: {q: {type: string}}}
+state:
+  messages: {type: array, reducer: add_messages, default: [], from_input: q}
+tools:
+  broken:
+    mcp: {command: [sh, -c, "echo missing API key >&2; exit 3"]}
+  silent:
+    mcp: {command: [sleep, "30"], startup_timeout: 500ms}
+nodes:
+  helper:
+    kind: agent
+    tools: [lookup, wait]
+    update: {messages: output.messages}
+edges: [START -> helper -> END]
+"#;
+    let p = Project::new(&[("w.yaml", yaml), ("w.mcp.lock.json", &lock.to_string())]);
+    let plan = p.plan("w.yaml");
+    let script = json!({"replies": {"helper": [
+        {"tool_calls": [{"name": "lookup", "args": {}}, {"name": "wait", "args": {}}]},
+        "Both are down."
+    ]}});
+    let out = run(&plan, script);
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    let tools = tool_messages(&out);
+    assert_eq!(tools.len(), 2);
+    assert!(tools.iter().all(|t| t.1 == "error"), "{tools:?}");
+    assert!(
+        tools[0].2.contains("MCP server `broken` could not start") && tools[0].2.contains("missing API key"),
+        "{}",
+        tools[0].2
+    );
+    assert!(
+        tools[1].2.contains("MCP server `silent` could not start") && tools[1].2.contains("no handshake within 500ms"),
+        "{}",
+        tools[1].2
+    );
+}
