@@ -24,6 +24,7 @@ mod handoff;
 mod invalid;
 mod kinds;
 mod loader_props;
+mod mcp;
 mod props;
 mod providers;
 mod rag;

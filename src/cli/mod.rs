@@ -7,6 +7,7 @@ mod completions;
 mod graph;
 mod index;
 mod man;
+mod mcp;
 mod new;
 mod render;
 mod run;
@@ -60,6 +61,7 @@ enum Command {
     Test(test::Args),
     Index(index::Args),
     Serve(serve::Args),
+    Mcp(mcp::Args),
     /// Print the shell completion script (e.g. `runner completions bash > /etc/bash_completion.d/runner`).
     Completions(completions::Args),
     /// Scaffold a workflow with its prompt, a test case and a mock script.
@@ -91,6 +93,7 @@ pub fn main() -> ExitCode {
         Command::Test(args) => test::run(args),
         Command::Index(args) => index::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Mcp(args) => mcp::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),
         Command::New(args) => new::run(args),

@@ -16,6 +16,7 @@ mod graph;
 pub mod kind;
 mod kinds;
 mod loops;
+pub mod mcp;
 pub(crate) mod meta;
 mod nodes;
 pub mod picture;

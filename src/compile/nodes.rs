@@ -82,6 +82,8 @@ pub(super) struct Build<'c, 'a> {
     pub tools_open: Vec<String>,
     /// The model profiles nodes call, with the pointer of the node's `model` field.
     pub model_uses: Vec<(String, String)>,
+    /// Every tool name and what declares it, MCP servers' tools read from the lock.
+    pub(super) catalog: super::mcp::Catalog,
 }
 
 impl<'c, 'a> Build<'c, 'a> {
@@ -93,6 +95,11 @@ impl<'c, 'a> Build<'c, 'a> {
         diags: &'a mut Vec<Diagnostic>,
     ) -> Self {
         let prompts_dir = prompts_dir(src, wf);
+        let catalog = super::mcp::catalog(src, &wf.tools, diags);
+        let mut hashed_files = Vec::new();
+        if let Some(text) = &catalog.lock_text {
+            hashed_files.push(("mcp-lock".to_string(), text.clone()));
+        }
         let mut graph = StableDiGraph::default();
         let start = graph.add_node(Vertex::Start);
         let end = graph.add_node(Vertex::End);
@@ -117,7 +124,7 @@ impl<'c, 'a> Build<'c, 'a> {
             predicates: IndexMap::new(),
             io_schemas: (None, None),
             prompts_dir,
-            hashed_files: Vec::new(),
+            hashed_files,
             broken_edges: false,
             join_sites: Vec::new(),
             conditions: Vec::new(),
@@ -125,6 +132,7 @@ impl<'c, 'a> Build<'c, 'a> {
             tools: std::collections::HashMap::new(),
             tools_open: Vec::new(),
             model_uses: Vec::new(),
+            catalog,
         }
     }
 
@@ -563,7 +571,7 @@ impl<'c, 'a> Build<'c, 'a> {
             models: self.wf.models.clone(),
             subgraphs,
             handoffs: std::mem::take(&mut self.handoffs),
-            tools: self.wf.tools.keys().cloned().collect(),
+            tools: self.catalog.names.keys().cloned().collect(),
             exprs,
         })
     }

@@ -1,7 +1,8 @@
 //! Tools declared in a workflow's `tools:` section, compiled for the nodes that use them: the
 //! arguments' JSON Schema resolved and checked, and what runs a call — a node of any
 //! registered kind, its fields compiled through that kind with `args` in scope (so they are
-//! checked at validate time, at their lines), or a child workflow whose input is the arguments.
+//! checked at validate time, at their lines), a child workflow whose input is the arguments,
+//! or a tool of an MCP server, as the workflow's lock lists it (`mcp.rs`).
 //!
 //! A tool is compiled once per workflow, the first time a node names it, and shared by every
 //! node that names it.
@@ -12,6 +13,7 @@ use serde_json::{Value, json};
 
 use super::exprs::Scope;
 use super::kind::KindCx;
+use super::mcp::{Declared, LockedTool, McpServerPlan};
 use super::plan::{Plan, PlanNode};
 use crate::diag::Code;
 use crate::spec::NodeSpec;
@@ -35,7 +37,12 @@ pub enum ToolRun {
     Node(Box<PlanNode>),
     /// A workflow, run as a child thread with the arguments as its input.
     Workflow(Arc<Plan>),
+    /// A tool of an MCP server, called by the server's name for it.
+    Mcp { server: Arc<McpServerPlan>, tool: String },
 }
+
+/// How long one call of an MCP server's tool may take unless its entry says otherwise.
+const MCP_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Tool {
     /// The tool as a model is offered it (OpenAI's function shape, which every provider maps).
@@ -48,24 +55,45 @@ impl Tool {
 }
 
 impl KindCx<'_, '_, '_> {
-    /// The names of the tools the workflow declares, in order.
+    /// The names of the tools the workflow declares, in order (an MCP server's tools by the
+    /// names they are imported as).
     pub fn tool_names(&self) -> Vec<String> {
-        self.b.wf.tools.keys().cloned().collect()
+        self.b.catalog.names.keys().cloned().collect()
+    }
+
+    /// The `tools:` entry that declares the tool `name` (an MCP server's entry for its tools)
+    /// and, for an MCP server's tool, the server's name for it.
+    pub fn tool_entry(&self, name: &str) -> Option<(String, Option<String>)> {
+        let entry = self.b.catalog.entry_of(name)?.to_string();
+        match self.b.catalog.names.get(name)? {
+            Declared::Mcp { tool, .. } => Some((entry, Some(tool.name.clone()))),
+            _ => Some((entry, None)),
+        }
     }
 
     /// The tool `name`, named at `path` of the node, compiled; `None` (reported: E217 for a
     /// name the workflow does not declare) when it does not compile.
     pub fn tool(&mut self, path: &[&str], name: &str) -> Option<Arc<Tool>> {
-        let Some(def) = self.b.wf.tools.get(name).cloned() else {
-            let at = self.at(path);
-            let d = self
-                .b
-                .src
-                .diag(Code::UnknownTool, &at, format!("no tool `{name}` is declared"))
-                .suggest(name, self.b.wf.tools.keys().map(String::as_str))
-                .help_or("declare it under the workflow's top-level `tools:`");
-            self.b.diags.push(d);
-            return None;
+        let declared = match self.b.catalog.names.get(name) {
+            Some(d) => d.clone(),
+            // An MCP server whose tools are unknown (its lock is missing, reported) may have it.
+            None if self.b.catalog.unknown_imports => return None,
+            None => {
+                let at = self.at(path);
+                let d = self
+                    .b
+                    .src
+                    .diag(Code::UnknownTool, &at, format!("no tool `{name}` is declared"))
+                    .suggest(name, self.b.catalog.names.keys().map(String::as_str))
+                    .help_or("declare it under the workflow's top-level `tools:`");
+                self.b.diags.push(d);
+                return None;
+            }
+        };
+        let def = match declared {
+            Declared::Broken { .. } => return None,
+            Declared::Mcp { entry, server, tool } => return Some(self.mcp_tool(name, &entry, server, &tool)),
+            Declared::Own => self.b.wf.tools.get(name).cloned()?,
         };
         if let Some(done) = self.b.tools.get(name) {
             return done.clone();
@@ -94,9 +122,37 @@ impl KindCx<'_, '_, '_> {
         tool
     }
 
+    /// The tool `name`, the MCP server's tool `tool`, imported by the entry `entry`.
+    fn mcp_tool(&mut self, name: &str, entry: &str, server: Arc<McpServerPlan>, tool: &LockedTool) -> Arc<Tool> {
+        if let Some(Some(done)) = self.b.tools.get(name) {
+            return done.clone();
+        }
+        let timeout = self
+            .b
+            .wf
+            .tools
+            .get(entry)
+            .and_then(|d| d.timeout.as_ref())
+            .and_then(|d| d.to_std());
+        let compiled = Arc::new(Tool {
+            name: name.to_string(),
+            description: tool.description.clone(),
+            args: tool.input_schema.clone(),
+            timeout: Some(timeout.unwrap_or(MCP_CALL_TIMEOUT)),
+            run: ToolRun::Mcp {
+                server,
+                tool: tool.name.clone(),
+            },
+        });
+        self.b.tools.insert(name.to_string(), Some(compiled.clone()));
+        compiled
+    }
+
     fn compile_tool(&mut self, name: &str, def: &crate::spec::ToolDef) -> Option<Arc<Tool>> {
         let pointer = push_pointer("/tools", name);
         let src = self.b.src.clone();
+        // A tool of its own without a description was reported with the catalog.
+        let description = def.description.clone()?;
         let (run, default_args) = match (&def.run, &def.workflow) {
             (Some(_), Some(_)) | (None, None) => {
                 self.b.diags.push(src.diag_key(
@@ -143,7 +199,7 @@ impl KindCx<'_, '_, '_> {
         };
         Some(Arc::new(Tool {
             name: name.to_string(),
-            description: def.description.clone(),
+            description,
             args,
             timeout: def.timeout.as_ref().and_then(|d| d.to_std()),
             run,

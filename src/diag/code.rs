@@ -76,6 +76,9 @@ codes! {
     UnknownTool = "E217", "unknown-tool", Error, "a node names a tool the workflow does not declare";
     UnpricedCostCap = "W218", "unpriced-cost-cap", Warning, "a cost cap over a model profile that has no `pricing`, so the cap never triggers";
     NoRoomForPrompt = "E219", "no-room-for-prompt", Error, "a node's completion cap is as large as its model profile's context window, leaving no room for the prompt";
+    McpLockMissing = "E220", "mcp-lock-missing", Error, "an MCP server's tools are not in the workflow's lock file (`runner mcp lock` writes it)";
+    McpLockStale = "E221", "mcp-lock-stale", Error, "an MCP server's configuration changed since the lock file was written";
+    UnknownMcpTool = "E222", "unknown-mcp-tool", Error, "a `tools:` entry imports a tool its MCP server does not list";
     // Expressions, templates and types.
     ExprSyntax = "E300", "expression-syntax", Error, "an expression does not parse";
     TemplateSyntax = "E301", "template-syntax", Error, "a template does not parse";

@@ -198,11 +198,30 @@ fn loop_workflow(cx: &KindCx<'_, '_, '_>, n: &AgentNode) -> Value {
             doc.insert(section.into(), v.clone());
         }
     }
-    let tools: Map<String, Value> = n
-        .tools
-        .iter()
-        .filter_map(|name| Some((name.clone(), written.get("tools")?.get(name)?.clone())))
-        .collect();
+    // Each tool's entry: its own, or the MCP server's that imports it, importing only the
+    // agent's tools of that server (the rest of the entry was checked in this file).
+    let mut tools = Map::new();
+    for name in &n.tools {
+        let Some((entry, imported)) = cx.tool_entry(name) else {
+            continue;
+        };
+        let Some(def) = written.get("tools").and_then(|t| t.get(&entry)) else {
+            continue;
+        };
+        let def = tools.entry(entry).or_insert_with(|| match imported {
+            Some(_) => {
+                let mut def = def.clone();
+                if let Some(fields) = def.as_object_mut() {
+                    fields.insert("import".into(), json!([]));
+                }
+                def
+            }
+            None => def.clone(),
+        });
+        if let (Some(tool), Some(list)) = (imported, def.get_mut("import").and_then(Value::as_array_mut)) {
+            list.push(json!(tool));
+        }
+    }
     doc.insert("tools".into(), Value::Object(tools));
     doc.insert(
         "input".into(),

@@ -13,6 +13,7 @@ mod index;
 mod interrupt;
 mod llm;
 mod load;
+pub(crate) mod mcp;
 mod rerank;
 mod retrieve;
 mod save;
@@ -48,7 +49,7 @@ pub fn builtin() -> Kinds {
         Arc::new(store::Store),
         Arc::new(load::Load),
         Arc::new(save::Save),
-        Arc::new(tools::Tools),
+        Arc::new(tools::Tools::default()),
         Arc::new(agent::Agent),
     ];
     Kinds::new(kinds)

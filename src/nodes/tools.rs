@@ -6,6 +6,10 @@
 //! timeout) becomes a message with status `error` for the model to read, unless
 //! `on_tool_error: fail`.
 //!
+//! A tool of an MCP server is called through the kind's clients (`mcp.rs`): its arguments are
+//! checked against the schema the server listed before anything is sent, and a result the
+//! server flags `isError` is a message of status `error`.
+//!
 //! `review: [names]` stops before the calls of those tools for a person's decision, one
 //! call at a time, in call order, with agent-inbox's shapes: the interrupt's payload holds
 //! `action_request: {action, args}` and `config: {allow_accept, allow_edit, allow_respond,
@@ -26,6 +30,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::mcp::McpClients;
 use super::subgraph::child_thread_id;
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, text_of, value};
 use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape, Tool, ToolRun};
@@ -81,8 +86,11 @@ struct Config {
     decision: Value,
 }
 
-/// The `tools` kind.
-pub(super) struct Tools;
+/// The `tools` kind, with the clients of the MCP servers its calls have reached.
+#[derive(Default)]
+pub(super) struct Tools {
+    mcp: super::mcp::McpClients,
+}
 
 impl KindDecl for Tools {
     fn name(&self) -> &'static str {
@@ -155,7 +163,9 @@ impl KindDecl for Tools {
 
 impl NodeKind for Tools {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
-        Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
+        Attempt::Pending(Box::pin(
+            async move { run(ctx, &self.mcp, ctx.config::<Config>()?).await },
+        ))
     }
 
     fn answer_schema<'p>(&self, node: &'p PlanNode, _answered: usize) -> Option<&'p Value> {
@@ -194,7 +204,7 @@ struct Call {
     arguments: String,
 }
 
-async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
+async fn run(ctx: &NodeCtx<'_>, mcp: &McpClients, config: &Config) -> Result<NodeOutput, NodeFailure> {
     let messages = match value(ctx, Some(config.from), "/from")? {
         Some(Value::Array(items)) => items,
         Some(Value::Null) | None => Vec::new(),
@@ -235,6 +245,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         .map(|call| {
             decided(
                 ctx,
+                mcp,
                 config,
                 call,
                 decisions.iter().find(|(id, _)| *id == call.id).map(|d| d.1),
@@ -286,12 +297,13 @@ fn review_request(config: &Config, call: &Call, index: usize, total: usize) -> V
 /// call is not reviewed).
 async fn decided(
     ctx: &NodeCtx<'_>,
+    mcp: &McpClients,
     config: &Config,
     call: &Call,
     decision: Option<&Value>,
 ) -> Result<(Value, Usage), NodeFailure> {
     let Some(decision) = decision else {
-        return answer(ctx, config, call).await;
+        return answer(ctx, mcp, config, call).await;
     };
     let reply = |content: String| {
         let message = json!({
@@ -309,17 +321,22 @@ async fn decided(
                 arguments: decision["args"]["args"].to_string(),
                 ..call.clone()
             };
-            answer(ctx, config, &edited).await
+            answer(ctx, mcp, config, &edited).await
         }
         Some("response") => reply(text_of(&decision["args"])),
         Some("ignore") => reply("The person reviewing this call chose not to run it.".into()),
-        _ => answer(ctx, config, call).await,
+        _ => answer(ctx, mcp, config, call).await,
     }
 }
 
 /// The tool message answering `call`, and what the call spent; an error only when a failed
 /// call fails the node.
-async fn answer(ctx: &NodeCtx<'_>, config: &Config, call: &Call) -> Result<(Value, Usage), NodeFailure> {
+async fn answer(
+    ctx: &NodeCtx<'_>,
+    mcp: &McpClients,
+    config: &Config,
+    call: &Call,
+) -> Result<(Value, Usage), NodeFailure> {
     let message = |content: String, status: &str| {
         json!({
             "role": "tool",
@@ -329,7 +346,7 @@ async fn answer(ctx: &NodeCtx<'_>, config: &Config, call: &Call) -> Result<(Valu
             "status": status,
         })
     };
-    match call_tool(ctx, config, call).await {
+    match call_tool(ctx, mcp, config, call).await {
         Ok(out) => Ok((message(text_of(&out.output), "success"), out.usage)),
         Err(e) if config.fail => Err(NodeError {
             message: format!("tool `{}` (call {}): {}", call.name, call.id, e.message),
@@ -340,7 +357,7 @@ async fn answer(ctx: &NodeCtx<'_>, config: &Config, call: &Call) -> Result<(Valu
     }
 }
 
-async fn call_tool(ctx: &NodeCtx<'_>, config: &Config, call: &Call) -> Result<NodeOutput, NodeError> {
+async fn call_tool(ctx: &NodeCtx<'_>, mcp: &McpClients, config: &Config, call: &Call) -> Result<NodeOutput, NodeError> {
     let Some(tool) = config.tools.get(&call.name) else {
         let names: Vec<&str> = config.tools.keys().map(String::as_str).collect();
         return Err(NodeError::invalid(format!(
@@ -356,7 +373,7 @@ async fn call_tool(ctx: &NodeCtx<'_>, config: &Config, call: &Call) -> Result<No
         }
     };
     check_args(&tool.args, &args)?;
-    let running = run_tool(ctx, tool, call, args);
+    let running = run_tool(ctx, mcp, tool, call, args);
     let result = match tool.timeout {
         Some(limit) => match tokio::time::timeout(limit, running).await {
             Ok(r) => r,
@@ -397,8 +414,15 @@ fn check_args(schema: &Value, args: &Value) -> Result<(), NodeError> {
     }
 }
 
-async fn run_tool(ctx: &NodeCtx<'_>, tool: &Tool, call: &Call, args: Value) -> Result<NodeOutput, NodeFailure> {
+async fn run_tool(
+    ctx: &NodeCtx<'_>,
+    mcp: &McpClients,
+    tool: &Tool,
+    call: &Call,
+    args: Value,
+) -> Result<NodeOutput, NodeFailure> {
     match &tool.run {
+        ToolRun::Mcp { server, tool: name } => Ok(mcp.call(server, name, args).await?),
         ToolRun::Node(node) => ctx.run_nested(node, vec![("args".into(), to_jinja(&args))]).await,
         ToolRun::Workflow(child) => {
             // One child thread per call, so parallel calls of one tool do not share a thread.

@@ -253,12 +253,14 @@ pub struct Pricing {
     pub output: f64,
 }
 
-/// A tool a model may call.
+/// A tool a model may call, or an MCP server whose tools are imported (`mcp` and `import`).
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolDef {
-    /// What the tool does, for the model.
-    pub description: String,
+    /// What the tool does, for the model (required, except for an MCP server, whose tools
+    /// bring their own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
     /// The JSON Schema of the tool's arguments (an object). By default, for a `workflow`
     /// tool, the workflow's `input` schema; otherwise any object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -270,9 +272,67 @@ pub struct ToolDef {
     /// A workflow file (relative to this one) run as the tool, the arguments as its input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workflow: Option<String>,
-    /// The limit of one call (e.g. `30s`).
+    /// The limit of one call (e.g. `30s`; for an MCP server's tools, 60s by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
+    /// An MCP server whose tools this entry imports: started as a child process speaking over
+    /// stdio (`command`), or reached over streamable HTTP (`url`). Its tool list is read from
+    /// the workflow's lock file (`<workflow>.mcp.lock.json`, written by `runner mcp lock`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpServer>,
+    /// The server's tools to import: a list of their names, or `all` (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<McpImport>,
+    /// Put before each imported tool's name (e.g. `fs_`), so tools of two servers cannot clash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9_-]*$"))]
+    pub prefix: Option<String>,
+}
+
+/// An MCP server: exactly one of `command` (stdio) and `url` (streamable HTTP).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpServer {
+    /// The program that serves MCP over its standard input and output, and its arguments
+    /// (e.g. `[npx, -y, "@modelcontextprotocol/server-filesystem", "."]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub command: Option<Vec<String>>,
+    /// More arguments, after `command`'s.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Environment variables set for the server's process; `${env:NAME}` reads runner's own.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub env: IndexMap<String, String>,
+    /// The working directory of the server's process, relative to the workflow's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// The URL of a server speaking streamable HTTP (e.g. `http://127.0.0.1:8931/mcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// HTTP headers sent with every request to `url`; `${env:NAME}` reads runner's environment.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub headers: IndexMap<String, String>,
+    /// How long starting the server and the MCP handshake may take (default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_timeout: Option<Duration>,
+}
+
+/// Which of an MCP server's tools are imported.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum McpImport {
+    /// Every tool the server lists.
+    All(ImportAll),
+    /// These tools, by the server's names.
+    Names(Vec<String>),
+}
+
+/// `all`: every tool the server lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ImportAll {
+    All,
 }
 
 /// A user-defined node kind.
