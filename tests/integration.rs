@@ -27,6 +27,7 @@ mod rag;
 mod runner_test;
 mod serve;
 mod tools;
+mod trace;
 mod web;
 mod workflows;
 

@@ -18,6 +18,7 @@ mod control;
 mod graphs;
 mod http;
 mod hub;
+mod log;
 mod runs;
 mod sse;
 mod threads;
@@ -135,5 +136,6 @@ fn router(app: Shared) -> Router {
         .fallback(http::not_found)
         .layer(axum::middleware::from_fn_with_state(app.clone(), http::auth))
         .layer(axum::middleware::from_fn(http::cors))
+        .layer(axum::middleware::from_fn(log::request))
         .with_state(app)
 }
