@@ -105,10 +105,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "rag",
         ],
     ),
+    // The process's logs and traces: set up by the CLI; it switches the providers' content
+    // capture and builds its exporter's client with the network's builder.
+    ("telemetry", &["net", "providers"]),
     // The CLI is the top: it may import everything, and nothing imports it.
     (
         "cli",
         &[
+            "telemetry",
             "server",
             "run",
             "spec",

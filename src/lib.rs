@@ -23,3 +23,4 @@ pub mod run;
 mod secrets;
 pub mod server;
 pub mod spec;
+pub mod telemetry;

@@ -33,6 +33,7 @@ mod serve;
 mod serve_api;
 mod serve_seeds;
 mod tools;
+mod trace;
 mod web;
 mod workflows;
 

@@ -80,7 +80,22 @@ pub fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let result = match cli.command {
+    // A server logs its requests unless told otherwise; the other verbs log only when asked.
+    let default_log = matches!(cli.command, Command::Serve(_)).then_some("runner=info");
+    let (telemetry, warnings) = crate::telemetry::init(&|name| std::env::var(name).ok(), default_log);
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    let code = dispatch(cli.command);
+    // Spans still buffered are exported on every exit, an error's included.
+    if let Err(e) = telemetry.shutdown() {
+        eprintln!("warning: traces: {e}");
+    }
+    code
+}
+
+fn dispatch(command: Command) -> ExitCode {
+    let result = match command {
         Command::Run(args) => run::run(args),
         Command::Resume(args) => run::resume(args),
         Command::Threads(args) => threads::threads(args),

@@ -23,6 +23,7 @@ mod services;
 mod step;
 mod task;
 mod thread;
+mod trace;
 pub mod values;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use serde_json::{Map, Value};
+use tracing::Instrument;
 
 use crate::checkpoint::{
     self, Checkpoint, Checkpointer, Fence, Lease, PendingWrite, Put, TaskSpec, Thread, ThreadStatus,
@@ -474,12 +476,22 @@ impl Engine {
     /// thread's lease is held from before the thread is opened (or created) until the run ends.
     async fn enter(&self, entry: Entry) -> Result<RunOutcome, EngineError> {
         let thread_id = entry.thread_id.clone().unwrap_or_else(checkpoint::new_id);
-        let held = lease::take(&self.store, &thread_id, &self.options.lease, &self.cancel).await?;
-        let outcome = self.run_held(entry, thread_id, &held).await;
-        let released = held.release();
-        let outcome = outcome?;
-        released?;
-        Ok(outcome)
+        let span = trace::run(self.plan.name(), &thread_id);
+        let outcome = async {
+            let held = lease::take(&self.store, &thread_id, &self.options.lease, &self.cancel).await?;
+            let outcome = self.run_held(entry, thread_id, &held).await;
+            let released = held.release();
+            let outcome = outcome?;
+            released?;
+            Ok::<_, EngineError>(outcome)
+        }
+        .instrument(span.clone())
+        .await;
+        match &outcome {
+            Ok(o) => trace::run_ended(&span, o.status.as_str(), o.status == Status::Failed),
+            Err(_) => trace::run_ended(&span, "error", true),
+        }
+        outcome
     }
 
     async fn run_held(&self, entry: Entry, thread_id: String, held: &lease::Held) -> Result<RunOutcome, EngineError> {
@@ -533,12 +545,14 @@ impl Engine {
                 tasks: run.cp.next.iter().map(|t| t.task_id.clone()).collect(),
             });
         }
-        let (outcomes, deferred) = self.run_step(run, step).await?;
+        let span = trace::step(step, run.cp.next.len());
+        let (outcomes, deferred) = self.run_step(run, step).instrument(span.clone()).await?;
         // A failure or an interrupt stops here: finished tasks' writes are stored, the last
         // checkpoint is untouched, and the thread resumes from it.
         if let Some(end) = stopped(&mut run.meta, &outcomes) {
             return Ok(Some(end));
         }
+        let _in_step = span.enter();
         self.commit_step(run, &outcomes, deferred, step, step_started)
     }
 

@@ -86,6 +86,8 @@ impl Persister {
             let s = store.clone();
             let f = fence.clone();
             let ev = events.clone();
+            // The committer's spans belong to the run that queued the work.
+            let run_span = tracing::Span::current();
             let handle = std::thread::spawn(move || {
                 // Everything queued while the last commit ran goes into the next one: one
                 // commit (one fsync, power-safe) for as many steps as are waiting.
@@ -110,6 +112,7 @@ impl Persister {
                         next = if flushes.is_empty() { rx.try_recv().ok() } else { None };
                     }
                     if puts.len() > 1 {
+                        let _commit = super::trace::commit(Some(&run_span), puts.len() - 1, true).entered();
                         match s.put_batch(puts) {
                             Ok(()) => after.into_iter().for_each(|e| ev.send(e)),
                             Err(e) => {
@@ -246,6 +249,7 @@ impl Persister {
                 let mut fenced = Vec::with_capacity(puts.len() + 1);
                 fenced.push(Put::Fence(self.fence.clone()));
                 fenced.extend(puts);
+                let _commit = super::trace::commit(None, fenced.len() - 1, false).entered();
                 if self.store.put_batch_unsynced(fenced)? {
                     after.into_iter().for_each(|e| self.events.send(e));
                 } else {
@@ -310,7 +314,9 @@ impl Persister {
         let mut fenced = Vec::with_capacity(puts.len() + 1);
         fenced.push(Put::Fence(self.fence.clone()));
         fenced.extend(puts);
+        let commit = super::trace::commit(None, fenced.len() - 1, true).entered();
         self.store.put_batch(fenced)?;
+        drop(commit);
         let synced = std::mem::take(&mut *self.unsynced.lock().map_err(|_| poisoned())?);
         synced.into_iter().for_each(|e| self.events.send(e));
         Ok(())

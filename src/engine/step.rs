@@ -9,6 +9,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use super::apply::{cached, encode};
 use super::events::Event;
@@ -67,6 +68,7 @@ impl Engine {
         // thousand of them, so they are not also kept in a list.
         let start = |(i, ix, resume, spent): ToRun| {
             let t = &cp.next[i];
+            let span = super::trace::task(run.shared.plan.name_of(ix), &t.task_id, step);
             let fut = task::run(
                 run.shared.clone(),
                 ix,
@@ -76,7 +78,8 @@ impl Engine {
                 step,
                 resume,
                 spent,
-            );
+            )
+            .instrument(span);
             // `map`, not an async block: a block awaiting a captured future keeps two copies.
             fut.map(move |out| (i, out))
         };

@@ -97,6 +97,7 @@ pub(super) async fn run(
     }
     let outcome = loop {
         attempt += 1;
+        tracing::Span::current().record("runner.attempt", attempt);
         let ctx = NodeCtx {
             plan,
             node,

@@ -10,6 +10,7 @@ pub mod guard;
 pub mod http_error;
 mod record;
 pub mod robots;
+mod trace;
 mod web;
 
 pub use guard::AllowList;

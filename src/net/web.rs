@@ -225,6 +225,13 @@ impl Web {
     /// Sends `req`, following redirects itself so that every hop is checked by the guard. With
     /// a cassette, the exchange (its failure included) is recorded, or served from it.
     pub async fn fetch(&self, req: Request, opts: &FetchOptions) -> Result<Response, FetchError> {
+        let span = super::trace::request(&req);
+        let result = tracing::Instrument::instrument(self.fetch_through(req, opts), span.clone()).await;
+        super::trace::response(&span, &result);
+        result
+    }
+
+    async fn fetch_through(&self, req: Request, opts: &FetchOptions) -> Result<Response, FetchError> {
         let Some(cassette) = &self.cassette else {
             return self.fetch_live(req, opts).await;
         };

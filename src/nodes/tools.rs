@@ -346,7 +346,24 @@ async fn answer(
             "status": status,
         })
     };
-    match call_tool(ctx, mcp, config, call).await {
+    let span = tracing::info_span!(
+        "execute_tool",
+        otel.name = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = %call.name,
+        gen_ai.tool.call.id = %call.id,
+        "error.type" = tracing::field::Empty,
+    );
+    if !span.is_disabled() {
+        span.record("otel.name", format!("execute_tool {}", call.name));
+    }
+    let result = tracing::Instrument::instrument(call_tool(ctx, mcp, config, call), span.clone()).await;
+    if let Err(e) = &result {
+        span.record("error.type", e.class.name());
+        span.record("otel.status_code", "ERROR");
+    }
+    match result {
         Ok(out) => Ok((message(text_of(&out.output), "success"), out.usage)),
         Err(e) if config.fail => Err(NodeError {
             message: format!("tool `{}` (call {}): {}", call.name, call.id, e.message),

@@ -10,6 +10,7 @@ pub(crate) mod http;
 pub mod mock;
 pub mod openai;
 pub mod sse;
+pub mod trace;
 
 use std::collections::HashMap;
 use std::sync::Arc;

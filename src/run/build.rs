@@ -90,7 +90,8 @@ impl RunSettings {
                     None => live,
                 }
             }
-        };
+        }
+        .traced();
         // A key read from a variable with any name is a secret like the conventional ones.
         for profile in models.values() {
             if let Some(key) = profile.api_key_env.as_deref().and_then(|name| self.env.get(name)) {

@@ -23,6 +23,7 @@ mod control;
 mod graphs;
 mod http;
 mod hub;
+mod log;
 mod metrics;
 mod runs;
 mod sse;
@@ -187,5 +188,6 @@ fn router(app: Shared) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(app.clone(), http::auth))
         .layer(axum::middleware::from_fn(http::cors))
+        .layer(axum::middleware::from_fn(log::request))
         .with_state(app)
 }
