@@ -113,8 +113,8 @@ def start_langgraph(args, out):
     work.mkdir(parents=True, exist_ok=True)
     for f in ("agent.py", "langgraph.json"):
         (work / f).write_text((HERE / "reference" / f).read_text())
-    cmd = [str(Path(args.python).parent / "langgraph"), "dev", "--no-browser", "--no-reload",
-           "--host", "127.0.0.1", "--port", str(port), "--n-jobs-per-worker", str(args.jobs)]
+    langgraph = os.path.join(os.path.dirname(os.path.abspath(args.python)), "langgraph")
+    cmd = [langgraph, "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port), "--n-jobs-per-worker", str(args.jobs)]
     env_log = open(out / "langgraph.log", "a")
     os.environ.setdefault("LANGGRAPH_CLI_NO_ANALYTICS", "1")
     return Server("langgraph dev", cmd, work, f"http://127.0.0.1:{port}", env_log)
@@ -365,7 +365,7 @@ async def load(args, out):
     s, k = result["streams"], result["kill9"]
     print("| load test (runner serve, mock provider, 1 s per step) | result |")
     print("|---|---|")
-    print(f"| {n} concurrent streamed runs (3 steps, {len(['x'] * 8)} events each) | {s['events']:,} events in "
+    print(f"| {n} concurrent streamed runs (3 steps, 8 events each) | {s['events']:,} events in "
           f"{s['seconds']:.1f} s; {s['wrong']} runs with lost, duplicated or reordered events or a "
           f"history that differs; {s['errors']} errors; first event at most {s['first_event_max_ms']:.0f} ms |")
     print(f"| kill -9 under {n} running streams (steps done at the kill: {k['steps_done_at_kill']}), "
