@@ -114,10 +114,23 @@ impl Server {
                 run.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         };
-        axum::serve(listener, router(self.app))
+        axum::serve(no_delay(listener), router(self.app))
             .with_graceful_shutdown(stop)
             .await
     }
+}
+
+/// `listener` with Nagle's algorithm off on every connection it accepts: a stream writes small
+/// events one after another, and on a kept-alive connection each would otherwise wait for the
+/// client's delayed ACK of the one before (a run's first state event came 41 ms after its
+/// `metadata`; 0.2 ms without).
+fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+        // A socket that refuses the option still works, only slower.
+        let _ = tcp.set_nodelay(true);
+    })
 }
 
 /// Reloads a running server's workflows (see [`Graphs::reload`]).
@@ -190,4 +203,19 @@ fn router(app: Shared) -> Router {
         .layer(axum::middleware::from_fn(http::cors))
         .layer(axum::middleware::from_fn(log::request))
         .with_state(app)
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::serve::Listener;
+
+    #[tokio::test]
+    async fn accepted_connections_send_without_delay() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut listener = super::no_delay(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await;
+        assert!(accepted.nodelay().unwrap());
+    }
 }
