@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use super::support::install;
+
 /// A `runner serve` over the test workflows, killed when dropped.
 pub(crate) struct Server {
     pub(crate) child: Child,
@@ -503,55 +505,19 @@ pub(crate) fn sdk_python() -> &'static Path {
 fn make_venv() -> Result<PathBuf, String> {
     let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/requirements.txt");
     let wanted = std::fs::read_to_string(&requirements).map_err(|e| e.to_string())?;
-    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let venv = root.join("sdk-venv");
-    let python = venv.join("bin/python");
-    let marker = venv.join("requirements.installed");
-    let lock = root.join("sdk-venv.lock");
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while std::fs::create_dir(&lock).is_err() {
-        // A lock older than the longest install was left by a process that died.
-        let stale = std::fs::metadata(&lock)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(900));
-        if stale {
-            let _ = std::fs::remove_dir(&lock);
-        } else if Instant::now() > deadline {
-            return Err(format!("{} stayed locked for 15 minutes", lock.display()));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let result = (|| {
-        if std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
-            return Ok(python.clone());
-        }
-        let _ = std::fs::remove_dir_all(&venv);
-        let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
-            let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "{what} failed:\n{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            Ok(())
-        };
-        run(
-            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+    let venv = install::once("sdk-venv", &wanted, |venv| {
+        install::run(
+            Command::new("python3").args(["-m", "venv"]).arg(venv),
             "python3 -m venv",
         )?;
-        run(
-            Command::new(&python)
+        install::run(
+            Command::new(venv.join("bin/python"))
                 .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
                 .arg(&requirements),
             "pip install -r tests/sdk/requirements.txt (it needs PyPI)",
-        )?;
-        std::fs::write(&marker, &wanted).map_err(|e| e.to_string())?;
-        Ok(python.clone())
-    })();
-    let _ = std::fs::remove_dir(&lock);
-    result
+        )
+    })?;
+    Ok(venv.join("bin/python"))
 }
 
 /// LangGraph's Python client drives the server through a whole conversation: assistants,

@@ -13,6 +13,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::serve::{call, client, parse, sdk_python, serve};
+use super::support::install;
 
 /// A value put over HTTP is what a `store` node reads in a run, and what a `store` node
 /// writes is read back over HTTP: one data store, in the reference's shapes.
@@ -363,50 +364,17 @@ fn sdk_js() -> &'static Path {
 fn npm_ci() -> Result<PathBuf, String> {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/js");
     let wanted = std::fs::read_to_string(source.join("package-lock.json")).map_err(|e| e.to_string())?;
-    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let dir = root.join("sdk-js");
-    let marker = dir.join("lock.installed");
-    let lock = root.join("sdk-js.lock");
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while std::fs::create_dir(&lock).is_err() {
-        // A lock older than the longest install was left by a process that died.
-        let stale = std::fs::metadata(&lock)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(900));
-        if stale {
-            let _ = std::fs::remove_dir(&lock);
-        } else if Instant::now() > deadline {
-            return Err(format!("{} stayed locked for 15 minutes", lock.display()));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let result = (|| {
-        if std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
-            return Ok(dir.clone());
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    install::once("sdk-js", &wanted, |dir| {
         for file in ["package.json", "package-lock.json"] {
             std::fs::copy(source.join(file), dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
         }
-        let out = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
-            .current_dir(&dir)
-            .output()
-            .map_err(|e| format!("npm ci (is node/npm installed?): {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "npm ci in {} failed (it needs the npm registry):\n{}{}",
-                dir.display(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        std::fs::write(&marker, &wanted).map_err(|e| e.to_string())?;
-        Ok(dir.clone())
-    })();
-    let _ = std::fs::remove_dir(&lock);
-    result
+        install::run(
+            Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+                .current_dir(dir),
+            &format!("npm ci in {} (it needs node, npm and the npm registry)", dir.display()),
+        )
+    })
 }
 
 /// LangGraph's JS client drives the server as an application would: threads, streams in each

@@ -4,6 +4,7 @@
 pub(crate) mod fake_llm;
 pub(crate) mod fake_rerank;
 pub(crate) mod fake_web;
+pub(crate) mod install;
 mod project;
 
 pub(crate) use project::Project;

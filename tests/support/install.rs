@@ -1,0 +1,59 @@
+//! Real clients the tests drive (LangGraph's Python and JS SDKs) installed from the package
+//! registries once per build directory, whatever number of tests ask at the same time.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The directory `CARGO_TARGET_TMPDIR/name`, made by `install` unless it was already made from
+/// the same `pinned` text (a requirements or lock file). A lock directory beside it keeps
+/// concurrent tests from installing twice; one left by a process that died is taken after the
+/// longest install could take.
+pub(crate) fn once(
+    name: &str,
+    pinned: &str,
+    install: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<PathBuf, String> {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = root.join(name);
+    let marker = dir.join(".installed-from");
+    let lock = root.join(format!("{name}.lock"));
+    let longest = Duration::from_secs(900);
+    let deadline = Instant::now() + longest;
+    while std::fs::create_dir(&lock).is_err() {
+        let stale = std::fs::metadata(&lock)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default() > longest);
+        if stale {
+            let _ = std::fs::remove_dir(&lock);
+        } else if Instant::now() > deadline {
+            return Err(format!("{} stayed locked for 15 minutes", lock.display()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let result = (|| {
+        if std::fs::read_to_string(&marker).is_ok_and(|m| m == pinned) {
+            return Ok(dir.clone());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        install(&dir)?;
+        std::fs::write(&marker, pinned).map_err(|e| e.to_string())?;
+        Ok(dir.clone())
+    })();
+    let _ = std::fs::remove_dir(&lock);
+    result
+}
+
+/// Runs `cmd`; a failure says what it was and everything it printed.
+pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{what} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
