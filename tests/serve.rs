@@ -502,6 +502,19 @@ pub(crate) fn sdk_python() -> &'static Path {
     }
 }
 
+/// Runs an SDK script: it must exit 0 and say `passed` (the line it prints once every check
+/// held); else everything it printed is the failure.
+pub(crate) fn script_passes(cmd: &mut Command, passed: &str) {
+    let out = cmd.output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the script failed:\n{said}");
+    assert!(said.contains(passed), "{said}");
+}
+
 fn make_venv() -> Result<PathBuf, String> {
     let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/requirements.txt");
     let wanted = std::fs::read_to_string(&requirements).map_err(|e| e.to_string())?;
@@ -527,14 +540,7 @@ fn the_python_sdk_drives_the_server() {
     let python = sdk_python();
     let s = serve();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/drive.py");
-    let out = Command::new(python).arg(script).arg(&s.base).output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "the SDK script failed:\n{said}");
-    assert!(said.contains("sdk: every check passed"), "{said}");
+    script_passes(Command::new(python).arg(script).arg(&s.base), "sdk: every check passed");
 }
 
 /// A client that goes away cancels its run at the next step boundary, unless it asked for the
@@ -774,19 +780,10 @@ async fn input_and_state_updates_go_through_the_reducers() {
 /// Runs `tests/sdk/durable.py` against `s` with `args`.
 fn durable_py(s: &Server, args: &[String]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/durable.py");
-    let out = Command::new(sdk_python())
-        .arg(script)
-        .arg(&s.base)
-        .args(args)
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    script_passes(
+        Command::new(sdk_python()).arg(script).arg(&s.base).args(args),
+        "durable: every check passed",
     );
-    assert!(out.status.success(), "the SDK script failed:\n{said}");
-    assert!(said.contains("durable: every check passed"), "{said}");
 }
 
 /// The `id:` of each frame of an SSE body, and the `values` events' data.

@@ -339,14 +339,10 @@ fn the_python_sdk_drives_the_store() {
     let python = sdk_python();
     let s = serve();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/store.py");
-    let out = Command::new(python).arg(script).arg(&s.base).output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    super::serve::script_passes(
+        Command::new(python).arg(script).arg(&s.base),
+        "sdk store: every check passed",
     );
-    assert!(out.status.success(), "the SDK script failed:\n{said}");
-    assert!(said.contains("sdk store: every check passed"), "{said}");
 }
 
 /// `tests/sdk/js/` with `@langchain/langgraph-sdk` installed by `npm ci` from its lock file,
@@ -387,19 +383,13 @@ fn the_js_sdk_drives_the_server() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/js/drive.mjs");
     // The script is run from the install so that its imports resolve to the installed SDK.
     std::fs::copy(&script, dir.join("drive.mjs")).unwrap();
-    let out = Command::new("node")
-        .arg(dir.join("drive.mjs"))
-        .arg(&s.base)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    super::serve::script_passes(
+        Command::new("node")
+            .arg(dir.join("drive.mjs"))
+            .arg(&s.base)
+            .current_dir(dir),
+        "js sdk: every check passed",
     );
-    assert!(out.status.success(), "the JS SDK script failed:\n{said}");
-    assert!(said.contains("js sdk: every check passed"), "{said}");
 }
 
 /// SIGHUP reloads the folder: a new workflow is served, a changed one recompiled (its
