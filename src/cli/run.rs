@@ -92,6 +92,11 @@ pub(super) struct Common {
     /// (see docs/language.md) costs 0 unless given one here.
     #[arg(long = "price", value_name = "PROFILE=IN,OUT")]
     pub price: Vec<String>,
+    /// A model profile's context window in tokens, prompt and reply together: `PROFILE=TOKENS`,
+    /// e.g. `default=4096` for a `--model` served by `llama-server -c 4096`. A prompt that
+    /// would not fit is trimmed by its node's `fit` policy before the call.
+    #[arg(long = "model-context", value_name = "PROFILE=TOKENS")]
+    pub model_context: Vec<String>,
     /// Record every model call and web request with its response to this JSONL cassette;
     /// secrets are scrubbed.
     #[arg(long, value_name = "FILE", conflicts_with = "replay")]
@@ -140,6 +145,7 @@ impl Common {
             models: self.model.clone(),
             project_models: Vec::new(),
             prices: self.price.clone(),
+            contexts: self.model_context.clone(),
             allow_net: self.allow_net.clone(),
             allow_read: self.allow_read.clone(),
             lease_ttl: self.lease_ttl,

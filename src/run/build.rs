@@ -72,7 +72,12 @@ impl RunSettings {
             })
             .cloned()
             .collect();
-        let models = override_models(plan.models(), &[project, self.models.clone()].concat(), &self.prices)?;
+        let models = override_models(
+            plan.models(),
+            &[project, self.models.clone()].concat(),
+            &self.prices,
+            &self.contexts,
+        )?;
         let cassette = match &self.cassette {
             Some(CassetteOption::Record(path)) => Some(Arc::new(Cassette::record_with(path, self.env.credentials())?)),
             Some(CassetteOption::Replay(path)) => Some(Arc::new(Cassette::replay_with(path, self.env.credentials())?)),
@@ -129,11 +134,12 @@ fn recording(live: Providers, cassette: &Arc<Cassette>) -> Providers {
 }
 
 /// The plan's model profiles with `PROFILE=SPEC` overrides applied, then `PROFILE=IN,OUT`
-/// prices.
+/// prices and `PROFILE=TOKENS` context windows.
 fn override_models(
     models: &IndexMap<String, ModelProfile>,
     specs: &[String],
     prices: &[String],
+    contexts: &[String],
 ) -> Result<IndexMap<String, ModelProfile>, RunError> {
     let mut models = models.clone();
     for arg in specs {
@@ -150,6 +156,16 @@ fn override_models(
         let pricing = crate::providers::parse_price(price).map_err(RunError::Model)?;
         profile_mut(&mut models, name)?.pricing = Some(pricing);
     }
+    for arg in contexts {
+        let bad = || {
+            RunError::Model(format!(
+                "`{arg}` is not PROFILE=TOKENS (a context window, e.g. default=4096)"
+            ))
+        };
+        let (name, tokens) = arg.split_once('=').ok_or_else(bad)?;
+        let tokens = tokens.trim().parse::<u32>().ok().filter(|t| *t > 0).ok_or_else(bad)?;
+        profile_mut(&mut models, name)?.context = Some(tokens);
+    }
     Ok(models)
 }
 
@@ -158,7 +174,7 @@ impl RunSettings {
     /// `--model` points at a model whose price is unknown, so its calls count as costing
     /// nothing (and a cost cap never triggers).
     pub fn price_notes(&self, plan: &Plan) -> Vec<String> {
-        let Ok(models) = override_models(plan.models(), &self.models, &self.prices) else {
+        let Ok(models) = override_models(plan.models(), &self.models, &self.prices, &self.contexts) else {
             return Vec::new();
         };
         self.models

@@ -60,6 +60,8 @@ pub struct RunOptions {
     pub project_models: Vec<String>,
     /// `PROFILE=IN,OUT`: a profile's price per million prompt and completion tokens.
     pub prices: Vec<String>,
+    /// `PROFILE=TOKENS`: a profile's context window.
+    pub contexts: Vec<String>,
     /// Added to `RUNNER_ALLOW_NET`'s entries.
     pub allow_net: Vec<String>,
     /// Added to `RUNNER_ALLOW_READ`'s directories.

@@ -69,6 +69,8 @@ pub struct RunSettings {
     pub project_models: Vec<String>,
     /// `PROFILE=IN,OUT` prices, applied after `models`.
     pub prices: Vec<String>,
+    /// `PROFILE=TOKENS` context windows, applied after `models`.
+    pub contexts: Vec<String>,
     /// Added to every web request's allow-list.
     pub allow_net: AllowList,
     pub read_roots: ReadRoots,
@@ -110,6 +112,7 @@ impl RunOptions {
             models: self.models,
             project_models: self.project_models,
             prices: self.prices,
+            contexts: self.contexts,
             overrides: Overrides {
                 lease: LeasePolicy::Take {
                     ttl: lease_ttl.value,

@@ -371,3 +371,32 @@ fn a_model_override_keeps_states_or_takes_a_price() {
     let bad = with(&[], &["default=cheap"]).services(&plan).unwrap_err().to_string();
     assert!(bad.contains("is not IN,OUT"), "{bad}");
 }
+
+#[test]
+fn a_served_model_takes_its_context_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = plan(dir.path());
+    let with = |contexts: &[&str]| {
+        settings(
+            RunOptions {
+                mock: Some(MockOption::Empty),
+                models: vec!["default=llamacpp:any@http://127.0.0.1:9/v1".to_string()],
+                contexts: contexts.iter().map(|s| s.to_string()).collect(),
+                ..RunOptions::default()
+            },
+            &[],
+        )
+        .services(&plan)
+        .map(|services| services.providers.get("default").unwrap().1.context)
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(with(&[]), Ok(None));
+    // The window the fit policy trims prompts to is the one given for the served model.
+    assert_eq!(with(&["default=4096"]), Ok(Some(4096)));
+    for bad in ["default=0", "default=big", "default"] {
+        let e = with(&[bad]).unwrap_err();
+        assert!(e.contains("is not PROFILE=TOKENS"), "{bad}: {e}");
+    }
+    let e = with(&["fast=4096"]).unwrap_err();
+    assert!(e.contains("no model profile `fast`"), "{e}");
+}
