@@ -54,9 +54,10 @@ const MAX_BATCH: usize = 1024;
 /// Read connections kept open between reads; more are opened under load and closed after.
 const MAX_IDLE_READERS: usize = 8;
 
-/// A new file's schema: what a version 1 file becomes with [`MIGRATE_2`], written directly
-/// (the migration's `ALTER TABLE … DROP COLUMN`s rewrite the table and reread the schema each:
-/// most of creating a file). A test holds the two to the same tables, columns and indexes.
+/// A new file's schema, with [`TABLES_2`]: what a version 1 file becomes with [`MIGRATE_2`],
+/// written directly (the migration's `ALTER TABLE … DROP COLUMN`s rewrite the table and reread
+/// the schema each: most of creating a file). A test holds the two to the same tables, columns
+/// and indexes.
 const SCHEMA: &str = "
 CREATE TABLE threads (
     thread_id TEXT PRIMARY KEY NOT NULL,
@@ -103,6 +104,10 @@ CREATE TABLE writes (
     PRIMARY KEY (thread_id, checkpoint_id, task_id, idx),
     FOREIGN KEY (thread_id, checkpoint_id) REFERENCES checkpoints (thread_id, checkpoint_id)
 ) STRICT;
+";
+
+/// The tables version 2 added: a new file and a migrated one create them from this one text.
+const TABLES_2: &str = "
 CREATE TABLE thread_inputs (
     thread_id TEXT PRIMARY KEY NOT NULL REFERENCES threads (thread_id),
     input TEXT NOT NULL,
@@ -118,22 +123,10 @@ CREATE TABLE blob_refs (
 CREATE INDEX blob_refs_by_hash ON blob_refs (hash);
 ";
 
-/// Version 2: a thread's input, context and config move out of its (often updated) row.
+/// Version 2: a thread's input, context and config move out of its (often updated) row (after
+/// [`TABLES_2`]).
 const MIGRATE_2: &str = "
-CREATE TABLE thread_inputs (
-    thread_id TEXT PRIMARY KEY NOT NULL REFERENCES threads (thread_id),
-    input TEXT NOT NULL,
-    context TEXT NOT NULL,
-    config TEXT NOT NULL
-) STRICT;
 INSERT INTO thread_inputs (thread_id, input, context, config) SELECT thread_id, input, context, config FROM threads;
-CREATE TABLE blobs (hash TEXT PRIMARY KEY NOT NULL, text TEXT NOT NULL) STRICT;
-CREATE TABLE blob_refs (
-    thread_id TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    PRIMARY KEY (thread_id, hash)
-) STRICT, WITHOUT ROWID;
-CREATE INDEX blob_refs_by_hash ON blob_refs (hash);
 ALTER TABLE threads DROP COLUMN input;
 ALTER TABLE threads DROP COLUMN context;
 ALTER TABLE threads DROP COLUMN config;
@@ -1153,7 +1146,9 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     // this transaction.
     if version == 0 {
         tx.execute_batch(SCHEMA)?;
+        tx.execute_batch(TABLES_2)?;
     } else if version < 2 {
+        tx.execute_batch(TABLES_2)?;
         tx.execute_batch(MIGRATE_2)?;
     }
     if version < SCHEMA_VERSION {
