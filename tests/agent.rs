@@ -230,27 +230,12 @@ fn runner() -> Command {
     Command::new(assert_cmd::cargo::cargo_bin("runner"))
 }
 
-/// `runner validate` on the files: its exit code and report.
-fn validate(files: &[(&str, &str)]) -> (i32, String) {
-    let p = Project::new(files);
-    let out = runner()
-        .args(["validate", p.path("w.yaml").to_str().unwrap()])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
-
 #[test]
 fn validate_reports_an_agents_unknown_tools_and_reviews_at_their_lines() {
-    let (code, out) = validate(&[("w.yaml", &workflow(MOCK, "")), ("define.yaml", DEFINE)]);
+    let (code, out) = super::tools::validate(&[("w.yaml", &workflow(MOCK, "")), ("define.yaml", DEFINE)]);
     assert_eq!(code, 0, "{out}");
     let text = workflow(MOCK, "    review: [defin]\n").replace("tools: [define]", "tools: [defne]");
-    let (code, out) = validate(&[("w.yaml", &text), ("define.yaml", DEFINE)]);
+    let (code, out) = super::tools::validate(&[("w.yaml", &text), ("define.yaml", DEFINE)]);
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("E217") && out.contains("no tool `defne`"), "{out}");
     assert!(out.contains("`defin` is not one of this agent's tools"), "{out}");
@@ -495,13 +480,13 @@ nodes:
   act: {kind: tools, tools: [define], review: [defne], update: {messages: output}}
 edges: [START -> act -> END]
 "#;
-    let (code, out) = validate(&[("w.yaml", text), ("define.yaml", DEFINE)]);
+    let (code, out) = super::tools::validate(&[("w.yaml", text), ("define.yaml", DEFINE)]);
     assert_ne!(code, 0, "{out}");
     assert!(
         out.contains("E217") && out.contains("`defne` is not one of the tools this node runs"),
         "{out}"
     );
-    let (code, out) = validate(&[
+    let (code, out) = super::tools::validate(&[
         ("w.yaml", &text.replace("[defne]", "[define]")),
         ("define.yaml", DEFINE),
     ]);
@@ -511,7 +496,7 @@ edges: [START -> act -> END]
 #[test]
 fn an_agents_problems_are_reported_once_in_the_file_as_written() {
     let text = workflow(MOCK, "    model: smrt\n    output: {schema: {type: objct}}\n");
-    let (code, out) = validate(&[("w.yaml", &text), ("define.yaml", DEFINE)]);
+    let (code, out) = super::tools::validate(&[("w.yaml", &text), ("define.yaml", DEFINE)]);
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("smrt"), "{out}");
     assert!(

@@ -10,12 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 
-use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::compile::Plan;
-use runner::engine::events::Events;
-use runner::engine::{Engine, RunOutcome, RunRequest, Status};
-use runner::providers::Providers;
-use runner::providers::mock::MockProvider;
+use runner::engine::{RunOutcome, Status};
 use serde_json::{Value, json};
 
 use crate::support::Project;
@@ -114,21 +110,7 @@ fn validate(p: &Project, file: &str) -> (i32, Vec<String>) {
 }
 
 fn run(plan: &Arc<Plan>, script: Value) -> RunOutcome {
-    let mock = Arc::new(MockProvider::from_value(&script).unwrap());
-    let providers = Providers::for_models(plan.models(), Some(mock), true).unwrap();
-    let (events, _rx) = Events::channel();
-    let engine = Engine::new(plan.clone(), Arc::new(MemoryCheckpointer::new()), providers, events);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let req = RunRequest {
-        input: Some(json!({"q": "use the tools"})),
-        workflow: "w.yaml".into(),
-        ..RunRequest::default()
-    };
-    rt.block_on(engine.run(req)).unwrap()
+    super::tools::run(plan, script, json!({"q": "use the tools"})).0
 }
 
 /// The tool messages of a finished run: (name, status, content).

@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 use crate::support::fake_llm::{FakeLlm, Reply};
 use crate::support::{Project, fake_web};
 
-fn run(plan: &Arc<Plan>, script: Value, input: Value) -> (RunOutcome, Arc<MockProvider>) {
+/// Runs `plan` in memory on the scripted mock `script` with `input`: the outcome and the mock.
+pub(crate) fn run(plan: &Arc<Plan>, script: Value, input: Value) -> (RunOutcome, Arc<MockProvider>) {
     let mock = Arc::new(MockProvider::from_value(&script).unwrap());
     let providers = Providers::for_models(plan.models(), Some(mock.clone()), true).unwrap();
     let (events, _rx) = Events::channel();
@@ -295,8 +296,8 @@ fn a_call_that_outlives_its_tools_timeout_is_an_error_message() {
     );
 }
 
-/// `runner validate` on `text` (as `w.yaml` in a temp dir): its exit code and JSON report.
-fn validate(files: &[(&str, &str)]) -> (i32, String) {
+/// `runner validate` on `w.yaml` of the files (in a temp dir): its exit code and report.
+pub(crate) fn validate(files: &[(&str, &str)]) -> (i32, String) {
     let p = Project::new(files);
     let out = Command::new(assert_cmd::cargo::cargo_bin("runner"))
         .args(["validate", p.path("w.yaml").to_str().unwrap()])
