@@ -53,10 +53,17 @@ async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
             &s,
             "/threads/chat-1/runs/stream",
             json!({"assistant_id": "rag", "input": {"question": question, "mode": "chat"},
-                   "stream_mode": ["messages-tuple", "values"], "if_not_exists": "create"}),
+                   "stream_mode": ["messages-tuple", "values", "custom"], "if_not_exists": "create"}),
         )
         .await;
         assert_eq!(events[0].0, "metadata");
+        // The seed's `status` events, as `custom` events the UI shows as progress.
+        let stages: Vec<&str> = events
+            .iter()
+            .filter(|(e, d)| e == "custom" && d["event"] == "status")
+            .filter_map(|(_, d)| d["data"]["stage"].as_str())
+            .collect();
+        assert_eq!(stages, ["analyzing", "generating"], "turn {turn}: {events:?}");
         let chunks: Vec<&Value> = events.iter().filter(|(e, _)| e == "messages").map(|(_, d)| d).collect();
         let text: String = chunks
             .iter()

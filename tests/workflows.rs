@@ -317,11 +317,18 @@ fn mindmap_reports_a_failed_analysis_and_stops() {
 
 const RAG_ANSWER: &str = "Hello! How can I help with your documents today?";
 
-/// A chat turn: router -> generator, the answer streamed as tokens and added to the messages.
+/// A chat turn: router -> generator (each stage announced by a status event), the answer
+/// streamed as tokens and added to the messages.
 fn assert_chat_turn(r: &Run, question: &str) {
     assert_eq!(
         r.route(),
-        route(&[&["router"], &["generator"]]),
+        route(&[
+            &["analyzing"],
+            &["router"],
+            &["generating"],
+            &["generator"],
+            &["cite_sources"]
+        ]),
         "no retrieval for a chat turn"
     );
     assert_eq!(r.output["intent"], "chat");

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use indexmap::IndexMap;
 
 use super::{exit, store};
 use crate::compile::compile_file;
@@ -12,15 +13,17 @@ use crate::providers::{Embedder, Providers};
 use crate::rag::chunk::Chunking;
 use crate::rag::embed::HashedEmbedder;
 use crate::rag::{DataStore, index};
+use crate::spec::ModelProfile;
 
-/// Index documents (txt, md, html) for `retrieve` nodes.
+/// Index documents (txt, md, html, pdf) for `retrieve` nodes.
 ///
 /// Directories are walked (hidden entries skipped). A file indexed before is skipped when its
 /// content is unchanged and replaced when it changed. Without `--embeddings` the offline
 /// hashed bag-of-words embedder is used (lexical, not semantic); an index answers only to the
-/// embedder that built it.
+/// embedder that built it. `--model` serves a profile from another model, as for `runner run`
+/// (without `--workflow` it defines the profile `--embeddings` names).
 ///
-/// Example: runner index docs/ --index docs
+/// Example: runner index docs/ --index docs --workflow rag.yaml --embeddings embed --model embed=ollama:nomic-embed-text
 #[derive(clap::Args, Debug)]
 pub(super) struct Args {
     /// Files and directories to index.
@@ -41,42 +44,25 @@ pub(super) struct Args {
     /// The workflow whose model profiles `--embeddings` names.
     #[arg(long, value_name = "FILE", requires = "embeddings")]
     workflow: Option<PathBuf>,
-    /// The model profile that embeds (needs `--workflow`); default: the offline embedder.
-    #[arg(long, value_name = "PROFILE", requires = "workflow")]
+    /// The model profile that embeds (from `--workflow` or `--model`); default: the offline
+    /// embedder.
+    #[arg(long, value_name = "PROFILE")]
     embeddings: Option<String>,
+    /// Serve a model profile from another model: `PROFILE=PROVIDER:MODEL[@URL]`, as for
+    /// `runner run` (e.g. `embed=ollama:nomic-embed-text`). The index then records that model,
+    /// so `runner run` must serve the profile the same way.
+    #[arg(long = "model", value_name = "PROFILE=SPEC", requires = "embeddings")]
+    model: Vec<String>,
     /// Drop the index first (e.g. to rebuild it with another embedder).
     #[arg(long)]
     reset: bool,
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
-    let embedder: Arc<dyn Embedder> = match (&args.workflow, &args.embeddings) {
-        (Some(file), Some(profile)) => {
-            let (plan, _) = compile_file(file, &crate::nodes::builtin().decls());
-            let Some(plan) = plan else {
-                bail!(
-                    "{} does not compile (see `runner validate {}`)",
-                    file.display(),
-                    file.display()
-                );
-            };
-            if !plan.models().contains_key(profile) {
-                bail!("{} declares no model profile `{profile}`", file.display());
-            }
-            let providers = Providers::for_models(plan.models(), None, false)?;
-            match providers.embedder(profile) {
-                Some(e) => e,
-                None => {
-                    eprintln!("note: profile `{profile}` serves no embeddings; using the offline lexical embedder");
-                    Arc::new(HashedEmbedder)
-                }
-            }
-        }
-        _ => Arc::new(HashedEmbedder),
-    };
+    let embedder = embedder(&args)?;
     let files = index::collect_files(&args.paths).map_err(anyhow::Error::msg)?;
     if files.is_empty() {
-        bail!("no documents (.txt, .md, .html) under {}", show(&args.paths));
+        bail!("no documents (.txt, .md, .html, .pdf) under {}", show(&args.paths));
     }
     let db = store::data_db_path(args.data_db.as_deref())?;
     let data = DataStore::at(&db);
@@ -135,6 +121,80 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     } else {
         exit::INVALID
     })
+}
+
+/// The embedder `--embeddings` names: a profile of `--workflow`, with `--model` overrides
+/// applied, or one `--model` defines; the offline embedder when none is named.
+fn embedder(args: &Args) -> anyhow::Result<Arc<dyn Embedder>> {
+    let Some(profile) = &args.embeddings else {
+        return Ok(Arc::new(HashedEmbedder));
+    };
+    let mut models: IndexMap<String, ModelProfile> = match &args.workflow {
+        Some(file) => {
+            let (plan, _) = compile_file(file, &crate::nodes::builtin().decls());
+            let Some(plan) = plan else {
+                bail!(
+                    "{} does not compile (see `runner validate {}`)",
+                    file.display(),
+                    file.display()
+                );
+            };
+            plan.models().clone()
+        }
+        None => IndexMap::new(),
+    };
+    for arg in &args.model {
+        let Some((name, spec)) = arg.split_once('=') else {
+            bail!("`{arg}` is not PROFILE=PROVIDER:MODEL[@URL]");
+        };
+        let base = match models.get(name) {
+            Some(p) => p.clone(),
+            None if args.workflow.is_none() => blank_profile(),
+            None => bail!(
+                "{} declares no model profile `{name}`",
+                args.workflow
+                    .as_deref()
+                    .map_or_else(String::new, |f| f.display().to_string())
+            ),
+        };
+        let overridden = crate::providers::override_profile(&base, spec).map_err(anyhow::Error::msg)?;
+        models.insert(name.to_string(), overridden);
+    }
+    if !models.contains_key(profile) {
+        match &args.workflow {
+            Some(file) => bail!("{} declares no model profile `{profile}`", file.display()),
+            None => bail!(
+                "no model profile `{profile}`: name a `--workflow` that declares it, or define it with `--model {profile}=PROVIDER:MODEL`"
+            ),
+        }
+    }
+    let providers = Providers::for_models(&models, None, false)?;
+    Ok(match providers.embedder(profile) {
+        Some(e) => e,
+        None => {
+            eprintln!("note: profile `{profile}` serves no embeddings; using the offline lexical embedder");
+            Arc::new(HashedEmbedder)
+        }
+    })
+}
+
+/// A profile with nothing set, for `--model` to fill in.
+fn blank_profile() -> ModelProfile {
+    ModelProfile {
+        provider: crate::spec::Provider::Mock,
+        model: String::new(),
+        base_url: None,
+        api_key_env: None,
+        api_version: None,
+        temperature: None,
+        max_tokens: None,
+        context: None,
+        pricing: None,
+        timeout: None,
+        idle_timeout: None,
+        max_reply_bytes: None,
+        options: IndexMap::new(),
+    }
 }
 
 fn show(paths: &[PathBuf]) -> String {

@@ -170,7 +170,8 @@ pub(super) struct RunArgs {
     /// The workflow file.
     file: PathBuf,
     /// An input field: `key=value` (JSON if it parses as JSON, else a string; `@path` reads a
-    /// file, `@-` standard input).
+    /// file, `@-` standard input; `@@text` is the text `@text`, e.g. `question=@@guide.md what
+    /// changed?`).
     #[arg(long = "input", short = 'i', value_name = "KEY=VALUE")]
     input: Vec<String>,
     /// The whole input from a JSON or YAML file (`-`: standard input).
@@ -467,14 +468,20 @@ fn execute(
     })
 }
 
-/// `key=value`: the value as JSON if it parses, else a string; `@path` reads a file as text.
+/// `key=value`: the value as JSON if it parses, else a string; `@path` reads a file as text;
+/// `@@text` is the text `@text` as it is (a value that starts with `@`, such as a question
+/// mentioning `@file.md`).
 pub fn parse_kv(kv: &str) -> anyhow::Result<(String, Value)> {
     let (k, v) = kv.split_once('=').with_context(|| format!("`{kv}` is not KEY=VALUE"))?;
     if k.is_empty() {
         bail!("`{kv}` has no key");
     }
-    let value = if let Some(path) = v.strip_prefix('@') {
-        Value::String(read_text_arg(path)?)
+    let value = if let Some(text) = v.strip_prefix("@@") {
+        Value::String(format!("@{text}"))
+    } else if let Some(path) = v.strip_prefix('@') {
+        Value::String(read_text_arg(path).with_context(|| {
+            format!("`{k}=@{path}` reads a file; to pass text that starts with `@`, write `{k}=@@{path}`")
+        })?)
     } else {
         serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()))
     };

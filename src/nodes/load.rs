@@ -1,7 +1,7 @@
 //! `load`: reads one document from a path (relative to the current directory; inside the
 //! workflow's directory tree or a root the run allows with `--allow-read`) or an http(s) URL
 //! (through the run's guarded web client). `output` is `{content, title, source, bytes, format}`: text for text, Markdown and HTML
-//! (markup removed), the parsed value for JSON. PDF is refused (unsupported in this build).
+//! (markup removed), the parsed value for JSON. PDF as its text, pages separated by form feeds.
 
 use std::path::Path;
 

@@ -1,7 +1,8 @@
 //! Rerankers for `retrieve`: `rrf` (the fused rank as it is), `none` (vector similarity
 //! order), `{llm: PROFILE}` (a model scores every candidate 0–10 in one call) and `{url: ...}`
-//! (a Cohere/Jina/TEI-style `/rerank` endpoint, reached through the run's web client). A model or endpoint that fails leaves the RRF
-//! order, and the failure is returned so the node can report it.
+//! (a cross-encoder behind a `/rerank` endpoint as text-embeddings-inference, Infinity, Jina
+//! and Cohere serve it, reached through the run's web client). A model or endpoint that fails
+//! leaves the RRF order, and the failure is returned so the node can report it.
 
 use serde_json::{Value, json};
 
@@ -46,7 +47,7 @@ pub(super) async fn rerank(
         Rerank::Named(RerankName::Rrf) => return (by_rrf(), None),
         Rerank::Named(RerankName::None) => Ok(hits.iter().map(|h| h.cosine).collect()),
         Rerank::Llm { llm } => by_llm(ctx, llm, queries, hits, usage).await,
-        Rerank::Http { url } => by_endpoint(&ctx.services.web, url, queries, hits).await,
+        Rerank::Http { url, model } => by_endpoint(&ctx.services.web, url, model.as_deref(), queries, hits).await,
     };
     match scores {
         Ok(scores) => {
@@ -178,15 +179,31 @@ pub(super) fn parse_scores(text: &str, n: usize) -> Option<Vec<f64>> {
     any.then_some(scores)
 }
 
-/// POSTs `{query, documents, top_n}` to a rerank endpoint; reads `{results: [{index,
-/// relevance_score}]}` (Cohere, Jina) or `[{index, score}]` (TEI).
-async fn by_endpoint(web: &Web, url: &str, queries: &[String], hits: &[Hit]) -> Result<Vec<f64>, String> {
-    let body = json!({
+/// POSTs the first query and the candidates to a cross-encoder's rerank endpoint, in one body
+/// both dialects read: `texts`, `truncate` and `raw_scores` for text-embeddings-inference;
+/// `documents`, `top_n`, `return_documents` (and `model`) for Infinity, Jina and Cohere.
+/// Reads `{results: [{index, relevance_score}]}` (Infinity, Jina, Cohere) or `[{index,
+/// score}]` (TEI), in any order; a candidate the reply leaves out ranks last.
+async fn by_endpoint(
+    web: &Web,
+    url: &str,
+    model: Option<&str>,
+    queries: &[String],
+    hits: &[Hit],
+) -> Result<Vec<f64>, String> {
+    let texts: Vec<String> = hits.iter().map(|h| h.chunk.text.clone()).collect();
+    let mut body = json!({
         "query": queries.first().cloned().unwrap_or_default(),
-        "documents": hits.iter().map(|h| h.chunk.text.clone()).collect::<Vec<_>>(),
-        "texts": hits.iter().map(|h| h.chunk.text.clone()).collect::<Vec<_>>(),
+        "documents": texts,
+        "texts": texts,
         "top_n": hits.len(),
+        "return_documents": false,
+        "truncate": true,
+        "raw_scores": false,
     });
+    if let Some(m) = model {
+        body["model"] = Value::String(m.to_string());
+    }
     // The endpoint is written in the workflow: its host is trusted, as an http node's is.
     let mut allow = AllowList::default();
     if let Some(parsed) = url::Url::parse(url).ok()

@@ -1,7 +1,9 @@
-//! `retrieve`: hybrid search over an index for every query, restricted to named documents if
-//! asked, reranked, cut to `top_k`, then widened with each targeted document's leading chunks
-//! and each hit's neighbours. `output` is `{chunks: [{id, document, text, score, position,
-//! heading?}], best_score, best_distance}`.
+//! `retrieve`: hybrid search over an index for every query, each restricted to its documents
+//! if asked, reranked, cut to `top_k`, then widened with each targeted document's leading
+//! chunks and each hit's neighbours. Query vectors go through the embedding cache; the best
+//! distance is also given as a relevance calibrated for the index's embedder. `output` is
+//! `{chunks: [{id, document, text, score, position, heading?, page?}], best_score,
+//! best_distance, relevance, calibration}`.
 
 use std::collections::HashSet;
 
@@ -14,19 +16,22 @@ use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape};
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::error_class::ErrorClass;
 use crate::providers::Usage;
-use crate::rag::embed::{choose, normalize};
+use crate::rag::embed::choose;
 use crate::rag::search::{self, ChunkRow, Request};
 use crate::rag::{DataError, DataStore};
+use crate::rag::{cache, calibrate};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Hybrid (keyword + vector) search over a named index.
-/// `output` is `{chunks: [{id, document, text, score, position}], best_score, best_distance}`.
+/// `output` is `{chunks: [{id, document, text, score, position, heading?, page?}], best_score,
+/// best_distance, relevance, calibration}`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 pub(super) struct RetrieveNode {
     /// The index name.
     pub index: String,
-    /// Expression yielding a query or a list of queries (searched in parallel).
+    /// Expression yielding a query or a list of queries (searched in parallel); a query may be
+    /// an object `{query, documents}` restricted to its own documents.
     pub queries: String,
     /// Expression yielding document names to restrict the search to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,10 +64,14 @@ pub(super) enum Rerank {
         /// The model profile that scores.
         llm: String,
     },
-    /// A `/rerank` HTTP endpoint.
+    /// A cross-encoder served over HTTP: `POST /rerank` as text-embeddings-inference,
+    /// Infinity, Jina or Cohere serve it.
     Http {
-        /// The endpoint URL.
+        /// The endpoint URL (e.g. `http://127.0.0.1:8080/rerank`).
         url: String,
+        /// The model name, for servers that host several (Infinity, Jina, Cohere).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
     },
 }
 
@@ -106,7 +115,7 @@ impl KindDecl for Retrieve {
         let config = Config { n, queries, documents };
         Some((
             KindConfig::new(config),
-            Shape::fields(&["chunks", "best_score", "best_distance"]),
+            Shape::fields(&["chunks", "best_score", "best_distance", "relevance", "calibration"]),
         ))
     }
 }
@@ -123,14 +132,17 @@ impl NodeKind for Retrieve {
 
 async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
     let spec = &config.n;
-    let queries: Vec<String> = strings(value(ctx, config.queries, "/queries")?.unwrap_or(Value::Null))
-        .into_iter()
-        .map(|q| q.trim().to_string())
-        .filter(|q| !q.is_empty())
+    let documents = strings(value(ctx, config.documents, "/documents")?.unwrap_or(Value::Null));
+    let planned = planned_queries(
+        value(ctx, config.queries, "/queries")?.unwrap_or(Value::Null),
+        &documents,
+    );
+    let queries: Vec<String> = planned
+        .iter()
+        .map(|(q, _)| q.clone())
         .collect::<indexmap::IndexSet<_>>()
         .into_iter()
         .collect();
-    let documents = strings(value(ctx, config.documents, "/documents")?.unwrap_or(Value::Null));
     let top_k = spec.top_k.unwrap_or(5).max(1) as usize;
     let rerank = spec.rerank.clone().unwrap_or(Rerank::Named(RerankName::Rrf));
     let candidates = match rerank {
@@ -138,30 +150,56 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         _ => (top_k * 4).max(20),
     };
     let embedder = choose(&ctx.services.providers, spec.embeddings.as_deref());
+    let data = &ctx.services.data;
     let mut usage = Usage::default();
-    let mut vectors = Vec::new();
-    if !queries.is_empty() {
-        let e = embedder
-            .embed(&queries)
-            .await
-            .map_err(|e| NodeError::new(e.class(), format!("embedding the queries: {e}")))?;
-        usage.add(&e.usage);
-        vectors = e.vectors;
-        vectors.iter_mut().for_each(|v| normalize(v));
+    let embedded = cache::embed(data, embedder.as_ref(), &queries)
+        .await
+        .map_err(|e| embed_error(e, "embedding the queries"))?;
+    usage.add(&embedded.usage);
+    let vector_of: std::collections::HashMap<&str, &Vec<f32>> =
+        queries.iter().map(String::as_str).zip(&embedded.vectors).collect();
+    // One search per document restriction, each with the queries planned for it.
+    let mut groups: indexmap::IndexMap<Vec<String>, Vec<(String, Vec<f32>)>> = indexmap::IndexMap::new();
+    for (q, docs) in &planned {
+        let group = groups.entry(docs.clone()).or_default();
+        if !group.iter().any(|(t, _)| t == q)
+            && let Some(v) = vector_of.get(q.as_str())
+        {
+            group.push((q.clone(), (*v).clone()));
+        }
     }
-    let request = Request {
-        index: spec.index.clone(),
-        embedder: embedder.id().to_string(),
-        queries: queries.iter().cloned().zip(vectors).collect(),
-        documents: documents.clone(),
-        candidates,
-    };
-    let found = ctx
-        .services
-        .data
-        .with(move |c| search::search(c, &request))
+    let mut requests: Vec<Request> = groups
+        .into_iter()
+        .map(|(docs, queries)| Request {
+            index: spec.index.clone(),
+            embedder: embedder.id().to_string(),
+            queries,
+            documents: docs,
+            candidates,
+        })
+        .collect();
+    if requests.is_empty() {
+        requests.push(Request {
+            index: spec.index.clone(),
+            embedder: embedder.id().to_string(),
+            queries: Vec::new(),
+            documents: documents.clone(),
+            candidates,
+        });
+    }
+    let found = data
+        .with(move |c| search::search_all(c, &requests))
         .await
         .map_err(|e| data_error(e).spent(usage))?;
+    let calibration = match found.best_distance {
+        Some(_) => calibration(data, embedder.as_ref(), &spec.index, &mut usage)
+            .await
+            .map_err(|e| e.spent(usage))?,
+        None => None,
+    };
+    let relevance = found
+        .best_distance
+        .map(|d| calibrate::relevance(calibration.as_ref(), 1.0 - d));
 
     let (mut ranked, failure) = rerank::rerank(ctx, &rerank, &queries, &found.hits, &mut usage).await;
     if let Some(err) = &failure {
@@ -176,7 +214,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
 
     let intro = spec.intro_chunks.unwrap_or(0) as i64;
     let around = i64::from(spec.neighbours.unwrap_or(0));
-    let targeted = if documents.is_empty() {
+    let targeted = if planned.iter().all(|(_, d)| d.is_empty()) && documents.is_empty() {
         Vec::new()
     } else {
         found.documents.clone()
@@ -188,11 +226,88 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         "chunks": chunks,
         "best_score": best_score,
         "best_distance": found.best_distance,
+        "relevance": relevance,
+        "calibration": calibration.map(|k| json!({"matching": k.matching, "unrelated": k.unrelated, "samples": k.samples})),
     });
     if let Some(err) = failure {
         output["rerank_error"] = Value::String(err);
     }
     Ok(NodeOutput { output, usage })
+}
+
+/// The queries and the documents each is restricted to: a query is a string (restricted to
+/// the node's `documents`) or an object `{query, documents}` (e.g. a search plan's entry,
+/// restricted to its own documents, or to the node's when it names none).
+fn planned_queries(v: Value, documents: &[String]) -> Vec<(String, Vec<String>)> {
+    let items = match v {
+        Value::Array(items) => items,
+        Value::Null => Vec::new(),
+        other => vec![other],
+    };
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for item in items {
+        let (texts, docs) = match item {
+            Value::Object(mut o) => {
+                let own = strings(o.remove("documents").unwrap_or(Value::Null));
+                let text = o.remove("query").unwrap_or(Value::Null);
+                (strings(text), own)
+            }
+            other => (strings(other), Vec::new()),
+        };
+        let mut docs: Vec<String> = docs
+            .into_iter()
+            .map(|d| d.trim().to_string())
+            .filter(|d| !d.is_empty())
+            .collect();
+        if docs.is_empty() {
+            docs = documents.to_vec();
+        }
+        docs.sort();
+        docs.dedup();
+        for t in texts {
+            let t = t.trim().to_string();
+            if !t.is_empty() && !out.iter().any(|(q, d)| *q == t && *d == docs) {
+                out.push((t, docs.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The index's relevance calibration, computed (one embedding call for its pseudo-queries)
+/// when the index changed since it was last computed.
+async fn calibration(
+    data: &DataStore,
+    embedder: &dyn crate::providers::Embedder,
+    index: &str,
+    usage: &mut Usage,
+) -> Result<Option<calibrate::Calibration>, NodeError> {
+    let ix = index.to_string();
+    let samples = match data
+        .with(move |c| calibrate::stored(c, &ix))
+        .await
+        .map_err(data_error)?
+    {
+        calibrate::Stored::Current(known) => return Ok(known),
+        calibrate::Stored::Stale(samples) => samples,
+    };
+    let texts: Vec<String> = samples.iter().map(|s| s.query.clone()).collect();
+    let embedded = cache::embed(data, embedder, &texts)
+        .await
+        .map_err(|e| embed_error(e, "calibrating the index"))?;
+    usage.add(&embedded.usage);
+    let ix = index.to_string();
+    data.with(move |c| calibrate::compute(c, &ix, &samples, &embedded.vectors))
+        .await
+        .map_err(data_error)
+}
+
+fn embed_error(e: cache::EmbedError, doing: &str) -> NodeError {
+    match e {
+        cache::EmbedError::Provider(e) => NodeError::new(e.class(), format!("{doing}: {e}")),
+        cache::EmbedError::Data(e) => data_error(e),
+        other => NodeError::new(ErrorClass::Server, format!("{doing}: {other}")),
+    }
 }
 
 /// Intro chunks of the targeted documents first, then each hit with its neighbours in
@@ -246,6 +361,9 @@ fn chunk_json(row: &ChunkRow, score: f64) -> Value {
     });
     if let Some(h) = &row.heading {
         v["heading"] = Value::String(h.clone());
+    }
+    if let Some(p) = row.page {
+        v["page"] = json!(p);
     }
     v
 }

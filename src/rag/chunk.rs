@@ -3,6 +3,8 @@
 //! cut only when it alone is longer than a chunk). Markdown is split by section first, and each
 //! chunk keeps its heading path (`Guide > Install > Linux`).
 
+use super::extract::PAGE_BREAK;
+
 /// Chunk sizes, in characters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Chunking {
@@ -57,6 +59,16 @@ pub fn split(text: &str, markdown: bool, c: Chunking) -> Vec<Chunk> {
             heading: None,
         }]
     };
+    // Text with form feeds (extracted PDF) has pages: a chunk is on the page it starts on.
+    let breaks: Vec<usize> = chars
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c == PAGE_BREAK)
+        .map(|(i, _)| i)
+        .collect();
+    let page = |start: usize| {
+        (!breaks.is_empty()).then(|| u32::try_from(breaks.partition_point(|b| *b < start) + 1).unwrap_or(u32::MAX))
+    };
     let mut out = Vec::new();
     for s in sections {
         // A heading directly followed by a sub-heading: the sub-section carries its path.
@@ -67,7 +79,7 @@ pub fn split(text: &str, markdown: bool, c: Chunking) -> Vec<Chunk> {
             out.push(Chunk {
                 position: out.len(),
                 heading: s.heading.clone(),
-                page: None,
+                page: page(start),
                 start,
                 end,
                 text: chars[start..end].iter().collect(),

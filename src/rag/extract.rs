@@ -1,7 +1,7 @@
 //! Documents to text: plain text and Markdown as they are, HTML as Markdown (through an HTML5
 //! parser: headings, code blocks, lists and tables kept; scripts, styles, navigation and
-//! footers dropped), JSON parsed. PDF is not supported by this build: it is refused with a
-//! clear error.
+//! footers dropped), JSON parsed, PDF through `pdf-extract` page by page (pages separated by
+//! a form feed, which chunking turns into page numbers).
 
 use std::path::Path;
 
@@ -79,9 +79,7 @@ pub struct Extracted {
 /// Extracts the text of a document (JSON is returned as its text; callers parse it).
 pub fn extract(bytes: &[u8], format: Format) -> Result<Extracted, String> {
     match format {
-        Format::Pdf => {
-            Err("PDF documents are not supported by this build; convert them to text or Markdown first".into())
-        }
+        Format::Pdf => pdf_to_text(bytes),
         Format::Html => {
             let html = String::from_utf8_lossy(bytes);
             Ok(html_to_text(&html))
@@ -98,6 +96,32 @@ pub fn extract(bytes: &[u8], format: Format) -> Result<Extracted, String> {
             Ok(Extracted { text, title })
         }
     }
+}
+
+/// The page separator in extracted PDF text (as `pdftotext` writes it).
+pub const PAGE_BREAK: char = '\u{c}';
+
+/// A PDF's text, its pages separated by [`PAGE_BREAK`]; the title from its first non-empty line.
+/// The parser can panic on malformed files: a document is untrusted input, so a panic is
+/// caught and reported as this document's failure rather than ending the run.
+fn pdf_to_text(bytes: &[u8]) -> Result<Extracted, String> {
+    let pages = std::panic::catch_unwind(|| pdf_extract::extract_text_from_mem_by_pages(bytes))
+        .map_err(|_| "the PDF could not be parsed".to_string())?
+        .map_err(|e| format!("the PDF could not be read: {e}"))?;
+    let pages: Vec<String> = pages.iter().map(|p| tidy(&p.replace('\r', "\n"))).collect();
+    let text = pages.join(&format!("\n{PAGE_BREAK}\n"));
+    if text
+        .trim_matches(|c: char| c.is_whitespace() || c == PAGE_BREAK)
+        .is_empty()
+    {
+        return Err("the PDF has no text layer (a scan?); run OCR on it first".into());
+    }
+    let title = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with(PAGE_BREAK))
+        .map(str::to_string);
+    Ok(Extracted { text, title })
 }
 
 /// Elements that are not the document's content.

@@ -1,12 +1,15 @@
 //! The data store: one SQLite file holding search indexes (chunks, an FTS5 keyword index,
 //! vectors) and long-term memory (JSON values by namespace and key), and what fills and reads
-//! it: text extraction, chunking, the offline embedder, hybrid search.
+//! it: text extraction, chunking, the offline embedder, the query-embedding cache, relevance
+//! calibration, hybrid search.
 //!
 //! The file is opened on first use, so runs that never index, retrieve or store never touch
 //! it. SQLite calls block: nodes run them through [`DataStore::with`], on tokio's blocking pool.
 //!
 //! Depends on rusqlite, serde_json and `providers` (the `Embedder` trait) only.
 
+pub mod cache;
+pub mod calibrate;
 pub mod chunk;
 pub mod embed;
 pub mod extract;
@@ -63,6 +66,21 @@ CREATE TABLE IF NOT EXISTS memory (
     updated_at TEXT NOT NULL,
     created_at TEXT,
     PRIMARY KEY (namespace, key)
+) STRICT;
+CREATE TABLE IF NOT EXISTS query_embeddings (
+    embedder TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (embedder, hash)
+) STRICT;
+CREATE TABLE IF NOT EXISTS calibrations (
+    index_name TEXT PRIMARY KEY NOT NULL REFERENCES indexes (name) ON DELETE CASCADE,
+    fingerprint TEXT NOT NULL,
+    matching REAL,
+    unrelated REAL,
+    samples INTEGER NOT NULL,
+    created_at TEXT NOT NULL
 ) STRICT;
 CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5 (namespace UNINDEXED, key UNINDEXED, text, tokenize = 'porter unicode61');
 ";

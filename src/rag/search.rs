@@ -25,6 +25,8 @@ pub struct ChunkRow {
     pub document: String,
     pub position: i64,
     pub heading: Option<String>,
+    /// The page it starts on (paged formats such as PDF).
+    pub page: Option<i64>,
     pub text: String,
 }
 
@@ -158,7 +160,51 @@ pub fn search(c: &Connection, req: &Request) -> Result<Found, DataError> {
     })
 }
 
-const CHUNK_COLS: &str = "c.id, c.doc_id, d.name, c.position, c.heading, c.text";
+/// Runs several searches (e.g. each planned query restricted to its own documents) and fuses
+/// them: a chunk's RRF scores add up, its cosine is its best; the documents searched are the
+/// union of each search's.
+pub fn search_all(c: &Connection, reqs: &[Request]) -> Result<Found, DataError> {
+    let mut merged: Vec<Hit> = Vec::new();
+    let mut at: HashMap<i64, usize> = HashMap::new();
+    let mut out = Found::default();
+    let mut candidates = 0;
+    for req in reqs {
+        candidates = candidates.max(req.candidates);
+        let found = search(c, req)?;
+        out.best_distance = match (out.best_distance, found.best_distance) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        for d in found.documents {
+            if !out.documents.contains(&d) {
+                out.documents.push(d);
+            }
+        }
+        for h in found.hits {
+            match at.get(&h.chunk.id) {
+                Some(&i) => {
+                    merged[i].rrf += h.rrf;
+                    merged[i].cosine = merged[i].cosine.max(h.cosine);
+                }
+                None => {
+                    at.insert(h.chunk.id, merged.len());
+                    merged.push(h);
+                }
+            }
+        }
+    }
+    merged.sort_by(|a, b| {
+        b.rrf
+            .total_cmp(&a.rrf)
+            .then(b.cosine.total_cmp(&a.cosine))
+            .then(a.chunk.id.cmp(&b.chunk.id))
+    });
+    merged.truncate(candidates);
+    out.hits = merged;
+    Ok(out)
+}
+
+const CHUNK_COLS: &str = "c.id, c.doc_id, d.name, c.position, c.heading, c.text, c.page";
 
 fn chunk_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChunkRow> {
     Ok(ChunkRow {
@@ -168,6 +214,7 @@ fn chunk_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChunkRow> {
         position: r.get(3)?,
         heading: r.get(4)?,
         text: r.get(5)?,
+        page: r.get(6)?,
     })
 }
 
