@@ -850,6 +850,53 @@ fn sqlite_data_survives_reopening() {
     );
 }
 
+/// Closing the store does not checkpoint its WAL into the main file (three fsyncs, most of a
+/// short run on a crash-safe store): the `-wal` file stays, holding every commit, and both a
+/// read-only open and the next writer read through it.
+#[test]
+fn sqlite_closing_keeps_the_wal_and_every_commit() {
+    for durability in [Durability::CrashSafe, Durability::PowerSafe] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        let wal = dir.path().join("runs.db-wal");
+        let cs = {
+            let cp = SqliteCheckpointer::open(&path, durability).unwrap();
+            let cs = three_steps(&cp, "t");
+            cp.set_status("t", ThreadStatus::Done).unwrap();
+            cs
+        };
+        let wal_bytes = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        assert!(wal_bytes > 0, "{durability:?}: the WAL was checkpointed and removed at close");
+        let files = |d: &std::path::Path| {
+            let mut names: Vec<_> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let before = files(dir.path());
+
+        let read_only = SqliteCheckpointer::open_read_only(&path).unwrap();
+        assert_eq!(read_only.get_thread("t").unwrap().unwrap().status, ThreadStatus::Done);
+        assert_eq!(read_only.history("t").unwrap(), cs.iter().rev().cloned().collect::<Vec<_>>());
+        drop(read_only);
+        assert_eq!(files(dir.path()), before, "{durability:?}: reading changed the files");
+        // Another program's plain read-only connection sees the commits too.
+        let conn = rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        let n: i64 = conn.query_row("SELECT count(*) FROM checkpoints", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 3, "{durability:?}");
+        drop(conn);
+
+        let cp = SqliteCheckpointer::open(&path, durability).unwrap();
+        assert_eq!(cp.history("t").unwrap(), cs.iter().rev().cloned().collect::<Vec<_>>());
+        assert_eq!(
+            cp.state("t", &cs[2].versions).unwrap(),
+            obj(json!({"a": "a3", "b": ["b1"]}))
+        );
+    }
+}
+
 #[test]
 fn sqlite_refuses_a_newer_schema() {
     let dir = tempfile::tempdir().unwrap();
