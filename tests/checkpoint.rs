@@ -523,13 +523,13 @@ fn batch(cp: &dyn Checkpointer) {
     let c0 = checkpoint("b", None, -1, &[("n", 1)]);
     let c1 = checkpoint("b", Some(&c0), 0, &[("n", 2)]);
     cp.put_batch(vec![
-        Put::Checkpoint(Box::new(c0.clone()), vals(&[("n", 1, json!(0))])),
+        Put::Checkpoint(Arc::new(c0.clone()), vals(&[("n", 1, json!(0))])),
         Put::Writes {
             thread_id: "b".into(),
             checkpoint_id: c0.checkpoint_id.clone(),
             writes: vec![write("t", 0, "n", json!(1))],
         },
-        Put::Checkpoint(Box::new(c1.clone()), vals(&[("n", 2, json!(1))])),
+        Put::Checkpoint(Arc::new(c1.clone()), vals(&[("n", 2, json!(1))])),
     ])
     .unwrap();
     assert_eq!(
@@ -541,7 +541,7 @@ fn batch(cp: &dyn Checkpointer) {
     // A batch with a bad put fails (SQLite's, being one transaction, leaves nothing behind).
     let c2 = checkpoint("b", Some(&c1), 1, &[("n", 3)]);
     let failed = cp.put_batch(vec![
-        Put::Checkpoint(Box::new(c2.clone()), vals(&[("n", 3, json!(2))])),
+        Put::Checkpoint(Arc::new(c2.clone()), vals(&[("n", 3, json!(2))])),
         Put::Writes {
             thread_id: "b".into(),
             checkpoint_id: "missing".into(),
@@ -636,7 +636,7 @@ fn fencing(cp: &dyn Checkpointer) {
     let c1 = checkpoint("F", Some(&c0), 0, &[("n", 2)]);
     let refused = cp.put_batch(vec![
         Put::Fence(first.fence()),
-        Put::Checkpoint(Box::new(c1.clone()), vals(&[("n", 2, json!(5))])),
+        Put::Checkpoint(Arc::new(c1.clone()), vals(&[("n", 2, json!(5))])),
     ]);
     assert!(
         matches!(&refused, Err(CheckpointError::LeaseLost(t)) if t == "F"),
@@ -665,7 +665,7 @@ fn fencing(cp: &dyn Checkpointer) {
     // The new owner writes.
     cp.put_batch(vec![
         Put::Fence(second.fence()),
-        Put::Checkpoint(Box::new(c1.clone()), vals(&[("n", 2, json!(5))])),
+        Put::Checkpoint(Arc::new(c1.clone()), vals(&[("n", 2, json!(5))])),
     ])
     .unwrap();
     // A fence for a thread that was never leased holds nothing.
@@ -786,8 +786,8 @@ fn sqlite_thread_and_first_checkpoint_are_one_transaction() {
     let c0 = checkpoint("A", None, -1, &[("n", 1)]);
     let broken = cp.put_batch(vec![
         Put::Thread(Box::new(thread("A"))),
-        Put::Checkpoint(Box::new(c0.clone()), vals(&[("n", 1, json!(0))])),
-        Put::Checkpoint(Box::new(c0.clone()), vals(&[("n", 1, json!(0))])),
+        Put::Checkpoint(Arc::new(c0.clone()), vals(&[("n", 1, json!(0))])),
+        Put::Checkpoint(Arc::new(c0.clone()), vals(&[("n", 1, json!(0))])),
     ]);
     assert!(broken.is_err());
     assert_eq!(cp.get_thread("A").unwrap(), None);
@@ -850,6 +850,61 @@ fn sqlite_data_survives_reopening() {
     );
 }
 
+/// Closing the store does not checkpoint its WAL into the main file (three fsyncs, most of a
+/// short run on a crash-safe store): the `-wal` file stays, holding every commit, and both a
+/// read-only open and the next writer read through it.
+#[test]
+fn sqlite_closing_keeps_the_wal_and_every_commit() {
+    for durability in [Durability::CrashSafe, Durability::PowerSafe] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        let wal = dir.path().join("runs.db-wal");
+        let cs = {
+            let cp = SqliteCheckpointer::open(&path, durability).unwrap();
+            let cs = three_steps(&cp, "t");
+            cp.set_status("t", ThreadStatus::Done).unwrap();
+            cs
+        };
+        let wal_bytes = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        assert!(
+            wal_bytes > 0,
+            "{durability:?}: the WAL was checkpointed and removed at close"
+        );
+        let files = |d: &std::path::Path| {
+            let mut names: Vec<_> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let before = files(dir.path());
+
+        let read_only = SqliteCheckpointer::open_read_only(&path).unwrap();
+        assert_eq!(read_only.get_thread("t").unwrap().unwrap().status, ThreadStatus::Done);
+        assert_eq!(
+            read_only.history("t").unwrap(),
+            cs.iter().rev().cloned().collect::<Vec<_>>()
+        );
+        drop(read_only);
+        assert_eq!(files(dir.path()), before, "{durability:?}: reading changed the files");
+        // Another program's plain read-only connection sees the commits too.
+        let conn = rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM checkpoints", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 3, "{durability:?}");
+        drop(conn);
+
+        let cp = SqliteCheckpointer::open(&path, durability).unwrap();
+        assert_eq!(cp.history("t").unwrap(), cs.iter().rev().cloned().collect::<Vec<_>>());
+        assert_eq!(
+            cp.state("t", &cs[2].versions).unwrap(),
+            obj(json!({"a": "a3", "b": ["b1"]}))
+        );
+    }
+}
+
 #[test]
 fn sqlite_refuses_a_newer_schema() {
     let dir = tempfile::tempdir().unwrap();
@@ -894,7 +949,7 @@ fn sqlite_a_batch_is_one_commit() {
     for step in 0..50 {
         let c = checkpoint("b", parent.as_ref(), step, &[("n", step as u64 + 1)]);
         puts.push(Put::Checkpoint(
-            Box::new(c.clone()),
+            Arc::new(c.clone()),
             vals(&[("n", step as u64 + 1, json!(step))]),
         ));
         parent = Some(c);
@@ -935,7 +990,7 @@ fn sqlite_unsynced_writes_wait_for_the_next_synced_commit() {
             "committed all the same"
         );
         let c3 = checkpoint("t", Some(&c2), 2, &[("a", 4), ("b", 1)]);
-        cp.put_batch(vec![Put::Checkpoint(Box::new(c3), vals(&[("a", 4, json!("a4"))]))])
+        cp.put_batch(vec![Put::Checkpoint(Arc::new(c3), vals(&[("a", 4, json!("a4"))]))])
             .unwrap();
         let synced = cp.stats().unwrap().synced_commits - before;
         assert_eq!(synced, u64::from(durability == Durability::PowerSafe), "{durability:?}");

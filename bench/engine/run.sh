@@ -5,10 +5,12 @@
 #   REPS=5 bash bench/engine/run.sh          # more runs (the median is reported)
 #   bash bench/engine/run.sh --only 1,2,3    # some rows only (numbers as in the table)
 #   bash bench/engine/run.sh --skip-langgraph
+#   RUNNER_BIN=path/to/runner bash bench/engine/run.sh   # measure that binary (no build)
 #
 # What it does: makes a venv in bench/.venv and installs the pinned LangGraph packages of
 # bench/engine/requirements.txt from PyPI; regenerates workflows/chain.yaml with gen_chain.py;
-# builds runner (cargo build --release) and validates bench/engine/workflows/; then
+# builds runner (cargo build --release, into $CARGO_TARGET_DIR if set) and validates
+# bench/engine/workflows/; then
 # bench/engine/harness.py runs every case for both systems. Raw samples go to
 # target/bench-engine/results.json, databases to target/bench-engine/ (same disk as the
 # project, so fsyncs are real).
@@ -37,13 +39,14 @@ log "installing $(grep -v '^#' "$HERE/requirements.txt" | xargs) into bench/.ven
 python3 "$HERE/gen_chain.py" 1000 "$HERE/workflows/chain.yaml"
 
 # 3. runner, release build. A build failure does not stop the LangGraph side.
-args=(--reps "$REPS" --runner "$ROOT/target/release/runner" --python "$VENV/bin/python"
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+BIN="${RUNNER_BIN:-$TARGET_DIR/release/runner}"
+args=(--reps "$REPS" --runner "$BIN" --python "$VENV/bin/python"
       --json "$ROOT/target/bench-engine/results.json")
 mkdir -p "$ROOT/target/bench-engine"
-log "cargo build --release"
 # The numbers in the README were measured on a binary with packed relative relocations.
-if RUNNER_PACKED_RELOCS="${RUNNER_PACKED_RELOCS:-1}" cargo build --release --quiet; then
-    if ! "$ROOT/target/release/runner" validate "$HERE/workflows/" >&2; then
+if [[ -n "${RUNNER_BIN:-}" ]] || { log "cargo build --release"; RUNNER_PACKED_RELOCS="${RUNNER_PACKED_RELOCS:-1}" cargo build --release --quiet; }; then
+    if ! "$BIN" validate "$HERE/workflows/" >&2; then
         log "bench/engine/workflows/ do not validate"
         exit 1
     fi

@@ -4,7 +4,7 @@
 //! to it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Map, Value};
 
@@ -36,7 +36,8 @@ struct Store {
 struct Entry {
     thread: Thread,
     touched: u64,
-    checkpoints: HashMap<String, Checkpoint>,
+    /// Shared with the engine that put them: storing one copies nothing.
+    checkpoints: HashMap<String, Arc<Checkpoint>>,
     values: HashMap<(String, u64), Value>,
     /// `(checkpoint_id, task_id, idx) → (channel, value)`: iteration is (task, idx) order.
     writes: BTreeMap<(String, String, u32), (String, Value)>,
@@ -83,7 +84,7 @@ impl Store {
     fn put_checkpoint(
         &mut self,
         latest_only: bool,
-        checkpoint: Checkpoint,
+        checkpoint: Arc<Checkpoint>,
         values: Vec<(String, u64, Value)>,
     ) -> Result<()> {
         let entry = self.entry_mut(&checkpoint.thread_id)?;
@@ -153,12 +154,13 @@ impl Entry {
     fn checkpoint(&self, checkpoint_id: &str) -> Result<&Checkpoint> {
         self.checkpoints
             .get(checkpoint_id)
+            .map(|c| &**c)
             .ok_or_else(|| CheckpointError::NoCheckpoint(self.thread.thread_id.clone(), checkpoint_id.into()))
     }
 
     /// Newest first: by step, then checkpoint id, both descending.
     fn history(&self) -> Vec<&Checkpoint> {
-        let mut all: Vec<_> = self.checkpoints.values().collect();
+        let mut all: Vec<&Checkpoint> = self.checkpoints.values().map(|c| &**c).collect();
         all.sort_by(|a, b| (b.step, &b.checkpoint_id).cmp(&(a.step, &a.checkpoint_id)));
         all
     }
@@ -241,7 +243,7 @@ impl Checkpointer for MemoryCheckpointer {
 
     fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()> {
         self.lock()?
-            .put_checkpoint(self.latest_only, checkpoint.clone(), values.to_vec())
+            .put_checkpoint(self.latest_only, Arc::new(checkpoint.clone()), values.to_vec())
     }
 
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
@@ -250,7 +252,7 @@ impl Checkpointer for MemoryCheckpointer {
             return Ok(None);
         };
         Ok(match checkpoint_id {
-            Some(id) => entry.checkpoints.get(id).cloned(),
+            Some(id) => entry.checkpoints.get(id).map(|c| Checkpoint::clone(c)),
             None => entry.history().first().map(|c| (*c).clone()),
         })
     }
@@ -314,7 +316,7 @@ impl Checkpointer for MemoryCheckpointer {
                 Put::Fence(fence) => super::check_fence(store.leases.get(&fence.thread_id), &fence)?,
                 Put::Thread(thread) => store.create_thread(&thread)?,
                 Put::Status { thread_id, status } => store.set_status(&thread_id, status)?,
-                Put::Checkpoint(cp, values) => store.put_checkpoint(self.latest_only, *cp, values)?,
+                Put::Checkpoint(cp, values) => store.put_checkpoint(self.latest_only, cp, values)?,
                 Put::Writes {
                     thread_id,
                     checkpoint_id,
@@ -408,7 +410,7 @@ impl Checkpointer for MemoryCheckpointer {
         entry.values = values;
         entry
             .checkpoints
-            .insert(checkpoint.checkpoint_id.clone(), checkpoint.clone());
+            .insert(checkpoint.checkpoint_id.clone(), Arc::new(checkpoint.clone()));
         Ok(checkpoint)
     }
 }

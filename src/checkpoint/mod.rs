@@ -21,6 +21,7 @@ pub mod runs;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -158,7 +159,7 @@ pub enum Put {
         thread_id: String,
         status: ThreadStatus,
     },
-    Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>),
+    Checkpoint(Arc<Checkpoint>, Vec<(String, u64, Value)>),
     Writes {
         thread_id: String,
         checkpoint_id: String,
@@ -360,7 +361,7 @@ pub trait Checkpointer: runs::RunStore + Send + Sync {
         let mut puts = Vec::with_capacity(3);
         puts.extend(fence.cloned().map(Put::Fence));
         puts.push(Put::Thread(Box::new(thread.clone())));
-        puts.push(Put::Checkpoint(Box::new(checkpoint.clone()), values));
+        puts.push(Put::Checkpoint(Arc::new(checkpoint.clone()), values));
         self.put_batch(puts)
     }
 

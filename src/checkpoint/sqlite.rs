@@ -269,6 +269,7 @@ impl SqliteCheckpointer {
         // The writer appends rows and touches few old pages (the right edges of the b-trees and
         // their roots): a 256 KiB page cache is plenty, and larger ones only add to the RSS.
         conn.pragma_update(None, "cache_size", -256)?;
+        keep_wal_on_close(&conn)?;
         migrate(&mut conn, path)?;
         if unsynced_schema {
             conn.pragma_update(None, "synchronous", synchronous)?;
@@ -283,9 +284,10 @@ impl SqliteCheckpointer {
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let writer_counters = Arc::clone(&counters);
+        let wal = wal_path(path);
         let writer_thread = std::thread::Builder::new()
             .name("checkpoint-writer".into())
-            .spawn(move || run_writer(conn, rx, &writer_counters, synchronous))
+            .spawn(move || run_writer(conn, rx, &writer_counters, synchronous, &wal))
             .map_err(|e| CheckpointError::Backend(format!("cannot start the checkpoint writer: {e}")))?;
         Ok(SqliteCheckpointer {
             path: path.to_path_buf(),
@@ -831,8 +833,17 @@ struct Command {
 }
 
 /// `synchronous`: the connection's level (`full` and `extra` sync every commit).
-fn run_writer(mut conn: Connection, commands: mpsc::Receiver<Command>, counters: &Counters, synchronous: &str) {
+fn run_writer(
+    mut conn: Connection,
+    commands: mpsc::Receiver<Command>,
+    counters: &Counters,
+    synchronous: &str,
+    wal: &Path,
+) {
     let syncs = matches!(synchronous, "full" | "extra");
+    // Whether the last commit skipped its fsync. Closing does not checkpoint the WAL (see
+    // `keep_wal_on_close`), so nothing after it would sync those frames: the writer does.
+    let mut unsynced_tail = false;
     // Ends when every sender is gone (the checkpointer dropped) and the queue is drained.
     while let Ok(first) = commands.recv() {
         let mut batch = vec![first];
@@ -850,6 +861,7 @@ fn run_writer(mut conn: Connection, commands: mpsc::Receiver<Command>, counters:
             match conn.pragma_update(None, "synchronous", "NORMAL") {
                 Ok(()) => {
                     let results = commit_batch(&mut conn, &batch, counters);
+                    unsynced_tail |= results.iter().any(Result::is_ok);
                     match conn.pragma_update(None, "synchronous", synchronous) {
                         Ok(()) => results,
                         Err(e) => {
@@ -870,12 +882,21 @@ fn run_writer(mut conn: Connection, commands: mpsc::Receiver<Command>, counters:
             let results = commit_batch(&mut conn, &batch, counters);
             if syncs && results.iter().any(Result::is_ok) {
                 counters.synced.fetch_add(1, Ordering::Relaxed);
+                unsynced_tail = false;
             }
             results
         };
         for (command, result) in batch.into_iter().zip(results) {
             // The caller waits on its reply channel; if it has gone there is no one to tell.
             let _ = command.reply.send(result);
+        }
+    }
+    if unsynced_tail {
+        // The frames SQLite's own FULL commit would have synced: the same fsync of the WAL.
+        // Nobody is left to tell of a failure; those commands were answered as not waiting
+        // for the disk.
+        if let Ok(file) = std::fs::OpenOptions::new().write(true).open(wal) {
+            let _ = file.sync_data();
         }
     }
 }
@@ -1214,6 +1235,18 @@ fn wal_path(path: &Path) -> PathBuf {
     PathBuf::from(wal)
 }
 
+/// The last connection to a WAL file closes without checkpointing it into the main file (and
+/// so without deleting the `-wal` and `-shm` files). That checkpoint costs three fsyncs (the
+/// WAL, the main file, the WAL's reset), most of a short run's time on a crash-safe store, and
+/// buys nothing either durability promises: a commit is already as durable as its level makes
+/// it once it is in the WAL, and the next connection to open the file reads the WAL as it is.
+/// The WAL stays bounded by SQLite's automatic checkpoint every 1,000 pages while writing; a
+/// read-only open finds the `-shm` file beside it and reads through it.
+fn keep_wal_on_close(conn: &Connection) -> Result<()> {
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+    Ok(())
+}
+
 /// A read connection.
 fn open_reader(path: &Path, access: Access) -> Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -1226,6 +1259,7 @@ fn open_reader(path: &Path, access: Access) -> Result<Connection> {
         )?,
     };
     conn.busy_timeout(BUSY_TIMEOUT)?;
+    keep_wal_on_close(&conn)?;
     if access != Access::ReadWrite {
         // A file of version 1 is read as it is (looking never migrates): a temporary view
         // gives its thread rows the shape of version 2.

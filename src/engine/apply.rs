@@ -87,7 +87,8 @@ impl Engine {
             .into_iter()
             .map(|(k, v)| (k.clone(), run.state.insert(k, v)))
             .collect();
-        run.state_value = values::map_to_jinja(&run.state);
+        run.state_view
+            .update(&run.state, previous.iter().map(|(k, _)| k.as_str()));
         let (next, ran) = match self.route(run, &done, step) {
             Ok(routed) => routed,
             Err(message) => {
@@ -97,7 +98,7 @@ impl Engine {
                         None => run.state.remove(&k),
                     };
                 }
-                run.state_value = values::map_to_jinja(&run.state);
+                run.state_view = values::StateView::new(&run.state);
                 return Err(message);
             }
         };
@@ -233,7 +234,7 @@ impl Engine {
         let shared = run.shared.clone();
         let after_step = Arc::new(Scope::over(
             &run.constants,
-            BTreeMap::from([("state".to_string(), run.state_value.clone())]),
+            BTreeMap::from([("state".to_string(), run.state_view.value())]),
             Some(self.plan.clone()),
         ));
         let meta = &mut run.meta;

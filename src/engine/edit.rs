@@ -4,6 +4,7 @@
 //! say; without one they replace the keys' values outright and the pending tasks stay.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -86,7 +87,7 @@ impl Engine {
         };
         let mut puts = vec![
             Put::Fence(fence.clone()),
-            Put::Checkpoint(Box::new(edited.clone()), stored),
+            Put::Checkpoint(Arc::new(edited.clone()), stored),
         ];
         // As a node, the edit decides what is left to run: the thread is done, or can be
         // continued (no gate waits: the edit's checkpoint has no records).

@@ -321,10 +321,11 @@ pub struct RunOptions {
 struct Run {
     shared: Arc<Shared>,
     thread: Thread,
-    cp: Checkpoint,
+    /// Shared with the store it is put in.
+    cp: Arc<Checkpoint>,
     state: Map<String, Value>,
     /// `state` as expressions see it: the state the last routing saw.
-    state_value: minijinja::Value,
+    state_view: values::StateView,
     meta: Meta,
     /// The records stored against `cp`: finished tasks, pauses, answers.
     pending: Vec<PendingWrite>,
@@ -592,6 +593,7 @@ impl Engine {
             checkpoint_id: next_cp.checkpoint_id.clone(),
             duration_ms: step_started.elapsed().as_secs_f64() * 1000.0,
         });
+        let next_cp = Arc::new(next_cp);
         run.persister.put_checkpoint(&next_cp, values, after)?;
         let gated: Vec<String> = next_cp
             .ran

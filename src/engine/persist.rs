@@ -18,7 +18,7 @@ use super::events::{Event, Events};
 use crate::checkpoint::{self, Checkpoint, CheckpointError, Checkpointer, Fence, PendingWrite, Put};
 
 enum Job {
-    Checkpoint(Box<Checkpoint>, Vec<(String, u64, Value)>, Vec<Event>),
+    Checkpoint(Arc<Checkpoint>, Vec<(String, u64, Value)>, Vec<Event>),
     /// Finished tasks' writes (`Put::Writes` each).
     Writes(Vec<Put>, Vec<Event>),
     Flush(mpsc::Sender<()>),
@@ -155,18 +155,18 @@ impl Persister {
     /// A step's checkpoint; `after` is sent once it is committed.
     pub(super) fn put_checkpoint(
         &self,
-        cp: &Checkpoint,
+        cp: &Arc<Checkpoint>,
         values: Vec<(String, u64, Value)>,
         after: Vec<Event>,
     ) -> Result<(), CheckpointError> {
         self.release()?;
         match self.mode {
             Persist::Sync => {
-                self.put_now(vec![Put::Checkpoint(Box::new(cp.clone()), values)])?;
+                self.put_now(vec![Put::Checkpoint(cp.clone(), values)])?;
                 after.into_iter().for_each(|e| self.events.send(e));
                 Ok(())
             }
-            Persist::Async => self.send(Job::Checkpoint(Box::new(cp.clone()), values, after)),
+            Persist::Async => self.send(Job::Checkpoint(cp.clone(), values, after)),
             Persist::Exit => {
                 after.into_iter().for_each(|e| self.events.send(e));
                 let mut guard = self.held.lock().map_err(|_| poisoned())?;
@@ -182,7 +182,7 @@ impl Persister {
                     };
                     acc.insert(k, (version, v));
                 }
-                let mut cp = cp.clone();
+                let mut cp = Checkpoint::clone(cp);
                 // Intermediate checkpoints are never written: the held one hangs off the last
                 // committed one.
                 cp.parent_id = Some(committed.clone());
@@ -288,7 +288,7 @@ impl Persister {
                 if let Some((cp, values)) = held.take() {
                     let values: Vec<(String, u64, Value)> = values.into_iter().map(|(k, (v, x))| (k, v, x)).collect();
                     let id = cp.checkpoint_id.clone();
-                    self.put_now(vec![Put::Checkpoint(Box::new(cp), values)])?;
+                    self.put_now(vec![Put::Checkpoint(Arc::new(cp), values)])?;
                     *committed = id;
                 }
                 Ok(())

@@ -60,7 +60,7 @@ impl Engine {
         let cp = &run.cp;
         let base = Arc::new(Scope::over(
             &run.constants,
-            BTreeMap::from([("state".to_string(), run.state_value.clone())]),
+            BTreeMap::from([("state".to_string(), run.state_view.value())]),
             Some(self.plan.clone()),
         ));
         let (mut results, mut to_run) = self.prepare_tasks(run, step)?;

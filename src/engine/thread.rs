@@ -168,9 +168,9 @@ impl Engine {
         let mut run = Run {
             reported,
             shared,
-            state_value: values::map_to_jinja(&state),
+            state_view: values::StateView::new(&state),
             thread,
-            cp,
+            cp: Arc::new(cp),
             state,
             meta,
             pending,
@@ -225,7 +225,7 @@ impl Engine {
                 let (cp, values) = self.initial_checkpoint(&thread, self.limit())?;
                 self.store.put_batch(vec![
                     Put::Fence(fence.clone()),
-                    Put::Checkpoint(Box::new(cp.clone()), values),
+                    Put::Checkpoint(Arc::new(cp.clone()), values),
                 ])?;
                 cp
             }
@@ -428,7 +428,7 @@ impl Engine {
         };
         self.store.put_batch(vec![
             Put::Fence(fence.clone()),
-            Put::Checkpoint(Box::new(turn.clone()), fed.stored),
+            Put::Checkpoint(Arc::new(turn.clone()), fed.stored),
         ])?;
         Ok(turn)
     }

@@ -1,7 +1,7 @@
 //! Values at run time: the scope expressions and templates see, conversion between JSON and
 //! minijinja values, and the reducers that fold writes into state.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use minijinja::value::{Enumerator, Object, ObjectRepr, Value as JValue};
@@ -194,6 +194,65 @@ pub fn run_value(thread_id: &str, step: i64, node: &str, remaining_steps: i64) -
 /// A JSON object to a minijinja value, serialized by reference (no copy of the map first).
 pub fn map_to_jinja(m: &serde_json::Map<String, Value>) -> JValue {
     JValue::from(minijinja::value::Serde(m))
+}
+
+/// `state` as expressions see it, kept up to date with the state: a step converts only the
+/// keys it changed, not the whole state (a long list is not copied again for every step that
+/// leaves it alone). The map itself is rebuilt from the converted values, which are shared.
+pub(crate) struct StateView {
+    keys: HashMap<String, (JValue, JValue)>,
+    value: JValue,
+}
+
+impl StateView {
+    pub(crate) fn new(state: &Map<String, Value>) -> StateView {
+        let keys = state
+            .iter()
+            .map(|(k, v)| (k.clone(), (JValue::from(k.as_str()), to_jinja(v))))
+            .collect();
+        let mut view = StateView {
+            keys,
+            value: JValue::UNDEFINED,
+        };
+        view.rebuild(state);
+        view
+    }
+
+    /// After `changed` (and only they) took new values in `state`, or were added to it.
+    pub(crate) fn update<'a>(&mut self, state: &Map<String, Value>, changed: impl IntoIterator<Item = &'a str>) {
+        for key in changed {
+            match state.get(key) {
+                Some(v) => {
+                    let converted = to_jinja(v);
+                    match self.keys.get_mut(key) {
+                        Some(entry) => entry.1 = converted,
+                        None => {
+                            self.keys.insert(key.to_string(), (JValue::from(key), converted));
+                        }
+                    }
+                }
+                None => {
+                    self.keys.remove(key);
+                }
+            }
+        }
+        self.rebuild(state);
+    }
+
+    /// The map in the state's own key order (what a whole conversion would give).
+    fn rebuild(&mut self, state: &Map<String, Value>) {
+        self.value = JValue::from_pairs(
+            state
+                .keys()
+                .filter_map(|k| self.keys.get(k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+    }
+
+    /// The view, shared (not copied).
+    pub(crate) fn value(&self) -> JValue {
+        self.value.clone()
+    }
 }
 
 /// A minijinja value back to JSON. Undefined becomes null.
@@ -485,6 +544,29 @@ mod tests {
             c = reduce_one(None, &reducer, c, u).map_err(|e| e.to_string())?;
         }
         Ok(c)
+    }
+
+    /// The view kept up to date key by key is the state converted whole: the same keys, in
+    /// the state's order, with the same values, through changes, additions and removals.
+    #[test]
+    fn the_state_view_follows_the_state_it_was_updated_with() {
+        let whole = |m: &Map<String, Value>| map_to_jinja(m).to_string();
+        let mut state = json!({"log": [1, 2], "n": 1, "doc": {"a": [true]}})
+            .as_object()
+            .cloned()
+            .unwrap();
+        let mut view = StateView::new(&state);
+        assert_eq!(view.value().to_string(), whole(&state));
+        state.insert("n".into(), json!(2));
+        state.insert("new".into(), json!("x"));
+        view.update(&state, ["n", "new"]);
+        assert_eq!(view.value().to_string(), whole(&state));
+        state.remove("log");
+        state.insert("doc".into(), json!(null));
+        view.update(&state, ["log", "doc"]);
+        assert_eq!(view.value().to_string(), whole(&state));
+        assert_eq!(view.value().get_attr("n").unwrap(), JValue::from(2));
+        assert!(view.value().get_attr("log").unwrap().is_undefined());
     }
 
     #[test]
