@@ -129,15 +129,17 @@ impl TraceService for GrpcTraces {
     }
 }
 
-/// An OTLP/gRPC trace receiver on loopback (tonic serving the collector's generated service):
-/// every span of every export call, and the address it listens on. It stops when the returned
-/// sender is dropped.
-fn grpc_receiver() -> (
-    std::net::SocketAddr,
-    Arc<Mutex<Vec<Span>>>,
-    tokio::sync::oneshot::Sender<()>,
-    std::thread::JoinHandle<()>,
-) {
+/// An OTLP/gRPC trace receiver on loopback (tonic serving the collector's generated service).
+struct GrpcReceiver {
+    addr: std::net::SocketAddr,
+    /// Every span of every export call.
+    spans: Arc<Mutex<Vec<Span>>>,
+    /// Dropped, it stops the server.
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+fn grpc_receiver() -> GrpcReceiver {
     let spans = Arc::new(Mutex::new(Vec::new()));
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind a loopback port");
     listener.set_nonblocking(true).unwrap();
@@ -165,7 +167,12 @@ fn grpc_receiver() -> (
                 .unwrap();
         });
     });
-    (addr, spans, stop, thread)
+    GrpcReceiver {
+        addr,
+        spans,
+        stop,
+        thread,
+    }
 }
 
 fn text(v: Any) -> String {
@@ -271,7 +278,12 @@ fn a_run_is_one_trace_of_steps_tasks_model_calls_and_its_subgraph() {
 #[test]
 fn a_run_traced_over_grpc_is_the_same_tree() {
     let dir = project();
-    let (addr, spans, stop, thread) = grpc_receiver();
+    let GrpcReceiver {
+        addr,
+        spans,
+        stop,
+        thread,
+    } = grpc_receiver();
     let out = run(
         dir.path(),
         &[
