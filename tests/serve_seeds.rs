@@ -106,7 +106,9 @@ async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
 }
 
 /// The mindmap agent (000) streams every node it adds as a `custom` event, as its canvas reads
-/// them, and ends with the whole map in its values.
+/// them, and ends with the whole map in its values. Each expansion is a subgraph that announces
+/// its children as soon as it is done, so the canvas asks for subgraphs' events too
+/// (`stream_subgraphs`, as LangGraph's `subgraphs=True`): they arrive as `custom|<ns>`.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_mindmap_streams_node_added_as_custom_events() {
     let s = serve_shipped("mindmap.yaml");
@@ -115,12 +117,12 @@ async fn the_mindmap_streams_node_added_as_custom_events() {
         "/runs/stream",
         json!({"assistant_id": "mindmap",
                "input": {"document_title": "Heat pumps", "document_content": "Heat pumps move heat.", "max_depth": 2},
-               "stream_mode": ["custom", "values"]}),
+               "stream_mode": ["custom", "values"], "stream_subgraphs": true}),
     )
     .await;
     let added: Vec<&Value> = events
         .iter()
-        .filter(|(e, d)| e == "custom" && d["event"] == "node_added")
+        .filter(|(e, d)| (e == "custom" || e.starts_with("custom|")) && d["event"] == "node_added")
         .map(|(_, d)| d)
         .collect();
     let ids: Vec<&str> = added.iter().filter_map(|d| d["data"]["node_id"].as_str()).collect();

@@ -1,5 +1,6 @@
 //! Traces through the real binary: `runner run` with `OTEL_EXPORTER_OTLP_ENDPOINT` pointing at
-//! an OTLP/HTTP receiver on loopback that decodes the real protobuf, and the span tree and the
+//! an OTLP receiver on loopback — over HTTP/protobuf, or over gRPC served by tonic with the
+//! collector's generated service — that decodes the real protobuf, and the span tree and the
 //! GenAI attributes it receives.
 
 use std::collections::HashMap;
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use prost::Message;
@@ -68,6 +70,28 @@ struct Span {
     attrs: HashMap<String, String>,
 }
 
+/// The spans of one export request, flattened, added to `sink`.
+fn collect(request: ExportTraceServiceRequest, sink: &Mutex<Vec<Span>>) {
+    let mut out = sink.lock().unwrap();
+    for resource in request.resource_spans {
+        for scope in resource.scope_spans {
+            for s in scope.spans {
+                out.push(Span {
+                    trace: s.trace_id,
+                    id: s.span_id,
+                    parent: s.parent_span_id,
+                    name: s.name,
+                    attrs: s
+                        .attributes
+                        .into_iter()
+                        .map(|kv| (kv.key, kv.value.and_then(|v| v.value).map(text).unwrap_or_default()))
+                        .collect(),
+                });
+            }
+        }
+    }
+}
+
 /// An OTLP/HTTP trace receiver on loopback: every span of every export request it is sent.
 fn receiver() -> (support::Served, Arc<Mutex<Vec<Span>>>) {
     let spans = Arc::new(Mutex::new(Vec::new()));
@@ -79,26 +103,7 @@ fn receiver() -> (support::Served, Arc<Mutex<Vec<Span>>>) {
                 let sink = sink.clone();
                 async move {
                     let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf export request");
-                    let mut out = sink.lock().unwrap();
-                    for resource in request.resource_spans {
-                        for scope in resource.scope_spans {
-                            for s in scope.spans {
-                                out.push(Span {
-                                    trace: s.trace_id,
-                                    id: s.span_id,
-                                    parent: s.parent_span_id,
-                                    name: s.name,
-                                    attrs: s
-                                        .attributes
-                                        .into_iter()
-                                        .map(|kv| {
-                                            (kv.key, kv.value.and_then(|v| v.value).map(text).unwrap_or_default())
-                                        })
-                                        .collect(),
-                                });
-                            }
-                        }
-                    }
+                    collect(request, &sink);
                     (
                         [("content-type", "application/x-protobuf")],
                         ExportTraceServiceResponse::default().encode_to_vec(),
@@ -108,6 +113,66 @@ fn receiver() -> (support::Served, Arc<Mutex<Vec<Span>>>) {
         )
     });
     (served, spans)
+}
+
+/// The collector's gRPC trace service, keeping what it is sent.
+struct GrpcTraces(Arc<Mutex<Vec<Span>>>);
+
+#[tonic::async_trait]
+impl TraceService for GrpcTraces {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        collect(request.into_inner(), &self.0);
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// An OTLP/gRPC trace receiver on loopback (tonic serving the collector's generated service).
+struct GrpcReceiver {
+    addr: std::net::SocketAddr,
+    /// Every span of every export call.
+    spans: Arc<Mutex<Vec<Span>>>,
+    /// Dropped, it stops the server.
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+fn grpc_receiver() -> GrpcReceiver {
+    let spans = Arc::new(Mutex::new(Vec::new()));
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind a loopback port");
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = TraceServiceServer::new(GrpcTraces(spans.clone()));
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let incoming = futures::stream::unfold(listener, |l| async move {
+                let accepted = l.accept().await.map(|(stream, _)| stream);
+                Some((accepted, l))
+            });
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+    });
+    GrpcReceiver {
+        addr,
+        spans,
+        stop,
+        thread,
+    }
 }
 
 fn text(v: Any) -> String {
@@ -207,7 +272,39 @@ fn a_run_is_one_trace_of_steps_tasks_model_calls_and_its_subgraph() {
     assert_eq!(result["polished"], "Tides rise, twice daily.");
 
     // The process exported everything before it exited.
-    let spans = spans.lock().unwrap().clone();
+    check_tree(&spans.lock().unwrap());
+}
+
+#[test]
+fn a_run_traced_over_grpc_is_the_same_tree() {
+    let dir = project();
+    let GrpcReceiver {
+        addr,
+        spans,
+        stop,
+        thread,
+    } = grpc_receiver();
+    let out = run(
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}")),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".into()),
+            ("RUNNER_TRACE_CONTENT", "1".into()),
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON result");
+    assert_eq!(result["polished"], "Tides rise, twice daily.");
+    // The process exported everything over gRPC before it exited.
+    check_tree(&spans.lock().unwrap());
+    drop(stop);
+    thread.join().unwrap();
+}
+
+/// The span tree of one run of `parent.yaml` with content traced: one trace, run → step →
+/// task → model call, the subgraph's run nested under its task, the GenAI attributes.
+fn check_tree(spans: &[Span]) {
+    let spans = spans.to_vec();
     let root = named(&spans, "run parent");
     assert!(root.parent.is_empty(), "the run is the trace's root");
     assert!(

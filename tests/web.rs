@@ -123,7 +123,7 @@ fn without_an_allow_list_loopback_is_refused() {
     let out = scrape(std::slice::from_ref(&url), "", &[]);
     let e = error(&out, &url).unwrap_or_else(|| panic!("refused: {out}"));
     assert_eq!(e["class"], "bad_request");
-    assert!(e["error"].as_str().unwrap().contains("loopback"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("loopback"), "{e}");
     assert!(site.hits().is_empty(), "nothing reached the site: {:?}", site.hits());
     // The run-level allow-list also comes from the environment.
     let input = format!("urls={}", json!([url]));
@@ -145,7 +145,7 @@ fn a_redirect_to_an_address_not_allowed_is_refused() {
     let out = scrape(&[out_url.clone(), in_url.clone()], "", &["--allow-net", "127.0.0.1"]);
     let e = error(&out, &out_url).unwrap_or_else(|| panic!("refused: {out}"));
     assert_eq!(e["class"], "bad_request");
-    assert!(e["error"].as_str().unwrap().contains("127.0.0.2"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("127.0.0.2"), "{e}");
     assert!(
         bystander.hits().is_empty(),
         "the redirect target was reached: {:?}",
@@ -171,7 +171,7 @@ fn robots_txt_is_obeyed_and_read_once() {
         &["--allow-net", "127.0.0.1"],
     );
     let e = error(&out, &private).unwrap_or_else(|| panic!("disallowed: {out}"));
-    assert!(e["error"].as_str().unwrap().contains("robots.txt"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("robots.txt"), "{e}");
     assert!(page(&out, &a).is_some() && page(&out, &b).is_some(), "{out}");
     let hits = site.hits();
     assert!(!hits.iter().any(|h| h.starts_with("/private")), "{hits:?}");
@@ -207,7 +207,7 @@ fn limits_cut_huge_pages_time_out_slow_ones_and_refuse_other_types() {
     let p = error(&out, &pdf).unwrap_or_else(|| panic!("refused type: {out}"));
     assert_eq!(p["class"], "bad_request");
     assert!(
-        p["error"]
+        p["message"]
             .as_str()
             .unwrap()
             .contains("unsupported content type `application/pdf`"),
@@ -424,7 +424,7 @@ fn research_runs_end_to_end_on_the_fake_web() {
     let errors = out["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 1, "only the page robots.txt disallows: {errors:?}");
     assert!(
-        errors[0]["error"].as_str().unwrap().contains("robots.txt"),
+        errors[0]["message"].as_str().unwrap().contains("robots.txt"),
         "{errors:?}"
     );
     let summaries = out["subtopic_summaries"].as_array().unwrap();
@@ -706,7 +706,7 @@ fn embedded_ipv4_and_documentation_addresses_are_refused() {
     for url in &urls {
         let e = error(&out, url).unwrap_or_else(|| panic!("{url} refused: {out}"));
         assert_eq!(e["class"], "bad_request", "{url}: {e}");
-        assert!(e["error"].as_str().unwrap().contains("refused"), "{url}: {e}");
+        assert!(e["message"].as_str().unwrap().contains("refused"), "{url}: {e}");
     }
     assert!(site.hits().is_empty(), "{:?}", site.hits());
 }

@@ -190,13 +190,11 @@ fn mindmap_expands_two_levels_and_streams_every_node() {
         route(&[
             &["analyze_document"],
             &["generate_root"],
-            &["emit_nodes"],
+            &["announce_root"],
             &["expand_level#0"],
             &["advance_level"],
-            &["emit_nodes"],
             &["expand_level#0", "expand_level#1"],
             &["advance_level"],
-            &["emit_nodes"],
             &["done"],
         ])
     );
@@ -232,10 +230,19 @@ fn mindmap_expands_two_levels_and_streams_every_node() {
         ]
     );
 
-    // A node_added event for every node, level by level, each with the node's data.
+    // A node_added event for every node, each with the node's data: the root first, a child
+    // after its parent (siblings are announced by their expansion's parallel tasks).
     let added = r.custom("node_added");
     let ids: Vec<&str> = added.iter().map(|d| d["node_id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["root", "root.1", "root.2", "root.1.1", "root.2.1"]);
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, ["root", "root.1", "root.1.1", "root.2", "root.2.1"]);
+    let at = |id: &str| ids.iter().position(|i| *i == id).unwrap();
+    assert_eq!(at("root"), 0);
+    assert!(
+        at("root.1") < at("root.1.1") && at("root.2") < at("root.2.1"),
+        "{ids:?}"
+    );
     for d in &added {
         let id = d["node_id"].as_str().unwrap();
         assert_eq!(d["node_data"], nodes[id], "node_added carries {id}'s data");
@@ -247,6 +254,108 @@ fn mindmap_expands_two_levels_and_streams_every_node() {
         r.custom("mindmap_complete"),
         [&json!({"root_id": "root", "node_count": 5, "edge_count": 4, "depth": 2, "error": null})]
     );
+}
+
+/// Each expansion announces its nodes as soon as it is done, whatever the other expansions of
+/// its level are still doing. The model server holds back the expansion of `root.2` until the
+/// run has streamed the children of `root.1`: a map that announced a level only once the whole
+/// level was expanded would never stream them first (the server gives up waiting after 30 s,
+/// and the test fails).
+#[test]
+fn mindmap_announces_each_expansion_as_it_finishes() {
+    use std::io::BufRead;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use axum::Json;
+    use axum::routing::post;
+
+    let go = Arc::new(tokio::sync::Notify::new());
+    let waited_for_the_signal = Arc::new(AtomicBool::new(false));
+    let (server_go, server_waited) = (go.clone(), waited_for_the_signal.clone());
+    let server = crate::support::serve("127.0.0.1", move |_| {
+        axum::Router::new().route(
+            "/v1/chat/completions",
+            post(move |Json(body): Json<Value>| {
+                let (go, waited) = (server_go.clone(), server_waited.clone());
+                async move {
+                    let prompt = body["messages"]
+                        .as_array()
+                        .and_then(|m| m.last())
+                        .and_then(|m| m["content"].as_str())
+                        .unwrap_or_default()
+                        .to_string();
+                    let reply = if prompt.contains("## Task: analyze the document") {
+                        json!({"main_topic": "Heat pumps", "summary": "How heat pumps move heat.", "document_type": "article",
+                               "themes": [{"name": "Cycle", "description": "The cycle", "importance": 5}], "key_terms": []})
+                    } else if prompt.contains("## Task: create the root node") {
+                        json!({"label": "Heat pumps", "description": "Moving heat."})
+                    } else if prompt.contains("(id `root`,") {
+                        json!({"children": [{"label": "Cycle", "description": "The cycle."},
+                                            {"label": "Efficiency", "description": "COP."}]})
+                    } else if prompt.contains("(id `root.1`,") {
+                        json!({"children": [{"label": "Compressor", "description": "Raises pressure."}]})
+                    } else if prompt.contains("(id `root.2`,") {
+                        let signalled = tokio::time::timeout(std::time::Duration::from_secs(30), go.notified()).await;
+                        waited.store(signalled.is_ok(), Ordering::SeqCst);
+                        json!({"children": [{"label": "COP", "description": "Heat out per work in."}]})
+                    } else {
+                        json!({"children": []})
+                    };
+                    Json(json!({
+                        "id": "c1", "object": "chat.completion",
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": reply.to_string()}}],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
+                    }))
+                }
+            }),
+        )
+    });
+
+    let mut child = runner()
+        .args(["run", "workflows/mindmap.yaml", "--db", ":memory:", "--stream", "jsonl"])
+        .arg("--model")
+        .arg(format!("default=llamacpp:any@http://{}/v1", server.addr))
+        .args([
+            "--input",
+            "document_title=Heat pumps",
+            "--input",
+            DOCUMENT,
+            "--input",
+            "max_depth=2",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the runner binary starts");
+    let mut events = Vec::new();
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let Ok(event) = serde_json::from_str::<Value>(&line.unwrap()) else {
+            continue;
+        };
+        if event["type"] == "custom" && event["event"] == "node_added" && event["data"]["node_id"] == "root.1.1" {
+            go.notify_one();
+        }
+        events.push(event);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{events:#?}");
+
+    let added: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "custom" && e["event"] == "node_added")
+        .map(|e| e["data"]["node_id"].as_str().unwrap())
+        .collect();
+    assert!(
+        waited_for_the_signal.load(Ordering::SeqCst),
+        "root.1's children were not streamed while root.2 was still being expanded: {added:?}"
+    );
+    assert_eq!(added.len(), 5, "{added:?}");
+    let at = |id: &str| added.iter().position(|i| *i == id).unwrap();
+    assert!(at("root.1.1") < at("root.2.1"), "{added:?}");
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["nodes"].as_object().map(|n| n.len()), Some(5));
 }
 
 #[test]
@@ -267,13 +376,8 @@ fn mindmap_keeps_going_when_one_expansion_fails() {
 
     // The failed expansion's on_error handler is the node the edge leads to anyway.
     assert_eq!(
-        r.route()[6..],
-        route(&[
-            &["expand_level#0", "expand_level#1"],
-            &["advance_level"],
-            &["emit_nodes"],
-            &["done"]
-        ])
+        r.route()[5..],
+        route(&[&["expand_level#0", "expand_level#1"], &["advance_level"], &["done"]])
     );
     let failures = r.errors_of("expand_level");
     assert_eq!(failures.len(), 1, "{failures:?}");
@@ -503,8 +607,11 @@ fn research_records_a_failed_plan_and_still_reports() {
     assert_eq!(
         r.output["errors"],
         json!([{"node": "plan", "class": "auth", "message": "authentication failed: invalid api key",
-                "attempts": 1, "step": 0, "subtopic_id": null}])
+                "attempts": 1, "at": r.output["errors"][0]["at"], "url": null, "tag": null}])
     );
+    // Dated when it failed, as every error record is.
+    let at = r.output["errors"][0]["at"].as_str().expect("a timestamp");
+    assert!(at.len() == 24 && at.ends_with('Z') && at.as_bytes()[10] == b'T', "{at}");
     assert_eq!(r.output["report_metadata"]["errors"], 1);
     assert_eq!(r.output["final_report"], "# Heat pumps\n\nNo sources were consulted.");
 }

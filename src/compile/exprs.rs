@@ -17,7 +17,7 @@ const GLOBALS: &[&str] = &["range", "dict", "namespace", "lipsum", "cycler", "jo
 
 /// Fields of `usage`, `error` and `run`.
 pub(super) const USAGE_FIELDS: &[&str] = &["prompt_tokens", "completion_tokens", "total_tokens", "cost", "calls"];
-pub(super) const ERROR_FIELDS: &[&str] = &["node", "class", "message", "attempts", "usage"];
+pub(super) const ERROR_FIELDS: &[&str] = &["node", "class", "message", "attempts", "usage", "at"];
 pub(super) const RUN_FIELDS: &[&str] = &["thread_id", "step", "node", "remaining_steps"];
 
 /// The environment every plan's expressions and templates run in.

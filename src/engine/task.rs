@@ -346,8 +346,10 @@ fn handle_error(
     let Some(handler) = &node.on_error else {
         return Outcome::Failed(e);
     };
-    // `usage`: what the failed attempts spent, so a workflow's own cost tally can count it.
-    let error = json!({"node": node.name, "class": e.class.name(), "message": e.message, "attempts": attempts, "usage": e.usage});
+    // `usage`: what the failed attempts spent, so a workflow's own cost tally can count it;
+    // `at`: when the last attempt failed, so error records a workflow keeps are dated.
+    let error = json!({"node": node.name, "class": e.class.name(), "message": e.message, "attempts": attempts,
+                       "usage": e.usage, "at": crate::clock::now()});
     let scope = scope.with([("error".to_string(), to_jinja(&error))]).into_value();
     match writes(shared, &handler.update, &scope) {
         Ok(writes) => {

@@ -187,10 +187,15 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
                 }
                 .into());
             }
+            // The fields of an `on_error` handler's `error` (one attempt per page), so a
+            // workflow can keep both kinds of record in one list.
             Err(e) => errors.push(json!({
-                "url": t.url,
-                "error": e.message,
+                "node": ctx.node.name,
                 "class": e.class.name(),
+                "message": e.message,
+                "attempts": 1,
+                "at": crate::clock::now(),
+                "url": t.url,
                 "tag": t.tag,
             })),
         }
