@@ -1154,3 +1154,53 @@ fn threads_are_deleted_and_pruned() {
     let bad = runner(d, &["threads", "prune", "--older-than", "soon"]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+/// A gate that declares `inbox`, answered from `runner resume --answer` in the Agent Inbox's
+/// shape (a list of one HumanResponse) and in agent-chat-ui's (`{decisions: [...]}`); an answer
+/// the gate does not allow is refused and the gate stays open.
+#[test]
+fn an_inbox_gate_takes_the_inbox_answers_from_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let inbox = GATE.replace(
+        "    response: {$ref: \"#/types/Answer\"}\n    update: {log: \"[output.action]\"}",
+        "    inbox: {action: publish, args: {draft: state.draft}, allow: [accept, edit, respond]}\n    \
+         update: {log: \"[output.action]\", draft: \"output.edit.draft if output.action == 'edit' else state.draft\"}",
+    );
+    let inbox = inbox.replace(
+        "{when: \"output.action == 'accept'\", to: END}",
+        "{when: \"output.action in ['accept', 'edit']\", to: END}",
+    );
+    assert_eq!(
+        inbox.matches("output.edit.draft").count() + inbox.matches("'edit']").count(),
+        2
+    );
+    std::fs::write(d.join("gate.yaml"), inbox).unwrap();
+    std::fs::write(d.join("mock.yaml"), MOCK).unwrap();
+    let run = run_gate(d, "t1", &[]);
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    let payload = &json_out(&run)["interrupt"]["payload"];
+    assert_eq!(
+        payload["action_request"],
+        json!({"action": "publish", "args": {"draft": "first draft"}})
+    );
+    assert_eq!(payload["description"], "Publish this draft?");
+    assert_eq!(payload["config"]["allow_ignore"], false);
+    let resume = |answer: &str| {
+        runner(
+            d,
+            &["resume", "--thread", "t1", "--mock", "mock.yaml", "--answer", answer],
+        )
+    };
+    let refused = resume(r#"[{"type": "ignore", "args": null}]"#);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    let again = resume(r#"[{"type": "response", "args": "shorter"}]"#);
+    assert_eq!(again.status.code(), Some(3), "{}", stderr(&again));
+    let done =
+        resume(r#"{"decisions": [{"type": "edit", "edited_action": {"name": "publish", "args": {"draft": "mine"}}}]}"#);
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    assert_eq!(
+        json_out(&done),
+        json!({"draft": "mine", "log": ["write", "respond", "write", "edit"]})
+    );
+}

@@ -637,6 +637,51 @@ async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
     assert_eq!(call(&s, reqwest::Method::GET, &run, None).await.2["status"], "success");
 }
 
+/// A run the server starts is a child of the span of the HTTP request that started it: the
+/// request, the run, its steps and its model calls are one trace.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_served_run_is_a_child_of_its_requests_span() {
+    let (served, spans) = super::trace::receiver();
+    let endpoint = format!("http://{}", served.addr);
+    let mut s = serve_with(&[], &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)]);
+    let (status, _, values) = call(
+        &s,
+        reqwest::Method::POST,
+        "/threads/traced/runs/wait",
+        Some(json!({"assistant_id": "shout", "if_not_exists": "create", "input": {"word": "hey"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{values}");
+    // SIGTERM: the server exports what it buffered as it ends.
+    let termed = Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(termed.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the server did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spans = spans.lock().unwrap().clone();
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    let run = spans
+        .iter()
+        .find(|s| s.name == "run shout")
+        .unwrap_or_else(|| panic!("no run span in {names:?}"));
+    let request = spans
+        .iter()
+        .find(|p| p.id == run.parent)
+        .unwrap_or_else(|| panic!("the run span has no parent in {names:?}"));
+    assert_eq!(request.attrs["url.path"], "/threads/traced/runs/wait", "{request:?}");
+    assert_eq!(request.attrs["http.request.method"], "POST", "{request:?}");
+    assert_eq!(run.trace, request.trace);
+    assert!(
+        spans.iter().any(|c| c.name.starts_with("step ") && c.parent == run.id),
+        "{names:?}"
+    );
+}
+
 /// With `--api-key-env`, every request but `/ok` and CORS preflights needs the key, as
 /// `x-api-key` or `Authorization: Bearer`; without it, no address but loopback is accepted.
 #[tokio::test(flavor = "multi_thread")]

@@ -460,3 +460,108 @@ async fn sighup_reloads_the_workflow_folder() {
     .await;
     assert_eq!(kept["said"], "hello there", "{kept}");
 }
+
+/// A run from an older checkpoint of the thread forks it there, as agent-chat-ui's edit of a
+/// message does: the new branch's state is the old checkpoint's plus the new input (not the
+/// values the abandoned branch stored after it), the history keeps both branches with their
+/// parent links, and a run from the abandoned branch's head with no input takes that branch up
+/// again, after which a new turn goes on from it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_from_an_older_checkpoint_forks_the_thread() {
+    let s = serve();
+    let say = |text: &str, checkpoint: Option<&str>| {
+        let mut body = json!({"assistant_id": "chat", "if_not_exists": "create",
+                              "input": {"messages": [{"type": "human", "content": text}]}});
+        if let Some(id) = checkpoint {
+            body["checkpoint"] = json!({"checkpoint_id": id, "checkpoint_ns": ""});
+        }
+        body
+    };
+    let texts = |values: &Value| -> Vec<String> {
+        values["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let wait = |body: Value| async {
+        let (status, _, values) = call(&s, Method::POST, "/threads/f/runs/wait", Some(body)).await;
+        assert_eq!(status, 200, "{values}");
+        values
+    };
+    wait(say("hi", None)).await;
+    let first = wait(say("more", None)).await;
+    assert_eq!(texts(&first), ["hi", "echo: hi", "more", "echo: more"]);
+    let (_, _, history) = call(&s, Method::POST, "/threads/f/history", Some(json!({"limit": 50}))).await;
+    let history = history.as_array().unwrap().clone();
+    let old_head = history[0]["checkpoint_id"].as_str().unwrap().to_string();
+    // The checkpoint where `more` first appears; its parent ends the first turn.
+    let more = history
+        .iter()
+        .rev()
+        .find(|h| texts(&h["values"]).contains(&"more".to_string()))
+        .unwrap();
+    let end_of_first = more["parent_checkpoint"]["checkpoint_id"].as_str().unwrap().to_string();
+
+    let edited = wait(say("other", Some(&end_of_first))).await;
+    assert_eq!(texts(&edited), ["hi", "echo: hi", "other", "echo: other"]);
+    let (_, _, after) = call(&s, Method::POST, "/threads/f/history", Some(json!({"limit": 50}))).await;
+    let after = after.as_array().unwrap();
+    let ids: Vec<&str> = after.iter().map(|h| h["checkpoint_id"].as_str().unwrap()).collect();
+    for h in &history {
+        assert!(
+            ids.contains(&h["checkpoint_id"].as_str().unwrap()),
+            "the old branch stays"
+        );
+    }
+    assert_eq!(after.len(), history.len() + 2, "a turn's checkpoint and its step's");
+    let new: Vec<&Value> = after
+        .iter()
+        .filter(|h| !history.iter().any(|o| o["checkpoint_id"] == h["checkpoint_id"]))
+        .collect();
+    let parent = |h: &Value| h["parent_checkpoint"]["checkpoint_id"].as_str().unwrap().to_string();
+    let turn = new
+        .iter()
+        .find(|h| parent(h) == end_of_first)
+        .expect("the branch starts at the checkpoint");
+    let step = new
+        .iter()
+        .find(|h| h["checkpoint_id"] != turn["checkpoint_id"])
+        .unwrap();
+    assert_eq!(parent(step), turn["checkpoint_id"].as_str().unwrap());
+    assert_eq!(texts(&turn["values"]), ["hi", "echo: hi", "other"]);
+    // The abandoned branch's values are intact.
+    let (_, _, old) = call(&s, Method::GET, &format!("/threads/f/state/{old_head}"), None).await;
+    assert_eq!(texts(&old["values"]), ["hi", "echo: hi", "more", "echo: more"]);
+
+    // Back to the first branch, then on from it.
+    let (status, _, back) = call(
+        &s,
+        Method::POST,
+        "/threads/f/runs/wait",
+        Some(json!({"assistant_id": "chat", "checkpoint_id": old_head})),
+    )
+    .await;
+    assert_eq!(status, 200, "{back}");
+    assert_eq!(texts(&back), ["hi", "echo: hi", "more", "echo: more"]);
+    let on = wait(say("again", None)).await;
+    assert_eq!(
+        texts(&on),
+        ["hi", "echo: hi", "more", "echo: more", "again", "echo: again"]
+    );
+    let (_, _, state) = call(&s, Method::GET, "/threads/f/state", None).await;
+    assert_eq!(texts(&state["values"]), texts(&on));
+}
+
+/// `command.update` (through the reducers) and `command.goto`, from LangGraph's Python client.
+#[test]
+fn the_python_sdk_sends_command_update_and_goto() {
+    let python = sdk_python();
+    let s = serve();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/command.py");
+    super::serve::script_passes(
+        Command::new(python).arg(script).arg(&s.base),
+        "sdk command: every check passed",
+    );
+}

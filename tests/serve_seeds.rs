@@ -169,37 +169,103 @@ async fn wait(s: &Server, thread: &str, body: Value) -> Value {
     values
 }
 
-/// The deep-research assistant (001) through its three gates over HTTP, each answer shape used
-/// (respond, edit, ignore, accept), with the server killed outright (SIGKILL) between two
-/// gates and the thread taken up by a new server on the same database.
+/// The deep-research assistant (001) through its three gates over HTTP, answered as the agent
+/// inbox answers (a list of one HumanResponse: respond, ignore, accept) and as agent-chat-ui
+/// does (`{decisions: [edit]}`), with the server killed outright (SIGKILL) between two gates
+/// and the thread taken up by a new server on the same database. The greeting streams as
+/// tokens and opens the first gate's message.
 #[tokio::test(flavor = "multi_thread")]
 async fn deep_research_goes_through_its_three_gates_across_a_killed_server() {
     let mut s = serve_shipped("deep-research-served.yaml");
-    let start = json!({"assistant_id": "deep-research", "if_not_exists": "create",
-                       "input": {"query": "How are heat pumps sized?"}, "context": {"user_id": "alice"}});
-    wait(&s, "dr", start).await;
+    let greeting = "Welcome back, Alice. I will research heat pump sizing for a cold climate.";
+    let events = stream(
+        &s,
+        "/threads/dr/runs/stream",
+        json!({"assistant_id": "deep-research", "if_not_exists": "create",
+               "input": {"query": "How are heat pumps sized?"}, "context": {"user_id": "alice"},
+               "stream_mode": ["messages-tuple", "values"]}),
+    )
+    .await;
+    let tokens: Vec<&Value> = events
+        .iter()
+        .filter(|(e, d)| e == "messages" && d[1]["langgraph_node"] == "greeting")
+        .map(|(_, d)| d)
+        .collect();
+    assert!(tokens.len() >= 3, "the greeting streams token by token: {events:?}");
+    let text: String = tokens
+        .iter()
+        .map(|d| d[0]["content"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(text, greeting);
     let gate = waiting(&s, "dr").await;
     assert_eq!(gate["node"], "hitl_plan_gate", "{gate}");
     assert_eq!(gate["payload"]["plan"]["title"], "Heat pump sizing", "{gate}");
+    // The interrupt value is the inbox's HumanInterrupt and agent-chat-ui's review request.
+    assert_eq!(gate["action_request"]["action"], "review_plan", "{gate}");
+    assert_eq!(
+        gate["action_request"]["args"]["plan"]["title"], "Heat pump sizing",
+        "{gate}"
+    );
+    assert_eq!(
+        gate["config"],
+        json!({"allow_accept": true, "allow_edit": true, "allow_respond": true, "allow_ignore": true})
+    );
+    let description = gate["description"].as_str().unwrap();
+    assert!(
+        description.starts_with(&format!("{greeting}\n\nResearch plan v1")),
+        "{description}"
+    );
+    assert_eq!(gate["action_requests"][0]["name"], "review_plan", "{gate}");
+    assert_eq!(
+        gate["review_configs"],
+        json!([{"action_name": "review_plan", "allowed_decisions": ["approve", "edit", "reject"]}])
+    );
 
-    // respond: the planner revises the plan and the same gate asks again.
+    // An edit must give back the arguments shown; this one does not and is refused.
     let resume = |answer: Value| json!({"assistant_id": "deep-research", "command": {"resume": answer}, "context": {"user_id": "alice"}});
+    let (status, _, refused) = super::serve::call(
+        &s,
+        reqwest::Method::POST,
+        "/threads/dr/runs/wait",
+        Some(resume(
+            json!([{"type": "edit", "args": {"action": "review_plan", "args": {"title": "x"}}}]),
+        )),
+    )
+    .await;
+    // (The run is created, then fails: `runs/wait` answers 200 with the error, as the reference.)
+    assert_eq!(status, 200, "{refused}");
+    let why = refused["__error__"]["message"].as_str().unwrap();
+    assert!(why.contains("does not fit the gate's response schema"), "{why}");
+    assert_eq!(waiting(&s, "dr").await["payload"]["version"], 1);
+
+    // respond: the planner revises the plan and the same gate asks again, without the greeting.
     wait(
         &s,
         "dr",
-        resume(json!({"action": "respond", "feedback": "Cover cold climates."})),
+        resume(json!([{"type": "response", "args": "Cover cold climates."}])),
     )
     .await;
     let gate = waiting(&s, "dr").await;
     assert_eq!(gate["node"], "hitl_plan_gate");
     assert_eq!(gate["payload"]["plan"]["title"], "Heat pump sizing, revised", "{gate}");
     assert_eq!(gate["payload"]["version"], 2, "{gate}");
+    assert!(
+        gate["description"].as_str().unwrap().starts_with("Research plan v2"),
+        "{gate}"
+    );
 
-    // edit: the edited plan is the one researched; the run stops at the discovery gate.
+    // edit, as agent-chat-ui decides: the edited plan is the one researched; the run stops at
+    // the discovery gate.
     let edited = json!({"title": "Sizing, as edited", "objective": "Size it.", "tasks": [], "report_outline": []});
-    wait(&s, "dr", resume(json!({"action": "edit", "edit": edited}))).await;
+    wait(
+        &s,
+        "dr",
+        resume(json!({"decisions": [{"type": "edit", "edited_action": {"name": "review_plan", "args": {"plan": edited}}}]})),
+    )
+    .await;
     let gate = waiting(&s, "dr").await;
     assert_eq!(gate["node"], "hitl_discovery_gate", "{gate}");
+    assert_eq!(gate["action_request"]["action"], "review_discovery", "{gate}");
 
     // The server dies between two gates; a new one on the same database takes the thread up.
     let dir = s.kill9();
@@ -219,7 +285,7 @@ async fn deep_research_goes_through_its_three_gates_across_a_killed_server() {
     assert_eq!(waiting(&s, "dr").await["node"], "hitl_discovery_gate");
 
     // ignore: the review is skipped and the report written; accept: it is saved.
-    wait(&s, "dr", resume(json!({"action": "ignore"}))).await;
+    wait(&s, "dr", resume(json!([{"type": "ignore", "args": null}]))).await;
     let gate = waiting(&s, "dr").await;
     assert_eq!(gate["node"], "hitl_final_gate", "{gate}");
     assert!(
@@ -229,8 +295,13 @@ async fn deep_research_goes_through_its_three_gates_across_a_killed_server() {
             .starts_with("# Heat pumps in the cold"),
         "{gate}"
     );
-    let values = wait(&s, "dr", resume(json!({"action": "accept"}))).await;
+    let values = wait(&s, "dr", resume(json!([{"type": "accept", "args": null}]))).await;
     assert_eq!(values["plan"]["title"], "Sizing, as edited", "{values}");
+    let (_, _, state) = super::serve::call(&s, reqwest::Method::GET, "/threads/dr/state", None).await;
+    assert_eq!(
+        state["values"]["feedback_log"],
+        json!([{"gate": "plan", "action": "respond", "feedback": "Cover cold climates."}])
+    );
     let saved = s
         .dir
         .as_ref()

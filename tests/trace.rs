@@ -62,12 +62,12 @@ replies:
 
 /// One received span, flattened.
 #[derive(Debug, Clone)]
-struct Span {
-    trace: Vec<u8>,
-    id: Vec<u8>,
-    parent: Vec<u8>,
-    name: String,
-    attrs: HashMap<String, String>,
+pub(crate) struct Span {
+    pub(crate) trace: Vec<u8>,
+    pub(crate) id: Vec<u8>,
+    pub(crate) parent: Vec<u8>,
+    pub(crate) name: String,
+    pub(crate) attrs: HashMap<String, String>,
 }
 
 /// The spans of one export request, flattened, added to `sink`.
@@ -93,7 +93,7 @@ fn collect(request: ExportTraceServiceRequest, sink: &Mutex<Vec<Span>>) {
 }
 
 /// An OTLP/HTTP trace receiver on loopback: every span of every export request it is sent.
-fn receiver() -> (support::Served, Arc<Mutex<Vec<Span>>>) {
+pub(crate) fn receiver() -> (support::Served, Arc<Mutex<Vec<Span>>>) {
     let spans = Arc::new(Mutex::new(Vec::new()));
     let sink = spans.clone();
     let served = support::serve("127.0.0.1", move |_| {

@@ -48,13 +48,108 @@ impl Engine {
         Ok(edited)
     }
 
-    fn edit(
+    /// LangGraph's `Command(update=, goto=)` given as a run's input, applied to the thread's
+    /// latest checkpoint as a new checkpoint under the thread's lease: `update`'s values are
+    /// written through the keys' reducers, as a run's input is (a message is appended to an
+    /// `add_messages` key); `goto`'s nodes are what runs next, in place of the pending tasks
+    /// (`END` alone: nothing; a gate that waited is dropped). Without `goto` the pending tasks
+    /// and their gates' records stay, so an answer can follow. Continue the thread with
+    /// [`Engine::resume`] or [`Engine::answer`].
+    pub async fn command(
         &self,
         thread_id: &str,
-        values: Vec<(String, Value)>,
-        as_node: Option<&str>,
+        update: Vec<(String, Value)>,
+        goto: Option<Vec<String>>,
+    ) -> Result<Checkpoint, EngineError> {
+        let held = lease::take(&self.store, thread_id, &self.options.lease, &self.cancel).await?;
+        let done = self.commanded(thread_id, &update, goto, held.fence());
+        let released = held.release();
+        let done = done?;
+        released?;
+        Ok(done)
+    }
+
+    fn commanded(
+        &self,
+        thread_id: &str,
+        update: &[(String, Value)],
+        goto: Option<Vec<String>>,
         fence: &Fence,
     ) -> Result<Checkpoint, EngineError> {
+        let (thread, cp) = self.head(thread_id, update)?;
+        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        let state = self.store.state(&thread.thread_id, &cp.versions)?;
+        let writes: BTreeMap<&str, Vec<(&str, &Value)>> =
+            update.iter().map(|(k, v)| (k.as_str(), vec![("input", v)])).collect();
+        let folded = self
+            .fold_writes(&state, &cp.versions, &mut meta, &writes)
+            .map_err(|e| EngineError::Input(format!("command.update: {e}")))?;
+        let (step, next, records) = match goto {
+            None => (
+                cp.step,
+                cp.next.clone(),
+                self.store.get_writes(thread_id, &cp.checkpoint_id)?,
+            ),
+            Some(nodes) => {
+                let mut next = Vec::new();
+                for node in nodes.iter().filter(|n| !matches!(n.as_str(), "END" | "__end__")) {
+                    let Some(ix) = self.plan.node_by_name(node) else {
+                        return Err(EditError::NoSuchNode {
+                            node: node.clone(),
+                            hint: hint(node, self.plan.nodes().values().map(|n| n.name.as_str())),
+                        }
+                        .into());
+                    };
+                    next.push(Next::Node(ix));
+                }
+                meta.barriers.clear();
+                meta.deferred.clear();
+                let next = self.hold_deferred(&mut meta, self.schedule(next));
+                (cp.step + 1, next, Vec::new())
+            }
+        };
+        let edited = Checkpoint {
+            checkpoint_id: checkpoint::new_id(),
+            parent_id: Some(cp.checkpoint_id.clone()),
+            step,
+            versions: folded.versions,
+            ran: Vec::new(),
+            changed: folded.changed,
+            next,
+            meta: serde_json::to_value(&meta).unwrap_or_default(),
+            plan_hash: self.plan.hash().to_string(),
+            created_at: crate::clock::now(),
+            ..cp
+        };
+        let mut puts = vec![
+            Put::Fence(fence.clone()),
+            Put::Checkpoint(Arc::new(edited.clone()), folded.stored),
+        ];
+        if !records.is_empty() {
+            puts.push(Put::Writes {
+                thread_id: thread_id.to_string(),
+                checkpoint_id: edited.checkpoint_id.clone(),
+                writes: records,
+            });
+        }
+        puts.push(Put::Status {
+            thread_id: thread_id.to_string(),
+            status: if edited.next.is_empty() {
+                ThreadStatus::Done
+            } else {
+                ThreadStatus::Running
+            },
+        });
+        self.store.put_batch(puts)?;
+        Ok(edited)
+    }
+
+    /// The thread and its latest checkpoint, with every key `values` names checked to exist.
+    fn head(
+        &self,
+        thread_id: &str,
+        values: &[(String, Value)],
+    ) -> Result<(checkpoint::Thread, Checkpoint), EngineError> {
         let thread = self
             .store
             .get_thread(thread_id)?
@@ -63,7 +158,7 @@ impl Engine {
             .store
             .get_checkpoint(thread_id, None)?
             .ok_or_else(|| EngineError::NoThread(thread_id.to_string()))?;
-        for (key, _) in &values {
+        for (key, _) in values {
             if !self.plan.state().contains_key(key) {
                 return Err(EditError::NoSuchKey {
                     key: key.clone(),
@@ -72,6 +167,17 @@ impl Engine {
                 .into());
             }
         }
+        Ok((thread, cp))
+    }
+
+    fn edit(
+        &self,
+        thread_id: &str,
+        values: Vec<(String, Value)>,
+        as_node: Option<&str>,
+        fence: &Fence,
+    ) -> Result<Checkpoint, EngineError> {
+        let (thread, cp) = self.head(thread_id, &values)?;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let (edited, stored) = match as_node {
             None => self.replaced(&cp, &mut meta, values)?,

@@ -91,6 +91,10 @@ pub struct RunRequest {
     pub force: bool,
     /// Nodes this run stops before or after, besides those the workflow declares.
     pub gates: RunGates,
+    /// The checkpoint of the thread to go on from (none: its latest). From an older one the
+    /// thread forks: the run's checkpoints are a new branch from it, the old branch stays in
+    /// the thread's history.
+    pub checkpoint_id: Option<String>,
 }
 
 /// Nodes one run stops before (`interrupt_before`) or after (`interrupt_after`), besides the

@@ -51,6 +51,8 @@ pub(super) struct Entry {
     pub(super) answer: Option<Answer>,
     /// An answer for a thread this run creates is dropped rather than refused.
     pub(super) drop_answer_if_new: bool,
+    /// The checkpoint to go on from (none: the latest); an older one forks the thread there.
+    pub(super) at: Option<String>,
 }
 
 impl Entry {
@@ -62,6 +64,7 @@ impl Entry {
             new_turn: None,
             answer: None,
             drop_answer_if_new: false,
+            at: None,
         }
     }
 
@@ -73,6 +76,7 @@ impl Entry {
             new_turn: None,
             answer: None,
             drop_answer_if_new: false,
+            at: None,
         }
     }
 
@@ -97,6 +101,7 @@ impl From<RunRequest> for Entry {
                 value,
             }),
             drop_answer_if_new: false,
+            at: req.checkpoint_id,
             create: Some(Start {
                 thread_id: req.thread_id,
                 workflow: req.workflow,
@@ -196,7 +201,7 @@ impl Engine {
             if entry.only_new {
                 return Err(EngineError::Exists(id));
             }
-            let (thread, cp) = self.reopen(thread, entry.new_turn.as_ref(), fence)?;
+            let (thread, cp) = self.reopen(thread, entry.new_turn.as_ref(), entry.at.as_deref(), fence)?;
             return Ok((thread, cp, true));
         }
         let Some(start) = &entry.create else {
@@ -210,13 +215,15 @@ impl Engine {
         Ok((thread, cp, false))
     }
 
-    /// An existing thread's latest checkpoint, checked against this workflow; with `input`, the
-    /// checkpoint of a new turn. A thread stored without a checkpoint (by an older build killed
-    /// in between) starts from its recorded input.
+    /// An existing thread's latest checkpoint (or checkpoint `at`, which forks the thread when
+    /// it is an older one), checked against this workflow; with `input`, the checkpoint of a
+    /// new turn. A thread stored without a checkpoint (by an older build killed in between)
+    /// starts from its recorded input.
     fn reopen(
         &self,
         thread: Thread,
         input: Option<&Value>,
+        at: Option<&str>,
         fence: &Fence,
     ) -> Result<(Thread, Checkpoint), EngineError> {
         let cp = match self.store.get_checkpoint(&thread.thread_id, None)? {
@@ -230,16 +237,82 @@ impl Engine {
                 cp
             }
         };
+        let (cp, carried) = match at.filter(|at| *at != cp.checkpoint_id) {
+            Some(at) => {
+                let from = self.store.get_checkpoint(&thread.thread_id, Some(at))?.ok_or_else(|| {
+                    EngineError::Input(format!("thread `{}` has no checkpoint `{at}`", thread.thread_id))
+                })?;
+                let (cp, carried) = self.branch(&thread.thread_id, from)?;
+                (cp, Some(carried))
+            }
+            None => (cp, None),
+        };
         if thread.plan_hash != self.plan.hash() && !self.options.force {
             self.check_compatible(&cp)?;
         }
-        match input {
-            Some(input) => {
-                let turn = self.turn(&thread, cp, input, fence, self.limit())?;
+        match (input, carried) {
+            (Some(input), carried) => {
+                let turn = self.turn(&thread, cp, input, carried.unwrap_or_default(), fence, self.limit())?;
                 Ok((thread, turn))
             }
-            None => Ok((thread, cp)),
+            (None, Some(carried)) => Ok((thread, self.fork_here(cp, carried, fence)?)),
+            (None, None) => Ok((thread, cp)),
         }
+    }
+
+    /// Checkpoint `from`, as the base of a new branch of its thread: each key's version raised
+    /// above every version the thread has stored for it (on any branch), with the values stored
+    /// again under those versions (returned, to be stored with the branch's first checkpoint).
+    /// Versions are numbered from a checkpoint's own, so a branch that kept `from`'s would
+    /// number its writes as the abandoned branch did, and the store keeps the first value of a
+    /// key's version: the branch would read the abandoned branch's values.
+    fn branch(&self, thread_id: &str, mut from: Checkpoint) -> Result<(Checkpoint, NewValues), EngineError> {
+        let mut highest: BTreeMap<String, u64> = BTreeMap::new();
+        for cp in self.store.history(thread_id)? {
+            for (key, v) in cp.versions {
+                let h = highest.entry(key).or_default();
+                *h = (*h).max(v);
+            }
+        }
+        let state = self.store.state(thread_id, &from.versions)?;
+        let mut carried = Vec::new();
+        for (key, version) in &mut from.versions {
+            let top = highest.get(key).copied().unwrap_or(*version);
+            if top > *version
+                && let Some(value) = state.get(key)
+            {
+                *version = top + 1;
+                carried.push((key.clone(), *version, value.clone()));
+            }
+        }
+        Ok((from, carried))
+    }
+
+    /// A branch started without new input: a checkpoint that is `base` again (its tasks, and
+    /// the records of its gates and finished tasks), as `base`'s child, with `carried` values.
+    fn fork_here(&self, base: Checkpoint, carried: NewValues, fence: &Fence) -> Result<Checkpoint, EngineError> {
+        let writes = self.store.get_writes(&base.thread_id, &base.checkpoint_id)?;
+        let fork = Checkpoint {
+            checkpoint_id: checkpoint::new_id(),
+            parent_id: Some(base.checkpoint_id.clone()),
+            ran: Vec::new(),
+            changed: carried.iter().map(|(k, _, _)| k.clone()).collect(),
+            created_at: crate::clock::now(),
+            ..base
+        };
+        let mut puts = vec![
+            Put::Fence(fence.clone()),
+            Put::Checkpoint(Arc::new(fork.clone()), carried),
+        ];
+        if !writes.is_empty() {
+            puts.push(Put::Writes {
+                thread_id: fork.thread_id.clone(),
+                checkpoint_id: fork.checkpoint_id.clone(),
+                writes,
+            });
+        }
+        self.store.put_batch(puts)?;
+        Ok(fork)
     }
 
     /// A new thread's record: its input and context checked against their schemas, its
@@ -383,11 +456,13 @@ impl Engine {
 
     /// A new input on a finished thread starts a new turn (LangGraph's `invoke(input, thread)`):
     /// START runs again on the thread's state, with the new input.
+    /// `carried`: values a branch stores again under new versions (see [`Engine::branch`]).
     fn turn(
         &self,
         thread: &Thread,
         cp: Checkpoint,
         input: &Value,
+        carried: NewValues,
         fence: &Fence,
         limit: i64,
     ) -> Result<Checkpoint, EngineError> {
@@ -399,7 +474,17 @@ impl Engine {
         }
         let input = with_defaults(self.plan.input_schema(), input.clone());
         check_schema(self.plan.input_schema(), &input, "input")?;
-        let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
+        // A carried value is not stored yet: it is read from `carried`, the rest from the store.
+        let stored_before: BTreeMap<String, u64> = cp
+            .versions
+            .iter()
+            .filter(|(k, _)| !carried.iter().any(|(c, _, _)| c == *k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let mut state = self.store.state(&thread.thread_id, &stored_before)?;
+        for (key, _, value) in &carried {
+            state.insert(key.clone(), value.clone());
+        }
         let step = cp.step + 1;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         // The new input goes through the reducers of the keys it feeds, on the thread's state.
@@ -426,9 +511,13 @@ impl Engine {
             created_at: crate::clock::now(),
             ..cp
         };
+        // Carried values are stored even where the input wrote a newer version: a value the
+        // input appended to is stored as an extension of the carried one.
+        let mut stored = fed.stored;
+        stored.extend(carried);
         self.store.put_batch(vec![
             Put::Fence(fence.clone()),
-            Put::Checkpoint(Arc::new(turn.clone()), fed.stored),
+            Put::Checkpoint(Arc::new(turn.clone()), stored),
         ])?;
         Ok(turn)
     }

@@ -1,6 +1,9 @@
 //! `interrupt`: a human-in-the-loop gate. Without an answer it stops the run with its rendered
 //! message and payload; resumed with an answer (already validated against the gate's response
-//! schema by the engine) it outputs the answer.
+//! schema by the engine) it outputs the answer. A gate with `inbox` speaks the agent-inbox
+//! shapes (`inbox.rs`).
+
+mod inbox;
 
 use indexmap::IndexMap;
 use schemars::JsonSchema;
@@ -34,6 +37,15 @@ pub(super) struct InterruptNode {
     /// node); `output` is `{id: answer, ...}` once all are answered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub questions: Vec<Question>,
+    /// The gate speaks the agent-inbox shapes: its interrupt value is a `HumanInterrupt`
+    /// (`action_request {action, args}`, `config {allow_accept, allow_edit, allow_respond,
+    /// allow_ignore}`, `description`: the message) and agent-chat-ui's `{action_requests,
+    /// review_configs}`; it takes a list of one `HumanResponse` (`accept`, `edit`, `response`,
+    /// `ignore`) or `{decisions: [approve | edit | reject]}`, and `output` is then
+    /// `{action: accept|edit|respond|ignore, edit: the edited args, feedback: the text}`.
+    /// An answer of the gate's own `response` schema, if it has one, is taken as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbox: Option<inbox::InboxSpec>,
 }
 
 /// One question of a gate that asks several.
@@ -58,13 +70,17 @@ struct Asked {
     id: Option<String>,
     message: Option<TemplateId>,
     payload: Option<Data>,
-    /// The response schema, resolved (self-contained).
+    /// The response schema, resolved (self-contained); for an inbox gate, its answer schema.
     response: Value,
+    /// The gate's own response schema, shown to a person (none: an inbox gate without one).
+    shown_schema: Option<Value>,
 }
 
 /// An `interrupt` node, compiled: its questions, in order.
 struct Config {
     questions: Vec<Asked>,
+    /// The agent-inbox shapes, with what the gate shows (`action_request.args`).
+    inbox: Option<(inbox::Inbox, Option<Data>)>,
 }
 
 /// The `interrupt` kind.
@@ -80,15 +96,19 @@ impl KindDecl for Interrupt {
     }
 
     fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
-        let n: InterruptNode = cx.own()?;
+        let mut n: InterruptNode = cx.own()?;
+        if let Some(spec) = n.inbox.take() {
+            return compile_inbox(cx, n, spec);
+        }
         let src = cx.source();
         match (&n.response, n.questions.is_empty()) {
             (Some(response), true) => {
-                let (asked, followed) = question(cx, &[], None, n.message.as_deref(), n.payload, response);
+                let (asked, followed) = question(cx, &[], None, n.message.as_deref(), n.payload, Some(response));
                 let shape = Shape::of_schema(&followed);
                 Some((
                     KindConfig::new(Config {
                         questions: vec![asked?],
+                        inbox: None,
                     }),
                     shape,
                 ))
@@ -127,7 +147,7 @@ impl KindDecl for Interrupt {
                         Some(q.id.clone()),
                         q.message.as_deref(),
                         q.payload.clone(),
-                        &q.response,
+                        Some(&q.response),
                     );
                     match asked {
                         Some(a) => questions.push(a),
@@ -135,7 +155,7 @@ impl KindDecl for Interrupt {
                     }
                 }
                 let ids: Vec<&str> = n.questions.iter().map(|q| q.id.as_str()).collect();
-                ok.then(|| (KindConfig::new(Config { questions }), Shape::fields(&ids)))
+                ok.then(|| (KindConfig::new(Config { questions, inbox: None }), Shape::fields(&ids)))
             }
             (Some(_), false) => {
                 let d = src
@@ -169,19 +189,105 @@ impl KindDecl for Interrupt {
     }
 }
 
+/// Compiles a gate that speaks the agent-inbox shapes: one question (its `response`, if any,
+/// taken besides the inbox answers), what it shows, what it allows.
+fn compile_inbox(cx: &mut KindCx<'_, '_, '_>, n: InterruptNode, spec: inbox::InboxSpec) -> Option<(KindConfig, Shape)> {
+    let src = cx.source();
+    if !n.questions.is_empty() {
+        let d = src
+            .diag_key(
+                Code::InterruptResponse,
+                &cx.at(&["inbox"]),
+                "an inbox gate asks one question, not several `questions`",
+            )
+            .help("make each question its own gate, or drop `inbox`");
+        cx.report(d);
+        return None;
+    }
+    let mut ok = true;
+    for (i, a) in spec.allow.iter().enumerate() {
+        if spec.allow[..i].contains(a) {
+            let d = src.diag(
+                Code::InterruptResponse,
+                &cx.at(&["inbox", "allow", &i.to_string()]),
+                "this answer is allowed twice",
+            );
+            cx.report(d);
+            ok = false;
+        }
+    }
+    if spec.allow.contains(&inbox::InboxAction::Edit) && spec.args.is_empty() {
+        let d = src
+            .diag_key(
+                Code::InterruptResponse,
+                &cx.at(&["inbox", "allow"]),
+                "the gate allows `edit` but shows nothing to edit",
+            )
+            .help("give `inbox.args`, the values shown for editing, or drop `edit` from `allow`");
+        cx.report(d);
+        ok = false;
+    }
+    let args = cx.data(
+        &["inbox", "args"],
+        &Value::Object(spec.args.clone().into_iter().collect()),
+        None,
+    );
+    let (asked, followed) = question(cx, &[], None, n.message.as_deref(), n.payload, n.response.as_ref());
+    let shape = match (&n.response, Shape::of_schema(&followed)) {
+        (None, _) => Shape::fields(&inbox::OUTPUT_FIELDS),
+        (Some(_), Shape::Fields(mut fields)) => {
+            for f in inbox::OUTPUT_FIELDS {
+                if !fields.iter().any(|x| x == f) {
+                    fields.push(f.to_string());
+                }
+            }
+            Shape::Fields(fields)
+        }
+        (Some(_), other) => other,
+    };
+    let inbox = inbox::Inbox {
+        action: spec.action.unwrap_or_else(|| cx.node().to_string()),
+        allow: spec.allow,
+        keys: spec.args.keys().cloned().collect(),
+    };
+    let mut asked = asked?;
+    asked.response = inbox.answer_schema(n.response.is_some().then_some(&asked.response));
+    (ok && args.is_some()).then(|| {
+        (
+            KindConfig::new(Config {
+                questions: vec![asked],
+                inbox: Some((inbox, args)),
+            }),
+            shape,
+        )
+    })
+}
+
 /// Compiles one question written at `path` (the gate itself when empty); returns it with its
-/// response schema followed.
+/// response schema followed (`null` when it has none: an inbox gate's).
 fn question(
     cx: &mut KindCx<'_, '_, '_>,
     path: &[&str],
     id: Option<String>,
     message: Option<&str>,
     payload: IndexMap<String, Value>,
-    response: &JsonSchemaDoc,
+    response: Option<&JsonSchemaDoc>,
 ) -> (Option<Asked>, Value) {
     let at = |field: &'static str| [path, &[field]].concat();
     let message = message.map(|text| cx.template(&at("message"), text));
     let payload = cx.data(&at("payload"), &Value::Object(payload.into_iter().collect()), None);
+    let Some(response) = response else {
+        let asked = (|| {
+            Some(Asked {
+                id,
+                message: optional(message)?,
+                payload: Some(payload?),
+                response: Value::Null,
+                shown_schema: None,
+            })
+        })();
+        return (asked, Value::Null);
+    };
     let response = cx.schema(&at("response"), &response.0);
     let followed = cx.followed(&response);
     if accepts_anything(&followed) {
@@ -196,6 +302,7 @@ fn question(
             id,
             message: optional(message)?,
             payload: Some(payload?),
+            shown_schema: Some(strip_internal(&response)),
             response,
         })
     })();
@@ -221,6 +328,7 @@ fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
     let answers: Vec<&Value> = ctx.answered.iter().chain(ctx.resume).collect();
     if answers.len() >= config.questions.len() {
         let output = match config.questions.as_slice() {
+            [_] if config.inbox.is_some() => answers.first().map_or(Value::Null, |a| inbox::folded(a)),
             [only] if only.id.is_none() => answers.first().map_or(Value::Null, |a| (*a).clone()),
             questions => Value::Object(
                 questions
@@ -237,13 +345,20 @@ fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
     }
     let asked = &config.questions[answers.len()];
     let mut payload = Map::new();
-    if let Some(message) = render_opt(ctx, asked.message.as_ref(), "/message")? {
-        payload.insert("message".into(), Value::String(message));
+    let message = render_opt(ctx, asked.message.as_ref(), "/message")?;
+    if let Some(message) = &message {
+        payload.insert("message".into(), Value::String(message.clone()));
     }
     if let Some(data) = data(ctx, asked.payload.as_ref(), "/payload", &ctx.scope)? {
         payload.insert("payload".into(), data);
     }
-    payload.insert("response_schema".into(), strip_internal(&asked.response));
+    if let Some(schema) = &asked.shown_schema {
+        payload.insert("response_schema".into(), schema.clone());
+    }
+    if let Some((inbox, args)) = &config.inbox {
+        let args = data(ctx, args.as_ref(), "/inbox/args", &ctx.scope)?.unwrap_or_else(|| Value::Object(Map::new()));
+        payload.extend(inbox.shown(args, message.as_deref()));
+    }
     if let Some(id) = &asked.id {
         payload.insert("question".into(), Value::String(id.clone()));
         payload.insert("questions_answered".into(), Value::from(answers.len()));

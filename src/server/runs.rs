@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Json, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 
 use super::Shared;
 use super::graphs::Graph;
@@ -63,7 +64,8 @@ pub(super) fn run_json(row: &RunRow) -> Value {
     })
 }
 
-/// `command` of a run: LangGraph's `Command`. Only `resume` is carried out.
+/// `command` of a run: LangGraph's `Command`: `update` (written through the reducers) and
+/// `goto` (what runs next) are applied to the thread first, then `resume` answers its gate.
 #[derive(Deserialize, Default)]
 struct Command {
     resume: Option<Value>,
@@ -94,6 +96,10 @@ pub(super) struct RunCreate {
     interrupt_before: Option<Value>,
     interrupt_after: Option<Value>,
     durability: Option<String>,
+    /// `{checkpoint_id, …}`: run from this checkpoint of the thread; an older one forks it.
+    checkpoint: Option<Value>,
+    /// The same, as the Python SDK's `checkpoint_id=` sends it.
+    checkpoint_id: Option<String>,
 }
 
 /// A run that holds its thread: the events it sends, and its end.
@@ -197,6 +203,42 @@ pub(super) struct Resumed {
     pub was_running: bool,
 }
 
+/// `command.update` and `command.goto` as the thread edit they ask for, if they ask for one.
+type Edit = (Vec<(String, Value)>, Option<Vec<String>>);
+
+/// `update`: `{key: value}`, or LangGraph's `[[key, value], …]`; `goto`: a node, or a list.
+fn commanded(update: Option<Value>, goto: Option<Value>) -> Result<Option<Edit>, ApiError> {
+    let bad_update = || ApiError::invalid("command.update is an object, or a list of [key, value] pairs");
+    let update: Vec<(String, Value)> = match update {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(m)) => m.into_iter().collect(),
+        Some(Value::Array(pairs)) => pairs
+            .into_iter()
+            .map(|p| match p {
+                Value::Array(kv) => match <[Value; 2]>::try_from(kv) {
+                    Ok([Value::String(k), v]) => Some((k, v)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(bad_update)?,
+        Some(_) => return Err(bad_update()),
+    };
+    // A `Send` (`{node, arg}`) would run a node on an item a client chose: runner's fan-out is
+    // a workflow's `send`.
+    let node = |v: Value| match v {
+        Value::String(s) => Ok(s),
+        _ => Err(ApiError::invalid("command.goto names nodes (a Send is not supported)")),
+    };
+    let goto = match goto {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(nodes)) => Some(nodes.into_iter().map(node).collect::<Result<Vec<_>, _>>()?),
+        Some(one) => Some(vec![node(one)?]),
+    };
+    Ok((!update.is_empty() || goto.is_some()).then_some((update, goto)))
+}
+
 /// Starts a run of the request `kwargs` on `thread` (none: a thread of its own) and waits until
 /// it holds the thread.
 pub(super) async fn start(app: &Shared, thread: Option<String>, kwargs: Value) -> Result<Started, ApiError> {
@@ -242,11 +284,7 @@ pub(super) async fn start_run(
         }
     };
     let command = req.command.unwrap_or_default();
-    if command.update.is_some() || command.goto.is_some() {
-        return Err(ApiError::invalid(
-            "command.update and command.goto are not supported yet",
-        ));
-    }
+    let edit = commanded(command.update, command.goto)?;
     let gates = RunGates {
         before: node_set(&graph, "interrupt_before", req.interrupt_before.as_ref())?,
         after: node_set(&graph, "interrupt_after", req.interrupt_after.as_ref())?,
@@ -267,6 +305,13 @@ pub(super) async fn start_run(
     let workflow = graph.path.display().to_string();
     let was_running = resumed.as_ref().is_some_and(|r| r.was_running);
     let is_resumed = resumed.is_some();
+    // A resumed run that held its thread had applied its command.
+    let edit = edit.filter(|_| !was_running);
+    if edit.is_some() && !exists(app, &thread_id)? {
+        return Err(ApiError::invalid(
+            "command.update and command.goto apply to a thread's state: the thread has none yet",
+        ));
+    }
     let mut request = match command.resume {
         // A resumed run that held its thread had taken its answer: the thread goes on.
         _ if was_running => overrides.answer(thread_id.clone(), workflow, None, None),
@@ -274,6 +319,8 @@ pub(super) async fn start_run(
             let (to, value) = answer(app, &thread_id, resume)?;
             overrides.answer(thread_id.clone(), workflow, Some(value), to)
         }
+        // The command's edit, then the thread goes on from it.
+        None if edit.is_some() => overrides.answer(thread_id.clone(), workflow, None, None),
         None => overrides.start(Start {
             thread_id: Some(thread_id.clone()),
             workflow,
@@ -292,6 +339,17 @@ pub(super) async fn start_run(
         request.persist = persist;
     }
     request.gates = gates;
+    // A resumed run that held its thread had forked it already, if it asked to.
+    request.checkpoint_id = req
+        .checkpoint_id
+        .or_else(|| {
+            req.checkpoint
+                .as_ref()
+                .and_then(|c| c.get("checkpoint_id"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .filter(|_| !was_running);
     if let Some(limit) = req
         .config
         .as_ref()
@@ -374,28 +432,42 @@ pub(super) async fn start_run(
         temporary,
     };
     let ended_run = run_id.clone();
-    tokio::spawn(async move {
-        let outcome = engine.run(request).await;
-        // The engine (and with it every sender of its events) is gone before its end is told.
-        drop(engine);
-        let error = match &outcome {
-            Ok(o) if o.status == Status::Failed => {
-                Some(json!({"error": "RunError", "message": o.error.clone().unwrap_or_default()}))
-            }
-            Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
-            Ok(_) => None,
-        };
-        // Recorded whether or not a client still listens, and before a stream closes: a
-        // client that finds the stream closed asks the run's status to know whether to
-        // reconnect.
-        set_status(&ended.app, &ended_run, run_status(&outcome), error);
-        ended.app.metrics.run_ended(run_status(&outcome).as_str());
-        // Nobody waiting for the run's end is no failure.
-        let _ = ended_tx.send(true);
-        let _ = tx.send(outcome);
-        let _ = released.await;
-        ended.release();
-    });
+    // The run's span is a child of the request's that started it (none for a run resumed at
+    // start): one trace from the HTTP request down to the model calls. A spawned task does
+    // not inherit the current span by itself.
+    let parent = tracing::Span::current();
+    let request_thread = thread_id.clone();
+    tokio::spawn(
+        async move {
+            let outcome = match edit {
+                Some((update, goto)) => match engine.command(&request_thread, update, goto).await {
+                    Ok(_) => engine.run(request).await,
+                    Err(e) => Err(e),
+                },
+                None => engine.run(request).await,
+            };
+            // The engine (and with it every sender of its events) is gone before its end is told.
+            drop(engine);
+            let error = match &outcome {
+                Ok(o) if o.status == Status::Failed => {
+                    Some(json!({"error": "RunError", "message": o.error.clone().unwrap_or_default()}))
+                }
+                Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
+                Ok(_) => None,
+            };
+            // Recorded whether or not a client still listens, and before a stream closes: a
+            // client that finds the stream closed asks the run's status to know whether to
+            // reconnect.
+            set_status(&ended.app, &ended_run, run_status(&outcome), error);
+            ended.app.metrics.run_ended(run_status(&outcome).as_str());
+            // Nobody waiting for the run's end is no failure.
+            let _ = ended_tx.send(true);
+            let _ = tx.send(outcome);
+            let _ = released.await;
+            ended.release();
+        }
+        .instrument(parent),
+    );
     // The run sends `run_start` once it holds the thread; before that it can only fail.
     let first = tokio::select! {
         biased;
