@@ -547,7 +547,11 @@ fn says(text: &str) -> Reply {
 /// search engine and site. Returns the run's output, the requests the model server got and the
 /// cassette with the site's port rewritten to SearxNG's default (`127.0.0.1:8888`), which is
 /// where the workflows look when `SEARXNG_URL` is unset, as it is under `runner test`.
-fn record_seed(workflow: &str, args: &[&str], replies: impl FnOnce(&fake_web::FakeWeb) -> Vec<Reply>) -> (Value, Vec<Value>, String) {
+fn record_seed(
+    workflow: &str,
+    args: &[&str],
+    replies: impl FnOnce(&fake_web::FakeWeb) -> Vec<Reply>,
+) -> (Value, Vec<Value>, String) {
     let site = fake_web::start("");
     let server = FakeLlm::start_in_background();
     let replies = replies(&site);
@@ -582,7 +586,10 @@ fn record_seed(workflow: &str, args: &[&str], replies: impl FnOnce(&fake_web::Fa
     let text = std::fs::read_to_string(&cassette)
         .unwrap()
         .replace(&format!("127.0.0.1:{}", site.port), "127.0.0.1:8888")
-        .replace(r#""model":"gpt-4o-mini""#, r#""model":"${env:RUNNER_MODEL:-gpt-4o-mini}""#);
+        .replace(
+            r#""model":"gpt-4o-mini""#,
+            r#""model":"${env:RUNNER_MODEL:-gpt-4o-mini}""#,
+        );
     (output, requests, text)
 }
 
@@ -595,7 +602,11 @@ fn sent(request: &Value) -> String {
 fn offered(request: &Value) -> Vec<String> {
     request["tools"]
         .as_array()
-        .map(|t| t.iter().map(|t| t["function"]["name"].as_str().unwrap().to_string()).collect())
+        .map(|t| {
+            t.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -663,21 +674,39 @@ fn the_deep_research_task_agent_searches_and_reads_pages_with_its_tools() {
     let agent: Vec<&Value> = requests.iter().filter(|r| !offered(r).is_empty()).collect();
     assert_eq!(agent.len(), 3, "three turns of the task agent");
     assert_eq!(offered(agent[0]), ["web_search", "read_pages"]);
-    assert!(sent(agent[1]).contains("/articles/cop"), "the search results reach the model");
+    assert!(
+        sent(agent[1]).contains("/articles/cop"),
+        "the search results reach the model"
+    );
     let read = sent(agent[2]);
-    assert!(read.contains("coefficient of performance (COP)"), "the page's text reaches the model: {read}");
+    assert!(
+        read.contains("coefficient of performance (COP)"),
+        "the page's text reaches the model: {read}"
+    );
     assert!(read.contains("robots.txt"), "an unreadable page is reported: {read}");
     assert!(!read.contains("Celebrity homes"), "boilerplate is stripped");
     // Each page's text is cut to the tool's bound, whatever the page's length.
-    let tool_msg = agent[2]["messages"].as_array().unwrap().iter().rev().find(|m| m["role"] == "tool").unwrap();
+    let tool_msg = agent[2]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .unwrap();
     let pages: Value = serde_json::from_str(tool_msg["content"].as_str().unwrap()).unwrap();
     for p in pages["pages"].as_array().unwrap() {
         assert!(p["content"].as_str().unwrap().chars().count() <= 3000, "{p}");
     }
     assert_eq!(output["findings"][0]["task_ids"], json!(["t1"]));
     // The cassette holds the model calls and every web exchange of the tools.
-    assert!(cassette.contains("http://127.0.0.1:8888/search?"), "the search is recorded");
-    assert!(cassette.contains("\"node\":\"task_agent\""), "the agent's turns are recorded");
+    assert!(
+        cassette.contains("http://127.0.0.1:8888/search?"),
+        "the search is recorded"
+    );
+    assert!(
+        cassette.contains("\"node\":\"task_agent\""),
+        "the agent's turns are recorded"
+    );
 }
 
 #[test]
@@ -686,10 +715,16 @@ fn each_slides_research_worker_searches_with_its_own_tool_calls() {
     let worker: Vec<&Value> = requests.iter().filter(|r| !offered(r).is_empty()).collect();
     assert_eq!(worker.len(), 3, "three turns of the worker");
     assert_eq!(offered(worker[0]), ["web_search"]);
-    assert!(sent(worker[2]).contains("Seasonal performance"), "the second search's results reach the model");
+    assert!(
+        sent(worker[2]).contains("Seasonal performance"),
+        "the second search's results reach the model"
+    );
     let plan = output["plan"].as_array().unwrap();
     assert_eq!(plan[0]["status"], "complete");
-    assert_eq!(output["artifacts"]["step_1_research"]["headline_messages"][0], "Three units of heat per unit of power");
+    assert_eq!(
+        output["artifacts"]["step_1_research"]["headline_messages"][0],
+        "Three units of heat per unit of power"
+    );
 }
 
 /// Re-records the seed agents' cassettes that `workflows/deep-research/research.test.yaml`
@@ -722,7 +757,10 @@ fn the_seed_agents_bound_their_turns_and_their_tools_arguments() {
     }
     let root = std::path::Path::new(ROOT);
     let mut agents = 0;
-    for file in ["workflows/deep-research/research.yaml", "workflows/slides/researcher.yaml"] {
+    for file in [
+        "workflows/deep-research/research.yaml",
+        "workflows/slides/researcher.yaml",
+    ] {
         let doc = runner::spec::load::parse(runner::spec::load::read(&root.join(file)).unwrap()).unwrap();
         let tools = &doc.value["tools"];
         for (name, node) in doc.value["nodes"].as_object().unwrap() {
@@ -730,8 +768,14 @@ fn the_seed_agents_bound_their_turns_and_their_tools_arguments() {
                 continue;
             }
             agents += 1;
-            assert!(node.get("max_tokens").is_some(), "{file}: agent `{name}` has no max_tokens");
-            assert!(node.get("max_iterations").is_some(), "{file}: agent `{name}` has no max_iterations");
+            assert!(
+                node.get("max_tokens").is_some(),
+                "{file}: agent `{name}` has no max_tokens"
+            );
+            assert!(
+                node.get("max_iterations").is_some(),
+                "{file}: agent `{name}` has no max_iterations"
+            );
             for tool in node["tools"].as_array().unwrap() {
                 let def = &tools[tool.as_str().unwrap()];
                 let args = match def.get("workflow").and_then(Value::as_str) {
