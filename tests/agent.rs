@@ -532,3 +532,264 @@ fn an_agent_streams_its_models_tokens_and_its_tool_events_as_the_loops() {
         .count();
     assert_eq!(tool_ends, 1, "{events:?}");
 }
+
+// ── the seeds' agents, recorded against fake servers ──────────────────────────────────────
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A plain OpenAI chat completion answering `text`.
+fn says(text: &str) -> Reply {
+    Reply::completion(text)
+}
+
+/// A run of a shipped workflow against the fake OpenAI-compatible server (`replies`, answered in
+/// order: each seed's recording has one agent, so its calls come in one order) and the fake
+/// search engine and site. Returns the run's output, the requests the model server got and the
+/// cassette with the site's port rewritten to SearxNG's default (`127.0.0.1:8888`), which is
+/// where the workflows look when `SEARXNG_URL` is unset, as it is under `runner test`.
+fn record_seed(
+    workflow: &str,
+    args: &[&str],
+    replies: impl FnOnce(&fake_web::FakeWeb) -> Vec<Reply>,
+) -> (Value, Vec<Value>, String) {
+    let site = fake_web::start("");
+    let server = FakeLlm::start_in_background();
+    let replies = replies(&site);
+    let scripted = replies.len();
+    server.script(replies);
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = dir.path().join("seed.jsonl");
+    let out = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(ROOT)
+        .env_remove("RUNNER_ALLOW_NET")
+        .env_remove("RUNNER_MODEL")
+        .env("SEARXNG_URL", site.base())
+        .env("RUNNER_BASE_URL", &server.base_url)
+        .env("OPENAI_API_KEY", "sk-fake-0123456789")
+        .args(["run", workflow, "--db", ":memory:", "--allow-net", "127.0.0.1"])
+        .args(["--record", cassette.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let output: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let requests: Vec<Value> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/chat/completions"))
+        .map(|r| r.body)
+        .collect();
+    assert_eq!(requests.len(), scripted, "every scripted reply was asked for: {stderr}");
+    // `runner test` serves every profile from the case's replies and asks with the model as
+    // the workflow writes it, unexpanded: the recorded calls name it so.
+    let text = std::fs::read_to_string(&cassette)
+        .unwrap()
+        .replace(&format!("127.0.0.1:{}", site.port), "127.0.0.1:8888")
+        .replace(
+            r#""model":"gpt-4o-mini""#,
+            r#""model":"${env:RUNNER_MODEL:-gpt-4o-mini}""#,
+        );
+    (output, requests, text)
+}
+
+/// The messages of a request, as text, to find what the model was sent.
+fn sent(request: &Value) -> String {
+    request["messages"].to_string()
+}
+
+/// The offered tools' names of a request.
+fn offered(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// deep-research's research subgraph: one task, whose agent searches, reads two pages (one
+/// robots.txt forbids) and answers from the one it could read.
+fn record_deep_research() -> (Value, Vec<Value>, String) {
+    record_seed(
+        "workflows/deep-research/research.yaml",
+        &["--input-file", "tests/fixtures/input/deep-research-research.json"],
+        |site| {
+            let cop = site.url("/articles/cop");
+            let private = site.url("/private/secret");
+            vec![
+                says(&json!({"tasks": [{"id": "t1", "title": "COP", "question": "What COP do heat pumps reach?",
+                    "search_queries": ["heat pump COP"], "rationale": "core"}], "notes": "One task."}).to_string()),
+                tool_calls(&[("web_search", json!({"query": "heat pump COP"}))]),
+                tool_calls(&[("read_pages", json!({"urls": [cop, private]}))]),
+                says("The COP article answers the question."),
+                says(&json!({"answer": format!("Air-source heat pumps reach a COP of three to four in mild weather [{cop}]."),
+                    "key_findings": [{"claim": "COP of three to four in mild weather", "sources": [cop], "strength": "strong"}],
+                    "sources": [cop], "confidence": "medium", "gaps": ["COP at -15C"]}).to_string()),
+                says(&json!({"approved": true, "assessment": "Answered with one source.", "gaps": [],
+                    "follow_up_questions": []}).to_string()),
+                says(&json!({"findings": [{"id": "f1", "claim": "COP of three to four in mild weather",
+                    "sources": [cop], "confidence": "medium", "task_ids": ["t1"]}],
+                    "discovery": "Heat pumps deliver three to four times the heat of the electricity they use.",
+                    "sources": [cop], "open_questions": ["COP at -15C"]}).to_string()),
+            ]
+        },
+    )
+}
+
+/// slides: a plan with one researcher step, whose one worker searches twice and answers.
+fn record_slides() -> (Value, Vec<Value>, String) {
+    record_seed(
+        "workflows/slides.yaml",
+        &["--input", "request=A deck on heat pump efficiency"],
+        |site| {
+            let heat = site.url("/articles/heat-pumps");
+            let seasonal = site.url("/articles/seasonal");
+            vec![
+                says(&json!({"action": "handoff_to_planner", "response": "On it.", "brief": "Research, then a deck."}).to_string()),
+                says(&json!({"steps": [{"id": 1, "role": "researcher", "instruction": "Find heat pump efficiency figures.",
+                    "description": "Research", "status": "pending", "result_summary": null}]}).to_string()),
+                says(&json!({"tasks": [{"id": "task1", "focus": "Efficiency figures", "search_queries": ["heat pump efficiency"]}]}).to_string()),
+                tool_calls(&[("web_search", json!({"query": "heat pump efficiency"}))]),
+                tool_calls(&[("web_search", json!({"query": "heat pump SCOP"}))]),
+                says("The results cover the focus."),
+                says(&json!({"summary": "Heat pumps move heat; field SCOP is 2.5 to 3.5.",
+                    "findings": [{"fact": "Heat pumps move heat rather than make it.", "source": heat, "date": null},
+                                 {"fact": "Field trials measured SCOP of 2.5 to 3.5.", "source": seasonal, "date": null}],
+                    "sources": [heat, seasonal]}).to_string()),
+                says(&json!({"summary": "Heat pumps are efficient: SCOP 2.5 to 3.5 in the field.",
+                    "themes": [{"title": "Efficiency", "facts": [{"fact": "SCOP 2.5 to 3.5", "source": seasonal}]}],
+                    "headline_messages": ["Three units of heat per unit of power"], "sources": [heat, seasonal], "gaps": []}).to_string()),
+            ]
+        },
+    )
+}
+
+#[test]
+fn the_deep_research_task_agent_searches_and_reads_pages_with_its_tools() {
+    let (output, requests, cassette) = record_deep_research();
+    // The agent's model turns are offered both tools and get each tool's result back.
+    let agent: Vec<&Value> = requests.iter().filter(|r| !offered(r).is_empty()).collect();
+    assert_eq!(agent.len(), 3, "three turns of the task agent");
+    assert_eq!(offered(agent[0]), ["web_search", "read_pages"]);
+    assert!(
+        sent(agent[1]).contains("/articles/cop"),
+        "the search results reach the model"
+    );
+    let read = sent(agent[2]);
+    assert!(
+        read.contains("coefficient of performance (COP)"),
+        "the page's text reaches the model: {read}"
+    );
+    assert!(read.contains("robots.txt"), "an unreadable page is reported: {read}");
+    assert!(!read.contains("Celebrity homes"), "boilerplate is stripped");
+    // Each page's text is cut to the tool's bound, whatever the page's length.
+    let tool_msg = agent[2]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .unwrap();
+    let pages: Value = serde_json::from_str(tool_msg["content"].as_str().unwrap()).unwrap();
+    for p in pages["pages"].as_array().unwrap() {
+        assert!(p["content"].as_str().unwrap().chars().count() <= 3000, "{p}");
+    }
+    assert_eq!(output["findings"][0]["task_ids"], json!(["t1"]));
+    // The cassette holds the model calls and every web exchange of the tools.
+    assert!(
+        cassette.contains("http://127.0.0.1:8888/search?"),
+        "the search is recorded"
+    );
+    assert!(
+        cassette.contains("\"node\":\"task_agent\""),
+        "the agent's turns are recorded"
+    );
+}
+
+#[test]
+fn each_slides_research_worker_searches_with_its_own_tool_calls() {
+    let (output, requests, _) = record_slides();
+    let worker: Vec<&Value> = requests.iter().filter(|r| !offered(r).is_empty()).collect();
+    assert_eq!(worker.len(), 3, "three turns of the worker");
+    assert_eq!(offered(worker[0]), ["web_search"]);
+    assert!(
+        sent(worker[2]).contains("Seasonal performance"),
+        "the second search's results reach the model"
+    );
+    let plan = output["plan"].as_array().unwrap();
+    assert_eq!(plan[0]["status"], "complete");
+    assert_eq!(
+        output["artifacts"]["step_1_research"]["headline_messages"][0],
+        "Three units of heat per unit of power"
+    );
+}
+
+/// Re-records the seed agents' cassettes that `workflows/deep-research/research.test.yaml`
+/// and `workflows/slides.test.yaml` replay.
+/// Run with `cargo test --test integration -- --ignored agent::record_the_seed_agent_cassettes`.
+#[test]
+#[ignore = "writes committed fixtures"]
+fn record_the_seed_agent_cassettes() {
+    let dir = std::path::Path::new(ROOT).join("tests/fixtures/cassettes");
+    std::fs::write(dir.join("deep-research-agents.jsonl"), record_deep_research().2).unwrap();
+    std::fs::write(dir.join("slides-researcher.jsonl"), record_slides().2).unwrap();
+}
+
+/// The seeds' agents stay within what a small local model holds: each caps its replies
+/// (`max_tokens`) and its rounds of tool calls (`max_iterations`), and every argument its tools
+/// take is bounded (a string by `maxLength`, a list by `maxItems`).
+#[test]
+fn the_seed_agents_bound_their_turns_and_their_tools_arguments() {
+    fn bounded(schema: &Value, at: &str) {
+        if let Some(m) = schema.as_object() {
+            match m.get("type").and_then(Value::as_str) {
+                Some("string") => assert!(m.contains_key("maxLength"), "{at}: a string without maxLength"),
+                Some("array") => assert!(m.contains_key("maxItems"), "{at}: a list without maxItems"),
+                _ => {}
+            }
+            for (k, v) in m {
+                bounded(v, &format!("{at}/{k}"));
+            }
+        }
+    }
+    let root = std::path::Path::new(ROOT);
+    let mut agents = 0;
+    for file in [
+        "workflows/deep-research/research.yaml",
+        "workflows/slides/researcher.yaml",
+    ] {
+        let doc = runner::spec::load::parse(runner::spec::load::read(&root.join(file)).unwrap()).unwrap();
+        let tools = &doc.value["tools"];
+        for (name, node) in doc.value["nodes"].as_object().unwrap() {
+            if node["kind"] != "agent" {
+                continue;
+            }
+            agents += 1;
+            assert!(
+                node.get("max_tokens").is_some(),
+                "{file}: agent `{name}` has no max_tokens"
+            );
+            assert!(
+                node.get("max_iterations").is_some(),
+                "{file}: agent `{name}` has no max_iterations"
+            );
+            for tool in node["tools"].as_array().unwrap() {
+                let def = &tools[tool.as_str().unwrap()];
+                let args = match def.get("workflow").and_then(Value::as_str) {
+                    Some(w) => {
+                        let path = root.join(file).parent().unwrap().join(w);
+                        let child = runner::spec::load::parse(runner::spec::load::read(&path).unwrap()).unwrap();
+                        child.value["input"].clone()
+                    }
+                    None => def["args"].clone(),
+                };
+                assert!(args.is_object(), "{file}: tool {tool} declares its arguments");
+                bounded(&args, &format!("{file}: tool {tool}"));
+            }
+        }
+    }
+    assert_eq!(agents, 2, "one agent in each seed's research subgraph");
+}

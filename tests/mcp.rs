@@ -14,7 +14,7 @@ use runner::compile::Plan;
 use runner::engine::{RunOutcome, Status};
 use serde_json::{Value, json};
 
-use crate::support::Project;
+use crate::support::{Project, install};
 
 /// The fixture server's binary, built once when `cargo test` did not build it already (a run
 /// of one test target builds no examples).
@@ -402,5 +402,307 @@ edges: [START -> helper -> END]
         tools[1].2.contains("MCP server `silent` could not start") && tools[1].2.contains("no handshake within 500ms"),
         "{}",
         tools[1].2
+    );
+}
+
+// ── the lock against the live server, a whole server as a node's tools, cassettes ─────────
+
+/// The fixture's `server` entry behind a wrapper script the test can delete, and a workflow
+/// whose agent names the whole server (`tools: [fixture]`).
+fn whole_server_project() -> (Project, PathBuf) {
+    let p = Project::new(&[]);
+    let copy = p.path("server");
+    std::fs::write(&copy, format!("#!/bin/sh\nexec '{}' \"$@\"\n", fixture().display())).unwrap();
+    let mut perms = std::fs::metadata(&copy).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&copy, perms).unwrap();
+    let yaml = format!(
+        r#"name: whole-server
+models: {{default: {{provider: mock, model: m}}}}
+input: {{type: object, properties: {{q: {{type: string}}}}}}
+state:
+  messages: {{type: array, reducer: add_messages, default: [], from_input: q}}
+tools:
+  fixture:
+    mcp: {{command: [{:?}]}}
+nodes:
+  helper:
+    kind: agent
+    tools: [fixture]
+    update: {{messages: output.messages}}
+edges: [START -> helper -> END]
+"#,
+        copy.display().to_string()
+    );
+    p.write("w.yaml", &yaml);
+    (p, copy)
+}
+
+#[test]
+fn a_node_naming_an_mcp_server_is_offered_every_tool_it_imports() {
+    let (p, _) = whole_server_project();
+    lock(&p, "w.yaml");
+    let plan = p.plan("w.yaml");
+    let script = json!({"replies": {"helper": [
+        {"tool_calls": [
+            {"name": "echo", "args": {"text": "all"}},
+            {"name": "add", "args": {"a": 1, "b": 1}},
+            {"name": "fail", "args": {"reason": "as asked"}},
+            {"name": "env", "args": {"name": "RUNNER_TEST_UNSET"}},
+            {"name": "count", "args": {}}
+        ]},
+        "Done."
+    ]}});
+    let out = run(&plan, script);
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    // Every tool of the server ran (a tool the agent does not run answers "there is no tool").
+    let tools = tool_messages(&out);
+    let names: Vec<&str> = tools.iter().map(|t| t.0.as_str()).collect();
+    assert_eq!(names, ["echo", "add", "fail", "env", "count"]);
+    assert!(tools.iter().all(|t| !t.2.contains("no tool")), "{tools:?}");
+    assert_eq!(tools[0].2, "echo: all");
+    assert_eq!(tools[2].2, "Error: as asked");
+}
+
+#[test]
+fn a_server_whose_live_tools_differ_from_the_lock_is_refused_naming_each_tool() {
+    let (p, _) = whole_server_project();
+    let mut locked = lock(&p, "w.yaml");
+    // The lock says `echo` takes one more (optional) argument than the server now declares,
+    // lists a tool the server no longer has, and lacks `env`, which the server added since.
+    let tools = locked["servers"]["fixture"]["tools"].as_array_mut().unwrap();
+    tools[0]["input_schema"]["properties"]["loud"] = json!({"type": "boolean"});
+    tools.retain(|t| t["name"] != "env");
+    tools.push(json!({"name": "vanished", "description": "Gone.", "input_schema": {"type": "object"}}));
+    std::fs::write(p.path("w.mcp.lock.json"), locked.to_string()).unwrap();
+    let plan = p.plan("w.yaml");
+    let script = json!({"replies": {"helper": [
+        {"tool_calls": [{"name": "echo", "args": {"text": "hi"}}]},
+        "Done."
+    ]}});
+    let out = run(&plan, script);
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    let tools = tool_messages(&out);
+    let (name, status, content) = &tools[0];
+    assert_eq!((name.as_str(), status.as_str()), ("echo", "error"));
+    assert!(content.contains("does not match the lock"), "{content}");
+    assert!(
+        content.contains("the input schema of the tool `echo` changed"),
+        "{content}"
+    );
+    assert!(content.contains("no longer lists the tool `vanished`"), "{content}");
+    assert!(!content.contains("`env`"), "a tool the server added is fine: {content}");
+    assert!(content.contains("runner mcp lock"), "{content}");
+}
+
+#[test]
+fn mcp_calls_are_recorded_in_a_cassette_and_replayed_with_no_server() {
+    let (p, copy) = whole_server_project();
+    lock(&p, "w.yaml");
+    let script = json!({"replies": {"helper": [
+        {"tool_calls": [{"name": "add", "args": {"a": 2, "b": 3}}, {"name": "fail", "args": {"reason": "nope"}}]},
+        "Done."
+    ]}});
+    p.write("mock.json", &script.to_string());
+    let run_with = |flag: &str| {
+        let out = runner()
+            .args([
+                "run",
+                "w.yaml",
+                "--db",
+                ":memory:",
+                "--mock",
+                "mock.json",
+                "--input",
+                "q=go",
+                flag,
+                "c.jsonl",
+            ])
+            .current_dir(p.dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{flag}: {stderr}");
+        let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+        state["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| (m["status"].clone(), m["content"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let recorded = run_with("--record");
+    assert!(recorded[0].1.as_str().unwrap().contains("\"sum\":5"), "{recorded:?}");
+    assert_eq!(recorded[1], (json!("error"), json!("Error: nope")));
+    let cassette = std::fs::read_to_string(p.path("c.jsonl")).unwrap();
+    let mcp: Vec<Value> = cassette
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["kind"] == "mcp")
+        .collect();
+    assert_eq!(mcp.len(), 2, "{cassette}");
+    // The two calls run in parallel: the cassette holds them in the order they finished.
+    let add = mcp
+        .iter()
+        .find(|e| e["request"]["tool"] == "add")
+        .expect("the add call is recorded");
+    assert_eq!(add["request"]["arguments"], json!({"a": 2, "b": 3}));
+    assert!(mcp.iter().any(|e| e["request"]["tool"] == "fail"), "{cassette}");
+    // The server is gone: the replay can only have read the cassette.
+    std::fs::remove_file(&copy).unwrap();
+    assert_eq!(run_with("--replay"), recorded);
+}
+
+// ── third-party servers from npm ───────────────────────────────────────────────────────────
+
+/// `tests/mcp/` — the reference filesystem and everything servers, pinned by its lock file —
+/// installed by `npm ci` once per target directory (copied there, so the source tree stays
+/// clean). `None`, saying why, when `node` or `npm` is not installed; a failed install fails.
+fn reference_servers() -> Option<&'static Path> {
+    static DIR: OnceLock<Option<Result<PathBuf, String>>> = OnceLock::new();
+    let found = DIR.get_or_init(|| {
+        for tool in ["node", "npm"] {
+            if Command::new(tool).arg("--version").output().is_err() {
+                eprintln!("skipped: `{tool}` is not installed, so the reference MCP servers cannot be");
+                return None;
+            }
+        }
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+        let wanted = match std::fs::read_to_string(source.join("package-lock.json")) {
+            Ok(text) => text,
+            Err(e) => return Some(Err(e.to_string())),
+        };
+        Some(install::once("mcp-servers", &wanted, |dir| {
+            for file in ["package.json", "package-lock.json"] {
+                std::fs::copy(source.join(file), dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
+            }
+            install::run(
+                Command::new("npm")
+                    .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+                    .current_dir(dir),
+                &format!("npm ci in {} (it needs the npm registry)", dir.display()),
+            )
+        }))
+    });
+    match found {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => panic!("the reference MCP servers could not be installed: {e}"),
+    }
+}
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The reference "everything" server over streamable HTTP on a free port of 127.0.0.1, once it
+/// accepts connections.
+fn everything_over_http(dir: &Path) -> (Killed, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let script = dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let child = Killed(
+        Command::new("node")
+            .arg(script)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the everything server did not listen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    (child, format!("http://127.0.0.1:{port}/mcp"))
+}
+
+#[test]
+fn reference_mcp_servers_from_npm_round_trip_over_stdio_and_streamable_http() {
+    let Some(dir) = reference_servers() else {
+        return;
+    };
+    let (_everything, url) = everything_over_http(dir);
+    let files = dir.join("node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    let p = Project::new(&[("notes/heat.txt", "COP is three to four.")]);
+    let root = p.path("notes").canonicalize().unwrap();
+    let yaml = format!(
+        r#"name: reference-servers
+models: {{default: {{provider: mock, model: m}}}}
+input: {{type: object, properties: {{q: {{type: string}}}}}}
+state:
+  messages: {{type: array, reducer: add_messages, default: [], from_input: q}}
+tools:
+  files:
+    mcp: {{command: [node, {files:?}, {root:?}]}}
+    import: [list_directory, read_text_file]
+  everything:
+    mcp: {{url: "{url}"}}
+    import: [echo]
+    prefix: everything_
+nodes:
+  helper:
+    kind: agent
+    tools: [files, everything_echo]
+    concurrency: 1
+    update: {{messages: output.messages}}
+edges: [START -> helper -> END]
+"#,
+        files = files.display().to_string(),
+        root = root.display().to_string(),
+    );
+    p.write("w.yaml", &yaml);
+    let locked = lock(&p, "w.yaml");
+    let listed = |server: &str| -> Vec<String> {
+        locked["servers"][server]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(listed("files").contains(&"read_text_file".to_string()), "{locked}");
+    assert!(listed("everything").contains(&"echo".to_string()), "{locked}");
+    let plan = p.plan("w.yaml");
+    let heat = root.join("heat.txt").display().to_string();
+    let script = json!({"replies": {"helper": [
+        {"tool_calls": [
+            {"name": "list_directory", "args": {"path": root.display().to_string()}},
+            {"name": "read_text_file", "args": {"path": heat}},
+            {"name": "read_text_file", "args": {"path": "/etc/hostname"}},
+            {"name": "everything_echo", "args": {"message": "over http"}}
+        ]},
+        "Done."
+    ]}});
+    let out = run(&plan, script);
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    let tools = tool_messages(&out);
+    assert_eq!(tools.len(), 4, "{tools:?}");
+    assert_eq!(tools[0].1, "success", "{tools:?}");
+    assert!(tools[0].2.contains("[FILE] heat.txt"), "{tools:?}");
+    assert_eq!(
+        (tools[1].1.as_str(), tools[1].2.as_str()),
+        ("success", "COP is three to four.")
+    );
+    // Outside the directory the server was given: its own refusal, fed back as an error.
+    assert_eq!(tools[2].1, "error", "{tools:?}");
+    assert_eq!(
+        (tools[3].1.as_str(), tools[3].2.as_str()),
+        ("success", "Echo: over http")
     );
 }

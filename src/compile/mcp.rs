@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::kind::KindCx;
 use super::source::Source;
 use crate::diag::{Code, Diagnostic};
 use crate::spec::load::push_pointer;
@@ -96,6 +97,9 @@ pub struct McpServerPlan {
     pub fingerprint: String,
     /// The workflow's directory, which a relative `cwd` is taken from.
     pub dir: PathBuf,
+    /// The tools the workflow imports from it, as the lock lists them: on connecting, the
+    /// server's live list must still offer each with the same argument schema.
+    pub tools: Vec<LockedTool>,
 }
 
 /// What declares a tool name.
@@ -126,6 +130,18 @@ pub(super) struct Catalog {
 }
 
 impl Catalog {
+    /// The names of the tools the MCP server entry `entry` imports, in the lock's order; `None`
+    /// when `entry` is not an MCP server's entry whose tools are known.
+    pub(super) fn server_tools(&self, entry: &str) -> Option<Vec<String>> {
+        let names: Vec<String> = self
+            .names
+            .iter()
+            .filter(|(_, d)| matches!(d, Declared::Mcp { entry: e, .. } if e == entry))
+            .map(|(name, _)| name.clone())
+            .collect();
+        (!names.is_empty()).then_some(names)
+    }
+
     /// The `tools:` entry that declares `name`.
     pub(super) fn entry_of<'n>(&'n self, name: &'n str) -> Option<&'n str> {
         match self.names.get(name)? {
@@ -250,12 +266,6 @@ pub(super) fn catalog(src: &Source, tools: &IndexMap<String, ToolDef>, diags: &m
             broken(&mut cat, diags);
             continue;
         };
-        let plan = Arc::new(McpServerPlan {
-            name: key.clone(),
-            spec: server.clone(),
-            fingerprint: locked.fingerprint.clone(),
-            dir: src.path().parent().map(Path::to_path_buf).unwrap_or_default(),
-        });
         let imported: Vec<(&LockedTool, String)> = match &def.import {
             None | Some(McpImport::All(_)) => locked.tools.iter().map(|t| (t, pointer.clone())).collect(),
             Some(McpImport::Names(names)) => {
@@ -290,6 +300,13 @@ pub(super) fn catalog(src: &Source, tools: &IndexMap<String, ToolDef>, diags: &m
                 found
             }
         };
+        let plan = Arc::new(McpServerPlan {
+            name: key.clone(),
+            spec: server.clone(),
+            fingerprint: locked.fingerprint.clone(),
+            dir: src.path().parent().map(Path::to_path_buf).unwrap_or_default(),
+            tools: imported.iter().map(|(t, _)| (*t).clone()).collect(),
+        });
         for (tool, at) in imported {
             let declared = Declared::Mcp {
                 entry: key.clone(),
@@ -426,5 +443,27 @@ mod tests {
         };
         assert_eq!(fingerprint(&server), fingerprint(&slower));
         assert_ne!(fingerprint(&server), fingerprint(&other));
+    }
+}
+
+impl KindCx<'_, '_, '_> {
+    /// A node's tool list with each MCP server named in it — the name of its `tools:` entry,
+    /// when no tool has that name — replaced by every tool the entry imports, in the lock's
+    /// order; a name given twice is kept once. Other names are kept as written, for
+    /// [`KindCx::tool`] to resolve or report.
+    pub fn expand_tools(&self, names: &[String]) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for name in names {
+            let expanded = match self.b.catalog.names.contains_key(name) {
+                true => None,
+                false => self.b.catalog.server_tools(name),
+            };
+            for n in expanded.unwrap_or_else(|| vec![name.clone()]) {
+                if !out.contains(&n) {
+                    out.push(n);
+                }
+            }
+        }
+        out
     }
 }

@@ -114,16 +114,24 @@ impl KindDecl for Agent {
     }
 
     fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
-        let n: AgentNode = cx.own()?;
+        let mut n: AgentNode = cx.own()?;
         let errors = cx.errors();
         let model = n.model.as_deref().unwrap_or("default");
         cx.model(&["model"], model, n.model.is_none());
         // The tools are compiled here, in this file, so their problems are reported at their
-        // lines; the loop compiles them again only once they are known to be good.
+        // lines; the loop compiles them again only once they are known to be good. A name may
+        // be an MCP server's entry: the loop gets every tool it imports.
         let mut ok = true;
-        for (i, name) in n.tools.iter().enumerate() {
-            ok &= cx.tool(&["tools", &i.to_string()], name).is_some();
+        let mut tools: Vec<String> = Vec::new();
+        for (i, written) in n.tools.iter().enumerate() {
+            for name in cx.expand_tools(std::slice::from_ref(written)) {
+                ok &= cx.tool(&["tools", &i.to_string()], &name).is_some();
+                if !tools.contains(&name) {
+                    tools.push(name);
+                }
+            }
         }
+        n.tools = tools;
         for (i, name) in n.review.iter().enumerate() {
             if !n.tools.contains(name) {
                 let d = cx

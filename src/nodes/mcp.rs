@@ -18,10 +18,11 @@ use rmcp::service::RunningService;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceError, ServiceExt};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
 use super::{NodeError, NodeOutput};
+use crate::cassette::{Cassette, ExchangeError};
 use crate::compile::mcp::{LockedTool, McpServerPlan};
 use crate::error_class::ErrorClass;
 use crate::providers::Usage;
@@ -29,6 +30,9 @@ use crate::spec::McpServer;
 
 /// How long starting a server and the handshake may take unless its `startup_timeout` says.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The kind of a cassette's MCP exchanges.
+const MCP_EXCHANGE: &str = "mcp";
 
 /// The most of a server's standard error kept to explain why it did not start.
 const STDERR_KEPT: usize = 2048;
@@ -70,9 +74,73 @@ impl McpClients {
             let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
             clients.entry(server.fingerprint.clone()).or_default().clone()
         };
-        cell.get_or_try_init(|| async { connect(&server.name, &server.spec, &server.dir).await.map(Arc::new) })
+        cell.get_or_try_init(|| async {
+            let client = connect(&server.name, &server.spec, &server.dir).await?;
+            // A server that no longer offers what the lock promised is refused before any
+            // call reaches it: the model was offered the locked tools and argument schemas.
+            let live = match client.list_all_tools().await {
+                Ok(tools) => tools.into_iter().map(locked_tool).collect::<Vec<_>>(),
+                Err(e) => {
+                    let _ = client.cancel().await;
+                    return Err(NodeError::new(
+                        ErrorClass::Server,
+                        format!("MCP server `{}`: listing its tools failed: {e}", server.name),
+                    ));
+                }
+            };
+            if let Some(why) = drift(&server.name, &server.tools, &live) {
+                let _ = client.cancel().await;
+                return Err(NodeError::new(ErrorClass::Invalid, why));
+            }
+            Ok(Arc::new(client))
+        })
+        .await
+        .cloned()
+    }
+
+    /// [`McpClients::call`], recorded to or replayed from the run's cassette when it has one
+    /// (an exchange of kind `mcp`: the server's entry and fingerprint, the tool and its
+    /// arguments; the result or the failure). Replaying, no server is started.
+    pub(crate) async fn call_with(
+        &self,
+        cassette: Option<&Cassette>,
+        server: &McpServerPlan,
+        tool: &str,
+        args: Value,
+    ) -> Result<NodeOutput, NodeError> {
+        let Some(cassette) = cassette else {
+            return self.call(server, tool, args).await;
+        };
+        let request = json!({"server": server.name, "fingerprint": server.fingerprint,
+                             "tool": tool, "arguments": args});
+        let live = async {
+            Ok::<_, NodeError>(match self.call(server, tool, args.clone()).await {
+                Ok(out) => json!({"output": out.output}),
+                Err(e) => json!({"error": {"class": e.class, "message": e.message}}),
+            })
+        };
+        let response = cassette
+            .exchange(MCP_EXCHANGE, request, live)
             .await
-            .cloned()
+            .map_err(|e| match e {
+                ExchangeError::Live(e) => e,
+                ExchangeError::Cassette(e) => NodeError::new(ErrorClass::BadRequest, e.to_string()),
+            })?;
+        match (response.get("output"), response.get("error")) {
+            (Some(output), _) => Ok(NodeOutput {
+                output: output.clone(),
+                usage: Usage::default(),
+            }),
+            (None, Some(error)) => {
+                let class = serde_json::from_value(error["class"].clone()).unwrap_or(ErrorClass::Server);
+                let message = error["message"].as_str().unwrap_or_default();
+                Err(NodeError::new(class, message))
+            }
+            (None, None) => Err(NodeError::new(
+                ErrorClass::BadRequest,
+                format!("the cassette's MCP response has neither `output` nor `error`: {response}"),
+            )),
+        }
     }
 
     /// Drops `client` (closed under us), unless another call has replaced it already.
@@ -100,14 +168,40 @@ pub(crate) async fn list_tools(
         ..NodeError::new(ErrorClass::Server, String::new())
     })?;
     let _ = client.cancel().await;
-    Ok(tools
-        .into_iter()
-        .map(|t| LockedTool {
-            name: t.name.to_string(),
-            description: t.description.map(|d| d.to_string()).unwrap_or_default(),
-            input_schema: Value::Object((*t.input_schema).clone()),
-        })
-        .collect())
+    Ok(tools.into_iter().map(locked_tool).collect())
+}
+
+/// A tool of a server's live list, as the lock writes it.
+fn locked_tool(t: rmcp::model::Tool) -> LockedTool {
+    LockedTool {
+        name: t.name.to_string(),
+        description: t.description.map(|d| d.to_string()).unwrap_or_default(),
+        input_schema: Value::Object((*t.input_schema).clone()),
+    }
+}
+
+/// What differs between the tools the lock promised (`locked`) and the server's live list:
+/// a tool gone or an argument schema changed, each named (a tool the server added is fine:
+/// nothing imports it). `None` when every locked tool is offered as locked.
+fn drift(server: &str, locked: &[LockedTool], live: &[LockedTool]) -> Option<String> {
+    let mut problems = Vec::new();
+    for tool in locked {
+        match live.iter().find(|t| t.name == tool.name) {
+            None => problems.push(format!("it no longer lists the tool `{}`", tool.name)),
+            Some(t) if t.input_schema != tool.input_schema => problems.push(format!(
+                "the input schema of the tool `{}` changed: the lock has {}, the server now has {}",
+                tool.name, tool.input_schema, t.input_schema
+            )),
+            Some(_) => {}
+        }
+    }
+    match problems.is_empty() {
+        true => None,
+        false => Some(format!(
+            "MCP server `{server}` does not match the lock: {}; run `runner mcp lock` to refresh the lock, and check the workflow still fits",
+            problems.join("; ")
+        )),
+    }
 }
 
 /// The MCP handshake with the server, over the transport its configuration names.

@@ -114,12 +114,15 @@ impl KindDecl for Tools {
         let mut ok = true;
         match &n.tools {
             Some(names) => {
-                for (i, name) in names.iter().enumerate() {
-                    match cx.tool(&["tools", &i.to_string()], name) {
-                        Some(t) => {
-                            tools.insert(name.clone(), t);
+                // A name may be an MCP server's entry: all the tools it imports.
+                for (i, written) in names.iter().enumerate() {
+                    for name in cx.expand_tools(std::slice::from_ref(written)) {
+                        match cx.tool(&["tools", &i.to_string()], &name) {
+                            Some(t) => {
+                                tools.insert(name, t);
+                            }
+                            None => ok = false,
                         }
-                        None => ok = false,
                     }
                 }
             }
@@ -439,7 +442,9 @@ async fn run_tool(
     args: Value,
 ) -> Result<NodeOutput, NodeFailure> {
     match &tool.run {
-        ToolRun::Mcp { server, tool: name } => Ok(mcp.call(server, name, args).await?),
+        ToolRun::Mcp { server, tool: name } => Ok(mcp
+            .call_with(ctx.services.cassette.as_deref(), server, name, args)
+            .await?),
         ToolRun::Node(node) => ctx.run_nested(node, vec![("args".into(), to_jinja(&args))]).await,
         ToolRun::Workflow(child) => {
             // One child thread per call, so parallel calls of one tool do not share a thread.
