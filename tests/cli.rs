@@ -537,3 +537,34 @@ fn diagnostics_are_coloured_only_when_asked() {
         .unwrap();
     assert!(!String::from_utf8_lossy(&out.stdout).contains('\u{1b}'));
 }
+
+/// docs/seeds.md shows each seed as `runner graph` draws it today: a section names its file
+/// (`` `workflows/….yaml` `` in its heading) and the mermaid block under it is that picture.
+/// Regenerate a stale one with `runner graph workflows/<file> --format mermaid`.
+#[test]
+fn the_seed_pictures_in_the_docs_are_current() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/seeds.md")).unwrap();
+    let mut checked = 0;
+    for section in doc.split("\n## ").skip(1) {
+        let heading = section.lines().next().unwrap();
+        let file = heading
+            .split('`')
+            .find(|part| part.starts_with("workflows/") && part.ends_with(".yaml"))
+            .unwrap_or_else(|| panic!("the heading `{heading}` names no workflow file"));
+        let block = section
+            .split_once("```mermaid\n")
+            .and_then(|(_, rest)| rest.split_once("```"))
+            .map(|(block, _)| block)
+            .unwrap_or_else(|| panic!("no mermaid block under `{heading}`"));
+        let drawn = runner().args(["graph", file, "--format", "mermaid"]).assert().success();
+        let drawn = String::from_utf8(drawn.get_output().stdout.clone()).unwrap();
+        assert_eq!(
+            block.trim_end(),
+            drawn.trim_end(),
+            "docs/seeds.md's picture of {file} is stale: regenerate it with `runner graph {file} --format mermaid`"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 5, "docs/seeds.md pictures {checked} workflows");
+}
