@@ -504,20 +504,14 @@ fn mcp_calls_are_recorded_in_a_cassette_and_replayed_with_no_server() {
         "Done."
     ]}});
     p.write("mock.json", &script.to_string());
+    // Recorded with the model scripted; replayed from the cassette alone (model and tools).
     let run_with = |flag: &str| {
-        let out = runner()
-            .args([
-                "run",
-                "w.yaml",
-                "--db",
-                ":memory:",
-                "--mock",
-                "mock.json",
-                "--input",
-                "q=go",
-                flag,
-                "c.jsonl",
-            ])
+        let mut cmd = runner();
+        cmd.args(["run", "w.yaml", "--db", ":memory:", "--input", "q=go", flag, "c.jsonl"]);
+        if flag == "--record" {
+            cmd.args(["--mock", "mock.json"]);
+        }
+        let out = cmd
             .current_dir(p.dir.path())
             .output()
             .unwrap();
