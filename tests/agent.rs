@@ -685,7 +685,10 @@ fn the_deep_research_task_agent_searches_and_reads_pages_with_its_tools() {
     );
     assert!(read.contains("robots.txt"), "an unreadable page is reported: {read}");
     // As its URL and reason only: a timestamp in a prompt would make every replay differ.
-    assert!(!read.contains("\\\"at\\\""), "no error record's time reaches the model: {read}");
+    assert!(
+        !read.contains("\\\"at\\\""),
+        "no error record's time reaches the model: {read}"
+    );
     assert!(!read.contains("Celebrity homes"), "boilerplate is stripped");
     // Each page's text is cut to the tool's bound, whatever the page's length.
     let tool_msg = agent[2]["messages"]

@@ -511,10 +511,7 @@ fn mcp_calls_are_recorded_in_a_cassette_and_replayed_with_no_server() {
         if flag == "--record" {
             cmd.args(["--mock", "mock.json"]);
         }
-        let out = cmd
-            .current_dir(p.dir.path())
-            .output()
-            .unwrap();
+        let out = cmd.current_dir(p.dir.path()).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{flag}: {stderr}");
         let state: Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -412,6 +412,28 @@ pub fn lock_text(lock: &Lock) -> String {
     text
 }
 
+impl KindCx<'_, '_, '_> {
+    /// A node's tool list with each MCP server named in it — the name of its `tools:` entry,
+    /// when no tool has that name — replaced by every tool the entry imports, in the lock's
+    /// order; a name given twice is kept once. Other names are kept as written, for
+    /// [`KindCx::tool`] to resolve or report.
+    pub fn expand_tools(&self, names: &[String]) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for name in names {
+            let expanded = match self.b.catalog.names.contains_key(name) {
+                true => None,
+                false => self.b.catalog.server_tools(name),
+            };
+            for n in expanded.unwrap_or_else(|| vec![name.clone()]) {
+                if !out.contains(&n) {
+                    out.push(n);
+                }
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,27 +465,5 @@ mod tests {
         };
         assert_eq!(fingerprint(&server), fingerprint(&slower));
         assert_ne!(fingerprint(&server), fingerprint(&other));
-    }
-}
-
-impl KindCx<'_, '_, '_> {
-    /// A node's tool list with each MCP server named in it — the name of its `tools:` entry,
-    /// when no tool has that name — replaced by every tool the entry imports, in the lock's
-    /// order; a name given twice is kept once. Other names are kept as written, for
-    /// [`KindCx::tool`] to resolve or report.
-    pub fn expand_tools(&self, names: &[String]) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for name in names {
-            let expanded = match self.b.catalog.names.contains_key(name) {
-                true => None,
-                false => self.b.catalog.server_tools(name),
-            };
-            for n in expanded.unwrap_or_else(|| vec![name.clone()]) {
-                if !out.contains(&n) {
-                    out.push(n);
-                }
-            }
-        }
-        out
     }
 }
