@@ -464,6 +464,33 @@ fn a_node_naming_an_mcp_server_is_offered_every_tool_it_imports() {
     assert_eq!(tools[2].2, "Error: as asked");
 }
 
+/// An `llm` node may name the server too: it is offered every tool the entry imports (a name
+/// that is neither a tool nor an MCP entry is still refused).
+#[test]
+fn an_llm_node_naming_an_mcp_server_is_offered_every_tool_it_imports() {
+    let (p, _) = whole_server_project();
+    let yaml = std::fs::read_to_string(p.path("w.yaml")).unwrap().replace(
+        "    kind: agent\n    tools: [fixture]\n    update: {messages: output.messages}",
+        "    kind: llm\n    history: {from: state.messages}\n    tools: [fixture]\n    update: {calls: output.tool_calls}",
+    ).replace(
+        "  messages:",
+        "  calls: {type: array, default: []}\n  messages:",
+    );
+    p.write("llm.yaml", &yaml);
+    lock(&p, "llm.yaml");
+    let plan = p.plan("llm.yaml");
+    let script = json!({"replies": {"helper": [{"tool_calls": [{"name": "add", "args": {"a": 1, "b": 2}}]}]}});
+    let out = run(&plan, script);
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(out.state["calls"][0]["function"]["name"], "add", "{:?}", out.state);
+    p.write("bad.yaml", &yaml.replace("tools: [fixture]", "tools: [fixtures]"));
+    let (_, result) = runner::compile::compile_file(&p.path("bad.yaml"), &runner::nodes::builtin().decls());
+    assert!(
+        result.diagnostics.iter().any(|d| d.is_error()),
+        "an unknown name is refused"
+    );
+}
+
 #[test]
 fn a_server_whose_live_tools_differ_from_the_lock_is_refused_naming_each_tool() {
     let (p, _) = whole_server_project();

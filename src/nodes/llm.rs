@@ -198,10 +198,13 @@ impl KindDecl for Llm {
         check_room(cx, &n, model);
         let mut offered = Vec::new();
         let mut offered_ok = true;
-        for (i, name) in n.tools.iter().enumerate() {
-            match cx.tool(&["tools", &i.to_string()], name) {
-                Some(tool) => offered.push(tool.function()),
-                None => offered_ok = false,
+        // A name may be an MCP server's entry: all the tools it imports.
+        for (i, written) in n.tools.iter().enumerate() {
+            for name in cx.expand_tools(std::slice::from_ref(written)) {
+                match cx.tool(&["tools", &i.to_string()], &name) {
+                    Some(tool) => offered.push(tool.function()),
+                    None => offered_ok = false,
+                }
             }
         }
         // A node offered tools may answer with calls: `{content, tool_calls}`.
