@@ -1893,3 +1893,81 @@ fn the_cross_encoder_reranker_speaks_text_embeddings_inference() {
     assert_eq!(seen[0]["model"], "bge-reranker-base");
     assert_eq!(seen[0]["texts"], seen[0]["documents"]);
 }
+
+/// With `report_store.url` set, the approved report is also POSTed to a REST table (PostgREST /
+/// Supabase: `apikey` and a bearer token, `Prefer: return=minimal`); a store that refuses it is
+/// recorded and the run still ends with the report on disk. Off by default: no request at all.
+#[test]
+fn deep_research_stores_the_approved_report_through_a_rest_api_when_configured() {
+    let go = |store: Option<&support::fake_web::Recorder>, thread: &str| {
+        let p = Project::new();
+        let step = |args: &[&str], answer: Option<&str>| {
+            let mut cmd = match answer {
+                None => p.run_shipped("deep-research.yaml", "deep-research-served.yaml"),
+                Some(a) => {
+                    let mut c = p.runner();
+                    c.args(["resume", "--mock"])
+                        .arg(Path::new(ROOT).join("tests/fixtures/mock/deep-research-served.yaml"))
+                        .args(["--answer", a]);
+                    c
+                }
+            };
+            cmd.args(["--db", "runs.db", "--data-db", "data.db", "--thread", thread])
+                .args(args)
+                .env("REPORT_STORE_KEY", "service-key");
+            if let Some(s) = store {
+                // The config is the thread's from its start: `--set` goes with the first run only.
+                if answer.is_none() {
+                    cmd.args(["--set", &format!("report_store.url={}", s.url("/rest/v1/reports"))]);
+                }
+                cmd.args(["--allow-net", "127.0.0.1"]);
+            }
+            cmd.output().unwrap()
+        };
+        let first = step(
+            &["--context", "user_id=dana", "-i", "query=How are heat pumps sized?"],
+            None,
+        );
+        assert_eq!(
+            first.status.code(),
+            Some(3),
+            "{}",
+            String::from_utf8_lossy(&first.stderr)
+        );
+        let mut last = first;
+        for _ in 0..3 {
+            if last.status.code() != Some(3) {
+                break;
+            }
+            last = step(&[], Some(r#"[{"type": "accept", "args": null}]"#));
+        }
+        assert_eq!(last.status.code(), Some(0), "{}", String::from_utf8_lossy(&last.stderr));
+        let out: Value = serde_json::from_slice(&last.stdout).unwrap();
+        assert!(p.path(out["report_path"].as_str().unwrap()).exists(), "{out}");
+        out
+    };
+
+    let store = support::fake_web::recorder(201, json!(null));
+    let out = go(Some(&store), "stored");
+    assert_eq!(out["report_stored"], json!({"status": 201}));
+    let requests = store.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    let sent = &requests[0];
+    assert_eq!(sent["method"], "POST");
+    assert_eq!(sent["uri"], "/rest/v1/reports");
+    assert_eq!(sent["headers"]["apikey"], "service-key");
+    assert_eq!(sent["headers"]["authorization"], "Bearer service-key");
+    assert_eq!(sent["headers"]["prefer"], "return=minimal");
+    let body: Value = serde_json::from_str(sent["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["thread_id"], "stored");
+    assert_eq!(body["user_id"], "dana");
+    assert_eq!(body["report"], out["report"]);
+    assert_eq!(body["report_path"], out["report_path"]);
+
+    let refusing = support::fake_web::recorder(401, json!({"message": "JWT expired"}));
+    let out = go(Some(&refusing), "refused");
+    assert_eq!(out["report_stored"]["class"], "auth", "{out}");
+
+    let out = go(None, "off");
+    assert_eq!(out["report_stored"], Value::Null);
+}
