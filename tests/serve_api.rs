@@ -565,3 +565,209 @@ fn the_python_sdk_sends_command_update_and_goto() {
         "sdk command: every check passed",
     );
 }
+
+/// A state update at a checkpoint older than the latest forks the thread there, as a run from
+/// it does: the edit is that checkpoint's child and the thread's head, written through the
+/// reducers on the old checkpoint's values, and the branch it leaves keeps every checkpoint and
+/// value. An update at the old branch's head takes that branch up again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_state_update_at_an_older_checkpoint_forks_the_thread() {
+    let s = serve();
+    let texts = |values: &Value| -> Vec<String> {
+        values["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    for text in ["hi", "more"] {
+        let body = json!({"assistant_id": "chat", "if_not_exists": "create",
+                          "input": {"messages": [{"type": "human", "content": text}]}});
+        let (status, _, values) = call(&s, Method::POST, "/threads/u/runs/wait", Some(body)).await;
+        assert_eq!(status, 200, "{values}");
+    }
+    let history = |s: &super::serve::Server| {
+        let url = format!("{}/threads/u/history", s.base);
+        async move {
+            let h: Value = client()
+                .post(url)
+                .json(&json!({"limit": 50}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            h.as_array().unwrap().clone()
+        }
+    };
+    let before = history(&s).await;
+    let old_head = before[0]["checkpoint_id"].as_str().unwrap().to_string();
+    // The first turn's last checkpoint: the parent of the one where `more` first appears.
+    let more = before
+        .iter()
+        .rev()
+        .find(|h| texts(&h["values"]).contains(&"more".to_string()))
+        .unwrap();
+    let end_of_first = more["parent_checkpoint"]["checkpoint_id"].as_str().unwrap().to_string();
+
+    let (status, _, updated) = call(
+        &s,
+        Method::POST,
+        "/threads/u/state",
+        Some(json!({"values": {"messages": [{"type": "human", "content": "edited"}]},
+                    "as_node": "reply", "checkpoint_id": end_of_first})),
+    )
+    .await;
+    assert_eq!(status, 200, "{updated}");
+    let edit = updated["checkpoint"]["checkpoint_id"].as_str().unwrap().to_string();
+    let (_, _, state) = call(&s, Method::GET, "/threads/u/state", None).await;
+    assert_eq!(
+        state["checkpoint"]["checkpoint_id"],
+        json!(edit),
+        "the edit is the thread's head"
+    );
+    assert_eq!(state["parent_checkpoint"]["checkpoint_id"], json!(end_of_first));
+    assert_eq!(
+        texts(&state["values"]),
+        ["hi", "echo: hi", "edited"],
+        "appended by add_messages"
+    );
+    let after = history(&s).await;
+    assert_eq!(after.len(), before.len() + 1, "{after:?}");
+    assert_eq!(after[0]["checkpoint_id"], json!(edit), "newest first");
+    for (old, kept) in before.iter().zip(&after[1..]) {
+        assert_eq!(
+            (&old["checkpoint_id"], &old["parent_checkpoint"], &old["values"]),
+            (&kept["checkpoint_id"], &kept["parent_checkpoint"], &kept["values"]),
+            "the branch left keeps its checkpoints, links and values"
+        );
+    }
+    let (_, _, old) = call(&s, Method::GET, &format!("/threads/u/state/{old_head}"), None).await;
+    assert_eq!(texts(&old["values"]), ["hi", "echo: hi", "more", "echo: more"]);
+
+    // The old branch's head, named as the JS client and `checkpoint=` name it: a fork back.
+    let (status, _, back) = call(
+        &s,
+        Method::POST,
+        "/threads/u/state",
+        Some(
+            json!({"values": {"messages": [{"type": "human", "content": "back"}]}, "as_node": "reply",
+                    "checkpoint": {"checkpoint_id": old_head, "checkpoint_ns": ""}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{back}");
+    let (_, _, state) = call(&s, Method::GET, "/threads/u/state", None).await;
+    assert_eq!(state["parent_checkpoint"]["checkpoint_id"], json!(old_head));
+    assert_eq!(
+        texts(&state["values"]),
+        ["hi", "echo: hi", "more", "echo: more", "back"]
+    );
+    // A run goes on from the head the update made.
+    let body = json!({"assistant_id": "chat", "input": {"messages": [{"type": "human", "content": "on"}]}});
+    let (status, _, values) = call(&s, Method::POST, "/threads/u/runs/wait", Some(body)).await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(
+        texts(&values),
+        ["hi", "echo: hi", "more", "echo: more", "back", "on", "echo: on"]
+    );
+    let (status, _, refused) = call(
+        &s,
+        Method::POST,
+        "/threads/u/state",
+        Some(json!({"values": {}, "checkpoint_id": "no-such-checkpoint"})),
+    )
+    .await;
+    assert_eq!(status, 422, "{refused}");
+}
+
+/// `--workers 1`: one run executes at a time. A run created meanwhile is answered at once as
+/// `pending` and stays so (in its row and in `/metrics`) until the run before it ends; a wait
+/// request waits for its run's turn; a pending run cancelled ends at once without running; the
+/// others all run, in the order they were created.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_one_worker_runs_wait_pending_in_line() {
+    let s = super::serve::serve_with(&["--workers", "1"], &[]);
+    let create = |thread: &str| {
+        let url = format!("{}/threads/{thread}/runs", s.base);
+        async move {
+            let resp = client()
+                .post(url)
+                .json(&json!({"assistant_id": "slow", "if_not_exists": "create"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+    let status = |thread: String, run: String| {
+        let url = format!("{}/threads/{thread}/runs/{run}", s.base);
+        async move {
+            let run: Value = client().get(url).send().await.unwrap().json().await.unwrap();
+            run["status"].as_str().unwrap().to_string()
+        }
+    };
+    let first = create("w1").await;
+    let second = create("w2").await;
+    let third = create("w3").await;
+    assert_eq!(second["status"], "pending", "answered at once: {second}");
+    let id = |r: &Value| r["run_id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status("w1".into(), id(&first)).await != "running" {
+        assert!(Instant::now() < deadline, "the first run never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A wait request's run is in line behind the others.
+    let waited = tokio::spawn(
+        client()
+            .post(format!("{}/threads/w4/runs/wait", s.base))
+            .json(&json!({"assistant_id": "slow", "if_not_exists": "create"}))
+            .send(),
+    );
+    assert_eq!(status("w2".into(), id(&second)).await, "pending");
+    let page = metrics(&s).await;
+    assert!(page.contains("runner_runs{status=\"running\"} 1\n"), "{page}");
+    assert!(page.contains("runner_workers 1\n"), "{page}");
+    // The second, the third, and the wait's (whose row may not be written yet).
+    let pending = page
+        .lines()
+        .find_map(|l| l.strip_prefix("runner_runs{status=\"pending\"} "))
+        .unwrap();
+    assert!(matches!(pending, "2" | "3"), "{page}");
+
+    // The third is cancelled while it waits: it ends now, before the first has.
+    let cancel = client()
+        .post(format!("{}/threads/w3/runs/{}/cancel?wait=1", s.base, id(&third)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), 204);
+    assert_eq!(status("w3".into(), id(&third)).await, "interrupted");
+    assert_eq!(status("w1".into(), id(&first)).await, "running");
+    let (_, _, w3) = call(&s, Method::GET, "/threads/w3/state", None).await;
+    assert_eq!(w3["values"], json!({}), "a run cancelled in line never ran: {w3}");
+
+    // The second runs once the first has ended; the wait's after it.
+    let joined = client()
+        .get(format!("{}/threads/w1/runs/{}/join", s.base, id(&first)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(joined.json::<Value>().await.unwrap()["said"], "done");
+    let second_state = status("w2".into(), id(&second)).await;
+    assert!(matches!(second_state.as_str(), "pending" | "running"), "{second_state}");
+    let waited = waited.await.unwrap().unwrap();
+    assert_eq!(waited.status(), 200);
+    assert_eq!(waited.json::<Value>().await.unwrap()["said"], "done");
+    assert_eq!(
+        status("w2".into(), id(&second)).await,
+        "success",
+        "created before the wait's run, the second ended before it"
+    );
+    let page = metrics(&s).await;
+    assert!(page.contains("runner_runs{status=\"pending\"} 0\n"), "{page}");
+    assert!(page.contains("runner_runs_total{status=\"success\"} 3\n"), "{page}");
+}

@@ -50,6 +50,12 @@ pub(super) struct Args {
     /// `Authorization: Bearer`.
     #[arg(long, value_name = "NAME")]
     api_key_env: Option<String>,
+    /// How many runs execute at once (LangGraph's N_JOBS_PER_WORKER); the others wait as
+    /// `pending` and start in the order they were created. A served run is a task, not a
+    /// thread: the default, 256, bounds the model calls and memory of a busy server rather
+    /// than its cores.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    workers: u32,
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
@@ -90,7 +96,12 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         bail!("no workflow in {} validates: nothing to serve", args.dir.display());
     }
     writeln!(err, "serving {}", graphs.ids().join(", "))?;
-    let server = crate::server::Server::new(graphs, settings, api_key)?;
+    let server = crate::server::Server::new(
+        graphs,
+        settings,
+        api_key,
+        usize::try_from(args.workers).unwrap_or(usize::MAX),
+    )?;
     let reloader = server.reloader();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {

@@ -1,7 +1,8 @@
 //! State edits, LangGraph's `update_state(values, as_node)`: values written to a thread's latest
-//! checkpoint as a new checkpoint, under the thread's lease. As a node, the values are that
-//! node's write, folded through the reducers, and the thread goes on from what the node's edges
-//! say; without one they replace the keys' values outright and the pending tasks stay.
+//! checkpoint (or an older one, which forks the thread there) as a new checkpoint, under the
+//! thread's lease. As a node, the values are that node's write, folded through the reducers, and
+//! the thread goes on from what the node's edges say; without one they replace the keys' values
+//! outright and the pending tasks stay.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -40,8 +41,21 @@ impl Engine {
         values: Vec<(String, Value)>,
         as_node: Option<&str>,
     ) -> Result<Checkpoint, EngineError> {
+        self.update_state_at(thread_id, values, as_node, None).await
+    }
+
+    /// [`Engine::update_state`] at checkpoint `at` of the thread (none: its latest). An older
+    /// checkpoint forks the thread there, as a run from it does: the edit's checkpoint is `at`'s
+    /// child and the thread's new head, and the branch it leaves keeps its checkpoints.
+    pub async fn update_state_at(
+        &self,
+        thread_id: &str,
+        values: Vec<(String, Value)>,
+        as_node: Option<&str>,
+        at: Option<&str>,
+    ) -> Result<Checkpoint, EngineError> {
         let held = lease::take(&self.store, thread_id, &self.options.lease, &self.cancel).await?;
-        let edited = self.edit(thread_id, values, as_node, held.fence());
+        let edited = self.edit(thread_id, values, as_node, at, held.fence());
         let released = held.release();
         let edited = edited?;
         released?;
@@ -175,14 +189,34 @@ impl Engine {
         thread_id: &str,
         values: Vec<(String, Value)>,
         as_node: Option<&str>,
+        at: Option<&str>,
         fence: &Fence,
     ) -> Result<Checkpoint, EngineError> {
-        let (thread, cp) = self.head(thread_id, &values)?;
+        let (thread, head) = self.head(thread_id, &values)?;
+        let forked = at.is_some_and(|at| at != head.checkpoint_id);
+        // An older checkpoint is the base of a new branch, its values carried to versions no
+        // branch has used (see `branch`), stored with the edit's checkpoint.
+        let (cp, carried) = match at.filter(|_| forked) {
+            Some(at) => {
+                let from = self
+                    .store
+                    .get_checkpoint(thread_id, Some(at))?
+                    .ok_or_else(|| EngineError::Input(format!("thread `{thread_id}` has no checkpoint `{at}`")))?;
+                let (mut base, carried) = self.branch(thread_id, from)?;
+                // A thread's latest checkpoint is its highest step's (the newest of them): the
+                // branch's starts at the head's step, so that the edit is the thread's head.
+                base.step = base.step.max(head.step);
+                (base, carried)
+            }
+            None => (head, Vec::new()),
+        };
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let (edited, stored) = match as_node {
             None => self.replaced(&cp, &mut meta, values)?,
-            Some(node) => self.as_node(&thread, &cp, &mut meta, &values, node)?,
+            Some(node) => self.as_node(&thread, &cp, &carried, &mut meta, &values, node)?,
         };
+        // The carried values first: an edited key's new version comes after its carried one.
+        let stored: NewValues = carried.into_iter().chain(stored).collect();
         let edited = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             parent_id: Some(cp.checkpoint_id.clone()),
@@ -195,9 +229,10 @@ impl Engine {
             Put::Fence(fence.clone()),
             Put::Checkpoint(Arc::new(edited.clone()), stored),
         ];
-        // As a node, the edit decides what is left to run: the thread is done, or can be
-        // continued (no gate waits: the edit's checkpoint has no records).
-        if as_node.is_some() {
+        // As a node, the edit decides what is left to run; a fork's head is the edit's: the
+        // thread is done, or can be continued (no gate waits: the edit's checkpoint has no
+        // records).
+        if as_node.is_some() || forked {
             puts.push(Put::Status {
                 thread_id: thread_id.to_string(),
                 status: if edited.next.is_empty() {
@@ -252,6 +287,7 @@ impl Engine {
         &self,
         thread: &checkpoint::Thread,
         cp: &Checkpoint,
+        carried: &NewValues,
         meta: &mut Meta,
         values: &[(String, Value)],
         node: &str,
@@ -267,7 +303,17 @@ impl Engine {
             node: node.to_string(),
             message,
         };
-        let mut state = self.store.state(&thread.thread_id, &cp.versions)?;
+        // A carried value is not stored yet: it is read from `carried`, the rest from the store.
+        let stored_before: BTreeMap<String, u64> = cp
+            .versions
+            .iter()
+            .filter(|(k, _)| !carried.iter().any(|(c, _, _)| c == *k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let mut state = self.store.state(&thread.thread_id, &stored_before)?;
+        for (key, _, value) in carried {
+            state.insert(key.clone(), value.clone());
+        }
         let writes: BTreeMap<&str, Vec<(&str, &Value)>> =
             values.iter().map(|(k, v)| (k.as_str(), vec![(node, v)])).collect();
         let folded = self

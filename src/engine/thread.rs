@@ -266,7 +266,7 @@ impl Engine {
     /// Versions are numbered from a checkpoint's own, so a branch that kept `from`'s would
     /// number its writes as the abandoned branch did, and the store keeps the first value of a
     /// key's version: the branch would read the abandoned branch's values.
-    fn branch(&self, thread_id: &str, mut from: Checkpoint) -> Result<(Checkpoint, NewValues), EngineError> {
+    pub(super) fn branch(&self, thread_id: &str, mut from: Checkpoint) -> Result<(Checkpoint, NewValues), EngineError> {
         let mut highest: BTreeMap<String, u64> = BTreeMap::new();
         for cp in self.store.history(thread_id)? {
             for (key, v) in cp.versions {

@@ -4,12 +4,12 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Json;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::Shared;
-use super::control::stored;
+use super::control::background;
 use super::http::{ApiError, body};
-use super::runs::{RunCreate, run_json, start};
+use super::runs::{RunCreate, run_json};
 
 /// Every request is read before any run starts, so a malformed one starts none; a run refused
 /// once the others started (an unknown assistant, say) fails the request, and the runs already
@@ -21,16 +21,8 @@ pub(super) async fn batch(State(app): State<Shared>, bytes: Bytes) -> Result<Jso
             .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))?;
     }
     let mut runs = Vec::with_capacity(requests.len());
-    for mut kwargs in requests {
-        // Nobody is connected to go away: a background run always goes on.
-        if let Value::Object(k) = &mut kwargs {
-            k.insert("on_disconnect".into(), json!("continue"));
-        }
-        let started = start(&app, None, kwargs).await?;
-        let (thread_id, run_id) = (started.thread_id.clone(), started.run_id.clone());
-        // Nobody reads it now; a client may join it.
-        super::hub::feed(&app, started);
-        runs.push(run_json(&stored(&app, &thread_id, &run_id)?));
+    for kwargs in requests {
+        runs.push(run_json(&background(&app, None, kwargs).await?));
     }
     Ok(Json(Value::Array(runs)))
 }

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::Shared;
 use super::http::{ApiError, body};
-use super::runs::{Resumed, RunRecord, run_json, start};
+use super::runs::{Resumed, RunRecord, run_json, start_run};
 use super::threads::{lock, pending_interrupts};
 use crate::checkpoint::{PendingWrite, RunRow, RunStatus, ThreadStatus};
 
@@ -92,23 +92,45 @@ pub(super) async fn list_runs(
     Ok(Json(Value::Array(page)))
 }
 
-/// Starts a run nobody streams: answered at once with the run, which goes on.
+/// Creates a run nobody streams on `thread` (none: a thread of its own): answered at once with
+/// the run as stored (`pending` until it has a worker and its thread), which goes on.
+pub(super) async fn background(app: &Shared, thread: Option<String>, mut kwargs: Value) -> Result<RunRow, ApiError> {
+    // Nobody is connected to go away: the run always goes on.
+    if let Value::Object(k) = &mut kwargs {
+        k.insert("on_disconnect".into(), json!("continue"));
+    }
+    let queued = start_run(app, thread, kwargs, None).await?;
+    let row = stored(app, &queued.thread_id, &queued.run_id)?;
+    let app = app.clone();
+    tokio::spawn(async move {
+        // A run that cannot start has recorded why in its row.
+        if let Ok(started) = queued.started(&app).await {
+            // Nobody reads it now; a client may join it.
+            super::hub::feed(&app, started);
+        }
+    });
+    Ok(row)
+}
+
+/// `POST /threads/{id}/runs`: a run in the background.
 pub(super) async fn create_on_thread(
     State(app): State<Shared>,
     UrlPath(thread_id): UrlPath<String>,
     bytes: Bytes,
 ) -> Result<Response, ApiError> {
-    let mut kwargs: Value = body(&bytes)?;
-    // Nobody is connected to go away: the run always goes on.
-    if let Value::Object(k) = &mut kwargs {
-        k.insert("on_disconnect".into(), json!("continue"));
+    let run = background(&app, Some(thread_id), body(&bytes)?).await?;
+    let location = format!("/threads/{}/runs/{}", run.thread_id, run.run_id);
+    let mut response = Json(run_json(&run)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::CONTENT_LOCATION, v);
     }
-    let started = start(&app, Some(thread_id), kwargs).await?;
-    let location = format!("/threads/{}/runs/{}", started.thread_id, started.run_id);
-    let (thread_id, run_id) = (started.thread_id.clone(), started.run_id.clone());
-    // Nobody reads it now; a client may join it.
-    super::hub::feed(&app, started);
-    let run = stored(&app, &thread_id, &run_id)?;
+    Ok(response)
+}
+
+/// `POST /runs`: a stateless run in the background, on a thread of its own.
+pub(super) async fn create_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
+    let run = background(&app, None, body(&bytes)?).await?;
+    let location = format!("/runs/{}", run.run_id);
     let mut response = Json(run_json(&run)).into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {
         response.headers_mut().insert(header::CONTENT_LOCATION, v);
@@ -182,7 +204,7 @@ pub(super) async fn cancel(
         stop(&app, run, true).await?;
         return Ok(StatusCode::NO_CONTENT);
     }
-    run.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+    run.stop();
     if matches!(q.wait.as_deref(), Some("1" | "true")) {
         let mut ended = run.ended;
         let _ = ended.wait_for(|e| *e).await;
@@ -226,10 +248,17 @@ pub(super) async fn stop_runs_of(app: &Shared, thread_id: &str, rollback: bool) 
 /// Stops `run` and waits for its end; with `rollback`, then takes its thread back to the
 /// checkpoint it started from (with that checkpoint's writes as they were) and deletes the run.
 async fn stop(app: &Shared, run: RunRecord, rollback: bool) -> Result<(), ApiError> {
-    run.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+    run.stop();
     let mut ended = run.ended.clone();
     let _ = ended.wait_for(|e| *e).await;
     if !rollback {
+        return Ok(());
+    }
+    // A run cancelled while it waited for a worker never touched its thread: rolling it back
+    // is forgetting it (its thread may have moved on since it was created, by the runs before it).
+    if !lock(&app.runs).get(&run.run_id).is_some_and(|r| r.had_worker) {
+        app.store.delete_run(&run.run_id)?;
+        lock(&app.runs).remove(&run.run_id);
         return Ok(());
     }
     let thread_id = &run.thread_id;
@@ -352,7 +381,11 @@ pub(crate) fn resume_unfinished(app: &Shared) -> Result<usize, ApiError> {
                     was_running: row.status == RunStatus::Running,
                     row,
                 };
-                match super::runs::start_run(&app, Some(thread_id.clone()), kwargs, Some(resumed)).await {
+                let started = match start_run(&app, Some(thread_id.clone()), kwargs, Some(resumed)).await {
+                    Ok(queued) => queued.started(&app).await,
+                    Err(e) => Err(e),
+                };
+                match started {
                     Ok(started) => {
                         super::hub::feed(&app, started);
                         let ended = lock(&app.runs).get(&run_id).map(|r| r.ended.clone());

@@ -1,5 +1,5 @@
 //! `GET /metrics` in Prometheus's text format (version 0.0.4), kept without a metrics crate:
-//! runs by status, open event streams, and histograms of step and model-call latency.
+//! runs by status, the workers, open event streams, and histograms of step and model-call latency.
 //!
 //! Counted where the server already sees things happen: a run's end where its status is
 //! recorded, steps and model calls in the events the stream translator reads, event streams
@@ -108,6 +108,11 @@ fn render(app: &Shared) -> String {
     for (status, n) in &active {
         let _ = writeln!(out, "runner_runs{{status=\"{status}\"}} {n}");
     }
+    let _ = writeln!(
+        out,
+        "# HELP runner_workers Runs that may execute at once (--workers).\n# TYPE runner_workers gauge\nrunner_workers {}",
+        app.workers.size()
+    );
     out.push_str("# HELP runner_runs_total Runs ended since the server started, by final status.\n# TYPE runner_runs_total counter\n");
     let ended = lock(&m.ended).clone();
     for status in ["success", "error", "interrupted", "timeout"] {

@@ -16,7 +16,8 @@
 //! - `sse.rs`: the event stream's framing and how engine events become stream-mode events;
 //! - `store.rs`: the store endpoints, over the data store `store` nodes use;
 //! - `metrics.rs`: `GET /metrics` in Prometheus's text format;
-//! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS, the API key.
+//! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS, the API key;
+//! - `workers.rs`: how many runs execute at once, and the line of pending runs.
 
 mod batch;
 mod control;
@@ -29,6 +30,7 @@ mod runs;
 mod sse;
 mod store;
 mod threads;
+mod workers;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -57,6 +59,8 @@ pub(crate) struct App {
     /// `index` and `retrieve` nodes share it.
     data: crate::rag::DataStore,
     metrics: metrics::Metrics,
+    /// How many runs execute at once; the others wait `pending`, in the order they came.
+    workers: workers::Workers,
     /// The server is shutting down: the runs it stops stay unfinished in the store, for the
     /// next server to continue.
     stopping: std::sync::atomic::AtomicBool,
@@ -71,15 +75,21 @@ pub struct Server {
 }
 
 impl Server {
-    /// A server over `graphs`, whose runs are built from `settings`; with `api_key`, every
-    /// request but `GET /ok` must carry it.
-    pub fn new(graphs: Graphs, settings: RunSettings, api_key: Option<String>) -> Result<Server, RunError> {
+    /// A server over `graphs`, whose runs are built from `settings`, at most `workers` of them
+    /// executing at once; with `api_key`, every request but `GET /ok` must carry it.
+    pub fn new(
+        graphs: Graphs,
+        settings: RunSettings,
+        api_key: Option<String>,
+        workers: usize,
+    ) -> Result<Server, RunError> {
         let store = settings.open_store()?;
         let data = crate::rag::DataStore::at(settings.data_db.value.clone());
         Ok(Server {
             app: Arc::new(App {
                 data,
                 metrics: metrics::Metrics::default(),
+                workers: workers::Workers::new(workers),
                 graphs,
                 settings,
                 store,
@@ -111,7 +121,7 @@ impl Server {
             shutdown.await;
             app.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
             for run in threads::lock(&app.runs).values().filter(|r| r.is_active()) {
-                run.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+                run.stop();
             }
         };
         axum::serve(no_delay(listener), router(self.app))
@@ -186,6 +196,7 @@ fn router(app: Shared) -> Router {
         .route("/threads/{id}/runs/{run_id}/cancel", post(control::cancel))
         .route("/runs/stream", post(runs::stream_stateless))
         .route("/runs/wait", post(runs::wait_stateless))
+        .route("/runs", post(control::create_stateless))
         .route("/runs/batch", post(batch::batch))
         .route(
             "/store/items",

@@ -43,15 +43,26 @@ pub(crate) struct RunRecord {
     pub rollback_to: Option<(String, Vec<crate::checkpoint::PendingWrite>)>,
     /// Stops the run at its next step boundary.
     pub cancel: Arc<AtomicBool>,
+    /// Wakes the run while it waits for a worker, to end it without starting (see [`Self::stop`]).
+    pub wake: Arc<tokio::sync::Notify>,
     /// Becomes true once the run's end is recorded.
     pub ended: tokio::sync::watch::Receiver<bool>,
     /// Its frames, while readers may join it.
     pub hub: Option<Arc<Hub>>,
+    /// It had a worker: it may have touched its thread (one cancelled in line never did).
+    pub had_worker: bool,
 }
 
 impl RunRecord {
     pub(super) fn is_active(&self) -> bool {
         self.status.is_active()
+    }
+
+    /// Stops the run: a running one at its next step boundary, a pending one at once.
+    pub(super) fn stop(&self) {
+        self.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Kept until the run looks, if it is not waiting yet.
+        self.wake.notify_one();
     }
 }
 
@@ -102,6 +113,103 @@ pub(super) struct RunCreate {
     checkpoint_id: Option<String>,
 }
 
+/// A run whose row is written and whose task waits for a worker, or runs: what its starter reads
+/// of it until it holds its thread ([`Queued::started`]).
+pub(super) struct Queued {
+    pub run_id: String,
+    pub thread_id: String,
+    graph: Arc<Graph>,
+    resumable: bool,
+    first_event_id: u64,
+    stateless: bool,
+    events: mpsc::UnboundedReceiver<Envelope>,
+    done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
+    cancel: Arc<AtomicBool>,
+    wake: Arc<tokio::sync::Notify>,
+    release: oneshot::Sender<()>,
+    modes: Modes,
+    cancel_on_disconnect: bool,
+}
+
+/// Stops a run whose client went away while it waited for the run to start, unless disarmed
+/// (the run started) or the client said `on_disconnect: continue`.
+struct Abandoned {
+    cancel: Arc<AtomicBool>,
+    wake: Arc<tokio::sync::Notify>,
+    armed: bool,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if self.armed {
+            self.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.wake.notify_one();
+        }
+    }
+}
+
+impl Queued {
+    /// Waits until the run holds its thread (it sends `run_start` then): the run as started, or
+    /// why it could not start.
+    pub(super) async fn started(self, app: &Shared) -> Result<Started, ApiError> {
+        let Queued {
+            run_id,
+            thread_id,
+            graph,
+            resumable,
+            first_event_id,
+            stateless,
+            mut events,
+            mut done,
+            cancel,
+            wake,
+            release,
+            modes,
+            cancel_on_disconnect,
+        } = self;
+        let mut abandoned = Abandoned {
+            cancel: cancel.clone(),
+            wake,
+            armed: cancel_on_disconnect,
+        };
+        let first = tokio::select! {
+            biased;
+            Some(first) = events.recv() => Some(first),
+            outcome = &mut done => match outcome {
+                Ok(Err(e)) => return Err(refused(e)),
+                _ => None,
+            },
+        };
+        let first = match first {
+            Some(f) => f,
+            // Its end came first: its events, if it sent any, are still to be read. None: it
+            // was cancelled while it waited for a worker.
+            None => events
+                .recv()
+                .await
+                .ok_or_else(|| ApiError::conflict(format!("run {run_id} was cancelled before it started")))?,
+        };
+        // From here on the stream's own guard stops the run if its client goes away.
+        abandoned.armed = false;
+        set_status(app, &run_id, RunStatus::Running, None);
+        Ok(Started {
+            run_id,
+            thread_id,
+            graph,
+            resumable,
+            first_event_id,
+            stateless,
+            first,
+            events,
+            done,
+            cancel,
+            release,
+            modes,
+            cancel_on_disconnect,
+        })
+    }
+}
+
 /// A run that holds its thread: the events it sends, and its end.
 pub(super) struct Started {
     pub run_id: String,
@@ -127,9 +235,7 @@ pub(super) struct Started {
 /// Why a run could not start, as the reference answers it.
 pub(super) fn refused(e: EngineError) -> ApiError {
     match e {
-        EngineError::Busy(_) | EngineError::Store(CheckpointError::Leased(_)) => ApiError::conflict(
-            "Thread is already running a task. Wait for it to finish or choose a different multitask strategy.",
-        ),
+        EngineError::Busy(_) | EngineError::Store(CheckpointError::Leased(_)) => ApiError::conflict(BUSY),
         EngineError::NoThread(t) => ApiError::not_found(format!("Thread with ID {t} not found")),
         e @ (EngineError::Input(_)
         | EngineError::Incompatible(_)
@@ -242,16 +348,22 @@ fn commanded(update: Option<Value>, goto: Option<Value>) -> Result<Option<Edit>,
 /// Starts a run of the request `kwargs` on `thread` (none: a thread of its own) and waits until
 /// it holds the thread.
 pub(super) async fn start(app: &Shared, thread: Option<String>, kwargs: Value) -> Result<Started, ApiError> {
-    start_run(app, thread, kwargs, None).await
+    start_run(app, thread, kwargs, None).await?.started(app).await
 }
 
-/// [`start`], or with `resumed` the run of that row again (same id, same thread).
+/// What a stream or a wait for a run answers when the thread already has a run and the request
+/// said `multitask_strategy: reject` (or nothing).
+const BUSY: &str = "Thread is already running a task. Wait for it to finish or choose a different multitask strategy.";
+
+/// Creates a run of the request `kwargs` on `thread` (none: a thread of its own), or with
+/// `resumed` the run of that row again (same id, same thread): its row is written `pending` and
+/// its task waits for a worker; answered once it is in line.
 pub(super) async fn start_run(
     app: &Shared,
     thread: Option<String>,
     kwargs: Value,
     resumed: Option<Resumed>,
-) -> Result<Started, ApiError> {
+) -> Result<Queued, ApiError> {
     let req: RunCreate =
         serde_json::from_value(kwargs.clone()).map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))?;
     let graph: Arc<Graph> = app
@@ -298,6 +410,15 @@ pub(super) async fn start_run(
         Some(t) => return Err(ApiError::not_found(format!("Thread with ID {t} not found"))),
         None => crate::checkpoint::new_id(),
     };
+    // A run on the thread, running or waiting for a worker, holds it for the runs after it.
+    if strategy == "reject"
+        && resumed.is_none()
+        && lock(&app.runs)
+            .values()
+            .any(|r| r.thread_id == thread_id && r.is_active())
+    {
+        return Err(ApiError::conflict(BUSY));
+    }
     if matches!(strategy, "interrupt" | "rollback") {
         super::control::stop_runs_of(app, &thread_id, strategy == "rollback").await?;
     }
@@ -404,9 +525,10 @@ pub(super) async fn start_run(
     };
     app.store.put_run(&row)?;
     let run_id = row.run_id.clone();
-    let (events, mut rx) = Events::channel();
+    let (events, rx) = Events::channel();
     let engine = Engine::new(graph.plan.clone(), app.store.clone(), services, events);
     let cancel = engine.cancel_flag();
+    let wake = Arc::new(tokio::sync::Notify::new());
     let (ended_tx, ended_rx) = tokio::sync::watch::channel(false);
     {
         let mut runs = lock(&app.runs);
@@ -418,13 +540,17 @@ pub(super) async fn start_run(
                 thread_id: thread_id.clone(),
                 status: RunStatus::Pending,
                 cancel: cancel.clone(),
+                wake: wake.clone(),
                 ended: ended_rx,
                 hub: None,
                 rollback_to,
+                had_worker: false,
             },
         );
     }
-    let (tx, mut done) = oneshot::channel();
+    // In line as the row is written: runs get workers in the order they were created.
+    let turn = app.workers.enter();
+    let (tx, done) = oneshot::channel();
     let (release, released) = oneshot::channel::<()>();
     let ended = Ended {
         app: app.clone(),
@@ -437,14 +563,29 @@ pub(super) async fn start_run(
     // not inherit the current span by itself.
     let parent = tracing::Span::current();
     let request_thread = thread_id.clone();
+    let woken = wake.clone();
     tokio::spawn(
         async move {
-            let outcome = match edit {
-                Some((update, goto)) => match engine.command(&request_thread, update, goto).await {
-                    Ok(_) => engine.run(request).await,
-                    Err(e) => Err(e),
+            let worker = tokio::select! {
+                biased;
+                worker = turn.worker() => Some(worker),
+                () = woken.notified() => None,
+            };
+            if worker.is_some()
+                && let Some(r) = lock(&ended.app.runs).get_mut(&ended_run)
+            {
+                r.had_worker = true;
+            }
+            let outcome = match worker {
+                // Cancelled while it waited: it ends without having run (or touched its thread).
+                None => Ok(never_started(&request_thread)),
+                Some(_worker) => match edit {
+                    Some((update, goto)) => match engine.command(&request_thread, update, goto).await {
+                        Ok(_) => engine.run(request).await,
+                        Err(e) => Err(e),
+                    },
+                    None => engine.run(request).await,
                 },
-                None => engine.run(request).await,
             };
             // The engine (and with it every sender of its events) is gone before its end is told.
             drop(engine);
@@ -468,25 +609,7 @@ pub(super) async fn start_run(
         }
         .instrument(parent),
     );
-    // The run sends `run_start` once it holds the thread; before that it can only fail.
-    let first = tokio::select! {
-        biased;
-        Some(first) = rx.recv() => Some(first),
-        outcome = &mut done => match outcome {
-            Ok(Err(e)) => return Err(refused(e)),
-            _ => None,
-        },
-    };
-    let first = match first {
-        Some(f) => f,
-        // Ended without a word: only a run that did nothing (its events were sent, then it ended).
-        None => rx
-            .recv()
-            .await
-            .ok_or_else(|| ApiError::internal("the run ended without starting"))?,
-    };
-    set_status(app, &run_id, RunStatus::Running, None);
-    Ok(Started {
+    Ok(Queued {
         // A resumed run's stream may be rejoined: its client lost it with the server.
         resumable: req.stream_resumable || is_resumed,
         first_event_id: row.event_ids,
@@ -494,14 +617,32 @@ pub(super) async fn start_run(
         run_id,
         thread_id,
         stateless,
-        first,
         events: rx,
         done,
         cancel,
+        wake,
         release,
         modes,
         cancel_on_disconnect: req.on_disconnect.as_deref() != Some("continue"),
     })
+}
+
+/// The end of a run cancelled before it had a worker.
+fn never_started(thread_id: &str) -> RunOutcome {
+    RunOutcome {
+        thread_id: thread_id.to_string(),
+        status: Status::Cancelled,
+        output: Value::Null,
+        state: Map::new(),
+        interrupt: None,
+        interrupts: Vec::new(),
+        error: None,
+        steps: 0,
+        usage: Default::default(),
+        turn_usage: Default::default(),
+        unreported_usage: Default::default(),
+        handoffs: Vec::new(),
+    }
 }
 
 /// How many runs a server remembers: past it, the oldest ended ones are forgotten (their
@@ -699,9 +840,11 @@ mod tests {
             thread_id: "t".into(),
             status,
             cancel: Arc::default(),
+            wake: Arc::default(),
             ended: tokio::sync::watch::channel(false).1,
             hub: None,
             rollback_to: None,
+            had_worker: true,
         }
     }
 

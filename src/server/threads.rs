@@ -374,25 +374,38 @@ struct StateUpdate {
     values: Option<Value>,
     #[serde(default)]
     as_node: Option<String>,
+    /// `{checkpoint_id, …}`: edit this checkpoint of the thread; an older one forks it.
     #[serde(default)]
     checkpoint: Option<Value>,
+    /// The same, as the Python SDK's `checkpoint_id=` sends it.
+    #[serde(default)]
+    checkpoint_id: Option<String>,
 }
 
 /// `threads.update_state`: the values written as node `as_node`'s writes, through the state's
 /// reducers, the thread then going on from that node's edges (LangGraph's
 /// `update_state(values, as_node)`); without `as_node`, the values replace the keys' values.
-/// Answers the new checkpoint.
+/// With a `checkpoint_id` (or `checkpoint`) older than the latest, the edit forks the thread
+/// there, as a run from that checkpoint does. Answers the new checkpoint.
 pub(super) async fn update_state(
     State(app): State<Shared>,
     UrlPath(id): UrlPath<String>,
     bytes: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let req: StateUpdate = body(&bytes)?;
-    if req.checkpoint.as_ref().is_some_and(|c| !c.is_null()) {
-        return Err(ApiError::invalid(
-            "updating the state from an older checkpoint is not supported yet: update the thread's latest",
-        ));
-    }
+    let at = match (req.checkpoint_id, &req.checkpoint) {
+        (Some(id), _) => Some(id),
+        (None, None | Some(Value::Null)) => None,
+        (None, Some(c)) => match c.get("checkpoint_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(id)) => Some(id.clone()),
+            Some(other) => {
+                return Err(ApiError::invalid(format!(
+                    "checkpoint.checkpoint_id is a checkpoint's id, not {other}"
+                )));
+            }
+        },
+    };
     let values: Vec<(String, Value)> = match req.values {
         Some(Value::Object(m)) => m.into_iter().collect(),
         None | Some(Value::Null) => Vec::new(),
@@ -421,7 +434,7 @@ pub(super) async fn update_state(
         ..crate::engine::RunOptions::default()
     });
     let cp = engine
-        .update_state(&id, values, req.as_node.as_deref())
+        .update_state_at(&id, values, req.as_node.as_deref(), at.as_deref())
         .await
         .map_err(super::runs::refused)?;
     Ok(Json(json!({
