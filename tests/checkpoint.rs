@@ -186,19 +186,22 @@ fn checkpoints(cp: &dyn Checkpointer) {
     assert_eq!(cp.get_checkpoint("t", Some("nope")).unwrap(), None);
     assert_eq!(cp.history("t").unwrap(), vec![c2.clone(), c1.clone(), c0.clone()]);
 
-    // Newest first is by step, then by id: not by insertion order.
+    // Newest first is by id (ids are time-ordered), whatever the step and the insertion order.
     let mut late = checkpoint("t", Some(&c2), 7, &[]);
-    late.checkpoint_id = "b-late".into();
+    late.checkpoint_id = "ffff-b-late".into();
     let mut early = checkpoint("t", Some(&c2), 7, &[]);
-    early.checkpoint_id = "a-early".into();
-    let mut last = checkpoint("t", Some(&late), 8, &[]);
-    last.checkpoint_id = "0-last".into();
+    early.checkpoint_id = "ffff-a-early".into();
+    let mut last = checkpoint("t", Some(&late), 3, &[]);
+    last.checkpoint_id = "ffff-c-last".into();
     for c in [&last, &early, &late] {
         cp.put_checkpoint(c, &[]).unwrap();
     }
     let history = cp.history("t").unwrap();
-    assert_eq!(ids(&history)[..3], ["0-last", "b-late", "a-early"]);
-    assert_eq!(cp.get_checkpoint("t", None).unwrap().unwrap().checkpoint_id, "0-last");
+    assert_eq!(ids(&history)[..3], ["ffff-c-last", "ffff-b-late", "ffff-a-early"]);
+    assert_eq!(
+        cp.get_checkpoint("t", None).unwrap().unwrap().checkpoint_id,
+        "ffff-c-last"
+    );
 
     let mut dup = c1.clone();
     dup.step = 99;
@@ -374,6 +377,42 @@ fn delete(cp: &dyn Checkpointer) {
     cp.create_thread(&thread("a")).unwrap();
     assert_eq!(cp.history("a").unwrap(), vec![]);
     assert!(matches!(cp.state("a", &a2.versions), Err(CheckpointError::Corrupt(_))));
+}
+
+/// A branch started from an older checkpoint of the same thread (a run or a state update from
+/// it) is the thread's head once written, even at a lower step than the branch it leaves:
+/// "latest" is the newest checkpoint written, as in LangGraph, not the highest step.
+fn branch(cp: &dyn Checkpointer) {
+    let [_, c1, c2] = three_steps(cp, "b");
+    let b1 = checkpoint("b", Some(&c1), 1, &[("a", 4), ("b", 1)]);
+    cp.put_checkpoint(&b1, &vals(&[("a", 4, json!("branch"))])).unwrap();
+    let head = cp.get_checkpoint("b", None).unwrap().unwrap();
+    assert_eq!(head.checkpoint_id, b1.checkpoint_id, "a branch at the head's step");
+    // Lower than the old head's step: a branch from the first checkpoint.
+    let c0 = cp
+        .get_checkpoint("b", Some(&c1.parent_id.clone().unwrap()))
+        .unwrap()
+        .unwrap();
+    let low = checkpoint("b", Some(&c0), 0, &[("a", 5), ("b", 1)]);
+    cp.put_checkpoint(&low, &vals(&[("a", 5, json!("low"))])).unwrap();
+    let head = cp.get_checkpoint("b", None).unwrap().unwrap();
+    assert_eq!(
+        head.checkpoint_id, low.checkpoint_id,
+        "the newest checkpoint is the head"
+    );
+    assert_eq!(cp.state("b", &head.versions).unwrap()["a"], json!("low"));
+    let history = cp.history("b").unwrap();
+    assert_eq!(
+        ids(&history),
+        [
+            low.checkpoint_id.as_str(),
+            b1.checkpoint_id.as_str(),
+            c2.checkpoint_id.as_str(),
+            c1.checkpoint_id.as_str(),
+            c0.checkpoint_id.as_str()
+        ],
+        "newest first"
+    );
 }
 
 fn fork(cp: &dyn Checkpointer) {
@@ -737,6 +776,7 @@ macro_rules! conformance {
                 writes,
                 delete,
                 fork,
+                branch,
                 batch,
                 plan_hashes,
                 leases,

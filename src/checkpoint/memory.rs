@@ -158,10 +158,11 @@ impl Entry {
             .ok_or_else(|| CheckpointError::NoCheckpoint(self.thread.thread_id.clone(), checkpoint_id.into()))
     }
 
-    /// Newest first: by step, then checkpoint id, both descending.
+    /// Newest first: by checkpoint id (time-ordered), descending. A branch from an older
+    /// checkpoint is newer than the steps it leaves, whatever its step.
     fn history(&self) -> Vec<&Checkpoint> {
         let mut all: Vec<&Checkpoint> = self.checkpoints.values().map(|c| &**c).collect();
-        all.sort_by(|a, b| (b.step, &b.checkpoint_id).cmp(&(a.step, &a.checkpoint_id)));
+        all.sort_by(|a, b| b.checkpoint_id.cmp(&a.checkpoint_id));
         all
     }
 

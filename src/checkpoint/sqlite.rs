@@ -530,7 +530,7 @@ impl Checkpointer for SqliteCheckpointer {
                 None => tx
                     .prepare_cached(&format!(
                         "SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = ?1 \
-                         ORDER BY step DESC, checkpoint_id DESC LIMIT 1"
+                         ORDER BY checkpoint_id DESC LIMIT 1"
                     ))?
                     .query_row([thread_id], CheckpointRow::from_row)
                     .optional()?,
@@ -544,7 +544,7 @@ impl Checkpointer for SqliteCheckpointer {
             require_thread(tx, thread_id)?;
             let mut stmt = tx.prepare_cached(&format!(
                 "SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = ?1 \
-                 ORDER BY step DESC, checkpoint_id DESC"
+                 ORDER BY checkpoint_id DESC"
             ))?;
             let rows = stmt.query_map([thread_id], CheckpointRow::from_row)?;
             rows.map(|row| row?.into_checkpoint(tx)).collect()

@@ -202,11 +202,8 @@ impl Engine {
                     .store
                     .get_checkpoint(thread_id, Some(at))?
                     .ok_or_else(|| EngineError::Input(format!("thread `{thread_id}` has no checkpoint `{at}`")))?;
-                let (mut base, carried) = self.branch(thread_id, from)?;
-                // A thread's latest checkpoint is its highest step's (the newest of them): the
-                // branch's starts at the head's step, so that the edit is the thread's head.
-                base.step = base.step.max(head.step);
-                (base, carried)
+                // The edit is the thread's head: the newest checkpoint, whatever its step.
+                self.branch(thread_id, from)?
             }
             None => (head, Vec::new()),
         };
