@@ -624,6 +624,17 @@ mod tests {
     }
 
     #[test]
+    fn a_pptx_is_recognised_and_indexed_as_its_slides_text() {
+        use crate::rag::extract::{Format, PAGE_BREAK, extract};
+        assert_eq!(Format::sniff(TEMPLATE), Format::Pptx);
+        assert_eq!(Format::from_path(std::path::Path::new("deck.PPTX")), Some(Format::Pptx));
+        let e = extract(TEMPLATE, Format::Pptx).unwrap();
+        assert_eq!(e.title.as_deref(), Some("Corporate template"));
+        assert_eq!(e.text.split(PAGE_BREAK).count(), 2, "{}", e.text);
+        assert!(e.text.starts_with("Heat pumps\n\nFor homeowners\n"), "{}", e.text);
+    }
+
+    #[test]
     fn relationship_targets_resolve_against_the_part() {
         assert_eq!(resolve("ppt/slides", "../slideLayouts/a.xml"), "ppt/slideLayouts/a.xml");
         assert_eq!(resolve("ppt", "slides/s1.xml"), "ppt/slides/s1.xml");
