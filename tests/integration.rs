@@ -25,6 +25,7 @@ mod invalid;
 mod kinds;
 mod loader_props;
 mod mcp;
+mod pptx;
 mod props;
 mod providers;
 mod rag;

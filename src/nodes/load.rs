@@ -2,6 +2,8 @@
 //! workflow's directory tree or a root the run allows with `--allow-read`) or an http(s) URL
 //! (through the run's guarded web client). `output` is `{content, title, source, bytes, format}`: text for text, Markdown and HTML
 //! (markup removed), the parsed value for JSON. PDF as its text, pages separated by form feeds.
+//! A PowerPoint template (`.pptx`) as its design context: `{theme_name, colors, fonts,
+//! slide_size, layouts, slides}` (see [`crate::rag::pptx`]).
 
 use std::path::Path;
 
@@ -16,6 +18,7 @@ use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape};
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::net::{AllowList, FetchOptions, Oversize, Request, Response};
 use crate::rag::extract::{self, Format};
+use crate::rag::pptx;
 
 /// Default `max_bytes`: 20 MiB.
 const DEFAULT_MAX_BYTES: u64 = 20 << 20;
@@ -43,6 +46,7 @@ pub(super) enum DocFormat {
     Html,
     Pdf,
     Json,
+    Pptx,
 }
 
 /// A `load` node, compiled.
@@ -107,19 +111,27 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         DocFormat::Html => Format::Html,
         DocFormat::Pdf => Format::Pdf,
         DocFormat::Json => Format::Json,
+        DocFormat::Pptx => Format::Pptx,
         DocFormat::Auto => content_type
             .as_deref()
             .and_then(Format::from_content_type)
             .or_else(|| Format::from_path(Path::new(source.split(['?', '#']).next().unwrap_or(&source))))
             .unwrap_or_else(|| Format::sniff(&bytes)),
     };
-    let extracted = extract::extract(&bytes, format).map_err(|e| NodeError::invalid(format!("{source}: {e}")))?;
-    let content = if format == Format::Json {
-        serde_json::from_str(&extracted.text).map_err(|e| NodeError::invalid(format!("{source} is not JSON: {e}")))?
+    let (content, title) = if format == Format::Pptx {
+        let t = pptx::read(&bytes).map_err(|e| NodeError::invalid(format!("{source}: {e}")))?;
+        (t.value, t.title)
     } else {
-        Value::String(extracted.text)
+        let extracted = extract::extract(&bytes, format).map_err(|e| NodeError::invalid(format!("{source}: {e}")))?;
+        let content = if format == Format::Json {
+            serde_json::from_str(&extracted.text)
+                .map_err(|e| NodeError::invalid(format!("{source} is not JSON: {e}")))?
+        } else {
+            Value::String(extracted.text)
+        };
+        (content, extracted.title)
     };
-    let title = extracted.title.unwrap_or_else(|| {
+    let title = title.unwrap_or_else(|| {
         let path = source.split(['?', '#']).next().unwrap_or(&source).trim_end_matches('/');
         path.rsplit('/').next().unwrap_or(path).to_string()
     });

@@ -1,7 +1,8 @@
 //! Documents to text: plain text and Markdown as they are, HTML as Markdown (through an HTML5
 //! parser: headings, code blocks, lists and tables kept; scripts, styles, navigation and
 //! footers dropped), JSON parsed, PDF through `pdf-extract` page by page (pages separated by
-//! a form feed, which chunking turns into page numbers).
+//! a form feed, which chunking turns into page numbers), PowerPoint (`.pptx`, through
+//! [`super::pptx`]) as each slide's text, slides separated by a form feed.
 
 use std::path::Path;
 
@@ -13,6 +14,7 @@ pub enum Format {
     Html,
     Json,
     Pdf,
+    Pptx,
 }
 
 impl Format {
@@ -23,6 +25,7 @@ impl Format {
             Format::Html => "html",
             Format::Json => "json",
             Format::Pdf => "pdf",
+            Format::Pptx => "pptx",
         }
     }
 
@@ -35,6 +38,7 @@ impl Format {
             "html" | "htm" | "xhtml" => Format::Html,
             "json" => Format::Json,
             "pdf" => Format::Pdf,
+            "pptx" => Format::Pptx,
             _ => return None,
         })
     }
@@ -47,14 +51,19 @@ impl Format {
             "text/markdown" | "text/x-markdown" => Format::Markdown,
             "application/json" => Format::Json,
             "application/pdf" => Format::Pdf,
+            "application/vnd.openxmlformats-officedocument.presentationml.presentation" => Format::Pptx,
             c if c.starts_with("text/") => Format::Text,
             c if c.ends_with("+json") => Format::Json,
             _ => return None,
         })
     }
 
-    /// From the bytes, when nothing else said: HTML if it looks like it, else text.
+    /// From the bytes, when nothing else said: PDF, PPTX (a zip naming `ppt/` parts), HTML or
+    /// JSON if it looks like it, else text.
     pub fn sniff(bytes: &[u8]) -> Format {
+        if bytes.starts_with(b"PK\x03\x04") && bytes.windows(4).any(|w| w == b"ppt/") {
+            return Format::Pptx;
+        }
         let head = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).to_ascii_lowercase();
         let head = head.trim_start();
         if head.starts_with("%pdf") {
@@ -80,6 +89,13 @@ pub struct Extracted {
 pub fn extract(bytes: &[u8], format: Format) -> Result<Extracted, String> {
     match format {
         Format::Pdf => pdf_to_text(bytes),
+        Format::Pptx => {
+            let t = super::pptx::read(bytes).map_err(|e| e.to_string())?;
+            Ok(Extracted {
+                text: t.slide_text.join(&format!("\n{PAGE_BREAK}\n")),
+                title: t.title,
+            })
+        }
         Format::Html => {
             let html = String::from_utf8_lossy(bytes);
             Ok(html_to_text(&html))

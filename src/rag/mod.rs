@@ -15,6 +15,7 @@ pub mod embed;
 pub mod extract;
 pub mod index;
 pub mod memory;
+pub mod pptx;
 pub mod search;
 
 use std::path::{Path, PathBuf};
