@@ -146,14 +146,7 @@ impl Engine {
                 writes: records,
             });
         }
-        puts.push(Put::Status {
-            thread_id: thread_id.to_string(),
-            status: if edited.next.is_empty() {
-                ThreadStatus::Done
-            } else {
-                ThreadStatus::Running
-            },
-        });
+        puts.push(settled(thread_id, &edited));
         self.store.put_batch(puts)?;
         Ok(edited)
     }
@@ -230,14 +223,7 @@ impl Engine {
         // thread is done, or can be continued (no gate waits: the edit's checkpoint has no
         // records).
         if as_node.is_some() || forked {
-            puts.push(Put::Status {
-                thread_id: thread_id.to_string(),
-                status: if edited.next.is_empty() {
-                    ThreadStatus::Done
-                } else {
-                    ThreadStatus::Running
-                },
-            });
+            puts.push(settled(thread_id, &edited));
         }
         self.store.put_batch(puts)?;
         Ok(edited)
@@ -355,4 +341,17 @@ fn hint<'a>(name: &str, names: impl Iterator<Item = &'a str>) -> String {
     crate::diag::did_you_mean(name, names)
         .map(|s| format!(" (did you mean `{s}`?)"))
         .unwrap_or_default()
+}
+
+/// The thread's status once an edit decided what is left to run: done when nothing is, else
+/// running (continued by the next run).
+fn settled(thread_id: &str, edited: &Checkpoint) -> Put {
+    Put::Status {
+        thread_id: thread_id.to_string(),
+        status: if edited.next.is_empty() {
+            ThreadStatus::Done
+        } else {
+            ThreadStatus::Running
+        },
+    }
 }
