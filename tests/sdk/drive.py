@@ -127,6 +127,12 @@ async def main():
     # Cancelling stops a run at its next step boundary; its thread can be continued.
     t4 = (await client.threads.create())["thread_id"]
     slow = await client.runs.create(t4, "slow")
+    # A background create answers while the run may still be pending (a pending run cancelled
+    # never touches its thread): cancel once it runs.
+    for _ in range(200):
+        if (await client.runs.get(t4, slow["run_id"]))["status"] == "running":
+            break
+        await asyncio.sleep(0.01)
     await client.runs.cancel(t4, slow["run_id"], wait=True)
     assert (await client.runs.get(t4, slow["run_id"]))["status"] == "interrupted"
     assert (await client.threads.get_state(t4))["next"] == ["tock"]
