@@ -91,6 +91,7 @@ impl Anthropic {
             usage: Usage::tokens(reply.input_tokens, reply.output_tokens),
             finish_reason: reply.stop_reason,
             tool_calls: reply.tool_calls.into_iter().map(|c| c.finish()).collect(),
+            model: reply.model,
         })
     }
 }
@@ -203,6 +204,7 @@ fn parse_message(v: &Value) -> Result<ChatResponse, ProviderError> {
         usage: super::openai::usage_of(v.get("usage")),
         finish_reason: v.get("stop_reason").and_then(Value::as_str).map(str::to_string),
         tool_calls,
+        model: super::openai::model_of(v),
     })
 }
 
@@ -267,6 +269,7 @@ struct Assembly {
     input_tokens: u64,
     output_tokens: u64,
     stop_reason: Option<String>,
+    model: Option<String>,
     tool_calls: Vec<ToolUse>,
     /// Content block index → tool call, for `input_json_delta`s.
     tool_blocks: Vec<(u64, usize)>,
@@ -282,6 +285,7 @@ impl Assembly {
                 let count = |n: &str| usage.and_then(|u| u.get(n)).and_then(Value::as_u64).unwrap_or(0);
                 self.input_tokens = count("input_tokens");
                 self.output_tokens = count("output_tokens");
+                self.model = v.get("message").and_then(super::openai::model_of);
             }
             "content_block_start" => {
                 let block = v.get("content_block").unwrap_or(&Value::Null);
@@ -389,12 +393,14 @@ mod tests {
     fn streamed_tool_use_comes_back_in_the_openai_shape() {
         let mut a = Assembly::default();
         for v in [
+            json!({"type": "message_start", "message": {"model": "claude-x-20260101", "usage": {"input_tokens": 3}}}),
             json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t1", "name": "lookup", "input": {}}}),
             json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"q\": "}}),
             json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "\"x\"}"}}),
         ] {
             a.event(&v, None, None).unwrap();
         }
+        assert_eq!(a.model.as_deref(), Some("claude-x-20260101"));
         let calls: Vec<Value> = a.tool_calls.into_iter().map(ToolUse::finish).collect();
         assert_eq!(
             calls,

@@ -45,6 +45,9 @@ fn response_value(result: &Result<ChatResponse, ProviderError>, chunks: Vec<Stri
             if !r.tool_calls.is_empty() {
                 m.insert("tool_calls".into(), json!(r.tool_calls));
             }
+            if let Some(model) = &r.model {
+                m.insert("model".into(), json!(model));
+            }
             Value::Object(m)
         }
         Err(e) => json!({"error": error_value(e)}),
@@ -110,6 +113,7 @@ fn response_from(
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default(),
+        model: v.get("model").and_then(Value::as_str).map(str::to_string),
     })
 }
 

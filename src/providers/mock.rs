@@ -308,6 +308,7 @@ impl Provider for MockProvider {
                         usage,
                         finish_reason: Some(if tool_calls.is_empty() { "stop" } else { "tool_calls" }.into()),
                         tool_calls,
+                        model: None,
                     })
                 }
             }

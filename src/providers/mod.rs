@@ -183,6 +183,9 @@ pub struct ChatResponse {
     /// Tool (function) calls the model asked for, as the API sent them (OpenAI's shape:
     /// `{id, type, function: {name, arguments}}`, streamed fragments joined).
     pub tool_calls: Vec<Value>,
+    /// The model the server says made the reply (`model` in both APIs' replies), when it says:
+    /// an alias or a router may answer with another model than the one asked for.
+    pub model: Option<String>,
 }
 
 /// A failed call, typed so retry policies can choose.

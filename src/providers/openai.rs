@@ -263,7 +263,16 @@ pub fn parse_reply(text: &str) -> Result<ChatResponse, ProviderError> {
         usage: usage_of(v.get("usage")),
         finish_reason: choice.get("finish_reason").and_then(Value::as_str).map(str::to_string),
         tool_calls,
+        model: model_of(&v),
     })
+}
+
+/// The `model` a reply (or a stream chunk) names, if any.
+pub(super) fn model_of(v: &Value) -> Option<String> {
+    v.get("model")
+        .and_then(Value::as_str)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
 }
 
 fn first_choice(v: &Value) -> Option<&Value> {
@@ -324,6 +333,7 @@ struct Assembly {
     tool_calls: Vec<Value>,
     finish_reason: Option<String>,
     usage: Option<Usage>,
+    model: Option<String>,
 }
 
 impl Assembly {
@@ -333,6 +343,9 @@ impl Assembly {
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             self.usage = Some(usage_of(Some(u)));
+        }
+        if self.model.is_none() {
+            self.model = model_of(v);
         }
         let Some(choice) = first_choice(v) else {
             return Ok(());
@@ -430,6 +443,7 @@ async fn read_stream(
         usage: reply.usage.unwrap_or_else(|| Usage::tokens(0, 0)),
         finish_reason: reply.finish_reason,
         tool_calls: reply.tool_calls,
+        model: reply.model,
     })
 }
 
@@ -548,12 +562,28 @@ mod tests {
         .unwrap();
         assert_eq!((r.text.as_str(), r.finish_reason.as_deref()), ("ab", Some("length")));
         assert_eq!(r.usage.total_tokens, 5);
+        assert_eq!(r.model, None, "a reply that names no model");
         assert!(matches!(parse_reply("{}"), Err(ProviderError::Malformed(_))));
         assert!(matches!(parse_reply("<html>"), Err(ProviderError::Malformed(_))));
         assert!(matches!(
             parse_reply(r#"{"error": {"message": "slow down", "code": 429}}"#),
             Err(ProviderError::RateLimited { .. })
         ));
+    }
+
+    #[test]
+    fn a_reply_names_the_model_that_made_it_whole_or_streamed() {
+        let r =
+            parse_reply(r#"{"model": "gpt-4o-mini-2024-07-18", "choices": [{"message": {"content": "a"}}]}"#).unwrap();
+        assert_eq!(r.model.as_deref(), Some("gpt-4o-mini-2024-07-18"));
+        let mut a = Assembly::default();
+        for v in [
+            json!({"model": "m-2026", "choices": [{"index": 0, "delta": {"content": "a"}}]}),
+            json!({"model": "", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        ] {
+            a.chunk(&v, None).unwrap();
+        }
+        assert_eq!(a.model.as_deref(), Some("m-2026"));
     }
 
     #[test]

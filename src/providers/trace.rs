@@ -113,8 +113,9 @@ impl Provider for Traced {
                 let result = inner.chat(request, tokens).await;
                 match &result {
                     Ok(reply) => {
-                        // The reply does not name the model that made it: the one asked for did.
-                        record.record("gen_ai.response.model", model.as_str());
+                        // The model the server says answered; else the one asked for.
+                        let answered = reply.model.as_deref().unwrap_or(model.as_str());
+                        record.record("gen_ai.response.model", answered);
                         if let Some(reason) = &reply.finish_reason {
                             record.record("gen_ai.response.finish_reasons", field::debug([reason]));
                         }
