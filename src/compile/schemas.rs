@@ -389,6 +389,22 @@ impl<K: Hash + Eq> Validators<K> {
         slot.get_or_init(|| super::meta::validator(schema).ok()).as_ref()
     }
 
+    /// Why `value` does not fit `key`'s schema, or `None` when it does (or `key` has no
+    /// schema). A schema that says nothing but a type (`{type: integer}`, most state keys) is
+    /// checked by that type first and builds no validator for a value that fits; a value that
+    /// does not fit is told what the validator says.
+    pub fn violation<Q>(&self, key: &Q, value: &Value) -> Option<String>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (schema, _) = self.slots.get(key)?;
+        if type_only(schema) && fits_type(schema, value) {
+            return None;
+        }
+        self.get(key).and_then(|v| first_violation(v, value))
+    }
+
     /// How many validators have been built so far.
     #[cfg(test)]
     pub fn built(&self) -> usize {
@@ -397,6 +413,57 @@ impl<K: Hash + Eq> Validators<K> {
 }
 
 /// The first way `value` fails `validator`, as text.
+/// Whether `schema` says nothing but its type: a boolean `true`, or an object of `type` (one
+/// JSON Schema type or a list of them) and annotations only.
+fn type_only(schema: &Value) -> bool {
+    const ANNOTATIONS: &[&str] = &[
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$comment",
+    ];
+    match schema {
+        Value::Bool(b) => *b,
+        Value::Object(m) => m
+            .iter()
+            .all(|(k, v)| ANNOTATIONS.contains(&k.as_str()) || (k == "type" && type_names(v).is_some())),
+        _ => false,
+    }
+}
+
+/// The type names `type` lists, when each is one of JSON Schema's.
+fn type_names(t: &Value) -> Option<Vec<&str>> {
+    const TYPES: &[&str] = &["array", "boolean", "integer", "null", "number", "object", "string"];
+    let names: Vec<&str> = match t {
+        Value::String(s) => vec![s.as_str()],
+        Value::Array(ts) => ts.iter().map(Value::as_str).collect::<Option<_>>()?,
+        _ => return None,
+    };
+    names.iter().all(|n| TYPES.contains(n)).then_some(names)
+}
+
+/// Whether `value` has one of the types a type-only schema (see [`type_only`]) allows.
+/// As in JSON Schema, an integer is any number without a fractional part (`1.0` too).
+fn fits_type(schema: &Value, value: &Value) -> bool {
+    let Some(t) = schema.get("type") else {
+        return true;
+    };
+    type_names(t).is_some_and(|names| {
+        names.iter().any(|name| match (*name, value) {
+            ("null", Value::Null) | ("boolean", Value::Bool(_)) | ("string", Value::String(_)) => true,
+            ("array", Value::Array(_)) | ("object", Value::Object(_)) | ("number", Value::Number(_)) => true,
+            ("integer", Value::Number(n)) => {
+                n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.is_finite() && f.fract() == 0.0)
+            }
+            _ => false,
+        })
+    })
+}
+
 pub(crate) fn first_violation(validator: &jsonschema::Validator, value: &Value) -> Option<String> {
     validator.iter_errors(value).next().map(|e| {
         let at = e.instance_path().as_str().to_string();
@@ -430,5 +497,38 @@ mod tests {
         assert!(v.get("bad").is_none());
         assert!(v.get("missing").is_none());
         assert_eq!(v.built(), 2);
+    }
+
+    #[test]
+    fn a_type_only_schema_checks_fitting_values_without_a_validator() {
+        let v = Validators::new([
+            (
+                "n".to_string(),
+                json!({"type": "integer", "description": "a count", "default": 0}),
+            ),
+            ("either".to_string(), json!({"type": ["string", "null"]})),
+            ("any".to_string(), json!({})),
+            ("bounded".to_string(), json!({"type": "integer", "maximum": 3})),
+        ]);
+        for (key, value) in [
+            ("n", json!(3)),
+            ("n", json!(-3)),
+            ("n", json!(2.0)),
+            ("either", json!("x")),
+            ("either", Value::Null),
+            ("any", json!([1])),
+        ] {
+            assert_eq!(v.violation(key, &value), None, "{key} = {value}");
+        }
+        assert_eq!(v.built(), 0, "no validator for values that fit a type-only schema");
+        // A value that does not fit is told what the validator says.
+        let n = v.violation("n", &json!(2.5)).unwrap();
+        assert_eq!(Some(n), first_violation(v.get("n").unwrap(), &json!(2.5)));
+        assert!(v.violation("n", &json!("3")).is_some());
+        assert!(v.violation("either", &json!(1)).is_some());
+        // A schema that says more than a type always asks its validator.
+        assert!(v.violation("bounded", &json!(4)).is_some());
+        assert_eq!(v.violation("bounded", &json!(2)), None);
+        assert_eq!(v.violation("missing", &json!(2)), None);
     }
 }

@@ -191,11 +191,7 @@ impl Engine {
                 source,
             })?;
             let value = reduced.value;
-            if let Some(why) = self
-                .validators
-                .get(*key)
-                .and_then(|v| crate::compile::schemas::first_violation(v, &value))
-            {
+            if let Some(why) = self.validators.violation(*key, &value) {
                 return Err(ApplyError::Schema {
                     key: key.to_string(),
                     node: writes[0].0.to_string(),

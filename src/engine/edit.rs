@@ -241,11 +241,7 @@ impl Engine {
         let mut changed = Vec::new();
         let mut stored = Vec::new();
         for (key, value) in values {
-            if let Some(why) = self
-                .validators
-                .get(&key)
-                .and_then(|v| crate::compile::schemas::first_violation(v, &value))
-            {
+            if let Some(why) = self.validators.violation(&key, &value) {
                 return Err(EditError::Schema { key, why }.into());
             }
             let version = versions.get(&key).copied().unwrap_or(0) + 1;

@@ -578,16 +578,13 @@ impl Engine {
     /// or hand-edited one is named here rather than failing somewhere later.
     fn check_stored(&self, thread: &str, state: &Map<String, Value>) -> Result<(), EngineError> {
         for (key, value) in state {
-            // A key with no default starts unset (null) whatever its schema: that is no
-            // defect of the record.
-            if value.is_null() && self.plan.state().get(key).is_some_and(|c| c.default.is_null()) {
+            // A key's default fits its schema (compile checked it), so a value equal to it needs
+            // no validator: a new thread's state is all defaults. A key with no default starts
+            // unset (null) whatever its schema: that is no defect of the record either.
+            if self.plan.state().get(key).is_some_and(|c| &c.default == value) {
                 continue;
             }
-            if let Some(why) = self
-                .validators
-                .get(key)
-                .and_then(|v| crate::compile::schemas::first_violation(v, value))
-            {
+            if let Some(why) = self.validators.violation(key, value) {
                 return Err(EngineError::StoredValue {
                     thread: thread.into(),
                     key: key.clone(),
