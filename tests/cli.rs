@@ -568,3 +568,73 @@ fn the_seed_pictures_in_the_docs_are_current() {
     }
     assert!(checked >= 5, "docs/seeds.md pictures {checked} workflows");
 }
+
+/// The entries of a verdict cache directory.
+fn verdicts(cache: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(dirs) = std::fs::read_dir(cache.join("verdicts")) else {
+        return out;
+    };
+    for d in dirs {
+        out.extend(std::fs::read_dir(d.unwrap().path()).unwrap().map(|e| e.unwrap().path()));
+    }
+    out
+}
+
+#[test]
+fn a_check_that_passed_is_remembered_and_one_that_found_problems_never_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let good = tmp.path().join("good.yaml");
+    let bad = tmp.path().join("bad.yaml");
+    let typo = "name: bad\nnodes:\n  a: {kind: set, updat: {}}\nedges: [START -> a -> END]\n";
+    let counter = |default: &str| {
+        format!(
+            "name: good\nstate:\n  n: {{type: integer, default: {default}}}\nnodes:\n  a: {{kind: set, update: {{n: 1}}}}\nedges: [START -> a -> END]\n"
+        )
+    };
+    std::fs::write(&good, counter("0")).unwrap();
+    std::fs::write(&bad, typo).unwrap();
+    let validate = |file: &Path, extra: &[(&str, &str)]| {
+        let mut cmd = runner();
+        cmd.env("RUNNER_CACHE_DIR", &cache).env_remove("RUNNER_NO_CACHE");
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let out = cmd.args(["validate", "--format", "json"]).arg(file).output().unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (out.status.code(), report["diagnostics"].as_array().unwrap().len())
+    };
+
+    assert_eq!(validate(&bad, &[]), (Some(1), 1));
+    assert!(
+        verdicts(&cache).is_empty(),
+        "a document with problems is not remembered"
+    );
+    // The document against the workflow schema, the default against its key's schema.
+    assert_eq!(validate(&good, &[]), (Some(0), 0));
+    assert_eq!(verdicts(&cache).len(), 2);
+    // Remembered: the same answers, no new entries; the bad file still gets its diagnostic.
+    assert_eq!(validate(&good, &[]), (Some(0), 0));
+    assert_eq!(verdicts(&cache).len(), 2);
+    assert_eq!(validate(&bad, &[]), (Some(1), 1));
+    // Comments and layout are not the document: the same entries.
+    std::fs::write(
+        &good,
+        format!("# edited\n{}", counter("0").replace("  a: {", "  a:   {")),
+    )
+    .unwrap();
+    assert_eq!(validate(&good, &[]), (Some(0), 0));
+    assert_eq!(verdicts(&cache).len(), 2);
+    // A default that does not fit: the document passes (remembered), the default never does.
+    std::fs::write(&good, counter("'zero'")).unwrap();
+    assert_eq!(validate(&good, &[]), (Some(1), 1));
+    assert_eq!(validate(&good, &[]), (Some(1), 1));
+    assert_eq!(verdicts(&cache).len(), 3);
+    // Turned off: nothing new is written.
+    std::fs::write(&good, counter("2")).unwrap();
+    assert_eq!(validate(&good, &[("RUNNER_NO_CACHE", "1")]), (Some(0), 0));
+    assert_eq!(verdicts(&cache).len(), 3);
+    assert_eq!(validate(&good, &[]), (Some(0), 0));
+    assert_eq!(verdicts(&cache).len(), 5);
+}

@@ -86,6 +86,7 @@ pub fn main() -> ExitCode {
     for w in warnings {
         eprintln!("warning: {w}");
     }
+    crate::compile::verdicts::enable(crate::run::cache_dir(&crate::run::Env::process()));
     let code = dispatch(cli.command);
     // Spans still buffered are exported on every exit, an error's included.
     if let Err(e) = telemetry.shutdown() {

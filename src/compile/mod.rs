@@ -24,6 +24,7 @@ pub mod plan;
 pub(crate) mod schemas;
 pub mod source;
 mod tools;
+pub mod verdicts;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

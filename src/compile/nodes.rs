@@ -291,7 +291,9 @@ impl<'c, 'a> Build<'c, 'a> {
                 check_reducer_fits(self.src, &pointer, &reducer, spec.reducer.as_deref(), types, self.diags);
             }
             let default = spec.default.clone().unwrap_or(Value::Null);
-            if spec.default.is_some() {
+            let fits = super::verdicts::Check::Value;
+            if spec.default.is_some() && !super::verdicts::passed(fits, &[&root, &default]) {
+                let before = self.diags.len();
                 if let Some(v) = validator(self.src, &pointer, &root, self.diags)
                     && let Some(why) = first_violation(&v, &default)
                 {
@@ -301,7 +303,10 @@ impl<'c, 'a> Build<'c, 'a> {
                         format!("the default of `{key}` does not match its schema: {why}"),
                     ));
                 }
-            } else {
+                if self.diags.len() == before {
+                    super::verdicts::remember(fits, &[&root, &default]);
+                }
+            } else if spec.default.is_none() {
                 check(self.src, &pointer, &root, self.diags);
             }
             let from_input = spec.from_input.as_ref().and_then(|f| f.field(key)).map(str::to_string);

@@ -16,6 +16,10 @@ pub const ALLOW_NET: &str = "RUNNER_ALLOW_NET";
 pub const ALLOW_READ: &str = "RUNNER_ALLOW_READ";
 /// The lease's time to live in seconds (`--lease-ttl`).
 pub const LEASE_TTL: &str = "RUNNER_LEASE_TTL";
+/// Where clean schema verdicts are remembered (default: the user's cache directory).
+pub const CACHE_DIR: &str = "RUNNER_CACHE_DIR";
+/// Set (to anything but `0` or `false`): nothing is remembered between processes.
+pub const NO_CACHE: &str = "RUNNER_NO_CACHE";
 
 /// Environment variables by name. Model profiles read their API keys and `${env:…}` fields
 /// from it too, and a cassette scrubs the values of the ones named like secrets.

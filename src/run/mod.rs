@@ -25,7 +25,9 @@ pub use build::{Run, Start};
 pub use env::Env;
 pub use options::{CassetteOption, DbOption, MockOption, RunOptions};
 pub use project::{Project, ProjectError};
-pub use settings::{DEFAULT_DATA_DB, DEFAULT_DB, Overrides, RunSettings, Setting, Source, data_db_path, db_path};
+pub use settings::{
+    DEFAULT_DATA_DB, DEFAULT_DB, Overrides, RunSettings, Setting, Source, cache_dir, data_db_path, db_path,
+};
 pub use store::Checkpoints;
 
 /// Why a run's settings or services could not be made.

@@ -143,6 +143,25 @@ pub fn data_db_path(flag: Option<PathBuf>, env: &Env) -> Setting<PathBuf> {
     path_setting(flag, env, "--data-db", env::DATA_DB, DEFAULT_DATA_DB)
 }
 
+/// Where this process remembers what it may skip next time (clean schema verdicts):
+/// `RUNNER_CACHE_DIR`, else `$XDG_CACHE_HOME/runner`, else `~/.cache/runner`; none with
+/// `RUNNER_NO_CACHE`, or when no such directory can be named.
+pub fn cache_dir(env: &Env) -> Option<PathBuf> {
+    if env
+        .get(env::NO_CACHE)
+        .is_some_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+    {
+        return None;
+    }
+    let absolute = |name: &str| env.get_os(name).map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(dir) = env.get_os(env::CACHE_DIR).filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
+    absolute("XDG_CACHE_HOME")
+        .or_else(|| absolute("HOME").map(|home| home.join(".cache")))
+        .map(|cache| cache.join("runner"))
+}
+
 fn checkpoints(flag: Option<PathBuf>, env: &Env) -> Result<Setting<Checkpoints>, RunError> {
     let at = db_path(flag, env);
     Ok(Setting {

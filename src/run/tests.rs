@@ -400,3 +400,31 @@ fn a_served_model_takes_its_context_window() {
     let e = with(&["fast=4096"]).unwrap_err();
     assert!(e.contains("no model profile `fast`"), "{e}");
 }
+
+#[test]
+fn the_cache_directory_is_the_variables_or_the_users_and_can_be_turned_off() {
+    let dir = |pairs: &[(&str, &str)]| super::cache_dir(&Env::from_pairs(pairs.iter().copied()));
+    assert_eq!(
+        dir(&[("HOME", "/home/a")]),
+        Some(PathBuf::from("/home/a/.cache/runner"))
+    );
+    assert_eq!(
+        dir(&[("HOME", "/home/a"), ("XDG_CACHE_HOME", "/c")]),
+        Some(PathBuf::from("/c/runner"))
+    );
+    assert_eq!(
+        dir(&[("HOME", "/home/a"), ("XDG_CACHE_HOME", "relative")]),
+        Some(PathBuf::from("/home/a/.cache/runner")),
+        "a relative XDG_CACHE_HOME is ignored, as the spec says"
+    );
+    assert_eq!(
+        dir(&[("HOME", "/home/a"), ("RUNNER_CACHE_DIR", "here")]),
+        Some(PathBuf::from("here"))
+    );
+    assert_eq!(dir(&[("HOME", "/home/a"), ("RUNNER_NO_CACHE", "1")]), None);
+    assert_eq!(
+        dir(&[("HOME", "/home/a"), ("RUNNER_NO_CACHE", "0")]),
+        Some(PathBuf::from("/home/a/.cache/runner"))
+    );
+    assert_eq!(dir(&[]), None, "no home, nowhere to remember");
+}
