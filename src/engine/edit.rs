@@ -93,10 +93,14 @@ impl Engine {
         let (thread, cp) = self.head(thread_id, update)?;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let state = self.store.state(&thread.thread_id, &cp.versions)?;
-        let writes: BTreeMap<&str, Vec<(&str, &Value)>> =
-            update.iter().map(|(k, v)| (k.as_str(), vec![("input", v)])).collect();
+        let writes: super::apply::Updates = update
+            .iter()
+            .map(|(k, v)| (k.as_str(), vec![("input", "input", v)]))
+            .collect();
+        // The step of the checkpoint the command makes: the next one when `goto` runs nodes.
+        let written_at = if goto.is_some() { cp.step + 1 } else { cp.step };
         let folded = self
-            .fold_writes(&state, &cp.versions, &mut meta, &writes)
+            .fold_writes(&state, &cp.versions, &mut meta, &writes, written_at)
             .map_err(|e| EngineError::Input(format!("command.update: {e}")))?;
         let (step, next, records) = match goto {
             None => (
@@ -297,10 +301,12 @@ impl Engine {
         for (key, _, value) in carried {
             state.insert(key.clone(), value.clone());
         }
-        let writes: BTreeMap<&str, Vec<(&str, &Value)>> =
-            values.iter().map(|(k, v)| (k.as_str(), vec![(node, v)])).collect();
+        let writes: super::apply::Updates = values
+            .iter()
+            .map(|(k, v)| (k.as_str(), vec![(node, node, v)]))
+            .collect();
         let folded = self
-            .fold_writes(&state, &cp.versions, meta, &writes)
+            .fold_writes(&state, &cp.versions, meta, &writes, cp.step + 1)
             .map_err(|e| failed(e.to_string()))?;
         for (key, value) in folded.values {
             state.insert(key, value);

@@ -52,6 +52,7 @@ use step::{StepResult, follow, stopped};
 use thread::Entry;
 pub use thread::{Answer, Start};
 use values::Scope;
+pub use values::message_id;
 
 /// When checkpoints are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
