@@ -771,3 +771,59 @@ async fn with_one_worker_runs_wait_pending_in_line() {
     assert!(page.contains("runner_runs{status=\"pending\"} 0\n"), "{page}");
     assert!(page.contains("runner_runs_total{status=\"success\"} 3\n"), "{page}");
 }
+
+/// `command.goto` with LangGraph's `Send` (`{"node", "input"}`): the node runs as one of its
+/// fan-out tasks with the input as its item, alone or beside plain nodes; a goto to a node the
+/// graph lacks, or a Send to a node no `send` reaches (it takes no item), is refused with a 422
+/// that says so, and the thread is unchanged.
+#[tokio::test(flavor = "multi_thread")]
+async fn command_goto_sends_run_a_fan_out_target_on_the_given_item() {
+    let s = serve();
+    let wait = |body: Value| {
+        let s = &s;
+        async move { call(s, Method::POST, "/threads/fan/runs/wait", Some(body)).await }
+    };
+    let (status, _, values) = wait(json!({"assistant_id": "fan", "if_not_exists": "create",
+                                          "input": {"items": [{"name": "a"}]}}))
+    .await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(values["done"], json!(["a"]));
+
+    // Two Sends to the target: two tasks, each with its own item.
+    let (status, _, values) = wait(json!({"assistant_id": "fan", "command": {"goto": [
+        {"node": "work", "input": {"name": "b"}}, {"node": "work", "input": {"name": "c"}}]}}))
+    .await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(values["done"], json!(["a", "b", "c"]));
+    // One Send alone (not in a list), beside nothing else.
+    let (status, _, values) =
+        wait(json!({"assistant_id": "fan", "command": {"goto": {"node": "work", "input": {"name": "d"}}}})).await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(values["done"], json!(["a", "b", "c", "d"]));
+    // A node and a Send together: `plan` fans out again over the thread's input (after the
+    // step in which the Send's task ran beside it).
+    let (status, _, values) = wait(json!({"assistant_id": "fan", "command": {"goto": [
+        "plan", {"node": "work", "input": {"name": "e"}}]}}))
+    .await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(values["done"], json!(["a", "b", "c", "d", "e", "a"]));
+
+    // Refusals: what is wrong, by name; nothing ran.
+    for (goto, says) in [
+        (json!({"node": "plan", "input": {"name": "x"}}), "`plan` is not one"),
+        (
+            json!({"node": "nowhere", "input": {}}),
+            "`nowhere` is not a node of graph fan",
+        ),
+        (json!(["work", "nowhere"]), "`nowhere` is not a node of graph fan"),
+        (json!({"input": {"name": "x"}}), "a Send is {\"node\""),
+        (json!(7), "names a node or a Send"),
+    ] {
+        let (status, _, error) = wait(json!({"assistant_id": "fan", "command": {"goto": goto}})).await;
+        assert_eq!(status, 422, "{goto}: {error}");
+        let detail = error["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(says), "{goto}: {detail}");
+    }
+    let (_, _, state) = call(&s, Method::GET, "/threads/fan/state", None).await;
+    assert_eq!(state["values"]["done"], json!(["a", "b", "c", "d", "e", "a"]));
+}
