@@ -425,7 +425,7 @@ async fn sighup_reloads_the_workflow_folder() {
         assert!(Instant::now() < deadline, "no reload: {ids:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(served, ["chat", "echo", "gate", "memo", "shout"]);
+    assert_eq!(served, ["chat", "echo", "fan", "gate", "memo", "shout"]);
     let (status, _, _) = call(&s, Method::GET, "/assistants/slow", None).await;
     assert_eq!(status, 404);
     let (_, _, chat) = call(&s, Method::GET, "/assistants/chat", None).await;
