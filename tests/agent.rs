@@ -144,7 +144,16 @@ fn an_agent_loops_through_parallel_tool_calls_and_returns_the_messages_it_added(
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["m0", "m1", "m2", "m3", "m4"]);
+    assert_eq!(
+        ids,
+        [
+            "msg:-1:input:1",
+            "msg:0:helper",
+            "msg:0:helper:1",
+            "msg:0:helper:2",
+            "msg:0:helper:3"
+        ]
+    );
     assert_eq!(messages[2]["tool_call_id"], "call_0");
     assert_eq!(messages[3]["tool_call_id"], "call_1");
     assert_eq!(

@@ -117,7 +117,7 @@ edges: [START -> one -> two -> END]
     assert_eq!(s["profile"], json!({"a": {"b": 1, "c": 2}}));
     assert_eq!(
         s["messages"],
-        json!([{"role": "user", "content": "hi", "id": "m0"}, {"role": "assistant", "content": "yo", "id": "m1"}])
+        json!([{"role": "user", "content": "hi", "id": "msg:0:one:1"}, {"role": "assistant", "content": "yo", "id": "msg:1:two"}])
     );
     assert_eq!(s["ranked"], json!([{"score": 9}, {"score": 4}, {"score": 1}]));
     assert_eq!(s["last"], json!("two"));
@@ -1910,7 +1910,7 @@ edges:
     assert_eq!(out.state["n"], json!(1));
     assert_eq!(
         out.state["messages"],
-        json!([{"role": "user", "content": "kept", "id": "m0"}])
+        json!([{"role": "user", "content": "kept", "id": "msg:2:trim:1"}])
     );
     // What was stored reads back the same (an overwritten value is no extension of the old).
     let cp = r.store.get_checkpoint(&out.thread_id, None).unwrap().unwrap();
@@ -1947,8 +1947,8 @@ edges: [START -> reply, reply -> END]
     assert_eq!(
         first.state["messages"],
         json!([
-            {"role": "user", "content": "hi", "id": "m0"},
-            {"role": "assistant", "content": "saw 1", "id": "m1"}
+            {"role": "user", "content": "hi", "id": "msg:-1:input:1"},
+            {"role": "assistant", "content": "saw 1", "id": "msg:0:reply"}
         ])
     );
     assert_eq!(first.state["tags"], json!(["base", "a"]));
@@ -1970,6 +1970,14 @@ edges: [START -> reply, reply -> END]
         .map(|m| m["content"].as_str().unwrap())
         .collect();
     assert_eq!(contents, ["hi", "saw 1", "again", "saw 3"]);
+    // Steps go on across turns, and so do the ids of the messages each step's writer adds.
+    let ids: Vec<&str> = second.state["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["msg:-1:input:1", "msg:0:reply", "msg:1:input:1", "msg:2:reply"]);
     assert_eq!(second.state["tags"], json!(["base", "a"]));
     // The turn's checkpoint stored the fed value: it reads back from the store.
     let cp = r.store.get_checkpoint(&first.thread_id, None).unwrap().unwrap();

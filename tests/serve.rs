@@ -55,7 +55,7 @@ pub(crate) fn serve_in(dir: tempfile::TempDir, args: &[&str], env: &[(&str, &str
     let workflows = dir.path().join("workflows");
     let _ = std::fs::create_dir(&workflows);
     std::fs::copy(fixtures.join("gate.yaml"), workflows.join("gate.yaml")).unwrap();
-    for name in ["chat.yaml", "memo.yaml", "shout.yaml", "slow.yaml"] {
+    for name in ["chat.yaml", "fan.yaml", "memo.yaml", "shout.yaml", "slow.yaml"] {
         std::fs::copy(fixtures.join("serve").join(name), workflows.join(name)).unwrap();
     }
     std::fs::write(
@@ -68,7 +68,7 @@ pub(crate) fn serve_in(dir: tempfile::TempDir, args: &[&str], env: &[(&str, &str
     // The workflow that does not validate is reported and not served; the test file is no
     // workflow at all.
     assert!(said.contains("not served:") && said.contains("broken.yaml"), "{said}");
-    assert!(said.contains("serving chat, gate, memo, shout, slow\n"), "{said}");
+    assert!(said.contains("serving chat, fan, gate, memo, shout, slow\n"), "{said}");
     Server {
         child,
         base,

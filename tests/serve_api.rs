@@ -425,7 +425,7 @@ async fn sighup_reloads_the_workflow_folder() {
         assert!(Instant::now() < deadline, "no reload: {ids:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(served, ["chat", "echo", "gate", "memo", "shout"]);
+    assert_eq!(served, ["chat", "echo", "fan", "gate", "memo", "shout"]);
     let (status, _, _) = call(&s, Method::GET, "/assistants/slow", None).await;
     assert_eq!(status, 404);
     let (_, _, chat) = call(&s, Method::GET, "/assistants/chat", None).await;
@@ -770,4 +770,121 @@ async fn with_one_worker_runs_wait_pending_in_line() {
     let page = metrics(&s).await;
     assert!(page.contains("runner_runs{status=\"pending\"} 0\n"), "{page}");
     assert!(page.contains("runner_runs_total{status=\"success\"} 3\n"), "{page}");
+}
+
+/// `command.goto` with LangGraph's `Send` (`{"node", "input"}`): the node runs as one of its
+/// fan-out tasks with the input as its item, alone or beside plain nodes; a goto to a node the
+/// graph lacks, or a Send to a node no `send` reaches (it takes no item), is refused with a 422
+/// that says so, and the thread is unchanged.
+#[tokio::test(flavor = "multi_thread")]
+async fn command_goto_sends_run_a_fan_out_target_on_the_given_item() {
+    let s = serve();
+    let wait = |body: Value| {
+        let s = &s;
+        async move { call(s, Method::POST, "/threads/fan/runs/wait", Some(body)).await }
+    };
+    let (status, _, values) = wait(json!({"assistant_id": "fan", "if_not_exists": "create",
+                                          "input": {"items": [{"name": "a"}]}}))
+    .await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(values["done"], json!(["a"]));
+
+    // Two Sends to the target: two tasks, each with its own item.
+    let (status, _, values) = wait(json!({"assistant_id": "fan", "command": {"goto": [
+        {"node": "work", "input": {"name": "b"}}, {"node": "work", "input": {"name": "c"}}]}}))
+    .await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(values["done"], json!(["a", "b", "c"]));
+    // One Send alone (not in a list), beside nothing else.
+    let (status, _, values) =
+        wait(json!({"assistant_id": "fan", "command": {"goto": {"node": "work", "input": {"name": "d"}}}})).await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(values["done"], json!(["a", "b", "c", "d"]));
+    // A node and a Send together: `plan` fans out again over the thread's input (after the
+    // step in which the Send's task ran beside it).
+    let (status, _, values) = wait(json!({"assistant_id": "fan", "command": {"goto": [
+        "plan", {"node": "work", "input": {"name": "e"}}]}}))
+    .await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(values["done"], json!(["a", "b", "c", "d", "e", "a"]));
+
+    // Refusals: what is wrong, by name; nothing ran.
+    for (goto, says) in [
+        (json!({"node": "plan", "input": {"name": "x"}}), "`plan` is not one"),
+        (
+            json!({"node": "nowhere", "input": {}}),
+            "`nowhere` is not a node of graph fan",
+        ),
+        (json!(["work", "nowhere"]), "`nowhere` is not a node of graph fan"),
+        (json!({"input": {"name": "x"}}), "a Send is {\"node\""),
+        (json!(7), "names a node or a Send"),
+    ] {
+        let (status, _, error) = wait(json!({"assistant_id": "fan", "command": {"goto": goto}})).await;
+        assert_eq!(status, 422, "{goto}: {error}");
+        let detail = error["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(says), "{goto}: {detail}");
+    }
+    let (_, _, state) = call(&s, Method::GET, "/threads/fan/state", None).await;
+    assert_eq!(state["values"]["done"], json!(["a", "b", "c", "d", "e", "a"]));
+}
+
+/// Store items put with a `ttl` (minutes, fractional as LangGraph's) expire: gone from get,
+/// search and the namespaces; a read refreshes the time to live unless `refresh_ttl` is false;
+/// an item without a ttl stays; a ttl that is not a positive number is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn store_items_with_a_ttl_expire_unless_reads_refresh_them() {
+    let s = serve();
+    // 0.01 minutes: 600 ms.
+    for (namespace, key, ttl) in [
+        (json!(["gone"]), "short", json!(0.01)),
+        (json!(["kept"]), "forever", Value::Null),
+        (json!(["kept"]), "read", json!(0.01)),
+        (json!(["found"]), "searched", json!(0.01)),
+    ] {
+        let body = json!({"namespace": namespace, "key": key, "value": {"k": key}, "ttl": ttl});
+        let (status, _, error) = call(&s, Method::PUT, "/store/items", Some(body)).await;
+        assert_eq!(status, 204, "{error}");
+    }
+    let get = |path: &'static str| {
+        let s = &s;
+        async move { call(s, Method::GET, path, None).await.2 }
+    };
+    let search = |prefix: &'static str, refresh: bool| {
+        let s = &s;
+        let body = json!({"namespace_prefix": [prefix], "refresh_ttl": refresh});
+        async move { call(s, Method::POST, "/store/items/search", Some(body)).await.2["items"].clone() }
+    };
+    // Read without a refresh, it is there and its clock runs on.
+    assert_eq!(
+        get("/store/items?namespace=gone&key=short&refresh_ttl=false").await["key"],
+        "short"
+    );
+    // Over a second, `read` is read (refreshed) and `searched` found every 200 ms.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1000) {
+        assert_eq!(get("/store/items?namespace=kept&key=read").await["key"], "read");
+        assert_eq!(search("found", true).await.as_array().map(Vec::len), Some(1));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(get("/store/items?namespace=gone&key=short").await, Value::Null);
+    assert_eq!(search("gone", true).await, json!([]));
+    let (_, _, listed) = call(&s, Method::POST, "/store/namespaces", Some(json!({}))).await;
+    assert_eq!(listed, json!({"namespaces": [["found"], ["kept"]]}));
+    assert_eq!(get("/store/items?namespace=kept&key=forever").await["key"], "forever");
+    // Reads that do not refresh let the others expire too.
+    assert_eq!(
+        get("/store/items?namespace=kept&key=read&refresh_ttl=false").await["key"],
+        "read"
+    );
+    assert_eq!(search("found", false).await.as_array().map(Vec::len), Some(1));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(get("/store/items?namespace=kept&key=read").await, Value::Null);
+    assert_eq!(search("found", true).await, json!([]));
+    assert_eq!(get("/store/items?namespace=kept&key=forever").await["key"], "forever");
+
+    for ttl in [json!(-1), json!(0), json!("soon")] {
+        let body = json!({"namespace": ["x"], "key": "k", "value": {}, "ttl": ttl});
+        let (status, _, error) = call(&s, Method::PUT, "/store/items", Some(body)).await;
+        assert_eq!(status, 422, "{ttl}: {error}");
+    }
 }

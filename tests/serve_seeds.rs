@@ -42,8 +42,10 @@ async fn stream(s: &Server, path: &str, body: Value) -> Vec<(String, Value)> {
 }
 
 /// The RAG chat (002) over `runs.stream`, two turns on one thread: the answer's tokens arrive
-/// as `messages` events (AI message chunks sharing one id per turn), the thread keeps both turns
-/// of the conversation.
+/// as `messages` events (AI message chunks sharing one id per turn) and as the legacy
+/// `messages/partial` ones, under the id the answer then has in the thread's messages (a client
+/// joins the streamed answer with the stored one by id); the thread keeps both turns of the
+/// conversation.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
     let s = serve_shipped("rag-chat.yaml");
@@ -53,7 +55,7 @@ async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
             &s,
             "/threads/chat-1/runs/stream",
             json!({"assistant_id": "rag", "input": {"question": question, "mode": "chat"},
-                   "stream_mode": ["messages-tuple", "values", "custom"], "if_not_exists": "create"}),
+                   "stream_mode": ["messages-tuple", "messages", "values", "custom"], "if_not_exists": "create"}),
         )
         .await;
         assert_eq!(events[0].0, "metadata");
@@ -80,20 +82,33 @@ async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
         }
         let id = chunks[0][0]["id"].as_str().unwrap().to_string();
         assert!(chunks.iter().all(|d| d[0]["id"] == id.as_str()), "one id per answer");
-        ids.push(id);
+        let partial: Vec<&Value> = events
+            .iter()
+            .filter(|(e, _)| e == "messages/partial")
+            .map(|(_, d)| &d[0]["id"])
+            .collect();
+        assert!(
+            !partial.is_empty() && partial.iter().all(|p| *p == id.as_str()),
+            "{events:?}"
+        );
         let values = &events.iter().rev().find(|(e, _)| e == "values").unwrap().1;
         assert_eq!(values["intent"], "chat");
-        assert_eq!(values["messages"].as_array().unwrap().len(), 2 * (turn + 1), "{values}");
+        let messages = values["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 2 * (turn + 1), "{values}");
+        let answer = messages.iter().rev().find(|m| m["role"] == "assistant").unwrap();
+        assert_eq!(
+            answer["id"],
+            id.as_str(),
+            "the streamed answer is the stored one: {values}"
+        );
+        ids.push(id);
     }
     assert_ne!(ids[0], ids[1], "each answer is its own message");
     let (status, _, state) = super::serve::call(&s, reqwest::Method::GET, "/threads/chat-1/state", None).await;
     assert_eq!(status, 200);
-    let contents: Vec<&str> = state["values"]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
+    let stored = state["values"]["messages"].as_array().unwrap();
+    assert_eq!([&stored[1]["id"], &stored[3]["id"]], [ids[0].as_str(), ids[1].as_str()]);
+    let contents: Vec<&str> = stored.iter().map(|m| m["content"].as_str().unwrap()).collect();
     assert_eq!(
         contents,
         [

@@ -53,6 +53,10 @@ impl From<DecodeError> for EngineError {
     }
 }
 
+/// A step's writes by key, in the order they apply: the node that wrote each, its writer (the
+/// task, `input`, or the node a state edit writes as) and the value.
+pub(super) type Updates<'a> = BTreeMap<&'a str, Vec<(&'a str, &'a str, &'a Value)>>;
+
 /// A step's writes folded into new values: the versions after the step, the keys that
 /// changed, what to store for each, and each key's new value.
 pub(super) struct Folded {
@@ -73,14 +77,17 @@ impl Engine {
         step: i64,
     ) -> Result<(Checkpoint, NewValues), ApplyError> {
         let done = self.in_plan_order(outcomes);
-        let mut updates: BTreeMap<&str, Vec<(&str, &Value)>> = BTreeMap::new();
+        let mut updates: Updates = BTreeMap::new();
         for (t, d) in &done {
             for (k, v) in &d.writes {
-                updates.entry(k.as_str()).or_default().push((t.node.as_str(), v));
+                updates
+                    .entry(k.as_str())
+                    .or_default()
+                    .push((t.node.as_str(), t.task_id.as_str(), v));
             }
             self.count_usage(&mut run.meta, &t.node, &d.usage);
         }
-        let folded = self.fold(run, &updates)?;
+        let folded = self.fold(run, &updates, step)?;
         // Routing sees the state after the step; if routing fails, the step did not happen.
         let previous: Vec<(String, Option<Value>)> = folded
             .values
@@ -147,18 +154,20 @@ impl Engine {
     }
 
     /// Folds each key's writes (by node, in order) through its reducer and checks the result.
-    fn fold(&self, run: &mut Run, updates: &BTreeMap<&str, Vec<(&str, &Value)>>) -> Result<Folded, ApplyError> {
-        self.fold_writes(&run.state, &run.cp.versions, &mut run.meta, updates)
+    fn fold(&self, run: &mut Run, updates: &Updates, step: i64) -> Result<Folded, ApplyError> {
+        self.fold_writes(&run.state, &run.cp.versions, &mut run.meta, updates, step)
     }
 
     /// [`Engine::fold`] on a state outside a run: the state and versions of a checkpoint, and
-    /// the meta of the checkpoint being made.
+    /// the meta of the checkpoint being made. `step` is that checkpoint's: with each write's
+    /// writer it makes the ids of the messages written without one ([`values::message_id`]).
     pub(super) fn fold_writes(
         &self,
         state: &Map<String, Value>,
         versions: &BTreeMap<String, u64>,
         meta: &mut Meta,
-        updates: &BTreeMap<&str, Vec<(&str, &Value)>>,
+        updates: &Updates,
+        step: i64,
     ) -> Result<Folded, ApplyError> {
         let mut folded = Folded {
             versions: versions.clone(),
@@ -176,7 +185,7 @@ impl Engine {
             if !channel.reducer.combines() && writes.len() > 1 {
                 return Err(ApplyError::Conflict {
                     key: key.to_string(),
-                    nodes: writes.iter().map(|(n, _)| n.to_string()).collect(),
+                    nodes: writes.iter().map(|(n, _, _)| n.to_string()).collect(),
                 });
             }
             let current = state.get(*key).unwrap_or(&Value::Null);
@@ -184,7 +193,10 @@ impl Engine {
                 &self.plan,
                 &channel.reducer,
                 current,
-                writes.iter().map(|(_, v)| (*v).clone()).collect(),
+                writes
+                    .iter()
+                    .map(|(_, writer, v)| ((*v).clone(), values::message_id(step, writer)))
+                    .collect(),
             )
             .map_err(|source| ApplyError::Reduce {
                 key: key.to_string(),

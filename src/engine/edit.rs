@@ -22,9 +22,21 @@ pub enum EditError {
     NoSuchKey { key: String, hint: String },
     #[error("the edit of `{key}` does not match its schema: {why}")]
     Schema { key: String, why: String },
+    #[error(
+        "a Send runs a fan-out target on its argument, and `{node}` is not one (no `send` edge reaches it, so it takes no item)"
+    )]
+    NotASendTarget { node: String },
     /// The write as the node could not be folded, or its edges not followed.
     #[error("as `{node}`: {message}")]
     AsNode { node: String, message: String },
+}
+
+/// What a command's `goto` runs next: a node, or a node given an argument (LangGraph's
+/// `Send(node, arg)`), which runs as one of the node's fan-out tasks with `arg` as its item.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Goto {
+    Node(String),
+    Send { node: String, arg: Value },
 }
 
 impl Engine {
@@ -65,15 +77,16 @@ impl Engine {
     /// LangGraph's `Command(update=, goto=)` given as a run's input, applied to the thread's
     /// latest checkpoint as a new checkpoint under the thread's lease: `update`'s values are
     /// written through the keys' reducers, as a run's input is (a message is appended to an
-    /// `add_messages` key); `goto`'s nodes are what runs next, in place of the pending tasks
-    /// (`END` alone: nothing; a gate that waited is dropped). Without `goto` the pending tasks
+    /// `add_messages` key); `goto`'s nodes and sends are what runs next, in place of the
+    /// pending tasks (`END` alone: nothing; a gate that waited is dropped); a send's node must
+    /// be a fan-out target, whose tasks take an item. Without `goto` the pending tasks
     /// and their gates' records stay, so an answer can follow. Continue the thread with
     /// [`Engine::resume`] or [`Engine::answer`].
     pub async fn command(
         &self,
         thread_id: &str,
         update: Vec<(String, Value)>,
-        goto: Option<Vec<String>>,
+        goto: Option<Vec<Goto>>,
     ) -> Result<Checkpoint, EngineError> {
         let held = lease::take(&self.store, thread_id, &self.options.lease, &self.cancel).await?;
         let done = self.commanded(thread_id, &update, goto, held.fence());
@@ -87,16 +100,20 @@ impl Engine {
         &self,
         thread_id: &str,
         update: &[(String, Value)],
-        goto: Option<Vec<String>>,
+        goto: Option<Vec<Goto>>,
         fence: &Fence,
     ) -> Result<Checkpoint, EngineError> {
         let (thread, cp) = self.head(thread_id, update)?;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let state = self.store.state(&thread.thread_id, &cp.versions)?;
-        let writes: BTreeMap<&str, Vec<(&str, &Value)>> =
-            update.iter().map(|(k, v)| (k.as_str(), vec![("input", v)])).collect();
+        let writes: super::apply::Updates = update
+            .iter()
+            .map(|(k, v)| (k.as_str(), vec![("input", "input", v)]))
+            .collect();
+        // The step of the checkpoint the command makes: the next one when `goto` runs nodes.
+        let written_at = if goto.is_some() { cp.step + 1 } else { cp.step };
         let folded = self
-            .fold_writes(&state, &cp.versions, &mut meta, &writes)
+            .fold_writes(&state, &cp.versions, &mut meta, &writes, written_at)
             .map_err(|e| EngineError::Input(format!("command.update: {e}")))?;
         let (step, next, records) = match goto {
             None => (
@@ -104,17 +121,28 @@ impl Engine {
                 cp.next.clone(),
                 self.store.get_writes(thread_id, &cp.checkpoint_id)?,
             ),
-            Some(nodes) => {
+            Some(targets) => {
                 let mut next = Vec::new();
-                for node in nodes.iter().filter(|n| !matches!(n.as_str(), "END" | "__end__")) {
-                    let Some(ix) = self.plan.node_by_name(node) else {
+                for target in targets {
+                    let (node, arg) = match target {
+                        Goto::Node(node) if matches!(node.as_str(), "END" | "__end__") => continue,
+                        Goto::Node(node) => (node, None),
+                        Goto::Send { node, arg } => (node, Some(arg)),
+                    };
+                    let Some(ix) = self.plan.node_by_name(&node) else {
                         return Err(EditError::NoSuchNode {
-                            node: node.clone(),
-                            hint: hint(node, self.plan.nodes().values().map(|n| n.name.as_str())),
+                            hint: hint(&node, self.plan.nodes().values().map(|n| n.name.as_str())),
+                            node,
                         }
                         .into());
                     };
-                    next.push(Next::Node(ix));
+                    next.push(match arg {
+                        None => Next::Node(ix),
+                        Some(_) if self.plan.nodes()[&ix].item.is_none() => {
+                            return Err(EditError::NotASendTarget { node }.into());
+                        }
+                        Some(arg) => Next::Send(ix, arg),
+                    });
                 }
                 meta.barriers.clear();
                 meta.deferred.clear();
@@ -293,10 +321,12 @@ impl Engine {
         for (key, _, value) in carried {
             state.insert(key.clone(), value.clone());
         }
-        let writes: BTreeMap<&str, Vec<(&str, &Value)>> =
-            values.iter().map(|(k, v)| (k.as_str(), vec![(node, v)])).collect();
+        let writes: super::apply::Updates = values
+            .iter()
+            .map(|(k, v)| (k.as_str(), vec![(node, node, v)]))
+            .collect();
         let folded = self
-            .fold_writes(&state, &cp.versions, meta, &writes)
+            .fold_writes(&state, &cp.versions, meta, &writes, cp.step + 1)
             .map_err(|e| failed(e.to_string()))?;
         for (key, value) in folded.values {
             state.insert(key, value);

@@ -44,9 +44,12 @@ pub enum Event {
         step: i64,
         values: serde_json::Map<String, Value>,
     },
+    /// A piece of a model's reply as it streams. `message_id` is the id the reply gets when
+    /// the task writes it to an `add_messages` key without one ([`super::message_id`]).
     Token {
         node: String,
         task_id: String,
+        message_id: String,
         text: String,
     },
     Custom {

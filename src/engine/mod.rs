@@ -40,7 +40,7 @@ use crate::checkpoint::{
 use crate::compile::Plan;
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
-pub use edit::EditError;
+pub use edit::{EditError, Goto};
 use events::{Event, Events};
 pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, waiting_gates};
 use kind::Validators;
@@ -52,6 +52,7 @@ use step::{StepResult, follow, stopped};
 use thread::Entry;
 pub use thread::{Answer, Start};
 use values::Scope;
+pub use values::message_id;
 
 /// When checkpoints are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

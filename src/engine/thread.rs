@@ -360,7 +360,7 @@ impl Engine {
         }
         let mut meta = Meta::default();
         // The input's writes start from the defaults and are the keys' first versions.
-        let fed = self.input_writes(&state, &versions, &mut meta, &thread.input)?;
+        let fed = self.input_writes(&state, &versions, &mut meta, &thread.input, -1)?;
         for (key, value) in fed.values {
             state.insert(key, value);
         }
@@ -488,7 +488,7 @@ impl Engine {
         let step = cp.step + 1;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         // The new input goes through the reducers of the keys it feeds, on the thread's state.
-        let fed = self.input_writes(&state, &cp.versions, &mut meta, &input)?;
+        let fed = self.input_writes(&state, &cp.versions, &mut meta, &input, step)?;
         for (key, value) in fed.values {
             state.insert(key, value);
         }
@@ -523,24 +523,25 @@ impl Engine {
     }
 
     /// A turn's input written through the reducers of the keys it feeds (`from_input`), on
-    /// `state`: the new versions and values. An input without a key's field writes nothing.
+    /// `state`, as the writer `input` of checkpoint `step`: the new versions and values. An input without a key's field writes nothing.
     fn input_writes(
         &self,
         state: &Map<String, Value>,
         versions: &BTreeMap<String, u64>,
         meta: &mut Meta,
         input: &Value,
+        step: i64,
     ) -> Result<super::apply::Folded, EngineError> {
-        let writes: BTreeMap<&str, Vec<(&str, &Value)>> = self
+        let writes: super::apply::Updates = self
             .plan
             .state()
             .iter()
             .filter_map(|(key, channel)| {
                 let value = input.get(channel.from_input.as_deref()?)?;
-                Some((key.as_str(), vec![("input", value)]))
+                Some((key.as_str(), vec![("input", "input", value)]))
             })
             .collect();
-        self.fold_writes(state, versions, meta, &writes)
+        self.fold_writes(state, versions, meta, &writes, step)
             .map_err(|e| EngineError::Input(e.to_string()))
     }
 

@@ -321,8 +321,14 @@ pub struct Reduced {
 /// overwrite (`{"__overwrite__": value}`) sets the value and the step's other writes of the key
 /// are dropped, as LangGraph's `Overwrite` does; two overwrites of one key in one step are an
 /// error, since neither can win.
-pub fn reduce(plan: &Plan, reducer: &Reducer, current: &Value, updates: Vec<Value>) -> Result<Reduced, ReduceError> {
-    let mut overwrites = updates.iter().filter_map(crate::compile::overwritten);
+/// Each update comes with the base of the ids its id-less messages get (see [`message_id`]).
+pub fn reduce(
+    plan: &Plan,
+    reducer: &Reducer,
+    current: &Value,
+    updates: Vec<(Value, String)>,
+) -> Result<Reduced, ReduceError> {
+    let mut overwrites = updates.iter().filter_map(|(u, _)| crate::compile::overwritten(u));
     if let Some(value) = overwrites.next() {
         if overwrites.next().is_some() {
             return Err(ReduceError::TwoOverwrites);
@@ -334,10 +340,10 @@ pub fn reduce(plan: &Plan, reducer: &Reducer, current: &Value, updates: Vec<Valu
     }
     let mut value = current.clone();
     let mut overwritten = false;
-    for update in updates {
+    for (update, ids) in updates {
         // Removing every message starts the key afresh, as an overwrite does.
         overwritten |= *reducer == Reducer::AddMessages && removes_all(&update);
-        value = reduce_one(Some(plan), reducer, value, update)?;
+        value = reduce_one(Some(plan), reducer, value, update, &ids)?;
     }
     Ok(Reduced { value, overwritten })
 }
@@ -356,7 +362,14 @@ fn is_remove_all(m: &Value) -> bool {
         && m.get("id").and_then(Value::as_str) == Some(REMOVE_ALL_MESSAGES)
 }
 
-fn reduce_one(plan: Option<&Plan>, reducer: &Reducer, current: Value, update: Value) -> Result<Value, ReduceError> {
+/// `ids`: the base of the ids the update's id-less messages get, for `add_messages`.
+fn reduce_one(
+    plan: Option<&Plan>,
+    reducer: &Reducer,
+    current: Value,
+    update: Value,
+    ids: &str,
+) -> Result<Value, ReduceError> {
     Ok(match reducer {
         Reducer::Replace => update,
         Reducer::Append => {
@@ -389,7 +402,7 @@ fn reduce_one(plan: Option<&Plan>, reducer: &Reducer, current: Value, update: Va
             }
             Value::Array(items)
         }
-        Reducer::AddMessages => add_messages(as_array(current, "add_messages")?, update)?,
+        Reducer::AddMessages => add_messages(as_array(current, "add_messages")?, update, ids)?,
         Reducer::Merge => match (current, update) {
             (Value::Null, u) => u,
             (Value::Object(mut base), Value::Object(over)) => {
@@ -475,11 +488,31 @@ fn numeric(reducer: &Reducer, current: Value, update: Value) -> Result<Value, Re
         .ok_or(ReduceError::NotFinite)
 }
 
+/// The id of the message a writer adds without one: `writer` is the task (or `input`, or the
+/// node a state edit writes as) and `step` the superstep whose checkpoint it writes, so the id
+/// is known before the write exists (a model call's streamed pieces carry it) and a replay
+/// gives the same. The writer's first id-less assistant message takes it; its other id-less
+/// messages take it with `:1`, `:2`, … in the order they are written.
+pub fn message_id(step: i64, writer: &str) -> String {
+    format!("msg:{step}:{writer}")
+}
+
+/// Whether a message is the model's (an assistant or AI message).
+fn is_ai(m: &Value) -> bool {
+    matches!(m.get("role").and_then(Value::as_str), Some("assistant" | "ai"))
+        || matches!(
+            m.get("type").and_then(Value::as_str),
+            Some("ai" | "AIMessage" | "AIMessageChunk")
+        )
+}
+
 /// LangGraph's `add_messages`: a message whose `id` exists replaces it in place; `{type:
-/// remove, id}` deletes (an id no message has is an error); others are appended with an id (position-based, so replays agree).
-/// A string is a user message. `{type: remove, id: "__remove_all__"}` removes every message
-/// before it, those of the key and those earlier in the same update.
-fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, ReduceError> {
+/// remove, id}` deletes (an id no message has is an error); others are appended with an id
+/// made from `ids`, the writer's [`message_id`] (should a message already hold it, it is
+/// followed by `.2`, `.3`, …). A string is a user message. `{type: remove, id:
+/// "__remove_all__"}` removes every message before it, those of the key and those earlier in
+/// the same update.
+fn add_messages(mut current: Vec<Value>, update: Value, ids: &str) -> Result<Value, ReduceError> {
     let mut incoming = match update {
         Value::Array(items) => items,
         one => vec![one],
@@ -488,6 +521,8 @@ fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, ReduceE
         current.clear();
         incoming.drain(..=last);
     }
+    let mut based = false;
+    let mut others = 0;
     for msg in incoming {
         let mut msg = match msg {
             Value::String(s) => serde_json::json!({"role": "user", "content": s}),
@@ -514,16 +549,25 @@ fn add_messages(mut current: Vec<Value>, update: Value) -> Result<Value, ReduceE
                 None => current.push(msg),
             },
             (None, false) => {
-                let mut n = current.len();
-                let taken: HashSet<String> = current
+                let wanted = if is_ai(&msg) && !based {
+                    based = true;
+                    ids.to_string()
+                } else {
+                    others += 1;
+                    format!("{ids}:{others}")
+                };
+                let taken: HashSet<&str> = current
                     .iter()
-                    .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_string))
+                    .filter_map(|m| m.get("id").and_then(Value::as_str))
                     .collect();
-                while taken.contains(&format!("m{n}")) {
+                let mut id = wanted.clone();
+                let mut n = 1;
+                while taken.contains(id.as_str()) {
                     n += 1;
+                    id = format!("{wanted}.{n}");
                 }
                 if let Value::Object(o) = &mut msg {
-                    o.insert("id".into(), Value::String(format!("m{n}")));
+                    o.insert("id".into(), Value::String(id));
                 }
                 current.push(msg);
             }
@@ -541,7 +585,7 @@ mod tests {
     fn r(reducer: Reducer, current: Value, updates: Vec<Value>) -> Result<Value, String> {
         let mut c = current;
         for u in updates {
-            c = reduce_one(None, &reducer, c, u).map_err(|e| e.to_string())?;
+            c = reduce_one(None, &reducer, c, u, "msg:1:t").map_err(|e| e.to_string())?;
         }
         Ok(c)
     }
@@ -591,14 +635,54 @@ mod tests {
             v,
             json!([
                 {"id": "a", "role": "user", "content": "hello"},
-                {"id": "m1", "role": "assistant", "content": "yo"},
-                {"id": "m2", "role": "user", "content": "next"}
+                {"id": "msg:1:t", "role": "assistant", "content": "yo"},
+                {"id": "msg:1:t:1", "role": "user", "content": "next"}
             ])
         );
-        let v = r(Reducer::AddMessages, v, vec![json!({"type": "remove", "id": "m1"})]).unwrap();
+        let v = r(
+            Reducer::AddMessages,
+            v,
+            vec![json!({"type": "remove", "id": "msg:1:t"})],
+        )
+        .unwrap();
         assert_eq!(v.as_array().unwrap().len(), 2);
-        let err = r(Reducer::AddMessages, v, vec![json!({"type": "remove", "id": "m1"})]).unwrap_err();
-        assert!(err.contains("`m1`"), "{err}");
+        let err = r(
+            Reducer::AddMessages,
+            v,
+            vec![json!({"type": "remove", "id": "msg:1:t"})],
+        )
+        .unwrap_err();
+        assert!(err.contains("`msg:1:t`"), "{err}");
+    }
+
+    /// An id-less message's id is its writer's: the first assistant message takes the
+    /// writer's id (the one its streamed pieces carried), the others it with a number; an id
+    /// some message already holds is never taken again, so nothing is replaced by accident.
+    #[test]
+    fn id_less_messages_take_their_writers_ids() {
+        let v = r(
+            Reducer::AddMessages,
+            json!([]),
+            vec![json!(["q", {"role": "assistant", "content": "a"}, {"type": "ai", "content": "b"}])],
+        )
+        .unwrap();
+        let ids: Vec<&str> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["msg:1:t:1", "msg:1:t", "msg:1:t:2"]);
+        assert_eq!(message_id(1, "t"), "msg:1:t");
+        // The same writer again (a state edit on the same step): fresh ids, nothing replaced.
+        let v = r(
+            Reducer::AddMessages,
+            v,
+            vec![json!({"role": "assistant", "content": "c"})],
+        )
+        .unwrap();
+        assert_eq!(v[3]["id"], "msg:1:t.2");
+        assert_eq!(v[1]["content"], "a");
     }
 
     #[test]
@@ -615,7 +699,7 @@ mod tests {
             v,
             json!([
                 {"id": "a", "role": "user", "content": "kept"},
-                {"id": "m1", "role": "user", "content": "new"}
+                {"id": "msg:1:t:1", "role": "user", "content": "new"}
             ])
         );
     }
@@ -650,7 +734,7 @@ mod tests {
     #[test]
     fn reducer_errors_are_typed_and_keep_their_messages() {
         let check = |reducer: Reducer, current: Value, update: Value, expected: ReduceError, message: &str| {
-            let err = reduce_one(None, &reducer, current, update).unwrap_err();
+            let err = reduce_one(None, &reducer, current, update, "msg:1:t").unwrap_err();
             assert_eq!(err, expected);
             assert_eq!(err.to_string(), message);
         };

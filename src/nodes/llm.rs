@@ -350,6 +350,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     let mut usage = Usage::default();
     let node = ctx.node.name.clone();
     let task = ctx.task_id.to_string();
+    let message_id = crate::engine::message_id(ctx.step, ctx.task_id);
     let events = ctx.events.clone();
     // Streamed tokens are events like any other: no known secret may pass, even split
     // across two tokens.
@@ -359,6 +360,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             events.send(Event::Token {
                 node: node.clone(),
                 task_id: task.clone(),
+                message_id: message_id.clone(),
                 text,
             });
         }

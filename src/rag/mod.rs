@@ -25,7 +25,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 /// The schema this build writes, kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 const SCHEMA: &str = "
@@ -66,6 +66,8 @@ CREATE TABLE IF NOT EXISTS memory (
     value TEXT NOT NULL,
     updated_at TEXT NOT NULL,
     created_at TEXT,
+    ttl REAL,
+    expires_at TEXT,
     PRIMARY KEY (namespace, key)
 ) STRICT;
 CREATE TABLE IF NOT EXISTS query_embeddings (
@@ -212,6 +214,19 @@ fn open(path: &Path) -> Result<Connection, DataError> {
     if !has_created {
         conn.execute_batch("ALTER TABLE memory ADD COLUMN created_at TEXT")?;
     }
+    // Version 3: an item may have a time to live (minutes) and the time it expires.
+    let has_ttl: bool = conn.query_row(
+        "SELECT count(*) FROM pragma_table_info('memory') WHERE name = 'expires_at'",
+        [],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    if !has_ttl {
+        conn.execute_batch(
+            "ALTER TABLE memory ADD COLUMN ttl REAL;
+             ALTER TABLE memory ADD COLUMN expires_at TEXT;",
+        )?;
+    }
+    conn.execute_batch("CREATE INDEX IF NOT EXISTS memory_expiry ON memory (expires_at) WHERE expires_at IS NOT NULL")?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     Ok(conn)
 }

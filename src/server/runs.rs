@@ -27,7 +27,7 @@ use super::sse::{Modes, Translate};
 use super::threads::{exists, lock, new_meta, pending_interrupts};
 use crate::checkpoint::{CheckpointError, RunRow, RunStatus};
 use crate::engine::events::{Envelope, Events};
-use crate::engine::{Engine, EngineError, LeasePolicy, NodeSet, Persist, RunGates, RunOutcome, Status};
+use crate::engine::{Engine, EngineError, Goto, LeasePolicy, NodeSet, Persist, RunGates, RunOutcome, Status};
 use crate::run::Start;
 
 /// A run this server started: what only a live run has (what is shown of a run is its row).
@@ -310,10 +310,13 @@ pub(super) struct Resumed {
 }
 
 /// `command.update` and `command.goto` as the thread edit they ask for, if they ask for one.
-type Edit = (Vec<(String, Value)>, Option<Vec<String>>);
+type Edit = (Vec<(String, Value)>, Option<Vec<Goto>>);
 
-/// `update`: `{key: value}`, or LangGraph's `[[key, value], …]`; `goto`: a node, or a list.
-fn commanded(update: Option<Value>, goto: Option<Value>) -> Result<Option<Edit>, ApiError> {
+/// `update`: `{key: value}`, or LangGraph's `[[key, value], …]`; `goto`: a node or a `Send`
+/// (`{"node": name, "input": argument}`), or a list of them. Each node must be one of `graph`'s
+/// (or `END`), and a Send's one of its fan-out targets, whose tasks take the argument as their
+/// item.
+fn commanded(graph: &Graph, update: Option<Value>, goto: Option<Value>) -> Result<Option<Edit>, ApiError> {
     let bad_update = || ApiError::invalid("command.update is an object, or a list of [key, value] pairs");
     let update: Vec<(String, Value)> = match update {
         None | Some(Value::Null) => Vec::new(),
@@ -331,16 +334,48 @@ fn commanded(update: Option<Value>, goto: Option<Value>) -> Result<Option<Edit>,
             .ok_or_else(bad_update)?,
         Some(_) => return Err(bad_update()),
     };
-    // A `Send` (`{node, arg}`) would run a node on an item a client chose: runner's fan-out is
-    // a workflow's `send`.
-    let node = |v: Value| match v {
-        Value::String(s) => Ok(s),
-        _ => Err(ApiError::invalid("command.goto names nodes (a Send is not supported)")),
+    let target = |v: Value| -> Result<Goto, ApiError> {
+        let goto = match v {
+            Value::String(node) => Goto::Node(node),
+            Value::Object(mut send) => match send.remove("node") {
+                Some(Value::String(node)) => Goto::Send {
+                    node,
+                    arg: send.remove("input").unwrap_or(Value::Null),
+                },
+                _ => {
+                    return Err(ApiError::invalid(
+                        "command.goto: a Send is {\"node\": name, \"input\": argument}",
+                    ));
+                }
+            },
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "command.goto names a node or a Send ({{\"node\", \"input\"}}), not {other}"
+                )));
+            }
+        };
+        let (node, send) = match &goto {
+            Goto::Node(node) if matches!(node.as_str(), "END" | "__end__") => return Ok(goto),
+            Goto::Node(node) => (node, false),
+            Goto::Send { node, .. } => (node, true),
+        };
+        match graph.plan.node_by_name(node).map(|ix| &graph.plan.nodes()[&ix]) {
+            None => Err(ApiError::invalid(format!(
+                "command.goto: `{node}` is not a node of graph {}",
+                graph.graph_id
+            ))),
+            Some(n) if send && n.item.is_none() => Err(ApiError::invalid(format!(
+                "command.goto: a Send runs a fan-out target on its input, and `{node}` is not one \
+                 (no `send` edge of graph {} reaches it, so it takes no item)",
+                graph.graph_id
+            ))),
+            Some(_) => Ok(goto),
+        }
     };
     let goto = match goto {
         None | Some(Value::Null) => None,
-        Some(Value::Array(nodes)) => Some(nodes.into_iter().map(node).collect::<Result<Vec<_>, _>>()?),
-        Some(one) => Some(vec![node(one)?]),
+        Some(Value::Array(targets)) => Some(targets.into_iter().map(target).collect::<Result<Vec<_>, _>>()?),
+        Some(one) => Some(vec![target(one)?]),
     };
     Ok((!update.is_empty() || goto.is_some()).then_some((update, goto)))
 }
@@ -396,7 +431,7 @@ pub(super) async fn start_run(
         }
     };
     let command = req.command.unwrap_or_default();
-    let edit = commanded(command.update, command.goto)?;
+    let edit = commanded(&graph, command.update, command.goto)?;
     let gates = RunGates {
         before: node_set(&graph, "interrupt_before", req.interrupt_before.as_ref())?,
         after: node_set(&graph, "interrupt_after", req.interrupt_after.as_ref())?,

@@ -128,8 +128,8 @@ pub(crate) struct Translate {
     run: Map<String, Value>,
     /// The step each namespace runs.
     steps: HashMap<Option<Arc<str>>, i64>,
-    /// The tasks that streamed tokens, whose message ends with their node.
-    streamed: std::collections::HashSet<String>,
+    /// The tasks that streamed tokens, whose message ends with their node: the message's id.
+    streamed: HashMap<String, String>,
     /// The text each task streamed so far (the legacy `messages` mode sends it whole each time).
     partial: HashMap<String, String>,
     /// Tasks that called a model in the current step, by namespace and node (the usage report
@@ -211,13 +211,18 @@ impl Translate {
                     out.push((name("tasks"), task));
                 }
             }
-            Event::Token { node, task_id, text } if modes.messages || modes.partial => {
+            Event::Token {
+                node,
+                task_id,
+                message_id,
+                text,
+            } if modes.messages || modes.partial => {
                 if modes.partial {
                     let first = !self.partial.contains_key(&task_id);
                     let so_far = self.partial.entry(task_id.clone()).or_default();
                     so_far.push_str(&text);
                     let so_far = so_far.clone();
-                    let mut message = self.chunk(&task_id, so_far, None);
+                    let mut message = chunk(&message_id, so_far, None);
                     message["type"] = json!("ai");
                     if first {
                         let id = message["id"].as_str().unwrap_or_default().to_string();
@@ -226,18 +231,20 @@ impl Translate {
                     }
                     out.push((name("messages/partial"), json!([message])));
                 }
-                self.streamed.insert(task_id.clone());
                 if modes.messages {
-                    let chunk = self.chunk(&task_id, text, None);
-                    out.push((name("messages"), json!([chunk, self.message_meta(&node, &ns)])));
+                    let piece = chunk(&message_id, text, None);
+                    out.push((name("messages"), json!([piece, self.message_meta(&node, &ns)])));
                 }
+                self.streamed.insert(task_id, message_id);
             }
             Event::NodeEnd {
                 node, keys, task_id, ..
             } => {
                 self.partial.remove(&task_id);
-                if self.streamed.remove(&task_id) && modes.messages {
-                    let chunk = self.chunk(&task_id, String::new(), Some("last"));
+                if let Some(id) = self.streamed.remove(&task_id)
+                    && modes.messages
+                {
+                    let chunk = chunk(&id, String::new(), Some("last"));
                     out.push((name("messages"), json!([chunk, self.message_meta(&node, &ns)])));
                 }
                 self.scopes
@@ -369,18 +376,6 @@ impl Translate {
         }
     }
 
-    /// A piece of the message a task's model call streams: every piece of one call shares its
-    /// id, as LangChain's `AIMessageChunk`s do.
-    fn chunk(&self, task_id: &str, text: String, position: Option<&str>) -> Value {
-        let run = self.run.get("run_id").and_then(Value::as_str).unwrap_or_default();
-        json!({
-            "type": "AIMessageChunk", "content": text, "id": format!("run-{run}-{task_id}"),
-            "additional_kwargs": {}, "response_metadata": {}, "name": null, "tool_calls": [],
-            "invalid_tool_calls": [], "tool_call_chunks": [], "usage_metadata": null,
-            "chunk_position": position,
-        })
-    }
-
     /// The metadata of a `messages` event from `node` in namespace `ns`.
     fn message_meta(&self, node: &str, ns: &Option<Arc<str>>) -> Value {
         let mut meta = self.run.clone();
@@ -415,6 +410,19 @@ impl Translate {
             )],
         }
     }
+}
+
+/// A piece of the message a task's model call streams: every piece of one call shares its id,
+/// as LangChain's `AIMessageChunk`s do, and it is the id the reply has in the state once the
+/// task writes it to a messages key ([`crate::engine::message_id`]), so a client joins the
+/// streamed reply with the stored one.
+fn chunk(id: &str, text: String, position: Option<&str>) -> Value {
+    json!({
+        "type": "AIMessageChunk", "content": text, "id": id,
+        "additional_kwargs": {}, "response_metadata": {}, "name": null, "tool_calls": [],
+        "invalid_tool_calls": [], "tool_call_chunks": [], "usage_metadata": null,
+        "chunk_position": position,
+    })
 }
 
 /// A `debug` event: `{step, timestamp, type, payload}`.

@@ -40,9 +40,12 @@ struct Put {
     namespace: Vec<String>,
     key: String,
     value: Map<String, Value>,
+    /// Minutes the item lives after it is written or read with a refresh; none: for good.
+    ttl: Option<f64>,
 }
 
-/// `PUT /store/items`: stores `value` (an object) under `namespace` and `key`; 204.
+/// `PUT /store/items`: stores `value` (an object) under `namespace` and `key`, for `ttl`
+/// minutes if given; 204.
 pub(super) async fn put(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
     let p: Put = body(&bytes)?;
     check(&p.namespace)?;
@@ -51,7 +54,7 @@ pub(super) async fn put(State(app): State<Shared>, bytes: Bytes) -> Result<Respo
     }
     let value = Value::Object(p.value);
     app.data
-        .with(move |c| memory::put(c, &p.namespace, &p.key, &value))
+        .with(move |c| memory::put_for(c, &p.namespace, &p.key, &value, p.ttl))
         .await
         .map_err(failed)?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -62,10 +65,12 @@ pub(super) struct GetQuery {
     #[serde(default)]
     namespace: String,
     key: Option<String>,
+    refresh_ttl: Option<bool>,
 }
 
-/// `GET /store/items?namespace=a.b&key=k`: the item, or `null` when there is none (as the
-/// reference answers).
+/// `GET /store/items?namespace=a.b&key=k`: the item, or `null` when there is none or it has
+/// expired (as the reference answers); its time to live starts again unless `refresh_ttl` is
+/// false.
 pub(super) async fn get(State(app): State<Shared>, Query(q): Query<GetQuery>) -> Result<Response, ApiError> {
     let namespace: Vec<String> = q.namespace.split('.').map(str::to_string).collect();
     check(&namespace)?;
@@ -74,7 +79,7 @@ pub(super) async fn get(State(app): State<Shared>, Query(q): Query<GetQuery>) ->
     };
     let item = app
         .data
-        .with(move |c| memory::item(c, &namespace, &key))
+        .with(move |c| memory::item(c, &namespace, &key, q.refresh_ttl.unwrap_or(true)))
         .await
         .map_err(failed)?;
     Ok(Json(item.unwrap_or(Value::Null)).into_response())
@@ -106,11 +111,13 @@ struct Search {
     limit: Option<usize>,
     offset: Option<usize>,
     query: Option<String>,
+    refresh_ttl: Option<bool>,
 }
 
 /// `POST /store/items/search`: `{items: [item with score]}`, keyword matches best first (the
 /// data store's BM25; the reference's `query` needs an embedding index), else the most
-/// recently updated first.
+/// recently updated first; expired items are gone, and the time to live of those returned
+/// starts again unless `refresh_ttl` is false.
 pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
     let s: Search = body(&bytes)?;
     check(&s.namespace_prefix)?;
@@ -125,6 +132,7 @@ pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Js
                     filter: s.filter.as_ref(),
                     limit: s.limit.unwrap_or(10),
                     offset: s.offset.unwrap_or(0),
+                    refresh: s.refresh_ttl.unwrap_or(true),
                 },
             )
         })

@@ -51,6 +51,14 @@ async def main():
     )
     assert values == {"draft": "edited by hand", "log": ["write", "accept"]}, values
 
+    # A Send (langgraph_sdk's `Send`: {"node", "input"}) runs a fan-out target on that item.
+    f = (await client.threads.create())["thread_id"]
+    values = await client.runs.wait(f, "fan", input={"items": [{"name": "a"}]})
+    assert values["done"] == ["a"], values
+    send = {"node": "work", "input": {"name": "b"}}
+    values = await client.runs.wait(f, "fan", command={"goto": [send, {"node": "work", "input": {"name": "c"}}]})
+    assert values["done"] == ["a", "b", "c"], values
+
     # A node the graph does not have is refused, and the thread is unchanged.
     try:
         await client.runs.wait(t, "chat", command={"goto": "nowhere"})
