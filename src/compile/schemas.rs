@@ -365,7 +365,8 @@ pub(crate) fn check(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<D
 /// gives no validator, as if it had none.
 #[derive(Debug, Default)]
 pub struct Validators<K> {
-    slots: HashMap<K, (Value, OnceLock<Option<jsonschema::Validator>>)>,
+    /// Each key's schema, whether it says only a type, and its validator once built.
+    slots: HashMap<K, (Value, bool, OnceLock<Option<jsonschema::Validator>>)>,
 }
 
 impl<K: Hash + Eq> Validators<K> {
@@ -374,7 +375,10 @@ impl<K: Hash + Eq> Validators<K> {
         Validators {
             slots: schemas
                 .into_iter()
-                .map(|(k, schema)| (k, (schema, OnceLock::new())))
+                .map(|(k, schema)| {
+                    let type_only = type_only(&schema);
+                    (k, (schema, type_only, OnceLock::new()))
+                })
                 .collect(),
         }
     }
@@ -385,7 +389,7 @@ impl<K: Hash + Eq> Validators<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (schema, slot) = self.slots.get(key)?;
+        let (schema, _, slot) = self.slots.get(key)?;
         slot.get_or_init(|| super::meta::validator(schema).ok()).as_ref()
     }
 
@@ -398,8 +402,8 @@ impl<K: Hash + Eq> Validators<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (schema, _) = self.slots.get(key)?;
-        if type_only(schema) && fits_type(schema, value) {
+        let (schema, type_only, _) = self.slots.get(key)?;
+        if *type_only && fits_type(schema, value) {
             return None;
         }
         self.get(key).and_then(|v| first_violation(v, value))
@@ -408,7 +412,7 @@ impl<K: Hash + Eq> Validators<K> {
     /// How many validators have been built so far.
     #[cfg(test)]
     pub fn built(&self) -> usize {
-        self.slots.values().filter(|(_, slot)| slot.get().is_some()).count()
+        self.slots.values().filter(|(_, _, slot)| slot.get().is_some()).count()
     }
 }
 
@@ -426,42 +430,42 @@ fn type_only(schema: &Value) -> bool {
         "writeOnly",
         "$comment",
     ];
+    let known = |t: &Value| t.as_str().is_some_and(|t| TYPES.contains(&t));
     match schema {
         Value::Bool(b) => *b,
-        Value::Object(m) => m
-            .iter()
-            .all(|(k, v)| ANNOTATIONS.contains(&k.as_str()) || (k == "type" && type_names(v).is_some())),
+        Value::Object(m) => m.iter().all(|(k, v)| {
+            ANNOTATIONS.contains(&k.as_str())
+                || (k == "type"
+                    && match v {
+                        Value::Array(ts) => ts.iter().all(known),
+                        one => known(one),
+                    })
+        }),
         _ => false,
     }
 }
 
-/// The type names `type` lists, when each is one of JSON Schema's.
-fn type_names(t: &Value) -> Option<Vec<&str>> {
-    const TYPES: &[&str] = &["array", "boolean", "integer", "null", "number", "object", "string"];
-    let names: Vec<&str> = match t {
-        Value::String(s) => vec![s.as_str()],
-        Value::Array(ts) => ts.iter().map(Value::as_str).collect::<Option<_>>()?,
-        _ => return None,
-    };
-    names.iter().all(|n| TYPES.contains(n)).then_some(names)
-}
+/// JSON Schema's type names.
+const TYPES: &[&str] = &["array", "boolean", "integer", "null", "number", "object", "string"];
 
 /// Whether `value` has one of the types a type-only schema (see [`type_only`]) allows.
 /// As in JSON Schema, an integer is any number without a fractional part (`1.0` too).
 fn fits_type(schema: &Value, value: &Value) -> bool {
-    let Some(t) = schema.get("type") else {
-        return true;
+    let is = |name: &Value| match (name.as_str(), value) {
+        (Some("null"), Value::Null) | (Some("boolean"), Value::Bool(_)) | (Some("string"), Value::String(_)) => true,
+        (Some("array"), Value::Array(_)) | (Some("object"), Value::Object(_)) | (Some("number"), Value::Number(_)) => {
+            true
+        }
+        (Some("integer"), Value::Number(n)) => {
+            n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.is_finite() && f.fract() == 0.0)
+        }
+        _ => false,
     };
-    type_names(t).is_some_and(|names| {
-        names.iter().any(|name| match (*name, value) {
-            ("null", Value::Null) | ("boolean", Value::Bool(_)) | ("string", Value::String(_)) => true,
-            ("array", Value::Array(_)) | ("object", Value::Object(_)) | ("number", Value::Number(_)) => true,
-            ("integer", Value::Number(n)) => {
-                n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.is_finite() && f.fract() == 0.0)
-            }
-            _ => false,
-        })
-    })
+    match schema.get("type") {
+        None => true,
+        Some(Value::Array(names)) => names.iter().any(is),
+        Some(name) => is(name),
+    }
 }
 
 pub(crate) fn first_violation(validator: &jsonschema::Validator, value: &Value) -> Option<String> {

@@ -195,7 +195,14 @@ impl Engine {
                 current,
                 writes
                     .iter()
-                    .map(|(_, writer, v)| ((*v).clone(), values::message_id(step, writer)))
+                    .map(|(_, writer, v)| {
+                        // Only add_messages gives ids; any other reducer is spared the string.
+                        let ids = match channel.reducer {
+                            Reducer::AddMessages => values::message_id(step, writer),
+                            _ => String::new(),
+                        };
+                        ((*v).clone(), ids)
+                    })
                     .collect(),
             )
             .map_err(|source| ApplyError::Reduce {
