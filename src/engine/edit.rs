@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::task::Next;
 use super::{Engine, EngineError, Meta, NewValues, lease};
 use crate::checkpoint::{self, Checkpoint, Fence, Put, ThreadStatus};
+use crate::compile::{NodeIx, Plan};
 
 /// Why a state edit cannot be applied. The thread is unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +38,26 @@ pub enum EditError {
 pub enum Goto {
     Node(String),
     Send { node: String, arg: Value },
+}
+
+/// The node `target` runs in `plan` (`None` for `END`): one of its nodes, and for a Send one of
+/// its fan-out targets, whose tasks take the Send's argument as their item.
+pub fn goto_target(plan: &Plan, target: &Goto) -> Result<Option<NodeIx>, EditError> {
+    let (node, send) = match target {
+        Goto::Node(node) if matches!(node.as_str(), "END" | "__end__") => return Ok(None),
+        Goto::Node(node) => (node, false),
+        Goto::Send { node, .. } => (node, true),
+    };
+    let Some(ix) = plan.node_by_name(node) else {
+        return Err(EditError::NoSuchNode {
+            node: node.clone(),
+            hint: hint(node, plan.nodes().values().map(|n| n.name.as_str())),
+        });
+    };
+    if send && plan.nodes()[&ix].item.is_none() {
+        return Err(EditError::NotASendTarget { node: node.clone() });
+    }
+    Ok(Some(ix))
 }
 
 impl Engine {
@@ -124,25 +145,12 @@ impl Engine {
             Some(targets) => {
                 let mut next = Vec::new();
                 for target in targets {
-                    let (node, arg) = match target {
-                        Goto::Node(node) if matches!(node.as_str(), "END" | "__end__") => continue,
-                        Goto::Node(node) => (node, None),
-                        Goto::Send { node, arg } => (node, Some(arg)),
-                    };
-                    let Some(ix) = self.plan.node_by_name(&node) else {
-                        return Err(EditError::NoSuchNode {
-                            hint: hint(&node, self.plan.nodes().values().map(|n| n.name.as_str())),
-                            node,
-                        }
-                        .into());
-                    };
-                    next.push(match arg {
-                        None => Next::Node(ix),
-                        Some(_) if self.plan.nodes()[&ix].item.is_none() => {
-                            return Err(EditError::NotASendTarget { node }.into());
-                        }
-                        Some(arg) => Next::Send(ix, arg),
-                    });
+                    if let Some(ix) = goto_target(&self.plan, &target)? {
+                        next.push(match target {
+                            Goto::Send { arg, .. } => Next::Send(ix, arg),
+                            Goto::Node(_) => Next::Node(ix),
+                        });
+                    }
                 }
                 meta.barriers.clear();
                 meta.deferred.clear();

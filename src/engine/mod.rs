@@ -40,7 +40,7 @@ use crate::checkpoint::{
 use crate::compile::Plan;
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
-pub use edit::{EditError, Goto};
+pub use edit::{EditError, Goto, goto_target};
 use events::{Event, Events};
 pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, waiting_gates};
 use kind::Validators;

@@ -556,13 +556,10 @@ fn add_messages(mut current: Vec<Value>, update: Value, ids: &str) -> Result<Val
                     others += 1;
                     format!("{ids}:{others}")
                 };
-                let taken: HashSet<&str> = current
-                    .iter()
-                    .filter_map(|m| m.get("id").and_then(Value::as_str))
-                    .collect();
+                let taken = |id: &str| current.iter().any(|m| m.get("id").and_then(Value::as_str) == Some(id));
                 let mut id = wanted.clone();
                 let mut n = 1;
-                while taken.contains(id.as_str()) {
+                while taken(&id) {
                     n += 1;
                     id = format!("{wanted}.{n}");
                 }

@@ -27,7 +27,9 @@ use super::sse::{Modes, Translate};
 use super::threads::{exists, lock, new_meta, pending_interrupts};
 use crate::checkpoint::{CheckpointError, RunRow, RunStatus};
 use crate::engine::events::{Envelope, Events};
-use crate::engine::{Engine, EngineError, Goto, LeasePolicy, NodeSet, Persist, RunGates, RunOutcome, Status};
+use crate::engine::{
+    EditError, Engine, EngineError, Goto, LeasePolicy, NodeSet, Persist, RunGates, RunOutcome, Status, goto_target,
+};
 use crate::run::Start;
 
 /// A run this server started: what only a live run has (what is shown of a run is its row).
@@ -354,22 +356,13 @@ fn commanded(graph: &Graph, update: Option<Value>, goto: Option<Value>) -> Resul
                 )));
             }
         };
-        let (node, send) = match &goto {
-            Goto::Node(node) if matches!(node.as_str(), "END" | "__end__") => return Ok(goto),
-            Goto::Node(node) => (node, false),
-            Goto::Send { node, .. } => (node, true),
-        };
-        match graph.plan.node_by_name(node).map(|ix| &graph.plan.nodes()[&ix]) {
-            None => Err(ApiError::invalid(format!(
+        match goto_target(&graph.plan, &goto) {
+            Ok(_) => Ok(goto),
+            Err(EditError::NoSuchNode { node, .. }) => Err(ApiError::invalid(format!(
                 "command.goto: `{node}` is not a node of graph {}",
                 graph.graph_id
             ))),
-            Some(n) if send && n.item.is_none() => Err(ApiError::invalid(format!(
-                "command.goto: a Send runs a fan-out target on its input, and `{node}` is not one \
-                 (no `send` edge of graph {} reaches it, so it takes no item)",
-                graph.graph_id
-            ))),
-            Some(_) => Ok(goto),
+            Err(e) => Err(ApiError::invalid(format!("command.goto: {e}"))),
         }
     };
     let goto = match goto {
