@@ -744,6 +744,153 @@ fn store_puts_gets_deletes_and_searches_per_user() {
     mem("alice", &["-i", "op=delete", "-i", "key=tone"]);
 }
 
+/// Long-term memory with LangGraph's store options on `store` nodes: a `put` may keep an item
+/// out of the semantic index (`index: false`) or give it a time to live (`ttl`, minutes).
+const SEMANTIC_WF: &str = r#"name: semantic
+input:
+  type: object
+  properties:
+    op: {type: string}
+    key: {type: string}
+    value: {}
+    query: {type: string}
+state:
+  result: {default: null}
+nodes:
+  put:
+    kind: store
+    op: put
+    namespace: [notes]
+    key: "{{ input.key }}"
+    value: input.value
+    update: {result: output}
+  put_plain:
+    kind: store
+    op: put
+    namespace: [notes]
+    key: "{{ input.key }}"
+    value: input.value
+    index: false
+    update: {result: output}
+  put_brief:
+    kind: store
+    op: put
+    namespace: [notes]
+    key: "{{ input.key }}"
+    value: input.value
+    ttl: 0.002
+    update: {result: output}
+  get:
+    kind: store
+    op: get
+    namespace: [notes]
+    key: "{{ input.key }}"
+    update: {result: output}
+  search:
+    kind: store
+    op: search
+    namespace: [notes]
+    query: "{{ input.query }}"
+    limit: 3
+    update: {result: output}
+edges:
+  - from: START
+    route:
+      - {when: "input.op == 'put'", to: put}
+      - {when: "input.op == 'put_plain'", to: put_plain}
+      - {when: "input.op == 'put_brief'", to: put_brief}
+      - {when: "input.op == 'get'", to: get}
+      - {to: search}
+  - put -> END
+  - put_plain -> END
+  - put_brief -> END
+  - get -> END
+  - search -> END
+"#;
+
+/// With `--store-index`, a `store` search ranks by the similarity of the indexed field: the
+/// item that shares no keyword with the query is still found, after the closer one, and an
+/// item put with `index: false` only fills the room left, scoreless. Without the index the
+/// same search is keyword search. A `ttl` item is gone once its time is up; bad index
+/// settings are named before anything runs.
+#[test]
+fn store_nodes_search_by_meaning_with_a_store_index() {
+    let p = Project::new();
+    let indexed = ["--store-index", "offline", "--store-index-field", "text"];
+    let mem = |args: &[&str], index: bool| {
+        let mut all: Vec<&str> = args.to_vec();
+        if index {
+            all.extend(indexed);
+        }
+        p.run(SEMANTIC_WF, &all).ok().output["result"].clone()
+    };
+    for (op, key, text) in [
+        ("put", "tides", "the moon pulls the tides of the sea"),
+        ("put", "bread", "baking sourdough bread at home"),
+        ("put_plain", "plain", "moon tides moon tides"),
+    ] {
+        let value = format!(r#"value={{"text": "{text}"}}"#);
+        let k = format!("key={key}");
+        assert_eq!(
+            mem(&["-i", &format!("op={op}"), "-i", &k, "-i", &value], true),
+            Value::Null
+        );
+    }
+    let found = mem(&["-i", "op=search", "-i", "query=moon tides"], true);
+    let items = found["items"].as_array().unwrap();
+    let keys: Vec<&str> = items.iter().filter_map(|i| i["key"].as_str()).collect();
+    assert_eq!(keys, ["tides", "bread", "plain"], "{found}");
+    let (first, second) = (items[0]["score"].as_f64().unwrap(), items[1]["score"].as_f64().unwrap());
+    assert!(first > second && first <= 1.0 + 1e-6, "{found}");
+    assert_eq!(
+        items[2]["score"],
+        Value::Null,
+        "an item kept out of the index has no score"
+    );
+    assert_eq!(
+        items[0].as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["namespace", "key", "value", "score"],
+        "the node's items have the same fields whichever way they were found"
+    );
+    // Without the index the query is keywords: the bread shares none.
+    let found = mem(&["-i", "op=search", "-i", "query=moon tides"], false);
+    let mut keys: Vec<&str> = found["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["key"].as_str())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["plain", "tides"], "{found}");
+
+    // A ttl of 0.002 minutes: 120 ms.
+    mem(
+        &[
+            "-i",
+            "op=put_brief",
+            "-i",
+            "key=brief",
+            "-i",
+            r#"value={"text": "soon gone"}"#,
+        ],
+        true,
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(mem(&["-i", "op=get", "-i", "key=brief"], true), Value::Null);
+
+    for (args, says) in [
+        (vec!["--store-index", "anthropic:claude-haiku"], "serves no embeddings"),
+        (vec!["--store-index", "nowhere"], "PROVIDER:MODEL"),
+        (vec!["--store-index-field", "text"], "no index is set"),
+    ] {
+        let mut all = vec!["-i", "op=search", "-i", "query=x"];
+        all.extend(args.iter().copied());
+        let r = p.run(SEMANTIC_WF, &all);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains(says), "{args:?}: {}", r.stderr);
+    }
+}
+
 #[test]
 fn a_namespace_with_a_missing_part_is_refused() {
     let p = Project::new();

@@ -333,11 +333,12 @@ async fn metrics_count_runs_streams_steps_and_model_calls() {
     }
 }
 
-/// LangGraph's Python client reads and writes the store a run uses.
+/// LangGraph's Python client reads and writes the store a run uses, and searches it by meaning
+/// (`--store-index`).
 #[test]
 fn the_python_sdk_drives_the_store() {
     let python = sdk_python();
-    let s = serve();
+    let s = super::serve::serve_with(&["--store-index", "offline"], &[]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/store.py");
     super::serve::script_passes(
         Command::new(python).arg(script).arg(&s.base),
@@ -826,6 +827,69 @@ async fn command_goto_sends_run_a_fan_out_target_on_the_given_item() {
     }
     let (_, _, state) = call(&s, Method::GET, "/threads/fan/state", None).await;
     assert_eq!(state["values"]["done"], json!(["a", "b", "c", "d", "e", "a"]));
+}
+
+/// `--store-index` is LangGraph's store `index`: items put are embedded at its fields (or at
+/// the fields a put names), a search's `query` ranks by similarity (cosine, best first, paged),
+/// an item put with `index: false` only fills the room a page has left, with a null score,
+/// and without a query the newest come first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_index_makes_search_rank_by_meaning() {
+    let s = super::serve::serve_with(&["--store-index", "offline", "--store-index-field", "text"], &[]);
+    for (key, value, index) in [
+        (
+            "tides",
+            json!({"text": "the moon pulls the tides of the sea", "title": "bread"}),
+            Value::Null,
+        ),
+        ("bread", json!({"text": "baking sourdough bread at home"}), Value::Null),
+        (
+            "titled",
+            json!({"text": "nothing alike", "title": "moon tides"}),
+            json!(["title"]),
+        ),
+        ("plain", json!({"text": "moon tides moon tides"}), json!(false)),
+    ] {
+        let body = json!({"namespace": ["notes"], "key": key, "value": value, "index": index});
+        let (status, _, error) = call(&s, Method::PUT, "/store/items", Some(body)).await;
+        assert_eq!(status, 204, "{error}");
+    }
+    let search = |body: Value| {
+        let s = &s;
+        async move {
+            let (status, _, found) = call(s, Method::POST, "/store/items/search", Some(body)).await;
+            assert_eq!(status, 200, "{found}");
+            found["items"].as_array().unwrap().clone()
+        }
+    };
+    let keys = |items: &[Value]| {
+        items
+            .iter()
+            .map(|i| i["key"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let found = search(json!({"namespace_prefix": ["notes"], "query": "moon tides"})).await;
+    // `titled` was embedded at its title only (the whole of "moon tides"), `tides` at its text.
+    assert_eq!(keys(&found), ["titled", "tides", "bread", "plain"], "{found:#?}");
+    let scores: Vec<Option<f64>> = found.iter().map(|i| i["score"].as_f64()).collect();
+    assert!(scores[0] > scores[1] && scores[1] > scores[2], "{scores:?}");
+    assert_eq!(scores[3], None);
+    assert!(found[0]["created_at"].is_string() && found[0]["updated_at"].is_string());
+    // Pages are cut from the ranking; a filter applies first.
+    let page = search(json!({"namespace_prefix": ["notes"], "query": "moon tides", "limit": 1, "offset": 1})).await;
+    assert_eq!(keys(&page), ["tides"]);
+    let filtered = search(json!({"namespace_prefix": ["notes"], "query": "moon", "filter": {"title": "bread"}})).await;
+    assert_eq!(keys(&filtered), ["tides"]);
+    // No query: the most recently updated first, no score.
+    let newest = search(json!({"namespace_prefix": ["notes"], "limit": 2})).await;
+    assert_eq!(keys(&newest), ["plain", "titled"]);
+    assert!(newest.iter().all(|i| i["score"].is_null()));
+    // A bad `index` is refused.
+    for index in [json!("text"), json!([1])] {
+        let body = json!({"namespace": ["notes"], "key": "x", "value": {}, "index": index});
+        let (status, _, error) = call(&s, Method::PUT, "/store/items", Some(body)).await;
+        assert_eq!(status, 422, "{index}: {error}");
+    }
 }
 
 /// Store items put with a `ttl` (minutes, fractional as LangGraph's) expire: gone from get,

@@ -149,7 +149,7 @@ fn embedder(args: &Args) -> anyhow::Result<Arc<dyn Embedder>> {
         };
         let base = match models.get(name) {
             Some(p) => p.clone(),
-            None if args.workflow.is_none() => blank_profile(),
+            None if args.workflow.is_none() => ModelProfile::unset(),
             None => bail!(
                 "{} declares no model profile `{name}`",
                 args.workflow
@@ -176,25 +176,6 @@ fn embedder(args: &Args) -> anyhow::Result<Arc<dyn Embedder>> {
             Arc::new(HashedEmbedder)
         }
     })
-}
-
-/// A profile with nothing set, for `--model` to fill in.
-fn blank_profile() -> ModelProfile {
-    ModelProfile {
-        provider: crate::spec::Provider::Mock,
-        model: String::new(),
-        base_url: None,
-        api_key_env: None,
-        api_version: None,
-        temperature: None,
-        max_tokens: None,
-        context: None,
-        pricing: None,
-        timeout: None,
-        idle_timeout: None,
-        max_reply_bytes: None,
-        options: IndexMap::new(),
-    }
 }
 
 fn show(paths: &[PathBuf]) -> String {

@@ -109,6 +109,15 @@ pub(super) struct Common {
     /// `:memory:` keeps nothing). Opened only by runs that use them.
     #[arg(long, env = "RUNNER_DATA_DB", value_name = "PATH")]
     pub data_db: Option<PathBuf>,
+    /// Index long-term memory for semantic search with this embedder: `offline` (lexical, no
+    /// model) or `PROVIDER:MODEL[@URL]` (e.g. `ollama:nomic-embed-text`); `store` nodes then
+    /// search by meaning (also `RUNNER_STORE_INDEX`).
+    #[arg(long, value_name = "EMBEDDER")]
+    pub store_index: Option<String>,
+    /// A field of a stored value that index embeds, e.g. `text` or `notes[*].body`
+    /// (repeatable; default `$`, the whole value; also `RUNNER_STORE_INDEX_FIELDS`).
+    #[arg(long = "store-index-field", value_name = "PATH")]
+    pub store_index_fields: Vec<String>,
     /// Let the http, search and scrape kinds reach this host, address or CIDR although it is
     /// private or loopback (repeatable; also `RUNNER_ALLOW_NET`, comma-separated).
     #[arg(long = "allow-net", value_name = "HOST|CIDR")]
@@ -136,6 +145,8 @@ impl Common {
             db: self.db.clone().map(DbOption::At),
             durability: Some(self.durability.into()),
             data_db: self.data_db.clone(),
+            store_index: self.store_index.clone(),
+            store_index_fields: self.store_index_fields.clone(),
             mock: self.mock.clone().map(MockOption::File),
             cassette: match (&self.record, &self.replay) {
                 (Some(path), _) => Some(CassetteOption::Record(path.clone())),

@@ -33,6 +33,16 @@ pub(super) struct Args {
     /// The data database: search indexes and long-term memory (default: .runner/data.db).
     #[arg(long, env = "RUNNER_DATA_DB", value_name = "PATH")]
     data_db: Option<PathBuf>,
+    /// Index the store for semantic search with this embedder, as LangGraph's store `index`:
+    /// `offline` (lexical, no model) or `PROVIDER:MODEL[@URL]` (e.g. `ollama:nomic-embed-text`,
+    /// `openai:text-embedding-3-small`). `POST /store/items/search` with a `query`, and `store`
+    /// nodes, then rank by meaning (also `RUNNER_STORE_INDEX`).
+    #[arg(long, value_name = "EMBEDDER")]
+    store_index: Option<String>,
+    /// A field of a stored value that index embeds, e.g. `text` or `notes[*].body`
+    /// (repeatable; default `$`, the whole value; also `RUNNER_STORE_INDEX_FIELDS`).
+    #[arg(long = "store-index-field", value_name = "PATH")]
+    store_index_fields: Vec<String>,
     /// Serve every model from this scripted mock (offline use and tests); each run reads the
     /// script from its start.
     #[arg(long, value_name = "SCRIPT")]
@@ -76,6 +86,8 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     let settings = RunOptions {
         db: args.db.map(DbOption::At),
         data_db: args.data_db,
+        store_index: args.store_index,
+        store_index_fields: args.store_index_fields,
         mock: args.mock.map(MockOption::File),
         models: args.model,
         project_models,

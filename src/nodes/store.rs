@@ -1,7 +1,10 @@
 //! `store`: long-term memory in the data store. `get` reads a key's value (null when absent)
 //! or, without `key`, the whole namespace as an object; `put` stores `value`, `delete` removes
-//! the key (both output null); `search` outputs the best keyword matches in the namespace and
-//! those under it, `{items: [{namespace, key, value, score}]}`.
+//! the key (both output null); `search` outputs the best matches in the namespace and those
+//! under it, `{items: [{namespace, key, value, score}]}`: by meaning when the data store has a
+//! semantic index (`--store-index`), else by keywords. A `put` may give the item a time to
+//! live (`ttl`, minutes) and choose the fields its index embeds (`index`); reads start an
+//! item's time to live again unless `refresh_ttl` is false, as LangGraph's store does.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -33,6 +36,39 @@ pub(super) struct StoreNode {
     /// `search`: the most items returned (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
+    /// `put`: minutes the item lives after it is written, or read with a refresh (default:
+    /// until it is deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("exclusiveMinimum" = 0))]
+    pub ttl: Option<f64>,
+    /// `put`, with a semantic index: `false` keeps the item out of it; a list of field paths
+    /// (`text`, `notes[*].body`) is embedded in place of the index's fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<StoreIndexing>,
+    /// `get` and `search`: whether reading an item starts its time to live again (default
+    /// true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_ttl: Option<bool>,
+}
+
+/// What a `put` embeds: `false`, or the fields to embed.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub(super) enum StoreIndexing {
+    /// `false`: not embedded (`true`: the index's fields).
+    Enabled(bool),
+    /// These field paths.
+    Fields(Vec<String>),
+}
+
+impl StoreIndexing {
+    fn indexing(&self) -> memory::Indexing {
+        match self {
+            StoreIndexing::Enabled(true) => memory::Indexing::Default,
+            StoreIndexing::Enabled(false) => memory::Indexing::Off,
+            StoreIndexing::Fields(f) => memory::Indexing::Fields(f.clone()),
+        }
+    }
 }
 
 /// A store operation.
@@ -126,17 +162,18 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     };
     let store = &ctx.services.data;
     let ns = namespace.clone();
+    let refresh = spec.refresh_ttl.unwrap_or(true);
     let output = match spec.op {
         StoreOp::Get => match key {
-            Some(k) => store.with(move |c| memory::get(c, &ns, &k)).await,
-            None => store.with(move |c| memory::get_all(c, &ns)).await,
+            Some(k) => store.with(move |c| memory::get(c, &ns, &k, refresh)).await,
+            None => store.with(move |c| memory::get_all(c, &ns, refresh)).await,
         }
         .map_err(data_error)?,
         StoreOp::Put => {
             let k = need_key()?;
             let value = data(ctx, config.value.as_ref(), "/value", &ctx.scope)?.unwrap_or(Value::Null);
-            store
-                .with(move |c| memory::put(c, &ns, &k, &value))
+            let indexing = spec.index.as_ref().map(StoreIndexing::indexing).unwrap_or_default();
+            memory::put_indexed(store, ns, k, value, spec.ttl, &indexing)
                 .await
                 .map_err(data_error)?;
             Value::Null
@@ -152,10 +189,30 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         StoreOp::Search => {
             let query = render_opt(ctx, config.query.as_ref(), "/query")?;
             let limit = spec.limit.unwrap_or(10) as usize;
-            let items = store
-                .with(move |c| memory::search(c, &ns, query.as_deref(), limit))
-                .await
-                .map_err(data_error)?;
+            let items = match (store.memory_index(), query) {
+                (Some(_), Some(q)) if !q.trim().is_empty() => {
+                    let q = memory::ItemQuery {
+                        prefix: ns,
+                        query: Some(q),
+                        limit,
+                        refresh,
+                        ..Default::default()
+                    };
+                    let mut items = memory::search_items(store, q).await.map_err(data_error)?;
+                    // The node's items have the same fields whichever way they were found.
+                    for item in &mut items {
+                        if let Some(m) = item.as_object_mut() {
+                            m.remove("created_at");
+                            m.remove("updated_at");
+                        }
+                    }
+                    items
+                }
+                (_, query) => store
+                    .with(move |c| memory::search(c, &ns, query.as_deref(), limit, refresh))
+                    .await
+                    .map_err(data_error)?,
+            };
             json!({"items": items})
         }
     };

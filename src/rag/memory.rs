@@ -3,12 +3,23 @@
 //! they are what one run leaves for the next, unless they were put with a time to live (`ttl`,
 //! minutes, as LangGraph's store): such an item expires that long after it was last written
 //! (or read with a refresh), and every read first removes the items that have expired.
+//!
+//! A store may also be given a semantic index ([`MemoryIndex`], as LangGraph's store `index`
+//! config): a value put is embedded at the index's fields (`$`, the whole value, by default;
+//! a put may name its own fields or opt out), and a search with a query ranks the items by the
+//! cosine similarity of their best field, items without vectors after them. Without an index a
+//! query is keyword search.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Map, Value, json};
 
-use super::{DataError, fts_query};
+use super::embed::{dot_blob, normalize, to_blob};
+use super::{DataError, DataStore, fts_query};
 use crate::clock::{at_ms, now, now_ms};
+use crate::providers::Embedder;
 
 /// Namespace parts are joined with a unit separator, which templates never produce by
 /// accident; the trailing one makes prefixes match whole parts only.
@@ -49,6 +60,10 @@ pub fn sweep(c: &Connection) -> Result<usize, DataError> {
             "DELETE FROM memory_fts WHERE namespace = ?1 AND key = ?2",
             params![ns, key],
         )?;
+        c.execute(
+            "DELETE FROM memory_vectors WHERE namespace = ?1 AND key = ?2",
+            params![ns, key],
+        )?;
     }
     Ok(expired.len())
 }
@@ -71,9 +86,12 @@ fn refresh(c: &Connection, ns: &str, key: &str) -> Result<(), DataError> {
     Ok(())
 }
 
-/// The value under `key`, or null.
-pub fn get(c: &Connection, namespace: &[String], key: &str) -> Result<Value, DataError> {
+/// The value under `key`, or null; with `refresh`, an item with a time to live starts it again.
+pub fn get(c: &Connection, namespace: &[String], key: &str, refresh: bool) -> Result<Value, DataError> {
     sweep(c)?;
+    if refresh {
+        self::refresh(c, &ns_key(namespace), key)?;
+    }
     let v: Option<String> = c
         .query_row(
             "SELECT value FROM memory WHERE namespace = ?1 AND key = ?2",
@@ -84,16 +102,20 @@ pub fn get(c: &Connection, namespace: &[String], key: &str) -> Result<Value, Dat
     Ok(v.and_then(|v| serde_json::from_str(&v).ok()).unwrap_or(Value::Null))
 }
 
-/// Every value of the namespace, as an object by key (in key order).
-pub fn get_all(c: &Connection, namespace: &[String]) -> Result<Value, DataError> {
+/// Every value of the namespace, as an object by key (in key order); with `refresh`, those
+/// with a time to live start it again.
+pub fn get_all(c: &Connection, namespace: &[String], refresh: bool) -> Result<Value, DataError> {
     sweep(c)?;
-    let mut stmt = c.prepare_cached("SELECT key, value FROM memory WHERE namespace = ?1 ORDER BY key")?;
-    let rows = stmt.query_map([ns_key(namespace)], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-    })?;
+    let ns = ns_key(namespace);
+    let mut stmt = c.prepare_cached("SELECT key, value, ttl FROM memory WHERE namespace = ?1 ORDER BY key")?;
+    let rows: Vec<(String, String, Option<f64>)> = stmt
+        .query_map([&ns], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?;
     let mut out = Map::new();
-    for r in rows {
-        let (k, v) = r?;
+    for (k, v, ttl) in rows {
+        if refresh && ttl.is_some() {
+            self::refresh(c, &ns, &k)?;
+        }
         out.insert(k, serde_json::from_str(&v).unwrap_or(Value::String(v)));
     }
     Ok(Value::Object(out))
@@ -112,6 +134,22 @@ pub fn put_for(
     key: &str,
     value: &Value,
     ttl: Option<f64>,
+) -> Result<(), DataError> {
+    put_with(c, namespace, key, value, ttl, None)
+}
+
+/// An item's vectors: a unit vector per field path embedded.
+pub type FieldVectors = [(String, Vec<f32>)];
+
+/// [`put_for`] with the item's vectors (`(embedder id, [(field path, unit vector)])`), which
+/// replace any it had; none: the item has none (its value is not indexed).
+pub fn put_with(
+    c: &mut Connection,
+    namespace: &[String],
+    key: &str,
+    value: &Value,
+    ttl: Option<f64>,
+    vectors: Option<(&str, &FieldVectors)>,
 ) -> Result<(), DataError> {
     if let Some(t) = ttl.filter(|t| !(t.is_finite() && *t > 0.0)) {
         return Err(DataError::Invalid(format!(
@@ -135,6 +173,18 @@ pub fn put_for(
         "INSERT INTO memory_fts (namespace, key, text) VALUES (?1, ?2, ?3)",
         params![ns, key, format!("{key} {}", text_of(value))],
     )?;
+    tx.execute(
+        "DELETE FROM memory_vectors WHERE namespace = ?1 AND key = ?2",
+        params![ns, key],
+    )?;
+    if let Some((embedder, vectors)) = vectors {
+        let mut insert = tx.prepare_cached(
+            "INSERT OR REPLACE INTO memory_vectors (namespace, key, path, embedder, vector) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        for (path, v) in vectors {
+            insert.execute(params![ns, key, path, embedder, to_blob(v)])?;
+        }
+    }
     tx.commit()?;
     Ok(())
 }
@@ -148,17 +198,23 @@ pub fn delete(c: &mut Connection, namespace: &[String], key: &str) -> Result<boo
         "DELETE FROM memory_fts WHERE namespace = ?1 AND key = ?2",
         params![ns, key],
     )?;
+    tx.execute(
+        "DELETE FROM memory_vectors WHERE namespace = ?1 AND key = ?2",
+        params![ns, key],
+    )?;
     tx.commit()?;
     Ok(n > 0)
 }
 
 /// Items of the namespace and those under it, best keyword match first (BM25); without a
-/// query, the most recently updated first. Items are `{namespace, key, value, score}`.
+/// query, the most recently updated first. Items are `{namespace, key, value, score}`; with
+/// `refresh`, those with a time to live start it again.
 pub fn search(
     c: &Connection,
     namespace: &[String],
     query: Option<&str>,
     limit: usize,
+    refresh: bool,
 ) -> Result<Vec<Value>, DataError> {
     sweep(c)?;
     let ns = ns_key(namespace);
@@ -185,6 +241,11 @@ pub fn search(
                 .collect::<Result<_, _>>()?
         }
     };
+    if refresh {
+        for (ns, key, ..) in &rows {
+            self::refresh(c, ns, key)?;
+        }
+    }
     Ok(rows
         .into_iter()
         .map(|(ns, key, value, score)| {
@@ -253,14 +314,14 @@ pub fn item(c: &Connection, namespace: &[String], key: &str, refresh: bool) -> R
 }
 
 /// What [`items`] looks for.
-#[derive(Debug, Default)]
-pub struct ItemQuery<'a> {
+#[derive(Debug, Default, Clone)]
+pub struct ItemQuery {
     /// Items in this namespace or under it (empty: every item).
-    pub prefix: &'a [String],
+    pub prefix: Vec<String>,
     /// Keywords: best match first; without, the most recently updated first.
-    pub query: Option<&'a str>,
+    pub query: Option<String>,
     /// Fields the value must hold with exactly these values.
-    pub filter: Option<&'a serde_json::Map<String, Value>>,
+    pub filter: Option<Map<String, Value>>,
     pub limit: usize,
     pub offset: usize,
     /// Whether the items returned that have a time to live start it again.
@@ -268,11 +329,11 @@ pub struct ItemQuery<'a> {
 }
 
 /// Items as LangGraph's store searches them: [`item`]s with a `score` (null without a query).
-pub fn items(c: &Connection, q: &ItemQuery<'_>) -> Result<Vec<Value>, DataError> {
+pub fn items(c: &Connection, q: &ItemQuery) -> Result<Vec<Value>, DataError> {
     sweep(c)?;
-    let ns = ns_key(q.prefix);
+    let ns = ns_key(&q.prefix);
     type Row = (String, String, String, String, Option<String>, Option<f64>);
-    let rows: Vec<Row> = match q.query.and_then(fts_query) {
+    let rows: Vec<Row> = match q.query.as_deref().and_then(fts_query) {
         Some(text) => {
             let mut stmt = c.prepare_cached(
                 "SELECT m.namespace, m.key, m.value, m.updated_at, m.created_at, bm25(memory_fts) FROM memory_fts
@@ -309,17 +370,27 @@ pub fn items(c: &Connection, q: &ItemQuery<'_>) -> Result<Vec<Value>, DataError>
             let value = serde_json::from_str::<Value>(&value).unwrap_or(Value::String(value));
             (ns, key, value, updated, created, score)
         })
-        .filter(|(_, _, value, ..)| {
-            q.filter
-                .is_none_or(|f| f.iter().all(|(k, want)| value.get(k) == Some(want)))
-        })
+        .filter(|(_, _, value, ..)| passes(q.filter.as_ref(), value))
         .skip(q.offset)
         .take(q.limit)
         .collect();
+    shown(c, found, q.refresh)
+}
+
+/// Whether `value` holds every field of `filter` with exactly its value.
+fn passes(filter: Option<&Map<String, Value>>, value: &Value) -> bool {
+    filter.is_none_or(|f| f.iter().all(|(k, want)| value.get(k) == Some(want)))
+}
+
+/// An item found: namespace (as stored), key, value, updated, created, score.
+type FoundRow = (String, String, Value, String, Option<String>, Option<f64>);
+
+/// Found rows as items, their time to live started again with `refresh`.
+fn shown(c: &Connection, found: Vec<FoundRow>, refresh: bool) -> Result<Vec<Value>, DataError> {
     let mut out = Vec::with_capacity(found.len());
     for (ns, key, value, updated, created, score) in found {
-        if q.refresh {
-            refresh(c, &ns, &key)?;
+        if refresh {
+            self::refresh(c, &ns, &key)?;
         }
         out.push(json!({
             "namespace": ns_parts(&ns), "key": key, "value": value,
@@ -327,6 +398,258 @@ pub fn items(c: &Connection, q: &ItemQuery<'_>) -> Result<Vec<Value>, DataError>
         }));
     }
     Ok(out)
+}
+
+/// Items as a semantic search finds them: those under the prefix that pass the filter, ranked
+/// by the best cosine similarity of their vectors (made by `embedder`) to `query` (a unit
+/// vector), best first, then paged; when a page has room left, items with no vector by that
+/// embedder fill it, with a null score (as LangGraph's store does).
+pub fn similar_items(c: &Connection, q: &ItemQuery, query: &[f32], embedder: &str) -> Result<Vec<Value>, DataError> {
+    sweep(c)?;
+    let ns = ns_key(&q.prefix);
+    let mut best: HashMap<(String, String), f32> = HashMap::new();
+    {
+        let mut stmt = c.prepare_cached(
+            "SELECT namespace, key, vector FROM memory_vectors
+             WHERE embedder = ?1 AND substr(namespace, 1, length(?2)) = ?2",
+        )?;
+        let mut rows = stmt.query(params![embedder, ns])?;
+        while let Some(r) = rows.next()? {
+            let blob = r.get_ref(2)?.as_blob().map_err(rusqlite::Error::from)?;
+            let score = dot_blob(query, blob);
+            let slot = best.entry((r.get(0)?, r.get(1)?)).or_insert(f32::NEG_INFINITY);
+            *slot = slot.max(score);
+        }
+    }
+    let mut stmt = c.prepare_cached(
+        "SELECT namespace, key, value, updated_at, created_at FROM memory
+         WHERE substr(namespace, 1, length(?1)) = ?1 ORDER BY updated_at DESC, namespace, key",
+    )?;
+    let rows: Vec<(String, String, String, String, Option<String>)> = stmt
+        .query_map(params![ns], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut scored = Vec::new();
+    let mut scoreless = Vec::new();
+    for (ns, key, value, updated, created) in rows {
+        let value = serde_json::from_str::<Value>(&value).unwrap_or(Value::String(value));
+        if !passes(q.filter.as_ref(), &value) {
+            continue;
+        }
+        match best.get(&(ns.clone(), key.clone())) {
+            Some(score) => scored.push((ns, key, value, updated, created, Some(f64::from(*score)))),
+            None => scoreless.push((ns, key, value, updated, created, None)),
+        }
+    }
+    // Best first; equal scores in the order above (the most recently updated first).
+    scored.sort_by(|a, b| b.5.partial_cmp(&a.5).unwrap_or(std::cmp::Ordering::Equal));
+    let mut found: Vec<_> = scored.into_iter().skip(q.offset).take(q.limit).collect();
+    let room = q.limit.saturating_sub(found.len());
+    found.extend(scoreless.into_iter().take(room));
+    shown(c, found, q.refresh)
+}
+
+/// A store's semantic index: the embedder, and the fields of a value embedded when it is put
+/// (paths as LangGraph's store takes them: `$` the whole value, `a.b`, `list[0]`, `list[-1]`,
+/// `list[*].text`, `*`, `{a,b}`).
+#[derive(Clone)]
+pub struct MemoryIndex {
+    pub embedder: Arc<dyn Embedder>,
+    pub fields: Vec<String>,
+}
+
+/// Which fields of a value put are embedded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Indexing {
+    /// The store's index fields.
+    #[default]
+    Default,
+    /// None: the item is not found by semantic search (it may fill a page's room).
+    Off,
+    /// These fields, in place of the index's.
+    Fields(Vec<String>),
+}
+
+/// Puts `value` under `namespace` and `key` (for `ttl` minutes if given) through the store's
+/// semantic index, if it has one: the texts at the fields `indexing` names are embedded first,
+/// so a failed embedding stores nothing.
+pub async fn put_indexed(
+    store: &DataStore,
+    namespace: Vec<String>,
+    key: String,
+    value: Value,
+    ttl: Option<f64>,
+    indexing: &Indexing,
+) -> Result<(), DataError> {
+    let vectors = match (store.memory_index(), indexing) {
+        (Some(index), Indexing::Default) => Some(embed_fields(index, &value, &index.fields).await?),
+        (Some(index), Indexing::Fields(fields)) => Some(embed_fields(index, &value, fields).await?),
+        (None, _) | (_, Indexing::Off) => None,
+    };
+    store
+        .with(move |c| {
+            let vectors = vectors.as_ref().map(|(id, v)| (id.as_str(), v.as_slice()));
+            put_with(c, &namespace, &key, &value, ttl, vectors)
+        })
+        .await
+}
+
+/// The embedder's id and a unit vector for each text at `fields` of `value`.
+async fn embed_fields(
+    index: &MemoryIndex,
+    value: &Value,
+    fields: &[String],
+) -> Result<(String, Vec<(String, Vec<f32>)>), DataError> {
+    let mut paths = Vec::new();
+    let mut texts = Vec::new();
+    for field in fields {
+        let found = texts_at(value, field);
+        let many = found.len() > 1;
+        for (i, text) in found.into_iter().enumerate() {
+            paths.push(if many { format!("{field}.{i}") } else { field.clone() });
+            texts.push(text);
+        }
+    }
+    let id = index.embedder.id().to_string();
+    if texts.is_empty() {
+        return Ok((id, Vec::new()));
+    }
+    let embedded = index
+        .embedder
+        .embed(&texts)
+        .await
+        .map_err(|e| DataError::Embed(e.to_string()))?;
+    if embedded.vectors.len() != texts.len() {
+        return Err(DataError::Embed(format!(
+            "`{id}` returned {} vectors for {} texts",
+            embedded.vectors.len(),
+            texts.len()
+        )));
+    }
+    let vectors = paths
+        .into_iter()
+        .zip(embedded.vectors)
+        .map(|(p, mut v)| {
+            normalize(&mut v);
+            (p, v)
+        })
+        .collect();
+    Ok((id, vectors))
+}
+
+/// Searches long-term memory: by meaning when the store has a semantic index and `q` a query
+/// (the query embedded through the query-embedding cache), else as [`items`] does.
+pub async fn search_items(store: &DataStore, q: ItemQuery) -> Result<Vec<Value>, DataError> {
+    let text = q.query.clone().filter(|t| !t.trim().is_empty());
+    match (store.memory_index(), text) {
+        (Some(index), Some(text)) => {
+            let embedded = super::cache::embed(store, index.embedder.as_ref(), &[text])
+                .await
+                .map_err(|e| match e {
+                    super::cache::EmbedError::Data(e) => e,
+                    e => DataError::Embed(e.to_string()),
+                })?;
+            let vector = embedded.vectors.into_iter().next().unwrap_or_default();
+            let id = index.embedder.id().to_string();
+            store.with(move |c| similar_items(c, &q, &vector, &id)).await
+        }
+        _ => store.with(move |c| items(c, &q)).await,
+    }
+}
+
+/// The texts of `value` at `path` (see [`MemoryIndex`]): a string as it is, a number or a
+/// boolean as written, an object or a list as JSON; none when the path leads nowhere.
+pub fn texts_at(value: &Value, path: &str) -> Vec<String> {
+    let path = path.trim();
+    if path.is_empty() || path == "$" {
+        return vec![value.to_string()];
+    }
+    let tokens = tokenize(path);
+    let mut out = Vec::new();
+    walk_path(value, &tokens, &mut out);
+    out
+}
+
+fn leaf(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Null => {}
+        Value::String(s) => out.push(s.clone()),
+        Value::Bool(_) | Value::Number(_) | Value::Array(_) | Value::Object(_) => out.push(v.to_string()),
+    }
+}
+
+/// A path's steps: field names, `[…]` indexes and `{…}` field sets.
+fn tokenize(path: &str) -> Vec<String> {
+    let mut tokens = Vec::new();
+    let mut current = String::new();
+    let mut chars = path.chars();
+    while let Some(ch) = chars.next() {
+        match ch {
+            '[' | '{' => {
+                if !current.is_empty() {
+                    tokens.push(std::mem::take(&mut current));
+                }
+                let close = if ch == '[' { ']' } else { '}' };
+                let mut group = String::from(ch);
+                for c in chars.by_ref() {
+                    group.push(c);
+                    if c == close {
+                        break;
+                    }
+                }
+                tokens.push(group);
+            }
+            '.' => {
+                if !current.is_empty() {
+                    tokens.push(std::mem::take(&mut current));
+                }
+            }
+            c => current.push(c),
+        }
+    }
+    if !current.is_empty() {
+        tokens.push(current);
+    }
+    tokens
+}
+
+fn walk_path(v: &Value, tokens: &[String], out: &mut Vec<String>) {
+    let Some((token, rest)) = tokens.split_first() else {
+        return leaf(v, out);
+    };
+    if let Some(index) = token.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+        let Value::Array(items) = v else { return };
+        if index.trim() == "*" {
+            items.iter().for_each(|item| walk_path(item, rest, out));
+        } else if let Ok(i) = index.trim().parse::<i64>() {
+            let at = if i < 0 { items.len() as i64 + i } else { i };
+            if let Some(item) = usize::try_from(at).ok().and_then(|at| items.get(at)) {
+                walk_path(item, rest, out);
+            }
+        }
+    } else if let Some(fields) = token.strip_prefix('{').and_then(|t| t.strip_suffix('}')) {
+        if !v.is_object() {
+            return;
+        }
+        for field in fields.split(',') {
+            let mut at = Some(v);
+            for step in tokenize(field.trim()) {
+                at = at.and_then(|a| a.get(&step));
+            }
+            if let Some(found) = at {
+                leaf(found, out);
+            }
+        }
+    } else if token == "*" {
+        match v {
+            Value::Object(m) => m.values().for_each(|x| walk_path(x, rest, out)),
+            Value::Array(a) => a.iter().for_each(|x| walk_path(x, rest, out)),
+            _ => {}
+        }
+    } else if let Some(next) = v.as_object().and_then(|m| m.get(token.as_str())) {
+        walk_path(next, rest, out);
+    }
 }
 
 /// The namespaces that hold items, in order: those under `prefix` and ending with `suffix`,
@@ -467,7 +790,7 @@ mod tests {
             })
             .unwrap();
         let found = store
-            .with_blocking(|c| search(c, &ns(&["t"]), Some("tide"), 10))
+            .with_blocking(|c| search(c, &ns(&["t"]), Some("tide"), 10, false))
             .unwrap();
         let keys: Vec<&str> = found.iter().filter_map(|i| i["key"].as_str()).collect();
         assert_eq!(keys.len(), 2, "{found:?}");
@@ -504,8 +827,8 @@ mod tests {
                     items(
                         c,
                         &ItemQuery {
-                            prefix: &ns(&["users"]),
-                            filter: Some(&even),
+                            prefix: ns(&["users"]),
+                            filter: Some(even.clone()),
                             limit: 1,
                             offset,
                             ..Default::default()
@@ -526,5 +849,146 @@ mod tests {
             .with_blocking(|c| namespaces(c, &[], &ns(&["notes"]), None, 1, 1))
             .unwrap();
         assert_eq!(notes, [ns(&["users", "b", "notes"])]);
+    }
+
+    #[test]
+    fn texts_are_found_at_langgraph_style_paths() {
+        let v = json!({
+            "title": "Tides",
+            "n": 3,
+            "tags": ["sea", "moon"],
+            "notes": [{"text": "high"}, {"text": "low"}],
+            "meta": {"by": "ana", "gone": null},
+        });
+        let at = |p: &str| texts_at(&v, p);
+        assert_eq!(at("$"), vec![v.to_string()]);
+        assert_eq!(at("title"), ["Tides"]);
+        assert_eq!(at("n"), ["3"]);
+        assert_eq!(at("tags"), [r#"["sea","moon"]"#]);
+        assert_eq!(at("tags[0]"), ["sea"]);
+        assert_eq!(at("tags[-1]"), ["moon"]);
+        assert_eq!(at("tags[5]"), Vec::<String>::new());
+        assert_eq!(at("notes[*].text"), ["high", "low"]);
+        assert_eq!(at("meta.by"), ["ana"]);
+        assert_eq!(at("meta.gone"), Vec::<String>::new());
+        assert_eq!(at("meta.missing"), Vec::<String>::new());
+        assert_eq!(at("{title, meta.by}"), ["Tides", "ana"]);
+        assert_eq!(at("meta.*"), ["ana"]);
+        assert_eq!(
+            at("title[0]"),
+            Vec::<String>::new(),
+            "an index into a string finds nothing"
+        );
+    }
+
+    /// With a semantic index, a query ranks items by their best field's similarity; items put
+    /// without vectors (or with another embedder's) only fill a page's room, scoreless; a
+    /// value replaced or deleted takes its vectors with it.
+    #[tokio::test]
+    async fn a_semantic_index_ranks_by_similarity_and_scoreless_items_fill_the_page() {
+        use crate::rag::embed::HashedEmbedder;
+        let store = DataStore::default().with_memory_index(MemoryIndex {
+            embedder: Arc::new(HashedEmbedder),
+            fields: vec!["text".into()],
+        });
+        let put = |key: &'static str, value: Value, indexing: Indexing| {
+            let store = store.clone();
+            async move { put_indexed(&store, ns(&["m"]), key.into(), value, None, &indexing).await }
+        };
+        put(
+            "tides",
+            json!({"text": "the moon pulls the tides of the sea"}),
+            Indexing::Default,
+        )
+        .await
+        .unwrap();
+        put(
+            "bread",
+            json!({"text": "baking sourdough bread at home"}),
+            Indexing::Default,
+        )
+        .await
+        .unwrap();
+        put(
+            "both",
+            json!({"a": "garden soil", "b": "moon tides"}),
+            Indexing::Fields(vec!["a".into(), "b".into()]),
+        )
+        .await
+        .unwrap();
+        put("plain", json!({"text": "moon tides moon tides"}), Indexing::Off)
+            .await
+            .unwrap();
+        let search = |offset: usize, limit: usize| {
+            let store = store.clone();
+            async move {
+                search_items(
+                    &store,
+                    ItemQuery {
+                        prefix: ns(&["m"]),
+                        query: Some("moon tides".into()),
+                        limit,
+                        offset,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap()
+            }
+        };
+        let found = search(0, 10).await;
+        let keys: Vec<&str> = found.iter().filter_map(|i| i["key"].as_str()).collect();
+        assert_eq!(keys, ["both", "tides", "bread", "plain"], "{found:#?}");
+        let scores: Vec<Option<f64>> = found.iter().map(|i| i["score"].as_f64()).collect();
+        assert!(scores[0] > scores[1] && scores[1] > scores[2], "{scores:?}");
+        assert!(scores[0].unwrap() <= 1.0 + 1e-6);
+        assert_eq!(scores[3], None, "an item put with indexing off has no score");
+        // Paging is over the ranked items; the scoreless one fills only a page with room.
+        let second: Vec<Value> = search(1, 1).await;
+        assert_eq!(second[0]["key"], "tides");
+        let last = search(3, 2).await;
+        assert_eq!(last.len(), 1);
+        assert_eq!(last[0]["key"], "plain");
+        // Without a query, the most recently updated first, no scores.
+        let all = search_items(
+            &store,
+            ItemQuery {
+                prefix: ns(&["m"]),
+                limit: 10,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(all.len(), 4);
+        assert!(all.iter().all(|i| i["score"].is_null()));
+        // Replacing a value without indexing drops its vectors; deleting one drops them too.
+        put("tides", json!({"text": "the moon pulls the tides"}), Indexing::Off)
+            .await
+            .unwrap();
+        store.with_blocking(|c| delete(c, &ns(&["m"]), "both")).unwrap();
+        let vectors: i64 = store
+            .with_blocking(|c| Ok(c.query_row("SELECT count(*) FROM memory_vectors", [], |r| r.get(0))?))
+            .unwrap();
+        assert_eq!(vectors, 1, "only bread's vector is left");
+        // Vectors another embedder made are not compared with this one's query.
+        store
+            .with_blocking(|c| {
+                let v = vec![(
+                    String::from("text"),
+                    crate::rag::embed::HashedEmbedder::vector("moon tides"),
+                )];
+                put_with(
+                    c,
+                    &ns(&["m"]),
+                    "other",
+                    &json!({"text": "moon tides"}),
+                    None,
+                    Some(("someone-else", &v)),
+                )
+            })
+            .unwrap();
+        let ranked = search(0, 1).await;
+        assert_eq!(ranked[0]["key"], "bread");
     }
 }

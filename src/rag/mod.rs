@@ -25,7 +25,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 /// The schema this build writes, kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 const SCHEMA: &str = "
@@ -86,6 +86,14 @@ CREATE TABLE IF NOT EXISTS calibrations (
     created_at TEXT NOT NULL
 ) STRICT;
 CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5 (namespace UNINDEXED, key UNINDEXED, text, tokenize = 'porter unicode61');
+CREATE TABLE IF NOT EXISTS memory_vectors (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    path TEXT NOT NULL,
+    embedder TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    PRIMARY KEY (namespace, key, path)
+) STRICT;
 ";
 
 /// Why the data store failed.
@@ -114,6 +122,9 @@ pub enum DataError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// The store's semantic index could not embed a value or a query.
+    #[error("the store's embedder failed: {0}")]
+    Embed(String),
     #[error("the data store's worker stopped: {0}")]
     Worker(String),
 }
@@ -123,11 +134,16 @@ pub enum DataError {
 pub struct DataStore {
     path: PathBuf,
     conn: Arc<OnceLock<Result<Mutex<Connection>, String>>>,
+    /// Long-term memory's semantic index, when the store has one.
+    index: Option<Arc<memory::MemoryIndex>>,
 }
 
 impl std::fmt::Debug for DataStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DataStore").field("path", &self.path).finish()
+        f.debug_struct("DataStore")
+            .field("path", &self.path)
+            .field("index", &self.index.as_ref().map(|i| i.embedder.id().to_string()))
+            .finish()
     }
 }
 
@@ -144,7 +160,20 @@ impl DataStore {
         DataStore {
             path: path.into(),
             conn: Arc::new(OnceLock::new()),
+            index: None,
         }
+    }
+
+    /// This store with long-term memory indexed for semantic search by `index`: values put
+    /// are embedded at its fields, and a search with a query ranks items by similarity.
+    pub fn with_memory_index(mut self, index: memory::MemoryIndex) -> DataStore {
+        self.index = Some(Arc::new(index));
+        self
+    }
+
+    /// Long-term memory's semantic index, if the store has one.
+    pub fn memory_index(&self) -> Option<&memory::MemoryIndex> {
+        self.index.as_deref()
     }
 
     pub fn path(&self) -> &Path {
@@ -227,6 +256,8 @@ fn open(path: &Path) -> Result<Connection, DataError> {
         )?;
     }
     conn.execute_batch("CREATE INDEX IF NOT EXISTS memory_expiry ON memory (expires_at) WHERE expires_at IS NOT NULL")?;
+    // Version 4: long-term memory's vectors for semantic search (`memory_vectors`, made by
+    // the schema above).
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     Ok(conn)
 }

@@ -112,7 +112,7 @@ impl RunSettings {
             providers,
             web: Arc::new(web.with_cassette(cassette.clone())),
             cassette,
-            data: crate::rag::DataStore::at(self.data_db.value.clone()),
+            data: self.data_store()?,
             read_roots: self.read_roots.clone(),
         })
     }

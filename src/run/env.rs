@@ -16,6 +16,11 @@ pub const ALLOW_NET: &str = "RUNNER_ALLOW_NET";
 pub const ALLOW_READ: &str = "RUNNER_ALLOW_READ";
 /// The lease's time to live in seconds (`--lease-ttl`).
 pub const LEASE_TTL: &str = "RUNNER_LEASE_TTL";
+/// Long-term memory's semantic index: `offline` or `PROVIDER:MODEL[@URL]`, the embedder
+/// (`--store-index`).
+pub const STORE_INDEX: &str = "RUNNER_STORE_INDEX";
+/// The fields of a stored value that index embeds, comma-separated (`--store-index-field`).
+pub const STORE_INDEX_FIELDS: &str = "RUNNER_STORE_INDEX_FIELDS";
 /// Where clean schema verdicts are remembered (default: the user's cache directory).
 pub const CACHE_DIR: &str = "RUNNER_CACHE_DIR";
 /// Set (to anything but `0` or `false`): nothing is remembered between processes.

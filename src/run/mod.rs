@@ -26,7 +26,8 @@ pub use env::Env;
 pub use options::{CassetteOption, DbOption, MockOption, RunOptions};
 pub use project::{Project, ProjectError};
 pub use settings::{
-    DEFAULT_DATA_DB, DEFAULT_DB, Overrides, RunSettings, Setting, Source, cache_dir, data_db_path, db_path,
+    DEFAULT_DATA_DB, DEFAULT_DB, OFFLINE_EMBEDDER, Overrides, RunSettings, Setting, Source, StoreIndex, cache_dir,
+    data_db_path, db_path,
 };
 pub use store::Checkpoints;
 

@@ -49,6 +49,13 @@ pub struct RunOptions {
     pub durability: Option<Durability>,
     /// The data database; else `RUNNER_DATA_DB`; else `.runner/data.db`.
     pub data_db: Option<PathBuf>,
+    /// Long-term memory's semantic index: the embedder, `offline` or
+    /// `PROVIDER:MODEL[@URL]`; else `RUNNER_STORE_INDEX`; else none (a store query is keyword
+    /// search).
+    pub store_index: Option<String>,
+    /// The fields of a stored value the index embeds; else `RUNNER_STORE_INDEX_FIELDS`; else
+    /// `$`, the whole value.
+    pub store_index_fields: Vec<String>,
     /// Serve every model profile from this mock.
     pub mock: Option<MockOption>,
     /// Record to or replay from a cassette (a replay cannot be combined with a mock).

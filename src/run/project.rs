@@ -10,6 +10,8 @@
 //! allow_net = ["127.0.0.1", "10.0.0.0/8"]   # RUNNER_ALLOW_NET
 //! allow_read = ["../corpus"]        # RUNNER_ALLOW_READ
 //! lease_ttl = 10                    # RUNNER_LEASE_TTL
+//! store_index = "ollama:nomic-embed-text"   # RUNNER_STORE_INDEX (or "offline")
+//! store_index_fields = ["text"]     # RUNNER_STORE_INDEX_FIELDS
 //! env_file = ".env"                 # the default
 //!
 //! [models]                          # --model PROFILE=SPEC, for workflows with that profile
@@ -25,7 +27,7 @@ use indexmap::IndexMap;
 use serde::Deserialize;
 
 use super::Env;
-use super::env::{ALLOW_NET, ALLOW_READ, DATA_DB, DB, LEASE_TTL};
+use super::env::{ALLOW_NET, ALLOW_READ, DATA_DB, DB, LEASE_TTL, STORE_INDEX, STORE_INDEX_FIELDS};
 
 /// The project file's name.
 pub(super) const FILE_NAME: &str = "runner.toml";
@@ -41,6 +43,9 @@ struct ProjectFile {
     #[serde(default)]
     allow_read: Vec<PathBuf>,
     lease_ttl: Option<f64>,
+    store_index: Option<String>,
+    #[serde(default)]
+    store_index_fields: Vec<String>,
     env_file: Option<PathBuf>,
     #[serde(default)]
     models: IndexMap<String, String>,
@@ -111,6 +116,15 @@ impl Project {
                 path(db)
             };
             project.vars.push((DATA_DB.to_string(), value));
+        }
+        if let Some(spec) = &parsed.store_index {
+            project.vars.push((STORE_INDEX.to_string(), spec.into()));
+        }
+        if !parsed.store_index_fields.is_empty() {
+            project.vars.push((
+                STORE_INDEX_FIELDS.to_string(),
+                parsed.store_index_fields.join(",").into(),
+            ));
         }
         if !parsed.allow_net.is_empty() {
             project

@@ -61,6 +61,8 @@ pub struct RunSettings {
     pub durability: Durability,
     /// The data database's file (`:memory:` keeps nothing), opened on first use.
     pub data_db: Setting<PathBuf>,
+    /// Long-term memory's semantic index, if there is one.
+    pub store_index: Option<Setting<StoreIndex>>,
     pub mock: Option<MockOption>,
     pub cassette: Option<CassetteOption>,
     /// `PROFILE=PROVIDER:MODEL[@URL]` overrides of the workflow's model profiles.
@@ -82,6 +84,15 @@ pub struct RunSettings {
     pub kinds: Kinds,
 }
 
+/// Long-term memory's semantic index as decided: which embedder, and which fields of a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreIndex {
+    /// `offline` (the hashed bag-of-words embedder) or `PROVIDER:MODEL[@URL]`.
+    pub embedder: String,
+    /// Field paths, `$` the whole value.
+    pub fields: Vec<String>,
+}
+
 impl RunOptions {
     /// These options over `env` over the defaults. Lists (`allow_net`, `allow_read`) add to
     /// the environment's instead of replacing it.
@@ -100,7 +111,9 @@ impl RunOptions {
             None => checkpoints(None, env)?,
         };
         let lease_ttl = lease_ttl(self.lease_ttl, env)?;
+        let store_index = store_index(self.store_index, self.store_index_fields, env)?;
         Ok(RunSettings {
+            store_index,
             checkpoints,
             durability: self.durability.unwrap_or_default(),
             data_db: path_setting(self.data_db, env, "--data-db", env::DATA_DB, DEFAULT_DATA_DB),
@@ -127,6 +140,98 @@ impl RunOptions {
         })
     }
 }
+
+/// The store index: the flag, else `RUNNER_STORE_INDEX`; its fields the flags', else
+/// `RUNNER_STORE_INDEX_FIELDS`', else `$`. The embedder spec is checked here, so a bad one is
+/// named before anything runs.
+fn store_index(flag: Option<String>, fields: Vec<String>, env: &Env) -> Result<Option<Setting<StoreIndex>>, RunError> {
+    let (spec, source) = match flag {
+        Some(spec) => (spec, Source::Given("--store-index")),
+        None => match env.get(env::STORE_INDEX).filter(|v| !v.trim().is_empty()) {
+            Some(spec) => (spec, Source::Env(env::STORE_INDEX)),
+            None if fields.is_empty() => return Ok(None),
+            None => {
+                return Err(RunError::Invalid {
+                    source_of: Source::Given("--store-index-field"),
+                    message: format!(
+                        "names the fields a store index embeds, but no index is set (--store-index, or {})",
+                        env::STORE_INDEX
+                    ),
+                });
+            }
+        },
+    };
+    let spec = spec.trim().to_string();
+    if spec != OFFLINE_EMBEDDER {
+        let profile = crate::providers::override_profile(&crate::spec::ModelProfile::unset(), &spec).map_err(|m| {
+            RunError::Invalid {
+                source_of: source,
+                message: format!("{m}; or `{OFFLINE_EMBEDDER}` for the offline embedder"),
+            }
+        })?;
+        if profile.provider != crate::spec::Provider::Openai {
+            return Err(RunError::Invalid {
+                source_of: source,
+                message: format!(
+                    "`{spec}` serves no embeddings: name an OpenAI-compatible embedding model (openai, ollama, llamacpp, vllm, lmstudio) or `{OFFLINE_EMBEDDER}`"
+                ),
+            });
+        }
+    }
+    let mut fields: Vec<String> = if fields.is_empty() {
+        env.get(env::STORE_INDEX_FIELDS)
+            .map(|v| v.split(',').map(|f| f.trim().to_string()).collect())
+            .unwrap_or_default()
+    } else {
+        fields
+    };
+    fields.retain(|f| !f.is_empty());
+    if fields.is_empty() {
+        fields.push("$".to_string());
+    }
+    Ok(Some(Setting {
+        value: StoreIndex { embedder: spec, fields },
+        source,
+    }))
+}
+
+/// The store index's embedder spec for the offline hashed bag-of-words embedder.
+pub const OFFLINE_EMBEDDER: &str = "offline";
+
+impl RunSettings {
+    /// The data store these settings name, with long-term memory's semantic index when one is
+    /// set (its embedder built here: an API key it needs is read from the environment).
+    pub fn data_store(&self) -> Result<crate::rag::DataStore, RunError> {
+        let store = crate::rag::DataStore::at(self.data_db.value.clone());
+        let Some(index) = &self.store_index else {
+            return Ok(store);
+        };
+        let embedder: std::sync::Arc<dyn crate::providers::Embedder> = if index.value.embedder == OFFLINE_EMBEDDER {
+            std::sync::Arc::new(crate::rag::embed::HashedEmbedder)
+        } else {
+            let invalid = |message: String| RunError::Invalid {
+                source_of: index.source,
+                message,
+            };
+            let profile =
+                crate::providers::override_profile(&crate::spec::ModelProfile::unset(), &index.value.embedder)
+                    .map_err(invalid)?;
+            let models = indexmap::IndexMap::from([(STORE_PROFILE.to_string(), profile)]);
+            let providers =
+                crate::providers::Providers::for_models_in(&models, None, false, &|name| self.env.get(name))?;
+            providers
+                .embedder(STORE_PROFILE)
+                .ok_or_else(|| invalid(format!("`{}` serves no embeddings", index.value.embedder)))?
+        };
+        Ok(store.with_memory_index(crate::rag::memory::MemoryIndex {
+            embedder,
+            fields: index.value.fields.clone(),
+        }))
+    }
+}
+
+/// The name the store index's embedder is set up under (in errors about its key).
+const STORE_PROFILE: &str = "store-index";
 
 /// The checkpoint database when nobody says.
 pub const DEFAULT_DB: &str = ".runner/runner.db";

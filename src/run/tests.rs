@@ -428,3 +428,47 @@ fn the_cache_directory_is_the_variables_or_the_users_and_can_be_turned_off() {
     );
     assert_eq!(dir(&[]), None, "no home, nowhere to remember");
 }
+
+/// The store index comes from the flag, else `RUNNER_STORE_INDEX`, its fields from the flags,
+/// else `RUNNER_STORE_INDEX_FIELDS`, else `$`; a bad embedder is named with where it came from,
+/// and the data store built from the settings carries the index.
+#[test]
+fn the_store_index_is_read_from_its_flag_or_its_variables() {
+    assert_eq!(settings(RunOptions::default(), &[]).store_index, None);
+    let s = settings(
+        RunOptions::default(),
+        &[
+            ("RUNNER_STORE_INDEX", "offline"),
+            ("RUNNER_STORE_INDEX_FIELDS", "text, notes[*].body"),
+        ],
+    );
+    let index = s.store_index.clone().unwrap();
+    assert_eq!(index.source, Source::Env("RUNNER_STORE_INDEX"));
+    assert_eq!(index.value.fields, ["text", "notes[*].body"]);
+    let store = s.data_store().unwrap();
+    let built = store.memory_index().unwrap();
+    assert_eq!(built.embedder.id(), crate::rag::embed::ID);
+    assert_eq!(built.fields, ["text", "notes[*].body"]);
+    let s = settings(
+        RunOptions {
+            store_index: Some("ollama:nomic-embed-text".into()),
+            ..RunOptions::default()
+        },
+        &[("RUNNER_STORE_INDEX", "offline")],
+    );
+    let index = s.store_index.clone().unwrap();
+    assert_eq!(
+        (index.source, index.value.fields.as_slice()),
+        (Source::Given("--store-index"), &["$".to_string()][..])
+    );
+    assert_eq!(
+        s.data_store().unwrap().memory_index().unwrap().embedder.id(),
+        "openai:nomic-embed-text@http://127.0.0.1:11434/v1",
+        "a local server's embedder, reached over the OpenAI API"
+    );
+    let e = resolve(RunOptions::default(), &[("RUNNER_STORE_INDEX", "mock:x")]).unwrap_err();
+    assert!(
+        e.starts_with("RUNNER_STORE_INDEX: ") && e.contains("serves no embeddings"),
+        "{e}"
+    );
+}

@@ -84,7 +84,7 @@ impl Server {
         workers: usize,
     ) -> Result<Server, RunError> {
         let store = settings.open_store()?;
-        let data = crate::rag::DataStore::at(settings.data_db.value.clone());
+        let data = settings.data_store()?;
         Ok(Server {
             app: Arc::new(App {
                 data,

@@ -42,19 +42,44 @@ struct Put {
     value: Map<String, Value>,
     /// Minutes the item lives after it is written or read with a refresh; none: for good.
     ttl: Option<f64>,
+    /// `false`: not embedded; a list of paths: embedded at those fields in place of the
+    /// store index's; absent or null: the index's fields.
+    #[serde(default)]
+    index: Option<Value>,
+}
+
+/// What a put's `index` asks for.
+fn indexing(index: Option<Value>) -> Result<memory::Indexing, ApiError> {
+    match index {
+        None | Some(Value::Null) | Some(Value::Bool(true)) => Ok(memory::Indexing::Default),
+        Some(Value::Bool(false)) => Ok(memory::Indexing::Off),
+        Some(Value::Array(fields)) => fields
+            .into_iter()
+            .map(|f| match f {
+                Value::String(s) => Ok(s),
+                other => Err(ApiError::invalid(format!(
+                    "index: a field path is a string, not {other}"
+                ))),
+            })
+            .collect::<Result<_, _>>()
+            .map(memory::Indexing::Fields),
+        Some(other) => Err(ApiError::invalid(format!(
+            "index is false or a list of field paths, not {other}"
+        ))),
+    }
 }
 
 /// `PUT /store/items`: stores `value` (an object) under `namespace` and `key`, for `ttl`
-/// minutes if given; 204.
+/// minutes if given, embedded for semantic search when the store has an index (`index`
+/// chooses the fields, or `false` none); 204.
 pub(super) async fn put(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
     let p: Put = body(&bytes)?;
     check(&p.namespace)?;
     if p.namespace.is_empty() {
         return Err(ApiError::invalid("namespace must have at least one label"));
     }
-    let value = Value::Object(p.value);
-    app.data
-        .with(move |c| memory::put_for(c, &p.namespace, &p.key, &value, p.ttl))
+    let indexing = indexing(p.index)?;
+    memory::put_indexed(&app.data, p.namespace, p.key, Value::Object(p.value), p.ttl, &indexing)
         .await
         .map_err(failed)?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -114,30 +139,23 @@ struct Search {
     refresh_ttl: Option<bool>,
 }
 
-/// `POST /store/items/search`: `{items: [item with score]}`, keyword matches best first (the
-/// data store's BM25; the reference's `query` needs an embedding index), else the most
-/// recently updated first; expired items are gone, and the time to live of those returned
-/// starts again unless `refresh_ttl` is false.
+/// `POST /store/items/search`: `{items: [item with score]}`. With a `query`: by meaning when
+/// the store has a semantic index (`runner serve --store-index`: cosine similarity, best
+/// first), else keyword matches best first (the data store's BM25); without, the most recently
+/// updated first. Expired items are gone, and the time to live of those returned starts again
+/// unless `refresh_ttl` is false.
 pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
     let s: Search = body(&bytes)?;
     check(&s.namespace_prefix)?;
-    let items = app
-        .data
-        .with(move |c| {
-            memory::items(
-                c,
-                &memory::ItemQuery {
-                    prefix: &s.namespace_prefix,
-                    query: s.query.as_deref(),
-                    filter: s.filter.as_ref(),
-                    limit: s.limit.unwrap_or(10),
-                    offset: s.offset.unwrap_or(0),
-                    refresh: s.refresh_ttl.unwrap_or(true),
-                },
-            )
-        })
-        .await
-        .map_err(failed)?;
+    let query = memory::ItemQuery {
+        prefix: s.namespace_prefix,
+        query: s.query,
+        filter: s.filter,
+        limit: s.limit.unwrap_or(10),
+        offset: s.offset.unwrap_or(0),
+        refresh: s.refresh_ttl.unwrap_or(true),
+    };
+    let items = memory::search_items(&app.data, query).await.map_err(failed)?;
     Ok(Json(json!({"items": items})))
 }
 

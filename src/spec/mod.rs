@@ -231,6 +231,27 @@ pub struct ModelProfile {
     pub options: IndexMap<String, Value>,
 }
 
+impl ModelProfile {
+    /// A profile with nothing said but its provider (`mock`), for a `--model` spec to fill in.
+    pub fn unset() -> ModelProfile {
+        ModelProfile {
+            provider: Provider::Mock,
+            model: String::new(),
+            base_url: None,
+            api_key_env: None,
+            api_version: None,
+            temperature: None,
+            max_tokens: None,
+            context: None,
+            pricing: None,
+            timeout: None,
+            idle_timeout: None,
+            max_reply_bytes: None,
+            options: IndexMap::new(),
+        }
+    }
+}
+
 /// Which API a model profile speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

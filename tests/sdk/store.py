@@ -40,6 +40,20 @@ async def main():
     await store.delete_item(["users", "py"], "prefs")
     assert await store.get_item(["users", "py"], "prefs") is None
 
+    # The server runs with `--store-index offline`: LangGraph's semantic search, with `index`
+    # and `ttl` as the client sends them.
+    await store.put_item(["docs"], "tides", {"text": "the moon pulls the tides"})
+    await store.put_item(["docs"], "bread", {"text": "baking sourdough bread"})
+    await store.put_item(["docs"], "plain", {"text": "moon tides"}, index=False)
+    await store.put_item(["docs"], "titled", {"text": "unrelated", "title": "moon tides"}, index=["title"])
+    await store.put_item(["docs"], "brief", {"text": "kept a while"}, ttl=5)
+    found = (await store.search_items(["docs"], query="moon tides", limit=4))["items"]
+    assert [i["key"] for i in found[:2]] == ["titled", "tides"], found
+    assert found[0]["score"] > found[1]["score"] > 0, found
+    assert [i["key"] for i in found if i["score"] is None] == [], found
+    unscored = (await store.search_items(["docs"], query="moon tides", limit=10))["items"]
+    assert unscored[-1]["key"] == "plain" and unscored[-1]["score"] is None, unscored
+
     print("sdk store: every check passed")
 
 
