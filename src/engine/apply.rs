@@ -198,7 +198,7 @@ impl Engine {
                     .map(|(_, writer, v)| {
                         // Only add_messages gives ids; any other reducer is spared the string.
                         let ids = match channel.reducer {
-                            Reducer::AddMessages => values::message_id(step, writer),
+                            Reducer::AddMessages => values::message_id(&self.options.message_scope, step, writer),
                             _ => String::new(),
                         };
                         ((*v).clone(), ids)

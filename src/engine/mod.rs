@@ -230,6 +230,8 @@ pub struct Shared {
     pub end_step: i64,
     /// The run is a subgraph's child, which may hand off to its parent.
     pub as_child: bool,
+    /// What the ids of the messages its tasks write begin with ([`RunOptions::message_scope`]).
+    pub message_scope: String,
 }
 
 /// Runs plans on threads.
@@ -318,6 +320,10 @@ pub struct RunOptions {
     /// The run is a subgraph's child: a handoff ends it and goes to the parent (a workflow run
     /// on its own that hands off fails).
     pub as_child: bool,
+    /// What the ids of the messages this run's tasks write begin with (see
+    /// [`values::message_id`]): empty for a thread of its own; a subgraph's child run has its
+    /// parent task's, so its messages keep their ids in the parent's history.
+    pub message_scope: String,
     /// Nodes this run stops before or after, besides those the workflow declares.
     pub gates: RunGates,
 }
@@ -473,6 +479,7 @@ impl Engine {
             persist: req.persist,
             force: req.force,
             as_child: false,
+            message_scope: String::new(),
             gates: req.gates.clone(),
         });
         engine.enter(Entry::from(req)).await

@@ -125,6 +125,7 @@ impl Engine {
             fence: fence.clone(),
             force: self.options.force,
             as_child: self.options.as_child,
+            message_scope: self.options.message_scope.clone(),
             end_step: first_step + limit,
             validators: self.node_validators.clone(),
             plan: self.plan.clone(),
@@ -445,6 +446,7 @@ impl Engine {
             },
             force: false,
             as_child: false,
+            message_scope: self.options.message_scope.clone(),
             end_step: step + 1 + limit,
         };
         let mut next = Vec::new();

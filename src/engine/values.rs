@@ -492,9 +492,13 @@ fn numeric(reducer: &Reducer, current: Value, update: Value) -> Result<Value, Re
 /// node a state edit writes as) and `step` the superstep whose checkpoint it writes, so the id
 /// is known before the write exists (a model call's streamed pieces carry it) and a replay
 /// gives the same. The writer's first id-less assistant message takes it; its other id-less
-/// messages take it with `:1`, `:2`, … in the order they are written.
-pub fn message_id(step: i64, writer: &str) -> String {
-    format!("msg:{step}:{writer}")
+/// messages take it with `:1`, `:2`, … in the order they are written. `scope` is empty on a
+/// thread of its own; in a subgraph's child run it is `STEP/TASK/` of the parent's task (after
+/// the parent's own scope), so a child's messages have ids no other turn's messages have and
+/// keep them when the child hands them to its parent (an `agent` node's loop does): the pieces
+/// a client saw streamed and the message stored in the parent share an id.
+pub fn message_id(scope: &str, step: i64, writer: &str) -> String {
+    format!("msg:{scope}{step}:{writer}")
 }
 
 /// Whether a message is the model's (an assistant or AI message).
@@ -670,7 +674,7 @@ mod tests {
             .map(|m| m["id"].as_str().unwrap())
             .collect();
         assert_eq!(ids, ["msg:1:t:1", "msg:1:t", "msg:1:t:2"]);
-        assert_eq!(message_id(1, "t"), "msg:1:t");
+        assert_eq!(message_id("", 1, "t"), "msg:1:t");
         // The same writer again (a state edit on the same step): fresh ids, nothing replaced.
         let v = r(
             Reducer::AddMessages,

@@ -16,8 +16,10 @@
 //! every round of tool calls is a superstep with its checkpoint, tokens and tool events stream
 //! as the child's, a crash resumes inside the loop without running a finished round again, and
 //! `runner graph` draws the loop as the node's cluster. The node's output is
-//! `{messages, answer, iterations, exhausted}`: the messages the loop added (without ids, so
-//! `add_messages` appends them to the parent's history), the final answer (the last reply's
+//! `{messages, answer, iterations, exhausted}`: the messages the loop added (with the ids the
+//! loop gave them, scoped to this task so no other turn has them: `add_messages` appends them to
+//! the parent's history, and a client that saw a reply streamed finds it stored under the same
+//! id), the final answer (the last reply's
 //! text, or the value matching `output.schema`), the rounds of tool calls run, and whether
 //! `max_iterations` cut the loop short (the model's last call is then replaced by a reply
 //! saying so, as LangGraph does).
@@ -369,20 +371,11 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     })
 }
 
-/// The loop's final state as the node's output: the messages after the `given` ones, their
-/// ids dropped (they are the loop's positions, which mean nothing in the parent's history).
+/// The loop's final state as the node's output: the messages after the `given` ones, with
+/// their ids (the child run's are scoped to this task: see [`crate::engine::message_id`]).
 fn agent_output(mut state: Value, given: usize) -> Value {
     let added: Vec<Value> = match state.get_mut("messages").map(Value::take) {
-        Some(Value::Array(all)) => all
-            .into_iter()
-            .skip(given)
-            .map(|mut m| {
-                if let Value::Object(fields) = &mut m {
-                    fields.remove("id");
-                }
-                m
-            })
-            .collect(),
+        Some(Value::Array(all)) => all.into_iter().skip(given).collect(),
         _ => Vec::new(),
     };
     json!({
