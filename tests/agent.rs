@@ -529,21 +529,12 @@ fn an_agent_streams_its_models_tokens_and_its_tool_events_as_the_loops() {
     let (out, _, events) = run_mock(&p.plan("w.yaml"), script);
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     let in_loop = |e: &&Value| e["ns"].as_str().is_some_and(|ns| ns.starts_with("helper:"));
-    let tokens: Vec<&str> = events
-        .iter()
-        .filter(in_loop)
-        .filter(|e| e["type"] == "token")
-        .map(|e| e["text"].as_str().unwrap())
-        .collect();
-    assert_eq!(tokens.concat(), "A ratio.", "{events:?}");
+    let tokens: Vec<&Value> = events.iter().filter(in_loop).filter(|e| e["type"] == "token").collect();
+    let text: String = tokens.iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(text, "A ratio.", "{events:?}");
     // The pieces carry the id the streamed reply has in the parent's history, as a client that
     // joins streamed and stored messages by id needs.
-    let streamed: Vec<&str> = events
-        .iter()
-        .filter(in_loop)
-        .filter(|e| e["type"] == "token")
-        .map(|e| e["message_id"].as_str().unwrap())
-        .collect();
+    let streamed: Vec<&str> = tokens.iter().map(|e| e["message_id"].as_str().unwrap()).collect();
     let stored = out.state["messages"].as_array().unwrap().last().unwrap()["id"].clone();
     assert_eq!(stored, "msg:0/helper/2:helper");
     assert!(streamed.iter().all(|id| *id == stored), "{streamed:?} vs {stored}");
