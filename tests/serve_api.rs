@@ -829,6 +829,92 @@ async fn command_goto_sends_run_a_fan_out_target_on_the_given_item() {
     assert_eq!(state["values"]["done"], json!(["a", "b", "c", "d", "e", "a"]));
 }
 
+/// An `agent` node served as agent-chat-ui drives it (`messages-tuple` with
+/// `stream_subgraphs`): the loop's model tokens arrive as `messages|helper:helper` chunks whose
+/// id is the id the reply then has in the thread's messages, so the UI joins the streamed reply
+/// with the stored one instead of showing it twice; the tool round's messages are stored once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agents_streamed_reply_has_the_id_it_is_stored_under() {
+    let dir = tempfile::tempdir().unwrap();
+    let workflows = dir.path().join("workflows");
+    let lib = dir.path().join("lib");
+    std::fs::create_dir_all(&workflows).unwrap();
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(
+        lib.join("define.yaml"),
+        "name: define\ninput: {type: object, required: [word], properties: {word: {type: string}}}\n\
+         state:\n  meaning: {type: string}\nnodes:\n  say: {kind: set, update: {meaning: \"input.word ~ ' means a ratio'\"}}\n\
+         edges: [START -> say -> END]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        workflows.join("helper.yaml"),
+        r#"name: helper
+models: {default: {provider: mock, model: m}}
+input: {type: object, properties: {messages: {type: array}}}
+state:
+  messages: {type: array, reducer: add_messages, default: [], from_input: true}
+tools:
+  define:
+    description: Say what a word means.
+    workflow: ../lib/define.yaml
+nodes:
+  helper:
+    kind: agent
+    tools: [define]
+    stream: true
+    update: {messages: output.messages}
+edges: [START -> helper -> END]
+"#,
+    )
+    .unwrap();
+    let mock = dir.path().join("mock.yaml");
+    std::fs::write(
+        &mock,
+        "replies:\n  helper:\n    - {tool_calls: [{name: define, args: {word: cop}}]}\n    - {text: A ratio., chunks: [\"A \", ratio.]}\n",
+    )
+    .unwrap();
+    let (child, base, said) = super::serve::spawn(dir.path(), &workflows, &mock, &[], &[]);
+    let s = super::serve::Server {
+        child,
+        base,
+        dir: Some(dir),
+    };
+    assert!(said.contains("serving helper"), "{said}");
+    let resp = client()
+        .post(format!("{}/threads/t1/runs/stream", s.base))
+        .json(
+            &json!({"assistant_id": "helper", "if_not_exists": "create", "stream_subgraphs": true,
+                      "stream_mode": ["values", "messages-tuple"],
+                      "input": {"messages": [{"type": "human", "content": "what is a cop?"}]}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let events = parse(&resp.text().await.unwrap());
+    let chunks: Vec<&Value> = events
+        .iter()
+        .filter(|(e, _)| e.starts_with("messages|helper:"))
+        .map(|(_, d)| d)
+        .collect();
+    let text: String = chunks
+        .iter()
+        .map(|d| d[0]["content"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(text, "A ratio.", "{events:?}");
+    let id = chunks[0][0]["id"].as_str().unwrap();
+    assert!(chunks.iter().all(|d| d[0]["id"] == id), "{chunks:?}");
+    let (status, _, state) = call(&s, Method::GET, "/threads/t1/state", None).await;
+    assert_eq!(status, 200, "{state}");
+    let messages = state["values"]["messages"].as_array().unwrap();
+    let types: Vec<&str> = messages.iter().filter_map(|m| m["type"].as_str()).collect();
+    assert_eq!(types, ["human", "ai", "tool", "ai"], "{state}");
+    assert_eq!(messages[3]["id"], id, "the streamed reply is the stored one: {state}");
+    let ids: std::collections::BTreeSet<&str> = messages.iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids.len(), 4, "every message has its own id: {state}");
+}
+
 /// `--store-index` is LangGraph's store `index`: items put are embedded at its fields (or at
 /// the fields a put names), a search's `query` ranks by similarity (cosine, best first, paged),
 /// an item put with `index: false` only fills the room a page has left, with a null score,

@@ -95,7 +95,11 @@ async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
         assert_eq!(values["intent"], "chat");
         let messages = values["messages"].as_array().unwrap();
         assert_eq!(messages.len(), 2 * (turn + 1), "{values}");
-        let answer = messages.iter().rev().find(|m| m["role"] == "assistant").unwrap();
+        // Served as LangChain's message dicts, as agent-chat-ui renders them by `type`.
+        let types: Vec<&str> = messages.iter().filter_map(|m| m["type"].as_str()).collect();
+        assert_eq!(types, ["human", "ai"].repeat(turn + 1), "{values}");
+        assert!(messages.iter().all(|m| m.get("role").is_none()), "{values}");
+        let answer = messages.iter().rev().find(|m| m["type"] == "ai").unwrap();
         assert_eq!(
             answer["id"],
             id.as_str(),

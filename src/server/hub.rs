@@ -117,7 +117,7 @@ pub(super) fn feed(app: &Shared, s: Started) -> Arc<Hub> {
         }),
         reserved: std::sync::atomic::AtomicU64::new(s.first_event_id),
     });
-    let mut translate = Translate::new(s.modes, app, s.thread_id.clone(), run_meta(&s));
+    let mut translate = Translate::new(s.modes, app, s.thread_id.clone(), run_meta(&s), s.graph.plan.clone());
     hub.push(vec![("metadata".into(), json!({"run_id": s.run_id, "attempt": 1}))]);
     hub.push(translate.on(s.first));
     if let Some(r) = lock(&app.runs).get_mut(&s.run_id) {

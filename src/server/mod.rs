@@ -25,6 +25,7 @@ mod graphs;
 mod http;
 mod hub;
 mod log;
+mod messages;
 mod metrics;
 mod runs;
 mod sse;

@@ -779,7 +779,13 @@ fn stream_response(app: Shared, s: Started) -> Response {
 /// Runs to the end and answers the final values: with `__interrupt__` when the run stopped at
 /// a gate, `__error__` when it failed.
 async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
-    let mut translate = Translate::new(s.modes, &app, s.thread_id.clone(), hub::run_meta(&s));
+    let mut translate = Translate::new(
+        s.modes,
+        &app,
+        s.thread_id.clone(),
+        hub::run_meta(&s),
+        s.graph.plan.clone(),
+    );
     translate.on(s.first);
     let mut events = s.events;
     while let Some(envelope) = events.recv().await {
@@ -790,7 +796,10 @@ async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
         .await
         .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
     let mut values = match app.store.get_checkpoint(&s.thread_id, None)? {
-        Some(cp) => app.store.state(&s.thread_id, &cp.versions)?,
+        Some(cp) => super::messages::served(
+            app.store.state(&s.thread_id, &cp.versions)?,
+            &super::messages::keys(&s.graph.plan),
+        ),
         None => translate.values(),
     };
     match &outcome {

@@ -123,6 +123,8 @@ pub(crate) struct Translate {
     error_class: Option<String>,
     /// The run started and its first step has not: the state it starts from is still to show.
     initial: bool,
+    /// The run's graph: which keys of each namespace's state hold messages.
+    plan: Arc<crate::compile::Plan>,
     /// What every `messages` event's metadata says of the run: `run_id`, `thread_id`,
     /// `graph_id`, `assistant_id`.
     run: Map<String, Value>,
@@ -139,8 +141,15 @@ pub(crate) struct Translate {
 
 impl Translate {
     /// `run` is what `messages` metadata says of the run (`run_id`, `graph_id`, …).
-    pub(super) fn new(modes: Modes, app: &Shared, thread_id: String, run: Map<String, Value>) -> Translate {
+    pub(super) fn new(
+        modes: Modes,
+        app: &Shared,
+        thread_id: String,
+        run: Map<String, Value>,
+        plan: Arc<crate::compile::Plan>,
+    ) -> Translate {
         Translate {
+            plan,
             run,
             steps: HashMap::new(),
             streamed: Default::default(),
@@ -157,9 +166,17 @@ impl Translate {
         }
     }
 
-    /// The run's state as the stream last showed it.
+    /// The run's state as the stream last showed it, its messages as LangChain dicts.
     pub(super) fn values(&self) -> Map<String, Value> {
-        self.scopes.get(&None).map(|s| s.values.clone()).unwrap_or_default()
+        let values = self.scopes.get(&None).map(|s| s.values.clone()).unwrap_or_default();
+        super::messages::served(values, &self.message_keys(&None))
+    }
+
+    /// The keys of namespace `ns`'s state that hold messages.
+    fn message_keys(&self, ns: &Option<Arc<str>>) -> Vec<String> {
+        super::messages::plan_of(&self.plan, ns.as_deref())
+            .map(super::messages::keys)
+            .unwrap_or_default()
     }
 
     /// The stream events `envelope` makes.
@@ -274,12 +291,14 @@ impl Translate {
                     // changed.
                     self.scopes.entry(None).or_default().values = values;
                 }
+                let message_keys = self.message_keys(&ns);
                 let scope = self.scopes.entry(ns.clone()).or_default();
                 for (node, task_id, keys) in std::mem::take(&mut scope.ended) {
                     let update: Map<String, Value> = keys
                         .iter()
                         .filter_map(|k| scope.values.get(k).map(|v| (k.clone(), v.clone())))
                         .collect();
+                    let update = super::messages::served(update, &message_keys);
                     if modes.tasks || modes.debug {
                         let result: Vec<Value> = update.iter().map(|(k, v)| json!([k, v])).collect();
                         let task =
@@ -301,7 +320,8 @@ impl Translate {
                     }
                 }
                 if modes.values {
-                    out.push((name("values"), Value::Object(scope.values.clone())));
+                    let values = super::messages::served(scope.values.clone(), &message_keys);
+                    out.push((name("values"), Value::Object(values)));
                 }
                 if let Some(cp) = &committed {
                     self.checkpoint(cp, step, &mut out);

@@ -82,7 +82,15 @@ pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>
     };
     let (values, interrupts, updated) = match app.store.get_checkpoint(thread_id, None)? {
         Some(cp) => {
-            let values = Value::Object(app.store.state(thread_id, &cp.versions)?);
+            let keys = match &stored {
+                Some(t) => app
+                    .graphs
+                    .of_workflow(&t.workflow)
+                    .map(|g| super::messages::keys(&g.plan)),
+                None => None,
+            };
+            let values = super::messages::served(app.store.state(thread_id, &cp.versions)?, &keys.unwrap_or_default());
+            let values = Value::Object(values);
             let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
             let interrupts: Map<String, Value> = pending_interrupts(&writes)
                 .into_iter()
@@ -120,8 +128,22 @@ fn status_name(s: ThreadStatus) -> &'static str {
 }
 
 /// A checkpoint as LangGraph's `ThreadState`.
+/// The keys of a thread's state that hold messages: those of the served graph whose workflow
+/// the thread records (none when no served graph is its workflow).
+pub(crate) fn message_keys(app: &Shared, thread_id: &str) -> Result<Vec<String>, ApiError> {
+    Ok(app
+        .store
+        .get_thread(thread_id)?
+        .and_then(|t| app.graphs.of_workflow(&t.workflow))
+        .map(|g| super::messages::keys(&g.plan))
+        .unwrap_or_default())
+}
+
 pub(crate) fn state_json(app: &Shared, thread_id: &str, cp: &Checkpoint) -> Result<Value, ApiError> {
-    let values = app.store.state(thread_id, &cp.versions)?;
+    let values = super::messages::served(
+        app.store.state(thread_id, &cp.versions)?,
+        &message_keys(app, thread_id)?,
+    );
     let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
     let interrupts = pending_interrupts(&writes);
     let tasks: Vec<Value> = cp
