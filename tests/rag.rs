@@ -891,6 +891,57 @@ fn store_nodes_search_by_meaning_with_a_store_index() {
     }
 }
 
+/// `--store-index PROVIDER:MODEL@URL`: the values put and the query are embedded by that
+/// model (its `/embeddings`), the vectors are recorded as that embedder's, and a query asked
+/// again is answered from the query-embedding cache without another call.
+#[test]
+fn a_store_index_served_by_a_model_embeds_values_and_queries_through_it() {
+    let llm = support::fake_llm::FakeLlm::start_in_background();
+    let p = Project::new();
+    let embedder = format!("openai:fake-embed@{}", llm.base_url);
+    let args = |extra: &[&str]| {
+        let mut all = vec!["--store-index", embedder.as_str(), "--store-index-field", "text"];
+        all.extend(extra.iter().copied());
+        all.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let all = args(extra);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        p.run(SEMANTIC_WF, &all).ok().output["result"].clone()
+    };
+    run(&[
+        "-i",
+        "op=put",
+        "-i",
+        "key=a",
+        "-i",
+        r#"value={"text": "the moon pulls the tides"}"#,
+    ]);
+    run(&["-i", "op=put", "-i", "key=b", "-i", r#"value={"text": "bread"}"#]);
+    let embedded = |llm: &support::fake_llm::FakeLlm| {
+        llm.requests()
+            .iter()
+            .filter(|r| r.path.ends_with("/embeddings") && r.body["model"] == "fake-embed")
+            .count()
+    };
+    assert_eq!(embedded(&llm), 2, "one call per value put");
+    let found = run(&["-i", "op=search", "-i", "query=moon"]);
+    let items = found["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{found}");
+    assert!(items.iter().all(|i| i["score"].is_f64()), "{found}");
+    assert_eq!(embedded(&llm), 3, "the query embedded once");
+    run(&["-i", "op=search", "-i", "query=moon"]);
+    assert_eq!(embedded(&llm), 3, "the same query again comes from the cache");
+    let recorded: Vec<String> = DataStore::at(p.path("data.db"))
+        .with_blocking(|c| {
+            let mut stmt = c.prepare("SELECT DISTINCT embedder FROM memory_vectors")?;
+            let rows = stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+        .unwrap();
+    assert_eq!(recorded, [embedder.clone()]);
+}
+
 #[test]
 fn a_namespace_with_a_missing_part_is_refused() {
     let p = Project::new();
