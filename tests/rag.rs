@@ -939,7 +939,7 @@ fn a_store_index_served_by_a_model_embeds_values_and_queries_through_it() {
             Ok(rows)
         })
         .unwrap();
-    assert_eq!(recorded, [embedder.clone()]);
+    assert_eq!(recorded, [embedder]);
 }
 
 #[test]
