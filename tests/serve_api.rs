@@ -915,6 +915,37 @@ edges: [START -> helper -> END]
     assert_eq!(ids.len(), 4, "every message has its own id: {state}");
 }
 
+/// A message a node writes without streaming it reaches `messages-tuple` whole, once, as a
+/// LangChain dict under its stored id (and the legacy mode as `messages/complete`); the run's
+/// input message is not sent back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_written_whole_is_sent_whole_and_input_is_not_sent_back() {
+    let s = serve();
+    let resp = client()
+        .post(format!("{}/threads/w/runs/stream", s.base))
+        .json(&json!({"assistant_id": "chat", "if_not_exists": "create",
+                      "stream_mode": ["messages-tuple", "messages", "values"],
+                      "input": {"messages": [{"type": "human", "content": "hi", "id": "h1"}]}}))
+        .send()
+        .await
+        .unwrap();
+    let events = parse(&resp.text().await.unwrap());
+    let whole: Vec<&Value> = events.iter().filter(|(e, _)| e == "messages").map(|(_, d)| d).collect();
+    assert_eq!(whole.len(), 1, "{events:?}");
+    assert_eq!(whole[0][0]["type"], "ai");
+    assert_eq!(whole[0][0]["content"], "echo: hi");
+    assert_eq!(whole[0][1]["langgraph_node"], "reply");
+    let complete: Vec<&Value> = events
+        .iter()
+        .filter(|(e, _)| e == "messages/complete")
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(complete.len(), 1, "{events:?}");
+    assert_eq!(complete[0][0]["id"], whole[0][0]["id"]);
+    let (_, _, state) = call(&s, Method::GET, "/threads/w/state", None).await;
+    assert_eq!(state["values"]["messages"][1]["id"], whole[0][0]["id"], "{state}");
+}
+
 /// `--store-index` is LangGraph's store `index`: items put are embedded at its fields (or at
 /// the fields a put names), a search's `query` ranks by similarity (cosine, best first, paged),
 /// an item put with `index: false` only fills the room a page has left, with a null score,

@@ -207,10 +207,22 @@ async fn deep_research_goes_through_its_three_gates_across_a_killed_server() {
     .await;
     let tokens: Vec<&Value> = events
         .iter()
-        .filter(|(e, d)| e == "messages" && d[1]["langgraph_node"] == "greeting")
+        .filter(|(e, d)| e == "messages" && d[1]["langgraph_node"] == "greeting" && d[0]["type"] == "AIMessageChunk")
         .map(|(_, d)| d)
         .collect();
     assert!(tokens.len() >= 3, "the greeting streams token by token: {events:?}");
+    // The question the node writes beside it is not streamed: it comes whole, once, as
+    // LangGraph sends a message a node returns.
+    let whole: Vec<&Value> = events
+        .iter()
+        .filter(|(e, d)| e == "messages" && d[0]["type"] != "AIMessageChunk")
+        .map(|(_, d)| &d[0])
+        .collect();
+    assert_eq!(whole.len(), 1, "{whole:?}");
+    assert_eq!(
+        (whole[0]["type"].as_str(), whole[0]["content"].as_str()),
+        (Some("human"), Some("How are heat pumps sized?"))
+    );
     let text: String = tokens
         .iter()
         .map(|d| d[0]["content"].as_str().unwrap_or_default())

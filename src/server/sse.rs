@@ -132,6 +132,9 @@ pub(crate) struct Translate {
     steps: HashMap<Option<Arc<str>>, i64>,
     /// The tasks that streamed tokens, whose message ends with their node: the message's id.
     streamed: HashMap<String, String>,
+    /// The ids of the run graph's messages a client has had: those it started with (its input
+    /// is not sent back) and those sent since, whole or as streamed pieces.
+    sent: std::collections::HashSet<String>,
     /// The text each task streamed so far (the legacy `messages` mode sends it whole each time).
     partial: HashMap<String, String>,
     /// Tasks that called a model in the current step, by namespace and node (the usage report
@@ -153,6 +156,7 @@ impl Translate {
             run,
             steps: HashMap::new(),
             streamed: Default::default(),
+            sent: Default::default(),
             partial: HashMap::new(),
             called: HashMap::new(),
             modes,
@@ -170,6 +174,58 @@ impl Translate {
     pub(super) fn values(&self) -> Map<String, Value> {
         let values = self.scopes.get(&None).map(|s| s.values.clone()).unwrap_or_default();
         super::messages::served(values, &self.message_keys(&None))
+    }
+
+    /// The ids of the messages in the run graph's state.
+    fn message_ids(&self) -> std::collections::HashSet<String> {
+        let Some(scope) = self.scopes.get(&None) else {
+            return Default::default();
+        };
+        self.message_keys(&None)
+            .iter()
+            .filter_map(|k| scope.values.get(k).and_then(Value::as_array))
+            .flatten()
+            .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_string))
+            .collect()
+    }
+
+    /// `messages` events for the messages the step's tasks wrote to the run graph's message
+    /// keys that the client has not had, whole (LangGraph sends what a node returns without
+    /// streaming it as one complete message; the legacy mode as `messages/complete` after its
+    /// `messages/metadata`), each with the metadata of the first task that wrote its key.
+    fn whole_messages(&mut self, keys: &[String], name: &dyn Fn(&str) -> String, out: &mut Vec<(String, Value)>) {
+        let Some(scope) = self.scopes.get(&None) else {
+            return;
+        };
+        let mut fresh = Vec::new();
+        for key in keys {
+            let Some(writer) = scope.ended.iter().find(|(_, _, written)| written.contains(key)) else {
+                continue;
+            };
+            for m in scope.values.get(key).and_then(Value::as_array).into_iter().flatten() {
+                let Some(id) = m.get("id").and_then(Value::as_str) else {
+                    continue;
+                };
+                if !self.sent.contains(id) {
+                    fresh.push((writer.0.clone(), id.to_string(), m.clone()));
+                }
+            }
+        }
+        for (node, id, m) in fresh {
+            let meta = self.message_meta(&node, &None);
+            let m = super::messages::message(m);
+            if self.modes.partial {
+                out.push((
+                    name("messages/metadata"),
+                    json!({ id.as_str(): {"metadata": meta.clone()} }),
+                ));
+                out.push((name("messages/complete"), json!([m.clone()])));
+            }
+            if self.modes.messages {
+                out.push((name("messages"), json!([m, meta])));
+            }
+            self.sent.insert(id);
+        }
     }
 
     /// The keys of namespace `ns`'s state that hold messages.
@@ -209,6 +265,7 @@ impl Translate {
                 {
                     self.scopes.entry(None).or_default().values = values;
                 }
+                self.sent = self.message_ids();
                 if modes.values {
                     out.push((name("values"), Value::Object(self.values())));
                 }
@@ -252,6 +309,7 @@ impl Translate {
                     let piece = chunk(&message_id, text, None);
                     out.push((name("messages"), json!([piece, self.message_meta(&node, &ns)])));
                 }
+                self.sent.insert(message_id.clone());
                 self.streamed.insert(task_id, message_id);
             }
             Event::NodeEnd {
@@ -292,6 +350,9 @@ impl Translate {
                     self.scopes.entry(None).or_default().values = values;
                 }
                 let message_keys = self.message_keys(&ns);
+                if top && (modes.messages || modes.partial) {
+                    self.whole_messages(&message_keys, &name, &mut out);
+                }
                 let scope = self.scopes.entry(ns.clone()).or_default();
                 for (node, task_id, keys) in std::mem::take(&mut scope.ended) {
                     let update: Map<String, Value> = keys
