@@ -25,11 +25,21 @@ fn llamacpp_overflow() -> Reply {
 }
 
 fn run(workflow: &str, server: &FakeLlm, input: Value) -> (RunOutcome, Vec<Event>) {
+    run_in(workflow, server, input, None)
+}
+
+/// [`run`] with the default profile's window given at run time (as `--model-context` gives
+/// it), which the workflow's validation never saw.
+fn run_in(workflow: &str, server: &FakeLlm, input: Value, window: Option<u32>) -> (RunOutcome, Vec<Event>) {
     let project = support::Project::new(&[("w.yaml", workflow)]);
     let plan = project.plan("w.yaml");
     let base = server.base_url.clone();
     let lookup = move |name: &str| (name == "FAKE_BASE").then(|| base.clone());
-    let providers = Providers::for_models_in(plan.models(), None, false, &lookup).unwrap();
+    let mut models = plan.models().clone();
+    if let Some(window) = window {
+        models.get_mut("default").unwrap().context = Some(window);
+    }
+    let providers = Providers::for_models_in(&models, None, false, &lookup).unwrap();
     let (events, mut rx) = Events::channel();
     let engine = Engine::new(plan, Arc::new(MemoryCheckpointer::new()), providers, events);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -178,6 +188,60 @@ edges: [START -> ask -> END]
     let (out, _) = run(&workflow, &server, json!({"doc": "a short note"}));
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     assert_eq!(contents(&server.requests()[0].body), ["Summarise: a short note"]);
+}
+
+#[test]
+fn a_completion_cap_over_a_run_time_window_is_lowered_so_prompt_and_reply_fit() {
+    let server = FakeLlm::start_in_background();
+    server.default_reply(Reply::completion("ok"));
+    // max_tokens 8000 against a 4,096-token window given at run time: the reply keeps at most
+    // half the window, so the prompt (about 1,000 tokens) is sent whole, and the cap sent is
+    // what the window leaves after it.
+    let workflow = r#"
+name: cap
+models: {default: {provider: openai, model: m, base_url: "${env:FAKE_BASE}"}}
+input: {type: object, properties: {doc: {type: string}}}
+state: {doc: {type: string, from_input: doc}}
+nodes:
+  ask:
+    kind: llm
+    max_tokens: 8000
+    prompt: {text: "Summarise: {{ state.doc }}"}
+    fit: {truncate: {state.doc: 100}}
+    update: {doc: output}
+edges: [START -> ask -> END]
+"#;
+    let doc = "word ".repeat(800);
+    let (out, events) = run_in(workflow, &server, json!({"doc": doc}), Some(4096));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    let sent = server.requests();
+    assert_eq!(sent.len(), 1);
+    let prompt = contents(&sent[0].body).concat();
+    assert_eq!(prompt.len(), "Summarise: ".len() + 4000, "the prompt was cut");
+    let cap = sent[0].body["max_tokens"].as_u64().unwrap();
+    let estimate = (prompt.len() as u64).div_ceil(4) + 4;
+    assert!(cap < 8000 && estimate + cap <= 4096, "max_tokens {cap} after a prompt of {estimate}");
+    assert!(cap >= 2800, "max_tokens {cap}");
+    // The run says so.
+    let lowered = events
+        .iter()
+        .find_map(|e| match e {
+            Event::Custom { node, event, data } if event == "max_tokens_lowered" => Some((node.clone(), data.clone())),
+            _ => None,
+        })
+        .expect("a max_tokens_lowered event");
+    assert_eq!(lowered.0, "ask");
+    assert_eq!(lowered.1["max_tokens"], 8000);
+    assert_eq!(lowered.1["sent"], cap);
+    assert_eq!(lowered.1["context"], 4096);
+
+    // A cap that fits is sent as written, and nothing is said.
+    let server = FakeLlm::start_in_background();
+    server.default_reply(Reply::completion("ok"));
+    let (out, events) = run_in(&workflow.replace("8000", "500"), &server, json!({"doc": "a note"}), Some(4096));
+    assert_eq!(out.status, Status::Done, "{:?}", out.error);
+    assert_eq!(server.requests()[0].body["max_tokens"], 500);
+    assert!(!events.iter().any(|e| matches!(e, Event::Custom { event, .. } if event == "max_tokens_lowered")));
 }
 
 /// A node without a declared window, its variable `state.doc` cut only after an overflow.

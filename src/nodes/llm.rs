@@ -301,9 +301,11 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             format!("no provider is set up for model profile `{profile_name}`"),
         )
     })?;
-    // Room kept for the reply: the completion cap, when there is one.
-    let reserve = u64::from(spec.max_tokens.or(profile.max_tokens).unwrap_or(0));
-    let target = profile.context.map(|c| u64::from(c).saturating_sub(reserve));
+    // Room kept for the reply when the prompt is trimmed: the completion cap, at most half
+    // the window; the cap sent is lowered before each call so prompt and reply fit.
+    let cap = spec.max_tokens.or(profile.max_tokens).map(u64::from);
+    let mut window = profile.context.map(u64::from);
+    let target = window.map(|w| w.saturating_sub(cap.map_or(0, |c| fit::reply_room(c, w))));
     let messages = compose(ctx, config, target, 1)?;
     let (json, schema, repairs) = match &spec.output {
         None | Some(LlmOutput::Format(OutputFormat::Text)) => (false, None, 0),
@@ -368,7 +370,23 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     let sink = |text: &str| send(scrubber.push(text));
     let mut attempt = 0;
     let mut refitted = false;
+    let mut lowered_to = None;
     loop {
+        if let (Some(cap), Some(window)) = (cap, window) {
+            let prompt = fit::estimate(&request.messages);
+            let sent = fit::reply_cap(cap, window, prompt);
+            if sent < cap && lowered_to != Some(sent) {
+                lowered_to = Some(sent);
+                ctx.events.send(Event::Custom {
+                    node: ctx.node.name.clone(),
+                    event: "max_tokens_lowered".into(),
+                    data: serde_json::json!({
+                        "max_tokens": cap, "sent": sent, "context": window, "prompt_estimate": prompt,
+                    }),
+                });
+            }
+            request.max_tokens = u32::try_from(sent).ok().or(request.max_tokens);
+        }
         let tokens = if spec.stream && ctx.events.is_on() {
             Some(&sink as &(dyn Fn(&str) + Send + Sync))
         } else {
@@ -384,7 +402,9 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
                 refitted = true;
                 usage.calls += 1;
                 let sent = fit::estimate(&request.messages);
-                let target = harder_target(&why, sent, reserve);
+                // The server's window, when it names one, is the one the cap is fitted to.
+                window = fit::overflow_numbers(&why).1.or(window);
+                let target = harder_target(&why, sent, cap);
                 let messages = compose(ctx, config, Some(target), 2).map_err(|e| e.spent(usage))?;
                 if fit::estimate(&messages) < sent {
                     request.messages = messages;
@@ -524,11 +544,12 @@ fn cut_scope(ctx: &NodeCtx<'_>, truncate: &[(Vec<String>, u32)], shrink: u32) ->
 
 /// How many tokens (by the estimate) a prompt may take after the server refused `sent`
 /// estimated tokens with overflow message `why`: scaled by the server's own counts when it
-/// gives them (its window less the reply's room, with a tenth to spare), else three quarters
-/// of what was sent.
-fn harder_target(why: &str, sent: u64, reserve: u64) -> u64 {
+/// gives them (its window less the reply's room, [`fit::reply_room`] of the completion cap
+/// `cap`, with a tenth to spare), else three quarters of what was sent.
+fn harder_target(why: &str, sent: u64, cap: Option<u64>) -> u64 {
     match fit::overflow_numbers(why) {
         (Some(counted), Some(window)) if counted > 0 => {
+            let reserve = cap.map_or(0, |c| fit::reply_room(c, window));
             let room = window.saturating_sub(reserve) as f64;
             (room * sent as f64 / counted as f64 * 0.9) as u64
         }

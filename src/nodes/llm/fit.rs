@@ -46,6 +46,21 @@ pub(crate) fn estimate(messages: &[Message]) -> u64 {
         .sum()
 }
 
+/// The room a prompt leaves for the reply when it is trimmed to a known `window`: the
+/// completion cap, but at most half the window, so a cap near (or over) the window still
+/// leaves the prompt the other half.
+pub(crate) fn reply_room(cap: u64, window: u64) -> u64 {
+    cap.min(window / 2)
+}
+
+/// The completion cap sent with a prompt estimated at `prompt` tokens in a `window`: the
+/// node's `cap`, lowered so that prompt and reply fit (the prompt's estimate with a tenth of
+/// it to spare), but never below an eighth of the window (nor above `cap`).
+pub(crate) fn reply_cap(cap: u64, window: u64, prompt: u64) -> u64 {
+    let left = window.saturating_sub(prompt + prompt / 10);
+    cap.min(left.max(window / 8))
+}
+
 /// `text` cut to about `tokens` tokens (at a character boundary), with [`CUT_MARK`] when cut.
 pub(crate) fn cut_text(text: &str, tokens: u64) -> String {
     let max = usize::try_from(tokens.saturating_mul(4)).unwrap_or(usize::MAX);
@@ -137,6 +152,18 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn the_reply_keeps_at_most_half_a_known_window_and_its_cap_is_lowered_to_fit() {
+        assert_eq!(reply_room(1000, 4096), 1000);
+        assert_eq!(reply_room(8000, 4096), 2048);
+        // A prompt of 1,000 (1,100 with the spare tenth) leaves 2,996 of 4,096.
+        assert_eq!(reply_cap(8000, 4096, 1000), 2996);
+        assert_eq!(reply_cap(500, 4096, 1000), 500);
+        // A prompt that fills the window still lets the reply have an eighth of it.
+        assert_eq!(reply_cap(8000, 4096, 4000), 512);
+        assert_eq!(reply_cap(100, 4096, 4000), 100);
+    }
 
     #[test]
     fn estimates_are_bytes_over_four_rounded_up() {
