@@ -220,7 +220,10 @@ edges: [START -> ask -> END]
     assert_eq!(prompt.len(), "Summarise: ".len() + 4000, "the prompt was cut");
     let cap = sent[0].body["max_tokens"].as_u64().unwrap();
     let estimate = (prompt.len() as u64).div_ceil(4) + 4;
-    assert!(cap < 8000 && estimate + cap <= 4096, "max_tokens {cap} after a prompt of {estimate}");
+    assert!(
+        cap < 8000 && estimate + cap <= 4096,
+        "max_tokens {cap} after a prompt of {estimate}"
+    );
     assert!(cap >= 2800, "max_tokens {cap}");
     // The run says so.
     let lowered = events
@@ -238,10 +241,19 @@ edges: [START -> ask -> END]
     // A cap that fits is sent as written, and nothing is said.
     let server = FakeLlm::start_in_background();
     server.default_reply(Reply::completion("ok"));
-    let (out, events) = run_in(&workflow.replace("8000", "500"), &server, json!({"doc": "a note"}), Some(4096));
+    let (out, events) = run_in(
+        &workflow.replace("8000", "500"),
+        &server,
+        json!({"doc": "a note"}),
+        Some(4096),
+    );
     assert_eq!(out.status, Status::Done, "{:?}", out.error);
     assert_eq!(server.requests()[0].body["max_tokens"], 500);
-    assert!(!events.iter().any(|e| matches!(e, Event::Custom { event, .. } if event == "max_tokens_lowered")));
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::Custom { event, .. } if event == "max_tokens_lowered"))
+    );
 }
 
 /// A node without a declared window, its variable `state.doc` cut only after an overflow.
