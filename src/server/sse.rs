@@ -433,7 +433,7 @@ impl Translate {
         if !(self.modes.checkpoints || self.modes.debug) {
             return;
         }
-        let Ok(state) = super::threads::state_json(&self.app, &self.thread_id, cp) else {
+        let Ok(state) = super::threads::state_json(&self.app, &self.thread_id, cp, &self.message_keys(&None)) else {
             return;
         };
         let config = |id: &Value| json!({"configurable": {"thread_id": self.thread_id, "checkpoint_ns": "", "checkpoint_id": id}});

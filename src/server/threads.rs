@@ -82,15 +82,14 @@ pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>
     };
     let (values, interrupts, updated) = match app.store.get_checkpoint(thread_id, None)? {
         Some(cp) => {
-            let keys = match &stored {
-                Some(t) => app
-                    .graphs
-                    .of_workflow(&t.workflow)
-                    .map(|g| super::messages::keys(&g.plan)),
-                None => None,
-            };
-            let values = super::messages::served(app.store.state(thread_id, &cp.versions)?, &keys.unwrap_or_default());
-            let values = Value::Object(values);
+            let keys = stored
+                .as_ref()
+                .map(|t| workflow_message_keys(app, &t.workflow))
+                .unwrap_or_default();
+            let values = Value::Object(super::messages::served(
+                app.store.state(thread_id, &cp.versions)?,
+                &keys,
+            ));
             let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
             let interrupts: Map<String, Value> = pending_interrupts(&writes)
                 .into_iter()
@@ -127,23 +126,33 @@ fn status_name(s: ThreadStatus) -> &'static str {
     }
 }
 
-/// A checkpoint as LangGraph's `ThreadState`.
 /// The keys of a thread's state that hold messages: those of the served graph whose workflow
 /// the thread records (none when no served graph is its workflow).
-pub(crate) fn message_keys(app: &Shared, thread_id: &str) -> Result<Vec<String>, ApiError> {
+fn message_keys(app: &Shared, thread_id: &str) -> Result<Vec<String>, ApiError> {
     Ok(app
         .store
         .get_thread(thread_id)?
-        .and_then(|t| app.graphs.of_workflow(&t.workflow))
-        .map(|g| super::messages::keys(&g.plan))
+        .map(|t| workflow_message_keys(app, &t.workflow))
         .unwrap_or_default())
 }
 
-pub(crate) fn state_json(app: &Shared, thread_id: &str, cp: &Checkpoint) -> Result<Value, ApiError> {
-    let values = super::messages::served(
-        app.store.state(thread_id, &cp.versions)?,
-        &message_keys(app, thread_id)?,
-    );
+/// The message keys of the served graph of `workflow` (none when no served graph is it).
+fn workflow_message_keys(app: &Shared, workflow: &str) -> Vec<String> {
+    app.graphs
+        .of_workflow(workflow)
+        .map(|g| super::messages::keys(&g.plan))
+        .unwrap_or_default()
+}
+
+/// A checkpoint as LangGraph's `ThreadState`, the messages under `message_keys` as LangChain
+/// dicts.
+pub(crate) fn state_json(
+    app: &Shared,
+    thread_id: &str,
+    cp: &Checkpoint,
+    message_keys: &[String],
+) -> Result<Value, ApiError> {
+    let values = super::messages::served(app.store.state(thread_id, &cp.versions)?, message_keys);
     let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
     let interrupts = pending_interrupts(&writes);
     let tasks: Vec<Value> = cp
@@ -289,7 +298,7 @@ pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Re
 /// The head of a thread. A thread created but never run has empty values and nothing next.
 pub(super) async fn state(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<Json<Value>, ApiError> {
     match app.store.get_checkpoint(&id, None)? {
-        Some(cp) => Ok(Json(state_json(&app, &id, &cp)?)),
+        Some(cp) => Ok(Json(state_json(&app, &id, &cp, &message_keys(&app, &id)?)?)),
         None if exists(&app, &id)? => Ok(Json(json!({
             "values": {}, "next": [], "tasks": [], "metadata": {}, "created_at": null,
             "checkpoint": {"checkpoint_id": null, "thread_id": id, "checkpoint_ns": ""},
@@ -338,6 +347,7 @@ fn history(app: &Shared, id: &str, q: HistoryQuery) -> Result<Json<Value>, ApiEr
         .before
         .as_ref()
         .and_then(|b| b.get("checkpoint_id").and_then(Value::as_str).map(str::to_string));
+    let keys = message_keys(app, id)?;
     let mut out = Vec::new();
     let mut started = before.is_none();
     for cp in app.store.history(id)? {
@@ -348,7 +358,7 @@ fn history(app: &Shared, id: &str, q: HistoryQuery) -> Result<Json<Value>, ApiEr
         if out.len() == q.limit {
             break;
         }
-        out.push(state_json(app, id, &cp)?);
+        out.push(state_json(app, id, &cp, &keys)?);
     }
     Ok(Json(Value::Array(out)))
 }
@@ -356,7 +366,7 @@ fn history(app: &Shared, id: &str, q: HistoryQuery) -> Result<Json<Value>, ApiEr
 /// The state at one checkpoint of the thread.
 fn state_at(app: &Shared, id: &str, checkpoint_id: &str) -> Result<Json<Value>, ApiError> {
     match app.store.get_checkpoint(id, Some(checkpoint_id))? {
-        Some(cp) => Ok(Json(state_json(app, id, &cp)?)),
+        Some(cp) => Ok(Json(state_json(app, id, &cp, &message_keys(app, id)?)?)),
         None if exists(app, id)? => Err(ApiError::not_found(format!(
             "Checkpoint {checkpoint_id} of thread {id} not found"
         ))),
