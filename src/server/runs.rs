@@ -673,25 +673,28 @@ fn never_started(thread_id: &str) -> RunOutcome {
     }
 }
 
-/// How many runs a server remembers: past it, the oldest ended ones are forgotten (their
-/// threads and checkpoints stay).
-const KEPT_RUNS: usize = 10_000;
+/// How many runs a server remembers: past it, the oldest ended ones are forgotten (their rows,
+/// threads and checkpoints stay, and every reader of an ended run falls back to its row, as
+/// after a restart). An ended run's record is about a kilobyte, more with the frames of a
+/// resumable stream: 10,000 held a long-running server's memory 12 MiB above its start.
+const KEPT_RUNS: usize = 1_000;
 
 /// Forgets the oldest ended runs once more than `keep` are remembered, down to nine tenths of
-/// `keep`, so that the sort is paid once per tenth of `keep` runs.
+/// `keep`, so that the sort is paid once per tenth of `keep` runs. Runs whose frames readers
+/// may still rejoin (resumable streams) are forgotten after those with nothing but a status.
 fn prune(runs: &mut std::collections::HashMap<String, RunRecord>, keep: usize) {
     if runs.len() < keep {
         return;
     }
-    let mut ended: Vec<String> = runs
+    let mut ended: Vec<(bool, String)> = runs
         .values()
         .filter(|r| !r.is_active())
-        .map(|r| r.run_id.clone())
+        .map(|r| (r.hub.is_some(), r.run_id.clone()))
         .collect();
     // Run ids are UUIDv7: in creation order.
     ended.sort();
     let excess = runs.len() - keep * 9 / 10;
-    for id in ended.into_iter().take(excess) {
+    for (_, id) in ended.into_iter().take(excess) {
         runs.remove(&id);
     }
 }
@@ -900,5 +903,24 @@ mod tests {
         kept.sort();
         // Down to 9: the running r0..r2 stay, the oldest ended one (r3) goes.
         assert_eq!(kept, ["r0", "r1", "r2", "r4", "r5", "r6", "r7", "r8", "r9"]);
+    }
+
+    #[test]
+    fn ended_runs_with_frames_to_rejoin_are_forgotten_last() {
+        let mut runs: std::collections::HashMap<String, RunRecord> = (0..10)
+            .map(|i| {
+                let mut r = record(&format!("r{i}"), RunStatus::Success);
+                // The oldest three were resumable: their frames stay for readers that rejoin.
+                if i < 3 {
+                    r.hub = Some(super::super::hub::ended());
+                }
+                (format!("r{i}"), r)
+            })
+            .collect();
+        prune(&mut runs, 5);
+        let mut kept: Vec<&str> = runs.keys().map(String::as_str).collect();
+        kept.sort();
+        // Down to 4: the three with frames, then the newest without.
+        assert_eq!(kept, ["r0", "r1", "r2", "r9"]);
     }
 }
