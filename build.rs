@@ -37,7 +37,10 @@ fn symbol_order(target: &str) {
     };
     let file = Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default()).join(ORDER_FILE);
     if wanted && file.exists() {
-        println!("cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}", file.display());
+        println!(
+            "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
+            file.display()
+        );
         println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
     }
 }
@@ -57,7 +60,10 @@ fn links_with_default_lld(target: &str) -> bool {
         return false;
     };
     let version = String::from_utf8_lossy(&out.stdout);
-    let release = version.lines().find_map(|l| l.strip_prefix("release: ")).unwrap_or_default();
+    let release = version
+        .lines()
+        .find_map(|l| l.strip_prefix("release: "))
+        .unwrap_or_default();
     let mut parts = release.split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     (major, minor) >= (1, 90)

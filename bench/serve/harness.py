@@ -8,7 +8,9 @@ each) and its LangGraph twin bench/serve/reference/agent.py:
   to its first event (`metadata`) and to its first state event, median of --samples;
 - events/s per stream: a stream's events over its duration, request to end, median;
 - runs/s at concurrency 1, 8 and 32: clients that each create a thread and stream a run to its
-  end, again and again, for --seconds;
+  end, again and again, for --seconds; each client is its own SDK client (its own connection
+  pool), as separate users are: 32 tasks sharing one httpx pool spend the client's CPU in the
+  pool's bookkeeping, which grows with the connections it holds;
 - resident memory (the server's process tree): idle after one run, and the peak while 200
   streams of three_slow (1 s steps) are open.
 Load test (--load), runner only: 200 concurrent streamed runs of three_slow, every stream's
@@ -67,6 +69,26 @@ def rss_tree(pid):
     return total
 
 
+def cpu_tree(pid):
+    """CPU seconds `pid` and its descendants have used."""
+    ticks, todo, kids = 0, [pid], {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            kids.setdefault(int(f[1]), []).append((int(d.name), int(f[11]) + int(f[12])))
+    own = {}
+    for children in kids.values():
+        own.update(children)
+    while todo:
+        p = todo.pop()
+        ticks += own.get(p, 0)
+        todo.extend(c for c, _ in kids.get(p, []))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 class Server:
     def __init__(self, name, cmd, cwd, url, log):
         self.name, self.url = name, url
@@ -85,6 +107,9 @@ class Server:
 
     def rss(self):
         return rss_tree(self.proc.pid)
+
+    def cpu(self):
+        return cpu_tree(self.proc.pid)
 
     def kill9(self):
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -137,12 +162,13 @@ async def one_run(client, graph="three", **kw):
     return first, first_state, time.perf_counter() - t0, events, tid
 
 
-async def throughput(client, concurrency, seconds):
+async def throughput(url, concurrency, seconds):
     done, errors = 0, 0
     end = time.perf_counter() + seconds
 
     async def worker():
         nonlocal done, errors
+        client = get_client(url=url, api_key=None, timeout=httpx.Timeout(120))
         while time.perf_counter() < end:
             try:
                 await one_run(client)
@@ -195,8 +221,13 @@ async def measure(server, args):
     r["events_per_stream"] = [len(s[3]) for s in samples]
     r["events_per_s"] = [len(s[3]) / s[2] for s in samples]
     for c in (1, 8, 32):
-        rate, errors = await throughput(client, c, args.seconds)
+        t0, server0, client0 = time.perf_counter(), server.cpu(), time.process_time()
+        rate, errors = await throughput(server.url, c, args.seconds)
+        wall = time.perf_counter() - t0
         r[f"runs_per_s_{c}"], r[f"errors_{c}"] = rate, errors
+        # Shares of one core over the measure: who was busy.
+        r[f"server_cpu_{c}"] = (server.cpu() - server0) / wall
+        r[f"client_cpu_{c}"] = (time.process_time() - client0) / wall
     r["rss_200_streams"], r["streams_opened"] = await open_streams(server, client, 200, 2.0)
     return r
 
@@ -232,6 +263,10 @@ def report(res, args):
         print(f"| runs/s, {c} client{'s' if c > 1 else ''} (thread + streamed run){errs} | {a:,.1f} | {b:,.1f} | {b / a:,.1f}x |")
     print(f"| resident memory, idle | {fmt(lg['rss_idle'], 'mib')} | {fmt(rn['rss_idle'], 'mib')} | {lg['rss_idle'] / rn['rss_idle']:,.1f}x less |")
     print(f"| resident memory, 200 open streams (peak) | {fmt(lg['rss_200_streams'], 'mib')} | {fmt(rn['rss_200_streams'], 'mib')} | {lg['rss_200_streams'] / rn['rss_200_streams']:,.1f}x less |")
+    print()
+    print("CPU while measuring runs/s, in cores (server / client):",
+          ", ".join(f"{c} client{'s' if c > 1 else ''}: langgraph dev {lg[f'server_cpu_{c}']:.2f} / {lg[f'client_cpu_{c}']:.2f},"
+                    f" runner {rn[f'server_cpu_{c}']:.2f} / {rn[f'client_cpu_{c}']:.2f}" for c in (1, 8, 32)) + ".")
     print()
     print(f"Events per stream: langgraph dev {med(lg['events_per_stream'])}, runner {med(rn['events_per_stream'])}"
           f" (runner also sends the input's `values`). Streams that had their first event when memory"
