@@ -96,6 +96,20 @@ async fn tokens_stream_as_they_arrive_with_usage_and_the_request_asks_for_it() {
 }
 
 #[tokio::test]
+async fn runs_share_their_connections_to_the_model_server() {
+    let server = FakeLlm::start().await;
+    server.default_reply(Reply::completion("ok"));
+    // Each run builds its providers from the workflow's profiles: two runs, one after the
+    // other, as a server's runs or a test file's cases are.
+    for _ in 0..2 {
+        let (reply, _) = call(&*openai(&server), ask("hi", false)).await;
+        assert_eq!(reply.unwrap().text, "ok");
+    }
+    assert_eq!(server.requests().len(), 2);
+    assert_eq!(server.connections(), 1, "the second run opened a connection of its own");
+}
+
+#[tokio::test]
 async fn keep_alives_crlf_and_events_split_across_network_chunks_are_read() {
     let server = FakeLlm::start().await;
     let whole = chunk(json!({"content": "split across writes"}), None).replace('\n', "\r\n");

@@ -194,6 +194,8 @@ struct State {
     script: Mutex<VecDeque<Reply>>,
     default: Mutex<Option<Reply>>,
     requests: Mutex<Vec<Recorded>>,
+    /// TCP connections accepted (by a server started with [`FakeLlm::start`]).
+    connections: std::sync::atomic::AtomicUsize,
 }
 
 /// The running server.
@@ -220,6 +222,10 @@ impl FakeLlm {
         let app = FakeLlm::app(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let counted = state.clone();
+        let listener = axum::serve::ListenerExt::tap_io(listener, move |_: &mut tokio::net::TcpStream| {
+            counted.connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         FakeLlm {
             base_url: format!("http://{addr}/v1"),
@@ -252,6 +258,11 @@ impl FakeLlm {
 
     pub(crate) fn requests(&self) -> Vec<Recorded> {
         self.state.requests.lock().unwrap().clone()
+    }
+
+    /// The TCP connections clients opened to a server started with [`FakeLlm::start`].
+    pub(crate) fn connections(&self) -> usize {
+        self.state.connections.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
