@@ -125,7 +125,10 @@ impl Server {
                 run.stop();
             }
         };
-        axum::serve(no_delay(listener), router(self.app))
+        // Each connection gets a clone of the router (an `Arc`): served as a `Router` itself,
+        // axum rebuilds its route table for every connection (10 KiB each, 2 MiB with 200
+        // streams open).
+        axum::serve(no_delay(listener), router(self.app).into_make_service())
             .with_graceful_shutdown(stop)
             .await
     }
