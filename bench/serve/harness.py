@@ -145,6 +145,13 @@ def start_langgraph(args, out):
     return Server("langgraph dev", cmd, work, f"http://127.0.0.1:{port}", env_log)
 
 
+def clients(url, n, timeout=120):
+    """`n` SDK clients, one per concurrent stream: a client's connection pool holds at most
+    100 connections (httpx's default, which the SDK keeps), so streams past the 100th on one
+    client would wait for an earlier one to end."""
+    return [get_client(url=url, api_key=None, timeout=httpx.Timeout(timeout)) for _ in range(n)]
+
+
 async def one_run(client, graph="three", **kw):
     """A run streamed on a fresh thread: (seconds to first event, to first state event, to the
     end, events)."""
@@ -181,12 +188,12 @@ async def throughput(url, concurrency, seconds):
     return done / (time.perf_counter() - t0), errors
 
 
-async def open_streams(server, client, n, hold):
+async def open_streams(server, n, hold):
     """Peak resident memory while `n` streams of three_slow are open (sampled every 0.1 s for
     `hold` seconds once every stream has its first event, or after 30 s)."""
     started = 0
 
-    async def stream():
+    async def stream(client):
         nonlocal started
         tid = (await client.threads.create())["thread_id"]
         seen = False
@@ -195,7 +202,7 @@ async def open_streams(server, client, n, hold):
                 seen = True
                 started += 1
 
-    tasks = [asyncio.create_task(stream()) for _ in range(n)]
+    tasks = [asyncio.create_task(stream(c)) for c in clients(server.url, n)]
     deadline = time.perf_counter() + 30
     while started < n and time.perf_counter() < deadline:
         await asyncio.sleep(0.05)
@@ -228,7 +235,7 @@ async def measure(server, args):
         # Shares of one core over the measure: who was busy.
         r[f"server_cpu_{c}"] = (server.cpu() - server0) / wall
         r[f"client_cpu_{c}"] = (time.process_time() - client0) / wall
-    r["rss_200_streams"], r["streams_opened"] = await open_streams(server, client, 200, 2.0)
+    r["rss_200_streams"], r["streams_opened"] = await open_streams(server, 200, 2.0)
     return r
 
 
@@ -314,7 +321,7 @@ async def load(args, out):
     # 1. n concurrent streamed runs: every event there once, in order, as stored.
     t0 = time.perf_counter()
     outcomes = await asyncio.gather(
-        *(one_run(client, "three_slow", stream_resumable=True) for _ in range(n)),
+        *(one_run(c, "three_slow", stream_resumable=True) for c in clients(server.url, n, 300)),
         return_exceptions=True)
     wall = time.perf_counter() - t0
     errors = [repr(o) for o in outcomes if isinstance(o, BaseException)]
@@ -334,7 +341,7 @@ async def load(args, out):
     # 2. n more, the server killed under them once each has finished a step, and restarted.
     seen = {}
 
-    async def until_killed():
+    async def until_killed(client):
         tid = (await client.threads.create())["thread_id"]
         seen[tid] = []
         try:
@@ -344,7 +351,7 @@ async def load(args, out):
         except Exception:  # the server was killed: what was seen stays in `seen`
             pass
 
-    tasks = [asyncio.create_task(until_killed()) for _ in range(n)]
+    tasks = [asyncio.create_task(until_killed(c)) for c in clients(server.url, n, 300)]
     deadline = time.perf_counter() + 60
     while time.perf_counter() < deadline and (
             len(seen) < n or not all(any(e.event == "updates" for e in v) for v in seen.values())):
@@ -357,7 +364,7 @@ async def load(args, out):
     client = get_client(url=server.url, api_key=None, timeout=httpx.Timeout(300))
     started = time.perf_counter() - t0
 
-    async def rejoin(tid):
+    async def rejoin(tid, client):
         before = seen[tid]
         run_id = before[0].data["run_id"]
         after = []
@@ -384,7 +391,8 @@ async def load(args, out):
         return tid, problems, len(after)
 
     t0 = time.perf_counter()
-    joined = await asyncio.gather(*(rejoin(t) for t in seen), return_exceptions=True)
+    joined = await asyncio.gather(*(rejoin(t, c) for t, c in zip(seen, clients(server.url, len(seen), 300))),
+                                  return_exceptions=True)
     jerr = [repr(j) for j in joined if isinstance(j, BaseException)]
     jbad = {j[0]: j[1] for j in joined if not isinstance(j, BaseException) and j[1]}
     result["kill9"] = {"runs": n, "steps_done_at_kill": sorted(
