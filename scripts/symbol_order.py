@@ -6,21 +6,13 @@
 
 import asyncio
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(ROOT / "bench" / "serve"))
 
 
 async def drive(url):
@@ -58,31 +50,19 @@ async def drive(url):
 
 
 def serve(runner, out, callgrind):
-    import httpx
+    import harness  # bench/serve's: starts a server and waits for its /ok
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    port = harness.free_port()
     with tempfile.TemporaryDirectory() as work:
         cmd = [*callgrind, f"--callgrind-out-file={out}", runner, "serve", str(ROOT / "bench/serve/graphs"),
                "--port", str(port), "--db", f"{work}/r.db", "--data-db", f"{work}/d.db",
                "--mock", str(ROOT / "bench/serve/mock.yaml")]
-        proc = subprocess.Popen(cmd, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 300
-        while True:
+        with open(Path(work) / "serve.log", "w") as log:
+            server = harness.Server("runner serve under callgrind", cmd, work, f"http://127.0.0.1:{port}", log)
             try:
-                if httpx.get(f"{url}/ok", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                sys.exit("runner serve did not start under callgrind")
-            time.sleep(0.5)
-        try:
-            asyncio.run(drive(url))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(600)
+                asyncio.run(drive(server.url))
+            finally:
+                server.stop()  # SIGTERM: callgrind writes its profile as runner exits
 
 
 def functions(path, obj):
