@@ -184,8 +184,6 @@ impl Default for WebConfig {
 #[derive(Debug)]
 pub struct Web {
     config: WebConfig,
-    /// One client per allow-list: the guard lives in the client's resolver.
-    clients: Mutex<HashMap<String, reqwest::Client>>,
     overall: Arc<Semaphore>,
     hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
     robots: Mutex<HashMap<String, Arc<OnceCell<Robots>>>>,
@@ -204,7 +202,6 @@ impl Web {
         Web {
             overall: Arc::new(Semaphore::new(config.max_connections.max(1))),
             config,
-            clients: Mutex::new(HashMap::new()),
             hosts: Mutex::new(HashMap::new()),
             robots: Mutex::new(HashMap::new()),
             cassette: None,
@@ -386,9 +383,19 @@ impl Web {
         Ok(robots.allows(&path))
     }
 
+    /// The client for `allow` (the guard lives in its resolver). Clients are kept for the
+    /// process, not the run: a server's runs, a test file's cases and a run's tasks reuse their
+    /// connections (and the TLS roots loaded once) instead of opening them again. The keys are
+    /// the allow-lists workflows and settings declare (a host that comes from data adds none),
+    /// with the idle connections kept per host.
     fn client(&self, allow: &AllowList) -> Result<reqwest::Client, FetchError> {
-        let key = allow.key();
-        let mut map = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        static CLIENTS: std::sync::OnceLock<Mutex<HashMap<(String, usize), reqwest::Client>>> =
+            std::sync::OnceLock::new();
+        let key = (allow.key(), self.config.per_host);
+        let mut map = CLIENTS
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some(c) = map.get(&key) {
             return Ok(c.clone());
         }
