@@ -622,6 +622,22 @@ pub fn price(profile: &ModelProfile, usage: &mut Usage) {
     }
 }
 
+/// The HTTP client every model provider sends through, made once per process: its connection
+/// pool (and the TLS roots it loads) outlives a run, so a server's runs, a workflow's test
+/// cases and a run's nodes reuse their connections to the model's API instead of opening and
+/// securing one per run.
+fn http_client() -> Result<reqwest::Client, String> {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    if let Some(c) = CLIENT.get() {
+        return Ok(c.clone());
+    }
+    let c = crate::net::client_builder()
+        .connect_timeout(std::time::Duration::from_secs(30))
+        .build()
+        .map_err(|e| format!("no HTTP client: {e}"))?;
+    Ok(CLIENT.get_or_init(|| c).clone())
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -712,20 +728,4 @@ mod tests {
         let e = Providers::for_models_in(&models, None, false, &|_| None).unwrap_err();
         assert!(e.to_string().contains("`localhost:8080`"), "{e}");
     }
-}
-
-/// The HTTP client every model provider sends through, made once per process: its connection
-/// pool (and the TLS roots it loads) outlives a run, so a server's runs, a workflow's test
-/// cases and a run's nodes reuse their connections to the model's API instead of opening and
-/// securing one per run.
-fn http_client() -> Result<reqwest::Client, String> {
-    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    if let Some(c) = CLIENT.get() {
-        return Ok(c.clone());
-    }
-    let c = crate::net::client_builder()
-        .connect_timeout(std::time::Duration::from_secs(30))
-        .build()
-        .map_err(|e| format!("no HTTP client: {e}"))?;
-    Ok(CLIENT.get_or_init(|| c).clone())
 }
