@@ -528,10 +528,7 @@ impl Checkpointer for SqliteCheckpointer {
             let row = match checkpoint_id {
                 Some(id) => load_checkpoint(tx, thread_id, id)?,
                 None => tx
-                    .prepare_cached(&format!(
-                        "SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = ?1 \
-                         ORDER BY checkpoint_id DESC LIMIT 1"
-                    ))?
+                    .prepare_cached(&latest_checkpoint_sql())?
                     .query_row([thread_id], CheckpointRow::from_row)
                     .optional()?,
             };
@@ -542,10 +539,7 @@ impl Checkpointer for SqliteCheckpointer {
     fn history(&self, thread_id: &str) -> Result<Vec<Checkpoint>> {
         self.read(|tx| {
             require_thread(tx, thread_id)?;
-            let mut stmt = tx.prepare_cached(&format!(
-                "SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = ?1 \
-                 ORDER BY checkpoint_id DESC"
-            ))?;
+            let mut stmt = tx.prepare_cached(&history_sql())?;
             let rows = stmt.query_map([thread_id], CheckpointRow::from_row)?;
             rows.map(|row| row?.into_checkpoint(tx)).collect()
         })
@@ -1464,11 +1458,28 @@ impl CheckpointRow {
 // ---------------------------------------------------------------------------------------------
 // Small queries and conversions shared by the reader and the writer.
 
+// The reads every run makes compare the thread id with `+?1`, not `?1`. Given `?1`, SQLite
+// carries the parameter over an equality with another column (the join of `threads` and
+// `thread_inputs`, the plan hash's subquery: its constant propagation) and marks the statement
+// to be compiled again whenever a new value is bound: once per thread read, a tenth of a
+// served run's CPU. The unary plus leaves the plans as they were (each table searched by its
+// key) and the statements compiled once per connection.
+
+fn thread_sql() -> String {
+    format!("SELECT {THREAD_COLS} FROM {THREAD_FROM} WHERE t.thread_id = +?1")
+}
+
+fn latest_checkpoint_sql() -> String {
+    format!("SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = +?1 ORDER BY checkpoint_id DESC LIMIT 1")
+}
+
+fn history_sql() -> String {
+    format!("SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = +?1 ORDER BY checkpoint_id DESC")
+}
+
 fn load_thread(conn: &Connection, thread_id: &str) -> Result<Option<ThreadRow>> {
     Ok(conn
-        .prepare_cached(&format!(
-            "SELECT {THREAD_COLS} FROM {THREAD_FROM} WHERE t.thread_id = ?1"
-        ))?
+        .prepare_cached(&thread_sql())?
         .query_row([thread_id], ThreadRow::from_row)
         .optional()?)
 }
@@ -1568,4 +1579,58 @@ pub(crate) fn duplicate_checkpoint(thread_id: &str, checkpoint_id: &str) -> Chec
     CheckpointError::Backend(format!(
         "checkpoint `{checkpoint_id}` already exists on thread `{thread_id}`"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{Checkpoint, Checkpointer, Thread, ThreadStatus};
+    use serde_json::json;
+
+    #[test]
+    fn the_reads_every_run_makes_are_compiled_once_not_once_per_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = SqliteCheckpointer::open(&dir.path().join("r.db"), Durability::CrashSafe).unwrap();
+        let ids: Vec<String> = (0..4).map(|i| format!("t{i}")).collect();
+        for id in &ids {
+            cp.create_thread(&Thread {
+                thread_id: id.clone(),
+                workflow: "w.yaml".into(),
+                plan_hash: "p".into(),
+                input: json!({}),
+                context: json!({}),
+                config: json!({}),
+                status: ThreadStatus::Running,
+                created_at: "2020-01-01T00:00:00.000Z".into(),
+                updated_at: "2020-01-01T00:00:00.000Z".into(),
+                forked_from: None,
+            })
+            .unwrap();
+            let checkpoint = Checkpoint {
+                checkpoint_id: crate::checkpoint::new_id(),
+                thread_id: id.clone(),
+                parent_id: None,
+                step: -1,
+                versions: BTreeMap::new(),
+                ran: Vec::new(),
+                changed: Vec::new(),
+                next: Vec::new(),
+                meta: json!({}),
+                plan_hash: "p".into(),
+                created_at: "2020-01-01T00:00:00.000Z".into(),
+            };
+            cp.put_checkpoint(&checkpoint, &[]).unwrap();
+        }
+        for id in &ids {
+            assert!(cp.get_thread(id).unwrap().is_some());
+            assert!(cp.get_checkpoint(id, None).unwrap().is_some());
+            assert_eq!(cp.history(id).unwrap().len(), 1);
+        }
+        // The reads ran one after another, on the one pooled read connection.
+        let conn = cp.lock_readers().unwrap().pop().unwrap();
+        for sql in [thread_sql(), latest_checkpoint_sql(), history_sql()] {
+            let stmt = conn.prepare_cached(&sql).unwrap();
+            assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0, "{sql}");
+        }
+    }
 }
