@@ -460,6 +460,49 @@ pub fn new_id() -> String {
     uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf).to_owned()
 }
 
+/// Fixtures for the unit tests of the stores and of what uses them.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::{Checkpoint, Thread, ThreadStatus};
+
+    /// A running thread `thread_id` of `w.yaml`, its plan hash `plan_hash`, made `at`.
+    pub(crate) fn thread(thread_id: &str, plan_hash: &str, at: &str) -> Thread {
+        Thread {
+            thread_id: thread_id.into(),
+            workflow: "w.yaml".into(),
+            plan_hash: plan_hash.into(),
+            input: json!({}),
+            context: json!({}),
+            config: json!({}),
+            status: ThreadStatus::Running,
+            created_at: at.into(),
+            updated_at: at.into(),
+            forked_from: None,
+        }
+    }
+
+    /// The input checkpoint (step -1, no values, nothing next) of a thread.
+    pub(crate) fn first_checkpoint(thread_id: &str, checkpoint_id: &str, plan_hash: &str, at: &str) -> Checkpoint {
+        Checkpoint {
+            checkpoint_id: checkpoint_id.into(),
+            thread_id: thread_id.into(),
+            parent_id: None,
+            step: -1,
+            versions: BTreeMap::new(),
+            ran: Vec::new(),
+            changed: Vec::new(),
+            next: Vec::new(),
+            meta: json!({}),
+            plan_hash: plan_hash.into(),
+            created_at: at.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod extension_tests {
     use serde_json::json;

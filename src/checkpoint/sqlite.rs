@@ -1584,41 +1584,17 @@ pub(crate) fn duplicate_checkpoint(thread_id: &str, checkpoint_id: &str) -> Chec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{Checkpoint, Checkpointer, Thread, ThreadStatus};
-    use serde_json::json;
+    use crate::checkpoint::{Checkpointer, fixtures};
 
     #[test]
     fn the_reads_every_run_makes_are_compiled_once_not_once_per_thread() {
         let dir = tempfile::tempdir().unwrap();
         let cp = SqliteCheckpointer::open(&dir.path().join("r.db"), Durability::CrashSafe).unwrap();
         let ids: Vec<String> = (0..4).map(|i| format!("t{i}")).collect();
+        let at = "2020-01-01T00:00:00.000Z";
         for id in &ids {
-            cp.create_thread(&Thread {
-                thread_id: id.clone(),
-                workflow: "w.yaml".into(),
-                plan_hash: "p".into(),
-                input: json!({}),
-                context: json!({}),
-                config: json!({}),
-                status: ThreadStatus::Running,
-                created_at: "2020-01-01T00:00:00.000Z".into(),
-                updated_at: "2020-01-01T00:00:00.000Z".into(),
-                forked_from: None,
-            })
-            .unwrap();
-            let checkpoint = Checkpoint {
-                checkpoint_id: crate::checkpoint::new_id(),
-                thread_id: id.clone(),
-                parent_id: None,
-                step: -1,
-                versions: BTreeMap::new(),
-                ran: Vec::new(),
-                changed: Vec::new(),
-                next: Vec::new(),
-                meta: json!({}),
-                plan_hash: "p".into(),
-                created_at: "2020-01-01T00:00:00.000Z".into(),
-            };
+            cp.create_thread(&fixtures::thread(id, "p", at)).unwrap();
+            let checkpoint = fixtures::first_checkpoint(id, &crate::checkpoint::new_id(), "p", at);
             cp.put_checkpoint(&checkpoint, &[]).unwrap();
         }
         for id in &ids {

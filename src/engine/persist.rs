@@ -369,39 +369,14 @@ mod tests {
 
     use super::*;
     use crate::checkpoint::sqlite::SqliteCheckpointer;
-    use crate::checkpoint::{Durability, LeaseClaim, Thread, ThreadStatus};
+    use crate::checkpoint::{Durability, LeaseClaim, fixtures};
 
     /// A store holding thread `t` at checkpoint `c0`, leased; the lease's fence.
     fn store(dir: &std::path::Path) -> (Arc<SqliteCheckpointer>, Fence) {
         let store = SqliteCheckpointer::open(&dir.join("r.db"), Durability::PowerSafe).unwrap();
         let at = crate::clock::now();
-        store
-            .create_thread(&Thread {
-                thread_id: "t".into(),
-                workflow: "w.yaml".into(),
-                plan_hash: "h".into(),
-                input: json!({}),
-                context: json!({}),
-                config: json!({}),
-                status: ThreadStatus::Running,
-                created_at: at.clone(),
-                updated_at: at.clone(),
-                forked_from: None,
-            })
-            .unwrap();
-        let cp = Checkpoint {
-            checkpoint_id: "c0".into(),
-            thread_id: "t".into(),
-            parent_id: None,
-            step: -1,
-            versions: BTreeMap::new(),
-            ran: Vec::new(),
-            changed: Vec::new(),
-            next: Vec::new(),
-            meta: json!({}),
-            plan_hash: "h".into(),
-            created_at: at,
-        };
+        store.create_thread(&fixtures::thread("t", "h", &at)).unwrap();
+        let cp = fixtures::first_checkpoint("t", "c0", "h", &at);
         store.put_checkpoint(&cp, &[]).unwrap();
         let lease = store
             .acquire_lease(&LeaseClaim {
