@@ -1461,8 +1461,8 @@ impl CheckpointRow {
 // The reads every run makes compare the thread id with `+?1`, not `?1`. Given `?1`, SQLite
 // carries the parameter over an equality with another column (the join of `threads` and
 // `thread_inputs`, the plan hash's subquery: its constant propagation) and marks the statement
-// to be compiled again whenever a new value is bound: once per thread read, a tenth of a
-// served run's CPU. The unary plus leaves the plans as they were (each table searched by its
+// to be compiled again whenever a new value is bound: once per thread read, a fifth of a
+// served run's instructions. The unary plus leaves the plans as they were (each table searched by its
 // key) and the statements compiled once per connection.
 
 fn thread_sql() -> String {
