@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
+use crate::support::fake_llm::{FakeLlm, Reply};
 use crate::support::fake_web;
 use serde_json::{Value, json};
 
@@ -97,18 +98,9 @@ fn error<'a>(out: &'a Value, url: &str) -> Option<&'a Value> {
 
 #[tokio::test]
 async fn runs_share_their_connections_to_a_site() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let counted = accepted.clone();
-    let listener = axum::serve::ListenerExt::tap_io(listener, move |_: &mut tokio::net::TcpStream| {
-        counted.fetch_add(1, Ordering::SeqCst);
-    });
-    let site = axum::Router::new().route("/page", axum::routing::get(|| async { "hello" }));
-    tokio::spawn(async move { axum::serve(listener, site).await.unwrap() });
+    // The fake model server answers any path and counts the connections it accepts.
+    let site = FakeLlm::start().await;
+    site.default_reply(Reply::raw(200, "hello"));
     let config = runner::net::WebConfig {
         allow: runner::net::AllowList::parse(["127.0.0.1"]).unwrap(),
         ..Default::default()
@@ -118,18 +110,14 @@ async fn runs_share_their_connections_to_a_site() {
         let web = runner::net::Web::new(config.clone());
         let page = web
             .fetch(
-                runner::net::Request::get(format!("http://{addr}/page")),
+                runner::net::Request::get(format!("{}/page", site.base_url)),
                 &runner::net::FetchOptions::default(),
             )
             .await
             .unwrap();
         assert_eq!((page.status, &page.body[..]), (200, &b"hello"[..]));
     }
-    assert_eq!(
-        accepted.load(Ordering::SeqCst),
-        1,
-        "the second run opened a connection of its own"
-    );
+    assert_eq!(site.connections(), 1, "the second run opened a connection of its own");
 }
 
 // ── scrape ──────────────────────────────────────────────────────────────────────────────────
