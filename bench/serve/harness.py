@@ -46,8 +46,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def rss_tree(pid):
-    """Resident memory of `pid` and its descendants, in bytes."""
+def tree(pid):
+    """`pid` and its descendants."""
     children = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -56,36 +56,36 @@ def rss_tree(pid):
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(d.name))
-    total, todo = 0, [pid]
+    found, todo = [], [pid]
     while todo:
         p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def rss_tree(pid):
+    """Resident memory of `pid` and its descendants, in bytes."""
+    total = 0
+    for p in tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
         except OSError:
             pass
-        todo.extend(children.get(p, []))
     return total
 
 
 def cpu_tree(pid):
     """CPU seconds `pid` and its descendants have used."""
-    ticks, todo, kids = 0, [pid], {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            kids.setdefault(int(f[1]), []).append((int(d.name), int(f[11]) + int(f[12])))
-    own = {}
-    for children in kids.values():
-        own.update(children)
-    while todo:
-        p = todo.pop()
-        ticks += own.get(p, 0)
-        todo.extend(c for c, _ in kids.get(p, []))
+    ticks = 0
+    for p in tree(pid):
+        try:
+            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(f[11]) + int(f[12])
+        except (OSError, IndexError, ValueError):
+            pass
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
