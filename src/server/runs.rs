@@ -676,7 +676,8 @@ fn never_started(thread_id: &str) -> RunOutcome {
 /// How many runs a server remembers: past it, the oldest ended ones are forgotten (their rows,
 /// threads and checkpoints stay, and every reader of an ended run falls back to its row, as
 /// after a restart). An ended run's record is about a kilobyte, more with the frames of a
-/// resumable stream: 10,000 held a long-running server's memory 12 MiB above its start.
+/// resumable stream: with 10,000, a server under steady load had grown to 29.8 MiB after
+/// 12,000 runs and was still growing; with 1,000 it levels off at 20.6 MiB.
 const KEPT_RUNS: usize = 1_000;
 
 /// Forgets the oldest ended runs once more than `keep` are remembered, down to nine tenths of
