@@ -169,7 +169,7 @@ impl Engine {
             if let Some(cp) = self.store.get_checkpoint(&child_thread, None)? {
                 let writes = self.store.get_writes(&child_thread, &cp.checkpoint_id)?;
                 let waiting_inside = waiting_gates(&writes);
-                let engine = Engine::new(child, self.store.clone(), self.services.clone(), Events::none());
+                let engine = Engine::sharing(child, self.store.clone(), self.services.clone(), Events::none());
                 // The child's gates are addressed as `<this task>/<gate>`.
                 let inside = |e: EngineError| match e {
                     EngineError::WhichGate { pending, .. } => EngineError::WhichGate {

@@ -133,7 +133,7 @@ pub struct NodeCtx<'a> {
     pub step: i64,
     pub events: &'a Events,
     /// Providers and the other clients and stores of the run.
-    pub services: &'a Services,
+    pub services: &'a Arc<Services>,
     /// The answer to this task's interrupt, when the run resumes it.
     pub resume: Option<&'a Value>,
     /// Which of a subgraph's gates the answer is for, when it waits at several.
@@ -167,7 +167,7 @@ impl NodeCtx<'_> {
     /// same store and services, its events nested under this task, writing under this run's
     /// lease, and ending at a handoff to the parent.
     pub fn child_engine(&self, child: Arc<Plan>) -> super::Engine {
-        super::Engine::new(
+        super::Engine::sharing(
             child,
             self.store.clone(),
             self.services.clone(),

@@ -219,7 +219,7 @@ pub struct Shared {
     /// engine's life.
     validators: Arc<Validators>,
     pub store: Arc<dyn Checkpointer>,
-    pub services: Services,
+    pub services: Arc<Services>,
     pub events: Events,
     pub thread_id: String,
     /// The lease the run writes under; a subgraph's child runs under it too.
@@ -239,7 +239,9 @@ pub struct Shared {
 pub struct Engine {
     plan: Arc<Plan>,
     store: Arc<dyn Checkpointer>,
-    services: Services,
+    /// Shared by the engine's runs and their subgraphs' (a clone of a run's registry and
+    /// providers per run was a few kilobytes each).
+    services: Arc<Services>,
     events: Events,
     cancel: Arc<AtomicBool>,
     /// Validators of state keys' schemas, each built when a value of its key is first checked.
@@ -386,7 +388,12 @@ impl End {
 
 impl Engine {
     pub fn new(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, services: impl Into<Services>, events: Events) -> Engine {
-        let services = services.into();
+        Engine::sharing(plan, store, Arc::new(services.into()), events)
+    }
+
+    /// An engine whose runs use `services` with other engines' (a run's subgraphs use their
+    /// parent's).
+    pub fn sharing(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, services: Arc<Services>, events: Events) -> Engine {
         // Built when first used: a run compiles the schemas of what it writes and runs only.
         let validators =
             crate::compile::Validators::new(plan.state().iter().map(|(key, c)| (key.clone(), c.schema.clone())));

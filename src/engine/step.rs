@@ -83,9 +83,11 @@ impl Engine {
             // `map`, not an async block: a block awaiting a captured future keeps two copies.
             fut.map(move |out| (i, out))
         };
-        // One task runs in place; several run on the runtime's workers, in parallel.
+        // One task runs in place; several run on the runtime's workers, in parallel. In place,
+        // boxed: this future would otherwise hold the task's future three times over (in
+        // `inline`, taken out of it, and awaited), and so would every future awaiting it.
         let mut inline = if to_run.len() == 1 {
-            to_run.pop().map(start)
+            to_run.pop().map(|args| Box::pin(start(args)))
         } else {
             None
         };
