@@ -412,7 +412,7 @@ mod tests {
     }
 
     /// The tasks whose `node_end` was sent so far.
-    fn ended(rx: &mut tokio::sync::mpsc::UnboundedReceiver<super::super::events::Envelope>) -> Vec<String> {
+    fn ended(rx: &mut super::super::events::Receiver) -> Vec<String> {
         std::iter::from_fn(|| rx.try_recv().ok())
             .filter_map(|e| match e.event {
                 Event::NodeEnd { task_id, .. } => Some(task_id),

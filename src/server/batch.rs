@@ -1,21 +1,22 @@
 //! `POST /runs/batch`: several stateless runs started in the background at once, each on a
 //! thread of its own, answered with their records as `POST /runs` answers one.
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Json;
 use serde_json::Value;
 
 use super::Shared;
 use super::control::background;
-use super::http::{ApiError, body};
+use super::http::{ApiError, JsonBody};
 use super::runs::{RunCreate, run_json};
 
 /// Every request is read before any run starts, so a malformed one starts none; a run refused
 /// once the others started (an unknown assistant, say) fails the request, and the runs already
 /// started go on, as the reference's do.
-pub(super) async fn batch(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
-    let requests: Vec<Value> = body(&bytes)?;
+pub(super) async fn batch(
+    State(app): State<Shared>,
+    JsonBody(requests): JsonBody<Vec<Value>>,
+) -> Result<Json<Value>, ApiError> {
     for req in &requests {
         serde_json::from_value::<RunCreate>(req.clone())
             .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))?;

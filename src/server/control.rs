@@ -3,7 +3,6 @@
 //! server before this one left unfinished, resumed. What is shown of a run is its row in the
 //! store, so runs outlive the server that started them.
 
-use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
@@ -11,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Shared;
-use super::http::{ApiError, body};
+use super::http::{ApiError, JsonBody};
 use super::runs::{Resumed, RunRecord, run_json, start_run};
 use super::threads::{lock, pending_interrupts};
 use crate::checkpoint::{PendingWrite, RunRow, RunStatus, ThreadStatus};
@@ -116,9 +115,9 @@ pub(super) async fn background(app: &Shared, thread: Option<String>, mut kwargs:
 pub(super) async fn create_on_thread(
     State(app): State<Shared>,
     UrlPath(thread_id): UrlPath<String>,
-    bytes: Bytes,
+    JsonBody(kwargs): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let run = background(&app, Some(thread_id), body(&bytes)?).await?;
+    let run = background(&app, Some(thread_id), kwargs).await?;
     let location = format!("/threads/{}/runs/{}", run.thread_id, run.run_id);
     let mut response = Json(run_json(&run)).into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {
@@ -128,8 +127,11 @@ pub(super) async fn create_on_thread(
 }
 
 /// `POST /runs`: a stateless run in the background, on a thread of its own.
-pub(super) async fn create_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
-    let run = background(&app, None, body(&bytes)?).await?;
+pub(super) async fn create_stateless(
+    State(app): State<Shared>,
+    JsonBody(kwargs): JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let run = background(&app, None, kwargs).await?;
     let location = format!("/runs/{}", run.run_id);
     let mut response = Json(run_json(&run)).into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {

@@ -5,14 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::response::Json;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::Shared;
-use super::http::{ApiError, body};
+use super::http::{ApiError, JsonBody};
 use crate::compile::Plan;
 use crate::diag::{self, Format};
 
@@ -215,7 +214,7 @@ fn find(app: &Shared, id: &str) -> Result<Arc<Graph>, ApiError> {
 }
 
 #[derive(Deserialize)]
-struct Search {
+pub(super) struct Search {
     graph_id: Option<String>,
     name: Option<String>,
     #[serde(default)]
@@ -230,8 +229,7 @@ fn ten() -> usize {
     10
 }
 
-pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
-    let q: Search = body(&bytes)?;
+pub(super) async fn search(State(app): State<Shared>, JsonBody(q): JsonBody<Search>) -> Result<Json<Value>, ApiError> {
     let system = json!({"created_by": "system"});
     let found: Vec<Value> = app
         .graphs

@@ -2,7 +2,7 @@
 //! statuses, JSON bodies read leniently (unknown fields ignored, an empty body is `{}`), CORS.
 
 use axum::body::Bytes;
-use axum::extract::{Request, State};
+use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -64,8 +64,25 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// A request body as `T`: an empty body is `{}`; anything that is not `T` is a 422 naming why.
-pub(crate) fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
+/// A request body read as `T`: an empty body is `{}`; anything that is not `T` is a 422
+/// naming why. The body's bytes are dropped as soon as they are parsed, before the handler
+/// runs: hyper reads a request into a buffer that the body's bytes are a slice of, and while
+/// any slice of it lives, the next read (hyper's check for a closed connection, made while a
+/// handler waits or a response streams) takes a new 8 KiB buffer instead of reusing it.
+pub(crate) struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        parse(&bytes).map(JsonBody).map_err(IntoResponse::into_response)
+    }
+}
+
+fn parse<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
     let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {

@@ -10,23 +10,22 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Json, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use super::Shared;
 use super::graphs::Graph;
-use super::http::{ApiError, body};
+use super::http::{ApiError, JsonBody};
 use super::hub::{self, CancelOnDrop, Hub};
 use super::sse::{Modes, Translate};
 use super::threads::{exists, lock, new_meta, pending_interrupts};
 use crate::checkpoint::{CheckpointError, RunRow, RunStatus};
-use crate::engine::events::{Envelope, Events};
+use crate::engine::events::{Envelope, Events, Receiver};
 use crate::engine::{
     EditError, Engine, EngineError, Goto, LeasePolicy, NodeSet, Persist, RunGates, RunOutcome, Status, goto_target,
 };
@@ -124,7 +123,7 @@ pub(super) struct Queued {
     resumable: bool,
     first_event_id: u64,
     stateless: bool,
-    events: mpsc::UnboundedReceiver<Envelope>,
+    events: Receiver,
     done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
     cancel: Arc<AtomicBool>,
     wake: Arc<tokio::sync::Notify>,
@@ -224,7 +223,7 @@ pub(super) struct Started {
     /// A run without a thread of the client's: it runs on a thread of its own.
     stateless: bool,
     pub first: Envelope,
-    pub events: mpsc::UnboundedReceiver<Envelope>,
+    pub events: Receiver,
     pub done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
     cancel: Arc<AtomicBool>,
     /// Dropped once the stream or the wait is done reading the run's thread: a thread of the
@@ -846,28 +845,34 @@ async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
 pub(super) async fn stream_on_thread(
     State(app): State<Shared>,
     UrlPath(id): UrlPath<String>,
-    bytes: Bytes,
+    JsonBody(kwargs): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let started = start(&app, Some(id), body::<Value>(&bytes)?).await?;
+    let started = start(&app, Some(id), kwargs).await?;
     Ok(stream_response(app, started))
 }
 
-pub(super) async fn stream_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
-    let started = start(&app, None, body::<Value>(&bytes)?).await?;
+pub(super) async fn stream_stateless(
+    State(app): State<Shared>,
+    JsonBody(kwargs): JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let started = start(&app, None, kwargs).await?;
     Ok(stream_response(app, started))
 }
 
 pub(super) async fn wait_on_thread(
     State(app): State<Shared>,
     UrlPath(id): UrlPath<String>,
-    bytes: Bytes,
+    JsonBody(kwargs): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let started = start(&app, Some(id), body::<Value>(&bytes)?).await?;
+    let started = start(&app, Some(id), kwargs).await?;
     wait_response(app, started).await
 }
 
-pub(super) async fn wait_stateless(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
-    let started = start(&app, None, body::<Value>(&bytes)?).await?;
+pub(super) async fn wait_stateless(
+    State(app): State<Shared>,
+    JsonBody(kwargs): JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let started = start(&app, None, kwargs).await?;
     wait_response(app, started).await
 }
 

@@ -3,7 +3,6 @@
 //! server opens it once and hands the same handle to every run, so a value put over HTTP is
 //! what a `store` node gets, and the other way round.
 
-use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
@@ -11,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::Shared;
-use super::http::{ApiError, body};
+use super::http::{ApiError, JsonBody};
 use crate::rag::{DataError, memory};
 
 /// Namespace labels as the reference checks them: none empty, none with a period (the GET
@@ -36,7 +35,7 @@ fn failed(e: DataError) -> ApiError {
 }
 
 #[derive(Deserialize)]
-struct Put {
+pub(super) struct Put {
     namespace: Vec<String>,
     key: String,
     value: Map<String, Value>,
@@ -72,8 +71,7 @@ fn indexing(index: Option<Value>) -> Result<memory::Indexing, ApiError> {
 /// `PUT /store/items`: stores `value` (an object) under `namespace` and `key`, for `ttl`
 /// minutes if given, embedded for semantic search when the store has an index (`index`
 /// chooses the fields, or `false` none); 204.
-pub(super) async fn put(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
-    let p: Put = body(&bytes)?;
+pub(super) async fn put(State(app): State<Shared>, JsonBody(p): JsonBody<Put>) -> Result<Response, ApiError> {
     check(&p.namespace)?;
     if p.namespace.is_empty() {
         return Err(ApiError::invalid("namespace must have at least one label"));
@@ -111,15 +109,14 @@ pub(super) async fn get(State(app): State<Shared>, Query(q): Query<GetQuery>) ->
 }
 
 #[derive(Deserialize)]
-struct Delete {
+pub(super) struct Delete {
     #[serde(default)]
     namespace: Vec<String>,
     key: String,
 }
 
 /// `DELETE /store/items` with `{namespace, key}`: 204, whether or not the item was there.
-pub(super) async fn delete(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
-    let d: Delete = body(&bytes)?;
+pub(super) async fn delete(State(app): State<Shared>, JsonBody(d): JsonBody<Delete>) -> Result<Response, ApiError> {
     check(&d.namespace)?;
     app.data
         .with(move |c| memory::delete(c, &d.namespace, &d.key))
@@ -129,7 +126,7 @@ pub(super) async fn delete(State(app): State<Shared>, bytes: Bytes) -> Result<Re
 }
 
 #[derive(Deserialize)]
-struct Search {
+pub(super) struct Search {
     #[serde(default)]
     namespace_prefix: Vec<String>,
     filter: Option<Map<String, Value>>,
@@ -144,8 +141,7 @@ struct Search {
 /// first), else keyword matches best first (the data store's BM25); without, the most recently
 /// updated first. Expired items are gone, and the time to live of those returned starts again
 /// unless `refresh_ttl` is false.
-pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
-    let s: Search = body(&bytes)?;
+pub(super) async fn search(State(app): State<Shared>, JsonBody(s): JsonBody<Search>) -> Result<Json<Value>, ApiError> {
     check(&s.namespace_prefix)?;
     let query = memory::ItemQuery {
         prefix: s.namespace_prefix,
@@ -160,7 +156,7 @@ pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Js
 }
 
 #[derive(Deserialize)]
-struct Namespaces {
+pub(super) struct Namespaces {
     #[serde(default)]
     prefix: Vec<String>,
     #[serde(default)]
@@ -171,8 +167,10 @@ struct Namespaces {
 }
 
 /// `POST /store/namespaces`: `{namespaces: [[label, …], …]}`.
-pub(super) async fn namespaces(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
-    let n: Namespaces = body(&bytes)?;
+pub(super) async fn namespaces(
+    State(app): State<Shared>,
+    JsonBody(n): JsonBody<Namespaces>,
+) -> Result<Json<Value>, ApiError> {
     check(&n.prefix)?;
     check(&n.suffix)?;
     let found = app

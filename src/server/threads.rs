@@ -3,7 +3,6 @@
 //! stored beside them ([`crate::checkpoint::runs`]), from the thread's creation through the API
 //! or its first run, so it outlives the server.
 
-use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
@@ -11,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::Shared;
-use super::http::{ApiError, body};
+use super::http::{ApiError, JsonBody};
 use crate::checkpoint::{Checkpoint, PendingWrite, ThreadMeta, ThreadStatus};
 
 /// A thread's API record made now.
@@ -198,7 +197,7 @@ fn no_thread(id: &str) -> ApiError {
 }
 
 #[derive(Deserialize)]
-struct Create {
+pub(super) struct Create {
     thread_id: Option<String>,
     #[serde(default)]
     metadata: Map<String, Value>,
@@ -206,8 +205,7 @@ struct Create {
     graph_id: Option<String>,
 }
 
-pub(super) async fn create(State(app): State<Shared>, bytes: Bytes) -> Result<Json<Value>, ApiError> {
-    let c: Create = body(&bytes)?;
+pub(super) async fn create(State(app): State<Shared>, JsonBody(c): JsonBody<Create>) -> Result<Json<Value>, ApiError> {
     let id = c.thread_id.unwrap_or_else(crate::checkpoint::new_id);
     if exists(&app, &id)? {
         return match c.if_exists.as_deref() {
@@ -246,7 +244,7 @@ pub(super) async fn delete(State(app): State<Shared>, UrlPath(id): UrlPath<Strin
 }
 
 #[derive(Deserialize)]
-struct Search {
+pub(super) struct Search {
     #[serde(default)]
     metadata: Map<String, Value>,
     status: Option<String>,
@@ -263,8 +261,7 @@ fn ten() -> usize {
 
 /// Threads whose metadata holds every pair asked for, newest first, with the reference's
 /// pagination headers.
-pub(super) async fn search(State(app): State<Shared>, bytes: Bytes) -> Result<Response, ApiError> {
-    let q: Search = body(&bytes)?;
+pub(super) async fn search(State(app): State<Shared>, JsonBody(q): JsonBody<Search>) -> Result<Response, ApiError> {
     let mut ids: Vec<String> = app.store.list_thread_meta()?.into_iter().map(|m| m.thread_id).collect();
     for head in app.store.list_thread_heads()? {
         // A child thread of a subgraph or a thread of another program is not this server's.
@@ -309,7 +306,7 @@ pub(super) async fn state(State(app): State<Shared>, UrlPath(id): UrlPath<String
 }
 
 #[derive(Deserialize)]
-struct HistoryQuery {
+pub(super) struct HistoryQuery {
     #[serde(default = "ten")]
     limit: usize,
     before: Option<Value>,
@@ -318,9 +315,8 @@ struct HistoryQuery {
 pub(super) async fn history_post(
     State(app): State<Shared>,
     UrlPath(id): UrlPath<String>,
-    bytes: Bytes,
+    JsonBody(q): JsonBody<HistoryQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let q: HistoryQuery = body(&bytes)?;
     history(&app, &id, q)
 }
 
@@ -382,7 +378,7 @@ pub(super) async fn state_at_get(
 }
 
 #[derive(Deserialize)]
-struct AtCheckpoint {
+pub(super) struct AtCheckpoint {
     checkpoint: CheckpointRef,
 }
 
@@ -394,14 +390,13 @@ struct CheckpointRef {
 pub(super) async fn state_at_post(
     State(app): State<Shared>,
     UrlPath(id): UrlPath<String>,
-    bytes: Bytes,
+    JsonBody(at): JsonBody<AtCheckpoint>,
 ) -> Result<Json<Value>, ApiError> {
-    let at: AtCheckpoint = body(&bytes)?;
     state_at(&app, &id, &at.checkpoint.checkpoint_id)
 }
 
 #[derive(Deserialize)]
-struct StateUpdate {
+pub(super) struct StateUpdate {
     #[serde(default)]
     values: Option<Value>,
     #[serde(default)]
@@ -422,9 +417,8 @@ struct StateUpdate {
 pub(super) async fn update_state(
     State(app): State<Shared>,
     UrlPath(id): UrlPath<String>,
-    bytes: Bytes,
+    JsonBody(req): JsonBody<StateUpdate>,
 ) -> Result<Json<Value>, ApiError> {
-    let req: StateUpdate = body(&bytes)?;
     let at = match (req.checkpoint_id, &req.checkpoint) {
         (Some(id), _) => Some(id),
         (None, None | Some(Value::Null)) => None,
@@ -476,7 +470,7 @@ pub(super) async fn update_state(
 }
 
 #[derive(Deserialize)]
-struct Patch {
+pub(super) struct Patch {
     #[serde(default)]
     metadata: Map<String, Value>,
 }
@@ -485,9 +479,8 @@ struct Patch {
 pub(super) async fn patch(
     State(app): State<Shared>,
     UrlPath(id): UrlPath<String>,
-    bytes: Bytes,
+    JsonBody(p): JsonBody<Patch>,
 ) -> Result<Json<Value>, ApiError> {
-    let p: Patch = body(&bytes)?;
     if !exists(&app, &id)? {
         return Err(no_thread(&id));
     }
