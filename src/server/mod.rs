@@ -16,10 +16,12 @@
 //! - `sse.rs`: the event stream's framing and how engine events become stream-mode events;
 //! - `store.rs`: the store endpoints, over the data store `store` nodes use;
 //! - `metrics.rs`: `GET /metrics` in Prometheus's text format;
+//! - `conn.rs`: connections accepted and served (HTTP/1.1), and ended gracefully;
 //! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS, the API key;
 //! - `workers.rs`: how many runs execute at once, and the line of pending runs.
 
 mod batch;
+mod conn;
 mod control;
 mod graphs;
 mod http;
@@ -125,26 +127,9 @@ impl Server {
                 run.stop();
             }
         };
-        // Each connection gets a clone of the router (an `Arc`): served as a `Router` itself,
-        // axum rebuilds its route table for every connection (10 KiB each, 2 MiB with 200
-        // streams open).
-        axum::serve(no_delay(listener), router(self.app).into_make_service())
-            .with_graceful_shutdown(stop)
-            .await
+        conn::serve(listener, router(self.app), stop).await;
+        Ok(())
     }
-}
-
-/// `listener` with Nagle's algorithm off on every connection it accepts: a stream writes small
-/// events one after another, and on a kept-alive connection each would otherwise wait for the
-/// client's delayed ACK of the one before (a run's first state event came 41 ms after its
-/// `metadata`; 0.2 ms without).
-fn no_delay(
-    listener: tokio::net::TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
-    axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
-        // A socket that refuses the option still works, only slower.
-        let _ = tcp.set_nodelay(true);
-    })
 }
 
 /// Reloads a running server's workflows (see [`Graphs::reload`]).
@@ -218,19 +203,4 @@ fn router(app: Shared) -> Router {
         .layer(axum::middleware::from_fn(http::cors))
         .layer(axum::middleware::from_fn(log::request))
         .with_state(app)
-}
-
-#[cfg(test)]
-mod tests {
-    use axum::serve::Listener;
-
-    #[tokio::test]
-    async fn accepted_connections_send_without_delay() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut listener = super::no_delay(listener);
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (accepted, _) = listener.accept().await;
-        assert!(accepted.nodelay().unwrap());
-    }
 }
