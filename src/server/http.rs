@@ -175,3 +175,66 @@ pub(crate) async fn auth(State(app): State<super::Shared>, request: Request, nex
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use axum::body::{Body, Bytes};
+    use axum::extract::{FromRequest, Request};
+    use serde_json::{Value, json};
+
+    use super::JsonBody;
+
+    /// Request bytes that say when they are freed.
+    struct Watched(&'static [u8], Arc<AtomicBool>);
+
+    impl AsRef<[u8]> for Watched {
+        fn as_ref(&self) -> &[u8] {
+            self.0
+        }
+    }
+
+    impl Drop for Watched {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+
+    async fn read(text: &'static [u8]) -> (Result<Value, (u16, Value)>, bool) {
+        let freed = Arc::new(AtomicBool::new(false));
+        let body = Body::from(Bytes::from_owner(Watched(text, freed.clone())));
+        let request = Request::builder().method("POST").body(body).unwrap();
+        // Looked at while the handler would hold what was read.
+        let extracted = JsonBody::<Value>::from_request(request, &()).await;
+        let freed = freed.load(Ordering::SeqCst);
+        let read = match extracted {
+            Ok(JsonBody(v)) => Ok(v),
+            Err(response) => {
+                let status = response.status().as_u16();
+                let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+                Err((status, serde_json::from_slice(&body).unwrap()))
+            }
+        };
+        (read, freed)
+    }
+
+    #[tokio::test]
+    async fn a_body_is_parsed_and_its_bytes_freed_before_the_handler_runs() {
+        assert_eq!(
+            read(br#"{"input": {"topic": "tides"}}"#).await,
+            (Ok(json!({"input": {"topic": "tides"}})), true)
+        );
+        // An empty body is an empty object.
+        assert_eq!(read(b" \r\n").await, (Ok(json!({})), true));
+        let (read, freed) = read(b"{\"input\": ").await;
+        let (status, error) = read.unwrap_err();
+        assert_eq!(status, 422);
+        assert!(
+            error["detail"].as_str().unwrap().starts_with("invalid request body: "),
+            "{error}"
+        );
+        assert!(freed);
+    }
+}
