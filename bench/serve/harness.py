@@ -10,7 +10,8 @@ each) and its LangGraph twin bench/serve/reference/agent.py:
 - runs/s at concurrency 1, 8 and 32: clients that each create a thread and stream a run to its
   end, again and again, for --seconds; each client is its own SDK client (its own connection
   pool), as separate users are: 32 tasks sharing one httpx pool spend the client's CPU in the
-  pool's bookkeeping, which grows with the connections it holds;
+  pool's bookkeeping, which grows with the connections it holds; with --js, 32 more through
+  LangGraph's JS client (bench/serve/throughput.mjs, one node process);
 - resident memory (the server's process tree): idle after one run, and the peak while 200
   streams of three_slow (1 s steps) are open.
 Load test (--load), runner only: 200 concurrent streamed runs of three_slow, every stream's
@@ -24,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -135,6 +137,9 @@ def start_runner(args, out, db):
 def start_langgraph(args, out):
     port = free_port()
     work = out / "reference"
+    # `langgraph dev` keeps its threads, runs and store in .langgraph_api/ and loads them at
+    # start: each measure starts it empty, as runner starts on a new database.
+    shutil.rmtree(work / ".langgraph_api", ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     for f in ("agent.py", "langgraph.json"):
         (work / f).write_text((HERE / "reference" / f).read_text())
@@ -235,6 +240,17 @@ async def measure(server, args):
         # Shares of one core over the measure: who was busy.
         r[f"server_cpu_{c}"] = (server.cpu() - server0) / wall
         r[f"client_cpu_{c}"] = (time.process_time() - client0) / wall
+    if args.js:
+        # The same loops through LangGraph's JS client, one node process.
+        c = 32
+        t0, server0 = time.perf_counter(), server.cpu()
+        node = await asyncio.create_subprocess_exec(
+            "node", args.js, server.url, str(c), str(args.seconds), stdout=subprocess.PIPE)
+        out, _ = await node.communicate()
+        wall = time.perf_counter() - t0
+        js = json.loads(out)
+        r[f"js_runs_per_s_{c}"], r[f"js_errors_{c}"] = js["runs_per_s"], js["errors"]
+        r[f"js_server_cpu_{c}"], r[f"js_client_cpu_{c}"] = (server.cpu() - server0) / wall, js["client_cpu"]
     r["rss_200_streams"], r["streams_opened"] = await open_streams(server, 200, 2.0)
     return r
 
@@ -268,12 +284,19 @@ def report(res, args):
         a, b = lg[f"runs_per_s_{c}"], rn[f"runs_per_s_{c}"]
         errs = f" ({lg[f'errors_{c}']}/{rn[f'errors_{c}']} errors)" if lg[f"errors_{c}"] or rn[f"errors_{c}"] else ""
         print(f"| runs/s, {c} client{'s' if c > 1 else ''} (thread + streamed run){errs} | {a:,.1f} | {b:,.1f} | {b / a:,.1f}x |")
+    if "js_runs_per_s_32" in rn and "js_runs_per_s_32" in lg:
+        a, b = lg["js_runs_per_s_32"], rn["js_runs_per_s_32"]
+        errs = f" ({lg['js_errors_32']}/{rn['js_errors_32']} errors)" if lg["js_errors_32"] or rn["js_errors_32"] else ""
+        print(f"| runs/s, 32 clients, JS SDK (one node process){errs} | {a:,.1f} | {b:,.1f} | {b / a:,.1f}x |")
     print(f"| resident memory, idle | {fmt(lg['rss_idle'], 'mib')} | {fmt(rn['rss_idle'], 'mib')} | {lg['rss_idle'] / rn['rss_idle']:,.1f}x less |")
     print(f"| resident memory, 200 open streams (peak) | {fmt(lg['rss_200_streams'], 'mib')} | {fmt(rn['rss_200_streams'], 'mib')} | {lg['rss_200_streams'] / rn['rss_200_streams']:,.1f}x less |")
     print()
     print("CPU while measuring runs/s, in cores (server / client):",
           ", ".join(f"{c} client{'s' if c > 1 else ''}: langgraph dev {lg[f'server_cpu_{c}']:.2f} / {lg[f'client_cpu_{c}']:.2f},"
-                    f" runner {rn[f'server_cpu_{c}']:.2f} / {rn[f'client_cpu_{c}']:.2f}" for c in (1, 8, 32)) + ".")
+                    f" runner {rn[f'server_cpu_{c}']:.2f} / {rn[f'client_cpu_{c}']:.2f}" for c in (1, 8, 32))
+          + (f"; 32 clients, JS SDK: langgraph dev {lg['js_server_cpu_32']:.2f} / {lg['js_client_cpu_32']:.2f},"
+             f" runner {rn['js_server_cpu_32']:.2f} / {rn['js_client_cpu_32']:.2f}" if "js_runs_per_s_32" in rn and "js_runs_per_s_32" in lg else "")
+          + ".")
     print()
     print(f"Events per stream: langgraph dev {med(lg['events_per_stream'])}, runner {med(rn['events_per_stream'])}"
           f" (runner also sends the input's `values`). Streams that had their first event when memory"
@@ -455,6 +478,7 @@ def main():
     ap.add_argument("--load", action="store_true")
     ap.add_argument("--load-runs", type=int, default=200)
     ap.add_argument("--skip-langgraph", action="store_true")
+    ap.add_argument("--js", help="bench/serve/throughput.mjs where @langchain/langgraph-sdk is installed: also runs/s through the JS SDK")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@
 #   SAMPLES=50 SECONDS_EACH=10 bash bench/serve/run.sh
 #
 # What it does: makes a venv in bench/.venv and installs bench/serve/requirements.txt from PyPI
-# (langgraph-cli[inmem] for `langgraph dev`, and the langgraph-sdk the tests pin); builds
+# (langgraph-cli[inmem] for `langgraph dev`, and the langgraph-sdk the tests pin) and, with node,
+# the JS SDK the tests pin into target/bench-serve/js; builds
 # runner (cargo build --release) and validates bench/serve/graphs/; then bench/serve/harness.py
 # starts each server on 127.0.0.1 (runner on the scripted mock, bench/serve/mock.yaml; LangGraph
 # on bench/serve/reference/) and measures them one after the other. Raw samples go to
@@ -37,5 +38,19 @@ if [[ -z "${RUNNER:-}" ]]; then
 fi
 "$RUNNER" validate "$HERE/graphs/" >&2
 
+# LangGraph's JS client, the version the tests pin (tests/sdk/js/package-lock.json), installed
+# beside a copy of throughput.mjs; skipped without node and npm.
+JS=()
+if command -v node >/dev/null && command -v npm >/dev/null; then
+    JSDIR="$ROOT/target/bench-serve/js"
+    mkdir -p "$JSDIR"
+    cp "$ROOT/tests/sdk/js/package.json" "$ROOT/tests/sdk/js/package-lock.json" "$HERE/throughput.mjs" "$JSDIR/"
+    log "npm ci in target/bench-serve/js (@langchain/langgraph-sdk)"
+    (cd "$JSDIR" && npm ci --silent --no-audit --no-fund >&2)
+    JS=(--js "$JSDIR/throughput.mjs")
+else
+    log "node or npm not found: no runs/s through the JS SDK"
+fi
+
 exec "$VENV/bin/python" "$HERE/harness.py" --runner "$RUNNER" --python "$VENV/bin/python" \
-    --out "$ROOT/target/bench-serve" --samples "${SAMPLES:-20}" --seconds "${SECONDS_EACH:-5}" "$@"
+    --out "$ROOT/target/bench-serve" --samples "${SAMPLES:-20}" --seconds "${SECONDS_EACH:-5}" "${JS[@]}" "$@"
