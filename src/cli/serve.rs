@@ -126,7 +126,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         let bound = listener.local_addr()?;
         writeln!(err, "listening on http://{bound}")?;
         drop(err);
-        server.serve(listener, stop_signal()).await?;
+        server.serve(listener, stop_signal()).await;
         Ok(exit::OK)
     })
 }
@@ -204,8 +204,8 @@ async fn stop_signal() {
 /// glibc gives threads up to eight arenas a core, and what a thread frees stays in its arena
 /// for the threads that use it. A server's tokio workers and blocking-pool threads each took
 /// one, so memory freed on one thread was not reused on another: with 200 streams open after
-/// 2,700 runs, 31.9 MiB resident with the default and 27.7 MiB with two arenas (26.6-27.4 with
-/// one), at the same runs a second. `runner run` keeps glibc's default: its engine and its
+/// about 2,700 runs, 30.8-30.9 MiB resident with the default and 27.2-27.3 MiB with two arenas,
+/// at the same runs a second. `runner run` keeps glibc's default: its engine and its
 /// checkpoint writer allocate at the same time, and on one arena a checkpointed step took 25%
 /// longer.
 fn share_malloc_arenas() {

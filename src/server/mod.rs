@@ -115,7 +115,7 @@ impl Server {
         self,
         listener: tokio::net::TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
+    ) {
         // Runs a server before this one left unfinished (stopped, or killed) go on. A store
         // that cannot list them cannot serve anything else either: its requests will say why.
         let _ = control::resume_unfinished(&self.app);
@@ -128,7 +128,6 @@ impl Server {
             }
         };
         conn::serve(listener, router(self.app), stop).await;
-        Ok(())
     }
 }
 
