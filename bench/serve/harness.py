@@ -248,6 +248,8 @@ async def measure(server, args):
             "node", args.js, server.url, str(c), str(args.seconds), stdout=subprocess.PIPE)
         out, _ = await node.communicate()
         wall = time.perf_counter() - t0
+        if node.returncode != 0:
+            sys.exit(f"node {args.js} exited with {node.returncode} (its error is above)")
         js = json.loads(out)
         r[f"js_runs_per_s_{c}"], r[f"js_errors_{c}"] = js["runs_per_s"], js["errors"]
         r[f"js_server_cpu_{c}"], r[f"js_client_cpu_{c}"] = (server.cpu() - server0) / wall, js["client_cpu"]
