@@ -1440,6 +1440,34 @@ fn a_stored_value_that_does_not_fit_its_schema_is_named_on_resume() {
     );
 }
 
+/// A server makes an engine per run: each finds the schemas the plan's earlier runs compiled
+/// instead of compiling them again.
+#[test]
+fn the_runs_of_a_plan_compile_each_schema_once() {
+    let p = Project::new(&[(
+        "w.yaml",
+        &wf(
+            "state: {n: {type: integer, maximum: 3}}\nnodes: {a: {kind: set, update: {n: '2'}}}\nedges: [START -> a, a -> END]\n",
+        ),
+    )]);
+    let plan = p.plan("w.yaml");
+    assert_eq!(
+        plan.state_validators().built(),
+        0,
+        "nothing is compiled before a run checks a value"
+    );
+    for _ in 0..3 {
+        let out = Run::new(json!({})).go(&plan, req(json!({})));
+        assert_eq!(out.status, Status::Done);
+        assert_eq!(out.state["n"], json!(2));
+        assert_eq!(
+            plan.state_validators().built(),
+            1,
+            "`n`'s schema, compiled by the first run"
+        );
+    }
+}
+
 #[test]
 fn a_subgraph_waiting_at_several_gates_reports_each_and_takes_answers_addressed_inside_it() {
     let child = r#"

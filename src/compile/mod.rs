@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use plan::*;
+pub(crate) use schemas::NodeValidators;
 pub use schemas::Validators;
 
 use crate::diag::{Code, Diagnostic, Files};

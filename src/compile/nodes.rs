@@ -578,6 +578,8 @@ impl<'c, 'a> Build<'c, 'a> {
             handoffs: std::mem::take(&mut self.handoffs),
             tools: self.catalog.names.keys().cloned().collect(),
             exprs,
+            validators: Default::default(),
+            node_validators: Default::default(),
         })
     }
 

@@ -4,7 +4,7 @@
 //! for display and diagnostics. Expressions and templates are compiled once, here.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use indexmap::IndexMap;
 use minijinja::{Environment, Expression};
@@ -14,6 +14,7 @@ use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use rustc_hash::FxBuildHasher;
 use serde_json::Value;
 
+use super::{NodeValidators, Validators};
 use crate::spec::NodeSpec;
 
 /// A node's index in its plan.
@@ -57,6 +58,11 @@ pub struct Plan {
     /// The names of the workflow's declared tools (a tool's `run` node is named after it).
     pub(in crate::compile) tools: Vec<String>,
     pub(in crate::compile) exprs: ExprTable,
+    /// The validators of the state keys' schemas and of the nodes' result schemas, made on
+    /// first use and shared by every run of the plan (a server's runs compile a schema once,
+    /// not once a run).
+    pub(in crate::compile) validators: OnceLock<Arc<Validators<String>>>,
+    pub(in crate::compile) node_validators: OnceLock<Arc<NodeValidators>>,
 }
 
 /// Reads of a plan. Its fields are the compiler's: only compile/ builds or changes a `Plan`.
@@ -65,7 +71,28 @@ impl Plan {
     /// which need a plan the compiler would have refused.
     #[doc(hidden)]
     pub fn tamper_with_state(&mut self) -> &mut IndexMap<String, Channel> {
+        self.validators = OnceLock::new();
         &mut self.state
+    }
+
+    /// The validators of the state keys' schemas, each compiled when a value of its key is
+    /// first checked by any run of this plan.
+    pub fn state_validators(&self) -> Arc<Validators<String>> {
+        self.validators
+            .get_or_init(|| {
+                Arc::new(Validators::new(
+                    self.state.iter().map(|(key, c)| (key.clone(), c.schema.clone())),
+                ))
+            })
+            .clone()
+    }
+
+    /// The validators of the nodes' result schemas, each compiled when its node first checks
+    /// a result in any run of this plan.
+    pub(crate) fn node_validators(&self) -> Arc<NodeValidators> {
+        self.node_validators
+            .get_or_init(|| Arc::new(NodeValidators::new(self.nodes.keys().copied())))
+            .clone()
     }
 
     pub fn exprs(&self) -> &ExprTable {

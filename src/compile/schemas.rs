@@ -359,6 +359,35 @@ pub(crate) fn check(src: &Source, pointer: &str, root: &Value, diags: &mut Vec<D
     }
 }
 
+/// The validators of nodes' result schemas (an `llm` node's `output.schema`), one per node,
+/// each built the first time the node checks a result: a plan's runs compile only the schemas
+/// they use, once for all of them.
+#[derive(Default)]
+pub(crate) struct NodeValidators {
+    by_node: HashMap<super::NodeIx, OnceLock<Result<jsonschema::Validator, String>>>,
+}
+
+impl NodeValidators {
+    /// A slot for each of `nodes`.
+    pub(crate) fn new(nodes: impl IntoIterator<Item = super::NodeIx>) -> NodeValidators {
+        NodeValidators {
+            by_node: nodes.into_iter().map(|ix| (ix, OnceLock::new())).collect(),
+        }
+    }
+
+    /// The validator of `schema`, the schema node `ix` checks its results against, built on
+    /// the first call. A node not given at construction gets an error.
+    pub(crate) fn get(&self, ix: super::NodeIx, schema: &Value) -> Result<&jsonschema::Validator, String> {
+        let cell = self
+            .by_node
+            .get(&ix)
+            .ok_or_else(|| "the node is not in the engine's plan".to_string())?;
+        cell.get_or_init(|| super::meta::validator(schema).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| format!("the schema does not compile: {e}"))
+    }
+}
+
 /// Validators of schemas a run may check values against, each built the first time it is
 /// asked for: a run compiles only the schemas of the keys it writes and of the nodes it runs.
 /// The schemas were checked when the workflow was compiled; one that still fails to build
@@ -409,8 +438,8 @@ impl<K: Hash + Eq> Validators<K> {
         self.get(key).and_then(|v| first_violation(v, value))
     }
 
-    /// How many validators have been built so far.
-    #[cfg(test)]
+    /// How many of the schemas have been compiled so far (by every run of the plan, for a
+    /// plan's state validators).
     pub fn built(&self) -> usize {
         self.slots.values().filter(|(_, _, slot)| slot.get().is_some()).count()
     }

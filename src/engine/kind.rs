@@ -7,9 +7,8 @@
 //! answer to it must match. A kind is one module of `nodes/` implementing this trait, plus one
 //! line registering it.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use indexmap::IndexMap;
@@ -21,7 +20,7 @@ use super::events::Events;
 use super::values;
 use crate::checkpoint::{Checkpointer, Fence};
 use crate::compile::kind::{Data, KindDecl, KindSet};
-use crate::compile::{Compiled, ExprId, NodeIx, Plan, PlanNode, TemplateId};
+use crate::compile::{Compiled, ExprId, NodeIx, NodeValidators, Plan, PlanNode, TemplateId};
 use crate::error_class::ErrorClass;
 use crate::providers::Usage;
 
@@ -59,10 +58,11 @@ pub enum Attempt<'a> {
     Pending(BoxFuture<'a, Result<NodeOutput, NodeFailure>>),
 }
 
-/// The node kinds a run knows, by name, in the order they were given.
+/// The node kinds a run knows, by name, in the order they were given. A copy shares the
+/// registry (every run of a server copies the server's).
 #[derive(Clone, Default)]
 pub struct Kinds {
-    by_name: IndexMap<&'static str, Arc<dyn NodeKind>>,
+    by_name: Arc<IndexMap<&'static str, Arc<dyn NodeKind>>>,
 }
 
 impl Kinds {
@@ -77,7 +77,7 @@ impl Kinds {
 
     /// This registry with `kind` added (replacing a kind of the same name).
     pub fn with(mut self, kind: Arc<dyn NodeKind>) -> Kinds {
-        self.by_name.insert(kind.name(), kind);
+        Arc::make_mut(&mut self.by_name).insert(kind.name(), kind);
         self
     }
 
@@ -148,7 +148,7 @@ pub struct NodeCtx<'a> {
     /// The lease the run writes under (a subgraph runs its child thread under it).
     pub fence: &'a Fence,
     /// Per node, a validator built on first use and kept for the engine's life.
-    pub(super) validators: &'a Validators,
+    pub(super) validators: &'a NodeValidators,
 }
 
 impl NodeCtx<'_> {
@@ -189,7 +189,7 @@ impl NodeCtx<'_> {
     /// The validator of `schema`, built the first time this node asks and kept for later
     /// attempts and tasks of the node (a node has one schema to check its results against).
     pub fn validator(&self, schema: &Value) -> Result<&jsonschema::Validator, NodeError> {
-        self.validators.get(self.ix, schema)
+        self.validators.get(self.ix, schema).map_err(NodeError::invalid)
     }
 
     /// Runs `node` — compiled by its kind, not in the graph (a tool's `run`) — as part of
@@ -234,7 +234,7 @@ impl NodeCtx<'_> {
         let base = Arc::new(self.base.with(vars));
         let scope = base.value();
         // Its own validator: the nested node's schema is not this node's.
-        let validators = Validators::single(self.ix);
+        let validators = NodeValidators::new([self.ix]);
         let ctx = NodeCtx {
             plan: self.plan,
             node,
@@ -255,36 +255,6 @@ impl NodeCtx<'_> {
             validators: &validators,
         };
         execute(&ctx).await
-    }
-}
-
-/// Validators built lazily, one per node: a run compiles only the schemas it uses.
-#[derive(Default)]
-pub(super) struct Validators {
-    by_node: HashMap<NodeIx, OnceLock<Result<jsonschema::Validator, String>>>,
-}
-
-impl Validators {
-    pub(super) fn for_plan(plan: &Plan) -> Validators {
-        Validators {
-            by_node: plan.nodes().keys().map(|ix| (*ix, OnceLock::new())).collect(),
-        }
-    }
-
-    fn single(ix: NodeIx) -> Validators {
-        Validators {
-            by_node: HashMap::from([(ix, OnceLock::new())]),
-        }
-    }
-
-    fn get(&self, ix: NodeIx, schema: &Value) -> Result<&jsonschema::Validator, NodeError> {
-        let cell = self
-            .by_node
-            .get(&ix)
-            .ok_or_else(|| NodeError::invalid("the node is not in the engine's plan"))?;
-        cell.get_or_init(|| crate::compile::meta::validator(schema).map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| NodeError::invalid(format!("the schema does not compile: {e}")))
     }
 }
 

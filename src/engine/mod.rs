@@ -37,13 +37,13 @@ use tracing::Instrument;
 use crate::checkpoint::{
     self, Checkpoint, Checkpointer, Fence, Lease, PendingWrite, Put, TaskSpec, Thread, ThreadStatus,
 };
+use crate::compile::NodeValidators;
 use crate::compile::Plan;
 use crate::providers::Usage;
 use crate::spec::NodeSpec;
 pub use edit::{EditError, Goto, goto_target};
 use events::{Event, Events};
 pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, waiting_gates};
-use kind::Validators;
 pub use kind::{Kinds, NodeKind};
 pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
 use persist::Persister;
@@ -215,9 +215,9 @@ pub enum EngineError {
 /// What every task of a run shares.
 pub struct Shared {
     pub plan: Arc<Plan>,
-    /// Per node, a validator built on first use (a node's output schema), kept for the
-    /// engine's life.
-    validators: Arc<Validators>,
+    /// Per node, a validator built on first use (a node's output schema), kept by the plan
+    /// for all its runs.
+    validators: Arc<NodeValidators>,
     pub store: Arc<dyn Checkpointer>,
     pub services: Arc<Services>,
     pub events: Events,
@@ -246,7 +246,7 @@ pub struct Engine {
     cancel: Arc<AtomicBool>,
     /// Validators of state keys' schemas, each built when a value of its key is first checked.
     validators: Arc<crate::compile::Validators<String>>,
-    node_validators: Arc<Validators>,
+    node_validators: Arc<NodeValidators>,
     options: RunOptions,
 }
 
@@ -394,17 +394,15 @@ impl Engine {
     /// An engine whose runs use `services` with other engines' (a run's subgraphs use their
     /// parent's).
     pub fn sharing(plan: Arc<Plan>, store: Arc<dyn Checkpointer>, services: Arc<Services>, events: Events) -> Engine {
-        // Built when first used: a run compiles the schemas of what it writes and runs only.
-        let validators =
-            crate::compile::Validators::new(plan.state().iter().map(|(key, c)| (key.clone(), c.schema.clone())));
         Engine {
-            node_validators: Arc::new(Validators::for_plan(&plan)),
+            // The plan's: each schema is compiled when a run first checks a value against it.
+            validators: plan.state_validators(),
+            node_validators: plan.node_validators(),
             plan,
             store,
             services,
             events,
             cancel: Arc::new(AtomicBool::new(false)),
-            validators: Arc::new(validators),
             options: RunOptions::default(),
         }
     }
