@@ -477,7 +477,9 @@ impl Engine {
     /// Runs what a [`RunRequest`] describes: a thread that does not exist is started from it; an
     /// existing one gets a new turn when the request has input, the answer when it has one, and
     /// otherwise continues.
-    pub async fn run(&self, req: RunRequest) -> Result<RunOutcome, EngineError> {
+    pub fn run(&self, req: RunRequest) -> impl Future<Output = Result<RunOutcome, EngineError>> + Send + use<> {
+        // Made before the future: it holds the engine and the boxed entry, not the request
+        // too (a future keeps what it was given for as long as it lives).
         let engine = self.clone().with_options(RunOptions {
             lease: req.lease.clone(),
             recursion_limit: req.recursion_limit,
@@ -487,12 +489,19 @@ impl Engine {
             message_scope: String::new(),
             gates: req.gates.clone(),
         });
-        engine.enter(Entry::from(req)).await
+        let entry = Box::new(Entry::from(req));
+        async move { engine.enter_boxed(entry).await }
     }
 
     /// Runs (or continues) a thread until it is done, interrupted, failed or cancelled. The
     /// thread's lease is held from before the thread is opened (or created) until the run ends.
-    async fn enter(&self, entry: Entry) -> Result<RunOutcome, EngineError> {
+    fn enter(&self, entry: Entry) -> impl Future<Output = Result<RunOutcome, EngineError>> + Send + '_ {
+        self.enter_boxed(Box::new(entry))
+    }
+
+    /// [`Engine::enter`] with the entry on the heap: every future between here and a step
+    /// holds it, and a future keeps both what it was given and what it moved that into.
+    async fn enter_boxed(&self, entry: Box<Entry>) -> Result<RunOutcome, EngineError> {
         let thread_id = entry.thread_id.clone().unwrap_or_else(checkpoint::new_id);
         let span = trace::run(self.plan.name(), &thread_id);
         let outcome = async {
@@ -512,7 +521,12 @@ impl Engine {
         outcome
     }
 
-    async fn run_held(&self, entry: Entry, thread_id: String, held: &lease::Held) -> Result<RunOutcome, EngineError> {
+    async fn run_held(
+        &self,
+        entry: Box<Entry>,
+        thread_id: String,
+        held: &lease::Held,
+    ) -> Result<RunOutcome, EngineError> {
         let started = Instant::now();
         let mut run = self.begin(&entry, thread_id, held.fence())?;
         let end = loop {

@@ -591,6 +591,8 @@ pub(super) async fn start_run(
     let parent = tracing::Span::current();
     let request_thread = thread_id.clone();
     let woken = wake.clone();
+    // Boxed: the task holds what it was given for as long as it lives.
+    let request = Box::new(request);
     tokio::spawn(
         async move {
             let worker = tokio::select! {
@@ -608,10 +610,10 @@ pub(super) async fn start_run(
                 None => Ok(never_started(&request_thread)),
                 Some(_worker) => match edit {
                     Some((update, goto)) => match engine.command(&request_thread, update, goto).await {
-                        Ok(_) => engine.run(request).await,
+                        Ok(_) => engine.run(*request).await,
                         Err(e) => Err(e),
                     },
-                    None => engine.run(request).await,
+                    None => engine.run(*request).await,
                 },
             };
             // The engine (and with it every sender of its events) is gone before its end is told.
