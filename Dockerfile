@@ -15,10 +15,12 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
 # The registry and target caches survive between builds (BuildKit); the binary is copied out
-# of the cache mount before the layer ends.
+# of the cache mount before the layer ends. The image runs on bookworm's glibc 2.36, so the
+# binary links with packed relative relocations (DT_RELR): its megabyte of relocation table is
+# no longer read into memory at every start.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin runner \
+    RUNNER_PACKED_RELOCS=1 cargo build --release --locked --bin runner \
     && strip -o /runner target/release/runner
 
 # --- run -------------------------------------------------------------------------------------

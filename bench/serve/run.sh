@@ -32,8 +32,10 @@ log "installing $(grep -v '^#' "$HERE/requirements.txt" | xargs) into bench/.ven
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$HERE/requirements.txt"
 
 if [[ -z "${RUNNER:-}" ]]; then
+    # Linked as the container image links it (packed relocations, glibc 2.36+), as the engine
+    # benchmark does; RUNNER_PACKED_RELOCS=0 measures the portable build.
     log "cargo build --release"
-    cargo build --release --quiet --bin runner
+    RUNNER_PACKED_RELOCS="${RUNNER_PACKED_RELOCS:-1}" cargo build --release --quiet --bin runner
     RUNNER="${CARGO_TARGET_DIR:-$ROOT/target}/release/runner"
 fi
 "$RUNNER" validate "$HERE/graphs/" >&2
