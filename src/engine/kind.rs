@@ -147,7 +147,7 @@ pub struct NodeCtx<'a> {
     pub message_scope: &'a str,
     /// The lease the run writes under (a subgraph runs its child thread under it).
     pub fence: &'a Fence,
-    /// Per node, a validator built on first use and kept for the engine's life.
+    /// Per node, a validator built on first use and kept by the plan for all its runs.
     pub(super) validators: &'a NodeValidators,
 }
 
