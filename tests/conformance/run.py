@@ -1,0 +1,156 @@
+"""The differential conformance suite: the same scenarios, through LangGraph's own Python and
+JS clients, against the reference server (`langgraph dev`, serving reference/graphs.py) and
+`runner serve` (serving the YAML twins in workflows/), and the answers compared.
+
+    python run.py --runner PATH/TO/runner [--js DIR] [--out DIR] [--only NAME ...] [--keep]
+
+Run with the venv that requirements.txt was installed into (tests/conformance.rs makes it).
+--js names a folder where @langchain/langgraph-sdk is installed (npm ci of js/); without it
+only the Python client drives. Exits 1 when a difference is not among the deliberate ones in
+differences.yaml, or a deliberate one no longer occurs.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ok(url: str, proc: subprocess.Popen, log: Path, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url}: the server exited ({proc.returncode}):\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url + "/ok", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{url}: no answer to /ok within {seconds} s:\n{log.read_text()[-4000:]}")
+
+
+class Server:
+    def __init__(self, name, cmd, cwd, env, out: Path):
+        self.name = name
+        self.log = out / f"{name}.log"
+        self.port = int(cmd[cmd.index("--port") + 1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_ok(self.url, self.proc, self.log)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def start_reference(out: Path) -> Server:
+    work = out / "reference"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(HERE / "reference", work)
+    langgraph = Path(sys.executable).parent / "langgraph"
+    env = dict(
+        os.environ,
+        CONFORMANCE_MOCK=str(HERE / "mock.yaml"),
+        LANGGRAPH_CLI_NO_ANALYTICS="1",
+        LANGGRAPH_NO_VERSION_CHECK="true",
+        LANGSMITH_TRACING="false",
+        LANGCHAIN_TRACING_V2="false",
+    )
+    cmd = [str(langgraph), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(free_port()),
+           "--n-jobs-per-worker", "10"]
+    return Server("reference", cmd, work, env, out)
+
+
+def start_runner(runner: str, out: Path) -> Server:
+    db = out / "runner.db"
+    for f in out.glob("runner.db*"):
+        f.unlink()
+    cmd = [runner, "serve", str(HERE / "workflows"), "--mock", str(HERE / "mock.yaml"), "--db", str(db),
+           "--data-db", str(out / "data.db"), "--port", str(free_port())]
+    env = dict(os.environ, RUNNER_LOG="runner=warn", RUNNER_NO_CACHE="1")
+    return Server("runner", cmd, out, env, out)
+
+
+def drive(sdk: str, server: Server, scenarios: Path, out: Path, only, js_dir) -> subprocess.Popen:
+    result = out / f"{sdk}-{server.name}.json"
+    if sdk == "python":
+        cmd = [sys.executable, str(HERE / "drive.py"), server.url, str(scenarios), str(result), *only]
+    else:
+        cmd = ["node", str(Path(js_dir) / "drive.mjs"), server.url, str(scenarios), str(result), *only]
+    log = open(out / f"{sdk}-{server.name}.log", "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runner", required=True)
+    ap.add_argument("--js", help="a folder with drive.mjs and node_modules/@langchain/langgraph-sdk")
+    ap.add_argument("--out", default=str(HERE.parent.parent / "target" / "conformance"))
+    ap.add_argument("--only", nargs="*", default=[])
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scenarios = out / "scenarios.json"
+    scenarios.write_text(json.dumps(yaml.safe_load((HERE / "scenarios.yaml").read_text())))
+    sdks = ["python"] + (["js"] if args.js else [])
+    started = time.monotonic()
+    servers = []
+    try:
+        servers = [start_reference(out), start_runner(args.runner, out)]
+        print(f"servers up in {time.monotonic() - started:.1f} s", flush=True)
+        for sdk in sdks:
+            procs = [drive(sdk, s, scenarios, out, args.only, args.js) for s in servers]
+            for p, s in zip(procs, servers):
+                if p.wait() != 0:
+                    print(f"the {sdk} driver against {s.name} failed:\n" + (out / f"{sdk}-{s.name}.log").read_text()[-4000:])
+                    return 1
+            print(f"{sdk} driver done at {time.monotonic() - started:.1f} s", flush=True)
+    finally:
+        for s in servers:
+            s.stop()
+    failed = False
+    used = {}
+    for sdk in sdks:
+        report = out / f"{sdk}-report.json"
+        code = subprocess.call([sys.executable, str(HERE / "compare.py"), str(out / f"{sdk}-reference.json"),
+                                str(out / f"{sdk}-runner.json"), str(HERE / "differences.yaml"),
+                                "--sdk", sdk, "--report", str(report)])
+        failed |= code != 0
+        for entry, n in json.loads(report.read_text())["used"].items():
+            used[entry] = used.get(entry, 0) + n
+    stale = [e for e, n in used.items() if n == 0]
+    for e in stale:
+        print(f"STALE deliberate difference `{e}`: it no longer occurs; remove it from differences.yaml")
+    if args.only:
+        stale = []
+    print(f"conformance: {'FAILED' if failed or stale else 'passed'} in {time.monotonic() - started:.1f} s")
+    return 1 if failed or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
