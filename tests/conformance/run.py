@@ -2,11 +2,12 @@
 JS clients, against the reference server (`langgraph dev`, serving reference/graphs.py) and
 `runner serve` (serving the YAML twins in workflows/), and the answers compared.
 
-    python run.py --runner PATH/TO/runner [--js DIR] [--out DIR] [--only NAME ...] [--keep]
+    python run.py --runner PATH/TO/runner [--js [DIR]] [--out DIR] [--only NAME ...]
 
 Run with the venv that requirements.txt was installed into (tests/conformance.rs makes it).
---js names a folder where @langchain/langgraph-sdk is installed (npm ci of js/); without it
-only the Python client drives. Exits 1 when a difference is not among the deliberate ones in
+--js also drives the scenarios through the JS client: DIR holds drive.mjs with
+@langchain/langgraph-sdk installed beside it (`npm ci` in js/); bare --js means js/.
+Without it only the Python client drives. Exits 1 when a difference is not among the deliberate ones in
 differences.yaml, or a deliberate one no longer occurs.
 """
 
@@ -109,10 +110,18 @@ def drive(sdk: str, server: Server, scenarios: Path, out: Path, only, js_dir) ->
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runner", required=True)
-    ap.add_argument("--js", help="a folder with drive.mjs and node_modules/@langchain/langgraph-sdk")
+    ap.add_argument("--js", nargs="?", const=str(HERE / "js"),
+                    help="a folder with drive.mjs and node_modules/@langchain/langgraph-sdk (default: js/ after `npm ci`)")
     ap.add_argument("--out", default=str(HERE.parent.parent / "target" / "conformance"))
     ap.add_argument("--only", nargs="*", default=[])
     args = ap.parse_args()
+    if args.js:
+        js = Path(args.js).resolve()
+        if not (js / "drive.mjs").is_file():
+            raise SystemExit(f"--js {js}: no drive.mjs there")
+        if not (js / "node_modules" / "@langchain" / "langgraph-sdk").is_dir():
+            raise SystemExit(f"--js {js}: @langchain/langgraph-sdk is not installed there; run `npm ci` in it")
+        args.js = str(js)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scenarios = out / "scenarios.json"
