@@ -12,7 +12,7 @@ import yaml
 from langchain.agents import create_agent
 from langchain.agents.middleware import HumanInTheLoopMiddleware
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.tools import tool
 from langgraph.cache.memory import InMemoryCache
@@ -26,10 +26,18 @@ with open(SCRIPT) as f:
     MATCH = yaml.safe_load(f)["match"]
 
 
+def _text(content) -> str:
+    """A message's text: its string, or its text blocks joined (agent-chat-ui sends a new
+    message's content as blocks, `[{"type": "text", "text": ...}]`)."""
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+
 def _reply(messages: list[BaseMessage]) -> dict:
     """The scripted reply runner's mock gives: the first entry whose `contains` is in the
     messages' text, joined by newlines."""
-    prompt = "\n".join(m.content if isinstance(m.content, str) else "" for m in messages)
+    prompt = "\n".join(_text(m.content) for m in messages)
     for entry in MATCH:
         if entry["contains"] in prompt:
             reply = entry["reply"]
@@ -271,7 +279,9 @@ nested_gate = _b.compile()
 @tool
 def define(word: str) -> str:
     """Define a word."""
-    return f"{word}: a short definition"
+    # As the twin's tool does (an llm call with the prompt `Look up {word}`): the script's
+    # answer, which the model's next turn reads. Not streamed: the script, not the model.
+    return _reply([HumanMessage(f"Look up {word}")])["text"]
 
 
 _agent = create_agent(model, tools=[define], middleware=[HumanInTheLoopMiddleware(interrupt_on={"define": True})])
