@@ -2,12 +2,14 @@
 JS clients, against the reference server (`langgraph dev`, serving reference/graphs.py) and
 `runner serve` (serving the YAML twins in workflows/), and the answers compared.
 
-    python run.py --runner PATH/TO/runner [--js [DIR]] [--out DIR] [--only NAME ...]
+    python run.py --runner PATH/TO/runner [--js [DIR]] [--flows] [--out DIR] [--only NAME ...]
 
 Run with the venv that requirements.txt was installed into (tests/conformance.rs makes it).
 --js also drives the scenarios through the JS client: DIR holds drive.mjs with
 @langchain/langgraph-sdk installed beside it (`npm ci` in js/); bare --js means js/.
-Without it only the Python client drives. Exits 1 when a difference is not among the deliberate ones in
+Without it only the Python client drives. --flows (with --js) also runs agent-chat-ui's
+flows (js/flows.mjs, the SDK's React hook) against both servers, the reference allowed its
+known failure; a failed flow fails the run. Exits 1 when a difference is not among the deliberate ones in
 differences.yaml, or a deliberate one no longer occurs.
 """
 
@@ -107,11 +109,27 @@ def drive(sdk: str, server: Server, scenarios: Path, out: Path, only, js_dir) ->
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
+def run_flows(js_dir, servers, out: Path) -> bool:
+    """agent-chat-ui's flows against each server, one after the other; True if one failed."""
+    failed = False
+    for s in servers:
+        cmd = ["node", str(Path(js_dir) / "flows.mjs"), s.url, "--json", str(out / f"flows-{s.name}.json")]
+        if s.name == "reference":
+            cmd.append("--allow-known-reference-failure")
+        with open(out / f"flows-{s.name}.log", "w") as log:
+            code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        summary = (out / f"flows-{s.name}.log").read_text().strip().splitlines()
+        print(f"[flows] {s.name}: {summary[-1] if summary else '(no output)'}" + (f" (see {out / f'flows-{s.name}.log'})" if code else ""))
+        failed |= code != 0
+    return failed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runner", required=True)
     ap.add_argument("--js", nargs="?", const=str(HERE / "js"),
                     help="a folder with drive.mjs and node_modules/@langchain/langgraph-sdk (default: js/ after `npm ci`)")
+    ap.add_argument("--flows", action="store_true", help="also run agent-chat-ui's flows (flows.mjs, needs --js)")
     ap.add_argument("--out", default=str(HERE.parent.parent / "target" / "conformance"))
     ap.add_argument("--only", nargs="*", default=[])
     args = ap.parse_args()
@@ -122,6 +140,8 @@ def main() -> int:
         if not (js / "node_modules" / "@langchain" / "langgraph-sdk").is_dir():
             raise SystemExit(f"--js {js}: @langchain/langgraph-sdk is not installed there; run `npm ci` in it")
         args.js = str(js)
+    if args.flows and not args.js:
+        raise SystemExit("--flows needs --js (the folder with flows.mjs and its npm ci)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scenarios = out / "scenarios.json"
@@ -129,6 +149,7 @@ def main() -> int:
     sdks = ["python"] + (["js"] if args.js else [])
     started = time.monotonic()
     servers = []
+    flows_failed = False
     try:
         servers = [start_reference(out), start_runner(args.runner, out)]
         print(f"servers up in {time.monotonic() - started:.1f} s", flush=True)
@@ -139,10 +160,13 @@ def main() -> int:
                     print(f"the {sdk} driver against {s.name} failed:\n" + (out / f"{sdk}-{s.name}.log").read_text()[-4000:])
                     return 1
             print(f"{sdk} driver done at {time.monotonic() - started:.1f} s", flush=True)
+        if args.flows:
+            flows_failed = run_flows(args.js, servers, out)
+            print(f"flows done at {time.monotonic() - started:.1f} s", flush=True)
     finally:
         for s in servers:
             s.stop()
-    failed = False
+    failed = flows_failed
     used = {}
     for sdk in sdks:
         report = out / f"{sdk}-report.json"
