@@ -3,7 +3,10 @@
 // package-lock.json beside this file), recording what every call returned: a stream's events,
 // a thread's state, a run, or the error the server answered.
 //
+//     npm ci   # once, in this folder
 //     node drive.mjs URL SCENARIOS.json OUT.json [SCENARIO ...]
+//
+// run.py --js runs it against both servers; SCENARIOS.json is what run.py writes.
 //
 // It reads the same scenarios as drive.py (scenarios.yaml as JSON) and writes records of the
 // same shape, so compare.py reads both: per scenario a list of {step, op, result} or

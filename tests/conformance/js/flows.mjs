@@ -4,7 +4,10 @@
 // components drive it (the same hook options, the same submit values and options, the same
 // getters read while rendering, so the same stream modes and the same requests).
 //
+//     npm ci   # once, in this folder
 //     node flows.mjs URL [--only a,b,...] [--allow-known-reference-failure] [--verbose] [--json OUT]
+//
+// run.py --js --flows runs it against both servers.
 //
 // URL is a LangGraph API server serving the conformance graphs `chat`, `gate` and `agent`
 // (reference/graphs.py under `langgraph dev`, or the workflows/ twins under `runner serve`),
