@@ -144,16 +144,16 @@ fn an_agent_loops_through_parallel_tool_calls_and_returns_the_messages_it_added(
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
-    // Each keeps the id the loop gave it, scoped to the agent's task (step 0, `helper`): the
+    // Each keeps the id the loop gave it, scoped to the agent's task (`helper:1`): the
     // model's turns, then the round's two tool results.
     assert_eq!(
         ids,
         [
-            "msg:-1:input:1",
-            "msg:0/helper/0:helper",
-            "msg:0/helper/1:tools:1",
-            "msg:0/helper/1:tools:2",
-            "msg:0/helper/2:helper"
+            "msg:__start__:0:1",
+            "msg:helper:1/helper:1",
+            "msg:helper:1/tools:2:1",
+            "msg:helper:1/tools:2:2",
+            "msg:helper:1/helper:3"
         ]
     );
     assert_eq!(messages[2]["tool_call_id"], "call_0");
@@ -536,7 +536,7 @@ fn an_agent_streams_its_models_tokens_and_its_tool_events_as_the_loops() {
     // joins streamed and stored messages by id needs.
     let streamed: Vec<&str> = tokens.iter().map(|e| e["message_id"].as_str().unwrap()).collect();
     let stored = out.state["messages"].as_array().unwrap().last().unwrap()["id"].clone();
-    assert_eq!(stored, "msg:0/helper/2:helper");
+    assert_eq!(stored, "msg:helper:1/helper:3");
     assert!(streamed.iter().all(|id| *id == stored), "{streamed:?} vs {stored}");
     let tool_ends = events
         .iter()

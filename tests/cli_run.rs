@@ -127,21 +127,27 @@ fn run_interrupt_resume_history_state_and_fork() {
         "draft: second draft\nlog:\n  - write\n  - respond\n  - write\n  - accept\n"
     );
 
-    // history: newest first, one line per checkpoint, with what ran and what changed.
+    // history: newest first, one line per checkpoint, with what ran and what changed; the
+    // turn's first two checkpoints are the state before its input (waiting for `__start__`,
+    // which writes it) and after.
     let history = String::from_utf8(runner(d, &["history", "--thread", "t1"]).stdout).unwrap();
     let lines: Vec<&str> = history.lines().collect();
-    assert_eq!(lines.len(), 5, "{history}");
+    assert_eq!(lines.len(), 6, "{history}");
     assert!(
-        lines[0].contains("step    3") && lines[0].contains("ran [review]") && lines[0].contains("next []"),
+        lines[0].contains("step    4") && lines[0].contains("ran [review]") && lines[0].contains("next []"),
         "{history}"
     );
     assert!(
-        lines[4].contains("step   -1") && lines[4].contains("next [write]"),
+        lines[4].contains("step    0") && lines[4].contains("next [write]"),
+        "{history}"
+    );
+    assert!(
+        lines[5].contains("step   -1") && lines[5].contains("next [__start__]"),
         "{history}"
     );
     let step0 = lines[3].split_whitespace().next().unwrap().to_string();
     assert!(
-        lines[3].contains("step    0") && lines[3].contains("changed [draft, log]"),
+        lines[3].contains("step    1") && lines[3].contains("changed [draft, log]"),
         "{history}"
     );
 
@@ -149,10 +155,10 @@ fn run_interrupt_resume_history_state_and_fork() {
     // links, and the thread with its status.
     let listed = json_out(&runner(d, &["history", "--thread", "t1", "--format", "json"]));
     let listed = listed.as_array().unwrap();
-    assert_eq!(listed.len(), 5);
+    assert_eq!(listed.len(), 6);
     assert_eq!(
         (listed[0]["step"].clone(), listed[0]["ran"].clone()),
-        (json!(3), json!(["review"]))
+        (json!(4), json!(["review"]))
     );
     assert_eq!(listed[3]["checkpoint_id"], json!(step0));
     assert_eq!(listed[0]["parent_id"], listed[1]["checkpoint_id"]);
@@ -370,7 +376,8 @@ fn persist_exit_stores_only_what_the_last_checkpoint_references() {
     )
     .unwrap();
     let stats = store.stats().unwrap();
-    assert_eq!(stats.checkpoints, 2, "{stats:?}");
+    // The turn's two first checkpoints, and the last.
+    assert_eq!(stats.checkpoints, 3, "{stats:?}");
     assert_eq!(stats.value_rows, 6, "{stats:?}");
     // Every intermediate `text` stored would be ~STEPS²/2 KB (45 MB); the last one is 300 KB.
     let last_text = STEPS as u64 * 1000;
@@ -385,7 +392,7 @@ fn persist_exit_stores_only_what_the_last_checkpoint_references() {
     let text = runner(d, &["state", "--thread", "g", "--key", "text"]);
     assert_eq!(json_out(&text).as_str().map(str::len), Some(STEPS * 1000));
     let history = runner(d, &["history", "--thread", "g"]);
-    assert_eq!(String::from_utf8_lossy(&history.stdout).lines().count(), 2);
+    assert_eq!(String::from_utf8_lossy(&history.stdout).lines().count(), 3);
 
     // A new turn continues from it (and extends what was stored).
     let more = runner(
@@ -836,7 +843,7 @@ fn several_gates_are_listed_and_answered_by_node_or_id() {
         .iter()
         .map(|i| i["task_id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["pa", "pb"]);
+    assert_eq!(ids, ["pa:1", "pb:1"]);
     assert!(stderr(&run).contains("--answer '<gate>=<json>'"), "{}", stderr(&run));
 
     let bare = runner(d, &["resume", "--thread", "g", "--answer", r#""x""#]);
@@ -851,7 +858,7 @@ fn several_gates_are_listed_and_answered_by_node_or_id() {
     assert_eq!(one.status.code(), Some(3), "{}", stderr(&one));
     assert_eq!(
         json_out(&one)["interrupt"]["task_id"],
-        "pa",
+        "pa:1",
         "the other gate is reported again"
     );
     let again = runner(d, &["resume", "--thread", "g", "--answer", r#"pb="B""#]);

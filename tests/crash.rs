@@ -131,7 +131,7 @@ fn a_killed_run_resumes_without_rerunning_finished_tasks() {
         }
         let finished = tasks(&first, "node_end", None)
             .iter()
-            .filter(|t| t.starts_with("work#"))
+            .filter(|t| t.starts_with("work:"))
             .count();
         if finished >= 2 || Instant::now() > deadline {
             break;
@@ -142,7 +142,7 @@ fn a_killed_run_resumes_without_rerunning_finished_tasks() {
     assert!(!status.success(), "the run was killed, not finished");
     let finished_before: BTreeSet<String> = tasks(&first, "node_end", None)
         .into_iter()
-        .filter(|t| t.starts_with("work#"))
+        .filter(|t| t.starts_with("work:"))
         .collect();
     assert!(
         finished_before.len() >= 2 && finished_before.len() < 6,
@@ -171,8 +171,8 @@ fn a_killed_run_resumes_without_rerunning_finished_tasks() {
         finished_before,
         "finished tasks are taken from their stored writes"
     );
-    let all_work: BTreeSet<String> = (0..6).map(|i| format!("work#{i}")).collect();
-    let ran_now: BTreeSet<String> = started_again.into_iter().filter(|t| t.starts_with("work#")).collect();
+    let all_work: BTreeSet<String> = (0..6).map(|i| format!("work:2#{i}")).collect();
+    let ran_now: BTreeSet<String> = started_again.into_iter().filter(|t| t.starts_with("work:")).collect();
     assert_eq!(ran_now, all_work.difference(&finished_before).cloned().collect());
     let result: Value = serde_json::from_slice(&resumed.stdout).unwrap();
     assert_eq!(result, expected, "the resumed run ends where an uninterrupted one does");
@@ -385,7 +385,7 @@ fn kill_and_recover(dir: &Path, flags: &[&str], thread: &str, moment: Moment, rn
         Moment::FirstStep => p.until(|e| e["type"] == "run_start"),
         Moment::FanOut => {
             let k = rng.below(4);
-            p.until(|e| e["type"] == "node_end" && e["task_id"] == format!("work#{k}"))
+            p.until(|e| e["type"] == "node_end" && e["task_id"] == format!("work:2#{k}"))
         }
         Moment::SubgraphStart => p.until(|e| e["type"] == "node_start" && e["node"] == "sub"),
     };

@@ -54,7 +54,7 @@ impl Run {
             .filter_map(|e| match e {
                 Event::NodeEnd {
                     task_id, cached: false, ..
-                } => Some(task_id.clone()),
+                } => Some(runner::engine::task_label(task_id)),
                 _ => None,
             })
             .collect()
@@ -117,7 +117,7 @@ edges: [START -> one -> two -> END]
     assert_eq!(s["profile"], json!({"a": {"b": 1, "c": 2}}));
     assert_eq!(
         s["messages"],
-        json!([{"role": "user", "content": "hi", "id": "msg:0:one:1"}, {"role": "assistant", "content": "yo", "id": "msg:1:two"}])
+        json!([{"role": "user", "content": "hi", "id": "msg:one:1:1"}, {"role": "assistant", "content": "yo", "id": "msg:two:2"}])
     );
     assert_eq!(s["ranked"], json!([{"score": 9}, {"score": 4}, {"score": 1}]));
     assert_eq!(s["last"], json!("two"));
@@ -170,7 +170,7 @@ fn a_write_conflict_fails_the_step_and_leaves_the_thread_resumable() {
     );
     // The last good checkpoint is intact; the fixed workflow resumes without re-running a, b, c.
     let history = r.store.history(&out.thread_id).unwrap();
-    assert_eq!(history[0].step, 0);
+    assert_eq!(history[0].step, 1);
     r.events.clear();
     let fixed = p.plan("w.yaml");
     let out = r.go(&fixed, resume(&out.thread_id, None));
@@ -748,12 +748,12 @@ edges: [START -> inc, {from: inc, route: [{when: "state.n >= 4", to: END}, {to: 
     let out = r.go(&plan, req(json!({})));
     assert_eq!(out.state["log"], json!([0, 1, 2, 3]));
     let history = r.store.history(&out.thread_id).unwrap();
-    let at_step_1 = history.iter().find(|c| c.step == 1).unwrap();
+    let at_step_2 = history.iter().find(|c| c.step == 2).unwrap();
     let fork = r
         .store
-        .fork(&out.thread_id, &at_step_1.checkpoint_id, "branch")
+        .fork(&out.thread_id, &at_step_2.checkpoint_id, "branch")
         .unwrap();
-    assert_eq!(fork.step, 1);
+    assert_eq!(fork.step, 2);
     // Edit `n` on the branch (what `runner fork --set n=10` does), then continue it.
     let mut versions = fork.versions.clone();
     let v = versions["n"] + 1;
@@ -788,7 +788,8 @@ edges: [START -> inc, {from: inc, route: [{when: "state.n >= 10", to: END}, {to:
 "#),
     )]);
     let plan = p.plan("w.yaml");
-    for (mode, checkpoints) in [(Persist::Sync, 11), (Persist::Async, 11), (Persist::Exit, 2)] {
+    // The turn's two first checkpoints (before and after its input), then one per step.
+    for (mode, checkpoints) in [(Persist::Sync, 12), (Persist::Async, 12), (Persist::Exit, 3)] {
         let mut r = Run::new(json!({}));
         let out = r.go(
             &plan,
@@ -943,11 +944,14 @@ edges: [START -> add, {from: add, route: [{when: "state.log | length >= config.r
     let history = sqlite.history(&out.thread_id).unwrap();
     for cp in history
         .iter()
-        .filter(|c| [0, 255, 256, 257, 511, 599].contains(&c.step))
+        .filter(|c| [1, 256, 257, 258, 512, 600].contains(&c.step))
     {
         let log = &sqlite.state(&out.thread_id, &cp.versions).unwrap()["log"];
-        assert_eq!(log.as_array().unwrap().len() as i64, cp.step + 1, "step {}", cp.step);
-        assert_eq!(log[cp.step as usize], json!(format!("entry number {}", cp.step)));
+        assert_eq!(log.as_array().unwrap().len() as i64, cp.step, "step {}", cp.step);
+        assert_eq!(
+            log[cp.step as usize - 1],
+            json!(format!("entry number {}", cp.step - 1))
+        );
     }
     // A fork copies the value resolved, so the new thread stands on its own.
     let at = history.iter().find(|c| c.step == 400).unwrap();
@@ -959,7 +963,7 @@ edges: [START -> add, {from: add, route: [{when: "state.log | length >= config.r
             .as_array()
             .unwrap()
             .len(),
-        401
+        400
     );
     // Storing the whole list at each of 600 versions would take about 600²/2 entries of ~20
     // bytes (3.6 MB); extensions take a few hundred kB, mostly the checkpoint rows.
@@ -1102,7 +1106,7 @@ fn several_gates_in_one_step_are_all_reported_and_answered_one_at_a_time() {
     let out = r.go(&plan, req(json!({})));
     assert_eq!(out.status, Status::Interrupted);
     let ids: Vec<&str> = out.interrupts.iter().map(|i| i["task_id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["pa", "pb"], "every pending gate, with its id");
+    assert_eq!(ids, ["pa:1", "pb:1"], "every pending gate, with its id");
     assert_eq!(out.interrupts[1]["payload"]["message"], "b?");
     let thread = out.thread_id.clone();
 
@@ -1124,7 +1128,7 @@ fn several_gates_in_one_step_are_all_reported_and_answered_one_at_a_time() {
     let out = r.go(&plan, answer(&thread, Some("pb"), json!("B")));
     assert_eq!(out.status, Status::Interrupted);
     assert_eq!(out.interrupts.len(), 1, "{:#?}", out.interrupts);
-    assert_eq!(out.interrupts[0]["task_id"], "pa");
+    assert_eq!(out.interrupts[0]["task_id"], "pa:1");
     // The same gate again: already answered.
     let err = try_run(&r, &plan, answer(&thread, Some("pb"), json!("B2"))).unwrap_err();
     assert!(matches!(err, runner::engine::EngineError::AlreadyAnswered(_)), "{err}");
@@ -1271,7 +1275,7 @@ edges: [START -> sub, sub -> END]
     let child_plan = p.plan("child.yaml");
     r.store
         .create_thread(&runner::checkpoint::Thread {
-            thread_id: format!("{}/0/sub", out.thread_id),
+            thread_id: format!("{}/1/sub:1", out.thread_id),
             workflow: "child.yaml".into(),
             plan_hash: child_plan.hash().to_string(),
             input: json!({"topic": "rust"}),
@@ -1404,7 +1408,7 @@ fn a_run_whose_lease_was_taken_over_writes_nothing_more() {
     );
     assert_eq!(
         r.store.history("X").unwrap().len(),
-        1,
+        2,
         "the step's checkpoint was refused"
     );
     assert_eq!(r.store.lease("X").unwrap().unwrap().owner, "someone-else");
@@ -1497,13 +1501,13 @@ edges: [START -> sub, sub -> END]
     let out = r.go(&plan, req(json!({})));
     assert_eq!(out.status, Status::Interrupted);
     let ids: Vec<&str> = out.interrupts.iter().map(|i| i["task_id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["sub/pa", "sub/pb"]);
+    assert_eq!(ids, ["sub:1/pa:1", "sub:1/pb:1"]);
     assert_eq!(out.interrupts[1]["payload"]["payload"]["message"], "b?");
     let thread = out.thread_id.clone();
 
     let err = try_run(&r, &plan, resume(&thread, Some(json!("x")))).unwrap_err();
     assert!(
-        err.to_string().contains("`sub/pa`") && err.to_string().contains("`sub/pb`"),
+        err.to_string().contains("`sub:1/pa:1`") && err.to_string().contains("`sub:1/pb:1`"),
         "{err}"
     );
     // The child's schema applies to an answer addressed inside it.
@@ -1938,7 +1942,7 @@ edges:
     assert_eq!(out.state["n"], json!(1));
     assert_eq!(
         out.state["messages"],
-        json!([{"role": "user", "content": "kept", "id": "msg:2:trim:1"}])
+        json!([{"role": "user", "content": "kept", "id": "msg:trim:3:1"}])
     );
     // What was stored reads back the same (an overwritten value is no extension of the old).
     let cp = r.store.get_checkpoint(&out.thread_id, None).unwrap().unwrap();
@@ -1975,8 +1979,8 @@ edges: [START -> reply, reply -> END]
     assert_eq!(
         first.state["messages"],
         json!([
-            {"role": "user", "content": "hi", "id": "msg:-1:input:1"},
-            {"role": "assistant", "content": "saw 1", "id": "msg:0:reply"}
+            {"role": "user", "content": "hi", "id": "msg:__start__:0:1"},
+            {"role": "assistant", "content": "saw 1", "id": "msg:reply:1"}
         ])
     );
     assert_eq!(first.state["tags"], json!(["base", "a"]));
@@ -2005,7 +2009,10 @@ edges: [START -> reply, reply -> END]
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["msg:-1:input:1", "msg:0:reply", "msg:1:input:1", "msg:2:reply"]);
+    assert_eq!(
+        ids,
+        ["msg:__start__:0:1", "msg:reply:1", "msg:__start__:3:1", "msg:reply:4"]
+    );
     assert_eq!(second.state["tags"], json!(["base", "a"]));
     // The turn's checkpoint stored the fed value: it reads back from the store.
     let cp = r.store.get_checkpoint(&first.thread_id, None).unwrap().unwrap();

@@ -96,7 +96,7 @@ fn a_handoff_ends_the_child_and_continues_the_parent_at_its_target_through_its_r
         .collect();
     assert_eq!(ran, ["sub", "target"]);
     // The child finished the step it handed off in (`b` too), and nothing after it (`c`).
-    let child = format!("{}/0/sub", out.thread_id);
+    let child = format!("{}/1/sub:1", out.thread_id);
     let last = store.get_checkpoint(&child, None).unwrap().unwrap();
     assert!(last.next.is_empty(), "{:?}", last.next);
     let state = store.state(&child, &last.versions).unwrap();
@@ -176,7 +176,7 @@ edges:
     let rt = tokio::runtime::Runtime::new().unwrap();
     let child_out = rt
         .block_on(engine.start(Start {
-            thread_id: Some(format!("{}/0/sub", out.thread_id)),
+            thread_id: Some(format!("{}/1/sub:1", out.thread_id)),
             workflow: "child.yaml".into(),
             input: Some(json!({})),
             context: None,

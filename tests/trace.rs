@@ -324,7 +324,7 @@ fn check_tree(spans: &[Span]) {
     let step = parent_of(&spans, task).unwrap();
     assert_eq!(
         (step.name.as_str(), step.attrs["runner.step"].as_str()),
-        ("step 0", "0")
+        ("step 1", "1")
     );
     assert_eq!(parent_of(&spans, step).unwrap().id, root.id);
 

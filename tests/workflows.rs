@@ -109,7 +109,7 @@ fn tasks_of<'a>(events: impl IntoIterator<Item = &'a Value>) -> Vec<Vec<String>>
                 .as_array()
                 .expect("step_start lists its tasks")
                 .iter()
-                .map(|t| t.as_str().expect("a task id").to_string())
+                .map(|t| runner::engine::task_label(t.as_str().expect("a task id")))
                 .collect()
         })
         .collect()

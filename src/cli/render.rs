@@ -48,7 +48,14 @@ impl Renderer {
                     if *resumed { "resuming" } else { "running" }
                 ))
             }
-            Event::StepStart { step, tasks } => Some(format!("step {step}: {}", tasks.join(", "))),
+            Event::StepStart { step, tasks } => Some(format!(
+                "step {step}: {}",
+                tasks
+                    .iter()
+                    .map(|t| crate::engine::task_label(t))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
             Event::NodeEnd {
                 node,
                 duration_ms,

@@ -87,7 +87,7 @@ impl Engine {
             }
             self.count_usage(&mut run.meta, &t.node, &d.usage);
         }
-        let folded = self.fold(run, &updates, step)?;
+        let folded = self.fold(run, &updates)?;
         // Routing sees the state after the step; if routing fails, the step did not happen.
         let previous: Vec<(String, Option<Value>)> = folded
             .values
@@ -109,7 +109,10 @@ impl Engine {
                 return Err(message);
             }
         };
-        let next = self.hold_deferred(&mut run.meta, self.schedule(next));
+        let branch = run.meta.branch;
+        run.meta.source = None;
+        run.meta.run = self.options.metadata.as_deref().cloned();
+        let next = self.hold_deferred(&mut run.meta, self.schedule(next, step + 1, branch), step + 1);
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             thread_id: run.shared.thread_id.clone(),
@@ -154,20 +157,19 @@ impl Engine {
     }
 
     /// Folds each key's writes (by node, in order) through its reducer and checks the result.
-    fn fold(&self, run: &mut Run, updates: &Updates, step: i64) -> Result<Folded, ApplyError> {
-        self.fold_writes(&run.state, &run.cp.versions, &mut run.meta, updates, step)
+    fn fold(&self, run: &mut Run, updates: &Updates) -> Result<Folded, ApplyError> {
+        self.fold_writes(&run.state, &run.cp.versions, &mut run.meta, updates)
     }
 
     /// [`Engine::fold`] on a state outside a run: the state and versions of a checkpoint, and
-    /// the meta of the checkpoint being made. `step` is that checkpoint's: with each write's
-    /// writer it makes the ids of the messages written without one ([`values::message_id`]).
+    /// the meta of the checkpoint being made. Each write's writer (a task id, unique in the
+    /// thread) makes the ids of the messages written without one ([`values::message_id`]).
     pub(super) fn fold_writes(
         &self,
         state: &Map<String, Value>,
         versions: &BTreeMap<String, u64>,
         meta: &mut Meta,
         updates: &Updates,
-        step: i64,
     ) -> Result<Folded, ApplyError> {
         let mut folded = Folded {
             versions: versions.clone(),
@@ -198,7 +200,7 @@ impl Engine {
                     .map(|(_, writer, v)| {
                         // Only add_messages gives ids; any other reducer is spared the string.
                         let ids = match channel.reducer {
-                            Reducer::AddMessages => values::message_id(&self.options.message_scope, step, writer),
+                            Reducer::AddMessages => values::message_id(&self.options.message_scope, writer),
                             _ => String::new(),
                         };
                         ((*v).clone(), ids)

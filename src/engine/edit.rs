@@ -127,15 +127,18 @@ impl Engine {
         let (thread, cp) = self.head(thread_id, update)?;
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let state = self.store.state(&thread.thread_id, &cp.versions)?;
-        let writes: super::apply::Updates = update
-            .iter()
-            .map(|(k, v)| (k.as_str(), vec![("input", "input", v)]))
-            .collect();
         // The step of the checkpoint the command makes: the next one when `goto` runs nodes.
         let written_at = if goto.is_some() { cp.step + 1 } else { cp.step };
+        let writer = super::task_id(UPDATE_TASK, written_at, meta.branch, None);
+        let writes: super::apply::Updates = update
+            .iter()
+            .map(|(k, v)| (k.as_str(), vec![("input", writer.as_str(), v)]))
+            .collect();
         let folded = self
-            .fold_writes(&state, &cp.versions, &mut meta, &writes, written_at)
+            .fold_writes(&state, &cp.versions, &mut meta, &writes)
             .map_err(|e| EngineError::Input(format!("command.update: {e}")))?;
+        meta.source = Some(super::Source::Update);
+        meta.run = self.options.metadata.as_deref().cloned();
         let (step, next, records) = match goto {
             None => (
                 cp.step,
@@ -154,7 +157,8 @@ impl Engine {
                 }
                 meta.barriers.clear();
                 meta.deferred.clear();
-                let next = self.hold_deferred(&mut meta, self.schedule(next));
+                let branch = meta.branch;
+                let next = self.hold_deferred(&mut meta, self.schedule(next, cp.step + 2, branch), cp.step + 2);
                 (cp.step + 1, next, Vec::new())
             }
         };
@@ -237,6 +241,8 @@ impl Engine {
             None => (head, Vec::new()),
         };
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        meta.source = Some(super::Source::Update);
+        meta.run = self.options.metadata.as_deref().cloned();
         let (edited, stored) = match as_node {
             None => self.replaced(&cp, &mut meta, values)?,
             Some(node) => self.as_node(&thread, &cp, &carried, &mut meta, &values, node)?,
@@ -329,12 +335,13 @@ impl Engine {
         for (key, _, value) in carried {
             state.insert(key.clone(), value.clone());
         }
+        let writer = super::task_id(node, cp.step + 1, meta.branch, None);
         let writes: super::apply::Updates = values
             .iter()
-            .map(|(k, v)| (k.as_str(), vec![(node, node, v)]))
+            .map(|(k, v)| (k.as_str(), vec![(node, writer.as_str(), v)]))
             .collect();
         let folded = self
-            .fold_writes(&state, &cp.versions, meta, &writes, cp.step + 1)
+            .fold_writes(&state, &cp.versions, meta, &writes)
             .map_err(|e| failed(e.to_string()))?;
         for (key, value) in folded.values {
             state.insert(key, value);
@@ -357,7 +364,8 @@ impl Engine {
         });
         let next: Vec<Next> = pending.chain(next).collect();
         // A deferred node the edit's edges reach waits like one a step reached.
-        let next = self.hold_deferred(meta, self.schedule(next));
+        let branch = meta.branch;
+        let next = self.hold_deferred(meta, self.schedule(next, step + 1, branch), step + 1);
         let edited = Checkpoint {
             step,
             versions: folded.versions,
@@ -369,6 +377,9 @@ impl Engine {
         Ok((edited, folded.stored))
     }
 }
+
+/// The writer of a command's `update` (as LangGraph writes it: a task of its own, not a node's).
+const UPDATE_TASK: &str = "__update__";
 
 /// " (did you mean `x`?)" for a near miss among `names`, else nothing.
 fn hint<'a>(name: &str, names: impl Iterator<Item = &'a str>) -> String {

@@ -37,6 +37,10 @@ pub enum Event {
         task_id: String,
         duration_ms: f64,
         keys: Vec<String>,
+        /// What the task wrote, by key, before the reducers: the node's own update (a node
+        /// appending `["b"]` wrote `["b"]`, whatever the key holds after the step).
+        #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+        writes: serde_json::Map<String, Value>,
         cached: bool,
     },
     /// The keys a step changed, with their new values.

@@ -154,7 +154,7 @@ impl Engine {
         child_to: Option<&str>,
         pending: &[PendingWrite],
     ) -> Result<(), EngineError> {
-        let node = waiting.task_id.split('#').next().unwrap_or_default();
+        let node = super::task_node(&waiting.task_id);
         let Some(ix) = self.plan.node_by_name(node) else {
             return Ok(());
         };

@@ -176,7 +176,7 @@ impl NodeCtx<'_> {
         .with_options(super::RunOptions {
             lease: super::LeasePolicy::Under(self.fence.clone()),
             as_child: true,
-            message_scope: format!("{}{}/{}/", self.message_scope, self.step, self.task_id),
+            message_scope: format!("{}{}/", self.message_scope, self.task_id),
             ..super::RunOptions::default()
         })
     }

@@ -96,6 +96,12 @@ pub struct RunRequest {
     /// thread forks: the run's checkpoints are a new branch from it, the old branch stays in
     /// the thread's history.
     pub checkpoint_id: Option<String>,
+    /// New input on a thread that waits (at a gate, or cut off) starts the new turn anyway,
+    /// dropping what waited, as LangGraph's server does; without it such input is refused.
+    pub discard_pending: bool,
+    /// What the run says of itself, kept with every checkpoint it makes (the API server's run
+    /// id, graph and the client's metadata: LangGraph's checkpoint metadata).
+    pub metadata: Option<Map<String, Value>>,
 }
 
 /// Nodes one run stops before (`interrupt_before`) or after (`interrupt_after`), besides the
@@ -281,6 +287,94 @@ struct Meta {
     /// The handoffs to the parent the last step chose (a subgraph's child): the run ended there.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     handoffs: Vec<kind::Handoff>,
+    /// How the checkpoint came to be (none: a step of a run, or a thread's first checkpoint
+    /// when its step is -1, as builds before sources were recorded made them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<Source>,
+    /// The branch of the thread the checkpoint is on: 0 for the thread's first line, a new
+    /// number for each run or edit that went on from an older checkpoint. Task ids (and with
+    /// them the ids of the messages tasks write) carry it, so two branches never share one.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    branch: u32,
+    /// What the run that made the checkpoint said of itself ([`RunOptions::metadata`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    run: Option<Map<String, Value>>,
+}
+
+/// How a checkpoint came to be, as LangGraph's checkpoint metadata names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The state before a turn's input is written: its one task, `__start__`, writes it.
+    Input,
+    /// A superstep's result.
+    Loop,
+    /// A state edit (`update_state`, a command's `update` or `goto`).
+    Update,
+    /// A copy of an older checkpoint, the base of a new branch.
+    Fork,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Input => "input",
+            Source::Loop => "loop",
+            Source::Update => "update",
+            Source::Fork => "fork",
+        }
+    }
+}
+
+/// What a stored checkpoint says of itself beyond its fields: how it came to be, and the
+/// metadata of the run that made it.
+pub fn checkpoint_source(cp: &Checkpoint) -> Source {
+    serde_json::from_value::<Meta>(cp.meta.clone())
+        .ok()
+        .and_then(|m| m.source)
+        .unwrap_or(if cp.step < 0 { Source::Input } else { Source::Loop })
+}
+
+/// The metadata of the run that made a stored checkpoint ([`RunOptions::metadata`]).
+pub fn checkpoint_run_metadata(cp: &Checkpoint) -> Option<Map<String, Value>> {
+    cp.meta.get("run").and_then(Value::as_object).cloned()
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The node name of a turn's first task, which writes its input (LangGraph's `__start__`).
+pub const START_TASK: &str = "__start__";
+
+/// The node a task runs, from its id ([`task_id`]; builds before ids named the step wrote
+/// the node alone, or `node#i`).
+pub fn task_node(task_id: &str) -> &str {
+    task_id.split([':', '#']).next().unwrap_or(task_id)
+}
+
+/// A task as people read it: its node, with its fan-out index (`worker#2`); the rest of its
+/// id (its step and branch) is where it is listed.
+pub fn task_label(task_id: &str) -> String {
+    let node = task_node(task_id);
+    match task_id.rsplit_once('#') {
+        Some((_, i)) => format!("{node}#{i}"),
+        None => node.to_string(),
+    }
+}
+
+/// The id of the task running `node` in `step` on `branch` (the `index`th fan-out item of a
+/// `send`): unique within a thread, so interrupts, child threads and the messages a task
+/// writes are told apart across steps and branches, and deterministic, so replays repeat them.
+pub(crate) fn task_id(node: &str, step: i64, branch: u32, index: Option<usize>) -> String {
+    let mut id = format!("{node}:{step}");
+    if branch > 0 {
+        id.push_str(&format!("~{branch}"));
+    }
+    if let Some(i) = index {
+        id.push_str(&format!("#{i}"));
+    }
+    id
 }
 
 /// The most extensions stored in a row for one key before a full value.
@@ -328,6 +422,10 @@ pub struct RunOptions {
     pub message_scope: String,
     /// Nodes this run stops before or after, besides those the workflow declares.
     pub gates: RunGates,
+    /// See [`RunRequest::discard_pending`].
+    pub discard_pending: bool,
+    /// See [`RunRequest::metadata`].
+    pub metadata: Option<Arc<Map<String, Value>>>,
 }
 
 /// A run in progress: its thread, where it stands, and what it holds back for the store.
@@ -488,6 +586,8 @@ impl Engine {
             as_child: false,
             message_scope: String::new(),
             gates: req.gates.clone(),
+            discard_pending: req.discard_pending,
+            metadata: req.metadata.clone().map(Arc::new),
         });
         let entry = Box::new(Entry::from(req));
         async move { engine.enter_boxed(entry).await }
@@ -679,7 +779,7 @@ impl Engine {
         }
         self.events.send(Event::RunEnd {
             status: end.status.as_str().into(),
-            steps: cp.step + 1,
+            steps: cp.step,
             duration_ms: started.elapsed().as_secs_f64() * 1000.0,
             turn_usage: meta.turn,
             thread_usage: meta.usage,
@@ -698,7 +798,7 @@ impl Engine {
             interrupt: end.interrupts.first().cloned(),
             interrupts: end.interrupts,
             error: end.error,
-            steps: cp.step + 1,
+            steps: cp.step,
             usage: meta.usage,
             turn_usage: meta.turn,
             unreported_usage: meta.usage.less(&reported),

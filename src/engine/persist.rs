@@ -407,6 +407,7 @@ mod tests {
             task_id: task.into(),
             duration_ms: 0.0,
             keys: vec!["k".into()],
+            writes: Default::default(),
             cached: false,
         }]
     }

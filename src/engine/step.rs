@@ -159,6 +159,7 @@ impl Engine {
                     task_id: t.task_id.clone(),
                     duration_ms: 0.0,
                     keys: done.writes.iter().map(|(k, _)| k.clone()).collect(),
+                    writes: written(&done),
                     cached: true,
                 });
                 results[i] = Some(StepResult::Done(done));
@@ -202,17 +203,18 @@ impl Engine {
         remaining: usize,
         deferred: &mut Vec<Event>,
     ) -> Result<StepResult, EngineError> {
-        let end = |keys: Vec<String>| Event::NodeEnd {
+        let end = |keys: Vec<String>, writes| Event::NodeEnd {
             step,
             node: t.node.clone(),
             task_id: t.task_id.clone(),
             duration_ms,
             keys,
+            writes,
             cached: false,
         };
         Ok(match outcome {
             Outcome::Done(done) => {
-                let event = end(done.writes.iter().map(|(k, _)| k.clone()).collect());
+                let event = end(done.writes.iter().map(|(k, _)| k.clone()).collect(), written(&done));
                 if remaining > 0 {
                     let writes = encode(&t.task_id, &done, &self.plan);
                     run.persister
@@ -224,11 +226,11 @@ impl Engine {
             }
             Outcome::Interrupt(payload) => {
                 let payload = self.stop_at_gate(run, t, payload)?;
-                self.events.send(end(Vec::new()));
+                self.events.send(end(Vec::new(), Default::default()));
                 StepResult::Interrupt(payload)
             }
             Outcome::Failed(e) => {
-                self.events.send(end(Vec::new()));
+                self.events.send(end(Vec::new(), Default::default()));
                 StepResult::Failed(e)
             }
         })
@@ -327,9 +329,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Turns successors into the next step's tasks: a node triggered several times runs once;
-    /// each fan-out item is its own task; tasks are ordered by the plan.
-    pub(super) fn schedule(&self, next: Vec<Next>) -> Vec<TaskSpec> {
+    /// Turns successors into the tasks of `step` on `branch`: a node triggered several times
+    /// runs once; each fan-out item is its own task; tasks are ordered by the plan.
+    pub(super) fn schedule(&self, next: Vec<Next>, step: i64, branch: u32) -> Vec<TaskSpec> {
         let mut plain: BTreeSet<usize> = BTreeSet::new();
         let mut sends: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
         for n in next {
@@ -352,14 +354,14 @@ impl Engine {
             };
             if plain.contains(&pos) {
                 tasks.push(TaskSpec {
-                    task_id: node.name.clone(),
+                    task_id: super::task_id(&node.name, step, branch, None),
                     node: node.name.clone(),
                     item: None,
                 });
             }
             for (i, item) in sends.remove(&pos).unwrap_or_default().into_iter().enumerate() {
                 tasks.push(TaskSpec {
-                    task_id: format!("{}#{i}", node.name),
+                    task_id: super::task_id(&node.name, step, branch, Some(i)),
                     node: node.name.clone(),
                     item: Some(item),
                 });
@@ -370,8 +372,9 @@ impl Engine {
 
     /// Holds back the deferred nodes (`defer: true`) among `tasks` while anything else is
     /// scheduled: they wait in `meta` and run, once each however often they were triggered,
-    /// in the first step that would otherwise run nothing (LangGraph's deferred nodes).
-    pub(super) fn hold_deferred(&self, meta: &mut Meta, tasks: Vec<TaskSpec>) -> Vec<TaskSpec> {
+    /// in the first step that would otherwise run nothing (LangGraph's deferred nodes). `step`
+    /// is the step the tasks run in.
+    pub(super) fn hold_deferred(&self, meta: &mut Meta, tasks: Vec<TaskSpec>, step: i64) -> Vec<TaskSpec> {
         let deferred = |t: &TaskSpec| {
             t.item.is_none()
                 && self
@@ -391,7 +394,7 @@ impl Engine {
             .filter_map(|name| self.plan.node_by_name(&name))
             .map(Next::Node)
             .collect();
-        self.schedule(next)
+        self.schedule(next, step, meta.branch)
     }
 
     /// Stops durably before or after `nodes` (`interrupt_before` / `interrupt_after`): the
@@ -424,6 +427,11 @@ impl Engine {
         });
         Ok(json!({"node": nodes[0], "task_id": task_id, "kind": kind, "payload": payload}))
     }
+}
+
+/// A finished task's writes by key, as its `NodeEnd` event tells them.
+fn written(done: &task::Done) -> serde_json::Map<String, Value> {
+    done.writes.iter().cloned().collect()
 }
 
 /// Where a branch leads, evaluated in `scope` (the state after the step).

@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 use super::events::{Event, Events};
 use super::persist::Persister;
 use super::values::{self, Scope, to_jinja};
-use super::{DONE, Engine, EngineError, Meta, NewValues, Run, RunRequest, Shared, follow};
+use super::{DONE, Engine, EngineError, Meta, NewValues, Run, RunRequest, Shared, Source, follow};
 use crate::checkpoint::{self, Checkpoint, Fence, Put, TaskSpec, Thread, ThreadStatus};
 use crate::providers::Usage;
 
@@ -209,10 +209,12 @@ impl Engine {
             return Err(EngineError::NoThread(id));
         };
         let thread = self.new_thread(start, id)?;
-        let (cp, values) = self.initial_checkpoint(&thread, self.limit())?;
-        // The thread and its first checkpoint are written together.
-        self.store
-            .create_thread_with_checkpoint(Some(fence), &thread, &cp, values)?;
+        let turn = self.first_turn(&thread, self.limit())?;
+        let cp = turn.cp.clone();
+        // The thread and its first checkpoints are written together.
+        let mut puts = vec![Put::Fence(fence.clone()), Put::Thread(Box::new(thread.clone()))];
+        puts.extend(turn.puts());
+        self.store.put_batch(puts)?;
         Ok((thread, cp, false))
     }
 
@@ -230,11 +232,11 @@ impl Engine {
         let cp = match self.store.get_checkpoint(&thread.thread_id, None)? {
             Some(cp) => cp,
             None => {
-                let (cp, values) = self.initial_checkpoint(&thread, self.limit())?;
-                self.store.put_batch(vec![
-                    Put::Fence(fence.clone()),
-                    Put::Checkpoint(Arc::new(cp.clone()), values),
-                ])?;
+                let turn = self.first_turn(&thread, self.limit())?;
+                let cp = turn.cp.clone();
+                let mut puts = vec![Put::Fence(fence.clone())];
+                puts.extend(turn.puts());
+                self.store.put_batch(puts)?;
                 cp
             }
         };
@@ -251,14 +253,27 @@ impl Engine {
         if thread.plan_hash != self.plan.hash() && !self.options.force {
             self.check_compatible(&cp)?;
         }
-        match (input, carried) {
+        // A turn's first checkpoint, waiting to write its input (a branch from it, a thread
+        // copied at it): the turn is made again with the input it recorded.
+        let recorded = (input.is_none() && is_input_checkpoint(&cp)).then(|| self.recorded_input(&thread, &cp));
+        match (input.or(recorded.as_ref()), carried) {
             (Some(input), carried) => {
-                let turn = self.turn(&thread, cp, input, carried.unwrap_or_default(), fence, self.limit())?;
-                Ok((thread, turn))
+                let turn = self.turn(&thread, cp, input, carried.unwrap_or_default(), self.limit())?;
+                let head = turn.cp.clone();
+                let mut puts = vec![Put::Fence(fence.clone())];
+                puts.extend(turn.puts());
+                self.store.put_batch(puts)?;
+                Ok((thread, head))
             }
             (None, Some(carried)) => Ok((thread, self.fork_here(cp, carried, fence)?)),
             (None, None) => Ok((thread, cp)),
         }
+    }
+
+    /// The input a turn's first checkpoint recorded: its own, or the thread's for its first.
+    fn recorded_input(&self, thread: &Thread, cp: &Checkpoint) -> Value {
+        let meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        meta.input.unwrap_or_else(|| thread.input.clone())
     }
 
     /// Checkpoint `from`, as the base of a new branch of its thread: each key's version raised
@@ -269,12 +284,18 @@ impl Engine {
     /// key's version: the branch would read the abandoned branch's values.
     pub(super) fn branch(&self, thread_id: &str, mut from: Checkpoint) -> Result<(Checkpoint, NewValues), EngineError> {
         let mut highest: BTreeMap<String, u64> = BTreeMap::new();
+        let mut branches = 0;
         for cp in self.store.history(thread_id)? {
+            branches = branches.max(serde_json::from_value::<Meta>(cp.meta).map_or(0, |m| m.branch));
             for (key, v) in cp.versions {
                 let h = highest.entry(key).or_default();
                 *h = (*h).max(v);
             }
         }
+        // The branch is numbered after every branch of the thread: its tasks' ids are new.
+        let mut meta: Meta = serde_json::from_value(from.meta.clone()).unwrap_or_default();
+        meta.branch = branches + 1;
+        from.meta = serde_json::to_value(&meta).unwrap_or_default();
         let state = self.store.state(thread_id, &from.versions)?;
         let mut carried = Vec::new();
         for (key, version) in &mut from.versions {
@@ -293,12 +314,16 @@ impl Engine {
     /// the records of its gates and finished tasks), as `base`'s child, with `carried` values.
     fn fork_here(&self, base: Checkpoint, carried: NewValues, fence: &Fence) -> Result<Checkpoint, EngineError> {
         let writes = self.store.get_writes(&base.thread_id, &base.checkpoint_id)?;
+        let mut meta: Meta = serde_json::from_value(base.meta.clone()).unwrap_or_default();
+        meta.source = Some(Source::Fork);
+        meta.run = self.options.metadata.as_deref().cloned();
         let fork = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             parent_id: Some(base.checkpoint_id.clone()),
             ran: Vec::new(),
             changed: carried.iter().map(|(k, _, _)| k.clone()).collect(),
             created_at: crate::clock::now(),
+            meta: serde_json::to_value(&meta).unwrap_or_default(),
             ..base
         };
         let mut puts = vec![
@@ -350,27 +375,17 @@ impl Engine {
         i64::from(self.options.recursion_limit.unwrap_or(self.plan.recursion_limit()))
     }
 
-    /// A thread's first checkpoint: the state's defaults, and what START schedules.
-    fn initial_checkpoint(&self, thread: &Thread, limit: i64) -> Result<(Checkpoint, NewValues), EngineError> {
+    /// A new thread's first turn: from the state's defaults (each key's version 1).
+    fn first_turn(&self, thread: &Thread, limit: i64) -> Result<Turn, EngineError> {
         let mut state = Map::new();
         let mut versions = BTreeMap::new();
         let mut values = Vec::new();
         for (key, channel) in self.plan.state() {
             state.insert(key.clone(), channel.default.clone());
             versions.insert(key.clone(), 1);
+            values.push((key.clone(), 1, channel.default.clone()));
         }
-        let mut meta = Meta::default();
-        // The input's writes start from the defaults and are the keys' first versions.
-        let fed = self.input_writes(&state, &versions, &mut meta, &thread.input, -1)?;
-        for (key, value) in fed.values {
-            state.insert(key, value);
-        }
-        meta = Meta::default();
-        for (key, value) in &state {
-            values.push((key.clone(), 1, value.clone()));
-        }
-        let tasks = self.hold_deferred(&mut meta, self.entry_tasks(thread, &thread.input, &state, -1, limit)?);
-        let cp = Checkpoint {
+        let before = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             thread_id: thread.thread_id.clone(),
             parent_id: None,
@@ -378,15 +393,23 @@ impl Engine {
             versions,
             ran: Vec::new(),
             changed: self.plan.state().keys().cloned().collect(),
-            next: tasks,
-            meta: serde_json::to_value(&meta).unwrap_or_default(),
+            next: Vec::new(),
+            meta: Value::Null,
             plan_hash: self.plan.hash().to_string(),
             created_at: crate::clock::now(),
         };
-        Ok((cp, values))
+        self.input_turn(
+            thread,
+            before,
+            state,
+            values,
+            Meta::default(),
+            None,
+            &thread.input,
+            limit,
+        )
     }
-
-    /// What START schedules, given a turn's input and the state.
+    /// What START schedules, given a turn's input and the state of checkpoint `step`.
     fn entry_tasks(
         &self,
         thread: &Thread,
@@ -394,11 +417,12 @@ impl Engine {
         state: &Map<String, Value>,
         step: i64,
         limit: i64,
+        branch: u32,
     ) -> Result<Vec<TaskSpec>, EngineError> {
         let next = self
             .route_outside(thread, input, state, step, limit, "START", self.plan.entry())
             .map_err(|e| EngineError::Input(format!("routing from START: {e}")))?;
-        Ok(self.schedule(next))
+        Ok(self.schedule(next, step + 1, branch))
     }
 
     /// Where `branches` (of START, or of `node`) lead on `state`, outside a run (the start of a
@@ -457,7 +481,9 @@ impl Engine {
     }
 
     /// A new input on a finished thread starts a new turn (LangGraph's `invoke(input, thread)`):
-    /// START runs again on the thread's state, with the new input.
+    /// START runs again on the thread's state, with the new input. A thread that waits (at a
+    /// gate, or cut off) takes new input only with [`RunOptions::discard_pending`], which drops
+    /// what waited, or when all that waits is a turn's input not yet written.
     /// `carried`: values a branch stores again under new versions (see [`Engine::branch`]).
     fn turn(
         &self,
@@ -465,10 +491,9 @@ impl Engine {
         cp: Checkpoint,
         input: &Value,
         carried: NewValues,
-        fence: &Fence,
         limit: i64,
-    ) -> Result<Checkpoint, EngineError> {
-        if !cp.next.is_empty() {
+    ) -> Result<Turn, EngineError> {
+        if !cp.next.is_empty() && !is_input_checkpoint(&cp) && !self.options.discard_pending {
             return Err(EngineError::Input(format!(
                 "thread `{}` has work pending (it is interrupted or was cut off): continue it with `runner resume`, or fork it, before giving it new input",
                 thread.thread_id
@@ -487,63 +512,117 @@ impl Engine {
         for (key, _, value) in &carried {
             state.insert(key.clone(), value.clone());
         }
-        let step = cp.step + 1;
-        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
-        // The new input goes through the reducers of the keys it feeds, on the thread's state.
-        let fed = self.input_writes(&state, &cp.versions, &mut meta, &input, step)?;
+        let meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        let before = Checkpoint {
+            checkpoint_id: checkpoint::new_id(),
+            parent_id: Some(cp.checkpoint_id.clone()),
+            step: cp.step + 1,
+            ran: Vec::new(),
+            changed: carried.iter().map(|(k, _, _)| k.clone()).collect(),
+            created_at: crate::clock::now(),
+            ..cp
+        };
+        self.input_turn(thread, before, state, carried, meta, Some(input.clone()), &input, limit)
+    }
+
+    /// A turn's two checkpoints from `before` (the state the turn starts from, its step,
+    /// versions and parent set): as LangGraph makes them, `before` waits for the turn's one
+    /// task, `__start__`, whose result — the input written to the keys it feeds — is stored
+    /// with it; its child has that result applied and waits for what START schedules.
+    #[allow(clippy::too_many_arguments)]
+    fn input_turn(
+        &self,
+        thread: &Thread,
+        mut before: Checkpoint,
+        mut state: Map<String, Value>,
+        before_values: NewValues,
+        mut meta: Meta,
+        recorded: Option<Value>,
+        input: &Value,
+        limit: i64,
+    ) -> Result<Turn, EngineError> {
+        let step = before.step + 1;
+        meta.barriers.clear();
+        meta.deferred.clear();
+        meta.handoffs.clear();
+        meta.input = recorded;
+        meta.turn = Usage::default();
+        meta.node_usage.clear();
+        meta.run = self.options.metadata.as_deref().cloned();
+        let start_task = super::task_id(super::START_TASK, step, meta.branch, None);
+        let writes = self.input_fields(input);
+        let mut before_meta = meta.clone();
+        before_meta.source = Some(Source::Input);
+        before.next = vec![TaskSpec {
+            task_id: start_task.clone(),
+            node: super::START_TASK.to_string(),
+            item: None,
+        }];
+        before.meta = serde_json::to_value(&before_meta).unwrap_or_default();
+        before.plan_hash = self.plan.hash().to_string();
+        // The input goes through the reducers of the keys it feeds, on the turn's state.
+        let fed = self.input_writes(&state, &before.versions, &mut meta, &writes, &start_task)?;
         for (key, value) in fed.values {
             state.insert(key, value);
         }
-        meta.barriers.clear();
-        meta.deferred.clear();
-        let next = self.hold_deferred(&mut meta, self.entry_tasks(thread, &input, &state, step, limit)?);
-        meta.input = Some(input);
-        meta.turn = Usage::default();
-        meta.node_usage.clear();
-        let turn = Checkpoint {
+        meta.source = None;
+        let entry = self.entry_tasks(thread, input, &state, step, limit, meta.branch)?;
+        let next = self.hold_deferred(&mut meta, entry, step + 1);
+        let after = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
-            parent_id: Some(cp.checkpoint_id.clone()),
+            parent_id: Some(before.checkpoint_id.clone()),
             step,
             versions: fed.versions,
             ran: Vec::new(),
             changed: fed.changed,
             next,
             meta: serde_json::to_value(&meta).unwrap_or_default(),
-            plan_hash: self.plan.hash().to_string(),
             created_at: crate::clock::now(),
-            ..cp
+            ..before.clone()
         };
-        // Carried values are stored even where the input wrote a newer version: a value the
-        // input appended to is stored as an extension of the carried one.
-        let mut stored = fed.stored;
-        stored.extend(carried);
-        self.store.put_batch(vec![
-            Put::Fence(fence.clone()),
-            Put::Checkpoint(Arc::new(turn.clone()), stored),
-        ])?;
-        Ok(turn)
+        let done = super::task::Done {
+            writes,
+            ..Default::default()
+        };
+        let start_write = super::apply::encode(&start_task, &done, &self.plan);
+        Ok(Turn {
+            before,
+            before_values,
+            start_write,
+            cp: after,
+            values: fed.stored,
+        })
     }
 
-    /// A turn's input written through the reducers of the keys it feeds (`from_input`), on
-    /// `state`, as the writer `input` of checkpoint `step`: the new versions and values. An input without a key's field writes nothing.
+    /// What a turn's input writes: the field each key is fed from (`from_input`), for each key
+    /// whose field the input has.
+    fn input_fields(&self, input: &Value) -> Vec<(String, Value)> {
+        self.plan
+            .state()
+            .iter()
+            .filter_map(|(key, channel)| {
+                let value = input.get(channel.from_input.as_deref()?)?;
+                Some((key.clone(), value.clone()))
+            })
+            .collect()
+    }
+
+    /// A turn's input `writes` ([`Engine::input_fields`]) through the reducers of the keys
+    /// they feed, on `state`, as the turn's `__start__` task `writer`: the new versions and
+    /// values.
     fn input_writes(
         &self,
         state: &Map<String, Value>,
         versions: &BTreeMap<String, u64>,
         meta: &mut Meta,
-        input: &Value,
-        step: i64,
+        writes: &[(String, Value)],
+        writer: &str,
     ) -> Result<super::apply::Folded, EngineError> {
-        let writes: super::apply::Updates = self
-            .plan
-            .state()
+        let writes: super::apply::Updates = writes
             .iter()
-            .filter_map(|(key, channel)| {
-                let value = input.get(channel.from_input.as_deref()?)?;
-                Some((key.as_str(), vec![("input", "input", value)]))
-            })
+            .map(|(key, value)| (key.as_str(), vec![("input", writer, value)]))
             .collect();
-        self.fold_writes(state, versions, meta, &writes, step)
+        self.fold_writes(state, versions, meta, &writes)
             .map_err(|e| EngineError::Input(e.to_string()))
     }
 
@@ -559,7 +638,7 @@ impl Engine {
             .next
             .iter()
             .map(|t| &t.node)
-            .filter(|n| self.plan.node_by_name(n).is_none())
+            .filter(|n| *n != super::START_TASK && self.plan.node_by_name(n).is_none())
             .collect();
         if missing_keys.is_empty() && missing_nodes.is_empty() {
             return Ok(());
@@ -708,4 +787,36 @@ fn check_schema(schema: Option<&Value>, value: &Value, what: &str) -> Result<(),
 
 fn list(items: &[&String]) -> String {
     items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+}
+
+/// A turn's two checkpoints and what is stored with them (see [`Engine::input_turn`]).
+struct Turn {
+    before: Checkpoint,
+    before_values: NewValues,
+    /// The `__start__` task's result, stored against `before`.
+    start_write: Vec<checkpoint::PendingWrite>,
+    cp: Checkpoint,
+    values: NewValues,
+}
+
+impl Turn {
+    /// What stores the turn, in order (after the caller's fence), in one commit.
+    fn puts(self) -> Vec<Put> {
+        let thread_id = self.before.thread_id.clone();
+        let before_id = self.before.checkpoint_id.clone();
+        vec![
+            Put::Checkpoint(Arc::new(self.before), self.before_values),
+            Put::Writes {
+                thread_id,
+                checkpoint_id: before_id,
+                writes: self.start_write,
+            },
+            Put::Checkpoint(Arc::new(self.cp), self.values),
+        ]
+    }
+}
+
+/// Whether `cp` is a turn's first checkpoint, whose one task writes the turn's input.
+fn is_input_checkpoint(cp: &Checkpoint) -> bool {
+    matches!(cp.next.as_slice(), [t] if t.node == super::START_TASK)
 }

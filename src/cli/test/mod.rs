@@ -351,11 +351,7 @@ fn observe(result: Result<RunOutcome, String>, events: &[Event]) -> Observed {
             Event::RunStart { .. } => depth += 1,
             Event::RunEnd { .. } => depth -= 1,
             Event::StepStart { tasks, .. } if depth == 1 => {
-                path.extend(
-                    tasks
-                        .iter()
-                        .map(|t| t.split_once('#').map_or(t.as_str(), |(n, _)| n).to_string()),
-                );
+                path.extend(tasks.iter().map(|t| crate::engine::task_node(t).to_string()));
             }
             _ => {}
         }
