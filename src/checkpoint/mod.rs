@@ -380,6 +380,49 @@ pub trait Checkpointer: runs::RunStore + Send + Sync {
     /// The thread's lease row, live or expired, if there is one.
     fn lease(&self, thread_id: &str) -> Result<Option<Lease>>;
 
+    /// Copies thread `from` whole as thread `new` (LangGraph's thread copy): its record, every
+    /// checkpoint (same ids, same parents), every value and every record of finished and
+    /// stopped tasks, in one batch. Values are copied resolved, so nothing of `new` refers back
+    /// to `from`. Fails with [`CheckpointError::ThreadExists`] when `new` exists.
+    fn copy_thread(&self, from: &str, new: &str) -> Result<Thread> {
+        let mut thread = self
+            .get_thread(from)?
+            .ok_or_else(|| CheckpointError::NoThread(from.into()))?;
+        let at = crate::clock::now();
+        thread.thread_id = new.into();
+        thread.created_at = at.clone();
+        thread.updated_at = at;
+        let mut puts = vec![Put::Thread(Box::new(thread.clone()))];
+        let mut stored: std::collections::HashSet<(String, u64)> = std::collections::HashSet::new();
+        let mut history = self.history(from)?;
+        history.reverse();
+        for cp in history {
+            let mut values = Vec::new();
+            for (key, &version) in &cp.versions {
+                if stored.insert((key.clone(), version)) {
+                    values.push((key.clone(), version, self.value(from, key, version)?));
+                }
+            }
+            let writes = self.get_writes(from, &cp.checkpoint_id)?;
+            let copy = Checkpoint {
+                thread_id: new.into(),
+                ..cp
+            };
+            if !writes.is_empty() {
+                puts.push(Put::Checkpoint(Arc::new(copy.clone()), values));
+                puts.push(Put::Writes {
+                    thread_id: new.into(),
+                    checkpoint_id: copy.checkpoint_id.clone(),
+                    writes,
+                });
+            } else {
+                puts.push(Put::Checkpoint(Arc::new(copy), values));
+            }
+        }
+        self.put_batch(puts)?;
+        Ok(thread)
+    }
+
     /// Starts thread `new` from `checkpoint_id` of `from` (time travel): `new` gets a copy of
     /// that checkpoint (same versions and values, no parent, a new id) and of `from`'s thread
     /// record with `forked_from` set. Values are copied resolved (no extension refers back to

@@ -10,6 +10,8 @@
 //! Architecture Invariant: like the rest of checkpoint/, this knows nothing of the server or
 //! the engine: a run's request is opaque JSON here.
 
+use std::sync::Arc;
+
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
@@ -144,6 +146,10 @@ pub trait RunStore: Send + Sync {
 
     /// Creates or replaces a thread's metadata.
     fn put_thread_meta(&self, meta: &ThreadMeta) -> Result<()>;
+
+    /// Creates a thread's metadata unless the thread has some already: whether it did. One
+    /// atomic step, so that of two creations of one thread exactly one succeeds.
+    fn create_thread_meta(&self, meta: &ThreadMeta) -> Result<bool>;
 
     fn get_thread_meta(&self, thread_id: &str) -> Result<Option<ThreadMeta>>;
 
@@ -339,6 +345,28 @@ impl RunStore for SqliteCheckpointer {
         }))
     }
 
+    fn create_thread_meta(&self, meta: &ThreadMeta) -> Result<bool> {
+        let values = (
+            meta.thread_id.clone(),
+            meta.created_at.clone(),
+            meta.updated_at.clone(),
+            json_text(&meta.metadata)?,
+        );
+        let created = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let told = created.clone();
+        self.exec(Box::new(move |conn: &Connection| {
+            let v = &values;
+            let inserted = conn
+                .prepare_cached(
+                    "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (thread_id) DO NOTHING",
+                )?
+                .execute(params![v.0, v.1, v.2, v.3])?;
+            told.store(inserted == 1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }))?;
+        Ok(created.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
     fn get_thread_meta(&self, thread_id: &str) -> Result<Option<ThreadMeta>> {
         let raw = self.read(|tx| {
             Ok(tx
@@ -464,6 +492,15 @@ impl RunStore for MemoryCheckpointer {
     fn put_thread_meta(&self, meta: &ThreadMeta) -> Result<()> {
         self.lock_runs()?.threads.insert(meta.thread_id.clone(), meta.clone());
         Ok(())
+    }
+
+    fn create_thread_meta(&self, meta: &ThreadMeta) -> Result<bool> {
+        let mut m = self.lock_runs()?;
+        if m.threads.contains_key(&meta.thread_id) {
+            return Ok(false);
+        }
+        m.threads.insert(meta.thread_id.clone(), meta.clone());
+        Ok(true)
     }
 
     fn get_thread_meta(&self, thread_id: &str) -> Result<Option<ThreadMeta>> {

@@ -131,7 +131,10 @@ impl Engine {
 
     /// The finished tasks of a step, in plan order, then fan-out index: the order their writes
     /// apply in, whatever order they finished in.
-    fn in_plan_order<'a>(&self, outcomes: &'a [(TaskSpec, StepResult)]) -> Vec<(&'a TaskSpec, &'a task::Done)> {
+    pub(super) fn in_plan_order<'a>(
+        &self,
+        outcomes: &'a [(TaskSpec, StepResult)],
+    ) -> Vec<(&'a TaskSpec, &'a task::Done)> {
         let order = |t: &TaskSpec| {
             let pos = self
                 .plan

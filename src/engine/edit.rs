@@ -400,3 +400,62 @@ fn settled(thread_id: &str, edited: &Checkpoint) -> Put {
         },
     }
 }
+
+impl Engine {
+    /// An engine that only reads and folds `plan`'s checkpoints (no node runs): what
+    /// [`Engine::pending_state`] needs.
+    fn reader(plan: Arc<Plan>, store: Arc<dyn crate::checkpoint::Checkpointer>) -> Engine {
+        static NOTHING: std::sync::OnceLock<Arc<super::Services>> = std::sync::OnceLock::new();
+        let services = NOTHING
+            .get_or_init(|| Arc::new(super::Services::with_kinds(super::Kinds::default())))
+            .clone();
+        Engine::sharing(plan, store, services, super::events::Events::none())
+    }
+
+    /// The state at `cp` as LangGraph's `get_state` shows a thread's head: the results its
+    /// finished tasks stored (a step cut short by a gate keeps them) applied through the
+    /// reducers, in plan order, and the tasks still to run. A checkpoint whose tasks have no
+    /// results is its own state and tasks.
+    pub fn pending_state(
+        plan: Arc<Plan>,
+        store: Arc<dyn crate::checkpoint::Checkpointer>,
+        cp: &Checkpoint,
+    ) -> Result<(serde_json::Map<String, Value>, Vec<crate::checkpoint::TaskSpec>), EngineError> {
+        let engine = Engine::reader(plan, store);
+        let mut state = engine.store.state(&cp.thread_id, &cp.versions)?;
+        let pending = engine.store.get_writes(&cp.thread_id, &cp.checkpoint_id)?;
+        let mut finished: Vec<(crate::checkpoint::TaskSpec, super::task::Done)> = Vec::new();
+        let mut left = Vec::new();
+        for t in &cp.next {
+            match super::apply::cached(&pending, &t.task_id, &engine.plan, true) {
+                Some(Ok(done)) if t.node != super::START_TASK => finished.push((t.clone(), done)),
+                _ => left.push(t.clone()),
+            }
+        }
+        if finished.is_empty() {
+            return Ok((state, cp.next.clone()));
+        }
+        let outcomes: Vec<(crate::checkpoint::TaskSpec, super::step::StepResult)> = finished
+            .into_iter()
+            .map(|(t, d)| (t, super::step::StepResult::Done(d)))
+            .collect();
+        let mut updates: super::apply::Updates = BTreeMap::new();
+        let done = engine.in_plan_order(&outcomes);
+        for (t, d) in &done {
+            for (k, v) in &d.writes {
+                updates
+                    .entry(k.as_str())
+                    .or_default()
+                    .push((t.node.as_str(), t.task_id.as_str(), v));
+            }
+        }
+        let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
+        let folded = engine
+            .fold_writes(&state, &cp.versions, &mut meta, &updates)
+            .map_err(|e| EngineError::Input(e.to_string()))?;
+        for (key, value) in folded.values {
+            state.insert(key, value);
+        }
+        Ok((state, left))
+    }
+}

@@ -42,6 +42,10 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
         writes: serde_json::Map<String, Value>,
         cached: bool,
+        /// How the task ended (a task that stopped at a gate or failed ends too, writing
+        /// nothing).
+        #[serde(default, skip_serializing_if = "TaskOutcome::is_done")]
+        outcome: TaskOutcome,
     },
     /// The keys a step changed, with their new values.
     StateUpdate {
@@ -96,6 +100,25 @@ pub enum Event {
         /// What the thread has spent over all its turns.
         thread_usage: Usage,
     },
+}
+
+/// How a task ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskOutcome {
+    /// It finished: its writes are the step's.
+    #[default]
+    Done,
+    /// It stopped at a gate.
+    Interrupted,
+    /// It failed.
+    Failed,
+}
+
+impl TaskOutcome {
+    fn is_done(&self) -> bool {
+        *self == TaskOutcome::Done
+    }
 }
 
 /// An event with when it happened.

@@ -259,6 +259,37 @@ pub(super) fn is_before(w: &PendingWrite) -> bool {
     w.value.get("kind").and_then(Value::as_str) == Some("before")
 }
 
+/// Every gate record of a checkpoint, its tasks' pauses included, answered or not: what a
+/// thread's history shows.
+pub fn recorded_gates(pending: &[PendingWrite]) -> Vec<&PendingWrite> {
+    pending.iter().filter(|w| w.channel == INTERRUPT).collect()
+}
+
+/// Whether a gate record is a pause before or after nodes (`interrupt_before` /
+/// `interrupt_after`), which no answer is for.
+pub fn is_pause(w: &PendingWrite) -> bool {
+    w.task_id == BEFORE || w.task_id == AFTER
+}
+
+/// What each finished task of a checkpoint wrote, by task id, from the results stored with it.
+pub fn task_results(pending: &[PendingWrite]) -> std::collections::HashMap<String, serde_json::Map<String, Value>> {
+    pending
+        .iter()
+        .filter(|w| w.channel == DONE)
+        .map(|w| {
+            let writes = w
+                .value
+                .get("writes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|pair| Some((pair.get(0)?.as_str()?.to_string(), pair.get(1)?.clone())))
+                .collect();
+            (w.task_id.clone(), writes)
+        })
+        .collect()
+}
+
 /// The gates a checkpoint waits at: its interrupt records whose task has neither finished nor
 /// been answered, in task order.
 /// The gates a checkpoint's records wait at: the interrupts of tasks that have neither finished

@@ -43,7 +43,7 @@ use crate::providers::Usage;
 use crate::spec::NodeSpec;
 pub use edit::{EditError, Goto, goto_target};
 use events::{Event, Events};
-pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, waiting_gates};
+pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, is_pause, recorded_gates, task_results, waiting_gates};
 pub use kind::{Kinds, NodeKind};
 pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
 use persist::Persister;
@@ -84,6 +84,9 @@ pub struct RunRequest {
     pub answer: Option<Value>,
     /// Which pending interrupt `answer` is for (its id or its node), when several wait.
     pub answer_to: Option<String>,
+    /// More answers, each addressed to its gate (id or node), taken with `answer` in the same
+    /// run: the gates of one step answered together.
+    pub more_answers: Vec<(String, Value)>,
     /// The thread's lease: taken for the run, or the caller's (a subgraph's).
     pub lease: LeasePolicy,
     pub recursion_limit: Option<u32>,
@@ -102,6 +105,11 @@ pub struct RunRequest {
     /// What the run says of itself, kept with every checkpoint it makes (the API server's run
     /// id, graph and the client's metadata: LangGraph's checkpoint metadata).
     pub metadata: Option<Map<String, Value>>,
+    /// `path=value` overrides of `config` for this run only (LangGraph's per-run
+    /// `configurable`), over the thread's own.
+    pub run_config: Vec<(String, Value)>,
+    /// The context of this run only, in place of the thread's (LangGraph's per-run `context`).
+    pub run_context: Option<Value>,
 }
 
 /// Nodes one run stops before (`interrupt_before`) or after (`interrupt_after`), besides the
@@ -426,6 +434,10 @@ pub struct RunOptions {
     pub discard_pending: bool,
     /// See [`RunRequest::metadata`].
     pub metadata: Option<Arc<Map<String, Value>>>,
+    /// See [`RunRequest::run_config`].
+    pub run_config: Vec<(String, Value)>,
+    /// See [`RunRequest::run_context`].
+    pub run_context: Option<Value>,
 }
 
 /// A run in progress: its thread, where it stands, and what it holds back for the store.
@@ -588,6 +600,8 @@ impl Engine {
             gates: req.gates.clone(),
             discard_pending: req.discard_pending,
             metadata: req.metadata.clone().map(Arc::new),
+            run_config: req.run_config.clone(),
+            run_context: req.run_context.clone(),
         });
         let entry = Box::new(Entry::from(req));
         async move { engine.enter_boxed(entry).await }
@@ -694,7 +708,7 @@ impl Engine {
         &self,
         run: &mut Run,
         outcomes: &[(TaskSpec, StepResult)],
-        deferred: Vec<Event>,
+        deferred: step::Deferred,
         step: i64,
         step_started: Instant,
     ) -> Result<Option<End>, EngineError> {
@@ -704,7 +718,7 @@ impl Engine {
                 // The tasks did finish: keep their writes so that a fixed workflow resumes
                 // without running them again.
                 self.keep_writes(&run.persister, &run.shared.thread_id, &run.cp, &run.pending, outcomes)?;
-                for e in deferred {
+                for e in deferred.events {
                     self.events.send(e);
                 }
                 return Ok(Some(End::failed(message.to_string())));
@@ -718,14 +732,19 @@ impl Engine {
                 .collect();
             self.events.send(Event::StateUpdate { step, values: changed });
         }
-        let mut after = deferred;
+        let last = (!deferred.writes.is_empty()).then(|| Put::Writes {
+            thread_id: run.shared.thread_id.clone(),
+            checkpoint_id: run.cp.checkpoint_id.clone(),
+            writes: deferred.writes,
+        });
+        let mut after = deferred.events;
         after.push(Event::StepEnd {
             step,
             checkpoint_id: next_cp.checkpoint_id.clone(),
             duration_ms: step_started.elapsed().as_secs_f64() * 1000.0,
         });
         let next_cp = Arc::new(next_cp);
-        run.persister.put_checkpoint(&next_cp, values, after)?;
+        run.persister.put_checkpoint(&next_cp, values, last, after)?;
         let gated: Vec<String> = next_cp
             .ran
             .iter()

@@ -152,21 +152,31 @@ impl Persister {
         }
     }
 
-    /// A step's checkpoint; `after` is sent once it is committed.
+    /// A step's checkpoint, committed with `last` (the result of the step's last task, stored
+    /// against the checkpoint the step started from, where the history shows it); `after` is
+    /// sent once they are committed.
     pub(super) fn put_checkpoint(
         &self,
         cp: &Arc<Checkpoint>,
         values: Vec<(String, u64, Value)>,
+        last: Option<Put>,
         after: Vec<Event>,
     ) -> Result<(), CheckpointError> {
         self.release()?;
         match self.mode {
             Persist::Sync => {
-                self.put_now(vec![Put::Checkpoint(cp.clone(), values)])?;
+                let mut puts: Vec<Put> = last.into_iter().collect();
+                puts.push(Put::Checkpoint(cp.clone(), values));
+                self.put_now(puts)?;
                 after.into_iter().for_each(|e| self.events.send(e));
                 Ok(())
             }
-            Persist::Async => self.send(Job::Checkpoint(cp.clone(), values, after)),
+            Persist::Async => {
+                if let Some(last) = last {
+                    self.send(Job::Writes(vec![last], Vec::new()))?;
+                }
+                self.send(Job::Checkpoint(cp.clone(), values, after))
+            }
             Persist::Exit => {
                 after.into_iter().for_each(|e| self.events.send(e));
                 let mut guard = self.held.lock().map_err(|_| poisoned())?;
@@ -409,6 +419,7 @@ mod tests {
             keys: vec!["k".into()],
             writes: Default::default(),
             cached: false,
+            outcome: Default::default(),
         }]
     }
 

@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::apply::{cached, encode};
-use super::events::Event;
+use super::events::{Event, TaskOutcome};
 use super::gates::reported;
 use super::kind::NodeError;
 use super::persist::Persister;
@@ -24,6 +24,14 @@ use super::{
 };
 use crate::checkpoint::{self, Checkpoint, PendingWrite, Put, TaskSpec};
 use crate::compile::{Branch, NodeIx, Target};
+
+/// What the step's last task leaves to the step's commit: its result (stored with the step's
+/// checkpoint, in the same commit) and its `node_end`, sent after that commit.
+#[derive(Default)]
+pub(super) struct Deferred {
+    pub(super) events: Vec<Event>,
+    pub(super) writes: Vec<PendingWrite>,
+}
 
 /// What became of one task of a step.
 #[derive(Debug, Clone)]
@@ -56,7 +64,7 @@ impl Engine {
         &self,
         run: &Run,
         step: i64,
-    ) -> Result<(Vec<(TaskSpec, StepResult)>, Vec<Event>), EngineError> {
+    ) -> Result<(Vec<(TaskSpec, StepResult)>, Deferred), EngineError> {
         let cp = &run.cp;
         let base = Arc::new(Scope::over(
             &run.constants,
@@ -96,7 +104,7 @@ impl Engine {
             set.spawn(start(args));
         }
         let mut remaining = set.len() + usize::from(inline.is_some());
-        let mut deferred = Vec::new();
+        let mut deferred = Deferred::default();
         loop {
             let joined = match inline.take() {
                 Some(fut) => Ok(fut.await),
@@ -137,9 +145,10 @@ impl Engine {
         // to finish was not stored yet.
         if out.iter().any(|(_, r)| !matches!(r, StepResult::Done(_))) {
             self.keep_writes(&run.persister, &run.shared.thread_id, cp, &run.pending, &out)?;
-            for e in deferred.drain(..) {
+            for e in deferred.events.drain(..) {
                 self.events.send(e);
             }
+            deferred.writes.clear();
         }
         Ok((out, deferred))
     }
@@ -161,6 +170,7 @@ impl Engine {
                     keys: done.writes.iter().map(|(k, _)| k.clone()).collect(),
                     writes: written(&done),
                     cached: true,
+                    outcome: TaskOutcome::Done,
                 });
                 results[i] = Some(StepResult::Done(done));
                 continue;
@@ -201,9 +211,9 @@ impl Engine {
         duration_ms: f64,
         step: i64,
         remaining: usize,
-        deferred: &mut Vec<Event>,
+        deferred: &mut Deferred,
     ) -> Result<StepResult, EngineError> {
-        let end = |keys: Vec<String>, writes| Event::NodeEnd {
+        let end = |keys: Vec<String>, writes, outcome| Event::NodeEnd {
             step,
             node: t.node.clone(),
             task_id: t.task_id.clone(),
@@ -211,36 +221,58 @@ impl Engine {
             keys,
             writes,
             cached: false,
+            outcome,
         };
         Ok(match outcome {
-            Outcome::Done(done) => {
-                let event = end(done.writes.iter().map(|(k, _)| k.clone()).collect(), written(&done));
+            Outcome::Done(mut done) => {
+                self.identify(&mut done, &t.task_id);
+                let event = end(
+                    done.writes.iter().map(|(k, _)| k.clone()).collect(),
+                    written(&done),
+                    TaskOutcome::Done,
+                );
+                let writes = encode(&t.task_id, &done, &self.plan);
                 if remaining > 0 {
-                    let writes = encode(&t.task_id, &done, &self.plan);
                     run.persister
                         .put_writes(&run.shared.thread_id, &run.cp.checkpoint_id, writes, vec![event])?;
                 } else {
-                    deferred.push(event);
+                    deferred.events.push(event);
+                    deferred.writes.extend(writes);
                 }
                 StepResult::Done(done)
             }
             Outcome::Interrupt(payload) => {
                 let payload = self.stop_at_gate(run, t, payload)?;
-                self.events.send(end(Vec::new(), Default::default()));
+                self.events
+                    .send(end(Vec::new(), Default::default(), TaskOutcome::Interrupted));
                 StepResult::Interrupt(payload)
             }
             Outcome::Failed(e) => {
-                self.events.send(end(Vec::new(), Default::default()));
+                self.events
+                    .send(end(Vec::new(), Default::default(), TaskOutcome::Failed));
                 StepResult::Failed(e)
             }
         })
     }
 
-    /// Stores the interrupt task `t` stopped at, and reports it.
-    fn stop_at_gate(&self, run: &Run, t: &TaskSpec, mut payload: Value) -> Result<Value, EngineError> {
-        if let Value::Object(m) = &mut payload {
-            m.insert("thread_id".into(), Value::String(run.shared.thread_id.clone()));
+    /// Gives the messages a task writes to `add_messages` keys the ids the state will hold
+    /// them under ([`values::identify_messages`]).
+    fn identify(&self, done: &mut task::Done, task_id: &str) {
+        for (key, value) in &mut done.writes {
+            if self
+                .plan
+                .state()
+                .get(key)
+                .is_some_and(|c| c.reducer == crate::compile::Reducer::AddMessages)
+            {
+                let ids = values::message_id(&self.options.message_scope, task_id);
+                *value = values::identify_messages(std::mem::take(value), &ids);
+            }
         }
+    }
+
+    /// Stores the interrupt task `t` stopped at, and reports it.
+    fn stop_at_gate(&self, run: &Run, t: &TaskSpec, payload: Value) -> Result<Value, EngineError> {
         let mut writes = vec![PendingWrite {
             task_id: t.task_id.clone(),
             idx: IDX_INTERRUPT,

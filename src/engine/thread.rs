@@ -49,6 +49,8 @@ pub(super) struct Entry {
     /// On an existing thread, a new turn with this input.
     pub(super) new_turn: Option<Value>,
     pub(super) answer: Option<Answer>,
+    /// Answers to other gates of the same step, taken with `answer`.
+    pub(super) more_answers: Vec<Answer>,
     /// An answer for a thread this run creates is dropped rather than refused.
     pub(super) drop_answer_if_new: bool,
     /// The checkpoint to go on from (none: the latest); an older one forks the thread there.
@@ -63,6 +65,7 @@ impl Entry {
             only_new: true,
             new_turn: None,
             answer: None,
+            more_answers: Vec::new(),
             drop_answer_if_new: false,
             at: None,
         }
@@ -75,6 +78,7 @@ impl Entry {
             only_new: false,
             new_turn: None,
             answer: None,
+            more_answers: Vec::new(),
             drop_answer_if_new: false,
             at: None,
         }
@@ -96,6 +100,11 @@ impl From<RunRequest> for Entry {
             thread_id: req.thread_id.clone(),
             only_new: false,
             new_turn: req.input.clone(),
+            more_answers: req
+                .more_answers
+                .into_iter()
+                .map(|(to, value)| Answer { to: Some(to), value })
+                .collect(),
             answer: req.answer.map(|value| Answer {
                 to: req.answer_to,
                 value,
@@ -139,14 +148,21 @@ impl Engine {
             workflow: thread.workflow.clone(),
             resumed,
         });
-        let config = effective_config(self.plan.config(), &thread.config);
+        let mut config = effective_config(self.plan.config(), &thread.config);
+        for (path, value) in &self.options.run_config {
+            set_path(&mut config, path, value.clone(), self.plan.config())?;
+        }
+        if let Some(context) = &self.options.run_context {
+            check_schema(self.plan.context_schema(), context, "context")?;
+        }
+        let context = self.options.run_context.as_ref().unwrap_or(&thread.context);
         let meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let input = meta.input.clone().unwrap_or_else(|| thread.input.clone());
         let constants = Arc::new(Scope::new(
             BTreeMap::from([
                 ("input".to_string(), to_jinja(&input)),
                 ("config".to_string(), to_jinja(&config)),
-                ("context".to_string(), to_jinja(&thread.context)),
+                ("context".to_string(), to_jinja(context)),
             ]),
             None,
         ));
@@ -187,6 +203,11 @@ impl Engine {
             limit,
         };
         let answer = entry.answer.as_ref().filter(|_| resumed || !entry.drop_answer_if_new);
+        // The other gates' answers first: the one `answer` addresses is then still waiting
+        // (an answer is taken only while its gate waits).
+        for more in entry.more_answers.iter().filter(|_| resumed) {
+            self.take_answer(&mut run, Some(more))?;
+        }
         self.take_answer(&mut run, answer)?;
         run.persister.write_now(vec![Put::Status {
             thread_id: run.thread.thread_id.clone(),
@@ -202,7 +223,8 @@ impl Engine {
             if entry.only_new {
                 return Err(EngineError::Exists(id));
             }
-            let (thread, cp) = self.reopen(thread, entry.new_turn.as_ref(), entry.at.as_deref(), fence)?;
+            let answering = entry.answer.is_some();
+            let (thread, cp) = self.reopen(thread, entry.new_turn.as_ref(), entry.at.as_deref(), answering, fence)?;
             return Ok((thread, cp, true));
         }
         let Some(start) = &entry.create else {
@@ -227,6 +249,7 @@ impl Engine {
         thread: Thread,
         input: Option<&Value>,
         at: Option<&str>,
+        answering: bool,
         fence: &Fence,
     ) -> Result<(Thread, Checkpoint), EngineError> {
         let cp = match self.store.get_checkpoint(&thread.thread_id, None)? {
@@ -265,7 +288,7 @@ impl Engine {
                 self.store.put_batch(puts)?;
                 Ok((thread, head))
             }
-            (None, Some(carried)) => Ok((thread, self.fork_here(cp, carried, fence)?)),
+            (None, Some(carried)) => Ok((thread, self.fork_here(cp, carried, answering, fence)?)),
             (None, None) => Ok((thread, cp)),
         }
     }
@@ -310,18 +333,54 @@ impl Engine {
         Ok((from, carried))
     }
 
-    /// A branch started without new input: a checkpoint that is `base` again (its tasks, and
-    /// the records of its gates and finished tasks), as `base`'s child, with `carried` values.
-    fn fork_here(&self, base: Checkpoint, carried: NewValues, fence: &Fence) -> Result<Checkpoint, EngineError> {
-        let writes = self.store.get_writes(&base.thread_id, &base.checkpoint_id)?;
+    /// A branch started without new input, as LangGraph forks: a checkpoint that is `base`
+    /// again, one step on (source `fork`), as `base`'s child, with `carried` values and
+    /// `base`'s tasks under the branch's ids. They run again: the results `base`'s tasks had
+    /// stay `base`'s (a regenerated reply is a new message). With `answering`, the records of
+    /// the gates they stopped at come along, so the answer finds its gate.
+    fn fork_here(
+        &self,
+        base: Checkpoint,
+        carried: NewValues,
+        answering: bool,
+        fence: &Fence,
+    ) -> Result<Checkpoint, EngineError> {
         let mut meta: Meta = serde_json::from_value(base.meta.clone()).unwrap_or_default();
         meta.source = Some(Source::Fork);
         meta.run = self.options.metadata.as_deref().cloned();
+        let step = base.step + 1;
+        let renamed: Vec<(String, TaskSpec)> = base
+            .next
+            .iter()
+            .map(|t| {
+                let index = t.task_id.rsplit_once('#').and_then(|(_, i)| i.parse().ok());
+                let task_id = super::task_id(&t.node, step + 1, meta.branch, index);
+                (t.task_id.clone(), TaskSpec { task_id, ..t.clone() })
+            })
+            .collect();
+        let gates: Vec<checkpoint::PendingWrite> = if answering {
+            self.store
+                .get_writes(&base.thread_id, &base.checkpoint_id)?
+                .into_iter()
+                .filter(|w| w.channel == super::INTERRUPT)
+                .filter_map(|w| {
+                    let (_, t) = renamed.iter().find(|(old, _)| *old == w.task_id)?;
+                    Some(checkpoint::PendingWrite {
+                        task_id: t.task_id.clone(),
+                        ..w
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let fork = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             parent_id: Some(base.checkpoint_id.clone()),
+            step,
             ran: Vec::new(),
             changed: carried.iter().map(|(k, _, _)| k.clone()).collect(),
+            next: renamed.into_iter().map(|(_, t)| t).collect(),
             created_at: crate::clock::now(),
             meta: serde_json::to_value(&meta).unwrap_or_default(),
             ..base
@@ -330,11 +389,11 @@ impl Engine {
             Put::Fence(fence.clone()),
             Put::Checkpoint(Arc::new(fork.clone()), carried),
         ];
-        if !writes.is_empty() {
+        if !gates.is_empty() {
             puts.push(Put::Writes {
                 thread_id: fork.thread_id.clone(),
                 checkpoint_id: fork.checkpoint_id.clone(),
-                writes,
+                writes: gates,
             });
         }
         self.store.put_batch(puts)?;

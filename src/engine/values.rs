@@ -512,6 +512,53 @@ fn is_ai(m: &Value) -> bool {
         )
 }
 
+/// A task's write to an `add_messages` key with the ids its messages will have: each id-less
+/// message (a string is a user message) given the id the reducer would give it
+/// ([`message_id`] of the task: the first assistant message `ids`, the others `ids:N`), so
+/// that what a task is shown to have written (its update on the stream, its result in the
+/// history) is what the state holds. Markers (`remove`, an overwrite) are left as they are.
+pub(crate) fn identify_messages(update: Value, ids: &str) -> Value {
+    if crate::compile::overwritten(&update).is_some() {
+        return update;
+    }
+    let one = !update.is_array();
+    let items = match update {
+        Value::Array(items) => items,
+        one => vec![one],
+    };
+    let mut based = false;
+    let mut others = 0;
+    let identified: Vec<Value> = items
+        .into_iter()
+        .map(|msg| {
+            let mut msg = match msg {
+                Value::String(s) => serde_json::json!({"role": "user", "content": s}),
+                Value::Object(o) => Value::Object(o),
+                other => return other,
+            };
+            let remove = msg.get("type").and_then(Value::as_str) == Some("remove");
+            if remove || msg.get("id").and_then(Value::as_str).is_some() {
+                return msg;
+            }
+            let id = if is_ai(&msg) && !based {
+                based = true;
+                ids.to_string()
+            } else {
+                others += 1;
+                format!("{ids}:{others}")
+            };
+            if let Value::Object(o) = &mut msg {
+                o.insert("id".into(), Value::String(id));
+            }
+            msg
+        })
+        .collect();
+    match (one, identified.len()) {
+        (true, 1) => identified.into_iter().next().unwrap_or(Value::Null),
+        _ => Value::Array(identified),
+    }
+}
+
 /// LangGraph's `add_messages`: a message whose `id` exists replaces it in place; `{type:
 /// remove, id}` deletes (an id no message has is an error); others are appended with an id
 /// made from `ids`, the writer's [`message_id`] (should a message already hold it, it is

@@ -10,12 +10,15 @@
 //! checked against the schema the server listed before anything is sent, and a result the
 //! server flags `isError` is a message of status `error`.
 //!
-//! `review: [names]` stops before the calls of those tools for a person's decision, one
-//! call at a time, in call order, with agent-inbox's shapes: the interrupt's payload holds
-//! `action_request: {action, args}` and `config: {allow_accept, allow_edit, allow_respond,
-//! allow_ignore}`, and an answer is `{type: accept}`, `{type: edit, args: {action, args}}`,
-//! `{type: response, args: "why not"}` or `{type: ignore}` (or a list of one such). No call
-//! runs until every reviewed call is answered, so a resumed node never runs one twice.
+//! `review: [names]` stops before the calls of those tools for a person's decision, with the
+//! shapes of LangChain's human-in-the-loop review (what agent-chat-ui shows and answers): one
+//! interrupt for all the reviewed calls of the message, `{action_requests: [{name, args,
+//! description}], review_configs: [{action_name, allowed_decisions}]}`, answered by
+//! `{decisions: [...]}`, one per reviewed call in order: `{type: approve}`, `{type: edit,
+//! edited_action: {name, args}}`, `{type: reject, message?}` or `{type: respond, message}`.
+//! Agent Inbox's `HumanResponse` (`accept`, `edit`, `response`, `ignore`, or a list of one)
+//! answers a message with one reviewed call. No call runs until every reviewed call is
+//! decided, so a resumed node never runs one twice.
 //!
 //! The kind does not retry by default: each call's `run` node is retried by its own policy or
 //! its kind's default (`NodeCtx::run_nested`), and what still fails is an answer the model can
@@ -177,9 +180,27 @@ impl NodeKind for Tools {
     }
 }
 
-/// A person's decision on a reviewed call (agent-inbox's `HumanResponse`).
+/// What a review may be answered with: `{decisions: [...]}`, one decision per reviewed call
+/// (LangChain's human-in-the-loop review), or, for a single reviewed call, Agent Inbox's
+/// `HumanResponse` (or a list of one).
 fn decision_schema() -> Value {
-    let one = json!({
+    let decision = json!({
+        "type": "object",
+        "required": ["type"],
+        "properties": {
+            "type": {"enum": DECISIONS},
+            "message": {"type": "string"},
+        },
+        "allOf": [
+            {"if": {"properties": {"type": {"const": "edit"}}},
+             "then": {"required": ["edited_action"], "properties": {"edited_action": {
+                 "type": "object", "required": ["args"],
+                 "properties": {"name": {"type": "string"}, "args": {"type": "object"}},
+             }}}},
+            {"if": {"properties": {"type": {"const": "respond"}}}, "then": {"required": ["message"]}},
+        ],
+    });
+    let inbox = json!({
         "type": "object",
         "required": ["type"],
         "properties": {
@@ -196,7 +217,63 @@ fn decision_schema() -> Value {
              "then": {"required": ["args"], "properties": {"args": {"type": "string"}}}},
         ],
     });
-    json!({"anyOf": [one, {"type": "array", "minItems": 1, "maxItems": 1, "items": one}]})
+    json!({"anyOf": [
+        {"type": "object", "required": ["decisions"],
+         "properties": {"decisions": {"type": "array", "minItems": 1, "items": decision}}},
+        inbox,
+        {"type": "array", "minItems": 1, "maxItems": 1, "items": inbox},
+    ]})
+}
+
+/// The decisions a reviewer may make on a call, as LangChain's review names them.
+const DECISIONS: [&str; 4] = ["approve", "edit", "reject", "respond"];
+
+/// A reviewer's decision on one call.
+enum Decision {
+    Approve,
+    /// Run the call with these arguments instead.
+    Edit(Value),
+    /// Do not run it; the reason, if one was given.
+    Reject(Option<String>),
+    /// Do not run it; this text answers the model as the tool's result.
+    Respond(String),
+}
+
+/// The decisions an answer makes on `count` reviewed calls, in call order.
+fn decisions(answer: &Value, count: usize) -> Result<Vec<Decision>, NodeError> {
+    let text = |v: &Value| v.as_str().map(str::to_string);
+    let listed = match answer.get("decisions").and_then(Value::as_array) {
+        Some(list) => list
+            .iter()
+            .map(|d| match d["type"].as_str() {
+                Some("edit") => Decision::Edit(d["edited_action"]["args"].clone()),
+                Some("reject") => Decision::Reject(text(&d["message"])),
+                Some("respond") => Decision::Respond(text(&d["message"]).unwrap_or_default()),
+                _ => Decision::Approve,
+            })
+            .collect(),
+        // Agent Inbox's HumanResponse, alone or in a list of one.
+        None => {
+            let one = match answer {
+                Value::Array(one) => one.first().unwrap_or(answer),
+                _ => answer,
+            };
+            vec![match one["type"].as_str() {
+                Some("edit") => Decision::Edit(one["args"]["args"].clone()),
+                Some("response") => Decision::Respond(text_of(&one["args"])),
+                Some("ignore") => Decision::Reject(None),
+                _ => Decision::Approve,
+            }]
+        }
+    };
+    if listed.len() != count {
+        return Err(NodeError::invalid(format!(
+            "the review has {count} call{} to decide, and the answer decides {}",
+            if count == 1 { "" } else { "s" },
+            listed.len()
+        )));
+    }
+    Ok(listed)
 }
 
 /// One call of the message: its id, the tool's name and the arguments as the model wrote them.
@@ -222,37 +299,20 @@ async fn run(ctx: &NodeCtx<'_>, mcp: &McpClients, config: &Config) -> Result<Nod
         .map(|m| m.tool_calls.iter().map(call_of).collect())
         .unwrap_or_default();
     let reviewed: Vec<&Call> = calls.iter().filter(|c| config.review.contains(&c.name)).collect();
-    let answers: Vec<&Value> = ctx.answered.iter().chain(ctx.resume).collect();
-    if let Some(call) = reviewed.get(answers.len()) {
-        return Err(NodeFailure::Interrupt(review_request(
-            config,
-            call,
-            answers.len(),
-            reviewed.len(),
-        )));
-    }
-    // Every reviewed call has its decision, in call order.
-    let decisions: Vec<(&str, &Value)> = reviewed
-        .iter()
-        .zip(&answers)
-        .map(|(c, a)| {
-            let a = match a {
-                Value::Array(one) => one.first().unwrap_or(a),
-                _ => a,
-            };
-            (c.id.as_str(), a)
-        })
-        .collect();
+    let decided_now: Vec<(&str, Decision)> = match ctx.resume {
+        _ if reviewed.is_empty() => Vec::new(),
+        None => return Err(NodeFailure::Interrupt(review_request(&reviewed))),
+        Some(answer) => reviewed
+            .iter()
+            .map(|c| c.id.as_str())
+            .zip(decisions(answer, reviewed.len())?)
+            .collect(),
+    };
     let pending: Vec<_> = calls
         .iter()
         .map(|call| {
-            decided(
-                ctx,
-                mcp,
-                config,
-                call,
-                decisions.iter().find(|(id, _)| *id == call.id).map(|d| d.1),
-            )
+            let decision = decided_now.iter().find(|(id, _)| *id == call.id).map(|d| &d.1);
+            decided(ctx, mcp, config, call, decision)
         })
         .collect();
     let results: Vec<Result<(Value, Usage), NodeFailure>> = futures::stream::iter(pending)
@@ -281,19 +341,26 @@ fn call_of(call: &Value) -> Call {
     }
 }
 
-/// What a person reviewing `call` is shown (the `index`th of `total` reviewed calls).
-fn review_request(config: &Config, call: &Call, index: usize, total: usize) -> Value {
-    let args = serde_json::from_str::<Value>(&call.arguments).unwrap_or_else(|_| Value::String(call.arguments.clone()));
-    json!({
-        "message": format!("Review the call of `{}` before it runs.", call.name),
-        "action_request": {"action": call.name, "args": args},
-        "config": {"allow_accept": true, "allow_edit": true, "allow_respond": true, "allow_ignore": true},
-        "description": format!("The model calls `{}` (call {}). Accept, edit the arguments, respond instead, or ignore.", call.name, call.id),
-        "tool_call_id": call.id,
-        "response_schema": config.decision,
-        "questions_answered": index,
-        "questions": total,
-    })
+/// What a person reviewing the calls is shown: LangChain's review request, one action request
+/// and one review configuration per call.
+fn review_request(reviewed: &[&Call]) -> Value {
+    let requests: Vec<Value> = reviewed
+        .iter()
+        .map(|call| {
+            let args =
+                serde_json::from_str::<Value>(&call.arguments).unwrap_or_else(|_| Value::String(call.arguments.clone()));
+            json!({
+                "name": call.name,
+                "args": args,
+                "description": format!("The model calls `{}` with {}. Approve it, edit its arguments, reject it, or answer in its place.", call.name, args),
+            })
+        })
+        .collect();
+    let configs: Vec<Value> = reviewed
+        .iter()
+        .map(|call| json!({"action_name": call.name, "allowed_decisions": DECISIONS}))
+        .collect();
+    json!({"action_requests": requests, "review_configs": configs})
 }
 
 /// The tool message answering `call` as the person reviewing it decided (no decision: the
@@ -303,32 +370,36 @@ async fn decided(
     mcp: &McpClients,
     config: &Config,
     call: &Call,
-    decision: Option<&Value>,
+    decision: Option<&Decision>,
 ) -> Result<(Value, Usage), NodeFailure> {
-    let Some(decision) = decision else {
-        return answer(ctx, mcp, config, call).await;
-    };
-    let reply = |content: String| {
+    let reply = |content: String, status: &str| {
         let message = json!({
             "role": "tool",
             "tool_call_id": call.id,
             "name": call.name,
             "content": content,
-            "status": "error",
+            "status": status,
         });
         Ok((message, Usage::default()))
     };
-    match decision["type"].as_str() {
-        Some("edit") => {
+    match decision {
+        None | Some(Decision::Approve) => answer(ctx, mcp, config, call).await,
+        Some(Decision::Edit(args)) => {
             let edited = Call {
-                arguments: decision["args"]["args"].to_string(),
+                arguments: args.to_string(),
                 ..call.clone()
             };
             answer(ctx, mcp, config, &edited).await
         }
-        Some("response") => reply(text_of(&decision["args"])),
-        Some("ignore") => reply("The person reviewing this call chose not to run it.".into()),
-        _ => answer(ctx, mcp, config, call).await,
+        Some(Decision::Respond(text)) => reply(text.clone(), "success"),
+        Some(Decision::Reject(Some(why))) => reply(
+            format!("The person reviewing this call of `{}` rejected it: {why}", call.name),
+            "error",
+        ),
+        Some(Decision::Reject(None)) => reply(
+            format!("The person reviewing this call of `{}` chose not to run it.", call.name),
+            "error",
+        ),
     }
 }
 

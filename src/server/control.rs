@@ -157,10 +157,24 @@ pub(super) async fn join(
     let Some(cp) = app.store.get_checkpoint(&thread_id, None)? else {
         return Ok(Json(json!({})));
     };
-    let mut values = app.store.state(&thread_id, &cp.versions)?;
+    let graph = app
+        .store
+        .get_thread(&thread_id)?
+        .and_then(|t| app.graphs.of_workflow(&t.workflow));
+    let mut values = match &graph {
+        Some(g) => {
+            let (values, _) = crate::engine::Engine::pending_state(g.plan.clone(), app.store.clone(), &cp)
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            super::messages::served_state(values, &g.plan)
+        }
+        None => app.store.state(&thread_id, &cp.versions)?,
+    };
     let interrupts: Vec<Value> = pending_interrupts(&app.store.get_writes(&thread_id, &cp.checkpoint_id)?)
         .into_iter()
-        .map(|(_, i)| i)
+        .map(|(_, mut i)| {
+            i["response_schema"] = Value::Null;
+            i
+        })
         .collect();
     if !interrupts.is_empty() {
         values.insert("__interrupt__".into(), Value::Array(interrupts));

@@ -14,13 +14,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::Shared;
 use super::runs::Started;
-use super::sse::{Translate, frame};
+use super::sse::frame;
 use super::threads::lock;
+use super::translate::Translate;
 use crate::engine::EngineError;
 
 /// How long a stream stays silent before a heartbeat comment, as the reference server's.
@@ -117,7 +118,7 @@ pub(super) fn feed(app: &Shared, s: Started) -> Arc<Hub> {
         }),
         reserved: std::sync::atomic::AtomicU64::new(s.first_event_id),
     });
-    let mut translate = Translate::new(s.modes, app, s.thread_id.clone(), run_meta(&s), s.graph.plan.clone());
+    let mut translate = Translate::new(s.modes, app, s.info.clone(), s.graph.plan.clone());
     hub.push(vec![("metadata".into(), json!({"run_id": s.run_id, "attempt": 1}))]);
     hub.push(translate.on(s.first));
     if let Some(r) = lock(&app.runs).get_mut(&s.run_id) {
@@ -154,16 +155,6 @@ pub(super) fn ended() -> Arc<Hub> {
         reserve: None,
         reserved: std::sync::atomic::AtomicU64::new(0),
     })
-}
-
-/// What a run's `messages` events say of it.
-pub(super) fn run_meta(s: &Started) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("run_id".into(), json!(s.run_id));
-    m.insert("thread_id".into(), json!(s.thread_id));
-    m.insert("graph_id".into(), json!(s.graph.graph_id));
-    m.insert("assistant_id".into(), json!(s.graph.assistant_id));
-    m
 }
 
 /// Stops the run when its reader is dropped before the end (the client went away).

@@ -8,6 +8,8 @@
 //! `invalid_tool_calls` and `usage_metadata`. agent-chat-ui renders a message by its `type`.
 //! The stored state is left as written.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value, json};
 
 use crate::compile::Plan;
@@ -23,12 +25,12 @@ pub(crate) fn keys(plan: &Plan) -> Vec<String> {
 }
 
 /// The plan whose events carry the namespace `ns` (`node:task|node:task`, none: `plan`).
-pub(crate) fn plan_of<'a>(plan: &'a Plan, ns: Option<&str>) -> Option<&'a Plan> {
-    let mut at = plan;
+pub(crate) fn plan_of(plan: &Arc<Plan>, ns: Option<&str>) -> Option<Arc<Plan>> {
+    let mut at = plan.clone();
     for part in ns.into_iter().flat_map(|ns| ns.split('|')) {
         let node = part.split(':').next().unwrap_or(part);
-        let (ix, _) = at.nodes().iter().find(|(_, n)| n.name == node)?;
-        at = at.subgraphs().get(ix)?;
+        let ix = at.node_by_name(node)?;
+        at = at.subgraphs().get(&ix)?.clone();
     }
     Some(at)
 }
@@ -41,6 +43,13 @@ pub(crate) fn served(mut values: Map<String, Value>, keys: &[String]) -> Map<Str
         }
     }
     values
+}
+
+/// A state as the API shows it: its messages as LangChain dicts, and without the keys that
+/// were never set (a key with no default that nothing wrote: LangGraph has no value for it).
+pub(crate) fn served_state(mut values: Map<String, Value>, plan: &Plan) -> Map<String, Value> {
+    values.retain(|k, v| !(v.is_null() && plan.state().get(k).is_none_or(|c| c.default.is_null())));
+    served(values, &keys(plan))
 }
 
 /// A messages value (a list, or one message) as LangChain dicts.
@@ -124,6 +133,7 @@ pub(crate) fn message(v: Value) -> Value {
                 _ => json!("success"),
             };
             out.insert("status".into(), status);
+            out.insert("artifact".into(), m.remove("artifact").unwrap_or(Value::Null));
         }
         _ => {}
     }

@@ -13,7 +13,8 @@
 //! - `control.rs`: runs in the background, listed, looked at, joined, cancelled;
 //! - `batch.rs`: `/runs/batch`, stateless runs started in the background together;
 //! - `hub.rs`: a streamed run's frames, kept for the client that started it and any that join;
-//! - `sse.rs`: the event stream's framing and how engine events become stream-mode events;
+//! - `sse.rs`: the event stream's framing and the stream modes;
+//! - `translate.rs`: how a run's engine events become the stream modes' events;
 //! - `store.rs`: the store endpoints, over the data store `store` nodes use;
 //! - `metrics.rs`: `GET /metrics` in Prometheus's text format;
 //! - `conn.rs`: connections accepted and served (HTTP/1.1), and ended gracefully;
@@ -33,6 +34,7 @@ mod runs;
 mod sse;
 mod store;
 mod threads;
+mod translate;
 mod workers;
 
 use std::collections::HashMap;
@@ -162,6 +164,7 @@ fn router(app: Shared) -> Router {
             "/threads/{id}",
             get(threads::get).delete(threads::delete).patch(threads::patch),
         )
+        .route("/threads/{id}/copy", post(threads::copy))
         .route("/threads/{id}/state", get(threads::state).post(threads::update_state))
         .route("/threads/{id}/state/checkpoint", post(threads::state_at_post))
         .route("/threads/{id}/state/{checkpoint_id}", get(threads::state_at_get))

@@ -22,8 +22,9 @@ use super::Shared;
 use super::graphs::Graph;
 use super::http::{ApiError, JsonBody};
 use super::hub::{self, CancelOnDrop, Hub};
-use super::sse::{Modes, Translate};
+use super::sse::Modes;
 use super::threads::{exists, lock, new_meta, pending_interrupts};
+use super::translate::{RunInfo, Translate};
 use crate::checkpoint::{CheckpointError, RunRow, RunStatus};
 use crate::engine::events::{Envelope, Events, Receiver};
 use crate::engine::{
@@ -72,7 +73,66 @@ pub(super) fn run_json(row: &RunRow) -> Value {
     json!({
         "run_id": row.run_id, "thread_id": row.thread_id, "assistant_id": row.assistant_id,
         "created_at": row.created_at, "updated_at": row.updated_at, "status": row.status.as_str(),
-        "metadata": row.metadata, "kwargs": row.kwargs, "multitask_strategy": row.multitask_strategy,
+        "metadata": row.metadata, "kwargs": shown_kwargs(row), "multitask_strategy": row.multitask_strategy,
+        "langsmith_session_name": null,
+    })
+}
+
+/// What a run was asked to do, as the reference shows a run's `kwargs`: every field named,
+/// with its default where the request had none, and the configuration the run ran with. (The
+/// row keeps the request as sent: a run resumed after a restart is made from it again.)
+fn shown_kwargs(row: &RunRow) -> Value {
+    let k = &row.kwargs;
+    let field = |name: &str| k.get(name).cloned().unwrap_or(Value::Null);
+    let stream_mode = match k.get("stream_mode") {
+        None | Some(Value::Null) => json!(["values"]),
+        Some(Value::String(one)) => json!([one]),
+        Some(many) => many.clone(),
+    };
+    let mut configurable = k
+        .get("config")
+        .and_then(|c| c.get("configurable"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    for (name, value) in [
+        ("run_id", json!(row.run_id)),
+        ("thread_id", json!(row.thread_id)),
+        ("assistant_id", json!(row.assistant_id)),
+        ("graph_id", row.metadata.get("graph_id").cloned().unwrap_or(Value::Null)),
+        ("user_id", json!("")),
+        ("langgraph_auth_user_id", json!("")),
+        ("langgraph_auth_user", Value::Null),
+        ("langgraph_auth_permissions", json!([])),
+    ] {
+        configurable.insert(name.into(), value);
+    }
+    let checkpoint = k
+        .get("checkpoint_id")
+        .cloned()
+        .or_else(|| k.get("checkpoint").and_then(|c| c.get("checkpoint_id")).cloned());
+    if let Some(id) = checkpoint.filter(|c| !c.is_null()) {
+        configurable.insert("checkpoint_id".into(), id);
+    }
+    let mut config = k.get("config").and_then(Value::as_object).cloned().unwrap_or_default();
+    config.insert("configurable".into(), Value::Object(configurable));
+    config.insert("metadata".into(), row.metadata.clone());
+    let stateless = k.get("stateless") == Some(&Value::Bool(true));
+    json!({
+        "input": field("input"),
+        "command": field("command"),
+        "config": config,
+        "context": k.get("context").filter(|c| !c.is_null()).cloned().unwrap_or_else(|| json!({})),
+        "stream_mode": stream_mode,
+        "interrupt_before": field("interrupt_before"),
+        "interrupt_after": field("interrupt_after"),
+        "webhook": field("webhook"),
+        "feedback_keys": field("feedback_keys"),
+        "temporary": stateless && k.get("on_completion").and_then(Value::as_str) != Some("keep"),
+        "subgraphs": k.get("stream_subgraphs").and_then(Value::as_bool).unwrap_or(false),
+        "resumable": k.get("stream_resumable").and_then(Value::as_bool).unwrap_or(false),
+        "checkpoint_during": true,
+        "durability": k.get("durability").filter(|d| !d.is_null()).cloned().unwrap_or_else(|| json!("sync")),
     })
 }
 
@@ -130,6 +190,7 @@ pub(super) struct Queued {
     release: oneshot::Sender<()>,
     modes: Modes,
     cancel_on_disconnect: bool,
+    info: RunInfo,
 }
 
 /// Stops a run whose client went away while it waited for the run to start, unless disarmed
@@ -167,6 +228,7 @@ impl Queued {
             release,
             modes,
             cancel_on_disconnect,
+            info,
         } = self;
         let mut abandoned = Abandoned {
             cancel: cancel.clone(),
@@ -207,6 +269,7 @@ impl Queued {
             release,
             modes,
             cancel_on_disconnect,
+            info,
         })
     }
 }
@@ -231,6 +294,8 @@ pub(super) struct Started {
     pub release: oneshot::Sender<()>,
     pub modes: Modes,
     cancel_on_disconnect: bool,
+    /// What its stream says of it.
+    pub info: RunInfo,
 }
 
 /// Why a run could not start, as the reference answers it.
@@ -278,27 +343,39 @@ fn node_set(graph: &Graph, field: &str, value: Option<&Value>) -> Result<NodeSet
     Ok(NodeSet::Named(set))
 }
 
+/// An answer, the gate it is for (none: the only one waiting), and the answers to other gates.
+type Answered = (Option<String>, Value, Vec<(String, Value)>);
+
 /// The answer and the gate it is for, from `command.resume`: a map from pending interrupt ids
-/// to values answers those gates; any other value answers the only gate waiting.
-fn answer(app: &Shared, thread_id: &str, resume: Value) -> Result<(Option<String>, Value), ApiError> {
-    let pending: Vec<String> = match app.store.get_checkpoint(thread_id, None)? {
+/// to values answers those gates; any other value answers the only gate waiting. A thread with
+/// no gate waiting (or no state at all) has nothing to resume: refused before anything runs or
+/// is written.
+fn answer(
+    app: &Shared,
+    thread_id: &str,
+    head: Option<&crate::checkpoint::Checkpoint>,
+    resume: Value,
+) -> Result<Answered, ApiError> {
+    let pending: Vec<String> = match head {
         Some(cp) => pending_interrupts(&app.store.get_writes(thread_id, &cp.checkpoint_id)?)
             .into_iter()
-            .map(|(id, _)| id)
+            .filter_map(|(_, i)| i.get("id").and_then(Value::as_str).map(str::to_string))
             .collect(),
         None => Vec::new(),
     };
+    if pending.is_empty() {
+        return Err(ApiError::conflict(format!(
+            "Thread {thread_id} has no pending interrupt to resume: command.resume answers a thread waiting at a gate"
+        )));
+    }
     match resume {
+        // Several gates of one step answered together: each by its id.
         Value::Object(m) if !m.is_empty() && m.keys().all(|k| pending.contains(k)) => {
-            if m.len() > 1 {
-                return Err(ApiError::invalid(
-                    "resuming several interrupts in one run is not supported yet: resume them one at a time",
-                ));
-            }
-            let (id, value) = m.into_iter().next().unwrap_or_default();
-            Ok((Some(id), value))
+            let mut answers = m.into_iter();
+            let (id, value) = answers.next().unwrap_or_default();
+            Ok((Some(id), value, answers.collect()))
         }
-        other => Ok((None, other)),
+        other => Ok((None, other, Vec::new())),
     }
 }
 
@@ -393,16 +470,14 @@ pub(super) async fn start_run(
 ) -> Result<Queued, ApiError> {
     let req: RunCreate =
         serde_json::from_value(kwargs.clone()).map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))?;
-    let graph: Arc<Graph> = app
-        .graphs
-        .find(&req.assistant_id)
-        .ok_or_else(|| ApiError::not_found(format!("Assistant '{}' not found", req.assistant_id)))?;
+    let graph: Arc<Graph> = find_assistant(app, &req.assistant_id)?;
     let modes = Modes::parse(req.stream_mode.as_ref(), req.stream_subgraphs).map_err(ApiError::invalid)?;
-    // `enqueue`: the run waits for the thread's lease (the runs before it end first).
-    // `interrupt` / `rollback`: the thread's running runs are cancelled (and rolled back) first.
+    // `enqueue` (the reference's default): the run waits for the thread's lease (the runs
+    // before it end first). `reject`: a thread with a run is a 409. `interrupt` / `rollback`:
+    // the thread's running runs are cancelled (and rolled back) first.
     let strategy = match req.multitask_strategy.as_deref() {
-        None | Some("reject") => "reject",
-        Some("enqueue") => "enqueue",
+        None | Some("enqueue") => "enqueue",
+        Some("reject") => "reject",
         Some("interrupt") => "interrupt",
         Some("rollback") => "rollback",
         Some(other) => {
@@ -428,13 +503,14 @@ pub(super) async fn start_run(
         before: node_set(&graph, "interrupt_before", req.interrupt_before.as_ref())?,
         after: node_set(&graph, "interrupt_after", req.interrupt_after.as_ref())?,
     };
+    let (run_config, run_context) = configured(&graph, req.config.as_ref(), req.context.as_ref())?;
     // A stateless run records so in its row, so that a resumed one still deletes its thread.
     let stateless = thread.is_none() || kwargs.get("stateless") == Some(&Value::Bool(true));
     let temporary = stateless && req.on_completion.as_deref() != Some("keep");
     let thread_id = match thread {
         Some(t) if resumed.is_some() || exists(app, &t)? => t,
         Some(t) if req.if_not_exists.as_deref() == Some("create") => t,
-        Some(t) => return Err(ApiError::not_found(format!("Thread with ID {t} not found"))),
+        Some(_) => return Err(ApiError::not_found("Thread or assistant not found.")),
         None => crate::checkpoint::new_id(),
     };
     // A run on the thread, running or waiting for a worker, holds it for the runs after it.
@@ -455,40 +531,10 @@ pub(super) async fn start_run(
     let is_resumed = resumed.is_some();
     // A resumed run that held its thread had applied its command.
     let edit = edit.filter(|_| !was_running);
-    if edit.is_some() && !exists(app, &thread_id)? {
-        return Err(ApiError::invalid(
-            "command.update and command.goto apply to a thread's state: the thread has none yet",
-        ));
-    }
-    let mut request = match command.resume {
-        // A resumed run that held its thread had taken its answer: the thread goes on.
-        _ if was_running => overrides.answer(thread_id.clone(), workflow, None, None),
-        Some(resume) => {
-            let (to, value) = answer(app, &thread_id, resume)?;
-            overrides.answer(thread_id.clone(), workflow, Some(value), to)
-        }
-        // The command's edit, then the thread goes on from it.
-        None if edit.is_some() => overrides.answer(thread_id.clone(), workflow, None, None),
-        None => overrides.start(Start {
-            thread_id: Some(thread_id.clone()),
-            workflow,
-            input_given: req.input.as_ref().is_some_and(|i| !i.is_null()),
-            input: req.input.filter(|i| !i.is_null()).unwrap_or_else(|| json!({})),
-            context: req.context.unwrap_or_else(|| json!({})),
-            config: Vec::new(),
-        }),
-    };
-    if let LeasePolicy::Take { wait, .. } = &mut request.lease {
-        // A resumed run waits out the lease of the server that was killed (on another host, or
-        // a process id taken again), as one that asked to wait its turn does.
-        *wait = strategy != "reject" || is_resumed;
-    }
-    if let Some(persist) = persist {
-        request.persist = persist;
-    }
-    request.gates = gates;
-    // A resumed run that held its thread had forked it already, if it asked to.
-    request.checkpoint_id = req
+    let head = app.store.get_checkpoint(&thread_id, None)?;
+    // `checkpoint` names where the run goes on from: the head is no fork (agent-chat-ui always
+    // sends the head it last saw).
+    let checkpoint_id = req
         .checkpoint_id
         .or_else(|| {
             req.checkpoint
@@ -497,7 +543,67 @@ pub(super) async fn start_run(
                 .and_then(Value::as_str)
                 .map(str::to_string)
         })
+        .filter(|id| head.as_ref().is_none_or(|h| h.checkpoint_id != *id))
         .filter(|_| !was_running);
+    if edit.is_some() {
+        if head.is_none() {
+            return Err(ApiError::invalid(
+                "command.update and command.goto apply to a thread's state: the thread has none yet",
+            ));
+        }
+        if checkpoint_id.is_some() {
+            return Err(ApiError::invalid(
+                "command.update and command.goto apply at the thread's latest checkpoint, not an older one",
+            ));
+        }
+    }
+    // A workflow that declares no input takes none: what a client sends anyway (agent-chat-ui
+    // sends its messages to every graph) is ignored, as LangGraph ignores keys it has no
+    // channel for.
+    let input = req.input.filter(|i| !i.is_null()).map(|i| {
+        if graph.plan.input_schema().is_some() {
+            i
+        } else {
+            json!({})
+        }
+    });
+    let new_input = input.is_some() && command.resume.is_none() && edit.is_none() && !was_running;
+    let mut request = match command.resume {
+        // A resumed run that held its thread had taken its answer: the thread goes on.
+        _ if was_running => overrides.answer(thread_id.clone(), workflow, None, None),
+        Some(resume) => {
+            let (to, value, more) = answer(app, &thread_id, head.as_ref(), resume)?;
+            let mut request = overrides.answer(thread_id.clone(), workflow, Some(value), to);
+            request.more_answers = more;
+            request
+        }
+        // The command's edit, then the thread goes on from it.
+        None if edit.is_some() => overrides.answer(thread_id.clone(), workflow, None, None),
+        None => overrides.start(Start {
+            thread_id: Some(thread_id.clone()),
+            workflow,
+            input_given: input.is_some(),
+            input: input.clone().unwrap_or_else(|| json!({})),
+            context: run_context.clone().unwrap_or_else(|| json!({})),
+            config: run_config.clone(),
+        }),
+    };
+    if let LeasePolicy::Take { wait, .. } = &mut request.lease {
+        // A run waits for the runs before it to let go of the thread, unless it was told to be
+        // refused then; a resumed run waits out the lease of the server that was killed (on
+        // another host, or a process id taken again).
+        *wait = strategy != "reject" || is_resumed;
+    }
+    if let Some(persist) = persist {
+        request.persist = persist;
+    }
+    request.gates = gates;
+    request.checkpoint_id = checkpoint_id;
+    // New input on a thread that waits (at a gate) starts the new turn: LangGraph's server
+    // drops what waited.
+    request.discard_pending = true;
+    request.run_config = run_config;
+    request.run_context = run_context;
     if let Some(limit) = req
         .config
         .as_ref()
@@ -520,10 +626,10 @@ pub(super) async fn start_run(
     }
     meta.updated_at = crate::clock::now();
     app.store.put_thread_meta(&meta)?;
-    let rollback_to = match app.store.get_checkpoint(&thread_id, None)? {
+    let rollback_to = match &head {
         Some(cp) => {
             let writes = app.store.get_writes(&thread_id, &cp.checkpoint_id)?;
-            Some((cp.checkpoint_id, writes))
+            Some((cp.checkpoint_id.clone(), writes))
         }
         None => None,
     };
@@ -535,6 +641,13 @@ pub(super) async fn start_run(
             if stateless && let Value::Object(k) = &mut kwargs {
                 k.insert("stateless".into(), Value::Bool(true));
             }
+            // The run's metadata: its assistant's (graph and id), then the client's.
+            let mut metadata = Map::from_iter([
+                ("created_by".to_string(), json!("system")),
+                ("graph_id".into(), json!(graph.graph_id)),
+                ("assistant_id".into(), json!(graph.assistant_id)),
+            ]);
+            metadata.extend(req.metadata);
             RunRow {
                 run_id: uuid::Uuid::now_v7().to_string(),
                 thread_id: thread_id.clone(),
@@ -544,7 +657,7 @@ pub(super) async fn start_run(
                 updated_at: now,
                 kwargs,
                 multitask_strategy: strategy.to_string(),
-                metadata: Value::Object(req.metadata),
+                metadata: Value::Object(metadata),
                 error: None,
                 event_ids: 0,
             }
@@ -552,6 +665,12 @@ pub(super) async fn start_run(
     };
     app.store.put_run(&row)?;
     let run_id = row.run_id.clone();
+    let info = run_info(&row, &graph, new_input);
+    // What each checkpoint the run makes keeps of it, as LangGraph's checkpoint metadata.
+    let mut stamped = info.metadata.clone();
+    stamped.insert("user_id".into(), json!(""));
+    stamped.insert("langgraph_auth_user_id".into(), json!(""));
+    request.metadata = Some(stamped);
     let (events, rx) = Events::channel();
     let engine = Engine::new(graph.plan.clone(), app.store.clone(), services, events);
     let cancel = engine.cancel_flag();
@@ -653,7 +772,92 @@ pub(super) async fn start_run(
         release,
         modes,
         cancel_on_disconnect: req.on_disconnect.as_deref() != Some("continue"),
+        info,
     })
+}
+
+/// What the stream of the run `row` of `graph` says of it.
+fn run_info(row: &RunRow, graph: &Graph, new_input: bool) -> RunInfo {
+    let mut metadata = row.metadata.as_object().cloned().unwrap_or_default();
+    metadata.insert("run_attempt".into(), json!(1));
+    metadata.insert("run_id".into(), json!(row.run_id));
+    metadata.insert("thread_id".into(), json!(row.thread_id));
+    let configurable = row
+        .kwargs
+        .get("config")
+        .and_then(|c| c.get("configurable"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    RunInfo {
+        run_id: row.run_id.clone(),
+        thread_id: row.thread_id.clone(),
+        graph_id: graph.graph_id.clone(),
+        assistant_id: graph.assistant_id.clone(),
+        metadata,
+        configurable,
+        new_input,
+    }
+}
+
+/// The graph a run's `assistant_id` names: a graph's name or its assistant's id. A name no
+/// graph has is refused as the reference refuses it (422); an unknown id is not found.
+fn find_assistant(app: &Shared, id: &str) -> Result<Arc<Graph>, ApiError> {
+    if let Some(graph) = app.graphs.find(id) {
+        return Ok(graph);
+    }
+    if uuid::Uuid::parse_str(id).is_ok() {
+        return Err(ApiError::not_found("Thread or assistant not found."));
+    }
+    let mut names = app.graphs.ids();
+    names.sort();
+    Err(ApiError::invalid(format!(
+        "Invalid assistant: '{id}'. Must be either:\n- A valid assistant UUID, or\n- One of the registered graphs: {}",
+        names.join(", ")
+    )))
+}
+
+/// A run's `config.configurable` and `context` as the workflow reads them: each configurable
+/// value whose name is a key of the workflow's `config` overrides it for the run (as `--set`
+/// does); `context` (or, where the workflow's context schema declares them, configurable
+/// values such as `user_id`) is the run's context. Other configurable values are LangGraph's
+/// own or the client's, and are ignored, as LangGraph ignores what no node reads.
+type Configured = (Vec<(String, Value)>, Option<Value>);
+
+fn configured(graph: &Graph, config: Option<&Value>, context: Option<&Value>) -> Result<Configured, ApiError> {
+    let configurable = match config.map(|c| c.get("configurable")) {
+        None | Some(None) | Some(Some(Value::Null)) => Map::new(),
+        Some(Some(Value::Object(m))) => m.clone(),
+        Some(Some(other)) => {
+            return Err(ApiError::invalid(format!(
+                "config.configurable is an object, not {other}"
+            )));
+        }
+    };
+    let known = graph.plan.config().as_object().cloned().unwrap_or_default();
+    let overrides: Vec<(String, Value)> = configurable
+        .iter()
+        .filter(|(k, _)| known.contains_key(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let declared: Vec<String> = graph
+        .plan
+        .context_schema()
+        .and_then(|s| s.get("properties"))
+        .and_then(Value::as_object)
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut ctx = match context {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(other) => return Err(ApiError::invalid(format!("context is an object, not {other}"))),
+    };
+    for (k, v) in &configurable {
+        if declared.contains(k) && !ctx.contains_key(k) {
+            ctx.insert(k.clone(), v.clone());
+        }
+    }
+    Ok((overrides, (!ctx.is_empty()).then_some(Value::Object(ctx))))
 }
 
 /// The end of a run cancelled before it had a worker.
@@ -784,13 +988,7 @@ fn stream_response(app: Shared, s: Started) -> Response {
 /// Runs to the end and answers the final values: with `__interrupt__` when the run stopped at
 /// a gate, `__error__` when it failed.
 async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
-    let mut translate = Translate::new(
-        s.modes,
-        &app,
-        s.thread_id.clone(),
-        hub::run_meta(&s),
-        s.graph.plan.clone(),
-    );
+    let mut translate = Translate::new(s.modes, &app, s.info.clone(), s.graph.plan.clone());
     translate.on(s.first);
     let mut events = s.events;
     while let Some(envelope) = events.recv().await {
@@ -801,10 +999,11 @@ async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
         .await
         .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
     let mut values = match app.store.get_checkpoint(&s.thread_id, None)? {
-        Some(cp) => super::messages::served(
-            app.store.state(&s.thread_id, &cp.versions)?,
-            &super::messages::keys(&s.graph.plan),
-        ),
+        Some(cp) => {
+            let (values, _) = Engine::pending_state(s.graph.plan.clone(), app.store.clone(), &cp)
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            super::messages::served_state(values, &s.graph.plan)
+        }
         None => translate.values(),
     };
     match &outcome {

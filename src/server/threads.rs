@@ -42,29 +42,60 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The gates `writes` (a checkpoint's pending writes) wait at, as LangGraph's `Interrupt`s.
+/// The gates `writes` (a checkpoint's records) wait at, as LangGraph's `Interrupt`s `{id,
+/// value}`, each with the task it stopped (a subgraph's task stands for each gate its child
+/// waits at). Pauses before or after nodes are no interrupts.
 pub(crate) fn pending_interrupts(writes: &[PendingWrite]) -> Vec<(String, Value)> {
-    crate::engine::waiting_gates(writes)
+    shown(crate::engine::waiting_gates(writes))
+}
+
+/// Every interrupt recorded on a checkpoint, answered or not: what a thread's history shows.
+pub(crate) fn recorded_interrupts(writes: &[PendingWrite]) -> Vec<(String, Value)> {
+    shown(crate::engine::recorded_gates(writes))
+}
+
+fn shown(gates: Vec<&PendingWrite>) -> Vec<(String, Value)> {
+    gates
         .into_iter()
-        .map(|w| (w.task_id.clone(), json!({"id": w.task_id, "value": w.value})))
+        .filter(|w| !crate::engine::is_pause(w))
+        .flat_map(|w| {
+            super::translate::flatten(&w.task_id, &w.value)
+                .into_iter()
+                .map(|(id, value)| (w.task_id.clone(), json!({"id": id, "value": value})))
+        })
         .collect()
 }
 
-/// The API's thread: `{thread_id, created_at, updated_at, state_updated_at, metadata, status,
-/// config, values, error, interrupts}`.
+/// The served graph a thread runs (none: its workflow is not served).
+fn graph_of(app: &Shared, thread: Option<&crate::checkpoint::Thread>) -> Option<std::sync::Arc<super::Graph>> {
+    thread.and_then(|t| app.graphs.of_workflow(&t.workflow))
+}
+
+/// A state as the API shows it for `graph` (none: as stored).
+fn shown_state(values: Map<String, Value>, graph: Option<&super::Graph>) -> Map<String, Value> {
+    match graph {
+        Some(g) => super::messages::served_state(values, &g.plan),
+        None => values,
+    }
+}
+
+/// The API's thread. One never run has `values: null` and no `error` or `interrupts`; a copy
+/// not run since has no `values` either; one that ran has them all, as the reference shows
+/// its threads.
 pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>, ApiError> {
     let meta = app.store.get_thread_meta(thread_id)?;
     let stored = app.store.get_thread(thread_id)?;
     let busy = lock(&app.runs)
         .values()
         .any(|r| r.thread_id == thread_id && r.is_active());
+    let graph = graph_of(app, stored.as_ref());
     let (meta, status) = match (meta, &stored) {
         (None, None) => return Ok(None),
         (meta, Some(t)) => {
             let meta = meta.unwrap_or_else(|| {
                 // A thread from before this server: its graph is the workflow it records.
                 let mut m = Map::new();
-                if let Some(g) = app.graphs.of_workflow(&t.workflow) {
+                if let Some(g) = &graph {
                     m.insert("graph_id".into(), json!(g.graph_id));
                     m.insert("assistant_id".into(), json!(g.assistant_id));
                 }
@@ -79,40 +110,64 @@ pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>
         }
         (Some(meta), None) => (meta, "idle"),
     };
-    let (values, interrupts, updated) = match app.store.get_checkpoint(thread_id, None)? {
-        Some(cp) => {
-            let keys = stored
-                .as_ref()
-                .map(|t| workflow_message_keys(app, &t.workflow))
-                .unwrap_or_default();
-            let values = Value::Object(super::messages::served(
-                app.store.state(thread_id, &cp.versions)?,
-                &keys,
-            ));
-            let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
-            let interrupts: Map<String, Value> = pending_interrupts(&writes)
-                .into_iter()
-                .map(|(task, i)| (task, json!([i])))
-                .collect();
-            (values, interrupts, cp.created_at)
-        }
-        None => (Value::Null, Map::new(), meta.updated_at.clone()),
-    };
-    let updated_at = stored
-        .as_ref()
-        .map_or(meta.updated_at.clone(), |t| t.updated_at.clone());
-    Ok(Some(json!({
+    let runs = app.store.list_runs(Some(thread_id), &[])?;
+    let mut out = json!({
         "thread_id": thread_id,
         "created_at": meta.created_at,
-        "updated_at": updated_at,
-        "state_updated_at": updated,
+        "updated_at": stored.as_ref().map_or(meta.updated_at.clone(), |t| t.updated_at.clone()),
+        "state_updated_at": meta.updated_at,
         "metadata": metadata_of(&meta),
         "status": if busy { "busy" } else { status },
         "config": {},
-        "values": values,
-        "error": null,
-        "interrupts": interrupts,
-    })))
+    });
+    let cp = app.store.get_checkpoint(thread_id, None)?;
+    if let Some(cp) = &cp {
+        out["state_updated_at"] = json!(cp.created_at);
+    }
+    if runs.is_empty() {
+        if cp.is_none() {
+            out["values"] = Value::Null;
+        }
+        return Ok(Some(out));
+    }
+    out["config"] = json!({"configurable": {}});
+    let (values, interrupts) = match &cp {
+        Some(cp) => {
+            let (values, _) = head_state(app, graph.as_deref(), cp)?;
+            let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
+            let mut by_task = Map::new();
+            for (task, i) in pending_interrupts(&writes) {
+                match by_task.entry(task).or_insert_with(|| json!([])) {
+                    Value::Array(list) => list.push(i),
+                    _ => {}
+                }
+            }
+            (Value::Object(shown_state(values, graph.as_deref())), by_task)
+        }
+        None => (Value::Null, Map::new()),
+    };
+    out["values"] = values;
+    out["interrupts"] = Value::Object(interrupts);
+    // A thread whose last run failed shows why.
+    out["error"] = match status {
+        "error" => runs.last().and_then(|r| r.error.clone()).unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    Ok(Some(out))
+}
+
+/// The state at a thread's head as `get_state` shows it: what its finished tasks stored
+/// applied (a step cut short by a gate keeps them), and the tasks still to run.
+fn head_state(
+    app: &Shared,
+    graph: Option<&super::Graph>,
+    cp: &Checkpoint,
+) -> Result<(Map<String, Value>, Vec<crate::checkpoint::TaskSpec>), ApiError> {
+    match graph {
+        Some(g) => crate::engine::Engine::pending_state(g.plan.clone(), app.store.clone(), cp)
+            .map_err(|e| ApiError::internal(e.to_string())),
+        None => Ok((app.store.state(&cp.thread_id, &cp.versions)?, cp.next.clone())),
+    }
 }
 
 /// The API's name of a stored thread's status. A thread left `running` by a server that
@@ -125,35 +180,36 @@ fn status_name(s: ThreadStatus) -> &'static str {
     }
 }
 
-/// The keys of a thread's state that hold messages: those of the served graph whose workflow
-/// the thread records (none when no served graph is its workflow).
-fn message_keys(app: &Shared, thread_id: &str) -> Result<Vec<String>, ApiError> {
-    Ok(app
-        .store
-        .get_thread(thread_id)?
-        .map(|t| workflow_message_keys(app, &t.workflow))
-        .unwrap_or_default())
+/// A checkpoint's metadata as LangGraph's checkpoints keep it: the run's that made it (its
+/// graph, assistant and id, and the client's), how it came to be and its step.
+pub(crate) fn checkpoint_metadata(cp: &Checkpoint, thread_id: &str) -> Map<String, Value> {
+    let mut m = crate::engine::checkpoint_run_metadata(cp).unwrap_or_default();
+    m.insert("source".into(), json!(crate::engine::checkpoint_source(cp).as_str()));
+    m.insert("step".into(), json!(cp.step));
+    m.insert("parents".into(), json!({}));
+    m.insert("thread_id".into(), json!(thread_id));
+    m
 }
 
-/// The message keys of the served graph of `workflow` (none when no served graph is it).
-fn workflow_message_keys(app: &Shared, workflow: &str) -> Vec<String> {
-    app.graphs
-        .of_workflow(workflow)
-        .map(|g| super::messages::keys(&g.plan))
-        .unwrap_or_default()
-}
-
-/// A checkpoint as LangGraph's `ThreadState`, the messages under `message_keys` as LangChain
-/// dicts.
-pub(crate) fn state_json(
-    app: &Shared,
-    thread_id: &str,
-    cp: &Checkpoint,
-    message_keys: &[String],
-) -> Result<Value, ApiError> {
-    let values = super::messages::served(app.store.state(thread_id, &cp.versions)?, message_keys);
+/// A checkpoint as LangGraph's `ThreadState`. `head`: the thread's latest, shown as
+/// `get_state` shows it (its finished tasks' results applied, only the tasks still to run
+/// next, the interrupts that wait); otherwise as history shows it (as stored, every task next,
+/// every interrupt recorded on it).
+pub(crate) fn state_json(app: &Shared, thread_id: &str, cp: &Checkpoint, head: bool) -> Result<Value, ApiError> {
+    let thread = app.store.get_thread(thread_id)?;
+    let graph = graph_of(app, thread.as_ref());
+    let (values, next) = if head {
+        head_state(app, graph.as_deref(), cp)?
+    } else {
+        (app.store.state(thread_id, &cp.versions)?, cp.next.clone())
+    };
     let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
-    let interrupts = pending_interrupts(&writes);
+    let interrupts = if head {
+        pending_interrupts(&writes)
+    } else {
+        recorded_interrupts(&writes)
+    };
+    let results = crate::engine::task_results(&writes);
     let tasks: Vec<Value> = cp
         .next
         .iter()
@@ -163,26 +219,38 @@ pub(crate) fn state_json(
                 .filter(|(id, _)| *id == t.task_id)
                 .map(|(_, i)| i)
                 .collect();
+            let child = graph.as_ref().is_some_and(|g| {
+                g.plan
+                    .node_by_name(&t.node)
+                    .is_some_and(|ix| g.plan.subgraphs().contains_key(&ix))
+            });
+            // A turn's input is shown as it was given.
+            let served = t.node != crate::engine::START_TASK;
+            let result = results.get(&t.task_id).map(|writes| {
+                let writes = writes.clone();
+                if !served {
+                    return Value::Object(writes);
+                }
+                Value::Object(match &graph {
+                    Some(g) => super::messages::served(writes, &super::messages::keys(&g.plan)),
+                    None => writes,
+                })
+            });
             json!({
-                "id": t.task_id, "name": t.node, "path": ["__pregel_pull", t.node], "error": null,
-                "interrupts": mine, "checkpoint": null, "state": null, "result": null,
+                "id": t.task_id, "name": t.node,
+                "path": [if t.item.is_some() { "__pregel_push" } else { "__pregel_pull" }, t.node],
+                "error": null, "interrupts": mine,
+                "checkpoint": child.then(|| json!({"checkpoint_ns": format!("{}:{}", t.node, t.task_id), "thread_id": thread_id})),
+                "state": null, "result": result,
             })
         })
         .collect();
-    let mut metadata = app
-        .store
-        .get_thread_meta(thread_id)?
-        .map(|m| metadata_of(&m))
-        .unwrap_or_default();
-    metadata.insert("step".into(), json!(cp.step));
-    metadata.insert("source".into(), json!(if cp.step < 0 { "input" } else { "loop" }));
-    metadata.insert("thread_id".into(), json!(thread_id));
     let reference = |id: &str| json!({"checkpoint_id": id, "thread_id": thread_id, "checkpoint_ns": ""});
     Ok(json!({
-        "values": values,
-        "next": cp.next.iter().map(|t| t.node.as_str()).collect::<Vec<_>>(),
+        "values": shown_state(values, graph.as_deref()),
+        "next": next.iter().map(|t| t.node.as_str()).collect::<Vec<_>>(),
         "tasks": tasks,
-        "metadata": metadata,
+        "metadata": checkpoint_metadata(cp, thread_id),
         "created_at": cp.created_at,
         "checkpoint": reference(&cp.checkpoint_id),
         "parent_checkpoint": cp.parent_id.as_deref().map(reference),
@@ -207,20 +275,23 @@ pub(super) struct Create {
 
 pub(super) async fn create(State(app): State<Shared>, JsonBody(c): JsonBody<Create>) -> Result<Json<Value>, ApiError> {
     let id = c.thread_id.unwrap_or_else(crate::checkpoint::new_id);
-    if exists(&app, &id)? {
+    let mut metadata = c.metadata;
+    if let Some(g) = c.graph_id {
+        metadata.insert("graph_id".into(), json!(g));
+    }
+    // Whether the thread exists is decided with its creation, in one transaction: of two
+    // creates of one id, one makes it and the other finds it. (A thread a run made without
+    // the API has no metadata yet: it exists too.)
+    let created = app.store.get_thread(&id)?.is_none() && app.store.create_thread_meta(&new_meta(&id, metadata))?;
+    if !created {
         return match c.if_exists.as_deref() {
             Some("do_nothing") => Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?)),
-            None | Some("raise") => Err(ApiError::conflict(format!("Thread {id} already exists"))),
+            None | Some("raise") => Err(ApiError::conflict(format!("Thread with ID {id} already exists"))),
             Some(other) => Err(ApiError::invalid(format!(
                 "if_exists must be `raise` or `do_nothing`, not `{other}`"
             ))),
         };
     }
-    let mut metadata = c.metadata;
-    if let Some(g) = c.graph_id {
-        metadata.insert("graph_id".into(), json!(g));
-    }
-    app.store.put_thread_meta(&new_meta(&id, metadata))?;
     Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
 }
 
@@ -295,7 +366,7 @@ pub(super) async fn search(State(app): State<Shared>, JsonBody(q): JsonBody<Sear
 /// The head of a thread. A thread created but never run has empty values and nothing next.
 pub(super) async fn state(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<Json<Value>, ApiError> {
     match app.store.get_checkpoint(&id, None)? {
-        Some(cp) => Ok(Json(state_json(&app, &id, &cp, &message_keys(&app, &id)?)?)),
+        Some(cp) => Ok(Json(state_json(&app, &id, &cp, true)?)),
         None if exists(&app, &id)? => Ok(Json(json!({
             "values": {}, "next": [], "tasks": [], "metadata": {}, "created_at": null,
             "checkpoint": {"checkpoint_id": null, "thread_id": id, "checkpoint_ns": ""},
@@ -343,7 +414,6 @@ fn history(app: &Shared, id: &str, q: HistoryQuery) -> Result<Json<Value>, ApiEr
         .before
         .as_ref()
         .and_then(|b| b.get("checkpoint_id").and_then(Value::as_str).map(str::to_string));
-    let keys = message_keys(app, id)?;
     let mut out = Vec::new();
     let mut started = before.is_none();
     for cp in app.store.history(id)? {
@@ -354,7 +424,7 @@ fn history(app: &Shared, id: &str, q: HistoryQuery) -> Result<Json<Value>, ApiEr
         if out.len() == q.limit {
             break;
         }
-        out.push(state_json(app, id, &cp, &keys)?);
+        out.push(state_json(app, id, &cp, false)?);
     }
     Ok(Json(Value::Array(out)))
 }
@@ -362,7 +432,13 @@ fn history(app: &Shared, id: &str, q: HistoryQuery) -> Result<Json<Value>, ApiEr
 /// The state at one checkpoint of the thread.
 fn state_at(app: &Shared, id: &str, checkpoint_id: &str) -> Result<Json<Value>, ApiError> {
     match app.store.get_checkpoint(id, Some(checkpoint_id))? {
-        Some(cp) => Ok(Json(state_json(app, id, &cp, &message_keys(app, id)?)?)),
+        Some(cp) => {
+            let head = app
+                .store
+                .get_checkpoint(id, None)?
+                .is_some_and(|h| h.checkpoint_id == cp.checkpoint_id);
+            Ok(Json(state_json(app, id, &cp, head)?))
+        }
         None if exists(app, id)? => Err(ApiError::not_found(format!(
             "Checkpoint {checkpoint_id} of thread {id} not found"
         ))),
@@ -467,6 +543,25 @@ pub(super) async fn update_state(
         "checkpoint": {"thread_id": id, "checkpoint_ns": "", "checkpoint_id": cp.checkpoint_id, "checkpoint_map": null},
         "configurable": {"thread_id": id, "checkpoint_ns": "", "checkpoint_id": cp.checkpoint_id},
     })))
+}
+
+/// `POST /threads/{id}/copy`: the thread copied whole (its checkpoints, values and records)
+/// as a new thread with the same metadata.
+pub(super) async fn copy(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<Json<Value>, ApiError> {
+    if !exists(&app, &id)? {
+        return Err(no_thread(&id));
+    }
+    let new = crate::checkpoint::new_id();
+    if app.store.get_thread(&id)?.is_some() {
+        app.store.copy_thread(&id, &new)?;
+    }
+    let metadata = app
+        .store
+        .get_thread_meta(&id)?
+        .map(|m| metadata_of(&m))
+        .unwrap_or_default();
+    app.store.put_thread_meta(&new_meta(&new, metadata))?;
+    Ok(Json(thread_json(&app, &new)?.ok_or_else(|| no_thread(&new))?))
 }
 
 #[derive(Deserialize)]

@@ -1,7 +1,8 @@
 """Compares what the two servers answered to the same scenarios (the drivers' records), after
 normalising what is expected to differ between any two runs: ids (thread, run, checkpoint,
 task, message and interrupt ids, each kind numbered in the order it first appears) and
-timestamps. Nothing else is normalised.
+timestamps; an error answer is compared by its status and shape (its `detail` is any text).
+Nothing else is normalised.
 
     python compare.py REFERENCE.json RUNNER.json DIFFERENCES.yaml [--sdk NAME] [--report OUT.json]
 
@@ -80,6 +81,9 @@ def normalise(value, ids, key=None, parent=None):
                 out[k] = ids(kind, v)
             elif k in ("checkpoint_ns", "langgraph_checkpoint_ns"):
                 out[k] = ids.namespace(v)
+            elif k in ("parents", "checkpoint_map") and isinstance(v, dict):
+                # Namespace -> checkpoint id.
+                out[k] = {ids.namespace(n): ids("checkpoint", c) for n, c in sorted(v.items())}
             elif k == "interrupts" and isinstance(v, dict):
                 # A thread's pending interrupts, by task id.
                 out[k] = {ids("task", t): normalise(i, ids, t, v) for t, i in sorted(v.items())}
@@ -94,6 +98,17 @@ def normalise(value, ids, key=None, parent=None):
     if isinstance(value, str) and TIME.match(value):
         return "<time>"
     return value
+
+
+def shapes(records):
+    """Error answers compared by status and shape: a `detail` is any text."""
+    out = []
+    for r in records:
+        body = r.get("error", {}).get("body") if isinstance(r.get("error"), dict) else None
+        if isinstance(body, dict) and isinstance(body.get("detail"), str):
+            r = {**r, "error": {**r["error"], "body": {**body, "detail": "<detail>"}}}
+        out.append(r)
+    return out
 
 
 def show(v, width=300):
@@ -179,7 +194,7 @@ def main():
         if isinstance(ref, dict) or isinstance(run, dict):
             continue
         found = []
-        diff("", normalise(ref, Ids()), normalise(run, Ids()), found)
+        diff("", normalise(shapes(ref), Ids()), normalise(shapes(run), Ids()), found)
         for path, kind, a, b in found:
             # Paths name the step and its op: `[3:runs.stream].result[5:values].data...`
             path = re.sub(r"^\[(\d+)\]", lambda m: f"[{m.group(1)}:{ref[int(m.group(1))]['op'] if int(m.group(1)) < len(ref) else '?'}]", path)

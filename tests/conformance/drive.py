@@ -16,7 +16,15 @@ import traceback
 
 import httpx
 from langgraph_sdk import get_client
-from langgraph_sdk.errors import APIStatusError
+
+
+# Arguments the Python SDK takes by position only, in order.
+POSITIONAL = {
+    "store.put_item": ("namespace",),
+    "store.get_item": ("namespace",),
+    "store.delete_item": ("namespace",),
+    "store.search_items": ("namespace_prefix",),
+}
 
 
 class Failed(Exception):
@@ -47,8 +55,14 @@ def resolve(value, saved):
     return value
 
 
-def error_record(e: APIStatusError) -> dict:
-    body = e.body
+def error_record(e: httpx.HTTPStatusError) -> dict:
+    """The status and the body (parsed as JSON when it is JSON) of an error answer."""
+    body = getattr(e, "body", None)
+    if body is None:
+        try:
+            body = e.response.json()
+        except ValueError:
+            body = e.response.text or None
     return {"status": e.response.status_code, "body": body}
 
 
@@ -94,9 +108,11 @@ class Scenario:
             if op in ("runs.stream", "runs.join_stream"):
                 return await self.stream(op, args, step)
             group, name = op.split(".")
-            result = await getattr(getattr(self.client, group), name)(**args)
+            # The store's namespace (or prefix) is positional-only in the Python SDK.
+            positional = [args.pop(k) for k in POSITIONAL.get(op, ()) if k in args]
+            result = await getattr(getattr(self.client, group), name)(*positional, **args)
             return result, {"result": result}
-        except APIStatusError as e:
+        except httpx.HTTPStatusError as e:
             return None, {"error": error_record(e)}
 
     async def stream(self, op, args, step):
