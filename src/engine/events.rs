@@ -31,6 +31,9 @@ pub enum Event {
         node: String,
         task_id: String,
     },
+    /// A task ended. `cached`: its result was stored before a crash and is taken from the
+    /// store, not run again; `cache_hit`: the node's cache (`cache:`) had its result, so it did
+    /// not run.
     NodeEnd {
         step: i64,
         node: String,
@@ -38,6 +41,7 @@ pub enum Event {
         duration_ms: f64,
         keys: Vec<String>,
         cached: bool,
+        cache_hit: bool,
     },
     /// The keys a step changed, with their new values.
     StateUpdate {

@@ -408,6 +408,7 @@ mod tests {
             duration_ms: 0.0,
             keys: vec!["k".into()],
             cached: false,
+            cache_hit: false,
         }]
     }
 
