@@ -2,9 +2,11 @@
 //! cached node on the same input takes the stored result without calling its model; another
 //! input, an expired entry or an edited node runs it again; fan-out items are cached one by
 //! one; failures are not cached; a hit is stored as the task's result, so a resume never runs
-//! it again.
+//! it again. Then `runner cache` through the real binary.
 //! The engine runs on the scripted mock and a temporary SQLite file.
 
+use std::path::Path;
+use std::process::{Command, Output};
 use std::sync::Arc;
 
 use runner::checkpoint::sqlite::SqliteCheckpointer;
@@ -453,4 +455,194 @@ edges:
         (&resumed.state["said"], &resumed.state["other"]),
         (&json!("computed"), &json!("fine again"))
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the binary.
+
+const MOCK: &str = "replies:\n  expensive: [computed]\n";
+
+fn runner(dir: &Path, args: &[&str]) -> Output {
+    Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(dir)
+        .env("RUNNER_DB", dir.join("runner.db"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `run w.yaml` on thread `thread`: who wrote `by` (the thread whose run made the result), and
+/// whether its `node_end` says it was a hit.
+fn run_on(dir: &Path, thread: &str, extra: &[&str]) -> (String, bool) {
+    let mut args = vec![
+        "run",
+        "w.yaml",
+        "--mock",
+        "mock.yaml",
+        "--thread",
+        thread,
+        "--input",
+        "word=x",
+        "--stream",
+        "jsonl",
+    ];
+    args.extend_from_slice(extra);
+    let out = runner(dir, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let end = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "node_end" && e["node"] == "expensive")
+        .unwrap();
+    (state["by"].as_str().unwrap().to_string(), end["cache_hit"] == true)
+}
+
+#[test]
+fn runner_cache_lists_and_clears_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("w.yaml"), expensive("{ttl: 1h}")).unwrap();
+    std::fs::write(d.join("mock.yaml"), MOCK).unwrap();
+    assert_eq!(run_on(d, "a", &[]), ("a".to_string(), false));
+    assert_eq!(run_on(d, "b", &[]), ("a".to_string(), true));
+    // Another model behind the profile is another answer.
+    let other_model = ["--model", "default=mock:other"];
+    assert_eq!(run_on(d, "m", &other_model), ("m".to_string(), false));
+    assert_eq!(run_on(d, "n", &other_model), ("m".to_string(), true));
+
+    let list = runner(d, &["cache", "list"]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(text.starts_with("t\texpensive\t2 result(s)\t"), "{text}");
+    let json_list = runner(d, &["cache", "list", "--format", "json"]);
+    let rows: Value = serde_json::from_slice(&json_list.stdout).unwrap();
+    assert_eq!((&rows[0]["workflow"], &rows[0]["entries"]), (&json!("t"), &json!(2)));
+
+    // A node the workflow file does not cache has nothing to clear; the cached one has.
+    let none = runner(d, &["cache", "clear", "w.yaml", "--node", "other"]);
+    assert!(String::from_utf8_lossy(&none.stderr).contains("cleared 0 cached results"));
+    let cleared = runner(d, &["cache", "clear", "w.yaml", "--node", "expensive"]);
+    assert_eq!(cleared.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&cleared.stderr).contains("cleared 2 cached results of `t`'s node `expensive`"),
+        "{}",
+        String::from_utf8_lossy(&cleared.stderr)
+    );
+    assert_eq!(run_on(d, "c", &[]), ("c".to_string(), false), "a cleared cache misses");
+    // By the workflow's name, every node.
+    let cleared = runner(d, &["cache", "clear", "t"]);
+    assert!(String::from_utf8_lossy(&cleared.stderr).contains("cleared 1 cached result of `t`"));
+    assert_eq!(run_on(d, "e", &[]), ("e".to_string(), false));
+    assert!(
+        runner(d, &["cache", "list"])
+            .stdout
+            .starts_with(b"t\texpensive\t1 result(s)")
+    );
+}
+
+/// A hit is committed as its task's result before its `node_end` is sent: a run killed after
+/// it resumes without looking the node up again (the cache was cleared meanwhile, so a second
+/// look would run it).
+#[test]
+fn a_run_killed_after_a_hit_resumes_without_running_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let wf = format!(
+        r#"name: t
+{MODELS}input: {{type: object, properties: {{word: {{type: string}}}}}}
+state:
+  word: {{type: string, from_input: true}}
+  said: {{type: string, default: ""}}
+  by: {{type: string, default: ""}}
+  other: {{type: string, default: ""}}
+nodes:
+  split: {{kind: set}}
+  expensive: {{kind: llm, prompt: {{text: "Say {{{{ state.word }}}}"}}, cache: true, update: {{said: output, by: run.thread_id}}}}
+  slow: {{kind: llm, prompt: {{text: "Take your time"}}, update: {{other: output}}}}
+edges:
+  - START -> split
+  - {{from: split, to: [expensive, slow]}}
+  - expensive -> END
+  - slow -> END
+"#
+    );
+    std::fs::write(d.join("w.yaml"), wf).unwrap();
+    let mock = "match:\n  - {contains: Say, reply: computed}\n  - {contains: Take your time, reply: {text: done, delay: 1.5}}\n";
+    std::fs::write(d.join("mock.yaml"), mock).unwrap();
+    let args = |thread: &str| {
+        [
+            "run",
+            "w.yaml",
+            "--mock",
+            "mock.yaml",
+            "--input",
+            "word=x",
+            "--stream",
+            "jsonl",
+            "--thread",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([thread.to_string()])
+        .collect::<Vec<_>>()
+    };
+    let first = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(d)
+        .env("RUNNER_DB", d.join("runner.db"))
+        .args(args("a"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+
+    // Thread b hits; it is killed while `slow` still waits for its reply.
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(d)
+        .env("RUNNER_DB", d.join("runner.db"))
+        .args(args("b"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reader = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut hit = false;
+    for line in std::io::BufRead::lines(reader) {
+        let e: Value = serde_json::from_str(&line.unwrap()).unwrap_or_default();
+        if e["type"] == "node_end" && e["node"] == "expensive" {
+            hit = e["cache_hit"] == true;
+            break;
+        }
+    }
+    child.kill().unwrap();
+    assert!(!child.wait().unwrap().success(), "the run was killed, not finished");
+    assert!(hit, "the second thread hit the cache");
+
+    assert_eq!(runner(d, &["cache", "clear"]).status.code(), Some(0));
+    let resumed = runner(
+        d,
+        &["resume", "--thread", "b", "--mock", "mock.yaml", "--stream", "jsonl"],
+    );
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert_eq!(resumed.status.code(), Some(0), "{stderr}");
+    let events: Vec<Value> = stderr.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let of = |kind: &str| {
+        events
+            .iter()
+            .filter(|e| e["type"] == kind && e["node"] == "expensive")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert!(of("node_start").is_empty(), "the hit ran again: {stderr}");
+    assert_eq!(of("node_end").len(), 1, "{stderr}");
+    assert_eq!(
+        of("node_end")[0]["cached"],
+        true,
+        "taken from its stored result: {stderr}"
+    );
+    let state: Value = serde_json::from_slice(&resumed.stdout).unwrap();
+    assert_eq!((&state["by"], &state["other"]), (&json!("a"), &json!("done")));
 }
