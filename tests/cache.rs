@@ -2,13 +2,14 @@
 //! cached node on the same input takes the stored result without calling its model; another
 //! input, an expired entry or an edited node runs it again; fan-out items are cached one by
 //! one; failures are not cached; a hit is stored as the task's result, so a resume never runs
-//! it again. Then `runner cache` through the real binary.
+//! it again. Then `runner cache` and `DELETE /assistants/{id}/cache` through the real binary.
 //! The engine runs on the scripted mock and a temporary SQLite file.
 
 use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;
 
+use reqwest::Method;
 use runner::checkpoint::sqlite::SqliteCheckpointer;
 use runner::checkpoint::{CacheEntry, Checkpointer, Durability};
 use runner::compile::Plan;
@@ -645,4 +646,44 @@ edges:
     );
     let state: Value = serde_json::from_slice(&resumed.stdout).unwrap();
     assert_eq!((&state["by"], &state["other"]), (&json!("a"), &json!("done")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_served_runs_use_the_cache_and_delete_clears_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let workflows = dir.path().join("workflows");
+    std::fs::create_dir(&workflows).unwrap();
+    std::fs::write(workflows.join("cached.yaml"), expensive("{ttl: 1h}")).unwrap();
+    let mock = dir.path().join("mock.yaml");
+    std::fs::write(&mock, MOCK).unwrap();
+    let (child, base, said) = super::serve::spawn(dir.path(), &workflows, &mock, &[], &[]);
+    assert!(said.contains("serving cached\n"), "{said}");
+    let s = super::serve::Server {
+        child,
+        base,
+        dir: Some(dir),
+    };
+    let wait = || async {
+        let input = json!({"assistant_id": "cached", "input": {"word": "x"}});
+        let (status, _, values) = super::serve::call(&s, Method::POST, "/runs/wait", Some(input)).await;
+        assert_eq!(status, 200, "{values}");
+        values["by"].as_str().unwrap().to_string()
+    };
+    let first = wait().await;
+    assert_eq!(wait().await, first, "a second served run reuses the first's result");
+
+    let (status, _, e) = super::serve::call(&s, Method::DELETE, "/assistants/cached/cache?node=nope", None).await;
+    assert_eq!(status, 404, "{e}");
+    let (status, _, _) = super::serve::call(&s, Method::DELETE, "/assistants/nope/cache", None).await;
+    assert_eq!(status, 404);
+    let (status, _, body) =
+        super::serve::call(&s, Method::DELETE, "/assistants/cached/cache?node=expensive", None).await;
+    assert_eq!((status, body), (204, Value::Null));
+    let third = wait().await;
+    assert_ne!(third, first, "a cleared cache misses");
+    // By the assistant's uuid, every node.
+    let id = runner::server::assistant_id("cached");
+    let (status, _, _) = super::serve::call(&s, Method::DELETE, &format!("/assistants/{id}/cache"), None).await;
+    assert_eq!(status, 204);
+    assert_ne!(wait().await, third);
 }
