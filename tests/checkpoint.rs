@@ -10,8 +10,8 @@ use std::sync::{Arc, Barrier};
 use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
 use runner::checkpoint::{
-    Checkpoint, CheckpointError, Checkpointer, Durability, Fence, LeaseClaim, PendingWrite, Put, TaskSpec, Thread,
-    ThreadHead, ThreadStatus, new_id,
+    CacheEntry, CacheStore, Checkpoint, CheckpointError, Checkpointer, Durability, Fence, LeaseClaim, PendingWrite,
+    Put, TaskSpec, Thread, ThreadHead, ThreadStatus, new_id,
 };
 use serde_json::{Map, Value, json};
 
@@ -736,6 +736,84 @@ fn thread_with_checkpoint(cp: &dyn Checkpointer) {
     assert_eq!(cp.history("N").unwrap().len(), 1);
 }
 
+/// Cached results: found by workflow, node and key until they expire; replaced by a put of
+/// the same key; expired ones swept by every put and clear; cleared by workflow and node.
+fn node_cache(cp: &dyn Checkpointer) {
+    let entry = |workflow: &str, node: &str, key: &str, value: Value, expires: Option<i64>| CacheEntry {
+        workflow: workflow.into(),
+        node: node.into(),
+        key: key.into(),
+        value,
+        created_at: "2020-01-01T10:00:00.000Z".into(),
+        expires_at_ms: expires,
+    };
+    let listed = |now: i64| -> Vec<(String, String, String)> {
+        cp.cache_list(now)
+            .unwrap()
+            .into_iter()
+            .map(|h| (h.workflow, h.node, h.key))
+            .collect()
+    };
+    let triple = |w: &str, n: &str, k: &str| (w.to_string(), n.to_string(), k.to_string());
+    assert_eq!(cp.cache_get("w", "n", "k1", 1000).unwrap(), None);
+    assert_eq!(listed(1000), vec![]);
+
+    let done = json!({"writes": [["x", {"deep": [1, "two"]}]], "next": [{"to": "b"}]});
+    cp.cache_put(&entry("w", "n", "k1", done.clone(), None), 1000).unwrap();
+    cp.cache_put(&entry("w", "n", "k2", json!(2), Some(2000)), 1000)
+        .unwrap();
+    cp.cache_put(&entry("w", "m", "k1", json!(3), Some(5000)), 1000)
+        .unwrap();
+    cp.cache_put(&entry("v", "n", "k1", json!(4), None), 1000).unwrap();
+    assert_eq!(cp.cache_get("w", "n", "k1", 1000).unwrap(), Some(done));
+    assert_eq!(cp.cache_get("w", "n", "k2", 1999).unwrap(), Some(json!(2)));
+    assert_eq!(
+        cp.cache_get("w", "n", "k2", 2000).unwrap(),
+        None,
+        "expired at its expiry"
+    );
+    assert_eq!(cp.cache_get("w", "n", "k3", 1000).unwrap(), None);
+    assert_eq!(cp.cache_get("v", "m", "k1", 1000).unwrap(), None);
+    let heads = cp.cache_list(1000).unwrap();
+    assert_eq!(
+        heads.iter().map(|h| (h.expires_at_ms, h.bytes > 0)).collect::<Vec<_>>(),
+        [(None, true), (Some(5000), true), (None, true), (Some(2000), true)]
+    );
+    assert_eq!(
+        listed(2000),
+        [triple("v", "n", "k1"), triple("w", "m", "k1"), triple("w", "n", "k1")]
+    );
+
+    // The same key again replaces the value (and its expiry).
+    cp.cache_put(&entry("w", "n", "k1", json!("new"), Some(9000)), 1000)
+        .unwrap();
+    assert_eq!(cp.cache_get("w", "n", "k1", 8999).unwrap(), Some(json!("new")));
+    assert_eq!(cp.cache_get("w", "n", "k1", 9000).unwrap(), None);
+
+    // A put sweeps what expired by its time: looked for at an earlier time, it is gone.
+    cp.cache_put(&entry("v", "n", "k2", json!(5), None), 6000).unwrap();
+    assert_eq!(
+        listed(0),
+        [triple("v", "n", "k1"), triple("v", "n", "k2"), triple("w", "n", "k1")]
+    );
+
+    // Clearing: one node of one workflow, then a whole workflow, then everything.
+    cp.cache_put(&entry("w", "m", "k1", json!(6), None), 6000).unwrap();
+    assert_eq!(cp.cache_clear(Some("w"), Some("n"), 6000).unwrap(), 1);
+    assert_eq!(
+        listed(0),
+        [triple("v", "n", "k1"), triple("v", "n", "k2"), triple("w", "m", "k1")]
+    );
+    assert_eq!(cp.cache_clear(Some("nope"), None, 6000).unwrap(), 0);
+    assert_eq!(cp.cache_clear(None, Some("n"), 6000).unwrap(), 2);
+    assert_eq!(listed(0), [triple("w", "m", "k1")]);
+    cp.cache_put(&entry("w", "n", "k9", json!(7), Some(7000)), 6000)
+        .unwrap();
+    // An expired entry is swept by a clear, and not counted.
+    assert_eq!(cp.cache_clear(None, None, 8000).unwrap(), 1);
+    assert_eq!(listed(0), vec![]);
+}
+
 /// A backend under test: the checkpointer, how many values it stores, and its temp dir.
 struct Backend {
     cp: Arc<dyn Checkpointer>,
@@ -781,7 +859,8 @@ macro_rules! conformance {
                 plan_hashes,
                 leases,
                 fencing,
-                thread_with_checkpoint
+                thread_with_checkpoint,
+                node_cache
             ]
         );
     };
@@ -1276,6 +1355,9 @@ fn sqlite_version_1_files_are_read_and_migrated() {
     assert_eq!(thread_ids(&old.list_threads().unwrap()), ["old"]);
     // Written before leases existed: read-only, no run holds any thread.
     assert_eq!(old.lease("old").unwrap(), None);
+    // Nor any cached result.
+    assert_eq!(old.cache_list(0).unwrap(), vec![]);
+    assert_eq!(old.cache_get("w", "n", "k", 0).unwrap(), None);
     assert!(old.create_thread(&thread("new")).is_err());
     drop(old);
 

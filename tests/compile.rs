@@ -501,3 +501,56 @@ edges: [START -> a -> END]
     let none = body("");
     check(&[("main.yaml", &none)], &["E216@5", "E216@6"]);
 }
+
+#[test]
+fn cache_is_refused_on_a_gate_and_needs_a_ttl_that_is_a_duration() {
+    let gate = |cache: &str| {
+        wf(&format!(
+            r#"
+state: {{ok: {{type: boolean, default: false}}}}
+nodes:
+  ask: {{kind: interrupt, message: "ok?", response: {{type: boolean}}, cache: {cache}, update: {{ok: output}}}}
+edges: [START -> ask -> END]
+"#
+        ))
+    };
+    check(&[("main.yaml", &gate("true"))], &["E411@6"]);
+    // Turned off, it asks nothing of the node.
+    check(&[("main.yaml", &gate("false"))], &[]);
+    let llm = |node: &str| {
+        wf(&format!(
+            r#"
+kinds:
+  cached_llm: {{extends: llm, with: {{cache: {{ttl: 1h}}}}}}
+  cached_gate: {{extends: interrupt, with: {{cache: true}}}}
+state: {{said: {{type: string, default: ""}}}}
+nodes:
+  say: {node}
+edges: [START -> say -> END]
+"#
+        ))
+    };
+    // A number the schema allows that is too large for a duration.
+    check(
+        &[(
+            "main.yaml",
+            &llm(r#"{kind: llm, prompt: {text: hi}, cache: {ttl: 1e300}, update: {said: output}}"#),
+        )],
+        &["E309@9"],
+    );
+    // A user kind's default is the node's own.
+    check(
+        &[(
+            "main.yaml",
+            &llm(r#"{kind: cached_llm, prompt: {text: hi}, update: {said: output}}"#),
+        )],
+        &[],
+    );
+    check(
+        &[(
+            "main.yaml",
+            &llm(r#"{kind: cached_gate, message: "ok?", response: {type: string}, update: {said: output}}"#),
+        )],
+        &["E411@9"],
+    );
+}

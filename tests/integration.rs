@@ -12,6 +12,7 @@ mod support;
 mod accounting;
 mod agent;
 mod build;
+mod cache;
 mod cassette;
 mod checkpoint;
 mod cli;

@@ -22,6 +22,8 @@ pub struct MemoryCheckpointer {
     latest_only: bool,
     /// Runs and thread metadata ([`super::runs`]).
     runs: Mutex<super::runs::Memory>,
+    /// Cached task results ([`super::cache`]).
+    cache: Mutex<super::cache::Memory>,
 }
 
 #[derive(Default)]
@@ -211,6 +213,12 @@ impl MemoryCheckpointer {
 
     pub(super) fn lock_runs(&self) -> Result<MutexGuard<'_, super::runs::Memory>> {
         self.runs
+            .lock()
+            .map_err(|_| CheckpointError::Backend("the in-memory store is poisoned".into()))
+    }
+
+    pub(super) fn lock_cache(&self) -> Result<MutexGuard<'_, super::cache::Memory>> {
+        self.cache
             .lock()
             .map_err(|_| CheckpointError::Backend("the in-memory store is poisoned".into()))
     }

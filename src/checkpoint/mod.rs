@@ -16,6 +16,7 @@
 //! stores JSON by thread, checkpoint, key and version.
 
 pub mod blobs;
+pub mod cache;
 pub mod memory;
 pub mod runs;
 pub mod sqlite;
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use cache::{CacheEntry, CacheHead, CacheStore};
 pub use runs::{RunRow, RunStatus, RunStore, ThreadMeta};
 
 /// A thread's identity and what it was started with.
@@ -272,7 +274,7 @@ pub enum Durability {
 /// it returns. Implementations are shared between tasks and threads.
 ///
 /// The conformance suite in `tests/checkpoint.rs` runs against every implementation.
-pub trait Checkpointer: runs::RunStore + Send + Sync {
+pub trait Checkpointer: runs::RunStore + cache::CacheStore + Send + Sync {
     /// Creates a thread. Fails with [`CheckpointError::ThreadExists`] if it exists.
     fn create_thread(&self, thread: &Thread) -> Result<()>;
 

@@ -25,6 +25,8 @@
 //!   earlier builds gain it without a schema version change; they ignore it.
 //! - `runs`, `thread_meta`: the server's runs and API thread metadata, added the same way; see
 //!   [`super::runs`].
+//! - `node_cache`: cached task results by workflow, node and key, with their expiry, added the
+//!   same way; see [`super::cache`].
 //!
 //! Depends on rusqlite and serde_json only (Architecture Invariant of [`super`]).
 
@@ -414,6 +416,12 @@ impl SqliteCheckpointer {
     /// Runs `f` on the write connection, committed with the writer's next group.
     pub(super) fn exec(&self, f: Exec) -> Result<()> {
         self.write_unit(Op::Exec(f))
+    }
+
+    /// [`SqliteCheckpointer::exec`] without waiting for the disk (power-safe: no fsync of its
+    /// own; the next synced commit covers it). It survives a crash of the process at once.
+    pub(super) fn exec_unsynced(&self, f: Exec) -> Result<()> {
+        self.send(Op::Exec(f), false).map(|_| ())
     }
 
     /// Runs `f` in a read transaction (one snapshot) on a pooled read connection.
@@ -1171,6 +1179,8 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     }
     tx.execute_batch(LEASES)?;
     tx.execute_batch(super::runs::SCHEMA)?;
+    tx.execute_batch(super::cache::TABLE)?;
+    tx.execute_batch(super::cache::INDEX)?;
     tx.commit()?;
     Ok(())
 }
@@ -1272,6 +1282,15 @@ fn open_reader(path: &Path, access: Access) -> Result<Connection> {
         )?;
         if !has_leases {
             conn.execute_batch(&LEASES.replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))?;
+        }
+        // Nor, from a build before the node cache, a cache table: an empty one holds nothing.
+        let has_cache: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'node_cache')",
+            [],
+            |r| r.get(0),
+        )?;
+        if !has_cache {
+            conn.execute_batch(&super::cache::TABLE.replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))?;
         }
     }
     conn.pragma_update(None, "query_only", true)?;

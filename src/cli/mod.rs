@@ -3,6 +3,7 @@
 //! Architecture Invariant: only cli/ prints; every other module returns values and
 //! diagnostics.
 
+mod cache;
 mod completions;
 mod graph;
 mod index;
@@ -62,6 +63,7 @@ enum Command {
     Index(index::Args),
     Serve(serve::Args),
     Mcp(mcp::Args),
+    Cache(cache::Args),
     /// Print the shell completion script (e.g. `runner completions bash > /etc/bash_completion.d/runner`).
     Completions(completions::Args),
     /// Scaffold a workflow with its prompt, a test case and a mock script.
@@ -110,6 +112,7 @@ fn dispatch(command: Command) -> ExitCode {
         Command::Index(args) => index::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Mcp(args) => mcp::run(args),
+        Command::Cache(args) => cache::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),
         Command::New(args) => new::run(args),

@@ -61,11 +61,14 @@ impl Renderer {
                 duration_ms,
                 keys,
                 cached,
+                cache_hit,
                 ..
             } => Some(format!(
                 "  ✓ {node}{} {}",
                 if *cached {
                     " (finished before, not re-run)".to_string()
+                } else if *cache_hit {
+                    " (cached result, not run)".to_string()
                 } else {
                     format!(" ({duration_ms:.0} ms)")
                 },

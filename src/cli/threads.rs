@@ -18,7 +18,7 @@ use crate::engine::{Engine, Services};
 pub(super) struct Db {
     /// The checkpoint database (default: .runner/runner.db).
     #[arg(long, env = "RUNNER_DB")]
-    db: Option<PathBuf>,
+    pub(super) db: Option<PathBuf>,
 }
 
 /// List threads, most recently updated first: id, status, last update, workflow. A thread

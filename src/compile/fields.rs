@@ -138,6 +138,13 @@ impl Build<'_, '_> {
         self.drafts[&ix].shape = shape.clone();
         // `update` and `goto` see the output; `on_error` sees the error instead.
         let params = self.drafts[&ix].params.clone();
+        // A cache key sees what the node's own fields see: the node has not run yet.
+        let before = Scope {
+            params: Some(&params),
+            item: item.as_deref(),
+            ..Scope::base(&sym)
+        };
+        self.cache(ix, &pointer, &common, &merged, before);
         let after = Scope {
             params: Some(&params),
             item: item.as_deref(),
@@ -380,7 +387,7 @@ impl Build<'_, '_> {
         let path = dir.join(rel);
         match std::fs::read_to_string(&path) {
             Ok(text) => {
-                self.hashed_files.push((format!("prompt:{rel}"), text.clone()));
+                self.hash_file(format!("prompt:{rel}"), text.clone());
                 Some((rel.to_string(), text))
             }
             Err(_) => {

@@ -312,9 +312,7 @@ impl KindCx<'_, '_, '_> {
         }
         let src = self.b.src.clone();
         let child = self.b.c.subgraph(&src, &at, &file, self.b.diags)?;
-        self.b
-            .hashed_files
-            .push((format!("subgraph:{path}"), child.hash.clone()));
+        self.b.hash_file(format!("subgraph:{path}"), child.hash.clone());
         self.b.drafts[&self.ix].subgraph = Some(child.clone());
         self.check_handoffs(&child, &at);
         Some(child)
@@ -329,8 +327,7 @@ impl KindCx<'_, '_, '_> {
         let text = serde_json::to_string_pretty(doc).ok()?;
         let child = self.b.c.generated(&path, text)?;
         self.b
-            .hashed_files
-            .push((format!("generated:{}", self.node()), child.hash.clone()));
+            .hash_file(format!("generated:{}", self.node()), child.hash.clone());
         self.b.drafts[&self.ix].subgraph = Some(child.clone());
         Some(child)
     }

@@ -8,6 +8,7 @@
 //! (workflows, prompts, schemas) and nothing else.
 
 mod analysis;
+mod cache;
 mod costs;
 mod defs;
 mod exprs;

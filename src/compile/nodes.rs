@@ -41,6 +41,8 @@ pub(super) struct Draft {
     pub subgraph: Option<Arc<Plan>>,
     /// Parent nodes its subgraph may hand off to (instead of the node's own edges).
     pub handoffs: Vec<NodeIx>,
+    /// Its `cache:` policy, when it has one.
+    pub cache: Option<super::cache::DraftCache>,
 }
 
 pub(super) struct Build<'c, 'a> {
@@ -65,7 +67,14 @@ pub(super) struct Build<'c, 'a> {
     /// The resolved (self-contained) input and context schemas.
     pub io_schemas: (Option<Value>, Option<Value>),
     pub prompts_dir: Option<PathBuf>,
+    /// The files (and child plans' hashes) the plan hash covers, by name, added through
+    /// [`Build::hash_file`].
     pub hashed_files: Vec<(String, String)>,
+    /// For each of `hashed_files`, the node that read it (`None`: the workflow itself, or a
+    /// tool, which any node may call): a node's cache fingerprint covers its own files only.
+    pub file_owners: Vec<Option<NodeIx>>,
+    /// The node being compiled.
+    pub compiling: Option<NodeIx>,
     /// An edge is malformed, or named an unknown node and stands for a guess: the graph
     /// analysis would report that one defect again as dead ends, unreachable nodes or loops,
     /// so it is skipped.
@@ -97,8 +106,10 @@ impl<'c, 'a> Build<'c, 'a> {
         let prompts_dir = prompts_dir(src, wf);
         let catalog = super::mcp::catalog(src, &wf.tools, diags);
         let mut hashed_files = Vec::new();
+        let mut file_owners = Vec::new();
         if let Some(text) = &catalog.lock_text {
             hashed_files.push(("mcp-lock".to_string(), text.clone()));
+            file_owners.push(None);
         }
         let mut graph = StableDiGraph::default();
         let start = graph.add_node(Vertex::Start);
@@ -125,6 +136,8 @@ impl<'c, 'a> Build<'c, 'a> {
             io_schemas: (None, None),
             prompts_dir,
             hashed_files,
+            file_owners,
+            compiling: None,
             broken_edges: false,
             join_sites: Vec::new(),
             conditions: Vec::new(),
@@ -154,7 +167,9 @@ impl<'c, 'a> Build<'c, 'a> {
         graph::edges(self);
         let names: Vec<(NodeIx, String)> = self.drafts.iter().map(|(ix, d)| (*ix, d.name.clone())).collect();
         for (ix, name) in names {
+            self.compiling = Some(ix);
             self.node(ix, &name);
+            self.compiling = None;
         }
         self.outputs();
         // A join that can never fire is reported as such; the analysis would only report what
@@ -194,6 +209,7 @@ impl<'c, 'a> Build<'c, 'a> {
                     writes: Vec::new(),
                     subgraph: None,
                     handoffs: Vec::new(),
+                    cache: None,
                 },
             );
         }
@@ -529,6 +545,11 @@ impl<'c, 'a> Build<'c, 'a> {
         };
         let mut nodes = IndexMap::with_capacity_and_hasher(self.drafts.len(), Default::default());
         let mut subgraphs = IndexMap::new();
+        let mut caches: std::collections::HashMap<NodeIx, NodeCache> = self
+            .drafts
+            .iter()
+            .filter_map(|(ix, d)| Some((*ix, self.node_cache(*ix, d.cache.as_ref()?, d.item.as_deref()))))
+            .collect();
         for (ix, d) in std::mem::take(&mut self.drafts) {
             let spec = d.spec?;
             let config = d.config?;
@@ -548,6 +569,7 @@ impl<'c, 'a> Build<'c, 'a> {
                     goto: d.goto,
                     on_error: d.on_error,
                     item: d.item,
+                    cache: caches.remove(&ix),
                 },
             );
         }
@@ -589,6 +611,30 @@ impl<'c, 'a> Build<'c, 'a> {
         let mut h = Sha256::new();
         h.update(b"runner-plan-v1\0");
         h.update(self.src.doc.value.to_string().as_bytes());
+        self.hash_defs(&mut h);
+        for (name, text) in &self.hashed_files {
+            h.update(format!("\0{name}\0{text}").as_bytes());
+        }
+        for schema in self.state_schemas.values() {
+            h.update(schema.to_string().as_bytes());
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Records a file (or a child plan's hash) the plan hash covers, with the node that read
+    /// it: none when a tool is being compiled (every node naming the tool depends on it).
+    pub(super) fn hash_file(&mut self, name: String, text: String) {
+        self.hashed_files.push((name, text));
+        let owner = if self.tools_open.is_empty() {
+            self.compiling
+        } else {
+            None
+        };
+        self.file_owners.push(owner);
+    }
+
+    /// Hashes the definitions of the file and its imports: types, reducers, predicates, kinds.
+    pub(super) fn hash_defs(&self, h: &mut Sha256) {
         for (kind, defs) in [
             (
                 "type",
@@ -619,13 +665,6 @@ impl<'c, 'a> Build<'c, 'a> {
                 h.update(format!("\0{kind}:{name}\0{text}").as_bytes());
             }
         }
-        for (name, text) in &self.hashed_files {
-            h.update(format!("\0{name}\0{text}").as_bytes());
-        }
-        for schema in self.state_schemas.values() {
-            h.update(schema.to_string().as_bytes());
-        }
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 }
 

@@ -271,6 +271,21 @@ pub struct PlanNode {
     pub on_error: Option<ErrorHandler>,
     /// Set when this node is a fan-out target: the name its item has.
     pub item: Option<String>,
+    /// Its results are reused across threads (`cache:`).
+    pub cache: Option<NodeCache>,
+}
+
+/// A node's cache policy, compiled.
+#[derive(Debug, Clone)]
+pub struct NodeCache {
+    /// How long a result is reused; `None`: until the cache is cleared.
+    pub ttl: Option<std::time::Duration>,
+    /// The key expression; `None`: the key is everything the node reads.
+    pub key: Option<ExprId>,
+    /// SHA-256 (hex) of what the node's behaviour depends on in its workflow (see
+    /// `compile/cache.rs`): part of every key, so an edited node never reuses a result of its
+    /// earlier definition.
+    pub fingerprint: String,
 }
 
 /// A compiled state write.

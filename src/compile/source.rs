@@ -553,7 +553,7 @@ fn resolve_path<'a>(schema: &'a Value, path: &str) -> Option<&'a Value> {
 }
 
 /// Fields whose value is a duration.
-const DURATION_FIELDS: &[&str] = &["timeout", "initial_interval", "max_interval"];
+const DURATION_FIELDS: &[&str] = &["timeout", "initial_interval", "max_interval", "ttl"];
 
 /// How a value is named in messages: its key, or `list[i]` for an element.
 fn field_name(pointer: &str) -> String {

@@ -171,7 +171,7 @@ impl KindCx<'_, '_, '_> {
                     return None;
                 }
                 let child = self.b.c.subgraph(&src, &at, &path, self.b.diags)?;
-                self.b.hashed_files.push((format!("tool:{file}"), child.hash.clone()));
+                self.b.hash_file(format!("tool:{file}"), child.hash.clone());
                 if !child.handoffs.is_empty() {
                     self.b.diags.push(src.diag(
                         Code::InvalidValue,
@@ -234,6 +234,17 @@ impl KindCx<'_, '_, '_> {
             return None;
         }
         let spec = serde_json::from_value::<NodeSpec>(run.clone()).ok()?;
+        if spec.common.cache.as_ref().is_some_and(|c| c.spec().is_some()) {
+            // A tool's call runs inside its caller's task, whose result is what a step stores.
+            self.b.diags.push(
+                src.diag(
+                    Code::BadCache,
+                    &push_pointer(at, "cache"),
+                    "a tool's `run` node is not cached on its own",
+                )
+                .help("cache the node that calls the tool"),
+            );
+        }
         let sym = self.b.sym.clone();
         let mut cx = KindCx {
             b: &mut *self.b,
@@ -258,6 +269,7 @@ impl KindCx<'_, '_, '_> {
             goto: Vec::new(),
             on_error: None,
             item: Some("args".into()),
+            cache: None,
         };
         Some(node)
     }

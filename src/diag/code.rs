@@ -104,6 +104,7 @@ codes! {
     SilentEnd = "E408", "silent-end", Error, "a node with no outgoing edge, not marked as an end with `-> END`";
     DeadJoin = "E409", "dead-join", Error, "a join waits for a node that can run only after the join";
     BadDefer = "E410", "bad-defer", Error, "`defer` on a node whose tasks cannot be deferred";
+    BadCache = "E411", "bad-cache", Error, "`cache` on a node whose result cannot be reused: an interrupt gate, or a tool's `run` node";
 }
 
 impl Serialize for Code {

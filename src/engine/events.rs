@@ -31,6 +31,9 @@ pub enum Event {
         node: String,
         task_id: String,
     },
+    /// A task ended. `cached`: its result was stored before a crash and is taken from the
+    /// store, not run again; `cache_hit`: the node's cache (`cache:`) had its result, so it did
+    /// not run.
     NodeEnd {
         step: i64,
         node: String,
@@ -46,6 +49,7 @@ pub enum Event {
         /// nothing).
         #[serde(default, skip_serializing_if = "TaskOutcome::is_done")]
         outcome: TaskOutcome,
+        cache_hit: bool,
     },
     /// The keys a step changed, with their new values.
     StateUpdate {

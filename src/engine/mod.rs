@@ -13,6 +13,7 @@
 
 mod apply;
 mod budget;
+mod cache;
 mod edit;
 pub mod events;
 mod gates;

@@ -420,6 +420,7 @@ mod tests {
             writes: Default::default(),
             cached: false,
             outcome: Default::default(),
+            cache_hit: false,
         }]
     }
 

@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::apply::{cached, encode};
+use super::cache;
 use super::events::{Event, TaskOutcome};
 use super::gates::reported;
 use super::kind::NodeError;
@@ -71,7 +72,7 @@ impl Engine {
             BTreeMap::from([("state".to_string(), run.state_view.value())]),
             Some(self.plan.clone()),
         ));
-        let (mut results, mut to_run) = self.prepare_tasks(run, step)?;
+        let (mut results, mut to_run, mut keys) = self.prepare_tasks(run, step, &base)?;
         // A task's future is made when it starts, not before: a fan-out of a thousand holds a
         // thousand of them, so they are not also kept in a list.
         let start = |(i, ix, resume, spent): ToRun| {
@@ -133,6 +134,7 @@ impl Engine {
                 EngineError::Store(checkpoint::CheckpointError::Backend(format!("a task panicked: {e}")))
             })?;
             let result = self.settle(run, &cp.next[i], outcome, duration_ms, step, remaining, &mut deferred)?;
+            self.cache_keep(keys[i].take(), &cp.next[i], &result);
             results[i] = Some(result);
         }
         let out: Vec<(TaskSpec, StepResult)> = cp
@@ -154,10 +156,20 @@ impl Engine {
     }
 
     /// The step's results known before anything runs (tasks finished before a crash, tasks of
-    /// nodes gone from the workflow), and the tasks to start.
-    fn prepare_tasks(&self, run: &Run, step: i64) -> Result<(Vec<Option<StepResult>>, Vec<ToRun>), EngineError> {
+    /// nodes gone from the workflow, cache hits), the tasks to start, and where the cached
+    /// nodes' tasks keep their results.
+    #[allow(clippy::type_complexity)]
+    fn prepare_tasks(
+        &self,
+        run: &Run,
+        step: i64,
+        base: &Arc<Scope>,
+    ) -> Result<(Vec<Option<StepResult>>, Vec<ToRun>, Vec<Option<cache::Key>>), EngineError> {
         let (cp, pending) = (&run.cp, &run.pending);
         let mut results: Vec<Option<StepResult>> = vec![None; cp.next.len()];
+        let mut keys: Vec<Option<cache::Key>> = std::iter::repeat_with(|| None).take(cp.next.len()).collect();
+        let mut digests = cache::StepDigests::default();
+        let mut hits = false;
         let mut to_run = Vec::new();
         for (i, t) in cp.next.iter().enumerate() {
             if let Some(done) = cached(pending, &t.task_id, &self.plan, run.shared.force) {
@@ -171,6 +183,7 @@ impl Engine {
                     writes: written(&done),
                     cached: true,
                     outcome: TaskOutcome::Done,
+                    cache_hit: false,
                 });
                 results[i] = Some(StepResult::Done(done));
                 continue;
@@ -193,9 +206,20 @@ impl Engine {
                         .and_then(|r| r.value.as_str().map(str::to_string)),
                     earlier: earlier_answers(pending, &t.task_id),
                 });
+            let (resumes, key) = (resume.is_some(), &mut keys[i]);
+            if let Some(hit) = self.cache_lookup(run, base, step, t, ix, resumes, &mut digests, key)? {
+                results[i] = Some(hit);
+                hits = true;
+                continue;
+            }
             to_run.push((i, ix, resume, self.spent(&t.node, &run.meta)));
         }
-        Ok((results, to_run))
+        // Hits are stored before the other tasks start, not with the last of them: their
+        // `node_end` waits for nothing.
+        if hits {
+            tokio::task::block_in_place(|| run.persister.release())?;
+        }
+        Ok((results, to_run, keys))
     }
 
     /// Records how task `t` ended. A finished task's writes are stored as soon as the step
@@ -222,6 +246,7 @@ impl Engine {
             writes,
             cached: false,
             outcome,
+            cache_hit: false,
         };
         Ok(match outcome {
             Outcome::Done(mut done) => {

@@ -155,7 +155,7 @@ pub(super) async fn run(
 
 /// What a task's expressions read on top of the step's scope: `params`, its fan-out item,
 /// and `run`.
-fn task_scope(
+pub(super) fn task_scope(
     shared: &Shared,
     node: &crate::compile::PlanNode,
     item: Option<&Value>,

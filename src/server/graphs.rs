@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use axum::extract::{Path as UrlPath, State};
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
 use axum::response::Json;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -329,6 +330,31 @@ pub(super) async fn get_schemas(
         "config_schema": null,
         "context_schema": plan.context_schema(),
     })))
+}
+
+#[derive(Deserialize)]
+pub(super) struct CacheQuery {
+    node: Option<String>,
+}
+
+/// `DELETE /assistants/{id}/cache[?node=NAME]`: the cached results of the assistant's workflow
+/// (of one of its nodes) deleted, for every thread; a node the workflow lacks is a 404.
+pub(super) async fn clear_cache(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<CacheQuery>,
+) -> Result<StatusCode, ApiError> {
+    let g = find(&app, &id)?;
+    if let Some(node) = &q.node
+        && g.plan.node_by_name(node).is_none()
+    {
+        return Err(ApiError::not_found(format!(
+            "Node '{node}' not found in assistant '{id}'"
+        )));
+    }
+    app.store
+        .cache_clear(Some(g.plan.name()), q.node.as_deref(), crate::clock::now_ms())?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 //! run it starts goes through the run builder ([`crate::run`]) and takes the thread's lease in
 //! `Engine::run`, exactly as `runner run` does.
 //!
-//! - `graphs.rs`: the served workflows, their assistants, graph pictures and schemas;
+//! - `graphs.rs`: the served workflows, their assistants, graph pictures and schemas, and
+//!   clearing their node cache;
 //! - `threads.rs`: threads, their state and history, read from the checkpointer;
 //! - `runs.rs`: runs on a thread or stateless, streamed (SSE) or waited for;
 //! - `control.rs`: runs in the background, listed, looked at, joined, cancelled;
@@ -158,6 +159,7 @@ fn router(app: Shared) -> Router {
         .route("/assistants/{id}", get(graphs::get_assistant))
         .route("/assistants/{id}/graph", get(graphs::get_graph))
         .route("/assistants/{id}/schemas", get(graphs::get_schemas))
+        .route("/assistants/{id}/cache", axum::routing::delete(graphs::clear_cache))
         .route("/threads", post(threads::create))
         .route("/threads/search", post(threads::search))
         .route(

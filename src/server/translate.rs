@@ -165,14 +165,17 @@ impl Translate {
             Event::Custom { data, .. } if shown && self.modes.custom => {
                 out.push((name("custom", &ns), data));
             }
+            // A result stored before (a step resumed after a gate or a crash) or found in the
+            // node's cache is shown as LangGraph shows a cached task.
             Event::NodeEnd {
                 node,
                 task_id,
                 writes,
                 cached,
+                cache_hit,
                 outcome,
                 ..
-            } => self.task_end(&ns, shown, &node, &task_id, writes, cached, outcome, &mut out),
+            } => self.task_end(&ns, shown, &node, &task_id, writes, cached || cache_hit, outcome, &mut out),
             Event::Interrupt { task_id, payload, .. } => self.interrupted(&ns, shown, &task_id, &payload, &mut out),
             Event::StateUpdate { values, .. } => {
                 if let Some(s) = self.scopes.get_mut(&ns) {

@@ -60,6 +60,49 @@ pub struct NodeCommon {
     /// Stop the run durably after this node runs; `runner resume` continues it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interrupt_after: bool,
+    /// Reuse the node's result (LangGraph's `CachePolicy`): a task whose key was seen before,
+    /// on any thread, takes the stored writes and successors instead of running. `true` (or
+    /// `{}`) keys by the node's definition and everything it reads, until cleared; `{ttl: 10m}`
+    /// lets entries expire; `{key: expression}` keys by the expression's value instead of
+    /// what the node reads. Not for an `interrupt` node; failures are never cached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CachePolicy>,
+}
+
+/// A node's cache policy: `true`/`false`, or its time to live and key.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CachePolicy {
+    /// `true`: kept until cleared, keyed by what the node reads; `false`: not cached (turns off
+    /// a user kind's default).
+    On(bool),
+    /// The time to live and the key.
+    Policy(CacheSpec),
+}
+
+impl CachePolicy {
+    /// The policy's fields, or `None` when it is turned off.
+    pub fn spec(&self) -> Option<CacheSpec> {
+        match self {
+            CachePolicy::On(false) => None,
+            CachePolicy::On(true) => Some(CacheSpec::default()),
+            CachePolicy::Policy(spec) => Some(spec.clone()),
+        }
+    }
+}
+
+/// How long a node's results are kept, and what identifies one.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSpec {
+    /// How long a result is reused, e.g. `10m` (default: until the cache is cleared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<Duration>,
+    /// An expression whose value identifies the result (LangGraph's `key_func`), seeing what
+    /// `update` sees except `output` and `usage`. By default the key is everything the node
+    /// reads: the state, `input`, `config`, `context` and its fan-out item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// How a failed node is retried.
