@@ -38,6 +38,7 @@ impl Renderer {
                 thread_id,
                 workflow,
                 resumed,
+                ..
             } => {
                 let name = std::path::Path::new(workflow)
                     .file_name()

@@ -21,6 +21,9 @@ pub enum Event {
         thread_id: String,
         workflow: String,
         resumed: bool,
+        /// The checkpoint the run goes on from (a new turn's: the one after its input).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        checkpoint_id: String,
     },
     StepStart {
         step: i64,

@@ -147,6 +147,7 @@ impl Engine {
             thread_id: thread.thread_id.clone(),
             workflow: thread.workflow.clone(),
             resumed,
+            checkpoint_id: cp.checkpoint_id.clone(),
         });
         let mut config = effective_config(self.plan.config(), &thread.config);
         for (path, value) in &self.options.run_config {

@@ -78,6 +78,8 @@ struct Scope {
     values: Map<String, Value>,
     /// Its last committed checkpoint: the tasks of the step that runs.
     head: Option<Checkpoint>,
+    /// The checkpoint its run started from.
+    start: String,
     /// The step that runs.
     step: i64,
     /// Whether what it starts from was told.
@@ -148,7 +150,11 @@ impl Translate {
         let mut out = Vec::new();
         let shown = ns.is_none() || self.modes.subgraphs;
         match envelope.event {
-            Event::RunStart { thread_id, .. } => self.open(&ns, thread_id),
+            Event::RunStart {
+                thread_id,
+                checkpoint_id,
+                ..
+            } => self.open(&ns, thread_id, checkpoint_id),
             Event::StepStart { step, .. } => {
                 self.begin_step(&ns, step, shown, &mut out);
             }
@@ -197,8 +203,9 @@ impl Translate {
         out
     }
 
-    /// A run (the run's own, or a subgraph's child) starts on `thread_id`.
-    fn open(&mut self, ns: &Option<Arc<str>>, thread_id: String) {
+    /// A run (the run's own, or a subgraph's child) starts on `thread_id`, from checkpoint
+    /// `start`.
+    fn open(&mut self, ns: &Option<Arc<str>>, thread_id: String, start: String) {
         let Some(plan) = messages::plan_of(&self.plan, ns.as_deref()) else {
             return;
         };
@@ -211,6 +218,7 @@ impl Translate {
                 message_keys,
                 values: Map::new(),
                 head: None,
+                start,
                 step: 0,
                 started: false,
                 stopped: HashSet::new(),
@@ -231,7 +239,8 @@ impl Translate {
         if !scope.started {
             scope.started = true;
             let thread = scope.thread_id.clone();
-            let head = self.store.get_checkpoint(&thread, None).ok().flatten();
+            let start = (!scope.start.is_empty()).then(|| scope.start.clone());
+            let head = self.store.get_checkpoint(&thread, start.as_deref()).ok().flatten();
             if let Some(head) = head {
                 if let Ok(values) = self.store.state(&thread, &head.versions) {
                     self.scopes.get_mut(ns).map(|s| s.values = values);

@@ -462,6 +462,7 @@ mod tests {
             thread_id: "t".into(),
             workflow: "w".into(),
             resumed: false,
+            checkpoint_id: String::new(),
         };
         let end = || Event::RunEnd {
             status: "done".into(),
