@@ -1,13 +1,14 @@
 //! `runner serve`'s connections through a raw TCP client (the server of `serve.rs`): a request
-//! refused before its body is read.
+//! refused before its body is read, and the timeouts that close connections which idle or send
+//! a request's head too slowly, while long responses go on.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::serve::{Server, serve_with};
+use super::serve::{Server, client, parse, serve_with};
 
 /// A TCP connection to `s`, reads giving up after `wait`.
 fn connect(s: &Server, wait: Duration) -> TcpStream {
@@ -92,4 +93,75 @@ fn a_request_refused_before_its_body_is_read_closes_its_connection_and_says_so()
     assert!(!headers.iter().any(|(k, _)| k == "connection"), "{headers:?}");
     tcp.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     assert_eq!(response(&mut tcp).0, 200);
+}
+
+/// A client that sends a request's head a byte at a time (slowloris) is cut off once
+/// `--header-read-timeout` has passed since its first byte; a kept-alive connection with no
+/// request in progress is closed after `--idle-timeout`, not after the shorter header timeout.
+#[test]
+fn slow_heads_and_idle_connections_are_closed() {
+    let s = serve_with(&["--header-read-timeout", "1", "--idle-timeout", "3"], &[]);
+
+    let mut tcp = connect(&s, Duration::from_millis(200));
+    let head = format!("GET /ok HTTP/1.1\r\nHost: x\r\nX-Slow: {}\r\n\r\n", "s".repeat(40));
+    let first = Instant::now();
+    let mut cut = None;
+    for byte in head.bytes() {
+        // A write to a closed connection may still succeed once: the read says.
+        let _ = tcp.write_all(&[byte]);
+        if closed(&mut tcp) {
+            cut = Some(first.elapsed());
+            break;
+        }
+    }
+    // 200 ms a byte: the head would take 14 s; the timeout is 1 s.
+    let cut = cut.expect("a head sent a byte at a time was read to its end");
+    assert!(
+        cut >= Duration::from_millis(900),
+        "cut after {cut:?}, before the timeout"
+    );
+
+    let mut tcp = connect(&s, Duration::from_secs(10));
+    tcp.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert_eq!(response(&mut tcp).0, 200);
+    // Idle past the header timeout: still open.
+    std::thread::sleep(Duration::from_millis(1500));
+    tcp.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert_eq!(response(&mut tcp).0, 200);
+    let answered = Instant::now();
+    assert!(closed(&mut tcp), "an idle connection was kept open for 10 s");
+    let idle = answered.elapsed();
+    assert!(
+        idle >= Duration::from_millis(2500) && idle < Duration::from_secs(8),
+        "closed after {idle:?} idle, with --idle-timeout 3"
+    );
+}
+
+/// A request in progress is never timed out: a stream that sends for longer than both
+/// timeouts (with silences longer than them between its events), and a wait whose handler
+/// works as long, are answered to their end.
+#[tokio::test(flavor = "multi_thread")]
+async fn long_streams_and_waits_outlast_the_connection_timeouts() {
+    let s = serve_with(&["--header-read-timeout", "0.3", "--idle-timeout", "0.3"], &[]);
+    // The slow workflow: two model calls of a second each.
+    let started = Instant::now();
+    let stream = client()
+        .post(format!("{}/threads/long/runs/stream", s.base))
+        .json(&json!({"assistant_id": "slow", "if_not_exists": "create", "stream_mode": "values"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let events = parse(&stream.text().await.unwrap());
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert_eq!(events.last().unwrap().1, json!({"said": "done"}), "{events:?}");
+
+    let waited = client()
+        .post(format!("{}/runs/wait", s.base))
+        .json(&json!({"assistant_id": "slow"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(waited.status(), 200);
+    assert_eq!(waited.json::<Value>().await.unwrap(), json!({"said": "done"}));
 }

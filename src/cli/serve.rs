@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 
@@ -66,6 +67,31 @@ pub(super) struct Args {
     /// than its cores.
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     workers: u32,
+    /// How long a request's head may take to arrive once its first byte has, in seconds; a
+    /// slower client (a slowloris) is cut off.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = positive_secs)]
+    header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in progress, in seconds. A request
+    /// being handled or answered (a stream, however long) is never cut.
+    #[arg(long, value_name = "SECS", default_value = "120", value_parser = positive_secs)]
+    idle_timeout: Duration,
+}
+
+/// A duration in seconds, `0` or more (fractions allowed).
+fn secs(text: &str) -> Result<Duration, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("`{text}` is not a number of seconds, 0 or more"))
+}
+
+/// A duration in seconds, more than `0`.
+fn positive_secs(text: &str) -> Result<Duration, String> {
+    secs(text)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("`{text}` is not a number of seconds more than 0"))
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
@@ -126,7 +152,11 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         let bound = listener.local_addr()?;
         writeln!(err, "listening on http://{bound}")?;
         drop(err);
-        server.serve(listener, stop_signal()).await;
+        let timeouts = crate::server::Timeouts {
+            header_read: args.header_read_timeout,
+            idle: args.idle_timeout,
+        };
+        server.serve(listener, timeouts, stop_signal()).await;
         Ok(exit::OK)
     })
 }

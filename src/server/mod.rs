@@ -16,7 +16,8 @@
 //! - `sse.rs`: the event stream's framing and how engine events become stream-mode events;
 //! - `store.rs`: the store endpoints, over the data store `store` nodes use;
 //! - `metrics.rs`: `GET /metrics` in Prometheus's text format;
-//! - `conn.rs`: connections accepted and served (HTTP/1.1), and ended gracefully;
+//! - `conn.rs`: connections accepted and served (HTTP/1.1), closed when idle or too slow, and
+//!   ended gracefully;
 //! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS, the API key;
 //! - `workers.rs`: how many runs execute at once, and the line of pending runs.
 
@@ -38,6 +39,7 @@ mod workers;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -114,6 +116,7 @@ impl Server {
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
+        timeouts: Timeouts,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         // Runs a server before this one left unfinished (stopped, or killed) go on. A store
@@ -127,8 +130,21 @@ impl Server {
                 run.stop();
             }
         };
-        conn::serve(listener, router(self.app), stop).await;
+        conn::serve(listener, router(self.app), timeouts, stop)
+            .await
+            .close()
+            .await;
     }
+}
+
+/// How long a server waits on others.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timeouts {
+    /// A request's head, from its first byte: a client slower than this (a slowloris) is cut
+    /// off.
+    pub header_read: Duration,
+    /// A connection with no request in progress, before it is closed.
+    pub idle: Duration,
 }
 
 /// Reloads a running server's workflows (see [`Graphs::reload`]).
