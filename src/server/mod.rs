@@ -112,7 +112,8 @@ impl Server {
 
     /// Serves on `listener` until `shutdown` resolves; then stops accepting connections, stops
     /// every run at its next step boundary (its checkpoint intact, its thread resumable) and
-    /// returns once every response has ended.
+    /// returns once every run has stopped and every response has ended, or once
+    /// `timeouts.shutdown` has passed.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
@@ -122,18 +123,22 @@ impl Server {
         // Runs a server before this one left unfinished (stopped, or killed) go on. A store
         // that cannot list them cannot serve anything else either: its requests will say why.
         let _ = control::resume_unfinished(&self.app);
-        let app = self.app.clone();
-        let stop = async move {
-            shutdown.await;
-            app.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
-            for run in threads::lock(&app.runs).values().filter(|r| r.is_active()) {
-                run.stop();
-            }
-        };
-        conn::serve(listener, router(self.app), timeouts, stop)
-            .await
-            .close()
-            .await;
+        let open = conn::serve(listener, router(self.app.clone()), timeouts, shutdown).await;
+        let app = self.app;
+        // From here on a run that stops stays unfinished in the store, for the next server.
+        app.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        let ended = async { tokio::join!(stop_runs(&app), open.close()) };
+        if tokio::time::timeout(timeouts.shutdown, ended).await.is_err() {
+            // The runs still going are cut off mid-step when the process exits: the next
+            // server runs that step again. Their leases need no release: a holder on this host
+            // whose process is gone is replaced at once.
+            let left = threads::lock(&app.runs).values().filter(|r| r.is_active()).count();
+            tracing::warn!(
+                runs = left,
+                timeout_s = timeouts.shutdown.as_secs_f64(),
+                "stopped waiting for runs to reach a step boundary"
+            );
+        }
     }
 }
 
@@ -145,6 +150,33 @@ pub struct Timeouts {
     pub header_read: Duration,
     /// A connection with no request in progress, before it is closed.
     pub idle: Duration,
+    /// Once told to stop: the runs, to reach their next step boundary, and the responses, to
+    /// end.
+    pub shutdown: Duration,
+}
+
+/// Stops every run at its next step boundary and waits until each has ended: its step
+/// checkpointed, its lease released. A run started meanwhile (by a request already being
+/// handled) is stopped in turn.
+async fn stop_runs(app: &Shared) {
+    loop {
+        let active: Vec<runs::RunRecord> = threads::lock(&app.runs)
+            .values()
+            .filter(|r| r.is_active())
+            .cloned()
+            .collect();
+        if active.is_empty() {
+            return;
+        }
+        for run in &active {
+            run.stop();
+        }
+        for run in active {
+            let mut ended = run.ended;
+            // A closed channel means the run's task is gone, after recording its end.
+            let _ = ended.wait_for(|e| *e).await;
+        }
+    }
 }
 
 /// Reloads a running server's workflows (see [`Graphs::reload`]).
