@@ -400,6 +400,44 @@ async fn metrics_count_runs_streams_steps_and_model_calls() {
     }
 }
 
+/// `runner_active_streams` counts every event stream being sent, whether its client reads it
+/// or not, from its start until its body is dropped: streams of runs, and readers that joined
+/// one.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_every_open_stream_read_or_not() {
+    let s = serve();
+    let mut open = Vec::new();
+    for i in 0..8 {
+        let started = client()
+            .post(format!("{}/threads/m{i}/runs/stream", s.base))
+            .json(&json!({"assistant_id": "slow", "if_not_exists": "create"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(started.status(), 200);
+        let joined = client()
+            .get(format!(
+                "{}{}/stream",
+                s.base,
+                started.headers()["content-location"].to_str().unwrap()
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(joined.status(), 200);
+        open.extend([started, joined]);
+    }
+    let page = metrics(&s).await;
+    assert_eq!(sample(&page, "runner_active_streams"), 16.0, "{page}");
+    // Clients that go away take their streams with them.
+    drop(open);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sample(&metrics(&s).await, "runner_active_streams") != 0.0 {
+        assert!(Instant::now() < deadline, "closed streams stayed counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// LangGraph's Python client reads and writes the store a run uses, and searches it by meaning
 /// (`--store-index`).
 #[test]
