@@ -159,10 +159,13 @@ pub struct Timeouts {
 /// checkpointed, its lease released. A run started meanwhile (by a request already being
 /// handled) is stopped in turn.
 async fn stop_runs(app: &Shared) {
+    // Each run is waited for once: one whose task died without recording its end still looks
+    // active, and looking again would spin.
+    let mut waited = std::collections::HashSet::new();
     loop {
         let active: Vec<runs::RunRecord> = threads::lock(&app.runs)
             .values()
-            .filter(|r| r.is_active())
+            .filter(|r| r.is_active() && !waited.contains(&r.run_id))
             .cloned()
             .collect();
         if active.is_empty() {
@@ -172,8 +175,9 @@ async fn stop_runs(app: &Shared) {
             run.stop();
         }
         for run in active {
+            waited.insert(run.run_id);
             let mut ended = run.ended;
-            // A closed channel means the run's task is gone, after recording its end.
+            // A closed channel means the run's task is gone.
             let _ = ended.wait_for(|e| *e).await;
         }
     }
