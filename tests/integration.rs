@@ -33,6 +33,7 @@ mod rag;
 mod runner_test;
 mod serve;
 mod serve_api;
+mod serve_conn;
 mod serve_seeds;
 mod tools;
 mod trace;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use super::support::fake_llm::{FakeLlm, Reply};
 use super::support::install;
 
 /// A `runner serve` over the test workflows, killed when dropped.
@@ -28,6 +29,26 @@ impl Server {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
         self.dir.take().unwrap()
+    }
+}
+
+impl Server {
+    /// Sends SIGTERM and waits (at most 30 s) for the server to exit: how it exited, and after
+    /// how long.
+    pub(crate) fn term(&mut self) -> (std::process::ExitStatus, Duration) {
+        let sent = Instant::now();
+        let termed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(termed.success());
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status, sent.elapsed());
+            }
+            assert!(sent.elapsed() < Duration::from_secs(30), "the server did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -86,13 +107,19 @@ pub(crate) fn spawn(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (Child, String, String) {
+    let mock = mock.to_str().unwrap();
+    let args: Vec<&str> = ["--mock", mock].iter().chain(args).copied().collect();
+    spawn_live(cwd, workflows, &args, env)
+}
+
+/// [`spawn`] without a mock: the workflows' models are called as they say.
+pub(crate) fn spawn_live(cwd: &Path, workflows: &Path, args: &[&str], env: &[(&str, &str)]) -> (Child, String, String) {
     let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
         .current_dir(cwd)
         .env("RUNNER_DB", cwd.join("runner.db"))
         .arg("serve")
         .arg(workflows)
-        .args(["--port", "0", "--mock"])
-        .arg(mock)
+        .args(["--port", "0"])
         .args(args)
         .envs(env.iter().copied())
         .stdout(Stdio::null())
@@ -635,6 +662,181 @@ async fn sigterm_stops_runs_at_a_step_boundary_and_exits() {
     let (_, _, joined) = call(&s, reqwest::Method::GET, &format!("{run}/join"), None).await;
     assert_eq!(joined, json!({"said": "done"}));
     assert_eq!(call(&s, reqwest::Method::GET, &run, None).await.2["status"], "success");
+}
+
+/// `tests/fixtures/serve/slow.yaml` on an OpenAI-compatible server: its model calls can be
+/// counted there.
+const SLOW_LIVE: &str = r#"name: live
+models: {default: {provider: openai, model: m, base_url: "${env:FAKE_BASE}", api_key_env: FAKE_KEY}}
+state:
+  said: {type: string, default: ""}
+nodes:
+  tick:
+    kind: llm
+    prompt: {text: "Take your time"}
+    update: {said: output}
+  tock:
+    kind: llm
+    prompt: {text: "Take your time again"}
+    update: {said: output}
+edges: [START -> tick -> tock -> END]
+"#;
+
+/// `runner serve` over [`SLOW_LIVE`] in `dir` (on the database a server before left there),
+/// its model served by `llm`.
+fn serve_live(dir: tempfile::TempDir, llm: &FakeLlm, args: &[&str]) -> Server {
+    let workflows = dir.path().join("workflows");
+    let _ = std::fs::create_dir(&workflows);
+    std::fs::write(workflows.join("live.yaml"), SLOW_LIVE).unwrap();
+    let env = [("FAKE_BASE", llm.base_url.as_str()), ("FAKE_KEY", "k")];
+    let (child, base, said) = spawn_live(dir.path(), &workflows, args, &env);
+    assert!(said.contains("serving live\n"), "{said}");
+    Server {
+        child,
+        base,
+        dir: Some(dir),
+    }
+}
+
+/// How many calls `llm` got for each of [`SLOW_LIVE`]'s nodes: `(tick, tock)`.
+fn calls(llm: &FakeLlm) -> (usize, usize) {
+    let prompts: Vec<String> = llm.requests().iter().map(|r| r.body["messages"].to_string()).collect();
+    let tock = prompts.iter().filter(|p| p.contains("Take your time again")).count();
+    (prompts.len() - tock, tock)
+}
+
+/// Waits (at most 30 s) until every run of `runs` (`(thread, run)`) has ended: their statuses.
+async fn ended(s: &Server, runs: &[(String, String)]) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut statuses = Vec::new();
+        for (thread, run) in runs {
+            let (_, _, row) = call(s, reqwest::Method::GET, &format!("/threads/{thread}/runs/{run}"), None).await;
+            statuses.push(row["status"].as_str().unwrap_or("missing").to_string());
+        }
+        if statuses.iter().all(|s| s != "pending" && s != "running") {
+            return statuses;
+        }
+        assert!(Instant::now() < deadline, "the runs never ended: {statuses:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// SIGTERM with runs in the background that nobody streams: the server stops accepting, each
+/// running run finishes the model call it is in and checkpoints its step, and only then does
+/// the server exit (0). The runs stay unfinished in the store, a run queued behind another
+/// `pending`, and the next server on the database continues each where it stopped: every
+/// model call is made exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_waits_for_background_runs_so_no_model_call_is_made_twice() {
+    let llm = FakeLlm::start_in_background();
+    llm.default_reply(Reply::completion("said").after(Duration::from_millis(1500)));
+    let mut s = serve_live(tempfile::tempdir().unwrap(), &llm, &[]);
+    let mut runs = Vec::new();
+    for i in 0..4 {
+        let thread = format!("bg{i}");
+        let (status, _, run) = call(
+            &s,
+            reqwest::Method::POST,
+            &format!("/threads/{thread}/runs"),
+            Some(json!({"assistant_id": "live", "if_not_exists": "create"})),
+        )
+        .await;
+        assert_eq!(status, 200, "{run}");
+        runs.push((thread, run["run_id"].as_str().unwrap().to_string()));
+    }
+    let (status, _, queued) = call(
+        &s,
+        reqwest::Method::POST,
+        "/threads/bg0/runs",
+        Some(json!({"assistant_id": "live", "input": {}, "multitask_strategy": "enqueue"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{queued}");
+    runs.push(("bg0".into(), queued["run_id"].as_str().unwrap().to_string()));
+    // Every first call is under way: the server is stopped in the middle of them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls(&llm).0 < 4 {
+        assert!(Instant::now() < deadline, "the runs never called their model");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _) = s.term();
+    assert!(status.success(), "{status:?}");
+    // Stopped at the step boundary: no run started its second call.
+    assert_eq!(calls(&llm), (4, 0));
+
+    let s = serve_live(s.dir.take().unwrap(), &llm, &[]);
+    assert_eq!(ended(&s, &runs).await, ["success"; 5]);
+    // One call per node and run: the four stopped runs' second calls, then the queued run's two.
+    assert_eq!(calls(&llm), (5, 5));
+    for i in 0..4 {
+        let (_, _, history) = call(
+            &s,
+            reqwest::Method::GET,
+            &format!("/threads/bg{i}/history?limit=100"),
+            None,
+        )
+        .await;
+        let steps: Vec<i64> = history
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["metadata"]["step"].as_i64().unwrap())
+            .collect();
+        // bg0 has a second turn after it: the queued run's.
+        assert_eq!(steps[steps.len() - 3..], [1, 0, -1], "bg{i}: {steps:?}");
+        assert_eq!(steps.len() > 3, i == 0, "bg{i}: {steps:?}");
+    }
+}
+
+/// Past `--shutdown-timeout` the server stops waiting and exits. The run it left in the middle
+/// of a model call held its thread's lease only as long as the process lived: a server started
+/// again on the same host resumes it at once, not once the lease (60 s here) has expired.
+#[tokio::test(flavor = "multi_thread")]
+async fn past_the_shutdown_timeout_the_server_exits_and_a_restart_resumes_at_once() {
+    let llm = FakeLlm::start_in_background();
+    // The first call outlasts the timeout by far; the rest are answered at once.
+    llm.script([Reply::completion("said").after(Duration::from_secs(20))]);
+    llm.default_reply(Reply::completion("said"));
+    let mut s = serve_live(
+        tempfile::tempdir().unwrap(),
+        &llm,
+        &["--shutdown-timeout", "0.5", "--lease-ttl", "60"],
+    );
+    let (status, _, run) = call(
+        &s,
+        reqwest::Method::POST,
+        "/threads/cut/runs",
+        Some(json!({"assistant_id": "live", "if_not_exists": "create"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{run}");
+    let run = ("cut".to_string(), run["run_id"].as_str().unwrap().to_string());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls(&llm).0 < 1 {
+        assert!(Instant::now() < deadline, "the run never called its model");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, took) = s.term();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "the server waited {took:?} for a 20 s call"
+    );
+
+    let restarted = Instant::now();
+    let s = serve_live(s.dir.take().unwrap(), &llm, &[]);
+    while calls(&llm).0 < 2 {
+        assert!(
+            restarted.elapsed() < Duration::from_secs(20),
+            "no call after {:?}: the lease of the server that exited is being waited out",
+            restarted.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ended(&s, &[run]).await, ["success"]);
+    // The call cut short is made again: the timeout gave up on it.
+    assert_eq!(calls(&llm), (2, 1));
 }
 
 /// A run the server starts is a child of the span of the HTTP request that started it: the

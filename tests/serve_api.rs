@@ -133,6 +133,73 @@ async fn the_store_endpoints_share_the_data_store_with_store_nodes() {
     assert_eq!(status, 422);
 }
 
+/// What the store could not give back is refused, with the statuses and messages of the
+/// reference server (LangGraph's `langgraph dev`, langgraph-api 0.16.7, asked the same): a
+/// label with a NUL byte (400), an empty namespace (400), an empty label or one with a period
+/// (422). An empty key, which the reference stores and then refuses to GET ("Key is
+/// required", 400) while its searches list it, is refused when put (422). Nothing refused is
+/// stored; keys with a NUL or a period are read back.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_refuses_what_it_could_not_read_back() {
+    let s = serve();
+    let put = |namespace: Value, key: &str| {
+        let body = json!({"namespace": namespace, "key": key, "value": {"v": 1}});
+        let s = &s;
+        async move { call(s, Method::PUT, "/store/items", Some(body)).await }
+    };
+    let (status, _, error) = put(json!(["a"]), "").await;
+    assert_eq!(status, 422, "{error}");
+    let (status, _, error) = call(&s, Method::GET, "/store/items?namespace=a&key=", None).await;
+    assert_eq!((status, error), (400, json!({"error": "Key is required"})));
+
+    let nul =
+        "Invalid namespace label 'a\u{0}b' found in ('a\\x00b',). Namespace labels cannot contain NUL bytes ('\\x00').";
+    let (status, _, error) = put(json!(["a\u{0}b"]), "k").await;
+    assert_eq!((status, &error), (400, &json!({"detail": nul})));
+    let (status, _, error) = put(json!(["x", "a\u{0}b"]), "k").await;
+    assert_eq!(status, 400, "{error}");
+    assert!(
+        error["detail"].as_str().unwrap().contains("found in ('x', 'a\\x00b')"),
+        "{error}"
+    );
+    for (method, path, body) in [
+        (Method::GET, "/store/items?namespace=a%00b&key=k", None),
+        (
+            Method::DELETE,
+            "/store/items",
+            Some(json!({"namespace": ["a\u{0}b"], "key": "k"})),
+        ),
+        (
+            Method::POST,
+            "/store/items/search",
+            Some(json!({"namespace_prefix": ["a\u{0}b"]})),
+        ),
+        (Method::POST, "/store/namespaces", Some(json!({"prefix": ["a\u{0}b"]}))),
+        (Method::POST, "/store/namespaces", Some(json!({"suffix": ["a\u{0}b"]}))),
+    ] {
+        let (status, _, error) = call(&s, method.clone(), path, body).await;
+        assert_eq!((status, &error), (400, &json!({"detail": nul})), "{method} {path}");
+    }
+
+    let (status, _, error) = put(json!([]), "k").await;
+    assert_eq!((status, error), (400, json!({"detail": "Namespace cannot be empty."})));
+    for (label, namespace) in [("", json!(["a", ""])), ("a.b", json!(["a.b"]))] {
+        let (status, _, error) = put(namespace, "k").await;
+        let detail = format!("Namespace label '{label}' must be a non-empty string without periods");
+        assert_eq!((status, error), (422, json!({"detail": detail})));
+    }
+    let (_, _, found) = call(&s, Method::POST, "/store/items/search", Some(json!({}))).await;
+    assert_eq!(found, json!({"items": []}));
+    let (_, _, listed) = call(&s, Method::POST, "/store/namespaces", Some(json!({}))).await;
+    assert_eq!(listed, json!({"namespaces": []}));
+
+    for (key, query) in [("k\u{0}z", "k%00z"), ("k.z", "k.z")] {
+        assert_eq!(put(json!(["a"]), key).await.0, 204);
+        let (status, _, item) = call(&s, Method::GET, &format!("/store/items?namespace=a&key={query}"), None).await;
+        assert_eq!((status, &item["key"]), (200, &json!(key)), "{item}");
+    }
+}
+
 /// The legacy `messages` mode sends each streamed message's metadata once, then the message
 /// so far; `checkpoints` every checkpoint of the run linked to its parent; `debug` the
 /// checkpoints and tasks wrapped with their step and type.
@@ -329,6 +396,44 @@ async fn metrics_count_runs_streams_steps_and_model_calls() {
             break;
         }
         assert!(Instant::now() < deadline, "the stream stayed counted:\n{page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `runner_active_streams` counts every event stream being sent, whether its client reads it
+/// or not, from its start until its body is dropped: streams of runs, and readers that joined
+/// one.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_every_open_stream_read_or_not() {
+    let s = serve();
+    let mut open = Vec::new();
+    for i in 0..8 {
+        let started = client()
+            .post(format!("{}/threads/m{i}/runs/stream", s.base))
+            .json(&json!({"assistant_id": "slow", "if_not_exists": "create"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(started.status(), 200);
+        let joined = client()
+            .get(format!(
+                "{}{}/stream",
+                s.base,
+                started.headers()["content-location"].to_str().unwrap()
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(joined.status(), 200);
+        open.extend([started, joined]);
+    }
+    let page = metrics(&s).await;
+    assert_eq!(sample(&page, "runner_active_streams"), 16.0, "{page}");
+    // Clients that go away take their streams with them.
+    drop(open);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sample(&metrics(&s).await, "runner_active_streams") != 0.0 {
+        assert!(Instant::now() < deadline, "closed streams stayed counted");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 
@@ -66,6 +67,37 @@ pub(super) struct Args {
     /// than its cores.
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     workers: u32,
+    /// How long a request's head may take to arrive once its first byte has, in seconds; a
+    /// slower client (a slowloris) is cut off.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = positive_secs)]
+    header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in progress, in seconds. A request
+    /// being handled or answered (a stream, however long) is never cut.
+    #[arg(long, value_name = "SECS", default_value = "120", value_parser = positive_secs)]
+    idle_timeout: Duration,
+    /// On SIGTERM or Ctrl-C, how long to wait for every run to reach its next step boundary
+    /// (and every response to end) before exiting, in seconds. A run stopped there continues
+    /// from that checkpoint on the next start; one still in a step past the timeout runs that
+    /// step again. A second signal stops at once.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = secs)]
+    shutdown_timeout: Duration,
+}
+
+/// A duration in seconds, `0` or more (fractions allowed).
+fn secs(text: &str) -> Result<Duration, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("`{text}` is not a number of seconds, 0 or more"))
+}
+
+/// A duration in seconds, more than `0`.
+fn positive_secs(text: &str) -> Result<Duration, String> {
+    secs(text)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("`{text}` is not a number of seconds more than 0"))
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
@@ -126,7 +158,35 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         let bound = listener.local_addr()?;
         writeln!(err, "listening on http://{bound}")?;
         drop(err);
-        server.serve(listener, stop_signal()).await;
+        let timeouts = crate::server::Timeouts {
+            header_read: args.header_read_timeout,
+            idle: args.idle_timeout,
+            shutdown: args.shutdown_timeout,
+        };
+        let signals = stop_signals();
+        let mut first = signals.clone();
+        let stopping = async move {
+            // A closed channel means no signal can come: the server runs until it is killed.
+            if first.wait_for(|n| *n >= 1).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            // For an operator watching the terminal; a closed stderr loses it and nothing else.
+            let _ = writeln!(
+                std::io::stderr(),
+                "stopping: waiting up to {} s for runs to reach a step boundary (again to stop now)",
+                timeouts.shutdown.as_secs_f64()
+            );
+        };
+        let mut second = signals;
+        tokio::select! {
+            () = server.serve(listener, timeouts, stopping) => {}
+            Ok(_) = second.wait_for(|n| *n >= 2) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "stopped: runs in the middle of a step run it again on the next start"
+                );
+            }
+        }
         Ok(exit::OK)
     })
 }
@@ -176,27 +236,32 @@ fn reload_on_hangup(reloader: crate::server::Reloader, dir: PathBuf) {
     }
 }
 
-/// Ctrl-C or SIGTERM: the server stops accepting, lets its runs reach a step boundary, and ends.
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
+/// Counts Ctrl-C and SIGTERM as they come: at the first the server stops accepting, lets its
+/// runs reach a step boundary, and ends; at the second it ends at once.
+fn stop_signals() -> tokio::sync::watch::Receiver<u32> {
+    let (count, counted) = tokio::sync::watch::channel(0u32);
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        loop {
+            #[cfg(unix)]
+            let signalled = match &mut term {
+                Some(term) => tokio::select! {
+                    r = tokio::signal::ctrl_c() => r.is_ok(),
+                    r = term.recv() => r.is_some(),
+                },
+                None => tokio::signal::ctrl_c().await.is_ok(),
+            };
+            #[cfg(not(unix))]
+            let signalled = tokio::signal::ctrl_c().await.is_ok();
+            // No signal can be listened for: the count stays, and the server runs on.
+            if !signalled {
+                std::future::pending::<()>().await;
             }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+            count.send_modify(|n| *n += 1);
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
+    });
+    counted
 }
 
 /// The server's threads share two malloc arenas, unless `MALLOC_ARENA_MAX` says otherwise.

@@ -18,7 +18,8 @@
 //! - `translate.rs`: how a run's engine events become the stream modes' events;
 //! - `store.rs`: the store endpoints, over the data store `store` nodes use;
 //! - `metrics.rs`: `GET /metrics` in Prometheus's text format;
-//! - `conn.rs`: connections accepted and served (HTTP/1.1), and ended gracefully;
+//! - `conn.rs`: connections accepted and served (HTTP/1.1), closed when idle or too slow, and
+//!   ended gracefully;
 //! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS, the API key;
 //! - `workers.rs`: how many runs execute at once, and the line of pending runs.
 
@@ -41,6 +42,7 @@ mod workers;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -113,24 +115,74 @@ impl Server {
 
     /// Serves on `listener` until `shutdown` resolves; then stops accepting connections, stops
     /// every run at its next step boundary (its checkpoint intact, its thread resumable) and
-    /// returns once every response has ended.
+    /// returns once every run has stopped and every response has ended, or once
+    /// `timeouts.shutdown` has passed.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
+        timeouts: Timeouts,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         // Runs a server before this one left unfinished (stopped, or killed) go on. A store
         // that cannot list them cannot serve anything else either: its requests will say why.
         let _ = control::resume_unfinished(&self.app);
-        let app = self.app.clone();
-        let stop = async move {
-            shutdown.await;
-            app.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
-            for run in threads::lock(&app.runs).values().filter(|r| r.is_active()) {
-                run.stop();
-            }
-        };
-        conn::serve(listener, router(self.app), stop).await;
+        let open = conn::serve(listener, router(self.app.clone()), timeouts, shutdown).await;
+        let app = self.app;
+        // From here on a run that stops stays unfinished in the store, for the next server.
+        app.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        let ended = async { tokio::join!(stop_runs(&app), open.close()) };
+        if tokio::time::timeout(timeouts.shutdown, ended).await.is_err() {
+            // The runs still going are cut off mid-step when the process exits: the next
+            // server runs that step again. Their leases need no release: a holder on this host
+            // whose process is gone is replaced at once.
+            let left = threads::lock(&app.runs).values().filter(|r| r.is_active()).count();
+            tracing::warn!(
+                runs = left,
+                timeout_s = timeouts.shutdown.as_secs_f64(),
+                "stopped waiting for runs to reach a step boundary"
+            );
+        }
+    }
+}
+
+/// How long a server waits on others.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timeouts {
+    /// A request's head, from its first byte: a client slower than this (a slowloris) is cut
+    /// off.
+    pub header_read: Duration,
+    /// A connection with no request in progress, before it is closed.
+    pub idle: Duration,
+    /// Once told to stop: the runs, to reach their next step boundary, and the responses, to
+    /// end.
+    pub shutdown: Duration,
+}
+
+/// Stops every run at its next step boundary and waits until each has ended: its step
+/// checkpointed, its lease released. A run started meanwhile (by a request already being
+/// handled) is stopped in turn.
+async fn stop_runs(app: &Shared) {
+    // Each run is waited for once: one whose task died without recording its end still looks
+    // active, and looking again would spin.
+    let mut waited = std::collections::HashSet::new();
+    loop {
+        let active: Vec<runs::RunRecord> = threads::lock(&app.runs)
+            .values()
+            .filter(|r| r.is_active() && !waited.contains(&r.run_id))
+            .cloned()
+            .collect();
+        if active.is_empty() {
+            return;
+        }
+        for run in &active {
+            run.stop();
+        }
+        for run in active {
+            waited.insert(run.run_id);
+            let mut ended = run.ended;
+            // A closed channel means the run's task is gone.
+            let _ = ended.wait_for(|e| *e).await;
+        }
     }
 }
 

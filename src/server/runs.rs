@@ -908,18 +908,22 @@ fn prune(runs: &mut std::collections::HashMap<String, RunRecord>, keep: usize) {
 /// Records a run's status (and why it failed), in memory and in the store.
 fn set_status(app: &Shared, run_id: &str, status: RunStatus, error: Option<Value>) {
     let now = crate::clock::now();
-    {
+    let (was, cancelled) = {
         let mut runs = lock(&app.runs);
         let Some(r) = runs.get_mut(run_id) else { return };
         // A run that ended before its start was told stays ended.
         if status == RunStatus::Running && r.status != RunStatus::Pending {
             return;
         }
-        r.status = status;
-    }
+        let cancelled = r.cancel.load(std::sync::atomic::Ordering::SeqCst);
+        (std::mem::replace(&mut r.status, status), cancelled)
+    };
     // A run the server stopped as it shuts down stays `running` (or `pending`) in the store: the
-    // next server on this database continues it.
-    if status == RunStatus::Interrupted && app.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+    // next server on this database continues it. One stopped while it waited for its thread's
+    // lease (queued behind another run) ends in an error, but never touched the thread.
+    let stopped =
+        status == RunStatus::Interrupted || (status == RunStatus::Error && was == RunStatus::Pending && cancelled);
+    if stopped && app.stopping.load(std::sync::atomic::Ordering::SeqCst) {
         return;
     }
     // A status that could not be stored leaves the run itself unharmed; only a server

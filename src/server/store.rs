@@ -13,18 +13,52 @@ use super::Shared;
 use super::http::{ApiError, JsonBody};
 use crate::rag::{DataError, memory};
 
-/// Namespace labels as the reference checks them: none empty, none with a period (the GET
-/// endpoint joins them with periods in its query string).
+/// Namespace labels as the reference checks them before it looks at anything else: none
+/// empty, none with a period (the GET endpoint joins them with periods in its query string),
+/// a 422. The unit separator is refused too: the data store joins labels with it.
 fn check(namespace: &[String]) -> Result<(), ApiError> {
-    if namespace
+    if let Some(label) = namespace
         .iter()
-        .any(|l| l.is_empty() || l.contains('.') || l.contains('\u{1f}'))
+        .find(|l| l.is_empty() || l.contains('.') || l.contains('\u{1f}'))
     {
         return Err(ApiError::invalid(format!(
-            "Namespace labels cannot be empty or contain periods. Received: {namespace:?}"
+            "Namespace label '{label}' must be a non-empty string without periods"
         )));
     }
     Ok(())
+}
+
+/// A label with a NUL byte is refused (400), as the reference's store refuses it once the
+/// request is otherwise valid: SQLite's `length()` stops at a NUL, so such a namespace would be
+/// stored and then never found by a prefix search or a listing.
+fn check_nul(namespace: &[String]) -> Result<(), ApiError> {
+    if let Some(label) = namespace.iter().find(|l| l.contains('\0')) {
+        return Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            detail: format!(
+                "Invalid namespace label '{label}' found in {}. Namespace labels cannot contain NUL bytes ('\\x00').",
+                py_tuple(namespace)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The namespace as the reference's message shows it: a Python tuple of its labels.
+fn py_tuple(namespace: &[String]) -> String {
+    let labels: Vec<String> = namespace
+        .iter()
+        .map(|l| {
+            format!(
+                "'{}'",
+                l.replace('\\', "\\\\").replace('\'', "\\'").replace('\0', "\\x00")
+            )
+        })
+        .collect();
+    match labels.as_slice() {
+        [one] => format!("({one},)"),
+        _ => format!("({})", labels.join(", ")),
+    }
 }
 
 fn failed(e: DataError) -> ApiError {
@@ -74,7 +108,18 @@ fn indexing(index: Option<Value>) -> Result<memory::Indexing, ApiError> {
 pub(super) async fn put(State(app): State<Shared>, JsonBody(p): JsonBody<Put>) -> Result<Response, ApiError> {
     check(&p.namespace)?;
     if p.namespace.is_empty() {
-        return Err(ApiError::invalid("namespace must have at least one label"));
+        return Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            detail: "Namespace cannot be empty.".into(),
+        });
+    }
+    check_nul(&p.namespace)?;
+    // The reference stores an empty key, then refuses to GET it ("Key is required") while its
+    // searches list it: refused here, so that every item stored can be read back by its key.
+    if p.key.is_empty() {
+        return Err(ApiError::invalid(
+            "Key cannot be empty: GET /store/items could not read the item back",
+        ));
     }
     let indexing = indexing(p.index)?;
     memory::put_indexed(&app.data, p.namespace, p.key, Value::Object(p.value), p.ttl, &indexing)
@@ -100,6 +145,7 @@ pub(super) async fn get(State(app): State<Shared>, Query(q): Query<GetQuery>) ->
     let Some(key) = q.key.filter(|k| !k.is_empty()) else {
         return Ok((StatusCode::BAD_REQUEST, Json(json!({"error": "Key is required"}))).into_response());
     };
+    check_nul(&namespace)?;
     let item = app
         .data
         .with(move |c| memory::item(c, &namespace, &key, q.refresh_ttl.unwrap_or(true)))
@@ -118,6 +164,7 @@ pub(super) struct Delete {
 /// `DELETE /store/items` with `{namespace, key}`: 204, whether or not the item was there.
 pub(super) async fn delete(State(app): State<Shared>, JsonBody(d): JsonBody<Delete>) -> Result<Response, ApiError> {
     check(&d.namespace)?;
+    check_nul(&d.namespace)?;
     app.data
         .with(move |c| memory::delete(c, &d.namespace, &d.key))
         .await
@@ -143,6 +190,7 @@ pub(super) struct Search {
 /// unless `refresh_ttl` is false.
 pub(super) async fn search(State(app): State<Shared>, JsonBody(s): JsonBody<Search>) -> Result<Json<Value>, ApiError> {
     check(&s.namespace_prefix)?;
+    check_nul(&s.namespace_prefix)?;
     let query = memory::ItemQuery {
         prefix: s.namespace_prefix,
         query: s.query,
@@ -173,6 +221,8 @@ pub(super) async fn namespaces(
 ) -> Result<Json<Value>, ApiError> {
     check(&n.prefix)?;
     check(&n.suffix)?;
+    check_nul(&n.prefix)?;
+    check_nul(&n.suffix)?;
     let found = app
         .data
         .with(move |c| {
