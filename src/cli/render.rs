@@ -49,14 +49,7 @@ impl Renderer {
                     if *resumed { "resuming" } else { "running" }
                 ))
             }
-            Event::StepStart { step, tasks } => Some(format!(
-                "step {step}: {}",
-                tasks
-                    .iter()
-                    .map(|t| crate::engine::task_label(t))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
+            Event::StepStart { step, nodes, .. } => Some(format!("step {step}: {}", nodes.join(", "))),
             Event::NodeEnd {
                 node,
                 duration_ms,

@@ -251,7 +251,7 @@ pub(super) fn history(args: HistoryArgs) -> anyhow::Result<u8> {
                     "step": cp.step,
                     "ran": cp.ran,
                     "changed": cp.changed,
-                    "next": cp.next.iter().map(|t| crate::engine::task_label(&t.task_id)).collect::<Vec<_>>(),
+                    "next": cp.next.iter().map(|t| crate::engine::task_label(&cp.next, t)).collect::<Vec<_>>(),
                     "tasks": cp.next.iter().map(|t| &t.task_id).collect::<Vec<_>>(),
                     "created_at": cp.created_at,
                 })
@@ -270,7 +270,7 @@ pub(super) fn history(args: HistoryArgs) -> anyhow::Result<u8> {
             cp.changed.join(", "),
             cp.next
                 .iter()
-                .map(|t| crate::engine::task_label(&t.task_id))
+                .map(|t| crate::engine::task_label(&cp.next, t))
                 .collect::<Vec<_>>()
                 .join(", "),
             cp.created_at

@@ -112,7 +112,13 @@ impl Engine {
         let branch = run.meta.branch;
         run.meta.source = None;
         run.meta.run = self.options.metadata.as_deref().cloned();
-        let next = self.hold_deferred(&mut run.meta, self.schedule(next, step + 1, branch), step + 1);
+        let thread = run.shared.thread_id.clone();
+        let next = self.hold_deferred(
+            &mut run.meta,
+            self.schedule(next, &thread, step + 1, branch),
+            &thread,
+            step + 1,
+        );
         let cp = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             thread_id: run.shared.thread_id.clone(),
@@ -141,12 +147,7 @@ impl Engine {
                 .node_by_name(&t.node)
                 .and_then(|ix| self.plan.nodes().get_index_of(&ix))
                 .unwrap_or(usize::MAX);
-            let n: usize = t
-                .task_id
-                .rsplit_once('#')
-                .and_then(|(_, n)| n.parse().ok())
-                .unwrap_or(0);
-            (pos, n)
+            pos
         };
         let mut done: Vec<(&TaskSpec, &task::Done)> = outcomes
             .iter()
@@ -203,7 +204,7 @@ impl Engine {
                     .map(|(_, writer, v)| {
                         // Only add_messages gives ids; any other reducer is spared the string.
                         let ids = match channel.reducer {
-                            Reducer::AddMessages => values::message_id(&self.options.message_scope, writer),
+                            Reducer::AddMessages => values::message_id(writer),
                             _ => String::new(),
                         };
                         ((*v).clone(), ids)

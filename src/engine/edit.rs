@@ -129,7 +129,7 @@ impl Engine {
         let state = self.store.state(&thread.thread_id, &cp.versions)?;
         // The step of the checkpoint the command makes: the next one when `goto` runs nodes.
         let written_at = if goto.is_some() { cp.step + 1 } else { cp.step };
-        let writer = super::task_id(UPDATE_TASK, written_at, meta.branch, None);
+        let writer = super::task_id(thread_id, UPDATE_TASK, written_at, meta.branch, None);
         let writes: super::apply::Updates = update
             .iter()
             .map(|(k, v)| (k.as_str(), vec![("input", writer.as_str(), v)]))
@@ -158,7 +158,12 @@ impl Engine {
                 meta.barriers.clear();
                 meta.deferred.clear();
                 let branch = meta.branch;
-                let next = self.hold_deferred(&mut meta, self.schedule(next, cp.step + 2, branch), cp.step + 2);
+                let next = self.hold_deferred(
+                    &mut meta,
+                    self.schedule(next, thread_id, cp.step + 2, branch),
+                    thread_id,
+                    cp.step + 2,
+                );
                 (cp.step + 1, next, Vec::new())
             }
         };
@@ -335,7 +340,7 @@ impl Engine {
         for (key, _, value) in carried {
             state.insert(key.clone(), value.clone());
         }
-        let writer = super::task_id(node, cp.step + 1, meta.branch, None);
+        let writer = super::task_id(&thread.thread_id, node, cp.step + 1, meta.branch, None);
         let writes: super::apply::Updates = values
             .iter()
             .map(|(k, v)| (k.as_str(), vec![(node, writer.as_str(), v)]))
@@ -365,7 +370,12 @@ impl Engine {
         let next: Vec<Next> = pending.chain(next).collect();
         // A deferred node the edit's edges reach waits like one a step reached.
         let branch = meta.branch;
-        let next = self.hold_deferred(meta, self.schedule(next, step + 1, branch), step + 1);
+        let next = self.hold_deferred(
+            meta,
+            self.schedule(next, &thread.thread_id, step + 1, branch),
+            &thread.thread_id,
+            step + 1,
+        );
         let edited = Checkpoint {
             step,
             versions: folded.versions,

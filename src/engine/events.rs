@@ -28,6 +28,9 @@ pub enum Event {
     StepStart {
         step: i64,
         tasks: Vec<String>,
+        /// The tasks' nodes, in the same order (a fan-out item's as `node#index`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        nodes: Vec<String>,
     },
     NodeStart {
         step: i64,

@@ -33,7 +33,8 @@ impl Engine {
             run.skip_before = is_before(gate);
             return Ok(());
         }
-        self.validate_answer(gate, &answer.value, inner.as_deref(), &run.pending)?;
+        let node = gate_node(&run.cp, gate);
+        self.validate_answer(gate, &node, &answer.value, inner.as_deref(), &run.pending)?;
         let task = gate.task_id.clone();
         let writes = vec![
             PendingWrite {
@@ -150,11 +151,11 @@ impl Engine {
     pub(super) fn validate_answer(
         &self,
         waiting: &PendingWrite,
+        node: &str,
         answer: &Value,
         child_to: Option<&str>,
         pending: &[PendingWrite],
     ) -> Result<(), EngineError> {
-        let node = super::task_node(&waiting.task_id);
         let Some(ix) = self.plan.node_by_name(node) else {
             return Ok(());
         };
@@ -186,8 +187,9 @@ impl Engine {
                 let (w, deeper) = engine
                     .addressed_gate(&child_thread, &cp, &waiting_inside, child_to)
                     .map_err(inside)?;
+                let inner_node = gate_node(&cp, w);
                 return engine
-                    .validate_answer(w, answer, deeper.as_deref(), &writes)
+                    .validate_answer(w, &inner_node, answer, deeper.as_deref(), &writes)
                     .map_err(inside);
             }
             return Ok(());
@@ -269,6 +271,18 @@ pub fn recorded_gates(pending: &[PendingWrite]) -> Vec<&PendingWrite> {
 /// `interrupt_after`), which no answer is for.
 pub fn is_pause(w: &PendingWrite) -> bool {
     w.task_id == BEFORE || w.task_id == AFTER
+}
+
+/// Why each task of a checkpoint that failed failed, by task id: `class: message`.
+pub fn task_errors(pending: &[PendingWrite]) -> std::collections::HashMap<String, String> {
+    pending
+        .iter()
+        .filter(|w| w.channel == super::ERROR)
+        .map(|w| {
+            let text = |k: &str| w.value.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+            (w.task_id.clone(), format!("{}: {}", text("class"), text("message")))
+        })
+        .collect()
 }
 
 /// What each finished task of a checkpoint wrote, by task id, from the results stored with it.

@@ -143,8 +143,6 @@ pub struct NodeCtx<'a> {
     pub answered: &'a [Value],
     pub store: &'a Arc<dyn Checkpointer>,
     pub thread_id: &'a str,
-    /// What the ids of the messages this task writes begin with ([`super::RunOptions::message_scope`]).
-    pub message_scope: &'a str,
     /// The lease the run writes under (a subgraph runs its child thread under it).
     pub fence: &'a Fence,
     /// Per node, a validator built on first use and kept by the plan for all its runs.
@@ -176,7 +174,6 @@ impl NodeCtx<'_> {
         .with_options(super::RunOptions {
             lease: super::LeasePolicy::Under(self.fence.clone()),
             as_child: true,
-            message_scope: format!("{}{}/", self.message_scope, self.task_id),
             ..super::RunOptions::default()
         })
     }
@@ -250,7 +247,6 @@ impl NodeCtx<'_> {
             answered: &[],
             store: self.store,
             thread_id: self.thread_id,
-            message_scope: self.message_scope,
             fence: self.fence,
             validators: &validators,
         };

@@ -44,7 +44,9 @@ use crate::providers::Usage;
 use crate::spec::NodeSpec;
 pub use edit::{EditError, Goto, goto_target};
 use events::{Event, Events};
-pub use gates::{CHILD_GATES, CHILD_NODE, CHILD_THREAD, is_pause, recorded_gates, task_results, waiting_gates};
+pub use gates::{
+    CHILD_GATES, CHILD_NODE, CHILD_THREAD, is_pause, recorded_gates, task_errors, task_results, waiting_gates,
+};
 pub use kind::{Kinds, NodeKind};
 pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
 use persist::Persister;
@@ -175,6 +177,8 @@ pub struct RunOutcome {
     /// Every pending interrupt, in plan order (a step may stop at several gates).
     pub interrupts: Vec<Value>,
     pub error: Option<String>,
+    /// The error class of the node failure that failed the run, if one did.
+    pub error_class: Option<String>,
     pub steps: i64,
     /// The thread's usage, every turn and run of it.
     pub usage: Usage,
@@ -245,8 +249,6 @@ pub struct Shared {
     pub end_step: i64,
     /// The run is a subgraph's child, which may hand off to its parent.
     pub as_child: bool,
-    /// What the ids of the messages its tasks write begin with ([`RunOptions::message_scope`]).
-    pub message_scope: String,
 }
 
 /// Runs plans on threads.
@@ -356,34 +358,34 @@ fn is_zero_u32(n: &u32) -> bool {
 /// The node name of a turn's first task, which writes its input (LangGraph's `__start__`).
 pub const START_TASK: &str = "__start__";
 
-/// The node a task runs, from its id ([`task_id`]; builds before ids named the step wrote
-/// the node alone, or `node#i`).
-pub fn task_node(task_id: &str) -> &str {
-    task_id.split([':', '#']).next().unwrap_or(task_id)
+/// A task as people read it: its node, with its fan-out index (`worker#2`) among the tasks of
+/// its node in `tasks` (a step's, in order); the id itself is for machines.
+pub fn task_label(tasks: &[TaskSpec], task: &TaskSpec) -> String {
+    if task.item.is_none() {
+        return task.node.clone();
+    }
+    let index = tasks
+        .iter()
+        .filter(|t| t.node == task.node && t.item.is_some())
+        .position(|t| t.task_id == task.task_id)
+        .unwrap_or(0);
+    format!("{}#{index}", task.node)
 }
 
-/// A task as people read it: its node, with its fan-out index (`worker#2`); the rest of its
-/// id (its step and branch) is where it is listed.
-pub fn task_label(task_id: &str) -> String {
-    let node = task_node(task_id);
-    match task_id.rsplit_once('#') {
-        Some((_, i)) => format!("{node}#{i}"),
-        None => node.to_string(),
-    }
-}
+/// The namespace task ids are derived in.
+const TASK_IDS: uuid::Uuid = uuid::uuid!("2f1f6f2a-8a41-5d1c-9a43-1b6b9f0d7c11");
 
-/// The id of the task running `node` in `step` on `branch` (the `index`th fan-out item of a
-/// `send`): unique within a thread, so interrupts, child threads and the messages a task
-/// writes are told apart across steps and branches, and deterministic, so replays repeat them.
-pub(crate) fn task_id(node: &str, step: i64, branch: u32, index: Option<usize>) -> String {
-    let mut id = format!("{node}:{step}");
-    if branch > 0 {
-        id.push_str(&format!("~{branch}"));
-    }
-    if let Some(i) = index {
-        id.push_str(&format!("#{i}"));
-    }
-    id
+/// The id of the task running `node` in `step` of thread `thread` on `branch` (the `index`th
+/// fan-out item of a `send`): a UUID, unique across threads, namespaces (a subgraph's child
+/// runs on a thread of its own), steps and branches, so interrupts, child threads and the
+/// messages a task writes are told apart everywhere; and derived from those, so a run
+/// replayed on the same thread repeats them.
+pub(crate) fn task_id(thread: &str, node: &str, step: i64, branch: u32, index: Option<usize>) -> String {
+    let name = format!(
+        "{thread}\n{step}\n{branch}\n{node}\n{}",
+        index.map_or(String::new(), |i| i.to_string())
+    );
+    uuid::Uuid::new_v5(&TASK_IDS, name.as_bytes()).to_string()
 }
 
 /// The most extensions stored in a row for one key before a full value.
@@ -407,6 +409,9 @@ const IDX_RESUME: u32 = 1;
 const IDX_DONE: u32 = 2;
 /// Which gate inside a subgraph an answer is for.
 const IDX_RESUME_TO: u32 = 3;
+/// Why a task failed (a record, not a result: the task runs again).
+const IDX_ERROR: u32 = 4;
+const ERROR: &str = "__error__";
 const RESUME_TO: &str = "__resume_to__";
 /// The answers a task has used, one record each from this slot on, in the order given (a gate
 /// that asks several questions reads them all when the last is answered).
@@ -425,10 +430,6 @@ pub struct RunOptions {
     /// The run is a subgraph's child: a handoff ends it and goes to the parent (a workflow run
     /// on its own that hands off fails).
     pub as_child: bool,
-    /// What the ids of the messages this run's tasks write begin with (see
-    /// [`values::message_id`]): empty for a thread of its own; a subgraph's child run has its
-    /// parent task's, so its messages keep their ids in the parent's history.
-    pub message_scope: String,
     /// Nodes this run stops before or after, besides those the workflow declares.
     pub gates: RunGates,
     /// See [`RunRequest::discard_pending`].
@@ -470,6 +471,8 @@ struct Run {
 struct End {
     status: Status,
     error: Option<String>,
+    /// The error class of the failure that ended it, when a node's failure did.
+    error_class: Option<String>,
     interrupts: Vec<Value>,
 }
 
@@ -478,6 +481,7 @@ impl End {
         End {
             status,
             error: None,
+            error_class: None,
             interrupts: Vec::new(),
         }
     }
@@ -597,7 +601,6 @@ impl Engine {
             persist: req.persist,
             force: req.force,
             as_child: false,
-            message_scope: String::new(),
             gates: req.gates.clone(),
             discard_pending: req.discard_pending,
             metadata: req.metadata.clone().map(Arc::new),
@@ -690,6 +693,7 @@ impl Engine {
             self.events.send(Event::StepStart {
                 step,
                 tasks: run.cp.next.iter().map(|t| t.task_id.clone()).collect(),
+                nodes: run.cp.next.iter().map(|t| task_label(&run.cp.next, t)).collect(),
             });
         }
         let span = trace::step(step, run.cp.next.len());
@@ -818,6 +822,7 @@ impl Engine {
             interrupt: end.interrupts.first().cloned(),
             interrupts: end.interrupts,
             error: end.error,
+            error_class: end.error_class,
             steps: cp.step,
             usage: meta.usage,
             turn_usage: meta.turn,

@@ -101,11 +101,27 @@ impl Engine {
             None
         };
         let mut set = JoinSet::new();
-        for args in to_run {
-            set.spawn(start(args));
-        }
-        let mut remaining = set.len() + usize::from(inline.is_some());
+        let mut remaining = to_run.len() + usize::from(inline.is_some());
         let mut deferred = Deferred::default();
+        // Each task is polled once here, in plan order, before it goes to the workers: a task
+        // that needs no waiting (a gate, a `set`) is settled at once, so what such tasks tell
+        // (a gate's interrupt, a write) comes in plan order, as on LangGraph, not in the order
+        // threads happen to finish them. (The first poll's wakers are registered again by the
+        // worker's poll.)
+        for args in to_run {
+            let mut fut = Box::pin(start(args));
+            match futures::poll!(fut.as_mut()) {
+                std::task::Poll::Ready((i, (outcome, duration_ms))) => {
+                    remaining -= 1;
+                    let result = self.settle(run, &cp.next[i], outcome, duration_ms, step, remaining, &mut deferred)?;
+                    self.cache_keep(keys[i].take(), &cp.next[i], &result);
+                    results[i] = Some(result);
+                }
+                std::task::Poll::Pending => {
+                    set.spawn(fut);
+                }
+            }
+        }
         loop {
             let joined = match inline.take() {
                 Some(fut) => Ok(fut.await),
@@ -290,7 +306,7 @@ impl Engine {
                 .get(key)
                 .is_some_and(|c| c.reducer == crate::compile::Reducer::AddMessages)
             {
-                let ids = values::message_id(&self.options.message_scope, task_id);
+                let ids = values::message_id(task_id);
                 *value = values::identify_messages(std::mem::take(value), &ids);
             }
         }
@@ -374,6 +390,14 @@ impl Engine {
                 StepResult::Done(done) if !pending.iter().any(|w| w.task_id == t.task_id && w.channel == DONE) => {
                     Some(encode(&t.task_id, done, &self.plan))
                 }
+                // Why a task failed, for whoever looks at the checkpoint (the task runs again
+                // when the thread is continued: this is no result).
+                StepResult::Failed(e) => Some(vec![PendingWrite {
+                    task_id: t.task_id.clone(),
+                    idx: super::IDX_ERROR,
+                    channel: super::ERROR.into(),
+                    value: json!({"class": e.class.name(), "message": e.message}),
+                }]),
                 _ => None,
             })
             .flatten()
@@ -388,7 +412,7 @@ impl Engine {
 
     /// Turns successors into the tasks of `step` on `branch`: a node triggered several times
     /// runs once; each fan-out item is its own task; tasks are ordered by the plan.
-    pub(super) fn schedule(&self, next: Vec<Next>, step: i64, branch: u32) -> Vec<TaskSpec> {
+    pub(super) fn schedule(&self, next: Vec<Next>, thread: &str, step: i64, branch: u32) -> Vec<TaskSpec> {
         let mut plain: BTreeSet<usize> = BTreeSet::new();
         let mut sends: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
         for n in next {
@@ -411,14 +435,14 @@ impl Engine {
             };
             if plain.contains(&pos) {
                 tasks.push(TaskSpec {
-                    task_id: super::task_id(&node.name, step, branch, None),
+                    task_id: super::task_id(thread, &node.name, step, branch, None),
                     node: node.name.clone(),
                     item: None,
                 });
             }
             for (i, item) in sends.remove(&pos).unwrap_or_default().into_iter().enumerate() {
                 tasks.push(TaskSpec {
-                    task_id: super::task_id(&node.name, step, branch, Some(i)),
+                    task_id: super::task_id(thread, &node.name, step, branch, Some(i)),
                     node: node.name.clone(),
                     item: Some(item),
                 });
@@ -431,7 +455,13 @@ impl Engine {
     /// scheduled: they wait in `meta` and run, once each however often they were triggered,
     /// in the first step that would otherwise run nothing (LangGraph's deferred nodes). `step`
     /// is the step the tasks run in.
-    pub(super) fn hold_deferred(&self, meta: &mut Meta, tasks: Vec<TaskSpec>, step: i64) -> Vec<TaskSpec> {
+    pub(super) fn hold_deferred(
+        &self,
+        meta: &mut Meta,
+        tasks: Vec<TaskSpec>,
+        thread: &str,
+        step: i64,
+    ) -> Vec<TaskSpec> {
         let deferred = |t: &TaskSpec| {
             t.item.is_none()
                 && self
@@ -451,7 +481,7 @@ impl Engine {
             .filter_map(|name| self.plan.node_by_name(&name))
             .map(Next::Node)
             .collect();
-        self.schedule(next, step, meta.branch)
+        self.schedule(next, thread, step, meta.branch)
     }
 
     /// Stops durably before or after `nodes` (`interrupt_before` / `interrupt_after`): the
@@ -527,6 +557,10 @@ pub(super) fn stopped(meta: &mut Meta, outcomes: &[(TaskSpec, StepResult)]) -> O
         })
         .collect();
     if !failed.is_empty() {
+        let class = outcomes.iter().find_map(|(_, o)| match o {
+            StepResult::Failed(e) => Some(e.class.name().to_string()),
+            _ => None,
+        });
         for (_, o) in outcomes {
             match o {
                 StepResult::Done(d) => meta.usage.add(&d.usage),
@@ -534,7 +568,10 @@ pub(super) fn stopped(meta: &mut Meta, outcomes: &[(TaskSpec, StepResult)]) -> O
                 StepResult::Interrupt(_) => {}
             }
         }
-        return Some(End::failed(failed.join("; ")));
+        return Some(End {
+            error_class: class,
+            ..End::failed(failed.join("; "))
+        });
     }
     let interrupts: Vec<Value> = outcomes
         .iter()

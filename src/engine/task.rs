@@ -113,7 +113,6 @@ pub(super) async fn run(
             answered: resume.as_ref().map_or(&[], |r| &r.earlier),
             store: &shared.store,
             thread_id: &shared.thread_id,
-            message_scope: &shared.message_scope,
             fence: &shared.fence,
             validators: &shared.validators,
         };

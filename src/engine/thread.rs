@@ -134,7 +134,6 @@ impl Engine {
             fence: fence.clone(),
             force: self.options.force,
             as_child: self.options.as_child,
-            message_scope: self.options.message_scope.clone(),
             end_step: first_step + limit,
             validators: self.node_validators.clone(),
             plan: self.plan.clone(),
@@ -354,8 +353,14 @@ impl Engine {
             .next
             .iter()
             .map(|t| {
-                let index = t.task_id.rsplit_once('#').and_then(|(_, i)| i.parse().ok());
-                let task_id = super::task_id(&t.node, step + 1, meta.branch, index);
+                let index = t.item.is_some().then(|| {
+                    base.next
+                        .iter()
+                        .filter(|o| o.node == t.node && o.item.is_some())
+                        .position(|o| o.task_id == t.task_id)
+                        .unwrap_or(0)
+                });
+                let task_id = super::task_id(&base.thread_id, &t.node, step + 1, meta.branch, index);
                 (t.task_id.clone(), TaskSpec { task_id, ..t.clone() })
             })
             .collect();
@@ -482,7 +487,7 @@ impl Engine {
         let next = self
             .route_outside(thread, input, state, step, limit, "START", self.plan.entry())
             .map_err(|e| EngineError::Input(format!("routing from START: {e}")))?;
-        Ok(self.schedule(next, step + 1, branch))
+        Ok(self.schedule(next, &thread.thread_id, step + 1, branch))
     }
 
     /// Where `branches` (of START, or of `node`) lead on `state`, outside a run (the start of a
@@ -530,7 +535,6 @@ impl Engine {
             },
             force: false,
             as_child: false,
-            message_scope: self.options.message_scope.clone(),
             end_step: step + 1 + limit,
         };
         let mut next = Vec::new();
@@ -609,7 +613,7 @@ impl Engine {
         meta.turn = Usage::default();
         meta.node_usage.clear();
         meta.run = self.options.metadata.as_deref().cloned();
-        let start_task = super::task_id(super::START_TASK, step, meta.branch, None);
+        let start_task = super::task_id(&thread.thread_id, super::START_TASK, step, meta.branch, None);
         let writes = self.input_fields(input);
         let mut before_meta = meta.clone();
         before_meta.source = Some(Source::Input);
@@ -627,7 +631,7 @@ impl Engine {
         }
         meta.source = None;
         let entry = self.entry_tasks(thread, input, &state, step, limit, meta.branch)?;
-        let next = self.hold_deferred(&mut meta, entry, step + 1);
+        let next = self.hold_deferred(&mut meta, entry, &thread.thread_id, step + 1);
         let after = Checkpoint {
             checkpoint_id: checkpoint::new_id(),
             parent_id: Some(before.checkpoint_id.clone()),

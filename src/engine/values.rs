@@ -488,19 +488,17 @@ fn numeric(reducer: &Reducer, current: Value, update: Value) -> Result<Value, Re
         .ok_or(ReduceError::NotFinite)
 }
 
-/// The id of the message a writer adds without one: `writer` is the task that writes it (its
-/// id names its node, step and branch: `__start__:STEP` for a turn's input, `__update__:STEP`
-/// for a command's update, the node for a state edit as a node), so the id is known before
-/// the write exists (a model call's streamed pieces carry it), differs on every step and
-/// branch (a regenerated reply is a new message), and a replay gives the same. The writer's
-/// first id-less assistant message takes it; its other id-less messages take it with `:1`,
-/// `:2`, … in the order they are written. `scope` is empty on a thread of its own; in a
-/// subgraph's child run it is `TASK/` of the parent's task (after the parent's own scope), so
-/// a child's messages have ids no other turn's messages have and keep them when the child
-/// hands them to its parent (an `agent` node's loop does): the pieces a client saw streamed
-/// and the message stored in the parent share an id.
-pub fn message_id(scope: &str, writer: &str) -> String {
-    format!("msg:{scope}{writer}")
+/// The id of the message a writer adds without one: `writer` is the task that writes it
+/// (`__start__`'s for a turn's input, `__update__`'s for a command's update, the node's for a
+/// state edit as a node); task ids are unique everywhere, so the id is known before the write
+/// exists (a model call's streamed pieces carry it), differs on every thread, step and branch
+/// (a regenerated reply is a new message), and a replay on the same thread gives the same. The
+/// writer's first id-less assistant message takes it; its other id-less messages take it with
+/// `:1`, `:2`, … in the order they are written. A subgraph's child (an `agent` node's loop)
+/// gives its messages ids of its own tasks, which they keep when handed to the parent: the
+/// pieces a client saw streamed and the message stored in the parent share an id.
+pub fn message_id(writer: &str) -> String {
+    format!("msg:{writer}")
 }
 
 /// Whether a message is the model's (an assistant or AI message).
@@ -723,7 +721,7 @@ mod tests {
             .map(|m| m["id"].as_str().unwrap())
             .collect();
         assert_eq!(ids, ["msg:1:t:1", "msg:1:t", "msg:1:t:2"]);
-        assert_eq!(message_id("", "t:1"), "msg:t:1");
+        assert_eq!(message_id("t"), "msg:t");
         // The same writer again (a state edit on the same step): fresh ids, nothing replaced.
         let v = r(
             Reducer::AddMessages,

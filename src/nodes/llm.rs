@@ -352,7 +352,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     let mut usage = Usage::default();
     let node = ctx.node.name.clone();
     let task = ctx.task_id.to_string();
-    let message_id = crate::engine::message_id(ctx.message_scope, ctx.task_id);
+    let message_id = crate::engine::message_id(ctx.task_id);
     let events = ctx.events.clone();
     // Streamed tokens are events like any other: no known secret may pass, even split
     // across two tokens.

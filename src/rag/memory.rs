@@ -355,8 +355,9 @@ pub fn items(c: &Connection, q: &ItemQuery) -> Result<Vec<Value>, DataError> {
         }
         None => {
             let mut stmt = c.prepare_cached(
+                // Oldest first, as LangGraph's store lists what no query ranks.
                 "SELECT namespace, key, value, updated_at, created_at FROM memory
-                 WHERE substr(namespace, 1, length(?1)) = ?1 ORDER BY updated_at DESC, namespace, key",
+                 WHERE substr(namespace, 1, length(?1)) = ?1 ORDER BY created_at, namespace, key",
             )?;
             stmt.query_map(params![ns], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, None))

@@ -206,7 +206,11 @@ pub(super) async fn cancel(
             )));
         }
     };
-    stored(&app, &thread_id, &run_id)?;
+    // Only a run that has not ended can be cancelled: the reference answers 404 for one that
+    // has (it is no longer among the runs that can be).
+    if !stored(&app, &thread_id, &run_id)?.status.is_active() {
+        return Err(no_run(&run_id));
+    }
     let Some(run) = live(&app, &thread_id, &run_id) else {
         // A run of no server now: it has ended (or waits for a server to resume it).
         if rollback {

@@ -116,7 +116,14 @@ fn shown_kwargs(row: &RunRow) -> Value {
     }
     let mut config = k.get("config").and_then(Value::as_object).cloned().unwrap_or_default();
     config.insert("configurable".into(), Value::Object(configurable));
-    config.insert("metadata".into(), row.metadata.clone());
+    let mut metadata = row.metadata.clone();
+    // A run that has started is on its first attempt (runner never retries a whole run).
+    if row.status != RunStatus::Pending
+        && let Value::Object(m) = &mut metadata
+    {
+        m.insert("run_attempt".into(), json!(1));
+    }
+    config.insert("metadata".into(), metadata);
     let stateless = k.get("stateless") == Some(&Value::Bool(true));
     json!({
         "input": field("input"),
@@ -738,9 +745,7 @@ pub(super) async fn start_run(
             // The engine (and with it every sender of its events) is gone before its end is told.
             drop(engine);
             let error = match &outcome {
-                Ok(o) if o.status == Status::Failed => {
-                    Some(json!({"error": "RunError", "message": o.error.clone().unwrap_or_default()}))
-                }
+                Ok(o) if o.status == Status::Failed => Some(super::translate::failure(o)),
                 Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
                 Ok(_) => None,
             };
@@ -779,6 +784,16 @@ pub(super) async fn start_run(
 /// What the stream of the run `row` of `graph` says of it.
 fn run_info(row: &RunRow, graph: &Graph, new_input: bool) -> RunInfo {
     let mut metadata = row.metadata.as_object().cloned().unwrap_or_default();
+    // A run from a given checkpoint says which, as LangGraph's run configuration does.
+    let checkpoint = row.kwargs.get("checkpoint_id").cloned().or_else(|| {
+        row.kwargs
+            .get("checkpoint")
+            .and_then(|c| c.get("checkpoint_id"))
+            .cloned()
+    });
+    if let Some(id) = checkpoint.filter(|c| !c.is_null()) {
+        metadata.insert("checkpoint_id".into(), id);
+    }
     metadata.insert("run_attempt".into(), json!(1));
     metadata.insert("run_id".into(), json!(row.run_id));
     metadata.insert("thread_id".into(), json!(row.thread_id));
@@ -870,6 +885,7 @@ fn never_started(thread_id: &str) -> RunOutcome {
         interrupt: None,
         interrupts: Vec::new(),
         error: None,
+        error_class: None,
         steps: 0,
         usage: Default::default(),
         turn_usage: Default::default(),

@@ -210,6 +210,7 @@ pub(crate) fn state_json(app: &Shared, thread_id: &str, cp: &Checkpoint, head: b
         recorded_interrupts(&writes)
     };
     let results = crate::engine::task_results(&writes);
+    let errors = crate::engine::task_errors(&writes);
     let tasks: Vec<Value> = cp
         .next
         .iter()
@@ -239,7 +240,7 @@ pub(crate) fn state_json(app: &Shared, thread_id: &str, cp: &Checkpoint, head: b
             json!({
                 "id": t.task_id, "name": t.node,
                 "path": [if t.item.is_some() { "__pregel_push" } else { "__pregel_pull" }, t.node],
-                "error": null, "interrupts": mine,
+                "error": errors.get(&t.task_id), "interrupts": mine,
                 "checkpoint": child.then(|| json!({"checkpoint_ns": format!("{}:{}", t.node, t.task_id), "thread_id": thread_id})),
                 "state": null, "result": result,
             })

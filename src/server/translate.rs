@@ -80,6 +80,8 @@ struct Scope {
     head: Option<Checkpoint>,
     /// The checkpoint its run started from.
     start: String,
+    /// Its thread existed before the run (a child run that goes on, rather than starts).
+    resumed: bool,
     /// The step that runs.
     step: i64,
     /// Whether what it starts from was told.
@@ -102,8 +104,6 @@ pub(crate) struct Translate {
     scopes: HashMap<Option<Arc<str>>, Scope>,
     /// The gates the run stopped at, as LangGraph's `Interrupt`s.
     pub interrupts: Vec<Value>,
-    /// The last node error: the `error` event of a failed run names it.
-    error: Option<(String, String)>,
     /// The tasks whose model calls stream, and the id of the message each streams.
     streamed: HashMap<String, String>,
     /// The ids of the run graph's messages a client has had: the input's and those sent since.
@@ -127,7 +127,6 @@ impl Translate {
             plan,
             scopes: HashMap::new(),
             interrupts: Vec::new(),
-            error: None,
             streamed: HashMap::new(),
             sent: HashSet::new(),
             partial: HashMap::new(),
@@ -153,8 +152,9 @@ impl Translate {
             Event::RunStart {
                 thread_id,
                 checkpoint_id,
+                resumed,
                 ..
-            } => self.open(&ns, thread_id, checkpoint_id),
+            } => self.open(&ns, thread_id, checkpoint_id, resumed),
             Event::StepStart { step, .. } => {
                 self.begin_step(&ns, step, shown, &mut out);
             }
@@ -181,7 +181,16 @@ impl Translate {
                 cache_hit,
                 outcome,
                 ..
-            } => self.task_end(&ns, shown, &node, &task_id, writes, cached || cache_hit, outcome, &mut out),
+            } => self.task_end(
+                &ns,
+                shown,
+                &node,
+                &task_id,
+                writes,
+                cached || cache_hit,
+                outcome,
+                &mut out,
+            ),
             Event::Interrupt { task_id, payload, .. } => self.interrupted(&ns, shown, &task_id, &payload, &mut out),
             Event::StateUpdate { values, .. } => {
                 if let Some(s) = self.scopes.get_mut(&ns) {
@@ -190,14 +199,6 @@ impl Translate {
                 }
             }
             Event::StepEnd { checkpoint_id, .. } => self.end_step(&ns, shown, &checkpoint_id, &mut out),
-            Event::Error {
-                node: Some(node),
-                class: Some(class),
-                message,
-            } if ns.is_none() => {
-                let _ = node;
-                self.error = Some((class, message));
-            }
             _ => {}
         }
         out
@@ -205,7 +206,7 @@ impl Translate {
 
     /// A run (the run's own, or a subgraph's child) starts on `thread_id`, from checkpoint
     /// `start`.
-    fn open(&mut self, ns: &Option<Arc<str>>, thread_id: String, start: String) {
+    fn open(&mut self, ns: &Option<Arc<str>>, thread_id: String, start: String, resumed: bool) {
         let Some(plan) = messages::plan_of(&self.plan, ns.as_deref()) else {
             return;
         };
@@ -219,6 +220,7 @@ impl Translate {
                 values: Map::new(),
                 head: None,
                 start,
+                resumed,
                 step: 0,
                 started: false,
                 stopped: HashSet::new(),
@@ -288,12 +290,12 @@ impl Translate {
     /// state it wrote (if it wrote any) and the checkpoint after; a run that goes on shows the
     /// state and the checkpoint it goes on from.
     fn started(&mut self, ns: &Option<Arc<str>>, head: &Checkpoint, out: &mut Out) {
+        let Some(scope) = self.scopes.get(ns) else { return };
         let fresh_input = match ns {
             None => self.run.new_input,
-            // A child run is new when its head is the loop checkpoint right after its input.
-            Some(_) => head.ran.is_empty() && crate::engine::checkpoint_source(head) == Source::Loop && head.step == 0,
+            // A subgraph's child that starts writes its input; one that goes on does not.
+            Some(_) => !scope.resumed && crate::engine::checkpoint_source(head) == Source::Loop,
         };
-        let Some(scope) = self.scopes.get(ns) else { return };
         let values = messages::served_state(scope.values.clone(), &scope.plan);
         if fresh_input {
             let before = head
@@ -329,8 +331,7 @@ impl Translate {
             let first = !self.partial.contains_key(task_id);
             let so_far = self.partial.entry(task_id.to_string()).or_default();
             so_far.push_str(&text);
-            let mut message = chunk(message_id, so_far.clone(), None);
-            message["type"] = json!("ai");
+            let message = partial(message_id, so_far.clone());
             if first {
                 out.push((
                     name("messages/metadata", ns),
@@ -361,10 +362,17 @@ impl Translate {
         outcome: TaskOutcome,
         out: &mut Out,
     ) {
-        self.partial.remove(task_id);
+        let so_far = self.partial.remove(task_id);
         let streamed = self.streamed.remove(task_id);
         if outcome != TaskOutcome::Done {
             return;
+        }
+        // The legacy mode ends a streamed message with it whole, once more.
+        if let (Some(text), Some(id)) = (so_far, &streamed)
+            && shown
+            && self.modes.partial
+        {
+            out.push((name("messages/partial", ns), json!([partial(id, text)])));
         }
         let Some(scope) = self.scopes.get_mut(ns) else { return };
         if scope.stopped.contains(task_id) {
@@ -477,6 +485,24 @@ impl Translate {
         if self.modes.updates {
             out.push((name("updates", ns), json!({"__interrupt__": interrupts.clone()})));
         }
+        if self.modes.tasks || self.modes.debug {
+            let node = self
+                .scopes
+                .get(ns)
+                .and_then(|s| s.head.as_ref())
+                .and_then(|h| h.next.iter().find(|t| t.task_id == task_id))
+                .map(|t| t.node.clone())
+                .unwrap_or_default();
+            let step = self.scopes.get(ns).map_or(0, |s| s.step);
+            let task =
+                json!({"id": task_id, "name": node, "error": null, "result": {}, "interrupts": interrupts.clone()});
+            if self.modes.tasks {
+                out.push((name("tasks", ns), task.clone()));
+            }
+            if self.modes.debug {
+                out.push((name("debug", ns), debug(step, "task_result", task)));
+            }
+        }
         if self.modes.values {
             let Some(scope) = self.scopes.get(ns) else { return };
             let mut values = messages::served_state(scope.values.clone(), &scope.plan);
@@ -538,12 +564,25 @@ impl Translate {
             json!({"source": crate::engine::checkpoint_source(cp).as_str(), "step": cp.step, "parents": parents})
         };
         let config = self.run.configurable(ns_text, &cp.checkpoint_id);
-        let parent_config = cp.parent_id.as_deref().map(|p| self.run.configurable(ns_text, p));
-        let writes = self
-            .store
-            .get_writes(&scope.thread_id, &cp.checkpoint_id)
-            .unwrap_or_default();
-        let pending = super::threads::pending_interrupts(&writes);
+        // A checkpoint the run goes on from shows its parent as stored (an id, no more); one it
+        // made, as the run's.
+        let parent_config = cp.parent_id.as_deref().map(|p| {
+            if stored {
+                json!({"configurable": {"thread_id": self.run.thread_id, "checkpoint_ns": ns_text, "checkpoint_id": p}})
+            } else {
+                self.run.configurable(ns_text, p)
+            }
+        });
+        // A checkpoint just made has no gate records yet, whatever the store holds by now.
+        let pending = if stored {
+            let writes = self
+                .store
+                .get_writes(&scope.thread_id, &cp.checkpoint_id)
+                .unwrap_or_default();
+            super::threads::pending_interrupts(&writes)
+        } else {
+            Vec::new()
+        };
         let child = |t: &TaskSpec| {
             scope.plan.node_by_name(&t.node).is_some_and(|ix| scope.plan.subgraphs().contains_key(&ix)).then(|| {
                 json!({"checkpoint_ns": format!("{}{}:{}", ns_prefix(ns_text), t.node, t.task_id), "thread_id": self.run.thread_id})
@@ -718,13 +757,7 @@ impl Translate {
                     Err(_) => Vec::new(),
                 }
             }
-            Ok(o) if o.status == Status::Failed => {
-                let (error, message) = self
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| ("RunError".into(), o.error.clone().unwrap_or_default()));
-                vec![("error".into(), json!({"error": error, "message": message}))]
-            }
+            Ok(o) if o.status == Status::Failed => vec![("error".into(), failure(o))],
             Ok(_) => Vec::new(),
             Err(e) => vec![(
                 "error".into(),
@@ -732,6 +765,15 @@ impl Translate {
             )],
         }
     }
+}
+
+/// Why a run failed, as its `error` event, its thread's `error` and a wait's `__error__` say
+/// it: the error class of the failure and its message.
+pub(crate) fn failure(o: &RunOutcome) -> Value {
+    json!({
+        "error": o.error_class.clone().unwrap_or_else(|| "RunError".into()),
+        "message": o.error.clone().unwrap_or_default(),
+    })
 }
 
 /// An event's name inside namespace `ns`: `mode|ns`.
@@ -800,6 +842,14 @@ fn chunk(id: &str, text: String, position: Option<&str>) -> Value {
         "additional_kwargs": {}, "response_metadata": {}, "name": null, "tool_calls": [],
         "invalid_tool_calls": [], "tool_call_chunks": [], "usage_metadata": null,
         "chunk_position": position,
+    })
+}
+
+/// The message a streamed reply is so far, as the legacy `messages` mode shows it.
+fn partial(id: &str, text: String) -> Value {
+    json!({
+        "type": "ai", "content": text, "id": id, "additional_kwargs": {}, "response_metadata": {},
+        "name": null, "tool_calls": [], "invalid_tool_calls": [], "usage_metadata": null,
     })
 }
 

@@ -90,6 +90,9 @@ def normalise(value, ids, key=None, parent=None):
             elif k == "event" and isinstance(v, str) and "|" in v:
                 mode, _, ns = v.partition("|")
                 out[k] = mode + "|" + ids.namespace(ns)
+            elif k == "data" and str(value.get("event", "")).startswith("messages/metadata") and isinstance(v, dict):
+                # The legacy mode's metadata, by message id.
+                out[k] = {ids("message", m): normalise(meta, ids, m, v) for m, meta in sorted(v.items())}
             else:
                 out[k] = normalise(v, ids, k, value)
         return out

@@ -350,8 +350,8 @@ fn observe(result: Result<RunOutcome, String>, events: &[Event]) -> Observed {
         match e {
             Event::RunStart { .. } => depth += 1,
             Event::RunEnd { .. } => depth -= 1,
-            Event::StepStart { tasks, .. } if depth == 1 => {
-                path.extend(tasks.iter().map(|t| crate::engine::task_node(t).to_string()));
+            Event::StepStart { nodes, .. } if depth == 1 => {
+                path.extend(nodes.iter().map(|n| n.split('#').next().unwrap_or(n).to_string()));
             }
             _ => {}
         }
@@ -474,6 +474,7 @@ mod tests {
         let step = |tasks: &[&str]| Event::StepStart {
             step: 1,
             tasks: tasks.iter().map(|t| t.to_string()).collect(),
+            nodes: tasks.iter().map(|t| t.to_string()).collect(),
         };
         let events = [
             start(),
