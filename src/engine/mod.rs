@@ -261,6 +261,8 @@ pub struct Engine {
     services: Arc<Services>,
     events: Events,
     cancel: Arc<AtomicBool>,
+    /// Stops the run at once, in the middle of a step (see [`Abort`]).
+    abort: Abort,
     /// Validators of state keys' schemas, each built when a value of its key is first checked.
     validators: Arc<crate::compile::Validators<String>>,
     node_validators: Arc<NodeValidators>,
@@ -417,6 +419,50 @@ const RESUME_TO: &str = "__resume_to__";
 /// that asks several questions reads them all when the last is answered).
 const IDX_ANSWERED: u32 = 16;
 
+/// Stops a run at once: the tasks of the step that runs are dropped where they are (a model
+/// call's request with them), their writes are not kept, and the thread waits at the
+/// checkpoint the step started from, with those tasks still to run. What LangGraph's server
+/// does to a cancelled run. (The cancel flag instead lets the step finish: a graceful stop.)
+#[derive(Clone, Default)]
+pub struct Abort(Arc<AbortState>);
+
+#[derive(Default)]
+struct AbortState {
+    aborted: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Abort {
+    pub fn abort(&self) {
+        self.0.aborted.store(true, Ordering::SeqCst);
+        self.0.notify.notify_waiters();
+    }
+
+    pub fn is_aborted(&self) -> bool {
+        self.0.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the run is aborted.
+    pub async fn aborted(&self) {
+        loop {
+            let notified = self.0.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the flag is read: an abort between the two still wakes it.
+            notified.as_mut().enable();
+            if self.is_aborted() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl std::fmt::Debug for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Abort").field(&self.is_aborted()).finish()
+    }
+}
+
 /// How a run holds its thread, counts its steps and stores its checkpoints, whichever entry
 /// point starts it.
 #[derive(Debug, Clone, Default)]
@@ -518,6 +564,7 @@ impl Engine {
             services,
             events,
             cancel: Arc::new(AtomicBool::new(false)),
+            abort: Abort::default(),
             options: RunOptions::default(),
         }
     }
@@ -530,6 +577,11 @@ impl Engine {
     pub fn with_cancel(mut self, flag: Arc<AtomicBool>) -> Engine {
         self.cancel = flag;
         self
+    }
+
+    /// What stops the run at once, its running tasks dropped (see [`Abort`]).
+    pub fn abort_handle(&self) -> Abort {
+        self.abort.clone()
     }
 
     /// The lease, recursion limit, persist mode and `force` of the runs this engine makes.
@@ -662,7 +714,7 @@ impl Engine {
     /// One superstep: the checks that may stop the run before it, its tasks, and its
     /// checkpoint. `Some` when the run stops.
     async fn superstep(&self, run: &mut Run) -> Result<Option<End>, EngineError> {
-        if self.cancel.load(Ordering::SeqCst) {
+        if self.cancel.load(Ordering::SeqCst) || self.abort.is_aborted() {
             return Ok(Some(End::with(Status::Cancelled)));
         }
         if run.cp.next.is_empty() {
@@ -697,7 +749,18 @@ impl Engine {
             });
         }
         let span = trace::step(step, run.cp.next.len());
-        let (outcomes, deferred) = self.run_step(run, step).instrument(span.clone()).await?;
+        // An abort drops the step's running tasks (and their requests) where they are: their
+        // writes are not kept and the thread waits at the checkpoint the step started from.
+        // What finished before it and was stored stays stored.
+        let stepped = tokio::select! {
+            biased;
+            () = self.abort.aborted() => None,
+            stepped = self.run_step(run, step).instrument(span.clone()) => Some(stepped),
+        };
+        let Some(stepped) = stepped else {
+            return Ok(Some(End::with(Status::Cancelled)));
+        };
+        let (outcomes, deferred) = stepped?;
         // A failure or an interrupt stops here: finished tasks' writes are stored, the last
         // checkpoint is untouched, and the thread resumes from it.
         if let Some(end) = stopped(&mut run.meta, &outcomes) {

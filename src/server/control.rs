@@ -165,11 +165,11 @@ pub(super) async fn join(
         Some(g) => {
             let (values, _) = crate::engine::Engine::pending_state(g.plan.clone(), app.store.clone(), &cp)
                 .map_err(|e| ApiError::internal(e.to_string()))?;
-            super::messages::served_state(values, &g.plan)
+            super::messages::written_state(values, &cp, &g.plan)
         }
         None => app.store.state(&thread_id, &cp.versions)?,
     };
-    let interrupts: Vec<Value> = pending_interrupts(&app.store.get_writes(&thread_id, &cp.checkpoint_id)?)
+    let interrupts: Vec<Value> = pending_interrupts(&cp, &app.store.get_writes(&thread_id, &cp.checkpoint_id)?)
         .into_iter()
         .map(|(_, mut i)| {
             i["response_schema"] = Value::Null;
@@ -188,15 +188,16 @@ pub(super) struct CancelQuery {
     action: Option<String>,
 }
 
-/// Stops the run at its next step boundary. `action=interrupt` (the default) keeps its last
-/// checkpoint (the thread can be continued); `action=rollback` waits for it to stop, then
-/// takes its thread back to where it was before the run and deletes the run. With `wait=1`,
-/// answers once it has stopped.
+/// Cancels the run at once, as LangGraph's server does: its running tasks are dropped where
+/// they are (a model call's request with them) and their writes are not kept. `action=interrupt`
+/// (the default) leaves the thread at the checkpoint the cancelled step started from, waiting
+/// for those tasks; `action=rollback` waits for the run to stop, then takes its thread back to
+/// where it was before the run and deletes the run. With `wait=1`, answers once it has stopped.
 pub(super) async fn cancel(
     State(app): State<Shared>,
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
     Query(q): Query<CancelQuery>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Json<Value>, ApiError> {
     let rollback = match q.action.as_deref() {
         None | Some("interrupt") => false,
         Some("rollback") => true,
@@ -218,18 +219,18 @@ pub(super) async fn cancel(
                 "run {run_id} is not running here: only a running run can be rolled back"
             )));
         }
-        return Ok(StatusCode::NO_CONTENT);
+        return Ok(Json(json!({})));
     };
     if rollback {
         stop(&app, run, true).await?;
-        return Ok(StatusCode::NO_CONTENT);
+        return Ok(Json(json!({})));
     }
-    run.stop();
+    run.cancel();
     if matches!(q.wait.as_deref(), Some("1" | "true")) {
         let mut ended = run.ended;
         let _ = ended.wait_for(|e| *e).await;
     }
-    Ok(StatusCode::NO_CONTENT)
+    Ok(Json(json!({})))
 }
 
 /// Deletes a run that has ended (a running one is a 409: cancel it first).
@@ -268,7 +269,7 @@ pub(super) async fn stop_runs_of(app: &Shared, thread_id: &str, rollback: bool) 
 /// Stops `run` and waits for its end; with `rollback`, then takes its thread back to the
 /// checkpoint it started from (with that checkpoint's writes as they were) and deletes the run.
 async fn stop(app: &Shared, run: RunRecord, rollback: bool) -> Result<(), ApiError> {
-    run.stop();
+    run.cancel();
     let mut ended = run.ended.clone();
     let _ = ended.wait_for(|e| *e).await;
     if !rollback {

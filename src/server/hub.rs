@@ -9,7 +9,7 @@
 //! from their first.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, header};
@@ -159,14 +159,16 @@ pub(super) fn ended() -> Arc<Hub> {
 
 /// Stops the run when its reader is dropped before the end (the client went away).
 pub(super) struct CancelOnDrop {
-    pub flag: Arc<AtomicBool>,
+    pub stopper: super::runs::Stopper,
     pub armed: bool,
 }
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if self.armed {
-            self.flag.store(true, Ordering::SeqCst);
+            // As LangGraph's server cancels a run whose client went away (`on_disconnect:
+            // cancel`): at once.
+            self.stopper.cancel();
         }
     }
 }

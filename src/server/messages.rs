@@ -52,6 +52,21 @@ pub(crate) fn served_state(mut values: Map<String, Value>, plan: &Plan) -> Map<S
     served(values, &keys(plan))
 }
 
+/// A run's final values as `runs.wait` and `join` answer them: the served state without the
+/// keys nothing ever wrote (still at their defaults since the thread's first checkpoint), as
+/// LangGraph's final values have only the channels that were written.
+pub(crate) fn written_state(
+    values: Map<String, Value>,
+    cp: &crate::checkpoint::Checkpoint,
+    plan: &Plan,
+) -> Map<String, Value> {
+    let mut values = served_state(values, plan);
+    values.retain(|k, v| {
+        cp.versions.get(k).is_none_or(|version| *version > 1) || plan.state().get(k).is_none_or(|c| c.default != *v)
+    });
+    values
+}
+
 /// A messages value (a list, or one message) as LangChain dicts.
 pub(crate) fn list(v: Value) -> Value {
     match v {

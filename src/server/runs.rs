@@ -43,10 +43,8 @@ pub(crate) struct RunRecord {
     /// what a rollback goes back to (none: the thread had no checkpoint, and a rollback deletes
     /// them all).
     pub rollback_to: Option<(String, Vec<crate::checkpoint::PendingWrite>)>,
-    /// Stops the run at its next step boundary.
-    pub cancel: Arc<AtomicBool>,
-    /// Wakes the run while it waits for a worker, to end it without starting (see [`Self::stop`]).
-    pub wake: Arc<tokio::sync::Notify>,
+    /// What stops it.
+    pub stopper: Stopper,
     /// Becomes true once the run's end is recorded.
     pub ended: tokio::sync::watch::Receiver<bool>,
     /// Its frames, while readers may join it.
@@ -60,11 +58,52 @@ impl RunRecord {
         self.status.is_active()
     }
 
-    /// Stops the run: a running one at its next step boundary, a pending one at once.
+    /// Stops the run gracefully: a running one at its next step boundary (its running tasks
+    /// finish and are stored), a pending one at once.
     pub(super) fn stop(&self) {
-        self.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stopper.stop();
+    }
+
+    /// Cancels the run (the API's cancel): a running one at once, its running tasks dropped
+    /// where they are; a pending one before it starts.
+    pub(super) fn cancel(&self) {
+        self.stopper.cancel();
+    }
+}
+
+/// What stops a run: the engine's cancel flag (at the next step boundary), its abort (at
+/// once), and what wakes it while it waits for a worker.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stopper {
+    flag: Arc<AtomicBool>,
+    abort: crate::engine::Abort,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl Stopper {
+    fn of(engine: &Engine) -> Stopper {
+        Stopper {
+            flag: engine.cancel_flag(),
+            abort: engine.abort_handle(),
+            wake: Arc::default(),
+        }
+    }
+
+    /// At the next step boundary.
+    pub(crate) fn stop(&self) {
+        self.flag.store(true, std::sync::atomic::Ordering::SeqCst);
         // Kept until the run looks, if it is not waiting yet.
         self.wake.notify_one();
+    }
+
+    /// At once.
+    pub(crate) fn cancel(&self) {
+        self.abort.abort();
+        self.stop();
+    }
+
+    fn stopped(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -192,8 +231,7 @@ pub(super) struct Queued {
     stateless: bool,
     events: Receiver,
     done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
-    cancel: Arc<AtomicBool>,
-    wake: Arc<tokio::sync::Notify>,
+    stopper: Stopper,
     release: oneshot::Sender<()>,
     modes: Modes,
     cancel_on_disconnect: bool,
@@ -203,16 +241,14 @@ pub(super) struct Queued {
 /// Stops a run whose client went away while it waited for the run to start, unless disarmed
 /// (the run started) or the client said `on_disconnect: continue`.
 struct Abandoned {
-    cancel: Arc<AtomicBool>,
-    wake: Arc<tokio::sync::Notify>,
+    stopper: Stopper,
     armed: bool,
 }
 
 impl Drop for Abandoned {
     fn drop(&mut self) {
         if self.armed {
-            self.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
-            self.wake.notify_one();
+            self.stopper.cancel();
         }
     }
 }
@@ -230,16 +266,14 @@ impl Queued {
             stateless,
             mut events,
             mut done,
-            cancel,
-            wake,
+            stopper,
             release,
             modes,
             cancel_on_disconnect,
             info,
         } = self;
         let mut abandoned = Abandoned {
-            cancel: cancel.clone(),
-            wake,
+            stopper: stopper.clone(),
             armed: cancel_on_disconnect,
         };
         let first = tokio::select! {
@@ -272,7 +306,7 @@ impl Queued {
             first,
             events,
             done,
-            cancel,
+            stopper,
             release,
             modes,
             cancel_on_disconnect,
@@ -295,7 +329,7 @@ pub(super) struct Started {
     pub first: Envelope,
     pub events: Receiver,
     pub done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
-    cancel: Arc<AtomicBool>,
+    stopper: Stopper,
     /// Dropped once the stream or the wait is done reading the run's thread: a thread of the
     /// run's own is deleted then.
     pub release: oneshot::Sender<()>,
@@ -364,7 +398,7 @@ fn answer(
     resume: Value,
 ) -> Result<Answered, ApiError> {
     let pending: Vec<String> = match head {
-        Some(cp) => pending_interrupts(&app.store.get_writes(thread_id, &cp.checkpoint_id)?)
+        Some(cp) => pending_interrupts(cp, &app.store.get_writes(thread_id, &cp.checkpoint_id)?)
             .into_iter()
             .filter_map(|(_, i)| i.get("id").and_then(Value::as_str).map(str::to_string))
             .collect(),
@@ -680,8 +714,7 @@ pub(super) async fn start_run(
     request.metadata = Some(stamped);
     let (events, rx) = Events::channel();
     let engine = Engine::new(graph.plan.clone(), app.store.clone(), services, events);
-    let cancel = engine.cancel_flag();
-    let wake = Arc::new(tokio::sync::Notify::new());
+    let stopper = Stopper::of(&engine);
     let (ended_tx, ended_rx) = tokio::sync::watch::channel(false);
     {
         let mut runs = lock(&app.runs);
@@ -692,8 +725,7 @@ pub(super) async fn start_run(
                 run_id: run_id.clone(),
                 thread_id: thread_id.clone(),
                 status: RunStatus::Pending,
-                cancel: cancel.clone(),
-                wake: wake.clone(),
+                stopper: stopper.clone(),
                 ended: ended_rx,
                 hub: None,
                 rollback_to,
@@ -716,7 +748,7 @@ pub(super) async fn start_run(
     // not inherit the current span by itself.
     let parent = tracing::Span::current();
     let request_thread = thread_id.clone();
-    let woken = wake.clone();
+    let woken = stopper.wake.clone();
     // Boxed: the task holds what it was given for as long as it lives.
     let request = Box::new(request);
     tokio::spawn(
@@ -746,6 +778,11 @@ pub(super) async fn start_run(
             drop(engine);
             let error = match &outcome {
                 Ok(o) if o.status == Status::Failed => Some(super::translate::failure(o)),
+                // Cancelled: the thread waits where the run stopped, and says why.
+                Ok(o) if o.status == Status::Cancelled => Some(json!({
+                    "error": "UserInterrupt",
+                    "message": format!("the run was cancelled (POST /threads/{}/runs/{ended_run}/cancel)", o.thread_id),
+                })),
                 Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
                 Ok(_) => None,
             };
@@ -772,8 +809,7 @@ pub(super) async fn start_run(
         stateless,
         events: rx,
         done,
-        cancel,
-        wake,
+        stopper,
         release,
         modes,
         cancel_on_disconnect: req.on_disconnect.as_deref() != Some("continue"),
@@ -931,7 +967,7 @@ fn set_status(app: &Shared, run_id: &str, status: RunStatus, error: Option<Value
         if status == RunStatus::Running && r.status != RunStatus::Pending {
             return;
         }
-        let cancelled = r.cancel.load(std::sync::atomic::Ordering::SeqCst);
+        let cancelled = r.stopper.stopped();
         (std::mem::replace(&mut r.status, status), cancelled)
     };
     // A run the server stopped as it shuts down stays `running` (or `pending`) in the store: the
@@ -998,7 +1034,7 @@ fn stream_response(app: Shared, s: Started) -> Response {
         ]
     };
     let guard = CancelOnDrop {
-        flag: s.cancel.clone(),
+        stopper: s.stopper.clone(),
         armed: s.cancel_on_disconnect,
     };
     let hub = hub::feed(&app, s);
@@ -1022,7 +1058,7 @@ async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
         Some(cp) => {
             let (values, _) = Engine::pending_state(s.graph.plan.clone(), app.store.clone(), &cp)
                 .map_err(|e| ApiError::internal(e.to_string()))?;
-            super::messages::served_state(values, &s.graph.plan)
+            super::messages::written_state(values, &cp, &s.graph.plan)
         }
         None => translate.values(),
     };
@@ -1106,8 +1142,7 @@ mod tests {
             run_id: run_id.into(),
             thread_id: "t".into(),
             status,
-            cancel: Arc::default(),
-            wake: Arc::default(),
+            stopper: Stopper::default(),
             ended: tokio::sync::watch::channel(false).1,
             hub: None,
             rollback_to: None,

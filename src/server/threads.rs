@@ -42,19 +42,21 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The gates `writes` (a checkpoint's records) wait at, as LangGraph's `Interrupt`s `{id,
-/// value}`, each with the task it stopped (a subgraph's task stands for each gate its child
-/// waits at). Pauses before or after nodes are no interrupts.
-pub(crate) fn pending_interrupts(writes: &[PendingWrite]) -> Vec<(String, Value)> {
-    shown(crate::engine::waiting_gates(writes))
+/// The gates `writes` (the records of checkpoint `cp`) wait at, as LangGraph's `Interrupt`s
+/// `{id, value}`, each with the task it stopped (a subgraph's task stands for each gate its
+/// child waits at), in the order of `cp`'s tasks. Pauses before or after nodes are no
+/// interrupts.
+pub(crate) fn pending_interrupts(cp: &Checkpoint, writes: &[PendingWrite]) -> Vec<(String, Value)> {
+    shown(cp, crate::engine::waiting_gates(writes))
 }
 
-/// Every interrupt recorded on a checkpoint, answered or not: what a thread's history shows.
-pub(crate) fn recorded_interrupts(writes: &[PendingWrite]) -> Vec<(String, Value)> {
-    shown(crate::engine::recorded_gates(writes))
+/// Every interrupt recorded on checkpoint `cp`, answered or not: what a thread's history shows.
+pub(crate) fn recorded_interrupts(cp: &Checkpoint, writes: &[PendingWrite]) -> Vec<(String, Value)> {
+    shown(cp, crate::engine::recorded_gates(writes))
 }
 
-fn shown(gates: Vec<&PendingWrite>) -> Vec<(String, Value)> {
+fn shown(cp: &Checkpoint, mut gates: Vec<&PendingWrite>) -> Vec<(String, Value)> {
+    gates.sort_by_key(|w| cp.next.iter().position(|t| t.task_id == w.task_id));
     gates
         .into_iter()
         .filter(|w| !crate::engine::is_pause(w))
@@ -111,6 +113,9 @@ pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>
         (Some(meta), None) => (meta, "idle"),
     };
     let runs = app.store.list_runs(Some(thread_id), &[])?;
+    // A thread a run has touched (its record updated since it was made) shows its run
+    // configuration, even if that run was rolled back since.
+    let touched = !runs.is_empty() || meta.updated_at != meta.created_at;
     let mut out = json!({
         "thread_id": thread_id,
         "created_at": meta.created_at,
@@ -124,19 +129,21 @@ pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>
     if let Some(cp) = &cp {
         out["state_updated_at"] = json!(cp.created_at);
     }
+    if touched {
+        out["config"] = json!({"configurable": {}});
+    }
     if runs.is_empty() {
         if cp.is_none() {
             out["values"] = Value::Null;
         }
         return Ok(Some(out));
     }
-    out["config"] = json!({"configurable": {}});
     let (values, interrupts) = match &cp {
         Some(cp) => {
             let (values, _) = head_state(app, graph.as_deref(), cp)?;
             let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
             let mut by_task = Map::new();
-            for (task, i) in pending_interrupts(&writes) {
+            for (task, i) in pending_interrupts(cp, &writes) {
                 match by_task.entry(task).or_insert_with(|| json!([])) {
                     Value::Array(list) => list.push(i),
                     _ => {}
@@ -148,9 +155,18 @@ pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>
     };
     out["values"] = values;
     out["interrupts"] = Value::Object(interrupts);
-    // A thread whose last run failed shows why.
+    // A thread whose last run failed shows why; one whose last run was cancelled waits where
+    // it stopped, interrupted, and says so.
+    let last = runs.last();
+    let cancelled = status == "idle"
+        && last.is_some_and(|r| r.status == crate::checkpoint::RunStatus::Interrupted)
+        && cp.as_ref().is_some_and(|cp| !cp.next.is_empty());
+    if cancelled && !busy {
+        out["status"] = json!("interrupted");
+    }
     out["error"] = match status {
-        "error" => runs.last().and_then(|r| r.error.clone()).unwrap_or(Value::Null),
+        "error" => last.and_then(|r| r.error.clone()).unwrap_or(Value::Null),
+        _ if cancelled => last.and_then(|r| r.error.clone()).unwrap_or(Value::Null),
         _ => Value::Null,
     };
     Ok(Some(out))
@@ -205,9 +221,9 @@ pub(crate) fn state_json(app: &Shared, thread_id: &str, cp: &Checkpoint, head: b
     };
     let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
     let interrupts = if head {
-        pending_interrupts(&writes)
+        pending_interrupts(cp, &writes)
     } else {
-        recorded_interrupts(&writes)
+        recorded_interrupts(cp, &writes)
     };
     let results = crate::engine::task_results(&writes);
     let errors = crate::engine::task_errors(&writes);
@@ -369,9 +385,9 @@ pub(super) async fn state(State(app): State<Shared>, UrlPath(id): UrlPath<String
     match app.store.get_checkpoint(&id, None)? {
         Some(cp) => Ok(Json(state_json(&app, &id, &cp, true)?)),
         None if exists(&app, &id)? => Ok(Json(json!({
-            "values": {}, "next": [], "tasks": [], "metadata": {}, "created_at": null,
-            "checkpoint": {"checkpoint_id": null, "thread_id": id, "checkpoint_ns": ""},
-            "parent_checkpoint": null, "interrupts": [], "checkpoint_id": null, "parent_checkpoint_id": null,
+            "values": {}, "next": [], "tasks": [], "metadata": null, "created_at": null,
+            "checkpoint": null, "parent_checkpoint": null, "interrupts": [], "checkpoint_id": null,
+            "parent_checkpoint_id": null,
         }))),
         None => Err(no_thread(&id)),
     }

@@ -573,13 +573,20 @@ impl Translate {
                 self.run.configurable(ns_text, p)
             }
         });
-        // A checkpoint just made has no gate records yet, whatever the store holds by now.
-        let pending = if stored {
+        // A checkpoint just made has no gate records yet, whatever the store holds by now; one
+        // the run goes on from shows those it stopped at (the one being answered too).
+        let pending: Vec<(String, Value)> = if stored {
             let writes = self
                 .store
                 .get_writes(&scope.thread_id, &cp.checkpoint_id)
                 .unwrap_or_default();
-            super::threads::pending_interrupts(&writes)
+            super::threads::recorded_interrupts(cp, &writes)
+                .into_iter()
+                .map(|(task, mut i)| {
+                    i["response_schema"] = Value::Null;
+                    (task, i)
+                })
+                .collect()
         } else {
             Vec::new()
         };

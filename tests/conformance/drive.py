@@ -136,14 +136,19 @@ class Scenario:
         return result, {"result": events}
 
     async def wait_status(self, args, step):
-        """Polls a run until its status is one of `statuses`."""
+        """Polls a run (the thread's newest, without `run_id`) until its status is one of
+        `statuses`."""
         deadline = time.monotonic() + step.get("timeout", 30)
         while True:
-            run = await self.client.runs.get(args["thread_id"], args["run_id"])
+            if "run_id" in args:
+                run = await self.client.runs.get(args["thread_id"], args["run_id"])
+            else:
+                runs = await self.client.runs.list(args["thread_id"])
+                run = runs[0] if runs else {"status": "none", "run_id": None}
             if run["status"] in step["statuses"]:
                 return run, {"result": run["status"]}
             if time.monotonic() > deadline:
-                raise Failed(f"run {args['run_id']} stayed {run['status']}, not {step['statuses']}")
+                raise Failed(f"run {run['run_id']} stayed {run['status']}, not {step['statuses']}")
             await asyncio.sleep(0.05)
 
 

@@ -91,7 +91,7 @@ def start_reference(out: Path) -> Server:
 
 def start_runner(runner: str, out: Path) -> Server:
     db = out / "runner.db"
-    for f in out.glob("runner.db*"):
+    for f in [*out.glob("runner.db*"), *out.glob("data.db*")]:
         f.unlink()
     cmd = [runner, "serve", str(HERE / "workflows"), "--mock", str(HERE / "mock.yaml"), "--db", str(db),
            "--data-db", str(out / "data.db"), "--port", str(free_port())]

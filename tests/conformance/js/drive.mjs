@@ -563,11 +563,19 @@ class Scenario {
 
   /** Polls a run until its status is one of `statuses`. */
   async waitStatus(args, step) {
+    // The run named, or (without run_id) the thread's newest.
     const deadline = Date.now() + (step.timeout ?? 30) * 1000;
     for (;;) {
-      const run = await this.client.runs.get(args.thread_id, args.run_id, { signal: this.signal });
+      // Without run_id: the thread's newest run.
+      let run;
+      if (args.run_id !== undefined) {
+        run = await this.client.runs.get(args.thread_id, args.run_id, { signal: this.signal });
+      } else {
+        const runs = await this.client.runs.list(args.thread_id, { signal: this.signal });
+        run = runs[0] ?? { status: "none", run_id: null };
+      }
       if (step.statuses.includes(run.status)) return [run, { result: run.status }];
-      if (Date.now() > deadline) throw new Failed(`run ${args.run_id} stayed ${run.status}, not ${JSON.stringify(step.statuses)}`);
+      if (Date.now() > deadline) throw new Failed(`run ${run.run_id} stayed ${run.status}, not ${JSON.stringify(step.statuses)}`);
       await sleep(50, this.signal);
     }
   }
