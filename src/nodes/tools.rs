@@ -389,17 +389,32 @@ async fn decided(
                 arguments: args.to_string(),
                 ..call.clone()
             };
-            answer(ctx, mcp, config, &edited).await
+            let (mut message, usage) = answer(ctx, mcp, config, &edited).await?;
+            // The model's own message still shows the call it made: its result says that a
+            // person changed the call, so that the model does not make it again.
+            if let Some(Value::String(text)) = message.get_mut("content") {
+                *text = format!(
+                    "A person reviewing your call changed it before it ran, on purpose: `{}` ran with {} \
+                     instead of the arguments you gave. Do not call it again with yours.\n\nTool response:\n{text}",
+                    call.name, edited.arguments
+                );
+            }
+            Ok((message, usage))
         }
         Some(Decision::Respond(text)) => reply(text.clone(), "success"),
-        Some(Decision::Reject(Some(why))) => reply(
-            format!("The person reviewing this call of `{}` rejected it: {why}", call.name),
-            "error",
-        ),
-        Some(Decision::Reject(None)) => reply(
-            format!("The person reviewing this call of `{}` chose not to run it.", call.name),
-            "error",
-        ),
+        Some(Decision::Reject(why)) => {
+            let content = match why {
+                Some(why) => format!("The person reviewing this call of `{}` rejected it: {why}", call.name),
+                None => format!("The person reviewing this call of `{}` chose not to run it.", call.name),
+            };
+            let (mut message, usage) = reply(content, "error")?;
+            // As LangChain's review marks the message, for clients that show decisions.
+            message["additional_kwargs"] = json!({
+                "lc_source": "hitl_interrupt_decision",
+                "lc_data": {"decision": "reject"},
+            });
+            Ok((message, usage))
+        }
     }
 }
 

@@ -661,6 +661,7 @@ pub(super) async fn start_run(
         .store
         .get_thread_meta(&thread_id)?
         .unwrap_or_else(|| new_meta(&thread_id, Map::new()));
+    let thread_metadata = meta.metadata.as_object().cloned().unwrap_or_default();
     if let Value::Object(m) = &mut meta.metadata {
         m.insert("graph_id".into(), json!(graph.graph_id));
         m.insert("assistant_id".into(), json!(graph.assistant_id));
@@ -707,8 +708,10 @@ pub(super) async fn start_run(
     app.store.put_run(&row)?;
     let run_id = row.run_id.clone();
     let info = run_info(&row, &graph, new_input);
-    // What each checkpoint the run makes keeps of it, as LangGraph's checkpoint metadata.
-    let mut stamped = info.metadata.clone();
+    // What each checkpoint the run makes keeps of it, as LangGraph's checkpoint metadata: the
+    // thread's metadata as the run found it, then the run's own.
+    let mut stamped = thread_metadata;
+    stamped.extend(info.metadata.clone());
     stamped.insert("user_id".into(), json!(""));
     stamped.insert("langgraph_auth_user_id".into(), json!(""));
     request.metadata = Some(stamped);
@@ -767,10 +770,18 @@ pub(super) async fn start_run(
                 // Cancelled while it waited: it ends without having run (or touched its thread).
                 None => Ok(never_started(&request_thread)),
                 Some(_worker) => match edit {
-                    Some((update, goto)) => match engine.command(&request_thread, update, goto).await {
-                        Ok(_) => engine.run(*request).await,
-                        Err(e) => Err(e),
-                    },
+                    Some((update, goto)) => {
+                        // The command's checkpoint is the run's: it keeps the run's metadata.
+                        let commanding = engine.clone().with_options(crate::engine::RunOptions {
+                            lease: request.lease.clone(),
+                            metadata: request.metadata.clone().map(Arc::new),
+                            ..Default::default()
+                        });
+                        match commanding.command(&request_thread, update, goto).await {
+                            Ok(_) => engine.run(*request).await,
+                            Err(e) => Err(e),
+                        }
+                    }
                     None => engine.run(*request).await,
                 },
             };
@@ -781,7 +792,7 @@ pub(super) async fn start_run(
                 // Cancelled: the thread waits where the run stopped, and says why.
                 Ok(o) if o.status == Status::Cancelled => Some(json!({
                     "error": "UserInterrupt",
-                    "message": format!("the run was cancelled (POST /threads/{}/runs/{ended_run}/cancel)", o.thread_id),
+                    "message": "interrupt requested via POST /threads/{thread_id}/runs/{run_id}/cancel",
                 })),
                 Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
                 Ok(_) => None,

@@ -427,6 +427,10 @@ fn history(app: &Shared, id: &str, q: HistoryQuery) -> Result<Json<Value>, ApiEr
     if !exists(app, id)? {
         return Err(no_thread(id));
     }
+    // A thread no run has touched yet has no checkpoints: its history is empty.
+    if app.store.get_checkpoint(id, None)?.is_none() {
+        return Ok(Json(json!([])));
+    }
     let before = q
         .before
         .as_ref()

@@ -343,9 +343,7 @@ impl Translate {
         if self.modes.messages {
             out.push((name("messages", ns), json!([chunk(message_id, text, None), meta])));
         }
-        if ns.is_none() {
-            self.sent.insert(message_id.to_string());
-        }
+        self.sent.insert(message_id.to_string());
         self.streamed.insert(task_id.to_string(), message_id.to_string());
     }
 
@@ -393,9 +391,7 @@ impl Translate {
                 json!([chunk(&id, String::new(), Some("last")), meta]),
             ));
         }
-        if ns.is_none() {
-            self.whole_messages(node, task_id, &writes, out);
-        }
+        self.whole_messages(ns, node, task_id, &writes, out);
         let update = if writes.is_empty() {
             Value::Null
         } else {
@@ -424,16 +420,25 @@ impl Translate {
         }
     }
 
-    /// `messages` events for the messages a task of the run's graph wrote that the client has
-    /// not had, whole: LangGraph sends what a node writes without streaming it as one complete
-    /// message (the legacy mode as `messages/complete` after its `messages/metadata`).
-    fn whole_messages(&mut self, node: &str, task_id: &str, writes: &Map<String, Value>, out: &mut Out) {
+    /// `messages` events for the messages a shown task (of namespace `ns`) wrote that the
+    /// client has not had, whole: LangGraph sends what a node writes without streaming it as
+    /// one complete message (the legacy mode as `messages/complete` after its
+    /// `messages/metadata`). A message sent once, inside a subgraph or at the top, is not sent
+    /// again when the node around the subgraph writes it.
+    fn whole_messages(
+        &mut self,
+        ns: &Option<Arc<str>>,
+        node: &str,
+        task_id: &str,
+        writes: &Map<String, Value>,
+        out: &mut Out,
+    ) {
         if !(self.modes.messages || self.modes.partial) {
             return;
         }
         let keys = self
             .scopes
-            .get(&None)
+            .get(ns)
             .map(|s| s.message_keys.clone())
             .unwrap_or_default();
         let fresh: Vec<Value> = keys
@@ -452,16 +457,16 @@ impl Translate {
             if !self.sent.insert(id.clone()) {
                 continue;
             }
-            let meta = self.message_meta(&None, node, task_id, false);
+            let meta = self.message_meta(ns, node, task_id, false);
             if self.modes.partial {
                 out.push((
-                    "messages/metadata".into(),
+                    name("messages/metadata", ns),
                     json!({ id.as_str(): {"metadata": meta.clone()} }),
                 ));
-                out.push(("messages/complete".into(), json!([m.clone()])));
+                out.push((name("messages/complete", ns), json!([m.clone()])));
             }
             if self.modes.messages {
-                out.push(("messages".into(), json!([m, meta])));
+                out.push((name("messages", ns), json!([m, meta])));
             }
         }
     }

@@ -4,6 +4,7 @@ nodes, writing the same values, in the same order. The model is scripted from ..
 the same script `runner serve --mock` reads, so both servers stream the same replies."""
 
 import asyncio
+import json
 import operator
 import os
 from typing import Annotated, Any, TypedDict
@@ -284,15 +285,33 @@ def define(word: str) -> str:
     return _reply([HumanMessage(f"Look up {word}")])["text"]
 
 
-_agent = create_agent(model, tools=[define], middleware=[HumanInTheLoopMiddleware(interrupt_on={"define": True})])
+def _review_description(tool_call, state, runtime):
+    # The twin's wording of a review's request (runner's default), so that what differs in
+    # a review is its shape, not its prose.
+    args = json.dumps(tool_call["args"], separators=(",", ":"))
+    return (f"The model calls `{tool_call['name']}` with {args}. "
+            "Approve it, edit its arguments, reject it, or answer in its place.")
+
+
+_agent = create_agent(model, tools=[define], middleware=[HumanInTheLoopMiddleware(
+    interrupt_on={"define": {"allowed_decisions": ["approve", "edit", "reject", "respond"],
+                             "description": _review_description}})])
 
 
 class Agentic(TypedDict, total=False):
     messages: Annotated[list, add_messages]
 
 
+def _agent_node(state: Agentic, config):
+    # As runner's agent node writes: only the messages the agent added (a compiled agent
+    # added as a node would return the whole conversation, which add_messages dedupes).
+    out = _agent.invoke({"messages": state["messages"]}, config)
+    seen = {m.id for m in state["messages"]}
+    return {"messages": [m for m in out["messages"] if m.id not in seen]}
+
+
 _b = StateGraph(Agentic)
-_b.add_node("agent", _agent)
+_b.add_node("agent", _agent_node)
 _b.add_edge(START, "agent")
 _b.add_edge("agent", END)
 agent = _b.compile()
