@@ -48,13 +48,20 @@ impl Run {
         out
     }
 
+    /// The tasks that ran, as people read them (`node`, `worker#2`): each task's label is what
+    /// its step's start said of it.
     fn ran(&self) -> Vec<String> {
+        let mut labels = std::collections::HashMap::new();
         self.events
             .iter()
             .filter_map(|e| match e {
+                Event::StepStart { tasks, nodes, .. } => {
+                    labels.extend(tasks.iter().cloned().zip(nodes.iter().cloned()));
+                    None
+                }
                 Event::NodeEnd {
                     task_id, cached: false, ..
-                } => Some(runner::engine::task_label(task_id)),
+                } => Some(labels.get(task_id).cloned().expect("a task its step started")),
                 _ => None,
             })
             .collect()

@@ -18,6 +18,7 @@ mod checkpoint;
 mod cli;
 mod cli_run;
 mod compile;
+mod conformance;
 mod context;
 mod crash;
 mod engine;

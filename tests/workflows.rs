@@ -105,11 +105,11 @@ fn tasks_of<'a>(events: impl IntoIterator<Item = &'a Value>) -> Vec<Vec<String>>
         .into_iter()
         .filter(|e| e["type"] == "step_start")
         .map(|e| {
-            e["tasks"]
+            e["nodes"]
                 .as_array()
-                .expect("step_start lists its tasks")
+                .expect("step_start names its tasks' nodes")
                 .iter()
-                .map(|t| runner::engine::task_label(t.as_str().expect("a task id")))
+                .map(|t| t.as_str().expect("a node").to_string())
                 .collect()
         })
         .collect()

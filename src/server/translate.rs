@@ -436,11 +436,7 @@ impl Translate {
         if !(self.modes.messages || self.modes.partial) {
             return;
         }
-        let keys = self
-            .scopes
-            .get(ns)
-            .map(|s| s.message_keys.clone())
-            .unwrap_or_default();
+        let keys = self.scopes.get(ns).map(|s| s.message_keys.clone()).unwrap_or_default();
         let fresh: Vec<Value> = keys
             .iter()
             .filter_map(|k| writes.get(k))

@@ -148,24 +148,28 @@ def main() -> int:
     scenarios.write_text(json.dumps(yaml.safe_load((HERE / "scenarios.yaml").read_text())))
     sdks = ["python"] + (["js"] if args.js else [])
     started = time.monotonic()
-    servers = []
+    # Each client gets its own pair of servers, so that the clients drive at the same time
+    # without one's threads showing in the other's searches.
+    pairs = {}
     flows_failed = False
     try:
-        servers = [start_reference(out), start_runner(args.runner, out)]
-        print(f"servers up in {time.monotonic() - started:.1f} s", flush=True)
         for sdk in sdks:
-            procs = [drive(sdk, s, scenarios, out, args.only, args.js) for s in servers]
-            for p, s in zip(procs, servers):
-                if p.wait() != 0:
-                    print(f"the {sdk} driver against {s.name} failed:\n" + (out / f"{sdk}-{s.name}.log").read_text()[-4000:])
-                    return 1
-            print(f"{sdk} driver done at {time.monotonic() - started:.1f} s", flush=True)
+            (out / sdk).mkdir(exist_ok=True)
+            pairs[sdk] = [start_reference(out / sdk), start_runner(args.runner, out / sdk)]
+        print(f"servers up in {time.monotonic() - started:.1f} s", flush=True)
+        procs = [(sdk, s, drive(sdk, s, scenarios, out, args.only, args.js)) for sdk in sdks for s in pairs[sdk]]
+        for sdk, s, p in procs:
+            if p.wait() != 0:
+                print(f"the {sdk} driver against {s.name} failed:\n" + (out / f"{sdk}-{s.name}.log").read_text()[-4000:])
+                return 1
+        print(f"drivers done at {time.monotonic() - started:.1f} s", flush=True)
         if args.flows:
-            flows_failed = run_flows(args.js, servers, out)
+            flows_failed = run_flows(args.js, pairs["js"], out)
             print(f"flows done at {time.monotonic() - started:.1f} s", flush=True)
     finally:
-        for s in servers:
-            s.stop()
+        for pair in pairs.values():
+            for s in pair:
+                s.stop()
     failed = flows_failed
     used = {}
     for sdk in sdks:
