@@ -21,8 +21,9 @@ pub(crate) fn frame(event: &str, data: &Value, id: Option<usize>) -> Bytes {
     Bytes::from(out)
 }
 
-/// The stream modes LangGraph knows. `events`, `tools` and `lifecycle` (LangChain callback
-/// events and the newer protocol's channels) are accepted and produce no events.
+/// The stream modes the reference server takes. `events` (LangChain's callback events) is
+/// accepted and produces no events; `tools` and `lifecycle`, which newer LangGraph libraries
+/// name, are refused as the reference server refuses them.
 const KNOWN: &[&str] = &[
     "values",
     "updates",
@@ -33,8 +34,6 @@ const KNOWN: &[&str] = &[
     "checkpoints",
     "debug",
     "events",
-    "tools",
-    "lifecycle",
 ];
 
 /// Which events a client asked for.
