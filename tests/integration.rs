@@ -36,6 +36,7 @@ mod serve;
 mod serve_api;
 mod serve_conn;
 mod serve_seeds;
+mod serve_stop;
 mod tools;
 mod trace;
 mod web;

@@ -72,6 +72,9 @@ pub(crate) struct App {
     /// The server is shutting down: the runs it stops stay unfinished in the store, for the
     /// next server to continue.
     stopping: std::sync::atomic::AtomicBool,
+    /// Threads being deleted. Held while a run is admitted to a thread (until it is among
+    /// `runs`): admissions are decided one at a time, and none to a thread being deleted.
+    deleting: Mutex<std::collections::HashSet<String>>,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -104,6 +107,7 @@ impl Server {
                 runs: Mutex::new(HashMap::new()),
                 api_key,
                 stopping: std::sync::atomic::AtomicBool::new(false),
+                deleting: Mutex::new(Default::default()),
             }),
         })
     }

@@ -548,12 +548,22 @@ pub(super) async fn start_run(
     // A stateless run records so in its row, so that a resumed one still deletes its thread.
     let stateless = thread.is_none() || kwargs.get("stateless") == Some(&Value::Bool(true));
     let temporary = stateless && req.on_completion.as_deref() != Some("keep");
-    let thread_id = match thread {
-        Some(t) if resumed.is_some() || exists(app, &t)? => t,
-        Some(t) if req.if_not_exists.as_deref() == Some("create") => t,
-        Some(_) => return Err(ApiError::not_found("Thread or assistant not found.")),
-        None => crate::checkpoint::new_id(),
+    let thread_id = thread.clone().unwrap_or_else(crate::checkpoint::new_id);
+    if matches!(strategy, "interrupt" | "rollback") {
+        super::control::stop_runs_of(app, &thread_id, strategy == "rollback").await?;
+    }
+    // From here until the run is among the server's runs, one admission at a time: of two
+    // runs asking for an idle thread with `reject`, one is refused; a thread being deleted
+    // takes no run.
+    let admitting = lock(&app.deleting);
+    let known = match &thread {
+        Some(_) if admitting.contains(&thread_id) => false,
+        Some(t) => resumed.is_some() || exists(app, t)?,
+        None => true,
     };
+    if !known && (admitting.contains(&thread_id) || req.if_not_exists.as_deref() != Some("create")) {
+        return Err(ApiError::not_found("Thread or assistant not found."));
+    }
     // A run on the thread, running or waiting for a worker, holds it for the runs after it.
     if strategy == "reject"
         && resumed.is_none()
@@ -562,9 +572,6 @@ pub(super) async fn start_run(
             .any(|r| r.thread_id == thread_id && r.is_active())
     {
         return Err(ApiError::conflict(BUSY));
-    }
-    if matches!(strategy, "interrupt" | "rollback") {
-        super::control::stop_runs_of(app, &thread_id, strategy == "rollback").await?;
     }
     let overrides = &app.settings.overrides;
     let workflow = graph.path.display().to_string();
@@ -736,6 +743,7 @@ pub(super) async fn start_run(
             },
         );
     }
+    drop(admitting);
     // In line as the row is written: runs get workers in the order they were created.
     let turn = app.workers.enter();
     let (tx, done) = oneshot::channel();

@@ -316,19 +316,29 @@ pub(super) async fn get(State(app): State<Shared>, UrlPath(id): UrlPath<String>)
     Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
 }
 
+/// `DELETE /threads/{id}`: the thread, its checkpoints and its runs, as the reference deletes
+/// them. A run in progress or queued on it is cancelled first, and no run is admitted to the
+/// thread meanwhile, so none brings it back.
 pub(super) async fn delete(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<StatusCode, ApiError> {
-    if !exists(&app, &id)? {
-        return Err(no_thread(&id));
+    {
+        let mut deleting = lock(&app.deleting);
+        if deleting.contains(&id) || !exists(&app, &id)? {
+            return Err(no_thread(&id));
+        }
+        deleting.insert(id.clone());
     }
-    if lock(&app.runs).values().any(|r| r.thread_id == id && r.is_active()) {
-        return Err(ApiError::conflict(format!("Thread {id} has a run in progress")));
+    let deleted = async {
+        super::control::stop_runs_of(&app, &id, false).await?;
+        if app.store.get_thread(&id)?.is_some() {
+            app.store.delete_thread(&id)?;
+        }
+        app.store.delete_thread_meta(&id)?;
+        lock(&app.runs).retain(|_, r| r.thread_id != id);
+        Ok::<_, ApiError>(())
     }
-    if app.store.get_thread(&id)?.is_some() {
-        app.store.delete_thread(&id)?;
-    }
-    app.store.delete_thread_meta(&id)?;
-    lock(&app.runs).retain(|_, r| r.thread_id != id);
-    Ok(StatusCode::NO_CONTENT)
+    .await;
+    lock(&app.deleting).remove(&id);
+    deleted.map(|()| StatusCode::NO_CONTENT)
 }
 
 #[derive(Deserialize)]

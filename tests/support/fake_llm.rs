@@ -11,7 +11,6 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
-use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::{Served, serve};
@@ -196,6 +195,22 @@ struct State {
     requests: Mutex<Vec<Recorded>>,
     /// TCP connections accepted (by a server started with [`FakeLlm::start`]).
     connections: std::sync::atomic::AtomicUsize,
+    /// Streamed bodies the client stopped reading before their end: it closed the request.
+    abandoned: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a streamed body as abandoned when it is dropped before its last part was sent.
+struct Sending {
+    state: Arc<State>,
+    done: bool,
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if !self.done {
+            self.state.abandoned.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
 }
 
 /// The running server.
@@ -264,9 +279,14 @@ impl FakeLlm {
     pub(crate) fn connections(&self) -> usize {
         self.state.connections.load(std::sync::atomic::Ordering::SeqCst)
     }
+
+    /// The streamed replies whose client closed the request before their end.
+    pub(crate) fn abandoned(&self) -> usize {
+        self.state.abandoned.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
-async fn answer(state: &State, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn answer(state: &Arc<State>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let recorded = Recorded {
         path: uri.to_string(),
@@ -278,30 +298,38 @@ async fn answer(state: &State, uri: Uri, headers: HeaderMap, body: Bytes) -> Res
     };
     state.requests.lock().unwrap().push(recorded);
     if uri.path().ends_with("/embeddings") {
-        return embeddings(&body);
+        return respond(embeddings(&body), state);
     }
     let reply = {
         let next = state.script.lock().unwrap().pop_front();
         next.or_else(|| state.default.lock().unwrap().clone())
     };
     let Some(reply) = reply else {
-        return respond(Reply::json(
-            500,
-            json!({"error": {"message": "the fake server has no reply scripted"}}),
-        ));
+        return respond(
+            Reply::json(
+                500,
+                json!({"error": {"message": "the fake server has no reply scripted"}}),
+            ),
+            state,
+        );
     };
     if !reply.latency.is_zero() {
         tokio::time::sleep(reply.latency).await;
     }
-    respond(reply)
+    respond(reply, state)
 }
 
-fn respond(reply: Reply) -> Response {
+fn respond(reply: Reply, state: &Arc<State>) -> Response {
     let body = match reply.payload {
         Payload::Whole(text) => Body::from(text),
         Payload::Parts { parts, gap, cut } => {
-            let items = parts.into_iter().map(Some).chain(cut.then_some(None));
-            let stream = futures::stream::iter(items).then(move |part| async move {
+            let items: VecDeque<Option<String>> = parts.into_iter().map(Some).chain(cut.then_some(None)).collect();
+            let sending = Sending {
+                state: state.clone(),
+                done: items.is_empty(),
+            };
+            let stream = futures::stream::unfold((items, sending), move |(mut items, mut sending)| async move {
+                let part = items.pop_front()?;
                 // Before a cut, time for what was sent to reach the client: a cut stream
                 // breaks off mid-way, after its headers and first parts.
                 let wait = if part.is_none() {
@@ -312,10 +340,13 @@ fn respond(reply: Reply) -> Response {
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
                 }
-                match part {
+                // Everything scripted is out once the last part (or the cut) is.
+                sending.done = items.is_empty();
+                let item = match part {
                     Some(p) => Ok::<Bytes, std::io::Error>(Bytes::from(p)),
                     None => Err(std::io::Error::other("connection cut")),
-                }
+                };
+                Some((item, (items, sending)))
             });
             Body::from_stream(stream)
         }
@@ -329,7 +360,7 @@ fn respond(reply: Reply) -> Response {
 
 /// Embeddings: input `i` gets `[len, i, 1]`, listed in reverse order so clients must sort by
 /// `index`.
-fn embeddings(body: &Value) -> Response {
+fn embeddings(body: &Value) -> Reply {
     let inputs: Vec<String> = match &body["input"] {
         Value::String(s) => vec![s.clone()],
         Value::Array(xs) => xs.iter().map(|x| x.as_str().unwrap_or_default().to_string()).collect(),
@@ -341,8 +372,8 @@ fn embeddings(body: &Value) -> Response {
         .rev()
         .map(|(i, t)| json!({"object": "embedding", "index": i, "embedding": [t.len() as f64, i as f64, 1.0]}))
         .collect();
-    respond(Reply::json(
+    Reply::json(
         200,
         json!({"object": "list", "data": data, "model": body["model"], "usage": {"prompt_tokens": inputs.len(), "total_tokens": inputs.len()}}),
-    ))
+    )
 }
