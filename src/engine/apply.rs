@@ -142,12 +142,10 @@ impl Engine {
         outcomes: &'a [(TaskSpec, StepResult)],
     ) -> Vec<(&'a TaskSpec, &'a task::Done)> {
         let order = |t: &TaskSpec| {
-            let pos = self
-                .plan
+            self.plan
                 .node_by_name(&t.node)
                 .and_then(|ix| self.plan.nodes().get_index_of(&ix))
-                .unwrap_or(usize::MAX);
-            pos
+                .unwrap_or(usize::MAX)
         };
         let mut done: Vec<(&TaskSpec, &task::Done)> = outcomes
             .iter()
