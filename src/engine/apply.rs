@@ -136,18 +136,17 @@ impl Engine {
     }
 
     /// The finished tasks of a step, in plan order, then fan-out index: the order their writes
-    /// apply in, whatever order they finished in.
+    /// apply in, whatever order they finished in. `outcomes` are in the step's order, which
+    /// lists a node's fan-out items by index, and the sort is stable, so it keeps them so.
     pub(super) fn in_plan_order<'a>(
         &self,
         outcomes: &'a [(TaskSpec, StepResult)],
     ) -> Vec<(&'a TaskSpec, &'a task::Done)> {
         let order = |t: &TaskSpec| {
-            let pos = self
-                .plan
+            self.plan
                 .node_by_name(&t.node)
                 .and_then(|ix| self.plan.nodes().get_index_of(&ix))
-                .unwrap_or(usize::MAX);
-            pos
+                .unwrap_or(usize::MAX)
         };
         let mut done: Vec<(&TaskSpec, &task::Done)> = outcomes
             .iter()
