@@ -474,6 +474,17 @@ fn reviewed_calls_wait_for_each_decision_and_run_as_decided() {
     let (code, _, err) = resume(r#"{"decisions": [{"type": "edit"}, {"type": "approve"}, {"type": "approve"}]}"#);
     assert_eq!(code, 2, "an edit needs the edited call: {err}");
     say += started(&err, "say");
+    // Nor may an answer decide fewer calls than were asked about: Agent Inbox's single
+    // response, or a list one short. (Stored, it would fail the loop on every resume.)
+    for short in [
+        r#"{"type": "accept"}"#,
+        r#"{"decisions": [{"type": "approve"}, {"type": "approve"}]}"#,
+    ] {
+        let (code, _, err) = resume(short);
+        assert_eq!(code, 2, "{short}: {err}");
+        assert!(err.contains("the review has 3 calls to decide"), "{short}: {err}");
+        say += started(&err, "say");
+    }
     assert_eq!(say, 0);
     // A new process replays the script from its start: the model's next reply is its answer.
     std::fs::write(d.join("mock.yaml"), "replies:\n  helper: [\"done\"]\n").unwrap();
