@@ -8,10 +8,11 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use runner::checkpoint::Checkpointer;
 use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::compile::Plan;
 use runner::engine::events::Events;
-use runner::engine::{Engine, RunOutcome, RunRequest, Status};
+use runner::engine::{Engine, RunOutcome, RunRequest, START_TASK, Status, message_id, task_id};
 use runner::providers::Providers;
 use runner::providers::mock::MockProvider;
 use serde_json::{Value, json};
@@ -82,6 +83,14 @@ fn run_mock(plan: &Arc<Plan>, script: Value) -> (RunOutcome, Arc<MockProvider>, 
     (out, mock, seen)
 }
 
+/// The id of the task that ran `node` in `step` of the loop of `thread`'s agent `helper`: the
+/// loop runs on the child thread of the agent's task (`<thread>/<step>/<task>`), which ran in
+/// step 1.
+fn loop_task(thread: &str, node: &str, step: i64) -> String {
+    let child = format!("{thread}/1/{}", task_id(thread, "helper", 1, 0, None));
+    task_id(&child, node, step, 0, None)
+}
+
 fn roles(messages: &Value) -> Vec<&str> {
     messages
         .as_array()
@@ -127,7 +136,8 @@ fn an_agent_loops_through_parallel_tool_calls_and_returns_the_messages_it_added(
     let env = |name: &str| (name == "FAKE_KEY").then(|| "sk-test".to_string());
     let providers = Providers::for_models_in(plan.models(), None, false, &env).unwrap();
     let (events, mut rx) = Events::channel();
-    let engine = Engine::new(plan.clone(), Arc::new(MemoryCheckpointer::new()), providers, events);
+    let store: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+    let engine = Engine::new(plan.clone(), store.clone(), providers, events);
     let req = RunRequest {
         input: Some(json!({"q": "what is a cop?"})),
         workflow: "w.yaml".into(),
@@ -144,16 +154,22 @@ fn an_agent_loops_through_parallel_tool_calls_and_returns_the_messages_it_added(
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
-    // Each keeps the id the loop gave it, scoped to the agent's task (`helper:1`): the
-    // model's turns, then the round's two tool results.
+    // The question has the id its writer, the turn's `__start__` task, gave it. Each of the
+    // loop's messages keeps the id the loop gave it, from the loop's task that wrote it (on
+    // the agent's child thread): the model's turns, then the round's two tool results.
+    let history = store.history(&out.thread_id).unwrap();
+    let input = history.last().unwrap();
+    assert_eq!(input.next.len(), 1);
+    assert_eq!(input.next[0].node, START_TASK);
+    let in_loop = |node: &str, step: i64| message_id(&loop_task(&out.thread_id, node, step));
     assert_eq!(
         ids,
         [
-            "msg:__start__:0:1",
-            "msg:helper:1/helper:1",
-            "msg:helper:1/tools:2:1",
-            "msg:helper:1/tools:2:2",
-            "msg:helper:1/helper:3"
+            format!("{}:1", message_id(&input.next[0].task_id)),
+            in_loop("helper", 1),
+            format!("{}:1", in_loop("tools", 2)),
+            format!("{}:2", in_loop("tools", 2)),
+            in_loop("helper", 3),
         ]
     );
     assert_eq!(messages[2]["tool_call_id"], "call_0");
@@ -385,9 +401,11 @@ fn started(stderr: &str, node: &str) -> usize {
         .count()
 }
 
-/// Reviewed calls stop the run one at a time with agent-inbox's shapes; no call runs until
-/// every one is decided; an edit runs with the edited arguments, a response goes back to the
-/// model as the call's result, and a malformed decision is refused with the gate kept.
+/// Reviewed calls stop the run once, together, with the shapes of LangChain's
+/// human-in-the-loop review (what agent-chat-ui shows and answers); no call runs until every
+/// one is decided; an edit runs with the edited arguments and says so to the model, a reject
+/// is an error result marked as LangChain marks it, a response goes back to the model as the
+/// call's result, and a malformed decision is refused with the gate kept.
 #[test]
 fn reviewed_calls_wait_for_each_decision_and_run_as_decided() {
     let text = workflow(MOCK, "    review: [erase]\n").replace(
@@ -401,7 +419,8 @@ fn reviewed_calls_wait_for_each_decision_and_run_as_decided() {
     std::fs::write(d.join("define.yaml"), DEFINE).unwrap();
     std::fs::write(
         d.join("mock.yaml"),
-        "replies:\n  helper:\n    - {tool_calls: [{name: define, args: {word: cop}}, {name: erase, args: {word: x}}, {name: erase, args: {word: y}}]}\n    - \"done\"\n",
+        "replies:\n  helper:\n    - {tool_calls: [{name: define, args: {word: cop}}, {name: erase, args: {word: x}}, \
+         {name: erase, args: {word: y}}, {name: erase, args: {word: w}}]}\n    - \"done\"\n",
     )
     .unwrap();
     let base = ["--mock", "mock.yaml", "--db", "r.db", "--stream", "jsonl"];
@@ -410,18 +429,34 @@ fn reviewed_calls_wait_for_each_decision_and_run_as_decided() {
         &[&["run", "w.yaml", "--thread", "t1", "--input", "q=cop"][..], &base].concat(),
     );
     assert_eq!(code, 3, "{err}");
-    // The loop's gate, reported through the agent's task as a subgraph's is.
-    let payload = &out["interrupt"]["payload"]["payload"];
+    // The loop's gate, reported through the agent's task as a subgraph's is: one request for
+    // the three reviewed calls, in call order; `define` is not reviewed.
+    assert_eq!(out["interrupt"]["node"], "helper", "{out}");
     assert_eq!(out["interrupt"]["payload"]["node"], "tools", "{out}");
+    let payload = &out["interrupt"]["payload"]["payload"];
+    let requested: Vec<(&Value, &Value)> = payload["action_requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (&r["name"], &r["args"]))
+        .collect();
     assert_eq!(
-        payload["action_request"],
-        json!({"action": "erase", "args": {"word": "x"}}),
+        requested,
+        [
+            (&json!("erase"), &json!({"word": "x"})),
+            (&json!("erase"), &json!({"word": "y"})),
+            (&json!("erase"), &json!({"word": "w"}))
+        ],
         "{out}"
     );
-    assert_eq!(
-        payload["config"],
-        json!({"allow_accept": true, "allow_edit": true, "allow_respond": true, "allow_ignore": true})
+    assert!(
+        payload["action_requests"][0]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("erase")),
+        "{out}"
     );
+    let config = json!({"action_name": "erase", "allowed_decisions": ["approve", "edit", "reject", "respond"]});
+    assert_eq!(payload["review_configs"], json!([config, config, config]), "{out}");
     let mut say = started(&err, "say");
     assert_eq!(say, 0, "no call runs before every reviewed call is decided");
 
@@ -431,36 +466,70 @@ fn reviewed_calls_wait_for_each_decision_and_run_as_decided() {
             &[&["resume", "--thread", "t1", "--answer", answer][..], &base].concat(),
         )
     };
-    let (code, _, err) = resume(r#"{"type": "maybe"}"#);
+    // Refused before anything runs, the gate kept: a decision of no known type, and an edit
+    // without the edited call.
+    let (code, _, err) = resume(r#"{"decisions": [{"type": "maybe"}, {"type": "approve"}, {"type": "approve"}]}"#);
     assert_eq!(code, 2, "a decision of no known type is refused: {err}");
-    let (code, out, err) = resume(r#"{"type": "edit", "args": {"action": "erase", "args": {"word": "z"}}}"#);
-    assert_eq!(code, 3, "{err}");
-    assert_eq!(
-        out["interrupt"]["payload"]["payload"]["action_request"]["args"],
-        json!({"word": "y"})
-    );
     say += started(&err, "say");
+    let (code, _, err) = resume(r#"{"decisions": [{"type": "edit"}, {"type": "approve"}, {"type": "approve"}]}"#);
+    assert_eq!(code, 2, "an edit needs the edited call: {err}");
+    say += started(&err, "say");
+    // Nor may an answer decide fewer calls than were asked about: Agent Inbox's single
+    // response, or a list one short. (Stored, it would fail the loop on every resume.)
+    for short in [
+        r#"{"type": "accept"}"#,
+        r#"{"decisions": [{"type": "approve"}, {"type": "approve"}]}"#,
+    ] {
+        let (code, _, err) = resume(short);
+        assert_eq!(code, 2, "{short}: {err}");
+        assert!(err.contains("the review has 3 calls to decide"), "{short}: {err}");
+        say += started(&err, "say");
+    }
     assert_eq!(say, 0);
     // A new process replays the script from its start: the model's next reply is its answer.
     std::fs::write(d.join("mock.yaml"), "replies:\n  helper: [\"done\"]\n").unwrap();
-    let (code, out, err) = resume(r#"[{"type": "response", "args": "Do not erase that."}]"#);
+    let (code, out, err) = resume(
+        r#"{"decisions": [
+            {"type": "edit", "edited_action": {"name": "erase", "args": {"word": "z"}}},
+            {"type": "reject", "message": "Not that one."},
+            {"type": "respond", "message": "Nothing to erase."}
+        ]}"#,
+    );
     assert_eq!(code, 0, "{out} {err}");
     say += started(&err, "say");
     assert_eq!(say, 2, "define and the edited erase ran once each");
     let messages = out["messages"].as_array().unwrap();
     assert_eq!(
         roles(&out["messages"]),
-        ["user", "assistant", "tool", "tool", "tool", "assistant"]
+        ["user", "assistant", "tool", "tool", "tool", "tool", "assistant"]
     );
     let content = |i: usize| messages[i]["content"].as_str().unwrap().to_string();
     assert!(content(2).contains("cop means a ratio"), "{}", content(2));
+    assert_eq!(messages[2]["status"], "success");
+    // The edit ran with the person's arguments, and its result tells the model so.
     assert!(
-        content(3).contains("z means a ratio"),
+        content(3).starts_with("A person reviewing your call changed it before it ran")
+            && content(3).contains("z means a ratio")
+            && !content(3).contains("x means a ratio"),
         "the edited arguments: {}",
         content(3)
     );
-    assert_eq!(content(4), "Do not erase that.");
+    assert_eq!(messages[3]["status"], "success");
+    // The reject ran nothing: an error result with the reason, marked as LangChain marks it.
+    assert!(content(4).contains("Not that one."), "{}", content(4));
     assert_eq!(messages[4]["status"], "error");
+    assert_eq!(messages[4]["additional_kwargs"]["lc_source"], "hitl_interrupt_decision");
+    // The response is the call's result as the person wrote it.
+    assert_eq!(content(5), "Nothing to erase.");
+    assert_eq!(messages[5]["status"], "success");
+    let call_ids: Vec<&Value> = messages[2..6].iter().map(|m| &m["tool_call_id"]).collect();
+    let made: Vec<&Value> = messages[1]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["id"])
+        .collect();
+    assert_eq!(call_ids, made, "one result per call, in call order");
     assert_eq!(out["answer"], "done");
 }
 
@@ -536,7 +605,7 @@ fn an_agent_streams_its_models_tokens_and_its_tool_events_as_the_loops() {
     // joins streamed and stored messages by id needs.
     let streamed: Vec<&str> = tokens.iter().map(|e| e["message_id"].as_str().unwrap()).collect();
     let stored = out.state["messages"].as_array().unwrap().last().unwrap()["id"].clone();
-    assert_eq!(stored, "msg:helper:1/helper:3");
+    assert_eq!(stored, message_id(&loop_task(&out.thread_id, "helper", 3)).as_str());
     assert!(streamed.iter().all(|id| *id == stored), "{streamed:?} vs {stored}");
     let tool_ends = events
         .iter()

@@ -151,14 +151,15 @@ fn a_second_thread_on_the_same_input_takes_the_cached_result_without_calling_the
         "a hit starts nothing: {:?}",
         b.events
     );
-    // The hit is in the thread's history as the step's task, as any task is.
+    // The hit is in the thread's history as the step's task, as any task is: its result is
+    // stored under its task's id with the checkpoint that scheduled it.
     let history = b.store.history("t2").unwrap();
     assert_eq!(history[0].ran, ["expensive"]);
+    let task = runner::engine::task_id("t2", "expensive", 1, 0, None);
+    assert_eq!(history[1].next.iter().map(|t| &t.task_id).collect::<Vec<_>>(), [&task]);
     let writes = b.store.get_writes("t2", &history[1].checkpoint_id).unwrap();
     assert!(
-        writes
-            .iter()
-            .any(|w| w.task_id == "expensive" && w.channel == "__done__"),
+        writes.iter().any(|w| w.task_id == task && w.channel == "__done__"),
         "{writes:?}"
     );
 

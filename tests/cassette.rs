@@ -142,11 +142,15 @@ fn secrets_are_scrubbed_before_anything_is_written() {
 fn streamed_replies_and_failures_replay_as_they_were_recorded() {
     let dir = tempfile::tempdir().unwrap();
     let c = cassette(dir.path());
+    // Both runs on a thread of one name (each in a database of its own): the ids of the
+    // messages a run adds come from its thread's tasks, so the same thread gives the same.
     let rag = |models: &[&str]| {
         let args = [
             &[
                 "run",
                 "workflows/rag.yaml",
+                "--thread",
+                "chat",
                 "--input",
                 "question=Hello!",
                 "--stream",

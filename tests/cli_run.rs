@@ -837,13 +837,18 @@ fn several_gates_are_listed_and_answered_by_node_or_id() {
     let run = runner(d, &["run", "two.yaml", "--thread", "g"]);
     assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
     let pending = json_out(&run);
-    let ids: Vec<&str> = pending["interrupts"]
+    // Each gate by its task's id and its node.
+    let (pa, pb) = (
+        runner::engine::task_id("g", "pa", 1, 0, None),
+        runner::engine::task_id("g", "pb", 1, 0, None),
+    );
+    let listed: Vec<(&str, &str)> = pending["interrupts"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|i| i["task_id"].as_str().unwrap())
+        .map(|i| (i["task_id"].as_str().unwrap(), i["node"].as_str().unwrap()))
         .collect();
-    assert_eq!(ids, ["pa:1", "pb:1"]);
+    assert_eq!(listed, [(pa.as_str(), "pa"), (pb.as_str(), "pb")]);
     assert!(stderr(&run).contains("--answer '<gate>=<json>'"), "{}", stderr(&run));
 
     let bare = runner(d, &["resume", "--thread", "g", "--answer", r#""x""#]);
@@ -854,11 +859,12 @@ fn several_gates_are_listed_and_answered_by_node_or_id() {
         stderr(&bare)
     );
 
-    let one = runner(d, &["resume", "--thread", "g", "--answer", r#"pb="B""#]);
+    // Answered by its id; then by its node, it is already answered.
+    let one = runner(d, &["resume", "--thread", "g", "--answer", &format!(r#"{pb}="B""#)]);
     assert_eq!(one.status.code(), Some(3), "{}", stderr(&one));
     assert_eq!(
         json_out(&one)["interrupt"]["task_id"],
-        "pa:1",
+        pa.as_str(),
         "the other gate is reported again"
     );
     let again = runner(d, &["resume", "--thread", "g", "--answer", r#"pb="B""#]);

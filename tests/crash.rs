@@ -73,6 +73,12 @@ fn setup(dir: &Path) {
 
 const INPUT: &str = "items=[0,1,2,3,4,5]";
 
+/// The id of `thread`'s fan-out task of `work` for item `i`: `plan` runs in step 1, the
+/// items in step 2.
+fn work_task(thread: &str, i: usize) -> String {
+    runner::engine::task_id(thread, "work", 2, 0, Some(i))
+}
+
 #[test]
 fn a_killed_run_resumes_without_rerunning_finished_tasks() {
     let dir = tempfile::tempdir().unwrap();
@@ -121,6 +127,8 @@ fn a_killed_run_resumes_without_rerunning_finished_tasks() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The six fan-out tasks, by id: the same in the resumed run, which goes on with them.
+    let all_work: BTreeSet<String> = (0..6).map(|i| work_task("t1", i)).collect();
     let mut first = Vec::new();
     let reader = BufReader::new(child.stderr.take().unwrap());
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -129,10 +137,7 @@ fn a_killed_run_resumes_without_rerunning_finished_tasks() {
         if let Ok(e) = serde_json::from_str::<Value>(&line) {
             first.push(e);
         }
-        let finished = tasks(&first, "node_end", None)
-            .iter()
-            .filter(|t| t.starts_with("work:"))
-            .count();
+        let finished = tasks(&first, "node_end", None).intersection(&all_work).count();
         if finished >= 2 || Instant::now() > deadline {
             break;
         }
@@ -140,9 +145,22 @@ fn a_killed_run_resumes_without_rerunning_finished_tasks() {
     child.kill().unwrap(); // SIGKILL on unix
     let status = child.wait().unwrap();
     assert!(!status.success(), "the run was killed, not finished");
+    // The step that ran them named them so.
+    let step = first
+        .iter()
+        .find(|e| e["type"] == "step_start" && e["step"] == 2)
+        .expect("the fan-out's step started");
+    assert_eq!(
+        step["tasks"],
+        json!((0..6).map(|i| work_task("t1", i)).collect::<Vec<_>>())
+    );
+    assert_eq!(
+        step["nodes"],
+        json!((0..6).map(|i| format!("work#{i}")).collect::<Vec<_>>())
+    );
     let finished_before: BTreeSet<String> = tasks(&first, "node_end", None)
-        .into_iter()
-        .filter(|t| t.starts_with("work:"))
+        .intersection(&all_work)
+        .cloned()
         .collect();
     assert!(
         finished_before.len() >= 2 && finished_before.len() < 6,
@@ -171,8 +189,7 @@ fn a_killed_run_resumes_without_rerunning_finished_tasks() {
         finished_before,
         "finished tasks are taken from their stored writes"
     );
-    let all_work: BTreeSet<String> = (0..6).map(|i| format!("work:2#{i}")).collect();
-    let ran_now: BTreeSet<String> = started_again.into_iter().filter(|t| t.starts_with("work:")).collect();
+    let ran_now: BTreeSet<String> = started_again.intersection(&all_work).cloned().collect();
     assert_eq!(ran_now, all_work.difference(&finished_before).cloned().collect());
     let result: Value = serde_json::from_slice(&resumed.stdout).unwrap();
     assert_eq!(result, expected, "the resumed run ends where an uninterrupted one does");
@@ -385,10 +402,14 @@ fn kill_and_recover(dir: &Path, flags: &[&str], thread: &str, moment: Moment, rn
         Moment::FirstStep => p.until(|e| e["type"] == "run_start"),
         Moment::FanOut => {
             let k = rng.below(4);
-            p.until(|e| e["type"] == "node_end" && e["task_id"] == format!("work:2#{k}"))
+            let task = runner::engine::task_id(thread, "work", 2, 0, Some(k as usize));
+            p.until(|e| e["type"] == "node_end" && e["task_id"] == task.as_str())
         }
         Moment::SubgraphStart => p.until(|e| e["type"] == "node_start" && e["node"] == "sub"),
     };
+    // Every moment comes in a run left alone: one that never came was looked for wrongly, and
+    // would quietly spare this kill.
+    assert!(reached, "{moment:?} {flags:?}: the moment never came: {:?}", p.events);
     let extra = match moment {
         Moment::Start => rng.below(100),
         Moment::FirstStep => rng.below(50),

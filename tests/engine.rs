@@ -91,6 +91,32 @@ fn wf(body: &str) -> String {
     format!("name: t\n{MODELS}{body}")
 }
 
+/// The id of the task that runs `node` in `step` of `thread` (on its first branch, no fan-out
+/// item): what its interrupts are addressed by and its messages' ids are made from.
+fn task(thread: &str, node: &str, step: i64) -> String {
+    runner::engine::task_id(thread, node, step, 0, None)
+}
+
+/// The id `add_messages` gives the `n`th message (1-based) of `task`'s write that is not its
+/// first assistant message; `None`: that assistant message's own.
+fn msg(task: &str, n: Option<usize>) -> String {
+    let id = runner::engine::message_id(task);
+    n.map_or(id.clone(), |n| format!("{id}:{n}"))
+}
+
+/// The `__start__` task of each turn of `thread`, oldest first: the one task each turn's
+/// input checkpoint waits for, which writes the turn's input.
+fn start_tasks(store: &Arc<dyn Checkpointer>, thread: &str) -> Vec<String> {
+    store
+        .history(thread)
+        .unwrap()
+        .iter()
+        .rev()
+        .filter(|cp| cp.next.len() == 1 && cp.next[0].node == runner::engine::START_TASK)
+        .map(|cp| cp.next[0].task_id.clone())
+        .collect()
+}
+
 #[test]
 fn reducers_fold_writes_each_in_its_own_way() {
     let p = Project::new(&[(
@@ -122,9 +148,15 @@ edges: [START -> one -> two -> END]
     assert_eq!(s["tags"], json!(["x", "y", "z"]));
     assert_eq!(s["log"], json!(["a", "b", "c"]));
     assert_eq!(s["profile"], json!({"a": {"b": 1, "c": 2}}));
+    // Ids from their writers' tasks: `one`'s string, made a user message, is its write's first
+    // message that is not an assistant's; `two`'s assistant message takes its task's id.
+    let thread = &out.thread_id;
     assert_eq!(
         s["messages"],
-        json!([{"role": "user", "content": "hi", "id": "msg:one:1:1"}, {"role": "assistant", "content": "yo", "id": "msg:two:2"}])
+        json!([
+            {"role": "user", "content": "hi", "id": msg(&task(thread, "one", 1), Some(1))},
+            {"role": "assistant", "content": "yo", "id": msg(&task(thread, "two", 2), None)}
+        ])
     );
     assert_eq!(s["ranked"], json!([{"score": 9}, {"score": 4}, {"score": 1}]));
     assert_eq!(s["last"], json!("two"));
@@ -1112,10 +1144,16 @@ fn several_gates_in_one_step_are_all_reported_and_answered_one_at_a_time() {
     let mut r = Run::new(json!({}));
     let out = r.go(&plan, req(json!({})));
     assert_eq!(out.status, Status::Interrupted);
-    let ids: Vec<&str> = out.interrupts.iter().map(|i| i["task_id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["pa:1", "pb:1"], "every pending gate, with its id");
-    assert_eq!(out.interrupts[1]["payload"]["message"], "b?");
     let thread = out.thread_id.clone();
+    let ids: Vec<&str> = out.interrupts.iter().map(|i| i["task_id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        [task(&thread, "pa", 1), task(&thread, "pb", 1)],
+        "every pending gate, with its id: its task's"
+    );
+    let nodes: Vec<&str> = out.interrupts.iter().map(|i| i["node"].as_str().unwrap()).collect();
+    assert_eq!(nodes, ["pa", "pb"]);
+    assert_eq!(out.interrupts[1]["payload"]["message"], "b?");
 
     // A bare answer is ambiguous: refused, listing the gates; nothing changes.
     let err = try_run(&r, &plan, resume(&thread, Some(json!("x")))).unwrap_err();
@@ -1135,9 +1173,11 @@ fn several_gates_in_one_step_are_all_reported_and_answered_one_at_a_time() {
     let out = r.go(&plan, answer(&thread, Some("pb"), json!("B")));
     assert_eq!(out.status, Status::Interrupted);
     assert_eq!(out.interrupts.len(), 1, "{:#?}", out.interrupts);
-    assert_eq!(out.interrupts[0]["task_id"], "pa:1");
-    // The same gate again: already answered.
+    assert_eq!(out.interrupts[0]["task_id"], task(&thread, "pa", 1));
+    // The same gate again, by node or by id: already answered.
     let err = try_run(&r, &plan, answer(&thread, Some("pb"), json!("B2"))).unwrap_err();
+    assert!(matches!(err, runner::engine::EngineError::AlreadyAnswered(_)), "{err}");
+    let err = try_run(&r, &plan, answer(&thread, Some(&task(&thread, "pb", 1)), json!("B2"))).unwrap_err();
     assert!(matches!(err, runner::engine::EngineError::AlreadyAnswered(_)), "{err}");
     // Now a bare answer fits the only gate left, and the step completes.
     let out = r.go(&plan, resume(&thread, Some(json!("A"))));
@@ -1507,14 +1547,24 @@ edges: [START -> sub, sub -> END]
     let mut r = Run::new(json!({}));
     let out = r.go(&plan, req(json!({})));
     assert_eq!(out.status, Status::Interrupted);
-    let ids: Vec<&str> = out.interrupts.iter().map(|i| i["task_id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["sub:1/pa:1", "sub:1/pb:1"]);
-    assert_eq!(out.interrupts[1]["payload"]["payload"]["message"], "b?");
     let thread = out.thread_id.clone();
+    // Each gate is addressed through the subgraph's task: `<sub's task>/<the gate's task>`,
+    // the gate's task being its own child thread's (`<thread>/<step>/<sub's task>`).
+    let sub = task(&thread, "sub", 1);
+    let child = format!("{thread}/1/{sub}");
+    let expected = [
+        format!("{sub}/{}", task(&child, "pa", 1)),
+        format!("{sub}/{}", task(&child, "pb", 1)),
+    ];
+    let ids: Vec<&str> = out.interrupts.iter().map(|i| i["task_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, expected);
+    assert_eq!(out.interrupts[1]["payload"]["subgraph_thread"], child.as_str());
+    assert_eq!(out.interrupts[1]["payload"]["payload"]["message"], "b?");
 
     let err = try_run(&r, &plan, resume(&thread, Some(json!("x")))).unwrap_err();
     assert!(
-        err.to_string().contains("`sub:1/pa:1`") && err.to_string().contains("`sub:1/pb:1`"),
+        err.to_string().contains(&format!("`{}`", expected[0]))
+            && err.to_string().contains(&format!("`{}`", expected[1])),
         "{err}"
     );
     // The child's schema applies to an answer addressed inside it.
@@ -1949,7 +1999,7 @@ edges:
     assert_eq!(out.state["n"], json!(1));
     assert_eq!(
         out.state["messages"],
-        json!([{"role": "user", "content": "kept", "id": "msg:trim:3:1"}])
+        json!([{"role": "user", "content": "kept", "id": msg(&task(&out.thread_id, "trim", 3), Some(1))}])
     );
     // What was stored reads back the same (an overwritten value is no extension of the old).
     let cp = r.store.get_checkpoint(&out.thread_id, None).unwrap().unwrap();
@@ -1982,12 +2032,16 @@ edges: [START -> reply, reply -> END]
     let mut r = Run::new(json!({}));
     let first = r.go(&plan, req(json!({"question": "hi", "tags": ["a"]})));
     assert_eq!(first.status, Status::Done, "{:?}", first.error);
-    // The first node already sees the question in the history: no node copied it there.
+    // The first node already sees the question in the history: no node copied it there. The
+    // question was written by the turn's `__start__` task, and has an id of that task's.
+    let thread = first.thread_id.clone();
+    let starts = start_tasks(&r.store, &thread);
+    assert_eq!(starts.len(), 1, "one turn, one input checkpoint");
     assert_eq!(
         first.state["messages"],
         json!([
-            {"role": "user", "content": "hi", "id": "msg:__start__:0:1"},
-            {"role": "assistant", "content": "saw 1", "id": "msg:reply:1"}
+            {"role": "user", "content": "hi", "id": msg(&starts[0], Some(1))},
+            {"role": "assistant", "content": "saw 1", "id": msg(&task(&thread, "reply", 1), None)}
         ])
     );
     assert_eq!(first.state["tags"], json!(["base", "a"]));
@@ -2016,9 +2070,17 @@ edges: [START -> reply, reply -> END]
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
+    let starts = start_tasks(&r.store, &thread);
+    assert_eq!(starts.len(), 2, "two turns, two input checkpoints");
+    assert_ne!(starts[0], starts[1], "each turn's input has a writer of its own");
     assert_eq!(
         ids,
-        ["msg:__start__:0:1", "msg:reply:1", "msg:__start__:3:1", "msg:reply:4"]
+        [
+            msg(&starts[0], Some(1)),
+            msg(&task(&thread, "reply", 1), None),
+            msg(&starts[1], Some(1)),
+            msg(&task(&thread, "reply", 4), None)
+        ]
     );
     assert_eq!(second.state["tags"], json!(["base", "a"]));
     // The turn's checkpoint stored the fed value: it reads back from the store.

@@ -28,6 +28,11 @@ fn go(store: &Arc<dyn Checkpointer>, mock: &Arc<MockProvider>, plan: &Arc<Plan>,
     rt.block_on(engine.run(req)).unwrap()
 }
 
+/// The child thread of the `sub` task of `thread`'s first step: `<thread>/<step>/<task>`.
+fn child_thread(thread: &str) -> String {
+    format!("{thread}/1/{}", runner::engine::task_id(thread, "sub", 1, 0, None))
+}
+
 fn req(thread: Option<&str>, input: Option<Value>) -> RunRequest {
     RunRequest {
         thread_id: thread.map(str::to_string),
@@ -96,7 +101,7 @@ fn a_handoff_ends_the_child_and_continues_the_parent_at_its_target_through_its_r
         .collect();
     assert_eq!(ran, ["sub", "target"]);
     // The child finished the step it handed off in (`b` too), and nothing after it (`c`).
-    let child = format!("{}/1/sub:1", out.thread_id);
+    let child = child_thread(&out.thread_id);
     let last = store.get_checkpoint(&child, None).unwrap().unwrap();
     assert!(last.next.is_empty(), "{:?}", last.next);
     let state = store.state(&child, &last.versions).unwrap();
@@ -176,7 +181,7 @@ edges:
     let rt = tokio::runtime::Runtime::new().unwrap();
     let child_out = rt
         .block_on(engine.start(Start {
-            thread_id: Some(format!("{}/1/sub:1", out.thread_id)),
+            thread_id: Some(child_thread(&out.thread_id)),
             workflow: "child.yaml".into(),
             input: Some(json!({})),
             context: None,

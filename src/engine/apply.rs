@@ -136,7 +136,8 @@ impl Engine {
     }
 
     /// The finished tasks of a step, in plan order, then fan-out index: the order their writes
-    /// apply in, whatever order they finished in.
+    /// apply in, whatever order they finished in. `outcomes` are in the step's order, which
+    /// lists a node's fan-out items by index, and the sort is stable, so it keeps them so.
     pub(super) fn in_plan_order<'a>(
         &self,
         outcomes: &'a [(TaskSpec, StepResult)],

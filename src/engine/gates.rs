@@ -196,19 +196,19 @@ impl Engine {
         }
         let node = &self.plan.nodes()[&ix];
         let answered = super::step::earlier_answers(pending, &waiting.task_id).len();
-        if let Some(schema) = self
-            .services
-            .kinds
-            .of(node)
-            .ok()
-            .and_then(|k| k.answer_schema(node, answered))
-        {
+        let Ok(kind) = self.services.kinds.of(node) else {
+            return Ok(());
+        };
+        if let Some(schema) = kind.answer_schema(node, answered) {
             let v = jsonschema::draft202012::new(schema).map_err(|e| EngineError::BadAnswer(e.to_string()))?;
             if let Some(why) = crate::compile::schemas::first_violation(&v, answer) {
                 return Err(EngineError::BadAnswer(why));
             }
         }
-        Ok(())
+        match kind.refuse_answer(node, &waiting.value, answer) {
+            Some(why) => Err(EngineError::BadAnswer(why)),
+            None => Ok(()),
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! finds each node's kind there by the name the plan gives it, and asks the kind, through
 //! [`NodeKind`], everything that differs between kinds: how to run an attempt, whether a
 //! failure retries by default, whether a spent budget holds the node back, which schema an
-//! answer to it must match. A kind is one module of `nodes/` implementing this trait, plus one
+//! answer to it must match and whether an answer fits the interrupt it answers. A kind is one module of `nodes/` implementing this trait, plus one
 //! line registering it.
 
 use std::fmt;
@@ -46,6 +46,15 @@ pub trait NodeKind: KindDecl {
     /// one, when the task was given `answered` answers before. (A node with a child plan is
     /// answered inside the child; the engine follows it.)
     fn answer_schema<'p>(&self, _node: &'p PlanNode, _answered: usize) -> Option<&'p Value> {
+        None
+    }
+
+    /// Why `answer`, which matches [`NodeKind::answer_schema`], still cannot answer the
+    /// interrupt `payload` a task of this node stopped with (what a schema fixed at compile
+    /// time cannot know: how many calls a review asks about), or `None` when it can. Checked
+    /// with the schema, before the answer is stored: an answer the task would fail on is
+    /// refused and the gate kept, never stored to fail every resume after it.
+    fn refuse_answer(&self, _node: &PlanNode, _payload: &Value, _answer: &Value) -> Option<String> {
         None
     }
 }

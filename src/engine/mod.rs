@@ -381,8 +381,9 @@ const TASK_IDS: uuid::Uuid = uuid::uuid!("2f1f6f2a-8a41-5d1c-9a43-1b6b9f0d7c11")
 /// fan-out item of a `send`): a UUID, unique across threads, namespaces (a subgraph's child
 /// runs on a thread of its own), steps and branches, so interrupts, child threads and the
 /// messages a task writes are told apart everywhere; and derived from those, so a run
-/// replayed on the same thread repeats them.
-pub(crate) fn task_id(thread: &str, node: &str, step: i64, branch: u32, index: Option<usize>) -> String {
+/// replayed on the same thread repeats them. Public so that whoever reads a thread (a test, a
+/// client) can name a task without having seen it scheduled.
+pub fn task_id(thread: &str, node: &str, step: i64, branch: u32, index: Option<usize>) -> String {
     let name = format!(
         "{thread}\n{step}\n{branch}\n{node}\n{}",
         index.map_or(String::new(), |i| i.to_string())

@@ -18,7 +18,8 @@
 //! edited_action: {name, args}}`, `{type: reject, message?}` or `{type: respond, message}`.
 //! Agent Inbox's `HumanResponse` (`accept`, `edit`, `response`, `ignore`, or a list of one)
 //! answers a message with one reviewed call. No call runs until every reviewed call is
-//! decided, so a resumed node never runs one twice.
+//! decided, so a resumed node never runs one twice; an answer deciding more or fewer calls
+//! than were asked about is refused before it is stored, the gate kept.
 //!
 //! The kind does not retry by default: each call's `run` node is retried by its own policy or
 //! its kind's default (`NodeCtx::run_nested`), and what still fails is an answer the model can
@@ -177,6 +178,13 @@ impl NodeKind for Tools {
     fn answer_schema<'p>(&self, node: &'p PlanNode, _answered: usize) -> Option<&'p Value> {
         let config = node.config.get::<Config>()?;
         (!config.review.is_empty()).then_some(&config.decision)
+    }
+
+    /// An answer must decide each call the review asked about: one that decides more or
+    /// fewer would fail the node once stored, and every resume after it.
+    fn refuse_answer(&self, _node: &PlanNode, payload: &Value, answer: &Value) -> Option<String> {
+        let asked = payload.get("action_requests")?.as_array()?.len();
+        decisions(answer, asked).err().map(|e| e.message)
     }
 }
 
