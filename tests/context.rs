@@ -237,6 +237,8 @@ edges: [START -> ask -> END]
     assert_eq!(lowered.1["max_tokens"], 8000);
     assert_eq!(lowered.1["sent"], cap);
     assert_eq!(lowered.1["context"], 4096);
+    // Named in its payload: what a client of `runner serve` receives is the payload alone.
+    assert_eq!(lowered.1["event"], "max_tokens_lowered");
 
     // A cap that fits is sent as written, and nothing is said.
     let server = FakeLlm::start_in_background();

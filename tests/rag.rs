@@ -558,6 +558,7 @@ fn a_failing_llm_reranker_falls_back_to_rrf_and_says_so() {
     assert_eq!(r.ids(), rrf.ids());
     let failed = r.custom("rerank_failed");
     assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["data"]["event"], "rerank_failed", "named in its payload: {}", failed[0]);
     assert!(
         failed[0]["data"]["error"].as_str().unwrap().contains("no scores"),
         "{}",

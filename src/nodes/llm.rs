@@ -380,7 +380,9 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
                 ctx.events.send(Event::Custom {
                     node: ctx.node.name.clone(),
                     event: "max_tokens_lowered".into(),
+                    // The name in the payload too: a client of `runner serve` gets the payload alone.
                     data: serde_json::json!({
+                        "event": "max_tokens_lowered",
                         "max_tokens": cap, "sent": sent, "context": window, "prompt_estimate": prompt,
                     }),
                 });

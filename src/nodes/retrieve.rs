@@ -206,7 +206,8 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         ctx.events.send(crate::engine::events::Event::Custom {
             node: ctx.node.name.clone(),
             event: "rerank_failed".into(),
-            data: json!({"error": err, "fallback": "rrf"}),
+            // The name in the payload too: a client of `runner serve` gets the payload alone.
+            data: json!({"event": "rerank_failed", "error": err, "fallback": "rrf"}),
         });
     }
     ranked.truncate(top_k);
