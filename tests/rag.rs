@@ -1174,6 +1174,9 @@ fn acceptance_rag_workflow_answers_from_the_indexed_documents() {
             .collect()
     };
     let stages: Vec<&str> = custom("status").iter().map(|d| d["stage"].as_str().unwrap()).collect();
+    // Each names itself in its data, as the seed's client tells a status from a source.
+    assert!(custom("status").iter().all(|d| d["event"] == "status"), "{events:?}");
+    assert!(custom("source").iter().all(|d| d["event"] == "source"), "{events:?}");
     assert_eq!(stages, ["analyzing", "planning", "searching", "generating"]);
     let sourced: Vec<&str> = custom("source")
         .iter()
