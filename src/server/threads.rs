@@ -144,9 +144,8 @@ pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>
             let writes = app.store.get_writes(thread_id, &cp.checkpoint_id)?;
             let mut by_task = Map::new();
             for (task, i) in pending_interrupts(cp, &writes) {
-                match by_task.entry(task).or_insert_with(|| json!([])) {
-                    Value::Array(list) => list.push(i),
-                    _ => {}
+                if let Value::Array(list) = by_task.entry(task).or_insert_with(|| json!([])) {
+                    list.push(i);
                 }
             }
             (Value::Object(shown_state(values, graph.as_deref())), by_task)

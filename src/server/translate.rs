@@ -163,10 +163,8 @@ impl Translate {
                 task_id,
                 message_id,
                 text,
-            } => {
-                if shown {
-                    self.token(&ns, &node, &task_id, &message_id, text, &mut out);
-                }
+            } if shown => {
+                self.token(&ns, &node, &task_id, &message_id, text, &mut out);
             }
             Event::Custom { data, .. } if shown && self.modes.custom => {
                 out.push((name("custom", &ns), data));
@@ -244,8 +242,10 @@ impl Translate {
             let start = (!scope.start.is_empty()).then(|| scope.start.clone());
             let head = self.store.get_checkpoint(&thread, start.as_deref()).ok().flatten();
             if let Some(head) = head {
-                if let Ok(values) = self.store.state(&thread, &head.versions) {
-                    self.scopes.get_mut(ns).map(|s| s.values = values);
+                if let Ok(values) = self.store.state(&thread, &head.versions)
+                    && let Some(s) = self.scopes.get_mut(ns)
+                {
+                    s.values = values;
                 }
                 if ns.is_none() {
                     self.sent = self.message_ids();
