@@ -558,7 +558,11 @@ fn a_failing_llm_reranker_falls_back_to_rrf_and_says_so() {
     assert_eq!(r.ids(), rrf.ids());
     let failed = r.custom("rerank_failed");
     assert_eq!(failed.len(), 1);
-    assert_eq!(failed[0]["data"]["event"], "rerank_failed", "named in its payload: {}", failed[0]);
+    assert_eq!(
+        failed[0]["data"]["event"], "rerank_failed",
+        "named in its payload: {}",
+        failed[0]
+    );
     assert!(
         failed[0]["data"]["error"].as_str().unwrap().contains("no scores"),
         "{}",
@@ -1175,6 +1179,9 @@ fn acceptance_rag_workflow_answers_from_the_indexed_documents() {
             .collect()
     };
     let stages: Vec<&str> = custom("status").iter().map(|d| d["stage"].as_str().unwrap()).collect();
+    // Each names itself in its data, as the seed's client tells a status from a source.
+    assert!(custom("status").iter().all(|d| d["event"] == "status"), "{events:?}");
+    assert!(custom("source").iter().all(|d| d["event"] == "source"), "{events:?}");
     assert_eq!(stages, ["analyzing", "planning", "searching", "generating"]);
     let sourced: Vec<&str> = custom("source")
         .iter()

@@ -249,7 +249,10 @@ async fn statuses_and_error_shapes_are_the_reference_servers() {
     assert!(e["detail"].as_str().unwrap().contains("assistant_id"), "{e}");
     let bad_durability = json!({"assistant_id": "shout", "durability": "never"});
     assert_eq!(call(&s, Method::POST, "/runs/wait", Some(bad_durability)).await.0, 422);
-    // Only the run's last checkpoint is written: the same values, a shorter history.
+    // Only the run's last checkpoint is written: the same values, a shorter history. The run
+    // writes no checkpoint of its steps but the last (`say`'s, step 1, is missing); the turn's
+    // input and start checkpoints (steps -1 and 0) are written as the run opens its thread
+    // (the reference writes neither in this mode: an engine matter, not the server's).
     let exit =
         json!({"assistant_id": "shout", "input": {"word": "hello"}, "durability": "exit", "if_not_exists": "create"});
     let (status, _, v) = call(&s, Method::POST, "/threads/ex/runs/wait", Some(exit)).await;
@@ -261,7 +264,7 @@ async fn statuses_and_error_shapes_are_the_reference_servers() {
         .iter()
         .map(|h| &h["metadata"]["step"])
         .collect();
-    assert_eq!(steps, [&json!(1), &json!(-1)], "{history}");
+    assert_eq!(steps, [&json!(2), &json!(0), &json!(-1)], "{history}");
     let bad_mode = json!({"assistant_id": "gate", "stream_mode": "valuez"});
     assert_eq!(
         call(&s, Method::POST, "/threads/t1/runs/stream", Some(bad_mode))
@@ -367,7 +370,7 @@ async fn a_stream_is_framed_as_the_reference_frames_it() {
             .iter()
             .any(|(e, d)| e == "updates" && d["__interrupt__"].is_array())
     );
-    // `tasks`: the task's start, then its result (the keys it wrote).
+    // `tasks`: the task's start, then its result (its writes, by key).
     let tasks: Vec<&Value> = events.iter().filter(|(e, _)| e == "tasks").map(|(_, d)| d).collect();
     assert_eq!(tasks[0]["name"], "write", "{tasks:?}");
     assert!(
@@ -377,7 +380,7 @@ async fn a_stream_is_framed_as_the_reference_frames_it() {
     assert_eq!(tasks[1]["id"], tasks[0]["id"]);
     assert_eq!(
         tasks[1]["result"],
-        json!([["draft", "first draft"], ["log", ["write"]]]),
+        json!({"draft": "first draft", "log": ["write"]}),
         "{tasks:?}"
     );
     let (last, data) = events.last().unwrap();
@@ -442,8 +445,9 @@ pub(crate) fn parse(body: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
-/// A second run on a thread a run holds is refused with 409 before any byte is streamed: the
-/// server's runs take the thread lease as the CLI's do.
+/// A second run on a thread a run holds, with `multitask_strategy: reject`, is refused with 409
+/// before any byte is streamed: the server's runs take the thread lease as the CLI's do. A run
+/// that names no strategy is queued (`enqueue`, the reference's default).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_run_on_a_busy_thread_is_a_conflict() {
     let s = serve();
@@ -455,6 +459,7 @@ async fn a_second_run_on_a_busy_thread_is_a_conflict() {
         .unwrap();
     // The response has begun: the run holds the thread.
     assert_eq!(first.status(), 200);
+    let first_run = first.headers()["content-location"].to_str().unwrap().to_string();
     let thread = client().get(format!("{}/threads/busy", s.base)).send().await.unwrap();
     assert_eq!(thread.json::<Value>().await.unwrap()["status"], "busy");
     let second = client()
@@ -491,6 +496,7 @@ async fn a_second_run_on_a_busy_thread_is_a_conflict() {
     assert_eq!(events.last().unwrap().1["said"], "done", "{events:?}");
     let queued = queued.await.unwrap().unwrap();
     assert_eq!(queued.status(), 200);
+    let queued_run = queued.headers()["content-location"].to_str().unwrap().to_string();
     assert_eq!(queued.json::<Value>().await.unwrap()["said"], "done");
     let runs: Value = client()
         .get(format!("{}/threads/busy/runs", s.base))
@@ -500,14 +506,25 @@ async fn a_second_run_on_a_busy_thread_is_a_conflict() {
         .json()
         .await
         .unwrap();
-    let statuses: Vec<(&str, &str)> = runs
+    // Newest first: the queued run, then the first, which named no strategy and so has the
+    // default; the refused ones were never recorded.
+    let statuses: Vec<(String, &str, &str)> = runs
         .as_array()
         .unwrap()
         .iter()
-        .filter(|r| r["status"] == "success")
-        .map(|r| (r["multitask_strategy"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .map(|r| {
+            (
+                format!("/threads/busy/runs/{}", r["run_id"].as_str().unwrap()),
+                r["multitask_strategy"].as_str().unwrap(),
+                r["status"].as_str().unwrap(),
+            )
+        })
         .collect();
-    assert_eq!(statuses, [("enqueue", "success"), ("reject", "success")], "{runs}");
+    assert_eq!(
+        statuses,
+        [(queued_run, "enqueue", "success"), (first_run, "enqueue", "success")],
+        "{runs}"
+    );
     // Once the first run ended, the thread takes another.
     let third = client()
         .post(format!("{}/threads/busy/runs/wait", s.base))
@@ -570,8 +587,9 @@ fn the_python_sdk_drives_the_server() {
     script_passes(Command::new(python).arg(script).arg(&s.base), "sdk: every check passed");
 }
 
-/// A client that goes away cancels its run at the next step boundary, unless it asked for the
-/// run to go on (`on_disconnect: continue`, as agent-chat-ui does); either way the run's end is
+/// A client that goes away cancels its run at once, as the API's cancel does (its running task
+/// dropped, its write lost, the thread waiting for that node), unless it asked for the run to
+/// go on (`on_disconnect: continue`, as agent-chat-ui does); either way the run's end is
 /// recorded.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_that_goes_away_cancels_its_run_unless_it_said_continue() {
@@ -615,10 +633,20 @@ async fn a_client_that_goes_away_cancels_its_run_unless_it_said_continue() {
             .unwrap();
         if thread == "gone" {
             assert_eq!(status, "interrupted");
+            // Gone during `tick`'s model call (a second long): `tick` never wrote.
             assert_eq!(
                 (&state["values"]["said"], &state["next"]),
-                (&json!("half"), &json!(["tock"]))
+                (&json!(""), &json!(["tick"]))
             );
+            let thread: Value = client()
+                .get(format!("{}/threads/{thread}", s.base))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(thread["status"], "interrupted", "{thread}");
         } else {
             assert_eq!(status, "success");
             assert_eq!((&state["values"]["said"], &state["next"]), (&json!("done"), &json!([])));
@@ -783,9 +811,10 @@ async fn sigterm_waits_for_background_runs_so_no_model_call_is_made_twice() {
             .iter()
             .map(|h| h["metadata"]["step"].as_i64().unwrap())
             .collect();
+        // One checkpoint per step: the turn's input (-1) and start (0), tick's (1), tock's (2).
         // bg0 has a second turn after it: the queued run's.
-        assert_eq!(steps[steps.len() - 3..], [1, 0, -1], "bg{i}: {steps:?}");
-        assert_eq!(steps.len() > 3, i == 0, "bg{i}: {steps:?}");
+        assert_eq!(steps[steps.len() - 4..], [2, 1, 0, -1], "bg{i}: {steps:?}");
+        assert_eq!(steps.len() > 4, i == 0, "bg{i}: {steps:?}");
     }
 }
 
@@ -1157,8 +1186,9 @@ async fn runs_outlive_a_killed_server_and_end_exactly_once() {
     let args: Vec<String> = std::iter::once("join".to_string()).chain(pairs).collect();
     durable_py(&s, &args);
 
-    // One checkpoint per step: tick (step 0) ran once, before the kill; tock (step 1) once,
-    // after it. d1 has a second turn (the queued run), after the first one's.
+    // One checkpoint per step: the turn's input (-1) and start (0), tick's (step 1, made once,
+    // before the kill) and tock's (step 2, once, after it). d1 has a second turn (the queued
+    // run), after the first one's.
     let steps = |thread: &'static str| {
         let s = &s;
         async move {
@@ -1177,9 +1207,9 @@ async fn runs_outlive_a_killed_server_and_end_exactly_once() {
                 .collect::<Vec<_>>()
         }
     };
-    assert_eq!(steps("d2").await, [1, 0, -1]);
+    assert_eq!(steps("d2").await, [2, 1, 0, -1]);
     let d1 = steps("d1").await;
-    assert_eq!(d1[d1.len() - 3..], [1, 0, -1], "{d1:?}");
+    assert_eq!(d1[d1.len() - 4..], [2, 1, 0, -1], "{d1:?}");
     let (_, _, listed) = call(&s, reqwest::Method::GET, "/threads/d1/runs", None).await;
     let statuses: Vec<&str> = listed
         .as_array()

@@ -201,7 +201,8 @@ async fn the_store_refuses_what_it_could_not_read_back() {
 }
 
 /// The legacy `messages` mode sends each streamed message's metadata once, then the message
-/// so far; `checkpoints` every checkpoint of the run linked to its parent; `debug` the
+/// so far at each token (the whole once more for the stream's last, empty piece, as the
+/// reference does); `checkpoints` every checkpoint of the run linked to its parent; `debug` the
 /// checkpoints and tasks wrapped with their step and type.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_legacy_messages_checkpoints_and_debug_modes_stream_the_references_shapes() {
@@ -227,13 +228,21 @@ async fn the_legacy_messages_checkpoints_and_debug_modes_stream_the_references_s
         .iter()
         .map(|d| (d[0]["content"].as_str().unwrap(), d[0]["id"].as_str().unwrap()))
         .collect();
-    assert_eq!(partial, [("hello", id.as_str()), ("hello there", id.as_str())]);
+    assert_eq!(
+        partial,
+        [
+            ("hello", id.as_str()),
+            ("hello there", id.as_str()),
+            ("hello there", id.as_str())
+        ]
+    );
     assert_eq!(named("messages/partial")[0][0]["type"], "ai");
     assert!(named("messages").is_empty(), "messages-tuple was not asked for");
 
-    // The input checkpoint and one per step, each the parent of the next.
+    // The turn's input checkpoint, its start (the input applied) and one per step, each the
+    // parent of the next.
     let checkpoints = named("checkpoints");
-    assert_eq!(checkpoints.len(), 3, "{checkpoints:?}");
+    assert_eq!(checkpoints.len(), 4, "{checkpoints:?}");
     assert_eq!(checkpoints[0]["parent_config"], Value::Null);
     for pair in checkpoints.windows(2) {
         assert_eq!(
@@ -241,10 +250,24 @@ async fn the_legacy_messages_checkpoints_and_debug_modes_stream_the_references_s
             pair[0]["config"]["configurable"]["checkpoint_id"]
         );
     }
-    assert_eq!(checkpoints[0]["next"], json!(["say"]));
-    assert_eq!(checkpoints[1]["values"]["said"], "hello there");
-    assert_eq!(checkpoints[2]["next"], json!([]));
-    assert_eq!(checkpoints[2]["config"]["configurable"]["thread_id"], "m1");
+    let sources: Vec<(&Value, &Value)> = checkpoints
+        .iter()
+        .map(|c| (&c["metadata"]["source"], &c["metadata"]["step"]))
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            (&json!("input"), &json!(-1)),
+            (&json!("loop"), &json!(0)),
+            (&json!("loop"), &json!(1)),
+            (&json!("loop"), &json!(2))
+        ]
+    );
+    assert_eq!(checkpoints[0]["next"], json!(["__start__"]));
+    assert_eq!(checkpoints[1]["next"], json!(["say"]));
+    assert_eq!(checkpoints[2]["values"]["said"], "hello there");
+    assert_eq!(checkpoints[3]["next"], json!([]));
+    assert_eq!(checkpoints[3]["config"]["configurable"]["thread_id"], "m1");
     let state: Value = client()
         .get(format!("{}/threads/m1/state", s.base))
         .send()
@@ -254,7 +277,7 @@ async fn the_legacy_messages_checkpoints_and_debug_modes_stream_the_references_s
         .await
         .unwrap();
     assert_eq!(
-        checkpoints[2]["config"]["configurable"]["checkpoint_id"],
+        checkpoints[3]["config"]["configurable"]["checkpoint_id"],
         state["checkpoint"]["checkpoint_id"]
     );
 
@@ -265,6 +288,7 @@ async fn the_legacy_messages_checkpoints_and_debug_modes_stream_the_references_s
     assert_eq!(
         debug,
         [
+            ("checkpoint", ""),
             ("checkpoint", ""),
             ("task", "say"),
             ("task_result", "say"),
@@ -602,15 +626,19 @@ async fn a_run_from_an_older_checkpoint_forks_the_thread() {
     let (_, _, history) = call(&s, Method::POST, "/threads/f/history", Some(json!({"limit": 50}))).await;
     let history = history.as_array().unwrap().clone();
     let old_head = history[0]["checkpoint_id"].as_str().unwrap().to_string();
-    // The checkpoint where `more` first appears; its parent ends the first turn.
+    // The checkpoint where `more` first appears (the second turn's start); its parent, where
+    // agent-chat-ui's edit of `more` forks, is the second turn's input checkpoint, which holds
+    // the first turn's values.
     let more = history
         .iter()
         .rev()
         .find(|h| texts(&h["values"]).contains(&"more".to_string()))
         .unwrap();
-    let end_of_first = more["parent_checkpoint"]["checkpoint_id"].as_str().unwrap().to_string();
+    let fork = more["parent_checkpoint"]["checkpoint_id"].as_str().unwrap().to_string();
+    let at_fork = history.iter().find(|h| h["checkpoint_id"] == fork.as_str()).unwrap();
+    assert_eq!(texts(&at_fork["values"]), ["hi", "echo: hi"]);
 
-    let edited = wait(say("other", Some(&end_of_first))).await;
+    let edited = wait(say("other", Some(&fork))).await;
     assert_eq!(texts(&edited), ["hi", "echo: hi", "other", "echo: other"]);
     let (_, _, after) = call(&s, Method::POST, "/threads/f/history", Some(json!({"limit": 50}))).await;
     let after = after.as_array().unwrap();
@@ -621,22 +649,32 @@ async fn a_run_from_an_older_checkpoint_forks_the_thread() {
             "the old branch stays"
         );
     }
-    assert_eq!(after.len(), history.len() + 2, "a turn's checkpoint and its step's");
+    assert_eq!(
+        after.len(),
+        history.len() + 3,
+        "a turn's input and start checkpoints, and its step's"
+    );
     let new: Vec<&Value> = after
         .iter()
         .filter(|h| !history.iter().any(|o| o["checkpoint_id"] == h["checkpoint_id"]))
         .collect();
     let parent = |h: &Value| h["parent_checkpoint"]["checkpoint_id"].as_str().unwrap().to_string();
-    let turn = new
-        .iter()
-        .find(|h| parent(h) == end_of_first)
-        .expect("the branch starts at the checkpoint");
-    let step = new
-        .iter()
-        .find(|h| h["checkpoint_id"] != turn["checkpoint_id"])
-        .unwrap();
-    assert_eq!(parent(step), turn["checkpoint_id"].as_str().unwrap());
-    assert_eq!(texts(&turn["values"]), ["hi", "echo: hi", "other"]);
+    let child_of = |id: &str| {
+        let id = id.to_string();
+        *new.iter()
+            .find(|h| parent(h) == id)
+            .unwrap_or_else(|| panic!("no new checkpoint is a child of {id}: {new:?}"))
+    };
+    let input = child_of(&fork);
+    let start = child_of(input["checkpoint_id"].as_str().unwrap());
+    let step = child_of(start["checkpoint_id"].as_str().unwrap());
+    assert_eq!(
+        (&input["metadata"]["source"], &input["next"]),
+        (&json!("input"), &json!(["__start__"]))
+    );
+    assert_eq!(texts(&input["values"]), ["hi", "echo: hi"]);
+    assert_eq!(texts(&start["values"]), ["hi", "echo: hi", "other"]);
+    assert_eq!(texts(&step["values"]), texts(&edited));
     // The abandoned branch's values are intact.
     let (_, _, old) = call(&s, Method::GET, &format!("/threads/f/state/{old_head}"), None).await;
     assert_eq!(texts(&old["values"]), ["hi", "echo: hi", "more", "echo: more"]);
@@ -850,7 +888,8 @@ async fn with_one_worker_runs_wait_pending_in_line() {
         .send()
         .await
         .unwrap();
-    assert_eq!(cancel.status(), 204);
+    assert_eq!(cancel.status(), 200);
+    assert_eq!(cancel.json::<Value>().await.unwrap(), json!({}));
     assert_eq!(status("w3".into(), id(&third)).await, "interrupted");
     assert_eq!(status("w1".into(), id(&first)).await, "running");
     let (_, _, w3) = call(&s, Method::GET, "/threads/w3/state", None).await;
@@ -935,9 +974,11 @@ async fn command_goto_sends_run_a_fan_out_target_on_the_given_item() {
 }
 
 /// An `agent` node served as agent-chat-ui drives it (`messages-tuple` with
-/// `stream_subgraphs`): the loop's model tokens arrive as `messages|helper:helper` chunks whose
-/// id is the id the reply then has in the thread's messages, so the UI joins the streamed reply
-/// with the stored one instead of showing it twice; the tool round's messages are stored once.
+/// `stream_subgraphs`): the loop's model tokens arrive as `messages|helper:…` chunks whose id
+/// is the id the reply then has in the thread's messages, so the UI joins the streamed reply
+/// with the stored one instead of showing it twice; the tool round's messages (the model's
+/// tool call, the tool's answer), written whole, are sent whole once each, as the reference
+/// sends them, under the ids they are stored under.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_agents_streamed_reply_has_the_id_it_is_stored_under() {
     let dir = tempfile::tempdir().unwrap();
@@ -998,11 +1039,12 @@ edges: [START -> helper -> END]
         .unwrap();
     assert_eq!(resp.status(), 200);
     let events = parse(&resp.text().await.unwrap());
-    let chunks: Vec<&Value> = events
+    let sent: Vec<&Value> = events
         .iter()
         .filter(|(e, _)| e.starts_with("messages|helper:"))
         .map(|(_, d)| d)
         .collect();
+    let (chunks, whole): (Vec<&Value>, Vec<&Value>) = sent.iter().partition(|d| d[0]["type"] == "AIMessageChunk");
     let text: String = chunks
         .iter()
         .map(|d| d[0]["content"].as_str().unwrap_or_default())
@@ -1016,6 +1058,12 @@ edges: [START -> helper -> END]
     let types: Vec<&str> = messages.iter().filter_map(|m| m["type"].as_str()).collect();
     assert_eq!(types, ["human", "ai", "tool", "ai"], "{state}");
     assert_eq!(messages[3]["id"], id, "the streamed reply is the stored one: {state}");
+    let whole: Vec<(&Value, &Value)> = whole.iter().map(|d| (&d[0]["type"], &d[0]["id"])).collect();
+    assert_eq!(
+        whole,
+        [(&json!("ai"), &messages[1]["id"]), (&json!("tool"), &messages[2]["id"])],
+        "{events:?}"
+    );
     let ids: std::collections::BTreeSet<&str> = messages.iter().filter_map(|m| m["id"].as_str()).collect();
     assert_eq!(ids.len(), 4, "every message has its own id: {state}");
 }
@@ -1054,7 +1102,7 @@ async fn a_message_written_whole_is_sent_whole_and_input_is_not_sent_back() {
 /// `--store-index` is LangGraph's store `index`: items put are embedded at its fields (or at
 /// the fields a put names), a search's `query` ranks by similarity (cosine, best first, paged),
 /// an item put with `index: false` only fills the room a page has left, with a null score,
-/// and without a query the newest come first.
+/// and without a query items come in the order they were put, as LangGraph's store lists them.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_store_index_makes_search_rank_by_meaning() {
     let s = super::serve::serve_with(&["--store-index", "offline", "--store-index-field", "text"], &[]);
@@ -1071,6 +1119,7 @@ async fn a_store_index_makes_search_rank_by_meaning() {
             json!(["title"]),
         ),
         ("plain", json!({"text": "moon tides moon tides"}), json!(false)),
+        ("later", json!({"text": "moon tides, later"}), json!(false)),
     ] {
         let body = json!({"namespace": ["notes"], "key": key, "value": value, "index": index});
         let (status, _, error) = call(&s, Method::PUT, "/store/items", Some(body)).await;
@@ -1091,21 +1140,27 @@ async fn a_store_index_makes_search_rank_by_meaning() {
             .collect::<Vec<_>>()
     };
     let found = search(json!({"namespace_prefix": ["notes"], "query": "moon tides"})).await;
-    // `titled` was embedded at its title only (the whole of "moon tides"), `tides` at its text.
-    assert_eq!(keys(&found), ["titled", "tides", "bread", "plain"], "{found:#?}");
+    // `titled` was embedded at its title only (the whole of "moon tides"), `tides` at its text;
+    // the items not embedded fill the page in the order they were put, as LangGraph's store
+    // fills it.
+    assert_eq!(
+        keys(&found),
+        ["titled", "tides", "bread", "plain", "later"],
+        "{found:#?}"
+    );
     let scores: Vec<Option<f64>> = found.iter().map(|i| i["score"].as_f64()).collect();
     assert!(scores[0] > scores[1] && scores[1] > scores[2], "{scores:?}");
-    assert_eq!(scores[3], None);
+    assert_eq!(scores[3..], [None, None]);
     assert!(found[0]["created_at"].is_string() && found[0]["updated_at"].is_string());
     // Pages are cut from the ranking; a filter applies first.
     let page = search(json!({"namespace_prefix": ["notes"], "query": "moon tides", "limit": 1, "offset": 1})).await;
     assert_eq!(keys(&page), ["tides"]);
     let filtered = search(json!({"namespace_prefix": ["notes"], "query": "moon", "filter": {"title": "bread"}})).await;
     assert_eq!(keys(&filtered), ["tides"]);
-    // No query: the most recently updated first, no score.
-    let newest = search(json!({"namespace_prefix": ["notes"], "limit": 2})).await;
-    assert_eq!(keys(&newest), ["plain", "titled"]);
-    assert!(newest.iter().all(|i| i["score"].is_null()));
+    // No query: the oldest first, no score.
+    let oldest = search(json!({"namespace_prefix": ["notes"], "limit": 2})).await;
+    assert_eq!(keys(&oldest), ["tides", "bread"]);
+    assert!(oldest.iter().all(|i| i["score"].is_null()));
     // A bad `index` is refused.
     for index in [json!("text"), json!([1])] {
         let body = json!({"namespace": ["notes"], "key": "x", "value": {}, "index": index});

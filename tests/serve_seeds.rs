@@ -59,11 +59,12 @@ async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
         )
         .await;
         assert_eq!(events[0].0, "metadata");
-        // The seed's `status` events, as `custom` events the UI shows as progress.
+        // The seed's `status` events, as `custom` events the UI shows as progress: the data the
+        // workflow emitted, which names the event as the seed's client reads it.
         let stages: Vec<&str> = events
             .iter()
             .filter(|(e, d)| e == "custom" && d["event"] == "status")
-            .filter_map(|(_, d)| d["data"]["stage"].as_str())
+            .filter_map(|(_, d)| d["stage"].as_str())
             .collect();
         assert_eq!(stages, ["analyzing", "generating"], "turn {turn}: {events:?}");
         let chunks: Vec<&Value> = events.iter().filter(|(e, _)| e == "messages").map(|(_, d)| d).collect();
@@ -125,7 +126,8 @@ async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
 }
 
 /// The mindmap agent (000) streams every node it adds as a `custom` event, as its canvas reads
-/// them, and ends with the whole map in its values. Each expansion is a subgraph that announces
+/// them (the seed's `OutputEvent`: `{type: "node_added", node_id, node_data, ...}`), and ends
+/// with the whole map in its values. Each expansion is a subgraph that announces
 /// its children as soon as it is done, so the canvas asks for subgraphs' events too
 /// (`stream_subgraphs`, as LangGraph's `subgraphs=True`): they arrive as `custom|<ns>`.
 #[tokio::test(flavor = "multi_thread")]
@@ -141,10 +143,10 @@ async fn the_mindmap_streams_node_added_as_custom_events() {
     .await;
     let added: Vec<&Value> = events
         .iter()
-        .filter(|(e, d)| (e == "custom" || e.starts_with("custom|")) && d["event"] == "node_added")
+        .filter(|(e, d)| (e == "custom" || e.starts_with("custom|")) && d["type"] == "node_added")
         .map(|(_, d)| d)
         .collect();
-    let ids: Vec<&str> = added.iter().filter_map(|d| d["data"]["node_id"].as_str()).collect();
+    let ids: Vec<&str> = added.iter().filter_map(|d| d["node_id"].as_str()).collect();
     assert_eq!(ids.first(), Some(&"root"), "the root first: {added:?}");
     let mut sorted = ids.clone();
     sorted.sort_unstable();
@@ -155,6 +157,10 @@ async fn the_mindmap_streams_node_added_as_custom_events() {
     );
     let values = &events.iter().rev().find(|(e, _)| e == "values").unwrap().1;
     assert_eq!(values["nodes"].as_object().unwrap().len(), 5, "{values}");
+    for d in &added {
+        let id = d["node_id"].as_str().unwrap();
+        assert_eq!(d["node_data"], values["nodes"][id], "node_added carries {id}'s data");
+    }
 }
 
 /// What waits at the thread's gate, from `GET /threads/{id}/state`: the interrupt's value, with

@@ -245,6 +245,9 @@ fn mindmap_expands_two_levels_and_streams_every_node() {
     );
     for d in &added {
         let id = d["node_id"].as_str().unwrap();
+        // The canvas's OutputEvent: its type with it, as a client of the server's custom
+        // events (the data alone) reads it.
+        assert_eq!(d["type"], "node_added", "{d}");
         assert_eq!(d["node_data"], nodes[id], "node_added carries {id}'s data");
         assert_eq!(d["parent_id"], nodes[id]["parent_id"]);
         assert_eq!(d["level"], nodes[id]["level"]);
@@ -252,7 +255,10 @@ fn mindmap_expands_two_levels_and_streams_every_node() {
 
     assert_eq!(
         r.custom("mindmap_complete"),
-        [&json!({"root_id": "root", "node_count": 5, "edge_count": 4, "depth": 2, "error": null})]
+        [
+            &json!({"type": "mindmap_complete", "root_id": "root", "node_count": 5, "edge_count": 4, "depth": 2,
+                 "error": null})
+        ]
     );
 }
 
@@ -394,7 +400,10 @@ fn mindmap_keeps_going_when_one_expansion_fails() {
     assert_eq!(nodes, ["root", "root.1", "root.2", "root.1.1"]);
     assert_eq!(
         r.custom("mindmap_complete"),
-        [&json!({"root_id": "root", "node_count": 4, "edge_count": 3, "depth": 2, "error": error})]
+        [
+            &json!({"type": "mindmap_complete", "root_id": "root", "node_count": 4, "edge_count": 3, "depth": 2,
+                 "error": error})
+        ]
     );
 }
 

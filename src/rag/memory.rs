@@ -355,9 +355,11 @@ pub fn items(c: &Connection, q: &ItemQuery) -> Result<Vec<Value>, DataError> {
         }
         None => {
             let mut stmt = c.prepare_cached(
-                // Oldest first, as LangGraph's store lists what no query ranks.
+                // In the order they were put, as LangGraph's store lists what no query ranks:
+                // oldest first, and the row's id (kept by an update) between items put in the
+                // same millisecond.
                 "SELECT namespace, key, value, updated_at, created_at FROM memory
-                 WHERE substr(namespace, 1, length(?1)) = ?1 ORDER BY created_at, namespace, key",
+                 WHERE substr(namespace, 1, length(?1)) = ?1 ORDER BY created_at, rowid",
             )?;
             stmt.query_map(params![ns], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, None))
@@ -422,9 +424,11 @@ pub fn similar_items(c: &Connection, q: &ItemQuery, query: &[f32], embedder: &st
             *slot = slot.max(score);
         }
     }
+    // In the order they were put, as [`items`] lists them: LangGraph's store ranks its
+    // candidates in that order with a stable sort, and fills a page's room from them in it.
     let mut stmt = c.prepare_cached(
         "SELECT namespace, key, value, updated_at, created_at FROM memory
-         WHERE substr(namespace, 1, length(?1)) = ?1 ORDER BY updated_at DESC, namespace, key",
+         WHERE substr(namespace, 1, length(?1)) = ?1 ORDER BY created_at, rowid",
     )?;
     let rows: Vec<(String, String, String, String, Option<String>)> = stmt
         .query_map(params![ns], |r| {
@@ -443,7 +447,7 @@ pub fn similar_items(c: &Connection, q: &ItemQuery, query: &[f32], embedder: &st
             None => scoreless.push((ns, key, value, updated, created, None)),
         }
     }
-    // Best first; equal scores in the order above (the most recently updated first).
+    // Best first; equal scores in the order above (`sort_by` is stable).
     scored.sort_by(|a, b| b.5.partial_cmp(&a.5).unwrap_or(std::cmp::Ordering::Equal));
     let mut found: Vec<_> = scored.into_iter().skip(q.offset).take(q.limit).collect();
     let room = q.limit.saturating_sub(found.len());

@@ -78,7 +78,8 @@ async def main():
     assert tid in [t["thread_id"] for t in listed], listed
     assert await client.threads.search(metadata={"who": "nobody"}) == []
 
-    # Stateless runs: waited for, and streamed with an emit node's custom event.
+    # Stateless runs: waited for, and streamed with an emit node's custom event: its data as
+    # the workflow emitted it, as `get_stream_writer()(data)` sends it on the reference.
     assert await client.runs.wait(None, "shout", input={"word": "hello"}) == {"said": "hello there"}
     parts = [
         p
@@ -87,7 +88,7 @@ async def main():
         )
     ]
     customs = [p.data for p in parts if p.event == "custom"]
-    assert customs == [{"event": "said", "data": {"text": "hello there"}}], customs
+    assert customs == [{"text": "hello there"}], customs
     # The model's tokens as LangChain message chunks sharing one id, the last one marked.
     messages = [p.data for p in parts if p.event == "messages"]
     assert "".join(chunk["content"] for chunk, _ in messages) == "hello there", messages
@@ -122,9 +123,10 @@ async def main():
     joined = [p async for p in client.runs.join_stream(t3, resumable["run_id"], last_event_id="-1")]
     assert joined[0].event == "metadata" and joined[0].id == "1", joined[0]
     assert [p.id for p in joined] == [str(i) for i in range(1, len(joined) + 1)], joined
-    assert {"event": "said", "data": {"text": "hello there"}} in [p.data for p in joined if p.event == "custom"]
+    assert {"text": "hello there"} in [p.data for p in joined if p.event == "custom"], joined
 
-    # Cancelling stops a run at its next step boundary; its thread can be continued.
+    # Cancelling stops a run at once: the task it was running (`tick`, in a second-long model
+    # call) is dropped unwritten, and the thread waits for it, interrupted, saying why.
     t4 = (await client.threads.create())["thread_id"]
     slow = await client.runs.create(t4, "slow")
     # A background create answers while the run may still be pending (a pending run cancelled
@@ -135,7 +137,16 @@ async def main():
         await asyncio.sleep(0.01)
     await client.runs.cancel(t4, slow["run_id"], wait=True)
     assert (await client.runs.get(t4, slow["run_id"]))["status"] == "interrupted"
-    assert (await client.threads.get_state(t4))["next"] == ["tock"]
+    state = await client.threads.get_state(t4)
+    assert state["next"] == ["tick"] and state["values"] == {"said": ""}, state
+    cancelled = await client.threads.get(t4)
+    assert cancelled["status"] == "interrupted", cancelled
+    assert cancelled["error"] == {
+        "error": "UserInterrupt",
+        "message": "interrupt requested via POST /threads/{thread_id}/runs/{run_id}/cancel",
+    }, cancelled
+    # Its thread can be continued: the dropped task runs again, then the rest.
+    assert await client.runs.wait(t4, "slow") == {"said": "done"}
 
     # Metadata merged; the state at an older checkpoint, by id or by checkpoint.
     updated = await client.threads.update(tid, metadata={"extra": 1})

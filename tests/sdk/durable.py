@@ -67,8 +67,8 @@ async def said_is(client, tid, value):
 
 
 async def multitask_interrupt(client):
-    # A newer run with `interrupt` stops the running one at its step boundary and continues
-    # the thread from there; the stopped run stays, `interrupted`, and can then be deleted.
+    # A newer run with `interrupt` cancels the running one at once and continues the thread from
+    # where it stopped; the cancelled run stays, `interrupted`, and can then be deleted.
     tid = (await client.threads.create())["thread_id"]
     first = await client.runs.create(tid, "slow")
     second = await client.runs.create(tid, "slow", multitask_strategy="interrupt")
@@ -92,7 +92,8 @@ async def multitask_rollback(client):
     assert await client.runs.join(tid, second["run_id"]) == {"said": "done"}
     assert [r["run_id"] for r in await client.runs.list(tid)] == [second["run_id"]], first
     steps = [h["metadata"]["step"] for h in await client.threads.get_history(tid, limit=100)]
-    assert steps == [1, 0, -1], steps
+    # One turn: its input (-1) and start (0) checkpoints, tick's (1), tock's (2).
+    assert steps == [2, 1, 0, -1], steps
 
 
 async def interrupt_points(client):

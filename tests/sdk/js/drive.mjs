@@ -67,7 +67,8 @@ for (let i = 0; i + 1 < history.length; i++) {
 const found = await client.threads.search({ metadata: { graph_id: "gate" }, limit: 100 });
 assert.ok(found.some((t) => t.thread_id === tid));
 
-// Tokens as `messages` (messages-tuple) sharing one id, and an `emit` node's custom event.
+// Tokens as `messages` (messages-tuple) sharing one id, and an `emit` node's custom event: its
+// data as the workflow emitted it, as `get_stream_writer()(data)` sends it on the reference.
 const shout = await collect(
   client.runs.stream(null, "shout", { input: { word: "hello" }, streamMode: ["messages-tuple", "custom"] }),
 );
@@ -80,7 +81,7 @@ assert.deepEqual(
 assert.equal(new Set(tokens.map((p) => p.data[0].id)).size, 1);
 assert.equal(tokens[0].data[1].langgraph_node, "say");
 const custom = shout.filter((p) => p.event === "custom").map((p) => p.data);
-assert.deepEqual(custom, [{ event: "said", data: { text: "hello there" } }]);
+assert.deepEqual(custom, [{ text: "hello there" }]);
 
 // Wait: stateless, and on a thread whose messages go through add_messages.
 assert.equal((await client.runs.wait(null, "shout", { input: { word: "hello" } })).said, "hello there");
@@ -90,7 +91,7 @@ const waited = await client.runs.wait(chat.thread_id, "chat", {
 });
 assert.equal(waited.messages.at(-1).content, "echo: hi", JSON.stringify(waited));
 
-// Cancel a background run: it stops at its next step boundary.
+// Cancel a background run: it stops at once (before it starts, if it is still in line).
 const slow = await client.threads.create();
 const run = await client.runs.create(slow.thread_id, "slow");
 await client.runs.cancel(slow.thread_id, run.run_id, true);
