@@ -16,46 +16,16 @@ fn suite() -> PathBuf {
 
 /// The venv with the reference server and the Python client, made once per build directory.
 fn reference_venv() -> PathBuf {
-    let requirements = suite().join("requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).unwrap();
-    let venv = install::once("conformance-venv", &wanted, |venv| {
-        install::run(
-            Command::new("python3").args(["-m", "venv"]).arg(venv),
-            "python3 -m venv",
-        )?;
-        install::run(
-            Command::new(venv.join("bin/python"))
-                .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
-                .arg(&requirements),
-            "pip install -r tests/conformance/requirements.txt (it needs PyPI)",
-        )
-    });
-    match venv {
-        Ok(v) => v.join("bin/python"),
-        Err(e) => panic!("the reference server could not be installed: {e}"),
-    }
+    install::venv("conformance-venv", &suite().join("requirements.txt"))
+        .unwrap_or_else(|e| panic!("the reference server could not be installed: {e}"))
 }
 
 /// The JS client and React (for the flows), installed from the lock file, with the suite's
 /// scripts beside them so that their imports resolve there.
 fn js_client() -> PathBuf {
     let source = suite().join("js");
-    let wanted = std::fs::read_to_string(source.join("package-lock.json")).unwrap();
-    let dir = install::once("conformance-js", &wanted, |dir| {
-        for file in ["package.json", "package-lock.json"] {
-            std::fs::copy(source.join(file), dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
-        }
-        install::run(
-            Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
-                .current_dir(dir),
-            &format!("npm ci in {} (it needs node, npm and the npm registry)", dir.display()),
-        )
-    });
-    let dir = match dir {
-        Ok(d) => d,
-        Err(e) => panic!("the JS client could not be installed: {e}"),
-    };
+    let dir = install::npm_ci("conformance-js", &source)
+        .unwrap_or_else(|e| panic!("the JS client could not be installed: {e}"));
     for script in ["drive.mjs", "flows.mjs"] {
         std::fs::copy(source.join(script), dir.join(script)).unwrap();
     }

@@ -587,21 +587,7 @@ fn reference_servers() -> Option<&'static Path> {
             }
         }
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
-        let wanted = match std::fs::read_to_string(source.join("package-lock.json")) {
-            Ok(text) => text,
-            Err(e) => return Some(Err(e.to_string())),
-        };
-        Some(install::once("mcp-servers", &wanted, |dir| {
-            for file in ["package.json", "package-lock.json"] {
-                std::fs::copy(source.join(file), dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
-            }
-            install::run(
-                Command::new("npm")
-                    .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
-                    .current_dir(dir),
-                &format!("npm ci in {} (it needs the npm registry)", dir.display()),
-            )
-        }))
+        Some(install::npm_ci("mcp-servers", &source))
     });
     match found {
         None => None,

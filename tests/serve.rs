@@ -560,21 +560,10 @@ pub(crate) fn script_passes(cmd: &mut Command, passed: &str) {
 }
 
 fn make_venv() -> Result<PathBuf, String> {
-    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).map_err(|e| e.to_string())?;
-    let venv = install::once("sdk-venv", &wanted, |venv| {
-        install::run(
-            Command::new("python3").args(["-m", "venv"]).arg(venv),
-            "python3 -m venv",
-        )?;
-        install::run(
-            Command::new(venv.join("bin/python"))
-                .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
-                .arg(&requirements),
-            "pip install -r tests/sdk/requirements.txt (it needs PyPI)",
-        )
-    })?;
-    Ok(venv.join("bin/python"))
+    install::venv(
+        "sdk-venv",
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/requirements.txt"),
+    )
 }
 
 /// LangGraph's Python client drives the server through a whole conversation: assistants,

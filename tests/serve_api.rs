@@ -488,19 +488,7 @@ fn sdk_js() -> &'static Path {
 }
 
 fn npm_ci() -> Result<PathBuf, String> {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/js");
-    let wanted = std::fs::read_to_string(source.join("package-lock.json")).map_err(|e| e.to_string())?;
-    install::once("sdk-js", &wanted, |dir| {
-        for file in ["package.json", "package-lock.json"] {
-            std::fs::copy(source.join(file), dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
-        }
-        install::run(
-            Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
-                .current_dir(dir),
-            &format!("npm ci in {} (it needs node, npm and the npm registry)", dir.display()),
-        )
-    })
+    install::npm_ci("sdk-js", &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/js"))
 }
 
 /// LangGraph's JS client drives the server as an application would: threads, streams in each

@@ -57,6 +57,20 @@ impl From<DecodeError> for EngineError {
 /// task, `input`, or the node a state edit writes as) and the value.
 pub(super) type Updates<'a> = BTreeMap<&'a str, Vec<(&'a str, &'a str, &'a Value)>>;
 
+/// The writes of finished tasks (in plan order) by key: each with its node and task.
+pub(super) fn updates_of<'a>(done: &[(&'a TaskSpec, &'a task::Done)]) -> Updates<'a> {
+    let mut updates: Updates = BTreeMap::new();
+    for (t, d) in done {
+        for (k, v) in &d.writes {
+            updates
+                .entry(k.as_str())
+                .or_default()
+                .push((t.node.as_str(), t.task_id.as_str(), v));
+        }
+    }
+    updates
+}
+
 /// A step's writes folded into new values: the versions after the step, the keys that
 /// changed, what to store for each, and each key's new value.
 pub(super) struct Folded {
@@ -77,14 +91,8 @@ impl Engine {
         step: i64,
     ) -> Result<(Checkpoint, NewValues), ApplyError> {
         let done = self.in_plan_order(outcomes);
-        let mut updates: Updates = BTreeMap::new();
+        let updates = updates_of(&done);
         for (t, d) in &done {
-            for (k, v) in &d.writes {
-                updates
-                    .entry(k.as_str())
-                    .or_default()
-                    .push((t.node.as_str(), t.task_id.as_str(), v));
-            }
             self.count_usage(&mut run.meta, &t.node, &d.usage);
         }
         let folded = self.fold(run, &updates)?;

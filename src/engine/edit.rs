@@ -449,16 +449,8 @@ impl Engine {
             .into_iter()
             .map(|(t, d)| (t, super::step::StepResult::Done(d)))
             .collect();
-        let mut updates: super::apply::Updates = BTreeMap::new();
         let done = engine.in_plan_order(&outcomes);
-        for (t, d) in &done {
-            for (k, v) in &d.writes {
-                updates
-                    .entry(k.as_str())
-                    .or_default()
-                    .push((t.node.as_str(), t.task_id.as_str(), v));
-            }
-        }
+        let updates = super::apply::updates_of(&done);
         let mut meta: Meta = serde_json::from_value(cp.meta.clone()).unwrap_or_default();
         let folded = engine
             .fold_writes(&state, &cp.versions, &mut meta, &updates)

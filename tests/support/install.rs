@@ -57,3 +57,40 @@ pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A venv under the target directory named `name`, with `requirements` (a path inside the
+/// repository) installed from PyPI: its Python.
+pub(crate) fn venv(name: &str, requirements: &Path) -> Result<PathBuf, String> {
+    let wanted = std::fs::read_to_string(requirements).map_err(|e| format!("{}: {e}", requirements.display()))?;
+    let venv = once(name, &wanted, |venv| {
+        run(
+            Command::new("python3").args(["-m", "venv"]).arg(venv),
+            "python3 -m venv",
+        )?;
+        run(
+            Command::new(venv.join("bin/python"))
+                .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
+                .arg(requirements),
+            &format!("pip install -r {} (it needs PyPI)", requirements.display()),
+        )
+    })?;
+    Ok(venv.join("bin/python"))
+}
+
+/// The npm packages `source`'s `package-lock.json` pins, installed with `npm ci` into a
+/// directory under the target directory named `name` (the source tree stays clean): that
+/// directory.
+pub(crate) fn npm_ci(name: &str, source: &Path) -> Result<PathBuf, String> {
+    let wanted = std::fs::read_to_string(source.join("package-lock.json")).map_err(|e| e.to_string())?;
+    once(name, &wanted, |dir| {
+        for file in ["package.json", "package-lock.json"] {
+            std::fs::copy(source.join(file), dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
+        }
+        run(
+            Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+                .current_dir(dir),
+            &format!("npm ci in {} (it needs node, npm and the npm registry)", dir.display()),
+        )
+    })
+}
