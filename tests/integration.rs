@@ -35,6 +35,7 @@ mod runner_test;
 mod serve;
 mod serve_api;
 mod serve_conn;
+mod serve_routes;
 mod serve_seeds;
 mod serve_stop;
 mod tools;

@@ -13,8 +13,10 @@ use crate::run::{DbOption, MockOption, RunOptions};
 /// Serve every workflow of a folder with the LangGraph Server API, for LangGraph's SDKs and
 /// agent-chat-ui (`get_client(url="http://127.0.0.1:2024")`).
 ///
-/// Each workflow file is a graph named by its file stem; a file that does not validate is
-/// reported and not served. Without `--api-key-env` only loopback addresses are accepted.
+/// Each workflow file is a graph named by its file stem; a workflow in a subfolder is served
+/// when it declares `serve:` (named by its path, `mindmap/expand.yaml` as `mindmap-expand`),
+/// with the HTTP routes it declares of its own. A file that does not validate is reported and
+/// not served. Without `--api-key-env` only loopback addresses are accepted.
 ///
 /// Example: runner serve workflows --port 2024
 #[derive(clap::Args, Debug)]
@@ -134,13 +136,16 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         crate::server::load(&args.dir).with_context(|| format!("cannot read the folder {}", args.dir.display()))?;
     let mut err = std::io::stderr().lock();
     for r in &rejected {
-        writeln!(err, "not served: {} does not validate", r.path.display())?;
+        writeln!(err, "not served: {} {}", r.path.display(), r.reason)?;
         err.write_all(r.why.as_bytes())?;
     }
     if graphs.ids().is_empty() {
         bail!("no workflow in {} validates: nothing to serve", args.dir.display());
     }
     writeln!(err, "serving {}", graphs.ids().join(", "))?;
+    for (method, path, graph) in graphs.routes() {
+        writeln!(err, "route {method} {path} -> {graph}")?;
+    }
     let server = crate::server::Server::new(
         graphs,
         settings,
@@ -213,7 +218,7 @@ fn reload_on_hangup(reloader: crate::server::Reloader, dir: PathBuf) {
                             } else {
                                 ""
                             };
-                            let _ = writeln!(err, "not served: {} does not validate{kept}", rejected.path.display());
+                            let _ = writeln!(err, "not served: {} {}{kept}", rejected.path.display(), rejected.reason);
                             let _ = err.write_all(rejected.why.as_bytes());
                         }
                         writeln!(

@@ -19,6 +19,8 @@ const GLOBALS: &[&str] = &["range", "dict", "namespace", "lipsum", "cycler", "jo
 pub(super) const USAGE_FIELDS: &[&str] = &["prompt_tokens", "completion_tokens", "total_tokens", "cost", "calls"];
 pub(super) const ERROR_FIELDS: &[&str] = &["node", "class", "message", "attempts", "usage", "at"];
 pub(super) const RUN_FIELDS: &[&str] = &["thread_id", "step", "node", "remaining_steps"];
+/// What a served route's expressions read of the request.
+pub(super) const REQUEST_FIELDS: &[&str] = &["body", "query", "headers", "path"];
 
 /// The environment every plan's expressions and templates run in.
 pub(super) fn environment(prompts: Option<PathBuf>) -> Environment<'static> {
@@ -206,6 +208,12 @@ pub(super) struct Scope<'a> {
     pub error: bool,
     pub reducer: bool,
     pub predicates: bool,
+    /// A served route's: `request` can be read (its `body`, `query`, `headers`, `path`).
+    pub request: bool,
+    /// A route's request expressions: before any run, only `request` and `config` exist.
+    pub request_only: bool,
+    /// A route's stream rule: the fields of the run event it reads as `event`.
+    pub event: Option<&'a [&'a str]>,
 }
 
 impl<'a> Scope<'a> {
@@ -219,6 +227,9 @@ impl<'a> Scope<'a> {
             error: false,
             reducer: false,
             predicates: true,
+            request: false,
+            request_only: false,
+            event: None,
         }
     }
 
@@ -226,7 +237,16 @@ impl<'a> Scope<'a> {
         if self.reducer {
             return vec!["current", "update"];
         }
+        if self.request_only {
+            return vec!["request", "config"];
+        }
         let mut r = vec!["state", "input", "config", "context", "run"];
+        if self.request {
+            r.push("request");
+        }
+        if self.event.is_some() {
+            r.push("event");
+        }
         if self.params.is_some() {
             r.push("params");
         }
@@ -273,7 +293,16 @@ impl<'a> Scope<'a> {
                 bad(format!("a reducer reads only `current` and `update`, not `{root}`"))
             };
         }
+        if self.request_only && !matches!(root, "request" | "config") {
+            return bad(format!(
+                "a route's `thread`, `input` and `resume` are read from the request before the run starts: they read `request` and `config`, not `{root}`"
+            ));
+        }
         match root {
+            "request" if self.request => check_fields(src, pointer, "request", field, REQUEST_FIELDS),
+            "event" if self.event.is_some() => {
+                check_fields(src, pointer, "event", field, self.event.unwrap_or_default())
+            }
             "state" => {
                 let key = field?;
                 if self.sym.state.iter().any(|k| k == key) {
@@ -302,6 +331,7 @@ impl<'a> Scope<'a> {
                 }
             }
             "config" => self.check_config(src, pointer, &rest),
+            "run" if self.request => check_fields(src, pointer, "run", field, &["run_id", "thread_id"]),
             "run" => check_fields(src, pointer, "run", field, RUN_FIELDS),
             "params" if self.params.is_some() => {
                 let names = self.params.unwrap_or_default();

@@ -93,6 +93,8 @@ pub(super) struct Build<'c, 'a> {
     pub model_uses: Vec<(String, String)>,
     /// Every tool name and what declares it, MCP servers' tools read from the lock.
     pub(super) catalog: super::mcp::Catalog,
+    /// The workflow's own HTTP endpoints, compiled.
+    pub routes: Vec<Route>,
 }
 
 impl<'c, 'a> Build<'c, 'a> {
@@ -146,6 +148,7 @@ impl<'c, 'a> Build<'c, 'a> {
             tools_open: Vec::new(),
             model_uses: Vec::new(),
             catalog,
+            routes: Vec::new(),
         }
     }
 
@@ -172,6 +175,7 @@ impl<'c, 'a> Build<'c, 'a> {
             self.compiling = None;
         }
         self.outputs();
+        self.routes = super::routes::routes(self);
         // A join that can never fire is reported as such; the analysis would only report what
         // follows from it (write conflicts between its sources) in other words.
         if !self.broken_edges && !loops::dead_joins(self) {
@@ -600,6 +604,7 @@ impl<'c, 'a> Build<'c, 'a> {
             handoffs: std::mem::take(&mut self.handoffs),
             tools: self.catalog.names.keys().cloned().collect(),
             exprs,
+            routes: std::mem::take(&mut self.routes),
             validators: Default::default(),
             node_validators: Default::default(),
         })

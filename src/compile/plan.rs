@@ -58,6 +58,8 @@ pub struct Plan {
     /// The names of the workflow's declared tools (a tool's `run` node is named after it).
     pub(in crate::compile) tools: Vec<String>,
     pub(in crate::compile) exprs: ExprTable,
+    /// The HTTP endpoints of the workflow's own (`serve.routes`).
+    pub(in crate::compile) routes: Vec<Route>,
     /// The validators of the state keys' schemas and of the nodes' result schemas, made on
     /// first use and shared by every run of the plan (a server's runs compile a schema once,
     /// not once a run).
@@ -67,6 +69,11 @@ pub struct Plan {
 
 /// Reads of a plan. Its fields are the compiler's: only compile/ builds or changes a `Plan`.
 impl Plan {
+    /// The HTTP endpoints of the workflow's own (`serve.routes`).
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
     /// The state channels, to change: only for tests of the engine's own run-time checks,
     /// which need a plan the compiler would have refused.
     #[doc(hidden)]
@@ -507,4 +514,48 @@ impl ExprTable {
     pub fn is_empty(&self) -> bool {
         self.borrow_dependent().is_empty()
     }
+}
+
+/// One HTTP endpoint of a workflow's own (see [`crate::spec::Route`]), its expressions compiled.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// As written, for messages.
+    pub path: String,
+    pub segments: Vec<Segment>,
+    pub method: crate::spec::RouteMethod,
+    /// The thread's id, from the request.
+    pub thread: Option<ExprId>,
+    pub input: Option<RouteInput>,
+    /// The answer to the gate the thread waits at, from the request.
+    pub resume: Option<ExprId>,
+    /// Answered as server-sent events by these rules; none: answered with `respond`.
+    pub stream: Option<Vec<StreamRule>>,
+    /// The JSON answered once the run ends (none: the run's output).
+    pub respond: Option<ExprId>,
+}
+
+/// A segment of a route's path.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Segment {
+    Literal(String),
+    /// `{name}`: any one segment, read as `request.path.name`.
+    Param(String),
+}
+
+/// A route's input: fields, or one expression for the whole object.
+#[derive(Debug, Clone)]
+pub enum RouteInput {
+    Fields(Vec<(String, ExprId)>),
+    Expr(ExprId),
+}
+
+/// One rule of a route's stream.
+#[derive(Debug, Clone)]
+pub struct StreamRule {
+    pub on: crate::spec::StreamOn,
+    pub when: Option<ExprId>,
+    /// The SSE event's name.
+    pub event: Option<String>,
+    pub data: ExprId,
+    pub subgraphs: bool,
 }

@@ -105,6 +105,8 @@ codes! {
     DeadJoin = "E409", "dead-join", Error, "a join waits for a node that can run only after the join";
     BadDefer = "E410", "bad-defer", Error, "`defer` on a node whose tasks cannot be deferred";
     BadCache = "E411", "bad-cache", Error, "`cache` on a node whose result cannot be reused: an interrupt gate, or a tool's `run` node";
+    // Serving.
+    BadRoute = "E500", "bad-route", Error, "a `serve` route is malformed: its path, a clash with another route, or `stream` beside `respond`";
 }
 
 impl Serialize for Code {

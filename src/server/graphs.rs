@@ -43,10 +43,12 @@ pub struct Graph {
     source: String,
 }
 
-/// A workflow file that is not served, and why (its diagnostics, rendered).
+/// A workflow file that is not served, and why: in short (`does not validate`), and in full
+/// (its diagnostics, rendered).
 #[derive(Debug)]
 pub struct Rejected {
     pub path: PathBuf,
+    pub reason: &'static str,
     pub why: String,
 }
 
@@ -70,7 +72,7 @@ pub struct Reloaded {
 }
 
 impl Graphs {
-    fn all(&self) -> Vec<Arc<Graph>> {
+    pub(crate) fn all(&self) -> Vec<Arc<Graph>> {
         // A writer never panics while holding the lock (it only swaps a vector).
         self.graphs.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -89,6 +91,22 @@ impl Graphs {
 
     pub fn ids(&self) -> Vec<String> {
         self.all().iter().map(|g| g.graph_id.clone()).collect()
+    }
+
+    /// Every route the graphs declare of their own: `(method, path, graph id)`.
+    pub fn routes(&self) -> Vec<(String, String, String)> {
+        self.all()
+            .iter()
+            .flat_map(|g| {
+                g.plan.routes().iter().map(|r| {
+                    (
+                        format!("{:?}", r.method).to_uppercase(),
+                        r.path.clone(),
+                        g.graph_id.clone(),
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Loads `dir` again: new files are served, changed ones recompiled, removed ones dropped.
@@ -146,44 +164,95 @@ fn is_workflow(path: &Path) -> bool {
     path.is_file() && crate::spec::load::is_workflow_file_name(name)
 }
 
+/// The workflows of `dir` to serve: every workflow file in it, and those of its subfolders (at
+/// any depth) that declare `serve:` (the others are parts: subgraphs, tools). Each with its
+/// graph id: the file's stem, or its path below `dir` with `-` for `/`
+/// (`mindmap/expand.yaml` is `mindmap-expand`).
+fn served_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    let mut folders = vec![(dir.to_path_buf(), String::new())];
+    while let Some((folder, prefix)) = folders.pop() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&folder)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for path in entries {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_string();
+            if path.is_dir() {
+                // Hidden folders (`.git`, editors' own) hold no workflows.
+                if !name.starts_with('.') {
+                    folders.push((path, format!("{prefix}{name}-")));
+                }
+                continue;
+            }
+            if !is_workflow(&path) || (!prefix.is_empty() && !declares_serve(&path)) {
+                continue;
+            }
+            let stem = name.trim_end_matches(".yaml").trim_end_matches(".yml");
+            out.push((format!("{prefix}{stem}"), path));
+        }
+    }
+    out.sort_by(|a, b| a.1.cmp(&b.1));
+    Ok(out)
+}
+
+/// Whether the workflow file at `path` has a `serve:` section (one that does not parse has none:
+/// a part of another workflow is not reported for it).
+fn declares_serve(path: &Path) -> bool {
+    crate::spec::load::read(path)
+        .ok()
+        .and_then(|file| crate::spec::load::parse(file).ok())
+        .is_some_and(|doc| doc.value.get("serve").is_some())
+}
+
 pub(super) fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| is_workflow(p))
-        .collect();
-    files.sort();
+    let files = served_files(dir)?;
     let kinds = crate::nodes::builtin().decls();
-    let mut graphs = Vec::new();
+    let mut graphs: Vec<Arc<Graph>> = Vec::new();
     let mut rejected = Vec::new();
-    for file in files {
+    for (graph_id, file) in files {
         let path = std::fs::canonicalize(&file).unwrap_or(file);
-        let graph_id = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or_default()
-            .trim_end_matches(".yml")
-            .to_string();
         let source = std::fs::read_to_string(&path).unwrap_or_default();
         let (plan, result) = crate::compile::compile_file(&path, &kinds);
-        match plan {
-            Some(plan) => {
-                let now = crate::clock::now();
-                graphs.push(Arc::new(Graph {
-                    assistant_id: assistant_id(&graph_id),
-                    graph_id,
-                    path,
-                    plan,
-                    created_at: now.clone(),
-                    loaded_at: now,
-                    version: 1,
-                    source,
-                }))
-            }
-            None => rejected.push(Rejected {
+        let Some(plan) = plan else {
+            rejected.push(Rejected {
+                reason: "does not validate",
                 why: diag::render(&result.diagnostics, &result.files, Format::Human),
                 path,
-            }),
+            });
+            continue;
+        };
+        if let Some(other) = graphs.iter().find(|g| g.graph_id == graph_id) {
+            rejected.push(Rejected {
+                reason: "clashes with another served workflow",
+                why: format!("  its graph id `{graph_id}` is {}'s already\n", other.path.display()),
+                path,
+            });
+            continue;
         }
+        if let Some(why) = route_clash(&graphs, &plan) {
+            rejected.push(Rejected {
+                reason: "clashes with another served workflow",
+                why: format!("  {why}\n"),
+                path,
+            });
+            continue;
+        }
+        let now = crate::clock::now();
+        graphs.push(Arc::new(Graph {
+            assistant_id: assistant_id(&graph_id),
+            graph_id,
+            path,
+            plan,
+            created_at: now.clone(),
+            loaded_at: now,
+            version: 1,
+            source,
+        }));
     }
     Ok((
         Graphs {
@@ -191,6 +260,29 @@ pub(super) fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {
         },
         rejected,
     ))
+}
+
+/// Why `plan`'s routes cannot be served beside `graphs`': one of them answers a request
+/// another graph's route answers already.
+fn route_clash(graphs: &[Arc<Graph>], plan: &Plan) -> Option<String> {
+    for route in plan.routes() {
+        for g in graphs {
+            if let Some(other) =
+                g.plan.routes().iter().find(|r| {
+                    r.method == route.method && crate::compile::routes::same_shape(&r.segments, &route.segments)
+                })
+            {
+                return Some(format!(
+                    "its route `{:?} {}` answers what {}'s route `{}` answers already",
+                    route.method,
+                    route.path,
+                    g.path.display(),
+                    other.path
+                ));
+            }
+        }
+    }
+    None
 }
 
 fn assistant(g: &Graph) -> Value {

@@ -14,15 +14,16 @@ use std::sync::atomic::Ordering;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::watch;
 
 use super::Shared;
 use super::runs::Started;
-use super::sse::frame;
+use super::sse::Frame;
 use super::threads::lock;
 use super::translate::Translate;
-use crate::engine::EngineError;
+use crate::engine::events::Envelope;
+use crate::engine::{EngineError, RunOutcome};
 
 /// How long a stream stays silent before a heartbeat comment, as the reference server's.
 const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -74,7 +75,7 @@ impl Hub {
         usize::try_from(id.saturating_sub(self.base)).unwrap_or(usize::MAX)
     }
 
-    fn push(&self, frames: Vec<(String, Value)>) {
+    fn push<F: Into<Frame>>(&self, frames: Vec<F>) {
         if frames.is_empty() {
             return;
         }
@@ -92,10 +93,10 @@ impl Hub {
                     self.reserved.store(upto, Ordering::SeqCst);
                 }
             }
-            for (event, data) in frames {
+            for f in frames {
                 let base = usize::try_from(self.base).unwrap_or(usize::MAX);
                 let id = self.resumable.then(|| base.saturating_add(all.len() + 1));
-                all.push(frame(&event, &data, id));
+                all.push(f.into().bytes(id));
             }
             all.len()
         };
@@ -103,10 +104,46 @@ impl Hub {
     }
 }
 
-/// Starts the task that turns the run's events into frames, and returns their hub. The run's
-/// record offers the hub to joining readers; a run that is not resumable withdraws it when it
-/// ends (its frames then live only as long as the readers that hold them).
+/// What turns a run's events into the frames of its stream: LangGraph's stream modes
+/// ([`Translate`]), or a served route's rules.
+pub(super) trait Framer: Send + 'static {
+    /// The frames the stream opens with, then those of the run's first event.
+    fn start(&mut self, run_id: &str, first: Envelope) -> Vec<Frame>;
+    fn on(&mut self, envelope: Envelope) -> Vec<Frame>;
+    /// The frames that end the stream, once the run has ended.
+    fn finish(&mut self, outcome: &Result<RunOutcome, EngineError>) -> Vec<Frame>;
+}
+
+impl Framer for Translate {
+    fn start(&mut self, run_id: &str, first: Envelope) -> Vec<Frame> {
+        let mut frames = vec![Frame::from((
+            "metadata".to_string(),
+            json!({"run_id": run_id, "attempt": 1}),
+        ))];
+        frames.extend(Translate::on(self, first).into_iter().map(Frame::from));
+        frames
+    }
+
+    fn on(&mut self, envelope: Envelope) -> Vec<Frame> {
+        Translate::on(self, envelope).into_iter().map(Frame::from).collect()
+    }
+
+    fn finish(&mut self, outcome: &Result<RunOutcome, EngineError>) -> Vec<Frame> {
+        Translate::finish(self, outcome).into_iter().map(Frame::from).collect()
+    }
+}
+
+/// Starts the task that turns the run's events into frames in LangGraph's stream modes, and
+/// returns their hub (see [`feed_with`]).
 pub(super) fn feed(app: &Shared, s: Started) -> Arc<Hub> {
+    let translate = Translate::new(s.modes, app, s.info.clone(), s.graph.plan.clone());
+    feed_with(app, s, translate)
+}
+
+/// Starts the task that turns the run's events into frames with `framer`, and returns their
+/// hub. The run's record offers the hub to joining readers; a run that is not resumable
+/// withdraws it when it ends (its frames then live only as long as the readers that hold them).
+pub(super) fn feed_with(app: &Shared, s: Started, mut framer: impl Framer) -> Arc<Hub> {
     let hub = Arc::new(Hub {
         frames: std::sync::Mutex::new(Vec::new()),
         progress: watch::channel(Progress::default()).0,
@@ -118,9 +155,7 @@ pub(super) fn feed(app: &Shared, s: Started) -> Arc<Hub> {
         }),
         reserved: std::sync::atomic::AtomicU64::new(s.first_event_id),
     });
-    let mut translate = Translate::new(s.modes, app, s.info.clone(), s.graph.plan.clone());
-    hub.push(vec![("metadata".into(), json!({"run_id": s.run_id, "attempt": 1}))]);
-    hub.push(translate.on(s.first));
+    hub.push(framer.start(&s.run_id, s.first));
     if let Some(r) = lock(&app.runs).get_mut(&s.run_id) {
         r.hub = Some(hub.clone());
     }
@@ -128,12 +163,12 @@ pub(super) fn feed(app: &Shared, s: Started) -> Arc<Hub> {
     let (run_id, mut events, done, release) = (s.run_id, s.events, s.done, s.release);
     tokio::spawn(async move {
         while let Some(envelope) = events.recv().await {
-            fed.push(translate.on(envelope));
+            fed.push(framer.on(envelope));
         }
         let outcome = done
             .await
             .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
-        fed.push(translate.finish(&outcome));
+        fed.push(framer.finish(&outcome));
         fed.progress.send_modify(|p| p.ended = true);
         if !fed.resumable
             && let Some(r) = lock(&app.runs).get_mut(&run_id)

@@ -32,6 +32,7 @@ mod hub;
 mod log;
 mod messages;
 mod metrics;
+mod routes;
 mod runs;
 mod sse;
 mod store;
@@ -254,7 +255,7 @@ fn router(app: Shared) -> Router {
         .route("/store/items/search", post(store::search))
         .route("/store/namespaces", post(store::namespaces))
         .route("/metrics", get(metrics::metrics))
-        .fallback(http::not_found)
+        .fallback(routes::dispatch)
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
             metrics::count_streams,

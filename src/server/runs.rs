@@ -339,6 +339,38 @@ pub(super) struct Started {
     pub info: RunInfo,
 }
 
+impl Started {
+    /// What cancels the run when the stream that reads it is dropped before its end (unless
+    /// the request said `on_disconnect: continue`).
+    pub(super) fn cancel_guard(&self) -> CancelOnDrop {
+        CancelOnDrop {
+            stopper: self.stopper.clone(),
+            armed: self.cancel_on_disconnect,
+        }
+    }
+
+    /// The `Location` (the run's stream) and `Content-Location` (the run) of its answer.
+    pub(super) fn locations(&self) -> [(header::HeaderName, String); 2] {
+        if self.stateless {
+            [
+                (header::LOCATION, format!("/runs/{}/stream", self.run_id)),
+                (header::CONTENT_LOCATION, format!("/runs/{}", self.run_id)),
+            ]
+        } else {
+            [
+                (
+                    header::LOCATION,
+                    format!("/threads/{}/runs/{}/stream", self.thread_id, self.run_id),
+                ),
+                (
+                    header::CONTENT_LOCATION,
+                    format!("/threads/{}/runs/{}", self.thread_id, self.run_id),
+                ),
+            ]
+        }
+    }
+}
+
 /// Why a run could not start, as the reference answers it.
 pub(super) fn refused(e: EngineError) -> ApiError {
     match e {
@@ -1035,27 +1067,8 @@ fn run_status(outcome: &Result<RunOutcome, EngineError>) -> RunStatus {
     }
 }
 fn stream_response(app: Shared, s: Started) -> Response {
-    let locations = if s.stateless {
-        [
-            (header::LOCATION, format!("/runs/{}/stream", s.run_id)),
-            (header::CONTENT_LOCATION, format!("/runs/{}", s.run_id)),
-        ]
-    } else {
-        [
-            (
-                header::LOCATION,
-                format!("/threads/{}/runs/{}/stream", s.thread_id, s.run_id),
-            ),
-            (
-                header::CONTENT_LOCATION,
-                format!("/threads/{}/runs/{}", s.thread_id, s.run_id),
-            ),
-        ]
-    };
-    let guard = CancelOnDrop {
-        stopper: s.stopper.clone(),
-        armed: s.cancel_on_disconnect,
-    };
+    let locations = s.locations();
+    let guard = s.cancel_guard();
     let hub = hub::feed(&app, s);
     hub::response(hub, 0, Some(guard), locations)
 }

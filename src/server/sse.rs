@@ -5,6 +5,63 @@
 use axum::body::Bytes;
 use serde_json::Value;
 
+/// One event of a stream, before it is framed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Frame {
+    /// Its `event:` line; none for an event without a name.
+    pub event: Option<String>,
+    pub data: FrameData,
+}
+
+/// What an event's `data:` lines hold.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum FrameData {
+    /// Compact JSON, on one line.
+    Json(Value),
+    /// Text as it is, one `data:` line per line of it.
+    Text(String),
+}
+
+impl From<(String, Value)> for Frame {
+    fn from((event, data): (String, Value)) -> Frame {
+        Frame {
+            event: Some(event),
+            data: FrameData::Json(data),
+        }
+    }
+}
+
+impl Frame {
+    /// The event framed, with its `id` when it has one.
+    pub(crate) fn bytes(&self, id: Option<usize>) -> Bytes {
+        match (&self.event, &self.data) {
+            (Some(event), FrameData::Json(data)) => frame(event, data, id),
+            (event, data) => {
+                let mut out = Vec::with_capacity(64);
+                if let Some(event) = event {
+                    out.extend_from_slice(format!("event: {event}\r\n").as_bytes());
+                }
+                let text = match data {
+                    FrameData::Json(v) => serde_json::to_string(v).unwrap_or_default(),
+                    FrameData::Text(t) => t.clone(),
+                };
+                // A line break inside the data is a new `data:` line; a reader joins them
+                // with `\n` again.
+                for line in text.split('\n') {
+                    out.extend_from_slice(b"data: ");
+                    out.extend_from_slice(line.strip_suffix('\r').unwrap_or(line).as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                }
+                if let Some(id) = id {
+                    out.extend_from_slice(format!("id: {id}\r\n").as_bytes());
+                }
+                out.extend_from_slice(b"\r\n");
+                Bytes::from(out)
+            }
+        }
+    }
+}
+
 /// One event, framed; `id` (for runs a client may rejoin) comes after the data, as the
 /// reference server frames it.
 pub(crate) fn frame(event: &str, data: &Value, id: Option<usize>) -> Bytes {
@@ -95,6 +152,25 @@ impl Modes {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn text_frames_keep_their_text_and_split_lines() {
+        let f = Frame {
+            event: None,
+            data: FrameData::Text("Hel\nlo".into()),
+        };
+        assert_eq!(&f.bytes(None)[..], b"data: Hel\r\ndata: lo\r\n\r\n");
+        let f = Frame {
+            event: Some("token".into()),
+            data: FrameData::Text(" world".into()),
+        };
+        assert_eq!(&f.bytes(Some(3))[..], b"event: token\r\ndata:  world\r\nid: 3\r\n\r\n");
+        let f = Frame {
+            event: None,
+            data: FrameData::Json(json!({"a": 1})),
+        };
+        assert_eq!(&f.bytes(None)[..], b"data: {\"a\":1}\r\n\r\n");
+    }
 
     #[test]
     fn frames_end_every_line_with_crlf() {

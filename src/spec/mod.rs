@@ -88,6 +88,137 @@ pub struct Workflow {
     /// nearest `prompts/` directory in this file's directory or one of its ancestors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompts: Option<String>,
+    /// How `runner serve` serves the workflow besides LangGraph's API: HTTP endpoints of its
+    /// own, for a frontend that speaks its own API. A workflow in a subfolder of the served
+    /// folder is served only when it has this section (`serve: {}` serves it through
+    /// LangGraph's API alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<Serve>,
+}
+
+/// How `runner serve` serves a workflow besides LangGraph's API.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Serve {
+    /// HTTP endpoints that each start (or continue) a run from a request and answer with its
+    /// events as server-sent events, or with a value once it ends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<Route>,
+}
+
+/// One HTTP endpoint of the workflow's own. Its expressions read `request` (`body`, `query`,
+/// `headers` — lowercase names —, `path`: the path's `{name}` segments) and `config`; a
+/// stream rule's also read `event` (what happened), `state` (the state after the run's last
+/// step) and `run` (`run_id`, `thread_id`).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// The path, from `/`; a `{name}` segment matches any one segment, read as
+    /// `request.path.name`. It may not start with a path of LangGraph's API (`/threads`,
+    /// `/runs`, `/assistants`, `/store`, `/ok`, `/info`, `/metrics`).
+    pub path: String,
+    /// The HTTP method (default `POST`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<RouteMethod>,
+    /// What the endpoint is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Expression: the thread the run is on (a string; created when it does not exist, a
+    /// request on a thread with a run waits for it). Without it, or when it is null, the run
+    /// has a thread of its own, deleted after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<String>,
+    /// The run's input: a map of input fields to expressions, or one expression that is the
+    /// whole input object. Without it the run takes no new input (it goes on from where the
+    /// thread stopped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<RouteInput>,
+    /// Expression: when it is not null, the run answers the gate the thread waits at with it
+    /// (LangGraph's `command.resume`) instead of starting a new turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<String>,
+    /// Answer with server-sent events: the rules, each turning one kind of run event into an
+    /// SSE event, in the order the run makes them. A run that fails and has no `error` rule
+    /// ends the stream with `event: error` (`{error, message}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<Vec<StreamRule>>,
+    /// Expression: without `stream`, the JSON answered once the run ends (its scope is a stream
+    /// rule's at `end`). Default: the run's output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub respond: Option<String>,
+}
+
+/// An HTTP method a route answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum RouteMethod {
+    Get,
+    Post,
+    Put,
+    Patch,
+    Delete,
+}
+
+/// A route's input: fields to expressions, or one expression.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RouteInput {
+    Fields(IndexMap<String, String>),
+    Expr(String),
+}
+
+/// One rule of a route's stream: which run events it sends, and as what.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StreamRule {
+    /// The kind of run event: `custom` (an `emit`: `event.node`, `event.name`, `event.data`),
+    /// `token` (a piece of a streamed model reply: `event.node`, `event.text`,
+    /// `event.message_id`), `node_start` / `node_end` (`event.node`, `event.task_id`; at the end
+    /// also `event.writes`, what it wrote), `interrupt` (`event.node`, `event.id`,
+    /// `event.value`), `error` (`event.error`, `event.message`) or `end` (the run is over:
+    /// `event.status` — `success`, `interrupted` or `error` —, `event.output`,
+    /// `event.interrupts`, `event.error`).
+    pub on: StreamOn,
+    /// Condition: the rule sends only the events for which it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// The SSE event's name (its `event:` line); without it the event has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// Expression: the event's data. A string is sent as it is; anything else as JSON.
+    pub data: String,
+    /// Also the events of subgraphs (`event.namespace` says whose); without it only the run's
+    /// own graph's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub subgraphs: bool,
+}
+
+/// The kinds of run events a stream rule sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamOn {
+    Custom,
+    Token,
+    NodeStart,
+    NodeEnd,
+    Interrupt,
+    Error,
+    End,
+}
+
+impl StreamOn {
+    /// The fields `event` has for this kind.
+    pub fn fields(self) -> &'static [&'static str] {
+        match self {
+            StreamOn::Custom => &["node", "name", "data", "namespace"],
+            StreamOn::Token => &["node", "text", "message_id", "namespace"],
+            StreamOn::NodeStart => &["node", "task_id", "namespace"],
+            StreamOn::NodeEnd => &["node", "task_id", "writes", "namespace"],
+            StreamOn::Interrupt => &["node", "id", "value", "namespace"],
+            StreamOn::Error => &["error", "message"],
+            StreamOn::End => &["status", "output", "interrupts", "error"],
+        }
+    }
 }
 
 /// A JSON Schema (draft 2020-12), written inline in YAML. `$ref: "#/types/Name"` points at a
