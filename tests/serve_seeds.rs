@@ -127,40 +127,154 @@ async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
 
 /// The mindmap agent (000) streams every node it adds as a `custom` event, as its canvas reads
 /// them (the seed's `OutputEvent`: `{type: "node_added", node_id, node_data, ...}`), and ends
-/// with the whole map in its values. Each expansion is a subgraph that announces
-/// its children as soon as it is done, so the canvas asks for subgraphs' events too
-/// (`stream_subgraphs`, as LangGraph's `subgraphs=True`): they arrive as `custom|<ns>`.
+/// with the whole map in its values. Each expansion is a subgraph whose node_added events are
+/// the expansion node's own (`custom_events: parent`), so a client that does not ask for
+/// subgraphs' events gets every node, and one that does gets each once.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_mindmap_streams_node_added_as_custom_events() {
     let s = serve_shipped("mindmap.yaml");
-    let events = stream(
+    for subgraphs in [false, true] {
+        let events = stream(
+            &s,
+            "/runs/stream",
+            json!({"assistant_id": "mindmap",
+                   "input": {"document_title": "Heat pumps", "document_content": "Heat pumps move heat.", "max_depth": 2},
+                   "stream_mode": ["custom", "values"], "stream_subgraphs": subgraphs}),
+        )
+        .await;
+        assert!(
+            !events.iter().any(|(e, _)| e.starts_with("custom|")),
+            "the expansions' events are the parent's: {events:?}"
+        );
+        let added: Vec<&Value> = events
+            .iter()
+            .filter(|(e, d)| e == "custom" && d["type"] == "node_added")
+            .map(|(_, d)| d)
+            .collect();
+        let ids: Vec<&str> = added.iter().filter_map(|d| d["node_id"].as_str()).collect();
+        assert_eq!(ids.first(), Some(&"root"), "the root first: {added:?}");
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            ["root", "root.1", "root.1.1", "root.2", "root.2.1"],
+            "subgraphs: {subgraphs}: {added:?}"
+        );
+        let values = &events.iter().rev().find(|(e, _)| e == "values").unwrap().1;
+        assert_eq!(values["nodes"].as_object().unwrap().len(), 5, "{values}");
+        for d in &added {
+            let id = d["node_id"].as_str().unwrap();
+            assert_eq!(d["node_data"], values["nodes"][id], "node_added carries {id}'s data");
+        }
+        let complete: Vec<&Value> = events
+            .iter()
+            .filter(|(e, d)| e == "custom" && d["type"] == "mindmap_complete")
+            .map(|(_, d)| d)
+            .collect();
+        assert_eq!(complete.len(), 1, "{events:?}");
+        assert_eq!(complete[0]["node_count"], 5);
+    }
+}
+
+/// The SSE body of a route of the seed's own: each event's `data:` as JSON.
+async fn route_events(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    let resp = client()
+        .post(format!("{}{path}", s.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    let text = resp.text().await.unwrap();
+    text.split("\r\n\r\n")
+        .filter_map(|frame| frame.strip_prefix("data: "))
+        .map(|data| serde_json::from_str(data).unwrap_or_else(|_| panic!("{path}: not JSON: {data}")))
+        .collect()
+}
+
+/// The mindmap's frontend, unchanged: its own endpoints stream the OutputEvents it read before
+/// (one `data:` line each, no event names): generate a map, expand one of its nodes, explain
+/// one; the expand and explain graphs (mindmap/expand.yaml, mindmap/explain.yaml) are served
+/// as graphs of their own too.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mindmap_frontend_drives_its_own_endpoints() {
+    let s = serve_shipped("mindmap.yaml");
+    let events = route_events(
         &s,
-        "/runs/stream",
-        json!({"assistant_id": "mindmap",
-               "input": {"document_title": "Heat pumps", "document_content": "Heat pumps move heat.", "max_depth": 2},
-               "stream_mode": ["custom", "values"], "stream_subgraphs": true}),
+        "/mindmap/generate",
+        json!({"session_id": "map-1", "document_title": "Heat pumps",
+               "document_content": "Heat pumps move heat.", "max_depth": 2}),
     )
     .await;
-    let added: Vec<&Value> = events
-        .iter()
-        .filter(|(e, d)| (e == "custom" || e.starts_with("custom|")) && d["type"] == "node_added")
-        .map(|(_, d)| d)
-        .collect();
-    let ids: Vec<&str> = added.iter().filter_map(|d| d["node_id"].as_str()).collect();
-    assert_eq!(ids.first(), Some(&"root"), "the root first: {added:?}");
-    let mut sorted = ids.clone();
-    sorted.sort_unstable();
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
     assert_eq!(
-        sorted,
-        ["root", "root.1", "root.1.1", "root.2", "root.2.1"],
-        "{added:?}"
+        types,
+        [
+            "node_added",
+            "node_added",
+            "node_added",
+            "node_added",
+            "node_added",
+            "mindmap_complete"
+        ],
+        "{events:?}"
     );
-    let values = &events.iter().rev().find(|(e, _)| e == "values").unwrap().1;
-    assert_eq!(values["nodes"].as_object().unwrap().len(), 5, "{values}");
-    for d in &added {
-        let id = d["node_id"].as_str().unwrap();
-        assert_eq!(d["node_data"], values["nodes"][id], "node_added carries {id}'s data");
-    }
+    assert_eq!(events[0]["node_id"], "root");
+    // The map is the session's thread, as the LangGraph API shows it too.
+    let (status, _, state) = super::serve::call(&s, reqwest::Method::GET, "/threads/map-1/state", None).await;
+    assert_eq!(status, 200);
+    let nodes = state["values"]["nodes"].clone();
+    assert_eq!(nodes.as_object().unwrap().len(), 5, "{state}");
+
+    let expanded = route_events(
+        &s,
+        "/mindmap/expand",
+        json!({"nodes": nodes, "edges": state["values"]["edges"], "node_id": "root.1",
+               "document_title": "Heat pumps"}),
+    )
+    .await;
+    let last = expanded.last().unwrap();
+    assert_eq!(last["type"], "expand_complete", "{expanded:?}");
+    let children = last["children"].as_object().unwrap();
+    assert!(!children.is_empty(), "{expanded:?}");
+    let added: Vec<&str> = expanded
+        .iter()
+        .filter(|e| e["type"] == "node_added")
+        .filter_map(|e| e["node_id"].as_str())
+        .collect();
+    let mut new: Vec<&str> = children.keys().map(String::as_str).collect();
+    new.sort_unstable();
+    let mut sorted = added.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, new, "a node_added for each new child: {expanded:?}");
+    // Numbered after root.1's existing child.
+    assert!(
+        new.iter().all(|id| id.starts_with("root.1.") && *id != "root.1.1"),
+        "{new:?}"
+    );
+
+    let explained = route_events(&s, "/mindmap/explain", json!({"nodes": nodes, "node_id": "root.2"})).await;
+    let last = explained.last().unwrap();
+    assert_eq!(last["type"], "explanation", "{explained:?}");
+    let streamed: String = explained
+        .iter()
+        .filter(|e| e["type"] == "token")
+        .filter_map(|e| e["content"].as_str())
+        .collect();
+    assert!(!streamed.is_empty(), "{explained:?}");
+    assert_eq!(last["explanation"], streamed.as_str(), "{explained:?}");
+
+    let (_, _, found) = super::serve::call(&s, reqwest::Method::POST, "/assistants/search", Some(json!({}))).await;
+    let ids: Vec<&str> = found
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["graph_id"].as_str())
+        .collect();
+    assert!(
+        ids.contains(&"mindmap-expand") && ids.contains(&"mindmap-explain"),
+        "{ids:?}"
+    );
 }
 
 /// What waits at the thread's gate, from `GET /threads/{id}/state`: the interrupt's value, with

@@ -177,6 +177,9 @@ pub struct Events {
     /// Where in the graph the sender runs: empty at the top, `node:task_id` segments joined by
     /// `|` inside subgraphs (LangGraph's namespace).
     ns: Option<Arc<str>>,
+    /// Where `Custom` events go when not under `ns`: a subgraph whose custom events are its
+    /// parent task's own (see [`Events::nested_forwarding`]) sends them under its parent's.
+    custom_ns: Option<Option<Arc<str>>>,
 }
 
 #[derive(Clone)]
@@ -205,6 +208,7 @@ impl Events {
             to: To::Nowhere,
             started: Instant::now(),
             ns: None,
+            custom_ns: None,
         }
     }
 
@@ -216,6 +220,7 @@ impl Events {
                 to: To::Channel(tx),
                 started: Instant::now(),
                 ns: None,
+                custom_ns: None,
             },
             Receiver(rx),
         )
@@ -227,6 +232,7 @@ impl Events {
             to: To::Sink(sink),
             started: Instant::now(),
             ns: None,
+            custom_ns: None,
         }
     }
 
@@ -241,6 +247,18 @@ impl Events {
                 Some(outer) => format!("{outer}|{segment}").into(),
                 None => segment.into(),
             }),
+            custom_ns: None,
+        }
+    }
+
+    /// [`Events::nested`], with the child's custom events sent as this task's own: under this
+    /// sender's namespace (as a LangGraph node that streams its subgraph's custom events and
+    /// writes each to its own stream writer), so a client that does not ask for subgraphs'
+    /// events gets them, and one that does gets them once.
+    pub fn nested_forwarding(&self, node: &str, task_id: &str) -> Events {
+        Events {
+            custom_ns: Some(self.custom_ns.clone().unwrap_or_else(|| self.ns.clone())),
+            ..self.nested(node, task_id)
         }
     }
 
@@ -252,10 +270,14 @@ impl Events {
         if let To::Nowhere = self.to {
             return;
         }
+        let ns = match (&event, &self.custom_ns) {
+            (Event::Custom { .. }, Some(ns)) => ns.clone(),
+            _ => self.ns.clone(),
+        };
         let envelope = Envelope {
             ts: crate::clock::now(),
             elapsed_ms: self.started.elapsed().as_secs_f64() * 1000.0,
-            ns: self.ns.clone(),
+            ns,
             event,
         };
         match &self.to {

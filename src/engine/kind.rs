@@ -174,17 +174,24 @@ impl NodeCtx<'_> {
     /// same store and services, its events nested under this task, writing under this run's
     /// lease, and ending at a handoff to the parent.
     pub fn child_engine(&self, child: Arc<Plan>) -> super::Engine {
-        super::Engine::sharing(
-            child,
-            self.store.clone(),
-            self.services.clone(),
-            self.events.nested(&self.node.name, self.task_id),
+        self.child_engine_with(child, false)
+    }
+
+    /// [`NodeCtx::child_engine`]; with `forward_custom`, the child's custom events are this
+    /// task's own (see [`super::events::Events::nested_forwarding`]).
+    pub fn child_engine_with(&self, child: Arc<Plan>, forward_custom: bool) -> super::Engine {
+        let events = if forward_custom {
+            self.events.nested_forwarding(&self.node.name, self.task_id)
+        } else {
+            self.events.nested(&self.node.name, self.task_id)
+        };
+        super::Engine::sharing(child, self.store.clone(), self.services.clone(), events).with_options(
+            super::RunOptions {
+                lease: super::LeasePolicy::Under(self.fence.clone()),
+                as_child: true,
+                ..super::RunOptions::default()
+            },
         )
-        .with_options(super::RunOptions {
-            lease: super::LeasePolicy::Under(self.fence.clone()),
-            as_child: true,
-            ..super::RunOptions::default()
-        })
     }
 
     /// The node's own `timeout` (the limit of each attempt), if it has one.

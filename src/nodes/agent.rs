@@ -364,7 +364,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     if let Some(system) = render_opt(ctx, config.system.as_ref(), "/system")? {
         input["system"] = Value::String(system);
     }
-    let out = super::subgraph::run_child(ctx, child, input).await?;
+    let out = super::subgraph::run_child(ctx, child, input, false).await?;
     Ok(NodeOutput {
         output: agent_output(out.output, given),
         usage: out.usage,

@@ -28,11 +28,26 @@ pub(crate) struct SubgraphNode {
     /// The child's input: `key: expression`.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub input: IndexMap<String, Value>,
+    /// Whose custom events the child's `emit`s are: `child` (default), namespaced under this
+    /// task as a subgraph's, so only a client that asks for subgraphs' events gets them; or
+    /// `parent`, this node's own, as they happen (LangGraph's node that streams its
+    /// subgraph's custom events and writes each with its own stream writer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_events: Option<CustomEvents>,
+}
+
+/// Whose custom events a subgraph's `emit`s are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum CustomEvents {
+    Child,
+    Parent,
 }
 
 /// A `subgraph` node, compiled (its child plan is the plan's, by node).
 struct Config {
     input: Data,
+    forward_custom: bool,
 }
 
 /// The `subgraph` kind.
@@ -64,7 +79,14 @@ impl KindDecl for Subgraph {
             None => Shape::Any,
         };
         child?;
-        Some((KindConfig::new(Config { input: input? }), shape))
+        let forward_custom = n.custom_events == Some(CustomEvents::Parent);
+        Some((
+            KindConfig::new(Config {
+                input: input?,
+                forward_custom,
+            }),
+            shape,
+        ))
     }
 }
 
@@ -125,7 +147,7 @@ async fn run(ctx: &NodeCtx<'_>) -> Result<NodeOutput, NodeFailure> {
         return Err(NodeError::invalid("the subgraph's plan is missing").into());
     };
     let input = data(ctx, Some(&config.input), "/input", &ctx.scope)?.unwrap_or_else(|| json!({}));
-    run_child(ctx, child, input).await
+    run_child(ctx, child, input, config.forward_custom).await
 }
 
 /// Runs `child` on this task's child thread with `input` (the parent's context passed on when
@@ -135,6 +157,7 @@ pub(super) async fn run_child(
     ctx: &NodeCtx<'_>,
     child: std::sync::Arc<crate::compile::Plan>,
     input: Value,
+    forward_custom: bool,
 ) -> Result<NodeOutput, NodeFailure> {
     let thread = child_thread_id(ctx.thread_id, ctx.step, ctx.task_id);
     let context = ctx
@@ -143,7 +166,7 @@ pub(super) async fn run_child(
         .ok()
         .and_then(|c| crate::engine::values::to_json(&c).ok())
         .filter(|_| child.context_schema().is_some());
-    let engine = ctx.child_engine(child.clone());
+    let engine = ctx.child_engine_with(child.clone(), forward_custom);
     // The child is started the first time, and continued (with the parent's answer, when it
     // has one) after a crash or an interrupt: the engine tells which under the child's lease.
     let start = Start {
