@@ -125,6 +125,54 @@ async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
     );
 }
 
+/// The chat UI (002), unchanged: `POST /chat/stream` answers with the seed's own event
+/// sequence — `event: status` at each stage, `event: token` for each piece of the answer,
+/// then `event: end` with the turn's metadata —, the session id its thread, so a second
+/// turn continues the conversation.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rag_chat_ui_streams_its_own_events() {
+    let s = serve_shipped("rag-chat.yaml");
+    for (turn, message) in ["Hi there!", "Thanks, and what can you do?"].iter().enumerate() {
+        let resp = client()
+            .post(format!("{}/chat/stream", s.base))
+            .json(&json!({"session_id": "ui-1", "message": message, "mode": "chat"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.text().await.unwrap();
+        let frames: Vec<(&str, &str)> = body
+            .split("\r\n\r\n")
+            .filter(|f| !f.is_empty())
+            .map(|f| {
+                let (event, data) = f.split_once("\r\n").unwrap_or((f, ""));
+                (
+                    event.strip_prefix("event: ").unwrap_or(event),
+                    data.strip_prefix("data: ").unwrap_or(data),
+                )
+            })
+            .collect();
+        let names: Vec<&str> = frames.iter().map(|(e, _)| *e).collect();
+        let tokens = names.iter().filter(|n| **n == "token").count();
+        assert!(tokens >= 3, "turn {turn}: {body}");
+        let mut expected = vec!["status", "status"];
+        expected.extend(std::iter::repeat_n("token", tokens));
+        expected.push("end");
+        assert_eq!(names, expected, "turn {turn}: {body}");
+        assert_eq!(frames[0].1, "Analyzing...");
+        assert_eq!(frames[1].1, "Generating...");
+        let text: String = frames.iter().filter(|(e, _)| *e == "token").map(|(_, d)| *d).collect();
+        assert_eq!(text, "Hello! How can I help with your documents today?");
+        let end: Value = serde_json::from_str(frames.last().unwrap().1).unwrap();
+        assert_eq!(end["answer"], text.as_str());
+        assert_eq!(end["intent"], "chat");
+        assert_eq!(end["session_id"], "ui-1");
+        assert_eq!(end["sources"], json!([]));
+    }
+    let (_, _, state) = super::serve::call(&s, reqwest::Method::GET, "/threads/ui-1/state", None).await;
+    assert_eq!(state["values"]["messages"].as_array().unwrap().len(), 4, "{state}");
+}
+
 /// The mindmap agent (000) streams every node it adds as a `custom` event, as its canvas reads
 /// them (the seed's `OutputEvent`: `{type: "node_added", node_id, node_data, ...}`), and ends
 /// with the whole map in its values. Each expansion is a subgraph whose node_added events are
