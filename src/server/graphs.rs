@@ -1,6 +1,7 @@
-//! The served workflows: one graph per workflow file of the folder, each with LangGraph's system
-//! assistant (id `uuid5(NAMESPACE, graph_id)`), its picture and its schemas; reloaded from the
-//! folder on demand (SIGHUP).
+//! The served workflows: one graph per workflow file of the folder (and per file of its
+//! subfolders that declares `serve:`), each with LangGraph's system assistant (id
+//! `uuid5(NAMESPACE, graph_id)`), its picture and its schemas, and its own routes; reloaded
+//! from the folder on demand (SIGHUP).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -26,7 +27,7 @@ pub fn assistant_id(graph_id: &str) -> String {
 
 /// A served workflow.
 pub struct Graph {
-    /// The file's stem.
+    /// The file's stem (in a subfolder: its path below the folder, `-` for `/`).
     pub graph_id: String,
     pub assistant_id: String,
     /// The file, absolute: recorded with the threads the graph starts.
