@@ -356,6 +356,37 @@ async fn wait(s: &Server, thread: &str, body: Value) -> Value {
     values
 }
 
+/// The deep-research assistant's user comes as its document says (Decision 8), in
+/// `config.configurable.user_id`, which runner maps onto the workflow's context: the run starts
+/// (it was refused with 422); configurable values that name the workflow's `config` keys
+/// override them for the run.
+#[tokio::test(flavor = "multi_thread")]
+async fn deep_research_takes_its_user_from_configurable() {
+    let s = serve_shipped("deep-research-served.yaml");
+    let (status, _, out) = super::serve::call(
+        &s,
+        reqwest::Method::POST,
+        "/threads/cfg/runs/wait",
+        Some(json!({"assistant_id": "deep-research", "if_not_exists": "create",
+                    "input": {"query": "How are heat pumps sized?"},
+                    "config": {"configurable": {"user_id": "alice", "planner": {"max_tasks": 2, "max_sections": 3}}}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    assert!(out.get("__error__").is_none(), "{out}");
+    assert_eq!(waiting(&s, "cfg").await["node"], "hitl_plan_gate");
+    // Without a user the run is refused, as the context schema requires one.
+    let (status, _, out) = super::serve::call(
+        &s,
+        reqwest::Method::POST,
+        "/threads/nouser/runs/wait",
+        Some(json!({"assistant_id": "deep-research", "if_not_exists": "create",
+                    "input": {"query": "How are heat pumps sized?"}})),
+    )
+    .await;
+    assert!(status == 422 || out.get("__error__").is_some(), "{status} {out}");
+}
+
 /// The deep-research assistant (001) through its three gates over HTTP, answered as the agent
 /// inbox answers (a list of one HumanResponse: respond, ignore, accept) and as agent-chat-ui
 /// does (`{decisions: [edit]}`), with the server killed outright (SIGKILL) between two gates
