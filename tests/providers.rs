@@ -939,7 +939,10 @@ fn a_json_reply_cut_in_a_trailing_list_is_closed_when_the_schema_holds() {
         json!({"title": "Heat pumps", "points": ["They move heat.", "A COP of three to f"]})
     );
     assert_eq!(server.requests().len(), 1, "closed, not asked again");
-    assert_eq!(cuts, [json!({"event": "reply_cut", "max_tokens": 60, "action": "closed"})]);
+    assert_eq!(
+        cuts,
+        [json!({"event": "reply_cut", "max_tokens": 60, "action": "closed"})]
+    );
 }
 
 #[test]
@@ -958,7 +961,10 @@ fn a_json_reply_cut_before_a_required_field_is_asked_for_once_shorter() {
         .as_str()
         .unwrap()
         .to_string();
-    assert!(asked.contains("cut off at 60 tokens") && asked.contains("shorten"), "{asked}");
+    assert!(
+        asked.contains("cut off at 60 tokens") && asked.contains("shorten"),
+        "{asked}"
+    );
     assert_eq!(cuts[0]["action"], "asked_shorter");
 }
 

@@ -1067,6 +1067,84 @@ fn load_refuses_a_broken_pdf_and_oversized_documents() {
     assert!(r.stderr.contains("over `max_bytes` (10)"), "{}", r.stderr);
 }
 
+/// A file sent in a chat message: the document block of the last message.
+const BLOCK_WF: &str = r#"name: upload
+input:
+  type: object
+  properties:
+    messages: {type: array}
+output: [loaded]
+state:
+  loaded: {default: null}
+nodes:
+  load:
+    kind: load
+    document: "input.messages[-1].content | selectattr('type', 'ne', 'text') | first"
+    update: {loaded: output}
+edges:
+  - START -> load -> END
+"#;
+
+#[test]
+fn load_reads_a_document_sent_as_a_content_block_in_every_clients_shape() {
+    use base64::Engine as _;
+    let p = Project::new();
+    let pdf = base64::engine::general_purpose::STANDARD.encode(std::fs::read(Path::new(ROOT).join(PDF)).unwrap());
+    // LangChain 0.3 (agent-chat-ui's older builds), LangChain JS v1 (agent-chat-ui today),
+    // LangChain Python v1.
+    let shapes = [
+        json!({"type": "file", "source_type": "base64", "mime_type": "application/pdf", "data": pdf,
+               "metadata": {"filename": "guide.pdf"}}),
+        json!({"type": "file", "mimeType": "application/pdf", "data": pdf, "metadata": {"filename": "guide.pdf"}}),
+        json!({"type": "file", "base64": pdf, "mime_type": "application/pdf", "extras": {"filename": "guide.pdf"}}),
+    ];
+    for block in shapes {
+        let input = json!({"messages": [{"type": "human", "id": "m1",
+                                          "content": [{"type": "text", "text": "Summarize this"}, block]}]});
+        p.write("input.json", &input.to_string());
+        let r = p.run(BLOCK_WF, &["--input-file", "input.json"]).ok();
+        let loaded = &r.output["loaded"];
+        assert_eq!(loaded["format"], "pdf", "{loaded}");
+        assert_eq!(loaded["source"], "guide.pdf");
+        assert_eq!(loaded["title"], "Patent Filing Guide");
+        assert!(
+            loaded["content"].as_str().unwrap().contains("annual maintenance fee"),
+            "{loaded}"
+        );
+    }
+    // A block without a document fails the node, saying what it found.
+    let input = json!({"messages": [{"type": "human", "content": [{"type": "file", "file_id": "file-1"}]}]});
+    p.write("input.json", &input.to_string());
+    let r = p.run(BLOCK_WF, &["--input-file", "input.json"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr
+            .contains("document: the block names a file stored by a provider"),
+        "{}",
+        r.stderr
+    );
+    // `source` and `document` together, or neither, are refused before anything runs.
+    for (field, said) in [
+        ("    source: x.pdf\n", "`source` or `document`, not both"),
+        ("", "needs a `source` or a `document`"),
+    ] {
+        let wf = BLOCK_WF.replace("    document:", &format!("{field}    document:"));
+        let wf = if field.is_empty() {
+            wf.replace(
+                "    document: \"input.messages[-1].content | selectattr('type', 'ne', 'text') | first\"\n",
+                "",
+            )
+        } else {
+            wf
+        };
+        p.write("bad.yaml", &wf);
+        let out = p.runner().args(["validate", "bad.yaml"]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(text.contains(said), "{text}");
+    }
+}
+
 #[test]
 fn load_from_a_url_goes_through_the_guard() {
     let site = fake_web::start("");

@@ -464,7 +464,10 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         };
         if reply.hit_cap() {
             // Sending it back as it was would get the same reply, cut at the same place.
-            let cap = request.max_tokens.map(u64::from).or(Some(reply.usage.completion_tokens).filter(|t| *t > 0));
+            let cap = request
+                .max_tokens
+                .map(u64::from)
+                .or(Some(reply.usage.completion_tokens).filter(|t| *t > 0));
             let closed = cut::closings(&reply.text)
                 .iter()
                 .filter_map(|t| serde_json::from_str::<Value>(t).ok())
@@ -490,7 +493,11 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
                 None => "at the server's length limit".to_string(),
             };
             if action == "failed" {
-                let again = if asked_shorter { ", and so was the shorter reply asked for" } else { "" };
+                let again = if asked_shorter {
+                    ", and so was the shorter reply asked for"
+                } else {
+                    ""
+                };
                 return Err(NodeError::invalid(format!(
                     "the model's reply was cut {at} before its JSON was complete{again}: raise `max_tokens`, or ask for less in the prompt or the output schema"
                 ))
@@ -500,7 +507,10 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             asked_shorter = true;
             attempt += 1;
             let limit = cap.map_or_else(|| "the length limit".to_string(), |n| format!("{n} tokens"));
-            request.messages.push(Message::new("assistant", fit::cut_text(&reply.text, REPAIR_ECHO_TOKENS)));
+            request.messages.push(Message::new(
+                "assistant",
+                fit::cut_text(&reply.text, REPAIR_ECHO_TOKENS),
+            ));
             request.messages.push(Message::new("user", format!(
                 "Your reply (its start is shown above) was cut off at {limit}, the most you may write, before the JSON value was complete. \
                  Reply again with the whole JSON value, matching the schema, well within {limit}: shorten the texts and lists."

@@ -34,10 +34,7 @@ pub(super) fn closings(reply: &str) -> Vec<String> {
 /// The reply without a Markdown code fence opened before it (a cut reply never closes it).
 fn strip_fence(reply: &str) -> &str {
     let t = reply.trim_start();
-    let t = t
-        .strip_prefix("```json")
-        .or_else(|| t.strip_prefix("```"))
-        .unwrap_or(t);
+    let t = t.strip_prefix("```json").or_else(|| t.strip_prefix("```")).unwrap_or(t);
     t.trim_start()
 }
 
@@ -75,7 +72,10 @@ struct Scan {
 }
 
 fn closers(open: &[bool]) -> String {
-    open.iter().rev().map(|&object| if object { '}' } else { ']' }).collect()
+    open.iter()
+        .rev()
+        .map(|&object| if object { '}' } else { ']' })
+        .collect()
 }
 
 fn scan(text: &str) -> Scan {
@@ -200,8 +200,10 @@ mod tests {
             serde_json::json!({"summary": "Heat pumps move heat", "points": ["one", "tw"]})
         );
         assert_eq!(
-            parsed(r#"```json
-{"a": "x\u00"#)[0],
+            parsed(
+                r#"```json
+{"a": "x\u00"#
+            )[0],
             serde_json::json!({"a": "x"}),
             "a partial escape is dropped"
         );
