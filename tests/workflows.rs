@@ -625,6 +625,146 @@ fn research_records_a_failed_plan_and_still_reports() {
     assert_eq!(r.output["final_report"], "# Heat pumps\n\nNo sources were consulted.");
 }
 
+/// `runner run workflows/research.yaml` on `site` (a fake SearxNG and web site), on the mock
+/// script `script` (JSON).
+fn research_on(site: &crate::support::fake_web::FakeWeb, script: &Value) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = dir.path().join("mock.json");
+    std::fs::write(&mock, script.to_string()).unwrap();
+    let out = runner()
+        .env("SEARXNG_URL", site.base())
+        .env_remove("RUNNER_ALLOW_NET")
+        .args([
+            "run",
+            "workflows/research.yaml",
+            "--db",
+            ":memory:",
+            "--stream",
+            "jsonl",
+        ])
+        .arg("--mock")
+        .arg(&mock)
+        .args(["--allow-net", "127.0.0.1", "--input", QUERY])
+        .output()
+        .expect("the runner binary starts");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        output: serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        events: stderr
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect(),
+        stderr,
+    }
+}
+
+/// Three subtopics on `site`: the second one's search finds exactly the pages the first one
+/// read (the fake engine answers every query without "SCOP" with the same hits), the third's
+/// finds only a page robots.txt disallows. `synthesize` is the synthesis's scripted reply.
+fn three_subtopics(site: &crate::support::fake_web::FakeWeb, synthesize: Value) -> Value {
+    let heat = site.url("/articles/heat-pumps");
+    let cop = site.url("/articles/cop");
+    let summary = |text: &str, cites: &[&str]| {
+        json!({"summary": text, "key_points": [text], "citations": cites, "confidence": "medium", "gaps": []})
+            .to_string()
+    };
+    let plan = json!({"subtopics": [
+        {"id": "st1", "title": "Mechanism", "description": "How the cycle moves heat.",
+         "search_queries": ["how heat pumps work"], "status": "pending"},
+        {"id": "st2", "title": "Efficiency", "description": "What COP means.",
+         "search_queries": ["heat pump COP"], "status": "pending"},
+        {"id": "st3", "title": "Nothing", "description": "A subtopic whose only page cannot be read.",
+         "search_queries": ["private heat pump notes"], "status": "pending"}],
+        "rationale": "Mechanism, then performance."});
+    // Each summary is written only when its prompt holds the subtopic's two pages.
+    let sources = |title: &str, what: &str| {
+        format!("**{title}**\nWhat it must establish: {what}\n\nYou have 2 scraped source(s)")
+    };
+    json!({
+        "replies": {"plan": plan.to_string(), "synthesize": synthesize},
+        "match": [
+            {"contains": sources("Mechanism", "How the cycle moves heat."),
+             "reply": summary(&format!("A refrigerant moves heat [{heat}]."), &[&heat])},
+            {"contains": sources("Efficiency", "What COP means."),
+             "reply": summary(&format!("A COP of three to four [{cop}]."), &[&cop])},
+        ]
+    })
+}
+
+#[test]
+fn research_gives_each_subtopic_the_pages_its_search_found_read_once() {
+    let site = crate::support::fake_web::start("");
+    let r = research_on(&site, &three_subtopics(&site, json!("# Heat pumps\n\nA report."))).done();
+    let summaries = r.output["subtopic_summaries"].as_array().unwrap();
+    assert_eq!(
+        summaries.iter().map(|s| &s["subtopic_id"]).collect::<Vec<_>>(),
+        ["st1", "st2"],
+        "the second subtopic is summarized from the pages the first one read: {}",
+        r.stderr
+    );
+    // Each page was fetched once, for the first subtopic.
+    let hits = site.hits();
+    for page in ["/articles/heat-pumps", "/articles/cop"] {
+        assert_eq!(hits.iter().filter(|h| *h == page).count(), 1, "{page}: {hits:?}");
+    }
+    assert_eq!(r.output["report_metadata"]["pages_scraped"], 2);
+    // The third subtopic's only page could not be read (robots.txt, found when the first
+    // subtopic tried it; not tried again): not summarized, and failed rather than done.
+    let errors = r.output["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0]["url"], site.url("/private/secret"));
+    assert_eq!(r.output["report_metadata"]["subtopics_done"], 2);
+    assert_eq!(r.output["report_metadata"]["subtopics_failed"], json!(["st3"]));
+    assert_eq!(
+        r.route(),
+        route(&[
+            &["plan"],
+            &["search"],
+            &["scrape"],
+            &["summarize"],
+            &["next_subtopic"],
+            &["search"],
+            &["scrape"],
+            &["summarize"],
+            &["next_subtopic"],
+            &["search"],
+            &["scrape"],
+            &["skip_subtopic"],
+            &["synthesize"],
+        ])
+    );
+}
+
+#[test]
+fn research_whose_synthesis_fails_still_ends_with_a_report_of_the_summaries() {
+    let site = crate::support::fake_web::start("");
+    let script = three_subtopics(&site, json!({"error": "auth", "message": "invalid api key"}));
+    let r = research_on(&site, &script).done();
+    let report = r.output["final_report"].as_str().unwrap_or_default();
+    let heat = site.url("/articles/heat-pumps");
+    let cop = site.url("/articles/cop");
+    assert_eq!(
+        report,
+        format!(
+            "# How do heat pumps work? (partial report)\n\nThe final synthesis failed (authentication failed: invalid api key), so this report is the summary of each\nresearched subtopic as it was written, not a combined answer.\n\n## Mechanism\n\nA refrigerant moves heat [{heat}].\n\n## Efficiency\n\nA COP of three to four [{cop}].\n\n## Sources\n\n1. {heat}\n2. {cop}\n"
+        ),
+        "{}",
+        r.stderr
+    );
+    let errors = r.output["errors"].as_array().unwrap();
+    let failed = errors
+        .iter()
+        .find(|e| e["node"] == "synthesize")
+        .expect("the failure is recorded");
+    assert_eq!(failed["class"], "auth");
+    assert_eq!(failed["message"], "authentication failed: invalid api key");
+    let meta = &r.output["report_metadata"];
+    assert_eq!(meta["partial"], true);
+    assert_eq!(meta["sources"], json!([heat, cop]));
+    assert_eq!(r.route().last().unwrap(), &["partial_report".to_string()]);
+}
+
 // ── slides ──────────────────────────────────────────────────────────────────────────────────
 
 #[test]
