@@ -125,6 +125,40 @@ async fn the_rag_chat_answers_two_turns_with_streamed_tokens() {
     );
 }
 
+/// The RAG chat as agent-chat-ui drives it: its input is `{"messages": [...]}` (the JS
+/// client's exact body), not `{"question"}`. The question is the text of the last human
+/// message; the message keeps the id the UI gave it, so the UI's message and the stored one
+/// are one.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rag_chat_takes_agent_chat_uis_messages_input() {
+    let s = serve_shipped("rag-chat.yaml");
+    for (turn, (id, text)) in [("ui-1", "Hi there!"), ("ui-2", "Thanks!")].iter().enumerate() {
+        let events = stream(
+            &s,
+            "/threads/ui-chat/runs/stream",
+            json!({"input": {"messages": [{"id": id, "type": "human", "content": [{"type": "text", "text": text}]}]},
+                   "stream_mode": ["values", "messages-tuple", "custom"], "stream_subgraphs": true,
+                   "assistant_id": "rag", "if_not_exists": "create", "on_disconnect": "continue"}),
+        )
+        .await;
+        let values = &events.iter().rev().find(|(e, _)| e == "values").unwrap().1;
+        assert_eq!(values["intent"], "chat", "turn {turn}: {events:?}");
+        assert_eq!(values["question"], *text);
+        let messages = values["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 2 * (turn + 1), "{values}");
+        let asked = &messages[2 * turn];
+        assert_eq!(
+            (&asked["type"], &asked["id"], &asked["content"]),
+            (&json!("human"), &json!(id), &json!(text)),
+            "{values}"
+        );
+        assert_eq!(
+            messages[2 * turn + 1]["content"],
+            "Hello! How can I help with your documents today?"
+        );
+    }
+}
+
 /// The mindmap agent (000) streams every node it adds as a `custom` event, as its canvas reads
 /// them (the seed's `OutputEvent`: `{type: "node_added", node_id, node_data, ...}`), and ends
 /// with the whole map in its values. Each expansion is a subgraph that announces
