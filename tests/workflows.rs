@@ -129,7 +129,13 @@ fn run(workflow: &str, mock: &str, args: &[&str]) -> Run {
 }
 
 fn run_in(workflow: &str, mock: &str, db: &str, args: &[&str]) -> Run {
+    run_env(workflow, mock, db, &[], args)
+}
+
+/// [`run_in`] with the environment variables `env` set.
+fn run_env(workflow: &str, mock: &str, db: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
     let out = runner()
+        .envs(env.iter().copied())
         .args(["run", &format!("workflows/{workflow}")])
         .args(["--mock", &format!("tests/fixtures/mock/{mock}")])
         .args(["--db", db, "--stream", "jsonl"])
@@ -777,7 +783,7 @@ fn slides_coordinator_answers_without_a_handoff() {
     .done();
     assert_eq!(
         r.route(),
-        route(&[&["coordinator"]]),
+        route(&[&["intake"], &["coordinator"]]),
         "conversation only: END after the coordinator"
     );
     assert_eq!(r.output["plan"], json!([]));
@@ -802,6 +808,7 @@ fn slides_handoff_runs_every_storywriter_step_of_the_plan() {
     assert_eq!(
         r.route(),
         route(&[
+            &["intake"],
             &["coordinator"],
             &["planner"],
             &["supervisor"],
@@ -809,6 +816,7 @@ fn slides_handoff_runs_every_storywriter_step_of_the_plan() {
             &["supervisor"],
             &["storywriter"],
             &["supervisor"],
+            &["reply"],
         ])
     );
     let plan = r.output["plan"].as_array().unwrap();
@@ -830,6 +838,7 @@ fn slides_handoff_runs_every_storywriter_step_of_the_plan() {
             "Plan: Storyline → Action titles",
             "[storywriter] Wrote a 3-slide storyline.",
             "[storywriter] Rewrote the titles as action titles.",
+            "Done: all 2 step(s) of the plan are complete.",
         ]
     );
 }
@@ -853,6 +862,7 @@ fn slides_plan_runs_analyst_writer_and_visualizer_with_a_template() {
     assert_eq!(
         r.route(),
         route(&[
+            &["intake"],
             &["coordinator"],
             &["planner"],
             &["supervisor"],
@@ -862,6 +872,7 @@ fn slides_plan_runs_analyst_writer_and_visualizer_with_a_template() {
             &["supervisor"],
             &["visualizer"],
             &["supervisor"],
+            &["reply"],
         ])
     );
     let plan = r.output["plan"].as_array().unwrap();
@@ -897,6 +908,7 @@ fn slides_researcher_step_runs_the_research_subgraph() {
     assert_eq!(
         r.route(),
         route(&[
+            &["intake"],
             &["coordinator"],
             &["planner"],
             &["supervisor"],
@@ -904,6 +916,7 @@ fn slides_researcher_step_runs_the_research_subgraph() {
             &["supervisor"],
             &["storywriter"],
             &["supervisor"],
+            &["reply"],
         ])
     );
     // Inside the subgraph: nothing to search, so the manager hands over to the aggregation.
@@ -928,8 +941,84 @@ fn slides_researcher_step_runs_the_research_subgraph() {
         contents(&r.output["messages"])[3..],
         [
             "[researcher] Nothing could be researched.",
-            "[storywriter] A storyline that flags the missing figures."
+            "[storywriter] A storyline that flags the missing figures.",
+            "Done: all 2 step(s) of the plan are complete."
         ]
+    );
+}
+
+#[test]
+fn slides_step_that_fails_on_a_later_turn_is_failed_and_the_reply_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("slides.db");
+    let db = db.to_str().unwrap();
+    let first = run_in(
+        "slides.yaml",
+        "slides-second-turn.yaml",
+        db,
+        &["--thread", "deck", "--input", "request=A short deck about heat pumps"],
+    )
+    .done();
+    assert_eq!(first.output["plan"][0]["status"], "complete");
+    let second = run_in(
+        "slides.yaml",
+        "slides-second-turn.yaml",
+        db,
+        &["--thread", "deck", "--input", "request=Make it shorter"],
+    )
+    .done();
+    assert_eq!(second.errors_of("storywriter").len(), 1, "{}", second.stderr);
+    // Step 1's artifact from the first turn is still there, but this turn's step 1 failed.
+    assert!(second.output["artifacts"]["step_1_story"].is_object());
+    assert_eq!(
+        second.output["plan"],
+        json!([{"id": 1, "role": "storywriter", "instruction": "Cut every slide to two bullets.",
+                "description": "Shorter", "status": "failed",
+                "result_summary": "storywriter failed: authentication failed: invalid api key"}])
+    );
+    // The turn's reply ends by telling the user what failed, not at the plan.
+    let messages = contents(&second.output["messages"]);
+    assert_eq!(
+        messages[messages.len() - 2..],
+        [
+            "Plan: Shorter",
+            "0 of 1 step(s) complete; 1 failed:\n- Step 1 (storywriter: Shorter) failed: storywriter failed: authentication failed: invalid api key"
+        ]
+    );
+}
+
+#[test]
+fn slides_image_renders_that_all_fail_fail_their_step_and_the_reply_says_so() {
+    let api = crate::support::fake_web::recorder(401, json!({"error": {"message": "Incorrect API key"}}));
+    let endpoint = format!("images.endpoint={}", api.url("/v1/images/generations"));
+    let r = run_env(
+        "slides.yaml",
+        "slides-renders-fail.yaml",
+        ":memory:",
+        &[("OPENAI_API_KEY", "sk-test-image-key")],
+        &[
+            "--input",
+            "request=Three slides on heat pumps",
+            "--set",
+            &endpoint,
+            "--allow-net",
+            "127.0.0.1",
+        ],
+    )
+    .done();
+    assert_eq!(api.requests.lock().unwrap().len(), 3, "{}", r.stderr);
+    let step = &r.output["plan"][0];
+    assert_eq!(step["status"], "failed", "{step}");
+    let summary = step["result_summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("Three slides, one image each.; 3 of 3 image renders failed: "),
+        "{summary}"
+    );
+    let reply = *contents(&r.output["messages"]).last().unwrap();
+    assert!(
+        reply.starts_with("0 of 1 step(s) complete; 1 failed:\n- Step 1 (visualizer: Design) failed: Three slides")
+            && reply.contains("3 of 3 image renders failed"),
+        "{reply}"
     );
 }
 

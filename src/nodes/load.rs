@@ -39,7 +39,7 @@ pub(super) struct LoadNode {
     /// source_type: base64, mime_type, data, metadata: {filename}}`, `{type: file, mimeType,
     /// data, metadata: {filename}}` or `{type: file, base64, mime_type, extras: {filename}}`
     /// (a `url` instead of the data is fetched as `source` is; `text-plain` blocks may carry
-    /// `text`). Give this or `source`.
+    /// `text`); a string is a path or URL, as `source` takes. Give this or `source`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub document: Option<String>,
     /// The document format (default `auto`, from the extension or content type).
@@ -140,37 +140,37 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     let (source, bytes, content_type) = match &config.from {
         From::Source(template) => {
             let source = render(ctx, template, "/source")?.trim().to_string();
-            if source.is_empty() {
-                return Err(NodeError::invalid("`source` rendered empty").into());
-            }
-            let (bytes, content_type) = if is_url(&source) {
-                fetch(ctx, &source, max).await?
-            } else {
-                let path = ctx
-                    .services
-                    .read_roots
-                    .check(workflow_dir(ctx), Path::new(&source))
-                    .map_err(NodeError::invalid)?;
-                (read(&path, Path::new(&source), max)?, None)
-            };
+            let (bytes, content_type) = read_source(ctx, &source, "`source` rendered empty", max).await?;
             (source, bytes, content_type)
         }
         From::Block(id) => {
             let value = super::eval(ctx, *id, &ctx.scope)
                 .map_err(|e| NodeError::invalid(format!("document: {}", e.message)))?;
-            let block = block::Block::read(&value).map_err(|e| NodeError::invalid(format!("document: {e}")))?;
-            let (bytes, content_type) = match &block.body {
-                block::Body::Url(url) => {
-                    let (bytes, content_type) = fetch(ctx, url, max).await?;
-                    (bytes, content_type.or(block.mime_type.clone()))
+            match &value {
+                // A path or a URL, as `source` takes (a workflow whose document may come either
+                // way picks one with one expression).
+                Value::String(source) if !source.starts_with("data:") => {
+                    let source = source.trim().to_string();
+                    let (bytes, content_type) =
+                        read_source(ctx, &source, "`document` yielded an empty path", max).await?;
+                    (source, bytes, content_type)
                 }
-                body => (
-                    body.bytes(max)
-                        .map_err(|e| NodeError::invalid(format!("document: {e}")))?,
-                    block.mime_type.clone(),
-                ),
-            };
-            (block.name(), bytes, content_type)
+                _ => {
+                    let block = block::Block::read(&value).map_err(|e| NodeError::invalid(format!("document: {e}")))?;
+                    let (bytes, content_type) = match &block.body {
+                        block::Body::Url(url) => {
+                            let (bytes, content_type) = fetch(ctx, url, max).await?;
+                            (bytes, content_type.or(block.mime_type.clone()))
+                        }
+                        body => (
+                            body.bytes(max)
+                                .map_err(|e| NodeError::invalid(format!("document: {e}")))?,
+                            block.mime_type.clone(),
+                        ),
+                    };
+                    (block.name(), bytes, content_type)
+                }
+            }
         }
     };
     let format = match n.format.unwrap_or(DocFormat::Auto) {
@@ -217,6 +217,28 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
 
 fn is_url(source: &str) -> bool {
     source.starts_with("http://") || source.starts_with("https://")
+}
+
+/// The bytes of a path or a URL (at most `max`), and the content type a server gave; `empty`
+/// is the error for an empty one.
+async fn read_source(
+    ctx: &NodeCtx<'_>,
+    source: &str,
+    empty: &str,
+    max: u64,
+) -> Result<(Vec<u8>, Option<String>), NodeError> {
+    if source.is_empty() {
+        return Err(NodeError::invalid(empty));
+    }
+    if is_url(source) {
+        return fetch(ctx, source, max).await;
+    }
+    let path = ctx
+        .services
+        .read_roots
+        .check(workflow_dir(ctx), Path::new(source))
+        .map_err(NodeError::invalid)?;
+    Ok((read(&path, Path::new(source), max)?, None))
 }
 
 /// The directory of the workflow a node belongs to (the current directory for one without a
