@@ -429,7 +429,7 @@ edges: [START -> ask, ask -> END]
     assert!(
         out.error
             .unwrap()
-            .contains("did not match the output schema after 2 attempt(s)")
+            .contains("did not match the output schema (2 replies: the first and 1 repair)")
     );
 }
 

@@ -876,6 +876,115 @@ fn a_missing_key_stops_the_run_before_it_starts_naming_the_variable() {
     assert!(server.requests().is_empty());
 }
 
+// ---- replies cut at the completion cap ----
+
+/// A non-streamed completion the server stopped at its cap: `finish_reason: length`.
+fn cut_at_cap(text: &str) -> Reply {
+    Reply::json(
+        200,
+        json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+               "usage": {"prompt_tokens": 40, "completion_tokens": 60, "total_tokens": 100}}),
+    )
+}
+
+/// A summary with a required list, capped at 60 tokens and retried like any llm node.
+const SUMMARY: &str = r#"
+name: summary
+models: {default: {provider: openai, model: m, base_url: "${env:FAKE_BASE}", api_key_env: FAKE_KEY}}
+output: [summary]
+state: {summary: {type: object, default: {}}}
+nodes:
+  summarize:
+    kind: llm
+    prompt: {text: "Summarize heat pumps."}
+    max_tokens: 60
+    output:
+      format: json
+      schema:
+        type: object
+        required: [title, points]
+        properties: {title: {type: string}, points: {type: array, items: {type: string}}}
+    update: {summary: output}
+edges: [START -> summarize -> END]
+"#;
+
+/// `runner run` of SUMMARY against `server`: exit code, result, and the `reply_cut` events.
+fn summarize_on(server: &FakeLlm) -> (i32, Value, Vec<Value>, String) {
+    let p = Project::new(SUMMARY);
+    let out = runner_cmd(p.dir.path(), server)
+        .args(["run", "w.yaml", "--db", ":memory:", "--stream", "jsonl"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let cuts = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "custom" && e["event"] == "reply_cut")
+        .map(|e| e["data"].clone())
+        .collect();
+    let result = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), result, cuts, stderr)
+}
+
+#[test]
+fn a_json_reply_cut_in_a_trailing_list_is_closed_when_the_schema_holds() {
+    let server = FakeLlm::start_in_background();
+    server.script([cut_at_cap(
+        r#"{"title": "Heat pumps", "points": ["They move heat.", "A COP of three to f"#,
+    )]);
+    let (code, result, cuts, stderr) = summarize_on(&server);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        result["summary"],
+        json!({"title": "Heat pumps", "points": ["They move heat.", "A COP of three to f"]})
+    );
+    assert_eq!(server.requests().len(), 1, "closed, not asked again");
+    assert_eq!(
+        cuts,
+        [json!({"event": "reply_cut", "max_tokens": 60, "action": "closed"})]
+    );
+}
+
+#[test]
+fn a_json_reply_cut_before_a_required_field_is_asked_for_once_shorter() {
+    let server = FakeLlm::start_in_background();
+    server.script([
+        cut_at_cap(r#"{"title": "Heat pumps: how a refrigerant cycle moves heat from the cold outside"#),
+        Reply::completion(r#"{"title": "Heat pumps", "points": ["They move heat."]}"#),
+    ]);
+    let (code, result, cuts, stderr) = summarize_on(&server);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(result["summary"]["points"], json!(["They move heat."]));
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    let asked = requests[1].body["messages"].as_array().unwrap().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        asked.contains("cut off at 60 tokens") && asked.contains("shorten"),
+        "{asked}"
+    );
+    assert_eq!(cuts[0]["action"], "asked_shorter");
+}
+
+#[test]
+fn a_json_reply_cut_twice_fails_fast_naming_the_cap() {
+    let server = FakeLlm::start_in_background();
+    let cut = cut_at_cap(r#"{"title": "Heat pumps: how a refrigerant cycle moves heat from the cold outside"#);
+    server.default_reply(cut);
+    let (code, _, cuts, stderr) = summarize_on(&server);
+    assert_eq!(code, 1, "{stderr}");
+    // Once asked for shorter, then failed: not three identical requests, nor a node retry.
+    assert_eq!(server.requests().len(), 2, "{stderr}");
+    assert!(
+        stderr.contains("cut at its 60-token cap (`max_tokens`)") && stderr.contains("raise `max_tokens`"),
+        "{stderr}"
+    );
+    let actions: Vec<&Value> = cuts.iter().map(|c| &c["action"]).collect();
+    assert_eq!(actions, [&json!("asked_shorter"), &json!("failed")]);
+}
+
 #[tokio::test]
 async fn a_server_that_never_answers_or_stalls_is_cut_off() {
     let server = FakeLlm::start().await;

@@ -173,6 +173,75 @@ async fn the_rag_chat_ui_streams_its_own_events() {
     assert_eq!(state["values"]["messages"].as_array().unwrap().len(), 4, "{state}");
 }
 
+/// The RAG chat as agent-chat-ui drives it: its input is `{"messages": [...]}` (the JS
+/// client's exact body), not `{"question"}`. The question is the text of the last human
+/// message; the message keeps the id the UI gave it, so the UI's message and the stored one
+/// are one.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rag_chat_takes_agent_chat_uis_messages_input() {
+    let s = serve_shipped("rag-chat.yaml");
+    for (turn, (id, text)) in [("ui-1", "Hi there!"), ("ui-2", "Thanks!")].iter().enumerate() {
+        let events = stream(
+            &s,
+            "/threads/ui-chat/runs/stream",
+            json!({"input": {"messages": [{"id": id, "type": "human", "content": [{"type": "text", "text": text}]}]},
+                   "stream_mode": ["values", "messages-tuple", "custom"], "stream_subgraphs": true,
+                   "assistant_id": "rag", "if_not_exists": "create", "on_disconnect": "continue"}),
+        )
+        .await;
+        let values = &events.iter().rev().find(|(e, _)| e == "values").unwrap().1;
+        assert_eq!(values["intent"], "chat", "turn {turn}: {events:?}");
+        assert_eq!(values["question"], *text);
+        let messages = values["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 2 * (turn + 1), "{values}");
+        let asked = &messages[2 * turn];
+        assert_eq!(
+            (&asked["type"], &asked["id"], &asked["content"]),
+            (&json!("human"), &json!(id), &json!(text)),
+            "{values}"
+        );
+        assert_eq!(
+            messages[2 * turn + 1]["content"],
+            "Hello! How can I help with your documents today?"
+        );
+    }
+}
+
+/// The slide maker as agent-chat-ui drives it: `{"messages": [...]}` in, the request the text
+/// of the last human message, and the PPTX template a file block of that message (base64, in
+/// the shape agent-chat-ui sends today), loaded into the design context.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_slide_maker_takes_its_request_and_template_from_agent_chat_uis_message() {
+    use base64::Engine as _;
+    let s = serve_shipped("slides-storywriter.yaml");
+    let pptx = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pptx/template.pptx")).unwrap();
+    let file = json!({"type": "file",
+                      "mimeType": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+                      "data": base64::engine::general_purpose::STANDARD.encode(pptx),
+                      "metadata": {"filename": "template.pptx"}});
+    let events = stream(
+        &s,
+        "/threads/deck-1/runs/stream",
+        json!({"input": {"messages": [{"id": "ui-1", "type": "human",
+                                       "content": [{"type": "text", "text": "A short deck about heat pumps"}, file]}]},
+               "stream_mode": ["values", "messages-tuple", "custom"], "stream_subgraphs": true,
+               "assistant_id": "slides", "if_not_exists": "create", "on_disconnect": "continue"}),
+    )
+    .await;
+    let values = &events.iter().rev().find(|(e, _)| e == "values").unwrap().1;
+    assert_eq!(values["request"], "A short deck about heat pumps", "{events:?}");
+    assert_eq!(values["design_context"]["theme_name"], "Corporate", "{values}");
+    assert_eq!(values["design_context"]["source"], "template.pptx");
+    assert!(values["errors"].as_array().unwrap().is_empty(), "{values}");
+    let messages = values["messages"].as_array().unwrap();
+    assert_eq!(
+        (&messages[0]["type"], &messages[0]["id"], &messages[0]["content"]),
+        (&json!("human"), &json!("ui-1"), &json!("A short deck about heat pumps"))
+    );
+    let plan = values["plan"].as_array().unwrap();
+    assert!(plan.iter().all(|s| s["status"] == "complete"), "{values}");
+}
+
 /// The mindmap agent (000) streams every node it adds as a `custom` event, as its canvas reads
 /// them (the seed's `OutputEvent`: `{type: "node_added", node_id, node_data, ...}`), and ends
 /// with the whole map in its values. Each expansion is a subgraph whose node_added events are

@@ -129,7 +129,13 @@ fn run(workflow: &str, mock: &str, args: &[&str]) -> Run {
 }
 
 fn run_in(workflow: &str, mock: &str, db: &str, args: &[&str]) -> Run {
+    run_env(workflow, mock, db, &[], args)
+}
+
+/// [`run_in`] with the environment variables `env` set.
+fn run_env(workflow: &str, mock: &str, db: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
     let out = runner()
+        .envs(env.iter().copied())
         .args(["run", &format!("workflows/{workflow}")])
         .args(["--mock", &format!("tests/fixtures/mock/{mock}")])
         .args(["--db", db, "--stream", "jsonl"])
@@ -625,6 +631,146 @@ fn research_records_a_failed_plan_and_still_reports() {
     assert_eq!(r.output["final_report"], "# Heat pumps\n\nNo sources were consulted.");
 }
 
+/// `runner run workflows/research.yaml` on `site` (a fake SearxNG and web site), on the mock
+/// script `script` (JSON).
+fn research_on(site: &crate::support::fake_web::FakeWeb, script: &Value) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = dir.path().join("mock.json");
+    std::fs::write(&mock, script.to_string()).unwrap();
+    let out = runner()
+        .env("SEARXNG_URL", site.base())
+        .env_remove("RUNNER_ALLOW_NET")
+        .args([
+            "run",
+            "workflows/research.yaml",
+            "--db",
+            ":memory:",
+            "--stream",
+            "jsonl",
+        ])
+        .arg("--mock")
+        .arg(&mock)
+        .args(["--allow-net", "127.0.0.1", "--input", QUERY])
+        .output()
+        .expect("the runner binary starts");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        output: serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        events: stderr
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect(),
+        stderr,
+    }
+}
+
+/// Three subtopics on `site`: the second one's search finds exactly the pages the first one
+/// read (the fake engine answers every query without "SCOP" with the same hits), the third's
+/// finds only a page robots.txt disallows. `synthesize` is the synthesis's scripted reply.
+fn three_subtopics(site: &crate::support::fake_web::FakeWeb, synthesize: Value) -> Value {
+    let heat = site.url("/articles/heat-pumps");
+    let cop = site.url("/articles/cop");
+    let summary = |text: &str, cites: &[&str]| {
+        json!({"summary": text, "key_points": [text], "citations": cites, "confidence": "medium", "gaps": []})
+            .to_string()
+    };
+    let plan = json!({"subtopics": [
+        {"id": "st1", "title": "Mechanism", "description": "How the cycle moves heat.",
+         "search_queries": ["how heat pumps work"], "status": "pending"},
+        {"id": "st2", "title": "Efficiency", "description": "What COP means.",
+         "search_queries": ["heat pump COP"], "status": "pending"},
+        {"id": "st3", "title": "Nothing", "description": "A subtopic whose only page cannot be read.",
+         "search_queries": ["private heat pump notes"], "status": "pending"}],
+        "rationale": "Mechanism, then performance."});
+    // Each summary is written only when its prompt holds the subtopic's two pages.
+    let sources = |title: &str, what: &str| {
+        format!("**{title}**\nWhat it must establish: {what}\n\n\nYou have 2 scraped source(s)")
+    };
+    json!({
+        "replies": {"plan": plan.to_string(), "synthesize": synthesize},
+        "match": [
+            {"contains": sources("Mechanism", "How the cycle moves heat."),
+             "reply": summary(&format!("A refrigerant moves heat [{heat}]."), &[&heat])},
+            {"contains": sources("Efficiency", "What COP means."),
+             "reply": summary(&format!("A COP of three to four [{cop}]."), &[&cop])},
+        ]
+    })
+}
+
+#[test]
+fn research_gives_each_subtopic_the_pages_its_search_found_read_once() {
+    let site = crate::support::fake_web::start("");
+    let r = research_on(&site, &three_subtopics(&site, json!("# Heat pumps\n\nA report."))).done();
+    let summaries = r.output["subtopic_summaries"].as_array().unwrap();
+    assert_eq!(
+        summaries.iter().map(|s| &s["subtopic_id"]).collect::<Vec<_>>(),
+        ["st1", "st2"],
+        "the second subtopic is summarized from the pages the first one read: {}",
+        r.stderr
+    );
+    // Each page was fetched once, for the first subtopic.
+    let hits = site.hits();
+    for page in ["/articles/heat-pumps", "/articles/cop"] {
+        assert_eq!(hits.iter().filter(|h| *h == page).count(), 1, "{page}: {hits:?}");
+    }
+    assert_eq!(r.output["report_metadata"]["pages_scraped"], 2);
+    // The third subtopic's only page could not be read (robots.txt, found when the first
+    // subtopic tried it; not tried again): not summarized, and failed rather than done.
+    let errors = r.output["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0]["url"], site.url("/private/secret"));
+    assert_eq!(r.output["report_metadata"]["subtopics_done"], 2);
+    assert_eq!(r.output["report_metadata"]["subtopics_failed"], json!(["st3"]));
+    assert_eq!(
+        r.route(),
+        route(&[
+            &["plan"],
+            &["search"],
+            &["scrape"],
+            &["summarize"],
+            &["next_subtopic"],
+            &["search"],
+            &["scrape"],
+            &["summarize"],
+            &["next_subtopic"],
+            &["search"],
+            &["scrape"],
+            &["skip_subtopic"],
+            &["synthesize"],
+        ])
+    );
+}
+
+#[test]
+fn research_whose_synthesis_fails_still_ends_with_a_report_of_the_summaries() {
+    let site = crate::support::fake_web::start("");
+    let script = three_subtopics(&site, json!({"error": "auth", "message": "invalid api key"}));
+    let r = research_on(&site, &script).done();
+    let report = r.output["final_report"].as_str().unwrap_or_default();
+    let heat = site.url("/articles/heat-pumps");
+    let cop = site.url("/articles/cop");
+    assert_eq!(
+        report,
+        format!(
+            "# How do heat pumps work? (partial report)\n\nThe final synthesis failed (authentication failed: invalid api key), so this report is the summary of each\nresearched subtopic as it was written, not a combined answer.\n\n## Mechanism\n\nA refrigerant moves heat [{heat}].\n\n## Efficiency\n\nA COP of three to four [{cop}].\n\n## Sources\n\n1. {heat}\n2. {cop}\n"
+        ),
+        "{}",
+        r.stderr
+    );
+    let errors = r.output["errors"].as_array().unwrap();
+    let failed = errors
+        .iter()
+        .find(|e| e["node"] == "synthesize")
+        .expect("the failure is recorded");
+    assert_eq!(failed["class"], "auth");
+    assert_eq!(failed["message"], "authentication failed: invalid api key");
+    let meta = &r.output["report_metadata"];
+    assert_eq!(meta["partial"], true);
+    assert_eq!(meta["sources"], json!([heat, cop]));
+    assert_eq!(r.route().last().unwrap(), &["partial_report".to_string()]);
+}
+
 // ── slides ──────────────────────────────────────────────────────────────────────────────────
 
 #[test]
@@ -637,7 +783,7 @@ fn slides_coordinator_answers_without_a_handoff() {
     .done();
     assert_eq!(
         r.route(),
-        route(&[&["coordinator"]]),
+        route(&[&["intake"], &["coordinator"]]),
         "conversation only: END after the coordinator"
     );
     assert_eq!(r.output["plan"], json!([]));
@@ -662,6 +808,7 @@ fn slides_handoff_runs_every_storywriter_step_of_the_plan() {
     assert_eq!(
         r.route(),
         route(&[
+            &["intake"],
             &["coordinator"],
             &["planner"],
             &["supervisor"],
@@ -669,6 +816,7 @@ fn slides_handoff_runs_every_storywriter_step_of_the_plan() {
             &["supervisor"],
             &["storywriter"],
             &["supervisor"],
+            &["reply"],
         ])
     );
     let plan = r.output["plan"].as_array().unwrap();
@@ -690,6 +838,7 @@ fn slides_handoff_runs_every_storywriter_step_of_the_plan() {
             "Plan: Storyline → Action titles",
             "[storywriter] Wrote a 3-slide storyline.",
             "[storywriter] Rewrote the titles as action titles.",
+            "Done: all 2 step(s) of the plan are complete.",
         ]
     );
 }
@@ -713,6 +862,7 @@ fn slides_plan_runs_analyst_writer_and_visualizer_with_a_template() {
     assert_eq!(
         r.route(),
         route(&[
+            &["intake"],
             &["coordinator"],
             &["planner"],
             &["supervisor"],
@@ -722,6 +872,7 @@ fn slides_plan_runs_analyst_writer_and_visualizer_with_a_template() {
             &["supervisor"],
             &["visualizer"],
             &["supervisor"],
+            &["reply"],
         ])
     );
     let plan = r.output["plan"].as_array().unwrap();
@@ -757,6 +908,7 @@ fn slides_researcher_step_runs_the_research_subgraph() {
     assert_eq!(
         r.route(),
         route(&[
+            &["intake"],
             &["coordinator"],
             &["planner"],
             &["supervisor"],
@@ -764,6 +916,7 @@ fn slides_researcher_step_runs_the_research_subgraph() {
             &["supervisor"],
             &["storywriter"],
             &["supervisor"],
+            &["reply"],
         ])
     );
     // Inside the subgraph: nothing to search, so the manager hands over to the aggregation.
@@ -788,8 +941,84 @@ fn slides_researcher_step_runs_the_research_subgraph() {
         contents(&r.output["messages"])[3..],
         [
             "[researcher] Nothing could be researched.",
-            "[storywriter] A storyline that flags the missing figures."
+            "[storywriter] A storyline that flags the missing figures.",
+            "Done: all 2 step(s) of the plan are complete."
         ]
+    );
+}
+
+#[test]
+fn slides_step_that_fails_on_a_later_turn_is_failed_and_the_reply_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("slides.db");
+    let db = db.to_str().unwrap();
+    let first = run_in(
+        "slides.yaml",
+        "slides-second-turn.yaml",
+        db,
+        &["--thread", "deck", "--input", "request=A short deck about heat pumps"],
+    )
+    .done();
+    assert_eq!(first.output["plan"][0]["status"], "complete");
+    let second = run_in(
+        "slides.yaml",
+        "slides-second-turn.yaml",
+        db,
+        &["--thread", "deck", "--input", "request=Make it shorter"],
+    )
+    .done();
+    assert_eq!(second.errors_of("storywriter").len(), 1, "{}", second.stderr);
+    // Step 1's artifact from the first turn is still there, but this turn's step 1 failed.
+    assert!(second.output["artifacts"]["step_1_story"].is_object());
+    assert_eq!(
+        second.output["plan"],
+        json!([{"id": 1, "role": "storywriter", "instruction": "Cut every slide to two bullets.",
+                "description": "Shorter", "status": "failed",
+                "result_summary": "storywriter failed: authentication failed: invalid api key"}])
+    );
+    // The turn's reply ends by telling the user what failed, not at the plan.
+    let messages = contents(&second.output["messages"]);
+    assert_eq!(
+        messages[messages.len() - 2..],
+        [
+            "Plan: Shorter",
+            "0 of 1 step(s) complete; 1 failed:\n- Step 1 (storywriter: Shorter) failed: storywriter failed: authentication failed: invalid api key"
+        ]
+    );
+}
+
+#[test]
+fn slides_image_renders_that_all_fail_fail_their_step_and_the_reply_says_so() {
+    let api = crate::support::fake_web::recorder(401, json!({"error": {"message": "Incorrect API key"}}));
+    let endpoint = format!("images.endpoint={}", api.url("/v1/images/generations"));
+    let r = run_env(
+        "slides.yaml",
+        "slides-renders-fail.yaml",
+        ":memory:",
+        &[("OPENAI_API_KEY", "sk-test-image-key")],
+        &[
+            "--input",
+            "request=Three slides on heat pumps",
+            "--set",
+            &endpoint,
+            "--allow-net",
+            "127.0.0.1",
+        ],
+    )
+    .done();
+    assert_eq!(api.requests.lock().unwrap().len(), 3, "{}", r.stderr);
+    let step = &r.output["plan"][0];
+    assert_eq!(step["status"], "failed", "{step}");
+    let summary = step["result_summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("Three slides, one image each.; 3 of 3 image renders failed: "),
+        "{summary}"
+    );
+    let reply = *contents(&r.output["messages"]).last().unwrap();
+    assert!(
+        reply.starts_with("0 of 1 step(s) complete; 1 failed:\n- Step 1 (visualizer: Design) failed: Three slides")
+            && reply.contains("3 of 3 image renders failed"),
+        "{reply}"
     );
 }
 

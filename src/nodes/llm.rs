@@ -20,6 +20,7 @@ use crate::error_class::ErrorClass;
 use crate::providers::{ChatRequest, Message, Usage, price};
 use crate::spec::{JsonSchemaDoc, TextSource};
 
+mod cut;
 mod fit;
 use fit::Fit;
 
@@ -369,6 +370,8 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     };
     let sink = |text: &str| send(scrubber.push(text));
     let mut attempt = 0;
+    // A reply cut at the completion cap is asked for again, shorter, once.
+    let mut asked_shorter = false;
     let mut refitted = false;
     let mut lowered_to = None;
     loop {
@@ -451,6 +454,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
                 usage,
             });
         }
+        let valid = |v: &Value| validator.is_none_or(|val| crate::compile::schemas::first_violation(val, v).is_none());
         let problem = match parse_json(&reply.text) {
             Ok(v) => match validator.and_then(|val| crate::compile::schemas::first_violation(val, &v)) {
                 None => return Ok(NodeOutput { output: v, usage }),
@@ -458,10 +462,70 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             },
             Err(e) => format!("the reply is not JSON: {e}"),
         };
+        if reply.hit_cap() {
+            // Sending it back as it was would get the same reply, cut at the same place.
+            let cap = request
+                .max_tokens
+                .map(u64::from)
+                .or(Some(reply.usage.completion_tokens).filter(|t| *t > 0));
+            let closed = cut::closings(&reply.text)
+                .iter()
+                .filter_map(|t| serde_json::from_str::<Value>(t).ok())
+                .find(|v| valid(v));
+            let action = if closed.is_some() {
+                "closed"
+            } else if !asked_shorter && attempt < repairs {
+                "asked_shorter"
+            } else {
+                "failed"
+            };
+            ctx.events.send(Event::Custom {
+                node: ctx.node.name.clone(),
+                event: "reply_cut".into(),
+                // The name in the payload too: a client of `runner serve` gets the payload alone.
+                data: serde_json::json!({"event": "reply_cut", "max_tokens": cap, "action": action}),
+            });
+            if let Some(v) = closed {
+                return Ok(NodeOutput { output: v, usage });
+            }
+            let at = match cap {
+                Some(n) => format!("at its {n}-token cap (`max_tokens`)"),
+                None => "at the server's length limit".to_string(),
+            };
+            if action == "failed" {
+                let again = if asked_shorter {
+                    ", and so was the shorter reply asked for"
+                } else {
+                    ""
+                };
+                return Err(NodeError::invalid(format!(
+                    "the model's reply was cut {at} before its JSON was complete{again}: raise `max_tokens`, or ask for less in the prompt or the output schema"
+                ))
+                .spent(usage)
+                .into());
+            }
+            asked_shorter = true;
+            attempt += 1;
+            let limit = cap.map_or_else(|| "the length limit".to_string(), |n| format!("{n} tokens"));
+            request.messages.push(Message::new(
+                "assistant",
+                fit::cut_text(&reply.text, REPAIR_ECHO_TOKENS),
+            ));
+            request.messages.push(Message::new("user", format!(
+                "Your reply (its start is shown above) was cut off at {limit}, the most you may write, before the JSON value was complete. \
+                 Reply again with the whole JSON value, matching the schema, well within {limit}: shorten the texts and lists."
+            )));
+            continue;
+        }
         if attempt >= repairs {
+            // `attempt` counts the repairs of this one attempt of the node (`error.attempts`).
+            let tried = match attempt {
+                0 => "1 reply, no repair asked for".to_string(),
+                1 => "2 replies: the first and 1 repair".to_string(),
+                n => format!("{} replies: the first and {n} repairs", n + 1),
+            };
             return Err(NodeError::invalid(format!(
-                "the model's reply did not match the output schema after {} attempt(s): {problem}",
-                attempt + 1
+                "the model's reply did not match the output schema ({tried}): {problem}"
             ))
             .spent(usage)
             .into());

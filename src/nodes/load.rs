@@ -1,6 +1,8 @@
 //! `load`: reads one document from a path (relative to the current directory; inside the
-//! workflow's directory tree or a root the run allows with `--allow-read`) or an http(s) URL
-//! (through the run's guarded web client). `output` is `{content, title, source, bytes, format}`: text for text, Markdown and HTML
+//! workflow's directory tree or a root the run allows with `--allow-read`), an http(s) URL
+//! (through the run's guarded web client), or a file sent in a message as a content block
+//! (`document`: base64 data in LangChain's shapes, as agent-chat-ui and the SDKs send it).
+//! `output` is `{content, title, source, bytes, format}`: text for text, Markdown and HTML
 //! (markup removed), the parsed value for JSON. PDF as its text, pages separated by form feeds.
 //! A PowerPoint template (`.pptx`) as its design context: `{theme_name, colors, fonts,
 //! slide_size, layouts, slides}` (see [`crate::rag::pptx`]).
@@ -13,21 +15,33 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, render};
-use crate::compile::TemplateId;
 use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape};
+use crate::compile::{ExprId, TemplateId};
+use crate::diag::Code;
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::net::{AllowList, FetchOptions, Oversize, Request, Response};
 use crate::rag::extract::{self, Format};
 use crate::rag::pptx;
 
+mod block;
+
 /// Default `max_bytes`: 20 MiB.
 const DEFAULT_MAX_BYTES: u64 = 20 << 20;
 
-/// Reads a document from a path or URL. `output` is `{content, title, source, bytes, format}`.
+/// Reads a document from a path or URL, or one sent as a content block. `output` is
+/// `{content, title, source, bytes, format}`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 pub(super) struct LoadNode {
-    /// A path or an http(s) URL (template).
-    pub source: String,
+    /// A path or an http(s) URL (template). Give this or `document`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// An expression yielding a file sent in a message, as a content block: `{type: file,
+    /// source_type: base64, mime_type, data, metadata: {filename}}`, `{type: file, mimeType,
+    /// data, metadata: {filename}}` or `{type: file, base64, mime_type, extras: {filename}}`
+    /// (a `url` instead of the data is fetched as `source` is; `text-plain` blocks may carry
+    /// `text`); a string is a path or URL, as `source` takes. Give this or `source`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document: Option<String>,
     /// The document format (default `auto`, from the extension or content type).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<DocFormat>,
@@ -52,7 +66,15 @@ pub(super) enum DocFormat {
 /// A `load` node, compiled.
 struct Config {
     n: LoadNode,
-    source: TemplateId,
+    from: From,
+}
+
+/// Where a `load` node's document comes from.
+enum From {
+    /// `source`: a path or a URL.
+    Source(TemplateId),
+    /// `document`: a content block.
+    Block(ExprId),
 }
 
 /// The `load` kind.
@@ -69,8 +91,32 @@ impl KindDecl for Load {
 
     fn compile(&self, cx: &mut KindCx<'_, '_, '_>) -> Option<(KindConfig, Shape)> {
         let n: LoadNode = cx.own()?;
-        let source = cx.template(&["source"], &n.source)?;
-        let config = Config { n, source };
+        let from = match (&n.source, &n.document) {
+            (Some(source), None) => From::Source(cx.template(&["source"], source)?),
+            (None, Some(_)) => From::Block(cx.expr("document")?),
+            (source, _) => {
+                let (code, at, message) = if source.is_some() {
+                    (
+                        Code::InvalidValue,
+                        cx.at(&["document"]),
+                        "a load node reads `source` or `document`, not both",
+                    )
+                } else {
+                    (
+                        Code::MissingField,
+                        cx.at(&[]),
+                        "a load node needs a `source` or a `document`",
+                    )
+                };
+                let d = cx
+                    .source()
+                    .diag_key(code, &at, message)
+                    .help("`source` for a path or URL; `document` for a file sent in a message (a content block)");
+                cx.report(d);
+                return None;
+            }
+        };
+        let config = Config { n, from };
         Some((
             KindConfig::new(config),
             Shape::fields(&["content", "title", "source", "bytes", "format"]),
@@ -90,20 +136,42 @@ impl NodeKind for Load {
 
 async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
     let n = &config.n;
-    let source = render(ctx, &config.source, "/source")?.trim().to_string();
-    if source.is_empty() {
-        return Err(NodeError::invalid("`source` rendered empty").into());
-    }
     let max = n.max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
-    let (bytes, content_type) = if source.starts_with("http://") || source.starts_with("https://") {
-        fetch(ctx, &source, max).await?
-    } else {
-        let path = ctx
-            .services
-            .read_roots
-            .check(workflow_dir(ctx), Path::new(&source))
-            .map_err(NodeError::invalid)?;
-        (read(&path, Path::new(&source), max)?, None)
+    let (source, bytes, content_type) = match &config.from {
+        From::Source(template) => {
+            let source = render(ctx, template, "/source")?.trim().to_string();
+            let (bytes, content_type) = read_source(ctx, &source, "`source` rendered empty", max).await?;
+            (source, bytes, content_type)
+        }
+        From::Block(id) => {
+            let value = super::eval(ctx, *id, &ctx.scope)
+                .map_err(|e| NodeError::invalid(format!("document: {}", e.message)))?;
+            match &value {
+                // A path or a URL, as `source` takes (a workflow whose document may come either
+                // way picks one with one expression).
+                Value::String(source) if !source.starts_with("data:") => {
+                    let source = source.trim().to_string();
+                    let (bytes, content_type) =
+                        read_source(ctx, &source, "`document` yielded an empty path", max).await?;
+                    (source, bytes, content_type)
+                }
+                _ => {
+                    let block = block::Block::read(&value).map_err(|e| NodeError::invalid(format!("document: {e}")))?;
+                    let (bytes, content_type) = match &block.body {
+                        block::Body::Url(url) => {
+                            let (bytes, content_type) = fetch(ctx, url, max).await?;
+                            (bytes, content_type.or(block.mime_type.clone()))
+                        }
+                        body => (
+                            body.bytes(max)
+                                .map_err(|e| NodeError::invalid(format!("document: {e}")))?,
+                            block.mime_type.clone(),
+                        ),
+                    };
+                    (block.name(), bytes, content_type)
+                }
+            }
+        }
     };
     let format = match n.format.unwrap_or(DocFormat::Auto) {
         DocFormat::Text => Format::Text,
@@ -145,6 +213,32 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         }),
         ..Default::default()
     })
+}
+
+fn is_url(source: &str) -> bool {
+    source.starts_with("http://") || source.starts_with("https://")
+}
+
+/// The bytes of a path or a URL (at most `max`), and the content type a server gave; `empty`
+/// is the error for an empty one.
+async fn read_source(
+    ctx: &NodeCtx<'_>,
+    source: &str,
+    empty: &str,
+    max: u64,
+) -> Result<(Vec<u8>, Option<String>), NodeError> {
+    if source.is_empty() {
+        return Err(NodeError::invalid(empty));
+    }
+    if is_url(source) {
+        return fetch(ctx, source, max).await;
+    }
+    let path = ctx
+        .services
+        .read_roots
+        .check(workflow_dir(ctx), Path::new(source))
+        .map_err(NodeError::invalid)?;
+    Ok((read(&path, Path::new(source), max)?, None))
 }
 
 /// The directory of the workflow a node belongs to (the current directory for one without a

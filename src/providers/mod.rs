@@ -188,6 +188,14 @@ pub struct ChatResponse {
     pub model: Option<String>,
 }
 
+impl ChatResponse {
+    /// The server stopped the reply at its completion cap (OpenAI's `finish_reason: length`,
+    /// Anthropic's `stop_reason: max_tokens`): the text is cut, not finished.
+    pub fn hit_cap(&self) -> bool {
+        matches!(self.finish_reason.as_deref(), Some("length" | "max_tokens"))
+    }
+}
+
 /// A failed call, typed so retry policies can choose.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProviderError {

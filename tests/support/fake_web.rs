@@ -107,9 +107,13 @@ async fn record(State(site): State<Site>, req: axum::extract::Request, next: axu
 
 /// The hits of the fake engines: two articles, a duplicate with tracking parameters and a
 /// worse score, and a page robots.txt disallows; a query about seasonal figures finds two
-/// other pages.
+/// other pages, and one about private pages only the page robots.txt disallows.
 fn hits_for(port: u16, query: &str) -> Vec<Value> {
     let base = format!("http://127.0.0.1:{port}");
+    if query.contains("private") {
+        return vec![json!({"url": format!("{base}/private/secret"), "title": "Private",
+                           "content": "Not for robots.", "score": 0.5})];
+    }
     if query.contains("SCOP") {
         return vec![
             json!({"url": format!("{base}/articles/seasonal"), "title": "Seasonal performance",
