@@ -61,8 +61,11 @@ impl From<PersistArg> for Persist {
 /// Options shared by `run` and `resume`.
 #[derive(clap::Args, Debug, Clone)]
 pub(super) struct Common {
-    /// The checkpoint database (default: .runner/runner.db; `:memory:` keeps nothing).
-    #[arg(long, env = "RUNNER_DB")]
+    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db; `:memory:` keeps
+    /// nothing).
+    // Not `env = …` (here or on any flag): the run builder reads the variables, so a bad value
+    // is named as the variable (and the file) it came from, not as the flag.
+    #[arg(long)]
     pub db: Option<PathBuf>,
     /// How progress is shown on stderr.
     #[arg(long, value_enum)]
@@ -105,9 +108,9 @@ pub(super) struct Common {
     /// it does not hold fails the run, naming the closest recorded one.
     #[arg(long, value_name = "FILE", conflicts_with = "mock")]
     pub replay: Option<PathBuf>,
-    /// The data database: search indexes and long-term memory (default: .runner/data.db;
-    /// `:memory:` keeps nothing). Opened only by runs that use them.
-    #[arg(long, env = "RUNNER_DATA_DB", value_name = "PATH")]
+    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
+    /// .runner/data.db; `:memory:` keeps nothing). Opened only by runs that use them.
+    #[arg(long, value_name = "PATH")]
     pub data_db: Option<PathBuf>,
     /// Index long-term memory for semantic search with this embedder: `offline` (lexical, no
     /// model) or `PROVIDER:MODEL[@URL]` (e.g. `ollama:nomic-embed-text`); `store` nodes then
@@ -133,7 +136,6 @@ pub(super) struct Common {
     /// How long the thread's lease lasts without a heartbeat, in seconds (default:
     /// $RUNNER_LEASE_TTL, else 10). A run killed outright frees its thread after this long (at
     /// once for a run on the same host whose process is gone).
-    // Not `env = …`: the run builder reads the variable, so a bad value is named as such.
     #[arg(long, value_name = "SECS")]
     pub lease_ttl: Option<f64>,
 }

@@ -28,11 +28,14 @@ pub(super) struct Args {
     /// The port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 2024)]
     port: u16,
-    /// The checkpoint database (default: .runner/runner.db).
-    #[arg(long, env = "RUNNER_DB")]
+    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db).
+    // Not `env = …` (here or on any flag): the run builder reads the variables, so a bad value
+    // is named as the variable (and the file) it came from, not as the flag.
+    #[arg(long)]
     db: Option<PathBuf>,
-    /// The data database: search indexes and long-term memory (default: .runner/data.db).
-    #[arg(long, env = "RUNNER_DATA_DB", value_name = "PATH")]
+    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
+    /// .runner/data.db).
+    #[arg(long, value_name = "PATH")]
     data_db: Option<PathBuf>,
     /// Index the store for semantic search with this embedder, as LangGraph's store `index`:
     /// `offline` (lexical, no model) or `PROVIDER:MODEL[@URL]` (e.g. `ollama:nomic-embed-text`,
@@ -53,7 +56,6 @@ pub(super) struct Args {
     model: Vec<String>,
     /// How long a thread's lease lasts without a heartbeat, in seconds (default:
     /// $RUNNER_LEASE_TTL, else 10).
-    // Not `env = …`: the run builder reads the variable, so a bad value is named as such.
     #[arg(long, value_name = "SECS")]
     lease_ttl: Option<f64>,
     /// Require the API key held by this environment variable on every request but `GET /ok`,
