@@ -737,3 +737,96 @@ fn embedded_ipv4_and_documentation_addresses_are_refused() {
     }
     assert!(site.hits().is_empty(), "{:?}", site.hits());
 }
+
+// ── the run's environment ───────────────────────────────────────────────────────────────────
+
+/// An http node and a search node whose URLs and keys are in the project's `.env`, not the
+/// process's environment.
+const DOT_ENV_WF: &str = r#"name: dot-env
+state:
+  echo: {type: object, default: {}}
+  found: {type: object, default: {}}
+  failure: {type: object, default: {}}
+nodes:
+  call:
+    kind: http
+    method: POST
+    url: "${env:ECHO_BASE}/api/echo"
+    headers: {Authorization: "Bearer ${env:ECHO_TOKEN}"}
+    body: {hello: "'world'"}
+    update: {echo: output.body}
+  look:
+    kind: search
+    provider: tavily
+    api_key_env: FAKE_TAVILY_KEY
+    queries: "'heat pumps'"
+    limit: 1
+    update: {found: output}
+    on_error:
+      to: failed
+      update: {failure: "{'class': error.class, 'message': error.message}"}
+  failed: {kind: set}
+edges:
+  - START -> call -> look -> END
+  - failed -> END
+"#;
+
+/// A key in `.env` works wherever a process variable does: an http node's `${env:…}` (its
+/// host trusted as if written in the workflow), a search engine's key and base URL. The
+/// process's environment still wins, and a refused key names the `.env` file it came from.
+#[test]
+fn keys_in_dot_env_reach_http_and_search_nodes() {
+    let site = fake_web::start("");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("wf.yaml"), DOT_ENV_WF).unwrap();
+    let dot_env = dir.path().join(".env");
+    let write_env = |tavily_key: &str| {
+        std::fs::write(
+            &dot_env,
+            format!(
+                "ECHO_BASE={}\nECHO_TOKEN=sekrit-value\nTAVILY_URL={}/tavily\nFAKE_TAVILY_KEY={tavily_key}\n",
+                site.base(),
+                site.base()
+            ),
+        )
+        .unwrap();
+    };
+    let run = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+        cmd.current_dir(dir.path())
+            .args(["run", "wf.yaml", "--db", ":memory:"])
+            .env_remove("RUNNER_ALLOW_NET");
+        for name in ["ECHO_BASE", "ECHO_TOKEN", "TAVILY_URL", "FAKE_TAVILY_KEY"] {
+            cmd.env_remove(name);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        (serde_json::from_slice::<Value>(&out.stdout).unwrap(), stderr)
+    };
+    write_env("tvly-test");
+    let (out, stderr) = run(&[]);
+    assert_eq!(out["echo"]["authorized"], true, "{out}");
+    assert_eq!(out["found"]["results"][0]["provider"], "tavily", "{out}");
+    assert!(site.hits().iter().any(|h| h == "/tavily/search"), "{:?}", site.hits());
+    assert!(!stderr.contains("sekrit-value") && !out.to_string().contains("tvly-test"));
+    // The process's variable wins over `.env`'s.
+    let (out, _) = run(&[("ECHO_TOKEN", "from-the-process")]);
+    assert_eq!(out["echo"]["authorized"], false, "{out}");
+    // A key the engine refuses is named with the file that set it.
+    write_env("wrong");
+    let (out, _) = run(&[]);
+    assert_eq!(out["failure"]["class"], "auth", "{out}");
+    let message = out["failure"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("the key is FAKE_TAVILY_KEY (from {})", dot_env.display())),
+        "{message}"
+    );
+    // Set by the process, it is named as the process's.
+    let (out, _) = run(&[("FAKE_TAVILY_KEY", "also-wrong")]);
+    let message = out["failure"]["message"].as_str().unwrap();
+    assert!(message.contains("the key is FAKE_TAVILY_KEY)"), "{message}");
+}
