@@ -746,9 +746,18 @@ edges: [START -> helper -> END]
     lock(&p, "w.yaml");
     let said = |env: &[(&str, &str)]| -> String {
         let mut cmd = runner();
-        cmd.args(["run", "w.yaml", "--mock", "mock.yaml", "--db", ":memory:", "-i", "q=greet"])
-            .current_dir(p.dir.path())
-            .env_remove("MCP_GREETING");
+        cmd.args([
+            "run",
+            "w.yaml",
+            "--mock",
+            "mock.yaml",
+            "--db",
+            ":memory:",
+            "-i",
+            "q=greet",
+        ])
+        .current_dir(p.dir.path())
+        .env_remove("MCP_GREETING");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -765,5 +774,8 @@ edges: [START -> helper -> END]
         tool["content"].as_str().unwrap().to_string()
     };
     assert_eq!(said(&[]), "hello-from-dot-env");
-    assert_eq!(said(&[("MCP_GREETING", "hello-from-the-process")]), "hello-from-the-process");
+    assert_eq!(
+        said(&[("MCP_GREETING", "hello-from-the-process")]),
+        "hello-from-the-process"
+    );
 }

@@ -166,6 +166,8 @@ impl Common {
             recursion_limit: self.recursion_limit,
             persist: Some(self.persist.into()),
             force: Some(force),
+            // `--set` is `run`'s, recorded with the thread it starts (see `RunArgs`).
+            config: Vec::new(),
             kinds: None,
         }
     }

@@ -266,6 +266,18 @@ impl Overrides {
         }
     }
 
+    /// A run's overrides of `workflow_config` (the workflow's `config`): these settings'
+    /// (`runner serve --set`) whose path the workflow has, then the run's own (`per_run`, a
+    /// served run's `config.configurable`), which win.
+    pub fn run_config(&self, workflow_config: &Value, per_run: Vec<(String, Value)>) -> Vec<(String, Value)> {
+        self.config
+            .iter()
+            .filter(|(path, _)| config_has(workflow_config, path))
+            .cloned()
+            .chain(per_run)
+            .collect()
+    }
+
     fn request(&self) -> RunRequest {
         RunRequest {
             lease: self.lease.clone(),
@@ -275,4 +287,9 @@ impl Overrides {
             ..RunRequest::default()
         }
     }
+}
+
+/// Whether `config` (a workflow's `config`) has the dotted `path`.
+pub fn config_has(config: &Value, path: &str) -> bool {
+    path.split('.').try_fold(config, |v, key| v.get(key)).is_some()
 }

@@ -21,7 +21,7 @@ mod store;
 
 use std::path::PathBuf;
 
-pub use build::{Run, Start};
+pub use build::{Run, Start, config_has};
 pub use env::Env;
 pub use options::{CassetteOption, DbOption, MockOption, RunOptions};
 pub use project::{Project, ProjectError};

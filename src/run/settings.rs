@@ -61,6 +61,9 @@ pub struct Overrides {
     pub persist: Persist,
     /// Continue a thread whose workflow changed incompatibly.
     pub force: bool,
+    /// `path=value` overrides of the config of every run (`runner serve --set`), each for
+    /// the workflows whose config has its path; a run's own overrides win over them.
+    pub config: Vec<(String, serde_json::Value)>,
 }
 
 /// A run's settings, every one decided. Built by [`RunOptions::resolve`]; builds the run's
@@ -145,6 +148,7 @@ impl RunOptions {
                 recursion_limit: self.recursion_limit,
                 persist: self.persist.unwrap_or_default(),
                 force: self.force.unwrap_or(false),
+                config: self.config,
             },
             lease_ttl,
             env: std::sync::Arc::new(env.clone()),
