@@ -5,6 +5,7 @@
 
 mod cache;
 mod completions;
+mod db;
 mod graph;
 mod index;
 mod man;
@@ -64,6 +65,7 @@ enum Command {
     Serve(serve::Args),
     Mcp(mcp::Args),
     Cache(cache::Args),
+    Db(db::Args),
     /// Print the shell completion script (e.g. `runner completions bash > /etc/bash_completion.d/runner`).
     Completions(completions::Args),
     /// Scaffold a workflow with its prompt, a test case and a mock script.
@@ -118,6 +120,7 @@ fn dispatch(command: Command) -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Mcp(args) => mcp::run(args),
         Command::Cache(args) => cache::run(args),
+        Command::Db(args) => db::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),
         Command::New(args) => new::run(args),

@@ -28,7 +28,7 @@ impl From<DurabilityArg> for Durability {
 
 /// The database `--db` names, else `RUNNER_DB` (the process's, `.env`'s or `runner.toml`'s),
 /// else the default, with where it was set.
-fn checkpoints(flag: Option<&Path>) -> anyhow::Result<Setting<Checkpoints>> {
+pub(super) fn checkpoints(flag: Option<&Path>) -> anyhow::Result<Setting<Checkpoints>> {
     let at = crate::run::db_path(flag.map(Path::to_path_buf), &super::project_env()?.0);
     let value = Checkpoints::parse(&at.value).map_err(|m| anyhow::anyhow!("{}: {m}", at.source))?;
     Ok(Setting {
