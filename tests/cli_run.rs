@@ -1392,3 +1392,82 @@ fn db_backup_copies_every_commit_while_the_database_is_in_use() {
     );
     assert!(!d.join("m.db").exists());
 }
+
+/// On a JSON-lines stream each line says which run it is about: a subgraph's lines carry its
+/// `ns`, and each `run_end` names its thread as its `run_start` does, so a child's `run_end`
+/// (in the middle of the stream: the child ends inside its parent's step) is never taken for
+/// the run's. The run's own `run_end` is the last line, after what the CLI says about the run
+/// once it is over (here, the requests a replay's cassette lacked).
+#[test]
+fn on_a_json_lines_stream_a_subgraphs_run_end_names_its_run_and_the_runs_own_is_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = dir.path().join("mindmap.jsonl");
+    let cassette = cassette.to_str().unwrap();
+    let mindmap = |title: &str, args: &[&str]| -> (Option<i32>, Vec<Value>) {
+        let out = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["run", "workflows/mindmap.yaml", "--db", ":memory:", "--stream", "jsonl"])
+            .args(["--input", &format!("document_title={title}")])
+            .args([
+                "--input",
+                "document_content=Heat pumps move heat from outside to inside.",
+            ])
+            .args(["--input", "max_depth=2"])
+            .args(args)
+            .output()
+            .unwrap();
+        let lines = String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+            .collect();
+        (out.status.code(), lines)
+    };
+    let (code, lines) = mindmap(
+        "Heat pumps",
+        &["--mock", "tests/fixtures/mock/mindmap.yaml", "--record", cassette],
+    );
+    assert_eq!(code, Some(0), "{lines:#?}");
+    let own_thread = lines
+        .iter()
+        .find(|l| l["type"] == "run_start" && l.get("ns").is_none())
+        .unwrap()["thread_id"]
+        .clone();
+    let ends: Vec<&Value> = lines.iter().filter(|l| l["type"] == "run_end").collect();
+    assert!(ends.len() > 1, "the mindmap's expansions are subgraphs: {lines:#?}");
+    for end in &ends[..ends.len() - 1] {
+        let ns = end["ns"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a child's run_end has its ns: {end}"));
+        let start = lines
+            .iter()
+            .find(|l| l["type"] == "run_start" && l["ns"] == ns)
+            .unwrap();
+        assert_eq!(end["thread_id"], start["thread_id"], "{end}");
+        assert!(
+            end["thread_id"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{}/", own_thread.as_str().unwrap())),
+            "{end}"
+        );
+    }
+    let last = lines.last().unwrap();
+    assert_eq!(last["type"], "run_end", "{lines:#?}");
+    assert!(last.get("ns").is_none(), "{last}");
+    assert_eq!(last["thread_id"], own_thread);
+    assert_eq!(last["status"], "done");
+
+    // A replay that misses: the run ends (an on_error handler took the miss), the CLI reports
+    // the miss, and the run's own run_end still comes last.
+    let (code, lines) = mindmap("Heat pumps today", &["--replay", cassette]);
+    assert_eq!(code, Some(1), "{lines:#?}");
+    let last = lines.last().unwrap();
+    assert_eq!(last["type"], "run_end", "{lines:#?}");
+    assert!(last.get("ns").is_none(), "{last}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["type"] == "error" && l["message"].as_str().unwrap().contains("were not in the cassette")),
+        "{lines:#?}"
+    );
+}

@@ -359,9 +359,6 @@ fn execute(
 ) -> anyhow::Result<u8> {
     check_mock(&plan, common)?;
     let services = settings.services(&plan)?;
-    for note in settings.price_notes(&plan) {
-        eprintln!("note: {note}");
-    }
     let cassette = services.cassette.clone();
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human
@@ -370,18 +367,25 @@ fn execute(
     });
     // On a JSON-lines stream every line of stderr is JSON: the CLI's own lines become events.
     let jsonl = stream == Stream::Jsonl;
+    for note in settings.price_notes(&plan) {
+        render::notice(
+            jsonl,
+            "note",
+            serde_json::json!({"message": note}),
+            &format!("note: {note}"),
+        );
+    }
+    let renderer = Arc::new(std::sync::Mutex::new(render::Renderer::new(jsonl)));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async move {
+    let rendering = renderer.clone();
+    let code = runtime.block_on(async move {
         let events = match stream {
             Stream::None => Events::none(),
-            Stream::Human | Stream::Jsonl => {
-                let renderer = std::sync::Mutex::new(render::Renderer::new(stream == Stream::Jsonl));
-                Events::sink(Arc::new(move |e| {
-                    if let Ok(mut r) = renderer.lock() {
-                        r.render(&e);
-                    }
-                }))
-            }
+            Stream::Human | Stream::Jsonl => Events::sink(Arc::new(move |e| {
+                if let Ok(mut r) = rendering.lock() {
+                    r.render(&e);
+                }
+            })),
         };
         let engine = Engine::new(plan, store, services, events);
         let cancel = engine.cancel_flag();
@@ -480,7 +484,12 @@ fn execute(
                 Ok(exit::CANCELLED)
             }
         }
-    })
+    });
+    // The run's own `run_end` goes last, after what the CLI said about the run.
+    if let Ok(mut r) = renderer.lock() {
+        r.finish();
+    }
+    code
 }
 
 /// `key=value`: the value as JSON if it parses, else a string; `@path` reads a file as text;
