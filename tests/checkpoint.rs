@@ -969,11 +969,11 @@ fn sqlite_data_survives_reopening() {
     );
 }
 
-/// Closing the store does not checkpoint its WAL into the main file (three fsyncs, most of a
-/// short run on a crash-safe store): the `-wal` file stays, holding every commit, and both a
-/// read-only open and the next writer read through it.
+/// Closing the store, its last connection, folds its WAL into the main file and removes it:
+/// the file alone (copied without its `-wal`) holds every commit, and a read-only open and the
+/// next writer read it. With another connection open the WAL stays for it, every commit in it.
 #[test]
-fn sqlite_closing_keeps_the_wal_and_every_commit() {
+fn sqlite_closing_folds_the_wal_into_the_file_unless_another_connection_is_open() {
     for durability in [Durability::CrashSafe, Durability::PowerSafe] {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("runs.db");
@@ -984,11 +984,7 @@ fn sqlite_closing_keeps_the_wal_and_every_commit() {
             cp.set_status("t", ThreadStatus::Done).unwrap();
             cs
         };
-        let wal_bytes = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-        assert!(
-            wal_bytes > 0,
-            "{durability:?}: the WAL was checkpointed and removed at close"
-        );
+        assert!(!wal.exists(), "{durability:?}: the WAL was left at close");
         let files = |d: &std::path::Path| {
             let mut names: Vec<_> = std::fs::read_dir(d)
                 .unwrap()
@@ -997,30 +993,43 @@ fn sqlite_closing_keeps_the_wal_and_every_commit() {
             names.sort();
             names
         };
-        let before = files(dir.path());
-
-        let read_only = SqliteCheckpointer::open_read_only(&path).unwrap();
+        assert_eq!(files(dir.path()), ["runs.db"]);
+        let elsewhere = tempfile::tempdir().unwrap();
+        let copy = elsewhere.path().join("copy.db");
+        std::fs::copy(&path, &copy).unwrap();
+        let read_only = SqliteCheckpointer::open_read_only(&copy).unwrap();
         assert_eq!(read_only.get_thread("t").unwrap().unwrap().status, ThreadStatus::Done);
         assert_eq!(
             read_only.history("t").unwrap(),
             cs.iter().rev().cloned().collect::<Vec<_>>()
         );
         drop(read_only);
-        assert_eq!(files(dir.path()), before, "{durability:?}: reading changed the files");
-        // Another program's plain read-only connection sees the commits too.
-        let conn = rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
-        let n: i64 = conn
-            .query_row("SELECT count(*) FROM checkpoints", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(n, 3, "{durability:?}");
-        drop(conn);
 
+        // Another program's read-only connection is open: closing leaves the WAL for it.
+        let conn = rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        let count = |c: &rusqlite::Connection| -> i64 {
+            c.query_row("SELECT count(*) FROM checkpoints", [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(count(&conn), 3, "{durability:?}");
+        {
+            let cp = SqliteCheckpointer::open(&path, durability).unwrap();
+            assert_eq!(cp.history("t").unwrap(), cs.iter().rev().cloned().collect::<Vec<_>>());
+            three_steps(&cp, "u");
+        }
+        assert!(
+            wal.exists(),
+            "{durability:?}: the WAL was folded under an open connection"
+        );
+        assert_eq!(count(&conn), 6, "{durability:?}");
+        drop(conn);
         let cp = SqliteCheckpointer::open(&path, durability).unwrap();
-        assert_eq!(cp.history("t").unwrap(), cs.iter().rev().cloned().collect::<Vec<_>>());
         assert_eq!(
             cp.state("t", &cs[2].versions).unwrap(),
             obj(json!({"a": "a3", "b": ["b1"]}))
         );
+        drop(cp);
+        assert_eq!(files(dir.path()), ["runs.db"], "{durability:?}");
     }
 }
 

@@ -337,21 +337,15 @@ fn a_dash_reads_standard_input() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a workflow file"));
 }
 
-/// The environment variables that stand for a flag are shown by `--help` (declared on the
-/// flag for paths; named in the text for a number, whose bad value the run builder reports by
-/// the variable's name).
+/// The environment variables that stand for a flag are named by `--help`, in its text: the
+/// run builder reads them, not clap, so a bad value is reported by the variable's name.
 #[test]
 fn help_shows_the_environment_variables_of_flags() {
     for (verb, vars) in [
-        (
-            "run",
-            &["[env: RUNNER_DB", "[env: RUNNER_DATA_DB", "$RUNNER_LEASE_TTL"][..],
-        ),
-        (
-            "serve",
-            &["[env: RUNNER_DB", "[env: RUNNER_DATA_DB", "$RUNNER_LEASE_TTL"][..],
-        ),
-        ("threads", &["[env: RUNNER_DB"][..]),
+        ("run", &["$RUNNER_DB", "$RUNNER_DATA_DB", "$RUNNER_LEASE_TTL"][..]),
+        ("serve", &["$RUNNER_DB", "$RUNNER_DATA_DB", "$RUNNER_LEASE_TTL"][..]),
+        ("threads", &["$RUNNER_DB"][..]),
+        ("index", &["$RUNNER_DATA_DB"][..]),
     ] {
         let out = runner().args([verb, "--help"]).output().unwrap();
         let help = String::from_utf8_lossy(&out.stdout);
@@ -359,6 +353,92 @@ fn help_shows_the_environment_variables_of_flags() {
             assert!(help.contains(var), "{verb} --help lacks {var}:\n{help}");
         }
     }
+}
+
+/// A bad setting is reported by where it was set: the variable (never the flag that clap
+/// used to fill from it), the `.env` file that set the variable, or the key of `runner.toml`;
+/// by every verb that reads it, and for a database that cannot be opened too.
+#[test]
+fn a_bad_setting_names_the_variable_and_the_file_that_set_it() {
+    let project = tempfile::tempdir().unwrap();
+    let root = project.path();
+    std::fs::write(root.join("echo.yaml"), ECHO).unwrap();
+    std::fs::write(root.join("notes.md"), "# Notes\n\nSome text.\n").unwrap();
+    let fails = |env: &[(&str, &str)], args: &[&str]| -> String {
+        let mut cmd = Command::cargo_bin("runner").unwrap();
+        cmd.current_dir(root)
+            .env_remove("RUNNER_DB")
+            .env_remove("RUNNER_DATA_DB")
+            .env_remove("RUNNER_LEASE_TTL")
+            .args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let run = ["run", "echo.yaml", "-i", "word=hi"];
+    // The process's variable.
+    for args in [&run[..], &["threads"], &["history", "--thread", "t"], &["serve", "."]] {
+        let err = fails(&[("RUNNER_DB", "postgres://u:pw@db.example/runs")], args);
+        assert!(err.contains("error: RUNNER_DB: `postgres://`"), "{args:?}: {err}");
+        assert!(!err.contains("--db") && !err.contains("pw@"), "{args:?}: {err}");
+    }
+    let err = fails(&[("RUNNER_DB", "/proc/no/such/dir/runs.db")], &run);
+    assert!(
+        err.contains("cannot open the checkpoint database /proc/no/such/dir/runs.db (from RUNNER_DB)"),
+        "{err}"
+    );
+    let err = fails(
+        &[("RUNNER_DATA_DB", "/proc/no/such/dir/data.db")],
+        &["index", "notes.md", "--index", "x"],
+    );
+    assert!(err.contains("(from RUNNER_DATA_DB)"), "{err}");
+    // Set by `.env`: the file is named.
+    let dot_env = root.join(".env");
+    std::fs::write(&dot_env, "RUNNER_DB=mysql://db.example/runs\nRUNNER_LEASE_TTL=0\n").unwrap();
+    for args in [&run[..], &["threads"]] {
+        let err = fails(&[], args);
+        assert!(
+            err.contains(&format!("error: RUNNER_DB (from {}): `mysql://`", dot_env.display())),
+            "{args:?}: {err}"
+        );
+    }
+    let err = fails(&[], &["run", "echo.yaml", "--db", ":memory:"]);
+    assert!(
+        err.contains(&format!(
+            "error: RUNNER_LEASE_TTL (from {}): the lease",
+            dot_env.display()
+        )),
+        "{err}"
+    );
+    // The process's environment wins over `.env`, and is named as such.
+    let err = fails(
+        &[("RUNNER_LEASE_TTL", "soon")],
+        &["run", "echo.yaml", "--db", ":memory:"],
+    );
+    assert!(err.contains("error: RUNNER_LEASE_TTL: `soon`"), "{err}");
+    std::fs::remove_file(&dot_env).unwrap();
+    // Set by `runner.toml`: its key and the file are named, and a URL is not taken for a path.
+    let toml = root.join("runner.toml");
+    std::fs::write(&toml, "db = \"pg://db.example/runs\"\nlease_ttl = 100000\n").unwrap();
+    let err = fails(&[], &run);
+    assert!(
+        err.contains(&format!("error: `db` in {}: `pg://`", toml.display())),
+        "{err}"
+    );
+    let err = fails(&[], &["run", "echo.yaml", "--db", ":memory:"]);
+    assert!(
+        err.contains(&format!("error: `lease_ttl` in {}: the lease", toml.display())),
+        "{err}"
+    );
+    assert!(!root.join("pg:").exists(), "a URL became a path");
 }
 
 /// `runner.toml` is found from a subdirectory and its paths are relative to it; `.env` beside

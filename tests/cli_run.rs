@@ -1217,3 +1217,257 @@ fn an_inbox_gate_takes_the_inbox_answers_from_resume() {
         json!({"draft": "mine", "log": ["write", "respond", "write", "edit"]})
     );
 }
+
+/// The threads a copy of the database file alone holds (without its `-wal`), as `runner
+/// threads` lists them: what a user who copies `runner.db` to back it up gets.
+fn threads_in_a_copy_of(db: &Path) -> Vec<String> {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let copy = elsewhere.path().join("copy.db");
+    std::fs::copy(db, &copy).unwrap();
+    let out = runner(elsewhere.path(), &["threads", "--db", copy.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// After a command that wrote exits cleanly, the database file alone holds everything (the
+/// WAL is folded into it and removed), so a copy of `runner.db` is a backup. Another process
+/// that holds the file open is neither waited for nor cut off: the WAL stays for it, and the
+/// next command to exit after it closed folds it.
+#[test]
+fn a_clean_exit_folds_the_wal_into_the_database_file() {
+    let dir = project();
+    let d = dir.path();
+    let db = d.join("runner.db");
+    let wal = d.join("runner.db-wal");
+    let run = run_gate(d, "t1", &[]);
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    assert!(!wal.exists(), "run left a WAL: {:?}", files_in(d));
+    assert_eq!(threads_in_a_copy_of(&db), ["t1 interrupted"]);
+    let resumed = runner(
+        d,
+        &[
+            "resume",
+            "--thread",
+            "t1",
+            "--mock",
+            "mock.yaml",
+            "--answer",
+            r#"{"action": "accept"}"#,
+        ],
+    );
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    assert!(!wal.exists(), "resume left a WAL: {:?}", files_in(d));
+    assert_eq!(threads_in_a_copy_of(&db), ["t1 done"]);
+    let history = runner(d, &["history", "--thread", "t1", "--format", "json"]);
+    let first = json_out(&history).as_array().unwrap().last().unwrap()["checkpoint_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let fork = runner(
+        d,
+        &["fork", "--thread", "t1", "--checkpoint", &first, "--new-thread", "t2"],
+    );
+    assert_eq!(fork.status.code(), Some(0), "{}", stderr(&fork));
+    assert!(!wal.exists(), "fork left a WAL: {:?}", files_in(d));
+    let ids: Vec<String> = threads_in_a_copy_of(&db)
+        .iter()
+        .map(|t| t.split(' ').next().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["t2", "t1"]);
+
+    // A reader in another process: the run does not wait for it, and its snapshot holds.
+    let reader = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let count =
+        |c: &rusqlite::Connection| -> i64 { c.query_row("SELECT count(*) FROM threads", [], |r| r.get(0)).unwrap() };
+    reader.execute_batch("BEGIN").unwrap();
+    assert_eq!(count(&reader), 2);
+    let started = Instant::now();
+    let run = run_gate(d, "t3", &[]);
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert_eq!(count(&reader), 2, "the reader's snapshot is its own");
+    reader.execute_batch("COMMIT").unwrap();
+    assert_eq!(count(&reader), 3);
+    assert!(wal.exists(), "the WAL stays while another connection has the file open");
+    drop(reader);
+    let run = run_gate(d, "t4", &[]);
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    assert!(!wal.exists(), "{:?}", files_in(d));
+    assert_eq!(threads_in_a_copy_of(&db).len(), 4);
+}
+
+/// `runner serve`'s graceful stop folds the WAL into the database file too.
+#[tokio::test]
+async fn a_served_database_is_whole_after_a_graceful_stop() {
+    let mut s = crate::serve::serve();
+    let (status, _, out) = crate::serve::call(
+        &s,
+        reqwest::Method::POST,
+        "/threads/kept/runs/wait",
+        Some(json!({"assistant_id": "shout", "input": {"word": "hello"}, "if_not_exists": "create"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    let dir = s.dir.take().unwrap();
+    let (exited, _) = s.term();
+    assert!(exited.success(), "{exited:?}");
+    assert!(!dir.path().join("runner.db-wal").exists(), "{:?}", files_in(dir.path()));
+    let threads = threads_in_a_copy_of(&dir.path().join("runner.db"));
+    assert_eq!(threads, ["kept done"]);
+}
+
+/// `runner db backup PATH` writes one file holding every commit, those still in the WAL (a
+/// reader elsewhere keeps it) included, while another connection holds the write lock; it
+/// never replaces a file, and a database that keeps nothing has nothing to back up.
+#[test]
+fn db_backup_copies_every_commit_while_the_database_is_in_use() {
+    let dir = project();
+    let d = dir.path();
+    let db = d.join("runner.db");
+    let run = run_gate(d, "t1", &[]);
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    let reader = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    reader
+        .query_row("SELECT count(*) FROM threads", [], |r| r.get::<_, i64>(0))
+        .unwrap();
+    let run = run_gate(d, "t2", &[]);
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    assert!(d.join("runner.db-wal").exists(), "t2 is in the WAL the reader keeps");
+    let writer = rusqlite::Connection::open(&db).unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+
+    let started = Instant::now();
+    let backup = runner(d, &["db", "backup", "copy.db"]);
+    assert_eq!(backup.status.code(), Some(0), "{}", stderr(&backup));
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    writer.execute_batch("ROLLBACK").unwrap();
+    drop((writer, reader));
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::rename(d.join("copy.db"), elsewhere.path().join("copy.db")).unwrap();
+    assert!(
+        files_in(elsewhere.path()) == ["copy.db"],
+        "{:?}",
+        files_in(elsewhere.path())
+    );
+    let copy = elsewhere.path().join("copy.db");
+    let threads = runner(d, &["threads", "--db", copy.to_str().unwrap()]);
+    let listed = String::from_utf8_lossy(&threads.stdout);
+    assert!(
+        listed.contains("t1  interrupted") && listed.contains("t2  interrupted"),
+        "{listed}"
+    );
+    // The copy is a database a run continues from.
+    let resumed = runner(
+        d,
+        &[
+            "resume",
+            "--db",
+            copy.to_str().unwrap(),
+            "--thread",
+            "t2",
+            "--mock",
+            "mock.yaml",
+            "--answer",
+            r#"{"action": "accept"}"#,
+        ],
+    );
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+
+    let again = runner(d, &["db", "backup", copy.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(
+        stderr(&again).contains("exists: a backup never replaces a file"),
+        "{}",
+        stderr(&again)
+    );
+    let memory = runner(d, &["db", "backup", "m.db", "--db", ":memory:"]);
+    assert_eq!(memory.status.code(), Some(2));
+    assert!(
+        stderr(&memory).contains("`:memory:` keeps nothing to back up"),
+        "{}",
+        stderr(&memory)
+    );
+    assert!(!d.join("m.db").exists());
+}
+
+/// On a JSON-lines stream each line says which run it is about: a subgraph's lines carry its
+/// `ns`, and each `run_end` names its thread as its `run_start` does, so a child's `run_end`
+/// (in the middle of the stream: the child ends inside its parent's step) is never taken for
+/// the run's. The run's own `run_end` is the last line, after what the CLI says about the run
+/// once it is over (here, the requests a replay's cassette lacked).
+#[test]
+fn on_a_json_lines_stream_a_subgraphs_run_end_names_its_run_and_the_runs_own_is_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = dir.path().join("mindmap.jsonl");
+    let cassette = cassette.to_str().unwrap();
+    let mindmap = |title: &str, args: &[&str]| -> (Option<i32>, Vec<Value>) {
+        let out = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["run", "workflows/mindmap.yaml", "--db", ":memory:", "--stream", "jsonl"])
+            .args(["--input", &format!("document_title={title}")])
+            .args([
+                "--input",
+                "document_content=Heat pumps move heat from outside to inside.",
+            ])
+            .args(["--input", "max_depth=2"])
+            .args(args)
+            .output()
+            .unwrap();
+        let lines = String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+            .collect();
+        (out.status.code(), lines)
+    };
+    let (code, lines) = mindmap(
+        "Heat pumps",
+        &["--mock", "tests/fixtures/mock/mindmap.yaml", "--record", cassette],
+    );
+    assert_eq!(code, Some(0), "{lines:#?}");
+    let own_thread = lines
+        .iter()
+        .find(|l| l["type"] == "run_start" && l.get("ns").is_none())
+        .unwrap()["thread_id"]
+        .clone();
+    let ends: Vec<&Value> = lines.iter().filter(|l| l["type"] == "run_end").collect();
+    assert!(ends.len() > 1, "the mindmap's expansions are subgraphs: {lines:#?}");
+    for end in &ends[..ends.len() - 1] {
+        let ns = end["ns"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a child's run_end has its ns: {end}"));
+        let start = lines
+            .iter()
+            .find(|l| l["type"] == "run_start" && l["ns"] == ns)
+            .unwrap();
+        assert_eq!(end["thread_id"], start["thread_id"], "{end}");
+        assert!(
+            end["thread_id"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{}/", own_thread.as_str().unwrap())),
+            "{end}"
+        );
+    }
+    let last = lines.last().unwrap();
+    assert_eq!(last["type"], "run_end", "{lines:#?}");
+    assert!(last.get("ns").is_none(), "{last}");
+    assert_eq!(last["thread_id"], own_thread);
+    assert_eq!(last["status"], "done");
+
+    // A replay that misses: the run ends (an on_error handler took the miss), the CLI reports
+    // the miss, and the run's own run_end still comes last.
+    let (code, lines) = mindmap("Heat pumps today", &["--replay", cassette]);
+    assert_eq!(code, Some(1), "{lines:#?}");
+    let last = lines.last().unwrap();
+    assert_eq!(last["type"], "run_end", "{lines:#?}");
+    assert!(last.get("ns").is_none(), "{last}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["type"] == "error" && l["message"].as_str().unwrap().contains("were not in the cassette")),
+        "{lines:#?}"
+    );
+}

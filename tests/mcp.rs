@@ -710,3 +710,72 @@ edges: [START -> helper -> END]
         ("success", "Echo: over http")
     );
 }
+
+/// An MCP server's `env` reads the run's environment, a project's `.env` included, both when
+/// `runner mcp lock` starts it and when a run does; the process's variable wins over `.env`'s.
+#[test]
+fn a_servers_env_reads_the_projects_dot_env() {
+    let yaml = format!(
+        r#"name: env-agent
+models: {{default: {{provider: mock, model: m}}}}
+input: {{type: object, properties: {{q: {{type: string}}}}}}
+state:
+  messages: {{type: array, reducer: add_messages, default: [], from_input: q}}
+tools:
+  fixture:
+    mcp: {{command: [{:?}], env: {{FIXTURE_GREETING: "${{env:MCP_GREETING}}"}}}}
+    import: [env]
+nodes:
+  helper:
+    kind: agent
+    tools: [env]
+    update: {{messages: output.messages}}
+edges: [START -> helper -> END]
+"#,
+        fixture().display().to_string()
+    );
+    let p = Project::new(&[
+        ("w.yaml", &yaml),
+        (".env", "MCP_GREETING=hello-from-dot-env\n"),
+        (
+            "mock.yaml",
+            "replies:\n  helper:\n    - {tool_calls: [{name: env, args: {name: FIXTURE_GREETING}}]}\n    - Done.\n",
+        ),
+    ]);
+    // Without `.env`'s variable the server could not be started to be locked.
+    lock(&p, "w.yaml");
+    let said = |env: &[(&str, &str)]| -> String {
+        let mut cmd = runner();
+        cmd.args([
+            "run",
+            "w.yaml",
+            "--mock",
+            "mock.yaml",
+            "--db",
+            ":memory:",
+            "-i",
+            "q=greet",
+        ])
+        .current_dir(p.dir.path())
+        .env_remove("MCP_GREETING");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let tool = state["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "tool")
+            .cloned()
+            .unwrap_or_else(|| panic!("no tool message: {state}"));
+        tool["content"].as_str().unwrap().to_string()
+    };
+    assert_eq!(said(&[]), "hello-from-dot-env");
+    assert_eq!(
+        said(&[("MCP_GREETING", "hello-from-the-process")]),
+        "hello-from-the-process"
+    );
+}

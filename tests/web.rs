@@ -737,3 +737,212 @@ fn embedded_ipv4_and_documentation_addresses_are_refused() {
     }
     assert!(site.hits().is_empty(), "{:?}", site.hits());
 }
+
+// ── the run's environment ───────────────────────────────────────────────────────────────────
+
+/// An http node and a search node whose URLs and keys are in the project's `.env`, not the
+/// process's environment.
+const DOT_ENV_WF: &str = r#"name: dot-env
+state:
+  echo: {type: object, default: {}}
+  found: {type: object, default: {}}
+  failure: {type: object, default: {}}
+nodes:
+  call:
+    kind: http
+    method: POST
+    url: "${env:ECHO_BASE}/api/echo"
+    headers: {Authorization: "Bearer ${env:ECHO_TOKEN}"}
+    body: {hello: "'world'"}
+    update: {echo: output.body}
+  look:
+    kind: search
+    provider: tavily
+    api_key_env: FAKE_TAVILY_KEY
+    queries: "'heat pumps'"
+    limit: 1
+    update: {found: output}
+    on_error:
+      to: failed
+      update: {failure: "{'class': error.class, 'message': error.message}"}
+  failed: {kind: set}
+edges:
+  - START -> call -> look -> END
+  - failed -> END
+"#;
+
+/// A key in `.env` works wherever a process variable does: an http node's `${env:…}` (its
+/// host trusted as if written in the workflow), a search engine's key and base URL. The
+/// process's environment still wins, and a refused key names the `.env` file it came from.
+#[test]
+fn keys_in_dot_env_reach_http_and_search_nodes() {
+    let site = fake_web::start("");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("wf.yaml"), DOT_ENV_WF).unwrap();
+    let dot_env = dir.path().join(".env");
+    let write_env = |tavily_key: &str| {
+        std::fs::write(
+            &dot_env,
+            format!(
+                "ECHO_BASE={}\nECHO_TOKEN=sekrit-value\nTAVILY_URL={}/tavily\nFAKE_TAVILY_KEY={tavily_key}\n",
+                site.base(),
+                site.base()
+            ),
+        )
+        .unwrap();
+    };
+    let run = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+        cmd.current_dir(dir.path())
+            .args(["run", "wf.yaml", "--db", ":memory:"])
+            .env_remove("RUNNER_ALLOW_NET");
+        for name in ["ECHO_BASE", "ECHO_TOKEN", "TAVILY_URL", "FAKE_TAVILY_KEY"] {
+            cmd.env_remove(name);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        (serde_json::from_slice::<Value>(&out.stdout).unwrap(), stderr)
+    };
+    write_env("tvly-test");
+    let (out, stderr) = run(&[]);
+    assert_eq!(out["echo"]["authorized"], true, "{out}");
+    assert_eq!(out["found"]["results"][0]["provider"], "tavily", "{out}");
+    assert!(site.hits().iter().any(|h| h == "/tavily/search"), "{:?}", site.hits());
+    assert!(!stderr.contains("sekrit-value") && !out.to_string().contains("tvly-test"));
+    // The process's variable wins over `.env`'s.
+    let (out, _) = run(&[("ECHO_TOKEN", "from-the-process")]);
+    assert_eq!(out["echo"]["authorized"], false, "{out}");
+    // A key the engine refuses is named with the file that set it.
+    write_env("wrong");
+    let (out, _) = run(&[]);
+    assert_eq!(out["failure"]["class"], "auth", "{out}");
+    let message = out["failure"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("the key is FAKE_TAVILY_KEY (from {})", dot_env.display())),
+        "{message}"
+    );
+    // Set by the process, it is named as the process's.
+    let (out, _) = run(&[("FAKE_TAVILY_KEY", "also-wrong")]);
+    let message = out["failure"]["message"].as_str().unwrap();
+    assert!(message.contains("the key is FAKE_TAVILY_KEY)"), "{message}");
+}
+
+// ── the server's run settings ───────────────────────────────────────────────────────────────
+
+/// A served workflow whose http URL, greeting and file come from its `config`, each step's
+/// failure kept in state.
+const SERVED_WF: &str = r#"name: served
+config:
+  base: "http://192.0.2.1"
+  greeting: "the workflow's"
+  file: "/nonexistent/notes.txt"
+state:
+  echo: {type: object, default: {}}
+  greeting: {type: string, default: ""}
+  loaded: {default: null}
+  failures: {type: array, reducer: append, default: []}
+nodes:
+  call:
+    kind: http
+    method: POST
+    url: "{{ config.base }}/api/echo"
+    body: {hello: "'world'"}
+    update: {echo: output.body}
+    on_error:
+      to: greet
+      update: {failures: "[{'node': 'call', 'message': error.message}]"}
+  greet: {kind: set, update: {greeting: config.greeting}}
+  read:
+    kind: load
+    source: "{{ config.file }}"
+    update: {loaded: output.content}
+    on_error:
+      to: done
+      update: {failures: "[{'node': 'read', 'message': error.message}]"}
+  done: {kind: set}
+edges:
+  - START -> call -> greet -> read -> done -> END
+"#;
+
+/// `runner serve` takes `runner run`'s run settings: `--allow-net` lets served http nodes
+/// reach a loopback host (only that one), `--allow-read` lets load nodes read a directory, and
+/// `--set` overrides the config of every run, under a run's own `config.configurable`.
+#[tokio::test]
+async fn serve_takes_allow_net_allow_read_and_set() {
+    use reqwest::Method;
+    let site = fake_web::start("");
+    let bystander = fake_web::bystander("127.0.0.2");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let notes = elsewhere.path().join("notes.txt");
+    std::fs::write(&notes, "Notes kept elsewhere.").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let workflows = dir.path().join("workflows");
+    std::fs::create_dir(&workflows).unwrap();
+    std::fs::write(workflows.join("served.yaml"), SERVED_WF).unwrap();
+    let base = format!("base={}", site.base());
+    let file = format!("file={}", notes.display());
+    let args = [
+        "--set",
+        base.as_str(),
+        "--set",
+        "greeting=the server's",
+        "--set",
+        file.as_str(),
+        "--allow-net",
+        "127.0.0.1",
+        "--allow-read",
+        elsewhere.path().to_str().unwrap(),
+    ];
+    let (child, url, _) = crate::serve::spawn_live(dir.path(), &workflows, &args, &[("RUNNER_ALLOW_NET", "")]);
+    let server = crate::serve::Server {
+        child,
+        base: url,
+        dir: None,
+    };
+    let run = |body: Value| {
+        let server = &server;
+        async move {
+            let (status, _, out) = crate::serve::call(server, Method::POST, "/runs/wait", Some(body)).await;
+            assert_eq!(status, 200, "{out}");
+            out
+        }
+    };
+    let out = run(json!({"assistant_id": "served", "input": {}})).await;
+    // A key nothing wrote (the failures) is not in a served run's values.
+    assert!(out["failures"].as_array().is_none_or(Vec::is_empty), "{out}");
+    assert_eq!(out["echo"]["body"], json!({"hello": "world"}), "{out}");
+    assert_eq!(out["greeting"], "the server's", "{out}");
+    assert_eq!(out["loaded"], "Notes kept elsewhere.", "{out}");
+    // A run's own configurable wins; the allow-list is the flag's host and no other.
+    let other = format!("http://127.0.0.2:{}", bystander.port);
+    let out = run(json!({
+        "assistant_id": "served",
+        "input": {},
+        "config": {"configurable": {"greeting": "the run's", "base": other}},
+    }))
+    .await;
+    assert_eq!(out["greeting"], "the run's", "{out}");
+    assert_eq!(out["failures"][0]["node"], "call", "{out}");
+    assert!(
+        out["failures"][0]["message"].as_str().unwrap().contains("loopback"),
+        "{out}"
+    );
+    assert!(bystander.hits().is_empty(), "{:?}", bystander.hits());
+    drop(server);
+    // A path no served workflow's config has is refused at start.
+    let out = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+        .current_dir(dir.path())
+        .args(["serve", "workflows", "--port", "0", "--set", "greting=hi"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--set greting: no served workflow has `greting` in its config (did you mean `greeting`?)"),
+        "{stderr}"
+    );
+}

@@ -449,7 +449,13 @@ impl SqliteCheckpointer {
 impl Drop for SqliteCheckpointer {
     /// Closing the channel lets the writer commit everything queued, then stop; joining it
     /// means every acknowledged write is on disk and the file closed when drop returns.
+    ///
+    /// The pooled readers close first, so that the writer's connection is this process's last
+    /// and its close may fold the WAL into the file (see `fold_wal_on_close`).
     fn drop(&mut self) {
+        if let Ok(mut readers) = self.readers.lock() {
+            readers.clear();
+        }
         drop(self.writer.take());
         if let Some(handle) = self.writer_thread.take() {
             let _ = handle.join();
@@ -834,6 +840,76 @@ struct Command {
     reply: mpsc::Sender<Result<Done>>,
 }
 
+/// Writes a consistent copy of the store at `path` to `dest`, a new file, while other
+/// processes may be reading and writing it: SQLite's `VACUUM INTO`, in one read transaction
+/// (a snapshot that never waits for or holds up a writer), the WAL's commits included,
+/// compacted and without a WAL of its own. The copy is written beside `dest`, synced and then
+/// renamed, so `dest` is either absent or whole; an existing `dest` is refused.
+pub fn backup(path: &Path, dest: &Path) -> Result<()> {
+    if !path.is_file() {
+        return Err(CheckpointError::Backend(format!("`{}` does not exist", path.display())));
+    }
+    if dest.exists() {
+        return Err(CheckpointError::Backend(format!(
+            "`{}` exists: a backup never replaces a file",
+            dest.display()
+        )));
+    }
+    // Not read-only: `VACUUM INTO` opens its output with the connection's flags. Nothing is
+    // written to `path` (a read transaction, and no checkpoint at close).
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    keep_wal_on_close(&conn)?;
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version == 0 {
+        return Err(CheckpointError::Backend(format!(
+            "`{}` is not a checkpoint database",
+            path.display()
+        )));
+    }
+    let mut partial = dest.as_os_str().to_owned();
+    partial.push(format!(".partial-{}", std::process::id()));
+    let partial = PathBuf::from(partial);
+    let io = |what: &str, p: &Path, e: std::io::Error| {
+        CheckpointError::Backend(format!("cannot {what} `{}`: {e}", p.display()))
+    };
+    let text = partial
+        .to_str()
+        .ok_or_else(|| CheckpointError::Backend(format!("`{}` is not a UTF-8 path", dest.display())))?;
+    let written = conn
+        .execute("VACUUM INTO ?1", [text])
+        .map_err(CheckpointError::from)
+        .and_then(|_| {
+            std::fs::File::open(&partial)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| io("sync", &partial, e))
+        })
+        .and_then(|()| {
+            // A link, unlike a rename, never replaces a file made meanwhile; a file system
+            // without links gets the rename.
+            match std::fs::hard_link(&partial, dest) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(CheckpointError::Backend(format!(
+                    "`{}` exists: a backup never replaces a file",
+                    dest.display()
+                ))),
+                Err(_) => std::fs::rename(&partial, dest).map_err(|e| io("write", dest, e)),
+            }
+        });
+    let _ = std::fs::remove_file(&partial);
+    written?;
+    // The rename is durable once the folder is synced (where the platform can sync one).
+    if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(dir) = std::fs::File::open(dir)
+    {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
 /// `synchronous`: the connection's level (`full` and `extra` sync every commit).
 fn run_writer(
     mut conn: Connection,
@@ -901,6 +977,30 @@ fn run_writer(
             let _ = file.sync_data();
         }
     }
+    fold_wal_on_close(conn);
+}
+
+/// Closes the writer's connection, folding the WAL into the main file and removing it when no
+/// other connection (of any process) has the file open: after a command that wrote, the file
+/// alone holds everything, so copying `runner.db` copies the data.
+///
+/// SQLite's close does it when it is the last connection: it takes the file's exclusive lock
+/// without waiting (a reader or writer elsewhere holds a shared one, and then the WAL is left
+/// for them, as before), checkpoints every frame (fsyncs of the WAL and of the file: power
+/// loss can neither lose nor corrupt what was committed) and deletes `-wal` and `-shm`.
+/// Another process's reader is never waited for or cut off. Only the writer's connection does
+/// it, at the end of a clean close: a process killed outright leaves the WAL, which the next
+/// opener reads.
+fn fold_wal_on_close(conn: Connection) {
+    if conn
+        .set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false)
+        .is_err()
+    {
+        return;
+    }
+    // A close that fails leaves the WAL beside the file, which every opener reads: nothing is
+    // lost, and nobody is left to tell.
+    let _ = conn.close();
 }
 
 /// Applies a batch in one transaction, each command in its own savepoint.
@@ -1239,13 +1339,11 @@ fn wal_path(path: &Path) -> PathBuf {
     PathBuf::from(wal)
 }
 
-/// The last connection to a WAL file closes without checkpointing it into the main file (and
-/// so without deleting the `-wal` and `-shm` files). That checkpoint costs three fsyncs (the
-/// WAL, the main file, the WAL's reset), most of a short run's time on a crash-safe store, and
-/// buys nothing either durability promises: a commit is already as durable as its level makes
-/// it once it is in the WAL, and the next connection to open the file reads the WAL as it is.
-/// The WAL stays bounded by SQLite's automatic checkpoint every 1,000 pages while writing; a
-/// read-only open finds the `-shm` file beside it and reads through it.
+/// A read connection, and the writer's until it closes cleanly (`fold_wal_on_close`), closes
+/// without checkpointing the WAL into the main file: a reader that happened to close last
+/// would otherwise pay the checkpoint's fsyncs, and a writer that failed to open leaves the
+/// file as it found it. The WAL stays bounded by SQLite's automatic checkpoint every 1,000
+/// pages while writing; a read-only open finds the `-shm` file beside it and reads through it.
 fn keep_wal_on_close(conn: &Connection) -> Result<()> {
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     Ok(())

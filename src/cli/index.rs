@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use indexmap::IndexMap;
 
-use super::{exit, store};
+use super::exit;
 use crate::compile::compile_file;
 use crate::providers::{Embedder, Providers};
 use crate::rag::chunk::Chunking;
@@ -32,8 +32,9 @@ pub(super) struct Args {
     /// The index name (as `index:` in retrieve nodes).
     #[arg(long)]
     index: String,
-    /// The data database (default: .runner/data.db).
-    #[arg(long, env = "RUNNER_DATA_DB", value_name = "PATH")]
+    /// The data database (default: $RUNNER_DATA_DB, else .runner/data.db).
+    // Not `env = …`: the settings read the variable, so an error names where it was set.
+    #[arg(long, value_name = "PATH")]
     data_db: Option<PathBuf>,
     /// Target chunk size in characters.
     #[arg(long, default_value_t = 1000)]
@@ -59,12 +60,18 @@ pub(super) struct Args {
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
-    let embedder = embedder(&args)?;
+    let (env, _) = super::project_env()?;
+    let (embedder, key) = embedder(&args, &env)?;
     let files = index::collect_files(&args.paths).map_err(anyhow::Error::msg)?;
     if files.is_empty() {
         bail!("no documents (.txt, .md, .html, .pdf) under {}", show(&args.paths));
     }
-    let db = store::data_db_path(args.data_db.as_deref())?;
+    let db = crate::run::data_db_path(args.data_db.clone(), &env);
+    let db_source = match db.source {
+        crate::run::Source::Default => String::new(),
+        ref source => format!(" (from {source})"),
+    };
+    let db = db.value;
     let data = DataStore::at(&db);
     if args.reset {
         let name = args.index.clone();
@@ -100,7 +107,14 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
             chunking,
             &progress,
         ))
-        .with_context(|| format!("cannot index into {}", db.display()))?;
+        .with_context(|| {
+            // A refused key says which variable held it, and where that was set.
+            let key = key
+                .as_ref()
+                .map(|k| format!(" with the embedder's key from {k}"))
+                .unwrap_or_default();
+            format!("cannot index into {}{db_source}{key}", db.display())
+        })?;
     if bar {
         eprintln!();
     }
@@ -124,10 +138,11 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
 }
 
 /// The embedder `--embeddings` names: a profile of `--workflow`, with `--model` overrides
-/// applied, or one `--model` defines; the offline embedder when none is named.
-fn embedder(args: &Args) -> anyhow::Result<Arc<dyn Embedder>> {
+/// applied, or one `--model` defines, its key read from `env`; the offline embedder when none
+/// is named. With it, the variable its key was read from, as an error names it.
+fn embedder(args: &Args, env: &crate::run::Env) -> anyhow::Result<(Arc<dyn Embedder>, Option<String>)> {
     let Some(profile) = &args.embeddings else {
-        return Ok(Arc::new(HashedEmbedder));
+        return Ok((Arc::new(HashedEmbedder), None));
     };
     let mut models: IndexMap<String, ModelProfile> = match &args.workflow {
         Some(file) => {
@@ -168,12 +183,17 @@ fn embedder(args: &Args) -> anyhow::Result<Arc<dyn Embedder>> {
             ),
         }
     }
-    let providers = Providers::for_models(&models, None, false)?;
+    let providers = Providers::for_models_in(&models, None, false, &|name| env.get(name))?;
+    let key = models[profile.as_str()]
+        .api_key_env
+        .as_deref()
+        .filter(|name| env.get(name).is_some())
+        .map(|name| env.describe(name));
     Ok(match providers.embedder(profile) {
-        Some(e) => e,
+        Some(e) => (e, key),
         None => {
             eprintln!("note: profile `{profile}` serves no embeddings; using the offline lexical embedder");
-            Arc::new(HashedEmbedder)
+            (Arc::new(HashedEmbedder), None)
         }
     })
 }

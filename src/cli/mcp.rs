@@ -42,6 +42,8 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
 }
 
 fn lock(args: LockArgs) -> anyhow::Result<u8> {
+    // A server's `${env:…}` read as a run reads them: the process's, then the project's.
+    let (env, _) = super::project_env()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut failed = false;
     for file in &args.files {
@@ -57,7 +59,7 @@ fn lock(args: LockArgs) -> anyhow::Result<u8> {
         };
         for (name, def) in &workflow.tools {
             let Some(server) = &def.mcp else { continue };
-            match runtime.block_on(crate::nodes::mcp::list_tools(name, server, &dir)) {
+            match runtime.block_on(crate::nodes::mcp::list_tools(name, server, &dir, &env)) {
                 Ok(tools) => {
                     lock.servers.insert(
                         name.clone(),

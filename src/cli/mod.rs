@@ -5,6 +5,7 @@
 
 mod cache;
 mod completions;
+mod db;
 mod graph;
 mod index;
 mod man;
@@ -64,6 +65,7 @@ enum Command {
     Serve(serve::Args),
     Mcp(mcp::Args),
     Cache(cache::Args),
+    Db(db::Args),
     /// Print the shell completion script (e.g. `runner completions bash > /etc/bash_completion.d/runner`).
     Completions(completions::Args),
     /// Scaffold a workflow with its prompt, a test case and a mock script.
@@ -84,11 +86,16 @@ pub fn main() -> ExitCode {
     };
     // A server logs its requests unless told otherwise; the other verbs log only when asked.
     let default_log = matches!(cli.command, Command::Serve(_)).then_some("runner=info");
-    let (telemetry, warnings) = crate::telemetry::init(&|name| std::env::var(name).ok(), default_log);
+    // Logs, traces and the verdict cache read the environment the run reads, a project's
+    // `.env` and `runner.toml` included; a project that cannot be read is reported by the
+    // verbs that need it, and these fall back to the process's own.
+    let env = project_env().map_or_else(|_| crate::run::Env::process(), |(env, _)| env);
+    let (telemetry, warnings) = crate::telemetry::init(&|name| env.get(name), default_log);
     for w in warnings {
         eprintln!("warning: {w}");
     }
-    crate::compile::verdicts::enable(crate::run::cache_dir(&crate::run::Env::process()));
+    crate::compile::verdicts::enable(crate::run::cache_dir(&env));
+    drop(env);
     let code = dispatch(cli.command);
     // Spans still buffered are exported on every exit, an error's included.
     if let Err(e) = telemetry.shutdown() {
@@ -113,6 +120,7 @@ fn dispatch(command: Command) -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Mcp(args) => mcp::run(args),
         Command::Cache(args) => cache::run(args),
+        Command::Db(args) => db::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),
         Command::New(args) => new::run(args),
@@ -200,11 +208,19 @@ fn human_format<S: anstream::stream::RawStream>(stream: &S) -> crate::diag::Form
 }
 
 /// The process's environment filled in by the project's `runner.toml` and `.env` (found from
-/// the current directory), and the project's model overrides.
+/// the current directory), and the project's model overrides: the one environment every verb
+/// reads its settings from, read once per process.
 fn project_env() -> anyhow::Result<(crate::run::Env, Vec<String>)> {
-    let cwd = std::env::current_dir()?;
-    let project = crate::run::Project::discover(&cwd)?;
-    Ok((project.fill(crate::run::Env::process()), project.models))
+    static PROJECT: std::sync::OnceLock<Result<(crate::run::Env, Vec<String>), String>> = std::sync::OnceLock::new();
+    let read = || -> anyhow::Result<(crate::run::Env, Vec<String>)> {
+        let cwd = std::env::current_dir()?;
+        let project = crate::run::Project::discover(&cwd)?;
+        Ok((project.fill(crate::run::Env::process()), project.models))
+    };
+    PROJECT
+        .get_or_init(|| read().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]
@@ -273,6 +289,27 @@ mod tests {
             let text = yaml(&json!(s));
             assert_eq!(parse_back(&text), json!(s), "{s:?} as {text:?}");
         }
+    }
+
+    /// No flag is filled from an environment variable by clap: the settings read every
+    /// variable (with a project's files), so a bad value is named as the variable and the
+    /// file that set it, never as the flag.
+    #[test]
+    fn no_flag_is_filled_from_the_environment_by_clap() {
+        fn walk(cmd: &clap::Command, path: &str) {
+            for arg in cmd.get_arguments() {
+                assert!(
+                    arg.get_env().is_none(),
+                    "`{path} --{}` reads {:?} through clap",
+                    arg.get_id(),
+                    arg.get_env()
+                );
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()));
+            }
+        }
+        walk(&<Cli as clap::CommandFactory>::command(), "runner");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Rendering the event stream on stderr: a live view for people, or JSON lines.
 
+use std::collections::HashMap;
 use std::io::Write;
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -11,6 +13,11 @@ pub(super) struct Renderer {
     jsonl: bool,
     /// Tokens are being written on the current line.
     streaming: bool,
+    /// The thread of each run that started, by namespace (`None`: the run itself).
+    threads: HashMap<Option<Arc<str>>, String>,
+    /// On JSON lines, the run's own `run_end`, written by [`Renderer::finish`] after whatever
+    /// the CLI says once the run is over, so that it is the stream's last line.
+    last: Option<String>,
 }
 
 impl Renderer {
@@ -18,15 +25,37 @@ impl Renderer {
         Renderer {
             jsonl,
             streaming: false,
+            threads: HashMap::new(),
+            last: None,
         }
     }
 
     pub(super) fn render(&mut self, e: &Envelope) {
         let mut err = std::io::stderr().lock();
         if self.jsonl {
-            if let Ok(line) = serde_json::to_string(e) {
-                let _ = writeln!(err, "{line}");
+            let Ok(mut line) = serde_json::to_value(e) else {
+                return;
+            };
+            // Which run a line is about: `ns` names a subgraph's (absent: the run's own), and
+            // a run's end names its thread as its start does, so a child's `run_end` (they come
+            // in the middle of the stream, as the child ends inside its parent's step) is
+            // never taken for the run's.
+            match &e.event {
+                Event::RunStart { thread_id, .. } => {
+                    self.threads.insert(e.ns.clone(), thread_id.clone());
+                }
+                Event::RunEnd { .. } => {
+                    if let (Some(thread), Some(fields)) = (self.threads.get(&e.ns), line.as_object_mut()) {
+                        fields.insert("thread_id".into(), Value::String(thread.clone()));
+                    }
+                    if e.ns.is_none() {
+                        self.last = Some(line.to_string());
+                        return;
+                    }
+                }
+                _ => {}
             }
+            let _ = writeln!(err, "{line}");
             return;
         }
         if self.streaming && !matches!(e.event, Event::Token { .. }) {
@@ -145,6 +174,15 @@ impl Renderer {
             let depth = e.ns.as_deref().map_or(0, |ns| ns.split('|').count());
             let indent = "    ".repeat(depth);
             let _ = writeln!(err, "{indent}{}", line.replace('\n', &format!("\n{indent}")));
+        }
+    }
+}
+
+impl Renderer {
+    /// Writes what was held back: the run's own `run_end` on JSON lines.
+    pub(super) fn finish(&mut self) {
+        if let Some(line) = self.last.take() {
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
         }
     }
 }

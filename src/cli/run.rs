@@ -61,8 +61,11 @@ impl From<PersistArg> for Persist {
 /// Options shared by `run` and `resume`.
 #[derive(clap::Args, Debug, Clone)]
 pub(super) struct Common {
-    /// The checkpoint database (default: .runner/runner.db; `:memory:` keeps nothing).
-    #[arg(long, env = "RUNNER_DB")]
+    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db; `:memory:` keeps
+    /// nothing).
+    // Not `env = …` (here or on any flag): the run builder reads the variables, so a bad value
+    // is named as the variable (and the file) it came from, not as the flag.
+    #[arg(long)]
     pub db: Option<PathBuf>,
     /// How progress is shown on stderr.
     #[arg(long, value_enum)]
@@ -105,9 +108,9 @@ pub(super) struct Common {
     /// it does not hold fails the run, naming the closest recorded one.
     #[arg(long, value_name = "FILE", conflicts_with = "mock")]
     pub replay: Option<PathBuf>,
-    /// The data database: search indexes and long-term memory (default: .runner/data.db;
-    /// `:memory:` keeps nothing). Opened only by runs that use them.
-    #[arg(long, env = "RUNNER_DATA_DB", value_name = "PATH")]
+    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
+    /// .runner/data.db; `:memory:` keeps nothing). Opened only by runs that use them.
+    #[arg(long, value_name = "PATH")]
     pub data_db: Option<PathBuf>,
     /// Index long-term memory for semantic search with this embedder: `offline` (lexical, no
     /// model) or `PROVIDER:MODEL[@URL]` (e.g. `ollama:nomic-embed-text`); `store` nodes then
@@ -133,7 +136,6 @@ pub(super) struct Common {
     /// How long the thread's lease lasts without a heartbeat, in seconds (default:
     /// $RUNNER_LEASE_TTL, else 10). A run killed outright frees its thread after this long (at
     /// once for a run on the same host whose process is gone).
-    // Not `env = …`: the run builder reads the variable, so a bad value is named as such.
     #[arg(long, value_name = "SECS")]
     pub lease_ttl: Option<f64>,
 }
@@ -164,6 +166,8 @@ impl Common {
             recursion_limit: self.recursion_limit,
             persist: Some(self.persist.into()),
             force: Some(force),
+            // `--set` is `run`'s, recorded with the thread it starts (see `RunArgs`).
+            config: Vec::new(),
             kinds: None,
         }
     }
@@ -355,9 +359,6 @@ fn execute(
 ) -> anyhow::Result<u8> {
     check_mock(&plan, common)?;
     let services = settings.services(&plan)?;
-    for note in settings.price_notes(&plan) {
-        eprintln!("note: {note}");
-    }
     let cassette = services.cassette.clone();
     let stream = common.stream.unwrap_or(if std::io::stderr().is_terminal() {
         Stream::Human
@@ -366,18 +367,25 @@ fn execute(
     });
     // On a JSON-lines stream every line of stderr is JSON: the CLI's own lines become events.
     let jsonl = stream == Stream::Jsonl;
+    for note in settings.price_notes(&plan) {
+        render::notice(
+            jsonl,
+            "note",
+            serde_json::json!({"message": note}),
+            &format!("note: {note}"),
+        );
+    }
+    let renderer = Arc::new(std::sync::Mutex::new(render::Renderer::new(jsonl)));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async move {
+    let rendering = renderer.clone();
+    let code = runtime.block_on(async move {
         let events = match stream {
             Stream::None => Events::none(),
-            Stream::Human | Stream::Jsonl => {
-                let renderer = std::sync::Mutex::new(render::Renderer::new(stream == Stream::Jsonl));
-                Events::sink(Arc::new(move |e| {
-                    if let Ok(mut r) = renderer.lock() {
-                        r.render(&e);
-                    }
-                }))
-            }
+            Stream::Human | Stream::Jsonl => Events::sink(Arc::new(move |e| {
+                if let Ok(mut r) = rendering.lock() {
+                    r.render(&e);
+                }
+            })),
         };
         let engine = Engine::new(plan, store, services, events);
         let cancel = engine.cancel_flag();
@@ -476,7 +484,12 @@ fn execute(
                 Ok(exit::CANCELLED)
             }
         }
-    })
+    });
+    // The run's own `run_end` goes last, after what the CLI said about the run.
+    if let Ok(mut r) = renderer.lock() {
+        r.finish();
+    }
+    code
 }
 
 /// `key=value`: the value as JSON if it parses, else a string; `@path` reads a file as text;

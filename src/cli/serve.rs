@@ -30,11 +30,14 @@ pub(super) struct Args {
     /// The port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 2024)]
     port: u16,
-    /// The checkpoint database (default: .runner/runner.db).
-    #[arg(long, env = "RUNNER_DB")]
+    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db).
+    // Not `env = …` (here or on any flag): the run builder reads the variables, so a bad value
+    // is named as the variable (and the file) it came from, not as the flag.
+    #[arg(long)]
     db: Option<PathBuf>,
-    /// The data database: search indexes and long-term memory (default: .runner/data.db).
-    #[arg(long, env = "RUNNER_DATA_DB", value_name = "PATH")]
+    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
+    /// .runner/data.db).
+    #[arg(long, value_name = "PATH")]
     data_db: Option<PathBuf>,
     /// Index the store for semantic search with this embedder, as LangGraph's store `index`:
     /// `offline` (lexical, no model) or `PROVIDER:MODEL[@URL]` (e.g. `ollama:nomic-embed-text`,
@@ -55,9 +58,20 @@ pub(super) struct Args {
     model: Vec<String>,
     /// How long a thread's lease lasts without a heartbeat, in seconds (default:
     /// $RUNNER_LEASE_TTL, else 10).
-    // Not `env = …`: the run builder reads the variable, so a bad value is named as such.
     #[arg(long, value_name = "SECS")]
     lease_ttl: Option<f64>,
+    /// A config override for every run: `path.to.key=value`, for the served workflows whose
+    /// `config` has the path; a run's `config.configurable` still overrides it for that run.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    set: Vec<String>,
+    /// Let the http, search and scrape kinds reach this host, address or CIDR although it is
+    /// private or loopback (repeatable; also `RUNNER_ALLOW_NET`, comma-separated).
+    #[arg(long = "allow-net", value_name = "HOST|CIDR")]
+    allow_net: Vec<String>,
+    /// Let load and index read files under this directory besides the workflow's own
+    /// directory tree (repeatable; also `RUNNER_ALLOW_READ`, separated as in PATH).
+    #[arg(long = "allow-read", value_name = "DIR")]
+    allow_read: Vec<PathBuf>,
     /// Require the API key held by this environment variable on every request but `GET /ok`,
     /// as `x-api-key` (what LangGraph's SDKs send from `LANGGRAPH_API_KEY`) or
     /// `Authorization: Bearer`.
@@ -118,6 +132,11 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
             args.host
         );
     }
+    let config = args
+        .set
+        .iter()
+        .map(|kv| super::run::parse_kv(kv))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let settings = RunOptions {
         db: args.db.map(DbOption::At),
         data_db: args.data_db,
@@ -127,6 +146,9 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         models: args.model,
         project_models,
         lease_ttl: args.lease_ttl,
+        allow_net: args.allow_net,
+        allow_read: args.allow_read,
+        config,
         // A busy thread is answered at once (409), never waited for.
         wait: Some(false),
         ..RunOptions::default()
@@ -142,6 +164,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     if graphs.ids().is_empty() {
         bail!("no workflow in {} validates: nothing to serve", args.dir.display());
     }
+    check_set(&graphs, &settings.overrides.config)?;
     writeln!(err, "serving {}", graphs.ids().join(", "))?;
     for (method, path, graph) in graphs.routes() {
         writeln!(err, "route {method} {path} -> {graph}")?;
@@ -194,6 +217,28 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         }
         Ok(exit::OK)
     })
+}
+
+/// A `--set` path that no served workflow's config has would change nothing: most often a
+/// misspelt key.
+fn check_set(graphs: &crate::server::Graphs, config: &[(String, serde_json::Value)]) -> anyhow::Result<()> {
+    let plans: Vec<_> = graphs.ids().iter().filter_map(|id| graphs.find(id)).collect();
+    for (path, _) in config {
+        if plans.iter().any(|g| crate::run::config_has(g.plan.config(), path)) {
+            continue;
+        }
+        let keys = plans
+            .iter()
+            .filter_map(|g| g.plan.config().as_object())
+            .flat_map(|c| c.keys().map(String::as_str))
+            .filter(|k| *k != path.split('.').next().unwrap_or(path));
+        let first = path.split('.').next().unwrap_or(path);
+        let hint = crate::diag::did_you_mean(first, keys)
+            .map(|k| format!(" (did you mean `{k}`?)"))
+            .unwrap_or_default();
+        bail!("--set {path}: no served workflow has `{path}` in its config{hint}");
+    }
+    Ok(())
 }
 
 /// SIGHUP reloads the folder: new workflows are served, changed ones recompiled, removed ones

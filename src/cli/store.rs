@@ -1,11 +1,11 @@
 //! Opening the checkpoint store the CLI was pointed at (`--db`, else `RUNNER_DB`, else the
 //! default; see `run::db_path`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::checkpoint::{Checkpointer, Durability};
-use crate::run::Checkpoints;
+use crate::run::{Checkpoints, Setting};
 
 /// SQLite durability, as a flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -26,14 +26,15 @@ impl From<DurabilityArg> for Durability {
     }
 }
 
-fn checkpoints(flag: Option<&Path>) -> anyhow::Result<Checkpoints> {
+/// The database `--db` names, else `RUNNER_DB` (the process's, `.env`'s or `runner.toml`'s),
+/// else the default, with where it was set.
+pub(super) fn checkpoints(flag: Option<&Path>) -> anyhow::Result<Setting<Checkpoints>> {
     let at = crate::run::db_path(flag.map(Path::to_path_buf), &super::project_env()?.0);
-    Checkpoints::parse(&at.value).map_err(|m| anyhow::anyhow!("{}: {m}", at.source))
-}
-
-/// `--data-db`, else `$RUNNER_DATA_DB`, else `.runner/data.db`.
-pub(super) fn data_db_path(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
-    Ok(crate::run::data_db_path(flag.map(Path::to_path_buf), &super::project_env()?.0).value)
+    let value = Checkpoints::parse(&at.value).map_err(|m| anyhow::anyhow!("{}: {m}", at.source))?;
+    Ok(Setting {
+        value,
+        source: at.source,
+    })
 }
 
 /// The store `--db` names, created if missing.

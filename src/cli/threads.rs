@@ -16,8 +16,9 @@ use crate::engine::{Engine, Services};
 /// Where the threads are.
 #[derive(clap::Args, Debug)]
 pub(super) struct Db {
-    /// The checkpoint database (default: .runner/runner.db).
-    #[arg(long, env = "RUNNER_DB")]
+    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db).
+    // Not `env = …`: the variable is read with the project's, so an error names where it was set.
+    #[arg(long)]
     pub(super) db: Option<PathBuf>,
 }
 

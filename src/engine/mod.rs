@@ -50,7 +50,7 @@ pub use gates::{
 pub use kind::{Kinds, NodeKind};
 pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
 use persist::Persister;
-pub use services::{ReadRoots, Services};
+pub use services::{Env, Origin, ReadRoots, Services};
 use step::{StepResult, follow, stopped};
 use thread::Entry;
 pub use thread::{Answer, Start};

@@ -1,7 +1,10 @@
 //! What nodes reach beyond the state: the node kinds of the run, model providers and, per
-//! kind, the clients and stores the run was given. The engine looks inside a `Services` only
-//! for its node kinds; it hands the rest to them.
+//! kind, the clients and stores the run was given, and the environment variables they may
+//! read. The engine looks inside a `Services` only for its node kinds; it hands the rest to
+//! them.
 
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -35,6 +38,11 @@ pub struct Services {
     /// Directories nodes may read files from besides the workflow's own directory tree
     /// (`--allow-read`, `RUNNER_ALLOW_READ`).
     pub read_roots: ReadRoots,
+    /// The variables nodes read: `${env:NAME}` in a workflow's own text, a search engine's
+    /// key, an MCP server's `env` and `headers`. The run builder gives the run's environment
+    /// (the process's, filled in by a project's `.env` and `runner.toml`); nothing below it
+    /// reads the process's own.
+    pub env: Arc<Env>,
 }
 
 impl Services {
@@ -48,6 +56,121 @@ impl Services {
             data: DataStore::default(),
             web: Arc::default(),
             read_roots: ReadRoots::default(),
+            env: Arc::default(),
+        }
+    }
+}
+
+/// Where an environment variable's value came from, so that an error about the value can
+/// say where to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The process's environment (or a map a caller gave).
+    Process,
+    /// A line of a `.env` file.
+    EnvFile(Arc<Path>),
+    /// A key of a project file: `runner.toml`'s `db` sets `RUNNER_DB`.
+    Project { file: Arc<Path>, key: &'static str },
+}
+
+/// Environment variables by name, each with its [`Origin`]: the process's, and those a
+/// project's `.env` and `runner.toml` add where the process leaves them unset. A run's
+/// settings are resolved against it, and its nodes read it (through [`Services::env`]); a
+/// test or a library caller passes a map of its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Env {
+    vars: BTreeMap<String, (OsString, Origin)>,
+}
+
+impl Env {
+    /// The variables of this process (those whose names are text).
+    pub fn process() -> Env {
+        Env {
+            vars: std::env::vars_os()
+                .filter_map(|(name, value)| Some((name.into_string().ok()?, (value, Origin::Process))))
+                .collect(),
+        }
+    }
+
+    /// These variables and no others, as if the process had them.
+    pub fn from_pairs<K: Into<String>, V: Into<OsString>>(pairs: impl IntoIterator<Item = (K, V)>) -> Env {
+        Env {
+            vars: pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), (v.into(), Origin::Process)))
+                .collect(),
+        }
+    }
+
+    /// The value of `name` as it is (a path need not be text).
+    pub fn get_os(&self, name: &str) -> Option<&OsStr> {
+        self.vars.get(name).map(|(v, _)| v.as_os_str())
+    }
+
+    /// The value of `name` when it is set and is text.
+    pub fn get(&self, name: &str) -> Option<String> {
+        self.get_os(name)?.to_str().map(str::to_string)
+    }
+
+    /// Where the value of `name` came from, when it is set.
+    pub fn origin(&self, name: &str) -> Option<&Origin> {
+        self.vars.get(name).map(|(_, origin)| origin)
+    }
+
+    /// Sets `name` to `value` from `origin`, unless it is set already.
+    pub fn set_default(&mut self, name: &str, value: OsString, origin: Origin) {
+        self.vars.entry(name.to_string()).or_insert((value, origin));
+    }
+
+    /// This environment without `name`.
+    pub fn without(mut self, name: &str) -> Env {
+        self.vars.remove(name);
+        self
+    }
+
+    /// The values of the variables whose names say they hold secrets.
+    pub fn credentials(&self) -> Vec<String> {
+        self.vars
+            .iter()
+            .filter(|(name, _)| crate::secrets::is_secret_name(name))
+            .filter_map(|(_, (value, _))| value.to_str().map(str::to_string))
+            .collect()
+    }
+
+    /// The variable `name` as an error about its value names it: `NAME` when the process set
+    /// it (or nobody did), `NAME (from /project/.env)`, or `` `key` in /project/runner.toml ``.
+    pub fn describe(&self, name: &str) -> String {
+        self.origin(name).unwrap_or(&Origin::Process).describe(name)
+    }
+
+    /// The variables the `${env:…}` of `text` read and found set, each as [`Env::describe`]
+    /// says it, joined for an error: "API_URL (from /project/.env), API_KEY". Empty when the
+    /// text read none.
+    pub fn describe_refs(&self, text: &str) -> String {
+        let refs = crate::spec::interp::env_refs(text).unwrap_or_default();
+        let mut named: Vec<String> = Vec::new();
+        for r in refs {
+            let described = self.describe(r.name);
+            if self.get(r.name).is_some_and(|v| !v.is_empty()) && !named.contains(&described) {
+                named.push(described);
+            }
+        }
+        named.join(", ")
+    }
+
+    /// `${env:NAME}` (and `${env:NAME:-default}`) in `text` expanded from these variables.
+    pub fn expand(&self, text: &str) -> Result<String, String> {
+        crate::spec::interp::expand_env(text, |name| self.get(name))
+    }
+}
+
+impl Origin {
+    /// The variable `name` set here, as [`Env::describe`] says it.
+    pub fn describe(&self, name: &str) -> String {
+        match self {
+            Origin::Process => name.to_string(),
+            Origin::EnvFile(file) => format!("{name} (from {})", file.display()),
+            Origin::Project { file, key } => format!("`{key}` in {}", file.display()),
         }
     }
 }

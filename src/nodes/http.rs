@@ -142,12 +142,17 @@ impl NodeKind for Http {
 
 async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
     let n = &config.n;
-    let raw_url = render_env(ctx, &config.url, "/url", "url")?.text;
-    let mut url =
-        url::Url::parse(raw_url.trim()).map_err(|e| NodeError::new(ErrorClass::BadRequest, format!("url: {e}")))?;
+    let env = &ctx.services.env;
+    let raw_url = render_env(ctx, &config.url, "/url", "url")?;
+    // The variables the request's parts read, for a failure that may be their values' fault.
+    let url_vars = raw_url.vars.clone();
+    let mut credential_vars = Vec::new();
+    let mut url = url::Url::parse(raw_url.text.trim())
+        .map_err(|e| NodeError::new(ErrorClass::BadRequest, format!("url: {e}{}", read_from(env, &url_vars))))?;
     for (k, id) in &config.query {
-        let v = render_env(ctx, id, &format!("/query/{k}"), &format!("query `{k}`"))?.secret_text();
-        url.query_pairs_mut().append_pair(k, &v);
+        let v = render_env(ctx, id, &format!("/query/{k}"), &format!("query `{k}`"))?;
+        credential_vars.extend(v.vars.iter().cloned());
+        url.query_pairs_mut().append_pair(k, &v.secret_text());
     }
     let method = match n.method.unwrap_or(HttpMethod::Get) {
         HttpMethod::Get => "GET",
@@ -172,6 +177,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         if !v.from_env.is_empty() {
             secret_headers.push(name.clone());
         }
+        credential_vars.extend(v.vars.iter().cloned());
         headers.push((name, v.secret_text()));
     }
     let has = |headers: &[(String, String)], name: &str| headers.iter().any(|(k, _)| k == name);
@@ -185,8 +191,9 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     } else if !n.form.is_empty() {
         let mut form = url::form_urlencoded::Serializer::new(String::new());
         for (k, id) in &config.form {
-            let v = render_env(ctx, id, &format!("/form/{k}"), &format!("form `{k}`"))?.secret_text();
-            form.append_pair(k, &v);
+            let v = render_env(ctx, id, &format!("/form/{k}"), &format!("form `{k}`"))?;
+            credential_vars.extend(v.vars.iter().cloned());
+            form.append_pair(k, &v.secret_text());
         }
         body = Some(form.finish().into_bytes());
         if !has(&headers, "content-type") {
@@ -198,7 +205,7 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         headers.push(("accept".into(), "application/json".into()));
     }
     let opts = FetchOptions {
-        allow: trusted_host(&n.url),
+        allow: trusted_host(&n.url, env),
         timeout: ctx.timeout().unwrap_or(Duration::from_secs(60)),
         max_bytes: n.max_bytes.unwrap_or(10 * 1024 * 1024),
         oversize: Oversize::Fail,
@@ -212,14 +219,26 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         body,
         secret_headers,
     };
+    // A refused credential names the variables it was read from; a request that could not be
+    // sent, those of its URL and headers.
+    let named = |e: crate::net::FetchError| {
+        let mut e = NodeError::from(e);
+        let vars: Vec<String> = match e.class {
+            ErrorClass::Auth => credential_vars.clone(),
+            ErrorClass::Network | ErrorClass::BadRequest => url_vars.iter().chain(&credential_vars).cloned().collect(),
+            _ => Vec::new(),
+        };
+        e.message.push_str(&read_from(env, &vars));
+        e
+    };
     let resp = ctx
         .services
         .web
         .fetch(req, &opts)
         .await
-        .map_err(NodeError::from)?
+        .map_err(named)?
         .error_for_status()
-        .map_err(NodeError::from)?;
+        .map_err(named)?;
     let is_json = resp
         .content_type()
         .map(|ct| {
@@ -258,6 +277,24 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
 struct Expanded {
     text: String,
     from_env: Vec<String>,
+    /// The names of the variables those values were read from.
+    vars: Vec<String>,
+}
+
+/// " (it read A (from /project/.env), B)": the variables `names` with where each was set, for
+/// an error their values may have caused; nothing when there are none.
+fn read_from(env: &crate::engine::Env, names: &[String]) -> String {
+    let mut described: Vec<String> = Vec::new();
+    for name in names {
+        let d = env.describe(name);
+        if !described.contains(&d) {
+            described.push(d);
+        }
+    }
+    match described.is_empty() {
+        true => String::new(),
+        false => format!(" (it read {})", described.join(", ")),
+    }
 }
 
 impl Expanded {
@@ -271,17 +308,18 @@ impl Expanded {
     }
 }
 
-/// `${env:...}` expanded in text written in the workflow.
-fn expand_literal(text: &str, what: &str) -> Result<Expanded, NodeError> {
+/// `${env:...}` expanded in text written in the workflow, from the run's environment.
+fn expand_literal(text: &str, what: &str, env: &crate::engine::Env) -> Result<Expanded, NodeError> {
     let bad = |e: String| NodeError::new(ErrorClass::BadRequest, format!("{what}: {e}"));
     let mut out = Expanded::default();
     let mut at = 0;
     for r in interp::env_refs(text).map_err(bad)? {
         out.text.push_str(&text[at..r.range.start]);
-        let (value, secret) = interp::resolve(&r, |name| std::env::var(name).ok()).map_err(bad)?;
+        let (value, secret) = interp::resolve(&r, |name| env.get(name)).map_err(bad)?;
         out.text.push_str(&value);
         if secret {
             out.from_env.push(value);
+            out.vars.push(r.name.to_string());
         }
         at = r.range.end;
     }
@@ -304,7 +342,7 @@ fn render_env(ctx: &NodeCtx<'_>, id: &TemplateId, rel: &str, what: &str) -> Resu
     if refs.is_empty() {
         return Ok(Expanded {
             text: render(ctx, id, rel)?,
-            from_env: vec![],
+            ..Expanded::default()
         });
     }
     let nonce = uuid::Uuid::new_v4().simple().to_string();
@@ -315,7 +353,7 @@ fn render_env(ctx: &NodeCtx<'_>, id: &TemplateId, rel: &str, what: &str) -> Resu
     for (i, r) in refs.iter().enumerate() {
         marked.push_str(&source[at..r.range.start]);
         marked.push_str(&placeholder(i));
-        values.push(interp::resolve(r, |name| std::env::var(name).ok()).map_err(bad)?);
+        values.push(interp::resolve(r, |name| ctx.services.env.get(name)).map_err(bad)?);
         at = r.range.end;
     }
     marked.push_str(&source[at..]);
@@ -323,13 +361,15 @@ fn render_env(ctx: &NodeCtx<'_>, id: &TemplateId, rel: &str, what: &str) -> Resu
         .render_str(&marked, ctx.scope.clone())
         .map_err(|e| NodeError::invalid(format!("{rel}: {}", crate::engine::values::describe(&e))))?;
     let mut from_env = Vec::new();
+    let mut vars = Vec::new();
     for (i, (value, secret)) in values.into_iter().enumerate() {
         text = text.replace(&placeholder(i), &value);
         if secret {
             from_env.push(value);
+            vars.push(refs[i].name.to_string());
         }
     }
-    Ok(Expanded { text, from_env })
+    Ok(Expanded { text, from_env, vars })
 }
 
 fn parse_json(body: &[u8]) -> Result<Value, NodeError> {
@@ -340,9 +380,9 @@ fn parse_json(body: &[u8]) -> Result<Value, NodeError> {
 /// no template part decides them: the author chose that server, so the guard lets it through
 /// even on a private address, on that port only (a redirect to another port of the same host
 /// is not trusted). A host that comes from data (`{{ state.url }}`) is not trusted.
-fn trusted_host(template: &str) -> AllowList {
+fn trusted_host(template: &str, env: &crate::engine::Env) -> AllowList {
     let mut allow = AllowList::default();
-    let Ok(expanded) = expand_literal(template.trim(), "url") else {
+    let Ok(expanded) = expand_literal(template.trim(), "url", env) else {
         return allow;
     };
     let Some((scheme, rest)) = expanded.text.split_once("://") else {
@@ -364,7 +404,12 @@ fn trusted_host(template: &str) -> AllowList {
 
 #[cfg(test)]
 mod tests {
-    use super::trusted_host;
+    use super::trusted_host as trusted;
+    use crate::engine::Env;
+
+    fn trusted_host(template: &str) -> AllowList {
+        trusted(template, &Env::default())
+    }
     use crate::net::AllowList;
 
     #[test]

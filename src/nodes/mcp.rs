@@ -22,8 +22,9 @@ use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
 use super::{NodeError, NodeOutput};
-use crate::cassette::{Cassette, ExchangeError};
+use crate::cassette::ExchangeError;
 use crate::compile::mcp::{LockedTool, McpServerPlan};
+use crate::engine::Env;
 use crate::error_class::ErrorClass;
 use crate::providers::Usage;
 use crate::spec::McpServer;
@@ -48,8 +49,14 @@ pub(crate) struct McpClients {
 impl McpClients {
     /// Calls the server's tool `tool` with `args` (an object, checked against the tool's
     /// schema by the caller). A result flagged `isError` is an error whose message is its text.
-    pub(crate) async fn call(&self, server: &McpServerPlan, tool: &str, args: Value) -> Result<NodeOutput, NodeError> {
-        let client = self.client(server).await?;
+    pub(crate) async fn call(
+        &self,
+        env: &Env,
+        server: &McpServerPlan,
+        tool: &str,
+        args: Value,
+    ) -> Result<NodeOutput, NodeError> {
+        let client = self.client(env, server).await?;
         let arguments = match args {
             Value::Object(map) => map,
             _ => serde_json::Map::new(),
@@ -67,7 +74,7 @@ impl McpClients {
     }
 
     /// The server's client, started now when there is none.
-    async fn client(&self, server: &McpServerPlan) -> Result<Arc<Client>, NodeError> {
+    async fn client(&self, env: &Env, server: &McpServerPlan) -> Result<Arc<Client>, NodeError> {
         let cell = {
             // A poisoned lock only means another call panicked while holding the map; the map
             // itself is still whole.
@@ -75,7 +82,7 @@ impl McpClients {
             clients.entry(server.fingerprint.clone()).or_default().clone()
         };
         cell.get_or_try_init(|| async {
-            let client = connect(&server.name, &server.spec, &server.dir).await?;
+            let client = connect(&server.name, &server.spec, &server.dir, env).await?;
             // A server that no longer offers what the lock promised is refused before any
             // call reaches it: the model was offered the locked tools and argument schemas.
             let live = match client.list_all_tools().await {
@@ -98,23 +105,25 @@ impl McpClients {
         .cloned()
     }
 
-    /// [`McpClients::call`], recorded to or replayed from the run's cassette when it has one
+    /// [`McpClients::call`] with the run's `services`: the server started with the run's
+    /// environment, the call recorded to or replayed from the run's cassette when it has one
     /// (an exchange of kind `mcp`: the server's entry and fingerprint, the tool and its
     /// arguments; the result or the failure). Replaying, no server is started.
     pub(crate) async fn call_with(
         &self,
-        cassette: Option<&Cassette>,
+        services: &crate::engine::Services,
         server: &McpServerPlan,
         tool: &str,
         args: Value,
     ) -> Result<NodeOutput, NodeError> {
-        let Some(cassette) = cassette else {
-            return self.call(server, tool, args).await;
+        let env = &services.env;
+        let Some(cassette) = services.cassette.as_deref() else {
+            return self.call(env, server, tool, args).await;
         };
         let request = json!({"server": server.name, "fingerprint": server.fingerprint,
                              "tool": tool, "arguments": args});
         let live = async {
-            Ok::<_, NodeError>(match self.call(server, tool, args.clone()).await {
+            Ok::<_, NodeError>(match self.call(env, server, tool, args.clone()).await {
                 Ok(out) => json!({"output": out.output}),
                 Err(e) => json!({"error": {"class": e.class, "message": e.message}}),
             })
@@ -156,13 +165,15 @@ impl McpClients {
     }
 }
 
-/// Starts or reaches the server `name` and lists its tools, then closes the connection.
+/// Starts or reaches the server `name` (its `${env:…}` read from `env`) and lists its tools,
+/// then closes the connection.
 pub(crate) async fn list_tools(
     name: &str,
     spec: &McpServer,
     dir: &std::path::Path,
+    env: &Env,
 ) -> Result<Vec<LockedTool>, NodeError> {
-    let client = connect(name, spec, dir).await?;
+    let client = connect(name, spec, dir, env).await?;
     let tools = client.list_all_tools().await.map_err(|e| NodeError {
         message: format!("MCP server `{name}`: listing its tools failed: {e}"),
         ..NodeError::new(ErrorClass::Server, String::new())
@@ -204,15 +215,30 @@ fn drift(server: &str, locked: &[LockedTool], live: &[LockedTool]) -> Option<Str
     }
 }
 
-/// The MCP handshake with the server, over the transport its configuration names.
-async fn connect(name: &str, spec: &McpServer, dir: &std::path::Path) -> Result<Client, NodeError> {
+/// The MCP handshake with the server, over the transport its configuration names; the
+/// `${env:…}` of its `env` and `headers` read from `env`.
+async fn connect(name: &str, spec: &McpServer, dir: &std::path::Path, env: &Env) -> Result<Client, NodeError> {
     let limit = spec
         .startup_timeout
         .as_ref()
         .and_then(|d| d.to_std())
         .unwrap_or(STARTUP_TIMEOUT);
-    let failed =
-        |class: ErrorClass, why: String| NodeError::new(class, format!("MCP server `{name}` could not start: {why}"));
+    // A server that fails may have been given a wrong value: name the variables it was given
+    // and where each was set.
+    let vars: Vec<String> = spec
+        .env
+        .values()
+        .chain(spec.headers.values())
+        .map(|v| env.describe_refs(v))
+        .filter(|d| !d.is_empty())
+        .collect();
+    let given = match vars.is_empty() {
+        true => String::new(),
+        false => format!(" (it was given {})", vars.join(", ")),
+    };
+    let failed = |class: ErrorClass, why: String| {
+        NodeError::new(class, format!("MCP server `{name}` could not start: {why}{given}"))
+    };
     match (&spec.command, &spec.url) {
         (Some(command), _) => {
             let (program, rest) = command
@@ -221,7 +247,8 @@ async fn connect(name: &str, spec: &McpServer, dir: &std::path::Path) -> Result<
             let mut cmd = tokio::process::Command::new(program);
             cmd.args(rest).args(&spec.args);
             for (key, value) in &spec.env {
-                let value = crate::spec::interp::expand_process_env(value)
+                let value = env
+                    .expand(value)
                     .map_err(|e| failed(ErrorClass::Invalid, format!("env `{key}`: {e}")))?;
                 cmd.env(key, value);
             }
@@ -269,7 +296,8 @@ async fn connect(name: &str, spec: &McpServer, dir: &std::path::Path) -> Result<
         (None, Some(url)) => {
             let mut headers = HashMap::new();
             for (key, value) in &spec.headers {
-                let value = crate::spec::interp::expand_process_env(value)
+                let value = env
+                    .expand(value)
                     .map_err(|e| failed(ErrorClass::Invalid, format!("header `{key}`: {e}")))?;
                 let name = reqwest::header::HeaderName::from_bytes(key.as_bytes())
                     .map_err(|e| failed(ErrorClass::Invalid, format!("header `{key}`: {e}")))?;

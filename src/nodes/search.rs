@@ -107,6 +107,32 @@ struct Engine {
     base: String,
     key: Option<String>,
     opts: FetchOptions,
+    /// The base URL as written (its `${env:…}` not expanded), and the key's variable: what a
+    /// failure names, with where the values came from.
+    base_spec: String,
+    key_env: Option<String>,
+}
+
+impl Engine {
+    /// `e` naming the variables the engine was set up from, where the engine's answer says
+    /// they may be wrong: a refused key, or a base URL that reaches nothing useful.
+    fn failed(&self, mut e: NodeError, env: &crate::engine::Env) -> NodeError {
+        let named = match e.class {
+            ErrorClass::Auth => self
+                .key_env
+                .as_deref()
+                .map(|name| format!("the key is {}", env.describe(name))),
+            ErrorClass::Network | ErrorClass::BadRequest | ErrorClass::Invalid => {
+                let vars = env.describe_refs(&self.base_spec);
+                (!vars.is_empty()).then(|| format!("the base URL `{}` is from {vars}", self.base))
+            }
+            _ => None,
+        };
+        if let Some(named) = named {
+            e.message = format!("{} ({named})", e.message);
+        }
+        e
+    }
 }
 
 async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailure> {
@@ -128,12 +154,13 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
     let queries: Vec<String> = queries.into_iter().filter(|q| !q.trim().is_empty()).collect();
     let tag = value(ctx, config.tag, "/tag")?.unwrap_or(Value::Null);
     let limit = n.limit.unwrap_or(5) as usize;
-    let engine = engine(n)?;
+    let env = &ctx.services.env;
+    let engine = engine(n, env)?;
     let web = &ctx.services.web;
     let answers = join_all(queries.iter().map(|q| ask(web, &engine, q, limit))).await;
     let mut best: IndexMap<String, Value> = IndexMap::new();
     for (q, answer) in queries.iter().zip(answers) {
-        let hits = answer.map_err(NodeError::from)?;
+        let hits = answer.map_err(|e| engine.failed(NodeError::from(e), env))?;
         for (rank, hit) in hits.into_iter().take(limit).enumerate() {
             if hit.url.is_empty() {
                 continue;
@@ -173,18 +200,27 @@ fn provider_name(p: SearchProvider) -> &'static str {
 
 /// The engine of a node: its base URL (the host of a configured base URL is trusted by the
 /// guard: the workflow's author or the environment chose it) and its key.
-fn engine(n: &SearchNode) -> Result<Engine, NodeError> {
+fn engine(n: &SearchNode, env: &crate::engine::Env) -> Result<Engine, NodeError> {
     let provider = n.provider.unwrap_or(SearchProvider::Searxng);
     let default_base = match provider {
         SearchProvider::Searxng => "${env:SEARXNG_URL:-http://127.0.0.1:8888}",
         SearchProvider::Tavily => "${env:TAVILY_URL:-https://api.tavily.com}",
         SearchProvider::Brave => "${env:BRAVE_SEARCH_URL:-https://api.search.brave.com}",
     };
-    let base = crate::spec::interp::expand_process_env(n.base_url.as_deref().unwrap_or(default_base))
+    let base_spec = n.base_url.as_deref().unwrap_or(default_base);
+    let base = env
+        .expand(base_spec)
         .map_err(|e| NodeError::new(ErrorClass::BadRequest, format!("base_url: {e}")))?;
     let base = base.trim_end_matches('/').to_string();
-    let parsed = url::Url::parse(&base)
-        .map_err(|e| NodeError::new(ErrorClass::BadRequest, format!("base_url `{base}`: {e}")))?;
+    let parsed = url::Url::parse(&base).map_err(|e| {
+        let vars = env.describe_refs(base_spec);
+        let from = if vars.is_empty() {
+            String::new()
+        } else {
+            format!(" (from {vars})")
+        };
+        NodeError::new(ErrorClass::BadRequest, format!("base_url `{base}`{from}: {e}"))
+    })?;
     let mut allow = AllowList::default();
     if let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) {
         allow
@@ -196,8 +232,8 @@ fn engine(n: &SearchNode) -> Result<Engine, NodeError> {
         SearchProvider::Tavily => Some("TAVILY_API_KEY".into()),
         SearchProvider::Brave => Some("BRAVE_API_KEY".into()),
     });
-    let key = match key_env {
-        Some(name) => match std::env::var(&name).ok().filter(|v| !v.is_empty()) {
+    let key = match &key_env {
+        Some(name) => match env.get(name).filter(|v| !v.is_empty()) {
             Some(v) => {
                 crate::secrets::register(&v);
                 Some(v)
@@ -219,6 +255,8 @@ fn engine(n: &SearchNode) -> Result<Engine, NodeError> {
         provider,
         base,
         key,
+        base_spec: base_spec.to_string(),
+        key_env,
         opts: FetchOptions {
             allow,
             timeout: Duration::from_secs(30),

@@ -536,9 +536,7 @@ async fn run_tool(
     args: Value,
 ) -> Result<NodeOutput, NodeFailure> {
     match &tool.run {
-        ToolRun::Mcp { server, tool: name } => Ok(mcp
-            .call_with(ctx.services.cassette.as_deref(), server, name, args)
-            .await?),
+        ToolRun::Mcp { server, tool: name } => Ok(mcp.call_with(ctx.services, server, name, args).await?),
         ToolRun::Node(node) => ctx.run_nested(node, vec![("args".into(), to_jinja(&args))]).await,
         ToolRun::Workflow(child) => {
             // One child thread per call, so parallel calls of one tool do not share a thread.

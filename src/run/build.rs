@@ -39,12 +39,12 @@ impl RunSettings {
     /// The checkpointer alone, for a caller that looks at the thread before it has a plan
     /// (`resume` reads the workflow's path from the thread).
     pub fn open_store(&self) -> Result<Arc<dyn Checkpointer>, RunError> {
-        self.checkpoints.value.open(self.durability)
+        self.checkpoints.open(self.durability)
     }
 
     /// The read-only checkpointer, for looking at threads.
     pub fn open_store_read_only(&self) -> Result<Arc<dyn Checkpointer>, RunError> {
-        self.checkpoints.value.open_read_only()
+        self.checkpoints.open_read_only()
     }
 
     /// The providers (a mock, a cassette and `--model` overrides applied), the cassette, the
@@ -97,11 +97,15 @@ impl RunSettings {
             }
         }
         .traced();
-        // A key read from a variable with any name is a secret like the conventional ones.
+        // A key read from a variable with any name is a secret like the conventional ones, and
+        // so are the credentials a project's `.env` holds (the process's are known already).
         for profile in models.values() {
             if let Some(key) = profile.api_key_env.as_deref().and_then(|name| self.env.get(name)) {
                 crate::secrets::register(&key);
             }
+        }
+        for key in self.env.credentials() {
+            crate::secrets::register(&key);
         }
         let web = crate::net::Web::new(crate::net::WebConfig {
             allow: self.allow_net.clone(),
@@ -114,6 +118,7 @@ impl RunSettings {
             cassette,
             data: self.data_store()?,
             read_roots: self.read_roots.clone(),
+            env: self.env.clone(),
         })
     }
 }
@@ -261,6 +266,18 @@ impl Overrides {
         }
     }
 
+    /// A run's overrides of `workflow_config` (the workflow's `config`): these settings'
+    /// (`runner serve --set`) whose path the workflow has, then the run's own (`per_run`, a
+    /// served run's `config.configurable`), which win.
+    pub fn run_config(&self, workflow_config: &Value, per_run: Vec<(String, Value)>) -> Vec<(String, Value)> {
+        self.config
+            .iter()
+            .filter(|(path, _)| config_has(workflow_config, path))
+            .cloned()
+            .chain(per_run)
+            .collect()
+    }
+
     fn request(&self) -> RunRequest {
         RunRequest {
             lease: self.lease.clone(),
@@ -270,4 +287,9 @@ impl Overrides {
             ..RunRequest::default()
         }
     }
+}
+
+/// Whether `config` (a workflow's `config`) has the dotted `path`.
+pub fn config_has(config: &Value, path: &str) -> bool {
+    path.split('.').try_fold(config, |v, key| v.get(key)).is_some()
 }

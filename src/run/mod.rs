@@ -21,7 +21,7 @@ mod store;
 
 use std::path::PathBuf;
 
-pub use build::{Run, Start};
+pub use build::{Run, Start, config_has};
 pub use env::Env;
 pub use options::{CassetteOption, DbOption, MockOption, RunOptions};
 pub use project::{Project, ProjectError};
@@ -40,9 +40,11 @@ pub enum RunError {
     /// Options that exclude each other.
     #[error("{0}")]
     Conflict(&'static str),
-    #[error("cannot open the checkpoint database {}", path.display())]
+    /// The checkpoint database at `path` (set by `source_of`) cannot be opened.
+    #[error("cannot open the checkpoint database {}{}", path.display(), from(source_of))]
     Store {
         path: PathBuf,
+        source_of: Box<Source>,
         #[source]
         error: crate::checkpoint::CheckpointError,
     },
@@ -58,6 +60,14 @@ pub enum RunError {
     Cassette(#[from] crate::cassette::CassetteError),
     #[error(transparent)]
     Providers(#[from] crate::providers::SetupError),
+}
+
+/// " (from RUNNER_DB)": where a value was set, unless nobody did.
+fn from(source: &Source) -> String {
+    match source {
+        Source::Default => String::new(),
+        source => format!(" (from {source})"),
+    }
 }
 
 #[cfg(test)]

@@ -83,6 +83,9 @@ pub struct RunOptions {
     pub persist: Option<Persist>,
     /// Continue a thread whose workflow changed incompatibly.
     pub force: Option<bool>,
+    /// `path=value` overrides of the config of every run made with these options (a server's
+    /// `--set`), under each run's own; a path applies to the workflows whose config has it.
+    pub config: Vec<(String, Value)>,
     /// The node kinds the run knows (default: the built-in ones). A library caller adds its
     /// own kinds here.
     pub kinds: Option<Kinds>,

@@ -22,12 +22,13 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use indexmap::IndexMap;
 use serde::Deserialize;
 
-use super::Env;
 use super::env::{ALLOW_NET, ALLOW_READ, DATA_DB, DB, LEASE_TTL, STORE_INDEX, STORE_INDEX_FIELDS};
+use super::env::{Env, Origin};
 
 /// The project file's name.
 pub(super) const FILE_NAME: &str = "runner.toml";
@@ -60,8 +61,9 @@ pub struct Project {
     pub env_file: Option<PathBuf>,
     /// `PROFILE=SPEC` model overrides, applied to the workflows that have the profile.
     pub models: Vec<String>,
-    /// Variables to add where the process leaves them unset, `.env`'s before the file's.
-    vars: Vec<(String, OsString)>,
+    /// Variables to add where the process leaves them unset, `.env`'s before the file's, each
+    /// with the file (and key) it came from.
+    vars: Vec<(String, OsString, Origin)>,
 }
 
 /// Why the project's defaults could not be read.
@@ -99,15 +101,21 @@ impl Project {
         let env_file = base.join(parsed.env_file.as_deref().unwrap_or(Path::new(".env")));
         project.read_env_file(&env_file, named_env)?;
         let path = |p: &Path| OsString::from(base.join(p));
+        let toml: Arc<Path> = Arc::from(file.as_path());
+        let from = |key: &'static str| Origin::Project {
+            file: toml.clone(),
+            key,
+        };
         if let Some(db) = &parsed.db {
-            // `:memory:` and `sqlite://…` are not paths to resolve.
+            // `:memory:` and URLs (`sqlite://…`, or one the run builder refuses) are not paths
+            // to resolve: joined to the file's directory, `pg://h/db` would become a file.
             let spelled = db.to_string_lossy();
-            let value = if spelled == ":memory:" || spelled.starts_with("sqlite://") {
+            let value = if spelled == ":memory:" || spelled.contains("://") {
                 db.clone().into_os_string()
             } else {
                 path(db)
             };
-            project.vars.push((DB.to_string(), value));
+            project.vars.push((DB.to_string(), value, from("db")));
         }
         if let Some(db) = &parsed.data_db {
             let value = if db.to_string_lossy() == ":memory:" {
@@ -115,21 +123,26 @@ impl Project {
             } else {
                 path(db)
             };
-            project.vars.push((DATA_DB.to_string(), value));
+            project.vars.push((DATA_DB.to_string(), value, from("data_db")));
         }
         if let Some(spec) = &parsed.store_index {
-            project.vars.push((STORE_INDEX.to_string(), spec.into()));
+            project
+                .vars
+                .push((STORE_INDEX.to_string(), spec.into(), from("store_index")));
         }
         if !parsed.store_index_fields.is_empty() {
             project.vars.push((
                 STORE_INDEX_FIELDS.to_string(),
                 parsed.store_index_fields.join(",").into(),
+                from("store_index_fields"),
             ));
         }
         if !parsed.allow_net.is_empty() {
-            project
-                .vars
-                .push((ALLOW_NET.to_string(), parsed.allow_net.join(",").into()));
+            project.vars.push((
+                ALLOW_NET.to_string(),
+                parsed.allow_net.join(",").into(),
+                from("allow_net"),
+            ));
         }
         if !parsed.allow_read.is_empty() {
             let dirs =
@@ -137,10 +150,12 @@ impl Project {
                     path: file.clone(),
                     message: format!("allow_read: {e}"),
                 })?;
-            project.vars.push((ALLOW_READ.to_string(), dirs));
+            project.vars.push((ALLOW_READ.to_string(), dirs, from("allow_read")));
         }
         if let Some(ttl) = parsed.lease_ttl {
-            project.vars.push((LEASE_TTL.to_string(), ttl.to_string().into()));
+            project
+                .vars
+                .push((LEASE_TTL.to_string(), ttl.to_string().into(), from("lease_ttl")));
         }
         project.models = parsed
             .models
@@ -167,9 +182,10 @@ impl Project {
             path: path.to_path_buf(),
             message: e.to_string(),
         };
+        let file: Arc<Path> = Arc::from(path);
         for item in dotenvy::from_path_iter(path).map_err(error)? {
             let (key, value) = item.map_err(error)?;
-            self.vars.push((key, value.into()));
+            self.vars.push((key, value.into(), Origin::EnvFile(file.clone())));
         }
         self.env_file = Some(path.to_path_buf());
         Ok(())
@@ -177,8 +193,8 @@ impl Project {
 
     /// `env` with this project's variables added where it leaves them unset.
     pub fn fill(&self, mut env: Env) -> Env {
-        for (name, value) in &self.vars {
-            env.set_default(name, value.clone());
+        for (name, value, origin) in &self.vars {
+            env.set_default(name, value.clone(), origin.clone());
         }
         env
     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::RunError;
-use super::env::{self, Env};
+use super::env::{self, Env, Origin};
 use super::options::{CassetteOption, DbOption, MockOption, RunOptions};
 use super::store::Checkpoints;
 use crate::checkpoint::Durability;
@@ -14,21 +14,31 @@ use crate::engine::{DEFAULT_LEASE_TTL, LeasePolicy, Persist};
 use crate::net::AllowList;
 use crate::nodes::ReadRoots;
 
-/// Where a setting's value came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a setting's value came from: flags over the environment over a project's `.env`
+/// over its `runner.toml` over the defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     /// Said by the caller: the option, named as its flag (`--db`).
     Given(&'static str),
-    /// Read from this environment variable.
-    Env(&'static str),
+    /// Read from this environment variable, set where the [`Origin`] says (the process, a
+    /// `.env` file, a key of `runner.toml`).
+    Env(&'static str, Origin),
     /// Nobody said: the default.
     Default,
+}
+
+impl Source {
+    /// The variable `name` of `env`, as a source.
+    pub fn var(env: &Env, name: &'static str) -> Source {
+        Source::Env(name, env.origin(name).cloned().unwrap_or(Origin::Process))
+    }
 }
 
 impl std::fmt::Display for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Source::Given(name) | Source::Env(name) => f.write_str(name),
+            Source::Given(name) => f.write_str(name),
+            Source::Env(name, origin) => f.write_str(&origin.describe(name)),
             Source::Default => f.write_str("the default"),
         }
     }
@@ -51,6 +61,9 @@ pub struct Overrides {
     pub persist: Persist,
     /// Continue a thread whose workflow changed incompatibly.
     pub force: bool,
+    /// `path=value` overrides of the config of every run (`runner serve --set`), each for
+    /// the workflows whose config has its path; a run's own overrides win over them.
+    pub config: Vec<(String, serde_json::Value)>,
 }
 
 /// A run's settings, every one decided. Built by [`RunOptions::resolve`]; builds the run's
@@ -78,8 +91,9 @@ pub struct RunSettings {
     pub read_roots: ReadRoots,
     pub lease_ttl: Setting<Duration>,
     pub overrides: Overrides,
-    /// Where API keys, `${env:…}` in model profiles and the secrets a cassette scrubs are read.
-    pub env: Env,
+    /// Where API keys, `${env:…}` in model profiles and nodes, and the secrets a cassette
+    /// scrubs are read; the nodes of every run built from these settings share it.
+    pub env: std::sync::Arc<Env>,
     /// The node kinds the run knows.
     pub kinds: Kinds,
 }
@@ -134,9 +148,10 @@ impl RunOptions {
                 recursion_limit: self.recursion_limit,
                 persist: self.persist.unwrap_or_default(),
                 force: self.force.unwrap_or(false),
+                config: self.config,
             },
             lease_ttl,
-            env: env.clone(),
+            env: std::sync::Arc::new(env.clone()),
         })
     }
 }
@@ -148,7 +163,7 @@ fn store_index(flag: Option<String>, fields: Vec<String>, env: &Env) -> Result<O
     let (spec, source) = match flag {
         Some(spec) => (spec, Source::Given("--store-index")),
         None => match env.get(env::STORE_INDEX).filter(|v| !v.trim().is_empty()) {
-            Some(spec) => (spec, Source::Env(env::STORE_INDEX)),
+            Some(spec) => (spec, Source::var(env, env::STORE_INDEX)),
             None if fields.is_empty() => return Ok(None),
             None => {
                 return Err(RunError::Invalid {
@@ -165,13 +180,13 @@ fn store_index(flag: Option<String>, fields: Vec<String>, env: &Env) -> Result<O
     if spec != OFFLINE_EMBEDDER {
         let profile = crate::providers::override_profile(&crate::spec::ModelProfile::unset(), &spec).map_err(|m| {
             RunError::Invalid {
-                source_of: source,
+                source_of: source.clone(),
                 message: format!("{m}; or `{OFFLINE_EMBEDDER}` for the offline embedder"),
             }
         })?;
         if profile.provider != crate::spec::Provider::Openai {
             return Err(RunError::Invalid {
-                source_of: source,
+                source_of: source.clone(),
                 message: format!(
                     "`{spec}` serves no embeddings: name an OpenAI-compatible embedding model (openai, ollama, llamacpp, vllm, lmstudio) or `{OFFLINE_EMBEDDER}`"
                 ),
@@ -210,7 +225,7 @@ impl RunSettings {
             std::sync::Arc::new(crate::rag::embed::HashedEmbedder)
         } else {
             let invalid = |message: String| RunError::Invalid {
-                source_of: index.source,
+                source_of: index.source.clone(),
                 message,
             };
             let profile =
@@ -270,7 +285,7 @@ pub fn cache_dir(env: &Env) -> Option<PathBuf> {
 fn checkpoints(flag: Option<PathBuf>, env: &Env) -> Result<Setting<Checkpoints>, RunError> {
     let at = db_path(flag, env);
     Ok(Setting {
-        value: Checkpoints::parse(&at.value).map_err(|message| invalid(at.source, message))?,
+        value: Checkpoints::parse(&at.value).map_err(|message| invalid(at.source.clone(), message))?,
         source: at.source,
     })
 }
@@ -289,7 +304,7 @@ fn path_setting(
         },
         (None, Some(value)) => Setting {
             value: PathBuf::from(value),
-            source: Source::Env(var),
+            source: Source::var(env, var),
         },
         (None, None) => Setting {
             value: PathBuf::from(default),
@@ -311,12 +326,12 @@ fn lease_ttl(given: Option<f64>, env: &Env) -> Result<Setting<Duration>, RunErro
     let (secs, source) = match (given, env.get_os(env::LEASE_TTL)) {
         (Some(secs), _) => (secs, Source::Given("--lease-ttl")),
         (None, Some(text)) => {
-            let source = Source::Env(env::LEASE_TTL);
+            let source = Source::var(env, env::LEASE_TTL);
             let text = text.to_string_lossy();
             let secs = text
                 .trim()
                 .parse()
-                .map_err(|_| invalid(source, format!("`{text}` is not a number of seconds")))?;
+                .map_err(|_| invalid(source.clone(), format!("`{text}` is not a number of seconds")))?;
             (secs, source)
         }
         (None, None) => {
@@ -328,7 +343,7 @@ fn lease_ttl(given: Option<f64>, env: &Env) -> Result<Setting<Duration>, RunErro
     };
     if !(secs > 0.0 && secs <= 86_400.0) {
         return Err(invalid(
-            source,
+            source.clone(),
             format!("the lease time to live must be more than 0 and at most 86400 seconds, not {secs}"),
         ));
     }
@@ -348,7 +363,7 @@ fn allow_net(given: &[String], env: &Env) -> Result<AllowList, RunError> {
         list.add(e).map_err(|m| invalid(Source::Given("--allow-net"), m))?;
     }
     for e in env_entries {
-        list.add(e).map_err(|m| invalid(Source::Env(env::ALLOW_NET), m))?;
+        list.add(e).map_err(|m| invalid(Source::var(env, env::ALLOW_NET), m))?;
     }
     Ok(list)
 }
@@ -360,6 +375,6 @@ fn read_roots(given: &[PathBuf], env: &Env) -> Result<ReadRoots, RunError> {
         .map(|v| std::env::split_paths(v).filter(|p| !p.as_os_str().is_empty()).collect())
         .unwrap_or_default();
     ReadRoots::new(given).map_err(|m| invalid(Source::Given("--allow-read"), m))?;
-    ReadRoots::new(&env_dirs).map_err(|m| invalid(Source::Env(env::ALLOW_READ), m))?;
+    ReadRoots::new(&env_dirs).map_err(|m| invalid(Source::var(env, env::ALLOW_READ), m))?;
     ReadRoots::new(given.iter().chain(&env_dirs)).map_err(|m| invalid(Source::Given("--allow-read"), m))
 }

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::RunError;
+use super::settings::{Setting, Source};
 use crate::checkpoint::memory::MemoryCheckpointer;
 use crate::checkpoint::sqlite::SqliteCheckpointer;
 use crate::checkpoint::{Checkpointer, Durability};
@@ -71,6 +72,7 @@ impl Checkpoints {
             Checkpoints::Sqlite(path) => {
                 let store = SqliteCheckpointer::open(path, durability).map_err(|e| RunError::Store {
                     path: path.clone(),
+                    source_of: Box::new(Source::Default),
                     error: e,
                 })?;
                 Ok(Arc::new(store))
@@ -89,10 +91,34 @@ impl Checkpoints {
             Checkpoints::Sqlite(path) => {
                 let store = SqliteCheckpointer::open_read_only(path).map_err(|e| RunError::Store {
                     path: path.clone(),
+                    source_of: Box::new(Source::Default),
                     error: e,
                 })?;
                 Ok(Arc::new(store))
             }
+        }
+    }
+}
+
+impl Setting<Checkpoints> {
+    /// [`Checkpoints::open`], an error naming where the database was set.
+    pub fn open(&self, durability: Durability) -> Result<Arc<dyn Checkpointer>, RunError> {
+        self.value.open(durability).map_err(|e| self.named(e))
+    }
+
+    /// [`Checkpoints::open_read_only`], an error naming where the database was set.
+    pub fn open_read_only(&self) -> Result<Arc<dyn Checkpointer>, RunError> {
+        self.value.open_read_only().map_err(|e| self.named(e))
+    }
+
+    fn named(&self, e: RunError) -> RunError {
+        match e {
+            RunError::Store { path, error, .. } => RunError::Store {
+                path,
+                source_of: Box::new(self.source.clone()),
+                error,
+            },
+            other => other,
         }
     }
 }

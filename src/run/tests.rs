@@ -7,6 +7,7 @@ use super::*;
 use crate::engine::{DEFAULT_LEASE_TTL, LeasePolicy, Persist};
 use crate::net::AllowList;
 use crate::nodes::ReadRoots;
+use crate::run::env::Origin;
 
 fn resolve(options: RunOptions, env: &[(&str, &str)]) -> Result<RunSettings, String> {
     options
@@ -71,12 +72,12 @@ fn the_environment_fills_what_the_options_leave_out() {
         s.checkpoints,
         Setting {
             value: Checkpoints::Memory,
-            source: Source::Env("RUNNER_DB")
+            source: Source::Env("RUNNER_DB", Origin::Process)
         }
     );
     assert_eq!(s.data_db.value, PathBuf::from("/tmp/data.db"));
-    assert_eq!(s.data_db.source, Source::Env("RUNNER_DATA_DB"));
-    assert_eq!(s.lease_ttl.source, Source::Env("RUNNER_LEASE_TTL"));
+    assert_eq!(s.data_db.source, Source::Env("RUNNER_DATA_DB", Origin::Process));
+    assert_eq!(s.lease_ttl.source, Source::Env("RUNNER_LEASE_TTL", Origin::Process));
     assert_eq!(lease_of(&s).0, Duration::from_millis(2500));
     assert_eq!(s.allow_net, AllowList::parse(["10.0.0.0/8", "127.0.0.1"]).unwrap());
     assert_eq!(s.read_roots, ReadRoots::new([dir.path()]).unwrap());
@@ -443,7 +444,7 @@ fn the_store_index_is_read_from_its_flag_or_its_variables() {
         ],
     );
     let index = s.store_index.clone().unwrap();
-    assert_eq!(index.source, Source::Env("RUNNER_STORE_INDEX"));
+    assert_eq!(index.source, Source::Env("RUNNER_STORE_INDEX", Origin::Process));
     assert_eq!(index.value.fields, ["text", "notes[*].body"]);
     let store = s.data_store().unwrap();
     let built = store.memory_index().unwrap();

@@ -682,7 +682,7 @@ pub(super) async fn start_run(
     // New input on a thread that waits (at a gate) starts the new turn: LangGraph's server
     // drops what waited.
     request.discard_pending = true;
-    request.run_config = run_config;
+    request.run_config = overrides.run_config(graph.plan.config(), run_config);
     request.run_context = run_context;
     if let Some(limit) = req
         .config

@@ -79,11 +79,6 @@ pub fn resolve(r: &EnvRef<'_>, lookup: impl Fn(&str) -> Option<String>) -> Resul
     }
 }
 
-/// [`expand_env`] over the process environment.
-pub fn expand_process_env(text: &str) -> Result<String, String> {
-    expand_env(text, |name| std::env::var(name).ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::expand_env;
