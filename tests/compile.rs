@@ -554,3 +554,37 @@ edges: [START -> say -> END]
         &["E411@9"],
     );
 }
+
+/// A name read through a slice is checked like any other, in every field that holds an
+/// expression: `history.from`, a `tools` node's `from`, an agent's `messages`, a fan-out's
+/// `foreach`, conditions, writes, an `emit`'s data and a tool's `run`.
+#[test]
+fn names_read_through_slices_are_checked_in_every_expression_field() {
+    let w = wf(r#"
+state:
+  messages: {type: array, reducer: add_messages, default: []}
+  items: {type: array, reducer: append, default: []}
+tools:
+  look:
+    description: Look things up.
+    run: {kind: search, queries: "state.itme[:2]"}
+nodes:
+  chat: {kind: llm, history: {from: "state.message[:-1]"}, tools: [look], update: {messages: "[output]"}}
+  act: {kind: tools, from: "state.mesages[-1:]", update: {messages: output}}
+  agent: {kind: agent, messages: "state.messges[-4:]", tools: [look], update: {messages: output.messages}}
+  each: {kind: emit, event: item, data: "item[:1]"}
+  tell: {kind: emit, event: done, data: {first: "state.itmes[:1]"}}
+edges:
+  - START -> chat -> act -> agent
+  - {from: agent, send: {to: each, foreach: "state.tems[:3]", as: item}}
+  - {from: agent, route: [{when: "state.mesages[:1] | length > 0", to: tell}, {to: END}]}
+  - each -> END
+  - tell -> END
+"#);
+    check(
+        &[("main.yaml", &w)],
+        &[
+            "E302@10", "E302@12", "E302@13", "E302@14", "E302@16", "E302@19", "E302@20",
+        ],
+    );
+}

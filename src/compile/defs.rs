@@ -274,11 +274,7 @@ pub(super) fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec
         if Arc::ptr_eq(&d.src, src)
             && let Err(e) = exprs.expr(&d.value)
         {
-            diags.push(d.src.diag(
-                Code::ExprSyntax,
-                &d.pointer,
-                format!("the expression does not parse: {e}"),
-            ));
+            diags.push(super::nodes::syntax_error(&d.src, &d.pointer, &d.value, &e));
         }
     }
     for (name, k) in &defs.kinds {

@@ -22,6 +22,7 @@ pub(crate) mod meta;
 mod nodes;
 pub mod picture;
 pub mod plan;
+mod reads;
 pub(crate) mod schemas;
 pub mod source;
 mod tools;

@@ -41,6 +41,28 @@ impl Source {
             .at(self.path(), self.doc.spans.key(pointer))
             .pointer(pointer)
     }
+
+    /// Narrows `d`, reported at the string value at `pointer` (the expression or inline
+    /// template `text`), to bytes `range` of it: where they stand in the file, whatever the
+    /// scalar's style (quoted, a literal or folded block). Left as it is when the value there
+    /// is not `text` (a default the node does not write), or its place cannot be found.
+    pub(crate) fn narrow(&self, d: &mut Diagnostic, pointer: &str, text: &str, range: std::ops::Range<usize>) {
+        if d.file.as_deref() != Some(&**self.path()) {
+            return;
+        }
+        let Some(value) = self.doc.value.pointer(pointer).and_then(Value::as_str) else {
+            return;
+        };
+        if value != text {
+            return;
+        }
+        let Some(span) = self.doc.spans.exact(pointer) else {
+            return;
+        };
+        if let Some(at) = crate::spec::scalar::locate(&self.doc.file.text, span, value, range) {
+            d.span = Some(at);
+        }
+    }
 }
 
 fn validator() -> &'static jsonschema::Validator {
