@@ -588,3 +588,45 @@ edges:
         ],
     );
 }
+
+/// Every duration is checked where it is written, as E309: in a tool's `run` node (whose kind
+/// no node of the workflow has), on the tool, in a model profile, in a kind's defaults whether
+/// or not a node uses the kind (in an imported file too), and never twice.
+#[test]
+fn durations_are_checked_wherever_they_are_written() {
+    let lib = r#"
+name: lib
+kinds:
+  patient: {extends: llm, with: {timeout: forever}}
+"#;
+    let w = r#"name: t
+imports: [lib.yaml]
+models:
+  default: {provider: mock, model: m}
+  slow: {provider: mock, model: m, idle_timeout: two minutes}
+state: {messages: {type: array, reducer: add_messages, default: []}}
+tools:
+  fetch_page:
+    description: Fetch a page.
+    run:
+      kind: http
+      url: "{{ args.url }}"
+      retry: {max_attempts: 3, initial_interval: one second}
+    timeout: ten s
+kinds:
+  slow_llm: {extends: llm, with: {retry: {max_interval: 2 minutes}}}
+  unused: {extends: http, with: {timeout: 3 weeks}}
+nodes:
+  ask: {kind: slow_llm, prompt: {text: hi}, tools: [fetch_page], update: {messages: "[output]"}}
+  again: {kind: slow_llm, prompt: {text: hi}, update: {messages: "[output]"}}
+  wait: {kind: patient, prompt: {text: hi}, update: {messages: "[output]"}}
+  act: {kind: tools, update: {messages: output}}
+edges:
+  - START -> ask -> act -> again -> wait -> END
+"#;
+    check(
+        &[("main.yaml", w), ("lib.yaml", lib)],
+        // The library's kind (line 4 of lib.yaml), then main.yaml's lines.
+        &["E309@4", "E309@5", "E309@13", "E309@14", "E309@16", "E309@17"],
+    );
+}

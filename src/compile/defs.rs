@@ -284,4 +284,5 @@ pub(super) fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec
             diags.push(d);
         }
     }
+    super::kinds::check_defaults(c, src, &defs, diags);
 }

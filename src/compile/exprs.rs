@@ -121,10 +121,7 @@ impl Exprs {
     fn names(&self, text: &str, in_expr: bool, reads: Vec<super::reads::Read>) -> Names {
         let (called, unknown) = scan_calls(&self.env, text, in_expr);
         // A called function is checked as a function, not as a variable.
-        let reads: Vec<super::reads::Read> = reads
-            .into_iter()
-            .filter(|r| !called.contains(&r.name))
-            .collect();
+        let reads: Vec<super::reads::Read> = reads.into_iter().filter(|r| !called.contains(&r.name)).collect();
         let mut vars: Vec<String> = reads.iter().map(|r| r.name.clone()).collect();
         vars.sort();
         Names {

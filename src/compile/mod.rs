@@ -197,6 +197,7 @@ impl Compiler {
         let wf = src.workflow.as_ref()?;
         let mut diags = Vec::new();
         let defs = defs::collect(self, &src, wf, &mut diags);
+        kinds::check_defaults(self, &src, &defs, &mut diags);
         let mut build = nodes::Build::new(self, &src, wf, &defs, &mut diags);
         let plan = build.run();
         // Schema errors were reported when the file was loaded; they bar a plan as much as any.

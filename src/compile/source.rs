@@ -112,17 +112,23 @@ fn validator_for(doc: &Value) -> &'static jsonschema::Validator {
     }
 }
 
-/// The built-in kinds `doc`'s nodes use, or `None` when a node is not a mapping.
+/// The built-in kinds `doc`'s nodes use, its tools' `run` nodes included, or `None` when
+/// one of them is not a mapping.
 fn node_kinds(doc: &Value) -> Option<BTreeSet<String>> {
-    let Some(nodes) = doc.get("nodes") else {
-        return Some(BTreeSet::new());
-    };
-    // Not a mapping: the schema reports it and never looks at a node.
-    let Some(nodes) = nodes.as_object() else {
-        return Some(BTreeSet::new());
-    };
+    // A section that is not a mapping is reported by the schema, which never looks inside.
+    let nodes = doc
+        .get("nodes")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|n| n.values());
+    let runs = doc
+        .get("tools")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|t| t.values())
+        .filter_map(|tool| tool.as_object()?.get("run"));
     let mut kinds = BTreeSet::new();
-    for node in nodes.values() {
+    for node in nodes.chain(runs) {
         let kind = node.as_object()?.get("kind").and_then(Value::as_str);
         if let Some(kind) = kind.filter(|k| schema_lists_kind(k)) {
             kinds.insert(kind.to_string());
@@ -361,6 +367,18 @@ pub fn schema_errors(
     }
 }
 
+/// The diagnostic for one schema error, the value it is about being at `pointer` of `doc`
+/// (`pointer` ends with the error's instance path: what is before it is where the validated
+/// value stands).
+pub(super) fn schema_error(
+    error: &jsonschema::ValidationError,
+    pointer: &str,
+    doc: &Document,
+    schema: &Value,
+) -> Diagnostic {
+    describe(error, pointer, doc, schema)
+}
+
 fn describe(error: &jsonschema::ValidationError, pointer: &str, doc: &Document, schema: &Value) -> Diagnostic {
     let path = &doc.file.path;
     let spans = &doc.spans;
@@ -575,7 +593,14 @@ fn resolve_path<'a>(schema: &'a Value, path: &str) -> Option<&'a Value> {
 }
 
 /// Fields whose value is a duration.
-const DURATION_FIELDS: &[&str] = &["timeout", "initial_interval", "max_interval", "ttl"];
+const DURATION_FIELDS: &[&str] = &[
+    "timeout",
+    "initial_interval",
+    "max_interval",
+    "ttl",
+    "idle_timeout",
+    "startup_timeout",
+];
 
 /// How a value is named in messages: its key, or `list[i]` for an element.
 fn field_name(pointer: &str) -> String {
@@ -703,6 +728,10 @@ mod tests {
             }}),
             serde_json::json!({"name": "w", "nodes": []}),
             serde_json::json!({"name": "w"}),
+            // A tool's `run` node of a kind no node has, with a bad duration and field.
+            serde_json::json!({"name": "w", "nodes": {"a": {"kind": "tools"}}, "tools": {
+                "t": {"description": "d", "run": {"kind": "http", "url": "x", "retry": {"initial_interval": "one second"}, "nope": 1}},
+            }}),
         ];
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut dirs = vec![
@@ -751,5 +780,10 @@ mod tests {
         // The first documents the tests report are wrong in the nodes trimming keeps.
         assert!(errors(whole, &docs[0]).iter().any(|(p, _, _)| p == "/nodes/a/update"));
         assert!(errors(whole, &docs[0]).iter().any(|(p, _, _)| p == "/nodes/b/model"));
+        assert!(
+            errors(whole, &docs[3])
+                .iter()
+                .any(|(p, _, _)| p == "/tools/t/run/retry/initial_interval")
+        );
     }
 }
