@@ -8,6 +8,18 @@ use runner::compile::{Compiler, compile_file};
 /// Writes `files` into a temp project (with a prompts/ dir) and validates `main.yaml`.
 /// Returns `CODE@line` for every diagnostic.
 fn diagnostics(files: &[(&str, &str)]) -> Vec<String> {
+    compiled(files)
+        .iter()
+        .map(|d| format!("{}@{}", d.code, d.span.map_or(0, |s| s.start.line)))
+        .collect()
+}
+
+/// Every diagnostic's message, one a line.
+fn diagnostics_full(files: &[(&str, &str)]) -> String {
+    compiled(files).iter().map(|d| format!("{}\n", d.message)).collect()
+}
+
+fn compiled(files: &[(&str, &str)]) -> Vec<runner::diag::Diagnostic> {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("prompts")).unwrap();
     for (name, text) in files {
@@ -17,11 +29,7 @@ fn diagnostics(files: &[(&str, &str)]) -> Vec<String> {
     }
     let mut c = Compiler::new(runner::nodes::builtin().decls());
     c.check(&dir.path().join("main.yaml"));
-    c.finish()
-        .diagnostics
-        .iter()
-        .map(|d| format!("{}@{}", d.code, d.span.map_or(0, |s| s.start.line)))
-        .collect()
+    c.finish().diagnostics
 }
 
 #[track_caller]
@@ -629,4 +637,52 @@ edges:
         // The library's kind (line 4 of lib.yaml), then main.yaml's lines.
         &["E309@4", "E309@5", "E309@13", "E309@14", "E309@16", "E309@17"],
     );
+}
+
+/// A loop's exit flag written only outside the loop, by a node that runs once before it or
+/// only after it, cannot end the loop (E403); written by a node that may run while the loop
+/// does (a parallel branch) or inside the loop, it can.
+#[test]
+fn a_loop_exit_written_only_outside_the_loop_is_no_exit() {
+    let body = |extra_nodes: &str, extra_edges: &str| {
+        wf(&format!(
+            r#"state:
+  draft: {{type: string, default: ""}}
+  approved: {{type: boolean, default: false}}
+nodes:
+  init: {{kind: set, update: {{approved: "false"}}}}
+  write: {{kind: set, update: {{draft: "state.draft ~ 'x'"}}}}
+  review: {{kind: set}}
+  done: {{kind: set, update: {{approved: "true"}}}}
+{extra_nodes}edges:
+  - START -> init -> write -> review
+  - done -> END
+  - from: review
+    route: [{{when: "state.approved", to: done}}, {{to: write}}]
+{extra_edges}"#
+        ))
+    };
+    // `init` before the loop and `done` after it: the route on line 15 never changes.
+    check(&[("main.yaml", &body("", ""))], &["E403@15"]);
+    let msg = diagnostics_full(&[("main.yaml", &body("", ""))]);
+    assert!(
+        msg.contains("(only `init` before it is entered, and `done` after it has ended)"),
+        "{msg}"
+    );
+    // A parallel branch may write it while the loop runs.
+    let side = body(
+        "  side: {kind: set, update: {approved: \"true\"}}\n",
+        "  - START -> side\n  - side -> END\n",
+    )
+    .replace("init: {kind: set, update: {approved: \"false\"}}", "init: {kind: set}");
+    check(&[("main.yaml", &side)], &[]);
+    // A node of the loop may write it.
+    let inside = body("", "").replace(
+        "review: {kind: set}",
+        "review: {kind: set, update: {approved: \"true\"}}",
+    );
+    check(&[("main.yaml", &inside)], &[]);
+    // A writer that runs before the loop but not on every way into it may run again.
+    let cyclic = body("", "").replace("START -> init -> write", "START -> init -> write\n  - init -> init");
+    assert!(!diagnostics(&[("main.yaml", &cyclic)]).contains(&"E403@15".to_string()));
 }

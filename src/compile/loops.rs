@@ -4,6 +4,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
+use indexmap::IndexMap;
 use petgraph::Direction;
 use petgraph::visit::EdgeRef;
 
@@ -75,17 +76,46 @@ pub(super) fn dead_joins(b: &mut Build) -> bool {
     found
 }
 
-/// E403: a loop whose only ways out are route conditions that read nothing the loop (or any
-/// node) can change: state keys no node writes, input, config, context.
+/// Nodes reachable from START without passing through any of `avoid`.
+fn reach_avoiding_all(b: &Build, avoid: &HashSet<NodeIx>) -> HashSet<NodeIx> {
+    let mut seen = HashSet::from([b.start]);
+    let mut queue = VecDeque::from([b.start]);
+    while let Some(n) = queue.pop_front() {
+        for e in b.graph.edges_directed(n, Direction::Outgoing) {
+            let next = e.target();
+            if !avoid.contains(&next) && seen.insert(next) {
+                queue.push_back(next);
+            }
+        }
+    }
+    seen
+}
+
+/// E403: a loop whose only ways out are route conditions that read nothing the loop can
+/// change: state keys that no node writes, or that only nodes which cannot run while the loop
+/// does write (a node that runs once before the loop is entered, or one reached only through
+/// the loop's exits); input, config, context.
 pub(super) fn constant_exits(b: &mut Build) {
-    let written: HashSet<String> = b
-        .drafts
-        .values()
-        .flat_map(|d| d.writes.iter().map(|(k, _)| k.clone()))
-        .collect();
+    let mut writers: IndexMap<String, Vec<NodeIx>> = IndexMap::new();
+    for (ix, d) in &b.drafts {
+        for (key, _) in &d.writes {
+            let w = writers.entry(key.clone()).or_default();
+            if !w.contains(ix) {
+                w.push(*ix);
+            }
+        }
+    }
     let reachable = reach_avoiding(b, None);
+    let sccs = petgraph::algo::tarjan_scc(&b.graph);
+    // Nodes that run in a cycle may run again at any time.
+    let cyclic: HashSet<NodeIx> = sccs
+        .iter()
+        .filter(|scc| scc.len() > 1 || b.graph.contains_edge(scc[0], scc[0]))
+        .flatten()
+        .copied()
+        .collect();
     let mut found = Vec::new();
-    for scc in petgraph::algo::tarjan_scc(&b.graph) {
+    for scc in sccs.clone() {
         let members: HashSet<NodeIx> = scc.iter().copied().collect();
         let is_loop = scc.len() > 1 || b.graph.contains_edge(scc[0], scc[0]);
         if !is_loop || !scc.iter().all(|n| b.drafts.contains_key(n) && reachable.contains(n)) {
@@ -132,10 +162,22 @@ pub(super) fn constant_exits(b: &mut Build) {
         if other_exit || exits.is_empty() {
             continue;
         }
+        // Outside the loop, what may run while it does: a node reachable from START without
+        // entering the loop, unless it runs once, before any node of the loop (every way to
+        // the loop passes through it, and it is in no cycle). A node reached only through
+        // the loop's exits runs, if ever, after the loop has ended.
+        let free = reach_avoiding_all(b, &members);
+        let concurrent = |w: NodeIx| {
+            members.contains(&w)
+                || (free.contains(&w)
+                    && (cyclic.contains(&w) || reach_avoiding(b, Some(w)).iter().any(|n| members.contains(n))))
+        };
         let mut unwritten: Vec<String> = Vec::new();
         let constant = exits.iter().all(|(_, text)| match reads(b, text) {
             Some(keys) => {
-                let fixed = keys.iter().all(|k| !written.contains(k));
+                let fixed = keys
+                    .iter()
+                    .all(|k| writers.get(k).is_none_or(|ws| !ws.iter().any(|w| concurrent(*w))));
                 unwritten.extend(keys);
                 fixed && !unwritten.is_empty()
             }
@@ -145,10 +187,28 @@ pub(super) fn constant_exits(b: &mut Build) {
             unwritten.sort();
             unwritten.dedup();
             let names: Vec<String> = order.iter().map(|n| format!("`{}`", name(b, *n))).collect();
-            found.push((exits[0].0.clone(), names, unwritten));
+            // The nodes outside the loop that write what its exits read: before it or after it.
+            let (mut before, mut after): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+            for key in &unwritten {
+                for w in writers.get(key).into_iter().flatten() {
+                    let n = format!("`{}`", name(b, *w));
+                    let list = if free.contains(w) { &mut before } else { &mut after };
+                    if !list.contains(&n) {
+                        list.push(n);
+                    }
+                }
+            }
+            let mut outside = Vec::new();
+            if !before.is_empty() {
+                outside.push(format!("{} before it is entered", before.join(", ")));
+            }
+            if !after.is_empty() {
+                outside.push(format!("{} after it has ended", after.join(", ")));
+            }
+            found.push((exits[0].0.clone(), names, unwritten, outside.join(", and ")));
         }
     }
-    for (at, names, keys) in found {
+    for (at, names, keys, outside) in found {
         let keys_list = keys
             .iter()
             .map(|k| format!("`state.{k}`"))
@@ -164,7 +224,14 @@ pub(super) fn constant_exits(b: &mut Build) {
                 .diag(
                     Code::NoExit,
                     &at,
-                    format!("{what} can never end: its exit conditions read {keys_list}, which no node writes"),
+                    if outside.is_empty() {
+                        format!("{what} can never end: its exit conditions read {keys_list}, which no node writes")
+                    } else {
+                        format!(
+                            "{what} can never end: its exit conditions read {keys_list}, which no node of the loop \
+                             writes (only {outside})"
+                        )
+                    },
                 )
                 .help(format!(
                     "have a node of the loop write {} (e.g. in its `update`), or exit on something the loop changes",
@@ -183,7 +250,8 @@ fn reads(b: &Build, text: &str) -> Option<Vec<String>> {
     for var in names.vars.iter() {
         let mut parts = var.split('.');
         match (parts.next(), parts.next()) {
-            (Some("state"), Some(key)) => keys.push(key.to_string()),
+            (Some("state"), Some(key)) if b.sym.state.iter().any(|k| k == key) => keys.push(key.to_string()),
+            // A method of the state (`state.get('done')`) reads what cannot be told here.
             (Some("input" | "config" | "context"), _) => {}
             (Some(root), None) if b.defs.predicates.contains_key(root) => {
                 let def = &b.defs.predicates[root];
