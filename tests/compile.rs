@@ -686,3 +686,30 @@ nodes:
     let cyclic = body("", "").replace("START -> init -> write", "START -> init -> write\n  - init -> init");
     assert!(!diagnostics(&[("main.yaml", &cyclic)]).contains(&"E403@15".to_string()));
 }
+
+/// A node in a loop writing a list written out (`[output]`) to an array key without a reducer
+/// is W412, where it writes it; not with an appending reducer, not when the list reads the
+/// key itself, not outside a loop.
+#[test]
+fn a_list_written_in_a_loop_to_a_key_that_replaces_is_a_warning() {
+    let body = |notes: &str, write: &str, back: &str| {
+        wf(&format!(
+            r#"state:
+  notes: {{type: array{notes}, default: []}}
+  n: {{type: integer, default: 0}}
+nodes:
+  take: {{kind: set, update: {{n: "state.n + 1", notes: "{write}"}}}}
+edges:
+  - START -> take
+  - from: take
+    route: [{{when: "state.n >= 3", to: END}}, {{to: {back}}}]
+"#
+        ))
+    };
+    check(&[("main.yaml", &body("", "[state.n]", "take"))], &["W412@7"]);
+    let msg = diagnostics_full(&[("main.yaml", &body("", "[state.n]", "take"))]);
+    assert!(msg.contains("writes the list `[state.n]` to `notes`"), "{msg}");
+    check(&[("main.yaml", &body(", reducer: append", "[state.n]", "take"))], &[]);
+    check(&[("main.yaml", &body("", "state.notes + [state.n]", "take"))], &[]);
+    check(&[("main.yaml", &body("", "[state.n]", "END"))], &[]);
+}

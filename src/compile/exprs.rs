@@ -133,6 +133,11 @@ impl Exprs {
     }
 
     /// What an expression compiled earlier reads and calls.
+    /// The text of an expression compiled earlier.
+    pub(super) fn source(&self, id: ExprId) -> Option<&str> {
+        self.sources.get(id.0 as usize).map(String::as_str)
+    }
+
     pub(super) fn names_of(&self, text: &str) -> Option<&Names> {
         self.by_text.get(text).map(|(_, names)| names)
     }

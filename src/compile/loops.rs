@@ -241,6 +241,79 @@ pub(super) fn constant_exits(b: &mut Build) {
     }
 }
 
+/// W412: a node in a loop writes a list written out item by item (`"[output]"`) to an array
+/// key whose reducer replaces: each pass drops the items the last one wrote, where the author
+/// most likely meant to collect them. A list that reads the key itself (`state.k + [output]`)
+/// collects by hand and is not reported.
+pub(super) fn replaced_in_loops(b: &mut Build) {
+    let mut found = Vec::new();
+    for scc in petgraph::algo::tarjan_scc(&b.graph) {
+        let is_loop = scc.len() > 1 || b.graph.contains_edge(scc[0], scc[0]);
+        if !is_loop {
+            continue;
+        }
+        let mut order: Vec<NodeIx> = scc.iter().copied().filter(|n| b.drafts.contains_key(n)).collect();
+        order.sort_by_key(|n| b.index.get_index_of(name(b, *n).as_str()));
+        for n in order {
+            let d = &b.drafts[&n];
+            for (key, writer) in &d.update {
+                let Some(channel) = b.state.get(key) else { continue };
+                let is_array =
+                    channel.schema.get("type").and_then(|t| t.as_str()) == Some("array") || channel.default.is_array();
+                if !matches!(channel.reducer, Reducer::Replace) || !is_array {
+                    continue;
+                }
+                let Writer::Expr(id) = writer else { continue };
+                let Some(text) = b.exprs.source(*id) else { continue };
+                if !is_list_display(text) {
+                    continue;
+                }
+                let reads_itself = b.exprs.names_of(text).is_some_and(|names| {
+                    names
+                        .vars
+                        .iter()
+                        .any(|v| v.split('.').take(2).eq(["state", key.as_str()]))
+                });
+                if reads_itself {
+                    continue;
+                }
+                // Where the node writes it, or the node when its kind's defaults do.
+                let at = push_pointer(&push_pointer(&d.pointer, "update"), key);
+                let at = if b.src.doc.value.pointer(&at).is_some() {
+                    at
+                } else {
+                    d.pointer.clone()
+                };
+                found.push((at, d.name.clone(), key.clone(), text.trim().to_string()));
+            }
+        }
+    }
+    for (at, node, key, text) in found {
+        b.diags.push(
+            b.src
+                .diag(
+                    Code::ReplacedInLoop,
+                    &at,
+                    format!(
+                        "`{node}` runs in a loop and writes the list `{text}` to `{key}`, a key without a reducer: \
+                         each pass replaces the list the last one wrote, so only the last pass's items are kept"
+                    ),
+                )
+                .help(format!(
+                    "give `{key}` `reducer: append` to collect every pass's items (`add_messages` for messages), or write `state.{key} + [...]`"
+                )),
+        );
+    }
+}
+
+/// Whether the expression `text` is a list written out item by item (`[output]`).
+fn is_list_display(text: &str) -> bool {
+    matches!(
+        minijinja::machinery::parse_expr(text),
+        Ok(minijinja::machinery::ast::Expr::List(_))
+    )
+}
+
 /// The state keys a condition reads (through predicates too), when everything else it reads
 /// is fixed for the run (input, config, context); `None` when it reads something that changes
 /// (`run`, or anything not known here).

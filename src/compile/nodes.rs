@@ -177,6 +177,7 @@ impl<'c, 'a> Build<'c, 'a> {
         if !self.broken_edges && !loops::dead_joins(self) {
             analysis::analyze(self);
             loops::constant_exits(self);
+            loops::replaced_in_loops(self);
         }
         if self.diags.iter().any(Diagnostic::is_error) {
             return None;

@@ -105,6 +105,7 @@ codes! {
     DeadJoin = "E409", "dead-join", Error, "a join waits for a node that can run only after the join";
     BadDefer = "E410", "bad-defer", Error, "`defer` on a node whose tasks cannot be deferred";
     BadCache = "E411", "bad-cache", Error, "`cache` on a node whose result cannot be reused: an interrupt gate, or a tool's `run` node";
+    ReplacedInLoop = "W412", "replaced-in-loop", Warning, "a node in a loop writes a one-item list to a key that replaces, so each pass drops what the last one wrote";
 }
 
 impl Serialize for Code {
