@@ -155,6 +155,27 @@ impl Compiler {
         v
     }
 
+    /// Takes `bytes` (a workflow read from standard input) as the text of the file `path`,
+    /// which need not exist: relative paths in it resolve from `path`'s directory and its
+    /// diagnostics name `path`. Checked by [`Compiler::check`] or compiled like any file, and
+    /// read in its stead wherever `path` is imported or embedded.
+    pub fn read_as(&mut self, path: &Path, bytes: Vec<u8>) {
+        let key = canonical(path);
+        let mut diags = Vec::new();
+        let src = match crate::spec::load::from_bytes(Arc::from(path), bytes) {
+            Ok(file) => {
+                self.files.add(&file.path, file.text.clone());
+                source::source_of(file, &mut diags).map(Arc::new)
+            }
+            Err(d) => {
+                diags.push(d);
+                None
+            }
+        };
+        self.diags.extend(diags);
+        self.sources.insert(key, src);
+    }
+
     /// Compiles a workflow a kind generates (an `agent` node's loop) as if it were the file
     /// `path`, which need not exist: relative paths in it resolve from its directory. Compiled
     /// once per path, like a file.

@@ -861,10 +861,15 @@ fn prompts_dir(src: &Source, wf: &Workflow) -> Option<PathBuf> {
         return Some(relative_to(src.path(), p));
     }
     // Walk up from the file's directory as the user wrote it, so paths in messages stay
-    // relative (`prompts/plan.j2`, not an absolute path); stop at the filesystem root.
-    let abs = std::fs::canonicalize(src.path()).ok()?;
-    let depth = abs.ancestors().count();
+    // relative (`prompts/plan.j2`, not an absolute path); stop at the filesystem root. The
+    // file itself need not exist (a workflow read from standard input), its directory must.
     let mut dir = src.path().parent().map(Path::to_path_buf).unwrap_or_default();
+    let here = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir.as_path()
+    };
+    let depth = std::fs::canonicalize(here).ok()?.ancestors().count() + 1;
     for _ in 0..depth {
         let candidate: PathBuf = dir
             .join("prompts")
