@@ -713,3 +713,53 @@ edges:
     check(&[("main.yaml", &body("", "state.notes + [state.n]", "take"))], &[]);
     check(&[("main.yaml", &body("", "[state.n]", "END"))], &[]);
 }
+
+/// W223: an output schema whose largest reply (strings at their `maxLength`, arrays at their
+/// `maxItems`, 4 bytes a token) passes the node's `max_tokens`, or its profile's; at the
+/// schema, once for an `agent` node (not again in the loop it generates); not when a string
+/// or array is unbounded, nor when the reply fits.
+#[test]
+fn an_output_schema_that_cannot_fit_max_tokens_is_a_warning() {
+    let node = |kind: &str, cap: &str, schema: &str| {
+        wf(&format!(
+            r#"state: {{r: {{type: object, default: {{}}}}, messages: {{type: array, reducer: add_messages, default: []}}}}
+nodes:
+  n:
+    kind: {kind}
+    prompt: {{text: hi}}{cap}
+    output: {{format: json, schema: {schema}}}
+    update: {{r: output}}
+edges: [START -> n, n -> END]
+"#
+        ))
+    };
+    // 2 + ("summary": 1002 + 4 + 7) = 1015 bytes, 254 tokens.
+    let big = "{type: object, properties: {summary: {type: string, maxLength: 1000}}}";
+    check(
+        &[("main.yaml", &node("llm", "\n    max_tokens: 200", big))],
+        &["W223@9"],
+    );
+    let msg = diagnostics_full(&[("main.yaml", &node("llm", "\n    max_tokens: 200", big))]);
+    assert!(
+        msg.contains("about 254 tokens, more than its `max_tokens` of 200"),
+        "{msg}"
+    );
+    check(&[("main.yaml", &node("llm", "\n    max_tokens: 300", big))], &[]);
+    // Unbounded: no estimate, no warning.
+    let open = "{type: object, properties: {summary: {type: string}}}";
+    check(&[("main.yaml", &node("llm", "\n    max_tokens: 10", open))], &[]);
+    // No cap on the node: its profile's.
+    let profiled = node("llm", "", big).replace("model: m}", "model: m, max_tokens: 100}");
+    check(&[("main.yaml", &profiled)], &["W223@8"]);
+    let msg = diagnostics_full(&[("main.yaml", &profiled)]);
+    assert!(msg.contains("model profile `default`'s `max_tokens` of 100"), "{msg}");
+    // An agent's answer schema, reported once at the node.
+    let agent = node("agent", "\n    max_tokens: 200", big)
+        .replace("output: {format: json, schema:", "output: {schema:")
+        .replace("kind: agent", "kind: agent\n    tools: [look]")
+        .replace(
+            "state:",
+            "tools: {look: {description: Look., run: {kind: set}}}\nstate:",
+        );
+    check(&[("main.yaml", &agent)], &["W223@11"]);
+}

@@ -113,6 +113,7 @@ impl Build<'_, '_> {
         let (shape, common) = match (&spec, compiled) {
             (Some(spec), Some((config, shape))) => {
                 self.drafts[&ix].config = Some(config);
+                self.check_reply(&pointer, &merged);
                 (shape, spec.common().clone())
             }
             _ => (

@@ -23,6 +23,7 @@ mod nodes;
 pub mod picture;
 pub mod plan;
 mod reads;
+mod replies;
 pub(crate) mod schemas;
 pub mod source;
 mod tools;
@@ -188,7 +189,7 @@ impl Compiler {
                 text: Arc::from(text),
             };
             self.files.add(&file.path, file.text.clone());
-            let src = source::source_of(file, &mut diags).map(Arc::new);
+            let src = source::source_of(file, &mut diags).map(|s| Arc::new(Source { generated: true, ..s }));
             self.diags.extend(diags);
             self.sources.insert(key, src);
         }

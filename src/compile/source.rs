@@ -21,6 +21,9 @@ pub struct Source {
     pub workflow: Option<Workflow>,
     /// Whether the schema found problems (node-level checks then skip what they cannot trust).
     pub schema_errors: bool,
+    /// A workflow a kind generated (an `agent` node's loop), not a file someone wrote: what
+    /// its author can change is reported at the node that generated it.
+    pub generated: bool,
 }
 
 impl Source {
@@ -281,6 +284,7 @@ pub(crate) fn source_of(file: load::SourceFile, diags: &mut Vec<Diagnostic>) -> 
         doc,
         workflow,
         schema_errors,
+        generated: false,
     })
 }
 
