@@ -763,3 +763,37 @@ edges: [START -> n, n -> END]
         );
     check(&[("main.yaml", &agent)], &["W223@11"]);
 }
+
+/// A predicate written as `{expr, description}` has its defects shown inside its `expr`, at
+/// their line and column in a folded block, as a predicate written as a plain string does.
+#[test]
+fn a_predicate_with_a_description_is_narrowed_to_its_defect() {
+    let w = wf(
+        r#"state: {depth: {type: integer, default: 0}, todo: {type: array, default: []}}
+predicates:
+  deeper:
+    expr: >-
+      state.depth < 3
+      and state.tood | length > 0
+    description: Expand while there is work.
+nodes:
+  n: {kind: set, update: {depth: "state.depth + 1"}}
+edges:
+  - START -> n
+  - from: n
+    route: [{when: deeper, to: n}, {to: END}]
+"#,
+    );
+    let ds = compiled(&[("main.yaml", &w)]);
+    let at: Vec<(String, u32, u32)> = ds
+        .iter()
+        .map(|d| {
+            (
+                d.code.to_string(),
+                d.span.map_or(0, |s| s.start.line),
+                d.span.map_or(0, |s| s.start.col),
+            )
+        })
+        .collect();
+    assert_eq!(at, [("E302".to_string(), 8, 11)], "{ds:?}");
+}

@@ -372,15 +372,16 @@ impl<'c, 'a> Build<'c, 'a> {
 
     fn named_exprs(&mut self) {
         for (name, def) in &self.defs.predicates {
+            let at = def.expr_pointer();
             match self.exprs.expr(&def.value) {
                 Ok((id, names)) => {
                     let mut scope = Scope::base(&self.sym);
                     scope.predicates = false;
-                    scope.check(&def.src, &def.pointer, &def.value, &names, self.diags);
-                    unknown_calls(&def.src, &def.pointer, &def.value, &names, self.diags);
+                    scope.check(&def.src, &at, &def.value, &names, self.diags);
+                    unknown_calls(&def.src, &at, &def.value, &names, self.diags);
                     self.predicates.insert(name.clone(), id);
                 }
-                Err(e) => self.diags.push(syntax_error(&def.src, &def.pointer, &def.value, &e)),
+                Err(e) => self.diags.push(syntax_error(&def.src, &at, &def.value, &e)),
             }
         }
     }
