@@ -797,3 +797,25 @@ edges:
         .collect();
     assert_eq!(at, [("E302".to_string(), 8, 11)], "{ds:?}");
 }
+
+/// A loop left only by a node's `goto` whose condition reads a flag nothing writes is E403 at
+/// that condition, as a route's is; a `goto` reading the node's output may end it.
+#[test]
+fn a_goto_exit_on_a_flag_nothing_writes_is_no_exit() {
+    let body = |when: &str| {
+        wf(&format!(
+            r#"state: {{draft: {{type: string, default: ""}}, approved: {{type: boolean, default: false}}}}
+nodes:
+  write: {{kind: set, update: {{draft: "state.draft ~ 'x'"}}}}
+  review:
+    kind: set
+    goto: [{{when: "{when}", to: END}}, {{to: write}}]
+edges:
+  - START -> write -> review
+"#
+        ))
+    };
+    check(&[("main.yaml", &body("state.approved"))], &["E403@8"]);
+    check(&[("main.yaml", &body("output is none"))], &[]);
+    check(&[("main.yaml", &body("state.draft | length > 3"))], &[]);
+}

@@ -153,10 +153,40 @@ pub(super) fn constant_exits(b: &mut Build) {
                     }
                 }
             }
-            // A node's own choice (goto), its error handler and joins may leave the loop too.
+            // A node's own choice (`goto`) leaves the loop as a route does: by a condition, or
+            // by its default clause. What a `goto` reads of the node's output changes each pass.
+            for (i, c) in d.goto.iter().enumerate() {
+                let leaves = match &c.then {
+                    ClauseTarget::Nodes(ts) => ts.iter().any(outside),
+                    ClauseTarget::Send(s) => !members.contains(&s.to),
+                    ClauseTarget::Handoff(_) => true,
+                };
+                if !leaves {
+                    continue;
+                }
+                match c.when.and_then(|id| b.exprs.source(id)) {
+                    Some(text) => {
+                        let at = format!("{}/goto/{i}/when", d.pointer);
+                        let at = if b.src.doc.value.pointer(&at).is_some() {
+                            at
+                        } else {
+                            d.pointer.clone()
+                        };
+                        exits.push((at, text.to_string()));
+                    }
+                    None => other_exit = true,
+                }
+            }
+            // Its error handler, joins and its child's handoffs (edges of the node's own choice
+            // too) may leave the loop as well.
+            let child = d.subgraph.is_some();
             other_exit |= b.graph.edges_directed(*n, Direction::Outgoing).any(|e| {
                 !members.contains(&e.target())
-                    && !matches!(e.weight(), Flow::Static | Flow::Conditional { .. } | Flow::Send { .. })
+                    && match e.weight() {
+                        Flow::Static | Flow::Conditional { .. } | Flow::Send { .. } => false,
+                        Flow::Goto { .. } => child,
+                        Flow::Join | Flow::OnError => true,
+                    }
             });
         }
         if other_exit || exits.is_empty() {
