@@ -8,6 +8,18 @@ use runner::compile::{Compiler, compile_file};
 /// Writes `files` into a temp project (with a prompts/ dir) and validates `main.yaml`.
 /// Returns `CODE@line` for every diagnostic.
 fn diagnostics(files: &[(&str, &str)]) -> Vec<String> {
+    compiled(files)
+        .iter()
+        .map(|d| format!("{}@{}", d.code, d.span.map_or(0, |s| s.start.line)))
+        .collect()
+}
+
+/// Every diagnostic's message, one a line.
+fn diagnostics_full(files: &[(&str, &str)]) -> String {
+    compiled(files).iter().map(|d| format!("{}\n", d.message)).collect()
+}
+
+fn compiled(files: &[(&str, &str)]) -> Vec<runner::diag::Diagnostic> {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("prompts")).unwrap();
     for (name, text) in files {
@@ -17,11 +29,7 @@ fn diagnostics(files: &[(&str, &str)]) -> Vec<String> {
     }
     let mut c = Compiler::new(runner::nodes::builtin().decls());
     c.check(&dir.path().join("main.yaml"));
-    c.finish()
-        .diagnostics
-        .iter()
-        .map(|d| format!("{}@{}", d.code, d.span.map_or(0, |s| s.start.line)))
-        .collect()
+    c.finish().diagnostics
 }
 
 #[track_caller]
@@ -553,4 +561,261 @@ edges: [START -> say -> END]
         )],
         &["E411@9"],
     );
+}
+
+/// A name read through a slice is checked like any other, in every field that holds an
+/// expression: `history.from`, a `tools` node's `from`, an agent's `messages`, a fan-out's
+/// `foreach`, conditions, writes, an `emit`'s data and a tool's `run`.
+#[test]
+fn names_read_through_slices_are_checked_in_every_expression_field() {
+    let w = wf(r#"
+state:
+  messages: {type: array, reducer: add_messages, default: []}
+  items: {type: array, reducer: append, default: []}
+tools:
+  look:
+    description: Look things up.
+    run: {kind: search, queries: "state.itme[:2]"}
+nodes:
+  chat: {kind: llm, history: {from: "state.message[:-1]"}, tools: [look], update: {messages: "[output]"}}
+  act: {kind: tools, from: "state.mesages[-1:]", update: {messages: output}}
+  agent: {kind: agent, messages: "state.messges[-4:]", tools: [look], update: {messages: output.messages}}
+  each: {kind: emit, event: item, data: "item[:1]"}
+  tell: {kind: emit, event: done, data: {first: "state.itmes[:1]"}}
+edges:
+  - START -> chat -> act -> agent
+  - {from: agent, send: {to: each, foreach: "state.tems[:3]", as: item}}
+  - {from: agent, route: [{when: "state.mesages[:1] | length > 0", to: tell}, {to: END}]}
+  - each -> END
+  - tell -> END
+"#);
+    check(
+        &[("main.yaml", &w)],
+        &[
+            "E302@10", "E302@12", "E302@13", "E302@14", "E302@16", "E302@19", "E302@20",
+        ],
+    );
+}
+
+/// Every duration is checked where it is written, as E309: in a tool's `run` node (whose kind
+/// no node of the workflow has), on the tool, in a model profile, in a kind's defaults whether
+/// or not a node uses the kind (in an imported file too), and never twice.
+#[test]
+fn durations_are_checked_wherever_they_are_written() {
+    let lib = r#"
+name: lib
+kinds:
+  patient: {extends: llm, with: {timeout: forever}}
+"#;
+    let w = r#"name: t
+imports: [lib.yaml]
+models:
+  default: {provider: mock, model: m}
+  slow: {provider: mock, model: m, idle_timeout: two minutes}
+state: {messages: {type: array, reducer: add_messages, default: []}}
+tools:
+  fetch_page:
+    description: Fetch a page.
+    run:
+      kind: http
+      url: "{{ args.url }}"
+      retry: {max_attempts: 3, initial_interval: one second}
+    timeout: ten s
+kinds:
+  slow_llm: {extends: llm, with: {retry: {max_interval: 2 minutes}}}
+  unused: {extends: http, with: {timeout: 3 weeks}}
+nodes:
+  ask: {kind: slow_llm, prompt: {text: hi}, tools: [fetch_page], update: {messages: "[output]"}}
+  again: {kind: slow_llm, prompt: {text: hi}, update: {messages: "[output]"}}
+  wait: {kind: patient, prompt: {text: hi}, update: {messages: "[output]"}}
+  act: {kind: tools, update: {messages: output}}
+edges:
+  - START -> ask -> act -> again -> wait -> END
+"#;
+    check(
+        &[("main.yaml", w), ("lib.yaml", lib)],
+        // The library's kind (line 4 of lib.yaml), then main.yaml's lines.
+        &["E309@4", "E309@5", "E309@13", "E309@14", "E309@16", "E309@17"],
+    );
+}
+
+/// A loop's exit flag written only outside the loop, by a node that runs once before it or
+/// only after it, cannot end the loop (E403); written by a node that may run while the loop
+/// does (a parallel branch) or inside the loop, it can.
+#[test]
+fn a_loop_exit_written_only_outside_the_loop_is_no_exit() {
+    let body = |extra_nodes: &str, extra_edges: &str| {
+        wf(&format!(
+            r#"state:
+  draft: {{type: string, default: ""}}
+  approved: {{type: boolean, default: false}}
+nodes:
+  init: {{kind: set, update: {{approved: "false"}}}}
+  write: {{kind: set, update: {{draft: "state.draft ~ 'x'"}}}}
+  review: {{kind: set}}
+  done: {{kind: set, update: {{approved: "true"}}}}
+{extra_nodes}edges:
+  - START -> init -> write -> review
+  - done -> END
+  - from: review
+    route: [{{when: "state.approved", to: done}}, {{to: write}}]
+{extra_edges}"#
+        ))
+    };
+    // `init` before the loop and `done` after it: the route on line 15 never changes.
+    check(&[("main.yaml", &body("", ""))], &["E403@15"]);
+    let msg = diagnostics_full(&[("main.yaml", &body("", ""))]);
+    assert!(
+        msg.contains("(only `init` before it is entered, and `done` after it has ended)"),
+        "{msg}"
+    );
+    // A parallel branch may write it while the loop runs.
+    let side = body(
+        "  side: {kind: set, update: {approved: \"true\"}}\n",
+        "  - START -> side\n  - side -> END\n",
+    )
+    .replace("init: {kind: set, update: {approved: \"false\"}}", "init: {kind: set}");
+    check(&[("main.yaml", &side)], &[]);
+    // A node of the loop may write it.
+    let inside = body("", "").replace(
+        "review: {kind: set}",
+        "review: {kind: set, update: {approved: \"true\"}}",
+    );
+    check(&[("main.yaml", &inside)], &[]);
+    // A writer that runs before the loop but not on every way into it may run again.
+    let cyclic = body("", "").replace("START -> init -> write", "START -> init -> write\n  - init -> init");
+    assert!(!diagnostics(&[("main.yaml", &cyclic)]).contains(&"E403@15".to_string()));
+}
+
+/// A node in a loop writing a list written out (`[output]`) to an array key without a reducer
+/// is W412, where it writes it; not with an appending reducer, not when the list reads the
+/// key itself, not outside a loop.
+#[test]
+fn a_list_written_in_a_loop_to_a_key_that_replaces_is_a_warning() {
+    let body = |notes: &str, write: &str, back: &str| {
+        wf(&format!(
+            r#"state:
+  notes: {{type: array{notes}, default: []}}
+  n: {{type: integer, default: 0}}
+nodes:
+  take: {{kind: set, update: {{n: "state.n + 1", notes: "{write}"}}}}
+edges:
+  - START -> take
+  - from: take
+    route: [{{when: "state.n >= 3", to: END}}, {{to: {back}}}]
+"#
+        ))
+    };
+    check(&[("main.yaml", &body("", "[state.n]", "take"))], &["W412@7"]);
+    let msg = diagnostics_full(&[("main.yaml", &body("", "[state.n]", "take"))]);
+    assert!(msg.contains("writes the list `[state.n]` to `notes`"), "{msg}");
+    check(&[("main.yaml", &body(", reducer: append", "[state.n]", "take"))], &[]);
+    check(&[("main.yaml", &body("", "state.notes + [state.n]", "take"))], &[]);
+    check(&[("main.yaml", &body("", "[state.n]", "END"))], &[]);
+}
+
+/// W223: an output schema whose largest reply (strings at their `maxLength`, arrays at their
+/// `maxItems`, 4 bytes a token) passes the node's `max_tokens`, or its profile's; at the
+/// schema, once for an `agent` node (not again in the loop it generates); not when a string
+/// or array is unbounded, nor when the reply fits.
+#[test]
+fn an_output_schema_that_cannot_fit_max_tokens_is_a_warning() {
+    let node = |kind: &str, cap: &str, schema: &str| {
+        wf(&format!(
+            r#"state: {{r: {{type: object, default: {{}}}}, messages: {{type: array, reducer: add_messages, default: []}}}}
+nodes:
+  n:
+    kind: {kind}
+    prompt: {{text: hi}}{cap}
+    output: {{format: json, schema: {schema}}}
+    update: {{r: output}}
+edges: [START -> n, n -> END]
+"#
+        ))
+    };
+    // 2 + ("summary": 1002 + 4 + 7) = 1015 bytes, 254 tokens.
+    let big = "{type: object, properties: {summary: {type: string, maxLength: 1000}}}";
+    check(
+        &[("main.yaml", &node("llm", "\n    max_tokens: 200", big))],
+        &["W223@9"],
+    );
+    let msg = diagnostics_full(&[("main.yaml", &node("llm", "\n    max_tokens: 200", big))]);
+    assert!(
+        msg.contains("about 254 tokens, more than its `max_tokens` of 200"),
+        "{msg}"
+    );
+    check(&[("main.yaml", &node("llm", "\n    max_tokens: 300", big))], &[]);
+    // Unbounded: no estimate, no warning.
+    let open = "{type: object, properties: {summary: {type: string}}}";
+    check(&[("main.yaml", &node("llm", "\n    max_tokens: 10", open))], &[]);
+    // No cap on the node: its profile's.
+    let profiled = node("llm", "", big).replace("model: m}", "model: m, max_tokens: 100}");
+    check(&[("main.yaml", &profiled)], &["W223@8"]);
+    let msg = diagnostics_full(&[("main.yaml", &profiled)]);
+    assert!(msg.contains("model profile `default`'s `max_tokens` of 100"), "{msg}");
+    // An agent's answer schema, reported once at the node.
+    let agent = node("agent", "\n    max_tokens: 200", big)
+        .replace("output: {format: json, schema:", "output: {schema:")
+        .replace("kind: agent", "kind: agent\n    tools: [look]")
+        .replace(
+            "state:",
+            "tools: {look: {description: Look., run: {kind: set}}}\nstate:",
+        );
+    check(&[("main.yaml", &agent)], &["W223@11"]);
+}
+
+/// A predicate written as `{expr, description}` has its defects shown inside its `expr`, at
+/// their line and column in a folded block, as a predicate written as a plain string does.
+#[test]
+fn a_predicate_with_a_description_is_narrowed_to_its_defect() {
+    let w = wf(
+        r#"state: {depth: {type: integer, default: 0}, todo: {type: array, default: []}}
+predicates:
+  deeper:
+    expr: >-
+      state.depth < 3
+      and state.tood | length > 0
+    description: Expand while there is work.
+nodes:
+  n: {kind: set, update: {depth: "state.depth + 1"}}
+edges:
+  - START -> n
+  - from: n
+    route: [{when: deeper, to: n}, {to: END}]
+"#,
+    );
+    let ds = compiled(&[("main.yaml", &w)]);
+    let at: Vec<(String, u32, u32)> = ds
+        .iter()
+        .map(|d| {
+            (
+                d.code.to_string(),
+                d.span.map_or(0, |s| s.start.line),
+                d.span.map_or(0, |s| s.start.col),
+            )
+        })
+        .collect();
+    assert_eq!(at, [("E302".to_string(), 8, 11)], "{ds:?}");
+}
+
+/// A loop left only by a node's `goto` whose condition reads a flag nothing writes is E403 at
+/// that condition, as a route's is; a `goto` reading the node's output may end it.
+#[test]
+fn a_goto_exit_on_a_flag_nothing_writes_is_no_exit() {
+    let body = |when: &str| {
+        wf(&format!(
+            r#"state: {{draft: {{type: string, default: ""}}, approved: {{type: boolean, default: false}}}}
+nodes:
+  write: {{kind: set, update: {{draft: "state.draft ~ 'x'"}}}}
+  review:
+    kind: set
+    goto: [{{when: "{when}", to: END}}, {{to: write}}]
+edges:
+  - START -> write -> review
+"#
+        ))
+    };
+    check(&[("main.yaml", &body("state.approved"))], &["E403@8"]);
+    check(&[("main.yaml", &body("output is none"))], &[]);
+    check(&[("main.yaml", &body("state.draft | length > 3"))], &[]);
 }

@@ -495,3 +495,94 @@ fn the_whole_corpus_at_once_reports_what_each_file_reports_alone() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `runner validate - --stdin-filename PATH`: the workflow on standard input resolves its
+/// prompts and schemas from PATH's directory (which it cannot do as `<stdin>` from elsewhere),
+/// and every problem is reported in PATH; without `-` the flag is a usage error.
+#[test]
+fn stdin_filename_resolves_relative_files_and_names_the_input() {
+    let project = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(project.path().join("flows/prompts")).unwrap();
+    std::fs::create_dir_all(project.path().join("flows/schemas")).unwrap();
+    std::fs::write(
+        project.path().join("flows/prompts/ask.j2"),
+        "Say hi to {{ state.name }}.",
+    )
+    .unwrap();
+    std::fs::write(
+        project.path().join("flows/schemas/reply.json"),
+        r#"{"type": "object", "properties": {"greeting": {"type": "string"}}}"#,
+    )
+    .unwrap();
+    let workflow = r#"name: hello
+models:
+  default: {provider: mock, model: m}
+state:
+  name: {type: string, default: ""}
+  reply: {type: object, default: {}}
+nodes:
+  ask: {kind: llm, prompt: ask.j2, output: {format: json, schema: {$ref: "schemas/reply.json"}}, update: {reply: output}}
+edges:
+  - START -> ask -> END
+"#;
+    let elsewhere = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], stdin: &str| {
+        let out = Command::cargo_bin("runner")
+            .unwrap()
+            .current_dir(elsewhere.path())
+            .arg("validate")
+            .args(args)
+            .write_stdin(stdin.to_string())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code().unwrap(), text)
+    };
+    let name = project.path().join("flows/hello.yaml");
+    let name = name.to_str().unwrap();
+    // As `<stdin>`, from another directory, the prompt and the schema are not found.
+    let (code, text) = run(&["-"], workflow);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("<stdin>:8:"), "{text}");
+    // As `<stdin>`, from the workflow's own directory, they are found.
+    let out = Command::cargo_bin("runner")
+        .unwrap()
+        .current_dir(project.path().join("flows"))
+        .args(["validate", "-"])
+        .write_stdin(workflow)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    // Named, they are, though no file is there.
+    let (code, text) = run(&["-", "--stdin-filename", name], workflow);
+    assert_eq!(
+        (code, text.trim_end().lines().last()),
+        (0, Some("1 file valid")),
+        "{text}"
+    );
+    // A defect is reported in the named file, at its place; `-` is implied.
+    let (code, text) = run(
+        &["--stdin-filename", name, "--format", "json"],
+        &workflow.replace("reply: output", "replyy: output"),
+    );
+    assert_eq!(code, 1, "{text}");
+    let ds = diagnostics(&text);
+    assert_eq!(ds.len(), 1, "{text}");
+    assert_eq!(
+        (ds[0]["code"].as_str(), ds[0]["file"].as_str(), ds[0]["line"].as_u64()),
+        (Some("E211"), Some(name), Some(8))
+    );
+    // A defect in the prompt the named file refers to is reported in the prompt.
+    std::fs::write(
+        project.path().join("flows/prompts/ask.j2"),
+        "Say hi to {{ state.nmae }}.",
+    )
+    .unwrap();
+    let (code, text) = run(&["-", "--stdin-filename", name], workflow);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("prompts/ask.j2:1:"), "{text}");
+    // Without `-` among the paths the flag names nothing.
+    let (code, text) = run(&[name, "--stdin-filename", name], workflow);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("give `-` among the paths"), "{text}");
+}

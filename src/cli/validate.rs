@@ -48,16 +48,41 @@ pub(super) struct Args {
     /// Fail on warnings too.
     #[arg(long)]
     deny_warnings: bool,
+    /// The path of the workflow read from standard input (`-`, implied when no path is
+    /// given): relative prompts, schemas, imports and subgraphs resolve from its directory,
+    /// and problems are reported in it. Its file need not exist; when it does, standard input
+    /// is read in its stead.
+    #[arg(long, value_name = "PATH")]
+    stdin_filename: Option<PathBuf>,
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
-    let paths = if args.paths.is_empty() {
-        vec![PathBuf::from("workflows")]
+    let stdin = Path::new(crate::spec::load::STDIN);
+    let mut paths = if args.paths.is_empty() {
+        let default = if args.stdin_filename.is_some() {
+            stdin
+        } else {
+            Path::new("workflows")
+        };
+        vec![default.to_path_buf()]
     } else {
         args.paths
     };
-    let files = workflow_files(&paths)?;
     let mut compiler = Compiler::new(crate::nodes::builtin().decls());
+    if let Some(name) = &args.stdin_filename {
+        if !paths.iter().any(|p| p == stdin) {
+            bail!("--stdin-filename names the workflow read from standard input: give `-` among the paths");
+        }
+        if name.as_os_str().is_empty() || name == stdin {
+            bail!("--stdin-filename needs the path of a file, not `{}`", name.display());
+        }
+        let bytes = crate::spec::load::stdin_bytes().map_err(|e| anyhow::anyhow!("cannot read standard input: {e}"))?;
+        compiler.read_as(name, bytes.to_vec());
+        for p in paths.iter_mut().filter(|p| p.as_path() == stdin) {
+            *p = name.clone();
+        }
+    }
+    let files = workflow_files_or(&paths, args.stdin_filename.as_deref())?;
     for file in &files {
         compiler.check(file);
     }
@@ -95,11 +120,27 @@ fn summary(files: usize, errors: usize, warnings: usize) -> String {
 /// Expands directories into the workflow files below them, sorted; test files and mock
 /// scripts (`*.test.yaml`, `*.mock.yaml`) are skipped.
 pub fn workflow_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
-    files_under(
-        paths,
-        "workflow files (*.yaml, *.yml)",
-        crate::spec::load::is_workflow_file_name,
-    )
+    workflow_files_or(paths, None)
+}
+
+/// [`workflow_files`], the path `stdin_as` (standing for standard input) taken as it is,
+/// whether or not a file is there.
+fn workflow_files_or(paths: &[PathBuf], stdin_as: Option<&Path>) -> anyhow::Result<Vec<PathBuf>> {
+    let (named, rest): (Vec<PathBuf>, Vec<PathBuf>) =
+        paths.iter().cloned().partition(|p| Some(p.as_path()) == stdin_as);
+    let mut files = if rest.is_empty() {
+        Vec::new()
+    } else {
+        files_under(
+            &rest,
+            "workflow files (*.yaml, *.yml)",
+            crate::spec::load::is_workflow_file_name,
+        )?
+    };
+    files.extend(named.into_iter().take(1));
+    files.sort();
+    files.dedup();
+    Ok(files)
 }
 
 /// The files named in `paths`, and those below its directories whose names `keep` accepts

@@ -265,6 +265,17 @@ pub(super) fn missing_file(src: &Source, pointer: &str, path: &std::path::Path, 
     .suggest(&name, siblings.iter().map(String::as_str))
 }
 
+impl Def<String> {
+    /// Where the expression of a predicate or reducer is written: its value, or the `expr`
+    /// of a predicate written as `{expr, description}`.
+    pub(super) fn expr_pointer(&self) -> String {
+        match self.src.doc.value.pointer(&self.pointer) {
+            Some(Value::Object(_)) => push_pointer(&self.pointer, "expr"),
+            _ => self.pointer.clone(),
+        }
+    }
+}
+
 /// Checks a library file (definitions only): names, imports, expression syntax, kinds.
 pub(super) fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec<Diagnostic>) {
     let Some(wf) = src.workflow.clone() else { return };
@@ -274,11 +285,7 @@ pub(super) fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec
         if Arc::ptr_eq(&d.src, src)
             && let Err(e) = exprs.expr(&d.value)
         {
-            diags.push(d.src.diag(
-                Code::ExprSyntax,
-                &d.pointer,
-                format!("the expression does not parse: {e}"),
-            ));
+            diags.push(super::nodes::syntax_error(&d.src, &d.expr_pointer(), &d.value, &e));
         }
     }
     for (name, k) in &defs.kinds {
@@ -288,4 +295,5 @@ pub(super) fn check_library(c: &mut Compiler, src: &Arc<Source>, diags: &mut Vec
             diags.push(d);
         }
     }
+    super::kinds::check_defaults(c, src, &defs, diags);
 }

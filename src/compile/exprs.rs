@@ -56,6 +56,19 @@ pub(super) fn environment(prompts: Option<PathBuf>) -> Environment<'static> {
     env
 }
 
+/// Why an expression does not parse, and where in its text, when minijinja says.
+#[derive(Debug, Clone)]
+pub(super) struct SyntaxError {
+    pub message: String,
+    pub range: Option<std::ops::Range<usize>>,
+}
+
+impl std::fmt::Display for SyntaxError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Collects a plan's expressions and templates.
 pub(super) struct Exprs {
     env: Environment<'static>,
@@ -75,16 +88,21 @@ impl Exprs {
     }
 
     /// Compiles an expression; returns its id, the dotted names it reads and what it calls.
-    pub(super) fn expr(&mut self, text: &str) -> Result<(ExprId, Names), String> {
+    pub(super) fn expr(&mut self, text: &str) -> Result<(ExprId, Names), SyntaxError> {
         if let Some((id, names)) = self.by_text.get(text) {
             return Ok((*id, names.clone()));
         }
         if text.trim().is_empty() {
-            return Err("the expression is empty".into());
+            return Err(SyntaxError {
+                message: "the expression is empty".into(),
+                range: None,
+            });
         }
-        let compiled = self.env.compile_expression(text).map_err(|e| first_line(&e))?;
-        let vars = compiled.undeclared_variables(true);
-        let names = self.names(text, true, vars);
+        self.env.compile_expression(text).map_err(|e| SyntaxError {
+            message: first_line(&e),
+            range: e.range(),
+        })?;
+        let names = self.names(text, true, super::reads::of_expr(text));
         let id = ExprId(self.sources.len() as u32);
         self.sources.push(text.to_string());
         self.by_text.insert(text.to_string(), (id, names.clone()));
@@ -97,35 +115,31 @@ impl Exprs {
             return Ok((TemplateId(Arc::from(name)), names.clone()));
         }
         self.env.add_template_owned(name.to_string(), text.to_string())?;
-        let vars = self.env.get_template(name)?.undeclared_variables(true);
-        let names = self.names(text, false, vars);
+        let names = self.names(text, false, super::reads::of_template(text));
         self.templates.insert(name.to_string(), names.clone());
         Ok((TemplateId(Arc::from(name)), names))
     }
 
-    fn names(&self, text: &str, in_expr: bool, mut vars: std::collections::HashSet<String>) -> Names {
+    fn names(&self, text: &str, in_expr: bool, reads: Vec<super::reads::Read>) -> Names {
         let (called, unknown) = scan_calls(&self.env, text, in_expr);
-        // minijinja's analysis follows `state.key` but not `state['key']`: read both alike.
-        // Only where the root is itself read from the scope (not a loop or `set` variable).
-        let roots: Vec<String> = vars
-            .iter()
-            .map(|v| v.split('.').next().unwrap_or_default().to_string())
-            .collect();
-        vars.extend(
-            subscripted(text, in_expr)
-                .into_iter()
-                .filter(|v| roots.iter().any(|r| v.split('.').next() == Some(r.as_str()))),
-        );
         // A called function is checked as a function, not as a variable.
-        let vars = vars.into_iter().filter(|v| !called.iter().any(|c| c == v)).collect();
+        let reads: Vec<super::reads::Read> = reads.into_iter().filter(|r| !called.contains(&r.name)).collect();
+        let mut vars: Vec<String> = reads.iter().map(|r| r.name.clone()).collect();
+        vars.sort();
         Names {
-            vars: sorted(vars),
+            vars: vars.into(),
+            reads: reads.into(),
             calls: called.into(),
             unknown: unknown.into(),
         }
     }
 
     /// What an expression compiled earlier reads and calls.
+    /// The text of an expression compiled earlier.
+    pub(super) fn source(&self, id: ExprId) -> Option<&str> {
+        self.sources.get(id.0 as usize).map(String::as_str)
+    }
+
     pub(super) fn names_of(&self, text: &str) -> Option<&Names> {
         self.by_text.get(text).map(|(_, names)| names)
     }
@@ -133,12 +147,6 @@ impl Exprs {
     pub(super) fn into_table(self) -> Result<ExprTable, minijinja::Error> {
         ExprTable::build(self.env, self.sources)
     }
-}
-
-fn sorted(set: std::collections::HashSet<String>) -> Arc<[String]> {
-    let mut v: Vec<String> = set.into_iter().collect();
-    v.sort();
-    v.into()
 }
 
 pub(super) fn first_line(e: &minijinja::Error) -> String {
@@ -268,16 +276,19 @@ impl<'a> Scope<'a> {
         r
     }
 
-    /// Checks every name in `vars` (dotted, as minijinja reports them).
-    pub(super) fn check(&self, src: &Source, pointer: &str, text: &str, vars: &[String], diags: &mut Vec<Diagnostic>) {
-        for var in vars {
-            if let Some(d) = self.check_one(src, pointer, text, var) {
+    /// Checks every name the expression `text`, written at `pointer` of `src`, reads; each
+    /// problem is shown where the name is read.
+    pub(super) fn check(&self, src: &Source, pointer: &str, text: &str, names: &Names, diags: &mut Vec<Diagnostic>) {
+        for read in names.reads.iter() {
+            if let Some(mut d) = self.check_one(src, pointer, text, &read.name) {
+                src.narrow(&mut d, pointer, text, read.range.clone());
                 diags.push(d);
             }
         }
     }
 
-    fn check_one(&self, src: &Source, pointer: &str, text: &str, var: &str) -> Option<Diagnostic> {
+    /// Checks the name `var` that `text` reads, reporting a problem at `pointer` as a whole.
+    pub(super) fn check_one(&self, src: &Source, pointer: &str, text: &str, var: &str) -> Option<Diagnostic> {
         let mut parts = var.split('.');
         let root = parts.next().unwrap_or_default();
         let rest: Vec<&str> = parts.collect();
@@ -490,6 +501,8 @@ pub(super) struct UnknownCall {
     pub what: Callable,
     pub name: String,
     pub at: TextSpan,
+    /// The bytes of the name in the text.
+    pub range: std::ops::Range<usize>,
     pub help: Option<String>,
 }
 
@@ -499,6 +512,8 @@ pub(super) struct UnknownCall {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Names {
     pub vars: Arc<[String]>,
+    /// Each name of `vars` with where the text first reads it.
+    pub reads: Arc<[super::reads::Read]>,
     /// The filters, tests and functions it calls, by name.
     pub calls: Arc<[String]>,
     pub unknown: Arc<[UnknownCall]>,
@@ -555,32 +570,6 @@ fn has_filter(env: &Environment<'_>, name: &str) -> bool {
 
 fn has_test(env: &Environment<'_>, name: &str) -> bool {
     !matches!(env.empty_state().perform_test(name, &[]), Err(e) if e.kind() == ErrorKind::UnknownTest)
-}
-
-/// The names `text` reads as `root['key']` (a variable subscripted with a string literal),
-/// dotted as minijinja reports `root.key`.
-fn subscripted(text: &str, in_expr: bool) -> Vec<String> {
-    use minijinja::machinery::{Token, tokenize};
-    let tokens: Vec<Token<'_>> = tokenize(text, in_expr, Default::default())
-        .map_while(Result::ok)
-        .map(|(t, _)| t)
-        .collect();
-    let mut out = Vec::new();
-    for (i, w) in tokens.windows(4).enumerate() {
-        let after_dot = i > 0 && matches!(tokens[i - 1], Token::Dot);
-        let key = match &w[2] {
-            Token::Str(k) => Some(k.to_string()),
-            Token::String(k) => Some(k.to_string()),
-            _ => None,
-        };
-        if let (Token::Ident(root), Token::BracketOpen, Some(key), Token::BracketClose) = (&w[0], &w[1], key, &w[3])
-            && !after_dot
-            && !KEYWORDS.contains(root)
-        {
-            out.push(format!("{root}.{key}"));
-        }
-    }
-    out
 }
 
 /// The filters, tests and functions `text` calls, checked against `env`.
@@ -682,10 +671,12 @@ fn scan_calls(env: &Environment<'_>, text: &str, in_expr: bool) -> (Vec<String>,
                 }
             }
         };
+        let span = tokens[ix].1;
         unknown.push(UnknownCall {
             what,
             name: name.to_string(),
             at: at(ix),
+            range: span.start_offset as usize..span.end_offset as usize,
             help,
         });
     }

@@ -9,11 +9,11 @@ use super::defs::Def;
 use super::exprs::{Scope, Shape};
 use super::graph;
 use super::kind::KindCx;
-use super::kinds::{kind_chain, merge_kind};
+use super::kinds::{Merged, kind_chain, merge_kind};
 use super::nodes::{Build, list_files};
 use super::plan::*;
 use super::schemas::{first_violation, validator};
-use super::source::{kind_validator, schema_errors, schema_lists_kind};
+use super::source::{kind_validator, schema_error, schema_errors, schema_lists_kind};
 use crate::diag::Code;
 use crate::spec::load::push_pointer;
 use crate::spec::{NodeCommon, NodeSpec, OnError};
@@ -39,20 +39,16 @@ impl Build<'_, '_> {
                     return;
                 }
             };
-            let (builtin, mut merged, params) = merge_kind(&chain, &own);
-            merged.insert("kind".into(), Value::String(builtin.clone()));
-            if let Some((v, schema)) = kind_validator(&builtin) {
-                schema_errors(
-                    v,
-                    schema,
-                    &Value::Object(merged.clone()),
-                    &self.src.doc,
-                    &pointer,
-                    self.diags,
-                );
+            let mut m = merge_kind(&chain, &own);
+            m.fields.insert("kind".into(), Value::String(m.builtin.clone()));
+            if let Some((v, schema)) = kind_validator(&m.builtin) {
+                let value = Value::Object(m.fields.clone());
+                for error in v.iter_errors(&value) {
+                    self.diags.push(self.merged_error(&error, &pointer, &m, schema));
+                }
             }
             self.drafts[&ix].user_kind = Some(kind.clone());
-            (builtin, merged, params)
+            (m.builtin, m.fields, m.params)
         };
         let mut merged = merged;
         merged.insert("kind".into(), Value::String(builtin.clone()));
@@ -117,6 +113,7 @@ impl Build<'_, '_> {
         let (shape, common) = match (&spec, compiled) {
             (Some(spec), Some((config, shape))) => {
                 self.drafts[&ix].config = Some(config);
+                self.check_reply(&pointer, &merged);
                 (shape, spec.common().clone())
             }
             _ => (
@@ -186,6 +183,33 @@ impl Build<'_, '_> {
             }
         }
         self.drafts[&ix].spec = spec;
+    }
+
+    /// A schema error in a node of a user kind, its fields merged over the kind's defaults:
+    /// reported where the offending value is written, in the node or in the `with` of the kind
+    /// that gave it (which may be in an imported file).
+    fn merged_error(
+        &self,
+        error: &jsonschema::ValidationError,
+        pointer: &str,
+        merged: &Merged<'_>,
+        schema: &Value,
+    ) -> crate::diag::Diagnostic {
+        let path = error.instance_path().as_str();
+        let mut segments: Vec<&str> = path.split('/').skip(1).collect();
+        // An unknown field is reported at its own key.
+        if let jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } = error.kind()
+            && let Some(name) = unexpected.first()
+        {
+            segments.push(name);
+        }
+        match merged.origin(&segments) {
+            Some(def) => {
+                let at = format!("{}{path}", push_pointer(&def.pointer, "with"));
+                schema_error(error, &at, &def.src.doc, schema)
+            }
+            None => schema_error(error, &format!("{pointer}{path}"), &self.src.doc, schema),
+        }
     }
 
     fn check_params(

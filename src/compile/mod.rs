@@ -22,6 +22,8 @@ pub(crate) mod meta;
 mod nodes;
 pub mod picture;
 pub mod plan;
+mod reads;
+mod replies;
 pub mod routes;
 pub(crate) mod schemas;
 pub mod source;
@@ -155,6 +157,27 @@ impl Compiler {
         v
     }
 
+    /// Takes `bytes` (a workflow read from standard input) as the text of the file `path`,
+    /// which need not exist: relative paths in it resolve from `path`'s directory and its
+    /// diagnostics name `path`. Checked by [`Compiler::check`] or compiled like any file, and
+    /// read in its stead wherever `path` is imported or embedded.
+    pub fn read_as(&mut self, path: &Path, bytes: Vec<u8>) {
+        let key = canonical(path);
+        let mut diags = Vec::new();
+        let src = match crate::spec::load::from_bytes(Arc::from(path), bytes) {
+            Ok(file) => {
+                self.files.add(&file.path, file.text.clone());
+                source::source_of(file, &mut diags).map(Arc::new)
+            }
+            Err(d) => {
+                diags.push(d);
+                None
+            }
+        };
+        self.diags.extend(diags);
+        self.sources.insert(key, src);
+    }
+
     /// Compiles a workflow a kind generates (an `agent` node's loop) as if it were the file
     /// `path`, which need not exist: relative paths in it resolve from its directory. Compiled
     /// once per path, like a file.
@@ -167,7 +190,7 @@ impl Compiler {
                 text: Arc::from(text),
             };
             self.files.add(&file.path, file.text.clone());
-            let src = source::source_of(file, &mut diags).map(Arc::new);
+            let src = source::source_of(file, &mut diags).map(|s| Arc::new(Source { generated: true, ..s }));
             self.diags.extend(diags);
             self.sources.insert(key, src);
         }
@@ -197,6 +220,7 @@ impl Compiler {
         let wf = src.workflow.as_ref()?;
         let mut diags = Vec::new();
         let defs = defs::collect(self, &src, wf, &mut diags);
+        kinds::check_defaults(self, &src, &defs, &mut diags);
         let mut build = nodes::Build::new(self, &src, wf, &defs, &mut diags);
         let plan = build.run();
         // Schema errors were reported when the file was loaded; they bar a plan as much as any.

@@ -181,6 +181,7 @@ impl<'c, 'a> Build<'c, 'a> {
         if !self.broken_edges && !loops::dead_joins(self) {
             analysis::analyze(self);
             loops::constant_exits(self);
+            loops::replaced_in_loops(self);
         }
         if self.diags.iter().any(Diagnostic::is_error) {
             return None;
@@ -270,19 +271,15 @@ impl<'c, 'a> Build<'c, 'a> {
                                 let mut scope = Scope::base(&self.sym);
                                 scope.reducer = true;
                                 scope.predicates = false;
-                                scope.check(&def.src, &def.pointer, &def.value, &names.vars, self.diags);
-                                unknown_calls(&def.src, &def.pointer, &names, self.diags);
+                                scope.check(&def.src, &def.pointer, &def.value, &names, self.diags);
+                                unknown_calls(&def.src, &def.pointer, &def.value, &names, self.diags);
                                 Reducer::Custom {
                                     name: name.to_string(),
                                     expr: id,
                                 }
                             }
                             Err(e) => {
-                                self.diags.push(def.src.diag(
-                                    Code::ExprSyntax,
-                                    &def.pointer,
-                                    format!("the expression does not parse: {e}"),
-                                ));
+                                self.diags.push(syntax_error(&def.src, &def.pointer, &def.value, &e));
                                 Reducer::Replace
                             }
                         },
@@ -379,19 +376,16 @@ impl<'c, 'a> Build<'c, 'a> {
 
     fn named_exprs(&mut self) {
         for (name, def) in &self.defs.predicates {
+            let at = def.expr_pointer();
             match self.exprs.expr(&def.value) {
                 Ok((id, names)) => {
                     let mut scope = Scope::base(&self.sym);
                     scope.predicates = false;
-                    scope.check(&def.src, &def.pointer, &def.value, &names.vars, self.diags);
-                    unknown_calls(&def.src, &def.pointer, &names, self.diags);
+                    scope.check(&def.src, &at, &def.value, &names, self.diags);
+                    unknown_calls(&def.src, &at, &def.value, &names, self.diags);
                     self.predicates.insert(name.clone(), id);
                 }
-                Err(e) => self.diags.push(def.src.diag(
-                    Code::ExprSyntax,
-                    &def.pointer,
-                    format!("the expression does not parse: {e}"),
-                )),
+                Err(e) => self.diags.push(syntax_error(&def.src, &at, &def.value, &e)),
             }
         }
     }
@@ -419,16 +413,12 @@ impl<'c, 'a> Build<'c, 'a> {
     pub(super) fn expr(&mut self, pointer: &str, text: &str, scope: Scope) -> Option<ExprId> {
         match self.exprs.expr(text) {
             Ok((id, names)) => {
-                scope.check(self.src, pointer, text, &names.vars, self.diags);
-                unknown_calls(self.src, pointer, &names, self.diags);
+                scope.check(self.src, pointer, text, &names, self.diags);
+                unknown_calls(self.src, pointer, text, &names, self.diags);
                 Some(id)
             }
             Err(e) => {
-                self.diags.push(self.src.diag(
-                    Code::ExprSyntax,
-                    pointer,
-                    format!("the expression does not parse: {e}"),
-                ));
+                self.diags.push(syntax_error(self.src, pointer, text, &e));
                 None
             }
         }
@@ -441,28 +431,23 @@ impl<'c, 'a> Build<'c, 'a> {
         let mut found = Vec::new();
         let id = match self.exprs.template(name, text) {
             Ok((id, names)) => {
-                for var in names.vars.iter() {
-                    let before = found.len();
-                    scope.check(self.src, pointer, text, std::slice::from_ref(var), &mut found);
-                    if let Some(file) = &file
-                        && found.len() > before
-                    {
-                        let at = locate_var(text, var);
-                        for d in &mut found[before..] {
-                            move_into(d, file, at);
-                        }
+                for read in names.reads.iter() {
+                    let Some(mut d) = scope.check_one(self.src, pointer, text, &read.name) else {
+                        continue;
+                    };
+                    match &file {
+                        Some(file) => move_into(&mut d, file, Some(text_span(text, read.range.start, read.range.end))),
+                        None => self.src.narrow(&mut d, pointer, text, read.range.clone()),
                     }
+                    found.push(d);
                 }
                 for call in names.unknown.iter() {
-                    let d = unknown_call(self.src, pointer, call);
-                    found.push(match &file {
-                        Some(file) => {
-                            let mut d = d;
-                            move_into(&mut d, file, Some(call.at));
-                            d
-                        }
-                        None => d,
-                    });
+                    let mut d = unknown_call(self.src, pointer, call);
+                    match &file {
+                        Some(file) => move_into(&mut d, file, Some(call.at)),
+                        None => self.src.narrow(&mut d, pointer, text, call.range.clone()),
+                    }
+                    found.push(d);
                 }
                 Some(id)
             }
@@ -494,6 +479,8 @@ impl<'c, 'a> Build<'c, 'a> {
                         })
                     });
                     move_into(&mut d, file, at);
+                } else if let Some(range) = e.range() {
+                    self.src.narrow(&mut d, pointer, text, range);
                 }
                 found.push(d);
                 None
@@ -674,10 +661,27 @@ impl<'c, 'a> Build<'c, 'a> {
 }
 
 /// Reports the filters, tests and functions a text calls that do not exist, at `pointer`.
-pub(super) fn unknown_calls(src: &Source, pointer: &str, names: &Names, diags: &mut Vec<Diagnostic>) {
+/// E310 for each filter, test or function the expression `text` at `pointer` calls that does
+/// not exist, at the name.
+pub(super) fn unknown_calls(src: &Source, pointer: &str, text: &str, names: &Names, diags: &mut Vec<Diagnostic>) {
     for call in names.unknown.iter() {
-        diags.push(unknown_call(src, pointer, call));
+        let mut d = unknown_call(src, pointer, call);
+        src.narrow(&mut d, pointer, text, call.range.clone());
+        diags.push(d);
     }
+}
+
+/// E300 for the expression `text` at `pointer`, at the place minijinja blames when it says.
+pub(super) fn syntax_error(src: &Source, pointer: &str, text: &str, e: &exprs::SyntaxError) -> Diagnostic {
+    let mut d = src.diag(
+        Code::ExprSyntax,
+        pointer,
+        format!("the expression does not parse: {}", e.message),
+    );
+    if let Some(range) = e.range.clone() {
+        src.narrow(&mut d, pointer, text, range);
+    }
+    d
 }
 
 fn unknown_call(src: &Source, pointer: &str, call: &UnknownCall) -> Diagnostic {
@@ -746,53 +750,6 @@ fn text_span(text: &str, start: usize, end: usize) -> TextSpan {
         col,
         end_col: col + len as u32,
     }
-}
-
-/// Where a template reads the dotted name `var` (as minijinja reports it), if it can be found.
-fn locate_var(text: &str, var: &str) -> Option<TextSpan> {
-    use minijinja::machinery::{Token, tokenize};
-    let tokens: Vec<_> = tokenize(text, false, Default::default())
-        .map_while(Result::ok)
-        .collect();
-    let parts: Vec<&str> = var.split('.').collect();
-    let mut best: Option<(usize, usize)> = None;
-    for i in 0..tokens.len() {
-        if !matches!(tokens[i].0, Token::Ident(n) if n == parts[0]) {
-            continue;
-        }
-        if i > 0 && matches!(tokens[i - 1].0, Token::Dot) {
-            continue;
-        }
-        let mut last = i;
-        for part in &parts[1..] {
-            let key = |t: Option<&(Token<'_>, _)>| match t {
-                Some((Token::Ident(n) | Token::Str(n), _)) => *n == *part,
-                Some((Token::String(n), _)) => &**n == *part,
-                _ => false,
-            };
-            match (tokens.get(last + 1), tokens.get(last + 3)) {
-                (Some((Token::Dot, _)), _) if key(tokens.get(last + 2)) => last += 2,
-                (Some((Token::BracketOpen, _)), Some((Token::BracketClose, _))) if key(tokens.get(last + 2)) => {
-                    last += 3
-                }
-                _ => break,
-            }
-        }
-        if best.is_none_or(|(b, l)| last - i > l - b) {
-            best = Some((i, last));
-        }
-    }
-    let (first, last) = best?;
-    let (start, end) = (tokens[first].1, tokens[last].1);
-    Some(TextSpan {
-        line: u32::from(start.start_line),
-        col: u32::from(start.start_col) + 1,
-        end_col: if end.end_line == start.start_line {
-            u32::from(end.end_col) + 1
-        } else {
-            u32::from(start.end_col) + 1
-        },
-    })
 }
 
 /// Which reducers fit which JSON types.
@@ -910,10 +867,15 @@ fn prompts_dir(src: &Source, wf: &Workflow) -> Option<PathBuf> {
         return Some(relative_to(src.path(), p));
     }
     // Walk up from the file's directory as the user wrote it, so paths in messages stay
-    // relative (`prompts/plan.j2`, not an absolute path); stop at the filesystem root.
-    let abs = std::fs::canonicalize(src.path()).ok()?;
-    let depth = abs.ancestors().count();
+    // relative (`prompts/plan.j2`, not an absolute path); stop at the filesystem root. The
+    // file itself need not exist (a workflow read from standard input), its directory must.
     let mut dir = src.path().parent().map(Path::to_path_buf).unwrap_or_default();
+    let here = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir.as_path()
+    };
+    let depth = std::fs::canonicalize(here).ok()?.ancestors().count() + 1;
     for _ in 0..depth {
         let candidate: PathBuf = dir
             .join("prompts")

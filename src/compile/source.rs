@@ -21,6 +21,9 @@ pub struct Source {
     pub workflow: Option<Workflow>,
     /// Whether the schema found problems (node-level checks then skip what they cannot trust).
     pub schema_errors: bool,
+    /// A workflow a kind generated (an `agent` node's loop), not a file someone wrote: what
+    /// its author can change is reported at the node that generated it.
+    pub generated: bool,
 }
 
 impl Source {
@@ -40,6 +43,28 @@ impl Source {
         Diagnostic::new(code, message)
             .at(self.path(), self.doc.spans.key(pointer))
             .pointer(pointer)
+    }
+
+    /// Narrows `d`, reported at the string value at `pointer` (the expression or inline
+    /// template `text`), to bytes `range` of it: where they stand in the file, whatever the
+    /// scalar's style (quoted, a literal or folded block). Left as it is when the value there
+    /// is not `text` (a default the node does not write), or its place cannot be found.
+    pub(crate) fn narrow(&self, d: &mut Diagnostic, pointer: &str, text: &str, range: std::ops::Range<usize>) {
+        if d.file.as_deref() != Some(&**self.path()) {
+            return;
+        }
+        let Some(value) = self.doc.value.pointer(pointer).and_then(Value::as_str) else {
+            return;
+        };
+        if value != text {
+            return;
+        }
+        let Some(span) = self.doc.spans.exact(pointer) else {
+            return;
+        };
+        if let Some(at) = crate::spec::scalar::locate(&self.doc.file.text, span, value, range) {
+            d.span = Some(at);
+        }
     }
 }
 
@@ -90,17 +115,23 @@ fn validator_for(doc: &Value) -> &'static jsonschema::Validator {
     }
 }
 
-/// The built-in kinds `doc`'s nodes use, or `None` when a node is not a mapping.
+/// The built-in kinds `doc`'s nodes use, its tools' `run` nodes included, or `None` when
+/// one of them is not a mapping.
 fn node_kinds(doc: &Value) -> Option<BTreeSet<String>> {
-    let Some(nodes) = doc.get("nodes") else {
-        return Some(BTreeSet::new());
-    };
-    // Not a mapping: the schema reports it and never looks at a node.
-    let Some(nodes) = nodes.as_object() else {
-        return Some(BTreeSet::new());
-    };
+    // A section that is not a mapping is reported by the schema, which never looks inside.
+    let nodes = doc
+        .get("nodes")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|n| n.values());
+    let runs = doc
+        .get("tools")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|t| t.values())
+        .filter_map(|tool| tool.as_object()?.get("run"));
     let mut kinds = BTreeSet::new();
-    for node in nodes.values() {
+    for node in nodes.chain(runs) {
         let kind = node.as_object()?.get("kind").and_then(Value::as_str);
         if let Some(kind) = kind.filter(|k| schema_lists_kind(k)) {
             kinds.insert(kind.to_string());
@@ -253,6 +284,7 @@ pub(crate) fn source_of(file: load::SourceFile, diags: &mut Vec<Diagnostic>) -> 
         doc,
         workflow,
         schema_errors,
+        generated: false,
     })
 }
 
@@ -337,6 +369,18 @@ pub fn schema_errors(
         let pointer = format!("{base}{}", error.instance_path().as_str());
         diags.push(describe(&error, &pointer, doc, schema));
     }
+}
+
+/// The diagnostic for one schema error, the value it is about being at `pointer` of `doc`
+/// (`pointer` ends with the error's instance path: what is before it is where the validated
+/// value stands).
+pub(super) fn schema_error(
+    error: &jsonschema::ValidationError,
+    pointer: &str,
+    doc: &Document,
+    schema: &Value,
+) -> Diagnostic {
+    describe(error, pointer, doc, schema)
 }
 
 fn describe(error: &jsonschema::ValidationError, pointer: &str, doc: &Document, schema: &Value) -> Diagnostic {
@@ -553,7 +597,14 @@ fn resolve_path<'a>(schema: &'a Value, path: &str) -> Option<&'a Value> {
 }
 
 /// Fields whose value is a duration.
-const DURATION_FIELDS: &[&str] = &["timeout", "initial_interval", "max_interval", "ttl"];
+const DURATION_FIELDS: &[&str] = &[
+    "timeout",
+    "initial_interval",
+    "max_interval",
+    "ttl",
+    "idle_timeout",
+    "startup_timeout",
+];
 
 /// How a value is named in messages: its key, or `list[i]` for an element.
 fn field_name(pointer: &str) -> String {
@@ -681,6 +732,10 @@ mod tests {
             }}),
             serde_json::json!({"name": "w", "nodes": []}),
             serde_json::json!({"name": "w"}),
+            // A tool's `run` node of a kind no node has, with a bad duration and field.
+            serde_json::json!({"name": "w", "nodes": {"a": {"kind": "tools"}}, "tools": {
+                "t": {"description": "d", "run": {"kind": "http", "url": "x", "retry": {"initial_interval": "one second"}, "nope": 1}},
+            }}),
         ];
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut dirs = vec![
@@ -729,5 +784,10 @@ mod tests {
         // The first documents the tests report are wrong in the nodes trimming keeps.
         assert!(errors(whole, &docs[0]).iter().any(|(p, _, _)| p == "/nodes/a/update"));
         assert!(errors(whole, &docs[0]).iter().any(|(p, _, _)| p == "/nodes/b/model"));
+        assert!(
+            errors(whole, &docs[3])
+                .iter()
+                .any(|(p, _, _)| p == "/tools/t/run/retry/initial_interval")
+        );
     }
 }

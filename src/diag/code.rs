@@ -79,6 +79,7 @@ codes! {
     McpLockMissing = "E220", "mcp-lock-missing", Error, "an MCP server's tools are not in the workflow's lock file (`runner mcp lock` writes it)";
     McpLockStale = "E221", "mcp-lock-stale", Error, "an MCP server's configuration changed since the lock file was written";
     UnknownMcpTool = "E222", "unknown-mcp-tool", Error, "a `tools:` entry imports a tool its MCP server does not list";
+    ReplyOverMaxTokens = "W223", "reply-over-max-tokens", Warning, "a node's output schema allows a reply longer than its `max_tokens`, so a reply that uses the schema's bounds is cut";
     // Expressions, templates and types.
     ExprSyntax = "E300", "expression-syntax", Error, "an expression does not parse";
     TemplateSyntax = "E301", "template-syntax", Error, "a template does not parse";
@@ -105,6 +106,7 @@ codes! {
     DeadJoin = "E409", "dead-join", Error, "a join waits for a node that can run only after the join";
     BadDefer = "E410", "bad-defer", Error, "`defer` on a node whose tasks cannot be deferred";
     BadCache = "E411", "bad-cache", Error, "`cache` on a node whose result cannot be reused: an interrupt gate, or a tool's `run` node";
+    ReplacedInLoop = "W412", "replaced-in-loop", Warning, "a node in a loop writes a one-item list to a key that replaces, so each pass drops what the last one wrote";
     // Serving.
     BadRoute = "E500", "bad-route", Error, "a `serve` route is malformed: its path, a clash with another route, or `stream` beside `respond`";
 }

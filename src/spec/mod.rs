@@ -11,6 +11,7 @@
 pub mod interp;
 pub mod load;
 mod node;
+pub mod scalar;
 pub mod schema;
 
 use indexmap::IndexMap;
