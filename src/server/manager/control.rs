@@ -2,7 +2,7 @@
 //! thread was before it), joined.
 
 use super::{Live, RunManager, RunsError, lock, no_run};
-use crate::checkpoint::{CheckpointError, PendingWrite, ThreadStatus};
+use crate::engine::{Engine, EngineError, LeasePolicy, RollbackTo};
 
 /// What a cancel does to the run's thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,68 +93,31 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             lock(&self.runs).remove(&run.run_id);
             return Ok(());
         }
-        let thread_id = &run.thread_id;
-        // The thread's lease, held while it is taken back, as every write to a thread is: a run
-        // that took the thread since (one queued behind) is left alone.
-        let claim = crate::checkpoint::LeaseClaim {
-            thread_id: thread_id.clone(),
-            owner: crate::checkpoint::new_id(),
-            pid: std::process::id(),
-            host: crate::engine::host().to_string(),
-            ttl: crate::engine::DEFAULT_LEASE_TTL,
-            replace: None,
-        };
-        let lease = match self.store.acquire_lease(&claim) {
-            Ok(lease) => lease,
-            Err(CheckpointError::Leased(_)) => {
+        // Through the engine, under the thread's lease like every write to a thread: a run
+        // that took the thread since (one queued behind) is left alone, and a rollback whose
+        // lease was taken over meanwhile writes nothing.
+        let mut lease = self.settings.overrides.lease.clone();
+        if let LeasePolicy::Take { wait, .. } = &mut lease {
+            *wait = false;
+        }
+        let to = run
+            .rollback_to
+            .clone()
+            .map(|(checkpoint_id, writes)| RollbackTo { checkpoint_id, writes });
+        match Engine::rollback(&self.store, &run.thread_id, to, &lease).await {
+            Ok(()) => {}
+            Err(EngineError::Busy(_)) => {
                 return Err(RunsError::Conflict(format!(
-                    "run {} stopped, but another run took thread {thread_id} before it could be rolled back",
-                    run.run_id
+                    "run {} stopped, but another run took thread {} before it could be rolled back",
+                    run.run_id, run.thread_id
                 )));
             }
             Err(e) => return Err(e.into()),
-        };
-        let rolled = self.roll_back(&run);
-        // A lease that cannot be given up expires on its own.
-        let _ = self.store.release_lease(&lease.fence());
-        rolled
-    }
-
-    /// Takes `run`'s thread back to where it was before the run, and deletes the run.
-    fn roll_back(&self, run: &Live<S>) -> Result<(), RunsError> {
-        let thread_id = &run.thread_id;
-        match &run.rollback_to {
-            Some((to, writes)) => {
-                self.store.rollback_thread(thread_id, to, writes)?;
-                let status = self.thread_status(thread_id, to, writes)?;
-                self.store.set_status(thread_id, status)?;
-            }
-            // The run made the thread's first checkpoint: none is left. The API's record of the
-            // thread (its metadata) stays, as a thread created and never run.
-            None => {
-                if self.store.get_thread(thread_id)?.is_some() {
-                    self.store.delete_thread(thread_id)?;
-                }
-            }
         }
+        // The run made the thread's first checkpoint: the API's record of the thread (its
+        // metadata) stays, as a thread created and never run.
         self.store.delete_run(&run.run_id)?;
         lock(&self.runs).remove(&run.run_id);
         Ok(())
-    }
-
-    /// A thread's status at checkpoint `to` with its pending `writes`.
-    fn thread_status(&self, thread_id: &str, to: &str, writes: &[PendingWrite]) -> Result<ThreadStatus, RunsError> {
-        if !crate::engine::waiting_gates(writes).is_empty() {
-            return Ok(ThreadStatus::Interrupted);
-        }
-        let done = self
-            .store
-            .get_checkpoint(thread_id, Some(to))?
-            .is_some_and(|cp| cp.next.is_empty());
-        Ok(if done {
-            ThreadStatus::Done
-        } else {
-            ThreadStatus::Running
-        })
     }
 }
