@@ -719,6 +719,75 @@ fn fencing(cp: &dyn Checkpointer) {
     ));
 }
 
+/// A thread taken back to a checkpoint (a run rolled back) in one fenced batch: the newer
+/// checkpoints go with their values and writes, the checkpoint's writes become those given, the
+/// status is set; under a lease taken over, nothing of it is written. A thread deleted the same
+/// way is kept under a lost lease.
+fn rollback(cp: &dyn Checkpointer) {
+    let [c0, c1, _c2] = three_steps(cp, "R");
+    cp.put_writes("R", &c1.checkpoint_id, &[write("t1", 0, "a", json!("run's"))])
+        .unwrap();
+    let old = cp.acquire_lease(&claim("R", "owner-a", 0)).unwrap();
+    let new = cp.acquire_lease(&claim("R", "owner-b", 60_000)).unwrap();
+    let back = |fence: Fence| {
+        vec![
+            Put::Fence(fence),
+            Put::Truncate {
+                thread_id: "R".into(),
+                to: c1.checkpoint_id.clone(),
+            },
+            Put::Writes {
+                thread_id: "R".into(),
+                checkpoint_id: c1.checkpoint_id.clone(),
+                writes: vec![write("t0", 0, "a", json!("kept"))],
+            },
+            Put::Status {
+                thread_id: "R".into(),
+                status: ThreadStatus::Interrupted,
+            },
+        ]
+    };
+    let refused = cp.put_batch(back(old.fence()));
+    assert!(matches!(refused, Err(CheckpointError::LeaseLost(_))), "{refused:?}");
+    assert_eq!(cp.history("R").unwrap().len(), 3, "a lost lease truncates nothing");
+    assert_eq!(
+        cp.get_writes("R", &c1.checkpoint_id).unwrap(),
+        vec![write("t1", 0, "a", json!("run's"))]
+    );
+    assert_eq!(cp.get_thread("R").unwrap().unwrap().status, ThreadStatus::Running);
+
+    cp.put_batch(back(new.fence())).unwrap();
+    assert_eq!(
+        ids(&cp.history("R").unwrap()),
+        vec![c1.checkpoint_id.as_str(), c0.checkpoint_id.as_str()]
+    );
+    assert_eq!(
+        cp.get_writes("R", &c1.checkpoint_id).unwrap(),
+        vec![write("t0", 0, "a", json!("kept"))]
+    );
+    assert_eq!(cp.get_thread("R").unwrap().unwrap().status, ThreadStatus::Interrupted);
+    let head = cp.get_checkpoint("R", None).unwrap().unwrap();
+    assert_eq!(
+        cp.state("R", &head.versions).unwrap(),
+        obj(json!({"a": "a2", "b": ["b1"]}))
+    );
+    // The values of the steps taken back are gone: a new step may use their versions again.
+    let again = checkpoint("R", Some(&c1), 1, &[("a", 3), ("b", 1)]);
+    cp.put_checkpoint(&again, &vals(&[("a", 3, json!("other"))])).unwrap();
+    assert_eq!(
+        cp.state("R", &again.versions).unwrap(),
+        obj(json!({"a": "other", "b": ["b1"]}))
+    );
+
+    // Deleted under a lost lease: kept.
+    let refused = cp.put_batch(vec![Put::Fence(old.fence()), Put::Delete("R".into())]);
+    assert!(matches!(refused, Err(CheckpointError::LeaseLost(_))));
+    assert!(cp.get_thread("R").unwrap().is_some());
+    cp.put_batch(vec![Put::Fence(new.fence()), Put::Delete("R".into())])
+        .unwrap();
+    assert_eq!(cp.get_thread("R").unwrap(), None);
+}
+
 /// A thread and its first checkpoint are stored together: never a thread without one.
 fn thread_with_checkpoint(cp: &dyn Checkpointer) {
     let c0 = checkpoint("N", None, -1, &[("n", 1)]);
@@ -859,6 +928,7 @@ macro_rules! conformance {
                 plan_hashes,
                 leases,
                 fencing,
+                rollback,
                 thread_with_checkpoint,
                 node_cache
             ]

@@ -46,6 +46,26 @@ struct Entry {
 }
 
 impl Store {
+    fn delete_thread(&mut self, thread_id: &str) -> Result<()> {
+        self.threads
+            .remove(thread_id)
+            .map(drop)
+            .ok_or_else(|| CheckpointError::NoThread(thread_id.into()))
+    }
+
+    /// Deletes the checkpoints of `thread_id` newer than `to`, the values they introduced and
+    /// every write stored against `to` or them ([`Put::Truncate`]).
+    fn truncate(&mut self, thread_id: &str, to: &str) -> Result<()> {
+        let entry = self.entry_mut(thread_id)?;
+        let versions = entry.checkpoint(to)?.versions.clone();
+        entry.checkpoints.retain(|id, _| id.as_str() <= to);
+        entry.writes.retain(|(id, _, _), _| id.as_str() < to);
+        entry
+            .values
+            .retain(|(k, v), _| versions.get(k).is_some_and(|kept| v <= kept));
+        Ok(())
+    }
+
     fn entry(&self, thread_id: &str) -> Result<&Entry> {
         self.threads
             .get(thread_id)
@@ -197,20 +217,6 @@ impl MemoryCheckpointer {
         Ok(self.lock()?.threads.values().map(|e| e.values.len() as u64).sum())
     }
 
-    /// Deletes the checkpoints of `thread_id` newer than `to`, the values they introduced and
-    /// every write stored against `to` or them ([`super::RunStore::rollback_thread`]).
-    pub(super) fn truncate(&self, thread_id: &str, to: &str) -> Result<()> {
-        let mut store = self.lock()?;
-        let entry = store.entry_mut(thread_id)?;
-        let versions = entry.checkpoint(to)?.versions.clone();
-        entry.checkpoints.retain(|id, _| id.as_str() <= to);
-        entry.writes.retain(|(id, _, _), _| id.as_str() < to);
-        entry
-            .values
-            .retain(|(k, v), _| versions.get(k).is_some_and(|kept| v <= kept));
-        Ok(())
-    }
-
     pub(super) fn lock_runs(&self) -> Result<MutexGuard<'_, super::runs::Memory>> {
         self.runs
             .lock()
@@ -308,12 +314,7 @@ impl Checkpointer for MemoryCheckpointer {
     }
 
     fn delete_thread(&self, thread_id: &str) -> Result<()> {
-        let mut store = self.lock()?;
-        store
-            .threads
-            .remove(thread_id)
-            .map(drop)
-            .ok_or_else(|| CheckpointError::NoThread(thread_id.into()))
+        self.lock()?.delete_thread(thread_id)
     }
 
     /// Under one lock, so no reader sees half a batch. A put that fails stops the batch; those
@@ -331,6 +332,8 @@ impl Checkpointer for MemoryCheckpointer {
                     checkpoint_id,
                     writes,
                 } => store.put_writes(&thread_id, &checkpoint_id, &writes)?,
+                Put::Truncate { thread_id, to } => store.truncate(&thread_id, &to)?,
+                Put::Delete(thread_id) => store.delete_thread(&thread_id)?,
             }
         }
         Ok(())

@@ -167,6 +167,16 @@ pub enum Put {
         checkpoint_id: String,
         writes: Vec<PendingWrite>,
     },
+    /// Takes a thread back to its checkpoint `to` (a run rolled back): the checkpoints newer
+    /// than `to` are deleted with their writes and the values they introduced, and so are the
+    /// writes stored against `to` (a `Writes` put after it stores those it should keep).
+    Truncate {
+        thread_id: String,
+        to: String,
+    },
+    /// Deletes a thread with its checkpoints, values and writes, as
+    /// [`Checkpointer::delete_thread`].
+    Delete(String),
 }
 
 /// Storage errors. Backends map their own errors into these.
@@ -334,22 +344,7 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + Send + Sync {
 
     /// Several puts, in order, committed together where the backend can (SQLite: one
     /// transaction, so one fsync at most however many steps they hold).
-    fn put_batch(&self, puts: Vec<Put>) -> Result<()> {
-        for put in puts {
-            match put {
-                Put::Fence(fence) => check_fence(self.lease(&fence.thread_id)?.as_ref(), &fence)?,
-                Put::Thread(thread) => self.create_thread(&thread)?,
-                Put::Status { thread_id, status } => self.set_status(&thread_id, status)?,
-                Put::Checkpoint(cp, values) => self.put_checkpoint(&cp, &values)?,
-                Put::Writes {
-                    thread_id,
-                    checkpoint_id,
-                    writes,
-                } => self.put_writes(&thread_id, &checkpoint_id, &writes)?,
-            }
-        }
-        Ok(())
-    }
+    fn put_batch(&self, puts: Vec<Put>) -> Result<()>;
 
     /// Creates a thread with its first checkpoint, atomically: a crash leaves both or neither.
     /// `fence`, when given, must hold (see [`Put::Fence`]).

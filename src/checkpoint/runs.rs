@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::memory::MemoryCheckpointer;
 use super::sqlite::SqliteCheckpointer;
-use super::{CheckpointError, Checkpointer, PendingWrite, Result};
+use super::{CheckpointError, Result};
 
 /// Applied on every open of a SQLite store (see the module doc).
 pub(super) const SCHEMA: &str = "
@@ -158,12 +158,6 @@ pub trait RunStore: Send + Sync {
 
     /// Deletes a thread's metadata and its runs.
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()>;
-
-    /// Takes a thread back to its checkpoint `to` (a run rolled back): the checkpoints newer
-    /// than `to` are deleted with their writes and the values they introduced, and `to`'s
-    /// writes become `writes` (those it had before the run). The thread's status is the
-    /// caller's to set.
-    fn rollback_thread(&self, thread_id: &str, to: &str, writes: &[PendingWrite]) -> Result<()>;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -398,44 +392,6 @@ impl RunStore for SqliteCheckpointer {
             Ok(())
         }))
     }
-
-    fn rollback_thread(&self, thread_id: &str, to: &str, writes: &[PendingWrite]) -> Result<()> {
-        let cp = self
-            .get_checkpoint(thread_id, Some(to))?
-            .ok_or_else(|| CheckpointError::NoCheckpoint(thread_id.into(), to.into()))?;
-        let (thread, to) = (thread_id.to_owned(), to.to_owned());
-        let versions: Vec<(String, i64)> = cp
-            .versions
-            .iter()
-            .map(|(k, v)| (k.clone(), i64::try_from(*v).unwrap_or(i64::MAX)))
-            .collect();
-        self.exec(Box::new(move |conn: &Connection| {
-            // Checkpoint ids are UUIDv7 within a thread: newer is greater.
-            conn.prepare_cached("DELETE FROM writes WHERE thread_id = ?1 AND checkpoint_id >= ?2")?
-                .execute(params![thread, to])?;
-            conn.prepare_cached("DELETE FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id > ?2")?
-                .execute(params![thread, to])?;
-            let mut keep =
-                conn.prepare_cached("DELETE FROM state_values WHERE thread_id = ?1 AND key = ?2 AND version > ?3")?;
-            for (key, version) in &versions {
-                keep.execute(params![thread, key, version])?;
-            }
-            let known: Vec<&str> = versions.iter().map(|(k, _)| k.as_str()).collect();
-            let all: Vec<String> = conn
-                .prepare_cached("SELECT DISTINCT key FROM state_values WHERE thread_id = ?1")?
-                .query_map([&thread], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
-            for key in all.iter().filter(|k| !known.contains(&k.as_str())) {
-                conn.prepare_cached("DELETE FROM state_values WHERE thread_id = ?1 AND key = ?2")?
-                    .execute(params![thread, key])?;
-            }
-            Ok(())
-        }))?;
-        if writes.is_empty() {
-            return Ok(());
-        }
-        self.put_writes(thread_id, &cp.checkpoint_id, writes)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -516,14 +472,6 @@ impl RunStore for MemoryCheckpointer {
         m.runs.retain(|_, r| r.thread_id != thread_id);
         m.threads.remove(thread_id);
         Ok(())
-    }
-
-    fn rollback_thread(&self, thread_id: &str, to: &str, writes: &[PendingWrite]) -> Result<()> {
-        self.truncate(thread_id, to)?;
-        if writes.is_empty() {
-            return Ok(());
-        }
-        self.put_writes(thread_id, to, writes)
     }
 }
 

@@ -686,6 +686,8 @@ fn batch_op(puts: Vec<super::Put>) -> Result<Op> {
                 checkpoint_id,
                 writes,
             } => writes_op(thread_id, checkpoint_id, &writes),
+            super::Put::Truncate { thread_id, to } => Ok(Op::Truncate { thread_id, to }),
+            super::Put::Delete(thread_id) => Ok(Op::DeleteThread(thread_id)),
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Op::Batch(ops))
@@ -745,6 +747,33 @@ fn with_blobs(thread_id: &str, blobs: Vec<(String, String)>, op: Op) -> Op {
     ])
 }
 
+/// Deletes the checkpoints of `thread_id` newer than `to` with the values they introduced, and
+/// the writes stored against `to` and them.
+fn truncate(conn: &Connection, thread_id: &str, to: &str) -> Result<()> {
+    let row = load_checkpoint(conn, thread_id, to)?
+        .ok_or_else(|| CheckpointError::NoCheckpoint(thread_id.into(), to.into()))?;
+    let versions: BTreeMap<String, u64> = from_json("checkpoint versions", &row.versions)?;
+    // Checkpoint ids are UUIDv7 within a thread: newer is greater.
+    conn.prepare_cached("DELETE FROM writes WHERE thread_id = ?1 AND checkpoint_id >= ?2")?
+        .execute(params![thread_id, to])?;
+    conn.prepare_cached("DELETE FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id > ?2")?
+        .execute(params![thread_id, to])?;
+    let mut keep =
+        conn.prepare_cached("DELETE FROM state_values WHERE thread_id = ?1 AND key = ?2 AND version > ?3")?;
+    for (key, version) in &versions {
+        keep.execute(params![thread_id, key, version_to_sql(*version)?])?;
+    }
+    let all: Vec<String> = conn
+        .prepare_cached("SELECT DISTINCT key FROM state_values WHERE thread_id = ?1")?
+        .query_map([thread_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for key in all.iter().filter(|k| !versions.contains_key(k.as_str())) {
+        conn.prepare_cached("DELETE FROM state_values WHERE thread_id = ?1 AND key = ?2")?
+            .execute(params![thread_id, key])?;
+    }
+    Ok(())
+}
+
 /// JSON text for storage: long strings replaced by references, collected in `blobs`.
 fn encode(value: &Value, blobs: &mut Vec<(String, String)>) -> Result<String> {
     match super::blobs::externalize(value) {
@@ -798,6 +827,11 @@ enum Op {
         writes: Vec<(String, i64, String, String)>,
     },
     DeleteThread(String),
+    /// [`super::Put::Truncate`].
+    Truncate {
+        thread_id: String,
+        to: String,
+    },
     /// Fails unless the lease is still the fence's.
     Fence(Fence),
     AcquireLease {
@@ -1110,6 +1144,7 @@ fn apply(conn: &Connection, op: &Op) -> Result<Done> {
             conn.prepare_cached("DELETE FROM blobs WHERE hash NOT IN (SELECT hash FROM blob_refs)")?
                 .execute([])?;
         }
+        Op::Truncate { thread_id, to } => truncate(conn, thread_id, to)?,
         Op::Fence(fence) => super::check_fence(load_lease(conn, &fence.thread_id)?.as_ref(), fence)?,
         Op::AcquireLease {
             claim,

@@ -20,6 +20,7 @@ mod gates;
 pub mod kind;
 mod lease;
 mod persist;
+mod rollback;
 mod services;
 mod step;
 mod task;
@@ -50,6 +51,7 @@ pub use gates::{
 pub use kind::{Kinds, NodeKind};
 pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
 use persist::Persister;
+pub use rollback::RollbackTo;
 pub use services::{Env, Origin, ReadRoots, Services};
 use step::{StepResult, follow, stopped};
 use thread::Entry;

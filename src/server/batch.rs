@@ -8,7 +8,8 @@ use serde_json::Value;
 use super::Shared;
 use super::control::background;
 use super::http::{ApiError, JsonBody};
-use super::runs::{RunCreate, run_json};
+use super::manager::RunCreate;
+use super::runs::run_json;
 
 /// Every request is read before any run starts, so a malformed one starts none; a run refused
 /// once the others started (an unknown assistant, say) fails the request, and the runs already
@@ -18,8 +19,7 @@ pub(super) async fn batch(
     JsonBody(requests): JsonBody<Vec<Value>>,
 ) -> Result<Json<Value>, ApiError> {
     for req in &requests {
-        serde_json::from_value::<RunCreate>(req.clone())
-            .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))?;
+        RunCreate::parse(req)?;
     }
     let mut runs = Vec::with_capacity(requests.len());
     for kwargs in requests {

@@ -11,55 +11,16 @@ use serde_json::{Value, json};
 
 use super::Shared;
 use super::http::{ApiError, JsonBody};
-use super::runs::{Resumed, RunRecord, run_json, start_run};
-use super::threads::{lock, pending_interrupts};
-use crate::checkpoint::{PendingWrite, RunRow, RunStatus, ThreadStatus};
-
-fn no_run(run_id: &str) -> ApiError {
-    ApiError::not_found(format!("Run {run_id} not found"))
-}
-
-/// The live run `run_id` of `thread_id`, if this server runs (or ran) it.
-fn live(app: &Shared, thread_id: &str, run_id: &str) -> Option<RunRecord> {
-    lock(&app.runs)
-        .get(run_id)
-        .filter(|r| r.thread_id == thread_id)
-        .cloned()
-}
-
-/// How often a reader of a run that has not started yet looks again.
-const STARTING: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// The live run `run_id` of `thread_id` once it streams: a run whose row is active but that
-/// is not live here yet (a server just started is resuming it, or it is queued) is waited for.
-/// `None` when the run has ended without being live here.
-async fn once_started(app: &Shared, thread_id: &str, run_id: &str) -> Result<Option<RunRecord>, ApiError> {
-    loop {
-        if let Some(run) = live(app, thread_id, run_id)
-            && (run.hub.is_some() || !run.is_active())
-        {
-            return Ok(Some(run));
-        }
-        if !stored(app, thread_id, run_id)?.status.is_active() {
-            return Ok(live(app, thread_id, run_id));
-        }
-        tokio::time::sleep(STARTING).await;
-    }
-}
-
-/// The stored run `run_id` of `thread_id`.
-pub(super) fn stored(app: &Shared, thread_id: &str, run_id: &str) -> Result<RunRow, ApiError> {
-    app.store
-        .get_run(run_id)?
-        .filter(|r| r.thread_id == thread_id)
-        .ok_or_else(|| no_run(run_id))
-}
+use super::manager::{Cancel, CreateRun};
+use super::runs::run_json;
+use super::threads::pending_interrupts;
+use crate::checkpoint::{RunRow, RunStatus};
 
 pub(super) async fn get_run(
     State(app): State<Shared>,
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(run_json(&stored(&app, &thread_id, &run_id)?)))
+    Ok(Json(run_json(&app.runs.get(&thread_id, &run_id)?)))
 }
 
 #[derive(Deserialize)]
@@ -75,20 +36,13 @@ pub(super) async fn list_runs(
     UrlPath(thread_id): UrlPath<String>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    if !super::threads::exists(&app, &thread_id)? {
-        return Err(ApiError::not_found(format!("Thread with ID {thread_id} not found")));
-    }
-    let runs = app.store.list_runs(Some(&thread_id), &[])?;
-    // Oldest first from the store (run ids are UUIDv7: their order is their creation's).
-    let page: Vec<Value> = runs
-        .iter()
-        .rev()
-        .filter(|r| q.status.as_deref().is_none_or(|s| r.status.as_str() == s))
-        .skip(q.offset.unwrap_or(0))
-        .take(q.limit.unwrap_or(10))
-        .map(run_json)
-        .collect();
-    Ok(Json(Value::Array(page)))
+    let runs = app.runs.list(
+        &thread_id,
+        q.status.as_deref(),
+        q.offset.unwrap_or(0),
+        q.limit.unwrap_or(10),
+    )?;
+    Ok(Json(Value::Array(runs.iter().map(run_json).collect())))
 }
 
 /// Creates a run nobody streams on `thread` (none: a thread of its own): answered at once with
@@ -98,8 +52,8 @@ pub(super) async fn background(app: &Shared, thread: Option<String>, mut kwargs:
     if let Value::Object(k) = &mut kwargs {
         k.insert("on_disconnect".into(), json!("continue"));
     }
-    let queued = start_run(app, thread, kwargs, None).await?;
-    let row = stored(app, &queued.thread_id, &queued.run_id)?;
+    let queued = super::runs::create(app, thread, kwargs).await?;
+    let row = app.runs.get(queued.thread_id(), queued.run_id())?;
     let app = app.clone();
     tokio::spawn(async move {
         // A run that cannot start has recorded why in its row.
@@ -110,7 +64,6 @@ pub(super) async fn background(app: &Shared, thread: Option<String>, mut kwargs:
     });
     Ok(row)
 }
-
 /// `POST /threads/{id}/runs`: a run in the background.
 pub(super) async fn create_on_thread(
     State(app): State<Shared>,
@@ -145,12 +98,7 @@ pub(super) async fn join(
     State(app): State<Shared>,
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    if let Some(run) = once_started(&app, &thread_id, &run_id).await? {
-        let mut ended = run.ended;
-        // A closed channel means the run's task is gone, after recording its end.
-        let _ = ended.wait_for(|e| *e).await;
-    }
-    let run = stored(&app, &thread_id, &run_id)?;
+    let run = app.runs.join(&thread_id, &run_id).await?;
     if let Some(error) = run.error {
         return Ok(Json(json!({"__error__": error})));
     }
@@ -198,38 +146,17 @@ pub(super) async fn cancel(
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
     Query(q): Query<CancelQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let rollback = match q.action.as_deref() {
-        None | Some("interrupt") => false,
-        Some("rollback") => true,
+    let action = match q.action.as_deref() {
+        None | Some("interrupt") => Cancel::Interrupt,
+        Some("rollback") => Cancel::Rollback,
         Some(other) => {
             return Err(ApiError::invalid(format!(
                 "cancel action must be `interrupt` or `rollback`, not `{other}`"
             )));
         }
     };
-    // Only a run that has not ended can be cancelled: the reference answers 404 for one that
-    // has (it is no longer among the runs that can be).
-    if !stored(&app, &thread_id, &run_id)?.status.is_active() {
-        return Err(no_run(&run_id));
-    }
-    let Some(run) = live(&app, &thread_id, &run_id) else {
-        // A run of no server now: it has ended (or waits for a server to resume it).
-        if rollback {
-            return Err(ApiError::conflict(format!(
-                "run {run_id} is not running here: only a running run can be rolled back"
-            )));
-        }
-        return Ok(Json(json!({})));
-    };
-    if rollback {
-        stop(&app, run, true).await?;
-        return Ok(Json(json!({})));
-    }
-    run.cancel();
-    if matches!(q.wait.as_deref(), Some("1" | "true")) {
-        let mut ended = run.ended;
-        let _ = ended.wait_for(|e| *e).await;
-    }
+    let wait = matches!(q.wait.as_deref(), Some("1" | "true"));
+    app.runs.cancel(&thread_id, &run_id, action, wait).await?;
     Ok(Json(json!({})))
 }
 
@@ -238,113 +165,8 @@ pub(super) async fn delete_run(
     State(app): State<Shared>,
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let run = stored(&app, &thread_id, &run_id)?;
-    if run.status.is_active() {
-        return Err(ApiError::conflict(format!(
-            "run {run_id} is {}: cancel it before deleting it",
-            run.status.as_str()
-        )));
-    }
-    app.store.delete_run(&run_id)?;
-    lock(&app.runs).remove(&run_id);
+    app.runs.delete(&thread_id, &run_id)?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Stops every active run of `thread_id` and waits for their ends (a newer run's
-/// `multitask_strategy` `interrupt` or `rollback`); with `rollback`, each is rolled back.
-pub(super) async fn stop_runs_of(app: &Shared, thread_id: &str, rollback: bool) -> Result<(), ApiError> {
-    let mut active: Vec<RunRecord> = lock(&app.runs)
-        .values()
-        .filter(|r| r.thread_id == thread_id && r.is_active())
-        .cloned()
-        .collect();
-    // Newest first: a rollback of each goes back to where the one before it started.
-    active.sort_by(|a, b| b.run_id.cmp(&a.run_id));
-    for run in active {
-        stop(app, run, rollback).await?;
-    }
-    Ok(())
-}
-
-/// Stops `run` and waits for its end; with `rollback`, then takes its thread back to the
-/// checkpoint it started from (with that checkpoint's writes as they were) and deletes the run.
-async fn stop(app: &Shared, run: RunRecord, rollback: bool) -> Result<(), ApiError> {
-    run.cancel();
-    let mut ended = run.ended.clone();
-    let _ = ended.wait_for(|e| *e).await;
-    if !rollback {
-        return Ok(());
-    }
-    // A run cancelled while it waited for a worker never touched its thread: rolling it back
-    // is forgetting it (its thread may have moved on since it was created, by the runs before it).
-    if !lock(&app.runs).get(&run.run_id).is_some_and(|r| r.had_worker) {
-        app.store.delete_run(&run.run_id)?;
-        lock(&app.runs).remove(&run.run_id);
-        return Ok(());
-    }
-    let thread_id = &run.thread_id;
-    // The thread's lease, held while it is taken back, as every write to a thread is: a run
-    // that took the thread since (one queued behind) is left alone.
-    let claim = crate::checkpoint::LeaseClaim {
-        thread_id: thread_id.clone(),
-        owner: crate::checkpoint::new_id(),
-        pid: std::process::id(),
-        host: crate::engine::host().to_string(),
-        ttl: crate::engine::DEFAULT_LEASE_TTL,
-        replace: None,
-    };
-    let lease = match app.store.acquire_lease(&claim) {
-        Ok(lease) => lease,
-        Err(crate::checkpoint::CheckpointError::Leased(_)) => {
-            return Err(ApiError::conflict(format!(
-                "run {} stopped, but another run took thread {thread_id} before it could be rolled back",
-                run.run_id
-            )));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let rolled = roll_back(app, &run);
-    // A lease that cannot be given up expires on its own.
-    let _ = app.store.release_lease(&lease.fence());
-    rolled
-}
-
-/// Takes `run`'s thread back to where it was before the run, and deletes the run.
-fn roll_back(app: &Shared, run: &RunRecord) -> Result<(), ApiError> {
-    let thread_id = &run.thread_id;
-    match &run.rollback_to {
-        Some((to, writes)) => {
-            app.store.rollback_thread(thread_id, to, writes)?;
-            let status = thread_status(app, thread_id, to, writes)?;
-            app.store.set_status(thread_id, status)?;
-        }
-        // The run made the thread's first checkpoint: none is left. The API's record of the
-        // thread (its metadata) stays, as a thread created and never run.
-        None => {
-            if app.store.get_thread(thread_id)?.is_some() {
-                app.store.delete_thread(thread_id)?;
-            }
-        }
-    }
-    app.store.delete_run(&run.run_id)?;
-    lock(&app.runs).remove(&run.run_id);
-    Ok(())
-}
-
-/// A thread's status at checkpoint `to` with its pending `writes`.
-fn thread_status(app: &Shared, thread_id: &str, to: &str, writes: &[PendingWrite]) -> Result<ThreadStatus, ApiError> {
-    if !crate::engine::waiting_gates(writes).is_empty() {
-        return Ok(ThreadStatus::Interrupted);
-    }
-    let done = app
-        .store
-        .get_checkpoint(thread_id, Some(to))?
-        .is_some_and(|cp| cp.next.is_empty());
-    Ok(if done {
-        ThreadStatus::Done
-    } else {
-        ThreadStatus::Running
-    })
 }
 
 /// Joins a run's stream: from the start (`Last-Event-ID: -1`), after the event a client saw
@@ -363,7 +185,7 @@ pub(super) async fn join_stream(
         (header::LOCATION, format!("/threads/{thread_id}/runs/{run_id}/stream")),
         (header::CONTENT_LOCATION, format!("/threads/{thread_id}/runs/{run_id}")),
     ];
-    let Some(hub) = once_started(&app, &thread_id, &run_id).await?.and_then(|r| r.hub) else {
+    let Some(hub) = app.runs.joinable(&thread_id, &run_id).await?.and_then(|r| r.stream) else {
         return Ok(super::hub::response(super::hub::ended(), 0, None, locations));
     };
     let from = match last {
@@ -383,7 +205,7 @@ pub(super) async fn join_stream(
 /// server on another host) and is fed as a background run that a client joins by its id. The
 /// runs of one thread go one after the other, oldest first, as they were queued.
 pub(crate) fn resume_unfinished(app: &Shared) -> Result<usize, ApiError> {
-    let rows = app.store.list_runs(None, &[RunStatus::Pending, RunStatus::Running])?;
+    let rows = app.runs.unfinished()?;
     let count = rows.len();
     let mut by_thread: Vec<(String, Vec<RunRow>)> = Vec::new();
     for row in rows {
@@ -392,27 +214,23 @@ pub(crate) fn resume_unfinished(app: &Shared) -> Result<usize, ApiError> {
             None => by_thread.push((row.thread_id.clone(), vec![row])),
         }
     }
-    for (thread_id, rows) in by_thread {
+    for (_, rows) in by_thread {
         let app = app.clone();
         tokio::spawn(async move {
             for row in rows {
-                let run_id = row.run_id.clone();
-                let kwargs = row.kwargs.clone();
-                let resumed = Resumed {
-                    was_running: row.status == RunStatus::Running,
-                    row,
-                };
-                let started = match start_run(&app, Some(thread_id.clone()), kwargs, Some(resumed)).await {
-                    Ok(queued) => queued.started(&app).await,
-                    Err(e) => Err(e),
+                let (thread_id, run_id) = (row.thread_id.clone(), row.run_id.clone());
+                let started = match CreateRun::resumed(&app.graphs, row) {
+                    Ok(create) => match super::runs::queue(&app, create).await {
+                        Ok(queued) => queued.started(&app).await,
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e.into()),
                 };
                 match started {
                     Ok(started) => {
                         super::hub::feed(&app, started);
-                        let ended = lock(&app.runs).get(&run_id).map(|r| r.ended.clone());
-                        if let Some(mut ended) = ended {
-                            // A closed channel means the run's task is gone, after its end.
-                            let _ = ended.wait_for(|e| *e).await;
+                        if let Some(run) = app.runs.live(&thread_id, &run_id) {
+                            run.wait_end().await;
                         }
                     }
                     Err(e) => {

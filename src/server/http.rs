@@ -58,6 +58,42 @@ impl From<crate::run::RunError> for ApiError {
     }
 }
 
+/// The one place a run manager's error becomes a status, as the reference answers each.
+impl From<super::manager::RunsError> for ApiError {
+    fn from(e: super::manager::RunsError) -> Self {
+        use super::manager::RunsError;
+        match e {
+            RunsError::Invalid(m) => ApiError::invalid(m),
+            RunsError::NotFound(m) => ApiError::not_found(m),
+            RunsError::Conflict(m) => ApiError::conflict(m),
+            RunsError::Engine(e) => refused(e),
+            RunsError::Store(e) => e.into(),
+            RunsError::Build(e) => e.into(),
+        }
+    }
+}
+
+/// Why the engine would not start or continue a run, as the reference answers it.
+pub(crate) fn refused(e: crate::engine::EngineError) -> ApiError {
+    use crate::checkpoint::CheckpointError;
+    use crate::engine::EngineError;
+    match e {
+        EngineError::Busy(_) | EngineError::Store(CheckpointError::Leased(_)) => {
+            ApiError::conflict(super::manager::BUSY)
+        }
+        EngineError::NoThread(t) => ApiError::not_found(format!("Thread with ID {t} not found")),
+        e @ (EngineError::Input(_)
+        | EngineError::Incompatible(_)
+        | EngineError::NotInterrupted(_)
+        | EngineError::BadAnswer(_)
+        | EngineError::AlreadyAnswered(_)
+        | EngineError::WhichGate { .. }
+        | EngineError::NoSuchGate { .. }
+        | EngineError::Edit(_)) => ApiError::invalid(e.to_string()),
+        e => ApiError::internal(e),
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, axum::Json(json!({"detail": self.detail}))).into_response()

@@ -156,9 +156,7 @@ pub(super) fn feed_with(app: &Shared, s: Started, mut framer: impl Framer) -> Ar
         reserved: std::sync::atomic::AtomicU64::new(s.first_event_id),
     });
     hub.push(framer.start(&s.run_id, s.first));
-    if let Some(r) = lock(&app.runs).get_mut(&s.run_id) {
-        r.hub = Some(hub.clone());
-    }
+    app.runs.attach(&s.run_id, hub.clone());
     let (app, fed) = (app.clone(), hub.clone());
     let (run_id, mut events, done, release) = (s.run_id, s.events, s.done, s.release);
     tokio::spawn(async move {
@@ -170,10 +168,8 @@ pub(super) fn feed_with(app: &Shared, s: Started, mut framer: impl Framer) -> Ar
             .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
         fed.push(framer.finish(&outcome));
         fed.progress.send_modify(|p| p.ended = true);
-        if !fed.resumable
-            && let Some(r) = lock(&app.runs).get_mut(&run_id)
-        {
-            r.hub = None;
+        if !fed.resumable {
+            app.runs.detach(&run_id);
         }
         drop(release);
     });
@@ -194,7 +190,7 @@ pub(super) fn ended() -> Arc<Hub> {
 
 /// Stops the run when its reader is dropped before the end (the client went away).
 pub(super) struct CancelOnDrop {
-    pub stopper: super::runs::Stopper,
+    pub stopper: super::manager::Stopper,
     pub armed: bool,
 }
 

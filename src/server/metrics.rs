@@ -5,9 +5,7 @@
 //! recorded, steps and model calls in the events the stream translator reads, event streams
 //! in a layer that wraps every `text/event-stream` response body.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use axum::body::Body;
@@ -18,7 +16,6 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 
 use super::Shared;
-use super::threads::lock;
 
 /// Upper bounds of the latency buckets, in seconds (`+Inf` is implied).
 const BUCKETS: &[f64] = &[
@@ -69,8 +66,6 @@ impl Histogram {
 
 /// What the server counts.
 pub(crate) struct Metrics {
-    /// Runs that ended, by their final status.
-    ended: Mutex<BTreeMap<&'static str, u64>>,
     /// Event-stream responses being sent.
     streams: AtomicI64,
     /// Each superstep, from its start to its checkpoint.
@@ -82,7 +77,6 @@ pub(crate) struct Metrics {
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics {
-            ended: Mutex::new(BTreeMap::new()),
             streams: AtomicI64::new(0),
             steps: Histogram::new(),
             model_calls: Histogram::new(),
@@ -90,20 +84,11 @@ impl Default for Metrics {
     }
 }
 
-impl Metrics {
-    pub(crate) fn run_ended(&self, status: &'static str) {
-        *lock(&self.ended).entry(status).or_default() += 1;
-    }
-}
-
 /// The text `GET /metrics` answers.
 fn render(app: &Shared) -> String {
     let m = &app.metrics;
     let mut out = String::new();
-    let mut active: BTreeMap<&'static str, u64> = [("pending", 0), ("running", 0)].into();
-    for r in lock(&app.runs).values().filter(|r| r.is_active()) {
-        *active.entry(r.status.as_str()).or_default() += 1;
-    }
+    let active = app.runs.active();
     out.push_str("# HELP runner_runs Runs not yet ended, by status.\n# TYPE runner_runs gauge\n");
     for (status, n) in &active {
         let _ = writeln!(out, "runner_runs{{status=\"{status}\"}} {n}");
@@ -111,10 +96,10 @@ fn render(app: &Shared) -> String {
     let _ = writeln!(
         out,
         "# HELP runner_workers Runs that may execute at once (--workers).\n# TYPE runner_workers gauge\nrunner_workers {}",
-        app.workers.size()
+        app.runs.workers()
     );
     out.push_str("# HELP runner_runs_total Runs ended since the server started, by final status.\n# TYPE runner_runs_total counter\n");
-    let ended = lock(&m.ended).clone();
+    let ended = app.runs.ended();
     for status in ["success", "error", "interrupted", "timeout"] {
         let _ = writeln!(
             out,

@@ -11,6 +11,8 @@
 //!   clearing their node cache;
 //! - `threads.rs`: threads, their state and history, read from the checkpointer;
 //! - `runs.rs`: runs on a thread or stateless, streamed (SSE) or waited for;
+//! - `manager/`: the run manager below HTTP: runs created, enqueued, claimed, cancelled,
+//!   rolled back, joined, listed; the live runs of the process and its workers;
 //! - `control.rs`: runs in the background, listed, looked at, joined, cancelled;
 //! - `batch.rs`: `/runs/batch`, stateless runs started in the background together;
 //! - `hub.rs`: a streamed run's frames, kept for the client that started it and any that join;
@@ -20,8 +22,8 @@
 //! - `metrics.rs`: `GET /metrics` in Prometheus's text format;
 //! - `conn.rs`: connections accepted and served (HTTP/1.1), closed when idle or too slow, and
 //!   ended gracefully;
-//! - `http.rs`: `{"detail": …}` errors, JSON bodies, CORS, the API key;
-//! - `workers.rs`: how many runs execute at once, and the line of pending runs.
+//! - `http.rs`: `{"detail": …}` errors (the run manager's mapped in one place), JSON bodies,
+//!   CORS, the API key.
 
 mod batch;
 mod conn;
@@ -30,6 +32,7 @@ mod graphs;
 mod http;
 mod hub;
 mod log;
+mod manager;
 mod messages;
 mod metrics;
 mod routes;
@@ -38,11 +41,9 @@ mod sse;
 mod store;
 mod threads;
 mod translate;
-mod workers;
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -57,25 +58,17 @@ use crate::run::{RunError, RunSettings};
 pub(crate) struct App {
     graphs: Graphs,
     settings: RunSettings,
-    /// Checkpoints, and the runs and thread metadata of the API.
+    /// Checkpoints, and the runs and thread metadata of the API (the run manager's store).
     store: Arc<dyn Checkpointer>,
-    /// Runs this server started, by run id: what only a live run has (its cancel flag, its
-    /// end, its frames); what is shown of a run is its row in `store`.
-    runs: Mutex<HashMap<String, runs::RunRecord>>,
+    /// Every run's creation, line, end, cancel and rollback; the live runs of this process,
+    /// with the frames readers join.
+    runs: Arc<manager::RunManager<hub::Hub>>,
     /// The key every request but `/ok` must carry, when set.
     api_key: Option<String>,
     /// The data store (`--data-db`), opened once: the store endpoints and every run's `store`,
     /// `index` and `retrieve` nodes share it.
     data: crate::rag::DataStore,
     metrics: metrics::Metrics,
-    /// How many runs execute at once; the others wait `pending`, in the order they came.
-    workers: workers::Workers,
-    /// The server is shutting down: the runs it stops stay unfinished in the store, for the
-    /// next server to continue.
-    stopping: std::sync::atomic::AtomicBool,
-    /// Threads being deleted. Held while a run is admitted to a thread (until it is among
-    /// `runs`): admissions are decided one at a time, and none to a thread being deleted.
-    deleting: Mutex<std::collections::HashSet<String>>,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -97,18 +90,21 @@ impl Server {
     ) -> Result<Server, RunError> {
         let store = settings.open_store()?;
         let data = settings.data_store()?;
+        let runs = Arc::new(manager::RunManager::new(
+            settings.clone(),
+            store.clone(),
+            data.clone(),
+            workers,
+        ));
         Ok(Server {
             app: Arc::new(App {
                 data,
                 metrics: metrics::Metrics::default(),
-                workers: workers::Workers::new(workers),
                 graphs,
                 settings,
                 store,
-                runs: Mutex::new(HashMap::new()),
+                runs,
                 api_key,
-                stopping: std::sync::atomic::AtomicBool::new(false),
-                deleting: Mutex::new(Default::default()),
             }),
         })
     }
@@ -134,15 +130,13 @@ impl Server {
         let open = conn::serve(listener, router(self.app.clone()), timeouts, shutdown).await;
         let app = self.app;
         // From here on a run that stops stays unfinished in the store, for the next server.
-        app.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
-        let ended = async { tokio::join!(stop_runs(&app), open.close()) };
+        let ended = async { tokio::join!(app.runs.stop_all(), open.close()) };
         if tokio::time::timeout(timeouts.shutdown, ended).await.is_err() {
             // The runs still going are cut off mid-step when the process exits: the next
             // server runs that step again. Their leases need no release: a holder on this host
             // whose process is gone is replaced at once.
-            let left = threads::lock(&app.runs).values().filter(|r| r.is_active()).count();
             tracing::warn!(
-                runs = left,
+                runs = app.runs.running(),
                 timeout_s = timeouts.shutdown.as_secs_f64(),
                 "stopped waiting for runs to reach a step boundary"
             );
@@ -161,34 +155,6 @@ pub struct Timeouts {
     /// Once told to stop: the runs, to reach their next step boundary, and the responses, to
     /// end.
     pub shutdown: Duration,
-}
-
-/// Stops every run at its next step boundary and waits until each has ended: its step
-/// checkpointed, its lease released. A run started meanwhile (by a request already being
-/// handled) is stopped in turn.
-async fn stop_runs(app: &Shared) {
-    // Each run is waited for once: one whose task died without recording its end still looks
-    // active, and looking again would spin.
-    let mut waited = std::collections::HashSet::new();
-    loop {
-        let active: Vec<runs::RunRecord> = threads::lock(&app.runs)
-            .values()
-            .filter(|r| r.is_active() && !waited.contains(&r.run_id))
-            .cloned()
-            .collect();
-        if active.is_empty() {
-            return;
-        }
-        for run in &active {
-            run.stop();
-        }
-        for run in active {
-            waited.insert(run.run_id);
-            let mut ended = run.ended;
-            // A closed channel means the run's task is gone.
-            let _ = ended.wait_for(|e| *e).await;
-        }
-    }
 }
 
 /// Reloads a running server's workflows (see [`Graphs::reload`]).

@@ -244,7 +244,7 @@ async fn respond(mut framer: RouteFramer, started: Started) -> Result<Response, 
     drop(release);
     let outcome = match outcome {
         Ok(o) => o,
-        Err(e) => return Err(runs::refused(e)),
+        Err(e) => return Err(super::http::refused(e)),
     };
     if outcome.status == Status::Failed {
         let error = super::translate::failure(&outcome);

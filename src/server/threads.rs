@@ -87,9 +87,7 @@ fn shown_state(values: Map<String, Value>, graph: Option<&super::Graph>) -> Map<
 pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>, ApiError> {
     let meta = app.store.get_thread_meta(thread_id)?;
     let stored = app.store.get_thread(thread_id)?;
-    let busy = lock(&app.runs)
-        .values()
-        .any(|r| r.thread_id == thread_id && r.is_active());
+    let busy = app.runs.busy(thread_id);
     let graph = graph_of(app, stored.as_ref());
     let (meta, status) = match (meta, &stored) {
         (None, None) => return Ok(None),
@@ -319,25 +317,8 @@ pub(super) async fn get(State(app): State<Shared>, UrlPath(id): UrlPath<String>)
 /// them. A run in progress or queued on it is cancelled first, and no run is admitted to the
 /// thread meanwhile, so none brings it back.
 pub(super) async fn delete(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<StatusCode, ApiError> {
-    {
-        let mut deleting = lock(&app.deleting);
-        if deleting.contains(&id) || !exists(&app, &id)? {
-            return Err(no_thread(&id));
-        }
-        deleting.insert(id.clone());
-    }
-    let deleted = async {
-        super::control::stop_runs_of(&app, &id, false).await?;
-        if app.store.get_thread(&id)?.is_some() {
-            app.store.delete_thread(&id)?;
-        }
-        app.store.delete_thread_meta(&id)?;
-        lock(&app.runs).retain(|_, r| r.thread_id != id);
-        Ok::<_, ApiError>(())
-    }
-    .await;
-    lock(&app.deleting).remove(&id);
-    deleted.map(|()| StatusCode::NO_CONTENT)
+    app.runs.delete_thread(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Deserialize)]
@@ -568,7 +549,7 @@ pub(super) async fn update_state(
     let cp = engine
         .update_state_at(&id, values, req.as_node.as_deref(), at.as_deref())
         .await
-        .map_err(super::runs::refused)?;
+        .map_err(super::http::refused)?;
     Ok(Json(json!({
         "checkpoint": {"thread_id": id, "checkpoint_ns": "", "checkpoint_id": cp.checkpoint_id, "checkpoint_map": null},
         "configurable": {"thread_id": id, "checkpoint_ns": "", "checkpoint_id": cp.checkpoint_id},

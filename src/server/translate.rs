@@ -773,14 +773,7 @@ impl Translate {
     }
 }
 
-/// Why a run failed, as its `error` event, its thread's `error` and a wait's `__error__` say
-/// it: the error class of the failure and its message.
-pub(crate) fn failure(o: &RunOutcome) -> Value {
-    json!({
-        "error": o.error_class.clone().unwrap_or_else(|| "RunError".into()),
-        "message": o.error.clone().unwrap_or_default(),
-    })
-}
+pub(crate) use super::manager::failure;
 
 /// An event's name inside namespace `ns`: `mode|ns`.
 fn name(mode: &str, ns: &Option<Arc<str>>) -> String {

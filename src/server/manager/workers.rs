@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::threads::lock;
+use super::lock;
 
 /// The free workers and the runs waiting for one, oldest first.
 #[derive(Debug)]
