@@ -20,7 +20,7 @@ fn go(
     plan: &Arc<runner::compile::Plan>,
     req: RunRequest,
 ) -> (RunOutcome, Vec<Event>) {
-    let providers = Providers::for_models(plan.models(), Some(mock.clone()), true).unwrap();
+    let providers = Providers::for_models_in(plan.models(), Some(mock.clone()), true, &|_| None).unwrap();
     let (events, mut rx) = Events::channel();
     let engine = Engine::new(plan.clone(), store.clone(), providers, events);
     let rt = tokio::runtime::Builder::new_multi_thread()

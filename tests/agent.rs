@@ -67,7 +67,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn run_mock(plan: &Arc<Plan>, script: Value) -> (RunOutcome, Arc<MockProvider>, Vec<Value>) {
     let mock = Arc::new(MockProvider::from_value(&script).unwrap());
-    let providers = Providers::for_models(plan.models(), Some(mock.clone()), true).unwrap();
+    let providers = Providers::for_models_in(plan.models(), Some(mock.clone()), true, &|_| None).unwrap();
     let (events, mut rx) = Events::channel();
     let engine = Engine::new(plan.clone(), Arc::new(MemoryCheckpointer::new()), providers, events);
     let req = RunRequest {

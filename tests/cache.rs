@@ -42,7 +42,7 @@ impl Bench {
     }
 
     fn go(&mut self, plan: &Arc<Plan>, req: RunRequest) -> RunOutcome {
-        let providers = Providers::for_models(plan.models(), Some(self.mock.clone()), true).unwrap();
+        let providers = Providers::for_models_in(plan.models(), Some(self.mock.clone()), true, &|_| None).unwrap();
         let (events, mut rx) = Events::channel();
         let engine = Engine::new(plan.clone(), self.store.clone(), providers, events);
         let rt = tokio::runtime::Builder::new_multi_thread()

@@ -348,7 +348,7 @@ fn the_plan_holds_indices_and_compiled_expressions() {
     let plan = plan.unwrap();
     let a = plan.node_by_name("a").unwrap();
     assert_eq!(plan.name_of(a), "a");
-    let runner::compile::Writer::Expr(id) = plan.nodes()[&a].update[0].1 else {
+    let runner::compile::Writer::Expr(id) = plan.nodes()[&a].update()[0].1 else {
         panic!("an expression")
     };
     let v = plan
@@ -358,6 +358,46 @@ fn the_plan_holds_indices_and_compiled_expressions() {
         .unwrap();
     assert_eq!(v.as_i64(), Some(42));
     assert!(matches!(plan.entry(), [runner::compile::Branch::Always(t)] if t == &[runner::compile::Target::Node(a)]));
+}
+
+/// A node's retry policy is resolved when it compiles: without `retry:`, its kind's default
+/// (three attempts for a kind that reaches the network, one for the others); with it, the
+/// fields it leaves out take their defaults. The engine runs what the plan says.
+#[test]
+fn retry_defaults_are_resolved_in_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    write_project(
+        dir.path(),
+        &wf(r#"
+state: {out: {type: object, default: {}}}
+nodes:
+  call: {kind: http, url: "http://127.0.0.1:9/x", timeout: 2s, update: {out: output}}
+  once: {kind: http, url: "http://127.0.0.1:9/y", retry: {max_attempts: 1}}
+  local: {kind: set}
+  told: {kind: set, retry: {initial_interval: 1s, retry_on: [invalid]}}
+edges: [START -> call -> once -> local -> told -> END]
+"#),
+        "",
+    );
+    let (plan, result) = compile_file(&dir.path().join("main.yaml"), &runner::nodes::builtin().decls());
+    assert!(result.diagnostics.is_empty(), "{:?}", result.diagnostics);
+    let plan = plan.unwrap();
+    let node = |name: &str| &plan.nodes()[&plan.node_by_name(name).unwrap()];
+    let call = node("call").retry();
+    assert_eq!(
+        call.max_attempts, 3,
+        "a kind that reaches the network retries by default"
+    );
+    assert_eq!(call.initial, std::time::Duration::from_millis(500));
+    assert!(call.retry_on.contains(&runner::error_class::ErrorClass::RateLimit));
+    assert_eq!(node("call").timeout(), Some(std::time::Duration::from_secs(2)));
+    assert_eq!(node("once").retry().max_attempts, 1);
+    assert_eq!(node("local").retry().max_attempts, 1, "a local kind does not retry");
+    assert_eq!(node("local").timeout(), None);
+    let told = node("told").retry();
+    assert_eq!(told.max_attempts, 3, "a written policy retries whatever the kind");
+    assert_eq!(told.initial, std::time::Duration::from_secs(1));
+    assert_eq!(told.retry_on, [runner::error_class::ErrorClass::Invalid]);
 }
 
 /// `width` nodes fanned out from START, each writing `key` (declared with `reducer`, a suffix

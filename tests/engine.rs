@@ -32,7 +32,7 @@ impl Run {
     }
 
     fn go(&mut self, plan: &Arc<Plan>, req: RunRequest) -> RunOutcome {
-        let providers = Providers::for_models(plan.models(), Some(self.mock.clone()), true).unwrap();
+        let providers = Providers::for_models_in(plan.models(), Some(self.mock.clone()), true, &|_| None).unwrap();
         let (events, mut rx) = Events::channel();
         let engine = Engine::new(plan.clone(), self.store.clone(), providers, events);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -571,7 +571,7 @@ fn an_interrupt_stops_durably_and_resumes_with_a_validated_answer() {
     assert_eq!(pending["payload"]["payload"], json!({"plan": "draft"}));
     let thread = out.thread_id.clone();
     // A bad answer is refused and the gate stays open.
-    let providers = Providers::for_models(plan.models(), Some(r.mock.clone()), true).unwrap();
+    let providers = Providers::for_models_in(plan.models(), Some(r.mock.clone()), true, &|_| None).unwrap();
     let engine = Engine::new(plan.clone(), r.store.clone(), providers, Events::none());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let err = rt
@@ -1116,7 +1116,7 @@ fn a_new_turn_has_a_fresh_budget() {
 
 /// The engine with `r`'s store and mock, for runs whose error is the point.
 fn try_run(r: &Run, plan: &Arc<Plan>, req: RunRequest) -> Result<RunOutcome, runner::engine::EngineError> {
-    let providers = Providers::for_models(plan.models(), Some(r.mock.clone()), true).unwrap();
+    let providers = Providers::for_models_in(plan.models(), Some(r.mock.clone()), true, &|_| None).unwrap();
     let engine = Engine::new(plan.clone(), r.store.clone(), providers, Events::none());
     tokio::runtime::Runtime::new().unwrap().block_on(engine.run(req))
 }
@@ -1849,7 +1849,7 @@ fn a_gate_asks_its_questions_one_at_a_time() {
     let err = try_run(&r, &plan, resume(&thread, Some(json!("everyone")))).unwrap_err();
     assert!(err.to_string().contains("integer"), "{err}");
     // A fresh engine on the same store finishes the gate with both answers.
-    let providers = Providers::for_models(plan.models(), Some(r.mock.clone()), true).unwrap();
+    let providers = Providers::for_models_in(plan.models(), Some(r.mock.clone()), true, &|_| None).unwrap();
     let engine = Engine::new(plan.clone(), r.store.clone(), providers, Events::none());
     let out = tokio::runtime::Runtime::new()
         .unwrap()

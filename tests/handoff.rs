@@ -18,7 +18,7 @@ use crate::support::Project;
 
 /// Runs `plan` on `store` with the scripted model replies of `mock`.
 fn go(store: &Arc<dyn Checkpointer>, mock: &Arc<MockProvider>, plan: &Arc<Plan>, req: RunRequest) -> RunOutcome {
-    let providers = Providers::for_models(plan.models(), Some(mock.clone()), true).unwrap();
+    let providers = Providers::for_models_in(plan.models(), Some(mock.clone()), true, &|_| None).unwrap();
     let engine = Engine::new(plan.clone(), store.clone(), providers, Events::none());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -173,7 +173,7 @@ edges:
     assert_eq!(out.status, Status::Interrupted);
     // What the subgraph task had done when the parent was killed: its child ran and handed off.
     let child_plan = p.plan("child.yaml");
-    let providers = Providers::for_models(child_plan.models(), Some(mock.clone()), true).unwrap();
+    let providers = Providers::for_models_in(child_plan.models(), Some(mock.clone()), true, &|_| None).unwrap();
     let engine = Engine::new(child_plan.clone(), store.clone(), providers, Events::none()).with_options(RunOptions {
         as_child: true,
         ..RunOptions::default()

@@ -21,7 +21,7 @@ use crate::support::{Project, fake_web};
 /// Runs `plan` in memory on the scripted mock `script` with `input`: the outcome and the mock.
 pub(crate) fn run(plan: &Arc<Plan>, script: Value, input: Value) -> (RunOutcome, Arc<MockProvider>) {
     let mock = Arc::new(MockProvider::from_value(&script).unwrap());
-    let providers = Providers::for_models(plan.models(), Some(mock.clone()), true).unwrap();
+    let providers = Providers::for_models_in(plan.models(), Some(mock.clone()), true, &|_| None).unwrap();
     let (events, _rx) = Events::channel();
     let engine = Engine::new(plan.clone(), Arc::new(MemoryCheckpointer::new()), providers, events);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -19,6 +19,7 @@ mod store;
 mod test;
 mod threads;
 mod validate;
+mod verdicts;
 
 pub use run::parse_kv;
 pub use validate::workflow_files;
@@ -94,7 +95,11 @@ pub fn main() -> ExitCode {
     for w in warnings {
         eprintln!("warning: {w}");
     }
-    crate::compile::verdicts::enable(crate::run::cache_dir(&env));
+    crate::compile::verdicts::enable(
+        crate::run::cache_dir(&env)
+            .and_then(verdicts::Files::for_this_executable)
+            .map(|f| Box::new(f) as Box<dyn crate::compile::verdicts::VerdictStore>),
+    );
     drop(env);
     let code = dispatch(cli.command);
     // Spans still buffered are exported on every exit, an error's included.

@@ -82,6 +82,7 @@ impl Build<'_, '_> {
         };
         let decl = self.c.kinds.get(&builtin).cloned();
         self.drafts[&ix].gate = decl.as_ref().is_some_and(|d| d.is_gate());
+        self.drafts[&ix].retries = decl.as_ref().is_some_and(|d| d.retries_by_default());
         // Fields the workflow schema checked when the file was loaded were reported then.
         let checked_here = self.drafts[&ix].user_kind.is_some() || !schema_lists_kind(&builtin);
         let compiled = match (&spec, decl) {

@@ -46,6 +46,13 @@ pub trait KindDecl: Send + Sync + 'static {
     fn is_gate(&self) -> bool {
         false
     }
+
+    /// Whether a node without a `retry` policy makes three attempts at transient failures
+    /// (timeouts, rate limits, server and network errors): true for kinds that reach the
+    /// network. Decided when the node compiles, into its plan's [`Retry`](super::plan::Retry).
+    fn retries_by_default(&self) -> bool {
+        false
+    }
 }
 
 /// A kind's compiled configuration, kept in the plan and handed back to the kind at run time.

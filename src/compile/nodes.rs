@@ -32,6 +32,8 @@ pub(super) struct Draft {
     pub config: Option<super::kind::KindConfig>,
     /// The node's kind is a gate.
     pub gate: bool,
+    /// The node's kind retries transient failures by default.
+    pub retries: bool,
     pub update: Vec<(String, Writer)>,
     pub goto: Vec<Clause>,
     pub on_error: Option<ErrorHandler>,
@@ -207,6 +209,7 @@ impl<'c, 'a> Build<'c, 'a> {
                     item: None,
                     config: None,
                     gate: false,
+                    retries: false,
                     update: Vec::new(),
                     goto: Vec::new(),
                     on_error: None,
@@ -552,6 +555,8 @@ impl<'c, 'a> Build<'c, 'a> {
                 PlanNode {
                     name: d.name,
                     user_kind: d.user_kind,
+                    retry: Retry::resolve(spec.common().retry.as_ref(), d.retries),
+                    timeout: spec.common().timeout.as_ref().and_then(|t| t.to_std()),
                     spec,
                     update: d.update,
                     config,

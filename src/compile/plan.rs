@@ -258,28 +258,119 @@ pub enum Flow {
     OnError,
 }
 
-/// A compiled node.
+/// A compiled node. Its fields are the crate's; other crates read them through its methods.
 #[derive(Debug)]
 pub struct PlanNode {
-    pub name: String,
+    pub(crate) name: String,
     /// The user kind it was declared with, when not a built-in.
-    pub user_kind: Option<String>,
-    pub spec: NodeSpec,
+    pub(crate) user_kind: Option<String>,
+    pub(crate) spec: NodeSpec,
     /// Compiled `update` entries: key → expression or literal.
-    pub update: Vec<(String, Writer)>,
+    pub(crate) update: Vec<(String, Writer)>,
     /// The kind's own fields, compiled by the kind into its own configuration.
-    pub config: super::kind::KindConfig,
+    pub(crate) config: super::kind::KindConfig,
     /// The node stops the run for a person's answer (its kind is a gate).
-    pub gate: bool,
+    pub(crate) gate: bool,
     /// Outgoing control flow, evaluated after the node runs.
-    pub branches: Vec<Branch>,
+    pub(crate) branches: Vec<Branch>,
     /// The node's own `goto` clauses, evaluated with its output.
-    pub goto: Vec<Clause>,
-    pub on_error: Option<ErrorHandler>,
+    pub(crate) goto: Vec<Clause>,
+    pub(crate) on_error: Option<ErrorHandler>,
     /// Set when this node is a fan-out target: the name its item has.
-    pub item: Option<String>,
+    pub(crate) item: Option<String>,
     /// Its results are reused across threads (`cache:`).
-    pub cache: Option<NodeCache>,
+    pub(crate) cache: Option<NodeCache>,
+    /// Its retry policy, its kind's default filled in.
+    pub(crate) retry: Retry,
+    /// The limit of each attempt.
+    pub(crate) timeout: Option<std::time::Duration>,
+}
+
+impl PlanNode {
+    /// The node's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The user kind it was declared with, when not a built-in.
+    pub fn user_kind(&self) -> Option<&str> {
+        self.user_kind.as_deref()
+    }
+
+    /// The node as written, its kind's defaults merged.
+    pub fn spec(&self) -> &NodeSpec {
+        &self.spec
+    }
+
+    /// Its compiled `update` entries: key → expression or literal.
+    pub fn update(&self) -> &[(String, Writer)] {
+        &self.update
+    }
+
+    /// Whether it stops the run for a person's answer.
+    pub fn is_gate(&self) -> bool {
+        self.gate
+    }
+
+    /// Its retry policy, resolved.
+    pub fn retry(&self) -> &Retry {
+        &self.retry
+    }
+
+    /// The limit of each attempt, if it has one.
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.timeout
+    }
+}
+
+/// A node's retry policy as it runs: its `retry:` fields, each one left out given its default,
+/// and without `retry:` its kind's default ([`KindDecl::retries_by_default`]: three attempts at
+/// transient failures for kinds that reach the network, one attempt for the others).
+///
+/// [`KindDecl::retries_by_default`]: super::kind::KindDecl::retries_by_default
+#[derive(Debug, Clone, PartialEq)]
+pub struct Retry {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    pub initial: std::time::Duration,
+    pub factor: f64,
+    pub max: std::time::Duration,
+    pub jitter: bool,
+    pub retry_on: Vec<crate::error_class::ErrorClass>,
+}
+
+impl Retry {
+    /// The policy of a node whose `retry:` is `written`, of a kind that retries by default or not.
+    pub(crate) fn resolve(written: Option<&crate::spec::RetryPolicy>, by_default: bool) -> Retry {
+        use crate::error_class::ErrorClass;
+        use std::time::Duration;
+        let p = written;
+        Retry {
+            max_attempts: p
+                .and_then(|p| p.max_attempts)
+                .unwrap_or(if p.is_some() || by_default { 3 } else { 1 }),
+            initial: p
+                .and_then(|p| p.initial_interval.as_ref())
+                .and_then(|d| d.to_std())
+                .unwrap_or(Duration::from_millis(500)),
+            factor: p.and_then(|p| p.backoff_factor).unwrap_or(2.0),
+            max: p
+                .and_then(|p| p.max_interval.as_ref())
+                .and_then(|d| d.to_std())
+                .unwrap_or(Duration::from_secs(128)),
+            jitter: p.and_then(|p| p.jitter).unwrap_or(true),
+            retry_on: match p {
+                Some(p) if !p.retry_on.is_empty() => p.retry_on.clone(),
+                _ => vec![
+                    ErrorClass::Timeout,
+                    ErrorClass::RateLimit,
+                    ErrorClass::Server,
+                    ErrorClass::Network,
+                    ErrorClass::Stream,
+                ],
+            },
+        }
+    }
 }
 
 /// A node's cache policy, compiled.

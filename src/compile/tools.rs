@@ -261,6 +261,8 @@ impl KindCx<'_, '_, '_> {
         let node = PlanNode {
             name: name.to_string(),
             user_kind: None,
+            retry: super::plan::Retry::resolve(spec.common().retry.as_ref(), decl.retries_by_default()),
+            timeout: spec.common().timeout.as_ref().and_then(|t| t.to_std()),
             spec,
             update: Vec::new(),
             config,

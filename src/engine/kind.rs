@@ -30,12 +30,6 @@ pub trait NodeKind: KindDecl {
     /// Runs one attempt of a node of this kind.
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a>;
 
-    /// Whether a node without a `retry` policy retries transient failures (timeouts, rate
-    /// limits, server and network errors) three times: true for kinds that reach the network.
-    fn retries_by_default(&self) -> bool {
-        false
-    }
-
     /// Whether a spent budget (`limits`, the node's `budget`) stops a node of this kind before
     /// it runs: true for kinds whose runs spend on models.
     fn held_by_budget(&self) -> bool {
@@ -196,7 +190,7 @@ impl NodeCtx<'_> {
 
     /// The node's own `timeout` (the limit of each attempt), if it has one.
     pub fn timeout(&self) -> Option<std::time::Duration> {
-        self.node.spec.common().timeout.as_ref().and_then(|d| d.to_std())
+        self.node.timeout
     }
 
     /// The validator of `schema`, built the first time this node asks and kept for later
@@ -212,8 +206,7 @@ impl NodeCtx<'_> {
     /// by its own `retry` policy, else its kind's default; what failed attempts spent is
     /// counted.
     pub async fn run_nested(&self, node: &PlanNode, vars: Vec<(String, JValue)>) -> Result<NodeOutput, NodeFailure> {
-        let kind = self.services.kinds.of(node)?;
-        let policy = super::task::retry_policy(&node.spec, kind.retries_by_default());
+        let policy = &node.retry;
         let mut spent = crate::providers::Usage::default();
         let mut attempt = 1;
         loop {
@@ -224,7 +217,7 @@ impl NodeCtx<'_> {
                 }
                 Err(NodeFailure::Error(mut e)) => {
                     e.usage.add(&spent);
-                    let Some(delay) = super::task::retry_delay(&policy, attempt, &e) else {
+                    let Some(delay) = super::task::retry_delay(policy, attempt, &e) else {
                         return Err(e.into());
                     };
                     self.events.send(super::events::Event::Retry {

@@ -12,11 +12,11 @@ use super::Shared;
 use super::events::Event;
 use super::kind::{self, HandedOff, Handoff, NodeCtx, NodeError, NodeFailure, NodeOutput};
 use super::values::{self, Scope, to_jinja};
+use crate::compile::Retry;
 use crate::compile::{Clause, ClauseTarget, NodeIx, Target, Writer};
 use crate::error_class::ErrorClass;
 use crate::net::http_error;
 use crate::providers::Usage;
-use crate::spec::{NodeSpec, RetryPolicy};
 
 /// Where a task sends control, besides the node's edges.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,14 +72,10 @@ pub(super) async fn run(
 ) -> (Outcome, f64) {
     let plan = &shared.plan;
     let node = &plan.nodes()[&ix];
-    let common = node.spec.common();
     let scope = task_scope(&shared, node, item.as_ref(), &base, step);
     let scope_value = scope.value();
-    let policy = retry_policy(
-        &node.spec,
-        shared.services.kinds.of(node).is_ok_and(|k| k.retries_by_default()),
-    );
-    let timeout = common.timeout.as_ref().and_then(|t| t.to_std());
+    let policy = &node.retry;
+    let timeout = node.timeout;
     let mut attempt = 0u32;
     // What failed attempts spent on models: the task's usage counts every attempt.
     let mut spent_before = Usage::default();
@@ -137,7 +133,7 @@ pub(super) async fn run(
         match result {
             Ok(done) => break Outcome::Done(done),
             Err(e) => {
-                if let Some(delay) = retry_delay(&policy, attempt, &e) {
+                if let Some(delay) = retry_delay(policy, attempt, &e) {
                     wait_to_retry(&shared, &node.name, &task_id, attempt, &e, delay).await;
                     spent_before = e.usage;
                     continue;
@@ -188,7 +184,7 @@ async fn execute_within(ctx: &NodeCtx<'_>, timeout: Option<Duration>) -> Result<
 
 /// How long to wait before attempt `attempt + 1`, if the policy retries this error (a spent
 /// budget is never retried).
-pub(super) fn retry_delay(policy: &Policy, attempt: u32, e: &NodeError) -> Option<Duration> {
+pub(super) fn retry_delay(policy: &Retry, attempt: u32, e: &NodeError) -> Option<Duration> {
     let retryable =
         e.class != ErrorClass::Budget && policy.retry_on.iter().any(|c| *c == e.class || *c == ErrorClass::All);
     (attempt < policy.max_attempts && retryable).then(|| backoff(policy, attempt, e.retry_after))
@@ -374,50 +370,8 @@ fn handle_error(
     }
 }
 
-/// The effective retry policy: the node's, or the default (a kind that retries by default
-/// tries transient failures three times; others do not retry).
-pub(super) struct Policy {
-    pub max_attempts: u32,
-    pub initial: Duration,
-    pub factor: f64,
-    pub max: Duration,
-    pub jitter: bool,
-    pub retry_on: Vec<ErrorClass>,
-}
-
-pub(super) fn retry_policy(spec: &NodeSpec, retries_by_default: bool) -> Policy {
-    let transient = vec![
-        ErrorClass::Timeout,
-        ErrorClass::RateLimit,
-        ErrorClass::Server,
-        ErrorClass::Network,
-        ErrorClass::Stream,
-    ];
-    let default_attempts = if retries_by_default { 3 } else { 1 };
-    let p: Option<&RetryPolicy> = spec.common().retry.as_ref();
-    Policy {
-        max_attempts: p
-            .and_then(|p| p.max_attempts)
-            .unwrap_or(if p.is_some() { 3 } else { default_attempts }),
-        initial: p
-            .and_then(|p| p.initial_interval.as_ref())
-            .and_then(|d| d.to_std())
-            .unwrap_or(Duration::from_millis(500)),
-        factor: p.and_then(|p| p.backoff_factor).unwrap_or(2.0),
-        max: p
-            .and_then(|p| p.max_interval.as_ref())
-            .and_then(|d| d.to_std())
-            .unwrap_or(Duration::from_secs(128)),
-        jitter: p.and_then(|p| p.jitter).unwrap_or(true),
-        retry_on: match p {
-            Some(p) if !p.retry_on.is_empty() => p.retry_on.clone(),
-            _ => transient,
-        },
-    }
-}
-
 /// The wait before retry number `attempt` (1-based), at least what the server asked for.
-fn backoff(p: &Policy, attempt: u32, retry_after: Option<f64>) -> Duration {
+fn backoff(p: &Retry, attempt: u32, retry_after: Option<f64>) -> Duration {
     let base = p.initial.as_secs_f64() * p.factor.powi(attempt as i32 - 1);
     let mut secs = base.min(p.max.as_secs_f64());
     if p.jitter {
@@ -448,7 +402,7 @@ mod tests {
 
     #[test]
     fn backoff_grows_caps_and_honours_retry_after() {
-        let p = Policy {
+        let p = Retry {
             max_attempts: 5,
             initial: Duration::from_millis(100),
             factor: 2.0,
@@ -466,7 +420,7 @@ mod tests {
         }
         assert_eq!(backoff(&p, 1, Some(f64::NAN)), Duration::from_millis(100));
         assert_eq!(backoff(&p, 1, Some(-5.0)), Duration::from_millis(100));
-        let j = Policy { jitter: true, ..p };
+        let j = Retry { jitter: true, ..p };
         for _ in 0..100 {
             let d = backoff(&j, 1, None).as_secs_f64();
             assert!((0.075..=0.125).contains(&d), "{d}");

@@ -87,6 +87,10 @@ struct Config {
 pub(super) struct Http;
 
 impl KindDecl for Http {
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "http"
     }
@@ -133,10 +137,6 @@ impl KindDecl for Http {
 impl NodeKind for Http {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 }
 

@@ -55,6 +55,10 @@ struct Config {
 pub(super) struct Index;
 
 impl KindDecl for Index {
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "index"
     }
@@ -80,10 +84,6 @@ impl KindDecl for Index {
 impl NodeKind for Index {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 }
 

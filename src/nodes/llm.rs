@@ -167,6 +167,10 @@ struct Config {
 pub(super) struct Llm;
 
 impl KindDecl for Llm {
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "llm"
     }
@@ -282,10 +286,6 @@ impl KindDecl for Llm {
 impl NodeKind for Llm {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 
     fn held_by_budget(&self) -> bool {

@@ -81,6 +81,10 @@ enum From {
 pub(super) struct Load;
 
 impl KindDecl for Load {
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "load"
     }
@@ -127,10 +131,6 @@ impl KindDecl for Load {
 impl NodeKind for Load {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 }
 

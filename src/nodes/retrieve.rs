@@ -94,6 +94,10 @@ struct Config {
 pub(super) struct Retrieve;
 
 impl KindDecl for Retrieve {
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "retrieve"
     }
@@ -123,10 +127,6 @@ impl KindDecl for Retrieve {
 impl NodeKind for Retrieve {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 }
 

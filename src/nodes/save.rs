@@ -41,6 +41,10 @@ struct Config {
 pub(super) struct Save;
 
 impl KindDecl for Save {
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "save"
     }
@@ -70,10 +74,6 @@ impl KindDecl for Save {
 impl NodeKind for Save {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 }
 

@@ -90,6 +90,10 @@ struct Config {
 pub(super) struct Scrape;
 
 impl KindDecl for Scrape {
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "scrape"
     }
@@ -110,10 +114,6 @@ impl KindDecl for Scrape {
 impl NodeKind for Scrape {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 }
 

@@ -59,6 +59,10 @@ struct Config {
 pub(super) struct Search;
 
 impl KindDecl for Search {
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "search"
     }
@@ -85,10 +89,6 @@ impl KindDecl for Search {
 impl NodeKind for Search {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 }
 

@@ -94,6 +94,10 @@ struct Config {
 pub(super) struct Store;
 
 impl KindDecl for Store {
+    fn retries_by_default(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "store"
     }
@@ -140,10 +144,6 @@ impl KindDecl for Store {
 impl NodeKind for Store {
     fn run<'a>(&'a self, ctx: &'a NodeCtx<'a>) -> Attempt<'a> {
         Attempt::Pending(Box::pin(async move { run(ctx, ctx.config::<Config>()?).await }))
-    }
-
-    fn retries_by_default(&self) -> bool {
-        true
     }
 }
 

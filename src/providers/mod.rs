@@ -333,18 +333,9 @@ pub enum SetupError {
 impl Providers {
     /// Providers for a plan's model profiles. `mock` serves every profile whose provider is
     /// `mock`, and every other profile too when `override_all` is set. Other profiles get their
-    /// API's client, with `${env:...}` in their fields expanded and their key read from the
-    /// environment; every `openai` profile also gets an embedder.
-    pub fn for_models(
-        models: &indexmap::IndexMap<String, ModelProfile>,
-        mock: Option<Arc<mock::MockProvider>>,
-        override_all: bool,
-    ) -> Result<Providers, SetupError> {
-        Providers::for_models_in(models, mock, override_all, &|name| std::env::var(name).ok())
-    }
-
-    /// [`Providers::for_models`] with environment variables read through `env` (tests give
-    /// keys without touching the process environment).
+    /// API's client, with `${env:...}` in their fields expanded and their key read through
+    /// `env` (the run's environment: the run builder gives its `Env`, a test a map; never the
+    /// process's own); every `openai` profile also gets an embedder.
     pub fn for_models_in(
         models: &indexmap::IndexMap<String, ModelProfile>,
         mock: Option<Arc<mock::MockProvider>>,
