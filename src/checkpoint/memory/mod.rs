@@ -3,6 +3,9 @@
 //! and version — without durability. The conformance suite in `tests/checkpoint.rs` holds both
 //! to it.
 
+mod cache;
+mod runs;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -20,10 +23,10 @@ pub struct MemoryCheckpointer {
     /// Keep only each thread's latest checkpoint (and what it references): a run that keeps
     /// nothing afterwards (`--db :memory:`) then needs memory for its state, not its history.
     latest_only: bool,
-    /// Runs and thread metadata ([`super::runs`]).
-    runs: Mutex<super::runs::Memory>,
-    /// Cached task results ([`super::cache`]).
-    cache: Mutex<super::cache::Memory>,
+    /// Runs and thread metadata (`runs.rs`).
+    runs: Mutex<runs::Memory>,
+    /// Cached task results (`cache.rs`).
+    cache: Mutex<cache::Memory>,
 }
 
 #[derive(Default)]
@@ -217,13 +220,13 @@ impl MemoryCheckpointer {
         Ok(self.lock()?.threads.values().map(|e| e.values.len() as u64).sum())
     }
 
-    pub(super) fn lock_runs(&self) -> Result<MutexGuard<'_, super::runs::Memory>> {
+    fn lock_runs(&self) -> Result<MutexGuard<'_, runs::Memory>> {
         self.runs
             .lock()
             .map_err(|_| CheckpointError::Backend("the in-memory store is poisoned".into()))
     }
 
-    pub(super) fn lock_cache(&self) -> Result<MutexGuard<'_, super::cache::Memory>> {
+    fn lock_cache(&self) -> Result<MutexGuard<'_, cache::Memory>> {
         self.cache
             .lock()
             .map_err(|_| CheckpointError::Backend("the in-memory store is poisoned".into()))

@@ -23,12 +23,15 @@
 //! - `leases`: one row per leased thread id (no reference to `threads`: the lease is taken
 //!   before the thread exists). Created with `IF NOT EXISTS` on open, so files written by
 //!   earlier builds gain it without a schema version change; they ignore it.
-//! - `runs`, `thread_meta`: the server's runs and API thread metadata, added the same way; see
-//!   [`super::runs`].
+//! - `runs`, `thread_meta`: the server's runs and API thread metadata, added the same way
+//!   (`runs.rs`; the format is [`super::runs`]).
 //! - `node_cache`: cached task results by workflow, node and key, with their expiry, added the
-//!   same way; see [`super::cache`].
+//!   same way (`cache.rs`; the format is [`super::cache`]).
 //!
 //! Depends on rusqlite and serde_json only (Architecture Invariant of [`super`]).
+
+mod cache;
+mod runs;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -414,18 +417,18 @@ impl SqliteCheckpointer {
     }
 
     /// Runs `f` on the write connection, committed with the writer's next group.
-    pub(super) fn exec(&self, f: Exec) -> Result<()> {
+    fn exec(&self, f: Exec) -> Result<()> {
         self.write_unit(Op::Exec(f))
     }
 
     /// [`SqliteCheckpointer::exec`] without waiting for the disk (power-safe: no fsync of its
     /// own; the next synced commit covers it). It survives a crash of the process at once.
-    pub(super) fn exec_unsynced(&self, f: Exec) -> Result<()> {
+    fn exec_unsynced(&self, f: Exec) -> Result<()> {
         self.send(Op::Exec(f), false).map(|_| ())
     }
 
     /// Runs `f` in a read transaction (one snapshot) on a pooled read connection.
-    pub(super) fn read<T>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
+    fn read<T>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         let pooled = self.lock_readers()?.pop();
         let mut conn = match pooled {
             Some(conn) => conn,
@@ -845,7 +848,7 @@ enum Op {
         expires: i64,
     },
     ReleaseLease(Fence),
-    /// SQL of another module of the store ([`super::runs`]).
+    /// SQL of another module of the store (`runs.rs`, `cache.rs`).
     Exec(Exec),
     /// Several puts in one savepoint: all or nothing, in one transaction.
     Batch(Vec<Op>),
@@ -859,7 +862,7 @@ enum Op {
 }
 
 /// What [`Op::Exec`] runs on the write connection.
-pub(super) type Exec = Box<dyn Fn(&Connection) -> Result<()> + Send>;
+type Exec = Box<dyn Fn(&Connection) -> Result<()> + Send>;
 
 enum Done {
     Unit,
@@ -1313,9 +1316,9 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     }
     tx.execute_batch(LEASES)?;
-    tx.execute_batch(super::runs::SCHEMA)?;
-    tx.execute_batch(super::cache::TABLE)?;
-    tx.execute_batch(super::cache::INDEX)?;
+    tx.execute_batch(runs::SCHEMA)?;
+    tx.execute_batch(cache::TABLE)?;
+    tx.execute_batch(cache::INDEX)?;
     tx.commit()?;
     Ok(())
 }
@@ -1423,7 +1426,7 @@ fn open_reader(path: &Path, access: Access) -> Result<Connection> {
             |r| r.get(0),
         )?;
         if !has_cache {
-            conn.execute_batch(&super::cache::TABLE.replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))?;
+            conn.execute_batch(&cache::TABLE.replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))?;
         }
     }
     conn.pragma_update(None, "query_only", true)?;
