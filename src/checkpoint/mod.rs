@@ -17,6 +17,7 @@
 
 pub mod blobs;
 pub mod cache;
+mod format;
 pub mod memory;
 pub mod runs;
 pub mod sqlite;

@@ -114,7 +114,7 @@ impl Store {
     ) -> Result<()> {
         let entry = self.entry_mut(&checkpoint.thread_id)?;
         if entry.checkpoints.contains_key(&checkpoint.checkpoint_id) {
-            return Err(super::sqlite::duplicate_checkpoint(
+            return Err(super::format::duplicate_checkpoint(
                 &checkpoint.thread_id,
                 &checkpoint.checkpoint_id,
             ));
@@ -344,26 +344,12 @@ impl Checkpointer for MemoryCheckpointer {
 
     fn acquire_lease(&self, claim: &LeaseClaim) -> Result<Lease> {
         let mut store = self.lock()?;
-        let now = crate::clock::now_ms();
-        let expires_at_ms = super::expiry_ms(now, claim.ttl);
-        let lease = match store.leases.get(&claim.thread_id) {
-            Some(held) if held.owner == claim.owner => Lease {
-                expires_at_ms,
-                ..held.clone()
-            },
-            Some(held) if held.is_live(now) && claim.replace.as_deref() != Some(held.owner.as_str()) => {
-                return Err(CheckpointError::Leased(Box::new(held.clone())));
-            }
-            held => Lease {
-                thread_id: claim.thread_id.clone(),
-                owner: claim.owner.clone(),
-                generation: held.map_or(1, |h| h.generation + 1),
-                pid: claim.pid,
-                host: claim.host.clone(),
-                acquired_at: crate::clock::now(),
-                expires_at_ms,
-            },
-        };
+        let lease = super::format::grant_lease(
+            store.leases.get(&claim.thread_id),
+            claim,
+            crate::clock::now_ms(),
+            &crate::clock::now(),
+        )?;
         store.leases.insert(claim.thread_id.clone(), lease.clone());
         Ok(lease)
     }

@@ -41,10 +41,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior, params};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use super::format::{self, CheckpointRow, Done, Op, ThreadRow};
 use super::{
     Checkpoint, CheckpointError, Checkpointer, Durability, Fence, Lease, LeaseClaim, PendingWrite, Result, Thread,
     ThreadStatus,
@@ -390,12 +389,12 @@ impl SqliteCheckpointer {
 
     /// Sends a command to the writer and waits until it is committed (or failed).
     fn write(&self, op: Op) -> Result<Done> {
-        self.send(op, true)
+        self.send(Job::Op(op), true)
     }
 
     /// `synced: false`: the command may be committed without an fsync (see
     /// [`Checkpointer::put_batch_unsynced`]).
-    fn send(&self, op: Op, synced: bool) -> Result<Done> {
+    fn send(&self, job: Job, synced: bool) -> Result<Done> {
         let stopped = || {
             CheckpointError::Backend(if self.access != Access::ReadWrite {
                 format!("`{}` was opened read-only", self.path.display())
@@ -407,7 +406,7 @@ impl SqliteCheckpointer {
         self.writer
             .as_ref()
             .ok_or_else(stopped)?
-            .send(Command { op, synced, reply })
+            .send(Command { job, synced, reply })
             .map_err(|_| stopped())?;
         answer.recv().map_err(|_| stopped())?
     }
@@ -418,13 +417,13 @@ impl SqliteCheckpointer {
 
     /// Runs `f` on the write connection, committed with the writer's next group.
     fn exec(&self, f: Exec) -> Result<()> {
-        self.write_unit(Op::Exec(f))
+        self.send(Job::Exec(f), true).map(|_| ())
     }
 
     /// [`SqliteCheckpointer::exec`] without waiting for the disk (power-safe: no fsync of its
     /// own; the next synced commit covers it). It survives a crash of the process at once.
     fn exec_unsynced(&self, f: Exec) -> Result<()> {
-        self.send(Op::Exec(f), false).map(|_| ())
+        self.send(Job::Exec(f), false).map(|_| ())
     }
 
     /// Runs `f` in a read transaction (one snapshot) on a pooled read connection.
@@ -468,21 +467,19 @@ impl Drop for SqliteCheckpointer {
 
 impl Checkpointer for SqliteCheckpointer {
     fn create_thread(&self, thread: &Thread) -> Result<()> {
-        let mut blobs = Vec::new();
-        let row = ThreadRow::from_thread(thread, &mut blobs)?;
-        self.write_unit(with_blobs(&thread.thread_id, blobs, Op::CreateThread(row)))
+        self.write_unit(format::create_thread_op(thread)?)
     }
 
     fn set_status(&self, thread_id: &str, status: ThreadStatus) -> Result<()> {
-        self.write_unit(Op::SetStatus {
-            thread_id: thread_id.to_owned(),
-            status,
-            at: crate::clock::now(),
-        })
+        self.write_unit(format::status_op(thread_id.to_owned(), status))
     }
 
     fn get_thread(&self, thread_id: &str) -> Result<Option<Thread>> {
-        self.read(|tx| load_thread(tx, thread_id)?.map(|t| t.into_thread(tx)).transpose())
+        self.read(|tx| {
+            load_thread(tx, thread_id)?
+                .map(|t| t.into_thread(&mut blob_reader(tx)))
+                .transpose()
+        })
     }
 
     fn list_threads(&self) -> Result<Vec<Thread>> {
@@ -491,7 +488,7 @@ impl Checkpointer for SqliteCheckpointer {
                 "SELECT {THREAD_COLS} FROM {THREAD_FROM} ORDER BY t.touched DESC"
             ))?;
             let rows = stmt.query_map([], ThreadRow::from_row)?;
-            rows.map(|row| row?.into_thread(tx)).collect()
+            rows.map(|row| row?.into_thread(&mut blob_reader(tx))).collect()
         })
     }
 
@@ -514,7 +511,7 @@ impl Checkpointer for SqliteCheckpointer {
                 Ok(super::ThreadHead {
                     thread_id,
                     workflow,
-                    status: parse_status(&status)?,
+                    status: format::parse_status(&status)?,
                     created_at,
                     updated_at,
                 })
@@ -524,18 +521,18 @@ impl Checkpointer for SqliteCheckpointer {
     }
 
     fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()> {
-        self.write_unit(checkpoint_op(checkpoint, values)?)
+        self.write_unit(format::checkpoint_op(checkpoint, values)?)
     }
 
     fn put_batch_unsynced(&self, puts: Vec<super::Put>) -> Result<bool> {
-        let op = batch_op(puts)?;
-        self.send(op, false)?;
+        let op = format::batch_op(puts)?;
+        self.send(Job::Op(op), false)?;
         // Only a FULL connection syncs its commits; below that nothing was skipped.
         Ok(self.synchronous != "full" && self.synchronous != "extra")
     }
 
     fn put_batch(&self, puts: Vec<super::Put>) -> Result<()> {
-        self.write_unit(batch_op(puts)?)
+        self.write_unit(format::batch_op(puts)?)
     }
 
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
@@ -549,7 +546,7 @@ impl Checkpointer for SqliteCheckpointer {
                     .query_row([thread_id], CheckpointRow::from_row)
                     .optional()?,
             };
-            row.map(|c| c.into_checkpoint(tx)).transpose()
+            row.map(|c| c.into_checkpoint(&mut blob_reader(tx))).transpose()
         })
     }
 
@@ -558,7 +555,7 @@ impl Checkpointer for SqliteCheckpointer {
             require_thread(tx, thread_id)?;
             let mut stmt = tx.prepare_cached(&history_sql())?;
             let rows = stmt.query_map([thread_id], CheckpointRow::from_row)?;
-            rows.map(|row| row?.into_checkpoint(tx)).collect()
+            rows.map(|row| row?.into_checkpoint(&mut blob_reader(tx))).collect()
         })
     }
 
@@ -571,10 +568,10 @@ impl Checkpointer for SqliteCheckpointer {
             for (key, &version) in versions {
                 let value = super::resolve(key, version, |v| {
                     let text: Option<String> = stmt
-                        .query_row(params![thread_id, key, version_to_sql(v)?], |r| r.get(0))
+                        .query_row(params![thread_id, key, format::version_to_stored(v)?], |r| r.get(0))
                         .optional()?;
-                    let text = text.ok_or_else(|| missing_value(thread_id, key, v))?;
-                    decode(tx, "a state value", &text)
+                    let text = text.ok_or_else(|| format::missing_value(thread_id, key, v))?;
+                    format::decode("a state value", &text, &mut blob_reader(tx))
                 })?;
                 state.insert(key.clone(), value);
             }
@@ -583,7 +580,11 @@ impl Checkpointer for SqliteCheckpointer {
     }
 
     fn put_writes(&self, thread_id: &str, checkpoint_id: &str, writes: &[PendingWrite]) -> Result<()> {
-        self.write_unit(writes_op(thread_id.to_owned(), checkpoint_id.to_owned(), writes)?)
+        self.write_unit(format::writes_op(
+            thread_id.to_owned(),
+            checkpoint_id.to_owned(),
+            writes,
+        )?)
     }
 
     fn get_writes(&self, thread_id: &str, checkpoint_id: &str) -> Result<Vec<PendingWrite>> {
@@ -610,7 +611,7 @@ impl Checkpointer for SqliteCheckpointer {
                     task_id,
                     idx: u32::try_from(idx).map_err(|_| CheckpointError::Corrupt(format!("write index {idx}")))?,
                     channel,
-                    value: decode(tx, "a pending write", &value)?,
+                    value: format::decode("a pending write", &value, &mut blob_reader(tx))?,
                 })
             })
             .collect()
@@ -623,25 +624,21 @@ impl Checkpointer for SqliteCheckpointer {
 
     fn acquire_lease(&self, claim: &LeaseClaim) -> Result<Lease> {
         let now = crate::clock::now_ms();
-        match self.write(Op::AcquireLease {
+        self.write(Op::AcquireLease {
             claim: claim.clone(),
             now,
             expires: super::expiry_ms(now, claim.ttl),
             at: crate::clock::now(),
-        })? {
-            Done::Lease(lease) => Ok(*lease),
-            _ => Err(CheckpointError::Backend("the writer did not answer a lease".into())),
-        }
+        })?
+        .into_lease()
     }
 
     fn renew_lease(&self, fence: &Fence, ttl: Duration) -> Result<Lease> {
-        match self.write(Op::RenewLease {
+        self.write(Op::RenewLease {
             fence: fence.clone(),
             expires: super::expiry_ms(crate::clock::now_ms(), ttl),
-        })? {
-            Done::Lease(lease) => Ok(*lease),
-            _ => Err(CheckpointError::Backend("the writer did not answer a lease".into())),
-        }
+        })?
+        .into_lease()
     }
 
     fn release_lease(&self, fence: &Fence) -> Result<()> {
@@ -660,94 +657,8 @@ impl Checkpointer for SqliteCheckpointer {
             new_checkpoint_id: super::new_id(),
             at: crate::clock::now(),
         };
-        match self.write(op)? {
-            Done::Forked(checkpoint) => Ok(*checkpoint),
-            _ => Err(CheckpointError::Backend("the writer did not answer a fork".into())),
-        }
+        self.write(op)?.into_forked()
     }
-}
-
-/// One op for puts applied in order.
-fn batch_op(puts: Vec<super::Put>) -> Result<Op> {
-    let ops = puts
-        .into_iter()
-        .map(|put| match put {
-            super::Put::Fence(fence) => Ok(Op::Fence(fence)),
-            super::Put::Thread(thread) => {
-                let mut blobs = Vec::new();
-                let row = ThreadRow::from_thread(&thread, &mut blobs)?;
-                Ok(with_blobs(&thread.thread_id, blobs, Op::CreateThread(row)))
-            }
-            super::Put::Status { thread_id, status } => Ok(Op::SetStatus {
-                thread_id,
-                status,
-                at: crate::clock::now(),
-            }),
-            super::Put::Checkpoint(cp, values) => checkpoint_op(&cp, &values),
-            super::Put::Writes {
-                thread_id,
-                checkpoint_id,
-                writes,
-            } => writes_op(thread_id, checkpoint_id, &writes),
-            super::Put::Truncate { thread_id, to } => Ok(Op::Truncate { thread_id, to }),
-            super::Put::Delete(thread_id) => Ok(Op::DeleteThread(thread_id)),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Op::Batch(ops))
-}
-
-/// A checkpoint and its values as one write, long strings stored apart.
-fn checkpoint_op(checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<Op> {
-    let mut blobs = Vec::new();
-    let row = CheckpointRow::from_checkpoint(checkpoint, &mut blobs)?;
-    let values = values
-        .iter()
-        .map(|(key, version, value)| Ok((key.clone(), version_to_sql(*version)?, encode(value, &mut blobs)?)))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(with_blobs(
-        &checkpoint.thread_id,
-        blobs,
-        Op::PutCheckpoint { row, values },
-    ))
-}
-
-/// Pending writes as one write: rows `(task_id, idx, channel, value JSON)`.
-fn writes_op(thread_id: String, checkpoint_id: String, writes: &[PendingWrite]) -> Result<Op> {
-    let mut blobs = Vec::new();
-    let writes = writes
-        .iter()
-        .map(|w| {
-            Ok((
-                w.task_id.clone(),
-                i64::from(w.idx),
-                w.channel.clone(),
-                encode(&w.value, &mut blobs)?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(with_blobs(
-        &thread_id,
-        blobs,
-        Op::PutWrites {
-            thread_id: thread_id.clone(),
-            checkpoint_id,
-            writes,
-        },
-    ))
-}
-
-/// `op` preceded by storing the long strings it refers to, in one savepoint.
-fn with_blobs(thread_id: &str, blobs: Vec<(String, String)>, op: Op) -> Op {
-    if blobs.is_empty() {
-        return op;
-    }
-    Op::Batch(vec![
-        Op::Blobs {
-            thread_id: thread_id.to_owned(),
-            blobs,
-        },
-        op,
-    ])
 }
 
 /// Deletes the checkpoints of `thread_id` newer than `to` with the values they introduced, and
@@ -755,7 +666,7 @@ fn with_blobs(thread_id: &str, blobs: Vec<(String, String)>, op: Op) -> Op {
 fn truncate(conn: &Connection, thread_id: &str, to: &str) -> Result<()> {
     let row = load_checkpoint(conn, thread_id, to)?
         .ok_or_else(|| CheckpointError::NoCheckpoint(thread_id.into(), to.into()))?;
-    let versions: BTreeMap<String, u64> = from_json("checkpoint versions", &row.versions)?;
+    let versions = row.versions()?;
     // Checkpoint ids are UUIDv7 within a thread: newer is greater.
     conn.prepare_cached("DELETE FROM writes WHERE thread_id = ?1 AND checkpoint_id >= ?2")?
         .execute(params![thread_id, to])?;
@@ -764,7 +675,7 @@ fn truncate(conn: &Connection, thread_id: &str, to: &str) -> Result<()> {
     let mut keep =
         conn.prepare_cached("DELETE FROM state_values WHERE thread_id = ?1 AND key = ?2 AND version > ?3")?;
     for (key, version) in &versions {
-        keep.execute(params![thread_id, key, version_to_sql(*version)?])?;
+        keep.execute(params![thread_id, key, format::version_to_stored(*version)?])?;
     }
     let all: Vec<String> = conn
         .prepare_cached("SELECT DISTINCT key FROM state_values WHERE thread_id = ?1")?
@@ -777,101 +688,21 @@ fn truncate(conn: &Connection, thread_id: &str, to: &str) -> Result<()> {
     Ok(())
 }
 
-/// JSON text for storage: long strings replaced by references, collected in `blobs`.
-fn encode(value: &Value, blobs: &mut Vec<(String, String)>) -> Result<String> {
-    match super::blobs::externalize(value) {
-        None => to_json(value),
-        Some((replaced, found)) => {
-            blobs.extend(found);
-            to_json(&replaced)
-        }
-    }
-}
-
-/// A stored JSON text, references to long strings resolved.
-fn decode(conn: &Connection, what: &str, text: &str) -> Result<Value> {
-    let mut value = from_json(what, text)?;
-    if text.contains(super::blobs::BLOB) {
-        let mut stmt = conn.prepare_cached("SELECT text FROM blobs WHERE hash = ?1")?;
-        super::blobs::internalize(&mut value, &mut |hash: &str| {
-            stmt.query_row([hash], |r| r.get::<_, String>(0))
-                .optional()?
-                .ok_or_else(|| CheckpointError::Corrupt(format!("no stored text {hash} ({what})")))
-        })?;
-    }
-    Ok(value)
-}
-
 // ---------------------------------------------------------------------------------------------
 // The writer thread.
 
-/// A write, serialized by the caller so the writer thread only does SQL.
-enum Op {
-    CreateThread(ThreadRow),
-    /// Long strings `(hash, text)` that `thread_id` refers to.
-    Blobs {
-        thread_id: String,
-        blobs: Vec<(String, String)>,
-    },
-    SetStatus {
-        thread_id: String,
-        status: ThreadStatus,
-        at: String,
-    },
-    PutCheckpoint {
-        row: CheckpointRow,
-        /// `(key, version, value JSON)`.
-        values: Vec<(String, i64, String)>,
-    },
-    PutWrites {
-        thread_id: String,
-        checkpoint_id: String,
-        /// `(task_id, idx, channel, value JSON)`.
-        writes: Vec<(String, i64, String, String)>,
-    },
-    DeleteThread(String),
-    /// [`super::Put::Truncate`].
-    Truncate {
-        thread_id: String,
-        to: String,
-    },
-    /// Fails unless the lease is still the fence's.
-    Fence(Fence),
-    AcquireLease {
-        claim: LeaseClaim,
-        now: i64,
-        expires: i64,
-        at: String,
-    },
-    RenewLease {
-        fence: Fence,
-        expires: i64,
-    },
-    ReleaseLease(Fence),
-    /// SQL of another module of the store (`runs.rs`, `cache.rs`).
+/// What the writer applies: an op of the format, or SQL of another module of this backend
+/// (`runs.rs`, `cache.rs`).
+enum Job {
+    Op(Op),
     Exec(Exec),
-    /// Several puts in one savepoint: all or nothing, in one transaction.
-    Batch(Vec<Op>),
-    Fork {
-        from: String,
-        checkpoint_id: String,
-        new: String,
-        new_checkpoint_id: String,
-        at: String,
-    },
 }
 
-/// What [`Op::Exec`] runs on the write connection.
+/// What [`Job::Exec`] runs on the write connection.
 type Exec = Box<dyn Fn(&Connection) -> Result<()> + Send>;
 
-enum Done {
-    Unit,
-    Forked(Box<Checkpoint>),
-    Lease(Box<Lease>),
-}
-
 struct Command {
-    op: Op,
+    job: Job,
     /// Whether its commit must reach the disk before it is answered (at `synchronous=FULL`).
     synced: bool,
     reply: mpsc::Sender<Result<Done>>,
@@ -1055,7 +886,7 @@ fn commit_batch(conn: &mut Connection, batch: &[Command], counters: &Counters) -
     };
     let results: Vec<_> = batch
         .iter()
-        .map(|command| apply_in_savepoint(&mut tx, &command.op))
+        .map(|command| apply_in_savepoint(&mut tx, &command.job))
         .collect();
     match tx.commit() {
         Ok(()) => {
@@ -1067,17 +898,22 @@ fn commit_batch(conn: &mut Connection, batch: &[Command], counters: &Counters) -
     }
 }
 
-fn apply_in_savepoint(tx: &mut Transaction<'_>, op: &Op) -> Result<Done> {
+fn apply_in_savepoint(tx: &mut Transaction<'_>, job: &Job) -> Result<Done> {
     // Dropping the savepoint on an error rolls back to it.
     let savepoint = tx.savepoint()?;
-    let done = apply(&savepoint, op)?;
+    let done = match job {
+        Job::Op(op) => apply(&savepoint, op)?,
+        Job::Exec(f) => {
+            f(&savepoint)?;
+            Done::Unit
+        }
+    };
     savepoint.commit()?;
     Ok(done)
 }
 
 fn apply(conn: &Connection, op: &Op) -> Result<Done> {
     match op {
-        Op::Exec(f) => f(conn)?,
         Op::Batch(ops) => {
             for op in ops {
                 apply(conn, op)?;
@@ -1104,7 +940,7 @@ fn apply(conn: &Connection, op: &Op) -> Result<Done> {
         Op::PutCheckpoint { row, values } => {
             require_thread(conn, &row.thread_id)?;
             if checkpoint_exists(conn, &row.thread_id, &row.checkpoint_id)? {
-                return Err(duplicate_checkpoint(&row.thread_id, &row.checkpoint_id));
+                return Err(format::duplicate_checkpoint(&row.thread_id, &row.checkpoint_id));
             }
             row.insert(conn)?;
             let mut stmt = conn.prepare_cached(
@@ -1203,7 +1039,7 @@ fn apply(conn: &Connection, op: &Op) -> Result<Done> {
                     params![
                         fence.thread_id,
                         fence.owner,
-                        generation_to_sql(fence.generation)?,
+                        format::generation_to_stored(fence.generation)?,
                         expires
                     ],
                     lease_from_row,
@@ -1219,7 +1055,7 @@ fn apply(conn: &Connection, op: &Op) -> Result<Done> {
                 .execute(params![
                     fence.thread_id,
                     fence.owner,
-                    generation_to_sql(fence.generation)?
+                    format::generation_to_stored(fence.generation)?
                 ])?;
         }
         Op::Fork {
@@ -1272,7 +1108,7 @@ fn fork(conn: &Connection, from: &str, checkpoint_id: &str, new: &str, new_id: &
     row.parent_id = None;
     row.created_at = at.into();
     row.insert(conn)?;
-    let checkpoint = row.into_checkpoint(conn)?;
+    let checkpoint = row.into_checkpoint(&mut blob_reader(conn))?;
     // Values are copied resolved, so no extension in the new thread refers to the old one.
     let mut read =
         conn.prepare_cached("SELECT value FROM state_values WHERE thread_id = ?1 AND key = ?2 AND version = ?3")?;
@@ -1281,13 +1117,18 @@ fn fork(conn: &Connection, from: &str, checkpoint_id: &str, new: &str, new_id: &
     for (key, &version) in &checkpoint.versions {
         let value = super::resolve(key, version, |v| {
             let text: Option<String> = read
-                .query_row(params![from, key, version_to_sql(v)?], |r| r.get(0))
+                .query_row(params![from, key, format::version_to_stored(v)?], |r| r.get(0))
                 .optional()?;
-            let text = text.ok_or_else(|| missing_value(from, key, v))?;
-            decode(conn, "a state value", &text)
+            let text = text.ok_or_else(|| format::missing_value(from, key, v))?;
+            format::decode("a state value", &text, &mut blob_reader(conn))
         })?;
         let mut blobs = Vec::new();
-        write.execute(params![new, key, version_to_sql(version)?, encode(&value, &mut blobs)?])?;
+        write.execute(params![
+            new,
+            key,
+            format::version_to_stored(version)?,
+            format::encode(&value, &mut blobs)?
+        ])?;
         store_blobs(conn, new, &blobs)?;
     }
     Ok(checkpoint)
@@ -1438,36 +1279,7 @@ fn open_reader(path: &Path, access: Access) -> Result<Connection> {
 // ---------------------------------------------------------------------------------------------
 // Rows.
 
-/// A `threads` row, JSON columns as text.
-struct ThreadRow {
-    thread_id: String,
-    workflow: String,
-    plan_hash: String,
-    input: String,
-    context: String,
-    config: String,
-    status: String,
-    created_at: String,
-    updated_at: String,
-    forked_from: Option<(String, String)>,
-}
-
 impl ThreadRow {
-    fn from_thread(t: &Thread, blobs: &mut Vec<(String, String)>) -> Result<Self> {
-        Ok(ThreadRow {
-            thread_id: t.thread_id.clone(),
-            workflow: t.workflow.clone(),
-            plan_hash: t.plan_hash.clone(),
-            input: encode(&t.input, blobs)?,
-            context: encode(&t.context, blobs)?,
-            config: encode(&t.config, blobs)?,
-            status: t.status.as_str().into(),
-            created_at: t.created_at.clone(),
-            updated_at: t.updated_at.clone(),
-            forked_from: t.forked_from.clone(),
-        })
-    }
-
     fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
         let forked_thread: Option<String> = r.get(9)?;
         let forked_checkpoint: Option<String> = r.get(10)?;
@@ -1482,22 +1294,6 @@ impl ThreadRow {
             created_at: r.get(7)?,
             updated_at: r.get(8)?,
             forked_from: forked_thread.zip(forked_checkpoint),
-        })
-    }
-
-    fn into_thread(self, conn: &Connection) -> Result<Thread> {
-        let status = parse_status(&self.status)?;
-        Ok(Thread {
-            input: decode(conn, "a thread input", &self.input)?,
-            context: decode(conn, "a thread context", &self.context)?,
-            config: decode(conn, "a thread config", &self.config)?,
-            thread_id: self.thread_id,
-            workflow: self.workflow,
-            plan_hash: self.plan_hash,
-            status,
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-            forked_from: self.forked_from,
         })
     }
 
@@ -1524,38 +1320,7 @@ impl ThreadRow {
     }
 }
 
-/// A `checkpoints` row, JSON columns as text.
-struct CheckpointRow {
-    thread_id: String,
-    checkpoint_id: String,
-    parent_id: Option<String>,
-    step: i64,
-    versions: String,
-    ran: String,
-    changed: String,
-    next: String,
-    meta: String,
-    plan_hash: String,
-    created_at: String,
-}
-
 impl CheckpointRow {
-    fn from_checkpoint(c: &Checkpoint, blobs: &mut Vec<(String, String)>) -> Result<Self> {
-        Ok(CheckpointRow {
-            thread_id: c.thread_id.clone(),
-            checkpoint_id: c.checkpoint_id.clone(),
-            parent_id: c.parent_id.clone(),
-            step: c.step,
-            versions: to_json(&c.versions)?,
-            ran: to_json(&c.ran)?,
-            changed: to_json(&c.changed)?,
-            next: to_json(&c.next)?,
-            meta: encode(&c.meta, blobs)?,
-            plan_hash: c.plan_hash.clone(),
-            created_at: c.created_at.clone(),
-        })
-    }
-
     fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(CheckpointRow {
             thread_id: r.get(0)?,
@@ -1569,22 +1334,6 @@ impl CheckpointRow {
             meta: r.get(8)?,
             plan_hash: r.get(9)?,
             created_at: r.get(10)?,
-        })
-    }
-
-    fn into_checkpoint(self, conn: &Connection) -> Result<Checkpoint> {
-        Ok(Checkpoint {
-            versions: from_json("checkpoint versions", &self.versions)?,
-            ran: from_json("checkpoint `ran`", &self.ran)?,
-            changed: from_json("checkpoint `changed`", &self.changed)?,
-            next: from_json("checkpoint `next`", &self.next)?,
-            meta: decode(conn, "checkpoint meta", &self.meta)?,
-            checkpoint_id: self.checkpoint_id,
-            thread_id: self.thread_id,
-            parent_id: self.parent_id,
-            step: self.step,
-            plan_hash: self.plan_hash,
-            created_at: self.created_at,
         })
     }
 
@@ -1620,6 +1369,16 @@ impl CheckpointRow {
 // served run's instructions. The unary plus leaves the plans as they were (each table searched by its
 // key) and the statements compiled once per connection.
 
+/// Reads a long string by hash, for [`format::decode`].
+fn blob_reader(conn: &Connection) -> impl FnMut(&str) -> Result<Option<String>> + '_ {
+    move |hash: &str| {
+        Ok(conn
+            .prepare_cached("SELECT text FROM blobs WHERE hash = ?1")?
+            .query_row([hash], |r| r.get::<_, String>(0))
+            .optional()?)
+    }
+}
+
 fn thread_sql() -> String {
     format!("SELECT {THREAD_COLS} FROM {THREAD_FROM} WHERE t.thread_id = +?1")
 }
@@ -1646,16 +1405,6 @@ fn load_checkpoint(conn: &Connection, thread_id: &str, checkpoint_id: &str) -> R
         ))?
         .query_row([thread_id, checkpoint_id], CheckpointRow::from_row)
         .optional()?)
-}
-
-fn parse_status(status: &str) -> Result<ThreadStatus> {
-    Ok(match status {
-        "running" => ThreadStatus::Running,
-        "interrupted" => ThreadStatus::Interrupted,
-        "done" => ThreadStatus::Done,
-        "failed" => ThreadStatus::Failed,
-        other => return Err(CheckpointError::Corrupt(format!("thread status `{other}`"))),
-    })
 }
 
 /// A `leases` row; the inner result is a conversion error of a column.
@@ -1686,11 +1435,6 @@ fn load_lease(conn: &Connection, thread_id: &str) -> Result<Option<Lease>> {
         .transpose()
 }
 
-fn generation_to_sql(generation: u64) -> Result<i64> {
-    i64::try_from(generation)
-        .map_err(|_| CheckpointError::Backend(format!("lease generation {generation} exceeds SQLite's range")))
-}
-
 fn thread_exists(conn: &Connection, thread_id: &str) -> Result<bool> {
     Ok(conn
         .prepare_cached("SELECT 1 FROM threads WHERE thread_id = ?1")?
@@ -1709,31 +1453,6 @@ fn checkpoint_exists(conn: &Connection, thread_id: &str, checkpoint_id: &str) ->
     Ok(conn
         .prepare_cached("SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2")?
         .exists([thread_id, checkpoint_id])?)
-}
-
-fn version_to_sql(version: u64) -> Result<i64> {
-    i64::try_from(version).map_err(|_| CheckpointError::Backend(format!("version {version} exceeds SQLite's range")))
-}
-
-fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| CheckpointError::Backend(format!("cannot serialize: {e}")))
-}
-
-fn from_json<T: DeserializeOwned>(what: &str, text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| CheckpointError::Corrupt(format!("{what}: {e}")))
-}
-
-fn missing_value(thread_id: &str, key: &str, version: u64) -> CheckpointError {
-    CheckpointError::Corrupt(format!(
-        "thread `{thread_id}` has no value for `{key}` at version {version}"
-    ))
-}
-
-/// Checkpoint ids are fresh UUIDv7s; a repeated one is a caller's bug, refused rather than merged.
-pub(crate) fn duplicate_checkpoint(thread_id: &str, checkpoint_id: &str) -> CheckpointError {
-    CheckpointError::Backend(format!(
-        "checkpoint `{checkpoint_id}` already exists on thread `{thread_id}`"
-    ))
 }
 
 #[cfg(test)]
