@@ -16,6 +16,8 @@ use crate::checkpoint::{Checkpoint, CheckpointError, Result, ThreadStatus};
 
 /// What the writer applies: an op of the format, or SQL of another module of this backend
 /// (`runs.rs`, `cache.rs`).
+// Moved once, through the channel: boxing the op would cost an allocation per write.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Job {
     Op(Op),
     Exec(Exec),
