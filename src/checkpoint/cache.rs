@@ -4,8 +4,8 @@
 //! workflow may reuse one.
 //!
 //! A [`CacheStore`] is part of every [`super::Checkpointer`]. This module is the format, shared
-//! by every backend: the trait, its types, how a value is stored ([`value_text`],
-//! [`value_from_text`]) and when an entry is live ([`live`]). The backends' code is theirs
+//! by every backend: the trait, its types, how a value is stored (`value_text`,
+//! `value_from_text`) and when an entry is live (`live`). The backends' code is theirs
 //! (`sqlite/cache.rs`, `memory/cache.rs`); nothing here names a backend.
 //!
 //! Expiry is the caller's clock in milliseconds since the epoch (`now_ms`), so a test can

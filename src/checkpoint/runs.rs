@@ -4,8 +4,8 @@
 //! left unfinished and resumes them; the metadata a client sets on a thread survives too.
 //!
 //! A [`RunStore`] is part of every [`super::Checkpointer`]. This module is the format, shared
-//! by every backend: the trait, its types, and their stored shape ([`RunText`],
-//! [`ThreadMetaText`]: JSON columns as text). The backends' code is theirs
+//! by every backend: the trait, its types, and their stored shape (`RunText`,
+//! `ThreadMetaText`: JSON columns as text). The backends' code is theirs
 //! (`sqlite/runs.rs`, `memory/runs.rs`); nothing here names a backend.
 //!
 //! Architecture Invariant: like the rest of checkpoint/, this knows nothing of the server or
