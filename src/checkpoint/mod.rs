@@ -12,11 +12,18 @@
 //! [`Fence`] with its writes ([`Put::Fence`]), and a backend refuses a batch whose fence no
 //! longer matches the lease, so a process that lost its lease cannot write any more.
 //!
+//! The format is shared by every backend: this module, `format.rs` (rows, encoding, the ops a
+//! batch becomes and the rules for applying them), [`blobs`], [`runs`] and [`cache`]; none
+//! names a backend. A backend ([`sqlite`], [`memory`]) adds its SQL, connections and
+//! transactions, and owns its I/O: the trait is synchronous, and a call is a send to the
+//! backend's own thread (or runtime) and a wait for its answer.
+//!
 //! Architecture Invariant: checkpoint/ knows nothing of the engine, plans or providers; it
 //! stores JSON by thread, checkpoint, key and version.
 
 pub mod blobs;
 pub mod cache;
+mod format;
 pub mod memory;
 pub mod runs;
 pub mod sqlite;

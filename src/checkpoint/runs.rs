@@ -3,48 +3,17 @@
 //! its thread's checkpoints, so a server that stops (or is killed) finds on start the runs it
 //! left unfinished and resumes them; the metadata a client sets on a thread survives too.
 //!
-//! A [`RunStore`] is part of every [`super::Checkpointer`]. The SQLite tables are additive
-//! (`CREATE TABLE IF NOT EXISTS` on every open, as `leases`): files written by earlier builds
-//! gain them without a schema version change, and those builds ignore them.
+//! A [`RunStore`] is part of every [`super::Checkpointer`]. This module is the format, shared
+//! by every backend: the trait, its types, and their stored shape (`RunText`,
+//! `ThreadMetaText`: JSON columns as text). The backends' code is theirs
+//! (`sqlite/runs.rs`, `memory/runs.rs`); nothing here names a backend.
 //!
 //! Architecture Invariant: like the rest of checkpoint/, this knows nothing of the server or
 //! the engine: a run's request is opaque JSON here.
 
-use std::sync::Arc;
-
-use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
-use super::memory::MemoryCheckpointer;
-use super::sqlite::SqliteCheckpointer;
 use super::{CheckpointError, Result};
-
-/// Applied on every open of a SQLite store (see the module doc).
-pub(super) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY NOT NULL,
-    thread_id TEXT NOT NULL,
-    assistant_id TEXT NOT NULL,
-    status TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    -- The run's request, JSON.
-    kwargs TEXT NOT NULL,
-    multitask_strategy TEXT NOT NULL,
-    -- JSON objects.
-    metadata TEXT NOT NULL,
-    error TEXT,
-    event_ids INTEGER NOT NULL
-) STRICT;
-CREATE INDEX IF NOT EXISTS runs_by_thread ON runs (thread_id, run_id);
-CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, run_id);
-CREATE TABLE IF NOT EXISTS thread_meta (
-    thread_id TEXT PRIMARY KEY NOT NULL,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    metadata TEXT NOT NULL
-) STRICT;
-";
 
 /// Where a run stands, as the LangGraph API names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,319 +129,98 @@ pub trait RunStore: Send + Sync {
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()>;
 }
 
-// ---------------------------------------------------------------------------------------------
-// SQLite.
+/// A [`RunRow`] as a backend stores it: the status as its name, JSON columns as text.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RunText {
+    pub(crate) run_id: String,
+    pub(crate) thread_id: String,
+    pub(crate) assistant_id: String,
+    pub(crate) status: String,
+    pub(crate) created_at: String,
+    pub(crate) updated_at: String,
+    pub(crate) kwargs: String,
+    pub(crate) multitask_strategy: String,
+    pub(crate) metadata: String,
+    pub(crate) error: Option<String>,
+    pub(crate) event_ids: i64,
+}
 
-const RUN_COLS: &str = "run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs, \
-                        multitask_strategy, metadata, error, event_ids";
+impl RunText {
+    pub(crate) fn from_run(run: &RunRow) -> Result<Self> {
+        Ok(RunText {
+            run_id: run.run_id.clone(),
+            thread_id: run.thread_id.clone(),
+            assistant_id: run.assistant_id.clone(),
+            status: run.status.as_str().into(),
+            created_at: run.created_at.clone(),
+            updated_at: run.updated_at.clone(),
+            kwargs: json_text(&run.kwargs)?,
+            multitask_strategy: run.multitask_strategy.clone(),
+            metadata: json_text(&run.metadata)?,
+            error: run.error.as_ref().map(json_text).transpose()?,
+            event_ids: event_ids_to_stored(run.event_ids),
+        })
+    }
 
-fn json_text(v: &Value) -> Result<String> {
+    pub(crate) fn into_run(self) -> Result<RunRow> {
+        Ok(RunRow {
+            status: RunStatus::parse(&self.status)
+                .ok_or_else(|| CheckpointError::Corrupt(format!("run {} has status `{}`", self.run_id, self.status)))?,
+            kwargs: parse_json("kwargs", &self.kwargs)?,
+            metadata: parse_json("metadata", &self.metadata)?,
+            error: self.error.as_deref().map(|e| parse_json("error", e)).transpose()?,
+            event_ids: u64::try_from(self.event_ids).unwrap_or(0),
+            run_id: self.run_id,
+            thread_id: self.thread_id,
+            assistant_id: self.assistant_id,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            multitask_strategy: self.multitask_strategy,
+        })
+    }
+}
+
+/// A [`ThreadMeta`] as a backend stores it: its metadata as JSON text.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ThreadMetaText {
+    pub(crate) thread_id: String,
+    pub(crate) created_at: String,
+    pub(crate) updated_at: String,
+    pub(crate) metadata: String,
+}
+
+impl ThreadMetaText {
+    pub(crate) fn from_meta(meta: &ThreadMeta) -> Result<Self> {
+        Ok(ThreadMetaText {
+            thread_id: meta.thread_id.clone(),
+            created_at: meta.created_at.clone(),
+            updated_at: meta.updated_at.clone(),
+            metadata: json_text(&meta.metadata)?,
+        })
+    }
+
+    pub(crate) fn into_meta(self) -> Result<ThreadMeta> {
+        Ok(ThreadMeta {
+            metadata: parse_json("metadata", &self.metadata)?,
+            thread_id: self.thread_id,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        })
+    }
+}
+
+/// Event ids as stored (a signed 64-bit column), saturating.
+pub(crate) fn event_ids_to_stored(ids: u64) -> i64 {
+    i64::try_from(ids).unwrap_or(i64::MAX)
+}
+
+/// JSON text of an error, as `set_run_status` stores it.
+pub(crate) fn json_text(v: &Value) -> Result<String> {
     serde_json::to_string(v).map_err(|e| CheckpointError::Corrupt(e.to_string()))
 }
 
 fn parse_json(column: &str, text: &str) -> Result<Value> {
     serde_json::from_str(text).map_err(|e| CheckpointError::Corrupt(format!("runs.{column}: {e}")))
-}
-
-/// A `runs` row, JSON columns as text.
-type RawRun = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    Option<String>,
-    i64,
-);
-
-fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
-    Ok((
-        r.get(0)?,
-        r.get(1)?,
-        r.get(2)?,
-        r.get(3)?,
-        r.get(4)?,
-        r.get(5)?,
-        r.get(6)?,
-        r.get(7)?,
-        r.get(8)?,
-        r.get(9)?,
-        r.get(10)?,
-    ))
-}
-
-fn run_from_raw(raw: RawRun) -> Result<RunRow> {
-    let (run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs, strategy, metadata, error, ids) = raw;
-    Ok(RunRow {
-        status: RunStatus::parse(&status)
-            .ok_or_else(|| CheckpointError::Corrupt(format!("run {run_id} has status `{status}`")))?,
-        kwargs: parse_json("kwargs", &kwargs)?,
-        metadata: parse_json("metadata", &metadata)?,
-        error: error.as_deref().map(|e| parse_json("error", e)).transpose()?,
-        event_ids: u64::try_from(ids).unwrap_or(0),
-        run_id,
-        thread_id,
-        assistant_id,
-        created_at,
-        updated_at,
-        multitask_strategy: strategy,
-    })
-}
-
-fn meta_from_row(r: &Row<'_>) -> rusqlite::Result<(String, String, String, String)> {
-    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-}
-
-fn meta_from_raw(
-    (thread_id, created_at, updated_at, metadata): (String, String, String, String),
-) -> Result<ThreadMeta> {
-    Ok(ThreadMeta {
-        metadata: parse_json("metadata", &metadata)?,
-        thread_id,
-        created_at,
-        updated_at,
-    })
-}
-
-impl RunStore for SqliteCheckpointer {
-    fn put_run(&self, run: &RunRow) -> Result<()> {
-        let values = (
-            run.run_id.clone(),
-            run.thread_id.clone(),
-            run.assistant_id.clone(),
-            run.status.as_str(),
-            run.created_at.clone(),
-            run.updated_at.clone(),
-            json_text(&run.kwargs)?,
-            run.multitask_strategy.clone(),
-            json_text(&run.metadata)?,
-            run.error.as_ref().map(json_text).transpose()?,
-            i64::try_from(run.event_ids).unwrap_or(i64::MAX),
-        );
-        self.exec(Box::new(move |conn: &Connection| {
-            let v = &values;
-            conn.prepare_cached(&format!(
-                "INSERT OR REPLACE INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
-            ))?
-            .execute(params![v.0, v.1, v.2, v.3, v.4, v.5, v.6, v.7, v.8, v.9, v.10])?;
-            Ok(())
-        }))
-    }
-
-    fn set_run_status(&self, run_id: &str, status: RunStatus, error: Option<&Value>, at: &str) -> Result<()> {
-        let (run_id, at) = (run_id.to_owned(), at.to_owned());
-        let error = error.map(json_text).transpose()?;
-        self.exec(Box::new(move |conn: &Connection| {
-            conn.prepare_cached("UPDATE runs SET status = ?2, error = ?3, updated_at = ?4 WHERE run_id = ?1")?
-                .execute(params![run_id, status.as_str(), error, at])?;
-            Ok(())
-        }))
-    }
-
-    fn reserve_event_ids(&self, run_id: &str, upto: u64) -> Result<()> {
-        let run_id = run_id.to_owned();
-        let upto = i64::try_from(upto).unwrap_or(i64::MAX);
-        self.exec(Box::new(move |conn: &Connection| {
-            conn.prepare_cached("UPDATE runs SET event_ids = max(event_ids, ?2) WHERE run_id = ?1")?
-                .execute(params![run_id, upto])?;
-            Ok(())
-        }))
-    }
-
-    fn get_run(&self, run_id: &str) -> Result<Option<RunRow>> {
-        let raw = self.read(|tx| {
-            Ok(tx
-                .prepare_cached(&format!("SELECT {RUN_COLS} FROM runs WHERE run_id = ?1"))?
-                .query_row([run_id], raw_run)
-                .optional()?)
-        })?;
-        raw.map(run_from_raw).transpose()
-    }
-
-    fn list_runs(&self, thread_id: Option<&str>, statuses: &[RunStatus]) -> Result<Vec<RunRow>> {
-        let raws = self.read(|tx| {
-            let mut stmt = tx.prepare_cached(&format!(
-                "SELECT {RUN_COLS} FROM runs WHERE (?1 IS NULL OR thread_id = ?1) ORDER BY run_id"
-            ))?;
-            let rows = stmt.query_map([thread_id], raw_run)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })?;
-        let mut out = Vec::new();
-        for raw in raws {
-            let run = run_from_raw(raw)?;
-            if statuses.is_empty() || statuses.contains(&run.status) {
-                out.push(run);
-            }
-        }
-        Ok(out)
-    }
-
-    fn delete_run(&self, run_id: &str) -> Result<bool> {
-        let existed = self.get_run(run_id)?.is_some();
-        let run_id = run_id.to_owned();
-        self.exec(Box::new(move |conn: &Connection| {
-            conn.prepare_cached("DELETE FROM runs WHERE run_id = ?1")?
-                .execute([&run_id])?;
-            Ok(())
-        }))?;
-        Ok(existed)
-    }
-
-    fn put_thread_meta(&self, meta: &ThreadMeta) -> Result<()> {
-        let values = (
-            meta.thread_id.clone(),
-            meta.created_at.clone(),
-            meta.updated_at.clone(),
-            json_text(&meta.metadata)?,
-        );
-        self.exec(Box::new(move |conn: &Connection| {
-            let v = &values;
-            conn.prepare_cached(
-                "INSERT OR REPLACE INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(params![v.0, v.1, v.2, v.3])?;
-            Ok(())
-        }))
-    }
-
-    fn create_thread_meta(&self, meta: &ThreadMeta) -> Result<bool> {
-        let values = (
-            meta.thread_id.clone(),
-            meta.created_at.clone(),
-            meta.updated_at.clone(),
-            json_text(&meta.metadata)?,
-        );
-        let created = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let told = created.clone();
-        self.exec(Box::new(move |conn: &Connection| {
-            let v = &values;
-            let inserted = conn
-                .prepare_cached(
-                    "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (thread_id) DO NOTHING",
-                )?
-                .execute(params![v.0, v.1, v.2, v.3])?;
-            told.store(inserted == 1, std::sync::atomic::Ordering::SeqCst);
-            Ok(())
-        }))?;
-        Ok(created.load(std::sync::atomic::Ordering::SeqCst))
-    }
-
-    fn get_thread_meta(&self, thread_id: &str) -> Result<Option<ThreadMeta>> {
-        let raw = self.read(|tx| {
-            Ok(tx
-                .prepare_cached(
-                    "SELECT thread_id, created_at, updated_at, metadata FROM thread_meta WHERE thread_id = ?1",
-                )?
-                .query_row([thread_id], meta_from_row)
-                .optional()?)
-        })?;
-        raw.map(meta_from_raw).transpose()
-    }
-
-    fn list_thread_meta(&self) -> Result<Vec<ThreadMeta>> {
-        let raws = self.read(|tx| {
-            let mut stmt = tx.prepare_cached("SELECT thread_id, created_at, updated_at, metadata FROM thread_meta")?;
-            let rows = stmt.query_map([], meta_from_row)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })?;
-        raws.into_iter().map(meta_from_raw).collect()
-    }
-
-    fn delete_thread_meta(&self, thread_id: &str) -> Result<()> {
-        let thread_id = thread_id.to_owned();
-        self.exec(Box::new(move |conn: &Connection| {
-            conn.prepare_cached("DELETE FROM runs WHERE thread_id = ?1")?
-                .execute([&thread_id])?;
-            conn.prepare_cached("DELETE FROM thread_meta WHERE thread_id = ?1")?
-                .execute([&thread_id])?;
-            Ok(())
-        }))
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// In memory.
-
-/// The in-memory store's runs and thread metadata.
-#[derive(Debug, Default)]
-pub(super) struct Memory {
-    runs: std::collections::BTreeMap<String, RunRow>,
-    threads: std::collections::HashMap<String, ThreadMeta>,
-}
-
-impl RunStore for MemoryCheckpointer {
-    fn put_run(&self, run: &RunRow) -> Result<()> {
-        self.lock_runs()?.runs.insert(run.run_id.clone(), run.clone());
-        Ok(())
-    }
-
-    fn set_run_status(&self, run_id: &str, status: RunStatus, error: Option<&Value>, at: &str) -> Result<()> {
-        if let Some(run) = self.lock_runs()?.runs.get_mut(run_id) {
-            run.status = status;
-            run.error = error.cloned();
-            run.updated_at = at.to_owned();
-        }
-        Ok(())
-    }
-
-    fn reserve_event_ids(&self, run_id: &str, upto: u64) -> Result<()> {
-        if let Some(run) = self.lock_runs()?.runs.get_mut(run_id) {
-            run.event_ids = run.event_ids.max(upto);
-        }
-        Ok(())
-    }
-
-    fn get_run(&self, run_id: &str) -> Result<Option<RunRow>> {
-        Ok(self.lock_runs()?.runs.get(run_id).cloned())
-    }
-
-    fn list_runs(&self, thread_id: Option<&str>, statuses: &[RunStatus]) -> Result<Vec<RunRow>> {
-        Ok(self
-            .lock_runs()?
-            .runs
-            .values()
-            .filter(|r| thread_id.is_none_or(|t| r.thread_id == t))
-            .filter(|r| statuses.is_empty() || statuses.contains(&r.status))
-            .cloned()
-            .collect())
-    }
-
-    fn delete_run(&self, run_id: &str) -> Result<bool> {
-        Ok(self.lock_runs()?.runs.remove(run_id).is_some())
-    }
-
-    fn put_thread_meta(&self, meta: &ThreadMeta) -> Result<()> {
-        self.lock_runs()?.threads.insert(meta.thread_id.clone(), meta.clone());
-        Ok(())
-    }
-
-    fn create_thread_meta(&self, meta: &ThreadMeta) -> Result<bool> {
-        let mut m = self.lock_runs()?;
-        if m.threads.contains_key(&meta.thread_id) {
-            return Ok(false);
-        }
-        m.threads.insert(meta.thread_id.clone(), meta.clone());
-        Ok(true)
-    }
-
-    fn get_thread_meta(&self, thread_id: &str) -> Result<Option<ThreadMeta>> {
-        Ok(self.lock_runs()?.threads.get(thread_id).cloned())
-    }
-
-    fn list_thread_meta(&self) -> Result<Vec<ThreadMeta>> {
-        Ok(self.lock_runs()?.threads.values().cloned().collect())
-    }
-
-    fn delete_thread_meta(&self, thread_id: &str) -> Result<()> {
-        let mut m = self.lock_runs()?;
-        m.runs.retain(|_, r| r.thread_id != thread_id);
-        m.threads.remove(thread_id);
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -481,6 +229,8 @@ mod tests {
 
     use super::*;
     use crate::checkpoint::Durability;
+    use crate::checkpoint::memory::MemoryCheckpointer;
+    use crate::checkpoint::sqlite::SqliteCheckpointer;
 
     fn run(id: &str, thread: &str, status: RunStatus) -> RunRow {
         RunRow {

@@ -3,6 +3,9 @@
 //! and version — without durability. The conformance suite in `tests/checkpoint.rs` holds both
 //! to it.
 
+mod cache;
+mod runs;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -20,10 +23,10 @@ pub struct MemoryCheckpointer {
     /// Keep only each thread's latest checkpoint (and what it references): a run that keeps
     /// nothing afterwards (`--db :memory:`) then needs memory for its state, not its history.
     latest_only: bool,
-    /// Runs and thread metadata ([`super::runs`]).
-    runs: Mutex<super::runs::Memory>,
-    /// Cached task results ([`super::cache`]).
-    cache: Mutex<super::cache::Memory>,
+    /// Runs and thread metadata (`runs.rs`).
+    runs: Mutex<runs::Memory>,
+    /// Cached task results (`cache.rs`).
+    cache: Mutex<cache::Memory>,
 }
 
 #[derive(Default)]
@@ -111,7 +114,7 @@ impl Store {
     ) -> Result<()> {
         let entry = self.entry_mut(&checkpoint.thread_id)?;
         if entry.checkpoints.contains_key(&checkpoint.checkpoint_id) {
-            return Err(super::sqlite::duplicate_checkpoint(
+            return Err(super::format::duplicate_checkpoint(
                 &checkpoint.thread_id,
                 &checkpoint.checkpoint_id,
             ));
@@ -217,13 +220,13 @@ impl MemoryCheckpointer {
         Ok(self.lock()?.threads.values().map(|e| e.values.len() as u64).sum())
     }
 
-    pub(super) fn lock_runs(&self) -> Result<MutexGuard<'_, super::runs::Memory>> {
+    fn lock_runs(&self) -> Result<MutexGuard<'_, runs::Memory>> {
         self.runs
             .lock()
             .map_err(|_| CheckpointError::Backend("the in-memory store is poisoned".into()))
     }
 
-    pub(super) fn lock_cache(&self) -> Result<MutexGuard<'_, super::cache::Memory>> {
+    fn lock_cache(&self) -> Result<MutexGuard<'_, cache::Memory>> {
         self.cache
             .lock()
             .map_err(|_| CheckpointError::Backend("the in-memory store is poisoned".into()))
@@ -341,26 +344,12 @@ impl Checkpointer for MemoryCheckpointer {
 
     fn acquire_lease(&self, claim: &LeaseClaim) -> Result<Lease> {
         let mut store = self.lock()?;
-        let now = crate::clock::now_ms();
-        let expires_at_ms = super::expiry_ms(now, claim.ttl);
-        let lease = match store.leases.get(&claim.thread_id) {
-            Some(held) if held.owner == claim.owner => Lease {
-                expires_at_ms,
-                ..held.clone()
-            },
-            Some(held) if held.is_live(now) && claim.replace.as_deref() != Some(held.owner.as_str()) => {
-                return Err(CheckpointError::Leased(Box::new(held.clone())));
-            }
-            held => Lease {
-                thread_id: claim.thread_id.clone(),
-                owner: claim.owner.clone(),
-                generation: held.map_or(1, |h| h.generation + 1),
-                pid: claim.pid,
-                host: claim.host.clone(),
-                acquired_at: crate::clock::now(),
-                expires_at_ms,
-            },
-        };
+        let lease = super::format::grant_lease(
+            store.leases.get(&claim.thread_id),
+            claim,
+            crate::clock::now_ms(),
+            &crate::clock::now(),
+        )?;
         store.leases.insert(claim.thread_id.clone(), lease.clone());
         Ok(lease)
     }
