@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use plan::*;
+pub(crate) use replies::{BYTES_PER_TOKEN, tokens as estimate_tokens};
 pub(crate) use schemas::NodeValidators;
 pub use schemas::Validators;
 

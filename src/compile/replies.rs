@@ -9,9 +9,9 @@ use super::nodes::Build;
 use crate::diag::Code;
 use crate::spec::load::push_pointer;
 
-/// Bytes taken to be one token: the estimate the context fitting uses at run time
-/// (`nodes/llm/fit.rs`: UTF-8 bytes over four, rounded up).
-const BYTES_PER_TOKEN: u64 = 4;
+/// Bytes taken to be one token: the one estimate of a text's size in tokens, used here and by
+/// the context fitting at run time (`nodes/llm/fit.rs`).
+pub(crate) const BYTES_PER_TOKEN: u64 = 4;
 
 /// The most bytes a number is taken to print in, when its bounds do not say.
 const NUMBER_BYTES: u64 = 20;
@@ -90,8 +90,8 @@ impl Build<'_, '_> {
     }
 }
 
-/// Tokens `bytes` are estimated to take.
-pub(super) fn tokens(bytes: u64) -> u64 {
+/// Tokens `bytes` are estimated to take: over [`BYTES_PER_TOKEN`], rounded up.
+pub(crate) fn tokens(bytes: u64) -> u64 {
     bytes.div_ceil(BYTES_PER_TOKEN)
 }
 

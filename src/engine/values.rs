@@ -439,7 +439,8 @@ fn as_array(v: Value, reducer: &'static str) -> Result<Vec<Value>, ReduceError> 
     }
 }
 
-fn kind(v: &Value) -> &'static str {
+/// What a JSON value is, with its article, for messages ("got a string").
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -31,7 +31,7 @@ pub(super) const CUT_MARK: &str = " …[cut]";
 /// deliberately rough (English runs near four bytes a token; code and other scripts run
 /// denser), which is why a server's overflow reply is also acted on.
 pub(crate) fn estimate_text(text: &str) -> u64 {
-    (text.len() as u64).div_ceil(4)
+    crate::compile::estimate_tokens(text.len() as u64)
 }
 
 /// Tokens `messages` are estimated to take: each message's text and tool-call arguments, and
@@ -63,7 +63,7 @@ pub(crate) fn reply_cap(cap: u64, window: u64, prompt: u64) -> u64 {
 
 /// `text` cut to about `tokens` tokens (at a character boundary), with [`CUT_MARK`] when cut.
 pub(crate) fn cut_text(text: &str, tokens: u64) -> String {
-    let max = usize::try_from(tokens.saturating_mul(4)).unwrap_or(usize::MAX);
+    let max = usize::try_from(tokens.saturating_mul(crate::compile::BYTES_PER_TOKEN)).unwrap_or(usize::MAX);
     if text.len() <= max {
         return text.to_string();
     }

@@ -51,7 +51,7 @@ impl Block {
             other => {
                 return Err(format!(
                     "expected a content block such as {{type: file, mime_type, data}}, got {}",
-                    kind(other)
+                    crate::engine::values::kind(other)
                 ));
             }
         };
@@ -154,17 +154,6 @@ fn data_url(url: &str, filename: Option<String>) -> Result<Block, String> {
 
 fn cut(s: &str) -> String {
     s.chars().take(60).collect()
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]
