@@ -22,7 +22,7 @@ use super::sse::{Frame, FrameData};
 use crate::compile::Plan;
 use crate::compile::plan::{ExprId, RouteInput, Segment};
 use crate::engine::events::{Envelope, Event, TaskOutcome};
-use crate::engine::values::{eval_value, to_jinja};
+use crate::engine::values::{EvalError, eval_bool, eval_value, to_jinja};
 use crate::engine::{EngineError, RunOutcome, Status};
 use crate::spec::{RouteMethod, StreamOn};
 
@@ -111,15 +111,9 @@ fn percent_decode(text: &str) -> String {
 /// A query string as a map, its values decoded (`+` is a space there); a name given twice
 /// keeps its last value.
 fn query_map(query: Option<&str>) -> Map<String, Value> {
-    let mut out = Map::new();
-    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        out.insert(
-            percent_decode(&name.replace('+', " ")),
-            Value::String(percent_decode(&value.replace('+', " "))),
-        );
-    }
-    out
+    url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .map(|(name, value)| (name.into_owned(), Value::String(value.into_owned())))
+        .collect()
 }
 
 /// Runs what `graph`'s route `index` says of the request, and answers as it says.
@@ -216,7 +210,7 @@ fn eval(plan: &Plan, id: Option<ExprId>, scope: &minijinja::Value, what: &str) -
     let Some(id) = id else { return Ok(None) };
     match eval_value(plan, id, scope) {
         Ok(v) => Ok(Some(v)),
-        Err(crate::engine::values::EvalError::Undefined) => Ok(None),
+        Err(EvalError::Undefined) => Ok(None),
         Err(e) => Err(ApiError::invalid(format!(
             "`{what}` could not be read from the request: {e}"
         ))),
@@ -227,16 +221,13 @@ fn eval(plan: &Plan, id: Option<ExprId>, scope: &minijinja::Value, what: &str) -
 /// default); a run that failed is a 500 with its error.
 async fn respond(mut framer: RouteFramer, started: Started) -> Result<Response, ApiError> {
     let Started {
-        first,
         mut events,
         done,
         release,
         ..
     } = started;
-    framer.track(&first);
-    while let Some(envelope) = events.recv().await {
-        framer.track(&envelope);
-    }
+    // Only the end counts here: the state is read once the run is over.
+    while events.recv().await.is_some() {}
     let outcome = done
         .await
         .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
@@ -367,11 +358,10 @@ impl RouteFramer {
             let scope = scope.get_or_insert_with(|| self.scope(event.clone()));
             let plan = &self.graph.plan;
             if let Some(when) = rule.when {
-                match eval_value(plan, when, scope) {
-                    Ok(Value::Bool(true)) => {}
-                    Ok(Value::Bool(false) | Value::Null) | Err(crate::engine::values::EvalError::Undefined) => continue,
-                    Ok(other) if truthy(&other) => {}
-                    Ok(_) => continue,
+                match eval_bool(plan, when, scope) {
+                    Ok(true) => {}
+                    // An event without what the rule reads is not the rule's.
+                    Ok(false) | Err(EvalError::UndefinedCondition) => continue,
                     Err(e) => {
                         tracing::warn!(route = %route.path, rule = i, error = %e, "a stream rule's `when` failed; the event is not sent");
                         continue;
@@ -401,17 +391,6 @@ impl RouteFramer {
             .unwrap_or_default()
             .iter()
             .any(|r| r.on == on)
-    }
-}
-
-fn truthy(v: &Value) -> bool {
-    match v {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64() != Some(0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
     }
 }
 
