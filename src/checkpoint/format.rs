@@ -170,9 +170,11 @@ pub(crate) enum Op {
         expires: i64,
         at: String,
     },
+    /// `expires` by this process's clock; `ttl` for a backend that times leases by its own.
     RenewLease {
         fence: Fence,
         expires: i64,
+        ttl: std::time::Duration,
     },
     ReleaseLease(Fence),
     /// Several ops applied in order, all or nothing.

@@ -26,6 +26,7 @@ pub mod cache;
 mod format;
 pub mod memory;
 pub mod runs;
+pub mod postgres;
 pub mod sqlite;
 
 use std::collections::BTreeMap;

@@ -6,17 +6,21 @@ use std::sync::Arc;
 use super::RunError;
 use super::settings::{Setting, Source};
 use crate::checkpoint::memory::MemoryCheckpointer;
+use crate::checkpoint::postgres::PostgresCheckpointer;
 use crate::checkpoint::sqlite::SqliteCheckpointer;
 use crate::checkpoint::{Checkpointer, Durability};
 
 /// The forms the checkpoint database takes, for messages.
-const FORMS: &str = "a file path, `sqlite://PATH` or `:memory:`";
+const FORMS: &str = "a file path, `sqlite://PATH`, `postgres://…` or `:memory:`";
 
 /// Where checkpoints are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Checkpoints {
     /// A SQLite file, created if missing.
     Sqlite(PathBuf),
+    /// A PostgreSQL database, by its URL (`postgres://` or `postgresql://`): its schema
+    /// created or migrated when opened to run.
+    Postgres(String),
     /// `:memory:`: nothing outlives the process, so only each thread's latest checkpoint is
     /// kept.
     Memory,
@@ -28,6 +32,7 @@ impl std::fmt::Display for Checkpoints {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Checkpoints::Sqlite(path) => write!(f, "{}", path.display()),
+            Checkpoints::Postgres(url) => f.write_str(&redacted(url)),
             Checkpoints::Memory => f.write_str(":memory:"),
             Checkpoints::Scratch => f.write_str("memory"),
         }
@@ -53,6 +58,9 @@ impl Checkpoints {
                 path => Ok(Checkpoints::Sqlite(PathBuf::from(path))),
             };
         }
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            return Ok(Checkpoints::Postgres(text.to_owned()));
+        }
         if let Some((scheme, _)) = text.split_once("://")
             && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
             && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
@@ -77,6 +85,14 @@ impl Checkpoints {
                 })?;
                 Ok(Arc::new(store))
             }
+            Checkpoints::Postgres(url) => {
+                let store = PostgresCheckpointer::open(url, durability).map_err(|e| RunError::Store {
+                    path: PathBuf::from(redacted(url)),
+                    source_of: Box::new(Source::Default),
+                    error: e,
+                })?;
+                Ok(Arc::new(store))
+            }
         }
     }
 
@@ -96,6 +112,16 @@ impl Checkpoints {
                 })?;
                 Ok(Arc::new(store))
             }
+            // A database without runner's schema holds no threads.
+            Checkpoints::Postgres(url) => match PostgresCheckpointer::open_existing(url) {
+                Ok(Some(store)) => Ok(Arc::new(store)),
+                Ok(None) => Ok(Arc::new(MemoryCheckpointer::new())),
+                Err(e) => Err(RunError::Store {
+                    path: PathBuf::from(redacted(url)),
+                    source_of: Box::new(Source::Default),
+                    error: e,
+                }),
+            },
         }
     }
 }
@@ -150,5 +176,18 @@ mod tests {
             assert!(e.contains("are not supported") && e.contains("sqlite://PATH"), "{e}");
             assert!(!e.contains("secret") && !e.contains("host"), "{e}");
         }
+    }
+}
+
+/// A database URL without its password, for messages.
+pub(super) fn redacted(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => "a PostgreSQL URL that does not parse".into(),
     }
 }

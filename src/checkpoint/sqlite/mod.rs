@@ -542,6 +542,7 @@ impl Checkpointer for SqliteCheckpointer {
         self.write(Op::RenewLease {
             fence: fence.clone(),
             expires: super::expiry_ms(crate::clock::now_ms(), ttl),
+            ttl,
         })?
         .into_lease()
     }

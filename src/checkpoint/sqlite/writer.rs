@@ -284,7 +284,7 @@ pub(super) fn apply(conn: &Connection, op: &Op) -> Result<Done> {
                 },
             };
         }
-        Op::RenewLease { fence, expires } => {
+        Op::RenewLease { fence, expires, .. } => {
             let renewed = conn
                 .prepare_cached(&format!(
                     "UPDATE leases SET expires_at = ?4 WHERE thread_id = ?1 AND owner = ?2 AND generation = ?3 \

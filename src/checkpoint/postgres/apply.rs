@@ -1,0 +1,562 @@
+//! The format's [`Op`]s applied with PostgreSQL's SQL, by the rules written in
+//! [`crate::checkpoint::format`], and the reads the trait's methods share. Every function runs
+//! inside the caller's transaction.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use deadpool_postgres::Transaction;
+use serde_json::Value;
+use tokio_postgres::Row;
+
+use crate::checkpoint::format::{self, CheckpointRow, Done, Op, ThreadRow};
+use crate::checkpoint::{Checkpoint, CheckpointError, Lease, Result, Thread, ThreadStatus};
+
+pub(super) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+pub(super) const THREAD_COLS: &str = "t.thread_id, t.workflow, t.plan_hash, i.input, i.context, i.config, t.status, \
+     t.created_at, t.updated_at, t.forked_from_thread, t.forked_from_checkpoint";
+pub(super) const THREAD_FROM: &str = "threads t JOIN thread_inputs i ON i.thread_id = t.thread_id";
+const LEASE_COLS: &str = "thread_id, owner, generation, pid, host, acquired_at, expires_at";
+const CHECKPOINT_COLS: &str =
+    "thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, meta, plan_hash, created_at";
+pub(super) const CHECKPOINT_READ: &str = "thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, \
+     meta, coalesce(plan_hash, (SELECT t.plan_hash FROM threads t WHERE t.thread_id = checkpoints.thread_id)), \
+     created_at";
+/// The database's clock in milliseconds since the epoch: leases are timed by it.
+const DB_NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+pub(super) fn thread_row(r: &Row) -> Result<ThreadRow> {
+    let forked_thread: Option<String> = r.try_get(9)?;
+    let forked_checkpoint: Option<String> = r.try_get(10)?;
+    Ok(ThreadRow {
+        thread_id: r.try_get(0)?,
+        workflow: r.try_get(1)?,
+        plan_hash: r.try_get(2)?,
+        input: r.try_get(3)?,
+        context: r.try_get(4)?,
+        config: r.try_get(5)?,
+        status: r.try_get(6)?,
+        created_at: r.try_get(7)?,
+        updated_at: r.try_get(8)?,
+        forked_from: forked_thread.zip(forked_checkpoint),
+    })
+}
+
+pub(super) fn checkpoint_row(r: &Row) -> Result<CheckpointRow> {
+    Ok(CheckpointRow {
+        thread_id: r.try_get(0)?,
+        checkpoint_id: r.try_get(1)?,
+        parent_id: r.try_get(2)?,
+        step: r.try_get(3)?,
+        versions: r.try_get(4)?,
+        ran: r.try_get(5)?,
+        changed: r.try_get(6)?,
+        next: r.try_get(7)?,
+        meta: r.try_get(8)?,
+        plan_hash: r.try_get(9)?,
+        created_at: r.try_get(10)?,
+    })
+}
+
+fn lease_row(r: &Row) -> Result<Lease> {
+    let generation: i64 = r.try_get(2)?;
+    let pid: i64 = r.try_get(3)?;
+    Ok(Lease {
+        thread_id: r.try_get(0)?,
+        owner: r.try_get(1)?,
+        generation: u64::try_from(generation)
+            .map_err(|_| CheckpointError::Corrupt(format!("lease generation {generation}")))?,
+        pid: u32::try_from(pid).map_err(|_| CheckpointError::Corrupt(format!("lease pid {pid}")))?,
+        host: r.try_get(4)?,
+        acquired_at: r.try_get(5)?,
+        expires_at_ms: r.try_get(6)?,
+    })
+}
+
+/// Every hash a text refers to, read from the database: `decode`'s blob reader for texts that
+/// hold references (rare), so an ordinary value costs no query.
+async fn blobs_of(tx: &Transaction<'_>, text: &str) -> Result<std::collections::HashMap<String, String>> {
+    let mut found = std::collections::HashMap::new();
+    if !text.contains(crate::checkpoint::blobs::BLOB) {
+        return Ok(found);
+    }
+    // The references are collected by decoding once with a reader that records what it is
+    // asked for, then the texts are read in one query.
+    let mut wanted = Vec::new();
+    let _ = format::decode("a stored value", text, &mut |hash: &str| {
+        wanted.push(hash.to_owned());
+        Ok(Some(String::new()))
+    });
+    let stmt = tx.prepare_cached("SELECT hash, text FROM blobs WHERE hash = ANY($1)").await?;
+    for row in tx.query(&stmt, &[&wanted]).await? {
+        found.insert(row.try_get(0)?, row.try_get(1)?);
+    }
+    Ok(found)
+}
+
+/// A stored JSON text decoded, references to long strings read from `blobs`.
+pub(super) async fn decode(tx: &Transaction<'_>, what: &str, text: &str) -> Result<Value> {
+    let blobs = blobs_of(tx, text).await?;
+    format::decode(what, text, &mut |hash: &str| Ok(blobs.get(hash).cloned()))
+}
+
+pub(super) async fn resolve_thread(tx: &Transaction<'_>, row: ThreadRow) -> Result<Thread> {
+    let mut blobs = std::collections::HashMap::new();
+    for text in [&row.input, &row.context, &row.config] {
+        blobs.extend(blobs_of(tx, text).await?);
+    }
+    row.into_thread(&mut |hash: &str| Ok(blobs.get(hash).cloned()))
+}
+
+pub(super) async fn resolve_checkpoint(tx: &Transaction<'_>, row: CheckpointRow) -> Result<Checkpoint> {
+    let blobs = blobs_of(tx, &row.meta).await?;
+    row.into_checkpoint(&mut |hash: &str| Ok(blobs.get(hash).cloned()))
+}
+
+pub(super) async fn load_thread(tx: &Transaction<'_>, thread_id: &str) -> Result<Option<ThreadRow>> {
+    let sql = format!("SELECT {THREAD_COLS} FROM {THREAD_FROM} WHERE t.thread_id = $1");
+    match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&thread_id]).await? {
+        Some(r) => Ok(Some(thread_row(&r)?)),
+        None => Ok(None),
+    }
+}
+
+pub(super) async fn load_checkpoint(
+    tx: &Transaction<'_>,
+    thread_id: &str,
+    checkpoint_id: &str,
+) -> Result<Option<CheckpointRow>> {
+    let sql = format!("SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = $1 AND checkpoint_id = $2");
+    match tx
+        .query_opt(&tx.prepare_cached(&sql).await?, &[&thread_id, &checkpoint_id])
+        .await?
+    {
+        Some(r) => Ok(Some(checkpoint_row(&r)?)),
+        None => Ok(None),
+    }
+}
+
+/// The lease row; `lock`: held `FOR SHARE` until the transaction ends, so no takeover commits
+/// between a fence's check and the writes it guards.
+pub(super) async fn load_lease(tx: &Transaction<'_>, thread_id: &str, lock: bool) -> Result<Option<Lease>> {
+    let sql = format!(
+        "SELECT {LEASE_COLS} FROM leases WHERE thread_id = $1{}",
+        if lock { " FOR SHARE" } else { "" }
+    );
+    match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&thread_id]).await? {
+        Some(r) => Ok(Some(lease_row(&r)?)),
+        None => Ok(None),
+    }
+}
+
+pub(super) async fn thread_exists(tx: &Transaction<'_>, thread_id: &str) -> Result<bool> {
+    let stmt = tx.prepare_cached("SELECT 1 FROM threads WHERE thread_id = $1").await?;
+    Ok(tx.query_opt(&stmt, &[&thread_id]).await?.is_some())
+}
+
+pub(super) async fn require_thread(tx: &Transaction<'_>, thread_id: &str) -> Result<()> {
+    if thread_exists(tx, thread_id).await? {
+        Ok(())
+    } else {
+        Err(CheckpointError::NoThread(thread_id.into()))
+    }
+}
+
+pub(super) async fn checkpoint_exists(tx: &Transaction<'_>, thread_id: &str, checkpoint_id: &str) -> Result<bool> {
+    let stmt = tx
+        .prepare_cached("SELECT 1 FROM checkpoints WHERE thread_id = $1 AND checkpoint_id = $2")
+        .await?;
+    Ok(tx.query_opt(&stmt, &[&thread_id, &checkpoint_id]).await?.is_some())
+}
+
+/// One key's value at `version`, extensions resolved: the stored value, and while it extends an
+/// earlier version, that one (a corrupt chain that does not go down stops at once).
+pub(super) async fn resolved_value(tx: &Transaction<'_>, thread_id: &str, key: &str, version: u64) -> Result<Value> {
+    let stmt = tx
+        .prepare_cached("SELECT value FROM state_values WHERE thread_id = $1 AND key = $2 AND version = $3")
+        .await?;
+    let mut fetched = std::collections::HashMap::new();
+    let mut v = version;
+    loop {
+        let row = tx
+            .query_opt(&stmt, &[&thread_id, &key, &format::version_to_stored(v)?])
+            .await?
+            .ok_or_else(|| format::missing_value(thread_id, key, v))?;
+        let value = decode(tx, "a state value", &row.try_get::<_, String>(0)?).await?;
+        let base = crate::checkpoint::as_extension(&value).map(|(base, _)| base);
+        fetched.insert(v, value);
+        match base {
+            Some(base) if base < v => v = base,
+            _ => break,
+        }
+    }
+    crate::checkpoint::resolve(key, version, |v| {
+        fetched.remove(&v).ok_or_else(|| format::missing_value(thread_id, key, v))
+    })
+}
+
+/// Applies one op; a failure leaves the caller's transaction to be rolled back.
+pub(super) fn apply<'a>(tx: &'a Transaction<'a>, op: &'a Op) -> BoxFuture<'a, Result<Done>> {
+    Box::pin(async move {
+        match op {
+            Op::Batch(ops) => {
+                for op in ops {
+                    apply(tx, op).await?;
+                }
+            }
+            Op::CreateThread(row) => {
+                if thread_exists(tx, &row.thread_id).await? {
+                    return Err(CheckpointError::ThreadExists(row.thread_id.clone()));
+                }
+                insert_thread(tx, row).await?;
+            }
+            Op::Blobs { thread_id, blobs } => store_blobs(tx, thread_id, blobs).await?,
+            Op::SetStatus { thread_id, status, at } => {
+                let stmt = tx
+                    .prepare_cached(
+                        "UPDATE threads SET status = $2, updated_at = $3, touched = nextval('thread_touches') \
+                         WHERE thread_id = $1",
+                    )
+                    .await?;
+                if tx.execute(&stmt, &[thread_id, &status.as_str(), at]).await? == 0 {
+                    return Err(CheckpointError::NoThread(thread_id.clone()));
+                }
+            }
+            Op::PutCheckpoint { row, values } => {
+                require_thread(tx, &row.thread_id).await?;
+                if checkpoint_exists(tx, &row.thread_id, &row.checkpoint_id).await? {
+                    return Err(format::duplicate_checkpoint(&row.thread_id, &row.checkpoint_id));
+                }
+                insert_checkpoint(tx, row).await?;
+                if !values.is_empty() {
+                    // One statement for every value of the step.
+                    let stmt = tx
+                        .prepare_cached(
+                            "INSERT INTO state_values (thread_id, key, version, value) \
+                             SELECT $1, * FROM unnest($2::text[], $3::bigint[], $4::text[]) \
+                             ON CONFLICT DO NOTHING",
+                        )
+                        .await?;
+                    let keys: Vec<&str> = values.iter().map(|v| v.0.as_str()).collect();
+                    let versions: Vec<i64> = values.iter().map(|v| v.1).collect();
+                    let texts: Vec<&str> = values.iter().map(|v| v.2.as_str()).collect();
+                    tx.execute(&stmt, &[&row.thread_id, &keys, &versions, &texts]).await?;
+                }
+            }
+            Op::PutWrites {
+                thread_id,
+                checkpoint_id,
+                writes,
+            } => {
+                require_thread(tx, thread_id).await?;
+                if !checkpoint_exists(tx, thread_id, checkpoint_id).await? {
+                    return Err(CheckpointError::NoCheckpoint(thread_id.clone(), checkpoint_id.clone()));
+                }
+                if !writes.is_empty() {
+                    let stmt = tx
+                        .prepare_cached(
+                            "INSERT INTO writes (thread_id, checkpoint_id, task_id, idx, channel, value) \
+                             SELECT $1, $2, * FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[]) \
+                             ON CONFLICT (thread_id, checkpoint_id, task_id, idx) DO UPDATE \
+                             SET channel = excluded.channel, value = excluded.value",
+                        )
+                        .await?;
+                    let tasks: Vec<&str> = writes.iter().map(|w| w.0.as_str()).collect();
+                    let idxs: Vec<i64> = writes.iter().map(|w| w.1).collect();
+                    let channels: Vec<&str> = writes.iter().map(|w| w.2.as_str()).collect();
+                    let texts: Vec<&str> = writes.iter().map(|w| w.3.as_str()).collect();
+                    tx.execute(&stmt, &[thread_id, checkpoint_id, &tasks, &idxs, &channels, &texts])
+                        .await?;
+                }
+            }
+            Op::DeleteThread(thread_id) => {
+                require_thread(tx, thread_id).await?;
+                let hashes: Vec<String> = tx
+                    .query(
+                        &tx.prepare_cached("DELETE FROM blob_refs WHERE thread_id = $1 RETURNING hash")
+                            .await?,
+                        &[thread_id],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| r.try_get(0))
+                    .collect::<std::result::Result<_, _>>()?;
+                for table in ["writes", "state_values", "checkpoints", "thread_inputs", "threads"] {
+                    let stmt = tx
+                        .prepare_cached(&format!("DELETE FROM {table} WHERE thread_id = $1"))
+                        .await?;
+                    tx.execute(&stmt, &[thread_id]).await?;
+                }
+                if !hashes.is_empty() {
+                    let stmt = tx
+                        .prepare_cached(
+                            "DELETE FROM blobs b WHERE b.hash = ANY($1) \
+                             AND NOT EXISTS (SELECT 1 FROM blob_refs r WHERE r.hash = b.hash)",
+                        )
+                        .await?;
+                    tx.execute(&stmt, &[&hashes]).await?;
+                }
+            }
+            Op::Truncate { thread_id, to } => truncate(tx, thread_id, to).await?,
+            Op::Fence(fence) => {
+                crate::checkpoint::check_fence(load_lease(tx, &fence.thread_id, true).await?.as_ref(), fence)?
+            }
+            Op::AcquireLease { claim, at, .. } => {
+                // One statement, as on SQLite, but timed by the database's clock: insert, or
+                // take over a lease that expired, is already ours, or belongs to the owner the
+                // claim replaces.
+                let sql = format!(
+                    "INSERT INTO leases ({LEASE_COLS}) VALUES ($1, $2, 1, $3, $4, $5, {DB_NOW_MS} + $6) \
+                     ON CONFLICT (thread_id) DO UPDATE SET \
+                       generation = CASE WHEN leases.owner = excluded.owner THEN leases.generation \
+                                    ELSE leases.generation + 1 END, \
+                       acquired_at = CASE WHEN leases.owner = excluded.owner THEN leases.acquired_at \
+                                     ELSE excluded.acquired_at END, \
+                       owner = excluded.owner, pid = excluded.pid, host = excluded.host, \
+                       expires_at = excluded.expires_at \
+                     WHERE leases.expires_at <= {DB_NOW_MS} OR leases.owner = excluded.owner \
+                       OR leases.owner = $7 \
+                     RETURNING {LEASE_COLS}"
+                );
+                let ttl = ttl_ms(claim.ttl);
+                let granted = tx
+                    .query_opt(
+                        &tx.prepare_cached(&sql).await?,
+                        &[
+                            &claim.thread_id,
+                            &claim.owner,
+                            &i64::from(claim.pid),
+                            &claim.host,
+                            at,
+                            &ttl,
+                            &claim.replace,
+                        ],
+                    )
+                    .await?;
+                return match granted {
+                    Some(row) => Ok(Done::Lease(Box::new(lease_row(&row)?))),
+                    None => match load_lease(tx, &claim.thread_id, false).await? {
+                        Some(holder) => Err(CheckpointError::Leased(Box::new(holder))),
+                        None => Err(CheckpointError::Backend("a lease was neither granted nor held".into())),
+                    },
+                };
+            }
+            Op::RenewLease { fence, ttl, .. } => {
+                let sql = format!(
+                    "UPDATE leases SET expires_at = {DB_NOW_MS} + $4 \
+                     WHERE thread_id = $1 AND owner = $2 AND generation = $3 RETURNING {LEASE_COLS}"
+                );
+                let renewed = tx
+                    .query_opt(
+                        &tx.prepare_cached(&sql).await?,
+                        &[
+                            &fence.thread_id,
+                            &fence.owner,
+                            &format::generation_to_stored(fence.generation)?,
+                            &ttl_ms(*ttl),
+                        ],
+                    )
+                    .await?;
+                return match renewed {
+                    Some(row) => Ok(Done::Lease(Box::new(lease_row(&row)?))),
+                    None => Err(CheckpointError::LeaseLost(fence.thread_id.clone())),
+                };
+            }
+            Op::ReleaseLease(fence) => {
+                let stmt = tx
+                    .prepare_cached("DELETE FROM leases WHERE thread_id = $1 AND owner = $2 AND generation = $3")
+                    .await?;
+                tx.execute(
+                    &stmt,
+                    &[
+                        &fence.thread_id,
+                        &fence.owner,
+                        &format::generation_to_stored(fence.generation)?,
+                    ],
+                )
+                .await?;
+            }
+            Op::Fork {
+                from,
+                checkpoint_id,
+                new,
+                new_checkpoint_id,
+                at,
+            } => {
+                return fork(tx, from, checkpoint_id, new, new_checkpoint_id, at)
+                    .await
+                    .map(|c| Done::Forked(Box::new(c)));
+            }
+        }
+        Ok(Done::Unit)
+    })
+}
+
+fn ttl_ms(ttl: std::time::Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+async fn insert_thread(tx: &Transaction<'_>, row: &ThreadRow) -> Result<()> {
+    let (forked_thread, forked_checkpoint) = row.forked_from.clone().unzip();
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO threads (thread_id, workflow, plan_hash, status, created_at, updated_at, \
+             forked_from_thread, forked_from_checkpoint, touched) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nextval('thread_touches'))",
+        )
+        .await?;
+    tx.execute(
+        &stmt,
+        &[
+            &row.thread_id,
+            &row.workflow,
+            &row.plan_hash,
+            &row.status,
+            &row.created_at,
+            &row.updated_at,
+            &forked_thread,
+            &forked_checkpoint,
+        ],
+    )
+    .await?;
+    let stmt = tx
+        .prepare_cached("INSERT INTO thread_inputs (thread_id, input, context, config) VALUES ($1, $2, $3, $4)")
+        .await?;
+    tx.execute(&stmt, &[&row.thread_id, &row.input, &row.context, &row.config])
+        .await?;
+    Ok(())
+}
+
+async fn insert_checkpoint(tx: &Transaction<'_>, row: &CheckpointRow) -> Result<()> {
+    // The plan hash is stored only when it is not the thread's (nearly never).
+    let sql = format!(
+        "INSERT INTO checkpoints ({CHECKPOINT_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
+         nullif($10, (SELECT plan_hash FROM threads WHERE thread_id = $1)), $11)"
+    );
+    tx.execute(
+        &tx.prepare_cached(&sql).await?,
+        &[
+            &row.thread_id,
+            &row.checkpoint_id,
+            &row.parent_id,
+            &row.step,
+            &row.versions,
+            &row.ran,
+            &row.changed,
+            &row.next,
+            &row.meta,
+            &row.plan_hash,
+            &row.created_at,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Stores long strings `(hash, text)` that `thread_id` refers to; a text already stored is not
+/// sent again. A stored one is locked `FOR SHARE` until the transaction ends, so a thread
+/// deletion elsewhere cannot remove it before this reference to it commits.
+async fn store_blobs(tx: &Transaction<'_>, thread_id: &str, blobs: &[(String, String)]) -> Result<()> {
+    let known = tx.prepare_cached("SELECT 1 FROM blobs WHERE hash = $1 FOR SHARE").await?;
+    let text = tx
+        .prepare_cached("INSERT INTO blobs (hash, text) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+        .await?;
+    let uses = tx
+        .prepare_cached("INSERT INTO blob_refs (thread_id, hash) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+        .await?;
+    for (hash, blob) in blobs {
+        if tx.query_opt(&known, &[hash]).await?.is_none() {
+            tx.execute(&text, &[hash, blob]).await?;
+        }
+        tx.execute(&uses, &[&thread_id, hash]).await?;
+    }
+    Ok(())
+}
+
+async fn fork(
+    tx: &Transaction<'_>,
+    from: &str,
+    checkpoint_id: &str,
+    new: &str,
+    new_id: &str,
+    at: &str,
+) -> Result<Checkpoint> {
+    let mut thread = load_thread(tx, from)
+        .await?
+        .ok_or_else(|| CheckpointError::NoThread(from.into()))?;
+    let mut row = load_checkpoint(tx, from, checkpoint_id)
+        .await?
+        .ok_or_else(|| CheckpointError::NoCheckpoint(from.into(), checkpoint_id.into()))?;
+    if thread_exists(tx, new).await? {
+        return Err(CheckpointError::ThreadExists(new.into()));
+    }
+    thread.thread_id = new.into();
+    thread.status = ThreadStatus::Running.as_str().into();
+    thread.created_at = at.into();
+    thread.updated_at = at.into();
+    thread.forked_from = Some((from.into(), checkpoint_id.into()));
+    insert_thread(tx, &thread).await?;
+    // The copies refer to the same long strings.
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO blob_refs (thread_id, hash) SELECT $1, hash FROM blob_refs WHERE thread_id = $2 \
+             ON CONFLICT DO NOTHING",
+        )
+        .await?;
+    tx.execute(&stmt, &[&new, &from]).await?;
+
+    row.thread_id = new.into();
+    row.checkpoint_id = new_id.into();
+    row.parent_id = None;
+    row.created_at = at.into();
+    insert_checkpoint(tx, &row).await?;
+    let checkpoint = resolve_checkpoint(tx, row).await?;
+    // Values are copied resolved, so no extension in the new thread refers to the old one.
+    let write = tx
+        .prepare_cached("INSERT INTO state_values (thread_id, key, version, value) VALUES ($1, $2, $3, $4)")
+        .await?;
+    for (key, &version) in &checkpoint.versions {
+        let value = resolved_value(tx, from, key, version).await?;
+        let mut blobs = Vec::new();
+        let text = format::encode(&value, &mut blobs)?;
+        tx.execute(&write, &[&new, key, &format::version_to_stored(version)?, &text])
+            .await?;
+        store_blobs(tx, new, &blobs).await?;
+    }
+    Ok(checkpoint)
+}
+
+/// Deletes the checkpoints of `thread_id` newer than `to` with the values they introduced, and
+/// the writes stored against `to` and them.
+async fn truncate(tx: &Transaction<'_>, thread_id: &str, to: &str) -> Result<()> {
+    let row = load_checkpoint(tx, thread_id, to)
+        .await?
+        .ok_or_else(|| CheckpointError::NoCheckpoint(thread_id.into(), to.into()))?;
+    let versions = row.versions()?;
+    // Checkpoint ids are UUIDv7 within a thread: newer is greater.
+    let stmt = tx
+        .prepare_cached("DELETE FROM writes WHERE thread_id = $1 AND checkpoint_id >= $2")
+        .await?;
+    tx.execute(&stmt, &[&thread_id, &to]).await?;
+    let stmt = tx
+        .prepare_cached("DELETE FROM checkpoints WHERE thread_id = $1 AND checkpoint_id > $2")
+        .await?;
+    tx.execute(&stmt, &[&thread_id, &to]).await?;
+    // Every value newer than the checkpoint's version of its key, and every value of a key it
+    // does not have, in one statement.
+    let keys: Vec<&str> = versions.keys().map(String::as_str).collect();
+    let kept: Vec<i64> = versions
+        .values()
+        .map(|v| format::version_to_stored(*v))
+        .collect::<Result<_>>()?;
+    let stmt = tx
+        .prepare_cached(
+            "DELETE FROM state_values s WHERE s.thread_id = $1 AND NOT EXISTS ( \
+               SELECT 1 FROM unnest($2::text[], $3::bigint[]) AS k(key, version) \
+               WHERE k.key = s.key AND s.version <= k.version)",
+        )
+        .await?;
+    tx.execute(&stmt, &[&thread_id, &keys, &kept]).await?;
+    Ok(())
+}

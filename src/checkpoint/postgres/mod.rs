@@ -1,0 +1,578 @@
+//! PostgreSQL checkpointer: one database shared by many runner processes.
+//!
+//! The same format as SQLite (rows, encoding, ops and their rules: [`super::format`]), applied
+//! with PostgreSQL's SQL over an asynchronous client (tokio-postgres) and a pool of connections
+//! (deadpool-postgres). The [`Checkpointer`] trait is synchronous, as it is for SQLite: the
+//! backend owns a small tokio runtime of its own on which every query runs, and a trait call
+//! is a spawn onto it and a wait for the answer — the SQLite writer thread's design, with a
+//! network database behind it. No call ever blocks that runtime, so a caller on any runtime
+//! (or none) is served.
+//!
+//! What PostgreSQL adds over SQLite:
+//! - Every write is one transaction (a batch of [`Put`](super::Put)s: one superstep's commit).
+//!   [`Durability::CrashSafe`] commits asynchronously (`synchronous_commit = off`: the server
+//!   acknowledges before its WAL reaches the disk; a runner process may die at any time and
+//!   lose nothing, the server's own crash may lose its last moments), [`Durability::PowerSafe`]
+//!   waits for the flush. [`Checkpointer::put_batch_unsynced`] always commits asynchronously.
+//! - Leases are timed by the database's clock, never a process's: `expires_at` is the server's
+//!   `clock_timestamp()` plus the claim's time to live, so processes on hosts whose clocks
+//!   disagree still agree on who holds a thread. A fence is checked with the lease row locked
+//!   (`FOR SHARE`) until the batch commits, so no takeover slips between the check and the
+//!   writes.
+//! - The tables live in a schema of their own (`runner`, or the URL's `schema` parameter),
+//!   created and migrated on open under an advisory lock, so many processes starting at once
+//!   migrate once, and LangGraph's own tables (`checkpoints`, …) in the same database are left
+//!   alone.
+//!
+//! The URL is libpq's (`postgres://user:password@host:port/db?sslmode=require`); runner reads
+//! three parameters of its own and passes the rest on: `schema`, `pool_size` (connections kept
+//! per process, default 8) and `connect_timeout` as libpq's. TLS is rustls with the platform's
+//! roots (`sslmode=prefer`, libpq's default, tries it and falls back to plain text;
+//! `require` insists).
+
+mod apply;
+mod cache;
+mod runs;
+mod schema;
+mod tls;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use deadpool_postgres::{GenericClient, Pool};
+use serde_json::{Map, Value};
+
+use super::format::{self, Done, Op};
+use super::{
+    Checkpoint, CheckpointError, Checkpointer, Durability, Fence, Lease, LeaseClaim, PendingWrite, Put, Result, Thread,
+};
+
+pub use schema::SCHEMA_VERSION;
+
+/// Connections a process keeps by default.
+const DEFAULT_POOL_SIZE: usize = 8;
+/// How long a call waits for a free connection before it fails (the pool is exhausted: every
+/// connection is busy, or the server refuses new ones).
+const POOL_WAIT: Duration = Duration::from_secs(30);
+/// The schema the tables live in unless the URL names another.
+const DEFAULT_SCHEMA: &str = "runner";
+
+impl From<tokio_postgres::Error> for CheckpointError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        CheckpointError::Backend(describe(&e))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for CheckpointError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        CheckpointError::Backend(match e {
+            deadpool_postgres::PoolError::Backend(e) => describe(&e),
+            deadpool_postgres::PoolError::Timeout(_) => format!(
+                "postgres: no connection became free within {}s (every connection of the pool is busy, or the \
+                 server refuses new ones)",
+                POOL_WAIT.as_secs()
+            ),
+            other => format!("postgres: {other}"),
+        })
+    }
+}
+
+/// A client error with the server's own message, which `Display` leaves out.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(source) => format!("postgres: {e}: {source}"),
+            None => format!("postgres: {e}"),
+        },
+    }
+}
+
+/// A [`Checkpointer`] on a PostgreSQL database.
+pub struct PostgresCheckpointer {
+    pool: Pool,
+    /// `None` only while dropping.
+    runtime: Option<tokio::runtime::Runtime>,
+    durability: Durability,
+    /// Where the URL came from, for messages: the host, port, database and schema, never the
+    /// password.
+    display: String,
+    /// The schema its tables live in.
+    schema: String,
+    /// The schema version the database had when it was opened (0: none) and has now.
+    migrated: (i64, i64),
+}
+
+/// What [`PostgresCheckpointer::open`] reads from a URL.
+struct Target {
+    config: tokio_postgres::Config,
+    schema: String,
+    pool_size: usize,
+    display: String,
+}
+
+/// Reads a URL: libpq's form, plus runner's `schema` and `pool_size`. Errors never repeat the
+/// URL (it may hold a password).
+fn parse_url(text: &str) -> Result<Target> {
+    let bad = |why: String| CheckpointError::Backend(format!("the PostgreSQL URL is not valid: {why}"));
+    let mut url = url::Url::parse(text).map_err(|e| bad(e.to_string()))?;
+    if !matches!(url.scheme(), "postgres" | "postgresql") {
+        return Err(bad(format!("the scheme is `{}`, not `postgres`", url.scheme())));
+    }
+    let mut schema = DEFAULT_SCHEMA.to_owned();
+    let mut pool_size = DEFAULT_POOL_SIZE;
+    let mut kept = Vec::new();
+    for (key, value) in url.query_pairs() {
+        match &*key {
+            "schema" => schema = value.into_owned(),
+            "pool_size" => {
+                pool_size = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| bad(format!("`pool_size={value}` is not a number from 1 to 1000")))?;
+            }
+            _ => kept.push((key.into_owned(), value.into_owned())),
+        }
+    }
+    if schema.is_empty()
+        || schema.len() > 63
+        || !schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        || !schema.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        return Err(bad(format!(
+            "`schema={schema}` must be a lowercase SQL name (letters, digits, `_`; 63 at most)"
+        )));
+    }
+    if kept.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(&kept);
+    }
+    let mut config: tokio_postgres::Config = url.as_str().parse().map_err(|e| bad(format!("{e}")))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    config.application_name("runner");
+    // Every connection reads and writes the schema's tables without qualifying them.
+    let options = format!(
+        "{} -c search_path={schema}",
+        config.get_options().unwrap_or_default()
+    );
+    config.options(options.trim());
+    let host = url.host_str().unwrap_or("localhost");
+    let port = url.port().unwrap_or(5432);
+    let db = url.path().trim_start_matches('/');
+    let display = format!("postgres://{host}:{port}/{db} (schema {schema})");
+    Ok(Target {
+        config,
+        schema,
+        pool_size,
+        display,
+    })
+}
+
+impl PostgresCheckpointer {
+    /// Connects to the database at `url`, creating the schema's tables or migrating them to
+    /// this build's version. Fails at once when the server cannot be reached.
+    pub fn open(url: &str, durability: Durability) -> Result<Self> {
+        let mut store = Self::connect(url, durability)?;
+        let (pool, schema) = (store.pool.clone(), store.schema.clone());
+        store.migrated = store.block(async move { schema::migrate(&pool, &schema).await })?;
+        Ok(store)
+    }
+
+    /// The pool and runtime; nothing is asked of the server yet.
+    fn connect(url: &str, durability: Durability) -> Result<Self> {
+        let target = parse_url(url)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("runner-postgres")
+            .enable_all()
+            .build()
+            .map_err(|e| CheckpointError::Backend(format!("cannot start the PostgreSQL client: {e}")))?;
+        let manager = deadpool_postgres::Manager::from_config(
+            target.config.clone(),
+            tls::connector()?,
+            deadpool_postgres::ManagerConfig {
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(target.pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(target.config.get_connect_timeout().copied())
+            .build()
+            .map_err(|e| CheckpointError::Backend(format!("cannot build the PostgreSQL pool: {e}")))?;
+        Ok(PostgresCheckpointer {
+            pool,
+            runtime: Some(runtime),
+            durability,
+            display: target.display,
+            schema: target.schema,
+            migrated: (0, 0),
+        })
+    }
+
+    /// The database and schema, for messages (no password).
+    pub fn display(&self) -> &str {
+        &self.display
+    }
+
+    /// Connects to the database at `url` to look only: nothing is created or migrated. `None`
+    /// when the database has no runner schema (it holds no threads); a newer schema is refused.
+    pub fn open_existing(url: &str) -> Result<Option<Self>> {
+        let mut store = Self::connect(url, Durability::CrashSafe)?;
+        let (pool, schema) = (store.pool.clone(), store.schema.clone());
+        let version = store.block(async move { schema::version(&pool, &schema).await })?;
+        Ok(version.map(|v| {
+            store.migrated = (v, v);
+            store
+        }))
+    }
+
+    /// The schema version the database had when it was opened (0: none) and has now
+    /// (`runner db migrate`).
+    pub fn migrated(&self) -> (i64, i64) {
+        self.migrated
+    }
+
+    /// The stored `(key, version)` values, for tests of what a step stores.
+    pub fn value_rows(&self) -> Result<u64> {
+        let pool = self.pool.clone();
+        self.block(async move {
+            let client = pool.get().await?;
+            let n: i64 = client.query_one("SELECT count(*) FROM state_values", &[]).await?.get(0);
+            Ok(n as u64)
+        })
+    }
+
+    /// Whether the database answers, and how long it took: a health check.
+    pub fn ping(&self) -> Result<Duration> {
+        let pool = self.pool.clone();
+        self.block(async move {
+            let started = std::time::Instant::now();
+            let client = pool.get().await?;
+            client.simple_query("SELECT 1").await?;
+            Ok(started.elapsed())
+        })
+    }
+
+    /// Runs `work` on the backend's runtime and waits for its answer.
+    fn block<T: Send + 'static>(&self, work: impl Future<Output = Result<T>> + Send + 'static) -> Result<T> {
+        let stopped = || CheckpointError::Backend("the PostgreSQL client has stopped".into());
+        let runtime = self.runtime.as_ref().ok_or_else(stopped)?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        runtime.spawn(async move {
+            let _ = tx.send(work.await);
+        });
+        rx.recv().map_err(|_| stopped())?
+    }
+
+    /// Applies `op` in one transaction; `synced: false` commits without waiting for the flush.
+    fn write(&self, op: Op, synced: bool) -> Result<Done> {
+        let pool = self.pool.clone();
+        let synced = synced && self.durability == Durability::PowerSafe;
+        self.block(async move {
+            let mut client = pool.get().await?;
+            let tx = client.transaction().await?;
+            if !synced {
+                tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
+            }
+            let done = apply::apply(&tx, &op).await?;
+            tx.commit().await?;
+            Ok(done)
+        })
+    }
+
+    fn write_unit(&self, op: Op) -> Result<()> {
+        self.write(op, true).map(|_| ())
+    }
+
+    /// Runs `f` in one read-only transaction (one snapshot) on a pooled connection.
+    fn read<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c deadpool_postgres::Transaction<'c>) -> apply::BoxFuture<'c, Result<T>> + Send + 'static,
+    {
+        let pool = self.pool.clone();
+        self.block(async move {
+            let mut client = pool.get().await?;
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await?;
+            let out = f(&tx).await?;
+            tx.commit().await?;
+            Ok(out)
+        })
+    }
+}
+
+impl Drop for PostgresCheckpointer {
+    /// Every acknowledged write is committed when its call returns: nothing is pending. The
+    /// runtime is let go without waiting (a drop may happen on another runtime's thread, where
+    /// blocking is not allowed); its connections close with it.
+    fn drop(&mut self) {
+        self.pool.close();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Checkpointer for PostgresCheckpointer {
+    fn create_thread(&self, thread: &Thread) -> Result<()> {
+        self.write_unit(format::create_thread_op(thread)?)
+    }
+
+    fn set_status(&self, thread_id: &str, status: super::ThreadStatus) -> Result<()> {
+        self.write_unit(format::status_op(thread_id.to_owned(), status))
+    }
+
+    fn get_thread(&self, thread_id: &str) -> Result<Option<Thread>> {
+        let thread_id = thread_id.to_owned();
+        self.read(move |tx| {
+            Box::pin(async move {
+                match apply::load_thread(tx, &thread_id).await? {
+                    Some(row) => Ok(Some(apply::resolve_thread(tx, row).await?)),
+                    None => Ok(None),
+                }
+            })
+        })
+    }
+
+    fn list_threads(&self) -> Result<Vec<Thread>> {
+        self.read(|tx| {
+            Box::pin(async move {
+                let sql = format!(
+                    "SELECT {} FROM {} ORDER BY t.touched DESC",
+                    apply::THREAD_COLS,
+                    apply::THREAD_FROM
+                );
+                let rows = tx.query(&tx.prepare_cached(&sql).await?, &[]).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for row in rows {
+                    out.push(apply::resolve_thread(tx, apply::thread_row(&row)?).await?);
+                }
+                Ok(out)
+            })
+        })
+    }
+
+    fn list_thread_heads(&self) -> Result<Vec<super::ThreadHead>> {
+        self.read(|tx| {
+            Box::pin(async move {
+                let rows = tx
+                    .query(
+                        "SELECT thread_id, workflow, status, created_at, updated_at FROM threads ORDER BY touched DESC",
+                        &[],
+                    )
+                    .await?;
+                rows.iter()
+                    .map(|r| {
+                        Ok(super::ThreadHead {
+                            thread_id: r.try_get(0)?,
+                            workflow: r.try_get(1)?,
+                            status: format::parse_status(r.try_get(2)?)?,
+                            created_at: r.try_get(3)?,
+                            updated_at: r.try_get(4)?,
+                        })
+                    })
+                    .collect()
+            })
+        })
+    }
+
+    fn put_checkpoint(&self, checkpoint: &Checkpoint, values: &[(String, u64, Value)]) -> Result<()> {
+        self.write_unit(format::checkpoint_op(checkpoint, values)?)
+    }
+
+    fn put_batch_unsynced(&self, puts: Vec<Put>) -> Result<bool> {
+        self.write(format::batch_op(puts)?, false)?;
+        Ok(self.durability != Durability::PowerSafe)
+    }
+
+    fn put_batch(&self, puts: Vec<Put>) -> Result<()> {
+        self.write_unit(format::batch_op(puts)?)
+    }
+
+    fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
+        let (thread_id, checkpoint_id) = (thread_id.to_owned(), checkpoint_id.map(str::to_owned));
+        self.read(move |tx| {
+            Box::pin(async move {
+                let row = match &checkpoint_id {
+                    Some(id) => apply::load_checkpoint(tx, &thread_id, id).await?,
+                    None => {
+                        let sql = format!(
+                            "SELECT {} FROM checkpoints WHERE thread_id = $1 ORDER BY checkpoint_id DESC LIMIT 1",
+                            apply::CHECKPOINT_READ
+                        );
+                        match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&thread_id]).await? {
+                            Some(r) => Some(apply::checkpoint_row(&r)?),
+                            None => None,
+                        }
+                    }
+                };
+                match row {
+                    Some(row) => Ok(Some(apply::resolve_checkpoint(tx, row).await?)),
+                    None => Ok(None),
+                }
+            })
+        })
+    }
+
+    fn history(&self, thread_id: &str) -> Result<Vec<Checkpoint>> {
+        let thread_id = thread_id.to_owned();
+        self.read(move |tx| {
+            Box::pin(async move {
+                apply::require_thread(tx, &thread_id).await?;
+                let sql = format!(
+                    "SELECT {} FROM checkpoints WHERE thread_id = $1 ORDER BY checkpoint_id DESC",
+                    apply::CHECKPOINT_READ
+                );
+                let rows = tx.query(&tx.prepare_cached(&sql).await?, &[&thread_id]).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for row in rows {
+                    out.push(apply::resolve_checkpoint(tx, apply::checkpoint_row(&row)?).await?);
+                }
+                Ok(out)
+            })
+        })
+    }
+
+    fn state(&self, thread_id: &str, versions: &BTreeMap<String, u64>) -> Result<Map<String, Value>> {
+        let (thread_id, versions) = (thread_id.to_owned(), versions.clone());
+        self.read(move |tx| {
+            Box::pin(async move {
+                apply::require_thread(tx, &thread_id).await?;
+                let mut state = Map::new();
+                for (key, version) in versions {
+                    let value = apply::resolved_value(tx, &thread_id, &key, version).await?;
+                    state.insert(key, value);
+                }
+                Ok(state)
+            })
+        })
+    }
+
+    fn put_writes(&self, thread_id: &str, checkpoint_id: &str, writes: &[PendingWrite]) -> Result<()> {
+        self.write_unit(format::writes_op(
+            thread_id.to_owned(),
+            checkpoint_id.to_owned(),
+            writes,
+        )?)
+    }
+
+    fn get_writes(&self, thread_id: &str, checkpoint_id: &str) -> Result<Vec<PendingWrite>> {
+        let (thread_id, checkpoint_id) = (thread_id.to_owned(), checkpoint_id.to_owned());
+        self.read(move |tx| {
+            Box::pin(async move {
+                apply::require_thread(tx, &thread_id).await?;
+                if !apply::checkpoint_exists(tx, &thread_id, &checkpoint_id).await? {
+                    return Err(CheckpointError::NoCheckpoint(thread_id, checkpoint_id));
+                }
+                let stmt = tx
+                    .prepare_cached(
+                        "SELECT task_id, idx, channel, value FROM writes WHERE thread_id = $1 AND checkpoint_id = $2 \
+                         ORDER BY task_id, idx",
+                    )
+                    .await?;
+                let rows = tx.query(&stmt, &[&thread_id, &checkpoint_id]).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for r in rows {
+                    let idx: i64 = r.try_get(1)?;
+                    let text: String = r.try_get(3)?;
+                    out.push(PendingWrite {
+                        task_id: r.try_get(0)?,
+                        idx: u32::try_from(idx)
+                            .map_err(|_| CheckpointError::Corrupt(format!("write index {idx}")))?,
+                        channel: r.try_get(2)?,
+                        value: apply::decode(tx, "a pending write", &text).await?,
+                    });
+                }
+                Ok(out)
+            })
+        })
+    }
+
+    fn delete_thread(&self, thread_id: &str) -> Result<()> {
+        self.write_unit(Op::DeleteThread(thread_id.to_owned()))
+    }
+
+    fn acquire_lease(&self, claim: &LeaseClaim) -> Result<Lease> {
+        // The database's clock times the lease: `now` and `expires` are not read.
+        self.write(
+            Op::AcquireLease {
+                claim: claim.clone(),
+                now: 0,
+                expires: 0,
+                at: crate::clock::now(),
+            },
+            true,
+        )?
+        .into_lease()
+    }
+
+    fn renew_lease(&self, fence: &Fence, ttl: Duration) -> Result<Lease> {
+        self.write(
+            Op::RenewLease {
+                fence: fence.clone(),
+                expires: 0,
+                ttl,
+            },
+            true,
+        )?
+        .into_lease()
+    }
+
+    fn release_lease(&self, fence: &Fence) -> Result<()> {
+        self.write_unit(Op::ReleaseLease(fence.clone()))
+    }
+
+    fn lease(&self, thread_id: &str) -> Result<Option<Lease>> {
+        let thread_id = thread_id.to_owned();
+        self.read(move |tx| Box::pin(async move { apply::load_lease(tx, &thread_id, false).await }))
+    }
+
+    fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint> {
+        let op = Op::Fork {
+            from: from.to_owned(),
+            checkpoint_id: checkpoint_id.to_owned(),
+            new: new.to_owned(),
+            new_checkpoint_id: super::new_id(),
+            at: crate::clock::now(),
+        };
+        self.write(op, true)?.into_forked()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_read_without_repeating_its_password() {
+        let t = parse_url("postgres://me:secret@db.example:6543/app?schema=s1&pool_size=3&sslmode=require").unwrap();
+        assert_eq!((t.schema.as_str(), t.pool_size), ("s1", 3));
+        assert_eq!(t.display, "postgres://db.example:6543/app (schema s1)");
+        assert_eq!(t.config.get_options(), Some("-c search_path=s1"));
+        assert_eq!(t.config.get_ssl_mode(), tokio_postgres::config::SslMode::Require);
+        for bad in [
+            "postgres://me:secret@h/db?pool_size=0",
+            "postgres://me:secret@h/db?schema=Bad-Name",
+            "mysql://me:secret@h/db",
+            "postgres://me:secret@h/db?nonsense=1",
+        ] {
+            let e = parse_url(bad).err().unwrap().to_string();
+            assert!(!e.contains("secret"), "{e}");
+            assert!(e.contains("not valid"), "{e}");
+        }
+        let t = parse_url("postgresql://h/db").unwrap();
+        assert_eq!((t.schema.as_str(), t.pool_size), ("runner", DEFAULT_POOL_SIZE));
+    }
+}

@@ -1,0 +1,215 @@
+//! The PostgreSQL [`RunStore`]: the `runs` and `thread_meta` tables and their SQL. The rows'
+//! shape is the format's ([`RunText`], [`ThreadMetaText`]).
+
+use serde_json::Value;
+use tokio_postgres::Row;
+
+use super::PostgresCheckpointer;
+use crate::checkpoint::Result;
+use crate::checkpoint::runs::{RunRow, RunStatus, RunStore, RunText, ThreadMeta, ThreadMetaText, json_text};
+
+const RUN_COLS: &str = "run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs, \
+                        multitask_strategy, metadata, error, event_ids";
+
+fn run_from_row(r: &Row) -> Result<RunText> {
+    Ok(RunText {
+        run_id: r.try_get(0)?,
+        thread_id: r.try_get(1)?,
+        assistant_id: r.try_get(2)?,
+        status: r.try_get(3)?,
+        created_at: r.try_get(4)?,
+        updated_at: r.try_get(5)?,
+        kwargs: r.try_get(6)?,
+        multitask_strategy: r.try_get(7)?,
+        metadata: r.try_get(8)?,
+        error: r.try_get(9)?,
+        event_ids: r.try_get(10)?,
+    })
+}
+
+fn meta_from_row(r: &Row) -> Result<ThreadMetaText> {
+    Ok(ThreadMetaText {
+        thread_id: r.try_get(0)?,
+        created_at: r.try_get(1)?,
+        updated_at: r.try_get(2)?,
+        metadata: r.try_get(3)?,
+    })
+}
+
+impl PostgresCheckpointer {
+    /// Runs one statement with `params` on a pooled connection, committed at once; the number
+    /// of rows it touched.
+    fn execute(&self, sql: &'static str, params: Vec<Param>) -> Result<u64> {
+        let pool = self.pool.clone();
+        self.block(async move {
+            let client = pool.get().await?;
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(Param::as_sql).collect();
+            Ok(client.execute(&client.prepare_cached(sql).await?, &refs).await?)
+        })
+    }
+
+    /// Runs one query with `params` on a pooled connection.
+    pub(super) fn query(&self, sql: String, params: Vec<Param>) -> Result<Vec<Row>> {
+        let pool = self.pool.clone();
+        self.block(async move {
+            let client = pool.get().await?;
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(Param::as_sql).collect();
+            Ok(client.query(&client.prepare_cached(&sql).await?, &refs).await?)
+        })
+    }
+}
+
+/// An owned statement parameter (a query runs on the backend's runtime, after the call's
+/// borrows would have ended).
+pub(super) enum Param {
+    Text(String),
+    OptText(Option<String>),
+    Int(i64),
+}
+
+impl Param {
+    fn as_sql(&self) -> &(dyn tokio_postgres::types::ToSql + Sync) {
+        match self {
+            Param::Text(v) => v,
+            Param::OptText(v) => v,
+            Param::Int(v) => v,
+        }
+    }
+}
+
+fn text(s: &str) -> Param {
+    Param::Text(s.to_owned())
+}
+
+impl RunStore for PostgresCheckpointer {
+    fn put_run(&self, run: &RunRow) -> Result<()> {
+        let v = RunText::from_run(run)?;
+        self.execute(
+            "INSERT INTO runs (run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs, \
+             multitask_strategy, metadata, error, event_ids) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+             ON CONFLICT (run_id) DO UPDATE SET thread_id = excluded.thread_id, assistant_id = excluded.assistant_id, \
+             status = excluded.status, created_at = excluded.created_at, updated_at = excluded.updated_at, \
+             kwargs = excluded.kwargs, multitask_strategy = excluded.multitask_strategy, \
+             metadata = excluded.metadata, error = excluded.error, event_ids = excluded.event_ids",
+            vec![
+                Param::Text(v.run_id),
+                Param::Text(v.thread_id),
+                Param::Text(v.assistant_id),
+                Param::Text(v.status),
+                Param::Text(v.created_at),
+                Param::Text(v.updated_at),
+                Param::Text(v.kwargs),
+                Param::Text(v.multitask_strategy),
+                Param::Text(v.metadata),
+                Param::OptText(v.error),
+                Param::Int(v.event_ids),
+            ],
+        )
+        .map(|_| ())
+    }
+
+    fn set_run_status(&self, run_id: &str, status: RunStatus, error: Option<&Value>, at: &str) -> Result<()> {
+        let error = error.map(json_text).transpose()?;
+        self.execute(
+            "UPDATE runs SET status = $2, error = $3, updated_at = $4 WHERE run_id = $1",
+            vec![text(run_id), text(status.as_str()), Param::OptText(error), text(at)],
+        )
+        .map(|_| ())
+    }
+
+    fn reserve_event_ids(&self, run_id: &str, upto: u64) -> Result<()> {
+        let upto = crate::checkpoint::runs::event_ids_to_stored(upto);
+        self.execute(
+            "UPDATE runs SET event_ids = greatest(event_ids, $2) WHERE run_id = $1",
+            vec![text(run_id), Param::Int(upto)],
+        )
+        .map(|_| ())
+    }
+
+    fn get_run(&self, run_id: &str) -> Result<Option<RunRow>> {
+        let rows = self.query(
+            format!("SELECT {RUN_COLS} FROM runs WHERE run_id = $1"),
+            vec![text(run_id)],
+        )?;
+        rows.first().map(|r| run_from_row(r)?.into_run()).transpose()
+    }
+
+    fn list_runs(&self, thread_id: Option<&str>, statuses: &[RunStatus]) -> Result<Vec<RunRow>> {
+        let rows = self.query(
+            format!("SELECT {RUN_COLS} FROM runs WHERE ($1::text IS NULL OR thread_id = $1) ORDER BY run_id"),
+            vec![Param::OptText(thread_id.map(str::to_owned))],
+        )?;
+        let mut out = Vec::new();
+        for row in &rows {
+            let run = run_from_row(row)?.into_run()?;
+            if statuses.is_empty() || statuses.contains(&run.status) {
+                out.push(run);
+            }
+        }
+        Ok(out)
+    }
+
+    fn delete_run(&self, run_id: &str) -> Result<bool> {
+        Ok(self.execute("DELETE FROM runs WHERE run_id = $1", vec![text(run_id)])? > 0)
+    }
+
+    fn put_thread_meta(&self, meta: &ThreadMeta) -> Result<()> {
+        let v = ThreadMetaText::from_meta(meta)?;
+        self.execute(
+            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (thread_id) DO UPDATE SET created_at = excluded.created_at, \
+             updated_at = excluded.updated_at, metadata = excluded.metadata",
+            vec![
+                Param::Text(v.thread_id),
+                Param::Text(v.created_at),
+                Param::Text(v.updated_at),
+                Param::Text(v.metadata),
+            ],
+        )
+        .map(|_| ())
+    }
+
+    fn create_thread_meta(&self, meta: &ThreadMeta) -> Result<bool> {
+        let v = ThreadMetaText::from_meta(meta)?;
+        Ok(self.execute(
+            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (thread_id) DO NOTHING",
+            vec![
+                Param::Text(v.thread_id),
+                Param::Text(v.created_at),
+                Param::Text(v.updated_at),
+                Param::Text(v.metadata),
+            ],
+        )? == 1)
+    }
+
+    fn get_thread_meta(&self, thread_id: &str) -> Result<Option<ThreadMeta>> {
+        let rows = self.query(
+            "SELECT thread_id, created_at, updated_at, metadata FROM thread_meta WHERE thread_id = $1".into(),
+            vec![text(thread_id)],
+        )?;
+        rows.first().map(|r| meta_from_row(r)?.into_meta()).transpose()
+    }
+
+    fn list_thread_meta(&self) -> Result<Vec<ThreadMeta>> {
+        let rows = self.query(
+            "SELECT thread_id, created_at, updated_at, metadata FROM thread_meta".into(),
+            vec![],
+        )?;
+        rows.iter().map(|r| meta_from_row(r)?.into_meta()).collect()
+    }
+
+    fn delete_thread_meta(&self, thread_id: &str) -> Result<()> {
+        let pool = self.pool.clone();
+        let thread_id = thread_id.to_owned();
+        self.block(async move {
+            let mut client = pool.get().await?;
+            let tx = client.transaction().await?;
+            tx.execute("DELETE FROM runs WHERE thread_id = $1", &[&thread_id]).await?;
+            tx.execute("DELETE FROM thread_meta WHERE thread_id = $1", &[&thread_id])
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,194 @@
+//! The PostgreSQL schema: the tables of a new database and the migrations of older ones, in a
+//! schema of runner's own, with the version in `schema_version`. Applied on open, under an
+//! advisory lock, so many processes starting at once migrate once.
+//!
+//! The tables are SQLite's (see `sqlite/mod.rs`) with PostgreSQL's types: JSON as `text`
+//! (stored as the format encodes it, key order kept; never re-encoded as `jsonb`), integers as
+//! `bigint`, and `touched` drawn from a sequence, so threads order by their last update across
+//! processes.
+
+use deadpool_postgres::Pool;
+
+use crate::checkpoint::{CheckpointError, Result};
+
+/// The schema this build writes. A database with a newer one is refused.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The advisory lock key migrations hold (an arbitrary constant: "runner" in ASCII).
+const MIGRATION_LOCK: i64 = 0x72_75_6e_6e_65_72;
+
+/// Version 1.
+const V1: &str = "
+CREATE SEQUENCE thread_touches;
+CREATE TABLE threads (
+    thread_id text PRIMARY KEY,
+    workflow text NOT NULL,
+    plan_hash text NOT NULL,
+    status text NOT NULL,
+    created_at text NOT NULL,
+    updated_at text NOT NULL,
+    touched bigint NOT NULL,
+    forked_from_thread text,
+    forked_from_checkpoint text
+);
+CREATE INDEX threads_by_touched ON threads (touched);
+CREATE TABLE thread_inputs (
+    thread_id text PRIMARY KEY,
+    input text NOT NULL,
+    context text NOT NULL,
+    config text NOT NULL
+);
+CREATE TABLE blobs (hash text PRIMARY KEY, text text NOT NULL);
+CREATE TABLE blob_refs (thread_id text NOT NULL, hash text NOT NULL, PRIMARY KEY (thread_id, hash));
+CREATE INDEX blob_refs_by_hash ON blob_refs (hash);
+CREATE TABLE checkpoints (
+    thread_id text NOT NULL,
+    checkpoint_id text NOT NULL,
+    parent_id text,
+    step bigint NOT NULL,
+    versions text NOT NULL,
+    ran text NOT NULL,
+    changed text NOT NULL,
+    next text NOT NULL,
+    meta text NOT NULL,
+    plan_hash text,
+    created_at text NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_id)
+);
+CREATE TABLE state_values (
+    thread_id text NOT NULL,
+    key text NOT NULL,
+    version bigint NOT NULL,
+    value text NOT NULL,
+    PRIMARY KEY (thread_id, key, version)
+);
+CREATE TABLE writes (
+    thread_id text NOT NULL,
+    checkpoint_id text NOT NULL,
+    task_id text NOT NULL,
+    idx bigint NOT NULL,
+    channel text NOT NULL,
+    value text NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_id, task_id, idx)
+);
+CREATE TABLE leases (
+    thread_id text PRIMARY KEY,
+    owner text NOT NULL,
+    generation bigint NOT NULL,
+    pid bigint NOT NULL,
+    host text NOT NULL,
+    acquired_at text NOT NULL,
+    -- Milliseconds since the Unix epoch, by the database's clock.
+    expires_at bigint NOT NULL
+);
+CREATE TABLE runs (
+    run_id text PRIMARY KEY,
+    thread_id text NOT NULL,
+    assistant_id text NOT NULL,
+    status text NOT NULL,
+    created_at text NOT NULL,
+    updated_at text NOT NULL,
+    kwargs text NOT NULL,
+    multitask_strategy text NOT NULL,
+    metadata text NOT NULL,
+    error text,
+    event_ids bigint NOT NULL
+);
+CREATE INDEX runs_by_thread ON runs (thread_id, run_id);
+CREATE INDEX runs_by_status ON runs (status, run_id);
+CREATE TABLE thread_meta (
+    thread_id text PRIMARY KEY,
+    created_at text NOT NULL,
+    updated_at text NOT NULL,
+    metadata text NOT NULL
+);
+CREATE TABLE node_cache (
+    workflow text NOT NULL,
+    node text NOT NULL,
+    key text NOT NULL,
+    value text NOT NULL,
+    created_at text NOT NULL,
+    expires_at bigint,
+    PRIMARY KEY (workflow, node, key)
+);
+CREATE INDEX node_cache_by_expiry ON node_cache (expires_at) WHERE expires_at IS NOT NULL;
+";
+
+/// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
+/// `n + 1`.
+const MIGRATIONS: &[&str] = &[V1];
+
+/// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
+/// under a transaction-level advisory lock; a newer schema is refused. Returns the version found
+/// (0: none) and the version now.
+pub(super) async fn migrate(pool: &Pool, schema: &str) -> Result<(i64, i64)> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+    // `schema` was checked to be a plain lowercase name: no quoting is needed.
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema}; \
+         CREATE TABLE IF NOT EXISTS {schema}.schema_version (version bigint NOT NULL)"
+    ))
+    .await?;
+    let version: i64 = match tx
+        .query_opt(&format!("SELECT version FROM {schema}.schema_version"), &[])
+        .await?
+    {
+        Some(row) => row.try_get(0)?,
+        None => {
+            tx.execute(&format!("INSERT INTO {schema}.schema_version VALUES (0)"), &[])
+                .await?;
+            0
+        }
+    };
+    if version > SCHEMA_VERSION {
+        return Err(newer(version));
+    }
+    for step in &MIGRATIONS[usize::try_from(version).unwrap_or(0)..] {
+        // The connection's search_path is the schema: the statements name no schema.
+        tx.batch_execute(&format!("SET LOCAL search_path = {schema}; {step}"))
+            .await?;
+    }
+    if version < SCHEMA_VERSION {
+        tx.execute(
+            &format!("UPDATE {schema}.schema_version SET version = $1"),
+            &[&SCHEMA_VERSION],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok((version, SCHEMA_VERSION.max(version)))
+}
+
+/// The schema's version, changing nothing; `None` when the database has no runner schema.
+pub(super) async fn version(pool: &Pool, schema: &str) -> Result<Option<i64>> {
+    let client = pool.get().await?;
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = $1 AND table_name = 'schema_version'",
+            &[&schema],
+        )
+        .await?
+        .is_some();
+    if !exists {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt(&format!("SELECT version FROM {schema}.schema_version"), &[])
+        .await?;
+    let version: Option<i64> = row.map(|r| r.try_get(0)).transpose()?;
+    match version {
+        Some(v) if v > SCHEMA_VERSION => Err(newer(v)),
+        // A schema whose first migration never committed holds nothing.
+        Some(0) | None => Ok(None),
+        v => Ok(v),
+    }
+}
+
+fn newer(version: i64) -> CheckpointError {
+    CheckpointError::Backend(format!(
+        "the database has checkpoint schema version {version}, newer than the {SCHEMA_VERSION} this runner \
+         understands; upgrade runner to open it"
+    ))
+}
