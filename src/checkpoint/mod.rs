@@ -25,8 +25,9 @@ pub mod blobs;
 pub mod cache;
 mod format;
 pub mod memory;
-pub mod runs;
 pub mod postgres;
+pub mod queue;
+pub mod runs;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
@@ -433,6 +434,17 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + Send + Sync {
     /// record with `forked_from` set. Values are copied resolved (no extension refers back to
     /// the original thread). The original thread is unchanged.
     fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint>;
+
+    /// Whether the store answers: one read (a health check).
+    fn ping(&self) -> Result<()> {
+        self.get_thread("").map(|_| ())
+    }
+
+    /// The run queue, when the store is a database many processes share (see [`queue`]);
+    /// `None` for a store of one process, whose run manager keeps its line in memory.
+    fn queue(&self) -> Option<&dyn queue::RunQueue> {
+        None
+    }
 }
 
 /// Whether `fence` still matches the lease row `held`.

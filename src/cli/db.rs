@@ -11,6 +11,7 @@ use crate::run::Checkpoints;
 /// Look after the checkpoint database.
 ///
 /// Example: runner db backup backups/runner-$(date +%F).db
+/// Example: runner db migrate --db postgres://runner@db/runner
 #[derive(clap::Args, Debug)]
 pub(super) struct Args {
     #[command(subcommand)]
@@ -29,6 +30,14 @@ enum Action {
         #[command(flatten)]
         db: Db,
     },
+    /// Create the checkpoint database's tables, or bring them to this runner's version (every
+    /// open does it too; run it first in a deployment that gives servers no right to change
+    /// the schema). A PostgreSQL database gets a schema of runner's own (`runner`, or the URL's
+    /// `schema` parameter); many processes migrating at once migrate once.
+    Migrate {
+        #[command(flatten)]
+        db: Db,
+    },
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
@@ -41,6 +50,34 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
             crate::checkpoint::sqlite::backup(file, &path)
                 .map_err(|e| anyhow::anyhow!("cannot back up {}{}: {e}", file.display(), from(&at.source)))?;
             eprintln!("backed up {} to {}", file.display(), path.display());
+            Ok(exit::OK)
+        }
+        Action::Migrate { db } => {
+            let at = store::checkpoints(db.db.as_deref())?;
+            match &at.value {
+                Checkpoints::Postgres(url) => {
+                    let store = crate::checkpoint::postgres::PostgresCheckpointer::open(url, Default::default())
+                        .map_err(|e| anyhow::anyhow!("cannot migrate {}{}: {e}", at.value, from(&at.source)))?;
+                    let (was, now) = store.migrated();
+                    let schema = store.display();
+                    if was == now {
+                        eprintln!("{schema} is at schema version {now}: nothing to do");
+                    } else {
+                        eprintln!("{schema} migrated from schema version {was} to {now}");
+                    }
+                }
+                Checkpoints::Sqlite(_) => {
+                    at.open(Default::default())?;
+                    eprintln!(
+                        "{} is at schema version {}",
+                        at.value,
+                        crate::checkpoint::sqlite::SCHEMA_VERSION
+                    );
+                }
+                Checkpoints::Memory | Checkpoints::Scratch => {
+                    bail!("{}: `{}` keeps nothing to migrate", at.source, at.value)
+                }
+            }
             Ok(exit::OK)
         }
     }

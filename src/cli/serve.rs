@@ -21,16 +21,59 @@ use crate::run::{DbOption, MockOption, RunOptions};
 /// Example: runner serve workflows --port 2024
 #[derive(clap::Args, Debug)]
 pub(super) struct Args {
-    /// The folder of workflow files (`*.test.yaml` files are not workflows).
-    #[arg(default_value = "workflows")]
-    dir: PathBuf,
+    #[command(flatten)]
+    runs: Runs,
     /// The address to listen on (a loopback address unless `--api-key-env` is given).
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
     /// The port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 2024)]
     port: u16,
-    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db).
+    /// Require the API key held by this environment variable on every request but `GET /ok`,
+    /// as `x-api-key` (what LangGraph's SDKs send from `LANGGRAPH_API_KEY`) or
+    /// `Authorization: Bearer`.
+    #[arg(long, value_name = "NAME")]
+    api_key_env: Option<String>,
+    /// How many runs execute at once (LangGraph's N_JOBS_PER_WORKER); the others wait as
+    /// `pending` and start in the order they were created. A served run is a task, not a
+    /// thread: the default, 256, bounds the model calls and memory of a busy server rather
+    /// than its cores. With a PostgreSQL database, `0` serves the API only: the runs execute on
+    /// `runner worker` processes (or other servers) sharing the database.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    workers: u32,
+    /// How long a request's head may take to arrive once its first byte has, in seconds; a
+    /// slower client (a slowloris) is cut off.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = positive_secs)]
+    header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in progress, in seconds. A request
+    /// being handled or answered (a stream, however long) is never cut.
+    #[arg(long, value_name = "SECS", default_value = "120", value_parser = positive_secs)]
+    idle_timeout: Duration,
+}
+
+/// Execute the runs of servers that share a PostgreSQL database, without serving HTTP: the
+/// workflows of a folder, claimed from the database's queue as clients of any `runner serve`
+/// create runs. Workers and servers scale apart; a worker that dies loses its runs to another
+/// once its lease expires, and that one resumes each from its last checkpoint.
+///
+/// Example: runner worker workflows --db postgres://runner@db/runner --workers 16
+#[derive(clap::Args, Debug)]
+pub(super) struct WorkerArgs {
+    #[command(flatten)]
+    runs: Runs,
+    /// How many runs this worker executes at once.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    workers: u32,
+}
+
+/// What a server and a worker both take: the workflows and how their runs are built.
+#[derive(clap::Args, Debug)]
+struct Runs {
+    /// The folder of workflow files (`*.test.yaml` files are not workflows).
+    #[arg(default_value = "workflows")]
+    dir: PathBuf,
+    /// The checkpoint database (default: $RUNNER_DB, else .runner/runner.db): a SQLite file,
+    /// or `postgres://USER@HOST/DB` for a database many servers and workers share.
     // Not `env = …` (here or on any flag): the run builder reads the variables, so a bad value
     // is named as the variable (and the file) it came from, not as the flag.
     #[arg(long)]
@@ -72,25 +115,6 @@ pub(super) struct Args {
     /// directory tree (repeatable; also `RUNNER_ALLOW_READ`, separated as in PATH).
     #[arg(long = "allow-read", value_name = "DIR")]
     allow_read: Vec<PathBuf>,
-    /// Require the API key held by this environment variable on every request but `GET /ok`,
-    /// as `x-api-key` (what LangGraph's SDKs send from `LANGGRAPH_API_KEY`) or
-    /// `Authorization: Bearer`.
-    #[arg(long, value_name = "NAME")]
-    api_key_env: Option<String>,
-    /// How many runs execute at once (LangGraph's N_JOBS_PER_WORKER); the others wait as
-    /// `pending` and start in the order they were created. A served run is a task, not a
-    /// thread: the default, 256, bounds the model calls and memory of a busy server rather
-    /// than its cores.
-    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
-    workers: u32,
-    /// How long a request's head may take to arrive once its first byte has, in seconds; a
-    /// slower client (a slowloris) is cut off.
-    #[arg(long, value_name = "SECS", default_value = "30", value_parser = positive_secs)]
-    header_read_timeout: Duration,
-    /// How long a connection may stay open with no request in progress, in seconds. A request
-    /// being handled or answered (a stream, however long) is never cut.
-    #[arg(long, value_name = "SECS", default_value = "120", value_parser = positive_secs)]
-    idle_timeout: Duration,
     /// On SIGTERM or Ctrl-C, how long to wait for every run to reach its next step boundary
     /// (and every response to end) before exiting, in seconds. A run stopped there continues
     /// from that checkpoint on the next start; one still in a step past the timeout runs that
@@ -116,6 +140,96 @@ fn positive_secs(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("`{text}` is not a number of seconds more than 0"))
 }
 
+/// The run settings and the folder's graphs, what was not served reported; `doing` names what
+/// is done with them.
+fn load(
+    runs: &Runs,
+    env: &crate::run::Env,
+    project_models: Vec<String>,
+    doing: &str,
+) -> anyhow::Result<(crate::server::Graphs, crate::run::RunSettings)> {
+    let config = runs
+        .set
+        .iter()
+        .map(|kv| super::run::parse_kv(kv))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let settings = RunOptions {
+        db: runs.db.clone().map(DbOption::At),
+        data_db: runs.data_db.clone(),
+        store_index: runs.store_index.clone(),
+        store_index_fields: runs.store_index_fields.clone(),
+        mock: runs.mock.clone().map(MockOption::File),
+        models: runs.model.clone(),
+        project_models,
+        lease_ttl: runs.lease_ttl,
+        allow_net: runs.allow_net.clone(),
+        allow_read: runs.allow_read.clone(),
+        config,
+        // A busy thread is answered at once (409), never waited for.
+        wait: Some(false),
+        ..RunOptions::default()
+    }
+    .resolve(env)?;
+    let (graphs, rejected) =
+        crate::server::load(&runs.dir).with_context(|| format!("cannot read the folder {}", runs.dir.display()))?;
+    let mut err = std::io::stderr().lock();
+    for r in &rejected {
+        writeln!(err, "not served: {} {}", r.path.display(), r.reason)?;
+        err.write_all(r.why.as_bytes())?;
+    }
+    if graphs.ids().is_empty() {
+        bail!("no workflow in {} validates: nothing to serve", runs.dir.display());
+    }
+    check_set(&graphs, &settings.overrides.config)?;
+    writeln!(err, "{doing} {}", graphs.ids().join(", "))?;
+    Ok((graphs, settings))
+}
+
+/// `runner worker`: the runs of a shared database's queue, executed until SIGTERM or Ctrl-C;
+/// then its runs stop at their next step boundary and go back to the queue.
+pub(super) fn work(args: WorkerArgs) -> anyhow::Result<u8> {
+    share_malloc_arenas();
+    let (env, project_models) = super::project_env()?;
+    let (graphs, settings) = load(&args.runs, &env, project_models, "working on")?;
+    if !settings.checkpoints.value.is_shared() {
+        bail!(
+            "{}: a worker takes its runs from a database that servers share; use PostgreSQL (--db postgres://…)",
+            settings.checkpoints.source
+        );
+    }
+    let server = crate::server::Server::new(
+        graphs,
+        settings,
+        None,
+        usize::try_from(args.workers).unwrap_or(usize::MAX),
+    )?;
+    let reloader = server.reloader();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        reload_on_hangup(reloader, args.runs.dir.clone());
+        let signals = stop_signals();
+        let mut first = signals.clone();
+        let timeout = args.runs.shutdown_timeout;
+        let stopping = async move {
+            if first.wait_for(|n| *n >= 1).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            let _ = writeln!(
+                std::io::stderr(),
+                "stopping: waiting up to {} s for runs to reach a step boundary and go back to the queue (again to stop now)",
+                timeout.as_secs_f64()
+            );
+        };
+        let _ = writeln!(std::io::stderr(), "working: {} runs at once", args.workers);
+        let mut second = signals;
+        tokio::select! {
+            () = server.work(timeout, stopping) => {}
+            Ok(_) = second.wait_for(|n| *n >= 2) => {}
+        }
+        Ok(exit::OK)
+    })
+}
+
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     share_malloc_arenas();
     let (env, project_models) = super::project_env()?;
@@ -132,40 +246,8 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
             args.host
         );
     }
-    let config = args
-        .set
-        .iter()
-        .map(|kv| super::run::parse_kv(kv))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let settings = RunOptions {
-        db: args.db.map(DbOption::At),
-        data_db: args.data_db,
-        store_index: args.store_index,
-        store_index_fields: args.store_index_fields,
-        mock: args.mock.map(MockOption::File),
-        models: args.model,
-        project_models,
-        lease_ttl: args.lease_ttl,
-        allow_net: args.allow_net,
-        allow_read: args.allow_read,
-        config,
-        // A busy thread is answered at once (409), never waited for.
-        wait: Some(false),
-        ..RunOptions::default()
-    }
-    .resolve(&env)?;
-    let (graphs, rejected) =
-        crate::server::load(&args.dir).with_context(|| format!("cannot read the folder {}", args.dir.display()))?;
+    let (graphs, settings) = load(&args.runs, &env, project_models, "serving")?;
     let mut err = std::io::stderr().lock();
-    for r in &rejected {
-        writeln!(err, "not served: {} {}", r.path.display(), r.reason)?;
-        err.write_all(r.why.as_bytes())?;
-    }
-    if graphs.ids().is_empty() {
-        bail!("no workflow in {} validates: nothing to serve", args.dir.display());
-    }
-    check_set(&graphs, &settings.overrides.config)?;
-    writeln!(err, "serving {}", graphs.ids().join(", "))?;
     for (method, path, graph) in graphs.routes() {
         writeln!(err, "route {method} {path} -> {graph}")?;
     }
@@ -178,7 +260,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     let reloader = server.reloader();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        reload_on_hangup(reloader, args.dir.clone());
+        reload_on_hangup(reloader, args.runs.dir.clone());
         let addr = SocketAddr::new(args.host, args.port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -189,7 +271,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         let timeouts = crate::server::Timeouts {
             header_read: args.header_read_timeout,
             idle: args.idle_timeout,
-            shutdown: args.shutdown_timeout,
+            shutdown: args.runs.shutdown_timeout,
         };
         let signals = stop_signals();
         let mut first = signals.clone();

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::providers::Usage;
 
 /// Something that happened in a run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     RunStart {
@@ -131,14 +131,14 @@ impl TaskOutcome {
     }
 }
 
-/// An event with when it happened.
-#[derive(Debug, Clone, Serialize)]
+/// An event with when it happened. Read back from its JSON by a reader on another process.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Envelope {
     pub ts: String,
     pub elapsed_ms: f64,
     /// The subgraph the event comes from (`node:task_id` segments joined by `|`); absent for
     /// the top-level graph.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns: Option<Arc<str>>,
     #[serde(flatten)]
     pub event: Event,
@@ -264,6 +264,19 @@ impl Events {
 
     pub fn is_on(&self) -> bool {
         !matches!(self.to, To::Nowhere)
+    }
+
+    /// Delivers an envelope as it is, its time and namespace kept: a run's events relayed from
+    /// another process. `false` once nobody receives them any more.
+    pub fn forward(&self, envelope: Envelope) -> bool {
+        match &self.to {
+            To::Nowhere => false,
+            To::Channel(tx) => tx.send(Box::new(envelope)).is_ok(),
+            To::Sink(f) => {
+                f(envelope);
+                true
+            }
+        }
     }
 
     pub fn send(&self, event: Event) {

@@ -29,6 +29,10 @@ pub enum LeasePolicy {
     /// Run under a lease the caller holds and keeps alive: a subgraph's child thread runs under
     /// its parent's lease and takes none of its own.
     Under(Fence),
+    /// Run under a lease the caller took for the run (a worker's claim of a queued run takes
+    /// the thread's lease in the same transaction): the run renews it and releases it at its
+    /// end, as one it took itself.
+    Claimed { lease: Box<Lease>, ttl: Duration },
 }
 
 impl Default for LeasePolicy {
@@ -98,6 +102,9 @@ pub(super) async fn take(
                 heartbeat: None,
             });
         }
+        LeasePolicy::Claimed { lease, ttl } => {
+            return Ok(hold(store, lease, (*ttl).max(MIN_TTL)));
+        }
         LeasePolicy::Take { ttl, wait } => ((*ttl).max(MIN_TTL), *wait),
     };
     let mut claim = LeaseClaim {
@@ -132,15 +139,20 @@ pub(super) async fn take(
             Err(e) => return Err(e.into()),
         }
     };
+    Ok(hold(store, &lease, ttl))
+}
+
+/// A lease this run holds: renewed by its heartbeat, released at its end.
+fn hold(store: &Arc<dyn Checkpointer>, lease: &Lease, ttl: Duration) -> Held {
     let lost = Arc::new(AtomicBool::new(false));
     let heartbeat = tokio::spawn(beat(store.clone(), lease.fence(), ttl, lost.clone()));
-    Ok(Held {
+    Held {
         store: store.clone(),
         fence: lease.fence(),
         owned: true,
         lost,
         heartbeat: Some(heartbeat),
-    })
+    }
 }
 
 /// Renews the lease every third of its time to live until it is lost or the task is aborted.

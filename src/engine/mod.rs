@@ -147,7 +147,8 @@ impl NodeSet {
 }
 
 /// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Status {
     Done,
     Interrupted,
@@ -166,8 +167,9 @@ impl Status {
     }
 }
 
-/// The end of a run.
-#[derive(Debug, Clone)]
+/// The end of a run. Serialized for a reader on another process (a run executed by a worker
+/// of a shared database).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RunOutcome {
     pub thread_id: String,
     pub status: Status,

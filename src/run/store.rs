@@ -72,6 +72,11 @@ impl Checkpoints {
         Ok(Checkpoints::Sqlite(arg.to_path_buf()))
     }
 
+    /// Whether many processes may share it (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Checkpoints::Postgres(_))
+    }
+
     /// The store for a run: created if missing.
     pub fn open(&self, durability: Durability) -> Result<Arc<dyn Checkpointer>, RunError> {
         match self {
@@ -149,6 +154,19 @@ impl Setting<Checkpoints> {
     }
 }
 
+/// A database URL without its password, for messages.
+pub(super) fn redacted(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => "a PostgreSQL URL that does not parse".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,28 +184,19 @@ mod tests {
         );
         assert_eq!(loc("sqlite://:memory:"), Ok(Checkpoints::Memory));
         assert!(loc("sqlite://").is_err());
-        for url in [
-            "postgres://user@host:5432/db",
-            "mysql://h/db",
-            "HTTP://h/x",
-            "postgresql+tls://u:secret@h/db",
-        ] {
+        assert_eq!(
+            loc("postgres://user@host:5432/db"),
+            Ok(Checkpoints::Postgres("postgres://user@host:5432/db".into()))
+        );
+        assert!(loc("postgresql://h/db").is_ok_and(|c| c.is_shared()));
+        assert_eq!(
+            Checkpoints::Postgres("postgres://me:secret@h/db".into()).to_string(),
+            "postgres://me:***@h/db"
+        );
+        for url in ["mysql://h/db", "HTTP://h/x", "postgresql+tls://u:secret@h/db"] {
             let e = loc(url).unwrap_err();
-            assert!(e.contains("are not supported") && e.contains("sqlite://PATH"), "{e}");
+            assert!(e.contains("are not supported") && e.contains("postgres://"), "{e}");
             assert!(!e.contains("secret") && !e.contains("host"), "{e}");
         }
-    }
-}
-
-/// A database URL without its password, for messages.
-pub(super) fn redacted(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
-        }
-        Err(_) => "a PostgreSQL URL that does not parse".into(),
     }
 }

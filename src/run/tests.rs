@@ -25,7 +25,7 @@ fn settings(options: RunOptions, env: &[(&str, &str)]) -> RunSettings {
 fn lease_of(s: &RunSettings) -> (Duration, bool) {
     match s.overrides.lease {
         LeasePolicy::Take { ttl, wait } => (ttl, wait),
-        LeasePolicy::Under(_) => panic!("a run takes its own lease"),
+        LeasePolicy::Under(_) | LeasePolicy::Claimed { .. } => panic!("a run takes its own lease"),
     }
 }
 
@@ -166,8 +166,8 @@ fn an_error_names_the_flag_or_the_variable_it_came_from() {
         ),
         (
             RunOptions::default(),
-            &[("RUNNER_DB", "postgres://u:pw@h/db")],
-            "RUNNER_DB: `postgres://` databases are not supported",
+            &[("RUNNER_DB", "mysql://u:pw@h/db")],
+            "RUNNER_DB: `mysql://` databases are not supported",
         ),
         (
             RunOptions {

@@ -185,6 +185,7 @@ pub(super) async fn join_stream(
         (header::LOCATION, format!("/threads/{thread_id}/runs/{run_id}/stream")),
         (header::CONTENT_LOCATION, format!("/threads/{thread_id}/runs/{run_id}")),
     ];
+    super::runs::follow(&app, &thread_id, &run_id).await?;
     let Some(hub) = app.runs.joinable(&thread_id, &run_id).await?.and_then(|r| r.stream) else {
         return Ok(super::hub::response(super::hub::ended(), 0, None, locations));
     };

@@ -127,8 +127,31 @@ fn parse<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(text).map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
 }
 
-pub(crate) async fn ok() -> axum::Json<Value> {
-    axum::Json(json!({"ok": true}))
+/// `GET /ok`: the process answers. With `check_db=1` (as LangGraph's server), the checkpoint
+/// database must answer too: 503 naming why when it does not (a load balancer takes the process
+/// out of rotation; its runs are not affected).
+pub(crate) async fn ok(
+    axum::extract::State(app): axum::extract::State<super::Shared>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if q.get("check_db").is_some_and(|v| matches!(v.as_str(), "1" | "true")) {
+        let store = app.store.clone();
+        let answered = tokio::task::spawn_blocking(move || store.ping()).await;
+        let failed = match answered {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(detail) = failed {
+            return (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(json!({"ok": false, "detail": detail})),
+            )
+                .into_response();
+        }
+    }
+    axum::Json(json!({"ok": true})).into_response()
 }
 
 pub(crate) async fn info() -> axum::Json<Value> {

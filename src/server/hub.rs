@@ -6,7 +6,9 @@
 //! A resumable run's ids are reserved in its row ahead of use, a block at a time: a run
 //! resumed by a restarted server numbers its events after every id the killed one may have
 //! sent, so a client's `Last-Event-ID` from before the restart reads the resumed run's events
-//! from their first.
+//! from their first. On a database many processes share, nothing is reserved: every reader
+//! makes a run's frames from its whole event log, so a frame has the same id on every process
+//! (its place in the log's frames), and a client may rejoin through any of them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -149,7 +151,7 @@ pub(super) fn feed_with(app: &Shared, s: Started, mut framer: impl Framer) -> Ar
         progress: watch::channel(Progress::default()).0,
         resumable: s.resumable,
         base: s.first_event_id,
-        reserve: s.resumable.then(|| Reserve {
+        reserve: (s.resumable && !app.runs.is_shared()).then(|| Reserve {
             store: app.store.clone(),
             run_id: s.run_id.clone(),
         }),

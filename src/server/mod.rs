@@ -61,8 +61,14 @@ pub(crate) struct App {
     /// Checkpoints, and the runs and thread metadata of the API (the run manager's store).
     store: Arc<dyn Checkpointer>,
     /// Every run's creation, line, end, cancel and rollback; the live runs of this process,
-    /// with the frames readers join.
+    /// with the frames readers join. On a database many processes share, its runs execute on
+    /// workers (this process's `worker`, or others').
     runs: Arc<manager::RunManager<hub::Hub>>,
+    /// This process's worker, on a database many processes share (none: API only, or an
+    /// embedded store, whose runs execute in `runs`).
+    worker: Option<Arc<manager::RunManager<hub::Hub>>>,
+    /// How many runs the worker executes at once.
+    slots: usize,
     /// The key every request but `/ok` must carry, when set.
     api_key: Option<String>,
     /// The data store (`--data-db`), opened once: the store endpoints and every run's `store`,
@@ -82,6 +88,11 @@ pub struct Server {
 impl Server {
     /// A server over `graphs`, whose runs are built from `settings`, at most `workers` of them
     /// executing at once; with `api_key`, every request but `GET /ok` must carry it.
+    ///
+    /// On a database many processes share (PostgreSQL), the API's runs go through its queue,
+    /// and `workers` is what this process's worker executes at once: 0 serves the API only,
+    /// for workers elsewhere (`runner worker`). On an embedded store the runs execute here,
+    /// and `workers` must be at least 1.
     pub fn new(
         graphs: Graphs,
         settings: RunSettings,
@@ -90,12 +101,34 @@ impl Server {
     ) -> Result<Server, RunError> {
         let store = settings.open_store()?;
         let data = settings.data_store()?;
+        let shared = store.queue().is_some();
+        if workers == 0 && !shared {
+            return Err(RunError::Conflict(
+                "--workers 0 serves the API only, for workers that share its database: the checkpoint database must \
+                 be PostgreSQL (--db postgres://…)",
+            ));
+        }
+        let role = if shared {
+            manager::Role::Api
+        } else {
+            manager::Role::Local
+        };
         let runs = Arc::new(manager::RunManager::new(
             settings.clone(),
             store.clone(),
             data.clone(),
-            workers,
+            workers.max(1),
+            role,
         ));
+        let worker = (shared && workers > 0).then(|| {
+            Arc::new(manager::RunManager::new(
+                settings.clone(),
+                store.clone(),
+                data.clone(),
+                workers,
+                manager::Role::Worker(crate::checkpoint::new_id()),
+            ))
+        });
         Ok(Server {
             app: Arc::new(App {
                 data,
@@ -104,9 +137,45 @@ impl Server {
                 settings,
                 store,
                 runs,
+                worker,
+                slots: workers,
                 api_key,
             }),
         })
+    }
+
+    /// Starts this process's worker, if it has one: it claims runs until `stop` turns true,
+    /// then stops them at their step boundary and hands them back. Its end is awaited through
+    /// the handle.
+    fn start_worker(&self, stop: tokio::sync::watch::Receiver<bool>) -> Option<tokio::task::JoinHandle<()>> {
+        let manager = self.app.worker.clone()?;
+        let app = self.app.clone();
+        let make = Arc::new(move |row: crate::checkpoint::RunRow| manager::CreateRun::resumed(&app.graphs, row));
+        let ttl = self.app.settings.lease_ttl.value;
+        let worker = manager::Worker::new(manager, make, self.app.slots, ttl);
+        Some(tokio::spawn(async move {
+            if let Err(e) = worker.work(stop).await {
+                tracing::error!(error = %e, "the worker stopped");
+            }
+        }))
+    }
+
+    /// Executes runs only, as a worker of a database many processes share, until `shutdown`
+    /// resolves; then stops its runs at their next step boundary and hands them back to the
+    /// queue (bounded by `timeout`).
+    pub async fn work(self, timeout: Duration, shutdown: impl std::future::Future<Output = ()> + Send + 'static) {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let Some(worker) = self.start_worker(stopped) else {
+            return;
+        };
+        shutdown.await;
+        let _ = stop.send(true);
+        if tokio::time::timeout(timeout, worker).await.is_err() {
+            tracing::warn!(
+                timeout_s = timeout.as_secs_f64(),
+                "stopped waiting for runs to reach a step boundary"
+            );
+        }
     }
 
     /// A handle that reloads the served workflows while the server runs.
@@ -126,11 +195,22 @@ impl Server {
     ) {
         // Runs a server before this one left unfinished (stopped, or killed) go on. A store
         // that cannot list them cannot serve anything else either: its requests will say why.
-        let _ = control::resume_unfinished(&self.app);
+        // On a shared database the queue's workers take them over instead.
+        if !self.app.runs.is_shared() {
+            let _ = control::resume_unfinished(&self.app);
+        }
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let worker = self.start_worker(stopped);
         let open = conn::serve(listener, router(self.app.clone()), timeouts, shutdown).await;
         let app = self.app;
+        let _ = stop.send(true);
+        let drained = async {
+            if let Some(w) = worker {
+                let _ = w.await;
+            }
+        };
         // From here on a run that stops stays unfinished in the store, for the next server.
-        let ended = async { tokio::join!(app.runs.stop_all(), open.close()) };
+        let ended = async { tokio::join!(app.runs.stop_all(), open.close(), drained) };
         if tokio::time::timeout(timeouts.shutdown, ended).await.is_err() {
             // The runs still going are cut off mid-step when the process exits: the next
             // server runs that step again. Their leases need no release: a holder on this host

@@ -121,7 +121,9 @@ impl Queued {
             thread_id: r.thread_id,
             graph: r.graph,
             resumable: r.resumable,
-            first_event_id: r.row.event_ids,
+            // On a shared database every reader rebuilds a run's frames from its whole log, so
+            // ids count from the log's start, the same on every process.
+            first_event_id: if app.runs.is_shared() { 0 } else { r.row.event_ids },
             stateless: r.stateless,
             first: r.first,
             events: r.events,
@@ -189,6 +191,26 @@ impl Started {
             ]
         }
     }
+}
+
+/// On a database many processes share: a reader of run `run_id` of `thread_id` when this
+/// process has none (another process created it, and a worker executes it), so that a client
+/// joining its stream here reads it from its log. Nothing when the run is unknown.
+pub(super) async fn follow(app: &Shared, thread_id: &str, run_id: &str) -> Result<(), ApiError> {
+    if !app.runs.is_shared() || app.runs.live(thread_id, run_id).is_some() {
+        return Ok(());
+    }
+    let Some(row) = app.store.get_run(run_id)?.filter(|r| r.thread_id == thread_id) else {
+        return Ok(());
+    };
+    let create = CreateRun::resumed(&app.graphs, row.clone())?;
+    let modes = Modes::parse(create.stream_mode.as_ref(), create.stream_subgraphs).map_err(ApiError::invalid)?;
+    let run = app.runs.follow(row, create.graph);
+    // A run that ended before it started has nothing to join.
+    if let Ok(started) = (Queued { run, modes }).started(app).await {
+        super::hub::feed(app, started);
+    }
+    Ok(())
 }
 
 /// Hands the run `create` to the run manager: answered once it is in line.

@@ -17,14 +17,14 @@ pub(super) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(super) const THREAD_COLS: &str = "t.thread_id, t.workflow, t.plan_hash, i.input, i.context, i.config, t.status, \
      t.created_at, t.updated_at, t.forked_from_thread, t.forked_from_checkpoint";
 pub(super) const THREAD_FROM: &str = "threads t JOIN thread_inputs i ON i.thread_id = t.thread_id";
-const LEASE_COLS: &str = "thread_id, owner, generation, pid, host, acquired_at, expires_at";
+pub(super) const LEASE_COLS: &str = "thread_id, owner, generation, pid, host, acquired_at, expires_at";
 const CHECKPOINT_COLS: &str =
     "thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, meta, plan_hash, created_at";
 pub(super) const CHECKPOINT_READ: &str = "thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, \
      meta, coalesce(plan_hash, (SELECT t.plan_hash FROM threads t WHERE t.thread_id = checkpoints.thread_id)), \
      created_at";
 /// The database's clock in milliseconds since the epoch: leases are timed by it.
-const DB_NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+pub(super) const DB_NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 pub(super) fn thread_row(r: &Row) -> Result<ThreadRow> {
     let forked_thread: Option<String> = r.try_get(9)?;
@@ -59,7 +59,7 @@ pub(super) fn checkpoint_row(r: &Row) -> Result<CheckpointRow> {
     })
 }
 
-fn lease_row(r: &Row) -> Result<Lease> {
+pub(super) fn lease_row(r: &Row) -> Result<Lease> {
     let generation: i64 = r.try_get(2)?;
     let pid: i64 = r.try_get(3)?;
     Ok(Lease {
@@ -88,7 +88,9 @@ async fn blobs_of(tx: &Transaction<'_>, text: &str) -> Result<std::collections::
         wanted.push(hash.to_owned());
         Ok(Some(String::new()))
     });
-    let stmt = tx.prepare_cached("SELECT hash, text FROM blobs WHERE hash = ANY($1)").await?;
+    let stmt = tx
+        .prepare_cached("SELECT hash, text FROM blobs WHERE hash = ANY($1)")
+        .await?;
     for row in tx.query(&stmt, &[&wanted]).await? {
         found.insert(row.try_get(0)?, row.try_get(1)?);
     }
@@ -192,7 +194,9 @@ pub(super) async fn resolved_value(tx: &Transaction<'_>, thread_id: &str, key: &
         }
     }
     crate::checkpoint::resolve(key, version, |v| {
-        fetched.remove(&v).ok_or_else(|| format::missing_value(thread_id, key, v))
+        fetched
+            .remove(&v)
+            .ok_or_else(|| format::missing_value(thread_id, key, v))
     })
 }
 
@@ -458,7 +462,9 @@ async fn insert_checkpoint(tx: &Transaction<'_>, row: &CheckpointRow) -> Result<
 /// sent again. A stored one is locked `FOR SHARE` until the transaction ends, so a thread
 /// deletion elsewhere cannot remove it before this reference to it commits.
 async fn store_blobs(tx: &Transaction<'_>, thread_id: &str, blobs: &[(String, String)]) -> Result<()> {
-    let known = tx.prepare_cached("SELECT 1 FROM blobs WHERE hash = $1 FOR SHARE").await?;
+    let known = tx
+        .prepare_cached("SELECT 1 FROM blobs WHERE hash = $1 FOR SHARE")
+        .await?;
     let text = tx
         .prepare_cached("INSERT INTO blobs (hash, text) VALUES ($1, $2) ON CONFLICT DO NOTHING")
         .await?;

@@ -32,6 +32,7 @@
 
 mod apply;
 mod cache;
+mod queue;
 mod runs;
 mod schema;
 mod tls;
@@ -102,6 +103,11 @@ pub struct PostgresCheckpointer {
     schema: String,
     /// The schema version the database had when it was opened (0: none) and has now.
     migrated: (i64, i64),
+    /// How to open a connection of its own (the queue's listener).
+    config: tokio_postgres::Config,
+    tls: tokio_postgres_rustls::MakeRustlsConnect,
+    /// The queue's notices, once somebody subscribed.
+    notices: std::sync::OnceLock<tokio::sync::broadcast::Sender<super::queue::Notice>>,
 }
 
 /// What [`PostgresCheckpointer::open`] reads from a URL.
@@ -139,7 +145,9 @@ fn parse_url(text: &str) -> Result<Target> {
     if schema.is_empty()
         || schema.len() > 63
         || !schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-        || !schema.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        || !schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
     {
         return Err(bad(format!(
             "`schema={schema}` must be a lowercase SQL name (letters, digits, `_`; 63 at most)"
@@ -156,10 +164,7 @@ fn parse_url(text: &str) -> Result<Target> {
     }
     config.application_name("runner");
     // Every connection reads and writes the schema's tables without qualifying them.
-    let options = format!(
-        "{} -c search_path={schema}",
-        config.get_options().unwrap_or_default()
-    );
+    let options = format!("{} -c search_path={schema}", config.get_options().unwrap_or_default());
     config.options(options.trim());
     let host = url.host_str().unwrap_or("localhost");
     let port = url.port().unwrap_or(5432);
@@ -192,9 +197,10 @@ impl PostgresCheckpointer {
             .enable_all()
             .build()
             .map_err(|e| CheckpointError::Backend(format!("cannot start the PostgreSQL client: {e}")))?;
+        let tls = tls::connector()?;
         let manager = deadpool_postgres::Manager::from_config(
             target.config.clone(),
-            tls::connector()?,
+            tls.clone(),
             deadpool_postgres::ManagerConfig {
                 recycling_method: deadpool_postgres::RecyclingMethod::Fast,
             },
@@ -213,6 +219,9 @@ impl PostgresCheckpointer {
             display: target.display,
             schema: target.schema,
             migrated: (0, 0),
+            config: target.config,
+            tls,
+            notices: std::sync::OnceLock::new(),
         })
     }
 
@@ -250,7 +259,7 @@ impl PostgresCheckpointer {
     }
 
     /// Whether the database answers, and how long it took: a health check.
-    pub fn ping(&self) -> Result<Duration> {
+    pub fn round_trip(&self) -> Result<Duration> {
         let pool = self.pool.clone();
         self.block(async move {
             let started = std::time::Instant::now();
@@ -489,8 +498,7 @@ impl Checkpointer for PostgresCheckpointer {
                     let text: String = r.try_get(3)?;
                     out.push(PendingWrite {
                         task_id: r.try_get(0)?,
-                        idx: u32::try_from(idx)
-                            .map_err(|_| CheckpointError::Corrupt(format!("write index {idx}")))?,
+                        idx: u32::try_from(idx).map_err(|_| CheckpointError::Corrupt(format!("write index {idx}")))?,
                         channel: r.try_get(2)?,
                         value: apply::decode(tx, "a pending write", &text).await?,
                     });
@@ -548,6 +556,14 @@ impl Checkpointer for PostgresCheckpointer {
             at: crate::clock::now(),
         };
         self.write(op, true)?.into_forked()
+    }
+
+    fn queue(&self) -> Option<&dyn super::queue::RunQueue> {
+        Some(self)
+    }
+
+    fn ping(&self) -> Result<()> {
+        self.round_trip().map(|_| ())
     }
 }
 

@@ -150,7 +150,10 @@ impl RunStore for PostgresCheckpointer {
     }
 
     fn delete_run(&self, run_id: &str) -> Result<bool> {
-        Ok(self.execute("DELETE FROM runs WHERE run_id = $1", vec![text(run_id)])? > 0)
+        Ok(self.execute(
+            "WITH logged AS (DELETE FROM run_events WHERE run_id = $1) DELETE FROM runs WHERE run_id = $1",
+            vec![text(run_id)],
+        )? > 0)
     }
 
     fn put_thread_meta(&self, meta: &ThreadMeta) -> Result<()> {
@@ -205,7 +208,13 @@ impl RunStore for PostgresCheckpointer {
         self.block(async move {
             let mut client = pool.get().await?;
             let tx = client.transaction().await?;
-            tx.execute("DELETE FROM runs WHERE thread_id = $1", &[&thread_id]).await?;
+            tx.execute(
+                "DELETE FROM run_events WHERE run_id IN (SELECT run_id FROM runs WHERE thread_id = $1)",
+                &[&thread_id],
+            )
+            .await?;
+            tx.execute("DELETE FROM runs WHERE thread_id = $1", &[&thread_id])
+                .await?;
             tx.execute("DELETE FROM thread_meta WHERE thread_id = $1", &[&thread_id])
                 .await?;
             tx.commit().await?;

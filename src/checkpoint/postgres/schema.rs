@@ -92,10 +92,24 @@ CREATE TABLE runs (
     multitask_strategy text NOT NULL,
     metadata text NOT NULL,
     error text,
-    event_ids bigint NOT NULL
+    event_ids bigint NOT NULL,
+    -- The worker that claimed it (the queue of many processes), and a stop asked of it.
+    worker text,
+    cancel text
 );
 CREATE INDEX runs_by_thread ON runs (thread_id, run_id);
 CREATE INDEX runs_by_status ON runs (status, run_id);
+CREATE TABLE run_events (
+    run_id text NOT NULL,
+    seq bigint NOT NULL,
+    body text NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE workers (
+    worker_id text PRIMARY KEY,
+    -- Milliseconds since the Unix epoch, by the database's clock.
+    expires_at bigint NOT NULL
+);
 CREATE TABLE thread_meta (
     thread_id text PRIMARY KEY,
     created_at text NOT NULL,
@@ -124,7 +138,8 @@ const MIGRATIONS: &[&str] = &[V1];
 pub(super) async fn migrate(pool: &Pool, schema: &str) -> Result<(i64, i64)> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
     // `schema` was checked to be a plain lowercase name: no quoting is needed.
     tx.batch_execute(&format!(
         "CREATE SCHEMA IF NOT EXISTS {schema}; \

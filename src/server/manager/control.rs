@@ -31,6 +31,13 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         if !self.get(thread_id, run_id)?.status.is_active() {
             return Err(no_run(run_id));
         }
+        if self.is_api() {
+            let action = match action {
+                Cancel::Interrupt => "interrupt",
+                Cancel::Rollback => "rollback",
+            };
+            return self.cancel_remote(run_id, action, wait).await;
+        }
         let Some(run) = self.live(thread_id, run_id) else {
             // A run of no process now: it has ended (or waits for a process to resume it).
             if action == Cancel::Rollback {
@@ -63,6 +70,9 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     /// `multitask_strategy` `interrupt` or `rollback`, a thread's deletion); with `rollback`,
     /// each is rolled back.
     pub(crate) async fn stop_thread_runs(&self, thread_id: &str, rollback: bool) -> Result<(), RunsError> {
+        if self.is_api() {
+            return self.stop_thread_runs_remote(thread_id, rollback).await;
+        }
         let mut active: Vec<Live<S>> = lock(&self.runs)
             .values()
             .filter(|r| r.thread_id == thread_id && r.is_active())

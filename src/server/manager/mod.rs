@@ -17,6 +17,7 @@
 
 mod control;
 mod request;
+mod shared;
 mod start;
 mod workers;
 
@@ -26,6 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub(crate) use control::Cancel;
 pub(crate) use request::{CreateRun, RunCreate};
+pub(crate) use shared::{Role, Worker};
 pub(crate) use start::{Queued, Stopper, checkpoint_metadata, failure};
 
 use crate::checkpoint::{CheckpointError, Checkpointer, PendingWrite, RunRow, RunStatus};
@@ -86,6 +88,20 @@ pub(crate) struct Live<S> {
     pub stream: Option<Arc<S>>,
     /// It had a worker: it may have touched its thread (one cancelled in line never did).
     had_worker: bool,
+    /// Where it executes: here, or on a worker of a shared database (this is its reader's
+    /// record), or here for such a worker (its claim).
+    place: Place,
+}
+
+/// Where a live run executes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// In this process, for this process's clients.
+    Here,
+    /// On whichever worker claims it from a shared database: this process reads its events.
+    Remote,
+    /// In this process, claimed from a shared database's queue by this process's worker.
+    Claimed,
 }
 
 impl<S> Clone for Live<S> {
@@ -99,6 +115,7 @@ impl<S> Clone for Live<S> {
             ended: self.ended.clone(),
             stream: self.stream.clone(),
             had_worker: self.had_worker,
+            place: self.place,
         }
     }
 }
@@ -135,6 +152,10 @@ pub(crate) struct RunManager<S> {
     stopping: AtomicBool,
     /// Runs ended since the process started, by final status.
     ended: Mutex<BTreeMap<&'static str, u64>>,
+    /// What this manager is to the store: the one process of an embedded store, or, on a
+    /// database many processes share, the API's side (its runs execute on workers) or a
+    /// worker's.
+    role: Role,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -150,8 +171,10 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         store: Arc<dyn Checkpointer>,
         data: crate::rag::DataStore,
         workers: usize,
+        role: Role,
     ) -> RunManager<S> {
         RunManager {
+            role,
             settings,
             store,
             data,
@@ -161,6 +184,11 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             stopping: AtomicBool::new(false),
             ended: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Whether its runs go through the queue of a database many processes share.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.role != Role::Local
     }
 
     /// How many runs may execute at once.
@@ -321,9 +349,10 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         // looks active, and looking again would spin.
         let mut waited = HashSet::new();
         loop {
+            // A run executing on a worker elsewhere goes on without this process.
             let active: Vec<Live<S>> = lock(&self.runs)
                 .values()
-                .filter(|r| r.is_active() && !waited.contains(&r.run_id))
+                .filter(|r| r.is_active() && r.place != Place::Remote && !waited.contains(&r.run_id))
                 .cloned()
                 .collect();
             if active.is_empty() {

@@ -103,6 +103,9 @@ pub(crate) struct Resumed {
     /// Whether the run held its thread when the server stopped: it continues the thread rather
     /// than applying its input (or answer) again.
     pub was_running: bool,
+    /// A worker's claim of the run from a shared database: the thread's lease it took, and
+    /// how long the lease lasts.
+    pub claimed: Option<(crate::checkpoint::Lease, std::time::Duration)>,
 }
 
 impl Resumed {
@@ -110,6 +113,7 @@ impl Resumed {
         Resumed {
             was_running: row.status == RunStatus::Running,
             row,
+            claimed: None,
         }
     }
 }

@@ -30,6 +30,18 @@ pub(crate) struct Stopper {
     flag: Arc<AtomicBool>,
     abort: crate::engine::Abort,
     wake: Arc<tokio::sync::Notify>,
+    /// A run executing on another process: its cancel is asked of the shared database.
+    remote: Option<RemoteCancel>,
+}
+
+/// Asks a run executing elsewhere to stop.
+#[derive(Clone)]
+pub(crate) struct RemoteCancel(Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for RemoteCancel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RemoteCancel")
+    }
 }
 
 impl Stopper {
@@ -38,6 +50,16 @@ impl Stopper {
             flag: engine.cancel_flag(),
             abort: engine.abort_handle(),
             wake: Arc::default(),
+            remote: None,
+        }
+    }
+
+    /// The stopper of a run executing on another process: `cancel` asks it through `ask`; a
+    /// stop (this process shutting down) leaves it going.
+    pub(super) fn remote(ask: Arc<dyn Fn() + Send + Sync>) -> Stopper {
+        Stopper {
+            remote: Some(RemoteCancel(ask)),
+            ..Stopper::default()
         }
     }
 
@@ -51,6 +73,10 @@ impl Stopper {
 
     /// At once (the API's cancel): its running tasks dropped where they are.
     pub(crate) fn cancel(&self) {
+        if let Some(RemoteCancel(ask)) = &self.remote {
+            ask();
+            return;
+        }
         self.abort.abort();
         self.stop();
     }
@@ -74,10 +100,10 @@ pub(crate) struct Queued {
     pub resumable: bool,
     pub stateless: bool,
     pub cancel_on_disconnect: bool,
-    events: Receiver,
-    done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
-    stopper: Stopper,
-    release: oneshot::Sender<()>,
+    pub(super) events: Receiver,
+    pub(super) done: oneshot::Receiver<Result<RunOutcome, EngineError>>,
+    pub(super) stopper: Stopper,
+    pub(super) release: oneshot::Sender<()>,
 }
 
 /// A run that holds its thread: the events it sends, and its end.
@@ -120,6 +146,9 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     /// strategy says so, admitted to its thread, its row written `pending` and its place in
     /// line taken; answered once it is in line (its task claims a worker and the thread).
     pub(crate) async fn start(self: &Arc<Self>, req: CreateRun) -> Result<Queued, RunsError> {
+        if self.is_api() {
+            return self.start_remote(req).await;
+        }
         let thread_id = req.thread.clone().unwrap_or_else(crate::checkpoint::new_id);
         if matches!(req.strategy, Multitask::Interrupt | Multitask::Rollback) {
             self.stop_thread_runs(&thread_id, req.strategy == Multitask::Rollback)
@@ -149,8 +178,10 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     }
 
     /// The run's engine request, its row and its record among the live runs.
-    fn create(&self, req: CreateRun, thread_id: &str) -> Result<Created, RunsError> {
+    pub(super) fn create(&self, req: CreateRun, thread_id: &str) -> Result<Created, RunsError> {
         let graph = req.graph.clone();
+        let reject = req.strategy == Multitask::Reject;
+        let claimed = req.resumed.as_ref().and_then(|r| r.claimed.clone());
         let overrides = &self.settings.overrides;
         let workflow = graph.path.display().to_string();
         let was_running = req.resumed.as_ref().is_some_and(|r| r.was_running);
@@ -203,6 +234,13 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             // be refused then; a resumed run waits out the lease of the process that was killed
             // (on another host, or a process id taken again).
             *wait = req.strategy != Multitask::Reject || is_resumed;
+        }
+        if let Some((lease, ttl)) = claimed {
+            // A worker's claim took the thread's lease with the run.
+            request.lease = LeasePolicy::Claimed {
+                lease: Box::new(lease),
+                ttl,
+            };
         }
         if let Some(persist) = req.persist {
             request.persist = persist;
@@ -271,7 +309,15 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 }
             }
         };
-        self.store.put_run(&row)?;
+        if self.is_api() && !is_resumed {
+            // Admitted through the shared database, one admission per thread at a time
+            // whichever process asks.
+            if !self.queue()?.admit(&row, reject)? {
+                return Err(RunsError::Conflict(BUSY.into()));
+            }
+        } else {
+            self.store.put_run(&row)?;
+        }
         // What each checkpoint the run makes keeps of it, as LangGraph's checkpoint metadata:
         // the thread's metadata as the run found it, then the run's own.
         let mut stamped = thread_metadata;
@@ -317,6 +363,11 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                     stream: None,
                     rollback_to: c.rollback_to,
                     had_worker: false,
+                    place: if matches!(self.role, super::Role::Worker(_)) {
+                        super::Place::Claimed
+                    } else {
+                        super::Place::Here
+                    },
                 },
             );
         }
@@ -463,6 +514,11 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 return;
             }
             let cancelled = r.stopper.stopped();
+            if r.place != super::Place::Here {
+                // Its row is its worker's to write, through the queue.
+                r.status = status;
+                return;
+            }
             (std::mem::replace(&mut r.status, status), cancelled)
         };
         // A run the process stopped as it shuts down stays `running` (or `pending`) in the
@@ -485,18 +541,18 @@ impl<S: Send + Sync + 'static> RunManager<S> {
 type Answered = (Option<String>, Value, Vec<(String, Value)>);
 
 /// A run created: what its task and its starter get.
-struct Created {
-    graph: Arc<Graph>,
-    row: RunRow,
+pub(super) struct Created {
+    pub(super) graph: Arc<Graph>,
+    pub(super) row: RunRow,
     request: crate::engine::RunRequest,
     services: crate::nodes::Services,
     edit: Option<super::request::Edit>,
     rollback_to: Option<(String, Vec<crate::checkpoint::PendingWrite>)>,
-    new_input: bool,
-    resumable: bool,
-    stateless: bool,
+    pub(super) new_input: bool,
+    pub(super) resumable: bool,
+    pub(super) stateless: bool,
     temporary: bool,
-    cancel_on_disconnect: bool,
+    pub(super) cancel_on_disconnect: bool,
 }
 
 /// The task of one run: it claims a worker, runs the engine, records the end.
@@ -563,16 +619,7 @@ impl<S: Send + Sync + 'static> RunTask<S> {
         };
         // The engine (and with it every sender of its events) is gone before its end is told.
         drop(engine);
-        let error = match &outcome {
-            Ok(o) if o.status == Status::Failed => Some(failure(o)),
-            // Cancelled: the thread waits where the run stopped, and says why.
-            Ok(o) if o.status == Status::Cancelled => Some(json!({
-                "error": "UserInterrupt",
-                "message": "interrupt requested via POST /threads/{thread_id}/runs/{run_id}/cancel",
-            })),
-            Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
-            Ok(_) => None,
-        };
+        let error = end_error(&outcome);
         // Recorded whether or not a client still listens, and before a stream closes: a client
         // that finds the stream closed asks the run's status to know whether to reconnect.
         let status = run_status(&outcome);
@@ -588,6 +635,20 @@ impl<S: Send + Sync + 'static> RunTask<S> {
             let _ = manager.store.delete_thread_meta(&thread_id);
             lock(&manager.runs).retain(|_, r| r.thread_id != thread_id);
         }
+    }
+}
+
+/// What a run's row records of its end: why it failed or was cancelled.
+pub(super) fn end_error(outcome: &Result<RunOutcome, EngineError>) -> Option<Value> {
+    match outcome {
+        Ok(o) if o.status == Status::Failed => Some(failure(o)),
+        // Cancelled: the thread waits where the run stopped, and says why.
+        Ok(o) if o.status == Status::Cancelled => Some(json!({
+            "error": "UserInterrupt",
+            "message": "interrupt requested via POST /threads/{thread_id}/runs/{run_id}/cancel",
+        })),
+        Err(e) => Some(json!({"error": "EngineError", "message": e.to_string()})),
+        Ok(_) => None,
     }
 }
 
@@ -630,7 +691,7 @@ fn new_meta(thread_id: &str) -> ThreadMeta {
 }
 
 /// The end of a run cancelled before it had a worker.
-fn never_started(thread_id: &str) -> RunOutcome {
+pub(super) fn never_started(thread_id: &str) -> RunOutcome {
     RunOutcome {
         thread_id: thread_id.to_string(),
         status: Status::Cancelled,
@@ -702,6 +763,7 @@ mod tests {
             stream: None,
             rollback_to: None,
             had_worker: true,
+            place: crate::server::manager::Place::Here,
         }
     }
 

@@ -1,0 +1,93 @@
+//! The run queue of a database many processes share: runs admitted to their thread one at a
+//! time whichever process asks, claimed by one worker each, their events logged for readers on
+//! any process, cancelled from anywhere, and taken over when their worker dies.
+//!
+//! A backend that can be shared (PostgreSQL) offers it through
+//! [`super::Checkpointer::queue`]; an embedded one (SQLite, memory) has one process, whose run
+//! manager keeps its line in memory.
+//!
+//! The rules, which the backend keeps in its transactions:
+//! - Admission is atomic per thread: of two processes admitting `reject` runs to an idle
+//!   thread at once, one succeeds.
+//! - A thread's runs execute one at a time, oldest first: only a thread's oldest active run is
+//!   claimable, and only while no live lease holds the thread (a CLI run, say).
+//! - A claim takes the run (its row locked, others skipped) and its thread's lease in one
+//!   transaction; the run's row names its worker.
+//! - A worker is alive while its heartbeat row is fresh, by the database's clock. A running run
+//!   whose worker is not, and whose thread's lease has expired, is claimable again: another
+//!   worker resumes it from its last checkpoint.
+//! - A run's events are appended by its worker only: an append from a worker that lost the run
+//!   is refused, and that worker stops it.
+
+use serde_json::Value;
+
+use super::runs::{RunRow, RunStatus};
+use super::{Lease, LeaseClaim, Result};
+
+/// A run a worker claimed: its row, its thread's lease (taken in the same transaction), and
+/// whether a worker that died had it.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub run: RunRow,
+    pub lease: Lease,
+    pub orphaned: bool,
+    /// The sequence number its next event takes.
+    pub next_event: u64,
+}
+
+/// What a process is told by the others, through the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// A run was admitted: a worker may claim it.
+    Queued,
+    /// Run `0` logged events.
+    Events(String),
+    /// Run `0` is asked to stop.
+    Cancel(String),
+    /// Run `0` ended.
+    Ended(String),
+    /// The notifications may have missed some: look at everything again.
+    Lagged,
+}
+
+/// The queue a shared database keeps. Calls block, as the [`super::Checkpointer`]'s do.
+pub trait RunQueue: Send + Sync {
+    /// Writes `run` (`pending`) unless `reject_if_busy` and its thread has an active run:
+    /// `false` then, and nothing is written. Atomic per thread across processes.
+    fn admit(&self, run: &RunRow, reject_if_busy: bool) -> Result<bool>;
+
+    /// Claims the oldest claimable run for `worker`, taking its thread's lease as `claim`
+    /// says (its `thread_id` is filled in here). `None`: nothing to claim.
+    fn claim(&self, worker: &str, claim: &LeaseClaim) -> Result<Option<Claimed>>;
+
+    /// Registers or renews `worker`'s heartbeat for `ttl`, by the database's clock.
+    fn heartbeat(&self, worker: &str, ttl: std::time::Duration) -> Result<()>;
+
+    /// Removes `worker`'s heartbeat (it stopped cleanly: its runs ended or were handed back).
+    fn retire(&self, worker: &str) -> Result<()>;
+
+    /// Hands a run `worker` stopped without ending back to the queue, to be claimed again at
+    /// once (a worker draining on shutdown).
+    fn release(&self, run_id: &str, worker: &str) -> Result<()>;
+
+    /// Asks run `run_id` to stop (`action`: `interrupt` or `rollback`). A pending run nobody
+    /// claimed ends at once, `interrupted`: `true` then.
+    fn cancel(&self, run_id: &str, action: &str) -> Result<bool>;
+
+    /// What stop was asked of run `run_id`, if any.
+    fn cancel_asked(&self, run_id: &str) -> Result<Option<String>>;
+
+    /// Appends events `bodies` to run `run_id`'s log from sequence number `from`, unless the
+    /// run is no longer `worker`'s: `false` then.
+    fn append(&self, run_id: &str, worker: &str, from: u64, bodies: &[String]) -> Result<bool>;
+
+    /// Run `run_id`'s logged events after sequence number `after`, in order, at most `limit`.
+    fn events(&self, run_id: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>>;
+
+    /// Records run `run_id`'s end, if it is still `worker`'s.
+    fn finish(&self, run_id: &str, worker: &str, status: RunStatus, error: Option<&Value>, at: &str) -> Result<()>;
+
+    /// The notices of every process, from now on. The receiver lags (and is told so by
+    /// [`Notice::Lagged`]) rather than slowing the sender.
+    fn subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Notice>>;
+}

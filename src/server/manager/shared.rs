@@ -1,0 +1,620 @@
+//! Runs on a database many processes share (PostgreSQL): the API's side and the workers'.
+//!
+//! - The API's side ([`Role::Api`]) admits a run through the store's queue (atomic per thread
+//!   whichever process asks), and reads what it does from the run's event log: its record
+//!   among the live runs is a reader's ([`Place::Remote`]), fed by a tail of the log that wakes
+//!   on the database's notices, and what it hands up (`Queued`: events, end, stopper) is what
+//!   a run of this process would hand up, so streams, waits, joins and routes above do not
+//!   know where the run executes. Its cancel is a request through the queue.
+//! - A worker ([`Role::Worker`], [`Worker`]) claims runs from the queue — the thread's lease
+//!   taken in the claim's transaction —, executes each as a run of its own process would be
+//!   ([`Place::Claimed`]), and logs its events and its end for whichever process reads them;
+//!   its heartbeat keeps its claims, and a worker whose heartbeat stops loses them to another
+//!   once its leases expire: that one resumes each run from its last checkpoint.
+//!
+//! A log record is an engine event ([`Envelope`], as `--stream jsonl` writes it) or the run's
+//! end: `{"type": "__end__", "outcome": …}` or `{"type": "__failed__", "error": …}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, broadcast, oneshot, watch};
+
+use super::request::{CreateRun, Multitask};
+use super::start::{Stopper, never_started, run_status};
+use super::{Live, Place, RunManager, RunsError, lock};
+use crate::checkpoint::queue::{Claimed, Notice, RunQueue};
+use crate::checkpoint::{LeaseClaim, RunRow, RunStatus};
+use crate::engine::events::{Envelope, Events};
+use crate::engine::{EngineError, RunOutcome, Status};
+use crate::server::Graph;
+
+/// What a run manager is to its store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The one process of an embedded store: its runs execute here, in its own line.
+    Local,
+    /// The API of a shared database: runs execute on workers; this process reads them.
+    Api,
+    /// A worker of a shared database, by its id: it executes the runs it claims.
+    Worker(String),
+}
+
+/// How often a reader or a worker looks at the database when no notice woke it: the fallback
+/// when notices are lost, and how soon a worker finds a run whose worker died.
+const POLL: Duration = Duration::from_millis(500);
+/// The most events one append carries.
+const BATCH: usize = 256;
+
+/// A run's end, as logged.
+fn end_record(outcome: &Result<RunOutcome, EngineError>) -> String {
+    let record = match outcome {
+        Ok(o) => json!({"type": "__end__", "outcome": o}),
+        Err(e) => json!({"type": "__failed__", "error": error_kind(e), "message": e.to_string()}),
+    };
+    record.to_string()
+}
+
+/// The variant of an engine error a reader on another process rebuilds (its status code).
+fn error_kind(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::Input(_) => "input",
+        EngineError::NotInterrupted(_) => "not_interrupted",
+        EngineError::BadAnswer(_) => "bad_answer",
+        _ => "other",
+    }
+}
+
+/// A logged record read back: an event, or the run's end.
+enum Record {
+    Event(Box<Envelope>),
+    End(Box<Result<RunOutcome, EngineError>>),
+}
+
+fn parse_record(body: &str) -> Result<Record, String> {
+    let value: Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
+    match value.get("type").and_then(Value::as_str) {
+        Some("__end__") => {
+            let outcome =
+                serde_json::from_value(value.get("outcome").cloned().unwrap_or_default()).map_err(|e| e.to_string())?;
+            Ok(Record::End(Box::new(Ok(outcome))))
+        }
+        Some("__failed__") => {
+            let message = value
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let thread = String::new();
+            let e = match value.get("error").and_then(Value::as_str) {
+                Some("input") => EngineError::Input(message),
+                Some("not_interrupted") => EngineError::NotInterrupted(thread),
+                Some("bad_answer") => EngineError::BadAnswer(message),
+                _ => EngineError::Incompatible(message),
+            };
+            Ok(Record::End(Box::new(Err(e))))
+        }
+        _ => Ok(Record::Event(Box::new(
+            serde_json::from_value(value).map_err(|e| e.to_string())?,
+        ))),
+    }
+}
+
+/// Waits for a notice `wanted` accepts (or one saying notices were lost), at most `POLL`.
+async fn wake(notices: &mut broadcast::Receiver<Notice>, wanted: impl Fn(&Notice) -> bool) {
+    let deadline = tokio::time::sleep(POLL);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = &mut deadline => return,
+            notice = notices.recv() => match notice {
+                Ok(n) if wanted(&n) || n == Notice::Lagged => return,
+                Ok(_) => {}
+                // Fell behind: whatever it missed is looked at again.
+                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Err(broadcast::error::RecvError::Closed) => {
+                    deadline.as_mut().await;
+                    return;
+                }
+            },
+        }
+    }
+}
+
+impl<S: Send + Sync + 'static> RunManager<S> {
+    /// The shared database's queue, when this manager's role uses one.
+    pub(super) fn queue(&self) -> Result<&dyn RunQueue, RunsError> {
+        self.store.queue().ok_or_else(|| {
+            RunsError::Invalid("this checkpoint database is not one many processes share (use PostgreSQL)".into())
+        })
+    }
+
+    /// Whether runs of this manager execute on workers elsewhere.
+    pub(super) fn is_api(&self) -> bool {
+        self.role == Role::Api
+    }
+
+    /// The worker id, for a worker's manager.
+    fn worker_id(&self) -> Option<&str> {
+        match &self.role {
+            Role::Worker(id) => Some(id),
+            _ => None,
+        }
+    }
+
+    /// The API's start of a run: admitted through the queue, read from its log.
+    pub(super) async fn start_remote(self: &Arc<Self>, req: CreateRun) -> Result<super::Queued, RunsError> {
+        let thread_id = req.thread.clone().unwrap_or_else(crate::checkpoint::new_id);
+        if matches!(req.strategy, Multitask::Interrupt | Multitask::Rollback) {
+            self.stop_thread_runs(&thread_id, req.strategy == Multitask::Rollback)
+                .await?;
+        }
+        let known = match &req.thread {
+            Some(_) if lock(&self.deleting).contains(&thread_id) => false,
+            Some(t) => self.thread_exists(t)?,
+            None => true,
+        };
+        if !known && !req.create_thread {
+            return Err(RunsError::NotFound("Thread or assistant not found.".into()));
+        }
+        let temporary = req.temporary;
+        let created = self.create(req, &thread_id)?;
+        Ok(self.proxy(
+            created.row,
+            created.graph,
+            Reading {
+                new_input: created.new_input,
+                resumable: created.resumable,
+                stateless: created.stateless,
+                cancel_on_disconnect: created.cancel_on_disconnect,
+                temporary,
+            },
+        ))
+    }
+
+    /// A reader of run `row`, which a worker executes (or executed): for a client joining the
+    /// stream of a run this process did not start.
+    pub(crate) fn follow(self: &Arc<Self>, row: RunRow, graph: Arc<Graph>) -> super::Queued {
+        self.proxy(
+            row,
+            graph,
+            Reading {
+                new_input: false,
+                resumable: true,
+                stateless: false,
+                cancel_on_disconnect: false,
+                temporary: false,
+            },
+        )
+    }
+
+    /// The record of a run executing elsewhere, and what its starter reads of it.
+    fn proxy(self: &Arc<Self>, row: RunRow, graph: Arc<Graph>, r: Reading) -> super::Queued {
+        let (run_id, thread_id) = (row.run_id.clone(), row.thread_id.clone());
+        let (events, rx) = Events::channel();
+        let (ended_tx, ended_rx) = watch::channel(false);
+        let (done_tx, done) = oneshot::channel();
+        let (release, released) = oneshot::channel::<()>();
+        let store = self.store.clone();
+        let cancelled = run_id.clone();
+        let stopper = Stopper::remote(Arc::new(move || {
+            if let Some(q) = store.queue() {
+                // A cancel that cannot be stored leaves the run going: its reader is gone.
+                let _ = q.cancel(&cancelled, "interrupt");
+            }
+        }));
+        lock(&self.runs).insert(
+            run_id.clone(),
+            Live {
+                run_id: run_id.clone(),
+                thread_id: thread_id.clone(),
+                status: row.status,
+                rollback_to: None,
+                stopper: stopper.clone(),
+                ended: ended_rx,
+                stream: None,
+                had_worker: true,
+                place: Place::Remote,
+            },
+        );
+        let manager = self.clone();
+        let temporary = r.temporary;
+        tokio::spawn(async move {
+            let outcome = manager.tail(&run_id, &thread_id, &events).await;
+            drop(events);
+            let status = match &outcome {
+                Ok(Ok(o)) => Some(run_status(&Ok(o.clone()))),
+                Ok(Err(_)) => Some(RunStatus::Error),
+                Err(_) => None,
+            };
+            if let Some(live) = lock(&manager.runs).get_mut(&run_id) {
+                live.status = status.unwrap_or(RunStatus::Error);
+            }
+            let _ = ended_tx.send(true);
+            let outcome = outcome.unwrap_or_else(|e| Err(EngineError::Incompatible(e)));
+            let _ = done_tx.send(outcome);
+            let _ = released.await;
+            if temporary {
+                let _ = manager.store.delete_thread(&thread_id);
+                let _ = manager.store.delete_thread_meta(&thread_id);
+                lock(&manager.runs).remove(&run_id);
+            }
+        });
+        super::Queued {
+            run_id: row.run_id.clone(),
+            thread_id: row.thread_id.clone(),
+            graph,
+            row,
+            new_input: r.new_input,
+            resumable: r.resumable,
+            stateless: r.stateless,
+            cancel_on_disconnect: r.cancel_on_disconnect,
+            events: rx,
+            done,
+            stopper,
+            release,
+        }
+    }
+
+    /// Relays run `run_id`'s logged events to `events` until its end: the end logged by its
+    /// worker, or — a run that ended without one (cancelled before a worker took it, rolled
+    /// back and deleted) — an end made from its row. `Err`: the log could not be read.
+    async fn tail(
+        &self,
+        run_id: &str,
+        thread_id: &str,
+        events: &Events,
+    ) -> Result<Result<RunOutcome, EngineError>, String> {
+        let queue = self.queue().map_err(|e| e.to_string())?;
+        let mut notices = queue.subscribe().map_err(|e| e.to_string())?;
+        let mut after = 0;
+        let mut sent = 0usize;
+        loop {
+            let batch = queue.events(run_id, after, BATCH).map_err(|e| e.to_string())?;
+            let read = batch.len();
+            for (seq, body) in batch {
+                after = seq;
+                match parse_record(&body) {
+                    Ok(Record::Event(envelope)) => {
+                        events.forward(*envelope);
+                        sent += 1;
+                    }
+                    Ok(Record::End(outcome)) => return Ok(*outcome),
+                    Err(e) => tracing::warn!(run_id, seq, error = %e, "a logged event cannot be read"),
+                }
+            }
+            if read > 0 {
+                continue;
+            }
+            let row = self.store.get_run(run_id).map_err(|e| e.to_string())?;
+            if row.as_ref().is_none_or(|r| !r.status.is_active()) {
+                // Its end may have been logged just before its row was marked: one more look.
+                let last = queue.events(run_id, after, BATCH).map_err(|e| e.to_string())?;
+                if !last.is_empty() {
+                    continue;
+                }
+                return Ok(Ok(ended_without_record(thread_id, row.as_ref(), sent)));
+            }
+            let id = run_id.to_string();
+            wake(
+                &mut notices,
+                |n| matches!(n, Notice::Events(r) | Notice::Ended(r) if *r == id),
+            )
+            .await;
+        }
+    }
+
+    /// The API's cancel of a run a worker executes: asked through the queue; with `wait` (or a
+    /// rollback, which the worker does and then deletes the run), answered once it ended.
+    pub(super) async fn cancel_remote(&self, run_id: &str, action: &str, wait: bool) -> Result<(), RunsError> {
+        self.queue()?.cancel(run_id, action)?;
+        if wait || action == "rollback" {
+            self.wait_inactive(run_id).await?;
+        }
+        Ok(())
+    }
+
+    /// Stops every active run of `thread_id`, wherever it executes, newest first, each waited
+    /// for.
+    pub(super) async fn stop_thread_runs_remote(&self, thread_id: &str, rollback: bool) -> Result<(), RunsError> {
+        let mut active = self
+            .store
+            .list_runs(Some(thread_id), &[RunStatus::Pending, RunStatus::Running])?;
+        active.sort_by(|a, b| b.run_id.cmp(&a.run_id));
+        let action = if rollback { "rollback" } else { "interrupt" };
+        for run in active {
+            self.cancel_remote(&run.run_id, action, true).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until run `run_id` is no longer active (or no longer exists).
+    async fn wait_inactive(&self, run_id: &str) -> Result<(), RunsError> {
+        let mut notices = self.queue()?.subscribe()?;
+        loop {
+            if self.store.get_run(run_id)?.is_none_or(|r| !r.status.is_active()) {
+                return Ok(());
+            }
+            let id = run_id.to_string();
+            wake(&mut notices, |n| matches!(n, Notice::Ended(r) if *r == id)).await;
+        }
+    }
+}
+
+/// What the reader of a run elsewhere was asked for.
+struct Reading {
+    new_input: bool,
+    resumable: bool,
+    stateless: bool,
+    cancel_on_disconnect: bool,
+    temporary: bool,
+}
+
+/// The end of a run whose worker logged none: cancelled before a worker claimed it (nothing
+/// was sent), or ended by its row (rolled back, or a worker lost it to an error it could not
+/// log).
+fn ended_without_record(thread_id: &str, row: Option<&RunRow>, sent: usize) -> RunOutcome {
+    let mut outcome = never_started(thread_id);
+    if sent > 0 {
+        outcome.status = match row.map(|r| r.status) {
+            Some(RunStatus::Error) => Status::Failed,
+            Some(RunStatus::Success) => Status::Done,
+            _ => Status::Cancelled,
+        };
+        outcome.error = row
+            .and_then(|r| r.error.as_ref())
+            .and_then(|e| e.get("message"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    outcome
+}
+
+/// A worker of a shared database: claims runs while it has room, executes them, keeps its
+/// heartbeat, answers cancels, and hands its runs back when it stops.
+pub(crate) struct Worker<S> {
+    manager: Arc<RunManager<S>>,
+    /// How a claimed run's row becomes a run to create (its graph found by its assistant).
+    make: Arc<dyn Fn(RunRow) -> Result<CreateRun, RunsError> + Send + Sync>,
+    slots: usize,
+    ttl: Duration,
+}
+
+impl<S: Send + Sync + 'static> Worker<S> {
+    /// A worker executing at most `slots` runs at once through `manager` (whose role is
+    /// [`Role::Worker`]), its claims' leases and heartbeat lasting `ttl`.
+    pub(crate) fn new(
+        manager: Arc<RunManager<S>>,
+        make: Arc<dyn Fn(RunRow) -> Result<CreateRun, RunsError> + Send + Sync>,
+        slots: usize,
+        ttl: Duration,
+    ) -> Worker<S> {
+        Worker {
+            manager,
+            make,
+            slots,
+            ttl,
+        }
+    }
+
+    /// Claims and executes runs until `stop` turns true; then stops its runs at their next
+    /// step boundary, hands them back to the queue, and retires its heartbeat.
+    pub(crate) async fn work(self, mut stop: watch::Receiver<bool>) -> Result<(), RunsError> {
+        let manager = self.manager.clone();
+        let Some(worker_id) = manager.worker_id().map(str::to_string) else {
+            return Err(RunsError::Invalid("a worker's run manager has the worker role".into()));
+        };
+        let queue = manager.queue()?;
+        queue.heartbeat(&worker_id, self.ttl)?;
+        let heartbeat = tokio::spawn(beat(manager.clone(), worker_id.clone(), self.ttl));
+        let cancels = tokio::spawn(answer_cancels(manager.clone()));
+        let room = Arc::new(Semaphore::new(self.slots));
+        let mut notices = queue.subscribe()?;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let permit = tokio::select! {
+                permit = room.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+                _ = stop.changed() => break,
+            };
+            let claim = LeaseClaim {
+                thread_id: String::new(),
+                owner: crate::checkpoint::new_id(),
+                pid: std::process::id(),
+                host: crate::engine::host().to_string(),
+                ttl: self.ttl,
+                replace: None,
+            };
+            match manager.queue()?.claim(&worker_id, &claim) {
+                Ok(Some(claimed)) => {
+                    let (manager, make, worker_id) = (manager.clone(), self.make.clone(), worker_id.clone());
+                    tokio::spawn(async move {
+                        execute(manager, make, worker_id, claimed, self.ttl).await;
+                        drop(permit);
+                    });
+                }
+                Ok(None) => {
+                    drop(permit);
+                    tokio::select! {
+                        () = wake(&mut notices, |n| matches!(n, Notice::Queued | Notice::Ended(_))) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+                Err(e) => {
+                    drop(permit);
+                    tracing::warn!(error = %e, "cannot claim a run");
+                    tokio::select! {
+                        () = tokio::time::sleep(POLL) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+            }
+        }
+        // Drain: every run stops at its step boundary and goes back to the queue.
+        manager.stop_all().await;
+        cancels.abort();
+        heartbeat.abort();
+        let _ = manager.queue()?.retire(&worker_id);
+        Ok(())
+    }
+}
+
+/// Renews the worker's heartbeat every third of its time to live.
+async fn beat<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>, worker_id: String, ttl: Duration) {
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        if let Ok(q) = manager.queue()
+            && let Err(e) = q.heartbeat(&worker_id, ttl)
+        {
+            tracing::warn!(error = %e, "the worker's heartbeat could not be stored");
+        }
+    }
+}
+
+/// Stops the runs this worker executes when some process asks: on the notice, and by a look
+/// at every claimed run's row on each poll (a notice lost while the listener reconnected).
+async fn answer_cancels<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>) {
+    let Ok(queue) = manager.queue() else { return };
+    let Ok(mut notices) = queue.subscribe() else { return };
+    loop {
+        wake(&mut notices, |n| matches!(n, Notice::Cancel(_))).await;
+        let claimed: Vec<(String, String)> = lock(&manager.runs)
+            .values()
+            .filter(|r| r.place == Place::Claimed && r.is_active())
+            .map(|r| (r.thread_id.clone(), r.run_id.clone()))
+            .collect();
+        for (thread_id, run_id) in claimed {
+            let asked = manager
+                .queue()
+                .ok()
+                .and_then(|q| q.cancel_asked(&run_id).ok().flatten());
+            let action = match asked.as_deref() {
+                Some("rollback") => super::Cancel::Rollback,
+                Some(_) => super::Cancel::Interrupt,
+                None => continue,
+            };
+            let m = manager.clone();
+            tokio::spawn(async move {
+                if let Err(e) = m.cancel(&thread_id, &run_id, action, false).await {
+                    tracing::warn!(run_id, error = %e, "a cancel asked through the queue failed");
+                }
+            });
+        }
+    }
+}
+
+/// Executes one claimed run: created as a run of this process, its events logged, its end
+/// recorded — or, when the worker stops first, handed back to the queue.
+async fn execute<S: Send + Sync + 'static>(
+    manager: Arc<RunManager<S>>,
+    make: Arc<dyn Fn(RunRow) -> Result<CreateRun, RunsError> + Send + Sync>,
+    worker_id: String,
+    claimed: Claimed,
+    ttl: Duration,
+) {
+    let Claimed {
+        run,
+        lease,
+        orphaned,
+        next_event,
+    } = claimed;
+    let run_id = run.run_id.clone();
+    let Ok(queue) = manager.queue() else { return };
+    let log = |seq: u64, bodies: &[String]| queue.append(&run_id, &worker_id, seq, bodies);
+    let started = async {
+        let mut create = make(run.clone())?;
+        create.resumed = Some(super::request::Resumed {
+            row: run,
+            was_running: orphaned,
+            claimed: Some((lease, ttl)),
+        });
+        // The reader's process deletes a thread of the run's own when its reader is done.
+        create.temporary = false;
+        create.cancel_on_disconnect = false;
+        let queued = manager.start(create).await?;
+        manager.started(queued).await
+    }
+    .await;
+    let mut seq = next_event;
+    let running = match started {
+        Ok(r) => r,
+        Err(e) => {
+            let error = json!({"error": "RunError", "message": e.to_string()});
+            let outcome: Result<RunOutcome, EngineError> = Err(match e {
+                RunsError::Engine(e) => e,
+                other => EngineError::Incompatible(other.to_string()),
+            });
+            let _ = log(seq, &[end_record(&outcome)]);
+            let _ = queue.finish(
+                &run_id,
+                &worker_id,
+                RunStatus::Error,
+                Some(&error),
+                &crate::clock::now(),
+            );
+            return;
+        }
+    };
+    let super::start::Running {
+        first,
+        mut events,
+        done,
+        stopper,
+        release,
+        ..
+    } = running;
+    let mut pending = vec![serde_json::to_string(&first).unwrap_or_default()];
+    let mut lost = false;
+    loop {
+        // Everything that waits goes in one append.
+        while pending.len() < BATCH {
+            match events.try_recv() {
+                Ok(e) => pending.push(serde_json::to_string(&e).unwrap_or_default()),
+                Err(_) => break,
+            }
+        }
+        if !pending.is_empty() && !lost {
+            match log(seq, &pending) {
+                Ok(true) => seq += pending.len() as u64,
+                // Another worker took the run over: this one stops writing.
+                Ok(false) => {
+                    lost = true;
+                    stopper.cancel();
+                }
+                Err(e) => tracing::warn!(run_id, error = %e, "a run's events could not be logged"),
+            }
+        }
+        pending.clear();
+        match events.recv().await {
+            Some(e) => pending.push(serde_json::to_string(&e).unwrap_or_default()),
+            None => break,
+        }
+    }
+    let outcome = done
+        .await
+        .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
+    drop(release);
+    if lost {
+        return;
+    }
+    // A run this worker stopped as it shuts down goes back to the queue for another.
+    let stopped_here = manager.stopping.load(std::sync::atomic::Ordering::SeqCst)
+        && matches!(&outcome, Ok(o) if o.status == Status::Cancelled);
+    if stopped_here {
+        let _ = queue.release(&run_id, &worker_id);
+        return;
+    }
+    let status = run_status(&outcome);
+    let error = super::start::end_error(&outcome);
+    if let Err(e) = log(seq, &[end_record(&outcome)]) {
+        tracing::warn!(run_id, error = %e, "a run's end could not be logged");
+    }
+    if let Err(e) = queue.finish(&run_id, &worker_id, status, error.as_ref(), &crate::clock::now()) {
+        tracing::warn!(run_id, error = %e, "a run's end could not be recorded");
+    }
+}
