@@ -199,6 +199,10 @@ pub enum CheckpointError {
     ThreadExists(String),
     #[error("the checkpoint store failed: {0}")]
     Backend(String),
+    /// The database could not be reached, or dropped the connection (a network database
+    /// restarting, a connection terminated): the same call may succeed when tried again.
+    #[error("the checkpoint database cannot be reached: {0}")]
+    Unavailable(String),
     #[error("a stored value is corrupt: {0}")]
     Corrupt(String),
     /// Another owner holds the thread's lease, and it has not expired.

@@ -35,6 +35,16 @@ pub struct Claimed {
     pub next_event: u64,
 }
 
+/// A run's end, as its worker records it.
+#[derive(Debug, Clone, Copy)]
+pub struct Ended<'a> {
+    pub status: RunStatus,
+    pub error: Option<&'a Value>,
+    pub at: &'a str,
+    /// The end's record in the run's log: its sequence number and body.
+    pub record: Option<(u64, &'a str)>,
+}
+
 /// What a process is told by the others, through the database.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
@@ -84,8 +94,10 @@ pub trait RunQueue: Send + Sync {
     /// Run `run_id`'s logged events after sequence number `after`, in order, at most `limit`.
     fn events(&self, run_id: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>>;
 
-    /// Records run `run_id`'s end, if it is still `worker`'s.
-    fn finish(&self, run_id: &str, worker: &str, status: RunStatus, error: Option<&Value>, at: &str) -> Result<()>;
+    /// Records run `run_id`'s end, if it is still `worker`'s: its status and error, and the
+    /// last event of its log, `end` (its sequence number and body), in one transaction — a
+    /// reader that sees the run ended finds its end logged.
+    fn finish(&self, run_id: &str, worker: &str, end: Ended<'_>) -> Result<()>;
 
     /// The notices of every process, from now on. The receiver lags (and is told so by
     /// [`Notice::Lagged`]) rather than slowing the sender.

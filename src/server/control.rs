@@ -53,7 +53,8 @@ pub(super) async fn background(app: &Shared, thread: Option<String>, mut kwargs:
         k.insert("on_disconnect".into(), json!("continue"));
     }
     let queued = super::runs::create(app, thread, kwargs).await?;
-    let row = app.runs.get(queued.thread_id(), queued.run_id())?;
+    // As created: a worker of a shared database may have taken it already.
+    let row = queued.row().clone();
     let app = app.clone();
     tokio::spawn(async move {
         // A run that cannot start has recorded why in its row.

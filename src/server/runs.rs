@@ -104,12 +104,9 @@ pub(super) struct Queued {
 }
 
 impl Queued {
-    pub(super) fn run_id(&self) -> &str {
-        &self.run.run_id
-    }
-
-    pub(super) fn thread_id(&self) -> &str {
-        &self.run.thread_id
+    /// Its row as created.
+    pub(super) fn row(&self) -> &RunRow {
+        &self.run.row
     }
 
     /// Waits until the run holds its thread: the run as started, or why it could not start.

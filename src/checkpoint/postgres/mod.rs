@@ -39,6 +39,7 @@ mod tls;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Pool};
@@ -61,23 +62,48 @@ const DEFAULT_SCHEMA: &str = "runner";
 
 impl From<tokio_postgres::Error> for CheckpointError {
     fn from(e: tokio_postgres::Error) -> Self {
-        CheckpointError::Backend(describe(&e))
+        if unavailable(&e) {
+            CheckpointError::Unavailable(describe(&e))
+        } else {
+            CheckpointError::Backend(describe(&e))
+        }
     }
 }
 
 impl From<deadpool_postgres::PoolError> for CheckpointError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        CheckpointError::Backend(match e {
-            deadpool_postgres::PoolError::Backend(e) => describe(&e),
-            deadpool_postgres::PoolError::Timeout(_) => format!(
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            deadpool_postgres::PoolError::Timeout(_) => CheckpointError::Unavailable(format!(
                 "postgres: no connection became free within {}s (every connection of the pool is busy, or the \
                  server refuses new ones)",
                 POOL_WAIT.as_secs()
-            ),
-            other => format!("postgres: {other}"),
-        })
+            )),
+            other => CheckpointError::Backend(format!("postgres: {other}")),
+        }
     }
 }
+
+/// Whether an error is the connection's, not the statement's: the server is down or
+/// restarting, or the connection was closed or terminated. Nothing the transaction did was
+/// committed (a lost `COMMIT` aside), so the call may be tried again.
+fn unavailable(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(db) = e.as_db_error() {
+        // Class 08: connection exception; class 57P: the server shutting down or starting
+        // (57P01 admin_shutdown is what pg_terminate_backend sends); 53300: too many
+        // connections.
+        let code = db.code().code();
+        return code.starts_with("08") || code.starts_with("57P") || code == "53300";
+    }
+    // No server answer at all: an I/O error (refused, reset) or a connect timeout.
+    std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()) || e.to_string().contains("timed out")
+}
+
+/// How long a call keeps trying while the database cannot be reached.
+const RETRY_FOR: Duration = Duration::from_secs(20);
 
 /// A client error with the server's own message, which `Display` leaves out.
 fn describe(e: &tokio_postgres::Error) -> String {
@@ -280,19 +306,48 @@ impl PostgresCheckpointer {
         rx.recv().map_err(|_| stopped())?
     }
 
+    /// Runs the work `make` gives on the backend's runtime, made again and tried again while
+    /// the database cannot be reached (for [`RETRY_FOR`]), and waits for its answer.
+    pub(super) fn retrying<T, F, Fut>(&self, make: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.block(async move {
+            let deadline = tokio::time::Instant::now() + RETRY_FOR;
+            let mut pause = Duration::from_millis(50);
+            loop {
+                match make().await {
+                    Err(CheckpointError::Unavailable(why)) => {
+                        if tokio::time::Instant::now() + pause > deadline {
+                            return Err(CheckpointError::Unavailable(why));
+                        }
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                    other => return other,
+                }
+            }
+        })
+    }
+
     /// Applies `op` in one transaction; `synced: false` commits without waiting for the flush.
     fn write(&self, op: Op, synced: bool) -> Result<Done> {
-        let pool = self.pool.clone();
+        let (pool, op) = (self.pool.clone(), Arc::new(op));
         let synced = synced && self.durability == Durability::PowerSafe;
-        self.block(async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            if !synced {
-                tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
+        self.retrying(move || {
+            let (pool, op) = (pool.clone(), op.clone());
+            async move {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                if !synced {
+                    tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
+                }
+                let done = apply::apply(&tx, &op).await?;
+                tx.commit().await?;
+                Ok(done)
             }
-            let done = apply::apply(&tx, &op).await?;
-            tx.commit().await?;
-            Ok(done)
         })
     }
 
@@ -304,20 +359,27 @@ impl PostgresCheckpointer {
     fn read<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c deadpool_postgres::Transaction<'c>) -> apply::BoxFuture<'c, Result<T>> + Send + 'static,
+        F: for<'c> FnOnce(&'c deadpool_postgres::Transaction<'c>) -> apply::BoxFuture<'c, Result<T>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
     {
         let pool = self.pool.clone();
-        self.block(async move {
-            let mut client = pool.get().await?;
-            let tx = client
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await?;
-            let out = f(&tx).await?;
-            tx.commit().await?;
-            Ok(out)
+        self.retrying(move || {
+            let (pool, f) = (pool.clone(), f.clone());
+            async move {
+                let mut client = pool.get().await?;
+                let tx = client
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start()
+                    .await?;
+                let out = f(&tx).await?;
+                tx.commit().await?;
+                Ok(out)
+            }
         })
     }
 }

@@ -6,12 +6,11 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::PostgresCheckpointer;
 use super::apply::{DB_NOW_MS, LEASE_COLS, lease_row};
-use crate::checkpoint::queue::{Claimed, Notice, RunQueue};
+use crate::checkpoint::queue::{Claimed, Ended, Notice, RunQueue};
 use crate::checkpoint::runs::{RunRow, RunStatus, RunText, json_text};
 use crate::checkpoint::{CheckpointError, LeaseClaim, Result};
 
@@ -69,224 +68,245 @@ impl RunQueue for PostgresCheckpointer {
     fn admit(&self, run: &RunRow, reject_if_busy: bool) -> Result<bool> {
         let v = RunText::from_run(run)?;
         let (pool, channel) = (self.pool.clone(), self.channel());
-        self.block(async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            // One admission per thread at a time, whichever process asks.
-            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&v.thread_id])
-                .await?;
-            if reject_if_busy {
-                let busy = tx
-                    .query_opt(
-                        "SELECT 1 FROM runs WHERE thread_id = $1 AND status IN ('pending', 'running') LIMIT 1",
-                        &[&v.thread_id],
-                    )
-                    .await?
-                    .is_some();
-                if busy {
-                    return Ok(false);
+        self.retrying(move || {
+            let (v, pool, channel) = (v.clone(), pool.clone(), channel.clone());
+            async move {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                // One admission per thread at a time, whichever process asks.
+                tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&v.thread_id])
+                    .await?;
+                if reject_if_busy {
+                    let busy = tx
+                        .query_opt(
+                            "SELECT 1 FROM runs WHERE thread_id = $1 AND status IN ('pending', 'running') LIMIT 1",
+                            &[&v.thread_id],
+                        )
+                        .await?
+                        .is_some();
+                    if busy {
+                        return Ok(false);
+                    }
                 }
-            }
-            tx.execute(
-                "INSERT INTO runs (run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs, \
-                 multitask_strategy, metadata, error, event_ids) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                &[
-                    &v.run_id,
-                    &v.thread_id,
-                    &v.assistant_id,
-                    &v.status,
-                    &v.created_at,
-                    &v.updated_at,
-                    &v.kwargs,
-                    &v.multitask_strategy,
-                    &v.metadata,
-                    &v.error,
-                    &v.event_ids,
-                ],
-            )
-            .await?;
-            tx.execute("SELECT pg_notify($1, $2)", &[&channel, &payload(&Notice::Queued)])
+                tx.execute(
+                    "INSERT INTO runs (run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs, \
+                     multitask_strategy, metadata, error, event_ids) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                    &[
+                        &v.run_id,
+                        &v.thread_id,
+                        &v.assistant_id,
+                        &v.status,
+                        &v.created_at,
+                        &v.updated_at,
+                        &v.kwargs,
+                        &v.multitask_strategy,
+                        &v.metadata,
+                        &v.error,
+                        &v.event_ids,
+                    ],
+                )
                 .await?;
-            tx.commit().await?;
-            Ok(true)
+                tx.execute("SELECT pg_notify($1, $2)", &[&channel, &payload(&Notice::Queued)])
+                    .await?;
+                tx.commit().await?;
+                Ok(true)
+            }
         })
     }
 
     fn claim(&self, worker: &str, claim: &LeaseClaim) -> Result<Option<Claimed>> {
         let (pool, worker, claim) = (self.pool.clone(), worker.to_owned(), claim.clone());
-        self.block(async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            // The oldest claimable run: a thread's oldest active run, pending, or running on a
-            // worker whose heartbeat stopped; its thread held by no live lease. Rows another
-            // claimant has locked are skipped, not waited for.
-            let sql = format!(
-                "SELECT {RUN_COLS}, r.worker IS NOT NULL AND r.status = 'running' FROM runs r \
-                 WHERE r.status IN ('pending', 'running') \
-                   AND (r.status = 'pending' OR r.worker IS NULL OR NOT EXISTS ( \
-                        SELECT 1 FROM workers w WHERE w.worker_id = r.worker AND w.expires_at > {DB_NOW_MS})) \
-                   AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = r.thread_id \
-                        AND e.status IN ('pending', 'running') AND e.run_id < r.run_id) \
-                   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = r.thread_id \
-                        AND l.expires_at > {DB_NOW_MS}) \
-                 ORDER BY r.run_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED"
-            );
-            let Some(row) = tx.query_opt(&tx.prepare_cached(&sql).await?, &[]).await? else {
-                return Ok(None);
-            };
-            let orphaned: bool = row.try_get(11)?;
-            let mut run = run_text(&row)?.into_run()?;
-            // The thread's lease, in the same transaction: the same upsert as
-            // `acquire_lease`, which fails (no row) if a live lease appeared meanwhile.
-            let lease_sql = format!(
-                "INSERT INTO leases ({LEASE_COLS}) VALUES ($1, $2, 1, $3, $4, $5, {DB_NOW_MS} + $6) \
-                 ON CONFLICT (thread_id) DO UPDATE SET generation = leases.generation + 1, \
-                   acquired_at = excluded.acquired_at, owner = excluded.owner, pid = excluded.pid, \
-                   host = excluded.host, expires_at = excluded.expires_at \
-                 WHERE leases.expires_at <= {DB_NOW_MS} \
-                 RETURNING {LEASE_COLS}"
-            );
-            let ttl = i64::try_from(claim.ttl.as_millis()).unwrap_or(i64::MAX / 4);
-            let Some(lease) = tx
-                .query_opt(
-                    &tx.prepare_cached(&lease_sql).await?,
-                    &[
-                        &run.thread_id,
-                        &claim.owner,
-                        &i64::from(claim.pid),
-                        &claim.host,
-                        &crate::clock::now(),
-                        &ttl,
-                    ],
+        self.retrying(move || {
+            let (pool, worker, claim) = (pool.clone(), worker.clone(), claim.clone());
+            async move {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                // The oldest claimable run: a thread's oldest active run, pending, or running on a
+                // worker whose heartbeat stopped; its thread held by no live lease. Rows another
+                // claimant has locked are skipped, not waited for.
+                let sql = format!(
+                    "SELECT {RUN_COLS}, r.worker IS NOT NULL AND r.status = 'running' FROM runs r \
+                     WHERE r.status IN ('pending', 'running') \
+                       AND (r.status = 'pending' OR r.worker IS NULL OR NOT EXISTS ( \
+                            SELECT 1 FROM workers w WHERE w.worker_id = r.worker AND w.expires_at > {DB_NOW_MS})) \
+                       AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = r.thread_id \
+                            AND e.status IN ('pending', 'running') AND e.run_id < r.run_id) \
+                       AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = r.thread_id \
+                            AND l.expires_at > {DB_NOW_MS}) \
+                     ORDER BY r.run_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED"
+                );
+                let Some(row) = tx.query_opt(&tx.prepare_cached(&sql).await?, &[]).await? else {
+                    return Ok(None);
+                };
+                let orphaned: bool = row.try_get(11)?;
+                let mut run = run_text(&row)?.into_run()?;
+                // The thread's lease, in the same transaction: the same upsert as
+                // `acquire_lease`, which fails (no row) if a live lease appeared meanwhile.
+                let lease_sql = format!(
+                    "INSERT INTO leases ({LEASE_COLS}) VALUES ($1, $2, 1, $3, $4, $5, {DB_NOW_MS} + $6) \
+                     ON CONFLICT (thread_id) DO UPDATE SET generation = leases.generation + 1, \
+                       acquired_at = excluded.acquired_at, owner = excluded.owner, pid = excluded.pid, \
+                       host = excluded.host, expires_at = excluded.expires_at \
+                     WHERE leases.expires_at <= {DB_NOW_MS} \
+                     RETURNING {LEASE_COLS}"
+                );
+                let ttl = i64::try_from(claim.ttl.as_millis()).unwrap_or(i64::MAX / 4);
+                let Some(lease) = tx
+                    .query_opt(
+                        &tx.prepare_cached(&lease_sql).await?,
+                        &[
+                            &run.thread_id,
+                            &claim.owner,
+                            &i64::from(claim.pid),
+                            &claim.host,
+                            &crate::clock::now(),
+                            &ttl,
+                        ],
+                    )
+                    .await?
+                else {
+                    // Taken since the look: the transaction ends without the claim.
+                    return Ok(None);
+                };
+                let lease = lease_row(&lease)?;
+                let at = crate::clock::now();
+                tx.execute(
+                    "UPDATE runs SET status = 'running', worker = $2, updated_at = $3 WHERE run_id = $1",
+                    &[&run.run_id, &worker, &at],
                 )
-                .await?
-            else {
-                // Taken since the look: the transaction ends without the claim.
-                return Ok(None);
-            };
-            let lease = lease_row(&lease)?;
-            let at = crate::clock::now();
-            tx.execute(
-                "UPDATE runs SET status = 'running', worker = $2, updated_at = $3 WHERE run_id = $1",
-                &[&run.run_id, &worker, &at],
-            )
-            .await?;
-            let next: i64 = tx
-                .query_one(
-                    "SELECT coalesce(max(seq), 0) + 1 FROM run_events WHERE run_id = $1",
-                    &[&run.run_id],
-                )
-                .await?
-                .try_get(0)?;
-            tx.commit().await?;
-            run.status = RunStatus::Running;
-            run.updated_at = at;
-            Ok(Some(Claimed {
-                run,
-                lease,
-                orphaned,
-                next_event: u64::try_from(next).unwrap_or(1),
-            }))
+                .await?;
+                let next: i64 = tx
+                    .query_one(
+                        "SELECT coalesce(max(seq), 0) + 1 FROM run_events WHERE run_id = $1",
+                        &[&run.run_id],
+                    )
+                    .await?
+                    .try_get(0)?;
+                tx.commit().await?;
+                run.status = RunStatus::Running;
+                run.updated_at = at;
+                Ok(Some(Claimed {
+                    run,
+                    lease,
+                    orphaned,
+                    next_event: u64::try_from(next).unwrap_or(1),
+                }))
+            }
         })
     }
 
     fn heartbeat(&self, worker: &str, ttl: Duration) -> Result<()> {
         let (pool, worker) = (self.pool.clone(), worker.to_owned());
         let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 4);
-        self.block(async move {
-            let client = pool.get().await?;
-            let sql = format!(
-                "INSERT INTO workers (worker_id, expires_at) VALUES ($1, {DB_NOW_MS} + $2) \
-                 ON CONFLICT (worker_id) DO UPDATE SET expires_at = excluded.expires_at"
-            );
-            client
-                .execute(&client.prepare_cached(&sql).await?, &[&worker, &ttl])
-                .await?;
-            Ok(())
+        self.retrying(move || {
+            let (pool, worker, ttl) = (pool.clone(), worker.clone(), ttl);
+            async move {
+                let client = pool.get().await?;
+                let sql = format!(
+                    "INSERT INTO workers (worker_id, expires_at) VALUES ($1, {DB_NOW_MS} + $2) \
+                     ON CONFLICT (worker_id) DO UPDATE SET expires_at = excluded.expires_at"
+                );
+                client
+                    .execute(&client.prepare_cached(&sql).await?, &[&worker, &ttl])
+                    .await?;
+                Ok(())
+            }
         })
     }
 
     fn retire(&self, worker: &str) -> Result<()> {
         let (pool, worker) = (self.pool.clone(), worker.to_owned());
-        self.block(async move {
-            let client = pool.get().await?;
-            client
-                .execute("DELETE FROM workers WHERE worker_id = $1", &[&worker])
-                .await?;
-            Ok(())
+        self.retrying(move || {
+            let (pool, worker) = (pool.clone(), worker.clone());
+            async move {
+                let client = pool.get().await?;
+                client
+                    .execute("DELETE FROM workers WHERE worker_id = $1", &[&worker])
+                    .await?;
+                Ok(())
+            }
         })
     }
 
     fn release(&self, run_id: &str, worker: &str) -> Result<()> {
         let (pool, run_id, worker, channel) = (self.pool.clone(), run_id.to_owned(), worker.to_owned(), self.channel());
-        self.block(async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            // `running` with no worker: claimable at once (its thread's lease is released by
-            // its engine as it stops).
-            tx.execute(
-                "UPDATE runs SET worker = NULL WHERE run_id = $1 AND worker = $2 AND status IN ('pending', 'running')",
-                &[&run_id, &worker],
-            )
-            .await?;
-            tx.execute("SELECT pg_notify($1, $2)", &[&channel, &payload(&Notice::Queued)])
+        self.retrying(move || {
+            let (pool, run_id, worker, channel) = (pool.clone(), run_id.clone(), worker.clone(), channel.clone());
+            async move {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                // `running` with no worker: claimable at once (its thread's lease is released by
+                // its engine as it stops).
+                tx.execute(
+                    "UPDATE runs SET worker = NULL WHERE run_id = $1 AND worker = $2 AND status IN ('pending', 'running')",
+                    &[&run_id, &worker],
+                )
                 .await?;
-            tx.commit().await?;
-            Ok(())
+                tx.execute("SELECT pg_notify($1, $2)", &[&channel, &payload(&Notice::Queued)])
+                    .await?;
+                tx.commit().await?;
+                Ok(())
+            }
         })
     }
 
     fn cancel(&self, run_id: &str, action: &str) -> Result<bool> {
         let (pool, run_id, action, channel) = (self.pool.clone(), run_id.to_owned(), action.to_owned(), self.channel());
-        self.block(async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            let at = crate::clock::now();
-            // A run nobody claimed ends here; a claim in progress holds the row, and this
-            // waits for it, then finds the run running.
-            let error = json_text(&serde_json::json!({
-                "error": "UserInterrupt",
-                "message": "interrupt requested via POST /threads/{thread_id}/runs/{run_id}/cancel",
-            }))?;
-            let ended = tx
-                .execute(
-                    "UPDATE runs SET status = 'interrupted', cancel = $2, error = $3, updated_at = $4 \
-                     WHERE run_id = $1 AND status = 'pending' AND worker IS NULL",
-                    &[&run_id, &action, &error, &at],
-                )
-                .await?
-                > 0;
-            if ended {
-                tx.execute(
-                    "SELECT pg_notify($1, $2)",
-                    &[&channel, &payload(&Notice::Ended(run_id.clone()))],
-                )
-                .await?;
-            } else {
-                tx.execute(
-                    "UPDATE runs SET cancel = $2 WHERE run_id = $1 AND status IN ('pending', 'running')",
-                    &[&run_id, &action],
-                )
-                .await?;
-                tx.execute(
-                    "SELECT pg_notify($1, $2)",
-                    &[&channel, &payload(&Notice::Cancel(run_id.clone()))],
-                )
-                .await?;
+        self.retrying(move || {
+            let (pool, run_id, action, channel) = (pool.clone(), run_id.clone(), action.clone(), channel.clone());
+            async move {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                let at = crate::clock::now();
+                // A run nobody claimed ends here; a claim in progress holds the row, and this
+                // waits for it, then finds the run running.
+                let error = json_text(&serde_json::json!({
+                    "error": "UserInterrupt",
+                    "message": "interrupt requested via POST /threads/{thread_id}/runs/{run_id}/cancel",
+                }))?;
+                let ended = tx
+                    .execute(
+                        "UPDATE runs SET status = 'interrupted', cancel = $2, error = $3, updated_at = $4 \
+                         WHERE run_id = $1 AND status = 'pending' AND worker IS NULL",
+                        &[&run_id, &action, &error, &at],
+                    )
+                    .await?
+                    > 0;
+                if ended {
+                    tx.execute(
+                        "SELECT pg_notify($1, $2)",
+                        &[&channel, &payload(&Notice::Ended(run_id.clone()))],
+                    )
+                    .await?;
+                } else {
+                    tx.execute(
+                        "UPDATE runs SET cancel = $2 WHERE run_id = $1 AND status IN ('pending', 'running')",
+                        &[&run_id, &action],
+                    )
+                    .await?;
+                    tx.execute(
+                        "SELECT pg_notify($1, $2)",
+                        &[&channel, &payload(&Notice::Cancel(run_id.clone()))],
+                    )
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(ended)
             }
-            tx.commit().await?;
-            Ok(ended)
         })
     }
 
     fn cancel_asked(&self, run_id: &str) -> Result<Option<String>> {
         let (pool, run_id) = (self.pool.clone(), run_id.to_owned());
-        self.block(async move {
-            let client = pool.get().await?;
-            let row = client
-                .query_opt("SELECT cancel FROM runs WHERE run_id = $1", &[&run_id])
-                .await?;
-            Ok(row.map(|r| r.try_get::<_, Option<String>>(0)).transpose()?.flatten())
+        self.retrying(move || {
+            let (pool, run_id) = (pool.clone(), run_id.clone());
+            async move {
+                let client = pool.get().await?;
+                let row = client
+                    .query_opt("SELECT cancel FROM runs WHERE run_id = $1", &[&run_id])
+                    .await?;
+                Ok(row.map(|r| r.try_get::<_, Option<String>>(0)).transpose()?.flatten())
+            }
         })
     }
 
@@ -294,29 +314,39 @@ impl RunQueue for PostgresCheckpointer {
         let (pool, run_id, worker, channel) = (self.pool.clone(), run_id.to_owned(), worker.to_owned(), self.channel());
         let bodies = bodies.to_vec();
         let first = i64::try_from(from).map_err(|_| CheckpointError::Backend(format!("event {from}")))?;
-        self.block(async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            // Events can be replayed from the run's checkpoints: never waited for on the disk.
-            tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
-            let stmt = tx
-                .prepare_cached(
-                    "INSERT INTO run_events (run_id, seq, body) \
-                     SELECT $1, $3 + n - 1, b FROM unnest($4::text[]) WITH ORDINALITY AS e(b, n) \
-                     WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND worker = $2)",
+        self.retrying(move || {
+            let (pool, run_id, worker, channel, bodies, first) = (
+                pool.clone(),
+                run_id.clone(),
+                worker.clone(),
+                channel.clone(),
+                bodies.clone(),
+                first,
+            );
+            async move {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                // Events can be replayed from the run's checkpoints: never waited for on the disk.
+                tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
+                let stmt = tx
+                    .prepare_cached(
+                        "INSERT INTO run_events (run_id, seq, body) \
+                         SELECT $1, $3 + n - 1, b FROM unnest($4::text[]) WITH ORDINALITY AS e(b, n) \
+                         WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND worker = $2)",
+                    )
+                    .await?;
+                let n = tx.execute(&stmt, &[&run_id, &worker, &first, &bodies]).await?;
+                if n == 0 && !bodies.is_empty() {
+                    return Ok(false);
+                }
+                tx.execute(
+                    "SELECT pg_notify($1, $2)",
+                    &[&channel, &payload(&Notice::Events(run_id))],
                 )
                 .await?;
-            let n = tx.execute(&stmt, &[&run_id, &worker, &first, &bodies]).await?;
-            if n == 0 && !bodies.is_empty() {
-                return Ok(false);
+                tx.commit().await?;
+                Ok(true)
             }
-            tx.execute(
-                "SELECT pg_notify($1, $2)",
-                &[&channel, &payload(&Notice::Events(run_id))],
-            )
-            .await?;
-            tx.commit().await?;
-            Ok(true)
         })
     }
 
@@ -324,47 +354,81 @@ impl RunQueue for PostgresCheckpointer {
         let (pool, run_id) = (self.pool.clone(), run_id.to_owned());
         let after = i64::try_from(after).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.block(async move {
-            let client = pool.get().await?;
-            let stmt = client
-                .prepare_cached("SELECT seq, body FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3")
-                .await?;
-            client
-                .query(&stmt, &[&run_id, &after, &limit])
-                .await?
-                .iter()
-                .map(|r| Ok((u64::try_from(r.try_get::<_, i64>(0)?).unwrap_or(0), r.try_get(1)?)))
-                .collect()
+        self.retrying(move || {
+            let (pool, run_id, after, limit) = (pool.clone(), run_id.clone(), after, limit);
+            async move {
+                let client = pool.get().await?;
+                let stmt = client
+                    .prepare_cached(
+                        "SELECT seq, body FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                    )
+                    .await?;
+                client
+                    .query(&stmt, &[&run_id, &after, &limit])
+                    .await?
+                    .iter()
+                    .map(|r| Ok((u64::try_from(r.try_get::<_, i64>(0)?).unwrap_or(0), r.try_get(1)?)))
+                    .collect()
+            }
         })
     }
 
-    fn finish(&self, run_id: &str, worker: &str, status: RunStatus, error: Option<&Value>, at: &str) -> Result<()> {
-        let error = error.map(json_text).transpose()?;
-        let (pool, run_id, worker, at, channel) = (
+    fn finish(&self, run_id: &str, worker: &str, end: Ended<'_>) -> Result<()> {
+        let error = end.error.map(json_text).transpose()?;
+        let record = end
+            .record
+            .map(|(seq, body)| {
+                Ok::<_, CheckpointError>((
+                    i64::try_from(seq).map_err(|_| CheckpointError::Backend(format!("event {seq}")))?,
+                    body.to_owned(),
+                ))
+            })
+            .transpose()?;
+        let (pool, run_id, worker, at, status, channel) = (
             self.pool.clone(),
             run_id.to_owned(),
             worker.to_owned(),
-            at.to_owned(),
+            end.at.to_owned(),
+            end.status,
             self.channel(),
         );
-        self.block(async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            let n = tx
-                .execute(
-                    "UPDATE runs SET status = $3, error = $4, updated_at = $5 WHERE run_id = $1 AND worker = $2",
-                    &[&run_id, &worker, &status.as_str(), &error, &at],
-                )
-                .await?;
-            if n > 0 {
-                tx.execute(
-                    "SELECT pg_notify($1, $2)",
-                    &[&channel, &payload(&Notice::Ended(run_id))],
-                )
-                .await?;
+        self.retrying(move || {
+            let (error, record, pool, run_id, worker, at, status, channel) = (
+                error.clone(),
+                record.clone(),
+                pool.clone(),
+                run_id.clone(),
+                worker.clone(),
+                at.clone(),
+                status,
+                channel.clone(),
+            );
+            async move {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                let n = tx
+                    .execute(
+                        "UPDATE runs SET status = $3, error = $4, updated_at = $5 WHERE run_id = $1 AND worker = $2",
+                        &[&run_id, &worker, &status.as_str(), &error, &at],
+                    )
+                    .await?;
+                if n > 0 {
+                    if let Some((seq, body)) = &record {
+                        tx.execute(
+                            "INSERT INTO run_events (run_id, seq, body) VALUES ($1, $2, $3)",
+                            &[&run_id, seq, body],
+                        )
+                        .await?;
+                    }
+                    tx.execute(
+                        "SELECT pg_notify($1, $2)",
+                        &[&channel, &payload(&Notice::Ended(run_id))],
+                    )
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(())
             }
-            tx.commit().await?;
-            Ok(())
         })
     }
 

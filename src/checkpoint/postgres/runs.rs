@@ -40,21 +40,27 @@ impl PostgresCheckpointer {
     /// Runs one statement with `params` on a pooled connection, committed at once; the number
     /// of rows it touched.
     fn execute(&self, sql: &'static str, params: Vec<Param>) -> Result<u64> {
-        let pool = self.pool.clone();
-        self.block(async move {
-            let client = pool.get().await?;
-            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(Param::as_sql).collect();
-            Ok(client.execute(&client.prepare_cached(sql).await?, &refs).await?)
+        let (pool, params) = (self.pool.clone(), std::sync::Arc::new(params));
+        self.retrying(move || {
+            let (pool, params) = (pool.clone(), params.clone());
+            async move {
+                let client = pool.get().await?;
+                let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(Param::as_sql).collect();
+                Ok(client.execute(&client.prepare_cached(sql).await?, &refs).await?)
+            }
         })
     }
 
     /// Runs one query with `params` on a pooled connection.
     pub(super) fn query(&self, sql: String, params: Vec<Param>) -> Result<Vec<Row>> {
-        let pool = self.pool.clone();
-        self.block(async move {
-            let client = pool.get().await?;
-            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(Param::as_sql).collect();
-            Ok(client.query(&client.prepare_cached(&sql).await?, &refs).await?)
+        let (pool, params, sql) = (self.pool.clone(), std::sync::Arc::new(params), std::sync::Arc::new(sql));
+        self.retrying(move || {
+            let (pool, params, sql) = (pool.clone(), params.clone(), sql.clone());
+            async move {
+                let client = pool.get().await?;
+                let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(Param::as_sql).collect();
+                Ok(client.query(&client.prepare_cached(&sql).await?, &refs).await?)
+            }
         })
     }
 }

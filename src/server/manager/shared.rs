@@ -24,7 +24,7 @@ use tokio::sync::{Semaphore, broadcast, oneshot, watch};
 use super::request::{CreateRun, Multitask};
 use super::start::{Stopper, never_started, run_status};
 use super::{Live, Place, RunManager, RunsError, lock};
-use crate::checkpoint::queue::{Claimed, Notice, RunQueue};
+use crate::checkpoint::queue::{Claimed, Ended, Notice, RunQueue};
 use crate::checkpoint::{LeaseClaim, RunRow, RunStatus};
 use crate::engine::events::{Envelope, Events};
 use crate::engine::{EngineError, RunOutcome, Status};
@@ -549,13 +549,16 @@ async fn execute<S: Send + Sync + 'static>(
                 RunsError::Engine(e) => e,
                 other => EngineError::Incompatible(other.to_string()),
             });
-            let _ = log(seq, &[end_record(&outcome)]);
+            let body = end_record(&outcome);
             let _ = queue.finish(
                 &run_id,
                 &worker_id,
-                RunStatus::Error,
-                Some(&error),
-                &crate::clock::now(),
+                Ended {
+                    status: RunStatus::Error,
+                    error: Some(&error),
+                    at: &crate::clock::now(),
+                    record: Some((seq, &body)),
+                },
             );
             return;
         }
@@ -611,10 +614,14 @@ async fn execute<S: Send + Sync + 'static>(
     }
     let status = run_status(&outcome);
     let error = super::start::end_error(&outcome);
-    if let Err(e) = log(seq, &[end_record(&outcome)]) {
-        tracing::warn!(run_id, error = %e, "a run's end could not be logged");
-    }
-    if let Err(e) = queue.finish(&run_id, &worker_id, status, error.as_ref(), &crate::clock::now()) {
+    let body = end_record(&outcome);
+    let end = Ended {
+        status,
+        error: error.as_ref(),
+        at: &crate::clock::now(),
+        record: Some((seq, &body)),
+    };
+    if let Err(e) = queue.finish(&run_id, &worker_id, end) {
         tracing::warn!(run_id, error = %e, "a run's end could not be recorded");
     }
 }
