@@ -1,7 +1,8 @@
 //! Checkpoint storage: one conformance suite, run against every [`Checkpointer`] (memory, and
-//! SQLite at both durability levels), then what only SQLite promises — surviving a reopen,
-//! group commit, readers that never see SQLITE_BUSY, the synchronous pragma, and storage that
-//! grows with what changed rather than with steps × state size.
+//! SQLite at both durability levels), the run store through its trait on each backend across
+//! openings, then what only SQLite promises — surviving a reopen, group commit, readers that
+//! never see SQLITE_BUSY, the synchronous pragma, and storage that grows with what changed
+//! rather than with steps × state size.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,7 @@ use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
 use runner::checkpoint::{
     CacheEntry, CacheStore, Checkpoint, CheckpointError, Checkpointer, Durability, Fence, LeaseClaim, PendingWrite,
-    Put, TaskSpec, Thread, ThreadHead, ThreadStatus, new_id,
+    Put, RunRow, RunStatus, RunStore, TaskSpec, Thread, ThreadHead, ThreadMeta, ThreadStatus, new_id,
 };
 use serde_json::{Map, Value, json};
 
@@ -962,6 +963,174 @@ conformance!(
     sqlite_power_safe,
     super::sqlite(runner::checkpoint::Durability::PowerSafe)
 );
+
+// ---------------------------------------------------------------------------------------------
+// Runs and thread metadata, through the public `RunStore` trait, on every backend: what one
+// opening stores, the next reads, changes and deletes, and the one after sees.
+
+fn run_row(id: &str, thread: &str, status: RunStatus) -> RunRow {
+    RunRow {
+        run_id: id.into(),
+        thread_id: thread.into(),
+        assistant_id: "agent".into(),
+        status,
+        created_at: "2020-01-01T10:00:00.000Z".into(),
+        updated_at: "2020-01-01T10:00:00.000Z".into(),
+        kwargs: json!({"input": {"x": 1, "text": "naïve ✓"}, "stream_mode": ["values"]}),
+        multitask_strategy: "reject".into(),
+        metadata: json!({"who": "me"}),
+        error: None,
+        event_ids: 0,
+    }
+}
+
+fn meta(thread_id: &str, metadata: Value) -> ThreadMeta {
+    ThreadMeta {
+        thread_id: thread_id.into(),
+        created_at: "2020-01-01T09:00:00.000Z".into(),
+        updated_at: "2020-01-01T09:30:00.000Z".into(),
+        metadata,
+    }
+}
+
+fn run_ids(runs: Vec<RunRow>) -> Vec<String> {
+    runs.into_iter().map(|r| r.run_id).collect()
+}
+
+fn metas(store: &dyn RunStore) -> Vec<(String, Value)> {
+    let mut all: Vec<_> = store
+        .list_thread_meta()
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.thread_id, m.metadata))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all
+}
+
+fn runs_fill(store: &dyn RunStore) {
+    store.put_run(&run_row("r1", "t1", RunStatus::Running)).unwrap();
+    store.put_run(&run_row("r2", "t1", RunStatus::Pending)).unwrap();
+    store.put_run(&run_row("r3", "t2", RunStatus::Success)).unwrap();
+    store.put_run(&run_row("r4", "t3", RunStatus::Pending)).unwrap();
+    let mut replaced = run_row("r3", "t2", RunStatus::Success);
+    replaced.metadata = json!({"who": "you"});
+    store.put_run(&replaced).unwrap();
+    store
+        .set_run_status(
+            "r2",
+            RunStatus::Error,
+            Some(&json!({"error": "E", "message": "boom"})),
+            "later",
+        )
+        .unwrap();
+    store.set_run_status("gone", RunStatus::Success, None, "x").unwrap();
+    store.reserve_event_ids("r1", 1000).unwrap();
+    store.reserve_event_ids("r1", 10).unwrap();
+    store.reserve_event_ids("gone", 10).unwrap();
+
+    assert!(store.create_thread_meta(&meta("t1", json!({"graph_id": "g"}))).unwrap());
+    assert!(
+        !store
+            .create_thread_meta(&meta("t1", json!({"graph_id": "other"})))
+            .unwrap(),
+        "created once"
+    );
+    store.put_thread_meta(&meta("t2", json!({"a": 1}))).unwrap();
+    store.put_thread_meta(&meta("t2", json!({"a": 2}))).unwrap();
+    assert!(store.create_thread_meta(&meta("t3", json!({}))).unwrap());
+}
+
+fn runs_verify(store: &dyn RunStore) {
+    let r1 = store.get_run("r1").unwrap().unwrap();
+    let mut expected = run_row("r1", "t1", RunStatus::Running);
+    expected.event_ids = 1000;
+    assert_eq!(r1, expected, "every field kept; event ids never lowered");
+    let r2 = store.get_run("r2").unwrap().unwrap();
+    assert_eq!(
+        (r2.status, r2.error, r2.updated_at.as_str(), r2.created_at.as_str()),
+        (
+            RunStatus::Error,
+            Some(json!({"error": "E", "message": "boom"})),
+            "later",
+            "2020-01-01T10:00:00.000Z"
+        )
+    );
+    assert_eq!(store.get_run("r3").unwrap().unwrap().metadata, json!({"who": "you"}));
+    assert_eq!(
+        store.get_run("gone").unwrap(),
+        None,
+        "a status set on no run makes none"
+    );
+
+    assert_eq!(run_ids(store.list_runs(Some("t1"), &[]).unwrap()), ["r1", "r2"]);
+    assert_eq!(run_ids(store.list_runs(None, &[]).unwrap()), ["r1", "r2", "r3", "r4"]);
+    assert_eq!(
+        run_ids(
+            store
+                .list_runs(None, &[RunStatus::Running, RunStatus::Pending])
+                .unwrap()
+        ),
+        ["r1", "r4"]
+    );
+    assert_eq!(
+        run_ids(store.list_runs(Some("t2"), &[RunStatus::Running]).unwrap()),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        run_ids(store.list_runs(Some("nope"), &[]).unwrap()),
+        Vec::<String>::new()
+    );
+
+    assert_eq!(
+        store.get_thread_meta("t1").unwrap(),
+        Some(meta("t1", json!({"graph_id": "g"})))
+    );
+    assert_eq!(store.get_thread_meta("nope").unwrap(), None);
+    assert_eq!(
+        metas(store),
+        [
+            ("t1".to_string(), json!({"graph_id": "g"})),
+            ("t2".to_string(), json!({"a": 2})),
+            ("t3".to_string(), json!({}))
+        ]
+    );
+
+    assert!(store.delete_run("r3").unwrap());
+    assert!(!store.delete_run("r3").unwrap());
+    store.delete_thread_meta("t1").unwrap();
+    store.delete_thread_meta("nope").unwrap();
+}
+
+/// After `runs_verify`'s deletes: the thread's runs went with its metadata, nothing else did.
+fn runs_after_deletes(store: &dyn RunStore) {
+    assert_eq!(run_ids(store.list_runs(None, &[]).unwrap()), ["r4"]);
+    assert_eq!(store.get_run("r1").unwrap(), None);
+    assert_eq!(store.get_thread_meta("t1").unwrap(), None);
+    assert_eq!(
+        metas(store),
+        [("t2".to_string(), json!({"a": 2})), ("t3".to_string(), json!({}))]
+    );
+    assert!(store.create_thread_meta(&meta("t1", json!({"again": true}))).unwrap());
+}
+
+#[test]
+fn memory_run_store() {
+    let store = MemoryCheckpointer::new();
+    runs_fill(&store);
+    runs_verify(&store);
+    runs_after_deletes(&store);
+}
+
+#[test]
+fn sqlite_run_store_across_openings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let open = || SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap();
+    runs_fill(&open());
+    runs_verify(&open());
+    runs_after_deletes(&open());
+}
 
 // ---------------------------------------------------------------------------------------------
 // SQLite only.
