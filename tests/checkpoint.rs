@@ -1,20 +1,27 @@
 //! Checkpoint storage: one conformance suite, run against every [`Checkpointer`] (memory, and
-//! SQLite at both durability levels), the run store through its trait on each backend across
-//! openings, then what only SQLite promises — surviving a reopen, group commit, readers that
-//! never see SQLITE_BUSY, the synchronous pragma, and storage that grows with what changed
-//! rather than with steps × state size.
+//! SQLite and PostgreSQL at both durability levels), the run store through its trait on each
+//! backend across openings, then what only SQLite promises — surviving a reopen, group commit,
+//! readers that never see SQLITE_BUSY, the synchronous pragma, and storage that grows with what
+//! changed rather than with steps × state size — and what PostgreSQL does: one lease among
+//! processes' connections, data that outlives the store, a schema that is a store of its own.
+//!
+//! PostgreSQL is a real server on loopback, shared by the tests (`support/postgres.rs`); each
+//! store is opened on a schema of its own, so every test starts empty.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
 use runner::checkpoint::memory::MemoryCheckpointer;
+use runner::checkpoint::postgres::PostgresCheckpointer;
 use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
 use runner::checkpoint::{
     CacheEntry, CacheStore, Checkpoint, CheckpointError, Checkpointer, Durability, Fence, LeaseClaim, PendingWrite,
     Put, RunRow, RunStatus, RunStore, TaskSpec, Thread, ThreadHead, ThreadMeta, ThreadStatus, new_id,
 };
 use serde_json::{Map, Value, json};
+
+use crate::support::postgres::fresh_url;
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures.
@@ -912,6 +919,16 @@ fn sqlite(durability: Durability) -> Backend {
     }
 }
 
+fn postgres(durability: Durability) -> Backend {
+    let cp = Arc::new(PostgresCheckpointer::open(&fresh_url(), durability).unwrap());
+    let counted = Arc::clone(&cp);
+    Backend {
+        cp,
+        value_rows: Box::new(move || counted.value_rows().unwrap()),
+        _dir: None,
+    }
+}
+
 macro_rules! conformance {
     ($name:ident, $backend:expr) => {
         conformance!(
@@ -962,6 +979,14 @@ conformance!(
 conformance!(
     sqlite_power_safe,
     super::sqlite(runner::checkpoint::Durability::PowerSafe)
+);
+conformance!(
+    postgres_crash_safe,
+    super::postgres(runner::checkpoint::Durability::CrashSafe)
+);
+conformance!(
+    postgres_power_safe,
+    super::postgres(runner::checkpoint::Durability::PowerSafe)
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -1127,6 +1152,15 @@ fn sqlite_run_store_across_openings() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("runs.db");
     let open = || SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap();
+    runs_fill(&open());
+    runs_verify(&open());
+    runs_after_deletes(&open());
+}
+
+#[test]
+fn postgres_run_store_across_openings() {
+    let url = fresh_url();
+    let open = || PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
     runs_fill(&open());
     runs_verify(&open());
     runs_after_deletes(&open());
@@ -1718,4 +1752,79 @@ fn sqlite_a_long_text_is_stored_once_wherever_it_is_held() {
     assert_eq!(cp.value("f", "doc", 1).unwrap(), json!(text));
     cp.delete_thread("f").unwrap();
     assert_eq!(blobs(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL only.
+
+/// Four processes' worth of stores (each its own pool) on one schema, two claimants each, in
+/// several rounds: exactly one holds each lease.
+#[test]
+fn postgres_one_lease_among_racing_claimants() {
+    let url = fresh_url();
+    let stores: Vec<_> = (0..4)
+        .map(|_| Arc::new(PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap()))
+        .collect();
+    for round in 0..5 {
+        let barrier = Arc::new(Barrier::new(stores.len() * 2));
+        let handles: Vec<_> = stores
+            .iter()
+            .flat_map(|s| [s.clone(), s.clone()])
+            .enumerate()
+            .map(|(i, s)| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    s.acquire_lease(&claim(&format!("race-{round}"), &format!("owner-{i}"), 60_000))
+                        .is_ok()
+                })
+            })
+            .collect();
+        let granted = handles.into_iter().map(|h| h.join().unwrap()).filter(|g| *g).count();
+        assert_eq!(granted, 1, "round {round}");
+    }
+}
+
+#[test]
+fn postgres_data_survives_reopening() {
+    let url = fresh_url();
+    let (cs, thread_before, writes_before, rows_before) = {
+        let cp = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        let cs = three_steps(&cp, "t");
+        cp.put_writes("t", &cs[2].checkpoint_id, &[write("x", 0, "a", json!({"k": [1, 2]}))])
+            .unwrap();
+        cp.set_status("t", ThreadStatus::Interrupted).unwrap();
+        cp.fork("t", &cs[1].checkpoint_id, "f").unwrap();
+        let thread = cp.get_thread("t").unwrap().unwrap();
+        let writes = cp.get_writes("t", &cs[2].checkpoint_id).unwrap();
+        (cs, thread, writes, cp.value_rows().unwrap())
+        // Dropped here: its connections close.
+    };
+    let cp = PostgresCheckpointer::open(&url, Durability::PowerSafe).unwrap();
+    assert_eq!(cp.get_thread("t").unwrap(), Some(thread_before));
+    assert_eq!(cp.history("t").unwrap(), cs.iter().rev().cloned().collect::<Vec<_>>());
+    assert_eq!(
+        cp.state("t", &cs[2].versions).unwrap(),
+        obj(json!({"a": "a3", "b": ["b1"]}))
+    );
+    assert_eq!(cp.get_writes("t", &cs[2].checkpoint_id).unwrap(), writes_before);
+    assert_eq!(thread_ids(&cp.list_threads().unwrap()), ["f", "t"]);
+    assert_eq!(cp.history("f").unwrap().len(), 1, "the fork's checkpoint");
+    assert!(rows_before > 0);
+    assert_eq!(cp.value_rows().unwrap(), rows_before);
+}
+
+/// The `schema` of the URL is the store: another schema on the same database sees nothing of
+/// it, and the same schema opened again sees all of it.
+#[test]
+fn postgres_a_schema_is_a_store_of_its_own() {
+    let url = fresh_url();
+    let a = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+    three_steps(&a, "t");
+    let b = PostgresCheckpointer::open(&fresh_url(), Durability::CrashSafe).unwrap();
+    assert_eq!(b.list_threads().unwrap(), vec![]);
+    assert_eq!(b.get_checkpoint("t", None).unwrap(), None);
+    b.create_thread(&thread("t")).unwrap();
+    let again = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+    assert_eq!(again.history("t").unwrap().len(), 3);
 }
