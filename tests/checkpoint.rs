@@ -1,19 +1,27 @@
 //! Checkpoint storage: one conformance suite, run against every [`Checkpointer`] (memory, and
-//! SQLite at both durability levels), then what only SQLite promises — surviving a reopen,
-//! group commit, readers that never see SQLITE_BUSY, the synchronous pragma, and storage that
-//! grows with what changed rather than with steps × state size.
+//! SQLite and PostgreSQL at both durability levels), the run store through its trait on each
+//! backend across openings, then what only SQLite promises — surviving a reopen, group commit,
+//! readers that never see SQLITE_BUSY, the synchronous pragma, and storage that grows with what
+//! changed rather than with steps × state size — and what PostgreSQL does: one lease among
+//! processes' connections, data that outlives the store, a schema that is a store of its own.
+//!
+//! PostgreSQL is a real server on loopback, shared by the tests (`support/postgres.rs`); each
+//! store is opened on a schema of its own, so every test starts empty.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
 use runner::checkpoint::memory::MemoryCheckpointer;
+use runner::checkpoint::postgres::PostgresCheckpointer;
 use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
 use runner::checkpoint::{
     CacheEntry, CacheStore, Checkpoint, CheckpointError, Checkpointer, Durability, Fence, LeaseClaim, PendingWrite,
-    Put, TaskSpec, Thread, ThreadHead, ThreadStatus, new_id,
+    Put, RunRow, RunStatus, RunStore, TaskSpec, Thread, ThreadHead, ThreadMeta, ThreadStatus, new_id,
 };
 use serde_json::{Map, Value, json};
+
+use crate::support::postgres::fresh_url;
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures.
@@ -911,6 +919,16 @@ fn sqlite(durability: Durability) -> Backend {
     }
 }
 
+fn postgres(durability: Durability) -> Backend {
+    let cp = Arc::new(PostgresCheckpointer::open(&fresh_url(), durability).unwrap());
+    let counted = Arc::clone(&cp);
+    Backend {
+        cp,
+        value_rows: Box::new(move || counted.value_rows().unwrap()),
+        _dir: None,
+    }
+}
+
 macro_rules! conformance {
     ($name:ident, $backend:expr) => {
         conformance!(
@@ -962,6 +980,191 @@ conformance!(
     sqlite_power_safe,
     super::sqlite(runner::checkpoint::Durability::PowerSafe)
 );
+conformance!(
+    postgres_crash_safe,
+    super::postgres(runner::checkpoint::Durability::CrashSafe)
+);
+conformance!(
+    postgres_power_safe,
+    super::postgres(runner::checkpoint::Durability::PowerSafe)
+);
+
+// ---------------------------------------------------------------------------------------------
+// Runs and thread metadata, through the public `RunStore` trait, on every backend: what one
+// opening stores, the next reads, changes and deletes, and the one after sees.
+
+fn run_row(id: &str, thread: &str, status: RunStatus) -> RunRow {
+    RunRow {
+        run_id: id.into(),
+        thread_id: thread.into(),
+        assistant_id: "agent".into(),
+        status,
+        created_at: "2020-01-01T10:00:00.000Z".into(),
+        updated_at: "2020-01-01T10:00:00.000Z".into(),
+        kwargs: json!({"input": {"x": 1, "text": "naïve ✓"}, "stream_mode": ["values"]}),
+        multitask_strategy: "reject".into(),
+        metadata: json!({"who": "me"}),
+        error: None,
+        event_ids: 0,
+    }
+}
+
+fn meta(thread_id: &str, metadata: Value) -> ThreadMeta {
+    ThreadMeta {
+        thread_id: thread_id.into(),
+        created_at: "2020-01-01T09:00:00.000Z".into(),
+        updated_at: "2020-01-01T09:30:00.000Z".into(),
+        metadata,
+    }
+}
+
+fn run_ids(runs: Vec<RunRow>) -> Vec<String> {
+    runs.into_iter().map(|r| r.run_id).collect()
+}
+
+fn metas(store: &dyn RunStore) -> Vec<(String, Value)> {
+    let mut all: Vec<_> = store
+        .list_thread_meta()
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.thread_id, m.metadata))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all
+}
+
+fn runs_fill(store: &dyn RunStore) {
+    store.put_run(&run_row("r1", "t1", RunStatus::Running)).unwrap();
+    store.put_run(&run_row("r2", "t1", RunStatus::Pending)).unwrap();
+    store.put_run(&run_row("r3", "t2", RunStatus::Success)).unwrap();
+    store.put_run(&run_row("r4", "t3", RunStatus::Pending)).unwrap();
+    let mut replaced = run_row("r3", "t2", RunStatus::Success);
+    replaced.metadata = json!({"who": "you"});
+    store.put_run(&replaced).unwrap();
+    store
+        .set_run_status(
+            "r2",
+            RunStatus::Error,
+            Some(&json!({"error": "E", "message": "boom"})),
+            "later",
+        )
+        .unwrap();
+    store.set_run_status("gone", RunStatus::Success, None, "x").unwrap();
+    store.reserve_event_ids("r1", 1000).unwrap();
+    store.reserve_event_ids("r1", 10).unwrap();
+    store.reserve_event_ids("gone", 10).unwrap();
+
+    assert!(store.create_thread_meta(&meta("t1", json!({"graph_id": "g"}))).unwrap());
+    assert!(
+        !store
+            .create_thread_meta(&meta("t1", json!({"graph_id": "other"})))
+            .unwrap(),
+        "created once"
+    );
+    store.put_thread_meta(&meta("t2", json!({"a": 1}))).unwrap();
+    store.put_thread_meta(&meta("t2", json!({"a": 2}))).unwrap();
+    assert!(store.create_thread_meta(&meta("t3", json!({}))).unwrap());
+}
+
+fn runs_verify(store: &dyn RunStore) {
+    let r1 = store.get_run("r1").unwrap().unwrap();
+    let mut expected = run_row("r1", "t1", RunStatus::Running);
+    expected.event_ids = 1000;
+    assert_eq!(r1, expected, "every field kept; event ids never lowered");
+    let r2 = store.get_run("r2").unwrap().unwrap();
+    assert_eq!(
+        (r2.status, r2.error, r2.updated_at.as_str(), r2.created_at.as_str()),
+        (
+            RunStatus::Error,
+            Some(json!({"error": "E", "message": "boom"})),
+            "later",
+            "2020-01-01T10:00:00.000Z"
+        )
+    );
+    assert_eq!(store.get_run("r3").unwrap().unwrap().metadata, json!({"who": "you"}));
+    assert_eq!(
+        store.get_run("gone").unwrap(),
+        None,
+        "a status set on no run makes none"
+    );
+
+    assert_eq!(run_ids(store.list_runs(Some("t1"), &[]).unwrap()), ["r1", "r2"]);
+    assert_eq!(run_ids(store.list_runs(None, &[]).unwrap()), ["r1", "r2", "r3", "r4"]);
+    assert_eq!(
+        run_ids(
+            store
+                .list_runs(None, &[RunStatus::Running, RunStatus::Pending])
+                .unwrap()
+        ),
+        ["r1", "r4"]
+    );
+    assert_eq!(
+        run_ids(store.list_runs(Some("t2"), &[RunStatus::Running]).unwrap()),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        run_ids(store.list_runs(Some("nope"), &[]).unwrap()),
+        Vec::<String>::new()
+    );
+
+    assert_eq!(
+        store.get_thread_meta("t1").unwrap(),
+        Some(meta("t1", json!({"graph_id": "g"})))
+    );
+    assert_eq!(store.get_thread_meta("nope").unwrap(), None);
+    assert_eq!(
+        metas(store),
+        [
+            ("t1".to_string(), json!({"graph_id": "g"})),
+            ("t2".to_string(), json!({"a": 2})),
+            ("t3".to_string(), json!({}))
+        ]
+    );
+
+    assert!(store.delete_run("r3").unwrap());
+    assert!(!store.delete_run("r3").unwrap());
+    store.delete_thread_meta("t1").unwrap();
+    store.delete_thread_meta("nope").unwrap();
+}
+
+/// After `runs_verify`'s deletes: the thread's runs went with its metadata, nothing else did.
+fn runs_after_deletes(store: &dyn RunStore) {
+    assert_eq!(run_ids(store.list_runs(None, &[]).unwrap()), ["r4"]);
+    assert_eq!(store.get_run("r1").unwrap(), None);
+    assert_eq!(store.get_thread_meta("t1").unwrap(), None);
+    assert_eq!(
+        metas(store),
+        [("t2".to_string(), json!({"a": 2})), ("t3".to_string(), json!({}))]
+    );
+    assert!(store.create_thread_meta(&meta("t1", json!({"again": true}))).unwrap());
+}
+
+#[test]
+fn memory_run_store() {
+    let store = MemoryCheckpointer::new();
+    runs_fill(&store);
+    runs_verify(&store);
+    runs_after_deletes(&store);
+}
+
+#[test]
+fn sqlite_run_store_across_openings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let open = || SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap();
+    runs_fill(&open());
+    runs_verify(&open());
+    runs_after_deletes(&open());
+}
+
+#[test]
+fn postgres_run_store_across_openings() {
+    let url = fresh_url();
+    let open = || PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+    runs_fill(&open());
+    runs_verify(&open());
+    runs_after_deletes(&open());
+}
 
 // ---------------------------------------------------------------------------------------------
 // SQLite only.
@@ -1549,4 +1752,79 @@ fn sqlite_a_long_text_is_stored_once_wherever_it_is_held() {
     assert_eq!(cp.value("f", "doc", 1).unwrap(), json!(text));
     cp.delete_thread("f").unwrap();
     assert_eq!(blobs(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL only.
+
+/// Four processes' worth of stores (each its own pool) on one schema, two claimants each, in
+/// several rounds: exactly one holds each lease.
+#[test]
+fn postgres_one_lease_among_racing_claimants() {
+    let url = fresh_url();
+    let stores: Vec<_> = (0..4)
+        .map(|_| Arc::new(PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap()))
+        .collect();
+    for round in 0..5 {
+        let barrier = Arc::new(Barrier::new(stores.len() * 2));
+        let handles: Vec<_> = stores
+            .iter()
+            .flat_map(|s| [s.clone(), s.clone()])
+            .enumerate()
+            .map(|(i, s)| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    s.acquire_lease(&claim(&format!("race-{round}"), &format!("owner-{i}"), 60_000))
+                        .is_ok()
+                })
+            })
+            .collect();
+        let granted = handles.into_iter().map(|h| h.join().unwrap()).filter(|g| *g).count();
+        assert_eq!(granted, 1, "round {round}");
+    }
+}
+
+#[test]
+fn postgres_data_survives_reopening() {
+    let url = fresh_url();
+    let (cs, thread_before, writes_before, rows_before) = {
+        let cp = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        let cs = three_steps(&cp, "t");
+        cp.put_writes("t", &cs[2].checkpoint_id, &[write("x", 0, "a", json!({"k": [1, 2]}))])
+            .unwrap();
+        cp.set_status("t", ThreadStatus::Interrupted).unwrap();
+        cp.fork("t", &cs[1].checkpoint_id, "f").unwrap();
+        let thread = cp.get_thread("t").unwrap().unwrap();
+        let writes = cp.get_writes("t", &cs[2].checkpoint_id).unwrap();
+        (cs, thread, writes, cp.value_rows().unwrap())
+        // Dropped here: its connections close.
+    };
+    let cp = PostgresCheckpointer::open(&url, Durability::PowerSafe).unwrap();
+    assert_eq!(cp.get_thread("t").unwrap(), Some(thread_before));
+    assert_eq!(cp.history("t").unwrap(), cs.iter().rev().cloned().collect::<Vec<_>>());
+    assert_eq!(
+        cp.state("t", &cs[2].versions).unwrap(),
+        obj(json!({"a": "a3", "b": ["b1"]}))
+    );
+    assert_eq!(cp.get_writes("t", &cs[2].checkpoint_id).unwrap(), writes_before);
+    assert_eq!(thread_ids(&cp.list_threads().unwrap()), ["f", "t"]);
+    assert_eq!(cp.history("f").unwrap().len(), 1, "the fork's checkpoint");
+    assert!(rows_before > 0);
+    assert_eq!(cp.value_rows().unwrap(), rows_before);
+}
+
+/// The `schema` of the URL is the store: another schema on the same database sees nothing of
+/// it, and the same schema opened again sees all of it.
+#[test]
+fn postgres_a_schema_is_a_store_of_its_own() {
+    let url = fresh_url();
+    let a = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+    three_steps(&a, "t");
+    let b = PostgresCheckpointer::open(&fresh_url(), Durability::CrashSafe).unwrap();
+    assert_eq!(b.list_threads().unwrap(), vec![]);
+    assert_eq!(b.get_checkpoint("t", None).unwrap(), None);
+    b.create_thread(&thread("t")).unwrap();
+    let again = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+    assert_eq!(again.history("t").unwrap().len(), 3);
 }

@@ -27,6 +27,7 @@ mod invalid;
 mod kinds;
 mod loader_props;
 mod mcp;
+mod postgres;
 mod pptx;
 mod props;
 mod providers;

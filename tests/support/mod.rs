@@ -1,10 +1,12 @@
 //! Support code shared by the integration tests, compiled once: fake servers on loopback, the
-//! thread each of them is served from, and projects in temporary directories.
+//! thread each of them is served from, a real PostgreSQL (`postgres.rs`), and projects in
+//! temporary directories.
 
 pub(crate) mod fake_llm;
 pub(crate) mod fake_rerank;
 pub(crate) mod fake_web;
 pub(crate) mod install;
+pub(crate) mod postgres;
 mod project;
 
 pub(crate) use project::Project;
