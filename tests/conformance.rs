@@ -62,3 +62,34 @@ fn langgraph_clients_see_what_the_reference_server_shows() {
     );
     assert!(said.contains("conformance: passed"), "{said}");
 }
+
+/// The same scenarios through LangGraph's Python client, with runner on PostgreSQL and its runs
+/// executed apart from the API: a server of the API only (`--workers 0`) and two `runner
+/// worker` processes. Every run a client makes executes on another process than the one it
+/// talks to, and the clients see what the reference server shows.
+#[test]
+fn langgraph_clients_see_the_same_when_runs_execute_on_workers_apart() {
+    let python = reference_venv();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance-postgres");
+    let run = Command::new(python)
+        .arg(suite().join("run.py"))
+        .arg("--runner")
+        .arg(env!("CARGO_BIN_EXE_runner"))
+        .arg("--postgres")
+        .arg(super::support::postgres::fresh_url())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        run.status.success(),
+        "the conformance suite on PostgreSQL failed (its servers' and workers' logs and each side's answers are in {}):\n{said}",
+        out.display()
+    );
+    assert!(said.contains("conformance: passed"), "{said}");
+}

@@ -38,6 +38,7 @@ mod serve_api;
 mod serve_conn;
 mod serve_routes;
 mod serve_seeds;
+mod serve_shared;
 mod serve_stop;
 mod tools;
 mod trace;

@@ -62,13 +62,14 @@ class Server:
         wait_ok(self.url, self.proc, self.log)
 
     def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        for proc in [self.proc, *getattr(self, "workers", [])]:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
 
 
 def start_reference(out: Path) -> Server:
@@ -89,14 +90,27 @@ def start_reference(out: Path) -> Server:
     return Server("reference", cmd, work, env, out)
 
 
-def start_runner(runner: str, out: Path) -> Server:
+def start_runner(runner: str, out: Path, postgres: str | None = None) -> Server:
+    """runner serve on a SQLite file; or, given a PostgreSQL URL, a server of the API only
+    (`--workers 0`) and two `runner worker` processes beside it, so every run executes on
+    another process than the one its client talks to."""
     db = out / "runner.db"
     for f in [*out.glob("runner.db*"), *out.glob("data.db*")]:
         f.unlink()
-    cmd = [runner, "serve", str(HERE / "workflows"), "--mock", str(HERE / "mock.yaml"), "--db", str(db),
-           "--data-db", str(out / "data.db"), "--port", str(free_port())]
+    common = [str(HERE / "workflows"), "--mock", str(HERE / "mock.yaml"), "--db", postgres or str(db),
+              "--data-db", str(out / "data.db")]
+    cmd = [runner, "serve", *common, "--port", str(free_port())]
+    if postgres:
+        cmd += ["--workers", "0"]
     env = dict(os.environ, RUNNER_LOG="runner=warn", RUNNER_NO_CACHE="1")
-    return Server("runner", cmd, out, env, out)
+    server = Server("runner", cmd, out, env, out)
+    server.workers = []
+    if postgres:
+        for i in range(2):
+            with open(out / f"worker-{i}.log", "w") as log:
+                server.workers.append(subprocess.Popen([runner, "worker", *common, "--workers", "16"], cwd=out, env=env,
+                                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    return server
 
 
 def drive(sdk: str, server: Server, scenarios: Path, out: Path, only, js_dir) -> subprocess.Popen:
@@ -132,6 +146,7 @@ def main() -> int:
     ap.add_argument("--flows", action="store_true", help="also run agent-chat-ui's flows (flows.mjs, needs --js)")
     ap.add_argument("--out", default=str(HERE.parent.parent / "target" / "conformance"))
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--postgres", help="a PostgreSQL URL: runner serves the API only and two workers run the runs")
     args = ap.parse_args()
     if args.js:
         js = Path(args.js).resolve()
@@ -155,7 +170,7 @@ def main() -> int:
     try:
         for sdk in sdks:
             (out / sdk).mkdir(exist_ok=True)
-            pairs[sdk] = [start_reference(out / sdk), start_runner(args.runner, out / sdk)]
+            pairs[sdk] = [start_reference(out / sdk), start_runner(args.runner, out / sdk, args.postgres)]
         print(f"servers up in {time.monotonic() - started:.1f} s", flush=True)
         procs = [(sdk, s, drive(sdk, s, scenarios, out, args.only, args.js)) for sdk in sdks for s in pairs[sdk]]
         for sdk, s, p in procs:
