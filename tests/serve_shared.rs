@@ -345,3 +345,247 @@ fn an_api_only_server_and_a_worker_need_a_shared_database() {
     assert!(!out.status.success());
     assert!(said.contains("PostgreSQL"), "{said}");
 }
+
+/// The chaos test: three workers (one with a pool of two connections for its eight runs at
+/// once, so it waits for connections all along), two servers of the API only, and threads that
+/// fan out to three slow model calls, stop at a gate answered through the other server, and
+/// finish with one more call. Meanwhile a random worker is killed outright every second
+/// and another started, every connection of runner's is terminated once
+/// (`pg_terminate_backend`) and PostgreSQL is restarted once. Every run ends once, with what one
+/// process alone makes of it; no task whose end was logged runs again; every stream reads
+/// back whole, its ids without a gap.
+#[test]
+fn runs_end_once_with_their_single_process_result_while_workers_die_and_the_database_restarts() {
+    const THREADS: usize = 40;
+    let pg = postgres::Server::start();
+    let db = pg.fresh_url();
+    let dir = workflows();
+    std::fs::write(
+        dir.path().join("workflows/chaos.yaml"),
+        r#"name: chaos
+models: {default: {provider: mock, model: m}}
+input: {type: object, properties: {items: {type: array}}}
+state:
+  done: {type: array, reducer: append, default: []}
+  verdict: {type: string, default: ""}
+nodes:
+  work:
+    kind: llm
+    prompt: {text: "Work on {{ item }}"}
+    update: {done: "[item ~ ':' ~ output]"}
+  review:
+    kind: interrupt
+    message: "Accept?"
+    response: {type: object, required: [action], properties: {action: {type: string}}}
+    update: {verdict: output.action}
+  finish:
+    kind: llm
+    prompt: {text: "Finish"}
+    update: {verdict: "state.verdict ~ '+' ~ output"}
+edges:
+  - {from: START, send: {to: work, foreach: "input['items']", as: item}}
+  - work -> review
+  - review -> finish
+  - finish -> END
+"#,
+    )
+    .unwrap();
+    let script = dir.path().join("chaos.mock.yaml");
+    std::fs::write(
+        &script,
+        "match:\n  - {contains: \"Work on\", reply: {text: ok, delay: 0.4}}\n  - {contains: \"Finish\", reply: {text: fin, delay: 0.3}}\n",
+    )
+    .unwrap();
+    let spawn_worker = |db: &str| -> Worker {
+        let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
+            .current_dir(dir.path())
+            .args(["worker", "workflows", "--db", db, "--lease-ttl", "1", "--workers", "8"])
+            .arg("--mock")
+            .arg(&script)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while !line.starts_with("working:") {
+            line.clear();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "runner worker ended before working"
+            );
+        }
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        Worker(child)
+    };
+    let starved = format!("{db}&pool_size=2");
+    let workers = std::sync::Arc::new(std::sync::Mutex::new(vec![
+        spawn_worker(&db),
+        spawn_worker(&db),
+        spawn_worker(&starved),
+    ]));
+    let api_on = |db: &str| {
+        let (child, base, _) = spawn(
+            dir.path(),
+            &dir.path().join("workflows"),
+            &script,
+            &["--db", db, "--workers", "0", "--lease-ttl", "1"],
+            &[],
+        );
+        Server { child, base, dir: None }
+    };
+    let (a, b) = (api_on(&db), api_on(&db));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let chaos = {
+        let (workers, done, db, admin) = (workers.clone(), done.clone(), db.clone(), pg.admin_url());
+        let pg = &pg;
+        move || {
+            let mut round = 0u64;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_secs(1));
+                round += 1;
+                match round {
+                    2 => {
+                        postgres::query(
+                            &admin,
+                            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                             WHERE application_name = 'runner' AND pid <> pg_backend_pid()",
+                        )
+                        .unwrap();
+                    }
+                    4 => pg.restart(),
+                    _ => {
+                        let mut w = workers.lock().unwrap();
+                        let victim = (round as usize * 7) % w.len();
+                        let _ = w[victim].0.kill();
+                        let _ = w[victim].0.wait();
+                        w[victim] = spawn_worker(&db);
+                    }
+                }
+            }
+            round
+        }
+    };
+    // The chaos stops however the runs end (an assertion that fails among them included).
+    struct Stop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let ended = std::thread::scope(|scope| {
+        let rounds = scope.spawn(chaos);
+        let stop = Stop(done.clone());
+        let ended = rt().block_on(async {
+            let mut runs = Vec::new();
+            for i in 0..THREADS {
+                let (a, b) = (a.base.clone(), b.base.clone());
+                runs.push(tokio::spawn(async move {
+                    // Started over eight seconds, so the chaos meets runs at every stage.
+                    tokio::time::sleep(Duration::from_millis(200 * i as u64)).await;
+                    let thread = format!("c{i}");
+                    let (status, body) = post(
+                        &a,
+                        &format!("/threads/{thread}/runs"),
+                        json!({"assistant_id": "chaos", "if_not_exists": "create",
+                               "input": {"items": ["a", "b", "c"]},
+                               "stream_mode": ["updates"], "stream_resumable": true}),
+                    )
+                    .await;
+                    assert_eq!(status, 200, "{body}");
+                    let first = serde_json::from_str::<Value>(&body).unwrap()["run_id"]
+                        .as_str()
+                        .unwrap()
+                        .to_string();
+                    let run = ended(&b, &thread, &first).await;
+                    assert_eq!(run["status"], "success", "{run}");
+                    // The gate, answered through the other server.
+                    let (status, body) = post(
+                        &b,
+                        &format!("/threads/{thread}/runs"),
+                        json!({"assistant_id": "chaos", "command": {"resume": {"action": "yes"}},
+                               "stream_mode": ["updates"], "stream_resumable": true}),
+                    )
+                    .await;
+                    assert_eq!(status, 200, "{body}");
+                    let second = serde_json::from_str::<Value>(&body).unwrap()["run_id"]
+                        .as_str()
+                        .unwrap()
+                        .to_string();
+                    let run = ended(&a, &thread, &second).await;
+                    assert_eq!(run["status"], "success", "{run}");
+                    let state = get(&a, &format!("/threads/{thread}/state")).await;
+                    // What one process alone makes of the thread.
+                    assert_eq!(
+                        (&state["values"]["done"], &state["values"]["verdict"]),
+                        (&json!(["a:ok", "b:ok", "c:ok"]), &json!("yes+fin")),
+                        "{thread}: {state}"
+                    );
+                    for (run_id, server) in [(&first, &b), (&second, &a)] {
+                        let body = stream(server, &format!("/threads/{thread}/runs/{run_id}/stream"), Some("-1")).await;
+                        let ids: Vec<u64> = body
+                            .lines()
+                            .filter_map(|l| l.strip_prefix("id: "))
+                            .map(|id| id.parse().unwrap())
+                            .collect();
+                        assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "{thread}: {body}");
+                        assert!(!ids.is_empty(), "{thread}: {body}");
+                    }
+                    (thread, first, second)
+                }));
+            }
+            let mut ended = Vec::new();
+            for run in runs {
+                ended.push(run.await.unwrap());
+            }
+            ended
+        });
+        drop(stop);
+        let rounds = rounds.join().unwrap();
+        assert!(
+            rounds >= 4,
+            "the chaos ended after {rounds} rounds: no restart happened"
+        );
+        ended
+    });
+    // From the event logs: each run ended once, and no task whose end was logged ran again
+    // (a task resumed from its stored result ends as `cached`).
+    let rows = postgres::query(
+        &db,
+        "SELECT r.thread_id, e.run_id, e.body FROM run_events e JOIN runs r USING (run_id)",
+    )
+    .unwrap();
+    let mut ends: std::collections::HashMap<String, usize> = Default::default();
+    let mut finished: std::collections::HashMap<(String, String), usize> = Default::default();
+    for row in rows {
+        let (thread, run_id, body) = (
+            row[0].clone().unwrap(),
+            row[1].clone().unwrap(),
+            row[2].clone().unwrap(),
+        );
+        let event: Value = serde_json::from_str(&body).unwrap();
+        match event["type"].as_str() {
+            Some("__end__" | "__failed__") => *ends.entry(run_id).or_default() += 1,
+            Some("node_end") if event["cached"] == false && event.get("outcome").is_none() => {
+                *finished
+                    .entry((thread, event["task_id"].as_str().unwrap().to_string()))
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    for (thread, first, second) in &ended {
+        for run in [first, second] {
+            assert_eq!(
+                ends.get(run),
+                Some(&1),
+                "{thread}: run {run} ended {:?} times",
+                ends.get(run)
+            );
+        }
+    }
+    let twice: Vec<_> = finished.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "tasks that finished and ran again: {twice:?}");
+    // Three work tasks, the gate's answer and the finish, in every thread.
+    assert_eq!(finished.len(), THREADS * 5, "{finished:?}");
+}

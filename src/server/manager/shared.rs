@@ -502,6 +502,20 @@ async fn answer_cancels<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>) {
             tokio::spawn(async move {
                 if let Err(e) = m.cancel(&thread_id, &run_id, action, false).await {
                     tracing::warn!(run_id, error = %e, "a cancel asked through the queue failed");
+                    // A rollback that could not be done leaves the run stopped where it was.
+                    if let (super::Cancel::Rollback, Ok(q), Some(worker)) = (action, m.queue(), m.worker_id()) {
+                        let error = json!({"error": "RollbackError", "message": e.to_string()});
+                        let _ = q.finish(
+                            &run_id,
+                            worker,
+                            Ended {
+                                status: RunStatus::Interrupted,
+                                error: Some(&error),
+                                at: &crate::clock::now(),
+                                record: None,
+                            },
+                        );
+                    }
                 }
             });
         }
@@ -610,6 +624,13 @@ async fn execute<S: Send + Sync + 'static>(
         && matches!(&outcome, Ok(o) if o.status == Status::Cancelled);
     if stopped_here {
         let _ = queue.release(&run_id, &worker_id);
+        return;
+    }
+    // A rollback is the cancel's to finish: it takes the thread back, then deletes the run, so
+    // a reader waiting for the run sees it gone, never ended first.
+    if matches!(&outcome, Ok(o) if o.status == Status::Cancelled)
+        && queue.cancel_asked(&run_id).ok().flatten().as_deref() == Some("rollback")
+    {
         return;
     }
     let status = run_status(&outcome);
