@@ -17,6 +17,7 @@ pub mod error_class;
 mod layers;
 pub mod net;
 pub mod nodes;
+pub mod pg;
 pub mod providers;
 pub mod rag;
 pub mod run;

@@ -386,8 +386,8 @@ fn a_bad_setting_names_the_variable_and_the_file_that_set_it() {
     let run = ["run", "echo.yaml", "-i", "word=hi"];
     // The process's variable.
     for args in [&run[..], &["threads"], &["history", "--thread", "t"], &["serve", "."]] {
-        let err = fails(&[("RUNNER_DB", "postgres://u:pw@db.example/runs")], args);
-        assert!(err.contains("error: RUNNER_DB: `postgres://`"), "{args:?}: {err}");
+        let err = fails(&[("RUNNER_DB", "mysql://u:pw@db.example/runs")], args);
+        assert!(err.contains("error: RUNNER_DB: `mysql://`"), "{args:?}: {err}");
         assert!(!err.contains("--db") && !err.contains("pw@"), "{args:?}: {err}");
     }
     let err = fails(&[("RUNNER_DB", "/proc/no/such/dir/runs.db")], &run);

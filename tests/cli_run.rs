@@ -486,7 +486,7 @@ fn set_mode(path: &Path, mode: u32) {
 }
 
 /// A database URL with a scheme runner does not store in is a usage error naming the forms it
-/// takes, not a SQLite file under `./postgres:/…`; `sqlite://PATH` is a path.
+/// takes, not a SQLite file under `./mysql:/…`; `sqlite://PATH` is a path.
 #[test]
 fn a_database_url_runner_does_not_support_is_a_usage_error() {
     let dir = project();
@@ -497,11 +497,11 @@ fn a_database_url_runner_does_not_support_is_a_usage_error() {
         &["state", "--thread", "t1"][..],
     ] {
         let mut args = verb.to_vec();
-        args.extend(["--db", "postgres://user:secret@db.example:5432/runs"]);
+        args.extend(["--db", "mysql://user:secret@db.example:3306/runs"]);
         let out = runner(d, &args);
         assert_eq!(out.status.code(), Some(2), "{verb:?}: {}", stderr(&out));
         let err = stderr(&out);
-        assert!(err.contains("`postgres://` databases are not supported"), "{err}");
+        assert!(err.contains("`mysql://` databases are not supported"), "{err}");
         assert!(err.contains("sqlite://PATH") && err.contains(":memory:"), "{err}");
         assert!(!err.contains("secret"), "{err}");
     }

@@ -21,6 +21,7 @@ mod compile;
 mod conformance;
 mod context;
 mod crash;
+mod data_store;
 mod engine;
 mod handoff;
 mod invalid;

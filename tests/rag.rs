@@ -1,18 +1,17 @@
-//! The data kinds: chunking, the offline embedder, indexes (FTS5 + vectors, re-indexing,
+//! The data kinds: chunking, the offline embedder, indexes (keywords + vectors, re-indexing,
 //! embedder checks), hybrid retrieval with its options and rerankers, long-term memory, load
-//! and save — mostly through the real binary, in a temporary directory.
+//! and save — mostly through the real binary, in a temporary directory. Every case that
+//! indexes, retrieves or stores runs twice, on a SQLite data store and on PostgreSQL (the list
+//! at the end); the store's own API is tested against each backend in `data_store.rs`.
 
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
 use crate::support::{self, fake_rerank, fake_web};
-use futures::future::BoxFuture;
-use runner::providers::{Embedder, Embeddings, ProviderError};
 use runner::rag::chunk::{Chunking, split};
 use runner::rag::embed::{DIMS, HashedEmbedder, dot};
-use runner::rag::index::{Document, index_documents};
-use runner::rag::{DataStore, extract::Format};
+use runner::rag::{DataStore, Location};
 use serde_json::{Value, json};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -21,8 +20,40 @@ const PDF: &str = "tests/fixtures/rag/pdf/patent-guide.pdf";
 
 // ── helpers ─────────────────────────────────────────────────────────────────────────────────
 
-/// A temporary working directory holding the fixture documents under `docs/`.
-struct Project(support::Project);
+/// Where a test's data store is: the cases that index, retrieve or store run on each.
+#[derive(Debug, Clone, Copy)]
+enum Data {
+    /// `data.db` in the project.
+    Sqlite,
+    /// A fresh schema on the test PostgreSQL server.
+    Postgres,
+}
+
+/// Defines each `case(data: Data)` as a test on SQLite and on PostgreSQL.
+macro_rules! on_both_stores {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[test]
+                fn $case() {
+                    super::$case(super::Data::Sqlite);
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[test]
+                fn $case() {
+                    super::$case(super::Data::Postgres);
+                }
+            )*
+        }
+    };
+}
+
+/// A temporary working directory holding the fixture documents under `docs/`, and where its
+/// data store is.
+struct Project(support::Project, String);
 
 impl std::ops::Deref for Project {
     type Target = support::Project;
@@ -33,13 +64,34 @@ impl std::ops::Deref for Project {
 
 impl Project {
     fn new() -> Project {
+        Project::on(Data::Sqlite)
+    }
+
+    fn on(data: Data) -> Project {
         let p = support::Project::new(&[]);
         std::fs::create_dir(p.path("docs")).unwrap();
         for entry in std::fs::read_dir(Path::new(ROOT).join("tests/fixtures/rag/docs")).unwrap() {
             let entry = entry.unwrap();
             std::fs::copy(entry.path(), p.path("docs").join(entry.file_name())).unwrap();
         }
-        Project(p)
+        let data_db = match data {
+            Data::Sqlite => "data.db".to_string(),
+            Data::Postgres => support::postgres::fresh_url(),
+        };
+        Project(p, data_db)
+    }
+
+    /// The `--data-db` argument: a file in the project, or a PostgreSQL URL.
+    fn data_db(&self) -> &str {
+        &self.1
+    }
+
+    /// The project's data store, as another process would open it.
+    fn data_store(&self) -> DataStore {
+        match self.1.starts_with("postgres") {
+            true => DataStore::new(Location::Postgres(self.1.clone())),
+            false => DataStore::at(self.path(&self.1)),
+        }
     }
 
     fn runner(&self) -> Command {
@@ -61,13 +113,13 @@ impl Project {
         cmd
     }
 
-    /// `runner index PATHS --index NAME --data-db data.db`: (exit code, stdout).
+    /// `runner index PATHS --index NAME --data-db DATA`: (exit code, stdout).
     fn index(&self, paths: &[&str], name: &str, extra: &[&str]) -> (i32, String) {
         let out = self
             .runner()
             .arg("index")
             .args(paths)
-            .args(["--index", name, "--data-db", "data.db"])
+            .args(["--index", name, "--data-db", self.data_db()])
             .args(extra)
             .output()
             .unwrap();
@@ -75,7 +127,7 @@ impl Project {
         (out.status.code().unwrap_or(-1), text)
     }
 
-    /// Writes `wf.yaml` and runs it with `--data-db data.db` and `args`.
+    /// Writes `wf.yaml` and runs it with `--data-db DATA` and `args`.
     fn run(&self, workflow: &str, args: &[&str]) -> Outcome {
         self.write("wf.yaml", workflow);
         let out = self
@@ -86,7 +138,7 @@ impl Project {
                 "--db",
                 ":memory:",
                 "--data-db",
-                "data.db",
+                self.data_db(),
                 "--stream",
                 "jsonl",
             ])
@@ -166,29 +218,6 @@ edges:
     )
 }
 
-fn documents(text: &[(&str, &str)]) -> Vec<Result<Document, (String, String)>> {
-    text.iter()
-        .map(|(name, text)| {
-            Ok(Document {
-                key: name.to_string(),
-                name: name.to_string(),
-                title: None,
-                format: Format::Markdown,
-                text: text.to_string(),
-                metadata: json!({}),
-            })
-        })
-        .collect()
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
 // ── chunking and embedding ──────────────────────────────────────────────────────────────────
 
 #[test]
@@ -257,110 +286,8 @@ fn the_bundled_sqlite_has_fts5() {
 
 // ── indexes ─────────────────────────────────────────────────────────────────────────────────
 
-#[test]
-fn reindexing_skips_unchanged_documents_and_replaces_changed_ones() {
-    let store = DataStore::at(":memory:");
-    let e: Arc<dyn Embedder> = Arc::new(HashedEmbedder);
-    let c = Chunking::default();
-    let first = block_on(index_documents(
-        &store,
-        "kb",
-        e.clone(),
-        documents(&[("a.md", "# A\n\nalpha"), ("b.md", "# B\n\nbeta")]),
-        c,
-        &|_, _, _| {},
-    ))
-    .unwrap();
-    assert_eq!((first.indexed.len(), first.skipped.len(), first.chunks), (2, 0, 2));
-    let second = block_on(index_documents(
-        &store,
-        "kb",
-        e.clone(),
-        documents(&[
-            ("a.md", "# A\n\nalpha"),
-            ("b.md", "# B\n\nbeta, now longer\n\n## More\n\ngamma"),
-        ]),
-        c,
-        &|_, _, _| {},
-    ))
-    .unwrap();
-    assert_eq!(second.indexed, ["b.md"]);
-    assert_eq!(second.skipped, ["a.md"]);
-    let rows: Vec<(String, String)> = store
-        .with_blocking(|c| {
-            let mut s = c.prepare(
-                "SELECT d.name, c.text FROM chunks c JOIN documents d ON d.id = c.doc_id ORDER BY d.name, c.position",
-            )?;
-            Ok(s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<Vec<_>, _>>()?)
-        })
-        .unwrap();
-    let texts: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
-    assert_eq!(texts, ["# A\n\nalpha", "# B\n\nbeta, now longer", "## More\n\ngamma"]);
-    let fts: i64 = store
-        .with_blocking(|c| Ok(c.query_row("SELECT count(*) FROM chunks_fts", [], |r| r.get(0))?))
-        .unwrap();
-    assert_eq!(fts, 3, "the old chunk's keyword entry is gone");
-}
-
-struct OtherEmbedder;
-
-impl Embedder for OtherEmbedder {
-    fn id(&self) -> &str {
-        "test:other"
-    }
-    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
-        Box::pin(async move {
-            Ok(Embeddings {
-                vectors: texts.iter().map(|_| vec![1.0, 0.0]).collect(),
-                usage: Default::default(),
-            })
-        })
-    }
-}
-
-#[test]
-fn an_index_refuses_another_embedders_vectors() {
-    let store = DataStore::at(":memory:");
-    block_on(index_documents(
-        &store,
-        "kb",
-        Arc::new(HashedEmbedder),
-        documents(&[("a.md", "alpha")]),
-        Chunking::default(),
-        &|_, _, _| {},
-    ))
-    .unwrap();
-    let err = block_on(index_documents(
-        &store,
-        "kb",
-        Arc::new(OtherEmbedder),
-        documents(&[("b.md", "beta")]),
-        Chunking::default(),
-        &|_, _, _| {},
-    ))
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("index `kb` was built with embedder `runner:hashed-bow-512`") && err.contains("test:other"),
-        "{err}"
-    );
-    let req = runner::rag::search::Request {
-        index: "kb".into(),
-        embedder: "test:other".into(),
-        queries: vec![("alpha".into(), vec![1.0, 0.0])],
-        documents: vec![],
-        candidates: 5,
-    };
-    let err = store
-        .with_blocking(|c| runner::rag::search::search(c, &req))
-        .unwrap_err();
-    assert!(err.to_string().contains("cannot be searched"), "{err}");
-}
-
-#[test]
-fn runner_index_reports_what_it_did_and_skips_unchanged_files() {
-    let p = Project::new();
+fn runner_index_reports_what_it_did_and_skips_unchanged_files(data: Data) {
+    let p = Project::on(data);
     let (code, out) = p.index(&["docs"], "kb", &[]);
     assert_eq!(code, 0, "{out}");
     assert!(
@@ -379,9 +306,8 @@ fn runner_index_reports_what_it_did_and_skips_unchanged_files() {
 
 // ── retrieval ───────────────────────────────────────────────────────────────────────────────
 
-#[test]
-fn hybrid_retrieval_finds_the_chunk_that_answers() {
-    let p = Project::new();
+fn hybrid_retrieval_finds_the_chunk_that_answers(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     let r = p
         .run(
@@ -401,9 +327,8 @@ fn hybrid_retrieval_finds_the_chunk_that_answers() {
     assert!(d > 0.0 && d < 0.8, "{d}");
 }
 
-#[test]
-fn several_queries_are_fused_and_html_is_searchable() {
-    let p = Project::new();
+fn several_queries_are_fused_and_html_is_searchable(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     let wf = retrieve_wf("kb", "    top_k: 4").replace(
         "queries: input.question",
@@ -430,9 +355,8 @@ fn several_queries_are_fused_and_html_is_searchable() {
     assert!(!texts.contains("console.log"));
 }
 
-#[test]
-fn documents_restrict_the_search_and_bring_their_intro_chunks() {
-    let p = Project::new();
+fn documents_restrict_the_search_and_bring_their_intro_chunks(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     let wf = retrieve_wf("kb", "    top_k: 1\n    intro_chunks: 2\n    documents: input.docs");
     // "euros" is in both policies; the restriction keeps to the one named by @mention.
@@ -472,9 +396,8 @@ fn documents_restrict_the_search_and_bring_their_intro_chunks() {
     );
 }
 
-#[test]
-fn neighbours_widen_each_hit_in_document_order() {
-    let p = Project::new();
+fn neighbours_widen_each_hit_in_document_order(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     let wf = retrieve_wf("kb", "    top_k: 1\n    neighbours: 1");
     let r = p.run(&wf, &["-i", "question=core hours home time zone"]).ok();
@@ -488,9 +411,8 @@ fn neighbours_widen_each_hit_in_document_order() {
     );
 }
 
-#[test]
-fn a_missing_index_says_how_to_build_it() {
-    let p = Project::new();
+fn a_missing_index_says_how_to_build_it(data: Data) {
+    let p = Project::on(data);
     let r = p.run(&retrieve_wf("nowhere", ""), &["-i", "question=x"]);
     assert_eq!(r.code, 1);
     assert!(
@@ -501,9 +423,8 @@ fn a_missing_index_says_how_to_build_it() {
     );
 }
 
-#[test]
-fn rerank_none_orders_by_vector_similarity() {
-    let p = Project::new();
+fn rerank_none_orders_by_vector_similarity(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     let r = p
         .run(
@@ -522,9 +443,8 @@ fn rerank_none_orders_by_vector_similarity() {
     assert!((scores[0] - (1.0 - r.output["best_distance"].as_f64().unwrap())).abs() < 1e-6);
 }
 
-#[test]
-fn the_llm_reranker_orders_by_the_models_scores() {
-    let p = Project::new();
+fn the_llm_reranker_orders_by_the_models_scores(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     // The model prefers whichever passage is [1] of the candidates: the order must follow it.
     p.write(
@@ -543,9 +463,8 @@ fn the_llm_reranker_orders_by_the_models_scores() {
     assert!(r.custom("rerank_failed").is_empty());
 }
 
-#[test]
-fn a_failing_llm_reranker_falls_back_to_rrf_and_says_so() {
-    let p = Project::new();
+fn a_failing_llm_reranker_falls_back_to_rrf_and_says_so(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     p.write("mock.yaml", "replies:\n  search: \"I cannot rate these.\"\n");
     let wf = retrieve_wf("kb", "    top_k: 2\n    rerank: {llm: judge}");
@@ -570,10 +489,9 @@ fn a_failing_llm_reranker_falls_back_to_rrf_and_says_so() {
     );
 }
 
-#[test]
-fn the_http_reranker_posts_the_candidates_and_follows_the_endpoint() {
+fn the_http_reranker_posts_the_candidates_and_follows_the_endpoint(data: Data) {
     let server = fake_rerank::start("vpn");
-    let p = Project::new();
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     let wf = retrieve_wf("kb", &format!("    top_k: 1\n    rerank: {{url: \"{}\"}}", server.url));
     let r = p.run(&wf, &["-i", "question=laptop security"]).ok();
@@ -586,9 +504,8 @@ fn the_http_reranker_posts_the_candidates_and_follows_the_endpoint() {
 
 // ── acceptance: the project's own docs ─────────────────────────────────────────────────────
 
-#[test]
-fn acceptance_runner_index_on_docs_then_retrieve_answers_from_the_right_section() {
-    let p = Project::new();
+fn acceptance_runner_index_on_docs_then_retrieve_answers_from_the_right_section(data: Data) {
+    let p = Project::on(data);
     let docs = Path::new(ROOT).join("docs");
     let (code, out) = p.index(&[docs.to_str().unwrap()], "docs", &[]);
     assert_eq!(code, 0, "{out}");
@@ -682,9 +599,8 @@ edges:
   - search -> END
 "#;
 
-#[test]
-fn store_puts_gets_deletes_and_searches_per_user() {
-    let p = Project::new();
+fn store_puts_gets_deletes_and_searches_per_user(data: Data) {
+    let p = Project::on(data);
     let mem = |user: &str, args: &[&str]| {
         let mut all = vec!["--context".to_string(), format!("user_id={user}")];
         all.extend(args.iter().map(|s| s.to_string()));
@@ -818,9 +734,8 @@ edges:
 /// item put with `index: false` only fills the room left, scoreless. Without the index the
 /// same search is keyword search. A `ttl` item is gone once its time is up; bad index
 /// settings are named before anything runs.
-#[test]
-fn store_nodes_search_by_meaning_with_a_store_index() {
-    let p = Project::new();
+fn store_nodes_search_by_meaning_with_a_store_index(data: Data) {
+    let p = Project::on(data);
     let indexed = ["--store-index", "offline", "--store-index-field", "text"];
     let mem = |args: &[&str], index: bool| {
         let mut all: Vec<&str> = args.to_vec();
@@ -899,10 +814,9 @@ fn store_nodes_search_by_meaning_with_a_store_index() {
 /// `--store-index PROVIDER:MODEL@URL`: the values put and the query are embedded by that
 /// model (its `/embeddings`), the vectors are recorded as that embedder's, and a query asked
 /// again is answered from the query-embedding cache without another call.
-#[test]
-fn a_store_index_served_by_a_model_embeds_values_and_queries_through_it() {
+fn a_store_index_served_by_a_model_embeds_values_and_queries_through_it(data: Data) {
     let llm = support::fake_llm::FakeLlm::start_in_background();
-    let p = Project::new();
+    let p = Project::on(data);
     let embedder = format!("openai:fake-embed@{}", llm.base_url);
     let args = |extra: &[&str]| {
         let mut all = vec!["--store-index", embedder.as_str(), "--store-index-field", "text"];
@@ -937,14 +851,18 @@ fn a_store_index_served_by_a_model_embeds_values_and_queries_through_it() {
     assert_eq!(embedded(&llm), 3, "the query embedded once");
     run(&["-i", "op=search", "-i", "query=moon"]);
     assert_eq!(embedded(&llm), 3, "the same query again comes from the cache");
-    let recorded: Vec<String> = DataStore::at(p.path("data.db"))
+    // Both values' vectors are the model's (its vectors have 3 dimensions), none the offline
+    // embedder's.
+    let (by_model, offline) = p
+        .data_store()
         .with_blocking(|c| {
-            let mut stmt = c.prepare("SELECT DISTINCT embedder FROM memory_vectors")?;
-            let rows = stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
-            Ok(rows)
+            Ok((
+                c.memory_scores("", &embedder, &[0.0, 0.0, 1.0])?,
+                c.memory_scores("", runner::rag::embed::ID, &[0.0; DIMS])?,
+            ))
         })
         .unwrap();
-    assert_eq!(recorded, [embedder]);
+    assert_eq!((by_model.len(), offline.len()), (2, 0), "{by_model:?}");
 }
 
 #[test]
@@ -1207,14 +1125,13 @@ fn save_stays_inside_its_directory() {
 
 // ── acceptance: the shipped RAG chat on an index built by `runner index` ──────────────────
 
-#[test]
-fn acceptance_rag_workflow_answers_from_the_indexed_documents() {
-    let p = Project::new();
+fn acceptance_rag_workflow_answers_from_the_indexed_documents(data: Data) {
+    let p = Project::on(data);
     let (code, out) = p.index(&["docs"], "ipr_docs", &[]);
     assert_eq!(code, 0, "{out}");
     let out = p
         .run_shipped("rag.yaml", "rag-retrieval.yaml")
-        .args(["--db", ":memory:", "--data-db", "data.db", "--stream", "jsonl"])
+        .args(["--db", ":memory:", "--data-db", p.data_db(), "--stream", "jsonl"])
         // The shipped thresholds, on the offline embedder: relevance is calibrated for it (its
         // raw distance to the answering chunk, about 0.7, was past a fixed 0.6 threshold).
         .args(["-i", "question=What does the policy say about reimbursing a monitor?"])
@@ -1282,14 +1199,13 @@ fn acceptance_rag_workflow_answers_from_the_indexed_documents() {
     assert_eq!(result["sources"], json!(["remote-work-policy.md"]));
 }
 
-#[test]
-fn rag_sources_are_this_turns_and_only_what_its_answer_used() {
-    let p = Project::new();
+fn rag_sources_are_this_turns_and_only_what_its_answer_used(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "ipr_docs", &[]);
     let turn = |args: &[&str]| -> Value {
         let out = p
             .run_shipped("rag.yaml", "rag-retrieval.yaml")
-            .args(["--db", "runs.db", "--data-db", "data.db", "--thread", "t"])
+            .args(["--db", "runs.db", "--data-db", p.data_db(), "--thread", "t"])
             .args(args)
             .output()
             .unwrap();
@@ -1312,9 +1228,8 @@ fn rag_sources_are_this_turns_and_only_what_its_answer_used() {
     assert_eq!(third["sources"], json!([]));
 }
 
-#[test]
-fn rag_workflow_mentions_restrict_retrieval_to_the_named_document() {
-    let p = Project::new();
+fn rag_workflow_mentions_restrict_retrieval_to_the_named_document(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "ipr_docs", &[]);
     p.write(
         "q.json",
@@ -1322,7 +1237,7 @@ fn rag_workflow_mentions_restrict_retrieval_to_the_named_document() {
     );
     let out = p
         .run_shipped("rag.yaml", "rag-retrieval.yaml")
-        .args(["--db", ":memory:", "--data-db", "data.db", "--stream", "jsonl"])
+        .args(["--db", ":memory:", "--data-db", p.data_db(), "--stream", "jsonl"])
         // `-i key=@file` reads a file: the question comes in an input file.
         .args(["--input-file", "q.json"])
         .output()
@@ -1372,9 +1287,8 @@ edges:
   - memory_store -> END
 "#;
 
-#[test]
-fn acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base() {
-    let p = Project::new();
+fn acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base(data: Data) {
+    let p = Project::on(data);
     assert_eq!(p.index(&["docs"], "knowledge_base", &[]).0, 0);
     p.write(
         "updates.json",
@@ -1401,7 +1315,7 @@ fn acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base() {
     let deep = |user: &str| {
         let out = p
             .run_shipped("deep-research.yaml", "deep-research-start.yaml")
-            .args(["--db", "runs.db", "--data-db", "data.db", "--thread", user])
+            .args(["--db", "runs.db", "--data-db", p.data_db(), "--thread", user])
             .args(["--context", &format!("user_id={user}")])
             .args([
                 "-i",
@@ -1441,12 +1355,11 @@ fn acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base() {
     assert_eq!(values["returning_user"], false);
 }
 
-#[test]
-fn deep_research_without_a_knowledge_base_goes_on_with_no_context() {
-    let p = Project::new();
+fn deep_research_without_a_knowledge_base_goes_on_with_no_context(data: Data) {
+    let p = Project::on(data);
     let out = p
         .run_shipped("deep-research.yaml", "deep-research-start.yaml")
-        .args(["--db", "runs.db", "--data-db", "data.db", "--thread", "carol"])
+        .args(["--db", "runs.db", "--data-db", p.data_db(), "--thread", "carol"])
         .args(["--context", "user_id=carol", "-i", "query=How are heat pumps sized?"])
         .output()
         .unwrap();
@@ -1485,9 +1398,8 @@ edges:
   - START -> add -> ask -> END
 "#;
 
-#[test]
-fn the_index_node_takes_paths_and_documents_and_skips_what_it_has() {
-    let p = Project::new();
+fn the_index_node_takes_paths_and_documents_and_skips_what_it_has(data: Data) {
+    let p = Project::on(data);
     p.write(
         "in.json",
         r#"{"question": "who waters the office plants?", "docs": [
@@ -1807,9 +1719,8 @@ const MENU_HTML: &str = "<!doctype html><html><head><title>Caf\u{e9} &amp; co</t
 <h3>Recipes</h3><pre>steam milk\n  pour slowly</pre>\
 <footer>(c) Caf\u{e9}</footer></body></html>";
 
-#[test]
-fn html_with_an_ampersand_before_a_multibyte_character_is_indexed_and_loaded() {
-    let p = Project::new();
+fn html_with_an_ampersand_before_a_multibyte_character_is_indexed_and_loaded(data: Data) {
+    let p = Project::on(data);
     p.write("menu/menu.html", MENU_HTML);
     let (code, out) = p.index(&["menu"], "menu", &[]);
     assert_eq!(code, 0, "{out}");
@@ -1833,9 +1744,8 @@ fn html_with_an_ampersand_before_a_multibyte_character_is_indexed_and_loaded() {
     assert!(!content.contains("Contact") && !content.contains("(c)"), "{content}");
 }
 
-#[test]
-fn html_headings_become_chunk_heading_paths() {
-    let p = Project::new();
+fn html_headings_become_chunk_heading_paths(data: Data) {
+    let p = Project::on(data);
     p.write("menu/menu.html", MENU_HTML);
     p.index(&["menu"], "menu", &["--chunk-size", "60", "--overlap", "0"]);
     let r = p
@@ -1856,9 +1766,8 @@ fn html_headings_become_chunk_heading_paths() {
 
 // ── PDF, the embedding cache, calibrated relevance, segmentation, the index CLI ────────────
 
-#[test]
-fn runner_index_reads_pdf_and_each_chunk_keeps_its_page() {
-    let p = Project::new();
+fn runner_index_reads_pdf_and_each_chunk_keeps_its_page(data: Data) {
+    let p = Project::on(data);
     std::fs::create_dir(p.path("pdf")).unwrap();
     std::fs::copy(Path::new(ROOT).join(PDF), p.path("pdf/patent-guide.pdf")).unwrap();
     let (code, out) = p.index(&["pdf"], "kb", &["--chunk-size", "150", "--overlap", "0"]);
@@ -1878,80 +1787,9 @@ fn runner_index_reads_pdf_and_each_chunk_keeps_its_page() {
     assert_eq!(r.output["chunks"][0]["page"], 1, "{:#}", r.output);
 }
 
-/// An embedder that counts the texts it is asked for, one entry per call.
-struct Counting(std::sync::Mutex<Vec<usize>>);
-
-impl Embedder for Counting {
-    fn id(&self) -> &str {
-        "test:counting"
-    }
-    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
-        self.0.lock().unwrap().push(texts.len());
-        Box::pin(async move {
-            Ok(Embeddings {
-                vectors: texts.iter().map(|t| HashedEmbedder::vector(t)).collect(),
-                usage: Default::default(),
-            })
-        })
-    }
-}
-
-#[test]
-fn query_embeddings_are_cached_by_sha256_in_the_data_db() {
-    use runner::rag::cache;
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("data.db");
-    let texts = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let e = Counting(Default::default());
-    let (first, second) = block_on(async {
-        let store = DataStore::at(&db);
-        let first = cache::embed(&store, &e, &texts(&["monitor policy", "meal allowance"]))
-            .await
-            .unwrap();
-        let second = cache::embed(&store, &e, &texts(&["meal allowance", "travel by train"]))
-            .await
-            .unwrap();
-        (first, second)
-    });
-    assert_eq!(*e.0.lock().unwrap(), [2, 1], "only the new query is embedded");
-    assert_eq!((first.hits, second.hits), (0, 1));
-    assert_eq!(second.vectors[0], first.vectors[1]);
-    let fresh = HashedEmbedder::vector("travel by train");
-    assert!((dot(&second.vectors[1], &fresh) - 1.0).abs() < 1e-5);
-    // Persisted: another process (a new handle on the file) embeds nothing it has seen.
-    let third = block_on(async {
-        cache::embed(&DataStore::at(&db), &e, &texts(&["monitor policy"]))
-            .await
-            .unwrap()
-    });
-    assert_eq!(third.hits, 1);
-    assert_eq!(e.0.lock().unwrap().len(), 2);
-    let keys: Vec<String> = DataStore::at(&db)
-        .with_blocking(|c| {
-            let mut s =
-                c.prepare("SELECT hash FROM query_embeddings WHERE embedder = 'test:counting' ORDER BY hash")?;
-            Ok(s.query_map([], |r| r.get(0))?.collect::<Result<Vec<String>, _>>()?)
-        })
-        .unwrap();
-    let mut expected: Vec<String> = ["monitor policy", "meal allowance", "travel by train"]
-        .iter()
-        .map(|t| cache::key(t))
-        .collect();
-    expected.sort();
-    assert_eq!(keys, expected);
-    // Another embedder does not read this one's vectors.
-    let other = block_on(async {
-        cache::embed(&DataStore::at(&db), &OtherEmbedder, &texts(&["monitor policy"]))
-            .await
-            .unwrap()
-    });
-    assert_eq!((other.hits, other.vectors[0].clone()), (0, vec![1.0, 0.0]));
-}
-
-#[test]
-fn retrieve_embeds_a_repeated_query_once() {
+fn retrieve_embeds_a_repeated_query_once(data: Data) {
     let llm = support::fake_llm::FakeLlm::start_in_background();
-    let p = Project::new();
+    let p = Project::on(data);
     let model = format!("embed=openai:fake-embed@{}", llm.base_url);
     let (code, out) = p.index(&["docs"], "kb", &["--embeddings", "embed", "--model", &model]);
     assert_eq!(code, 0, "{out}");
@@ -1996,9 +1834,8 @@ fn retrieve_embeds_a_repeated_query_once() {
     );
 }
 
-#[test]
-fn relevance_is_calibrated_for_the_embedder_and_separates_answered_from_unrelated() {
-    let p = Project::new();
+fn relevance_is_calibrated_for_the_embedder_and_separates_answered_from_unrelated(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     let wf = retrieve_wf("kb", "    top_k: 1");
     let ask = |q: &str| p.run(&wf, &["-i", &format!("question={q}")]).ok().output;
@@ -2016,12 +1853,8 @@ fn relevance_is_calibrated_for_the_embedder_and_separates_answered_from_unrelate
     assert!(rel(&answered) >= 0.2, "{answered:#}");
     assert!(rel(&unrelated) < 0.1, "{unrelated:#}");
     // Stored with the index and reused while it is unchanged; redone when it changes.
-    let stored = |p: &Project| -> i64 {
-        DataStore::at(p.path("data.db"))
-            .with_blocking(|c| Ok(c.query_row("SELECT count(*) FROM calibrations", [], |r| r.get(0))?))
-            .unwrap()
-    };
-    assert_eq!(stored(&p), 1);
+    let stored = p.data_store().with_blocking(|c| c.calibration("kb")).unwrap();
+    assert_eq!(stored.map(|k| k.samples), k["samples"].as_i64());
     p.write(
         "docs/extra.md",
         "# Parking\n\nStaff park in the north car park free of charge.\n",
@@ -2034,9 +1867,8 @@ fn relevance_is_calibrated_for_the_embedder_and_separates_answered_from_unrelate
     );
 }
 
-#[test]
-fn rag_workflow_leaves_the_knowledge_base_out_of_an_unrelated_question() {
-    let p = Project::new();
+fn rag_workflow_leaves_the_knowledge_base_out_of_an_unrelated_question(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "ipr_docs", &[]);
     // The retrieval script, with variations of this question (the script's own are about the
     // monitor, which the knowledge base answers).
@@ -2053,7 +1885,7 @@ fn rag_workflow_leaves_the_knowledge_base_out_of_an_unrelated_question() {
         .arg("run")
         .arg(Path::new(ROOT).join("workflows/rag.yaml"))
         .args(["--mock", "mercury.yaml"])
-        .args(["--db", ":memory:", "--data-db", "data.db", "--stream", "jsonl"])
+        .args(["--db", ":memory:", "--data-db", p.data_db(), "--stream", "jsonl"])
         .args(["-i", "question=What is the boiling point of mercury?", "-i", "mode=rag"])
         .output()
         .unwrap();
@@ -2067,9 +1899,8 @@ fn rag_workflow_leaves_the_knowledge_base_out_of_an_unrelated_question() {
     );
 }
 
-#[test]
-fn each_planned_query_searches_its_own_documents() {
-    let p = Project::new();
+fn each_planned_query_searches_its_own_documents(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     // The plan asks about the monitor in the travel policy and about meals in the remote-work
     // policy: each query finds only its own document's chunks, though the words of each are
@@ -2098,10 +1929,9 @@ fn each_planned_query_searches_its_own_documents() {
     assert!(ids.iter().all(|i| i.starts_with("travel-expenses.md#")), "{ids:?}");
 }
 
-#[test]
-fn runner_index_model_serves_the_embeddings_profile_like_run() {
+fn runner_index_model_serves_the_embeddings_profile_like_run(data: Data) {
     let llm = support::fake_llm::FakeLlm::start_in_background();
-    let p = Project::new();
+    let p = Project::on(data);
     let model = format!("embed=openai:fake-embed@{}", llm.base_url);
     let (code, out) = p.index(&["docs"], "kb", &["--embeddings", "embed", "--model", &model]);
     assert_eq!(code, 0, "{out}");
@@ -2111,10 +1941,8 @@ fn runner_index_model_serves_the_embeddings_profile_like_run() {
             .any(|r| r.path.ends_with("/embeddings") && r.body["model"] == "fake-embed"),
         "the documents went to the model --model named"
     );
-    let built: String = DataStore::at(p.path("data.db"))
-        .with_blocking(|c| Ok(c.query_row("SELECT embedder FROM indexes WHERE name = 'kb'", [], |r| r.get(0))?))
-        .unwrap();
-    assert_eq!(built, format!("openai:fake-embed@{}", llm.base_url));
+    let built = p.data_store().with_blocking(|c| c.index_embedder("kb")).unwrap();
+    assert_eq!(built, Some(format!("openai:fake-embed@{}", llm.base_url)));
     // Over a workflow's profile too.
     p.write("wf.yaml", &retrieve_wf("kb", "    embeddings: judge"));
     let judge = format!("judge=openai:fake-embed@{}", llm.base_url);
@@ -2129,13 +1957,12 @@ fn runner_index_model_serves_the_embeddings_profile_like_run() {
     assert!(out.contains("--model nowhere=PROVIDER:MODEL"), "{out}");
 }
 
-#[test]
-fn a_question_starting_with_a_mention_is_passed_with_a_double_at() {
-    let p = Project::new();
+fn a_question_starting_with_a_mention_is_passed_with_a_double_at(data: Data) {
+    let p = Project::on(data);
     p.index(&["docs"], "ipr_docs", &[]);
     let out = p
         .run_shipped("rag.yaml", "rag-retrieval.yaml")
-        .args(["--db", ":memory:", "--data-db", "data.db"])
+        .args(["--db", ":memory:", "--data-db", p.data_db()])
         .args(["-i", "question=@@travel-expenses.md how much is reimbursed in euros?"])
         .output()
         .unwrap();
@@ -2149,7 +1976,7 @@ fn a_question_starting_with_a_mention_is_passed_with_a_double_at() {
     // A single `@` still reads a file, and a missing one says how to write the text instead.
     let out = p
         .run_shipped("rag.yaml", "rag-retrieval.yaml")
-        .args(["--db", ":memory:", "--data-db", "data.db"])
+        .args(["--db", ":memory:", "--data-db", p.data_db()])
         .args(["-i", "question=@travel-expenses.md how much?"])
         .output()
         .unwrap();
@@ -2192,10 +2019,9 @@ fn fake_tei(favour: &'static str) -> (support::Served, Arc<std::sync::Mutex<Vec<
     (served, seen)
 }
 
-#[test]
-fn the_cross_encoder_reranker_speaks_text_embeddings_inference() {
+fn the_cross_encoder_reranker_speaks_text_embeddings_inference(data: Data) {
     let (served, seen) = fake_tei("vpn");
-    let p = Project::new();
+    let p = Project::on(data);
     p.index(&["docs"], "kb", &[]);
     let url = format!("http://{}/rerank", served.addr);
     let wf = retrieve_wf(
@@ -2215,10 +2041,9 @@ fn the_cross_encoder_reranker_speaks_text_embeddings_inference() {
 /// With `report_store.url` set, the approved report is also POSTed to a REST table (PostgREST /
 /// Supabase: `apikey` and a bearer token, `Prefer: return=minimal`); a store that refuses it is
 /// recorded and the run still ends with the report on disk. Off by default: no request at all.
-#[test]
-fn deep_research_stores_the_approved_report_through_a_rest_api_when_configured() {
+fn deep_research_stores_the_approved_report_through_a_rest_api_when_configured(data: Data) {
     let go = |store: Option<&support::fake_web::Recorder>, thread: &str| {
-        let p = Project::new();
+        let p = Project::on(data);
         let step = |args: &[&str], answer: Option<&str>| {
             let mut cmd = match answer {
                 None => p.run_shipped("deep-research.yaml", "deep-research-served.yaml"),
@@ -2230,7 +2055,7 @@ fn deep_research_stores_the_approved_report_through_a_rest_api_when_configured()
                     c
                 }
             };
-            cmd.args(["--db", "runs.db", "--data-db", "data.db", "--thread", thread])
+            cmd.args(["--db", "runs.db", "--data-db", p.data_db(), "--thread", thread])
                 .args(args)
                 .env("REPORT_STORE_KEY", "service-key");
             if let Some(s) = store {
@@ -2289,3 +2114,111 @@ fn deep_research_stores_the_approved_report_through_a_rest_api_when_configured()
     let out = go(None, "off");
     assert_eq!(out["report_stored"], Value::Null);
 }
+
+// ── one PostgreSQL database for everything ─────────────────────────────────────────────────
+
+/// With `--db postgres://…` and no data database named, the data store lives in the same
+/// database: `runner db migrate` makes its tables too, `runner index` (reading `RUNNER_DB`)
+/// builds the index there, and runs on it store and retrieve there.
+#[test]
+fn a_postgres_checkpoint_database_holds_the_data_store_too() {
+    let p = Project::on(Data::Postgres);
+    let url = p.data_db().to_string();
+    let shown = url::Url::parse(&url).unwrap();
+    let at = format!(
+        "postgres://{}:{}{}",
+        shown.host_str().unwrap(),
+        shown.port().unwrap(),
+        shown.path()
+    );
+    let migrate = || {
+        let out = p.runner().args(["db", "migrate", "--db", &url]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let first = migrate();
+    assert!(
+        first.contains(&format!("data store {at} (schema ")) && first.contains("migrated from schema version 0 to 1"),
+        "{first}"
+    );
+    assert!(migrate().contains("nothing to do"));
+    let out = p
+        .runner()
+        .args(["index", "docs", "--index", "kb"])
+        .env("RUNNER_DB", &url)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains(&at), "the index names where it went: {said}");
+    assert!(!p.path(".runner").exists(), "no data file was made");
+    p.write("wf.yaml", &retrieve_wf("kb", "    top_k: 1"));
+    p.write("memory.yaml", MEMORY_WF);
+    let run = |file: &str, args: &[&str]| {
+        let out = p
+            .runner()
+            .args(["run", file, "--db", &url])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let found = run("wf.yaml", &["-i", "question=Who reimburses a monitor?"]);
+    assert!(!found["chunks"].as_array().unwrap().is_empty(), "{found:#}");
+    run(
+        "memory.yaml",
+        &[
+            "--context",
+            "user_id=ana",
+            "-i",
+            "op=put",
+            "-i",
+            "key=k",
+            "-i",
+            "value=\"kept\"",
+        ],
+    );
+    let stored = p
+        .data_store()
+        .with_blocking(|c| runner::rag::memory::get(c, &["memory".into(), "ana".into(), "prefs".into()], "k", false))
+        .unwrap();
+    assert_eq!(stored, json!("kept"));
+    assert!(!p.path(".runner").exists(), "no data file was made");
+}
+
+// ── every case above that takes a `Data`, on both stores ─────────────────────────────────
+
+on_both_stores!(
+    runner_index_reports_what_it_did_and_skips_unchanged_files,
+    hybrid_retrieval_finds_the_chunk_that_answers,
+    several_queries_are_fused_and_html_is_searchable,
+    documents_restrict_the_search_and_bring_their_intro_chunks,
+    neighbours_widen_each_hit_in_document_order,
+    a_missing_index_says_how_to_build_it,
+    rerank_none_orders_by_vector_similarity,
+    the_llm_reranker_orders_by_the_models_scores,
+    a_failing_llm_reranker_falls_back_to_rrf_and_says_so,
+    the_http_reranker_posts_the_candidates_and_follows_the_endpoint,
+    acceptance_runner_index_on_docs_then_retrieve_answers_from_the_right_section,
+    store_puts_gets_deletes_and_searches_per_user,
+    store_nodes_search_by_meaning_with_a_store_index,
+    a_store_index_served_by_a_model_embeds_values_and_queries_through_it,
+    acceptance_rag_workflow_answers_from_the_indexed_documents,
+    rag_sources_are_this_turns_and_only_what_its_answer_used,
+    rag_workflow_mentions_restrict_retrieval_to_the_named_document,
+    acceptance_deep_research_reads_memory_per_user_and_its_knowledge_base,
+    deep_research_without_a_knowledge_base_goes_on_with_no_context,
+    the_index_node_takes_paths_and_documents_and_skips_what_it_has,
+    html_with_an_ampersand_before_a_multibyte_character_is_indexed_and_loaded,
+    html_headings_become_chunk_heading_paths,
+    runner_index_reads_pdf_and_each_chunk_keeps_its_page,
+    retrieve_embeds_a_repeated_query_once,
+    relevance_is_calibrated_for_the_embedder_and_separates_answered_from_unrelated,
+    rag_workflow_leaves_the_knowledge_base_out_of_an_unrelated_question,
+    each_planned_query_searches_its_own_documents,
+    runner_index_model_serves_the_embeddings_profile_like_run,
+    a_question_starting_with_a_mention_is_passed_with_a_double_at,
+    the_cross_encoder_reranker_speaks_text_embeddings_inference,
+    deep_research_stores_the_approved_report_through_a_rest_api_when_configured,
+);

@@ -15,6 +15,62 @@ use serde_json::{Value, json};
 use super::serve::{call, client, parse, sdk_python, serve};
 use super::support::install;
 
+/// Two servers on one PostgreSQL data store (each with its own checkpoints): what a client
+/// puts through one, the other serves, to clients and to its runs; a key PostgreSQL cannot
+/// store is refused as bad input, not a server error.
+#[tokio::test(flavor = "multi_thread")]
+async fn servers_on_one_postgres_data_store_share_it() {
+    let url = super::support::postgres::fresh_url();
+    let a = super::serve::serve_with(&["--data-db", &url], &[]);
+    let b = super::serve::serve_with(&["--data-db", &url], &[]);
+    let (status, _, _) = call(
+        &a,
+        Method::PUT,
+        "/store/items",
+        Some(json!({"namespace": ["users", "ann"], "key": "prefs", "value": {"theme": "dark", "text": "tides"}})),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (_, _, item) = call(&b, Method::GET, "/store/items?namespace=users.ann&key=prefs", None).await;
+    assert_eq!(item["value"], json!({"theme": "dark", "text": "tides"}), "{item}");
+    let (_, _, found) = call(
+        &b,
+        Method::POST,
+        "/store/items/search",
+        Some(json!({"namespace_prefix": ["users"], "query": "tides"})),
+    )
+    .await;
+    assert_eq!(found["items"][0]["key"], "prefs", "{found}");
+    assert!(found["items"][0]["score"].as_f64().unwrap() > 0.0, "{found}");
+    // B's run reads what was put through A and leaves a note A serves.
+    let (status, _, values) = call(
+        &b,
+        Method::POST,
+        "/runs/wait",
+        Some(json!({"assistant_id": "memo", "input": {"user": "ann"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(values["prefs"], json!({"theme": "dark", "text": "tides"}), "{values}");
+    let (_, _, note) = call(
+        &a,
+        Method::GET,
+        "/store/items?namespace=users.ann.notes&key=visit",
+        None,
+    )
+    .await;
+    assert_eq!(note["value"]["seen"], json!(true), "{note}");
+    let (status, _, body) = call(
+        &a,
+        Method::PUT,
+        "/store/items",
+        Some(json!({"namespace": ["users"], "key": "a\u{0}b", "value": {}})),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("NUL"), "{body}");
+}
+
 /// A value put over HTTP is what a `store` node reads in a run, and what a `store` node
 /// writes is read back over HTTP: one data store, in the reference's shapes.
 #[tokio::test(flavor = "multi_thread")]

@@ -33,7 +33,9 @@ enum Action {
     /// Create the checkpoint database's tables, or bring them to this runner's version (every
     /// open does it too; run it first in a deployment that gives servers no right to change
     /// the schema). A PostgreSQL database gets a schema of runner's own (`runner`, or the URL's
-    /// `schema` parameter); many processes migrating at once migrate once.
+    /// `schema` parameter); many processes migrating at once migrate once. The data store's
+    /// tables too, when it is on PostgreSQL (`RUNNER_DATA_DB`, or the same database), with the
+    /// pgvector extension where the server has it.
     Migrate {
         #[command(flatten)]
         db: Db,
@@ -65,6 +67,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
                     } else {
                         eprintln!("{schema} migrated from schema version {was} to {now}");
                     }
+                    migrate_data(&at)?;
                 }
                 Checkpoints::Sqlite(_) => {
                     at.open(Default::default())?;
@@ -81,6 +84,34 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
             Ok(exit::OK)
         }
     }
+}
+
+/// Migrates the data store when it is on PostgreSQL: `RUNNER_DATA_DB`, else the checkpoint
+/// database `db` (a data store in a file is made by its first use).
+fn migrate_data(db: &crate::run::Setting<Checkpoints>) -> anyhow::Result<()> {
+    let (env, _) = super::project_env()?;
+    let at = crate::run::data_location(None, db, &env)?;
+    if !matches!(at.value, crate::rag::Location::Postgres(_)) {
+        return Ok(());
+    }
+    let store = crate::rag::DataStore::new(at.value.clone());
+    let described = store
+        .open_now()
+        .map_err(|e| anyhow::anyhow!("cannot migrate the data store{}: {e}", from(&at.source)))?;
+    let (was, now) = described.migrated;
+    let vectors = described.vectors;
+    if was == now {
+        eprintln!(
+            "data store {} is at schema version {now} (vectors: {vectors}): nothing to do",
+            described.at
+        );
+    } else {
+        eprintln!(
+            "data store {} migrated from schema version {was} to {now} (vectors: {vectors})",
+            described.at
+        );
+    }
+    Ok(())
 }
 
 /// " (from RUNNER_DB …)": where the database was named, unless it is the default.

@@ -32,9 +32,10 @@ pub(super) struct Args {
     /// The index name (as `index:` in retrieve nodes).
     #[arg(long)]
     index: String,
-    /// The data database (default: $RUNNER_DATA_DB, else .runner/data.db).
+    /// The data database: a SQLite file, or `postgres://…` (default: $RUNNER_DATA_DB, else
+    /// $RUNNER_DB when it is a PostgreSQL database, else .runner/data.db).
     // Not `env = …`: the settings read the variable, so an error names where it was set.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH|URL")]
     data_db: Option<PathBuf>,
     /// Target chunk size in characters.
     #[arg(long, default_value_t = 1000)]
@@ -66,13 +67,13 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     if files.is_empty() {
         bail!("no documents (.txt, .md, .html, .pdf) under {}", show(&args.paths));
     }
-    let db = crate::run::data_db_path(args.data_db.clone(), &env);
+    let db = crate::run::data_location_from_env(args.data_db.clone(), &env)?;
     let db_source = match db.source {
         crate::run::Source::Default => String::new(),
         ref source => format!(" (from {source})"),
     };
     let db = db.value;
-    let data = DataStore::at(&db);
+    let data = DataStore::new(db.clone());
     if args.reset {
         let name = args.index.clone();
         data.with_blocking(|c| index::drop_index(c, &name))
@@ -113,7 +114,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
                 .as_ref()
                 .map(|k| format!(" with the embedder's key from {k}"))
                 .unwrap_or_default();
-            format!("cannot index into {}{db_source}{key}", db.display())
+            format!("cannot index into {db}{db_source}{key}")
         })?;
     if bar {
         eprintln!();
@@ -128,7 +129,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         summary.chunks,
         summary.skipped.len(),
         summary.failed.len(),
-        db.display()
+        db
     );
     Ok(if summary.failed.is_empty() {
         exit::OK

@@ -108,9 +108,10 @@ pub(super) struct Common {
     /// it does not hold fails the run, naming the closest recorded one.
     #[arg(long, value_name = "FILE", conflicts_with = "mock")]
     pub replay: Option<PathBuf>,
-    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
-    /// .runner/data.db; `:memory:` keeps nothing). Opened only by runs that use them.
-    #[arg(long, value_name = "PATH")]
+    /// The data database: search indexes and long-term memory, a SQLite file or
+    /// `postgres://…` (default: $RUNNER_DATA_DB, else the `--db` database when it is PostgreSQL,
+    /// else .runner/data.db; `:memory:` keeps nothing). Opened only by runs that use them.
+    #[arg(long, value_name = "PATH|URL")]
     pub data_db: Option<PathBuf>,
     /// Index long-term memory for semantic search with this embedder: `offline` (lexical, no
     /// model) or `PROVIDER:MODEL[@URL]` (e.g. `ollama:nomic-embed-text`); `store` nodes then

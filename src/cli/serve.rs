@@ -78,9 +78,10 @@ struct Runs {
     // is named as the variable (and the file) it came from, not as the flag.
     #[arg(long)]
     db: Option<PathBuf>,
-    /// The data database: search indexes and long-term memory (default: $RUNNER_DATA_DB, else
-    /// .runner/data.db).
-    #[arg(long, value_name = "PATH")]
+    /// The data database: search indexes and long-term memory, a SQLite file or
+    /// `postgres://…` (default: $RUNNER_DATA_DB, else the `--db` database when it is PostgreSQL,
+    /// else .runner/data.db).
+    #[arg(long, value_name = "PATH|URL")]
     data_db: Option<PathBuf>,
     /// Index the store for semantic search with this embedder, as LangGraph's store `index`:
     /// `offline` (lexical, no model) or `PROVIDER:MODEL[@URL]` (e.g. `ollama:nomic-embed-text`,

@@ -4,10 +4,9 @@
 //! computed, never cached (it is cheaper than a lookup). The newest [`KEEP`] vectors of an
 //! embedder are kept.
 
-use rusqlite::{Connection, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
-use super::embed::{self, from_blob, normalize, to_blob};
+use super::embed::{self, normalize};
 use super::{DataError, DataStore};
 use crate::clock::now;
 use crate::providers::{Embedder, ProviderError, Usage};
@@ -53,7 +52,7 @@ pub async fn embed(store: &DataStore, embedder: &dyn Embedder, texts: &[String])
     let keys: Vec<String> = texts.iter().map(|t| key(t)).collect();
     let mut found: Vec<Option<Vec<f32>>> = if cached {
         let (i, k) = (id.clone(), keys.clone());
-        store.with(move |c| lookup(c, &i, &k)).await?
+        store.with(move |c| c.cached_vectors(&i, &k)).await?
     } else {
         vec![None; texts.len()]
     };
@@ -75,7 +74,7 @@ pub async fn embed(store: &DataStore, embedder: &dyn Embedder, texts: &[String])
         }
         if cached {
             let i = id.clone();
-            store.with(move |c| put(c, &i, &fresh)).await?;
+            store.with(move |c| c.cache_vectors(&i, &fresh, &now(), KEEP)).await?;
         }
     }
     Ok(Embedded {
@@ -84,36 +83,6 @@ pub async fn embed(store: &DataStore, embedder: &dyn Embedder, texts: &[String])
         usage,
         hits,
     })
-}
-
-fn lookup(c: &Connection, embedder: &str, keys: &[String]) -> Result<Vec<Option<Vec<f32>>>, DataError> {
-    let mut stmt = c.prepare_cached("SELECT vector FROM query_embeddings WHERE embedder = ?1 AND hash = ?2")?;
-    let mut out = Vec::with_capacity(keys.len());
-    for k in keys {
-        let v: Option<Vec<u8>> = stmt.query_row(params![embedder, k], |r| r.get(0)).optional()?;
-        out.push(v.map(|b| from_blob(&b)));
-    }
-    Ok(out)
-}
-
-fn put(c: &mut Connection, embedder: &str, fresh: &[(String, Vec<f32>)]) -> Result<(), DataError> {
-    let tx = c.transaction()?;
-    {
-        let mut stmt = tx.prepare_cached(
-            "INSERT OR REPLACE INTO query_embeddings (embedder, hash, vector, created_at) VALUES (?1, ?2, ?3, ?4)",
-        )?;
-        let at = now();
-        for (k, v) in fresh {
-            stmt.execute(params![embedder, k, to_blob(v), at])?;
-        }
-    }
-    tx.execute(
-        "DELETE FROM query_embeddings WHERE embedder = ?1 AND rowid NOT IN
-         (SELECT rowid FROM query_embeddings WHERE embedder = ?1 ORDER BY created_at DESC, rowid DESC LIMIT ?2)",
-        params![embedder, KEEP],
-    )?;
-    tx.commit()?;
-    Ok(())
 }
 
 #[cfg(test)]

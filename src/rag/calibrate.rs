@@ -12,10 +12,9 @@
 //! their count and largest id). An index too small to calibrate (no unrelated pair) gets
 //! none: relevance is then the raw cosine.
 
-use rusqlite::{Connection, OptionalExtension, params};
-
 use super::DataError;
-use super::embed::dot_blob;
+use super::backend::{Backend, StoredCalibration};
+use super::embed::dot;
 use crate::clock::now;
 
 /// Chunks sampled.
@@ -59,12 +58,8 @@ pub struct Sample {
 }
 
 /// What the index's chunks are now: their count and largest id.
-fn fingerprint(c: &Connection, index: &str) -> Result<String, DataError> {
-    let (n, max): (i64, Option<i64>) = c.query_row(
-        "SELECT count(*), max(c.id) FROM chunks c JOIN documents d ON d.id = c.doc_id WHERE d.index_name = ?1",
-        [index],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
+fn fingerprint(c: &dyn Backend, index: &str) -> Result<String, DataError> {
+    let (n, max) = c.chunk_count(index)?;
     Ok(format!("{n}:{}", max.unwrap_or(0)))
 }
 
@@ -78,39 +73,26 @@ pub enum Stored {
 }
 
 /// The stored calibration of `index`, or the samples to compute it from.
-pub fn stored(c: &Connection, index: &str) -> Result<Stored, DataError> {
+pub fn stored(c: &dyn Backend, index: &str) -> Result<Stored, DataError> {
     let current = fingerprint(c, index)?;
-    let row: Option<(String, Option<f64>, Option<f64>, i64)> = c
-        .query_row(
-            "SELECT fingerprint, matching, unrelated, samples FROM calibrations WHERE index_name = ?1",
-            [index],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
-        .optional()?;
-    if let Some((fp, m, u, n)) = row
-        && fp == current
+    if let Some(k) = c.calibration(index)?
+        && k.fingerprint == current
     {
-        return Ok(Stored::Current(m.zip(u).map(|(matching, unrelated)| Calibration {
-            matching,
-            unrelated,
-            samples: n as usize,
-        })));
+        return Ok(Stored::Current(k.matching.zip(k.unrelated).map(
+            |(matching, unrelated)| Calibration {
+                matching,
+                unrelated,
+                samples: k.samples as usize,
+            },
+        )));
     }
     Ok(Stored::Stale(samples(c, index)?))
 }
 
 /// Up to [`SAMPLES`] chunks spread evenly over the index, each with a pseudo-query taken from
 /// its second third.
-fn samples(c: &Connection, index: &str) -> Result<Vec<Sample>, DataError> {
-    let mut stmt = c.prepare(
-        "SELECT c.id, c.doc_id, c.position, c.text FROM chunks c JOIN documents d ON d.id = c.doc_id
-         WHERE d.index_name = ?1 ORDER BY c.id",
-    )?;
-    let rows = stmt
-        .query_map([index], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, String>(3)?))
-        })?
-        .collect::<Result<Vec<(i64, i64, i64, String)>, _>>()?;
+fn samples(c: &dyn Backend, index: &str) -> Result<Vec<Sample>, DataError> {
+    let rows = c.chunk_texts(index)?;
     let step = rows.len().div_ceil(SAMPLES).max(1);
     Ok(rows
         .into_iter()
@@ -134,27 +116,20 @@ fn samples(c: &Connection, index: &str) -> Result<Vec<Sample>, DataError> {
 
 /// Computes and stores the calibration of `index` from `samples` and their unit vectors.
 pub fn compute(
-    c: &Connection,
+    c: &dyn Backend,
     index: &str,
     samples: &[Sample],
     vectors: &[Vec<f32>],
 ) -> Result<Option<Calibration>, DataError> {
-    let mut stmt = c.prepare(
-        "SELECT c.id, c.doc_id, c.position, c.vector FROM chunks c JOIN documents d ON d.id = c.doc_id
-         WHERE d.index_name = ?1",
-    )?;
-    let mut rows = stmt.query([index])?;
     let mut own = vec![None; samples.len()];
     let mut other: Vec<Option<f64>> = vec![None; samples.len()];
     let mut other_doc = vec![false; samples.len()];
-    while let Some(r) = rows.next()? {
-        let (id, doc, position): (i64, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
-        let blob = r.get_ref(3)?.as_blob().map_err(rusqlite::Error::from)?;
+    c.scan_vectors(index, &mut |chunk| {
         for (i, (s, q)) in samples.iter().zip(vectors).enumerate() {
-            let sim = || f64::from(dot_blob(q, blob));
-            if id == s.chunk {
+            let sim = || f64::from(dot(q, chunk.vector));
+            if chunk.id == s.chunk {
                 own[i] = Some(sim());
-            } else if doc != s.doc {
+            } else if chunk.doc != s.doc {
                 // Another document's chunk outranks any far chunk of the same document.
                 let v = sim();
                 other[i] = Some(if other_doc[i] {
@@ -163,12 +138,12 @@ pub fn compute(
                     v
                 });
                 other_doc[i] = true;
-            } else if !other_doc[i] && (position - s.position).abs() >= FAR {
+            } else if !other_doc[i] && (chunk.position - s.position).abs() >= FAR {
                 let v = sim();
                 other[i] = Some(other[i].map_or(v, |o| o.max(v)));
             }
         }
-    }
+    })?;
     let pairs: Vec<(f64, f64)> = own.into_iter().zip(other).filter_map(|(m, u)| m.zip(u)).collect();
     let calibration = (!pairs.is_empty())
         .then(|| Calibration {
@@ -177,19 +152,13 @@ pub fn compute(
             samples: pairs.len(),
         })
         .filter(|c| c.matching - c.unrelated >= MIN_SPREAD);
-    let fp = fingerprint(c, index)?;
-    c.execute(
-        "INSERT OR REPLACE INTO calibrations (index_name, fingerprint, matching, unrelated, samples, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![
-            index,
-            fp,
-            calibration.map(|k| k.matching),
-            calibration.map(|k| k.unrelated),
-            calibration.map_or(0, |k| k.samples as i64),
-            now()
-        ],
-    )?;
+    let stored = StoredCalibration {
+        fingerprint: fingerprint(c, index)?,
+        matching: calibration.map(|k| k.matching),
+        unrelated: calibration.map(|k| k.unrelated),
+        samples: calibration.map_or(0, |k| k.samples as i64),
+    };
+    c.put_calibration(index, &stored, &now())?;
     Ok(calibration)
 }
 

@@ -1,5 +1,5 @@
 //! Filling an index: documents are split into chunks, embedded, and stored with their text, a
-//! keyword (FTS5) entry and their vector. A document is keyed by its path (or id); indexing it
+//! keyword entry and their vector. A document is keyed by its path (or id); indexing it
 //! again replaces its chunks, unless its content hash (text and chunk sizes) is unchanged, in
 //! which case it is skipped. An index records the embedder that made its vectors and refuses
 //! another.
@@ -7,12 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::backend::Backend;
 use super::chunk::{self, Chunk, Chunking};
-use super::embed::{normalize, to_blob};
+use super::embed::normalize;
 use super::extract::{self, Format};
 use super::{DataError, DataStore};
 use crate::clock::now;
@@ -172,7 +172,7 @@ pub async fn index_documents(
         let ix = index.to_string();
         let name = doc.name.clone();
         store
-            .with(move |c| replace_document(c, &ix, &doc, &hash, &chunks, &vectors))
+            .with(move |c| c.replace_document(&ix, &doc, &hash, &now(), &chunks, &vectors))
             .await?;
         progress(i + 1, total, &name);
     }
@@ -199,16 +199,13 @@ fn content_hash(doc: &Document, c: Chunking) -> String {
 }
 
 /// The embedder an index was built with, if the index exists.
-pub fn index_embedder(c: &Connection, index: &str) -> Result<Option<String>, DataError> {
-    Ok(
-        c.query_row("SELECT embedder FROM indexes WHERE name = ?1", [index], |r| r.get(0))
-            .optional()?,
-    )
+pub fn index_embedder(c: &dyn Backend, index: &str) -> Result<Option<String>, DataError> {
+    c.index_embedder(index)
 }
 
 /// Fails when `index` exists and was built by another embedder.
-pub fn check_embedder(c: &Connection, index: &str, embedder: &str) -> Result<(), DataError> {
-    match index_embedder(c, index)? {
+pub fn check_embedder(c: &dyn Backend, index: &str, embedder: &str) -> Result<(), DataError> {
+    match c.index_embedder(index)? {
         Some(built) if built != embedder => Err(DataError::EmbedderMismatch {
             index: index.to_string(),
             built,
@@ -218,98 +215,16 @@ pub fn check_embedder(c: &Connection, index: &str, embedder: &str) -> Result<(),
     }
 }
 
-fn ensure_index(c: &Connection, index: &str, embedder: &str, dims: usize) -> Result<(), DataError> {
+fn ensure_index(c: &dyn Backend, index: &str, embedder: &str, dims: usize) -> Result<(), DataError> {
     check_embedder(c, index, embedder)?;
-    c.execute(
-        "INSERT OR IGNORE INTO indexes (name, embedder, dims, created_at) VALUES (?1, ?2, ?3, ?4)",
-        params![index, embedder, dims as i64, now()],
-    )?;
-    Ok(())
+    c.create_index(index, embedder, dims, &now())
 }
 
-fn unchanged(c: &Connection, index: &str, key: &str, hash: &str) -> Result<bool, DataError> {
-    let stored: Option<String> = c
-        .query_row(
-            "SELECT hash FROM documents WHERE index_name = ?1 AND path = ?2",
-            params![index, key],
-            |r| r.get(0),
-        )
-        .optional()?;
-    Ok(stored.as_deref() == Some(hash))
-}
-
-fn replace_document(
-    c: &mut Connection,
-    index: &str,
-    doc: &Document,
-    hash: &str,
-    chunks: &[Chunk],
-    vectors: &[Vec<f32>],
-) -> Result<(), DataError> {
-    let tx = c.transaction()?;
-    delete_document(&tx, index, &doc.key)?;
-    tx.execute(
-        "INSERT INTO documents (index_name, path, name, title, format, hash, metadata, indexed_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        params![
-            index,
-            doc.key,
-            doc.name,
-            doc.title,
-            doc.format.name(),
-            hash,
-            doc.metadata.to_string(),
-            now()
-        ],
-    )?;
-    let doc_id = tx.last_insert_rowid();
-    {
-        let mut chunk_row = tx.prepare(
-            "INSERT INTO chunks (doc_id, position, heading, page, start_char, end_char, text, vector)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )?;
-        let mut fts_row = tx.prepare("INSERT INTO chunks_fts (rowid, heading, text) VALUES (?1, ?2, ?3)")?;
-        for (ch, v) in chunks.iter().zip(vectors) {
-            chunk_row.execute(params![
-                doc_id,
-                ch.position as i64,
-                ch.heading,
-                ch.page,
-                ch.start as i64,
-                ch.end as i64,
-                ch.text,
-                to_blob(v)
-            ])?;
-            let id = tx.last_insert_rowid();
-            fts_row.execute(params![id, ch.heading.as_deref().unwrap_or(""), ch.text])?;
-        }
-    }
-    tx.commit()?;
-    Ok(())
-}
-
-fn delete_document(c: &Connection, index: &str, key: &str) -> Result<(), DataError> {
-    c.execute(
-        "DELETE FROM chunks_fts WHERE rowid IN (SELECT c.id FROM chunks c JOIN documents d ON d.id = c.doc_id
-         WHERE d.index_name = ?1 AND d.path = ?2)",
-        params![index, key],
-    )?;
-    c.execute(
-        "DELETE FROM documents WHERE index_name = ?1 AND path = ?2",
-        params![index, key],
-    )?;
-    Ok(())
+fn unchanged(c: &dyn Backend, index: &str, key: &str, hash: &str) -> Result<bool, DataError> {
+    Ok(c.document_hash(index, key)?.as_deref() == Some(hash))
 }
 
 /// Drops an index with its documents and chunks.
-pub fn drop_index(c: &mut Connection, index: &str) -> Result<(), DataError> {
-    let tx = c.transaction()?;
-    tx.execute(
-        "DELETE FROM chunks_fts WHERE rowid IN (SELECT c.id FROM chunks c JOIN documents d ON d.id = c.doc_id
-         WHERE d.index_name = ?1)",
-        [index],
-    )?;
-    tx.execute("DELETE FROM indexes WHERE name = ?1", [index])?;
-    tx.commit()?;
-    Ok(())
+pub fn drop_index(c: &dyn Backend, index: &str) -> Result<(), DataError> {
+    c.drop_index(index)
 }

@@ -9,21 +9,23 @@
 //! a put may name its own fields or opt out), and a search with a query ranks the items by the
 //! cosine similarity of their best field, items without vectors after them. Without an index a
 //! query is keyword search.
+//!
+//! These rules are the same on every backend; a backend only stores and finds rows
+//! ([`Backend`]'s memory calls).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Map, Value, json};
 
-use super::embed::{dot_blob, normalize, to_blob};
-use super::{DataError, DataStore, fts_query};
+use super::backend::{Backend, MemoryPut, MemoryRow, MemoryRows};
+use super::embed::normalize;
+use super::{DataError, DataStore, keywords};
 use crate::clock::{at_ms, now, now_ms};
 use crate::providers::Embedder;
 
 /// Namespace parts are joined with a unit separator, which templates never produce by
 /// accident; the trailing one makes prefixes match whole parts only.
-fn ns_key(namespace: &[String]) -> String {
+pub(crate) fn ns_key(namespace: &[String]) -> String {
     namespace.iter().map(|p| format!("{p}\u{1f}")).collect()
 }
 
@@ -49,87 +51,59 @@ fn expiry(ttl: f64) -> String {
 
 /// Removes the items whose time to live has run out, with their keyword rows. Every read calls
 /// it first, so what a read returns has not expired.
-pub fn sweep(c: &Connection) -> Result<usize, DataError> {
-    let expired: Vec<(String, String)> = c
-        .prepare_cached("SELECT namespace, key FROM memory WHERE expires_at IS NOT NULL AND expires_at <= ?1")?
-        .query_map([now()], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<Result<_, _>>()?;
-    for (ns, key) in &expired {
-        c.execute("DELETE FROM memory WHERE namespace = ?1 AND key = ?2", params![ns, key])?;
-        c.execute(
-            "DELETE FROM memory_fts WHERE namespace = ?1 AND key = ?2",
-            params![ns, key],
-        )?;
-        c.execute(
-            "DELETE FROM memory_vectors WHERE namespace = ?1 AND key = ?2",
-            params![ns, key],
-        )?;
-    }
-    Ok(expired.len())
+pub fn sweep(c: &dyn Backend) -> Result<usize, DataError> {
+    c.sweep(&now())
 }
 
-/// Restarts the time to live of the item under `namespace` (as stored) and `key`, if it has one.
-fn refresh(c: &Connection, ns: &str, key: &str) -> Result<(), DataError> {
-    let ttl: Option<Option<f64>> = c
-        .query_row(
-            "SELECT ttl FROM memory WHERE namespace = ?1 AND key = ?2",
-            params![ns, key],
-            |r| r.get(0),
-        )
-        .optional()?;
-    if let Some(Some(ttl)) = ttl {
-        c.execute(
-            "UPDATE memory SET expires_at = ?3 WHERE namespace = ?1 AND key = ?2",
-            params![ns, key, expiry(ttl)],
-        )?;
+/// Restarts the time to live of a row read, if it has one.
+fn refresh(c: &dyn Backend, row: &MemoryRow) -> Result<(), DataError> {
+    if let Some(ttl) = row.ttl {
+        c.set_expiry(&row.namespace, &row.key, &expiry(ttl))?;
     }
     Ok(())
 }
 
+/// A stored value (JSON text) as a value; text that is not JSON as a string.
+fn value_of(text: String) -> Value {
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
 /// The value under `key`, or null; with `refresh`, an item with a time to live starts it again.
-pub fn get(c: &Connection, namespace: &[String], key: &str, refresh: bool) -> Result<Value, DataError> {
+pub fn get(c: &dyn Backend, namespace: &[String], key: &str, refresh: bool) -> Result<Value, DataError> {
     sweep(c)?;
+    let Some(row) = c.memory_item(&ns_key(namespace), key)? else {
+        return Ok(Value::Null);
+    };
     if refresh {
-        self::refresh(c, &ns_key(namespace), key)?;
+        self::refresh(c, &row)?;
     }
-    let v: Option<String> = c
-        .query_row(
-            "SELECT value FROM memory WHERE namespace = ?1 AND key = ?2",
-            params![ns_key(namespace), key],
-            |r| r.get(0),
-        )
-        .optional()?;
-    Ok(v.and_then(|v| serde_json::from_str(&v).ok()).unwrap_or(Value::Null))
+    Ok(serde_json::from_str(&row.value).unwrap_or(Value::Null))
 }
 
 /// Every value of the namespace, as an object by key (in key order); with `refresh`, those
 /// with a time to live start it again.
-pub fn get_all(c: &Connection, namespace: &[String], refresh: bool) -> Result<Value, DataError> {
+pub fn get_all(c: &dyn Backend, namespace: &[String], refresh: bool) -> Result<Value, DataError> {
     sweep(c)?;
     let ns = ns_key(namespace);
-    let mut stmt = c.prepare_cached("SELECT key, value, ttl FROM memory WHERE namespace = ?1 ORDER BY key")?;
-    let rows: Vec<(String, String, Option<f64>)> = stmt
-        .query_map([&ns], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-        .collect::<Result<_, _>>()?;
     let mut out = Map::new();
-    for (k, v, ttl) in rows {
-        if refresh && ttl.is_some() {
-            self::refresh(c, &ns, &k)?;
+    for row in c.memory_rows(MemoryRows::Namespace(&ns))? {
+        if refresh {
+            self::refresh(c, &row)?;
         }
-        out.insert(k, serde_json::from_str(&v).unwrap_or(Value::String(v)));
+        out.insert(row.key, value_of(row.value));
     }
     Ok(Value::Object(out))
 }
 
 /// Stores `value` under `key`, replacing what was there.
-pub fn put(c: &mut Connection, namespace: &[String], key: &str, value: &Value) -> Result<(), DataError> {
+pub fn put(c: &dyn Backend, namespace: &[String], key: &str, value: &Value) -> Result<(), DataError> {
     put_for(c, namespace, key, value, None)
 }
 
 /// [`put`] with a time to live: the item expires `ttl` minutes after it is written (or last
 /// read with a refresh); none: it stays until it is deleted. The ttl must be a positive number.
 pub fn put_for(
-    c: &mut Connection,
+    c: &dyn Backend,
     namespace: &[String],
     key: &str,
     value: &Value,
@@ -138,13 +112,12 @@ pub fn put_for(
     put_with(c, namespace, key, value, ttl, None)
 }
 
-/// An item's vectors: a unit vector per field path embedded.
-pub type FieldVectors = [(String, Vec<f32>)];
+pub use super::backend::FieldVectors;
 
 /// [`put_for`] with the item's vectors (`(embedder id, [(field path, unit vector)])`), which
 /// replace any it had; none: the item has none (its value is not indexed).
 pub fn put_with(
-    c: &mut Connection,
+    c: &dyn Backend,
     namespace: &[String],
     key: &str,
     value: &Value,
@@ -156,61 +129,30 @@ pub fn put_with(
             "ttl is a positive number of minutes, not {t}"
         )));
     }
-    let ns = ns_key(namespace);
-    let tx = c.transaction()?;
-    tx.execute(
-        "INSERT INTO memory (namespace, key, value, updated_at, created_at, ttl, expires_at)
-         VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6)
-         ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,
-           updated_at = excluded.updated_at, ttl = excluded.ttl, expires_at = excluded.expires_at",
-        params![ns, key, value.to_string(), now(), ttl, ttl.map(expiry)],
-    )?;
-    tx.execute(
-        "DELETE FROM memory_fts WHERE namespace = ?1 AND key = ?2",
-        params![ns, key],
-    )?;
-    tx.execute(
-        "INSERT INTO memory_fts (namespace, key, text) VALUES (?1, ?2, ?3)",
-        params![ns, key, format!("{key} {}", text_of(value))],
-    )?;
-    tx.execute(
-        "DELETE FROM memory_vectors WHERE namespace = ?1 AND key = ?2",
-        params![ns, key],
-    )?;
-    if let Some((embedder, vectors)) = vectors {
-        let mut insert = tx.prepare_cached(
-            "INSERT OR REPLACE INTO memory_vectors (namespace, key, path, embedder, vector) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?;
-        for (path, v) in vectors {
-            insert.execute(params![ns, key, path, embedder, to_blob(v)])?;
-        }
-    }
-    tx.commit()?;
-    Ok(())
+    let expires_at = ttl.map(expiry);
+    c.memory_put(&MemoryPut {
+        namespace: &ns_key(namespace),
+        key,
+        value: &value.to_string(),
+        text: &format!("{key} {}", text_of(value)),
+        at: &now(),
+        ttl,
+        expires_at: expires_at.as_deref(),
+        vectors,
+    })
 }
 
 /// Deletes `key`; whether it existed.
-pub fn delete(c: &mut Connection, namespace: &[String], key: &str) -> Result<bool, DataError> {
-    let ns = ns_key(namespace);
-    let tx = c.transaction()?;
-    let n = tx.execute("DELETE FROM memory WHERE namespace = ?1 AND key = ?2", params![ns, key])?;
-    tx.execute(
-        "DELETE FROM memory_fts WHERE namespace = ?1 AND key = ?2",
-        params![ns, key],
-    )?;
-    tx.execute(
-        "DELETE FROM memory_vectors WHERE namespace = ?1 AND key = ?2",
-        params![ns, key],
-    )?;
-    tx.commit()?;
-    Ok(n > 0)
+pub fn delete(c: &dyn Backend, namespace: &[String], key: &str) -> Result<bool, DataError> {
+    c.memory_delete(&ns_key(namespace), key)
 }
 
-/// Items of the namespace and those under it, best keyword match first (BM25); without a
-/// query, the most recently updated first. Items are `{namespace, key, value, score}`; with
-/// `refresh`, those with a time to live start it again.
+/// Items of the namespace and those under it, best keyword match first (the backend's
+/// ranking: BM25 on SQLite, `ts_rank` on PostgreSQL); without a query, the most recently
+/// updated first. Items are `{namespace, key, value, score}`; with `refresh`, those with a
+/// time to live start it again.
 pub fn search(
-    c: &Connection,
+    c: &dyn Backend,
     namespace: &[String],
     query: Option<&str>,
     limit: usize,
@@ -218,42 +160,29 @@ pub fn search(
 ) -> Result<Vec<Value>, DataError> {
     sweep(c)?;
     let ns = ns_key(namespace);
-    let limit = limit as i64;
-    let rows: Vec<(String, String, String, f64)> = match query.and_then(fts_query) {
-        Some(q) => {
-            let mut stmt = c.prepare_cached(
-                "SELECT m.namespace, m.key, m.value, bm25(memory_fts) FROM memory_fts
-                 JOIN memory m ON m.namespace = memory_fts.namespace AND m.key = memory_fts.key
-                 WHERE memory_fts MATCH ?1 AND substr(memory_fts.namespace, 1, length(?2)) = ?2
-                 ORDER BY bm25(memory_fts), m.key LIMIT ?3",
-            )?;
-            stmt.query_map(params![q, ns, limit], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, -r.get::<_, f64>(3)?))
-            })?
-            .collect::<Result<_, _>>()?
-        }
-        None => {
-            let mut stmt = c.prepare_cached(
-                "SELECT namespace, key, value, 0.0 FROM memory WHERE substr(namespace, 1, length(?1)) = ?1
-                 ORDER BY updated_at DESC, key LIMIT ?2",
-            )?;
-            stmt.query_map(params![ns, limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
-                .collect::<Result<_, _>>()?
-        }
+    let words = query.map(keywords).unwrap_or_default();
+    let rows = if words.is_empty() {
+        c.memory_rows(MemoryRows::Recent { prefix: &ns, limit })?
+    } else {
+        c.memory_rows(MemoryRows::Matching {
+            prefix: &ns,
+            words: &words,
+            limit: Some(limit),
+        })?
     };
     if refresh {
-        for (ns, key, ..) in &rows {
-            self::refresh(c, ns, key)?;
+        for row in &rows {
+            self::refresh(c, row)?;
         }
     }
     Ok(rows
         .into_iter()
-        .map(|(ns, key, value, score)| {
+        .map(|row| {
             json!({
-                "namespace": ns_parts(&ns),
-                "key": key,
-                "value": serde_json::from_str::<Value>(&value).unwrap_or(Value::String(value)),
-                "score": score,
+                "namespace": ns_parts(&row.namespace),
+                "key": row.key,
+                "value": value_of(row.value),
+                "score": row.score.unwrap_or(0.0),
             })
         })
         .collect())
@@ -290,27 +219,21 @@ fn text_of(v: &Value) -> String {
 /// A stored item as LangGraph's store reports it: `{namespace, key, value, created_at,
 /// updated_at}` (`created_at` is null for items stored before the data store kept it). With
 /// `refresh`, an item with a time to live starts it again.
-pub fn item(c: &Connection, namespace: &[String], key: &str, refresh: bool) -> Result<Option<Value>, DataError> {
+pub fn item(c: &dyn Backend, namespace: &[String], key: &str, refresh: bool) -> Result<Option<Value>, DataError> {
     sweep(c)?;
+    let Some(row) = c.memory_item(&ns_key(namespace), key)? else {
+        return Ok(None);
+    };
     if refresh {
-        self::refresh(c, &ns_key(namespace), key)?;
+        self::refresh(c, &row)?;
     }
-    let row: Option<(String, String, Option<String>)> = c
-        .query_row(
-            "SELECT value, updated_at, created_at FROM memory WHERE namespace = ?1 AND key = ?2",
-            params![ns_key(namespace), key],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .optional()?;
-    Ok(row.map(|(value, updated, created)| {
-        json!({
-            "namespace": namespace,
-            "key": key,
-            "value": serde_json::from_str::<Value>(&value).unwrap_or(Value::String(value)),
-            "created_at": created,
-            "updated_at": updated,
-        })
-    }))
+    Ok(Some(json!({
+        "namespace": namespace,
+        "key": key,
+        "value": value_of(row.value),
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+    })))
 }
 
 /// What [`items`] looks for.
@@ -329,51 +252,27 @@ pub struct ItemQuery {
 }
 
 /// Items as LangGraph's store searches them: [`item`]s with a `score` (null without a query).
-pub fn items(c: &Connection, q: &ItemQuery) -> Result<Vec<Value>, DataError> {
+pub fn items(c: &dyn Backend, q: &ItemQuery) -> Result<Vec<Value>, DataError> {
     sweep(c)?;
     let ns = ns_key(&q.prefix);
-    type Row = (String, String, String, String, Option<String>, Option<f64>);
-    let rows: Vec<Row> = match q.query.as_deref().and_then(fts_query) {
-        Some(text) => {
-            let mut stmt = c.prepare_cached(
-                "SELECT m.namespace, m.key, m.value, m.updated_at, m.created_at, bm25(memory_fts) FROM memory_fts
-                 JOIN memory m ON m.namespace = memory_fts.namespace AND m.key = memory_fts.key
-                 WHERE memory_fts MATCH ?1 AND substr(memory_fts.namespace, 1, length(?2)) = ?2
-                 ORDER BY bm25(memory_fts), m.key",
-            )?;
-            stmt.query_map(params![text, ns], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    Some(-r.get::<_, f64>(5)?),
-                ))
-            })?
-            .collect::<Result<_, _>>()?
-        }
-        None => {
-            let mut stmt = c.prepare_cached(
-                // In the order they were put, as LangGraph's store lists what no query ranks:
-                // oldest first, and the row's id (kept by an update) between items put in the
-                // same millisecond.
-                "SELECT namespace, key, value, updated_at, created_at FROM memory
-                 WHERE substr(namespace, 1, length(?1)) = ?1 ORDER BY created_at, rowid",
-            )?;
-            stmt.query_map(params![ns], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, None))
-            })?
-            .collect::<Result<_, _>>()?
-        }
+    let words = q.query.as_deref().map(keywords).unwrap_or_default();
+    let rows = if words.is_empty() {
+        // In the order they were put, as LangGraph's store lists what no query ranks.
+        c.memory_rows(MemoryRows::InOrder { prefix: &ns })?
+    } else {
+        c.memory_rows(MemoryRows::Matching {
+            prefix: &ns,
+            words: &words,
+            limit: None,
+        })?
     };
     let found: Vec<_> = rows
         .into_iter()
-        .map(|(ns, key, value, updated, created, score)| {
-            let value = serde_json::from_str::<Value>(&value).unwrap_or(Value::String(value));
-            (ns, key, value, updated, created, score)
+        .map(|row| {
+            let score = row.score;
+            (row, score)
         })
-        .filter(|(_, _, value, ..)| passes(q.filter.as_ref(), value))
+        .filter_map(|(row, score)| passing(q.filter.as_ref(), row, score))
         .skip(q.offset)
         .take(q.limit)
         .collect();
@@ -385,19 +284,25 @@ fn passes(filter: Option<&Map<String, Value>>, value: &Value) -> bool {
     filter.is_none_or(|f| f.iter().all(|(k, want)| value.get(k) == Some(want)))
 }
 
-/// An item found: namespace (as stored), key, value, updated, created, score.
-type FoundRow = (String, String, Value, String, Option<String>, Option<f64>);
+/// An item found: its row, its value, its score.
+type Found = (MemoryRow, Value, Option<f64>);
+
+/// A row with its value parsed, if the value passes `filter`.
+fn passing(filter: Option<&Map<String, Value>>, mut row: MemoryRow, score: Option<f64>) -> Option<Found> {
+    let value = value_of(std::mem::take(&mut row.value));
+    passes(filter, &value).then_some((row, value, score))
+}
 
 /// Found rows as items, their time to live started again with `refresh`.
-fn shown(c: &Connection, found: Vec<FoundRow>, refresh: bool) -> Result<Vec<Value>, DataError> {
+fn shown(c: &dyn Backend, found: Vec<Found>, refresh: bool) -> Result<Vec<Value>, DataError> {
     let mut out = Vec::with_capacity(found.len());
-    for (ns, key, value, updated, created, score) in found {
+    for (row, value, score) in found {
         if refresh {
-            self::refresh(c, &ns, &key)?;
+            self::refresh(c, &row)?;
         }
         out.push(json!({
-            "namespace": ns_parts(&ns), "key": key, "value": value,
-            "created_at": created, "updated_at": updated, "score": score,
+            "namespace": ns_parts(&row.namespace), "key": row.key, "value": value,
+            "created_at": row.created_at, "updated_at": row.updated_at, "score": score,
         }));
     }
     Ok(out)
@@ -407,48 +312,26 @@ fn shown(c: &Connection, found: Vec<FoundRow>, refresh: bool) -> Result<Vec<Valu
 /// by the best cosine similarity of their vectors (made by `embedder`) to `query` (a unit
 /// vector), best first, then paged; when a page has room left, items with no vector by that
 /// embedder fill it, with a null score (as LangGraph's store does).
-pub fn similar_items(c: &Connection, q: &ItemQuery, query: &[f32], embedder: &str) -> Result<Vec<Value>, DataError> {
+pub fn similar_items(c: &dyn Backend, q: &ItemQuery, query: &[f32], embedder: &str) -> Result<Vec<Value>, DataError> {
     sweep(c)?;
     let ns = ns_key(&q.prefix);
-    let mut best: HashMap<(String, String), f32> = HashMap::new();
-    {
-        let mut stmt = c.prepare_cached(
-            "SELECT namespace, key, vector FROM memory_vectors
-             WHERE embedder = ?1 AND substr(namespace, 1, length(?2)) = ?2",
-        )?;
-        let mut rows = stmt.query(params![embedder, ns])?;
-        while let Some(r) = rows.next()? {
-            let blob = r.get_ref(2)?.as_blob().map_err(rusqlite::Error::from)?;
-            let score = dot_blob(query, blob);
-            let slot = best.entry((r.get(0)?, r.get(1)?)).or_insert(f32::NEG_INFINITY);
-            *slot = slot.max(score);
-        }
-    }
+    let best = c.memory_scores(&ns, embedder, query)?;
     // In the order they were put, as [`items`] lists them: LangGraph's store ranks its
     // candidates in that order with a stable sort, and fills a page's room from them in it.
-    let mut stmt = c.prepare_cached(
-        "SELECT namespace, key, value, updated_at, created_at FROM memory
-         WHERE substr(namespace, 1, length(?1)) = ?1 ORDER BY created_at, rowid",
-    )?;
-    let rows: Vec<(String, String, String, String, Option<String>)> = stmt
-        .query_map(params![ns], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        })?
-        .collect::<Result<_, _>>()?;
     let mut scored = Vec::new();
     let mut scoreless = Vec::new();
-    for (ns, key, value, updated, created) in rows {
-        let value = serde_json::from_str::<Value>(&value).unwrap_or(Value::String(value));
-        if !passes(q.filter.as_ref(), &value) {
+    for row in c.memory_rows(MemoryRows::InOrder { prefix: &ns })? {
+        let score = best.get(&(row.namespace.clone(), row.key.clone())).copied();
+        let Some(found) = passing(q.filter.as_ref(), row, score.map(f64::from)) else {
             continue;
-        }
-        match best.get(&(ns.clone(), key.clone())) {
-            Some(score) => scored.push((ns, key, value, updated, created, Some(f64::from(*score)))),
-            None => scoreless.push((ns, key, value, updated, created, None)),
+        };
+        match score {
+            Some(_) => scored.push(found),
+            None => scoreless.push(found),
         }
     }
     // Best first; equal scores in the order above (`sort_by` is stable).
-    scored.sort_by(|a, b| b.5.partial_cmp(&a.5).unwrap_or(std::cmp::Ordering::Equal));
+    scored.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap_or(std::cmp::Ordering::Equal));
     let mut found: Vec<_> = scored.into_iter().skip(q.offset).take(q.limit).collect();
     let room = q.limit.saturating_sub(found.len());
     found.extend(scoreless.into_iter().take(room));
@@ -660,7 +543,7 @@ fn walk_path(v: &Value, tokens: &[String], out: &mut Vec<String>) {
 /// The namespaces that hold items, in order: those under `prefix` and ending with `suffix`,
 /// cut to their first `max_depth` parts (duplicates made by the cut counted once).
 pub fn namespaces(
-    c: &Connection,
+    c: &dyn Backend,
     prefix: &[String],
     suffix: &[String],
     max_depth: Option<usize>,
@@ -668,14 +551,8 @@ pub fn namespaces(
     offset: usize,
 ) -> Result<Vec<Vec<String>>, DataError> {
     sweep(c)?;
-    let mut stmt = c.prepare_cached(
-        "SELECT DISTINCT namespace FROM memory WHERE substr(namespace, 1, length(?1)) = ?1 ORDER BY namespace",
-    )?;
-    let all: Vec<String> = stmt
-        .query_map([ns_key(prefix)], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
     let mut out: Vec<Vec<String>> = Vec::new();
-    for ns in all {
+    for ns in c.memory_namespaces(&ns_key(prefix))? {
         let mut parts = ns_parts(&ns);
         if !parts.ends_with(suffix) {
             continue;
@@ -692,6 +569,9 @@ pub fn namespaces(
 
 #[cfg(test)]
 mod tests {
+    //! What only SQLite has (an upgrade from its older schemas) and what touches no database;
+    //! the rules every backend keeps are tested against each in `tests/data_store.rs`.
+
     use super::*;
     use crate::rag::DataStore;
 
@@ -705,7 +585,7 @@ mod tests {
         let path = dir.path().join("data.db");
         {
             // Version 1's memory table, with an item in it.
-            let c = Connection::open(&path).unwrap();
+            let c = rusqlite::Connection::open(&path).unwrap();
             c.execute_batch(
                 "CREATE TABLE memory (namespace TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
                    updated_at TEXT NOT NULL, PRIMARY KEY (namespace, key)) STRICT;
@@ -741,8 +621,9 @@ mod tests {
         assert_eq!(again["created_at"], new["created_at"]);
         assert_eq!(again["value"], json!({"b": 3}));
         // Upgraded through version 3 too: items may have a time to live.
-        let version: i64 = store
-            .with_blocking(|c| Ok(c.pragma_query_value(None, "user_version", |r| r.get(0))?))
+        let version: i64 = rusqlite::Connection::open(&path)
+            .unwrap()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(version, crate::rag::SCHEMA_VERSION);
         store
@@ -754,106 +635,6 @@ mod tests {
                 .unwrap()
                 .is_some()
         );
-    }
-
-    /// An item whose time has come is gone from every read, keyword rows included, and a
-    /// refreshing read moves its expiry on by its ttl; one put without a ttl never expires.
-    #[test]
-    fn expired_items_are_swept_before_every_read() {
-        let store = DataStore::default();
-        let expires = |key: &'static str| {
-            store
-                .with_blocking(move |c| {
-                    Ok(c.query_row("SELECT expires_at FROM memory WHERE key = ?1", [key], |r| {
-                        r.get::<_, Option<String>>(0)
-                    })?)
-                })
-                .unwrap()
-        };
-        store
-            .with_blocking(|c| {
-                put_for(c, &ns(&["t"]), "old", &json!({"w": "tide"}), Some(1.0))?;
-                put_for(c, &ns(&["t"]), "fresh", &json!({"w": "tide"}), Some(60.0))?;
-                put(c, &ns(&["t"]), "kept", &json!({"w": "tide"}))
-            })
-            .unwrap();
-        assert_eq!(expires("kept"), None);
-        let before = expires("fresh").unwrap();
-        // A minute's ttl moves by about a minute; an hour's by an hour, from now.
-        assert!(before > expiry(59.0) && before <= expiry(60.0), "{before}");
-        store
-            .with_blocking(|c| {
-                c.execute(
-                    "UPDATE memory SET expires_at = ?1 WHERE key = 'old'",
-                    [at_ms(now_ms() - 1)],
-                )?;
-                c.execute(
-                    "UPDATE memory SET expires_at = ?1 WHERE key = 'fresh'",
-                    [at_ms(now_ms() + 1000)],
-                )?;
-                Ok(())
-            })
-            .unwrap();
-        let found = store
-            .with_blocking(|c| search(c, &ns(&["t"]), Some("tide"), 10, false))
-            .unwrap();
-        let keys: Vec<&str> = found.iter().filter_map(|i| i["key"].as_str()).collect();
-        assert_eq!(keys.len(), 2, "{found:?}");
-        assert!(!keys.contains(&"old"));
-        let fts: i64 = store
-            .with_blocking(|c| Ok(c.query_row("SELECT count(*) FROM memory_fts WHERE key = 'old'", [], |r| r.get(0))?))
-            .unwrap();
-        assert_eq!(fts, 0, "the keyword rows go with the item");
-        // Without a refresh the expiry stays; with one it is an hour away again.
-        store.with_blocking(|c| item(c, &ns(&["t"]), "fresh", false)).unwrap();
-        assert!(expires("fresh").unwrap() < expiry(1.0));
-        store.with_blocking(|c| item(c, &ns(&["t"]), "fresh", true)).unwrap();
-        assert!(expires("fresh").unwrap() > expiry(59.0));
-        let bad = store.with_blocking(|c| put_for(c, &ns(&["t"]), "x", &json!({}), Some(-1.0)));
-        assert!(bad.is_err());
-    }
-
-    #[test]
-    fn items_filter_before_paging_and_namespaces_cut_to_a_depth() {
-        let store = DataStore::default();
-        store
-            .with_blocking(|c| {
-                for (i, who) in ["a", "b", "c"].iter().enumerate() {
-                    put(c, &ns(&["users", who]), "k", &json!({"even": i % 2 == 0}))?;
-                    put(c, &ns(&["users", who, "notes"]), "n", &json!({"even": false}))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-        let even = serde_json::Map::from_iter([("even".to_string(), json!(true))]);
-        let page = |offset| {
-            store
-                .with_blocking(|c| {
-                    items(
-                        c,
-                        &ItemQuery {
-                            prefix: ns(&["users"]),
-                            filter: Some(even.clone()),
-                            limit: 1,
-                            offset,
-                            ..Default::default()
-                        },
-                    )
-                })
-                .unwrap()
-        };
-        // Two items match (a and c): the filter is applied before the page is cut.
-        assert_eq!(page(0).len(), 1);
-        assert_eq!(page(1).len(), 1);
-        assert!(page(2).is_empty());
-        let listed = store
-            .with_blocking(|c| namespaces(c, &ns(&["users"]), &[], Some(2), 100, 0))
-            .unwrap();
-        assert_eq!(listed, [ns(&["users", "a"]), ns(&["users", "b"]), ns(&["users", "c"])]);
-        let notes = store
-            .with_blocking(|c| namespaces(c, &[], &ns(&["notes"]), None, 1, 1))
-            .unwrap();
-        assert_eq!(notes, [ns(&["users", "b", "notes"])]);
     }
 
     #[test]
@@ -884,116 +665,5 @@ mod tests {
             Vec::<String>::new(),
             "an index into a string finds nothing"
         );
-    }
-
-    /// With a semantic index, a query ranks items by their best field's similarity; items put
-    /// without vectors (or with another embedder's) only fill a page's room, scoreless; a
-    /// value replaced or deleted takes its vectors with it.
-    #[tokio::test]
-    async fn a_semantic_index_ranks_by_similarity_and_scoreless_items_fill_the_page() {
-        use crate::rag::embed::HashedEmbedder;
-        let store = DataStore::default().with_memory_index(MemoryIndex {
-            embedder: Arc::new(HashedEmbedder),
-            fields: vec!["text".into()],
-        });
-        let put = |key: &'static str, value: Value, indexing: Indexing| {
-            let store = store.clone();
-            async move { put_indexed(&store, ns(&["m"]), key.into(), value, None, &indexing).await }
-        };
-        put(
-            "tides",
-            json!({"text": "the moon pulls the tides of the sea"}),
-            Indexing::Default,
-        )
-        .await
-        .unwrap();
-        put(
-            "bread",
-            json!({"text": "baking sourdough bread at home"}),
-            Indexing::Default,
-        )
-        .await
-        .unwrap();
-        put(
-            "both",
-            json!({"a": "garden soil", "b": "moon tides"}),
-            Indexing::Fields(vec!["a".into(), "b".into()]),
-        )
-        .await
-        .unwrap();
-        put("plain", json!({"text": "moon tides moon tides"}), Indexing::Off)
-            .await
-            .unwrap();
-        let search = |offset: usize, limit: usize| {
-            let store = store.clone();
-            async move {
-                search_items(
-                    &store,
-                    ItemQuery {
-                        prefix: ns(&["m"]),
-                        query: Some("moon tides".into()),
-                        limit,
-                        offset,
-                        ..Default::default()
-                    },
-                )
-                .await
-                .unwrap()
-            }
-        };
-        let found = search(0, 10).await;
-        let keys: Vec<&str> = found.iter().filter_map(|i| i["key"].as_str()).collect();
-        assert_eq!(keys, ["both", "tides", "bread", "plain"], "{found:#?}");
-        let scores: Vec<Option<f64>> = found.iter().map(|i| i["score"].as_f64()).collect();
-        assert!(scores[0] > scores[1] && scores[1] > scores[2], "{scores:?}");
-        assert!(scores[0].unwrap() <= 1.0 + 1e-6);
-        assert_eq!(scores[3], None, "an item put with indexing off has no score");
-        // Paging is over the ranked items; the scoreless one fills only a page with room.
-        let second: Vec<Value> = search(1, 1).await;
-        assert_eq!(second[0]["key"], "tides");
-        let last = search(3, 2).await;
-        assert_eq!(last.len(), 1);
-        assert_eq!(last[0]["key"], "plain");
-        // Without a query, the most recently updated first, no scores.
-        let all = search_items(
-            &store,
-            ItemQuery {
-                prefix: ns(&["m"]),
-                limit: 10,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-        assert_eq!(all.len(), 4);
-        assert!(all.iter().all(|i| i["score"].is_null()));
-        // Replacing a value without indexing drops its vectors; deleting one drops them too.
-        put("tides", json!({"text": "the moon pulls the tides"}), Indexing::Off)
-            .await
-            .unwrap();
-        store.with_blocking(|c| delete(c, &ns(&["m"]), "both")).unwrap();
-        let vectors: i64 = store
-            .with_blocking(|c| Ok(c.query_row("SELECT count(*) FROM memory_vectors", [], |r| r.get(0))?))
-            .unwrap();
-        assert_eq!(vectors, 1, "only bread's vector is left");
-        // Vectors another embedder made are not compared with this one's query.
-        store
-            .with_blocking(|c| {
-                let v = vec![(
-                    String::from("text"),
-                    crate::rag::embed::HashedEmbedder::vector("moon tides"),
-                )];
-                put_with(
-                    c,
-                    &ns(&["m"]),
-                    "other",
-                    &json!({"text": "moon tides"}),
-                    None,
-                    Some(("someone-else", &v)),
-                )
-            })
-            .unwrap();
-        let ranked = search(0, 1).await;
-        assert_eq!(ranked[0]["key"], "bread");
     }
 }

@@ -1,13 +1,19 @@
-//! The data store: one SQLite file holding search indexes (chunks, an FTS5 keyword index,
-//! vectors) and long-term memory (JSON values by namespace and key), and what fills and reads
-//! it: text extraction, chunking, the offline embedder, the query-embedding cache, relevance
-//! calibration, hybrid search.
+//! The data store: search indexes (chunks, a keyword index, vectors) and long-term memory
+//! (JSON values by namespace and key) in one database — a SQLite file, or a PostgreSQL database
+//! that many runner processes share — and what fills and reads it: text extraction, chunking,
+//! the offline embedder, the query-embedding cache, relevance calibration, hybrid search.
 //!
-//! The file is opened on first use, so runs that never index, retrieve or store never touch
-//! it. SQLite calls block: nodes run them through [`DataStore::with`], on tokio's blocking pool.
+//! What is stored and by which rules is shared by both databases; each is a [`Backend`]
+//! (`backend.rs`), the SQL and nothing else: `sqlite.rs`, `postgres/`.
 //!
-//! Depends on rusqlite, serde_json and `providers` (the `Embedder` trait) only.
+//! The database is opened on first use, so runs that never index, retrieve or store never
+//! touch it. Backend calls block: nodes run them through [`DataStore::with`], on tokio's
+//! blocking pool.
+//!
+//! Depends on rusqlite, tokio-postgres, serde_json, `pg` (PostgreSQL connections) and
+//! `providers` (the `Embedder` trait) only.
 
+pub mod backend;
 pub mod cache;
 pub mod calibrate;
 pub mod chunk;
@@ -15,86 +21,19 @@ pub mod embed;
 pub mod extract;
 pub mod index;
 pub mod memory;
+mod postgres;
 pub mod pptx;
 pub mod search;
+mod sqlite;
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 
-/// The schema this build writes, kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 4;
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS indexes (
-    name TEXT PRIMARY KEY NOT NULL,
-    embedder TEXT NOT NULL,
-    dims INTEGER NOT NULL,
-    created_at TEXT NOT NULL
-) STRICT;
-CREATE TABLE IF NOT EXISTS documents (
-    id INTEGER PRIMARY KEY,
-    index_name TEXT NOT NULL REFERENCES indexes (name) ON DELETE CASCADE,
-    path TEXT NOT NULL,
-    name TEXT NOT NULL,
-    title TEXT,
-    format TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    metadata TEXT NOT NULL,
-    indexed_at TEXT NOT NULL,
-    UNIQUE (index_name, path)
-) STRICT;
-CREATE TABLE IF NOT EXISTS chunks (
-    id INTEGER PRIMARY KEY,
-    doc_id INTEGER NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
-    position INTEGER NOT NULL,
-    heading TEXT,
-    page INTEGER,
-    start_char INTEGER NOT NULL,
-    end_char INTEGER NOT NULL,
-    text TEXT NOT NULL,
-    vector BLOB NOT NULL,
-    UNIQUE (doc_id, position)
-) STRICT;
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5 (heading, text, tokenize = 'porter unicode61');
-CREATE TABLE IF NOT EXISTS memory (
-    namespace TEXT NOT NULL,
-    key TEXT NOT NULL,
-    value TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    created_at TEXT,
-    ttl REAL,
-    expires_at TEXT,
-    PRIMARY KEY (namespace, key)
-) STRICT;
-CREATE TABLE IF NOT EXISTS query_embeddings (
-    embedder TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    vector BLOB NOT NULL,
-    created_at TEXT NOT NULL,
-    PRIMARY KEY (embedder, hash)
-) STRICT;
-CREATE TABLE IF NOT EXISTS calibrations (
-    index_name TEXT PRIMARY KEY NOT NULL REFERENCES indexes (name) ON DELETE CASCADE,
-    fingerprint TEXT NOT NULL,
-    matching REAL,
-    unrelated REAL,
-    samples INTEGER NOT NULL,
-    created_at TEXT NOT NULL
-) STRICT;
-CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5 (namespace UNINDEXED, key UNINDEXED, text, tokenize = 'porter unicode61');
-CREATE TABLE IF NOT EXISTS memory_vectors (
-    namespace TEXT NOT NULL,
-    key TEXT NOT NULL,
-    path TEXT NOT NULL,
-    embedder TEXT NOT NULL,
-    vector BLOB NOT NULL,
-    PRIMARY KEY (namespace, key, path)
-) STRICT;
-";
+pub use backend::Backend;
+pub use postgres::SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION;
+pub use sqlite::SCHEMA_VERSION;
 
 /// Why the data store failed.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +48,9 @@ pub enum DataError {
     NewerSchema(String, i64),
     #[error("data database: {0}")]
     Sql(#[from] rusqlite::Error),
+    /// A PostgreSQL failure, naming the database (never the password).
+    #[error("data database {at}: {message}")]
+    Postgres { at: String, message: String },
     #[error("index `{0}` does not exist; build it with `runner index DIR --index {0}` (or an `index` node)")]
     NoIndex(String),
     #[error(
@@ -129,11 +71,43 @@ pub enum DataError {
     Worker(String),
 }
 
+/// Where the data store is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// A SQLite file, created if missing; `:memory:` keeps nothing past the process.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database, by its URL (see [`crate::pg`]): its schema created or migrated
+    /// when first used.
+    Postgres(String),
+}
+
+impl std::fmt::Display for Location {
+    /// The path, or the URL's host, port, database and schema (never its password).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Sqlite(path) => write!(f, "{}", path.display()),
+            Location::Postgres(url) => match crate::pg::parse_url(url) {
+                Ok(target) => f.write_str(&target.display),
+                Err(_) => f.write_str("a PostgreSQL URL that does not parse"),
+            },
+        }
+    }
+}
+
+/// An open database.
+enum Opened {
+    /// One connection: SQLite serialises writers anyway, and a process's calls are short.
+    Sqlite(Mutex<Connection>),
+    Postgres(postgres::PostgresData),
+}
+
 /// A handle on the data database: cheap to clone, opened on first use.
 #[derive(Clone)]
 pub struct DataStore {
-    path: PathBuf,
-    conn: Arc<OnceLock<Result<Mutex<Connection>, String>>>,
+    location: Location,
+    /// The open database; none until first used, or while opening it fails (a PostgreSQL
+    /// server that did not answer is asked again on the next use).
+    opened: Arc<Mutex<Option<Arc<Opened>>>>,
     /// Long-term memory's semantic index, when the store has one.
     index: Option<Arc<memory::MemoryIndex>>,
 }
@@ -141,7 +115,7 @@ pub struct DataStore {
 impl std::fmt::Debug for DataStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataStore")
-            .field("path", &self.path)
+            .field("location", &self.location.to_string())
             .field("index", &self.index.as_ref().map(|i| i.embedder.id().to_string()))
             .finish()
     }
@@ -155,11 +129,17 @@ impl Default for DataStore {
 }
 
 impl DataStore {
-    /// A store at `path` (`:memory:` keeps nothing past the process), opened on first use.
+    /// A SQLite store at `path` (`:memory:` keeps nothing past the process), opened on first
+    /// use.
     pub fn at(path: impl Into<PathBuf>) -> DataStore {
+        DataStore::new(Location::Sqlite(path.into()))
+    }
+
+    /// A store at `location`, opened on first use.
+    pub fn new(location: Location) -> DataStore {
         DataStore {
-            path: path.into(),
-            conn: Arc::new(OnceLock::new()),
+            location,
+            opened: Arc::new(Mutex::new(None)),
             index: None,
         }
     }
@@ -176,31 +156,60 @@ impl DataStore {
         self.index.as_deref()
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    pub fn location(&self) -> &Location {
+        &self.location
     }
 
     /// Whether the database was opened (a run that used none of the data kinds never opens it).
     pub fn is_open(&self) -> bool {
-        self.conn.get().is_some()
+        self.opened.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
-    /// Runs `f` on the connection, opening it first if needed (blocking).
-    pub fn with_blocking<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, DataError>) -> Result<T, DataError> {
-        let slot = self
-            .conn
-            .get_or_init(|| open(&self.path).map(Mutex::new).map_err(|e| e.to_string()));
-        let lock = slot.as_ref().map_err(|e| DataError::Invalid(e.clone()))?;
-        // A panic while holding the lock leaves the connection usable: SQLite rolls back an
-        // unfinished transaction when the next one begins.
-        let mut conn = lock.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut conn)
+    /// The open database, opening it first if needed (blocking).
+    fn open(&self) -> Result<Arc<Opened>, DataError> {
+        // Held while opening: concurrent first uses open once.
+        let mut slot = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(opened) = &*slot {
+            return Ok(Arc::clone(opened));
+        }
+        let opened = Arc::new(match &self.location {
+            Location::Sqlite(path) => Opened::Sqlite(Mutex::new(sqlite::open(path)?)),
+            Location::Postgres(url) => Opened::Postgres(postgres::PostgresData::open(url)?),
+        });
+        *slot = Some(Arc::clone(&opened));
+        Ok(opened)
     }
 
-    /// Runs `f` on the connection on tokio's blocking pool.
+    /// Opens the database now (creating or migrating its tables) and says what it is.
+    pub fn open_now(&self) -> Result<Described, DataError> {
+        Ok(match &*self.open()? {
+            Opened::Sqlite(_) => Described {
+                at: self.location.to_string(),
+                migrated: (SCHEMA_VERSION, SCHEMA_VERSION),
+                vectors: "blobs scored in-process",
+            },
+            Opened::Postgres(pg) => pg.describe(),
+        })
+    }
+
+    /// Runs `f` on the database, opening it first if needed (blocking).
+    pub fn with_blocking<T>(&self, f: impl FnOnce(&dyn Backend) -> Result<T, DataError>) -> Result<T, DataError> {
+        match &*self.open()? {
+            Opened::Sqlite(conn) => {
+                // A panic while holding the lock leaves the connection usable: SQLite rolls
+                // back an unfinished transaction when the next one begins.
+                let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                f(&*conn)
+            }
+            // A pool: calls from many tasks run at once.
+            Opened::Postgres(pg) => f(pg),
+        }
+    }
+
+    /// Runs `f` on the database on tokio's blocking pool.
     pub async fn with<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, DataError> + Send + 'static,
+        f: impl FnOnce(&dyn Backend) -> Result<T, DataError> + Send + 'static,
     ) -> Result<T, DataError> {
         let store = self.clone();
         tokio::task::spawn_blocking(move || store.with_blocking(f))
@@ -209,66 +218,23 @@ impl DataStore {
     }
 }
 
-fn open(path: &Path) -> Result<Connection, DataError> {
-    let shown = path.display().to_string();
-    let wrap = |source| DataError::Open {
-        path: shown.clone(),
-        source,
-    };
-    let conn = if path.as_os_str() == ":memory:" {
-        Connection::open_in_memory().map_err(wrap)?
-    } else {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| DataError::Invalid(format!("cannot create {}: {e}", dir.display())))?;
-        }
-        let conn = Connection::open(path).map_err(wrap)?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
-        let _: String = conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))?;
-        conn.pragma_update(None, "synchronous", "normal")?;
-        conn
-    };
-    conn.pragma_update(None, "foreign_keys", true)?;
-    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    if version > SCHEMA_VERSION {
-        return Err(DataError::NewerSchema(shown, version));
-    }
-    conn.execute_batch(SCHEMA)?;
-    // Version 2: memory items remember when they were first stored (older items: unknown).
-    let has_created: bool = conn.query_row(
-        "SELECT count(*) FROM pragma_table_info('memory') WHERE name = 'created_at'",
-        [],
-        |r| r.get::<_, i64>(0).map(|n| n > 0),
-    )?;
-    if !has_created {
-        conn.execute_batch("ALTER TABLE memory ADD COLUMN created_at TEXT")?;
-    }
-    // Version 3: an item may have a time to live (minutes) and the time it expires.
-    let has_ttl: bool = conn.query_row(
-        "SELECT count(*) FROM pragma_table_info('memory') WHERE name = 'expires_at'",
-        [],
-        |r| r.get::<_, i64>(0).map(|n| n > 0),
-    )?;
-    if !has_ttl {
-        conn.execute_batch(
-            "ALTER TABLE memory ADD COLUMN ttl REAL;
-             ALTER TABLE memory ADD COLUMN expires_at TEXT;",
-        )?;
-    }
-    conn.execute_batch("CREATE INDEX IF NOT EXISTS memory_expiry ON memory (expires_at) WHERE expires_at IS NOT NULL")?;
-    // Version 4: long-term memory's vectors for semantic search (`memory_vectors`, made by
-    // the schema above).
-    conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-    Ok(conn)
+/// What an open store is, for `runner db migrate`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    /// The file, or the PostgreSQL database and schema (no password).
+    pub at: String,
+    /// The schema version the database had when it was opened (0: none) and has now.
+    pub migrated: (i64, i64),
+    /// Where its vectors live.
+    pub vectors: &'static str,
 }
 
-/// Turns free text into an FTS5 query: its words, each quoted, any of them matching.
-pub(crate) fn fts_query(text: &str) -> Option<String> {
-    let words: Vec<String> = text
-        .split(|c: char| !c.is_alphanumeric())
+/// The words of free text a keyword search looks for: lowercased, at most 64, any of them
+/// matching (each backend turns them into its own query).
+pub(crate) fn keywords(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
         .take(64)
-        .map(|w| format!("\"{}\"", w.to_lowercase()))
-        .collect();
-    (!words.is_empty()).then(|| words.join(" OR "))
+        .map(str::to_lowercase)
+        .collect()
 }

@@ -27,7 +27,7 @@ pub use options::{CassetteOption, DbOption, MockOption, RunOptions};
 pub use project::{Project, ProjectError};
 pub use settings::{
     DEFAULT_DATA_DB, DEFAULT_DB, OFFLINE_EMBEDDER, Overrides, RunSettings, Setting, Source, StoreIndex, cache_dir,
-    data_db_path, db_path,
+    data_location, data_location_from_env, db_path,
 };
 pub use store::Checkpoints;
 

@@ -72,8 +72,9 @@ pub struct Overrides {
 pub struct RunSettings {
     pub checkpoints: Setting<Checkpoints>,
     pub durability: Durability,
-    /// The data database's file (`:memory:` keeps nothing), opened on first use.
-    pub data_db: Setting<PathBuf>,
+    /// The data database (a SQLite file, `:memory:` keeping nothing, or PostgreSQL), opened
+    /// on first use.
+    pub data_db: Setting<crate::rag::Location>,
     /// Long-term memory's semantic index, if there is one.
     pub store_index: Option<Setting<StoreIndex>>,
     pub mock: Option<MockOption>,
@@ -125,12 +126,13 @@ impl RunOptions {
             None => checkpoints(None, env)?,
         };
         let lease_ttl = lease_ttl(self.lease_ttl, env)?;
+        let data_db = data_location(self.data_db, &checkpoints, env)?;
         let store_index = store_index(self.store_index, self.store_index_fields, env)?;
         Ok(RunSettings {
             store_index,
             checkpoints,
             durability: self.durability.unwrap_or_default(),
-            data_db: path_setting(self.data_db, env, "--data-db", env::DATA_DB, DEFAULT_DATA_DB),
+            data_db,
             allow_net: allow_net(&self.allow_net, env)?,
             read_roots: read_roots(&self.allow_read, env)?,
             mock: self.mock,
@@ -217,7 +219,7 @@ impl RunSettings {
     /// The data store these settings name, with long-term memory's semantic index when one is
     /// set (its embedder built here: an API key it needs is read from the environment).
     pub fn data_store(&self) -> Result<crate::rag::DataStore, RunError> {
-        let store = crate::rag::DataStore::at(self.data_db.value.clone());
+        let store = crate::rag::DataStore::new(self.data_db.value.clone());
         let Some(index) = &self.store_index else {
             return Ok(store);
         };
@@ -258,9 +260,32 @@ pub fn db_path(flag: Option<PathBuf>, env: &Env) -> Setting<PathBuf> {
     path_setting(flag, env, "--db", env::DB, DEFAULT_DB)
 }
 
-/// The data database's path: `flag`, else `RUNNER_DATA_DB`, else the default.
-pub fn data_db_path(flag: Option<PathBuf>, env: &Env) -> Setting<PathBuf> {
-    path_setting(flag, env, "--data-db", env::DATA_DB, DEFAULT_DATA_DB)
+/// The data database: `flag`, else `RUNNER_DATA_DB`, else the checkpoint database `db` when
+/// it is PostgreSQL (one database for everything many processes share), else the default file.
+pub fn data_location(
+    flag: Option<PathBuf>,
+    db: &Setting<Checkpoints>,
+    env: &Env,
+) -> Result<Setting<crate::rag::Location>, RunError> {
+    let at = path_setting(flag, env, "--data-db", env::DATA_DB, DEFAULT_DATA_DB);
+    if at.source == Source::Default
+        && let Checkpoints::Postgres(url) = &db.value
+    {
+        return Ok(Setting {
+            value: crate::rag::Location::Postgres(url.clone()),
+            source: db.source.clone(),
+        });
+    }
+    Ok(Setting {
+        value: super::store::data_location(&at.value).map_err(|message| invalid(at.source.clone(), message))?,
+        source: at.source,
+    })
+}
+
+/// [`data_location`] where no checkpoint database is given but `RUNNER_DB`'s (`runner index`):
+/// an index is built where the runs that retrieve from it will look.
+pub fn data_location_from_env(flag: Option<PathBuf>, env: &Env) -> Result<Setting<crate::rag::Location>, RunError> {
+    data_location(flag, &checkpoints(None, env)?, env)
 }
 
 /// Where this process remembers what it may skip next time (clean schema verdicts):

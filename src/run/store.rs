@@ -9,9 +9,56 @@ use crate::checkpoint::memory::MemoryCheckpointer;
 use crate::checkpoint::postgres::PostgresCheckpointer;
 use crate::checkpoint::sqlite::SqliteCheckpointer;
 use crate::checkpoint::{Checkpointer, Durability};
+use crate::rag::Location;
 
-/// The forms the checkpoint database takes, for messages.
+/// The forms a database argument takes, for messages.
 const FORMS: &str = "a file path, `sqlite://PATH`, `postgres://…` or `:memory:`";
+
+/// A database argument, read.
+enum Parsed {
+    Sqlite(PathBuf),
+    Postgres(String),
+    Memory,
+}
+
+/// Reads the argument naming the `what` database (for messages: `checkpoint`, `data`).
+fn parse_location(arg: &Path, what: &str) -> Result<Parsed, String> {
+    let Some(text) = arg.to_str() else {
+        return Ok(Parsed::Sqlite(arg.to_path_buf()));
+    };
+    if text == ":memory:" {
+        return Ok(Parsed::Memory);
+    }
+    if let Some(rest) = text.strip_prefix("sqlite://") {
+        return match rest {
+            "" => Err(format!("`sqlite://` names no file; the {what} database is {FORMS}")),
+            ":memory:" => Ok(Parsed::Memory),
+            path => Ok(Parsed::Sqlite(PathBuf::from(path))),
+        };
+    }
+    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        return Ok(Parsed::Postgres(text.to_owned()));
+    }
+    if let Some((scheme, _)) = text.split_once("://")
+        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    {
+        return Err(format!(
+            "`{scheme}://` databases are not supported: the {what} database is {FORMS}"
+        ));
+    }
+    Ok(Parsed::Sqlite(arg.to_path_buf()))
+}
+
+/// Reads the data database's argument, as [`Checkpoints::parse`] reads the checkpoint
+/// database's: a path, `sqlite://PATH`, `postgres://…` or `:memory:`.
+pub(super) fn data_location(arg: &Path) -> Result<Location, String> {
+    Ok(match parse_location(arg, "data")? {
+        Parsed::Sqlite(path) => Location::Sqlite(path),
+        Parsed::Postgres(url) => Location::Postgres(url),
+        Parsed::Memory => Location::Sqlite(PathBuf::from(":memory:")),
+    })
+}
 
 /// Where checkpoints are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,36 +87,16 @@ impl std::fmt::Display for Checkpoints {
 }
 
 impl Checkpoints {
-    /// Reads a database argument: a path, `sqlite://PATH` or `:memory:`. Any other URL is
-    /// refused rather than taken for a relative path (`postgres://h/db` would otherwise become a
-    /// SQLite file under `./postgres:/h/`). Only the scheme is named in the error: the rest of a
-    /// URL may hold a password.
+    /// Reads a database argument: a path, `sqlite://PATH`, `postgres://…` or `:memory:`. Any
+    /// other URL is refused rather than taken for a relative path (`mysql://h/db` would
+    /// otherwise become a SQLite file under `./mysql:/h/`). Only the scheme is named in the
+    /// error: the rest of a URL may hold a password.
     pub fn parse(arg: &Path) -> Result<Checkpoints, String> {
-        let Some(text) = arg.to_str() else {
-            return Ok(Checkpoints::Sqlite(arg.to_path_buf()));
-        };
-        if text == ":memory:" {
-            return Ok(Checkpoints::Memory);
-        }
-        if let Some(rest) = text.strip_prefix("sqlite://") {
-            return match rest {
-                "" => Err(format!("`sqlite://` names no file; the checkpoint database is {FORMS}")),
-                ":memory:" => Ok(Checkpoints::Memory),
-                path => Ok(Checkpoints::Sqlite(PathBuf::from(path))),
-            };
-        }
-        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-            return Ok(Checkpoints::Postgres(text.to_owned()));
-        }
-        if let Some((scheme, _)) = text.split_once("://")
-            && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-            && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
-        {
-            return Err(format!(
-                "`{scheme}://` databases are not supported: the checkpoint database is {FORMS}"
-            ));
-        }
-        Ok(Checkpoints::Sqlite(arg.to_path_buf()))
+        Ok(match parse_location(arg, "checkpoint")? {
+            Parsed::Sqlite(path) => Checkpoints::Sqlite(path),
+            Parsed::Postgres(url) => Checkpoints::Postgres(url),
+            Parsed::Memory => Checkpoints::Memory,
+        })
     }
 
     /// Whether many processes may share it (PostgreSQL).
@@ -198,5 +225,19 @@ mod tests {
             assert!(e.contains("are not supported") && e.contains("postgres://"), "{e}");
             assert!(!e.contains("secret") && !e.contains("host"), "{e}");
         }
+    }
+
+    #[test]
+    fn data_arguments() {
+        let loc = |s: &str| data_location(Path::new(s));
+        assert_eq!(loc("data.db"), Ok(Location::Sqlite("data.db".into())));
+        assert_eq!(loc("sqlite://d/data.db"), Ok(Location::Sqlite("d/data.db".into())));
+        assert_eq!(loc(":memory:"), Ok(Location::Sqlite(":memory:".into())));
+        assert_eq!(
+            loc("postgresql://u:pw@h/db"),
+            Ok(Location::Postgres("postgresql://u:pw@h/db".into()))
+        );
+        let e = loc("mysql://u:secret@h/db").unwrap_err();
+        assert!(e.contains("the data database is") && !e.contains("secret"), "{e}");
     }
 }

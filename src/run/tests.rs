@@ -7,6 +7,7 @@ use super::*;
 use crate::engine::{DEFAULT_LEASE_TTL, LeasePolicy, Persist};
 use crate::net::AllowList;
 use crate::nodes::ReadRoots;
+use crate::rag::Location;
 use crate::run::env::Origin;
 
 fn resolve(options: RunOptions, env: &[(&str, &str)]) -> Result<RunSettings, String> {
@@ -42,7 +43,7 @@ fn nothing_said_means_the_defaults() {
     assert_eq!(
         s.data_db,
         Setting {
-            value: PathBuf::from(".runner/data.db"),
+            value: Location::Sqlite(".runner/data.db".into()),
             source: Source::Default
         }
     );
@@ -75,12 +76,48 @@ fn the_environment_fills_what_the_options_leave_out() {
             source: Source::Env("RUNNER_DB", Origin::Process)
         }
     );
-    assert_eq!(s.data_db.value, PathBuf::from("/tmp/data.db"));
+    assert_eq!(s.data_db.value, Location::Sqlite("/tmp/data.db".into()));
     assert_eq!(s.data_db.source, Source::Env("RUNNER_DATA_DB", Origin::Process));
     assert_eq!(s.lease_ttl.source, Source::Env("RUNNER_LEASE_TTL", Origin::Process));
     assert_eq!(lease_of(&s).0, Duration::from_millis(2500));
     assert_eq!(s.allow_net, AllowList::parse(["10.0.0.0/8", "127.0.0.1"]).unwrap());
     assert_eq!(s.read_roots, ReadRoots::new([dir.path()]).unwrap());
+}
+
+/// A PostgreSQL checkpoint database holds the data store too unless another is named: the
+/// processes that share one share both.
+#[test]
+fn the_data_store_follows_a_postgres_checkpoint_database() {
+    let url = "postgres://runner:pw@db.example/app";
+    let given = |db: &str| RunOptions {
+        db: Some(DbOption::At(db.into())),
+        ..RunOptions::default()
+    };
+    let s = settings(given(url), &[]);
+    assert_eq!(
+        s.data_db,
+        Setting {
+            value: Location::Postgres(url.into()),
+            source: Source::Given("--db")
+        }
+    );
+    let s = settings(RunOptions::default(), &[("RUNNER_DB", url)]);
+    assert_eq!(s.data_db.value, Location::Postgres(url.into()));
+    assert_eq!(s.data_db.source, Source::Env("RUNNER_DB", Origin::Process));
+    // A data database named anywhere wins; a SQLite checkpoint database changes nothing.
+    let s = settings(given(url), &[("RUNNER_DATA_DB", "data.db")]);
+    assert_eq!(s.data_db.value, Location::Sqlite("data.db".into()));
+    let s = settings(given("runs.db"), &[]);
+    assert_eq!(s.data_db.value, Location::Sqlite(".runner/data.db".into()));
+    let s = settings(given("runs.db"), &[("RUNNER_DATA_DB", "postgresql://h/kb")]);
+    assert_eq!(s.data_db.value, Location::Postgres("postgresql://h/kb".into()));
+    // Another scheme is refused, named by where it was set, its password never shown.
+    let e = resolve(RunOptions::default(), &[("RUNNER_DATA_DB", "mysql://u:secret@h/db")]).unwrap_err();
+    assert!(
+        e.contains("RUNNER_DATA_DB") && e.contains("`mysql://` databases are not supported"),
+        "{e}"
+    );
+    assert!(!e.contains("secret"), "{e}");
 }
 
 #[test]
@@ -118,7 +155,7 @@ fn options_win_over_the_environment_and_lists_add_up() {
     assert_eq!(
         s.data_db,
         Setting {
-            value: PathBuf::from("given-data.db"),
+            value: Location::Sqlite("given-data.db".into()),
             source: Source::Given("--data-db")
         }
     );
@@ -263,7 +300,10 @@ fn model_profiles_read_keys_and_urls_from_the_given_environment() {
     let (_, profile) = services.providers.get("default").unwrap();
     assert_eq!(profile.base_url.as_deref(), Some("http://127.0.0.1:9/v1"));
     assert!(services.cassette.is_none());
-    assert_eq!(services.data.path(), Path::new(".runner/data.db"));
+    assert_eq!(
+        services.data.location(),
+        &crate::rag::Location::Sqlite(".runner/data.db".into())
+    );
     // A mock serves every profile: no key is needed.
     let mocked = settings(
         RunOptions {

@@ -24,18 +24,14 @@
 //!   migrate once, and LangGraph's own tables (`checkpoints`, …) in the same database are left
 //!   alone.
 //!
-//! The URL is libpq's (`postgres://user:password@host:port/db?sslmode=require`); runner reads
-//! three parameters of its own and passes the rest on: `schema`, `pool_size` (connections kept
-//! per process, default 8) and `connect_timeout` as libpq's. TLS is rustls with the platform's
-//! roots (`sslmode=prefer`, libpq's default, tries it and falls back to plain text;
-//! `require` insists).
+//! The URL is libpq's, with runner's own parameters (`schema`, `pool_size`): see [`crate::pg`],
+//! which the data store's PostgreSQL backend shares.
 
 mod apply;
 mod cache;
 mod queue;
 mod runs;
 mod schema;
-mod tls;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -50,22 +46,16 @@ use super::{
     Checkpoint, CheckpointError, Checkpointer, Durability, Fence, Lease, LeaseClaim, PendingWrite, Put, Result, Thread,
 };
 
-pub use schema::SCHEMA_VERSION;
+use crate::pg;
 
-/// Connections a process keeps by default.
-const DEFAULT_POOL_SIZE: usize = 8;
-/// How long a call waits for a free connection before it fails (the pool is exhausted: every
-/// connection is busy, or the server refuses new ones).
-const POOL_WAIT: Duration = Duration::from_secs(30);
-/// The schema the tables live in unless the URL names another.
-const DEFAULT_SCHEMA: &str = "runner";
+pub use schema::SCHEMA_VERSION;
 
 impl From<tokio_postgres::Error> for CheckpointError {
     fn from(e: tokio_postgres::Error) -> Self {
         if unavailable(&e) {
-            CheckpointError::Unavailable(describe(&e))
+            CheckpointError::Unavailable(pg::describe(&e))
         } else {
-            CheckpointError::Backend(describe(&e))
+            CheckpointError::Backend(pg::describe(&e))
         }
     }
 }
@@ -77,7 +67,7 @@ impl From<deadpool_postgres::PoolError> for CheckpointError {
             deadpool_postgres::PoolError::Timeout(_) => CheckpointError::Unavailable(format!(
                 "postgres: no connection became free within {}s (every connection of the pool is busy, or the \
                  server refuses new ones)",
-                POOL_WAIT.as_secs()
+                pg::POOL_WAIT.as_secs()
             )),
             other => CheckpointError::Backend(format!("postgres: {other}")),
         }
@@ -105,17 +95,6 @@ fn unavailable(e: &tokio_postgres::Error) -> bool {
 /// How long a call keeps trying while the database cannot be reached.
 const RETRY_FOR: Duration = Duration::from_secs(20);
 
-/// A client error with the server's own message, which `Display` leaves out.
-fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),
-        None => match std::error::Error::source(e) {
-            Some(source) => format!("postgres: {e}: {source}"),
-            None => format!("postgres: {e}"),
-        },
-    }
-}
-
 /// A [`Checkpointer`] on a PostgreSQL database.
 pub struct PostgresCheckpointer {
     pool: Pool,
@@ -136,74 +115,6 @@ pub struct PostgresCheckpointer {
     notices: std::sync::OnceLock<tokio::sync::broadcast::Sender<super::queue::Notice>>,
 }
 
-/// What [`PostgresCheckpointer::open`] reads from a URL.
-struct Target {
-    config: tokio_postgres::Config,
-    schema: String,
-    pool_size: usize,
-    display: String,
-}
-
-/// Reads a URL: libpq's form, plus runner's `schema` and `pool_size`. Errors never repeat the
-/// URL (it may hold a password).
-fn parse_url(text: &str) -> Result<Target> {
-    let bad = |why: String| CheckpointError::Backend(format!("the PostgreSQL URL is not valid: {why}"));
-    let mut url = url::Url::parse(text).map_err(|e| bad(e.to_string()))?;
-    if !matches!(url.scheme(), "postgres" | "postgresql") {
-        return Err(bad(format!("the scheme is `{}`, not `postgres`", url.scheme())));
-    }
-    let mut schema = DEFAULT_SCHEMA.to_owned();
-    let mut pool_size = DEFAULT_POOL_SIZE;
-    let mut kept = Vec::new();
-    for (key, value) in url.query_pairs() {
-        match &*key {
-            "schema" => schema = value.into_owned(),
-            "pool_size" => {
-                pool_size = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=1000).contains(n))
-                    .ok_or_else(|| bad(format!("`pool_size={value}` is not a number from 1 to 1000")))?;
-            }
-            _ => kept.push((key.into_owned(), value.into_owned())),
-        }
-    }
-    if schema.is_empty()
-        || schema.len() > 63
-        || !schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-        || !schema
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-    {
-        return Err(bad(format!(
-            "`schema={schema}` must be a lowercase SQL name (letters, digits, `_`; 63 at most)"
-        )));
-    }
-    if kept.is_empty() {
-        url.set_query(None);
-    } else {
-        url.query_pairs_mut().clear().extend_pairs(&kept);
-    }
-    let mut config: tokio_postgres::Config = url.as_str().parse().map_err(|e| bad(format!("{e}")))?;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(10));
-    }
-    config.application_name("runner");
-    // Every connection reads and writes the schema's tables without qualifying them.
-    let options = format!("{} -c search_path={schema}", config.get_options().unwrap_or_default());
-    config.options(options.trim());
-    let host = url.host_str().unwrap_or("localhost");
-    let port = url.port().unwrap_or(5432);
-    let db = url.path().trim_start_matches('/');
-    let display = format!("postgres://{host}:{port}/{db} (schema {schema})");
-    Ok(Target {
-        config,
-        schema,
-        pool_size,
-        display,
-    })
-}
-
 impl PostgresCheckpointer {
     /// Connects to the database at `url`, creating the schema's tables or migrating them to
     /// this build's version. Fails at once when the server cannot be reached.
@@ -216,28 +127,10 @@ impl PostgresCheckpointer {
 
     /// The pool and runtime; nothing is asked of the server yet.
     fn connect(url: &str, durability: Durability) -> Result<Self> {
-        let target = parse_url(url)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("runner-postgres")
-            .enable_all()
-            .build()
-            .map_err(|e| CheckpointError::Backend(format!("cannot start the PostgreSQL client: {e}")))?;
-        let tls = tls::connector()?;
-        let manager = deadpool_postgres::Manager::from_config(
-            target.config.clone(),
-            tls.clone(),
-            deadpool_postgres::ManagerConfig {
-                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(target.pool_size)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(POOL_WAIT))
-            .create_timeout(target.config.get_connect_timeout().copied())
-            .build()
-            .map_err(|e| CheckpointError::Backend(format!("cannot build the PostgreSQL pool: {e}")))?;
+        let target = pg::parse_url(url).map_err(CheckpointError::Backend)?;
+        let runtime = pg::runtime("runner-postgres").map_err(CheckpointError::Backend)?;
+        let tls = pg::tls().map_err(CheckpointError::Backend)?;
+        let pool = pg::pool(&target, tls.clone()).map_err(CheckpointError::Backend)?;
         Ok(PostgresCheckpointer {
             pool,
             runtime: Some(runtime),
@@ -626,31 +519,5 @@ impl Checkpointer for PostgresCheckpointer {
 
     fn ping(&self) -> Result<()> {
         self.round_trip().map(|_| ())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_url_is_read_without_repeating_its_password() {
-        let t = parse_url("postgres://me:secret@db.example:6543/app?schema=s1&pool_size=3&sslmode=require").unwrap();
-        assert_eq!((t.schema.as_str(), t.pool_size), ("s1", 3));
-        assert_eq!(t.display, "postgres://db.example:6543/app (schema s1)");
-        assert_eq!(t.config.get_options(), Some("-c search_path=s1"));
-        assert_eq!(t.config.get_ssl_mode(), tokio_postgres::config::SslMode::Require);
-        for bad in [
-            "postgres://me:secret@h/db?pool_size=0",
-            "postgres://me:secret@h/db?schema=Bad-Name",
-            "mysql://me:secret@h/db",
-            "postgres://me:secret@h/db?nonsense=1",
-        ] {
-            let e = parse_url(bad).err().unwrap().to_string();
-            assert!(!e.contains("secret"), "{e}");
-            assert!(e.contains("not valid"), "{e}");
-        }
-        let t = parse_url("postgresql://h/db").unwrap();
-        assert_eq!((t.schema.as_str(), t.pool_size), ("runner", DEFAULT_POOL_SIZE));
     }
 }

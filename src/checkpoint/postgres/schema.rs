@@ -14,9 +14,6 @@ use crate::checkpoint::{CheckpointError, Result};
 /// The schema this build writes. A database with a newer one is refused.
 pub const SCHEMA_VERSION: i64 = 1;
 
-/// The advisory lock key migrations hold (an arbitrary constant: "runner" in ASCII).
-const MIGRATION_LOCK: i64 = 0x72_75_6e_6e_65_72;
-
 /// Version 1.
 const V1: &str = "
 CREATE SEQUENCE thread_touches;
@@ -138,7 +135,7 @@ const MIGRATIONS: &[&str] = &[V1];
 pub(super) async fn migrate(pool: &Pool, schema: &str) -> Result<(i64, i64)> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&crate::pg::MIGRATION_LOCK])
         .await?;
     // `schema` was checked to be a plain lowercase name: no quoting is needed.
     tx.batch_execute(&format!(

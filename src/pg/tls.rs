@@ -6,10 +6,8 @@ use std::sync::Arc;
 use rustls_platform_verifier::BuilderVerifierExt;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::checkpoint::{CheckpointError, Result};
-
-pub(super) fn connector() -> Result<MakeRustlsConnect> {
-    let failed = |e: rustls::Error| CheckpointError::Backend(format!("cannot set up TLS for PostgreSQL: {e}"));
+pub(super) fn connector() -> Result<MakeRustlsConnect, String> {
+    let failed = |e: rustls::Error| format!("cannot set up TLS for PostgreSQL: {e}");
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .map_err(failed)?

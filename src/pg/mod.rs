@@ -1,0 +1,212 @@
+//! PostgreSQL connections, shared by the stores that live on PostgreSQL (the checkpointer, the
+//! data store): the URL they are given, TLS, the pool, how a client error reads, and the lock
+//! their migrations take. A leaf: it knows neither store.
+//!
+//! The URL is libpq's (`postgres://user:password@host:port/db?sslmode=require`); runner reads
+//! parameters of its own and passes the rest on: `schema` (the schema runner's tables live in,
+//! default `runner`, set as the connections' search_path), `pool_size` (connections kept per
+//! process and store, default 8), `pgvector` (`auto`, `on` or `off`: whether the data store
+//! keeps its vectors with the pgvector extension; the checkpointer ignores it) and
+//! `connect_timeout` as libpq's (default 10 s). TLS is rustls with the platform's roots
+//! (`sslmode=prefer`, libpq's default, tries it and falls back to plain text; `require`
+//! insists). Messages name the host, port, database and schema, never the password.
+
+mod tls;
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+
+/// Connections a store keeps by default.
+pub const DEFAULT_POOL_SIZE: usize = 8;
+/// How long a call waits for a free connection before it fails (the pool is exhausted: every
+/// connection is busy, or the server refuses new ones).
+pub const POOL_WAIT: Duration = Duration::from_secs(30);
+/// The schema the tables live in unless the URL names another.
+pub const DEFAULT_SCHEMA: &str = "runner";
+/// The advisory lock every migration of runner's schema holds (an arbitrary constant: "runner"
+/// in ASCII), whichever store migrates: two stores creating the same schema at once would
+/// otherwise race on `CREATE SCHEMA IF NOT EXISTS`.
+pub const MIGRATION_LOCK: i64 = 0x72_75_6e_6e_65_72;
+
+/// Whether the data store keeps its vectors with pgvector (the URL's `pgvector`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pgvector {
+    /// When the server has the extension (created if it is not yet): vectors in `vector`
+    /// columns, nearest chunks found by the server; else in `real[]`, scored in-process.
+    #[default]
+    Auto,
+    /// Always: a server without the extension is an error.
+    On,
+    /// Never: vectors in `real[]`, scored in-process, the extension left alone.
+    Off,
+}
+
+/// What a URL says.
+pub struct Target {
+    pub config: tokio_postgres::Config,
+    pub schema: String,
+    pub pool_size: usize,
+    pub pgvector: Pgvector,
+    /// The host, port, database and schema, for messages (no password).
+    pub display: String,
+}
+
+/// Reads a URL: libpq's form, plus runner's own parameters. Errors never repeat the URL (it may
+/// hold a password).
+pub fn parse_url(text: &str) -> Result<Target, String> {
+    let bad = |why: String| format!("the PostgreSQL URL is not valid: {why}");
+    let mut url = url::Url::parse(text).map_err(|e| bad(e.to_string()))?;
+    if !matches!(url.scheme(), "postgres" | "postgresql") {
+        return Err(bad(format!("the scheme is `{}`, not `postgres`", url.scheme())));
+    }
+    let mut schema = DEFAULT_SCHEMA.to_owned();
+    let mut pool_size = DEFAULT_POOL_SIZE;
+    let mut pgvector = Pgvector::Auto;
+    let mut kept = Vec::new();
+    for (key, value) in url.query_pairs() {
+        match &*key {
+            "schema" => schema = value.into_owned(),
+            "pool_size" => {
+                pool_size = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| bad(format!("`pool_size={value}` is not a number from 1 to 1000")))?;
+            }
+            "pgvector" => {
+                pgvector = match &*value {
+                    "auto" => Pgvector::Auto,
+                    "on" => Pgvector::On,
+                    "off" => Pgvector::Off,
+                    other => return Err(bad(format!("`pgvector={other}` is not `auto`, `on` or `off`"))),
+                }
+            }
+            _ => kept.push((key.into_owned(), value.into_owned())),
+        }
+    }
+    if schema.is_empty()
+        || schema.len() > 63
+        || !schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        || !schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        return Err(bad(format!(
+            "`schema={schema}` must be a lowercase SQL name (letters, digits, `_`; 63 at most)"
+        )));
+    }
+    if kept.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(&kept);
+    }
+    let mut config: tokio_postgres::Config = url.as_str().parse().map_err(|e| bad(format!("{e}")))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    config.application_name("runner");
+    // Every connection reads and writes the schema's tables without qualifying them.
+    let options = format!("{} -c search_path={schema}", config.get_options().unwrap_or_default());
+    config.options(options.trim());
+    let host = url.host_str().unwrap_or("localhost");
+    let port = url.port().unwrap_or(5432);
+    let db = url.path().trim_start_matches('/');
+    let display = format!("postgres://{host}:{port}/{db} (schema {schema})");
+    Ok(Target {
+        config,
+        schema,
+        pool_size,
+        pgvector,
+        display,
+    })
+}
+
+/// A client error with the server's own message, which `Display` leaves out.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(source) => format!("postgres: {e}: {source}"),
+            None => format!("postgres: {e}"),
+        },
+    }
+}
+
+/// A pool error: the client's, or the pool's own (exhausted).
+pub fn describe_pool(e: &deadpool_postgres::PoolError) -> String {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => describe(e),
+        deadpool_postgres::PoolError::Timeout(_) => format!(
+            "postgres: no connection became free within {}s (every connection of the pool is busy, or the \
+             server refuses new ones)",
+            POOL_WAIT.as_secs()
+        ),
+        other => format!("postgres: {other}"),
+    }
+}
+
+/// A store's own runtime, on which every query runs (the stores' traits are synchronous, and a
+/// caller may be on any runtime, or none).
+pub fn runtime(name: &str) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the PostgreSQL client: {e}"))
+}
+
+/// How connections are made secure (per the URL's `sslmode`).
+pub fn tls() -> Result<tokio_postgres_rustls::MakeRustlsConnect, String> {
+    tls::connector()
+}
+
+/// The pool of connections to `target`; nothing is asked of the server yet.
+pub fn pool(target: &Target, tls: tokio_postgres_rustls::MakeRustlsConnect) -> Result<Pool, String> {
+    let manager = deadpool_postgres::Manager::from_config(
+        target.config.clone(),
+        tls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(target.pool_size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(POOL_WAIT))
+        .create_timeout(target.config.get_connect_timeout().copied())
+        .build()
+        .map_err(|e| format!("cannot build the PostgreSQL pool: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_read_without_repeating_its_password() {
+        let t = parse_url("postgres://me:secret@db.example:6543/app?schema=s1&pool_size=3&sslmode=require").unwrap();
+        assert_eq!((t.schema.as_str(), t.pool_size), ("s1", 3));
+        assert_eq!(t.display, "postgres://db.example:6543/app (schema s1)");
+        assert_eq!(t.config.get_options(), Some("-c search_path=s1"));
+        assert_eq!(t.config.get_ssl_mode(), tokio_postgres::config::SslMode::Require);
+        assert_eq!(t.pgvector, Pgvector::Auto);
+        for bad in [
+            "postgres://me:secret@h/db?pool_size=0",
+            "postgres://me:secret@h/db?schema=Bad-Name",
+            "mysql://me:secret@h/db",
+            "postgres://me:secret@h/db?nonsense=1",
+            "postgres://me:secret@h/db?pgvector=maybe",
+            "postgres://me:secret@h:99999/db",
+        ] {
+            let e = parse_url(bad).err().unwrap();
+            assert!(!e.contains("secret"), "{e}");
+            assert!(e.contains("not valid"), "{e}");
+        }
+        let t = parse_url("postgresql://h/db?pgvector=off").unwrap();
+        assert_eq!((t.schema.as_str(), t.pool_size), ("runner", DEFAULT_POOL_SIZE));
+        assert_eq!(t.pgvector, Pgvector::Off);
+        assert_eq!(parse_url("postgres://h/db?pgvector=on").unwrap().pgvector, Pgvector::On);
+    }
+}
