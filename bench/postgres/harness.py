@@ -41,7 +41,10 @@ commit, latency average over --floor-tx transactions, with synchronous_commit on
 power-safe) and off (for crash-safe); also a bare `SELECT 1` (the loopback round trip) and
 BEGIN; INSERT; COMMIT (three round trips). A native client, because the floor must not include
 an interpreter's per-call overhead, and PostgreSQL's own, so nobody's driver is being measured.
-Measured once per repetition, between the runs, median reported.
+All are measured once per repetition; the INSERT floors (256 bytes and 2 KiB, about what a step
+stores) also right before each of runner's runs on the database, with that run's
+synchronous_commit, since a flush's cost moves with the disk's other work: the targets are
+judged against the median of those.
 """
 
 from __future__ import annotations
