@@ -13,7 +13,8 @@
 //! - A thread, a checkpoint and the values it introduces are inserted once: a repeated
 //!   checkpoint id is refused ([`duplicate_checkpoint`]), a value already stored for a key and
 //!   version is kept; pending writes of a task replace those with the same `(task, idx)`.
-//! - Every op checks what it refers to (its thread, its checkpoint) itself.
+//! - Every op checks what it refers to (its thread, its checkpoint): SQLite with a query, a
+//!   network database with its tables' keys where it can (a query is a round trip).
 //!
 //! A backend owns its SQL, its connections and its transactions; it does not re-encode.
 

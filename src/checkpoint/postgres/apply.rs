@@ -205,8 +205,21 @@ pub(super) fn apply<'a>(tx: &'a Transaction<'a>, op: &'a Op) -> BoxFuture<'a, Re
     Box::pin(async move {
         match op {
             Op::Batch(ops) => {
-                for op in ops {
-                    apply(tx, op).await?;
+                // Consecutive checkpoints and writes (and the long strings they refer to) go in
+                // one statement per table: a batch of many steps (async persistence) costs a
+                // few round trips, not a few per step.
+                let mut flat = Vec::with_capacity(ops.len());
+                flatten(ops, &mut flat);
+                let mut i = 0;
+                while i < flat.len() {
+                    let end = (i..flat.len()).find(|&k| !groupable(flat[k])).unwrap_or(flat.len());
+                    if end - i > 1 {
+                        put_many(tx, &flat[i..end]).await?;
+                        i = end;
+                    } else {
+                        apply(tx, flat[i]).await?;
+                        i += 1;
+                    }
                 }
             }
             Op::CreateThread(row) => {
@@ -228,10 +241,8 @@ pub(super) fn apply<'a>(tx: &'a Transaction<'a>, op: &'a Op) -> BoxFuture<'a, Re
                 }
             }
             Op::PutCheckpoint { row, values } => {
-                require_thread(tx, &row.thread_id).await?;
-                if checkpoint_exists(tx, &row.thread_id, &row.checkpoint_id).await? {
-                    return Err(format::duplicate_checkpoint(&row.thread_id, &row.checkpoint_id));
-                }
+                // Its thread and a repeated id are the tables' keys' to check: no query of
+                // its own (a round trip each, every step).
                 insert_checkpoint(tx, row).await?;
                 if !values.is_empty() {
                     // One statement for every value of the step.
@@ -253,11 +264,13 @@ pub(super) fn apply<'a>(tx: &'a Transaction<'a>, op: &'a Op) -> BoxFuture<'a, Re
                 checkpoint_id,
                 writes,
             } => {
-                require_thread(tx, thread_id).await?;
-                if !checkpoint_exists(tx, thread_id, checkpoint_id).await? {
-                    return Err(CheckpointError::NoCheckpoint(thread_id.clone(), checkpoint_id.clone()));
-                }
-                if !writes.is_empty() {
+                if writes.is_empty() {
+                    // Nothing for the keys to check: what it refers to is looked up.
+                    require_thread(tx, thread_id).await?;
+                    if !checkpoint_exists(tx, thread_id, checkpoint_id).await? {
+                        return Err(CheckpointError::NoCheckpoint(thread_id.clone(), checkpoint_id.clone()));
+                    }
+                } else {
                     let stmt = tx
                         .prepare_cached(
                             "INSERT INTO writes (thread_id, checkpoint_id, task_id, idx, channel, value) \
@@ -270,8 +283,15 @@ pub(super) fn apply<'a>(tx: &'a Transaction<'a>, op: &'a Op) -> BoxFuture<'a, Re
                     let idxs: Vec<i64> = writes.iter().map(|w| w.1).collect();
                     let channels: Vec<&str> = writes.iter().map(|w| w.2.as_str()).collect();
                     let texts: Vec<&str> = writes.iter().map(|w| w.3.as_str()).collect();
+                    // The checkpoint (and so the thread) is the foreign key's to check.
                     tx.execute(&stmt, &[thread_id, checkpoint_id, &tasks, &idxs, &channels, &texts])
-                        .await?;
+                        .await
+                        .map_err(|e| match violated(&e) {
+                            Some(FOREIGN_KEY) => {
+                                CheckpointError::NoCheckpoint(thread_id.clone(), checkpoint_id.clone())
+                            }
+                            _ => e.into(),
+                        })?;
                 }
             }
             Op::DeleteThread(thread_id) => {
@@ -432,6 +452,157 @@ async fn insert_thread(tx: &Transaction<'_>, row: &ThreadRow) -> Result<()> {
     Ok(())
 }
 
+/// The ops of nested batches, in order.
+fn flatten<'a>(ops: &'a [Op], into: &mut Vec<&'a Op>) {
+    for op in ops {
+        match op {
+            Op::Batch(inner) => flatten(inner, into),
+            op => into.push(op),
+        }
+    }
+}
+
+/// Whether an op may be applied together with its neighbours of the same kinds: what the
+/// tables' keys check alone.
+fn groupable(op: &Op) -> bool {
+    match op {
+        Op::PutCheckpoint { .. } | Op::Blobs { .. } => true,
+        Op::PutWrites { writes, .. } => !writes.is_empty(),
+        _ => false,
+    }
+}
+
+/// Applies checkpoints, their values, writes and long strings (see [`groupable`]): every
+/// checkpoint in one statement, then every value, then every write (the last of a repeated
+/// `(task, idx)` kept, as applying them in turn would).
+async fn put_many(tx: &Transaction<'_>, ops: &[&Op]) -> Result<()> {
+    let mut checkpoints: Vec<&CheckpointRow> = Vec::new();
+    let (mut v_threads, mut v_keys, mut v_versions, mut v_texts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut writes: Vec<(&str, &str, &str, i64, &str, &str)> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Blobs { thread_id, blobs } => store_blobs(tx, thread_id, blobs).await?,
+            Op::PutCheckpoint { row, values } => {
+                checkpoints.push(row);
+                for (key, version, text) in values {
+                    v_threads.push(row.thread_id.as_str());
+                    v_keys.push(key.as_str());
+                    v_versions.push(*version);
+                    v_texts.push(text.as_str());
+                }
+            }
+            Op::PutWrites {
+                thread_id,
+                checkpoint_id,
+                writes: rows,
+            } => {
+                for (task, idx, channel, value) in rows {
+                    writes.push((thread_id, checkpoint_id, task, *idx, channel, value));
+                }
+            }
+            _ => {
+                return Err(CheckpointError::Backend(
+                    "an op that cannot be grouped was grouped".into(),
+                ));
+            }
+        }
+    }
+    if !checkpoints.is_empty() {
+        let col = |f: fn(&CheckpointRow) -> &str| checkpoints.iter().map(|c| f(c)).collect::<Vec<&str>>();
+        let parents: Vec<Option<&str>> = checkpoints.iter().map(|c| c.parent_id.as_deref()).collect();
+        let steps: Vec<i64> = checkpoints.iter().map(|c| c.step).collect();
+        let sql = format!(
+            "INSERT INTO checkpoints ({CHECKPOINT_COLS}) \
+             SELECT c.thread_id, c.checkpoint_id, c.parent_id, c.step, c.versions, c.ran, c.changed, c.next, c.meta, \
+                    nullif(c.plan_hash, (SELECT t.plan_hash FROM threads t WHERE t.thread_id = c.thread_id)), c.created_at \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], \
+                         $8::text[], $9::text[], $10::text[], $11::text[]) \
+                  AS c(thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, meta, plan_hash, created_at)"
+        );
+        let first = checkpoints[0];
+        tx.execute(
+            &tx.prepare_cached(&sql).await?,
+            &[
+                &col(|c| &c.thread_id),
+                &col(|c| &c.checkpoint_id),
+                &parents,
+                &steps,
+                &col(|c| &c.versions),
+                &col(|c| &c.ran),
+                &col(|c| &c.changed),
+                &col(|c| &c.next),
+                &col(|c| &c.meta),
+                &col(|c| &c.plan_hash),
+                &col(|c| &c.created_at),
+            ],
+        )
+        .await
+        .map_err(|e| match violated(&e) {
+            Some(FOREIGN_KEY) => CheckpointError::NoThread(first.thread_id.clone()),
+            Some(UNIQUE) => format::duplicate_checkpoint(&first.thread_id, &first.checkpoint_id),
+            _ => e.into(),
+        })?;
+    }
+    if !v_keys.is_empty() {
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO state_values (thread_id, key, version, value) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) ON CONFLICT DO NOTHING",
+            )
+            .await?;
+        tx.execute(&stmt, &[&v_threads, &v_keys, &v_versions, &v_texts]).await?;
+    }
+    if !writes.is_empty() {
+        // A statement may not update one row twice: the last put of a key wins.
+        let mut last = std::collections::HashMap::with_capacity(writes.len());
+        for (i, w) in writes.iter().enumerate() {
+            last.insert((w.0, w.1, w.2, w.3), i);
+        }
+        let kept: Vec<_> = writes
+            .iter()
+            .enumerate()
+            .filter(|(i, w)| last.get(&(w.0, w.1, w.2, w.3)) == Some(i))
+            .map(|(_, w)| w)
+            .collect();
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO writes (thread_id, checkpoint_id, task_id, idx, channel, value) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[]) \
+                 ON CONFLICT (thread_id, checkpoint_id, task_id, idx) DO UPDATE \
+                 SET channel = excluded.channel, value = excluded.value",
+            )
+            .await?;
+        let threads: Vec<&str> = kept.iter().map(|w| w.0).collect();
+        let cps: Vec<&str> = kept.iter().map(|w| w.1).collect();
+        let tasks: Vec<&str> = kept.iter().map(|w| w.2).collect();
+        let idxs: Vec<i64> = kept.iter().map(|w| w.3).collect();
+        let channels: Vec<&str> = kept.iter().map(|w| w.4).collect();
+        let texts: Vec<&str> = kept.iter().map(|w| w.5).collect();
+        tx.execute(&stmt, &[&threads, &cps, &tasks, &idxs, &channels, &texts])
+            .await
+            .map_err(|e| match violated(&e) {
+                Some(FOREIGN_KEY) => CheckpointError::NoCheckpoint(threads[0].to_owned(), cps[0].to_owned()),
+                _ => e.into(),
+            })?;
+    }
+    Ok(())
+}
+
+/// SQLSTATEs of a violated key.
+const FOREIGN_KEY: &str = "23503";
+const UNIQUE: &str = "23505";
+
+/// The SQLSTATE of a constraint the statement violated, if that is why it failed.
+fn violated(e: &tokio_postgres::Error) -> Option<&'static str> {
+    match e.code().map(tokio_postgres::error::SqlState::code) {
+        Some(FOREIGN_KEY) => Some(FOREIGN_KEY),
+        Some(UNIQUE) => Some(UNIQUE),
+        _ => None,
+    }
+}
+
+/// Inserts a checkpoint row: its thread missing is [`CheckpointError::NoThread`], its id
+/// stored already a duplicate, as the tables' keys find them.
 async fn insert_checkpoint(tx: &Transaction<'_>, row: &CheckpointRow) -> Result<()> {
     // The plan hash is stored only when it is not the thread's (nearly never).
     let sql = format!(
@@ -454,7 +625,12 @@ async fn insert_checkpoint(tx: &Transaction<'_>, row: &CheckpointRow) -> Result<
             &row.created_at,
         ],
     )
-    .await?;
+    .await
+    .map_err(|e| match violated(&e) {
+        Some(FOREIGN_KEY) => CheckpointError::NoThread(row.thread_id.clone()),
+        Some(UNIQUE) => format::duplicate_checkpoint(&row.thread_id, &row.checkpoint_id),
+        _ => e.into(),
+    })?;
     Ok(())
 }
 

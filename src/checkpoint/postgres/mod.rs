@@ -127,7 +127,16 @@ impl PostgresCheckpointer {
 
     /// The pool and runtime; nothing is asked of the server yet.
     fn connect(url: &str, durability: Durability) -> Result<Self> {
-        let target = pg::parse_url(url).map_err(CheckpointError::Backend)?;
+        let mut target = pg::parse_url(url).map_err(CheckpointError::Backend)?;
+        if durability == Durability::CrashSafe {
+            // Every commit of a crash-safe store is asynchronous: set once per connection, not
+            // a statement (a round trip) per transaction.
+            let options = format!(
+                "{} -c synchronous_commit=off",
+                target.config.get_options().unwrap_or_default()
+            );
+            target.config.options(options.trim());
+        }
         let runtime = pg::runtime("runner-postgres").map_err(CheckpointError::Backend)?;
         let tls = pg::tls().map_err(CheckpointError::Backend)?;
         let pool = pg::pool(&target, tls.clone()).map_err(CheckpointError::Backend)?;
@@ -228,13 +237,14 @@ impl PostgresCheckpointer {
     /// Applies `op` in one transaction; `synced: false` commits without waiting for the flush.
     fn write(&self, op: Op, synced: bool) -> Result<Done> {
         let (pool, op) = (self.pool.clone(), Arc::new(op));
-        let synced = synced && self.durability == Durability::PowerSafe;
+        // A crash-safe store's connections commit asynchronously already.
+        let unsynced = !synced && self.durability == Durability::PowerSafe;
         self.retrying(move || {
             let (pool, op) = (pool.clone(), op.clone());
             async move {
                 let mut client = pool.get().await?;
                 let tx = client.transaction().await?;
-                if !synced {
+                if unsynced {
                     tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
                 }
                 let done = apply::apply(&tx, &op).await?;

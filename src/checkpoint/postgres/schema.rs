@@ -50,7 +50,8 @@ CREATE TABLE checkpoints (
     meta text NOT NULL,
     plan_hash text,
     created_at text NOT NULL,
-    PRIMARY KEY (thread_id, checkpoint_id)
+    PRIMARY KEY (thread_id, checkpoint_id),
+    FOREIGN KEY (thread_id) REFERENCES threads (thread_id)
 );
 CREATE TABLE state_values (
     thread_id text NOT NULL,
@@ -66,7 +67,8 @@ CREATE TABLE writes (
     idx bigint NOT NULL,
     channel text NOT NULL,
     value text NOT NULL,
-    PRIMARY KEY (thread_id, checkpoint_id, task_id, idx)
+    PRIMARY KEY (thread_id, checkpoint_id, task_id, idx),
+    FOREIGN KEY (thread_id, checkpoint_id) REFERENCES checkpoints (thread_id, checkpoint_id)
 );
 CREATE TABLE leases (
     thread_id text PRIMARY KEY,
