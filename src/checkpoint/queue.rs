@@ -16,8 +16,10 @@
 //! - A worker is alive while its heartbeat row is fresh, by the database's clock. A running run
 //!   whose worker is not, and whose thread's lease has expired, is claimable again: another
 //!   worker resumes it from its last checkpoint.
-//! - A run's events are appended by its worker only: an append from a worker that lost the run
-//!   is refused, and that worker stops it.
+//! - A run's events, its end and its release are written under its claim: each claim has a
+//!   token of its own (its lease's owner), so a write from a claim the run no longer has — its
+//!   worker taken for dead and the run claimed again, even by the same worker — is refused, and
+//!   that execution stops.
 
 use serde_json::Value;
 
@@ -76,9 +78,9 @@ pub trait RunQueue: Send + Sync {
     /// Removes `worker`'s heartbeat (it stopped cleanly: its runs ended or were handed back).
     fn retire(&self, worker: &str) -> Result<()>;
 
-    /// Hands a run `worker` stopped without ending back to the queue, to be claimed again at
+    /// Hands a run stopped without ending back to the queue (if it is still claim `claim`'s), to be claimed again at
     /// once (a worker draining on shutdown).
-    fn release(&self, run_id: &str, worker: &str) -> Result<()>;
+    fn release(&self, run_id: &str, claim: &str) -> Result<()>;
 
     /// Asks run `run_id` to stop (`action`: `interrupt` or `rollback`). A pending run nobody
     /// claimed ends at once, `interrupted`: `true` then.
@@ -88,16 +90,17 @@ pub trait RunQueue: Send + Sync {
     fn cancel_asked(&self, run_id: &str) -> Result<Option<String>>;
 
     /// Appends events `bodies` to run `run_id`'s log from sequence number `from`, unless the
-    /// run is no longer `worker`'s: `false` then.
-    fn append(&self, run_id: &str, worker: &str, from: u64, bodies: &[String]) -> Result<bool>;
+    /// run is no longer claim `claim`'s: `false` then.
+    fn append(&self, run_id: &str, claim: &str, from: u64, bodies: &[String]) -> Result<bool>;
 
     /// Run `run_id`'s logged events after sequence number `after`, in order, at most `limit`.
     fn events(&self, run_id: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>>;
 
-    /// Records run `run_id`'s end, if it is still `worker`'s: its status and error, and the
+    /// Records run `run_id`'s end, if it is still claim `claim`'s (or, `claim` a worker's id, if
+    /// that worker has it: a cancel it was asked and could not do): its status and error, and the
     /// last event of its log, `end` (its sequence number and body), in one transaction — a
     /// reader that sees the run ended finds its end logged.
-    fn finish(&self, run_id: &str, worker: &str, end: Ended<'_>) -> Result<()>;
+    fn finish(&self, run_id: &str, claim: &str, end: Ended<'_>) -> Result<()>;
 
     /// The notices of every process, from now on. The receiver lags (and is told so by
     /// [`Notice::Lagged`]) rather than slowing the sender.

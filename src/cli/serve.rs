@@ -209,18 +209,14 @@ pub(super) fn work(args: WorkerArgs) -> anyhow::Result<u8> {
     runtime.block_on(async move {
         reload_on_hangup(reloader, args.runs.dir.clone());
         let signals = stop_signals();
-        let mut first = signals.clone();
         let timeout = args.runs.shutdown_timeout;
-        let stopping = async move {
-            if first.wait_for(|n| *n >= 1).await.is_err() {
-                std::future::pending::<()>().await;
-            }
-            let _ = writeln!(
-                std::io::stderr(),
+        let stopping = first_signal(
+            &signals,
+            format!(
                 "stopping: waiting up to {} s for runs to reach a step boundary and go back to the queue (again to stop now)",
                 timeout.as_secs_f64()
-            );
-        };
+            ),
+        );
         let _ = writeln!(std::io::stderr(), "working: {} runs at once", args.workers);
         let mut second = signals;
         tokio::select! {
@@ -275,19 +271,13 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
             shutdown: args.runs.shutdown_timeout,
         };
         let signals = stop_signals();
-        let mut first = signals.clone();
-        let stopping = async move {
-            // A closed channel means no signal can come: the server runs until it is killed.
-            if first.wait_for(|n| *n >= 1).await.is_err() {
-                std::future::pending::<()>().await;
-            }
-            // For an operator watching the terminal; a closed stderr loses it and nothing else.
-            let _ = writeln!(
-                std::io::stderr(),
+        let stopping = first_signal(
+            &signals,
+            format!(
                 "stopping: waiting up to {} s for runs to reach a step boundary (again to stop now)",
                 timeouts.shutdown.as_secs_f64()
-            );
-        };
+            ),
+        );
         let mut second = signals;
         tokio::select! {
             () = server.serve(listener, timeouts, stopping) => {}
@@ -366,6 +356,22 @@ fn reload_on_hangup(reloader: crate::server::Reloader, dir: PathBuf) {
     #[cfg(not(unix))]
     {
         let _ = (reloader, dir);
+    }
+}
+
+/// Resolves at the first stop signal, saying `message` on stderr.
+fn first_signal(
+    signals: &tokio::sync::watch::Receiver<u32>,
+    message: String,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut first = signals.clone();
+    async move {
+        // A closed channel means no signal can come: the process runs until it is killed.
+        if first.wait_for(|n| *n >= 1).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        // For an operator watching the terminal; a closed stderr loses it and nothing else.
+        let _ = writeln!(std::io::stderr(), "{message}");
     }
 }
 

@@ -20,22 +20,6 @@ const NOTICES: usize = 4096;
 const RUN_COLS: &str = "r.run_id, r.thread_id, r.assistant_id, r.status, r.created_at, r.updated_at, r.kwargs, \
                         r.multitask_strategy, r.metadata, r.error, r.event_ids";
 
-fn run_text(r: &tokio_postgres::Row) -> Result<RunText> {
-    Ok(RunText {
-        run_id: r.try_get(0)?,
-        thread_id: r.try_get(1)?,
-        assistant_id: r.try_get(2)?,
-        status: r.try_get(3)?,
-        created_at: r.try_get(4)?,
-        updated_at: r.try_get(5)?,
-        kwargs: r.try_get(6)?,
-        multitask_strategy: r.try_get(7)?,
-        metadata: r.try_get(8)?,
-        error: r.try_get(9)?,
-        event_ids: r.try_get(10)?,
-    })
-}
-
 impl PostgresCheckpointer {
     /// The notification channel of this schema's processes.
     fn channel(&self) -> String {
@@ -139,7 +123,7 @@ impl RunQueue for PostgresCheckpointer {
                     return Ok(None);
                 };
                 let orphaned: bool = row.try_get(11)?;
-                let mut run = run_text(&row)?.into_run()?;
+                let mut run = super::runs::run_from_row(&row)?.into_run()?;
                 // The thread's lease, in the same transaction: the same upsert as
                 // `acquire_lease`, which fails (no row) if a live lease appeared meanwhile.
                 let lease_sql = format!(
@@ -171,8 +155,8 @@ impl RunQueue for PostgresCheckpointer {
                 let lease = lease_row(&lease)?;
                 let at = crate::clock::now();
                 tx.execute(
-                    "UPDATE runs SET status = 'running', worker = $2, updated_at = $3 WHERE run_id = $1",
-                    &[&run.run_id, &worker, &at],
+                    "UPDATE runs SET status = 'running', worker = $2, claim = $4, updated_at = $3 WHERE run_id = $1",
+                    &[&run.run_id, &worker, &at, &claim.owner],
                 )
                 .await?;
                 let next: i64 = tx
@@ -228,7 +212,10 @@ impl RunQueue for PostgresCheckpointer {
         })
     }
 
-    fn release(&self, run_id: &str, worker: &str) -> Result<()> {
+    fn release(&self, run_id: &str, claim: &str) -> Result<()> {
+        // The claim's token fences the run's writes: a run claimed again (its worker taken for
+        // dead) is no longer this claim's.
+        let worker = claim;
         let (pool, run_id, worker, channel) = (self.pool.clone(), run_id.to_owned(), worker.to_owned(), self.channel());
         self.retrying(move || {
             let (pool, run_id, worker, channel) = (pool.clone(), run_id.clone(), worker.clone(), channel.clone());
@@ -238,7 +225,7 @@ impl RunQueue for PostgresCheckpointer {
                 // `running` with no worker: claimable at once (its thread's lease is released by
                 // its engine as it stops).
                 tx.execute(
-                    "UPDATE runs SET worker = NULL WHERE run_id = $1 AND worker = $2 AND status IN ('pending', 'running')",
+                    "UPDATE runs SET worker = NULL, claim = NULL WHERE run_id = $1 AND claim = $2 AND status IN ('pending', 'running')",
                     &[&run_id, &worker],
                 )
                 .await?;
@@ -310,7 +297,10 @@ impl RunQueue for PostgresCheckpointer {
         })
     }
 
-    fn append(&self, run_id: &str, worker: &str, from: u64, bodies: &[String]) -> Result<bool> {
+    fn append(&self, run_id: &str, claim: &str, from: u64, bodies: &[String]) -> Result<bool> {
+        // The claim's token fences the run's writes: a run claimed again (its worker taken for
+        // dead) is no longer this claim's.
+        let worker = claim;
         let (pool, run_id, worker, channel) = (self.pool.clone(), run_id.to_owned(), worker.to_owned(), self.channel());
         let bodies = bodies.to_vec();
         let first = i64::try_from(from).map_err(|_| CheckpointError::Backend(format!("event {from}")))?;
@@ -332,7 +322,7 @@ impl RunQueue for PostgresCheckpointer {
                     .prepare_cached(
                         "INSERT INTO run_events (run_id, seq, body) \
                          SELECT $1, $3 + n - 1, b FROM unnest($4::text[]) WITH ORDINALITY AS e(b, n) \
-                         WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND worker = $2)",
+                         WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND claim = $2)",
                     )
                     .await?;
                 let n = tx.execute(&stmt, &[&run_id, &worker, &first, &bodies]).await?;
@@ -373,7 +363,10 @@ impl RunQueue for PostgresCheckpointer {
         })
     }
 
-    fn finish(&self, run_id: &str, worker: &str, end: Ended<'_>) -> Result<()> {
+    fn finish(&self, run_id: &str, claim: &str, end: Ended<'_>) -> Result<()> {
+        // The claim's token fences the run's writes: a run claimed again (its worker taken for
+        // dead) is no longer this claim's.
+        let worker = claim;
         let error = end.error.map(json_text).transpose()?;
         let record = end
             .record
@@ -408,7 +401,8 @@ impl RunQueue for PostgresCheckpointer {
                 let tx = client.transaction().await?;
                 let n = tx
                     .execute(
-                        "UPDATE runs SET status = $3, error = $4, updated_at = $5 WHERE run_id = $1 AND worker = $2",
+                        "UPDATE runs SET status = $3, error = $4, updated_at = $5 \
+                         WHERE run_id = $1 AND (claim = $2 OR worker = $2)",
                         &[&run_id, &worker, &status.as_str(), &error, &at],
                     )
                     .await?;

@@ -11,7 +11,8 @@ use crate::checkpoint::runs::{RunRow, RunStatus, RunStore, RunText, ThreadMeta, 
 const RUN_COLS: &str = "run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs, \
                         multitask_strategy, metadata, error, event_ids";
 
-fn run_from_row(r: &Row) -> Result<RunText> {
+/// A run's row, its columns in `RUN_COLS`'s order (the queue's claim reads them so too).
+pub(super) fn run_from_row(r: &Row) -> Result<RunText> {
     Ok(RunText {
         run_id: r.try_get(0)?,
         thread_id: r.try_get(1)?,

@@ -94,7 +94,9 @@ CREATE TABLE runs (
     event_ids bigint NOT NULL,
     -- The worker that claimed it (the queue of many processes), and a stop asked of it.
     worker text,
-    cancel text
+    cancel text,
+    -- The claim's own token (its lease's owner): what fences the run's log and end.
+    claim text
 );
 CREATE INDEX runs_by_thread ON runs (thread_id, run_id);
 CREATE INDEX runs_by_status ON runs (status, run_id);

@@ -371,6 +371,29 @@ fn ended_without_record(thread_id: &str, row: Option<&RunRow>, sent: usize) -> R
     outcome
 }
 
+/// Whether a run a dead worker had claimed had started, so that it goes on from where its
+/// thread is rather than from its request: its input, answer or command is in a checkpoint it
+/// made (its id in the checkpoint's run metadata), or — an answer stored before the next
+/// checkpoint — the gate it answers waits no more.
+fn had_started(store: &dyn crate::checkpoint::Checkpointer, run: &RunRow) -> Result<bool, RunsError> {
+    let Some(head) = store.get_checkpoint(&run.thread_id, None)? else {
+        return Ok(false);
+    };
+    let made_it = crate::engine::checkpoint_run_metadata(&head)
+        .is_some_and(|m| m.get("run_id").and_then(Value::as_str) == Some(run.run_id.as_str()));
+    if made_it {
+        return Ok(true);
+    }
+    let answers = run
+        .kwargs
+        .get("command")
+        .and_then(|c| c.get("resume"))
+        .is_some_and(|r| !r.is_null());
+    Ok(answers
+        && crate::server::threads::pending_interrupts(&head, &store.get_writes(&run.thread_id, &head.checkpoint_id)?)
+            .is_empty())
+}
+
 /// A worker of a shared database: claims runs while it has room, executes them, keeps its
 /// heartbeat, answers cancels, and hands its runs back when it stops.
 pub(crate) struct Worker<S> {
@@ -432,9 +455,9 @@ impl<S: Send + Sync + 'static> Worker<S> {
             };
             match manager.queue()?.claim(&worker_id, &claim) {
                 Ok(Some(claimed)) => {
-                    let (manager, make, worker_id) = (manager.clone(), self.make.clone(), worker_id.clone());
+                    let (manager, make) = (manager.clone(), self.make.clone());
                     tokio::spawn(async move {
-                        execute(manager, make, worker_id, claimed, self.ttl).await;
+                        execute(manager, make, claimed, self.ttl).await;
                         drop(permit);
                     });
                 }
@@ -527,7 +550,6 @@ async fn answer_cancels<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>) {
 async fn execute<S: Send + Sync + 'static>(
     manager: Arc<RunManager<S>>,
     make: Arc<dyn Fn(RunRow) -> Result<CreateRun, RunsError> + Send + Sync>,
-    worker_id: String,
     claimed: Claimed,
     ttl: Duration,
 ) {
@@ -538,13 +560,17 @@ async fn execute<S: Send + Sync + 'static>(
         next_event,
     } = claimed;
     let run_id = run.run_id.clone();
+    // What this claim writes under: its own token, so a run claimed again (this worker taken
+    // for dead meanwhile) is not written by this execution any more.
+    let token = lease.owner.clone();
     let Ok(queue) = manager.queue() else { return };
-    let log = |seq: u64, bodies: &[String]| queue.append(&run_id, &worker_id, seq, bodies);
+    let log = |seq: u64, bodies: &[String]| queue.append(&run_id, &token, seq, bodies);
     let started = async {
         let mut create = make(run.clone())?;
+        let had_started = orphaned && had_started(&*manager.store, &run)?;
         create.resumed = Some(super::request::Resumed {
             row: run,
-            was_running: orphaned,
+            was_running: had_started,
             claimed: Some((lease, ttl)),
         });
         // The reader's process deletes a thread of the run's own when its reader is done.
@@ -566,7 +592,7 @@ async fn execute<S: Send + Sync + 'static>(
             let body = end_record(&outcome);
             let _ = queue.finish(
                 &run_id,
-                &worker_id,
+                &token,
                 Ended {
                     status: RunStatus::Error,
                     error: Some(&error),
@@ -623,7 +649,7 @@ async fn execute<S: Send + Sync + 'static>(
     let stopped_here = manager.stopping.load(std::sync::atomic::Ordering::SeqCst)
         && matches!(&outcome, Ok(o) if o.status == Status::Cancelled);
     if stopped_here {
-        let _ = queue.release(&run_id, &worker_id);
+        let _ = queue.release(&run_id, &token);
         return;
     }
     // A rollback is the cancel's to finish: it takes the thread back, then deletes the run, so
@@ -642,7 +668,7 @@ async fn execute<S: Send + Sync + 'static>(
         at: &crate::clock::now(),
         record: Some((seq, &body)),
     };
-    if let Err(e) = queue.finish(&run_id, &worker_id, end) {
+    if let Err(e) = queue.finish(&run_id, &token, end) {
         tracing::warn!(run_id, error = %e, "a run's end could not be recorded");
     }
 }
