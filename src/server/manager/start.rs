@@ -255,9 +255,16 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         if let Some(limit) = req.recursion_limit {
             request.recursion_limit = Some(limit);
         }
-        let mut services = self.settings.services(&graph.plan)?;
-        // One data store for the process: what the store endpoints write, runs read.
-        services.data = self.data.clone();
+        // The run's services, for a run this process executes: a server whose runs execute on
+        // workers builds none (each worker builds the run's own).
+        let services = if self.is_api() {
+            None
+        } else {
+            let mut services = self.settings.services(&graph.plan)?;
+            // One data store for the process: what the store endpoints write, runs read.
+            services.data = self.data.clone();
+            Some(services)
+        };
         // From here on the run starts, and its end (or refusal) releases a thread of its own.
         let mut meta = self
             .store
@@ -271,11 +278,12 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         meta.updated_at = crate::clock::now();
         self.store.put_thread_meta(&meta)?;
         let rollback_to = match &head {
-            Some(cp) => {
+            // A worker rolls back a run it executes; the server that created it keeps nothing.
+            Some(cp) if !self.is_api() => {
                 let writes = self.store.get_writes(thread_id, &cp.checkpoint_id)?;
                 Some((cp.checkpoint_id.clone(), writes))
             }
-            None => None,
+            _ => None,
         };
         let now = crate::clock::now();
         let row = match req.resumed {
@@ -346,7 +354,10 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         let run_id = c.row.run_id.clone();
         let thread_id = c.row.thread_id.clone();
         let (events, rx) = Events::channel();
-        let engine = Engine::new(c.graph.plan.clone(), self.store.clone(), c.services, events);
+        let services = c
+            .services
+            .ok_or_else(|| RunsError::Invalid("a run executing elsewhere has no engine here".into()))?;
+        let engine = Engine::new(c.graph.plan.clone(), self.store.clone(), services, events);
         let stopper = Stopper::of(&engine);
         let (ended_tx, ended_rx) = tokio::sync::watch::channel(false);
         {
@@ -545,7 +556,8 @@ pub(super) struct Created {
     pub(super) graph: Arc<Graph>,
     pub(super) row: RunRow,
     request: crate::engine::RunRequest,
-    services: crate::nodes::Services,
+    /// None for a run executing on a worker elsewhere.
+    services: Option<crate::nodes::Services>,
     edit: Option<super::request::Edit>,
     rollback_to: Option<(String, Vec<crate::checkpoint::PendingWrite>)>,
     pub(super) new_input: bool,
