@@ -24,7 +24,7 @@
 use serde_json::Value;
 
 use super::runs::{RunRow, RunStatus};
-use super::{Lease, LeaseClaim, Result};
+use super::{Lease, LeaseClaim, Put, Result};
 
 /// A run a worker claimed: its row, its thread's lease (taken in the same transaction), and
 /// whether a worker that died had it.
@@ -45,6 +45,17 @@ pub struct Ended<'a> {
     pub at: &'a str,
     /// The end's record in the run's log: its sequence number and body.
     pub record: Option<(u64, &'a str)>,
+}
+
+/// Records appended to a run's log under its claim (see [`RunQueue::append`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Logged<'a> {
+    pub run_id: &'a str,
+    /// The claim's token.
+    pub claim: &'a str,
+    /// The sequence number of the first record.
+    pub from: u64,
+    pub bodies: &'a [String],
 }
 
 /// What a process is told by the others, through the database.
@@ -92,6 +103,13 @@ pub trait RunQueue: Send + Sync {
     /// Appends events `bodies` to run `run_id`'s log from sequence number `from`, unless the
     /// run is no longer claim `claim`'s: `false` then.
     fn append(&self, run_id: &str, claim: &str, from: u64, bodies: &[String]) -> Result<bool>;
+
+    /// Applies `puts` as [`super::Checkpointer::put_batch`] does (`synced` false: as
+    /// `put_batch_unsynced`, whose answer it gives) and appends `log`'s records to its run's log,
+    /// in one transaction: a run's events are durable with the commit they tell of. A run that
+    /// is no longer `log.claim`'s refuses the whole commit with
+    /// [`super::CheckpointError::LeaseLost`].
+    fn commit_logged(&self, puts: Vec<Put>, synced: bool, log: Logged<'_>) -> Result<bool>;
 
     /// Run `run_id`'s logged events after sequence number `after`, in order, at most `limit`.
     fn events(&self, run_id: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>>;

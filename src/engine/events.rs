@@ -168,6 +168,29 @@ impl Receiver {
 /// A function that receives every event as it happens.
 pub type Sink = Arc<dyn Fn(Envelope) + Send + Sync>;
 
+/// A run's events kept with its commits: given by whoever runs the engine and logs the events
+/// in the database its checkpoints are in (a worker of a shared database), so that a commit
+/// and the events that tell of it are durable together. Every event is recorded as it is sent,
+/// and the run's persister commits through the journal: the events that tell of a commit
+/// (a task's `node_end`, a step's `step_end`, sent once it is durable) go into that commit's
+/// transaction with everything recorded before them, so whoever reads the log never finds a
+/// commit it does not tell of.
+pub trait Journal: Send + Sync {
+    /// An event, as it is sent.
+    fn record(&self, envelope: &Envelope);
+
+    /// Commits `puts` as [`Checkpointer::put_batch`](crate::checkpoint::Checkpointer::put_batch)
+    /// does (`synced` false: as `put_batch_unsynced`, whose answer it gives), in one transaction
+    /// with the events recorded so far and `told`, the events that tell of what `puts` store.
+    /// A commit that fails logs none of them.
+    fn commit(
+        &self,
+        puts: Vec<crate::checkpoint::Put>,
+        synced: bool,
+        told: &[Envelope],
+    ) -> Result<bool, crate::checkpoint::CheckpointError>;
+}
+
 /// Where a run's events go: nowhere, a channel (collected later), or a sink called in place
 /// (so a slow reader slows the run instead of letting events pile up in memory).
 #[derive(Clone)]
@@ -180,6 +203,8 @@ pub struct Events {
     /// Where `Custom` events go when not under `ns`: a subgraph whose custom events are its
     /// parent task's own (see [`Events::nested_forwarding`]) sends them under its parent's.
     custom_ns: Option<Option<Arc<str>>>,
+    /// Where the events are kept with the run's commits, if anywhere.
+    journal: Option<Arc<dyn Journal>>,
 }
 
 #[derive(Clone)]
@@ -209,6 +234,7 @@ impl Events {
             started: Instant::now(),
             ns: None,
             custom_ns: None,
+            journal: None,
         }
     }
 
@@ -221,6 +247,7 @@ impl Events {
                 started: Instant::now(),
                 ns: None,
                 custom_ns: None,
+                journal: None,
             },
             Receiver(rx),
         )
@@ -233,6 +260,7 @@ impl Events {
             started: Instant::now(),
             ns: None,
             custom_ns: None,
+            journal: None,
         }
     }
 
@@ -248,6 +276,7 @@ impl Events {
                 None => segment.into(),
             }),
             custom_ns: None,
+            journal: self.journal.clone(),
         }
     }
 
@@ -266,6 +295,34 @@ impl Events {
         !matches!(self.to, To::Nowhere)
     }
 
+    /// The same destination, every event recorded in `journal` too (see [`Journal`]).
+    pub fn journaled(self, journal: Arc<dyn Journal>) -> Events {
+        Events {
+            journal: Some(journal),
+            ..self
+        }
+    }
+
+    /// The journal the run's commits go through, if it has one.
+    pub(crate) fn journal(&self) -> Option<&Arc<dyn Journal>> {
+        self.journal.as_ref()
+    }
+
+    /// `event` as it would be sent now, without sending it: for an event told once a commit
+    /// is durable, recorded with that commit and delivered after it by [`Events::forward`].
+    pub(crate) fn stamp(&self, event: Event) -> Envelope {
+        let ns = match (&event, &self.custom_ns) {
+            (Event::Custom { .. }, Some(ns)) => ns.clone(),
+            _ => self.ns.clone(),
+        };
+        Envelope {
+            ts: crate::clock::now(),
+            elapsed_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            ns,
+            event,
+        }
+    }
+
     /// Delivers an envelope as it is, its time and namespace kept: a run's events relayed from
     /// another process. `false` once nobody receives them any more.
     pub fn forward(&self, envelope: Envelope) -> bool {
@@ -280,19 +337,13 @@ impl Events {
     }
 
     pub fn send(&self, event: Event) {
-        if let To::Nowhere = self.to {
+        if matches!(self.to, To::Nowhere) && self.journal.is_none() {
             return;
         }
-        let ns = match (&event, &self.custom_ns) {
-            (Event::Custom { .. }, Some(ns)) => ns.clone(),
-            _ => self.ns.clone(),
-        };
-        let envelope = Envelope {
-            ts: crate::clock::now(),
-            elapsed_ms: self.started.elapsed().as_secs_f64() * 1000.0,
-            ns,
-            event,
-        };
+        let envelope = self.stamp(event);
+        if let Some(journal) = &self.journal {
+            journal.record(&envelope);
+        }
         match &self.to {
             To::Nowhere => {}
             // A closed receiver means nobody is listening any more; the run goes on.

@@ -5,7 +5,8 @@
 //! Events that promise durability (a task's `node_end`, a step's `step_end`) travel with the
 //! put that stores what they report and are sent once it is committed, in every mode but
 //! `exit` (which promises nothing before the run's end): whoever sees a `node_end` may rely on
-//! the task not running again, even after a crash.
+//! the task not running again, even after a crash. A run whose events have a [`Journal`]
+//! commits through it, those events in the same transaction as what they report.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc;
@@ -14,8 +15,38 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use super::Persist;
-use super::events::{Event, Events};
+use super::events::{Envelope, Event, Events, Journal};
 use crate::checkpoint::{self, Checkpoint, CheckpointError, Checkpointer, Fence, PendingWrite, Put};
+
+/// Commits `puts` (`synced` false: as `put_batch_unsynced`) with `after`, the events that tell
+/// of them: through the run's journal when it has one, so the events are kept in the same
+/// transaction. Answers whether the commit is as durable as the store promises, and the events
+/// to deliver once it is.
+fn commit(
+    store: &dyn Checkpointer,
+    events: &Events,
+    puts: Vec<Put>,
+    synced: bool,
+    after: Vec<Event>,
+) -> Result<(bool, Vec<Envelope>), CheckpointError> {
+    let after: Vec<Envelope> = after.into_iter().map(|e| events.stamp(e)).collect();
+    let durable = match events.journal() {
+        Some(journal) => Journal::commit(&**journal, puts, synced, &after)?,
+        None if synced => {
+            store.put_batch(puts)?;
+            true
+        }
+        None => store.put_batch_unsynced(puts)?,
+    };
+    Ok((durable, after))
+}
+
+/// Delivers events told after a commit (and, with a journal, already recorded with it).
+fn deliver(events: &Events, after: Vec<Envelope>) {
+    for e in after {
+        events.forward(e);
+    }
+}
 
 enum Job {
     Checkpoint(Arc<Checkpoint>, Vec<(String, u64, Value)>, Vec<Event>),
@@ -57,7 +88,7 @@ pub(super) struct Persister {
     held: Mutex<(Option<Held>, String)>,
     /// `Sync`: events of writes committed without waiting for the disk, sent once a synced
     /// commit (the step's checkpoint) has made them durable.
-    unsynced: Mutex<Vec<Event>>,
+    unsynced: Mutex<Vec<Envelope>>,
     /// `Sync`, `Async`: finished tasks' writes not handed to the store yet, and their events.
     /// Tasks that finish while the run is busy with others are committed together by
     /// [`Persister::release`]: one commit for a burst of a fan-out rather than one per task.
@@ -113,8 +144,8 @@ impl Persister {
                     }
                     if puts.len() > 1 {
                         let _commit = super::trace::commit(Some(&run_span), puts.len() - 1, true).entered();
-                        match s.put_batch(puts) {
-                            Ok(()) => after.into_iter().for_each(|e| ev.send(e)),
+                        match commit(&*s, &ev, puts, true, after) {
+                            Ok((_, after)) => deliver(&ev, after),
                             Err(e) => {
                                 first_error.get_or_insert(e);
                             }
@@ -167,9 +198,7 @@ impl Persister {
             Persist::Sync => {
                 let mut puts: Vec<Put> = last.into_iter().collect();
                 puts.push(Put::Checkpoint(cp.clone(), values));
-                self.put_now(puts)?;
-                after.into_iter().for_each(|e| self.events.send(e));
-                Ok(())
+                self.put_told(puts, after)
             }
             Persist::Async => {
                 if let Some(last) = last {
@@ -260,8 +289,9 @@ impl Persister {
                 fenced.push(Put::Fence(self.fence.clone()));
                 fenced.extend(puts);
                 let _commit = super::trace::commit(None, fenced.len() - 1, false).entered();
-                if self.store.put_batch_unsynced(fenced)? {
-                    after.into_iter().for_each(|e| self.events.send(e));
+                let (durable, after) = commit(&*self.store, &self.events, fenced, false, after)?;
+                if durable {
+                    deliver(&self.events, after);
                 } else {
                     self.unsynced.lock().map_err(|_| poisoned())?.extend(after);
                 }
@@ -321,14 +351,20 @@ impl Persister {
     /// `puts` in one batch behind the run's fence; it makes earlier unsynced writes durable
     /// too, so their events go out.
     fn put_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
+        self.put_told(puts, Vec::new())
+    }
+
+    /// [`Persister::put_now`], then `after`, the events that tell of `puts`.
+    fn put_told(&self, puts: Vec<Put>, after: Vec<Event>) -> Result<(), CheckpointError> {
         let mut fenced = Vec::with_capacity(puts.len() + 1);
         fenced.push(Put::Fence(self.fence.clone()));
         fenced.extend(puts);
-        let commit = super::trace::commit(None, fenced.len() - 1, true).entered();
-        self.store.put_batch(fenced)?;
-        drop(commit);
+        let span = super::trace::commit(None, fenced.len() - 1, true).entered();
+        let (_, after) = commit(&*self.store, &self.events, fenced, true, after)?;
+        drop(span);
         let synced = std::mem::take(&mut *self.unsynced.lock().map_err(|_| poisoned())?);
-        synced.into_iter().for_each(|e| self.events.send(e));
+        deliver(&self.events, synced);
+        deliver(&self.events, after);
         Ok(())
     }
 

@@ -254,6 +254,29 @@ impl PostgresCheckpointer {
         })
     }
 
+    /// [`PostgresCheckpointer::write`], with `log`'s records appended to its run's log in the
+    /// same transaction, fenced by its claim (the queue's `commit_logged`).
+    fn write_logged(&self, op: Op, synced: bool, log: queue::LogRows, fenced: String) -> Result<Done> {
+        let (pool, op, log, channel) = (self.pool.clone(), Arc::new(op), Arc::new(log), self.channel());
+        let unsynced = !synced && self.durability == Durability::PowerSafe;
+        self.retrying(move || {
+            let (pool, op, log, channel, fenced) = (pool.clone(), op.clone(), log.clone(), channel.clone(), fenced.clone());
+            async move {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                if unsynced {
+                    tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
+                }
+                let done = apply::apply(&tx, &op).await?;
+                if !log.bodies.is_empty() && !queue::append_rows(&tx, &log, &channel).await? {
+                    return Err(CheckpointError::LeaseLost(fenced));
+                }
+                tx.commit().await?;
+                Ok(done)
+            }
+        })
+    }
+
     fn write_unit(&self, op: Op) -> Result<()> {
         self.write(op, true).map(|_| ())
     }

@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 
 use super::PostgresCheckpointer;
 use super::apply::{DB_NOW_MS, LEASE_COLS, lease_row};
-use crate::checkpoint::queue::{Claimed, Ended, Notice, RunQueue};
+use crate::checkpoint::queue::{Claimed, Ended, Logged, Notice, RunQueue};
 use crate::checkpoint::runs::{RunRow, RunStatus, RunText, json_text};
 use crate::checkpoint::{CheckpointError, LeaseClaim, Result};
 
@@ -20,9 +20,50 @@ const NOTICES: usize = 4096;
 const RUN_COLS: &str = "r.run_id, r.thread_id, r.assistant_id, r.status, r.created_at, r.updated_at, r.kwargs, \
                         r.multitask_strategy, r.metadata, r.error, r.event_ids";
 
+/// Records for a run's log, owned (a statement runs on the backend's runtime).
+pub(super) struct LogRows {
+    pub(super) run_id: String,
+    pub(super) claim: String,
+    pub(super) from: i64,
+    pub(super) bodies: Vec<String>,
+}
+
+/// Appends `log`'s records in the caller's transaction if the run is still its claim's, and
+/// tells the listeners: `false`, and nothing written, when it is not. One statement.
+pub(super) async fn append_rows(
+    tx: &deadpool_postgres::Transaction<'_>,
+    log: &LogRows,
+    channel: &str,
+) -> Result<bool> {
+    // Notices of one payload in one transaction are delivered once.
+    let stmt = tx
+        .prepare_cached(
+            "WITH logged AS (INSERT INTO run_events (run_id, seq, body) \
+               SELECT $1, $3 + n - 1, b FROM unnest($4::text[]) WITH ORDINALITY AS e(b, n) \
+               WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND claim = $2) RETURNING seq) \
+             SELECT count(*) FROM (SELECT pg_notify($5, $6) FROM logged) told",
+        )
+        .await?;
+    let told: i64 = tx
+        .query_one(
+            &stmt,
+            &[
+                &log.run_id,
+                &log.claim,
+                &log.from,
+                &log.bodies,
+                &channel,
+                &payload(&Notice::Events(log.run_id.clone())),
+            ],
+        )
+        .await?
+        .try_get(0)?;
+    Ok(told > 0)
+}
+
 impl PostgresCheckpointer {
     /// The notification channel of this schema's processes.
-    fn channel(&self) -> String {
+    pub(super) fn channel(&self) -> String {
         format!("runner_{}", self.schema)
     }
 }
@@ -338,6 +379,24 @@ impl RunQueue for PostgresCheckpointer {
                 Ok(true)
             }
         })
+    }
+
+    fn commit_logged(&self, puts: Vec<crate::checkpoint::Put>, synced: bool, log: Logged<'_>) -> Result<bool> {
+        let fenced = puts
+            .iter()
+            .find_map(|p| match p {
+                crate::checkpoint::Put::Fence(f) => Some(f.thread_id.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| log.run_id.to_owned());
+        let rows = LogRows {
+            run_id: log.run_id.to_owned(),
+            claim: log.claim.to_owned(),
+            from: i64::try_from(log.from).map_err(|_| CheckpointError::Backend(format!("event {}", log.from)))?,
+            bodies: log.bodies.to_vec(),
+        };
+        self.write_logged(crate::checkpoint::format::batch_op(puts)?, synced, rows, fenced)?;
+        Ok(synced || self.durability != crate::checkpoint::Durability::PowerSafe)
     }
 
     fn events(&self, run_id: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {

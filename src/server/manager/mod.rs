@@ -16,6 +16,7 @@
 //! - `workers.rs`: how many runs execute at once, and the line of pending runs.
 
 mod control;
+mod journal;
 mod request;
 mod shared;
 mod start;

@@ -106,6 +106,8 @@ pub(crate) struct Resumed {
     /// A worker's claim of the run from a shared database: the thread's lease it took, and
     /// how long the lease lasts.
     pub claimed: Option<(crate::checkpoint::Lease, std::time::Duration)>,
+    /// Where a claimed run's events are kept with its commits.
+    pub journal: Option<Arc<dyn crate::engine::events::Journal>>,
 }
 
 impl Resumed {
@@ -114,6 +116,7 @@ impl Resumed {
             was_running: row.status == RunStatus::Running,
             row,
             claimed: None,
+            journal: None,
         }
     }
 }

@@ -44,7 +44,7 @@ pub(crate) enum Role {
 /// How often a reader or a worker looks at the database when no notice woke it: the fallback
 /// when notices are lost, and how soon a worker finds a run whose worker died.
 const POLL: Duration = Duration::from_millis(500);
-/// The most events one append carries.
+/// The most events one read of a run's log takes.
 const BATCH: usize = 256;
 
 /// A run's end, as logged.
@@ -564,7 +564,8 @@ async fn execute<S: Send + Sync + 'static>(
     // for dead meanwhile) is not written by this execution any more.
     let token = lease.owner.clone();
     let Ok(queue) = manager.queue() else { return };
-    let log = |seq: u64, bodies: &[String]| queue.append(&run_id, &token, seq, bodies);
+    // The run's events: kept with its commits, the rest written here as they come.
+    let log = Arc::new(super::journal::RunLog::new(manager.store.clone(), &run_id, &token, next_event));
     let started = async {
         let mut create = make(run.clone())?;
         let had_started = orphaned && had_started(&*manager.store, &run)?;
@@ -572,6 +573,7 @@ async fn execute<S: Send + Sync + 'static>(
             row: run,
             was_running: had_started,
             claimed: Some((lease, ttl)),
+            journal: Some(log.clone()),
         });
         // The reader's process deletes a thread of the run's own when its reader is done.
         create.temporary = false;
@@ -580,7 +582,6 @@ async fn execute<S: Send + Sync + 'static>(
         manager.started(queued).await
     }
     .await;
-    let mut seq = next_event;
     let running = match started {
         Ok(r) => r,
         Err(e) => {
@@ -590,6 +591,7 @@ async fn execute<S: Send + Sync + 'static>(
                 other => EngineError::Incompatible(other.to_string()),
             });
             let body = end_record(&outcome);
+            let _ = log.flush();
             let _ = queue.finish(
                 &run_id,
                 &token,
@@ -597,52 +599,38 @@ async fn execute<S: Send + Sync + 'static>(
                     status: RunStatus::Error,
                     error: Some(&error),
                     at: &crate::clock::now(),
-                    record: Some((seq, &body)),
+                    record: Some((log.next(), &body)),
                 },
             );
             return;
         }
     };
     let super::start::Running {
-        first,
         mut events,
         done,
         stopper,
         release,
         ..
     } = running;
-    let mut pending = vec![serde_json::to_string(&first).unwrap_or_default()];
-    let mut lost = false;
+    // The events were recorded as they were sent: what comes through the channel only says
+    // when to write what waits.
     loop {
-        // Everything that waits goes in one append.
-        while pending.len() < BATCH {
-            match events.try_recv() {
-                Ok(e) => pending.push(serde_json::to_string(&e).unwrap_or_default()),
-                Err(_) => break,
-            }
+        while events.try_recv().is_ok() {}
+        match log.flush() {
+            Ok(true) => {}
+            // Another worker took the run over: this one stops writing.
+            Ok(false) => stopper.cancel(),
+            Err(e) => tracing::warn!(run_id, error = %e, "a run's events could not be logged"),
         }
-        if !pending.is_empty() && !lost {
-            match log(seq, &pending) {
-                Ok(true) => seq += pending.len() as u64,
-                // Another worker took the run over: this one stops writing.
-                Ok(false) => {
-                    lost = true;
-                    stopper.cancel();
-                }
-                Err(e) => tracing::warn!(run_id, error = %e, "a run's events could not be logged"),
-            }
-        }
-        pending.clear();
-        match events.recv().await {
-            Some(e) => pending.push(serde_json::to_string(&e).unwrap_or_default()),
-            None => break,
+        if events.recv().await.is_none() {
+            break;
         }
     }
     let outcome = done
         .await
         .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
     drop(release);
-    if lost {
+    if log.is_lost() || matches!(log.flush(), Ok(false)) {
         return;
     }
     // A run this worker stopped as it shuts down goes back to the queue for another.
@@ -666,7 +654,7 @@ async fn execute<S: Send + Sync + 'static>(
         status,
         error: error.as_ref(),
         at: &crate::clock::now(),
-        record: Some((seq, &body)),
+        record: Some((log.next(), &body)),
     };
     if let Err(e) = queue.finish(&run_id, &token, end) {
         tracing::warn!(run_id, error = %e, "a run's end could not be recorded");

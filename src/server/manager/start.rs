@@ -182,6 +182,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         let graph = req.graph.clone();
         let reject = req.strategy == Multitask::Reject;
         let claimed = req.resumed.as_ref().and_then(|r| r.claimed.clone());
+        let journal = req.resumed.as_ref().and_then(|r| r.journal.clone());
         let overrides = &self.settings.overrides;
         let workflow = graph.path.display().to_string();
         let was_running = req.resumed.as_ref().is_some_and(|r| r.was_running);
@@ -337,6 +338,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             graph,
             row,
             request,
+            journal,
             services,
             edit,
             rollback_to,
@@ -353,7 +355,10 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     fn prepare(self: &Arc<Self>, c: Created) -> Result<(Queued, RunTask<S>), RunsError> {
         let run_id = c.row.run_id.clone();
         let thread_id = c.row.thread_id.clone();
-        let (events, rx) = Events::channel();
+        let (mut events, rx) = Events::channel();
+        if let Some(journal) = c.journal {
+            events = events.journaled(journal);
+        }
         let services = c
             .services
             .ok_or_else(|| RunsError::Invalid("a run executing elsewhere has no engine here".into()))?;
@@ -556,6 +561,8 @@ pub(super) struct Created {
     pub(super) graph: Arc<Graph>,
     pub(super) row: RunRow,
     request: crate::engine::RunRequest,
+    /// Where a claimed run's events are kept with its commits.
+    journal: Option<Arc<dyn crate::engine::events::Journal>>,
     /// None for a run executing on a worker elsewhere.
     services: Option<crate::nodes::Services>,
     edit: Option<super::request::Edit>,
