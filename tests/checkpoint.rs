@@ -17,7 +17,8 @@ use runner::checkpoint::postgres::PostgresCheckpointer;
 use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
 use runner::checkpoint::{
     CacheEntry, CacheStore, Checkpoint, CheckpointError, Checkpointer, Durability, Fence, LeaseClaim, PendingWrite,
-    Put, RunRow, RunStatus, RunStore, TaskSpec, Thread, ThreadHead, ThreadMeta, ThreadStatus, new_id,
+    Put, Removal, Removed, RunRow, RunStatus, RunStore, TaskSpec, Thread, ThreadHead, ThreadMeta, ThreadStatus,
+    ThreadTtl, new_id,
 };
 use serde_json::{Map, Value, json};
 
@@ -891,6 +892,80 @@ fn node_cache(cp: &dyn Checkpointer) {
     assert_eq!(listed(0), vec![]);
 }
 
+/// A thread's removal: under its lease (refused, and the thread whole, while another holds it
+/// live or one of its runs is active), only when it meets the removal's conditions (expired,
+/// idle), and then whole — its subgraphs' threads, its record in the API, its runs — and its
+/// lease free again.
+fn removal(cp: &dyn Checkpointer) {
+    let made = |id: &str| {
+        cp.create_thread(&thread(id)).unwrap();
+        cp.put_checkpoint(&checkpoint(id, None, -1, &[("n", 1)]), &vals(&[("n", 1, json!(0))]))
+            .unwrap();
+    };
+    made("R");
+    made("R/0/child");
+    made("S");
+    cp.put_thread_meta(&ThreadMeta {
+        ttl: Some(ThreadTtl::starting("delete", 1.0, 1_000_000)),
+        ..meta("R", json!({"k": "v"}))
+    })
+    .unwrap();
+    cp.put_run(&run_row("r-done", "R", RunStatus::Success)).unwrap();
+    let remover = || claim("", &new_id(), 30_000);
+    let whole = |id: &str| cp.get_thread(id).unwrap().is_some() && cp.get_checkpoint(id, None).unwrap().is_some();
+
+    // A live lease of another: refused, naming it.
+    let held = cp.acquire_lease(&claim("R", "a-run", 60_000)).unwrap();
+    match cp.remove_thread("R", &Removal::default(), &remover()).unwrap() {
+        Removed::Busy(why) => assert!(why.contains("process 4242"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(whole("R") && whole("R/0/child"));
+    cp.release_lease(&held.fence()).unwrap();
+    // An active run: refused.
+    cp.put_run(&run_row("r-next", "R", RunStatus::Pending)).unwrap();
+    match cp.remove_thread("R", &Removal::default(), &remover()).unwrap() {
+        Removed::Busy(why) => assert!(why.contains("r-next") && why.contains("pending"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    cp.set_run_status("r-next", RunStatus::Interrupted, None, "2020-01-01T11:00:00.000Z")
+        .unwrap();
+    // Conditions it does not meet: kept.
+    let expired_later = Removal {
+        expired_by: Some(1_000_000 + 59_999),
+        idle_before: None,
+    };
+    assert_eq!(cp.remove_thread("R", &expired_later, &remover()).unwrap(), Removed::Kept);
+    // The run changed at 11:00: the thread was not idle since 10:30.
+    let idle = Removal {
+        expired_by: Some(1_000_000 + 60_000),
+        idle_before: Some("2020-01-01T10:30:00.000Z".into()),
+    };
+    assert_eq!(cp.remove_thread("R", &idle, &remover()).unwrap(), Removed::Kept);
+    assert!(whole("R"));
+    // Met, and free: gone whole; its lease is free for whoever asks next.
+    assert_eq!(
+        cp.remove_thread("R", &Removal::default(), &remover()).unwrap(),
+        Removed::Removed
+    );
+    assert!(cp.get_thread("R").unwrap().is_none() && cp.get_thread("R/0/child").unwrap().is_none());
+    assert_eq!(cp.get_thread_meta("R").unwrap(), None);
+    assert!(cp.list_runs(Some("R"), &[]).unwrap().is_empty());
+    assert!(whole("S"), "another thread is left alone");
+    cp.acquire_lease(&claim("R", "later", 60_000)).unwrap();
+    assert_eq!(
+        cp.remove_thread("gone", &Removal::default(), &remover()).unwrap(),
+        Removed::Missing
+    );
+    // A thread the API made that never ran is removed too.
+    cp.put_thread_meta(&meta("api-only", json!({}))).unwrap();
+    assert_eq!(
+        cp.remove_thread("api-only", &Removal::default(), &remover()).unwrap(),
+        Removed::Removed
+    );
+    assert_eq!(cp.get_thread_meta("api-only").unwrap(), None);
+}
+
 /// A backend under test: the checkpointer, how many values it stores, and its temp dir.
 struct Backend {
     cp: Arc<dyn Checkpointer>,
@@ -948,7 +1023,8 @@ macro_rules! conformance {
                 fencing,
                 rollback,
                 thread_with_checkpoint,
-                node_cache
+                node_cache,
+                removal
             ]
         );
     };
@@ -1015,6 +1091,7 @@ fn meta(thread_id: &str, metadata: Value) -> ThreadMeta {
         created_at: "2020-01-01T09:00:00.000Z".into(),
         updated_at: "2020-01-01T09:30:00.000Z".into(),
         metadata,
+        ttl: None,
     }
 }
 

@@ -1115,7 +1115,8 @@ fn a_mock_script_for_a_node_the_workflow_lacks_is_refused() {
 }
 
 /// Threads are deleted one by one (one that does not exist is refused, nothing deleted) or
-/// pruned by age (and status); what a prune deletes is named on stdout.
+/// pruned by age (and status), by `runner threads prune` or its alias `runner db prune`; what a
+/// prune deletes is named on stdout.
 #[test]
 fn threads_are_deleted_and_pruned() {
     let dir = tempfile::tempdir().unwrap();
@@ -1159,7 +1160,7 @@ fn threads_are_deleted_and_pruned() {
             .len(),
         0
     );
-    let pruned = runner(d, &["threads", "prune", "--older-than", "0s", "--status", "done"]);
+    let pruned = runner(d, &["db", "prune", "--older-than", "0s", "--status", "done"]);
     let mut gone: Vec<&str> = std::str::from_utf8(&pruned.stdout).unwrap().lines().collect();
     gone.sort();
     assert_eq!(gone, ["three", "two"]);

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use cache::{CacheEntry, CacheHead, CacheStore};
-pub use runs::{RunRow, RunStatus, RunStore, ThreadMeta};
+pub use runs::{RunRow, RunStatus, RunStore, ThreadMeta, ThreadTtl};
 
 /// A thread's identity and what it was started with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -283,6 +283,55 @@ pub struct Fence {
 
 pub type Result<T> = std::result::Result<T, CheckpointError>;
 
+/// What a thread's removal asks of the thread besides being free (see
+/// [`Checkpointer::remove_thread`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Removal {
+    /// Only if its time to live ran out by then (milliseconds since the epoch; the API's record
+    /// of it holds the expiry): the TTL sweeper's.
+    pub expired_by: Option<i64>,
+    /// Only if neither the thread, nor the API's record of it, nor any of its runs changed
+    /// since then (RFC 3339): a prune's, and the TTL sweeper's (a thread is swept once idle for
+    /// its time to live).
+    pub idle_before: Option<String>,
+}
+
+impl Removal {
+    /// Whether a thread meets the removal's conditions: `thread` is when it was last updated,
+    /// `meta` the API's record of it, `run` when one of its runs was last updated.
+    pub fn allows(&self, thread: Option<&str>, meta: Option<&ThreadMeta>, run: Option<&str>) -> bool {
+        if let Some(by) = self.expired_by
+            && !meta.and_then(|m| m.ttl.as_ref()).is_some_and(|t| t.expires_at_ms <= by)
+        {
+            return false;
+        }
+        match &self.idle_before {
+            None => true,
+            Some(cutoff) => {
+                let mut times = thread
+                    .into_iter()
+                    .chain(meta.map(|m| m.updated_at.as_str()))
+                    .chain(run);
+                times.all(|t| t < cutoff.as_str())
+            }
+        }
+    }
+}
+
+/// What a thread's removal did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removed {
+    /// The thread is gone with everything of it.
+    Removed,
+    /// There is no such thread.
+    Missing,
+    /// A live lease holds it, or one of its runs is active: nothing was removed. Says which.
+    Busy(String),
+    /// It does not meet the removal's conditions (its time to live was extended, or it changed
+    /// since): nothing was removed.
+    Kept,
+}
+
 /// How hard a backend works to keep a commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
@@ -347,6 +396,58 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + Send + Sync {
     /// Deletes a thread with its checkpoints, values and writes.
     fn delete_thread(&self, thread_id: &str) -> Result<()>;
 
+    /// Removes a thread whole — its checkpoints, values, writes and long strings, its
+    /// subgraphs' threads (`<id>/…`), the API's record of it, its runs and their logs — under
+    /// its lease, taken for `claim` (its `thread_id` filled in here) before anything is
+    /// removed: a thread a live lease of another holds, or one of whose runs is active (pending
+    /// or running), is [`Removed::Busy`] and stays whole, and no run takes it while it goes.
+    /// `removal` says what else it must meet. A backend many processes share does it in one
+    /// transaction.
+    fn remove_thread(&self, thread_id: &str, removal: &Removal, claim: &LeaseClaim) -> Result<Removed> {
+        let thread = self.get_thread(thread_id)?;
+        let meta = self.get_thread_meta(thread_id)?;
+        if thread.is_none() && meta.is_none() && self.list_runs(Some(thread_id), &[])?.is_empty() {
+            return Ok(Removed::Missing);
+        }
+        let lease = match self.acquire_lease(&LeaseClaim {
+            thread_id: thread_id.to_owned(),
+            ..claim.clone()
+        }) {
+            Ok(lease) => lease,
+            Err(CheckpointError::Leased(holder)) => return Ok(Removed::Busy(holder.to_string())),
+            Err(e) => return Err(e),
+        };
+        // Under the lease: no run starts on the thread while it is looked at and removed.
+        let removed = (|| {
+            let runs = self.list_runs(Some(thread_id), &[])?;
+            if let Some(active) = runs.iter().find(|r| r.status.is_active()) {
+                return Ok(Removed::Busy(format!("run {} on it is {}", active.run_id, active.status.as_str())));
+            }
+            let updated = thread.as_ref().map(|t| t.updated_at.as_str());
+            let run = runs.iter().map(|r| r.updated_at.as_str()).max();
+            if !removal.allows(updated, meta.as_ref(), run) {
+                return Ok(Removed::Kept);
+            }
+            let nested = format!("{thread_id}/");
+            let mut puts = vec![Put::Fence(lease.fence())];
+            puts.extend(
+                self.list_thread_heads()?
+                    .into_iter()
+                    .filter(|t| t.thread_id.starts_with(&nested))
+                    .map(|t| Put::Delete(t.thread_id)),
+            );
+            if thread.is_some() {
+                puts.push(Put::Delete(thread_id.to_owned()));
+            }
+            self.put_batch(puts)?;
+            self.delete_thread_meta(thread_id)?;
+            Ok(Removed::Removed)
+        })();
+        // A lease left behind expires; the thread it named is gone.
+        let _ = self.release_lease(&lease.fence());
+        removed
+    }
+
     /// Like [`Checkpointer::put_batch`], for puts a later `put_batch` will make durable: the
     /// backend may commit them without waiting for the disk (SQLite power-safe: no fsync; the
     /// next synced commit's fsync covers them). They survive a crash of the process at once.
@@ -393,8 +494,9 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + Send + Sync {
     /// Copies thread `from` whole as thread `new` (LangGraph's thread copy): its record, every
     /// checkpoint (same ids, same parents), every value and every record of finished and
     /// stopped tasks, in one batch. Values are copied resolved, so nothing of `new` refers back
-    /// to `from`. Fails with [`CheckpointError::ThreadExists`] when `new` exists.
-    fn copy_thread(&self, from: &str, new: &str) -> Result<Thread> {
+    /// to `from`. Fails with [`CheckpointError::ThreadExists`] when `new` exists. `fence`, when
+    /// given, must hold (see [`Put::Fence`]): the copy is written under `new`'s lease.
+    fn copy_thread(&self, from: &str, new: &str, fence: Option<&Fence>) -> Result<Thread> {
         let mut thread = self
             .get_thread(from)?
             .ok_or_else(|| CheckpointError::NoThread(from.into()))?;
@@ -402,7 +504,8 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + Send + Sync {
         thread.thread_id = new.into();
         thread.created_at = at.clone();
         thread.updated_at = at;
-        let mut puts = vec![Put::Thread(Box::new(thread.clone()))];
+        let mut puts: Vec<Put> = fence.cloned().map(Put::Fence).into_iter().collect();
+        puts.push(Put::Thread(Box::new(thread.clone())));
         let mut stored: std::collections::HashSet<(String, u64)> = std::collections::HashSet::new();
         let mut history = self.history(from)?;
         history.reverse();

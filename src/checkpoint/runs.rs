@@ -90,6 +90,42 @@ pub struct ThreadMeta {
     pub updated_at: String,
     /// A JSON object.
     pub metadata: Value,
+    /// When the thread is swept, if it has a time to live.
+    pub ttl: Option<ThreadTtl>,
+}
+
+/// A thread's time to live (LangGraph's `ttl: {ttl, strategy}`): once it has been idle that
+/// long, the server's sweeper deletes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadTtl {
+    /// What is done then: `delete`, the only strategy runner has.
+    pub strategy: String,
+    pub minutes: f64,
+    /// When it runs out unless the thread is used again (milliseconds since the epoch): set
+    /// when the API last touched the thread.
+    pub expires_at_ms: i64,
+}
+
+impl ThreadTtl {
+    /// A time to live of `minutes` from `now_ms`.
+    pub fn starting(strategy: &str, minutes: f64, now_ms: i64) -> ThreadTtl {
+        ThreadTtl {
+            strategy: strategy.to_string(),
+            minutes,
+            expires_at_ms: now_ms.saturating_add(Self::millis(minutes)),
+        }
+    }
+
+    /// The same time to live, started again at `now_ms`.
+    pub fn restarted(&self, now_ms: i64) -> ThreadTtl {
+        Self::starting(&self.strategy, self.minutes, now_ms)
+    }
+
+    /// `minutes` in milliseconds, saturating.
+    pub fn millis(minutes: f64) -> i64 {
+        let ms = minutes * 60_000.0;
+        if ms >= i64::MAX as f64 { i64::MAX } else { ms.max(0.0) as i64 }
+    }
 }
 
 /// Runs and thread metadata. Every method is durable when it returns.
@@ -124,6 +160,18 @@ pub trait RunStore: Send + Sync {
 
     /// Every thread that has metadata.
     fn list_thread_meta(&self) -> Result<Vec<ThreadMeta>>;
+
+    /// The threads whose time to live ran out by `now_ms` (milliseconds since the epoch), at
+    /// most `limit`, those that ran out first first: what the TTL sweeper looks at.
+    fn expired_threads(&self, now_ms: i64, limit: usize) -> Result<Vec<String>> {
+        let mut expired: Vec<(i64, String)> = self
+            .list_thread_meta()?
+            .into_iter()
+            .filter_map(|m| m.ttl.filter(|t| t.expires_at_ms <= now_ms).map(|t| (t.expires_at_ms, m.thread_id)))
+            .collect();
+        expired.sort();
+        Ok(expired.into_iter().take(limit).map(|(_, id)| id).collect())
+    }
 
     /// Deletes a thread's metadata and its runs.
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()>;
@@ -187,6 +235,10 @@ pub(crate) struct ThreadMetaText {
     pub(crate) created_at: String,
     pub(crate) updated_at: String,
     pub(crate) metadata: String,
+    /// `{"strategy", "ttl"}` (minutes), JSON.
+    pub(crate) ttl: Option<String>,
+    /// Milliseconds since the epoch.
+    pub(crate) expires_at: Option<i64>,
 }
 
 impl ThreadMetaText {
@@ -196,15 +248,33 @@ impl ThreadMetaText {
             created_at: meta.created_at.clone(),
             updated_at: meta.updated_at.clone(),
             metadata: json_text(&meta.metadata)?,
+            ttl: meta
+                .ttl
+                .as_ref()
+                .map(|t| json_text(&serde_json::json!({"strategy": t.strategy, "ttl": t.minutes})))
+                .transpose()?,
+            expires_at: meta.ttl.as_ref().map(|t| t.expires_at_ms),
         })
     }
 
     pub(crate) fn into_meta(self) -> Result<ThreadMeta> {
+        let ttl = match (self.ttl.as_deref(), self.expires_at) {
+            (Some(text), Some(expires_at_ms)) => {
+                let v = parse_json("ttl", text)?;
+                Some(ThreadTtl {
+                    strategy: v.get("strategy").and_then(Value::as_str).unwrap_or("delete").to_string(),
+                    minutes: v.get("ttl").and_then(Value::as_f64).unwrap_or_default(),
+                    expires_at_ms,
+                })
+            }
+            _ => None,
+        };
         Ok(ThreadMeta {
             metadata: parse_json("metadata", &self.metadata)?,
             thread_id: self.thread_id,
             created_at: self.created_at,
             updated_at: self.updated_at,
+            ttl,
         })
     }
 }
@@ -266,6 +336,7 @@ mod tests {
                 created_at: "c".into(),
                 updated_at: "u".into(),
                 metadata: json!({"graph_id": "g"}),
+                ttl: Some(ThreadTtl::starting("delete", 1.5, 1_000)),
             })
             .unwrap();
     }
@@ -290,10 +361,10 @@ mod tests {
                 .unwrap()),
             ["r1", "r3"]
         );
-        assert_eq!(
-            store.get_thread_meta("t1").unwrap().unwrap().metadata,
-            json!({"graph_id": "g"})
-        );
+        let meta = store.get_thread_meta("t1").unwrap().unwrap();
+        assert_eq!(meta.metadata, json!({"graph_id": "g"}));
+        assert_eq!(meta.ttl, Some(ThreadTtl::starting("delete", 1.5, 1_000)));
+        assert_eq!(meta.ttl.unwrap().expires_at_ms, 91_000);
         assert!(store.delete_run("r3").unwrap());
         assert!(!store.delete_run("r3").unwrap());
         store.delete_thread_meta("t1").unwrap();

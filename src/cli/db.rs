@@ -1,4 +1,4 @@
-//! `runner db`: the checkpoint database as a file, backed up while it is in use.
+//! `runner db`: the checkpoint database backed up while it is in use, migrated, pruned.
 
 use std::path::PathBuf;
 
@@ -40,10 +40,29 @@ enum Action {
         #[command(flatten)]
         db: Db,
     },
+    /// Delete the threads not updated for longer than `--older-than` (e.g. `30d`, `12h`, `90m`)
+    /// — each with its subgraphs' threads, checkpoints, writes, long strings, runs and their
+    /// event logs, and the API's record of it — and, without `--status`, the finished runs as
+    /// old with their event logs. Each thread is removed under its lease, in one transaction on
+    /// PostgreSQL: one a live lease or an active run holds is kept, and named on stderr. Prints
+    /// each removed thread's id on stdout. `runner threads prune` is the same command.
+    Prune {
+        #[arg(long, value_name = "DURATION")]
+        older_than: String,
+        /// Only threads of this status: done, failed, interrupted, running, cut-off, idle (made
+        /// through the API, never run).
+        #[arg(long)]
+        status: Option<String>,
+        #[command(flatten)]
+        db: Db,
+    },
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     match args.action {
+        Action::Prune { older_than, status, db } => {
+            super::threads::prune_db(db.db.as_deref(), &older_than, status.as_deref())
+        }
         Action::Backup { path, db } => {
             let at = store::checkpoints(db.db.as_deref())?;
             let Checkpoints::Sqlite(file) = &at.value else {

@@ -122,6 +122,33 @@ struct Runs {
     /// step again. A second signal stops at once.
     #[arg(long, value_name = "SECS", default_value = "30", value_parser = secs)]
     shutdown_timeout: Duration,
+    /// Give every thread created without a `ttl` of its own this time to live, in minutes
+    /// (LangGraph's `checkpointer.ttl.default_ttl`): once idle that long, it is deleted.
+    #[arg(long, value_name = "MINUTES", value_parser = positive_minutes)]
+    thread_ttl: Option<f64>,
+    /// How often expired threads are looked for and deleted, in seconds (LangGraph's
+    /// `sweep_interval_minutes`; default 300).
+    #[arg(long, value_name = "SECS", default_value = "300", value_parser = positive_secs)]
+    ttl_sweep_interval: Duration,
+}
+
+impl Runs {
+    /// The servers' thread TTL settings.
+    fn ttls(&self) -> crate::server::ThreadTtls {
+        crate::server::ThreadTtls {
+            default_minutes: self.thread_ttl,
+            sweep_every: self.ttl_sweep_interval,
+        }
+    }
+}
+
+/// A number of minutes, more than `0`.
+fn positive_minutes(text: &str) -> Result<f64, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|m| m.is_finite() && *m > 0.0)
+        .ok_or_else(|| format!("`{text}` is not a number of minutes more than 0"))
 }
 
 /// A duration in seconds, `0` or more (fractions allowed).
@@ -203,6 +230,7 @@ pub(super) fn work(args: WorkerArgs) -> anyhow::Result<u8> {
         settings,
         None,
         usize::try_from(args.workers).unwrap_or(usize::MAX),
+        args.runs.ttls(),
     )?;
     let reloader = server.reloader();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -253,6 +281,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         settings,
         api_key,
         usize::try_from(args.workers).unwrap_or(usize::MAX),
+        args.runs.ttls(),
     )?;
     let reloader = server.reloader();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -46,11 +46,12 @@ enum ThreadsAction {
         ids: Vec<String>,
     },
     /// Delete the threads last updated longer ago than `--older-than` (e.g. `30d`, `12h`),
-    /// optionally only those of a status. Threads a run holds are kept.
+    /// optionally only those of a status, with their runs; threads a run holds are kept. The
+    /// same as `runner db prune`.
     Prune {
         #[arg(long, value_name = "DURATION")]
         older_than: String,
-        /// Only threads of this status: done, failed, interrupted, running, cut-off.
+        /// Only threads of this status: done, failed, interrupted, running, cut-off, idle.
         #[arg(long)]
         status: Option<String>,
     },
@@ -158,8 +159,8 @@ pub(super) fn threads(args: ThreadsArgs) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
-/// Deletes `ids`, each with the threads of its subgraphs (`<id>/…`); one a run holds is refused
-/// before anything is deleted.
+/// Deletes `ids`, each with the threads of its subgraphs (`<id>/…`), its runs and the API's
+/// record of it, under its lease; one a run holds is refused before anything is deleted.
 fn delete(args: &ThreadsArgs, ids: &[String]) -> anyhow::Result<u8> {
     let store = store::open(args.db.db.as_deref())?;
     let now = crate::clock::now_ms();
@@ -173,48 +174,91 @@ fn delete(args: &ThreadsArgs, ids: &[String]) -> anyhow::Result<u8> {
         }
     }
     for id in ids {
-        remove(&*store, &heads, id)?;
+        let claim = crate::engine::own_claim(REMOVAL_LEASE);
+        if let checkpoint::Removed::Busy(why) = store.remove_thread(id, &checkpoint::Removal::default(), &claim)? {
+            bail!("thread `{id}` is running ({why}): stop its run first");
+        }
     }
     Ok(exit::OK)
 }
 
-/// Deletes the threads last updated before `older_than` ago (of `status`, when given), each
-/// with its subgraphs' threads; names each on stdout.
+/// How long the lease a removal takes lasts: it is released when the removal is done.
+const REMOVAL_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn prune(args: &ThreadsArgs, older_than: &str, status: Option<&str>) -> anyhow::Result<u8> {
+    prune_db(args.db.db.as_deref(), older_than, status)
+}
+
+/// `runner db prune` (and `runner threads prune`, the same): removes the threads not updated
+/// for longer than `older_than` (of `status`, when given) — each with its subgraphs' threads,
+/// checkpoints, values, writes and long strings, the API's record of it, its runs and their
+/// event logs — under each thread's lease; a thread a live lease or an active run holds is
+/// kept, and said so. Without `status`, the finished runs as old of the threads that stay go
+/// too, with their event logs. Names each thread it removed on stdout; counts on stderr.
+pub(super) fn prune_db(db: Option<&std::path::Path>, older_than: &str, status: Option<&str>) -> anyhow::Result<u8> {
     let age = crate::spec::Duration::Text(older_than.to_string())
         .to_std()
         .with_context(|| format!("--older-than: `{older_than}` is not a duration (e.g. `30d`, `12h`, `90m`)"))?;
-    let store = store::open(args.db.db.as_deref())?;
+    let store = store::open(db)?;
     let now = crate::clock::now_ms();
     let cutoff = crate::clock::at_ms(now - i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
     let heads = store.list_thread_heads()?;
-    let mut out = std::io::stdout().lock();
-    for t in &heads {
+    // Threads the API made that never ran have no checkpoints: they are `idle`.
+    let mut candidates: Vec<(String, &str)> = heads
+        .iter()
         // A subgraph's thread goes with its parent.
-        if t.thread_id.contains('/') || t.updated_at >= cutoff || leased(&*store, &t.thread_id, now)? {
-            continue;
+        .filter(|t| !t.thread_id.contains('/') && t.updated_at < cutoff)
+        .map(|t| {
+            let shown = match t.status {
+                checkpoint::ThreadStatus::Running => "cut-off",
+                other => other.as_str(),
+            };
+            (t.thread_id.clone(), shown)
+        })
+        .collect();
+    for meta in store.list_thread_meta()? {
+        if meta.updated_at < cutoff && !heads.iter().any(|t| t.thread_id == meta.thread_id) {
+            candidates.push((meta.thread_id, "idle"));
         }
-        let shown = match t.status {
-            checkpoint::ThreadStatus::Running => "cut-off",
-            other => other.as_str(),
-        };
+    }
+    let removal = checkpoint::Removal {
+        expired_by: None,
+        idle_before: Some(cutoff.clone()),
+    };
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    let (mut removed, mut kept) = (0usize, 0usize);
+    for (id, shown) in candidates {
         if status.is_some_and(|s| s != shown) {
             continue;
         }
-        remove(&*store, &heads, &t.thread_id)?;
-        writeln!(out, "{}", t.thread_id)?;
+        match store.remove_thread(&id, &removal, &crate::engine::own_claim(REMOVAL_LEASE))? {
+            checkpoint::Removed::Removed => {
+                removed += 1;
+                writeln!(out, "{id}")?;
+            }
+            checkpoint::Removed::Busy(why) => {
+                kept += 1;
+                writeln!(err, "kept {id}: in use ({why})")?;
+            }
+            checkpoint::Removed::Missing | checkpoint::Removed::Kept => {}
+        }
     }
+    let mut runs = 0usize;
+    if status.is_none() {
+        for run in store.list_runs(None, &[])? {
+            if !run.status.is_active() && run.updated_at < cutoff && store.delete_run(&run.run_id)? {
+                runs += 1;
+            }
+        }
+    }
+    writeln!(
+        err,
+        "pruned {removed} thread{} and {runs} finished run{} not updated since {cutoff}{}",
+        if removed == 1 { "" } else { "s" },
+        if runs == 1 { "" } else { "s" },
+        if kept > 0 { format!("; kept {kept} in use") } else { String::new() }
+    )?;
     Ok(exit::OK)
-}
-
-/// Deletes thread `id` and the threads of its subgraphs.
-fn remove(store: &dyn checkpoint::Checkpointer, heads: &[checkpoint::ThreadHead], id: &str) -> anyhow::Result<()> {
-    let nested = format!("{id}/");
-    for t in heads.iter().filter(|t| t.thread_id.starts_with(&nested)) {
-        store.delete_thread(&t.thread_id)?;
-    }
-    store.delete_thread(id)?;
-    Ok(())
 }
 
 /// Whether a live lease whose process may still run covers the thread: its own, or (a subgraph's child thread,

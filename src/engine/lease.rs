@@ -171,6 +171,20 @@ async fn beat(store: Arc<dyn Checkpointer>, fence: Fence, ttl: Duration, lost: A
     }
 }
 
+/// A claim of a thread's lease for this process itself rather than a run, lasting `ttl`: what
+/// a thread's removal takes the thread with (the API's delete, a prune, the TTL sweeper). Its
+/// `thread_id` is filled in by whoever uses it.
+pub fn own_claim(ttl: Duration) -> crate::checkpoint::LeaseClaim {
+    crate::checkpoint::LeaseClaim {
+        thread_id: String::new(),
+        owner: crate::checkpoint::new_id(),
+        pid: std::process::id(),
+        host: host().to_string(),
+        ttl,
+        replace: None,
+    }
+}
+
 /// This machine's name, as recorded in leases.
 pub fn host() -> &'static str {
     static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();

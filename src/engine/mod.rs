@@ -49,7 +49,7 @@ pub use gates::{
     CHILD_GATES, CHILD_NODE, CHILD_THREAD, is_pause, recorded_gates, task_errors, task_results, waiting_gates,
 };
 pub use kind::{Kinds, NodeKind};
-pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host};
+pub use lease::{DEFAULT_TTL as DEFAULT_LEASE_TTL, LeasePolicy, holder_gone, host, own_claim};
 use persist::Persister;
 pub use rollback::RollbackTo;
 pub use services::{Env, Origin, ReadRoots, Services};

@@ -41,6 +41,7 @@ mod sse;
 mod store;
 mod threads;
 mod translate;
+mod ttl;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -50,6 +51,7 @@ use axum::Router;
 use axum::routing::{get, post};
 
 pub use graphs::{Graph, Graphs, Rejected, Reloaded, assistant_id};
+pub use ttl::ThreadTtls;
 
 use crate::checkpoint::Checkpointer;
 use crate::run::{RunError, RunSettings};
@@ -75,6 +77,8 @@ pub(crate) struct App {
     /// `index` and `retrieve` nodes share it.
     data: crate::rag::DataStore,
     metrics: metrics::Metrics,
+    /// Threads' time to live: the default, and how often expired threads are swept.
+    ttls: ThreadTtls,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -98,6 +102,7 @@ impl Server {
         settings: RunSettings,
         api_key: Option<String>,
         workers: usize,
+        ttls: ThreadTtls,
     ) -> Result<Server, RunError> {
         let store = settings.open_store()?;
         let data = settings.data_store()?;
@@ -119,7 +124,8 @@ impl Server {
             data.clone(),
             workers.max(1),
             role,
-        ));
+        )
+        .with_thread_ttl(ttls.default_minutes));
         let worker = (shared && workers > 0).then(|| {
             Arc::new(manager::RunManager::new(
                 settings.clone(),
@@ -127,7 +133,8 @@ impl Server {
                 data.clone(),
                 workers,
                 manager::Role::Worker(crate::checkpoint::new_id()),
-            ))
+            )
+            .with_thread_ttl(ttls.default_minutes))
         });
         Ok(Server {
             app: Arc::new(App {
@@ -140,6 +147,7 @@ impl Server {
                 worker,
                 slots: workers,
                 api_key,
+                ttls,
             }),
         })
     }
@@ -168,7 +176,9 @@ impl Server {
         let Some(worker) = self.start_worker(stopped) else {
             return;
         };
+        let sweeper = self.start_sweeper();
         shutdown.await;
+        sweeper.abort();
         let _ = stop.send(true);
         if tokio::time::timeout(timeout, worker).await.is_err() {
             tracing::warn!(
@@ -176,6 +186,12 @@ impl Server {
                 "stopped waiting for runs to reach a step boundary"
             );
         }
+    }
+
+    /// Starts the sweeper of expired threads: every server and worker on a database runs one,
+    /// and the database has each thread deleted once.
+    fn start_sweeper(&self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(ttl::sweeper(self.app.store.clone(), self.app.ttls.sweep_every))
     }
 
     /// A handle that reloads the served workflows while the server runs.
@@ -201,7 +217,9 @@ impl Server {
         }
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let worker = self.start_worker(stopped);
+        let sweeper = self.start_sweeper();
         let open = conn::serve(listener, router(self.app.clone()), timeouts, shutdown).await;
+        sweeper.abort();
         let app = self.app;
         let _ = stop.send(true);
         let drained = async {

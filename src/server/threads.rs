@@ -21,6 +21,7 @@ pub(super) fn new_meta(thread_id: &str, metadata: Map<String, Value>) -> ThreadM
         created_at: now.clone(),
         updated_at: now,
         metadata: Value::Object(metadata),
+        ttl: None,
     }
 }
 
@@ -104,6 +105,7 @@ pub(crate) fn thread_json(app: &Shared, thread_id: &str) -> Result<Option<Value>
                     created_at: t.created_at.clone(),
                     updated_at: t.updated_at.clone(),
                     metadata: Value::Object(m),
+                    ttl: None,
                 }
             });
             (meta, status_name(t.status))
@@ -285,6 +287,8 @@ pub(super) struct Create {
     metadata: Map<String, Value>,
     if_exists: Option<String>,
     graph_id: Option<String>,
+    /// `{ttl: minutes, strategy: "delete"}`, or a number of minutes.
+    ttl: Option<Value>,
 }
 
 pub(super) async fn create(State(app): State<Shared>, JsonBody(c): JsonBody<Create>) -> Result<Json<Value>, ApiError> {
@@ -293,10 +297,14 @@ pub(super) async fn create(State(app): State<Shared>, JsonBody(c): JsonBody<Crea
     if let Some(g) = c.graph_id {
         metadata.insert("graph_id".into(), json!(g));
     }
+    let mut meta = new_meta(&id, metadata);
+    meta.ttl = super::ttl::parse(c.ttl.as_ref())?
+        .or(app.ttls.default_minutes)
+        .map(super::ttl::starting);
     // Whether the thread exists is decided with its creation, in one transaction: of two
     // creates of one id, one makes it and the other finds it. (A thread a run made without
     // the API has no metadata yet: it exists too.)
-    let created = app.store.get_thread(&id)?.is_none() && app.store.create_thread_meta(&new_meta(&id, metadata))?;
+    let created = app.store.get_thread(&id)?.is_none() && app.store.create_thread_meta(&meta)?;
     if !created {
         return match c.if_exists.as_deref() {
             Some("do_nothing") => Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?)),
@@ -309,8 +317,26 @@ pub(super) async fn create(State(app): State<Shared>, JsonBody(c): JsonBody<Crea
     Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
 }
 
-pub(super) async fn get(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
+#[derive(Deserialize)]
+pub(super) struct Include {
+    /// Optional fields, comma-separated: `ttl`.
+    #[serde(default)]
+    include: String,
+}
+
+/// `GET /threads/{id}`; with `?include=ttl`, the thread's time to live too (when it has one).
+pub(super) async fn get(
+    State(app): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<Include>,
+) -> Result<Json<Value>, ApiError> {
+    let mut thread = thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?;
+    if q.include.split(',').any(|f| f.trim() == "ttl")
+        && let Some(ttl) = app.store.get_thread_meta(&id)?.and_then(|m| m.ttl)
+    {
+        thread["ttl"] = super::ttl::shown(&ttl);
+    }
+    Ok(Json(thread))
 }
 
 /// `DELETE /threads/{id}`: the thread, its checkpoints and its runs, as the reference deletes
@@ -564,14 +590,25 @@ pub(super) async fn copy(State(app): State<Shared>, UrlPath(id): UrlPath<String>
     }
     let new = crate::checkpoint::new_id();
     if app.store.get_thread(&id)?.is_some() {
-        app.store.copy_thread(&id, &new)?;
+        // Written under the new thread's lease, as every write to a thread is.
+        let lease = app
+            .store
+            .acquire_lease(&crate::checkpoint::LeaseClaim {
+                thread_id: new.clone(),
+                ..crate::engine::own_claim(app.settings.lease_ttl.value)
+            })?;
+        let copied = app.store.copy_thread(&id, &new, Some(&lease.fence()));
+        let _ = app.store.release_lease(&lease.fence());
+        copied?;
     }
-    let metadata = app
-        .store
-        .get_thread_meta(&id)?
-        .map(|m| metadata_of(&m))
-        .unwrap_or_default();
-    app.store.put_thread_meta(&new_meta(&new, metadata))?;
+    let source = app.store.get_thread_meta(&id)?;
+    let mut meta = new_meta(&new, source.as_ref().map(metadata_of).unwrap_or_default());
+    // The copy lives as long as its original would: its time to live, started now.
+    meta.ttl = match source.and_then(|m| m.ttl) {
+        Some(ttl) => Some(ttl.restarted(crate::clock::now_ms())),
+        None => app.ttls.default_minutes.map(super::ttl::starting),
+    };
+    app.store.put_thread_meta(&meta)?;
     Ok(Json(thread_json(&app, &new)?.ok_or_else(|| no_thread(&new))?))
 }
 
@@ -579,6 +616,8 @@ pub(super) async fn copy(State(app): State<Shared>, UrlPath(id): UrlPath<String>
 pub(super) struct Patch {
     #[serde(default)]
     metadata: Map<String, Value>,
+    /// A new time to live (see [`Create`]).
+    ttl: Option<Value>,
 }
 
 /// Merges metadata into the thread's.
@@ -597,11 +636,18 @@ pub(super) async fn patch(
         created_at: current["created_at"].as_str().unwrap_or_default().to_string(),
         updated_at: String::new(),
         metadata: current["metadata"].clone(),
+        ttl: None,
     });
     let mut metadata = metadata_of(&meta);
     metadata.extend(p.metadata);
     meta.metadata = Value::Object(metadata);
     meta.updated_at = crate::clock::now();
+    // A new time to live replaces the old; an update is a use of the thread, which starts the
+    // one it has again.
+    meta.ttl = match super::ttl::parse(p.ttl.as_ref())? {
+        Some(minutes) => Some(super::ttl::starting(minutes)),
+        None => meta.ttl.map(|t| t.restarted(crate::clock::now_ms())),
+    };
     app.store.put_thread_meta(&meta)?;
     Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?))
 }

@@ -30,6 +30,7 @@
 mod apply;
 mod cache;
 mod queue;
+mod remove;
 mod runs;
 mod schema;
 
@@ -548,6 +549,10 @@ impl Checkpointer for PostgresCheckpointer {
 
     fn queue(&self) -> Option<&dyn super::queue::RunQueue> {
         Some(self)
+    }
+
+    fn remove_thread(&self, thread_id: &str, removal: &super::Removal, claim: &LeaseClaim) -> Result<super::Removed> {
+        self.remove(thread_id, removal, claim)
     }
 
     fn ping(&self) -> Result<()> {

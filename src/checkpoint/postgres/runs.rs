@@ -28,12 +28,16 @@ pub(super) fn run_from_row(r: &Row) -> Result<RunText> {
     })
 }
 
-fn meta_from_row(r: &Row) -> Result<ThreadMetaText> {
+const META_COLS: &str = "thread_id, created_at, updated_at, metadata, ttl, expires_at";
+
+pub(super) fn meta_from_row(r: &Row) -> Result<ThreadMetaText> {
     Ok(ThreadMetaText {
         thread_id: r.try_get(0)?,
         created_at: r.try_get(1)?,
         updated_at: r.try_get(2)?,
         metadata: r.try_get(3)?,
+        ttl: r.try_get(4)?,
+        expires_at: r.try_get(5)?,
     })
 }
 
@@ -72,6 +76,7 @@ pub(super) enum Param {
     Text(String),
     OptText(Option<String>),
     Int(i64),
+    OptInt(Option<i64>),
 }
 
 impl Param {
@@ -80,6 +85,7 @@ impl Param {
             Param::Text(v) => v,
             Param::OptText(v) => v,
             Param::Int(v) => v,
+            Param::OptInt(v) => v,
         }
     }
 }
@@ -166,14 +172,18 @@ impl RunStore for PostgresCheckpointer {
     fn put_thread_meta(&self, meta: &ThreadMeta) -> Result<()> {
         let v = ThreadMetaText::from_meta(meta)?;
         self.execute(
-            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES ($1, $2, $3, $4) \
+            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (thread_id) DO UPDATE SET created_at = excluded.created_at, \
-             updated_at = excluded.updated_at, metadata = excluded.metadata",
+             updated_at = excluded.updated_at, metadata = excluded.metadata, ttl = excluded.ttl, \
+             expires_at = excluded.expires_at",
             vec![
                 Param::Text(v.thread_id),
                 Param::Text(v.created_at),
                 Param::Text(v.updated_at),
                 Param::Text(v.metadata),
+                Param::OptText(v.ttl),
+                Param::OptInt(v.expires_at),
             ],
         )
         .map(|_| ())
@@ -182,20 +192,22 @@ impl RunStore for PostgresCheckpointer {
     fn create_thread_meta(&self, meta: &ThreadMeta) -> Result<bool> {
         let v = ThreadMetaText::from_meta(meta)?;
         Ok(self.execute(
-            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (thread_id) DO NOTHING",
+            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (thread_id) DO NOTHING",
             vec![
                 Param::Text(v.thread_id),
                 Param::Text(v.created_at),
                 Param::Text(v.updated_at),
                 Param::Text(v.metadata),
+                Param::OptText(v.ttl),
+                Param::OptInt(v.expires_at),
             ],
         )? == 1)
     }
 
     fn get_thread_meta(&self, thread_id: &str) -> Result<Option<ThreadMeta>> {
         let rows = self.query(
-            "SELECT thread_id, created_at, updated_at, metadata FROM thread_meta WHERE thread_id = $1".into(),
+            format!("SELECT {META_COLS} FROM thread_meta WHERE thread_id = $1"),
             vec![text(thread_id)],
         )?;
         rows.first().map(|r| meta_from_row(r)?.into_meta()).transpose()
@@ -203,10 +215,18 @@ impl RunStore for PostgresCheckpointer {
 
     fn list_thread_meta(&self) -> Result<Vec<ThreadMeta>> {
         let rows = self.query(
-            "SELECT thread_id, created_at, updated_at, metadata FROM thread_meta".into(),
+            format!("SELECT {META_COLS} FROM thread_meta"),
             vec![],
         )?;
         rows.iter().map(|r| meta_from_row(r)?.into_meta()).collect()
+    }
+
+    fn expired_threads(&self, now_ms: i64, limit: usize) -> Result<Vec<String>> {
+        let rows = self.query(
+            "SELECT thread_id FROM thread_meta WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2".into(),
+            vec![Param::Int(now_ms), Param::Int(i64::try_from(limit).unwrap_or(i64::MAX))],
+        )?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()> {

@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Version 1.
 const V1: &str = "
@@ -129,9 +129,17 @@ CREATE TABLE node_cache (
 CREATE INDEX node_cache_by_expiry ON node_cache (expires_at) WHERE expires_at IS NOT NULL;
 ";
 
+/// Version 2: a thread's time to live, in the API's record of it (`ttl`: JSON
+/// `{strategy, ttl}`; `expires_at`: milliseconds since the epoch), with the index the sweeper
+/// reads.
+const V2: &str = "
+ALTER TABLE thread_meta ADD COLUMN ttl text, ADD COLUMN expires_at bigint;
+CREATE INDEX thread_meta_by_expiry ON thread_meta (expires_at) WHERE expires_at IS NOT NULL;
+";
+
 /// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
 /// `n + 1`.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found

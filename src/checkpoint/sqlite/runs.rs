@@ -36,9 +36,36 @@ CREATE TABLE IF NOT EXISTS thread_meta (
     thread_id TEXT PRIMARY KEY NOT NULL,
     created_at TEXT NOT NULL,
     updated_at TEXT NOT NULL,
-    metadata TEXT NOT NULL
+    metadata TEXT NOT NULL,
+    -- The thread's time to live, JSON `{strategy, ttl}`, and when it runs out (milliseconds
+    -- since the epoch).
+    ttl TEXT,
+    expires_at INTEGER
 ) STRICT;
 ";
+
+/// The columns `thread_meta` gained after it was first made: added to a file that lacks them
+/// on open (its other builds ignore them).
+pub(super) const META_COLUMNS: &[(&str, &str)] = &[("ttl", "TEXT"), ("expires_at", "INTEGER")];
+
+/// Adds to `thread_meta` the columns of [`META_COLUMNS`] it lacks, and the index the sweeper
+/// reads.
+pub(super) fn migrate_meta(conn: &Connection) -> rusqlite::Result<()> {
+    let have: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('thread_meta')")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (name, kind) in META_COLUMNS {
+        if !have.iter().any(|h| h == name) {
+            conn.execute_batch(&format!("ALTER TABLE thread_meta ADD COLUMN {name} {kind}"))?;
+        }
+    }
+    conn.execute_batch(
+        "CREATE INDEX IF NOT EXISTS thread_meta_by_expiry ON thread_meta (expires_at) WHERE expires_at IS NOT NULL",
+    )
+}
+
+const META_COLS: &str = "thread_id, created_at, updated_at, metadata, ttl, expires_at";
 
 const RUN_COLS: &str = "run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs, \
                         multitask_strategy, metadata, error, event_ids";
@@ -65,6 +92,8 @@ fn meta_from_row(r: &Row<'_>) -> rusqlite::Result<ThreadMetaText> {
         created_at: r.get(1)?,
         updated_at: r.get(2)?,
         metadata: r.get(3)?,
+        ttl: r.get(4)?,
+        expires_at: r.get(5)?,
     })
 }
 
@@ -155,9 +184,10 @@ impl RunStore for SqliteCheckpointer {
         let v = ThreadMetaText::from_meta(meta)?;
         self.exec(Box::new(move |conn: &Connection| {
             conn.prepare_cached(
-                "INSERT OR REPLACE INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT OR REPLACE INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
-            .execute(params![v.thread_id, v.created_at, v.updated_at, v.metadata])?;
+            .execute(params![v.thread_id, v.created_at, v.updated_at, v.metadata, v.ttl, v.expires_at])?;
             Ok(())
         }))
     }
@@ -169,9 +199,10 @@ impl RunStore for SqliteCheckpointer {
         self.exec(Box::new(move |conn: &Connection| {
             let inserted = conn
                 .prepare_cached(
-                    "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (thread_id) DO NOTHING",
+                    "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (thread_id) DO NOTHING",
                 )?
-                .execute(params![v.thread_id, v.created_at, v.updated_at, v.metadata])?;
+                .execute(params![v.thread_id, v.created_at, v.updated_at, v.metadata, v.ttl, v.expires_at])?;
             told.store(inserted == 1, Ordering::SeqCst);
             Ok(())
         }))?;
@@ -181,9 +212,7 @@ impl RunStore for SqliteCheckpointer {
     fn get_thread_meta(&self, thread_id: &str) -> Result<Option<ThreadMeta>> {
         let raw = self.read(|tx| {
             Ok(tx
-                .prepare_cached(
-                    "SELECT thread_id, created_at, updated_at, metadata FROM thread_meta WHERE thread_id = ?1",
-                )?
+                .prepare_cached(&format!("SELECT {META_COLS} FROM thread_meta WHERE thread_id = ?1"))?
                 .query_row([thread_id], meta_from_row)
                 .optional()?)
         })?;
@@ -192,11 +221,21 @@ impl RunStore for SqliteCheckpointer {
 
     fn list_thread_meta(&self) -> Result<Vec<ThreadMeta>> {
         let raws = self.read(|tx| {
-            let mut stmt = tx.prepare_cached("SELECT thread_id, created_at, updated_at, metadata FROM thread_meta")?;
+            let mut stmt = tx.prepare_cached(&format!("SELECT {META_COLS} FROM thread_meta"))?;
             let rows = stmt.query_map([], meta_from_row)?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })?;
         raws.into_iter().map(ThreadMetaText::into_meta).collect()
+    }
+
+    fn expired_threads(&self, now_ms: i64, limit: usize) -> Result<Vec<String>> {
+        self.read(|tx| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT thread_id FROM thread_meta WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
+            )?;
+            let rows = stmt.query_map(params![now_ms, i64::try_from(limit).unwrap_or(i64::MAX)], |r| r.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
+        })
     }
 
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()> {

@@ -122,6 +122,7 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     }
     tx.execute_batch(LEASES)?;
     tx.execute_batch(runs::SCHEMA)?;
+    runs::migrate_meta(&tx)?;
     tx.execute_batch(cache::TABLE)?;
     tx.execute_batch(cache::INDEX)?;
     tx.commit()?;

@@ -157,6 +157,8 @@ pub(crate) struct RunManager<S> {
     /// database many processes share, the API's side (its runs execute on workers) or a
     /// worker's.
     role: Role,
+    /// The time to live of a thread a run creates, in minutes (`--thread-ttl`).
+    thread_ttl: Option<f64>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -184,7 +186,21 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             deleting: Mutex::new(HashSet::new()),
             stopping: AtomicBool::new(false),
             ended: Mutex::new(BTreeMap::new()),
+            thread_ttl: None,
         }
+    }
+
+    /// The same manager, giving a thread its runs create a time to live of `minutes`.
+    pub(crate) fn with_thread_ttl(self, minutes: Option<f64>) -> RunManager<S> {
+        RunManager {
+            thread_ttl: minutes,
+            ..self
+        }
+    }
+
+    /// The time to live of a thread a run creates, in minutes.
+    pub(crate) fn thread_ttl(&self) -> Option<f64> {
+        self.thread_ttl
     }
 
     /// Whether its runs go through the queue of a database many processes share.
@@ -329,16 +345,39 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         }
         let deleted = async {
             self.stop_thread_runs(thread_id, false).await?;
-            if self.store.get_thread(thread_id)?.is_some() {
-                self.store.delete_thread(thread_id)?;
+            // Under the thread's lease, taken in the removal's transaction: a run another
+            // process started on it meanwhile (or a CLI run) keeps it, and the delete is refused.
+            let claim = crate::engine::own_claim(self.settings.lease_ttl.value);
+            let removed = self
+                .store
+                .remove_thread(thread_id, &crate::checkpoint::Removal::default(), &claim)?;
+            if let crate::checkpoint::Removed::Busy(why) = removed {
+                return Err(RunsError::Conflict(format!(
+                    "Thread {thread_id} is busy ({why}): it cannot be deleted while a run holds it"
+                )));
             }
-            self.store.delete_thread_meta(thread_id)?;
             lock(&self.runs).retain(|_, r| r.thread_id != thread_id);
             Ok::<_, RunsError>(())
         }
         .await;
         lock(&self.deleting).remove(thread_id);
         deleted
+    }
+
+    /// Removes the thread of a stateless run once its reader is done, under its lease as any
+    /// removal; a thread something else holds now stays (garbage nobody can name).
+    pub(crate) fn remove_temporary(&self, thread_id: &str) {
+        let claim = crate::engine::own_claim(self.settings.lease_ttl.value);
+        match self
+            .store
+            .remove_thread(thread_id, &crate::checkpoint::Removal::default(), &claim)
+        {
+            Ok(crate::checkpoint::Removed::Busy(why)) => {
+                tracing::warn!(thread_id, why, "a stateless run's thread is held: kept");
+            }
+            Err(e) => tracing::warn!(thread_id, error = %e, "a stateless run's thread could not be deleted"),
+            Ok(_) => {}
+        }
     }
 
     /// Stops every live run at its next step boundary and waits until each has ended: its step

@@ -236,8 +236,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             let _ = done_tx.send(outcome);
             let _ = released.await;
             if temporary {
-                let _ = manager.store.delete_thread(&thread_id);
-                let _ = manager.store.delete_thread_meta(&thread_id);
+                manager.remove_temporary(&thread_id);
                 lock(&manager.runs).remove(&run_id);
             }
         });

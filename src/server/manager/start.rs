@@ -267,10 +267,20 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             Some(services)
         };
         // From here on the run starts, and its end (or refusal) releases a thread of its own.
-        let mut meta = self
-            .store
-            .get_thread_meta(thread_id)?
-            .unwrap_or_else(|| new_meta(thread_id));
+        let mut meta = match self.store.get_thread_meta(thread_id)? {
+            Some(mut meta) => {
+                // A run is a use of the thread: its time to live starts again.
+                meta.ttl = meta.ttl.map(|t| t.restarted(crate::clock::now_ms()));
+                meta
+            }
+            None => {
+                let mut meta = new_meta(thread_id);
+                meta.ttl = self
+                    .thread_ttl()
+                    .map(|m| crate::checkpoint::ThreadTtl::starting("delete", m, crate::clock::now_ms()));
+                meta
+            }
+        };
         let thread_metadata = meta.metadata.as_object().cloned().unwrap_or_default();
         if let Value::Object(m) = &mut meta.metadata {
             m.insert("graph_id".into(), json!(graph.graph_id));
@@ -650,8 +660,7 @@ impl<S: Send + Sync + 'static> RunTask<S> {
         let _ = released.await;
         if temporary {
             // A thread nobody can name again: failing to delete it leaves only garbage behind.
-            let _ = manager.store.delete_thread(&thread_id);
-            let _ = manager.store.delete_thread_meta(&thread_id);
+            manager.remove_temporary(&thread_id);
             lock(&manager.runs).retain(|_, r| r.thread_id != thread_id);
         }
     }
@@ -706,6 +715,7 @@ fn new_meta(thread_id: &str) -> ThreadMeta {
         created_at: now.clone(),
         updated_at: now,
         metadata: Value::Object(Map::new()),
+        ttl: None,
     }
 }
 
