@@ -28,6 +28,7 @@ mod invalid;
 mod kinds;
 mod loader_props;
 mod mcp;
+mod pg_ops;
 mod postgres;
 mod pptx;
 mod props;

@@ -6,8 +6,11 @@
 //! parameters of its own and passes the rest on: `schema` (the schema runner's tables live in,
 //! default `runner`, set as the connections' search_path), `pool_size` (connections kept per
 //! process and store, default 8), `pgvector` (`auto`, `on` or `off`: whether the data store
-//! keeps its vectors with the pgvector extension; the checkpointer ignores it) and
-//! `connect_timeout` as libpq's (default 10 s). TLS is rustls with the platform's roots
+//! keeps its vectors with the pgvector extension; the checkpointer ignores it),
+//! `statement_timeout` (PostgreSQL's own setting, set on every connection: a statement that
+//! runs longer is cancelled by the server and its call fails, saying so; `30s`, `500ms`,
+//! `2min`, a number of milliseconds; none by default) and `connect_timeout` as libpq's
+//! (default 10 s). TLS is rustls with the platform's roots
 //! (`sslmode=prefer`, libpq's default, tries it and falls back to plain text; `require`
 //! insists). Messages name the host, port, database and schema, never the password.
 
@@ -63,6 +66,7 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
     let mut schema = DEFAULT_SCHEMA.to_owned();
     let mut pool_size = DEFAULT_POOL_SIZE;
     let mut pgvector = Pgvector::Auto;
+    let mut statement_timeout = None;
     let mut kept = Vec::new();
     for (key, value) in url.query_pairs() {
         match &*key {
@@ -73,6 +77,13 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
                     .ok()
                     .filter(|n| (1..=1000).contains(n))
                     .ok_or_else(|| bad(format!("`pool_size={value}` is not a number from 1 to 1000")))?;
+            }
+            "statement_timeout" => {
+                statement_timeout = Some(duration(&value).ok_or_else(|| {
+                    bad(format!(
+                        "`statement_timeout={value}` is not a duration (a number with ms, s, min, h or d, or of milliseconds)"
+                    ))
+                })?);
             }
             "pgvector" => {
                 pgvector = match &*value {
@@ -107,7 +118,10 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
     }
     config.application_name("runner");
     // Every connection reads and writes the schema's tables without qualifying them.
-    let options = format!("{} -c search_path={schema}", config.get_options().unwrap_or_default());
+    let mut options = format!("{} -c search_path={schema}", config.get_options().unwrap_or_default());
+    if let Some(timeout) = statement_timeout {
+        options.push_str(&format!(" -c statement_timeout={timeout}"));
+    }
     config.options(options.trim());
     let host = url.host_str().unwrap_or("localhost");
     let port = url.port().unwrap_or(5432);
@@ -122,9 +136,25 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
     })
 }
 
+/// A duration as PostgreSQL's settings take it (`30s`, `500ms`, `2min`, `1h`, `1d`, or a
+/// number of milliseconds), checked and written without spaces; `None` if it is not one.
+fn duration(text: &str) -> Option<String> {
+    let text = text.trim();
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let unit = unit.trim();
+    (!number.is_empty() && ["", "ms", "s", "min", "h", "d"].contains(&unit)).then(|| format!("{number}{unit}"))
+}
+
 /// A client error with the server's own message, which `Display` leaves out.
 pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
+        // 57014 query_canceled: by the connection's statement_timeout, when its message says so.
+        Some(db) if db.code().code() == "57014" && db.message().contains("statement timeout") => format!(
+            "postgres: {} ({}): a statement ran longer than the URL's statement_timeout",
+            db.message(),
+            db.code().code()
+        ),
         Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),
         None => match std::error::Error::source(e) {
             Some(source) => format!("postgres: {e}: {source}"),
@@ -208,5 +238,22 @@ mod tests {
         assert_eq!((t.schema.as_str(), t.pool_size), ("runner", DEFAULT_POOL_SIZE));
         assert_eq!(t.pgvector, Pgvector::Off);
         assert_eq!(parse_url("postgres://h/db?pgvector=on").unwrap().pgvector, Pgvector::On);
+    }
+
+    #[test]
+    fn a_statement_timeout_is_set_on_every_connection() {
+        for (given, set) in [("30s", "30s"), ("500ms", "500ms"), ("2min", "2min"), ("250", "250")] {
+            let t = parse_url(&format!("postgres://h/db?statement_timeout={given}")).unwrap();
+            assert_eq!(
+                t.config.get_options(),
+                Some(format!("-c search_path=runner -c statement_timeout={set}").as_str())
+            );
+        }
+        for bad in ["soon", "30 parsecs", "-1s", "s"] {
+            let e = parse_url(&format!("postgres://me:secret@h/db?statement_timeout={bad}"))
+                .err()
+                .unwrap();
+            assert!(e.contains("statement_timeout") && !e.contains("secret"), "{e}");
+        }
     }
 }

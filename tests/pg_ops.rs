@@ -1,0 +1,429 @@
+//! Operating a deployment: a statement that outlives the URL's `statement_timeout`, a step's
+//! events committed with its checkpoint under the run's claim, threads' time to live (set,
+//! shown, swept — once, whichever process sweeps), and deletes and prunes that take the
+//! thread's lease and so refuse a thread a run on another process holds, on PostgreSQL (a real
+//! server on loopback) and SQLite.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use runner::checkpoint::postgres::PostgresCheckpointer;
+use runner::checkpoint::queue::{Logged, RunQueue};
+use runner::checkpoint::{
+    Checkpoint, CheckpointError, Checkpointer, Durability, LeaseClaim, Put, Removal, Removed, RunRow, RunStatus,
+    RunStore, Thread, ThreadMeta, ThreadStatus, ThreadTtl, new_id,
+};
+use serde_json::{Value, json};
+
+use super::serve::{Server, client, spawn};
+use super::support::postgres;
+
+fn thread(id: &str) -> Thread {
+    Thread {
+        thread_id: id.into(),
+        workflow: "w.yaml".into(),
+        plan_hash: "h".into(),
+        input: json!({}),
+        context: json!({}),
+        config: json!({}),
+        status: ThreadStatus::Running,
+        created_at: "2020-01-01T10:00:00.000Z".into(),
+        updated_at: "2020-01-01T10:00:00.000Z".into(),
+        forked_from: None,
+    }
+}
+
+fn checkpoint(thread_id: &str, step: i64) -> Checkpoint {
+    Checkpoint {
+        checkpoint_id: new_id(),
+        thread_id: thread_id.into(),
+        parent_id: None,
+        step,
+        versions: Default::default(),
+        ran: Vec::new(),
+        changed: Vec::new(),
+        next: Vec::new(),
+        meta: json!({}),
+        plan_hash: "h".into(),
+        created_at: "2020-01-01T10:00:01.000Z".into(),
+    }
+}
+
+fn run_row(id: &str, thread: &str) -> RunRow {
+    RunRow {
+        run_id: id.into(),
+        thread_id: thread.into(),
+        assistant_id: "a".into(),
+        status: RunStatus::Pending,
+        created_at: "2020-01-01T10:00:00.000Z".into(),
+        updated_at: "2020-01-01T10:00:00.000Z".into(),
+        kwargs: json!({}),
+        multitask_strategy: "enqueue".into(),
+        metadata: json!({}),
+        error: None,
+        event_ids: 0,
+    }
+}
+
+fn claim(owner: &str) -> LeaseClaim {
+    LeaseClaim {
+        thread_id: String::new(),
+        owner: owner.into(),
+        pid: std::process::id(),
+        host: "here".into(),
+        ttl: Duration::from_secs(30),
+        replace: None,
+    }
+}
+
+/// `url` without its `?schema=…`, and the schema.
+fn split(url: &str) -> (&str, &str) {
+    url.split_once("?schema=").unwrap()
+}
+
+/// A statement that runs longer than the URL's `statement_timeout` fails at once, saying why;
+/// the same statement on a connection without it waits as long as it must.
+#[test]
+fn a_statement_longer_than_the_urls_statement_timeout_fails_saying_so() {
+    let url = postgres::fresh_url();
+    let timed = PostgresCheckpointer::open(&format!("{url}&statement_timeout=300ms"), Durability::CrashSafe).unwrap();
+    let patient = Arc::new(PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap());
+    let (plain, schema) = split(&url);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, connection) = runtime
+        .block_on(tokio_postgres::connect(plain, tokio_postgres::NoTls))
+        .unwrap();
+    runtime.spawn(connection);
+    // Every read of a thread waits for this lock.
+    runtime
+        .block_on(client.batch_execute(&format!("BEGIN; LOCK TABLE {schema}.threads IN ACCESS EXCLUSIVE MODE")))
+        .unwrap();
+    let asked = Instant::now();
+    let e = timed.get_thread("t").unwrap_err();
+    assert!(asked.elapsed() < Duration::from_secs(5), "{:?}", asked.elapsed());
+    assert!(matches!(e, CheckpointError::Backend(_)), "{e:?}");
+    assert!(e.to_string().contains("statement_timeout"), "{e}");
+    let waiting = std::thread::spawn({
+        let patient = patient.clone();
+        move || patient.get_thread("t")
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(!waiting.is_finished(), "without statement_timeout a statement waits");
+    runtime.block_on(client.batch_execute("ROLLBACK")).unwrap();
+    assert_eq!(waiting.join().unwrap().unwrap(), None);
+}
+
+/// A claimed run's commit carries its events: both land, or — the run claimed again since —
+/// neither does.
+#[test]
+fn a_steps_events_are_committed_with_its_checkpoint_under_the_runs_claim() {
+    let store = PostgresCheckpointer::open(&postgres::fresh_url(), Durability::CrashSafe).unwrap();
+    store.create_thread(&thread("t")).unwrap();
+    store.put_checkpoint(&checkpoint("t", -1), &[]).unwrap();
+    assert!(store.admit(&run_row("r", "t"), false).unwrap());
+    let claimed = store.claim("w", &claim(&new_id())).unwrap().unwrap();
+    let token = claimed.lease.owner.clone();
+    let step = checkpoint("t", 0);
+    let bodies = vec![r#"{"type":"node_end"}"#.to_string(), r#"{"type":"step_end"}"#.to_string()];
+    let durable = store
+        .commit_logged(
+            vec![Put::Fence(claimed.lease.fence()), Put::Checkpoint(Arc::new(step.clone()), Vec::new())],
+            true,
+            Logged {
+                run_id: "r",
+                claim: &token,
+                from: claimed.next_event,
+                bodies: &bodies,
+            },
+        )
+        .unwrap();
+    assert!(durable);
+    assert_eq!(
+        store.get_checkpoint("t", None).unwrap().unwrap().checkpoint_id,
+        step.checkpoint_id
+    );
+    let logged: Vec<String> = store.events("r", 0, 10).unwrap().into_iter().map(|(_, b)| b).collect();
+    assert_eq!(logged, bodies);
+    // Under a claim the run no longer has: refused whole.
+    let stale = checkpoint("t", 1);
+    let e = store
+        .commit_logged(
+            vec![Put::Fence(claimed.lease.fence()), Put::Checkpoint(Arc::new(stale.clone()), Vec::new())],
+            true,
+            Logged {
+                run_id: "r",
+                claim: "an-older-claim",
+                from: 3,
+                bodies: &bodies,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, CheckpointError::LeaseLost(ref t) if t == "t"), "{e:?}");
+    assert!(store.get_checkpoint("t", Some(&stale.checkpoint_id)).unwrap().is_none());
+    assert_eq!(store.events("r", 0, 10).unwrap().len(), 2);
+}
+
+/// Two sweepers on one database, racing over the same expired threads: each thread is
+/// removed once, by one of them, and every one is gone.
+#[test]
+fn two_sweepers_remove_each_expired_thread_once() {
+    const THREADS: usize = 24;
+    let url = postgres::fresh_url();
+    let a = Arc::new(PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap());
+    let b = Arc::new(PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap());
+    let ids: Vec<String> = (0..THREADS).map(|i| format!("x{i}")).collect();
+    for id in &ids {
+        a.create_thread(&thread(id)).unwrap();
+        a.put_checkpoint(&checkpoint(id, -1), &[]).unwrap();
+        a.put_thread_meta(&ThreadMeta {
+            thread_id: id.clone(),
+            created_at: "2020-01-01T10:00:00.000Z".into(),
+            updated_at: "2020-01-01T10:00:00.000Z".into(),
+            metadata: json!({}),
+            ttl: Some(ThreadTtl::starting("delete", 1.0, 0)),
+        })
+        .unwrap();
+    }
+    let now = runner::clock::now_ms();
+    assert_eq!(a.expired_threads(now, 1000).unwrap().len(), THREADS);
+    let removal = Removal {
+        expired_by: Some(now),
+        idle_before: Some(runner::clock::at_ms(now - 60_000)),
+    };
+    let start = Arc::new(Barrier::new(2));
+    let sweep = |store: Arc<PostgresCheckpointer>| {
+        let (ids, removal, start) = (ids.clone(), removal.clone(), start.clone());
+        std::thread::spawn(move || {
+            start.wait();
+            ids.iter()
+                .filter(|id| store.remove_thread(id, &removal, &claim(&new_id())).unwrap() == Removed::Removed)
+                .count()
+        })
+    };
+    let (by_a, by_b) = (sweep(a.clone()), sweep(b));
+    let (by_a, by_b) = (by_a.join().unwrap(), by_b.join().unwrap());
+    assert_eq!(by_a + by_b, THREADS, "{by_a} + {by_b}");
+    assert!(a.list_thread_heads().unwrap().is_empty());
+    assert!(a.expired_threads(now, 1000).unwrap().is_empty());
+}
+
+/// The served test workflows, in a temporary folder, with a mock whose two slow calls take
+/// `delay` seconds each (`mock.yaml` in the folder).
+fn served_workflows(delay: f64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/serve");
+    std::fs::create_dir(dir.path().join("workflows")).unwrap();
+    for name in ["chat.yaml", "slow.yaml"] {
+        std::fs::copy(fixtures.join(name), dir.path().join("workflows").join(name)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("mock.yaml"),
+        format!(
+            "match:\n  - {{contains: \"Take your time again\", reply: {{text: done, delay: {delay}}}}}\n  \
+             - {{contains: \"Take your time\", reply: {{text: half, delay: {delay}}}}}\n"
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+async fn call(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
+    let mut req = client().request(method, url);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Waits (up to 20 s) until `GET path` answers `status`.
+async fn until_status(base: &str, path: &str, status: u16) {
+    let started = Instant::now();
+    loop {
+        let (now, body) = call(reqwest::Method::GET, format!("{base}{path}"), None).await;
+        if now == status {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{path}: {now} {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A thread's time to live through the API (on SQLite): set on creation or by the server's
+/// default, shown with `?include=ttl`, replaced by a patch; an expired thread is swept as a
+/// delete would, one a run holds only once the run is over and the thread idle that long.
+#[test]
+fn threads_live_as_long_as_their_ttl_says() {
+    let dir = served_workflows(2.0);
+    let (child, base, _) = spawn(
+        dir.path(),
+        &dir.path().join("workflows"),
+        &dir.path().join("mock.yaml"),
+        &["--thread-ttl", "0.02", "--ttl-sweep-interval", "0.2"],
+        &[],
+    );
+    let _server = Server { child, base, dir: None };
+    let base = _server.base.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use reqwest::Method;
+        let (status, t) = call(
+            Method::POST,
+            format!("{base}/threads"),
+            Some(json!({"thread_id": "kept", "ttl": {"ttl": 0.05, "strategy": "delete"}})),
+        )
+        .await;
+        assert_eq!(status, 200, "{t}");
+        assert!(t.get("ttl").is_none(), "only asked for: {t}");
+        let (_, shown) = call(Method::GET, format!("{base}/threads/kept?include=ttl"), None).await;
+        assert_eq!(
+            (&shown["ttl"]["strategy"], &shown["ttl"]["ttl_minutes"]),
+            (&json!("delete"), &json!(0.05)),
+            "{shown}"
+        );
+        assert!(shown["ttl"]["expires_at"].as_str().unwrap().ends_with('Z'), "{shown}");
+        // The server's default for a thread created without one.
+        let (_, _) = call(Method::POST, format!("{base}/threads"), Some(json!({"thread_id": "plain"}))).await;
+        let (_, shown) = call(Method::GET, format!("{base}/threads/plain?include=ttl"), None).await;
+        assert_eq!(shown["ttl"]["ttl_minutes"], json!(0.02), "{shown}");
+        // A strategy runner does not have is refused.
+        let (status, refused) = call(
+            Method::POST,
+            format!("{base}/threads"),
+            Some(json!({"ttl": {"ttl": 1, "strategy": "keep_latest"}})),
+        )
+        .await;
+        assert_eq!(status, 422, "{refused}");
+        // A patch replaces it: `kept` now lives ten minutes.
+        let (status, _) = call(
+            Method::PATCH,
+            format!("{base}/threads/kept"),
+            Some(json!({"ttl": {"ttl": 10, "strategy": "delete"}})),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let (_, shown) = call(Method::GET, format!("{base}/threads/kept?include=ttl"), None).await;
+        assert_eq!(shown["ttl"]["ttl_minutes"], json!(10.0), "{shown}");
+        // A thread a run holds past its time to live stays while the run goes on (two model
+        // calls of two seconds each, against 1.2 s).
+        let (status, run) = call(
+            Method::POST,
+            format!("{base}/threads/busy/runs"),
+            Some(json!({"assistant_id": "slow", "if_not_exists": "create", "input": {}})),
+        )
+        .await;
+        assert_eq!(status, 200, "{run}");
+        until_status(&base, "/threads/plain", 404).await;
+        let (status, _) = call(Method::GET, format!("{base}/threads/busy"), None).await;
+        assert_eq!(status, 200, "the run holds it");
+        let run_id = run["run_id"].as_str().unwrap().to_string();
+        let (status, ended) = call(Method::GET, format!("{base}/threads/busy/runs/{run_id}/join"), None).await;
+        assert_eq!(status, 200, "{ended}");
+        // Idle for its time to live after the run: swept.
+        until_status(&base, "/threads/busy", 404).await;
+        let (status, _) = call(Method::GET, format!("{base}/threads/kept"), None).await;
+        assert_eq!(status, 200, "its ttl was made ten minutes");
+    });
+}
+
+fn runner_cmd(dir: &Path) -> Command {
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+    cmd.current_dir(dir);
+    cmd
+}
+
+/// A run in progress in another process (`runner run` on the shared database) holds its
+/// thread: the API's delete answers 409 and `runner db prune` keeps it, and the run ends as if
+/// nobody had asked; once it is over, both remove the thread whole, its runs and their event
+/// logs with it.
+#[test]
+fn deletes_and_prunes_take_the_lease_and_refuse_a_thread_a_run_holds() {
+    let dir = served_workflows(4.0);
+    let db = postgres::fresh_url();
+    let (child, base, _) = spawn(
+        dir.path(),
+        &dir.path().join("workflows"),
+        &dir.path().join("mock.yaml"),
+        &["--db", &db, "--workers", "1"],
+        &[],
+    );
+    let server = Server { child, base, dir: None };
+    // Eight seconds holding its thread, in a process of its own.
+    let run = runner_cmd(dir.path())
+        .args(["run", "workflows/slow.yaml", "--thread", "held", "--db", &db, "--mock", "mock.yaml"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while postgres::query(&db, "SELECT 1 FROM leases l JOIN threads t USING (thread_id) WHERE thread_id = 'held'")
+        .map(|r| r.is_empty())
+        .unwrap_or(true)
+    {
+        assert!(started.elapsed() < Duration::from_secs(20), "the run never took its thread");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let base = server.base.clone();
+    rt.block_on(async {
+        let (status, body) = call(reqwest::Method::DELETE, format!("{base}/threads/held"), None).await;
+        assert_eq!(status, 409, "{body}");
+        assert!(body["detail"].as_str().unwrap().contains("busy"), "{body}");
+    });
+    let pruned = runner_cmd(dir.path())
+        .args(["db", "prune", "--older-than", "0s", "--db", &db])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&pruned.stderr);
+    assert_eq!(pruned.status.code(), Some(0), "{said}");
+    assert!(pruned.stdout.is_empty(), "{}", String::from_utf8_lossy(&pruned.stdout));
+    assert!(said.contains("kept held: in use"), "{said}");
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rt.block_on(async {
+        // A thread of the server's own, run to its end: its run and event log are pruned with it.
+        let (status, body) = call(
+            reqwest::Method::POST,
+            format!("{base}/threads/served/runs/wait"),
+            Some(json!({"assistant_id": "chat", "if_not_exists": "create",
+                        "input": {"messages": [{"role": "user", "content": "hi"}]}})),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let (status, _) = call(reqwest::Method::DELETE, format!("{base}/threads/held"), None).await;
+        assert_eq!(status, 204);
+        let (status, _) = call(reqwest::Method::GET, format!("{base}/threads/held"), None).await;
+        assert_eq!(status, 404);
+    });
+    let count = |sql: &str| postgres::query(&db, sql).unwrap()[0][0].clone().unwrap();
+    assert_ne!(
+        count("SELECT count(*) FROM run_events e JOIN runs r USING (run_id) WHERE r.thread_id = 'served'"),
+        "0"
+    );
+    let pruned = runner_cmd(dir.path())
+        .args(["db", "prune", "--older-than", "0s", "--db", &db])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&pruned.stdout), "served\n");
+    for table in ["threads", "checkpoints", "thread_meta", "runs", "run_events", "leases"] {
+        assert_eq!(count(&format!("SELECT count(*) FROM {table}")), "0", "{table}");
+    }
+}
