@@ -935,7 +935,10 @@ fn removal(cp: &dyn Checkpointer) {
         expired_by: Some(1_000_000 + 59_999),
         idle_before: None,
     };
-    assert_eq!(cp.remove_thread("R", &expired_later, &remover()).unwrap(), Removed::Kept);
+    assert_eq!(
+        cp.remove_thread("R", &expired_later, &remover()).unwrap(),
+        Removed::Kept
+    );
     // The run changed at 11:00: the thread was not idle since 10:30.
     let idle = Removal {
         expired_by: Some(1_000_000 + 60_000),

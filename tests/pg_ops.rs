@@ -129,10 +129,16 @@ fn a_steps_events_are_committed_with_its_checkpoint_under_the_runs_claim() {
     let claimed = store.claim("w", &claim(&new_id())).unwrap().unwrap();
     let token = claimed.lease.owner.clone();
     let step = checkpoint("t", 0);
-    let bodies = vec![r#"{"type":"node_end"}"#.to_string(), r#"{"type":"step_end"}"#.to_string()];
+    let bodies = vec![
+        r#"{"type":"node_end"}"#.to_string(),
+        r#"{"type":"step_end"}"#.to_string(),
+    ];
     let durable = store
         .commit_logged(
-            vec![Put::Fence(claimed.lease.fence()), Put::Checkpoint(Arc::new(step.clone()), Vec::new())],
+            vec![
+                Put::Fence(claimed.lease.fence()),
+                Put::Checkpoint(Arc::new(step.clone()), Vec::new()),
+            ],
             true,
             Logged {
                 run_id: "r",
@@ -153,7 +159,10 @@ fn a_steps_events_are_committed_with_its_checkpoint_under_the_runs_claim() {
     let stale = checkpoint("t", 1);
     let e = store
         .commit_logged(
-            vec![Put::Fence(claimed.lease.fence()), Put::Checkpoint(Arc::new(stale.clone()), Vec::new())],
+            vec![
+                Put::Fence(claimed.lease.fence()),
+                Put::Checkpoint(Arc::new(stale.clone()), Vec::new()),
+            ],
             true,
             Logged {
                 run_id: "r",
@@ -293,7 +302,12 @@ fn threads_live_as_long_as_their_ttl_says() {
         );
         assert!(shown["ttl"]["expires_at"].as_str().unwrap().ends_with('Z'), "{shown}");
         // The server's default for a thread created without one.
-        let (_, _) = call(Method::POST, format!("{base}/threads"), Some(json!({"thread_id": "plain"}))).await;
+        let (_, _) = call(
+            Method::POST,
+            format!("{base}/threads"),
+            Some(json!({"thread_id": "plain"})),
+        )
+        .await;
         let (_, shown) = call(Method::GET, format!("{base}/threads/plain?include=ttl"), None).await;
         assert_eq!(shown["ttl"]["ttl_minutes"], json!(0.02), "{shown}");
         // A strategy runner does not have is refused.
@@ -360,17 +374,32 @@ fn deletes_and_prunes_take_the_lease_and_refuse_a_thread_a_run_holds() {
     let server = Server { child, base, dir: None };
     // Eight seconds holding its thread, in a process of its own.
     let run = runner_cmd(dir.path())
-        .args(["run", "workflows/slow.yaml", "--thread", "held", "--db", &db, "--mock", "mock.yaml"])
+        .args([
+            "run",
+            "workflows/slow.yaml",
+            "--thread",
+            "held",
+            "--db",
+            &db,
+            "--mock",
+            "mock.yaml",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let started = Instant::now();
-    while postgres::query(&db, "SELECT 1 FROM leases l JOIN threads t USING (thread_id) WHERE thread_id = 'held'")
-        .map(|r| r.is_empty())
-        .unwrap_or(true)
+    while postgres::query(
+        &db,
+        "SELECT 1 FROM leases l JOIN threads t USING (thread_id) WHERE thread_id = 'held'",
+    )
+    .map(|r| r.is_empty())
+    .unwrap_or(true)
     {
-        assert!(started.elapsed() < Duration::from_secs(20), "the run never took its thread");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the run never took its thread"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -392,12 +421,7 @@ fn deletes_and_prunes_take_the_lease_and_refuse_a_thread_a_run_holds() {
     assert!(pruned.stdout.is_empty(), "{}", String::from_utf8_lossy(&pruned.stdout));
     assert!(said.contains("kept held: in use"), "{said}");
     let out = run.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     rt.block_on(async {
         // A thread of the server's own, run to its end: its run and event log are pruned with it.
         let (status, body) = call(

@@ -301,17 +301,14 @@ impl Removal {
     /// `meta` the API's record of it, `run` when one of its runs was last updated.
     pub fn allows(&self, thread: Option<&str>, meta: Option<&ThreadMeta>, run: Option<&str>) -> bool {
         if let Some(by) = self.expired_by
-            && !meta.and_then(|m| m.ttl.as_ref()).is_some_and(|t| t.expires_at_ms <= by)
+            && meta.and_then(|m| m.ttl.as_ref()).is_none_or(|t| t.expires_at_ms > by)
         {
             return false;
         }
         match &self.idle_before {
             None => true,
             Some(cutoff) => {
-                let mut times = thread
-                    .into_iter()
-                    .chain(meta.map(|m| m.updated_at.as_str()))
-                    .chain(run);
+                let mut times = thread.into_iter().chain(meta.map(|m| m.updated_at.as_str())).chain(run);
                 times.all(|t| t < cutoff.as_str())
             }
         }
@@ -421,7 +418,11 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + Send + Sync {
         let removed = (|| {
             let runs = self.list_runs(Some(thread_id), &[])?;
             if let Some(active) = runs.iter().find(|r| r.status.is_active()) {
-                return Ok(Removed::Busy(format!("run {} on it is {}", active.run_id, active.status.as_str())));
+                return Ok(Removed::Busy(format!(
+                    "run {} on it is {}",
+                    active.run_id,
+                    active.status.as_str()
+                )));
             }
             let updated = thread.as_ref().map(|t| t.updated_at.as_str());
             let run = runs.iter().map(|r| r.updated_at.as_str()).max();

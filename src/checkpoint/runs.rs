@@ -124,7 +124,11 @@ impl ThreadTtl {
     /// `minutes` in milliseconds, saturating.
     pub fn millis(minutes: f64) -> i64 {
         let ms = minutes * 60_000.0;
-        if ms >= i64::MAX as f64 { i64::MAX } else { ms.max(0.0) as i64 }
+        if ms >= i64::MAX as f64 {
+            i64::MAX
+        } else {
+            ms.max(0.0) as i64
+        }
     }
 }
 
@@ -167,7 +171,11 @@ pub trait RunStore: Send + Sync {
         let mut expired: Vec<(i64, String)> = self
             .list_thread_meta()?
             .into_iter()
-            .filter_map(|m| m.ttl.filter(|t| t.expires_at_ms <= now_ms).map(|t| (t.expires_at_ms, m.thread_id)))
+            .filter_map(|m| {
+                m.ttl
+                    .filter(|t| t.expires_at_ms <= now_ms)
+                    .map(|t| (t.expires_at_ms, m.thread_id))
+            })
             .collect();
         expired.sort();
         Ok(expired.into_iter().take(limit).map(|(_, id)| id).collect())
@@ -262,7 +270,11 @@ impl ThreadMetaText {
             (Some(text), Some(expires_at_ms)) => {
                 let v = parse_json("ttl", text)?;
                 Some(ThreadTtl {
-                    strategy: v.get("strategy").and_then(Value::as_str).unwrap_or("delete").to_string(),
+                    strategy: v
+                        .get("strategy")
+                        .and_then(Value::as_str)
+                        .unwrap_or("delete")
+                        .to_string(),
                     minutes: v.get("ttl").and_then(Value::as_f64).unwrap_or_default(),
                     expires_at_ms,
                 })

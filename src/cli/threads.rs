@@ -256,7 +256,11 @@ pub(super) fn prune_db(db: Option<&std::path::Path>, older_than: &str, status: O
         "pruned {removed} thread{} and {runs} finished run{} not updated since {cutoff}{}",
         if removed == 1 { "" } else { "s" },
         if runs == 1 { "" } else { "s" },
-        if kept > 0 { format!("; kept {kept} in use") } else { String::new() }
+        if kept > 0 {
+            format!("; kept {kept} in use")
+        } else {
+            String::new()
+        }
     )?;
     Ok(exit::OK)
 }

@@ -118,23 +118,21 @@ impl Server {
         } else {
             manager::Role::Local
         };
-        let runs = Arc::new(manager::RunManager::new(
-            settings.clone(),
-            store.clone(),
-            data.clone(),
-            workers.max(1),
-            role,
-        )
-        .with_thread_ttl(ttls.default_minutes));
+        let runs = Arc::new(
+            manager::RunManager::new(settings.clone(), store.clone(), data.clone(), workers.max(1), role)
+                .with_thread_ttl(ttls.default_minutes),
+        );
         let worker = (shared && workers > 0).then(|| {
-            Arc::new(manager::RunManager::new(
-                settings.clone(),
-                store.clone(),
-                data.clone(),
-                workers,
-                manager::Role::Worker(crate::checkpoint::new_id()),
+            Arc::new(
+                manager::RunManager::new(
+                    settings.clone(),
+                    store.clone(),
+                    data.clone(),
+                    workers,
+                    manager::Role::Worker(crate::checkpoint::new_id()),
+                )
+                .with_thread_ttl(ttls.default_minutes),
             )
-            .with_thread_ttl(ttls.default_minutes))
         });
         Ok(Server {
             app: Arc::new(App {

@@ -591,12 +591,10 @@ pub(super) async fn copy(State(app): State<Shared>, UrlPath(id): UrlPath<String>
     let new = crate::checkpoint::new_id();
     if app.store.get_thread(&id)?.is_some() {
         // Written under the new thread's lease, as every write to a thread is.
-        let lease = app
-            .store
-            .acquire_lease(&crate::checkpoint::LeaseClaim {
-                thread_id: new.clone(),
-                ..crate::engine::own_claim(app.settings.lease_ttl.value)
-            })?;
+        let lease = app.store.acquire_lease(&crate::checkpoint::LeaseClaim {
+            thread_id: new.clone(),
+            ..crate::engine::own_claim(app.settings.lease_ttl.value)
+        })?;
         let copied = app.store.copy_thread(&id, &new, Some(&lease.fence()));
         let _ = app.store.release_lease(&lease.fence());
         copied?;

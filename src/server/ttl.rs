@@ -97,7 +97,9 @@ pub(crate) fn sweep(store: &dyn Checkpointer, now_ms: i64) -> crate::checkpoint:
         };
         let removal = Removal {
             expired_by: Some(now_ms),
-            idle_before: Some(crate::clock::at_ms(now_ms.saturating_sub(ThreadTtl::millis(ttl.minutes)))),
+            idle_before: Some(crate::clock::at_ms(
+                now_ms.saturating_sub(ThreadTtl::millis(ttl.minutes)),
+            )),
         };
         let claim = crate::engine::own_claim(Duration::from_secs(30));
         match store.remove_thread(&thread_id, &removal, &claim)? {

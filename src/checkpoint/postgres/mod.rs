@@ -261,7 +261,8 @@ impl PostgresCheckpointer {
         let (pool, op, log, channel) = (self.pool.clone(), Arc::new(op), Arc::new(log), self.channel());
         let unsynced = !synced && self.durability == Durability::PowerSafe;
         self.retrying(move || {
-            let (pool, op, log, channel, fenced) = (pool.clone(), op.clone(), log.clone(), channel.clone(), fenced.clone());
+            let (pool, op, log, channel, fenced) =
+                (pool.clone(), op.clone(), log.clone(), channel.clone(), fenced.clone());
             async move {
                 let mut client = pool.get().await?;
                 let tx = client.transaction().await?;

@@ -30,11 +30,7 @@ pub(super) struct LogRows {
 
 /// Appends `log`'s records in the caller's transaction if the run is still its claim's, and
 /// tells the listeners: `false`, and nothing written, when it is not. One statement.
-pub(super) async fn append_rows(
-    tx: &deadpool_postgres::Transaction<'_>,
-    log: &LogRows,
-    channel: &str,
-) -> Result<bool> {
+pub(super) async fn append_rows(tx: &deadpool_postgres::Transaction<'_>, log: &LogRows, channel: &str) -> Result<bool> {
     // Notices of one payload in one transaction are delivered once.
     let stmt = tx
         .prepare_cached(

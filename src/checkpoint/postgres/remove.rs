@@ -3,8 +3,8 @@
 //! that no run is admitted to, claimed on or writing to the thread while it goes, whichever
 //! process asks.
 
-use super::apply::{DB_NOW_MS, LEASE_COLS, load_lease};
 use super::PostgresCheckpointer;
+use super::apply::{DB_NOW_MS, LEASE_COLS, load_lease};
 use crate::checkpoint::{LeaseClaim, Removal, Removed, Result};
 
 impl PostgresCheckpointer {
@@ -88,7 +88,10 @@ impl PostgresCheckpointer {
                     return Ok(Removed::Kept);
                 }
                 // Its subgraphs' threads go with it.
-                let nested = format!("{}/%", thread_id.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+                let nested = format!(
+                    "{}/%",
+                    thread_id.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
+                );
                 let mut ids: Vec<String> = tx
                     .query("SELECT thread_id FROM threads WHERE thread_id LIKE $1", &[&nested])
                     .await?
@@ -97,12 +100,22 @@ impl PostgresCheckpointer {
                     .collect::<std::result::Result<_, _>>()?;
                 ids.push(thread_id.clone());
                 let hashes: Vec<String> = tx
-                    .query("DELETE FROM blob_refs WHERE thread_id = ANY($1) RETURNING hash", &[&ids])
+                    .query(
+                        "DELETE FROM blob_refs WHERE thread_id = ANY($1) RETURNING hash",
+                        &[&ids],
+                    )
                     .await?
                     .iter()
                     .map(|r| r.try_get(0))
                     .collect::<std::result::Result<_, _>>()?;
-                for table in ["writes", "state_values", "checkpoints", "thread_inputs", "threads", "leases"] {
+                for table in [
+                    "writes",
+                    "state_values",
+                    "checkpoints",
+                    "thread_inputs",
+                    "threads",
+                    "leases",
+                ] {
                     tx.execute(&format!("DELETE FROM {table} WHERE thread_id = ANY($1)"), &[&ids])
                         .await?;
                 }

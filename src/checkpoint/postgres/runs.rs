@@ -214,10 +214,7 @@ impl RunStore for PostgresCheckpointer {
     }
 
     fn list_thread_meta(&self) -> Result<Vec<ThreadMeta>> {
-        let rows = self.query(
-            format!("SELECT {META_COLS} FROM thread_meta"),
-            vec![],
-        )?;
+        let rows = self.query(format!("SELECT {META_COLS} FROM thread_meta"), vec![])?;
         rows.iter().map(|r| meta_from_row(r)?.into_meta()).collect()
     }
 

@@ -187,7 +187,14 @@ impl RunStore for SqliteCheckpointer {
                 "INSERT OR REPLACE INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
-            .execute(params![v.thread_id, v.created_at, v.updated_at, v.metadata, v.ttl, v.expires_at])?;
+            .execute(params![
+                v.thread_id,
+                v.created_at,
+                v.updated_at,
+                v.metadata,
+                v.ttl,
+                v.expires_at
+            ])?;
             Ok(())
         }))
     }
@@ -202,7 +209,14 @@ impl RunStore for SqliteCheckpointer {
                     "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (thread_id) DO NOTHING",
                 )?
-                .execute(params![v.thread_id, v.created_at, v.updated_at, v.metadata, v.ttl, v.expires_at])?;
+                .execute(params![
+                    v.thread_id,
+                    v.created_at,
+                    v.updated_at,
+                    v.metadata,
+                    v.ttl,
+                    v.expires_at
+                ])?;
             told.store(inserted == 1, Ordering::SeqCst);
             Ok(())
         }))?;

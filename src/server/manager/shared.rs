@@ -564,7 +564,12 @@ async fn execute<S: Send + Sync + 'static>(
     let token = lease.owner.clone();
     let Ok(queue) = manager.queue() else { return };
     // The run's events: kept with its commits, the rest written here as they come.
-    let log = Arc::new(super::journal::RunLog::new(manager.store.clone(), &run_id, &token, next_event));
+    let log = Arc::new(super::journal::RunLog::new(
+        manager.store.clone(),
+        &run_id,
+        &token,
+        next_event,
+    ));
     let started = async {
         let mut create = make(run.clone())?;
         let had_started = orphaned && had_started(&*manager.store, &run)?;
