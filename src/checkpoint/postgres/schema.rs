@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Version 1.
 const V1: &str = "
@@ -129,9 +129,22 @@ CREATE TABLE node_cache (
 CREATE INDEX node_cache_by_expiry ON node_cache (expires_at) WHERE expires_at IS NOT NULL;
 ";
 
+/// Version 2: each run's trace (`GET …/runs/{run_id}/trace`), kept beside its row, and what
+/// it spent, which a thread's usage sums.
+const V2: &str = "
+CREATE TABLE run_traces (
+    run_id text PRIMARY KEY,
+    thread_id text NOT NULL,
+    trace text NOT NULL,
+    usage text NOT NULL,
+    updated_at text NOT NULL
+);
+CREATE INDEX run_traces_by_thread ON run_traces (thread_id, run_id);
+";
+
 /// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
 /// `n + 1`.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found
