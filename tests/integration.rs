@@ -42,6 +42,7 @@ mod serve_routes;
 mod serve_seeds;
 mod serve_shared;
 mod serve_stop;
+mod serve_studio_api;
 mod tools;
 mod trace;
 mod web;

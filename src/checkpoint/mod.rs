@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use cache::{CacheEntry, CacheHead, CacheStore};
-pub use runs::{RunRow, RunStatus, RunStore, ThreadMeta, ThreadTtl};
+pub use runs::{RunRow, RunStatus, RunStore, ThreadMeta, ThreadTtl, TraceRow};
 
 /// A thread's identity and what it was started with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -181,8 +181,61 @@ pub trait RunStore: Send + Sync {
         Ok(expired.into_iter().take(limit).map(|(_, id)| id).collect())
     }
 
-    /// Deletes a thread's metadata and its runs.
+    /// Deletes a thread's metadata and its runs (their traces too).
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()>;
+
+    /// Creates or replaces a run's trace.
+    fn put_trace(&self, trace: &TraceRow) -> Result<()>;
+
+    fn get_trace(&self, run_id: &str) -> Result<Option<TraceRow>>;
+
+    /// The traces of `thread_id`'s runs, oldest run first.
+    fn list_traces(&self, thread_id: &str) -> Result<Vec<TraceRow>>;
+}
+
+/// A run's trace: what the server shows of it (`GET …/runs/{run_id}/trace`), built from its
+/// events as it goes, and what it spent, apart so a thread's sums read no spans. Both are
+/// opaque JSON here; deleting a run (or its thread's runs) deletes its trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceRow {
+    pub run_id: String,
+    pub thread_id: String,
+    pub trace: Value,
+    pub usage: Value,
+    /// RFC 3339 UTC.
+    pub updated_at: String,
+}
+
+/// A [`TraceRow`] as a backend stores it: its JSON columns as text.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TraceText {
+    pub(crate) run_id: String,
+    pub(crate) thread_id: String,
+    pub(crate) trace: String,
+    pub(crate) usage: String,
+    pub(crate) updated_at: String,
+}
+
+impl TraceText {
+    pub(crate) fn from_trace(t: &TraceRow) -> Result<Self> {
+        Ok(TraceText {
+            run_id: t.run_id.clone(),
+            thread_id: t.thread_id.clone(),
+            trace: json_text(&t.trace)?,
+            usage: json_text(&t.usage)?,
+            updated_at: t.updated_at.clone(),
+        })
+    }
+
+    pub(crate) fn into_trace(self) -> Result<TraceRow> {
+        Ok(TraceRow {
+            trace: parse_json("trace", &self.trace)?,
+            usage: parse_json("usage", &self.usage)?,
+            run_id: self.run_id,
+            thread_id: self.thread_id,
+            updated_at: self.updated_at,
+        })
+    }
 }
 
 /// A [`RunRow`] as a backend stores it: the status as its name, JSON columns as text.
@@ -351,6 +404,17 @@ mod tests {
                 ttl: Some(ThreadTtl::starting("delete", 1.5, 1_000)),
             })
             .unwrap();
+        for (run, thread, calls) in [("r1", "t1", 1), ("r2", "t1", 2), ("r3", "t2", 3), ("r1", "t1", 4)] {
+            store
+                .put_trace(&TraceRow {
+                    run_id: run.into(),
+                    thread_id: thread.into(),
+                    trace: json!({"spans": [{"id": "s1", "kind": "run"}]}),
+                    usage: json!({"total": {"calls": calls}}),
+                    updated_at: "u".into(),
+                })
+                .unwrap();
+        }
     }
 
     fn verify(store: &dyn RunStore) {
@@ -377,11 +441,30 @@ mod tests {
         assert_eq!(meta.metadata, json!({"graph_id": "g"}));
         assert_eq!(meta.ttl, Some(ThreadTtl::starting("delete", 1.5, 1_000)));
         assert_eq!(meta.ttl.unwrap().expires_at_ms, 91_000);
+        // A trace put again replaces the earlier one; a thread's traces come oldest run first.
+        let usage = |rows: Vec<TraceRow>| rows.into_iter().map(|t| (t.run_id, t.usage)).collect::<Vec<_>>();
+        assert_eq!(
+            usage(store.list_traces("t1").unwrap()),
+            [
+                ("r1".to_string(), json!({"total": {"calls": 4}})),
+                ("r2".to_string(), json!({"total": {"calls": 2}}))
+            ]
+        );
+        assert_eq!(
+            store.get_trace("r3").unwrap().unwrap().trace,
+            json!({"spans": [{"id": "s1", "kind": "run"}]})
+        );
         assert!(store.delete_run("r3").unwrap());
         assert!(!store.delete_run("r3").unwrap());
+        assert_eq!(
+            store.get_trace("r3").unwrap(),
+            None,
+            "a deleted run's trace goes with it"
+        );
         store.delete_thread_meta("t1").unwrap();
         assert_eq!(store.list_runs(None, &[]).unwrap(), Vec::new());
         assert_eq!(store.list_thread_meta().unwrap(), Vec::new());
+        assert_eq!(store.list_traces("t1").unwrap(), Vec::new());
     }
 
     #[test]

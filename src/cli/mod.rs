@@ -6,6 +6,7 @@
 mod cache;
 mod completions;
 mod db;
+mod dev;
 mod graph;
 mod index;
 mod man;
@@ -64,6 +65,7 @@ enum Command {
     Test(test::Args),
     Index(index::Args),
     Serve(serve::Args),
+    Dev(serve::DevArgs),
     Worker(serve::WorkerArgs),
     Mcp(mcp::Args),
     Cache(cache::Args),
@@ -87,7 +89,8 @@ pub fn main() -> ExitCode {
         }
     };
     // A server logs its requests unless told otherwise; the other verbs log only when asked.
-    let default_log = matches!(cli.command, Command::Serve(_) | Command::Worker(_)).then_some("runner=info");
+    let default_log =
+        matches!(cli.command, Command::Serve(_) | Command::Dev(_) | Command::Worker(_)).then_some("runner=info");
     // Logs, traces and the verdict cache read the environment the run reads, a project's
     // `.env` and `runner.toml` included; a project that cannot be read is reported by the
     // verbs that need it, and these fall back to the process's own.
@@ -124,6 +127,7 @@ fn dispatch(command: Command) -> ExitCode {
         Command::Test(args) => test::run(args),
         Command::Index(args) => index::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Dev(args) => serve::dev(args),
         Command::Worker(args) => serve::work(args),
         Command::Mcp(args) => mcp::run(args),
         Command::Cache(args) => cache::run(args),

@@ -167,7 +167,39 @@ impl Renderer {
                     String::new()
                 }
             )),
-            Event::NodeStart { .. } | Event::StateUpdate { .. } | Event::StepEnd { .. } | Event::Usage { .. } => None,
+            Event::ToolEnd {
+                node,
+                tool,
+                duration_ms,
+                error,
+                ..
+            } => Some(match error {
+                None => format!("  ⚙ {node}: {tool} ({duration_ms:.0} ms)"),
+                Some(e) => format!("  ⚙ {node}: {tool} failed ({duration_ms:.0} ms): {e}"),
+            }),
+            Event::Http {
+                node,
+                method,
+                url,
+                status,
+                duration_ms,
+                error,
+                ..
+            } => Some(match (status, error) {
+                (Some(status), _) => format!("  ↗ {node}: {method} {url} → {status} ({duration_ms:.0} ms)"),
+                (None, e) => format!(
+                    "  ↗ {node}: {method} {url} failed ({duration_ms:.0} ms): {}",
+                    e.as_deref().unwrap_or_default()
+                ),
+            }),
+            // Model calls show as their tokens, and their usage in the run's end.
+            Event::NodeStart { .. }
+            | Event::StateUpdate { .. }
+            | Event::StepEnd { .. }
+            | Event::Usage { .. }
+            | Event::ModelStart { .. }
+            | Event::ModelEnd { .. }
+            | Event::ToolStart { .. } => None,
         };
         if let Some(line) = line {
             // A subgraph's lines are indented one level per nesting.

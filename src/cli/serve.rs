@@ -176,13 +176,37 @@ fn load(
     project_models: Vec<String>,
     doing: &str,
 ) -> anyhow::Result<(crate::server::Graphs, crate::run::RunSettings)> {
+    load_with(runs, env, project_models, doing, Dev::No)
+}
+
+/// Whether a server is `runner dev`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dev {
+    No,
+    Yes,
+}
+
+fn load_with(
+    runs: &Runs,
+    env: &crate::run::Env,
+    project_models: Vec<String>,
+    doing: &str,
+    dev: Dev,
+) -> anyhow::Result<(crate::server::Graphs, crate::run::RunSettings)> {
     let config = runs
         .set
         .iter()
         .map(|kv| super::run::parse_kv(kv))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let db = match (&runs.db, dev) {
+        (Some(db), _) => Some(DbOption::At(db.clone())),
+        // As `langgraph dev`'s: in memory, every checkpoint kept for time travel, unless a
+        // database is named (by the flag or $RUNNER_DB).
+        (None, Dev::Yes) if env.get(crate::run::env::DB).is_none() => Some(DbOption::Scratch),
+        (None, _) => None,
+    };
     let settings = RunOptions {
-        db: runs.db.clone().map(DbOption::At),
+        db,
         data_db: runs.data_db.clone(),
         store_index: runs.store_index.clone(),
         store_index_fields: runs.store_index_fields.clone(),
@@ -205,7 +229,8 @@ fn load(
         writeln!(err, "not served: {} {}", r.path.display(), r.reason)?;
         err.write_all(r.why.as_bytes())?;
     }
-    if graphs.ids().is_empty() {
+    // A dev server waits for the folder's workflows to be fixed.
+    if graphs.ids().is_empty() && dev == Dev::No {
         bail!("no workflow in {} validates: nothing to serve", runs.dir.display());
     }
     check_set(&graphs, &settings.overrides.config)?;
@@ -256,6 +281,30 @@ pub(super) fn work(args: WorkerArgs) -> anyhow::Result<u8> {
 }
 
 pub(super) fn run(args: Args) -> anyhow::Result<u8> {
+    serve(args, Dev::No)
+}
+
+/// `runner dev`: `runner serve` with the page's URL printed, its folder watched and reloaded as
+/// its files change, and an in-memory database unless one is named.
+pub(super) fn dev(args: DevArgs) -> anyhow::Result<u8> {
+    serve(args.serve, Dev::Yes)
+}
+
+/// Serve the workflows of a folder for development, as `langgraph dev` does: `runner serve`
+/// (every flag of it) whose folder is watched — a workflow, prompt or schema file changed,
+/// added or removed reloads it, and `GET /runner/workflows` says what is served and why a file
+/// is not, with each diagnostic's file, line and column —, whose checkpoints are kept in
+/// memory unless `--db` (or $RUNNER_DB) names a database, and whose Studio page's URL is
+/// printed.
+///
+/// Example: runner dev workflows --mock tests/fixtures/mock/mindmap.yaml
+#[derive(clap::Args, Debug)]
+pub(super) struct DevArgs {
+    #[command(flatten)]
+    serve: Args,
+}
+
+fn serve(args: Args, dev: Dev) -> anyhow::Result<u8> {
     share_malloc_arenas();
     let (env, project_models) = super::project_env()?;
     let api_key = match &args.api_key_env {
@@ -271,28 +320,44 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
             args.host
         );
     }
-    let (graphs, settings) = load(&args.runs, &env, project_models, "serving")?;
+    let (graphs, settings) = load_with(&args.runs, &env, project_models, "serving", dev)?;
     let mut err = std::io::stderr().lock();
+    if dev == Dev::Yes && settings.checkpoints.value == crate::run::Checkpoints::Scratch {
+        writeln!(
+            err,
+            "checkpoints: in memory, every one kept until exit (--db PATH keeps them)"
+        )?;
+    }
     for (method, path, graph) in graphs.routes() {
         writeln!(err, "route {method} {path} -> {graph}")?;
     }
-    let server = crate::server::Server::new(
+    let mut server = crate::server::Server::new(
         graphs,
         settings,
         api_key,
         usize::try_from(args.workers).unwrap_or(usize::MAX),
         args.runs.ttls(),
     )?;
+    if dev == Dev::Yes {
+        server = server.dev();
+    }
     let reloader = server.reloader();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        reload_on_hangup(reloader, args.runs.dir.clone());
+        reload_on_hangup(reloader.clone(), args.runs.dir.clone());
+        if dev == Dev::Yes {
+            super::dev::watch(reloader, args.runs.dir.clone());
+        }
         let addr = SocketAddr::new(args.host, args.port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let bound = listener.local_addr()?;
         writeln!(err, "listening on http://{bound}")?;
+        if dev == Dev::Yes {
+            writeln!(err, "Studio: http://{bound}/")?;
+            writeln!(err, "watching {} for changes", args.runs.dir.display())?;
+        }
         drop(err);
         let timeouts = crate::server::Timeouts {
             header_read: args.header_read_timeout,
@@ -354,31 +419,7 @@ fn reload_on_hangup(reloader: crate::server::Reloader, dir: PathBuf) {
         };
         tokio::spawn(async move {
             while hangup.recv().await.is_some() {
-                let report = reloader.reload(&dir);
-                let mut err = std::io::stderr().lock();
-                // The report is for an operator: a closed stderr loses it and nothing else.
-                let _ = match report {
-                    Ok(r) => {
-                        for rejected in &r.rejected {
-                            let kept = if r.kept.contains(&rejected.path) {
-                                " (its previous version is still served)"
-                            } else {
-                                ""
-                            };
-                            let _ = writeln!(err, "not served: {} {}{kept}", rejected.path.display(), rejected.reason);
-                            let _ = err.write_all(rejected.why.as_bytes());
-                        }
-                        writeln!(
-                            err,
-                            "reloaded {}: added [{}], changed [{}], removed [{}]",
-                            dir.display(),
-                            r.added.join(", "),
-                            r.changed.join(", "),
-                            r.removed.join(", ")
-                        )
-                    }
-                    Err(e) => writeln!(err, "cannot reload {}: {e}; serving what was served", dir.display()),
-                };
+                reload(&reloader, &dir);
             }
         });
     }
@@ -386,6 +427,35 @@ fn reload_on_hangup(reloader: crate::server::Reloader, dir: PathBuf) {
     {
         let _ = (reloader, dir);
     }
+}
+
+/// Reloads the folder and says what changed, and what is not served and why.
+pub(super) fn reload(reloader: &crate::server::Reloader, dir: &std::path::Path) {
+    let report = reloader.reload(dir);
+    let mut err = std::io::stderr().lock();
+    // The report is for an operator: a closed stderr loses it and nothing else.
+    let _ = match report {
+        Ok(r) => {
+            for rejected in &r.rejected {
+                let kept = if r.kept.contains(&rejected.path) {
+                    " (its previous version is still served)"
+                } else {
+                    ""
+                };
+                let _ = writeln!(err, "not served: {} {}{kept}", rejected.path.display(), rejected.reason);
+                let _ = err.write_all(rejected.why.as_bytes());
+            }
+            writeln!(
+                err,
+                "reloaded {}: added [{}], changed [{}], removed [{}]",
+                dir.display(),
+                r.added.join(", "),
+                r.changed.join(", "),
+                r.removed.join(", ")
+            )
+        }
+        Err(e) => writeln!(err, "cannot reload {}: {e}; serving what was served", dir.display()),
+    };
 }
 
 /// Resolves at the first stop signal, saying `message` on stderr.

@@ -10,8 +10,18 @@ use crate::diag::Code;
 use crate::spec::load::push_pointer;
 use crate::spec::{RouteMethod, StreamOn};
 
-/// The paths of LangGraph's API, which a route may not take.
-pub const RESERVED: &[&str] = &["threads", "runs", "assistants", "store", "ok", "info", "metrics"];
+/// The paths of LangGraph's API and runner's own additions to it (`/runner/…`), which a route
+/// may not take.
+pub const RESERVED: &[&str] = &[
+    "threads",
+    "runs",
+    "assistants",
+    "store",
+    "ok",
+    "info",
+    "metrics",
+    "runner",
+];
 
 /// Compiles the workflow's routes; a defect is reported and leaves the route out.
 pub(super) fn routes(b: &mut Build) -> Vec<Route> {
@@ -204,7 +214,10 @@ fn segments(b: &mut Build, at: &str, path: &str) -> Option<Vec<Segment>> {
         if i == 0 && RESERVED.contains(&part) {
             return bad(
                 b,
-                format!("`{path}` is under `/{part}`, a path of LangGraph's API that runner serve answers"),
+                match part {
+                    "runner" => format!("`{path}` is under `/runner`, which runner serve answers itself"),
+                    _ => format!("`{path}` is under `/{part}`, a path of LangGraph's API that runner serve answers"),
+                },
                 "choose a path of the application's own, e.g. `/chat/stream`",
             );
         }

@@ -204,6 +204,11 @@ impl Files {
         self.files.get(path).map(|t| &**t)
     }
 
+    /// The files read, in the order they were.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.files.keys().map(PathBuf::as_path)
+    }
+
     /// The text of line `line` (1-based) of `path`, without its line break.
     pub fn line(&self, path: &Path, line: u32) -> Option<&str> {
         let text = self.get(path)?;

@@ -1,5 +1,7 @@
-//! The run's one typed event stream. The engine sends; renderers (the terminal view,
-//! `--stream jsonl`, later SSE and tracing) receive. The engine never prints.
+//! The run's one typed event stream. The engine and the node kinds send (through
+//! `NodeCtx::events`: model calls, tool calls, `http` requests); the terminal view,
+//! `--stream jsonl`, the server's stream modes, its run traces, its metrics and the event log
+//! of a database many processes share receive. The engine never prints.
 //!
 //! The JSON form (`--stream jsonl`) is stable: one object per line with `type`, `ts`
 //! (RFC 3339 UTC), `elapsed_ms` and the fields of the variant below, in snake_case.
@@ -11,7 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::providers::Usage;
+pub use crate::providers::Usage;
 
 /// Something that happened in a run.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
@@ -36,6 +38,9 @@ pub enum Event {
         step: i64,
         node: String,
         task_id: String,
+        /// A fan-out task's item (cut to [`PAYLOAD_LIMIT`] bytes of JSON).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        item: Option<Value>,
     },
     /// A task ended. `cached`: its result was stored before a crash and is taken from the
     /// store, not run again; `cache_hit`: the node's cache (`cache:`) had its result, so it did
@@ -96,6 +101,75 @@ pub enum Event {
         node: String,
         usage: Usage,
     },
+    /// A model call began: one request to a provider (an llm node's call, a repair of its
+    /// reply, a reranker's). Its prompt is not carried unless content capture is on
+    /// (`RUNNER_TRACE_CONTENT`), so the stream stays small.
+    ModelStart {
+        node: String,
+        task_id: String,
+        /// Unique to the call (a UUIDv7): its `model_end` names it too.
+        call_id: String,
+        /// The model profile the node names, and the model and provider it stands for.
+        profile: String,
+        model: String,
+        provider: String,
+        /// The messages sent, only with content capture on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        messages: Option<Value>,
+    },
+    /// A model call ended: how long it took, what it spent (priced by its profile), and its
+    /// reply (text cut to [`REPLY_TEXT_LIMIT`] bytes, and tool calls) or why it failed.
+    ModelEnd {
+        node: String,
+        task_id: String,
+        call_id: String,
+        profile: String,
+        model: String,
+        duration_ms: f64,
+        usage: Usage,
+        /// `{content, tool_calls, truncated?}`; none when the call failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// A tool call began (a `tools` node's, an agent's): the tool and its arguments (cut to
+    /// [`PAYLOAD_LIMIT`] bytes).
+    ToolStart {
+        node: String,
+        task_id: String,
+        /// The model's id for the call (`call_1`).
+        call_id: String,
+        tool: String,
+        args: Value,
+    },
+    /// A tool call ended: its result (cut to [`PAYLOAD_LIMIT`] bytes) or why it failed.
+    ToolEnd {
+        node: String,
+        task_id: String,
+        call_id: String,
+        tool: String,
+        duration_ms: f64,
+        #[serde(default)]
+        result: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// An `http` node's request, once answered (or failed): its URL with credentials
+    /// redacted.
+    Http {
+        node: String,
+        task_id: String,
+        method: String,
+        url: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        duration_ms: f64,
+        #[serde(default)]
+        bytes: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     StepEnd {
         step: i64,
         checkpoint_id: String,
@@ -110,6 +184,39 @@ pub enum Event {
         /// What the thread has spent over all its turns.
         thread_usage: Usage,
     },
+}
+
+/// The most of a model's reply text a `model_end` event carries, in bytes.
+pub const REPLY_TEXT_LIMIT: usize = 8 * 1024;
+/// The most of a tool call's arguments or result an event carries, as JSON text in bytes.
+pub const PAYLOAD_LIMIT: usize = 4 * 1024;
+
+/// `value`, or when its JSON text is longer than `limit` bytes, that text cut at `limit` (on
+/// a character boundary) and how long it was: what an event or a trace carries of a payload
+/// that may be large.
+pub fn bounded(value: &Value, limit: usize) -> (Value, Option<usize>) {
+    let text = match value {
+        Value::String(s) if s.len() <= limit => return (value.clone(), None),
+        Value::String(s) => s.clone(),
+        other => match serde_json::to_string(other) {
+            Ok(t) if t.len() <= limit => return (value.clone(), None),
+            Ok(t) => t,
+            Err(_) => return (Value::Null, None),
+        },
+    };
+    (Value::String(cut(&text, limit).to_string()), Some(text.len()))
+}
+
+/// The first `limit` bytes of `text` at most, ending on a character boundary.
+pub fn cut(text: &str, limit: usize) -> &str {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// How a task ended.

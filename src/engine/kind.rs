@@ -188,6 +188,90 @@ impl NodeCtx<'_> {
         )
     }
 
+    /// Sends one model call through `provider` for the model profile `name`, reported as a
+    /// `model_start` and a `model_end` event: the model it stands for, how long the call took,
+    /// what it spent (its usage priced by the profile, counted as one call at least) and its
+    /// reply, or why it failed. The reply's usage is priced so.
+    pub async fn chat(
+        &self,
+        provider: &dyn crate::providers::Provider,
+        name: &str,
+        profile: &crate::spec::ModelProfile,
+        request: crate::providers::ChatRequest,
+        tokens: Option<crate::providers::TokenSink<'_>>,
+    ) -> Result<crate::providers::ChatResponse, crate::providers::ProviderError> {
+        use super::events::{Event, REPLY_TEXT_LIMIT, cut};
+        let on = self.events.is_on();
+        let call_id = if on {
+            uuid::Uuid::now_v7().to_string()
+        } else {
+            String::new()
+        };
+        if on {
+            let messages = crate::providers::trace::capture_content().then(|| {
+                Value::Array(
+                    request
+                        .messages
+                        .iter()
+                        .map(|m| serde_json::json!({"role": m.role, "content": crate::secrets::scrub(&m.content)}))
+                        .collect(),
+                )
+            });
+            self.events.send(Event::ModelStart {
+                node: self.node.name.clone(),
+                task_id: self.task_id.to_string(),
+                call_id: call_id.clone(),
+                profile: name.to_string(),
+                model: request.model.clone(),
+                provider: provider_name(profile.provider).to_string(),
+                messages,
+            });
+        }
+        let model = request.model.clone();
+        let started = std::time::Instant::now();
+        let mut result = provider.chat(request, tokens).await;
+        if let Ok(reply) = &mut result {
+            reply.usage.calls = reply.usage.calls.max(1);
+            crate::providers::price(profile, &mut reply.usage);
+        }
+        if on {
+            let (usage, reply, error) = match &result {
+                Ok(reply) => {
+                    let text = crate::secrets::scrub(&reply.text);
+                    let mut shown = serde_json::json!({
+                        "content": cut(&text, REPLY_TEXT_LIMIT),
+                        "tool_calls": reply.tool_calls,
+                    });
+                    if text.len() > REPLY_TEXT_LIMIT {
+                        shown["truncated"] = Value::Bool(true);
+                    }
+                    (reply.usage, Some(shown), None)
+                }
+                // A failed call is still a call; its tokens, if any, are unknown.
+                Err(e) => (
+                    Usage {
+                        calls: 1,
+                        ..Usage::default()
+                    },
+                    None,
+                    Some(crate::secrets::scrub(&e.to_string()).into_owned()),
+                ),
+            };
+            self.events.send(Event::ModelEnd {
+                node: self.node.name.clone(),
+                task_id: self.task_id.to_string(),
+                call_id,
+                profile: name.to_string(),
+                model: result.as_ref().ok().and_then(|r| r.model.clone()).unwrap_or(model),
+                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                usage,
+                reply,
+                error,
+            });
+        }
+        result
+    }
+
     /// The node's own `timeout` (the limit of each attempt), if it has one.
     pub fn timeout(&self) -> Option<std::time::Duration> {
         self.node.timeout
@@ -260,6 +344,15 @@ impl NodeCtx<'_> {
             validators: &validators,
         };
         execute(&ctx).await
+    }
+}
+
+/// The name of a profile's API, as events and traces say it.
+fn provider_name(kind: crate::spec::Provider) -> &'static str {
+    match kind {
+        crate::spec::Provider::Openai => "openai",
+        crate::spec::Provider::Anthropic => "anthropic",
+        crate::spec::Provider::Mock => "mock",
     }
 }
 

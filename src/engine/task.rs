@@ -85,6 +85,9 @@ pub(super) async fn run(
             step,
             node: node.name.clone(),
             task_id: task_id.clone(),
+            item: item
+                .as_ref()
+                .map(|i| super::events::bounded(i, super::events::PAYLOAD_LIMIT).0),
         });
     }
     if let Some(e) = spent {

@@ -14,6 +14,7 @@ mod trace;
 mod web;
 
 pub use guard::AllowList;
+pub(crate) use trace::redacted_url;
 pub use web::{FetchError, FetchOptions, Oversize, Request, Response, Web, WebConfig, host_of};
 
 use std::sync::Once;

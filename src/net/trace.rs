@@ -51,7 +51,7 @@ pub(super) fn response(span: &Span, result: &Result<Response, FetchError>) {
 }
 
 /// `raw` with its credentials replaced by `REDACTED`.
-pub(super) fn redacted_url(raw: &str) -> String {
+pub(crate) fn redacted_url(raw: &str) -> String {
     const REDACTED: &str = "REDACTED";
     let Ok(mut url) = Url::parse(raw) else {
         return crate::secrets::scrub(raw).into_owned();

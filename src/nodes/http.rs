@@ -231,14 +231,26 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         e.message.push_str(&read_from(env, &vars));
         e
     };
-    let resp = ctx
-        .services
-        .web
-        .fetch(req, &opts)
-        .await
-        .map_err(named)?
-        .error_for_status()
-        .map_err(named)?;
+    let shown_url = crate::net::redacted_url(&req.url);
+    let started = std::time::Instant::now();
+    let fetched = ctx.services.web.fetch(req, &opts).await;
+    if ctx.events.is_on() {
+        let (status, bytes, error) = match &fetched {
+            Ok(r) => (Some(r.status), r.body.len() as u64, None),
+            Err(e) => (None, 0, Some(crate::secrets::scrub_string(e.message.clone()))),
+        };
+        ctx.events.send(crate::engine::events::Event::Http {
+            node: ctx.node.name.clone(),
+            task_id: ctx.task_id.to_string(),
+            method: method.to_string(),
+            url: shown_url,
+            status,
+            duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+            bytes,
+            error,
+        });
+    }
+    let resp = fetched.map_err(named)?.error_for_status().map_err(named)?;
     let is_json = resp
         .content_type()
         .map(|ct| {

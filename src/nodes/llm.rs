@@ -17,7 +17,7 @@ use crate::engine::events::Event;
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::engine::values;
 use crate::error_class::ErrorClass;
-use crate::providers::{ChatRequest, Message, Usage, price};
+use crate::providers::{ChatRequest, Message, Usage};
 use crate::spec::{JsonSchemaDoc, TextSource};
 
 mod cut;
@@ -397,7 +397,9 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
         } else {
             None
         };
-        let reply = provider.chat(request.clone(), tokens).await;
+        let reply = ctx
+            .chat(&*provider, profile_name, profile, request.clone(), tokens)
+            .await;
         if tokens.is_some() {
             send(scrubber.finish());
         }
@@ -436,10 +438,8 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             }
             .spent(spent)
         })?;
-        let mut call_usage = reply.usage;
-        call_usage.calls = call_usage.calls.max(1);
-        price(profile, &mut call_usage);
-        usage.add(&call_usage);
+        // Priced, and counted as a call, by `NodeCtx::chat`.
+        usage.add(&reply.usage);
         // A reply that calls tools is for the workflow to act on, whatever the format; a text
         // node offered tools answers in that shape even without calls.
         if !reply.tool_calls.is_empty() || (config.tools && !json) {

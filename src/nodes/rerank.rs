@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::NodeCtx;
 use super::retrieve::{Rerank, RerankName};
 use crate::net::{AllowList, FetchOptions, Oversize, Request, Web};
-use crate::providers::{ChatRequest, Message, Usage, price};
+use crate::providers::{ChatRequest, Message, Usage};
 use crate::rag::search::{ChunkRow, Hit};
 
 /// A hit in its final order, with the score that ordered it.
@@ -113,13 +113,11 @@ async fn by_llm(
         max_tokens: Some(64 + 16 * hits.len() as u32),
         ..ChatRequest::default()
     };
-    let reply = provider
-        .chat(request, None)
+    let reply = ctx
+        .chat(&*provider, profile_name, profile, request, None)
         .await
         .map_err(|e| format!("llm reranker: {e}"))?;
-    let mut call = reply.usage;
-    price(profile, &mut call);
-    usage.add(&call);
+    usage.add(&reply.usage);
     parse_scores(&reply.text, hits.len()).ok_or_else(|| {
         let shown = crate::secrets::excerpt(&reply.text, 200);
         format!("llm reranker: no scores in the reply {shown:?}")

@@ -40,6 +40,7 @@ use super::{NodeCtx, NodeError, NodeFailure, NodeOutput, text_of, value};
 use crate::compile::kind::{KindConfig, KindCx, KindDecl, Shape, Tool, ToolRun};
 use crate::compile::{ExprId, PlanNode};
 use crate::diag::Code;
+use crate::engine::events::{Event, PAYLOAD_LIMIT, bounded};
 use crate::engine::kind::{Attempt, NodeKind};
 use crate::engine::values::to_jinja;
 use crate::engine::{Start, Status};
@@ -455,10 +456,42 @@ async fn answer(
     if !span.is_disabled() {
         span.record("otel.name", format!("execute_tool {}", call.name));
     }
+    let on = ctx.events.is_on();
+    if on {
+        let args =
+            serde_json::from_str::<Value>(&call.arguments).unwrap_or_else(|_| Value::String(call.arguments.clone()));
+        ctx.events.send(Event::ToolStart {
+            node: ctx.node.name.clone(),
+            task_id: ctx.task_id.to_string(),
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            args: bounded(&crate::secrets::scrub_value(args), PAYLOAD_LIMIT).0,
+        });
+    }
+    let started = std::time::Instant::now();
     let result = tracing::Instrument::instrument(call_tool(ctx, mcp, config, call), span.clone()).await;
     if let Err(e) = &result {
         span.record("error.type", e.class.name());
         span.record("otel.status_code", "ERROR");
+    }
+    if on {
+        let (result, error) = match &result {
+            // Scrubbed of known secrets, as every node output is before the engine sees it.
+            Ok(out) => (
+                bounded(&crate::secrets::scrub_value(out.output.clone()), PAYLOAD_LIMIT).0,
+                None,
+            ),
+            Err(e) => (Value::Null, Some(crate::secrets::scrub_string(e.message.clone()))),
+        };
+        ctx.events.send(Event::ToolEnd {
+            node: ctx.node.name.clone(),
+            task_id: ctx.task_id.to_string(),
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+            result,
+            error,
+        });
     }
     match result {
         Ok(out) => Ok((message(text_of(&out.output), "success"), out.usage)),

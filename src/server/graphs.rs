@@ -1,7 +1,8 @@
 //! The served workflows: one graph per workflow file of the folder (and per file of its
 //! subfolders that declares `serve:`), each with LangGraph's system assistant (id
 //! `uuid5(NAMESPACE, graph_id)`), its picture and its schemas, and its own routes; reloaded
-//! from the folder on demand (SIGHUP).
+//! from the folder on demand (SIGHUP, or `runner dev`'s watcher). `GET /runner/workflows` says
+//! what is served and why a file is not (its diagnostics, with file, line and column).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -39,18 +40,32 @@ pub struct Graph {
     loaded_at: String,
     /// Its assistant's `version`: 1, plus one for every reload that changed it.
     version: u64,
-    /// The workflow's text when it was compiled: a reload that finds the same text keeps the
-    /// graph as it is.
-    source: String,
+    /// Every file its compilation read: the workflow, its imports and subgraphs, its prompts.
+    files: Vec<PathBuf>,
 }
 
 /// A workflow file that is not served, and why: in short (`does not validate`), and in full
 /// (its diagnostics, rendered).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Rejected {
     pub path: PathBuf,
     pub reason: &'static str,
     pub why: String,
+    /// The diagnostics as data: `{code, severity, message, file, line, col, help?}`.
+    pub diagnostics: Vec<Value>,
+    /// Every file its compilation read.
+    pub files: Vec<PathBuf>,
+}
+
+/// What the last load or reload of the folder found.
+#[derive(Debug, Default)]
+struct Loaded {
+    /// The folder served.
+    dir: PathBuf,
+    rejected: Vec<Rejected>,
+    /// Of `rejected`, those whose previous version is still served.
+    kept: Vec<PathBuf>,
+    at: String,
 }
 
 /// Every served graph, in file-name order. A run holds the graph it started with: a reload
@@ -58,6 +73,7 @@ pub struct Rejected {
 #[derive(Default)]
 pub struct Graphs {
     graphs: RwLock<Vec<Arc<Graph>>>,
+    loaded: RwLock<Loaded>,
 }
 
 /// What a reload changed.
@@ -88,6 +104,65 @@ impl Graphs {
     /// The graph whose workflow file a thread records.
     pub(crate) fn of_workflow(&self, workflow: &str) -> Option<Arc<Graph>> {
         self.all().into_iter().find(|g| g.path.as_os_str() == workflow)
+    }
+
+    /// Every file the served and rejected workflows' compilations read, and the folder's
+    /// files: what a change to should reload the folder.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self.all().iter().flat_map(|g| g.files.clone()).collect();
+        let loaded = self.loaded.read().unwrap_or_else(|p| p.into_inner());
+        files.extend(loaded.rejected.iter().flat_map(|r| r.files.clone()));
+        files.sort();
+        files.dedup();
+        files
+    }
+
+    /// `GET /runner/workflows`: what is served, what is not and why, when the folder was
+    /// last read; `dev` says whether a watcher reloads it.
+    pub(crate) fn report(&self, dev: bool) -> Value {
+        let loaded = self.loaded.read().unwrap_or_else(|p| p.into_inner());
+        let shown = |path: &Path| shown_path(&loaded.dir, path);
+        let graphs: Vec<Value> = self
+            .all()
+            .iter()
+            .map(|g| {
+                let mut v = json!({"graph_id": g.graph_id, "assistant_id": g.assistant_id,
+                                   "file": shown(&g.path), "name": g.plan.name(), "version": g.version});
+                if let Some(d) = g.plan.description() {
+                    v["description"] = json!(d);
+                }
+                v
+            })
+            .collect();
+        let rejected: Vec<Value> = loaded
+            .rejected
+            .iter()
+            .map(|r| {
+                let diagnostics: Vec<Value> = r
+                    .diagnostics
+                    .iter()
+                    .map(|d| {
+                        let mut d = d.clone();
+                        if let Some(file) = d.get("file").and_then(Value::as_str) {
+                            d["file"] = json!(shown(Path::new(file)));
+                        }
+                        d
+                    })
+                    .collect();
+                json!({"file": shown(&r.path), "reason": r.reason, "diagnostics": diagnostics,
+                       "previous_version_served": loaded.kept.contains(&r.path)})
+            })
+            .collect();
+        json!({"graphs": graphs, "rejected": rejected, "reloaded_at": loaded.at, "dev": dev})
+    }
+
+    fn record(&self, dir: &Path, rejected: &[Rejected], kept: Vec<PathBuf>) {
+        *self.loaded.write().unwrap_or_else(|p| p.into_inner()) = Loaded {
+            dir: std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()),
+            rejected: rejected.to_vec(),
+            kept,
+            at: crate::clock::now(),
+        };
     }
 
     pub fn ids(&self) -> Vec<String> {
@@ -121,7 +196,9 @@ impl Graphs {
         let mut next: Vec<Arc<Graph>> = Vec::new();
         for g in fresh.all() {
             match old.iter().find(|o| o.graph_id == g.graph_id) {
-                Some(o) if o.source == g.source => next.push(o.clone()),
+                // The plan's hash covers what it was compiled from: the workflow, its imports,
+                // subgraphs, prompts and schema files. The same hash keeps the graph as it is.
+                Some(o) if o.plan.hash() == g.plan.hash() => next.push(o.clone()),
                 Some(o) => {
                     report.changed.push(g.graph_id.clone());
                     next.push(Arc::new(Graph {
@@ -132,7 +209,7 @@ impl Graphs {
                         created_at: o.created_at.clone(),
                         loaded_at: g.loaded_at.clone(),
                         version: o.version + 1,
-                        source: g.source.clone(),
+                        files: g.files.clone(),
                     }));
                 }
                 None => {
@@ -155,6 +232,7 @@ impl Graphs {
         }
         next.sort_by(|a, b| a.path.cmp(&b.path));
         *self.graphs.write().unwrap_or_else(|p| p.into_inner()) = next;
+        self.record(dir, &report.rejected, report.kept.clone());
         Ok(report)
     }
 }
@@ -217,30 +295,36 @@ pub(super) fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {
     let mut rejected = Vec::new();
     for (graph_id, file) in files {
         let path = std::fs::canonicalize(&file).unwrap_or(file);
-        let source = std::fs::read_to_string(&path).unwrap_or_default();
         let (plan, result) = crate::compile::compile_file(&path, &kinds);
+        let mut files: Vec<PathBuf> = result.files.paths().map(Path::to_path_buf).collect();
+        if !files.contains(&path) {
+            files.push(path.clone());
+        }
         let Some(plan) = plan else {
             rejected.push(Rejected {
                 reason: "does not validate",
                 why: diag::render(&result.diagnostics, &result.files, Format::Human),
+                diagnostics: diagnostics(&result.diagnostics),
+                files,
                 path,
             });
             continue;
         };
+        let clash = |why: String, path: PathBuf, files: Vec<PathBuf>| Rejected {
+            reason: "clashes with another served workflow",
+            diagnostics: vec![json!({"code": "clash", "severity": "error", "message": why,
+                                     "file": path.display().to_string(), "line": null, "col": null})],
+            why: format!("  {why}\n"),
+            files,
+            path,
+        };
         if let Some(other) = graphs.iter().find(|g| g.graph_id == graph_id) {
-            rejected.push(Rejected {
-                reason: "clashes with another served workflow",
-                why: format!("  its graph id `{graph_id}` is {}'s already\n", other.path.display()),
-                path,
-            });
+            let why = format!("its graph id `{graph_id}` is {}'s already", other.path.display());
+            rejected.push(clash(why, path, files));
             continue;
         }
         if let Some(why) = route_clash(&graphs, &plan) {
-            rejected.push(Rejected {
-                reason: "clashes with another served workflow",
-                why: format!("  {why}\n"),
-                path,
-            });
+            rejected.push(clash(why, path, files));
             continue;
         }
         let now = crate::clock::now();
@@ -252,15 +336,48 @@ pub(super) fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {
             created_at: now.clone(),
             loaded_at: now,
             version: 1,
-            source,
+            files,
         }));
     }
-    Ok((
-        Graphs {
-            graphs: RwLock::new(graphs),
-        },
-        rejected,
-    ))
+    let loaded = Graphs {
+        graphs: RwLock::new(graphs),
+        loaded: RwLock::default(),
+    };
+    loaded.record(dir, &rejected, Vec::new());
+    Ok((loaded, rejected))
+}
+
+/// The diagnostics of a file that does not validate, as `GET /runner/workflows` shows them.
+fn diagnostics(diags: &[diag::Diagnostic]) -> Vec<Value> {
+    diag::render_json_value(diags)["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            let mut v = json!({
+                "code": d["code"], "severity": d["severity"], "message": d["message"], "file": d["file"],
+                "line": d["line"], "col": d["column"],
+            });
+            if !d["help"].is_null() {
+                v["help"] = d["help"].clone();
+            }
+            v
+        })
+        .collect()
+}
+
+/// `path` below the served folder `dir` when it is there (`chain.yaml`), else as it is.
+fn shown_path(dir: &Path, path: &Path) -> String {
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    canonical
+        .strip_prefix(dir)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| path.display().to_string())
+}
+
+/// `GET /runner/workflows`.
+pub(super) async fn workflows(State(app): State<Shared>) -> Json<Value> {
+    Json(app.graphs.report(app.dev))
 }
 
 /// Why `plan`'s routes cannot be served beside `graphs`': one of them answers a request
@@ -347,50 +464,22 @@ pub(super) async fn get_assistant(
     Ok(Json(assistant(&g)))
 }
 
-/// LangGraph's node name for a plan's start and end.
-fn node_id(name: &str) -> &str {
-    match name {
-        "START" => "__start__",
-        "END" => "__end__",
-        n => n,
-    }
+#[derive(Deserialize)]
+pub(super) struct GraphQuery {
+    xray: Option<String>,
 }
 
-/// The plan as LangGraph draws a graph: `{nodes: [{id, type, data}], edges: [{source, target,
-/// conditional}]}`, from the same picture `runner graph --format json` prints.
+/// The plan as LangGraph draws a graph (`{nodes, edges}`, [`crate::compile::picture::langgraph_json`]);
+/// `?xray=true` (or a depth) expands its subgraphs, as LangGraph's server does.
 pub(super) async fn get_graph(
     State(app): State<Shared>,
     UrlPath(id): UrlPath<String>,
+    Query(q): Query<GraphQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let g = find(&app, &id)?;
-    let picture = crate::compile::picture::json_value(&g.plan);
-    // The picture names the plan's nodes; LangGraph draws its start and end as nodes too.
-    let schema = |id: &str| json!({"id": id, "type": "schema", "data": id});
-    let mut nodes = vec![schema("__start__")];
-    nodes.extend(picture["nodes"].as_array().into_iter().flatten().map(|n| {
-        let name = n["name"].as_str().unwrap_or_default();
-        json!({"id": name, "type": "runnable", "data": {"id": ["runner", n["kind"]], "name": name}})
-    }));
-    nodes.push(schema("__end__"));
-    let edges: Vec<Value> = picture["edges"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|e| {
-            let mut edge = json!({
-                "source": node_id(e["from"].as_str().unwrap_or_default()),
-                "target": node_id(e["to"].as_str().unwrap_or_default()),
-            });
-            if e["kind"] != "static" {
-                edge["conditional"] = json!(true);
-            }
-            if let Some(label) = e["label"].as_str() {
-                edge["data"] = json!(label);
-            }
-            edge
-        })
-        .collect();
-    Ok(Json(json!({"nodes": nodes, "edges": edges})))
+    let xray = crate::compile::picture::Xray::parse(q.xray.as_deref().unwrap_or_default())
+        .ok_or_else(|| ApiError::invalid("Invalid xray value"))?;
+    Ok(Json(crate::compile::picture::langgraph_json(&g.plan, xray)))
 }
 
 /// The input, output, state and context schemas of the workflow.

@@ -70,7 +70,7 @@ pub(crate) struct Metrics {
     streams: AtomicI64,
     /// Each superstep, from its start to its checkpoint.
     pub steps: Histogram,
-    /// Each task that called a model, from its start to its end.
+    /// Each model call, from its request to its reply (or failure).
     pub model_calls: Histogram,
 }
 
@@ -120,7 +120,7 @@ fn render(app: &Shared) -> String {
     m.model_calls.render(
         &mut out,
         "runner_llm_duration_seconds",
-        "Tasks that called a model, from start to end.",
+        "Model calls, from request to reply or failure.",
     );
     out
 }

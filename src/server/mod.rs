@@ -20,6 +20,7 @@
 //! - `translate.rs`: how a run's engine events become the stream modes' events;
 //! - `store.rs`: the store endpoints, over the data store `store` nodes use;
 //! - `metrics.rs`: `GET /metrics` in Prometheus's text format;
+//! - `traces.rs`: runs' traces and threads' usage (runner's additions, for its Studio page);
 //! - `conn.rs`: connections accepted and served (HTTP/1.1), closed when idle or too slow, and
 //!   ended gracefully;
 //! - `http.rs`: `{"detail": …}` errors (the run manager's mapped in one place), JSON bodies,
@@ -40,6 +41,7 @@ mod runs;
 mod sse;
 mod store;
 mod threads;
+mod traces;
 mod translate;
 mod ttl;
 
@@ -79,6 +81,8 @@ pub(crate) struct App {
     metrics: metrics::Metrics,
     /// Threads' time to live: the default, and how often expired threads are swept.
     ttls: ThreadTtls,
+    /// Served by `runner dev`: a watcher reloads the folder as its files change.
+    dev: bool,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -146,8 +150,17 @@ impl Server {
                 slots: workers,
                 api_key,
                 ttls,
+                dev: false,
             }),
         })
+    }
+
+    /// The same server, saying that a watcher reloads its folder (`runner dev`).
+    pub fn dev(mut self) -> Server {
+        if let Some(app) = Arc::get_mut(&mut self.app) {
+            app.dev = true;
+        }
+        self
     }
 
     /// Starts this process's worker, if it has one: it claims runs until `stop` turns true,
@@ -263,6 +276,11 @@ impl Reloader {
     pub fn reload(&self, dir: &Path) -> std::io::Result<Reloaded> {
         self.app.graphs.reload(dir)
     }
+
+    /// Every file the served (and rejected) workflows' compilations read.
+    pub fn files(&self) -> Vec<std::path::PathBuf> {
+        self.app.graphs.files()
+    }
 }
 
 /// Loads every workflow of `dir`: the graphs that compile, and why the others do not.
@@ -306,6 +324,9 @@ fn router(app: Shared) -> Router {
         .route("/threads/{id}/runs/{run_id}/join", get(control::join))
         .route("/threads/{id}/runs/{run_id}/stream", get(control::join_stream))
         .route("/threads/{id}/runs/{run_id}/cancel", post(control::cancel))
+        .route("/threads/{id}/runs/{run_id}/trace", get(traces::run_trace))
+        .route("/threads/{id}/usage", get(traces::thread_usage))
+        .route("/runner/workflows", get(graphs::workflows))
         .route("/runs/stream", post(runs::stream_stateless))
         .route("/runs/wait", post(runs::wait_stateless))
         .route("/runs", post(control::create_stateless))

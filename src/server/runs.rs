@@ -245,6 +245,21 @@ fn run_info(row: &RunRow, graph: &Graph, new_input: bool) -> RunInfo {
         metadata: manager::checkpoint_metadata(row),
         configurable,
         new_input,
+        input: run_input(&row.kwargs),
+    }
+}
+
+/// What a run was given, as its `events` stream's first chain says: its input, or its command
+/// as LangGraph's `Command`.
+fn run_input(kwargs: &Value) -> Value {
+    match kwargs.get("command").filter(|c| c.is_object()) {
+        Some(c) => json!({
+            "graph": null,
+            "update": c.get("update").cloned().unwrap_or(Value::Null),
+            "resume": c.get("resume").cloned().unwrap_or(Value::Null),
+            "goto": c.get("goto").cloned().unwrap_or(Value::Null),
+        }),
+        None => kwargs.get("input").cloned().unwrap_or(Value::Null),
     }
 }
 

@@ -78,9 +78,8 @@ pub(crate) fn frame(event: &str, data: &Value, id: Option<usize>) -> Bytes {
     Bytes::from(out)
 }
 
-/// The stream modes the reference server takes. `events` (LangChain's callback events) is
-/// accepted and produces no events; `tools` and `lifecycle`, which newer LangGraph libraries
-/// name, are refused as the reference server refuses them.
+/// The stream modes the reference server takes; `tools` and `lifecycle`, which newer
+/// LangGraph libraries name, are refused as the reference server refuses them.
 const KNOWN: &[&str] = &[
     "values",
     "updates",
@@ -110,6 +109,8 @@ pub(crate) struct Modes {
     pub checkpoints: bool,
     /// Checkpoints, task starts and task results wrapped as `{step, timestamp, type, payload}`.
     pub debug: bool,
+    /// LangChain's callback events (`astream_events` v2): chains, model calls, tool calls.
+    pub events: bool,
     /// Events from inside subgraphs too, namespaced.
     pub subgraphs: bool,
 }
@@ -140,6 +141,7 @@ impl Modes {
                 "tasks" => modes.tasks = true,
                 "checkpoints" => modes.checkpoints = true,
                 "debug" => modes.debug = true,
+                "events" => modes.events = true,
                 n if KNOWN.contains(&n) => {}
                 n => return Err(format!("unknown stream_mode `{n}`; known: {}", KNOWN.join(", "))),
             }

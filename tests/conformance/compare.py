@@ -1,8 +1,9 @@
 """Compares what the two servers answered to the same scenarios (the drivers' records), after
 normalising what is expected to differ between any two runs: ids (thread, run, checkpoint,
-task, message and interrupt ids, each kind numbered in the order it first appears) and
-timestamps; an error answer is compared by its status and shape (its `detail` is any text).
-Nothing else is normalised.
+task, message and interrupt ids, each kind numbered in the order it first appears; the run
+ids of an `events` mode event's `parent_ids` too) and timestamps; an error answer is compared
+by its status and shape (its `detail` is any text); a graph drawing's nodes and edges, which
+are sets, in one order (by id, by source and target). Nothing else is normalised.
 
     python compare.py REFERENCE.json RUNNER.json DIFFERENCES.yaml [--sdk NAME] [--report OUT.json]
 
@@ -84,6 +85,9 @@ def normalise(value, ids, key=None, parent=None):
                 out[k] = ids(kind, v)
             elif k in ("checkpoint_ns", "langgraph_checkpoint_ns"):
                 out[k] = ids.namespace(v)
+            elif k == "parent_ids" and isinstance(v, list):
+                # The runs around an `events` mode event, outermost first.
+                out[k] = [ids("run", r) for r in v]
             elif k in ("parents", "checkpoint_map") and isinstance(v, dict):
                 # Namespace -> checkpoint id.
                 out[k] = {ids.namespace(n): ids("checkpoint", c) for n, c in sorted(v.items())}
@@ -107,12 +111,19 @@ def normalise(value, ids, key=None, parent=None):
 
 
 def shapes(records):
-    """Error answers compared by status and shape: a `detail` is any text."""
+    """Error answers compared by status and shape: a `detail` is any text. A graph drawing's
+    nodes and edges are sets: sorted (by id; by source, then target)."""
     out = []
     for r in records:
         body = r.get("error", {}).get("body") if isinstance(r.get("error"), dict) else None
         if isinstance(body, dict) and isinstance(body.get("detail"), str):
             r = {**r, "error": {**r["error"], "body": {**body, "detail": "<detail>"}}}
+        result = r.get("result")
+        if r.get("op") == "assistants.get_graph" and isinstance(result, dict):
+            result = {**result,
+                      "nodes": sorted(result.get("nodes", []), key=lambda n: str(n.get("id"))),
+                      "edges": sorted(result.get("edges", []), key=lambda e: (str(e.get("source")), str(e.get("target"))))}
+            r = {**r, "result": result}
         out.append(r)
     return out
 
@@ -144,20 +155,28 @@ def diff(path, ref, run, out):
         out.append((path, "value", ref, run))
 
 
+def name_of(e):
+    """A stream event's name; an `events` mode event's with its callback event's
+    (`events:on_chat_model_start`), which paths then name too."""
+    if e["event"] == "events" and isinstance(e.get("data"), dict) and isinstance(e["data"].get("event"), str):
+        return f"events:{e['data']['event']}"
+    return e["event"]
+
+
 def events(path, ref, run, out):
     """A stream's events aligned by name first, so that one event more or less is reported
     as that, not as every later event differing."""
-    names = lambda evs: [e["event"] for e in evs]
+    names = lambda evs: [name_of(e) for e in evs]
     matcher = difflib.SequenceMatcher(a=names(ref), b=names(run), autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
             for k in range(i2 - i1):
-                diff(f"{path}[{i1 + k}:{ref[i1 + k]['event']}]", ref[i1 + k], run[j1 + k], out)
+                diff(f"{path}[{i1 + k}:{name_of(ref[i1 + k])}]", ref[i1 + k], run[j1 + k], out)
         else:
             for k in range(i1, i2):
-                out.append((f"{path}[{k}:{ref[k]['event']}]", "missing event", ref[k], None))
+                out.append((f"{path}[{k}:{name_of(ref[k])}]", "missing event", ref[k], None))
             for k in range(j1, j2):
-                out.append((f"{path}[+{k}:{run[k]['event']}]", "extra event", None, run[k]))
+                out.append((f"{path}[+{k}:{name_of(run[k])}]", "extra event", None, run[k]))
 
 
 def glob(pattern: str, text: str) -> bool:

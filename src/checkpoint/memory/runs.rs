@@ -1,16 +1,17 @@
-//! The in-memory [`RunStore`]: runs and thread metadata in maps under one lock.
+//! The in-memory [`RunStore`]: runs, their traces and thread metadata in maps under one lock.
 
 use serde_json::Value;
 
 use super::MemoryCheckpointer;
 use crate::checkpoint::Result;
-use crate::checkpoint::runs::{RunRow, RunStatus, RunStore, ThreadMeta};
+use crate::checkpoint::runs::{RunRow, RunStatus, RunStore, ThreadMeta, TraceRow};
 
 /// The in-memory store's runs and thread metadata.
 #[derive(Debug, Default)]
 pub(super) struct Memory {
     runs: std::collections::BTreeMap<String, RunRow>,
     threads: std::collections::HashMap<String, ThreadMeta>,
+    traces: std::collections::BTreeMap<String, TraceRow>,
 }
 
 impl RunStore for MemoryCheckpointer {
@@ -51,7 +52,9 @@ impl RunStore for MemoryCheckpointer {
     }
 
     fn delete_run(&self, run_id: &str) -> Result<bool> {
-        Ok(self.lock_runs()?.runs.remove(run_id).is_some())
+        let mut m = self.lock_runs()?;
+        m.traces.remove(run_id);
+        Ok(m.runs.remove(run_id).is_some())
     }
 
     fn put_thread_meta(&self, meta: &ThreadMeta) -> Result<()> {
@@ -79,7 +82,27 @@ impl RunStore for MemoryCheckpointer {
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()> {
         let mut m = self.lock_runs()?;
         m.runs.retain(|_, r| r.thread_id != thread_id);
+        m.traces.retain(|_, t| t.thread_id != thread_id);
         m.threads.remove(thread_id);
         Ok(())
+    }
+
+    fn put_trace(&self, trace: &TraceRow) -> Result<()> {
+        self.lock_runs()?.traces.insert(trace.run_id.clone(), trace.clone());
+        Ok(())
+    }
+
+    fn get_trace(&self, run_id: &str) -> Result<Option<TraceRow>> {
+        Ok(self.lock_runs()?.traces.get(run_id).cloned())
+    }
+
+    fn list_traces(&self, thread_id: &str) -> Result<Vec<TraceRow>> {
+        Ok(self
+            .lock_runs()?
+            .traces
+            .values()
+            .filter(|t| t.thread_id == thread_id)
+            .cloned()
+            .collect())
     }
 }

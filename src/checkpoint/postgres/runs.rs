@@ -1,12 +1,14 @@
-//! The PostgreSQL [`RunStore`]: the `runs` and `thread_meta` tables and their SQL. The rows'
-//! shape is the format's ([`RunText`], [`ThreadMetaText`]).
+//! The PostgreSQL [`RunStore`]: the `runs`, `run_traces` and `thread_meta` tables and their
+//! SQL. The rows' shape is the format's ([`RunText`], [`TraceText`], [`ThreadMetaText`]).
 
 use serde_json::Value;
 use tokio_postgres::Row;
 
 use super::PostgresCheckpointer;
 use crate::checkpoint::Result;
-use crate::checkpoint::runs::{RunRow, RunStatus, RunStore, RunText, ThreadMeta, ThreadMetaText, json_text};
+use crate::checkpoint::runs::{
+    RunRow, RunStatus, RunStore, RunText, ThreadMeta, ThreadMetaText, TraceRow, TraceText, json_text,
+};
 
 const RUN_COLS: &str = "run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs, \
                         multitask_strategy, metadata, error, event_ids";
@@ -164,7 +166,8 @@ impl RunStore for PostgresCheckpointer {
 
     fn delete_run(&self, run_id: &str) -> Result<bool> {
         Ok(self.execute(
-            "WITH logged AS (DELETE FROM run_events WHERE run_id = $1) DELETE FROM runs WHERE run_id = $1",
+            "WITH logged AS (DELETE FROM run_events WHERE run_id = $1), traced AS (DELETE FROM run_traces WHERE \
+             run_id = $1) DELETE FROM runs WHERE run_id = $1",
             vec![text(run_id)],
         )? > 0)
     }
@@ -239,10 +242,57 @@ impl RunStore for PostgresCheckpointer {
             .await?;
             tx.execute("DELETE FROM runs WHERE thread_id = $1", &[&thread_id])
                 .await?;
+            tx.execute("DELETE FROM run_traces WHERE thread_id = $1", &[&thread_id])
+                .await?;
             tx.execute("DELETE FROM thread_meta WHERE thread_id = $1", &[&thread_id])
                 .await?;
             tx.commit().await?;
             Ok(())
         })
     }
+
+    fn put_trace(&self, trace: &TraceRow) -> Result<()> {
+        let v = TraceText::from_trace(trace)?;
+        self.execute(
+            "INSERT INTO run_traces (run_id, thread_id, trace, usage, updated_at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (run_id) DO UPDATE SET thread_id = excluded.thread_id, trace = excluded.trace, \
+             usage = excluded.usage, updated_at = excluded.updated_at",
+            vec![
+                Param::Text(v.run_id),
+                Param::Text(v.thread_id),
+                Param::Text(v.trace),
+                Param::Text(v.usage),
+                Param::Text(v.updated_at),
+            ],
+        )
+        .map(|_| ())
+    }
+
+    fn get_trace(&self, run_id: &str) -> Result<Option<TraceRow>> {
+        let rows = self.query(
+            format!("SELECT {TRACE_COLS} FROM run_traces WHERE run_id = $1"),
+            vec![text(run_id)],
+        )?;
+        rows.first().map(|r| trace_from_row(r)?.into_trace()).transpose()
+    }
+
+    fn list_traces(&self, thread_id: &str) -> Result<Vec<TraceRow>> {
+        let rows = self.query(
+            format!("SELECT {TRACE_COLS} FROM run_traces WHERE thread_id = $1 ORDER BY run_id"),
+            vec![text(thread_id)],
+        )?;
+        rows.iter().map(|r| trace_from_row(r)?.into_trace()).collect()
+    }
+}
+
+const TRACE_COLS: &str = "run_id, thread_id, trace, usage, updated_at";
+
+fn trace_from_row(r: &Row) -> Result<TraceText> {
+    Ok(TraceText {
+        run_id: r.try_get(0)?,
+        thread_id: r.try_get(1)?,
+        trace: r.try_get(2)?,
+        usage: r.try_get(3)?,
+        updated_at: r.try_get(4)?,
+    })
 }

@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Version 1.
 const V1: &str = "
@@ -137,9 +137,22 @@ ALTER TABLE thread_meta ADD COLUMN ttl text, ADD COLUMN expires_at bigint;
 CREATE INDEX thread_meta_by_expiry ON thread_meta (expires_at) WHERE expires_at IS NOT NULL;
 ";
 
+/// Version 3: each run's trace (`GET …/runs/{run_id}/trace`), kept beside its row, and what
+/// it spent, which a thread's usage sums.
+const V3: &str = "
+CREATE TABLE run_traces (
+    run_id text PRIMARY KEY,
+    thread_id text NOT NULL,
+    trace text NOT NULL,
+    usage text NOT NULL,
+    updated_at text NOT NULL
+);
+CREATE INDEX run_traces_by_thread ON run_traces (thread_id, run_id);
+";
+
 /// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
 /// `n + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found

@@ -1,7 +1,8 @@
-//! The SQLite [`RunStore`]: the `runs` and `thread_meta` tables and their SQL. The rows' shape
-//! is the format's ([`RunText`], [`ThreadMetaText`]). The tables are additive (`CREATE TABLE IF
-//! NOT EXISTS` on every open, as `leases`): files written by earlier builds gain them without a
-//! schema version change, and those builds ignore them.
+//! The SQLite [`RunStore`]: the `runs`, `run_traces` and `thread_meta` tables and their SQL.
+//! The rows' shape is the format's ([`RunText`], [`TraceText`], [`ThreadMetaText`]). The
+//! tables are additive (`CREATE TABLE IF NOT EXISTS` on every open, as `leases`): files written
+//! by earlier builds gain them without a schema version change, and those builds ignore them
+//! (a version change would make every older build refuse the file for a table it never reads).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,9 @@ use serde_json::Value;
 
 use super::SqliteCheckpointer;
 use crate::checkpoint::Result;
-use crate::checkpoint::runs::{RunRow, RunStatus, RunStore, RunText, ThreadMeta, ThreadMetaText, json_text};
+use crate::checkpoint::runs::{
+    RunRow, RunStatus, RunStore, RunText, ThreadMeta, ThreadMetaText, TraceRow, TraceText, json_text,
+};
 
 /// Applied on every open (see the module doc).
 pub(super) const SCHEMA: &str = "
@@ -42,6 +45,15 @@ CREATE TABLE IF NOT EXISTS thread_meta (
     ttl TEXT,
     expires_at INTEGER
 ) STRICT;
+CREATE TABLE IF NOT EXISTS run_traces (
+    run_id TEXT PRIMARY KEY NOT NULL,
+    thread_id TEXT NOT NULL,
+    -- JSON: the trace, and what the run spent.
+    trace TEXT NOT NULL,
+    usage TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS run_traces_by_thread ON run_traces (thread_id, run_id);
 ";
 
 /// The columns `thread_meta` gained after it was first made: added to a file that lacks them
@@ -175,6 +187,8 @@ impl RunStore for SqliteCheckpointer {
         self.exec(Box::new(move |conn: &Connection| {
             conn.prepare_cached("DELETE FROM runs WHERE run_id = ?1")?
                 .execute([&run_id])?;
+            conn.prepare_cached("DELETE FROM run_traces WHERE run_id = ?1")?
+                .execute([&run_id])?;
             Ok(())
         }))?;
         Ok(existed)
@@ -257,9 +271,55 @@ impl RunStore for SqliteCheckpointer {
         self.exec(Box::new(move |conn: &Connection| {
             conn.prepare_cached("DELETE FROM runs WHERE thread_id = ?1")?
                 .execute([&thread_id])?;
+            conn.prepare_cached("DELETE FROM run_traces WHERE thread_id = ?1")?
+                .execute([&thread_id])?;
             conn.prepare_cached("DELETE FROM thread_meta WHERE thread_id = ?1")?
                 .execute([&thread_id])?;
             Ok(())
         }))
     }
+
+    fn put_trace(&self, trace: &TraceRow) -> Result<()> {
+        let v = TraceText::from_trace(trace)?;
+        self.exec(Box::new(move |conn: &Connection| {
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO run_traces (run_id, thread_id, trace, usage, updated_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![v.run_id, v.thread_id, v.trace, v.usage, v.updated_at])?;
+            Ok(())
+        }))
+    }
+
+    fn get_trace(&self, run_id: &str) -> Result<Option<TraceRow>> {
+        let raw = self.read(|tx| {
+            Ok(tx
+                .prepare_cached(&format!("SELECT {TRACE_COLS} FROM run_traces WHERE run_id = ?1"))?
+                .query_row([run_id], trace_from_row)
+                .optional()?)
+        })?;
+        raw.map(TraceText::into_trace).transpose()
+    }
+
+    fn list_traces(&self, thread_id: &str) -> Result<Vec<TraceRow>> {
+        let raws = self.read(|tx| {
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT {TRACE_COLS} FROM run_traces WHERE thread_id = ?1 ORDER BY run_id"
+            ))?;
+            let rows = stmt.query_map([thread_id], trace_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })?;
+        raws.into_iter().map(TraceText::into_trace).collect()
+    }
+}
+
+const TRACE_COLS: &str = "run_id, thread_id, trace, usage, updated_at";
+
+fn trace_from_row(r: &Row<'_>) -> rusqlite::Result<TraceText> {
+    Ok(TraceText {
+        run_id: r.get(0)?,
+        thread_id: r.get(1)?,
+        trace: r.get(2)?,
+        usage: r.get(3)?,
+        updated_at: r.get(4)?,
+    })
 }

@@ -13,13 +13,16 @@
 //! - `request.rs`: [`CreateRun`], read from the request a run's row keeps;
 //! - `start.rs`: admission, the run's row, its place in line, its worker and its engine;
 //! - `control.rs`: cancel, rollback (through the engine, under the thread's lease), join;
-//! - `workers.rs`: how many runs execute at once, and the line of pending runs.
+//! - `workers.rs`: how many runs execute at once, and the line of pending runs;
+//! - `trace.rs`: a run's trace and usage, built from its events where it executes;
+//! - `shared.rs`: a database many processes share: the API's side and the workers'.
 
 mod control;
 mod journal;
 mod request;
 mod shared;
 mod start;
+mod trace;
 mod workers;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -30,6 +33,7 @@ pub(crate) use control::Cancel;
 pub(crate) use request::{CreateRun, RunCreate};
 pub(crate) use shared::{Role, Worker};
 pub(crate) use start::{Queued, Stopper, checkpoint_metadata, failure};
+pub(crate) use trace::UsageSums;
 
 use crate::checkpoint::{CheckpointError, Checkpointer, PendingWrite, RunRow, RunStatus};
 use crate::engine::EngineError;
@@ -87,6 +91,8 @@ pub(crate) struct Live<S> {
     pub ended: tokio::sync::watch::Receiver<bool>,
     /// What readers join, while they may.
     pub stream: Option<Arc<S>>,
+    /// Its trace as it is built, for a run executing here.
+    trace: Option<Arc<Mutex<trace::Recorder>>>,
     /// It had a worker: it may have touched its thread (one cancelled in line never did).
     had_worker: bool,
     /// Where it executes: here, or on a worker of a shared database (this is its reader's
@@ -115,6 +121,7 @@ impl<S> Clone for Live<S> {
             stopper: self.stopper.clone(),
             ended: self.ended.clone(),
             stream: self.stream.clone(),
+            trace: self.trace.clone(),
             had_worker: self.had_worker,
             place: self.place,
         }
@@ -285,6 +292,13 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             .get(run_id)
             .filter(|r| r.thread_id == thread_id)
             .cloned()
+    }
+
+    /// Run `run_id`'s trace and what it spent so far, when it executes (or executed) here.
+    pub(crate) fn live_trace(&self, run_id: &str) -> Option<(serde_json::Value, UsageSums)> {
+        let recorder = lock(&self.runs).get(run_id)?.trace.clone()?;
+        let t = lock(&recorder);
+        Some((t.json(), t.usage().clone()))
     }
 
     /// Offers `stream` to the run's joining readers.

@@ -214,6 +214,8 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 stopper: stopper.clone(),
                 ended: ended_rx,
                 stream: None,
+                // Its trace is its worker's, read from the store.
+                trace: None,
                 had_worker: true,
                 place: Place::Remote,
             },

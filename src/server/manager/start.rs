@@ -355,6 +355,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             new_input,
             // A resumed run's stream may be rejoined: its client lost it with the process.
             resumable: req.resumable || is_resumed,
+            resumed: is_resumed,
             stateless: req.stateless,
             temporary: req.temporary,
             cancel_on_disconnect: req.cancel_on_disconnect,
@@ -365,7 +366,22 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     fn prepare(self: &Arc<Self>, c: Created) -> Result<(Queued, RunTask<S>), RunsError> {
         let run_id = c.row.run_id.clone();
         let thread_id = c.row.thread_id.clone();
-        let (mut events, rx) = Events::channel();
+        let (to_readers, rx) = Events::channel();
+        // The run's trace is built from its events as they happen, beside its readers.
+        let earlier = match c.resumed {
+            true => self.store.get_trace(&run_id)?.map(|t| t.trace),
+            false => None,
+        };
+        let recorder = Arc::new(std::sync::Mutex::new(super::trace::Recorder::new(
+            &run_id,
+            &thread_id,
+            earlier.as_ref(),
+        )));
+        let traced = recorder.clone();
+        let mut events = Events::sink(Arc::new(move |envelope: Envelope| {
+            lock(&traced).on(&envelope);
+            to_readers.forward(envelope);
+        }));
         if let Some(journal) = c.journal {
             events = events.journaled(journal);
         }
@@ -388,6 +404,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                     ended: ended_rx,
                     stream: None,
                     rollback_to: c.rollback_to,
+                    trace: Some(recorder.clone()),
                     had_worker: false,
                     place: if matches!(self.role, super::Role::Worker(_)) {
                         super::Place::Claimed
@@ -407,6 +424,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             run_id: run_id.clone(),
             thread_id: thread_id.clone(),
             temporary: c.temporary,
+            trace: recorder,
             wake: stopper.wake.clone(),
             ended: ended_tx,
             outcome: tx,
@@ -579,6 +597,8 @@ pub(super) struct Created {
     rollback_to: Option<(String, Vec<crate::checkpoint::PendingWrite>)>,
     pub(super) new_input: bool,
     pub(super) resumable: bool,
+    /// A run some process started before (it goes on from its row, and its trace).
+    resumed: bool,
     pub(super) stateless: bool,
     temporary: bool,
     pub(super) cancel_on_disconnect: bool,
@@ -594,6 +614,8 @@ struct RunTask<S> {
     run_id: String,
     thread_id: String,
     temporary: bool,
+    /// Its trace, as its events build it: stored as it goes and at its end.
+    trace: Arc<std::sync::Mutex<super::trace::Recorder>>,
     wake: Arc<tokio::sync::Notify>,
     ended: tokio::sync::watch::Sender<bool>,
     outcome: oneshot::Sender<Result<RunOutcome, EngineError>>,
@@ -610,11 +632,18 @@ impl<S: Send + Sync + 'static> RunTask<S> {
             run_id,
             thread_id,
             temporary,
+            trace,
             wake,
             ended,
             outcome: tx,
             released,
         } = self;
+        let keeping = tokio::spawn(keep_trace(
+            manager.store.clone(),
+            trace.clone(),
+            run_id.clone(),
+            thread_id.clone(),
+        ));
         // The claim: a worker, unless the run is cancelled while it waits for one. The thread's
         // lease is the engine's to take.
         let worker = tokio::select! {
@@ -627,6 +656,7 @@ impl<S: Send + Sync + 'static> RunTask<S> {
         {
             r.had_worker = true;
         }
+        let ran = worker.is_some();
         let outcome = match worker {
             // Cancelled while it waited: it ends without having run (or touched its thread).
             None => Ok(never_started(&thread_id)),
@@ -648,6 +678,12 @@ impl<S: Send + Sync + 'static> RunTask<S> {
         };
         // The engine (and with it every sender of its events) is gone before its end is told.
         drop(engine);
+        keeping.abort();
+        // Its trace is whole now: stored before its end is, so whoever sees the run ended
+        // finds all of it. A trace that could not be stored loses only itself.
+        if ran {
+            let _ = store_trace(&*manager.store, &trace, &run_id, &thread_id);
+        }
         let error = end_error(&outcome);
         // Recorded whether or not a client still listens, and before a stream closes: a client
         // that finds the stream closed asks the run's status to know whether to reconnect.
@@ -664,6 +700,52 @@ impl<S: Send + Sync + 'static> RunTask<S> {
             lock(&manager.runs).retain(|_, r| r.thread_id != thread_id);
         }
     }
+}
+
+/// How often a running run's trace is stored when it changed.
+const TRACE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Stores the run's trace every [`TRACE_EVERY`] while it changes, so a run executing on one
+/// process is traced on every other, and a killed one keeps what it did. Aborted at the run's
+/// end, which stores it whole.
+async fn keep_trace(
+    store: Arc<dyn crate::checkpoint::Checkpointer>,
+    trace: Arc<std::sync::Mutex<super::trace::Recorder>>,
+    run_id: String,
+    thread_id: String,
+) {
+    loop {
+        tokio::time::sleep(TRACE_EVERY).await;
+        if !lock(&trace).dirty() {
+            continue;
+        }
+        let (store, trace, run_id, thread_id) = (store.clone(), trace.clone(), run_id.clone(), thread_id.clone());
+        let stored = tokio::task::spawn_blocking(move || store_trace(&*store, &trace, &run_id, &thread_id)).await;
+        if let Ok(Err(e)) = stored {
+            tracing::warn!(error = %e, "a run's trace could not be stored");
+        }
+    }
+}
+
+/// Stores the run's trace as it is now.
+fn store_trace(
+    store: &dyn crate::checkpoint::Checkpointer,
+    trace: &std::sync::Mutex<super::trace::Recorder>,
+    run_id: &str,
+    thread_id: &str,
+) -> Result<(), crate::checkpoint::CheckpointError> {
+    let (json, usage) = {
+        let mut t = lock(trace);
+        t.stored();
+        (t.json(), t.usage().json())
+    };
+    store.put_trace(&crate::checkpoint::TraceRow {
+        run_id: run_id.to_string(),
+        thread_id: thread_id.to_string(),
+        trace: json,
+        usage,
+        updated_at: crate::clock::now(),
+    })
 }
 
 /// What a run's row records of its end: why it failed or was cancelled.
@@ -791,6 +873,7 @@ mod tests {
             ended: tokio::sync::watch::channel(false).1,
             stream: None,
             rollback_to: None,
+            trace: None,
             had_worker: true,
             place: crate::server::manager::Place::Here,
         }

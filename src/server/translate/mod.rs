@@ -5,7 +5,8 @@
 //! result marked so), `messages` (tuples of a streamed piece or a whole message and its
 //! metadata), the legacy `messages/*`, `custom` (what a node emitted, as it emitted it),
 //! `tasks` (each task's start with its input, and its result), `checkpoints` and `debug`; with
-//! `stream_subgraphs`, the same from inside subgraphs, named `mode|node:task`.
+//! `stream_subgraphs`, the same from inside subgraphs, named `mode|node:task`; and `events`,
+//! LangChain's callback events (`callbacks.rs`), from every namespace.
 //!
 //! Everything shown is read from the engine's events and, where they only name it, from the
 //! checkpoint store (a step's checkpoint, sent after its commit, is readable then).
@@ -14,6 +15,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
+
+mod callbacks;
 
 use super::Shared;
 use super::messages;
@@ -37,6 +40,9 @@ pub(crate) struct RunInfo {
     pub configurable: Map<String, Value>,
     /// The run gave its thread new input: the thread's two newest checkpoints are this run's.
     pub new_input: bool,
+    /// What the run was given, as the client sent it: its input, or its command as
+    /// LangGraph's `Command` (`{graph, update, resume, goto}`).
+    pub input: Value,
 }
 
 impl RunInfo {
@@ -110,8 +116,8 @@ pub(crate) struct Translate {
     sent: HashSet<String>,
     /// The text each task streamed so far (the legacy `messages` mode sends it whole).
     partial: HashMap<String, String>,
-    /// Tasks that called a model in the current step, by namespace and node.
-    called: HashMap<(Option<Arc<str>>, String), usize>,
+    /// What the `events` mode remembers.
+    callbacks: callbacks::Callbacks,
 }
 
 /// A stream event: its name (with `|namespace` inside a subgraph) and data.
@@ -130,7 +136,7 @@ impl Translate {
             streamed: HashMap::new(),
             sent: HashSet::new(),
             partial: HashMap::new(),
-            called: HashMap::new(),
+            callbacks: callbacks::Callbacks::default(),
         }
     }
 
@@ -145,7 +151,10 @@ impl Translate {
     /// The stream events `envelope` makes.
     pub(crate) fn on(&mut self, envelope: Envelope) -> Out {
         let ns = envelope.ns;
-        self.measure(&ns, &envelope.event);
+        self.measure(&envelope.event);
+        // The callback events read the scopes as the other modes leave them (a run's scope
+        // opened, a step's state loaded), and come first, as the reference sends them.
+        let for_callbacks = self.modes.events.then(|| envelope.event.clone());
         let mut out = Vec::new();
         let shown = ns.is_none() || self.modes.subgraphs;
         match envelope.event {
@@ -197,7 +206,15 @@ impl Translate {
             Event::StepEnd { checkpoint_id, .. } => self.end_step(&ns, shown, &checkpoint_id, &mut out),
             _ => {}
         }
-        out
+        match for_callbacks {
+            Some(event) => {
+                let mut first = Vec::new();
+                self.callbacks(&ns, &event, &mut first);
+                first.extend(out);
+                first
+            }
+            None => out,
+        }
     }
 
     /// A run (the run's own, or a subgraph's child) starts on `thread_id`, from checkpoint
@@ -721,24 +738,13 @@ impl Translate {
             .collect()
     }
 
-    /// Feeds the server's latency histograms: every step (subgraphs' included) and every task
-    /// that called a model.
-    fn measure(&mut self, ns: &Option<Arc<str>>, event: &Event) {
+    /// Feeds the server's latency histograms: every step (subgraphs' included) and every model
+    /// call.
+    fn measure(&mut self, event: &Event) {
         let metrics = &self.app.metrics;
         match event {
             Event::StepEnd { duration_ms, .. } => metrics.steps.observe_ms(*duration_ms),
-            Event::Usage { node, usage } if usage.calls > 0 => {
-                *self.called.entry((ns.clone(), node.clone())).or_default() += 1;
-            }
-            Event::NodeEnd { node, duration_ms, .. } => {
-                if let Some(n) = self.called.get_mut(&(ns.clone(), node.clone())) {
-                    metrics.model_calls.observe_ms(*duration_ms);
-                    *n -= 1;
-                    if *n == 0 {
-                        self.called.remove(&(ns.clone(), node.clone()));
-                    }
-                }
-            }
+            Event::ModelEnd { duration_ms, .. } => metrics.model_calls.observe_ms(*duration_ms),
             _ => {}
         }
     }
