@@ -451,3 +451,55 @@ fn deletes_and_prunes_take_the_lease_and_refuse_a_thread_a_run_holds() {
         assert_eq!(count(&format!("SELECT count(*) FROM {table}")), "0", "{table}");
     }
 }
+
+/// A `runner run` killed outright leaves its thread's lease behind; a prune on the same host
+/// takes it over at once (its process is gone), as a resume does, instead of keeping the thread
+/// until the lease expires.
+#[test]
+fn a_prune_takes_over_the_lease_of_a_run_whose_process_is_gone() {
+    let dir = served_workflows(30.0);
+    let mut run = runner_cmd(dir.path())
+        .args([
+            "run",
+            "workflows/slow.yaml",
+            "--thread",
+            "killed",
+            "--db",
+            "runs.db",
+            "--mock",
+            "mock.yaml",
+        ])
+        .args(["--lease-ttl", "600"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let listed = runner_cmd(dir.path())
+            .args(["threads", "--format", "json", "--db", "runs.db"])
+            .output()
+            .unwrap();
+        let threads: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
+        if threads
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["status"] == "running"))
+        {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "the run never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let pruned = runner_cmd(dir.path())
+        .args(["db", "prune", "--older-than", "0s", "--db", "runs.db"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&pruned.stdout),
+        "killed\n",
+        "{}",
+        String::from_utf8_lossy(&pruned.stderr)
+    );
+}

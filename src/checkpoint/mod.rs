@@ -397,7 +397,8 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + Send + Sync {
     /// subgraphs' threads (`<id>/…`), the API's record of it, its runs and their logs — under
     /// its lease, taken for `claim` (its `thread_id` filled in here) before anything is
     /// removed: a thread a live lease of another holds, or one of whose runs is active (pending
-    /// or running), is [`Removed::Busy`] and stays whole, and no run takes it while it goes.
+    /// or running), is [`Removed::Busy`] and stays whole, and no run takes it while it goes
+    /// (`claim.replace` names a holder known to be gone, whose lease is taken over at once).
     /// `removal` says what else it must meet. A backend many processes share does it in one
     /// transaction.
     fn remove_thread(&self, thread_id: &str, removal: &Removal, claim: &LeaseClaim) -> Result<Removed> {

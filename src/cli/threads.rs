@@ -174,7 +174,7 @@ fn delete(args: &ThreadsArgs, ids: &[String]) -> anyhow::Result<u8> {
         }
     }
     for id in ids {
-        let claim = crate::engine::own_claim(REMOVAL_LEASE);
+        let claim = removal_claim(&*store, id)?;
         if let checkpoint::Removed::Busy(why) = store.remove_thread(id, &checkpoint::Removal::default(), &claim)? {
             bail!("thread `{id}` is running ({why}): stop its run first");
         }
@@ -184,6 +184,18 @@ fn delete(args: &ThreadsArgs, ids: &[String]) -> anyhow::Result<u8> {
 
 /// How long the lease a removal takes lasts: it is released when the removal is done.
 const REMOVAL_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The claim a removal of thread `id` takes its lease with: one that replaces a holder known to
+/// be gone (a run on this host whose process was killed), as a resume does, rather than wait
+/// for its lease to expire.
+fn removal_claim(store: &dyn checkpoint::Checkpointer, id: &str) -> anyhow::Result<checkpoint::LeaseClaim> {
+    let mut claim = crate::engine::own_claim(REMOVAL_LEASE);
+    claim.replace = store
+        .lease(id)?
+        .filter(crate::engine::holder_gone)
+        .map(|held| held.owner);
+    Ok(claim)
+}
 
 fn prune(args: &ThreadsArgs, older_than: &str, status: Option<&str>) -> anyhow::Result<u8> {
     prune_db(args.db.db.as_deref(), older_than, status)
@@ -231,7 +243,7 @@ pub(super) fn prune_db(db: Option<&std::path::Path>, older_than: &str, status: O
         if status.is_some_and(|s| s != shown) {
             continue;
         }
-        match store.remove_thread(&id, &removal, &crate::engine::own_claim(REMOVAL_LEASE))? {
+        match store.remove_thread(&id, &removal, &removal_claim(&*store, &id)?)? {
             checkpoint::Removed::Removed => {
                 removed += 1;
                 writeln!(out, "{id}")?;

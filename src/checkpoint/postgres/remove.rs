@@ -54,14 +54,15 @@ impl PostgresCheckpointer {
                 if thread.is_none() && meta.is_none() && run.is_none() {
                     return Ok(Removed::Missing);
                 }
-                // The thread's lease, as a claim takes it: refused while another holds it live.
+                // The thread's lease, as a claim takes it: refused while another holds it live
+                // (unless it is the holder the claim replaces, known to be gone).
                 // Until this commits, whoever asks for it waits; the row goes with the thread.
                 let sql = format!(
                     "INSERT INTO leases ({LEASE_COLS}) VALUES ($1, $2, 1, $3, $4, $5, {DB_NOW_MS} + $6) \
                      ON CONFLICT (thread_id) DO UPDATE SET generation = leases.generation + 1, \
                        acquired_at = excluded.acquired_at, owner = excluded.owner, pid = excluded.pid, \
                        host = excluded.host, expires_at = excluded.expires_at \
-                     WHERE leases.expires_at <= {DB_NOW_MS} \
+                     WHERE leases.expires_at <= {DB_NOW_MS} OR leases.owner = $7 \
                      RETURNING 1"
                 );
                 let ttl = i64::try_from(claim.ttl.as_millis()).unwrap_or(i64::MAX / 4);
@@ -75,6 +76,7 @@ impl PostgresCheckpointer {
                             &claim.host,
                             &crate::clock::now(),
                             &ttl,
+                            &claim.replace,
                         ],
                     )
                     .await?;
