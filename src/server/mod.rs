@@ -17,7 +17,8 @@
 //! - `batch.rs`: `/runs/batch`, stateless runs started in the background together;
 //! - `hub.rs`: a streamed run's frames, kept for the client that started it and any that join;
 //! - `sse.rs`: the event stream's framing and the stream modes;
-//! - `translate.rs`: how a run's engine events become the stream modes' events;
+//! - `translate/`: how a run's engine events become the stream modes' events (`callbacks.rs`:
+//!   the `events` mode);
 //! - `store.rs`: the store endpoints, over the data store `store` nodes use;
 //! - `metrics.rs`: `GET /metrics` in Prometheus's text format;
 //! - `traces.rs`: runs' traces and threads' usage (runner's additions, for its Studio page);

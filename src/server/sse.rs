@@ -1,6 +1,6 @@
 //! The event stream of a run as the LangGraph API frames it: `event: NAME`, `data: JSON` and a
 //! blank line, every line ended by CRLF; and the stream modes a client may ask for (what each
-//! sends is `translate.rs`'s).
+//! sends is `translate/`'s).
 
 use axum::body::Bytes;
 use serde_json::Value;

@@ -334,11 +334,16 @@ impl Recorder {
                 } else if let Some(start) = self.started_ms {
                     // A resumed run: its times go on from the trace's start.
                     self.offset_ms = (crate::clock::now_ms() - start).max(0) as f64;
-                    let t = self.offset_ms;
                     self.ended_at = None;
-                    let name = workflow_name(workflow);
-                    let span = self.span(None, "run", &name, t);
-                    self.open("run".into(), span);
+                    // The run's span goes on where the killed process left it.
+                    if let Some(i) = self.spans.iter().position(|s| s.kind == "run") {
+                        self.spans[i].end_ms = None;
+                        self.spans[i].status = "running";
+                        self.open.insert("run".into(), i);
+                    } else {
+                        let span = self.span(None, "run", &workflow_name(workflow), self.offset_ms);
+                        self.open("run".into(), span);
+                    }
                     return;
                 }
                 let name = workflow_name(workflow);
@@ -625,4 +630,225 @@ fn span_of(v: &Value) -> Option<Span> {
         status,
         fields,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: f64, ns: Option<&str>, event: Event) -> Envelope {
+        Envelope {
+            ts: crate::clock::now(),
+            elapsed_ms: ms,
+            ns: ns.map(Arc::from),
+            event,
+        }
+    }
+
+    fn usage(prompt: u64, completion: u64, cost: f64) -> Usage {
+        Usage {
+            cost,
+            ..Usage::tokens(prompt, completion)
+        }
+    }
+
+    /// One step of task `t1` of node `ask`, with a model call of `model`.
+    fn step(r: &mut Recorder, t0: f64, step: i64, model: &str, writes: Value) {
+        r.on(&at(
+            t0,
+            None,
+            Event::StepStart {
+                step,
+                tasks: vec!["t1".into()],
+                nodes: vec!["ask".into()],
+            },
+        ));
+        r.on(&at(
+            t0 + 1.0,
+            None,
+            Event::NodeStart {
+                step,
+                node: "ask".into(),
+                task_id: format!("t{step}"),
+                item: None,
+            },
+        ));
+        r.on(&at(
+            t0 + 2.0,
+            None,
+            Event::ModelStart {
+                node: "ask".into(),
+                task_id: format!("t{step}"),
+                call_id: format!("c{step}"),
+                profile: "default".into(),
+                model: model.into(),
+                provider: "mock".into(),
+                messages: None,
+            },
+        ));
+        r.on(&at(
+            t0 + 7.0,
+            None,
+            Event::ModelEnd {
+                node: "ask".into(),
+                task_id: format!("t{step}"),
+                call_id: format!("c{step}"),
+                profile: "default".into(),
+                model: model.into(),
+                duration_ms: 5.0,
+                usage: usage(100, 10, 0.5),
+                reply: None,
+                error: None,
+            },
+        ));
+        r.on(&at(
+            t0 + 8.0,
+            None,
+            Event::NodeEnd {
+                step,
+                node: "ask".into(),
+                task_id: format!("t{step}"),
+                duration_ms: 7.0,
+                keys: vec![],
+                writes: writes.as_object().cloned().unwrap_or_default(),
+                cached: false,
+                outcome: TaskOutcome::Done,
+                cache_hit: false,
+            },
+        ));
+        r.on(&at(
+            t0 + 9.0,
+            None,
+            Event::StepEnd {
+                step,
+                checkpoint_id: format!("cp{step}"),
+                duration_ms: 9.0,
+            },
+        ));
+    }
+
+    fn start(r: &mut Recorder, t0: f64) {
+        r.on(&at(
+            t0,
+            None,
+            Event::RunStart {
+                thread_id: "t".into(),
+                workflow: "/w/chat.yaml".into(),
+                resumed: false,
+                checkpoint_id: String::new(),
+            },
+        ));
+    }
+
+    /// Spans nest as the run did, a large write is cut and says so, and usage sums by node and
+    /// model; a run resumed by another process goes on with the trace the first stored.
+    #[test]
+    fn a_trace_nests_cuts_sums_and_goes_on_after_a_resume() {
+        let mut r = Recorder::new("r", "t", None);
+        start(&mut r, 100.0);
+        step(&mut r, 100.0, 1, "m1", json!({"big": "x".repeat(10_000)}));
+        let t = r.json();
+        let spans = t["spans"].as_array().unwrap();
+        let kinds: Vec<&str> = spans.iter().map(|s| s["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["run", "step", "task", "model"]);
+        assert_eq!(spans[0]["status"], "running", "the run has not ended");
+        assert_eq!(
+            (&spans[1]["parent"], &spans[2]["parent"], &spans[3]["parent"]),
+            (&spans[0]["id"], &spans[1]["id"], &spans[2]["id"])
+        );
+        assert_eq!(
+            (spans[3]["start_ms"].as_f64(), spans[3]["end_ms"].as_f64()),
+            (Some(2.0), Some(7.0))
+        );
+        assert_eq!(spans[2]["truncated"]["writes"], 10_010);
+        assert!(spans[2]["writes"].as_str().unwrap().len() <= PAYLOAD_LIMIT);
+        assert_eq!(spans[1]["checkpoint_id"], "cp1");
+
+        // Another process resumes the run from what was stored.
+        let mut again = Recorder::new("r", "t", Some(&t));
+        start(&mut again, 0.0);
+        step(&mut again, 0.0, 2, "m2", json!({"small": 1}));
+        again.on(&at(
+            20.0,
+            None,
+            Event::RunEnd {
+                status: "done".into(),
+                steps: 2,
+                duration_ms: 20.0,
+                turn_usage: Usage::default(),
+                thread_usage: Usage::default(),
+            },
+        ));
+        let t = again.json();
+        let spans = t["spans"].as_array().unwrap();
+        let runs: Vec<&Value> = spans.iter().filter(|s| s["kind"] == "run").collect();
+        assert_eq!(runs.len(), 1, "one run span: {t}");
+        assert_eq!(runs[0]["status"], "ok");
+        let ids: Vec<&str> = spans.iter().map(|s| s["id"].as_str().unwrap()).collect();
+        let mut unique = ids.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), ids.len(), "span ids stay unique: {ids:?}");
+        assert_eq!(t["usage"]["total"]["calls"], 2);
+        assert_eq!(t["usage"]["by_node"]["ask"]["input_tokens"], 200);
+        assert_eq!(t["usage"]["by_model"]["m2"]["cost_usd"], 0.5);
+        assert!(!t["ended_at"].is_null());
+    }
+
+    /// A subgraph's steps hang from the task that runs it, and its nodes' usage is named by
+    /// their path.
+    #[test]
+    fn a_subgraphs_steps_hang_from_its_task() {
+        let mut r = Recorder::new("r", "t", None);
+        start(&mut r, 0.0);
+        r.on(&at(
+            1.0,
+            None,
+            Event::StepStart {
+                step: 1,
+                tasks: vec!["p".into()],
+                nodes: vec!["child".into()],
+            },
+        ));
+        r.on(&at(
+            2.0,
+            None,
+            Event::NodeStart {
+                step: 1,
+                node: "child".into(),
+                task_id: "p".into(),
+                item: Some(json!({"i": 1})),
+            },
+        ));
+        r.on(&at(
+            3.0,
+            Some("child:p"),
+            Event::StepStart {
+                step: 1,
+                tasks: vec!["q".into()],
+                nodes: vec!["write".into()],
+            },
+        ));
+        r.on(&at(
+            4.0,
+            Some("child:p"),
+            Event::ModelEnd {
+                node: "write".into(),
+                task_id: "q".into(),
+                call_id: "c".into(),
+                profile: "default".into(),
+                model: "m".into(),
+                duration_ms: 1.0,
+                usage: usage(1, 2, 0.0),
+                reply: None,
+                error: None,
+            },
+        ));
+        let t = r.json();
+        let spans = t["spans"].as_array().unwrap();
+        assert_eq!(spans[2]["input"], json!({"i": 1}));
+        assert_eq!(spans[3]["kind"], "step");
+        assert_eq!(spans[3]["parent"], spans[2]["id"]);
+        assert_eq!(t["usage"]["by_node"]["child:write"]["output_tokens"], 2);
+    }
 }
