@@ -122,13 +122,15 @@ export async function readEvents(body, onEvent) {
     const { value, done } = await reader.read();
     if (done) break;
     buffer += value;
-    for (;;) {
-      const end = buffer.search(/\r?\n\r?\n/);
-      if (end < 0) break;
-      const frame = buffer.slice(0, end);
-      buffer = buffer.slice(end).replace(/^\r?\n\r?\n/, "");
-      dispatch(frame, onEvent);
+    // One pass over what arrived: a read may hold hundreds of events, and cutting the buffer
+    // after each would copy it as many times.
+    const blank = /\r?\n\r?\n/g;
+    let start = 0;
+    for (let m = blank.exec(buffer); m; m = blank.exec(buffer)) {
+      dispatch(buffer.slice(start, m.index), onEvent);
+      start = m.index + m[0].length;
     }
+    buffer = buffer.slice(start);
   }
   if (buffer.trim()) dispatch(buffer, onEvent);
 }

@@ -155,7 +155,7 @@ function Interrupt({ interrupt, onAnswer }) {
       {obj && obj.payload !== undefined && (
         <details open>
           <summary>Payload</summary>
-          <JsonTree value={obj.payload} testid="gate-payload" />
+          <JsonTree value={obj.payload} testid="gate-payload" open={2} />
         </details>
       )}
       {inbox && <InboxAnswer value={obj} onAnswer={onAnswer} />}

@@ -66,7 +66,7 @@ function Shape({ n }) {
   }
 }
 
-const MARK = { running: "●", done: "✓", error: "✕", interrupted: "⏸", next: "→" };
+const MARK = { running: "●", done: "✓", error: "✕", interrupted: "‖", next: "→" };
 
 export function GraphView({ graph, states = {}, selected, onSelect, testid = "graph" }) {
   const groups = useMemo(() => (graph ? groupsOf(graph) : []), [graph]);
@@ -80,6 +80,14 @@ export function GraphView({ graph, states = {}, selected, onSelect, testid = "gr
     d.ms = performance.now() - t0;
     return d;
   }, [graph, open]);
+  // A graph taller or wider than its box starts fitted to it (not below half size, where
+  // labels stop being readable); the reader zooms from there.
+  useEffect(() => {
+    const el = box.current;
+    if (!drawn || !el || !drawn.width) return;
+    const fits = Math.min(el.clientWidth / drawn.width, el.clientHeight / drawn.height);
+    setZoom(fits < 1 ? Math.max(0.5, fits) : 1);
+  }, [graph]);
   useEffect(() => {
     if (!drawn) return;
     // The time from the graph's arrival to its first painted frame, for the page's own

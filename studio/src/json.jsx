@@ -34,7 +34,7 @@ function Scalar({ value }) {
   return <span class={`j-${typeof value}`}>{String(value)}</span>;
 }
 
-function Entry({ name, value, depth, open: initiallyOpen, path }) {
+function Entry({ name, value, depth, open: initiallyOpen, path, openDepth = 1 }) {
   const composite = value !== null && typeof value === "object";
   const [open, setOpen] = useState(initiallyOpen);
   const [shown, setShown] = useState(PAGE);
@@ -63,7 +63,7 @@ function Entry({ name, value, depth, open: initiallyOpen, path }) {
       {open && (
         <div class="j-children">
           {entries.slice(0, shown).map(([k, v]) => (
-            <Entry key={k} name={k} value={v} depth={depth + 1} open={depth < 0} path={`${path}/${k}`} />
+            <Entry key={k} name={k} value={v} depth={depth + 1} open={depth + 1 < openDepth} openDepth={openDepth} path={`${path}/${k}`} />
           ))}
           {entries.length > shown && (
             <button type="button" class="link" onClick={() => setShown(shown + PAGE)}>
@@ -76,12 +76,12 @@ function Entry({ name, value, depth, open: initiallyOpen, path }) {
   );
 }
 
-/** A value as a tree, its first level open. */
-export function JsonTree({ value, testid }) {
+/** A value as a tree, its first `open` levels open. */
+export function JsonTree({ value, testid, open = 1 }) {
   if (value === undefined) return <div class="muted">—</div>;
   return (
     <div class="json" data-testid={testid}>
-      <Entry value={value} depth={0} open={true} path="" />
+      <Entry value={value} depth={0} open={true} openDepth={open} path="" />
     </div>
   );
 }

@@ -189,8 +189,41 @@ export function layout(graph, open = new Set()) {
     const p = g.node(`cluster:${c}`);
     return { id: c, x: p.x - p.width / 2, y: p.y - p.height / 2, width: p.width, height: p.height };
   });
-  const info = g.graph();
-  return { nodes: [...drawn.values()], edges, clusters: boxes, width: info.width || 0, height: info.height || 0 };
+  // dagre's own bounds leave out some edges' bends (they can fall left of the first node):
+  // everything is moved into view by the box of what is drawn.
+  let minX = Infinity;
+  let minY = Infinity;
+  let maxX = -Infinity;
+  let maxY = -Infinity;
+  const take = (x0, y0, x1, y1) => {
+    minX = Math.min(minX, x0);
+    minY = Math.min(minY, y0);
+    maxX = Math.max(maxX, x1);
+    maxY = Math.max(maxY, y1);
+  };
+  for (const n of drawn.values()) take(n.x - n.width / 2, n.y - n.height / 2, n.x + n.width / 2, n.y + n.height / 2);
+  for (const e of edges) {
+    for (const p of e.points) take(p.x, p.y, p.x, p.y);
+    if (e.labelPos) take(e.labelPos.x - e.label.length * 3.2, e.labelPos.y - 8, e.labelPos.x + e.label.length * 3.2, e.labelPos.y + 8);
+  }
+  for (const c of boxes) take(c.x, c.y, c.x + c.width, c.y + c.height);
+  if (minX === Infinity) return { nodes: [], edges: [], clusters: [], width: 0, height: 0 };
+  const margin = 16;
+  const dx = margin - minX;
+  const dy = margin - minY;
+  for (const n of drawn.values()) {
+    n.x += dx;
+    n.y += dy;
+  }
+  for (const e of edges) {
+    e.points = e.points.map((p) => ({ x: p.x + dx, y: p.y + dy }));
+    if (e.labelPos) e.labelPos = { x: e.labelPos.x + dx, y: e.labelPos.y + dy };
+  }
+  for (const c of boxes) {
+    c.x += dx;
+    c.y += dy;
+  }
+  return { nodes: [...drawn.values()], edges, clusters: boxes, width: maxX - minX + 2 * margin, height: maxY - minY + 2 * margin };
 }
 
 /** An SVG path through dagre's points, its corners rounded. */

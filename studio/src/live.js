@@ -6,6 +6,8 @@
 // this mutable record as they come, and the view redraws at most once a frame.
 
 const LOG_CAP = 2000;
+/** The shortest time between two redraws of a streaming run (about 15 a second). */
+const DRAW_MS = 66;
 
 /** The graph node id an event is about: its subgraph path (`parent:child`) and its name. */
 export function nodeId(ns, name) {
@@ -46,7 +48,7 @@ export class LiveRun {
     this.version = 0;
     this.listeners = new Set();
     this.frame = 0;
-    this.messages = new Map();
+    this.drawn = 0;
   }
 
   subscribe(fn) {
@@ -54,14 +56,21 @@ export class LiveRun {
     return () => this.listeners.delete(fn);
   }
 
-  /** Redraws once per frame, however many events came in it. */
+  /**
+   * Redraws at most once a frame and at most every `DRAW_MS`, however many events came in
+   * between: a fast run's events are folded as they come and drawn together.
+   */
   changed() {
     this.version++;
     if (this.frame) return;
-    this.frame = requestAnimationFrame(() => {
-      this.frame = 0;
-      for (const fn of this.listeners) fn(this.version);
-    });
+    const wait = Math.max(0, DRAW_MS - (performance.now() - this.drawn));
+    this.frame = setTimeout(() => {
+      requestAnimationFrame(() => {
+        this.frame = 0;
+        this.drawn = performance.now();
+        for (const fn of this.listeners) fn(this.version);
+      });
+    }, wait);
   }
 
   node(id) {
@@ -221,7 +230,10 @@ export class LiveRun {
 
   /** The run's end, as the server stored it. */
   finish(status) {
-    this.status = status || (this.error ? "error" : this.interrupts.length ? "interrupted" : "success");
+    // A run that stopped at a gate ended well (LangGraph's server says `success`); the page
+    // says it waits.
+    if (this.interrupts.length && (!status || status === "success")) status = "interrupted";
+    this.status = status || (this.error ? "error" : "success");
     this.endedAt = performance.now();
     for (const n of Object.values(this.nodes)) if (n.status === "running") n.status = this.status === "error" ? "error" : "done";
     this.changed();

@@ -214,9 +214,9 @@ export function NodeInspector({ id, graph, info, checkpoint, live, canRerun, onR
                 </span>
               )}
             </div>
-            {info.error && (
+            {(info.error || (task && task.error)) && (
               <div class="banner err" data-testid="node-error">
-                {String(info.error)}
+                {String(info.error || task.error)}
               </div>
             )}
             {info.tokens && (

@@ -140,8 +140,10 @@ export function Workspace({ assistant, assistants, threadId }) {
           // The run's row is gone (a stateless run); the stream told what happened.
         }
       }
-      run.finish(status);
+      // The thread as stored first, then the run's end: what the page shows never goes back
+      // to the state before the run.
       await refresh(tid);
+      run.finish(status);
       setSidebarVersion((v) => v + 1);
     },
     [threadId, aid, gid, refresh],
@@ -201,7 +203,10 @@ export function Workspace({ assistant, assistants, threadId }) {
     }
     setFork(null);
     setCheckpointId(null);
-    if (run) await execute({ input: null, checkpoint: from }, { label: "fork" });
+    if (run) {
+      setTab("run");
+      await execute({ input: null, checkpoint: from }, { label: "fork" });
+    }
     else await refresh();
   };
 
