@@ -10,8 +10,17 @@ use crate::diag::Code;
 use crate::spec::load::push_pointer;
 use crate::spec::{RouteMethod, StreamOn};
 
-/// The paths of LangGraph's API, which a route may not take.
-pub const RESERVED: &[&str] = &["threads", "runs", "assistants", "store", "ok", "info", "metrics"];
+/// The paths of LangGraph's API and the Studio page's, which a route may not take.
+pub const RESERVED: &[&str] = &[
+    "threads",
+    "runs",
+    "assistants",
+    "store",
+    "ok",
+    "info",
+    "metrics",
+    "studio",
+];
 
 /// Compiles the workflow's routes; a defect is reported and leaves the route out.
 pub(super) fn routes(b: &mut Build) -> Vec<Route> {
