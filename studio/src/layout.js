@@ -96,7 +96,9 @@ export function layout(graph, open = new Set()) {
     if (drawn.has(id)) return;
     const kind = n ? kindOf(n) : "subgraph";
     const meta = (n && n.metadata) || {};
-    const name = n && n.data && typeof n.data === "object" && n.data.name ? n.data.name : id.split(":").pop();
+    // Inside an expanded subgraph LangGraph names a node by its whole path: its own name is
+    // the last part.
+    const name = (n && n.data && typeof n.data === "object" && n.data.name ? n.data.name : id).split(":").pop();
     drawn.set(id, {
       id,
       label: name,

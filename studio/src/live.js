@@ -8,6 +8,7 @@
 const LOG_CAP = 2000;
 /** The shortest time between two redraws of a streaming run (about 15 a second). */
 const DRAW_MS = 66;
+const SPAN_CAP = 5000;
 
 /** The graph node id an event is about: its subgraph path (`parent:child`) and its name. */
 export function nodeId(ns, name) {
@@ -49,6 +50,9 @@ export class LiveRun {
     this.listeners = new Set();
     this.frame = 0;
     this.drawn = 0;
+    // Each task's start and end as this page saw them (debug events), for a waterfall where
+    // the server keeps no trace.
+    this.spans = new Map();
   }
 
   subscribe(fn) {
@@ -141,7 +145,10 @@ export class LiveRun {
   debug(ns, d) {
     const p = d && d.payload;
     if (!p) return;
+    const now = Math.round(performance.now() - this.startedAt);
     if (d.type === "task") {
+      if (this.spans.size < SPAN_CAP)
+        this.spans.set(p.id, { id: p.id, kind: "task", name: nodeId(ns, p.name), node: nodeId(ns, p.name), step: d.step, start_ms: now, end_ms: null, status: "running", input: p.input });
       const n = this.node(nodeId(ns, p.name));
       n.status = "running";
       n.input = p.input;
@@ -150,6 +157,13 @@ export class LiveRun {
       n.step = d.step;
     } else if (d.type === "task_result") {
       const id = nodeId(ns, p.name);
+      const span = this.spans.get(p.id);
+      if (span) {
+        span.end_ms = now;
+        span.status = p.error ? "error" : "success";
+        span.error = p.error || undefined;
+        span.writes = p.result;
+      }
       const n = this.node(id);
       n.result = p.result;
       if (p.error) {

@@ -170,6 +170,12 @@ export function TracePanel({ threadId, runs, live }) {
         </div>
       )}
       {live && live.runId === chosen && Object.keys(live.usage).length > 0 && !trace && <UsageTable title="By model (live)" rows={live.usage} testid="live-usage" />}
+      {trace === null && live && live.runId === chosen && live.spans.size > 0 && (
+        <>
+          <h3>Tasks as this page saw them stream</h3>
+          <Waterfall trace={{ spans: [...live.spans.values()] }} />
+        </>
+      )}
       {trace && (
         <>
           <Total label="This run" u={trace.usage && trace.usage.total} testid="run-total" />
