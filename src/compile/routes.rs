@@ -213,7 +213,11 @@ fn segments(b: &mut Build, at: &str, path: &str) -> Option<Vec<Segment>> {
         if i == 0 && RESERVED.contains(&part) {
             return bad(
                 b,
-                format!("`{path}` is under `/{part}`, a path of LangGraph's API that runner serve answers"),
+                if part == "studio" {
+                    format!("`{path}` is under `/studio`, where runner serve serves the Studio page")
+                } else {
+                    format!("`{path}` is under `/{part}`, a path of LangGraph's API that runner serve answers")
+                },
                 "choose a path of the application's own, e.g. `/chat/stream`",
             );
         }

@@ -207,8 +207,8 @@ pub(crate) async fn auth(State(app): State<super::Shared>, request: Request, nex
         return next.run(request).await;
     };
     let path = request.uri().path();
-    let open = path == "/ok"
-        || (request.method() == Method::GET || request.method() == Method::HEAD) && super::studio::is_page(path);
+    let read = request.method() == Method::GET || request.method() == Method::HEAD;
+    let open = path == "/ok" || (read && super::studio::is_page(path));
     if open || request.method() == Method::OPTIONS {
         return next.run(request).await;
     }

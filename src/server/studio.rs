@@ -184,11 +184,11 @@ mod tests {
         for a in &ASSETS[1..] {
             assert!(html.contains(&format!("/studio/{}", a.path)), "{html}");
         }
-        for i in 0..ASSETS.len() {
+        for (i, asset) in ASSETS.iter().enumerate() {
             let p = prepared(i);
             let mut unzipped = Vec::new();
             std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(p.gzip.as_slice()), &mut unzipped).unwrap();
-            assert_eq!(unzipped, ASSETS[i].body);
+            assert_eq!(unzipped, asset.body);
         }
     }
 }
