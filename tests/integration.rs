@@ -41,6 +41,7 @@ mod serve_routes;
 mod serve_seeds;
 mod serve_shared;
 mod serve_stop;
+mod studio;
 mod tools;
 mod trace;
 mod web;
