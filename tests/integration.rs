@@ -43,6 +43,7 @@ mod serve_seeds;
 mod serve_shared;
 mod serve_stop;
 mod serve_studio_api;
+mod studio;
 mod tools;
 mod trace;
 mod web;

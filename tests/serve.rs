@@ -902,7 +902,7 @@ async fn a_served_run_is_a_child_of_its_requests_span() {
     );
 }
 
-/// With `--api-key-env`, every request but `/ok` and CORS preflights needs the key, as
+/// With `--api-key-env`, every request but `/ok`, the Studio page and CORS preflights needs the key, as
 /// `x-api-key` or `Authorization: Bearer`; without it, no address but loopback is accepted.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_api_key_guards_every_route_but_ok() {
@@ -915,6 +915,11 @@ async fn an_api_key_guards_every_route_but_ok() {
         async move { req.send().await.unwrap() }
     };
     assert_eq!(get("/ok", None).await.status(), 200);
+    // The page's files hold nothing of the server's; a POST to the page's paths is no read.
+    assert_eq!(get("/", None).await.status(), 200);
+    assert_eq!(get("/studio/assets/studio.js", None).await.status(), 200);
+    let posted = client().post(format!("{}/studio/x", s.base)).send().await.unwrap();
+    assert_eq!(posted.status(), 401);
     let refused = get("/info", None).await;
     assert_eq!(refused.status(), 401);
     assert_eq!(refused.headers()["access-control-allow-origin"], "*");

@@ -10,8 +10,8 @@ use crate::diag::Code;
 use crate::spec::load::push_pointer;
 use crate::spec::{RouteMethod, StreamOn};
 
-/// The paths of LangGraph's API and runner's own additions to it (`/runner/…`), which a route
-/// may not take.
+/// The paths of LangGraph's API, runner's own additions to it (`/runner/…`) and the Studio
+/// page's (`/studio/…`), which a route may not take.
 pub const RESERVED: &[&str] = &[
     "threads",
     "runs",
@@ -21,6 +21,7 @@ pub const RESERVED: &[&str] = &[
     "info",
     "metrics",
     "runner",
+    "studio",
 ];
 
 /// Compiles the workflow's routes; a defect is reported and leaves the route out.
@@ -215,6 +216,7 @@ fn segments(b: &mut Build, at: &str, path: &str) -> Option<Vec<Segment>> {
             return bad(
                 b,
                 match part {
+                    "studio" => format!("`{path}` is under `/studio`, where runner serve serves the Studio page"),
                     "runner" => format!("`{path}` is under `/runner`, which runner serve answers itself"),
                     _ => format!("`{path}` is under `/{part}`, a path of LangGraph's API that runner serve answers"),
                 },

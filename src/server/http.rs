@@ -199,13 +199,17 @@ pub(crate) async fn cors(request: Request, next: Next) -> Response {
     response
 }
 
-/// With an API key, every request but `GET /ok` and CORS preflights must carry it, as
-/// `x-api-key` (what LangGraph's SDKs send) or `Authorization: Bearer`.
+/// With an API key, every request but `GET /ok`, the Studio page's files and CORS preflights
+/// must carry it, as `x-api-key` (what LangGraph's SDKs send) or `Authorization: Bearer`. The
+/// page holds nothing of the server's: it asks for the key and sends it on every API call.
 pub(crate) async fn auth(State(app): State<super::Shared>, request: Request, next: Next) -> Response {
     let Some(key) = &app.api_key else {
         return next.run(request).await;
     };
-    if request.uri().path() == "/ok" || request.method() == Method::OPTIONS {
+    let path = request.uri().path();
+    let read = request.method() == Method::GET || request.method() == Method::HEAD;
+    let open = path == "/ok" || (read && super::studio::is_page(path));
+    if open || request.method() == Method::OPTIONS {
         return next.run(request).await;
     }
     let headers = request.headers();

@@ -25,7 +25,8 @@
 //! - `conn.rs`: connections accepted and served (HTTP/1.1), closed when idle or too slow, and
 //!   ended gracefully;
 //! - `http.rs`: `{"detail": …}` errors (the run manager's mapped in one place), JSON bodies,
-//!   CORS, the API key.
+//!   CORS, the API key;
+//! - `studio.rs`: the Studio page, embedded, at `/` and `/studio/…`.
 
 mod batch;
 mod conn;
@@ -41,6 +42,7 @@ mod routes;
 mod runs;
 mod sse;
 mod store;
+mod studio;
 mod threads;
 mod traces;
 mod translate;
@@ -291,6 +293,10 @@ pub fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {
 
 fn router(app: Shared) -> Router {
     Router::new()
+        .route("/", get(studio::index))
+        .route("/studio", get(studio::index))
+        .route("/studio/", get(studio::index))
+        .route("/studio/{*path}", get(studio::asset))
         .route("/ok", get(http::ok))
         .route("/info", get(http::info))
         .route("/assistants/search", post(graphs::search))

@@ -1,0 +1,194 @@
+//! The Studio page: the bundle built from `studio/` (committed in `studio/dist/`, so building
+//! the crate needs no node) embedded in the binary and served at `GET /` and
+//! `GET /studio/{*path}` on the API's own port. The page calls only the API.
+//!
+//! The bundle's file names are fixed (no content hashes), so every response is revalidated
+//! (`Cache-Control: no-cache` with an `ETag` of its bytes: an unchanged file costs a 304), and
+//! a client that takes gzip gets the file compressed once, at its first request.
+//!
+//! A leaf of the server: it knows no other module of it. With `--api-key-env`, these paths are
+//! served without the key ([`is_page`]); the page asks for it and sends it on every API call.
+
+use std::sync::OnceLock;
+
+use axum::body::Body;
+use axum::extract::Path;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+/// One file of the bundle.
+struct Asset {
+    /// Its path under `/studio/`.
+    path: &'static str,
+    body: &'static [u8],
+    content_type: &'static str,
+}
+
+const INDEX: usize = 0;
+
+/// The files of `studio/dist/`, as `vite build` names them (`studio/vite.config.js`).
+static ASSETS: [Asset; 3] = [
+    Asset {
+        path: "index.html",
+        body: include_bytes!("../../studio/dist/index.html"),
+        content_type: "text/html; charset=utf-8",
+    },
+    Asset {
+        path: "assets/studio.js",
+        body: include_bytes!("../../studio/dist/assets/studio.js"),
+        content_type: "text/javascript; charset=utf-8",
+    },
+    Asset {
+        path: "assets/studio.css",
+        body: include_bytes!("../../studio/dist/assets/studio.css"),
+        content_type: "text/css; charset=utf-8",
+    },
+];
+
+/// What the page may load and call: its own origin only (nothing from a network).
+const CSP: &str = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; \
+                   connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'self'";
+
+/// Each asset's ETag and gzipped bytes, made at its first request.
+struct Prepared {
+    etag: HeaderValue,
+    gzip: Vec<u8>,
+}
+
+static PREPARED: [OnceLock<Prepared>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+
+fn prepared(i: usize) -> &'static Prepared {
+    PREPARED[i].get_or_init(|| {
+        let body = ASSETS[i].body;
+        let digest = Sha256::digest(body);
+        let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+        let etag = HeaderValue::from_str(&format!("\"{hex}\"")).unwrap_or(HeaderValue::from_static("\"studio\""));
+        let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 3), flate2::Compression::best());
+        // Writing to a Vec cannot fail.
+        let gzip = std::io::Write::write_all(&mut gz, body)
+            .and_then(|()| gz.finish())
+            .unwrap_or_default();
+        Prepared { etag, gzip }
+    })
+}
+
+/// Whether `path` is the page's (served without the API key).
+pub(crate) fn is_page(path: &str) -> bool {
+    path == "/" || path == "/studio" || path.starts_with("/studio/")
+}
+
+/// Whether the client takes gzip: `Accept-Encoding` names `gzip` (or `*`) with a weight above 0.
+fn takes_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';');
+            let coding = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !refused
+        })
+}
+
+fn respond(i: usize, headers: &HeaderMap) -> Response {
+    let asset = &ASSETS[i];
+    let prep = prepared(i);
+    let fresh = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim() == prep.etag.to_str().unwrap_or_default() || t.trim() == "*")
+        });
+    let mut out = HeaderMap::new();
+    out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    out.insert(header::ETAG, prep.etag.clone());
+    out.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    out.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    if fresh {
+        return (StatusCode::NOT_MODIFIED, out).into_response();
+    }
+    out.insert(header::CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+    if i == INDEX {
+        out.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+        out.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    }
+    let body = if takes_gzip(headers) && !prep.gzip.is_empty() {
+        out.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        Body::from(prep.gzip.as_slice())
+    } else {
+        Body::from(asset.body)
+    };
+    (StatusCode::OK, out, body).into_response()
+}
+
+/// `GET /` and `GET /studio/`: the page.
+pub(super) async fn index(headers: HeaderMap) -> Response {
+    respond(INDEX, &headers)
+}
+
+/// `GET /studio/{*path}`: a file of the bundle; the page for `index.html`; 404 otherwise.
+pub(super) async fn asset(Path(path): Path<String>, headers: HeaderMap) -> Response {
+    let path = path.trim_start_matches('/');
+    if path.is_empty() {
+        return respond(INDEX, &headers);
+    }
+    match ASSETS.iter().position(|a| a.path == path) {
+        Some(i) => respond(i, &headers),
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(serde_json::json!({"detail": format!("No file {path} in the Studio page")})),
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::ACCEPT_ENCODING, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn gzip_is_sent_only_where_it_is_taken() {
+        assert!(takes_gzip(&accept("gzip, deflate, br")));
+        assert!(takes_gzip(&accept("br;q=1.0, gzip;q=0.5")));
+        assert!(takes_gzip(&accept("*")));
+        assert!(!takes_gzip(&accept("gzip;q=0")));
+        assert!(!takes_gzip(&accept("br, deflate")));
+        assert!(!takes_gzip(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn the_page_paths_are_the_pages() {
+        assert!(is_page("/") && is_page("/studio") && is_page("/studio/assets/studio.js"));
+        assert!(!is_page("/studios") && !is_page("/threads") && !is_page("/ok"));
+    }
+
+    #[test]
+    fn the_bundle_is_embedded_whole() {
+        let html = std::str::from_utf8(ASSETS[INDEX].body).unwrap();
+        // The page names the bundle's files as this module serves them.
+        for a in &ASSETS[1..] {
+            assert!(html.contains(&format!("/studio/{}", a.path)), "{html}");
+        }
+        for (i, asset) in ASSETS.iter().enumerate() {
+            let p = prepared(i);
+            let mut unzipped = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(p.gzip.as_slice()), &mut unzipped).unwrap();
+            assert_eq!(unzipped, asset.body);
+        }
+    }
+}

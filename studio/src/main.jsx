@@ -1,0 +1,5 @@
+import { render } from "preact";
+import { App } from "./app.jsx";
+import "./style.css";
+
+render(<App />, document.getElementById("app"));
