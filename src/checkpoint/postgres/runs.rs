@@ -40,7 +40,7 @@ fn meta_from_row(r: &Row) -> Result<ThreadMetaText> {
 impl PostgresCheckpointer {
     /// Runs one statement with `params` on a pooled connection, committed at once; the number
     /// of rows it touched.
-    fn execute(&self, sql: &'static str, params: Vec<Param>) -> Result<u64> {
+    pub(super) fn execute(&self, sql: &'static str, params: Vec<Param>) -> Result<u64> {
         let (pool, params) = (self.pool.clone(), std::sync::Arc::new(params));
         self.retrying(move || {
             let (pool, params) = (pool.clone(), params.clone());
@@ -72,6 +72,7 @@ pub(super) enum Param {
     Text(String),
     OptText(Option<String>),
     Int(i64),
+    OptInt(Option<i64>),
 }
 
 impl Param {
@@ -80,11 +81,12 @@ impl Param {
             Param::Text(v) => v,
             Param::OptText(v) => v,
             Param::Int(v) => v,
+            Param::OptInt(v) => v,
         }
     }
 }
 
-fn text(s: &str) -> Param {
+pub(super) fn text(s: &str) -> Param {
     Param::Text(s.to_owned())
 }
 
