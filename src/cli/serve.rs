@@ -122,6 +122,36 @@ struct Runs {
     /// step again. A second signal stops at once.
     #[arg(long, value_name = "SECS", default_value = "30", value_parser = secs)]
     shutdown_timeout: Duration,
+    /// Sign every run webhook with the secret held by this environment variable: a
+    /// `runner-signature: t=UNIX_SECONDS,v1=HEX` header, HEX the HMAC-SHA256 of the timestamp,
+    /// a `.` and the body.
+    #[arg(long, value_name = "NAME")]
+    webhook_secret_env: Option<String>,
+    /// Read the scheduler's time, in milliseconds since the epoch, from this file instead of
+    /// the system clock (for tests of schedules).
+    #[arg(long, value_name = "PATH", hide = true)]
+    clock_file: Option<PathBuf>,
+}
+
+impl Runs {
+    /// How the server's schedules and webhooks run: the clock, and the webhooks' secret read
+    /// from `env`.
+    fn triggers(&self, env: &crate::run::Env) -> anyhow::Result<crate::server::TriggerOptions> {
+        let webhook_secret = match &self.webhook_secret_env {
+            Some(name) => match env.get(name) {
+                Some(secret) if !secret.is_empty() => Some(secret),
+                _ => bail!("--webhook-secret-env {name}: the variable {name} is not set or is empty"),
+            },
+            None => None,
+        };
+        Ok(crate::server::TriggerOptions {
+            clock: self
+                .clock_file
+                .clone()
+                .map_or(crate::server::Clock::System, crate::server::Clock::File),
+            webhook_secret,
+        })
+    }
 }
 
 /// A duration in seconds, `0` or more (fractions allowed).
@@ -198,12 +228,14 @@ pub(super) fn work(args: WorkerArgs) -> anyhow::Result<u8> {
             settings.checkpoints.source
         );
     }
+    let triggers = args.runs.triggers(&env)?;
     let server = crate::server::Server::new(
         graphs,
         settings,
         None,
         usize::try_from(args.workers).unwrap_or(usize::MAX),
-    )?;
+    )?
+    .with_triggers(triggers);
     let reloader = server.reloader();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -248,12 +280,14 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
     for (method, path, graph) in graphs.routes() {
         writeln!(err, "route {method} {path} -> {graph}")?;
     }
+    let triggers = args.runs.triggers(&env)?;
     let server = crate::server::Server::new(
         graphs,
         settings,
         api_key,
         usize::try_from(args.workers).unwrap_or(usize::MAX),
-    )?;
+    )?
+    .with_triggers(triggers);
     let reloader = server.reloader();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {

@@ -122,6 +122,7 @@ fn render(app: &Shared) -> String {
         "runner_llm_duration_seconds",
         "Tasks that called a model, from start to end.",
     );
+    super::triggers::render_metrics(app, &mut out);
     out
 }
 

@@ -332,6 +332,8 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 self.store.delete_thread(thread_id)?;
             }
             self.store.delete_thread_meta(thread_id)?;
+            // Its crons go with it, as the reference deletes them.
+            crate::server::cron::delete_for_thread(&*self.store, thread_id)?;
             lock(&self.runs).retain(|_, r| r.thread_id != thread_id);
             Ok::<_, RunsError>(())
         }

@@ -609,6 +609,8 @@ async fn execute<S: Send + Sync + 'static>(
         done,
         stopper,
         release,
+        row,
+        graph,
         ..
     } = running;
     let mut pending = vec![serde_json::to_string(&first).unwrap_or_default()];
@@ -661,6 +663,8 @@ async fn execute<S: Send + Sync + 'static>(
     }
     let status = run_status(&outcome);
     let error = super::start::end_error(&outcome);
+    // Recorded before the end, as a run of one process records it (`start.rs`).
+    crate::server::webhook::enqueue(&manager.store, &graph.plan, &row, status, error.as_ref());
     let body = end_record(&outcome);
     let end = Ended {
         status,
