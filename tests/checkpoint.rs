@@ -1360,6 +1360,55 @@ fn sqlite_one_lease_among_racing_claimants() {
     assert_eq!(granted, 1);
 }
 
+/// Claimants racing for the same ticks through several openings of one database, as the
+/// schedulers of several processes do: each tick is claimed exactly once.
+fn one_claim_a_tick(stores: Vec<Arc<dyn Checkpointer>>) {
+    stores[0].put_cron(&cron("race", Some(1_000))).unwrap();
+    for tick in 1..=10i64 {
+        let at = tick * 1_000;
+        let barrier = Arc::new(Barrier::new(stores.len() * 2));
+        let handles: Vec<_> = stores
+            .iter()
+            .flat_map(|s| [s.clone(), s.clone()])
+            .map(|s| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    // What a scheduler does: read the cron as due, then claim the tick it read.
+                    let due = s.due_crons(at).unwrap();
+                    let seen = due.first().and_then(|c| c.next_run_at);
+                    seen.is_some_and(|seen| s.claim_tick("race", seen, Some(seen + 1_000), "t").unwrap())
+                })
+            })
+            .collect();
+        let claimed = handles.into_iter().map(|h| h.join().unwrap()).filter(|c| *c).count();
+        assert_eq!(claimed, 1, "tick {tick}");
+    }
+}
+
+#[test]
+fn sqlite_one_claim_a_tick_among_racing_schedulers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("race.db");
+    one_claim_a_tick(
+        (0..4)
+            .map(|_| Arc::new(SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap()) as Arc<dyn Checkpointer>)
+            .collect(),
+    );
+}
+
+#[test]
+fn postgres_one_claim_a_tick_among_racing_schedulers() {
+    let url = fresh_url();
+    one_claim_a_tick(
+        (0..4)
+            .map(|_| {
+                Arc::new(PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap()) as Arc<dyn Checkpointer>
+            })
+            .collect(),
+    );
+}
+
 #[test]
 fn sqlite_data_survives_reopening() {
     let dir = tempfile::tempdir().unwrap();

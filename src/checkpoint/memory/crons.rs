@@ -6,11 +6,14 @@ use super::MemoryCheckpointer;
 use crate::checkpoint::Result;
 use crate::checkpoint::crons::{Attempt, CronRow, CronStore, Delivery, DeliveryState};
 
+/// A delivery, in the order it was first stored, and who holds it until when.
+type Held = (u64, Delivery, Option<(String, i64)>);
+
 /// The in-memory store's crons and deliveries, each in the order it was first stored.
 #[derive(Debug, Default)]
 pub(super) struct Memory {
     crons: BTreeMap<String, (u64, CronRow)>,
-    deliveries: BTreeMap<String, (u64, Delivery, Option<(String, i64)>)>,
+    deliveries: BTreeMap<String, Held>,
     /// Orders rows by their first storing.
     seq: u64,
 }
@@ -140,7 +143,7 @@ impl CronStore for MemoryCheckpointer {
 
     fn list_deliveries(&self, run_id: Option<&str>) -> Result<Vec<Delivery>> {
         let m = self.lock_crons()?;
-        let mut rows: Vec<&(u64, Delivery, Option<(String, i64)>)> = m
+        let mut rows: Vec<&Held> = m
             .deliveries
             .values()
             .filter(|(_, d, _)| run_id.is_none_or(|r| d.run_id == r))
