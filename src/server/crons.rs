@@ -82,7 +82,7 @@ pub(super) async fn delete(
 pub(super) async fn search(State(app): State<Shared>, JsonBody(body): JsonBody<Value>) -> Result<Response, ApiError> {
     let body = object(&body);
     let offset = body.get("offset").and_then(Value::as_u64).unwrap_or(0);
-    let page = cron::search(&app.graphs, &*app.store, &body)?;
+    let page = cron::search(&*app.store, &body)?;
     let shown = page.crons.len() as u64;
     let mut response = Json(Value::Array(page.crons)).into_response();
     let headers = response.headers_mut();
@@ -105,5 +105,5 @@ pub(super) async fn search(State(app): State<Shared>, JsonBody(body): JsonBody<V
 
 /// `POST /runs/crons/count`.
 pub(super) async fn count(State(app): State<Shared>, JsonBody(body): JsonBody<Value>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(cron::count(&app.graphs, &*app.store, &object(&body))?)))
+    Ok(Json(json!(cron::count(&*app.store, &object(&body))?)))
 }

@@ -1,8 +1,8 @@
 """Drives `runner serve`'s crons with LangGraph's own Python client (langgraph-sdk, pinned in
 requirements.txt): created stateless and on a thread, read, searched, counted, changed and
 deleted as an application would, and the errors the API answers. Run by tests/serve_crons.rs:
-`python crons.py URL NOW_MS`, the server's scheduler reading its time from a file that holds
-NOW_MS (2030-01-01T00:00:30Z). Exits non-zero with the failed assertion on any difference from
+`python crons.py URL`, the server's scheduler reading its time from a file that holds
+2030-01-01T00:00:30Z. Exits non-zero with the failed assertion on any difference from
 what the SDK expects."""
 
 import asyncio
@@ -40,7 +40,8 @@ async def main():
         on_run_completed="keep",
     )
     assert weekly["assistant_id"] == assistant, weekly
-    assert weekly["thread_id"] is None and weekly["user_id"] is None, weekly
+    # No users: the anonymous caller, as LangGraph's server shows it.
+    assert weekly["thread_id"] is None and weekly["user_id"] == "", weekly
     assert weekly["schedule"] == "0 9 * * 1" and weekly["timezone"] == "Europe/Paris", weekly
     # The clock says Tuesday 2030-01-01 00:00:30 UTC: the next Monday 09:00 in Paris (CET).
     assert weekly["next_run_date"].startswith("2030-01-07T08:00:00"), weekly

@@ -71,7 +71,9 @@ pub(crate) fn cron_json(c: &CronRow) -> Value {
         "cron_id": c.cron_id,
         "assistant_id": c.assistant_id,
         "thread_id": c.thread_id,
-        "user_id": c.owner,
+        // The caller who made it; without users, "" as LangGraph's server shows the
+        // anonymous one.
+        "user_id": c.owner.clone().unwrap_or_default(),
         "end_time": c.end_ms.map(crate::clock::at_ms),
         "schedule": c.schedule,
         "timezone": c.timezone,
@@ -343,15 +345,12 @@ pub(crate) struct Filter {
 
 impl Filter {
     /// The filter a search or count `body` asks for.
-    pub(crate) fn parse(graphs: &Graphs, body: &Map<String, Value>) -> Result<Filter, CronError> {
+    pub(crate) fn parse(body: &Map<String, Value>) -> Result<Filter, CronError> {
+        // An assistant's id, not a graph's name, as the reference's search takes it.
         let assistant_id = match string_field(body, "assistant_id")? {
             None => None,
-            // A graph's name stands for its assistant, as everywhere else in runner's API.
-            Some(a) => match graphs.find(a) {
-                Some(g) => Some(g.assistant_id.clone()),
-                None if uuid::Uuid::parse_str(a).is_ok() => Some(a.to_string()),
-                None => return Err(CronError::Invalid("Invalid assistant ID: must be a UUID".into())),
-            },
+            Some(a) if uuid::Uuid::parse_str(a).is_ok() => Some(a.to_string()),
+            Some(_) => return Err(CronError::Invalid("Invalid assistant ID: must be a UUID".into())),
         };
         let enabled = match body.get("enabled") {
             None | Some(Value::Null) => None,
@@ -405,8 +404,8 @@ pub(crate) struct Page {
 
 /// The crons a search `body` asks for: filtered, sorted (by `sort_by`, default newest first),
 /// paged (`limit`, default 10, from `offset`), each with only the `select`ed fields.
-pub(crate) fn search(graphs: &Graphs, store: &dyn Checkpointer, body: &Map<String, Value>) -> Result<Page, CronError> {
-    let filter = Filter::parse(graphs, body)?;
+pub(crate) fn search(store: &dyn Checkpointer, body: &Map<String, Value>) -> Result<Page, CronError> {
+    let filter = Filter::parse(body)?;
     let number = |name: &str, default: usize| match body.get(name) {
         None | Some(Value::Null) => Ok(default),
         Some(v) => v
@@ -485,8 +484,8 @@ pub(crate) fn search(graphs: &Graphs, store: &dyn Checkpointer, body: &Map<Strin
 }
 
 /// How many crons a count `body` matches.
-pub(crate) fn count(graphs: &Graphs, store: &dyn Checkpointer, body: &Map<String, Value>) -> Result<usize, CronError> {
-    let mut filter = Filter::parse(graphs, body)?;
+pub(crate) fn count(store: &dyn Checkpointer, body: &Map<String, Value>) -> Result<usize, CronError> {
+    let mut filter = Filter::parse(body)?;
     // A count filters by assistant, thread and metadata only, as the reference's does.
     filter.enabled = None;
     Ok(store.list_crons()?.iter().filter(|c| filter.holds(c)).count())
