@@ -255,6 +255,56 @@ async fn a_cron_fires_once_per_tick_with_two_servers_on_postgres() {
     fires_once_per_tick(&[&a, &b], &clock).await;
 }
 
+/// A stateless cron's each run has a thread of its own: kept with `on_run_completed: keep`,
+/// deleted after the run otherwise; a cron's `webhook` is each run's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stateless_crons_runs_each_have_a_thread_of_their_own() {
+    let dir = folder(&[]);
+    let clock = Clock::new(dir.path(), Y2030);
+    let s = serve(dir.path(), &clock, &["--allow-net", "127.0.0.1"], &[]);
+    let receiver = Receiver::start("127.0.0.1", 0, vec![200]);
+    for (note, completed) in [("kept", "keep"), ("gone", "delete")] {
+        let (status, cron) = send(
+            &s,
+            reqwest::Method::POST,
+            "/runs/crons",
+            json!({"assistant_id": "tick", "schedule": "*/30 * * * *", "input": {"note": note},
+                   "on_run_completed": completed, "webhook": receiver.url}),
+        )
+        .await;
+        assert_eq!((status, &cron["on_run_completed"]), (200, &json!(completed)), "{cron}");
+    }
+    for tick in [30, 60] {
+        settle(&[&s], &clock, Y2030 + tick * MINUTE + 1_000).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while receiver.calls().len() < 4 {
+        assert!(Instant::now() < deadline, "{} webhooks", receiver.calls().len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut notes: Vec<String> = receiver
+        .calls()
+        .iter()
+        .map(|(_, b)| serde_json::from_slice::<Value>(b).unwrap()["values"]["note"].to_string())
+        .collect();
+    notes.sort();
+    assert_eq!(notes, ["\"gone\"", "\"gone\"", "\"kept\"", "\"kept\""]);
+    // Two ticks of the kept cron: two threads, each with one run; the others deleted.
+    let threads = loop {
+        let (_, threads) = send(&s, reqwest::Method::POST, "/threads/search", json!({})).await;
+        let threads = threads.as_array().unwrap().clone();
+        if threads.len() == 2 {
+            break threads;
+        }
+        assert!(Instant::now() < deadline, "{threads:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for t in threads {
+        assert_eq!(t["values"], json!({"count": 1, "note": "kept"}), "{t}");
+    }
+    assert_eq!(metric(&s, "runner_cron_runs_started_total").await, 4.0);
+}
+
 /// LangGraph's Python client creates, reads, searches, counts, changes and deletes crons, and
 /// meets the API's errors, unchanged.
 #[test]
