@@ -611,6 +611,16 @@ async fn webhooks_are_signed_retried_guarded_and_survive_a_restart() {
     let args = ["--allow-net", "127.0.0.1", "--webhook-secret-env", "HOOK_SECRET"];
     let mut s = serve(dir.path(), &clock, &args, &env);
 
+    // What is not an http(s) URL is refused with the run.
+    let (status, refused) = send(
+        &s,
+        reqwest::Method::POST,
+        "/runs/wait",
+        json!({"assistant_id": "tick", "webhook": "ftp://127.0.0.1/hook"}),
+    )
+    .await;
+    assert_eq!(status, 422, "{refused}");
+
     // Two 500s, then 200.
     let receiver = Receiver::start("127.0.0.1", 0, vec![500, 500, 200]);
     let (status, waited) = send(
