@@ -16,9 +16,9 @@ use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::checkpoint::postgres::PostgresCheckpointer;
 use runner::checkpoint::sqlite::{SCHEMA_VERSION, SqliteCheckpointer};
 use runner::checkpoint::{
-    CacheEntry, CacheStore, Checkpoint, CheckpointError, Checkpointer, Durability, Fence, LeaseClaim, PendingWrite,
-    Put, Removal, Removed, RunRow, RunStatus, RunStore, TaskSpec, Thread, ThreadHead, ThreadMeta, ThreadStatus,
-    ThreadTtl, new_id,
+    Attempt, CacheEntry, CacheStore, Checkpoint, CheckpointError, Checkpointer, CronRow, Delivery, DeliveryState,
+    Durability, Fence, LeaseClaim, PendingWrite, Put, Removal, Removed, RunRow, RunStatus, RunStore, TaskSpec, Thread,
+    ThreadHead, ThreadMeta, ThreadStatus, ThreadTtl, new_id,
 };
 use serde_json::{Map, Value, json};
 
@@ -970,6 +970,154 @@ fn removal(cp: &dyn Checkpointer) {
 }
 
 /// A backend under test: the checkpointer, how many values it stores, and its temp dir.
+fn cron(id: &str, next: Option<i64>) -> CronRow {
+    CronRow {
+        cron_id: id.into(),
+        assistant_id: "a".into(),
+        thread_id: None,
+        owner: None,
+        schedule: "* * * * *".into(),
+        timezone: None,
+        payload: json!({"input": {"n": 1}}),
+        metadata: json!({"who": "me"}),
+        on_run_completed: Some("delete".into()),
+        enabled: true,
+        end_ms: None,
+        next_run_at: next,
+        declared_by: None,
+        created_at: "c".into(),
+        updated_at: "u".into(),
+    }
+}
+
+fn delivery(id: &str, run: &str, body: &str) -> Delivery {
+    Delivery {
+        delivery_id: id.into(),
+        run_id: run.into(),
+        url: "http://127.0.0.1:9/hook".into(),
+        body: body.into(),
+        state: DeliveryState::Pending,
+        attempts: 0,
+        last_status: None,
+        last_error: None,
+        next_attempt_at: 0,
+        created_at: "c".into(),
+        updated_at: "c".into(),
+    }
+}
+
+/// Crons: put, read, replaced, due, each tick claimed once, deleted; webhook deliveries: held by
+/// one process at a time, retried, recorded, never taken while their run goes on.
+fn crons_and_deliveries(store: &dyn Checkpointer) {
+    // Crons: put, read, replace, due, claimed once, deleted.
+    store.put_cron(&cron("c1", Some(1_000))).unwrap();
+    let mut ended = cron("c2", Some(500));
+    ended.end_ms = Some(400);
+    store.put_cron(&ended).unwrap();
+    let mut off = cron("c3", Some(500));
+    off.enabled = false;
+    store.put_cron(&off).unwrap();
+    assert!(!store.insert_cron(&cron("c1", Some(5))).unwrap(), "c1 exists");
+    assert_eq!(store.get_cron("c1").unwrap().unwrap(), cron("c1", Some(1_000)));
+    let ids = |rows: Vec<CronRow>| rows.into_iter().map(|c| c.cron_id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list_crons().unwrap()), ["c1", "c2", "c3"]);
+    assert!(ids(store.due_crons(999).unwrap()).is_empty(), "nothing is due yet");
+    assert_eq!(ids(store.due_crons(1_000).unwrap()), ["c1"], "c2 has ended, c3 is off");
+    assert!(store.claim_tick("c1", 1_000, Some(2_000), "t").unwrap());
+    assert!(
+        !store.claim_tick("c1", 1_000, Some(2_000), "t").unwrap(),
+        "one claim a tick"
+    );
+    let c1 = store.get_cron("c1").unwrap().unwrap();
+    assert_eq!((c1.next_run_at, c1.updated_at.as_str()), (Some(2_000), "t"));
+    assert!(store.claim_tick("c1", 2_000, None, "t2").unwrap());
+    assert!(store.due_crons(i64::MAX).unwrap().is_empty(), "no tick is left");
+    assert!(store.insert_cron(&cron("c4", None)).unwrap());
+    assert!(store.delete_cron("c4").unwrap());
+    assert!(!store.delete_cron("c4").unwrap());
+
+    // Deliveries: held by one process, retried, recorded; never while the run goes on.
+    let run = |id: &str, status: RunStatus| RunRow {
+        run_id: id.into(),
+        thread_id: "t".into(),
+        assistant_id: "a".into(),
+        status,
+        created_at: "c".into(),
+        updated_at: "u".into(),
+        kwargs: json!({}),
+        multitask_strategy: "enqueue".into(),
+        metadata: json!({}),
+        error: None,
+        event_ids: 0,
+    };
+    store.put_run(&run("r1", RunStatus::Running)).unwrap();
+    store.enqueue_delivery(&delivery("d1", "r1", "first")).unwrap();
+    store.enqueue_delivery(&delivery("d2", "gone", "orphan")).unwrap();
+    let taken = store.claim_deliveries(10, "p1", 100, 10).unwrap();
+    assert_eq!(
+        taken.iter().map(|d| d.delivery_id.as_str()).collect::<Vec<_>>(),
+        ["d2"],
+        "d1's run is still running; d2's is gone"
+    );
+    assert!(
+        store.claim_deliveries(10, "p2", 100, 10).unwrap().is_empty(),
+        "p1 holds d2"
+    );
+    store.set_run_status("r1", RunStatus::Success, None, "x").unwrap();
+    // The run ended again (after a restart): an unattempted delivery takes the new body.
+    store.enqueue_delivery(&delivery("d1", "r1", "second")).unwrap();
+    let d1 = store.claim_deliveries(10, "p2", 100, 10).unwrap();
+    assert_eq!(d1.len(), 1);
+    assert_eq!(d1[0].body, "second");
+    let retry = Attempt {
+        state: DeliveryState::Pending,
+        status: Some(500),
+        error: Some("500 Internal Server Error".into()),
+        next_attempt_at: 50,
+        at: "a1".into(),
+    };
+    assert!(!store.record_attempt("d1", "p1", &retry).unwrap(), "p2 holds d1");
+    assert!(store.record_attempt("d1", "p2", &retry).unwrap());
+    assert!(
+        store.claim_deliveries(49, "p1", 100, 10).unwrap().is_empty(),
+        "its retry is not due"
+    );
+    // An attempted delivery keeps its body when the run ends again.
+    store.enqueue_delivery(&delivery("d1", "r1", "third")).unwrap();
+    let again = store.claim_deliveries(200, "p1", 300, 10).unwrap();
+    assert_eq!(
+        again
+            .iter()
+            .map(|d| (d.delivery_id.as_str(), d.body.as_str()))
+            .collect::<Vec<_>>(),
+        [("d1", "second"), ("d2", "orphan")],
+        "d2's hold expired at 100"
+    );
+    let done = Attempt {
+        state: DeliveryState::Delivered,
+        status: Some(200),
+        error: None,
+        next_attempt_at: 200,
+        at: "a2".into(),
+    };
+    assert!(store.record_attempt("d1", "p1", &done).unwrap());
+    assert!(store.claim_deliveries(i64::MAX / 2, "p3", i64::MAX, 10).unwrap().len() == 1);
+    let recorded = store.list_deliveries(Some("r1")).unwrap();
+    assert_eq!(recorded.len(), 1);
+    let d1 = &recorded[0];
+    assert_eq!(
+        (
+            d1.state,
+            d1.attempts,
+            d1.last_status,
+            d1.last_error.as_deref(),
+            d1.updated_at.as_str()
+        ),
+        (DeliveryState::Delivered, 2, Some(200), None, "a2")
+    );
+    assert_eq!(store.list_deliveries(None).unwrap().len(), 2);
+}
+
 struct Backend {
     cp: Arc<dyn Checkpointer>,
     value_rows: Box<dyn Fn() -> u64>,
@@ -1027,7 +1175,8 @@ macro_rules! conformance {
                 rollback,
                 thread_with_checkpoint,
                 node_cache,
-                removal
+                removal,
+                crons_and_deliveries
             ]
         );
     };
@@ -1288,6 +1437,55 @@ fn sqlite_one_lease_among_racing_claimants() {
         .collect();
     let granted = handles.into_iter().map(|h| h.join().unwrap()).filter(|g| *g).count();
     assert_eq!(granted, 1);
+}
+
+/// Claimants racing for the same ticks through several openings of one database, as the
+/// schedulers of several processes do: each tick is claimed exactly once.
+fn one_claim_a_tick(stores: Vec<Arc<dyn Checkpointer>>) {
+    stores[0].put_cron(&cron("race", Some(1_000))).unwrap();
+    for tick in 1..=10i64 {
+        let at = tick * 1_000;
+        let barrier = Arc::new(Barrier::new(stores.len() * 2));
+        let handles: Vec<_> = stores
+            .iter()
+            .flat_map(|s| [s.clone(), s.clone()])
+            .map(|s| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    // What a scheduler does: read the cron as due, then claim the tick it read.
+                    let due = s.due_crons(at).unwrap();
+                    let seen = due.first().and_then(|c| c.next_run_at);
+                    seen.is_some_and(|seen| s.claim_tick("race", seen, Some(seen + 1_000), "t").unwrap())
+                })
+            })
+            .collect();
+        let claimed = handles.into_iter().map(|h| h.join().unwrap()).filter(|c| *c).count();
+        assert_eq!(claimed, 1, "tick {tick}");
+    }
+}
+
+#[test]
+fn sqlite_one_claim_a_tick_among_racing_schedulers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("race.db");
+    one_claim_a_tick(
+        (0..4)
+            .map(|_| Arc::new(SqliteCheckpointer::open(&path, Durability::CrashSafe).unwrap()) as Arc<dyn Checkpointer>)
+            .collect(),
+    );
+}
+
+#[test]
+fn postgres_one_claim_a_tick_among_racing_schedulers() {
+    let url = fresh_url();
+    one_claim_a_tick(
+        (0..4)
+            .map(|_| {
+                Arc::new(PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap()) as Arc<dyn Checkpointer>
+            })
+            .collect(),
+    );
 }
 
 #[test]

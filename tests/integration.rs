@@ -38,6 +38,7 @@ mod runner_test;
 mod serve;
 mod serve_api;
 mod serve_conn;
+mod serve_crons;
 mod serve_routes;
 mod serve_seeds;
 mod serve_shared;

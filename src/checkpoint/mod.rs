@@ -13,7 +13,8 @@
 //! longer matches the lease, so a process that lost its lease cannot write any more.
 //!
 //! The format is shared by every backend: this module, `format.rs` (rows, encoding, the ops a
-//! batch becomes and the rules for applying them), [`blobs`], [`runs`] and [`cache`]; none
+//! batch becomes and the rules for applying them), [`blobs`], [`runs`], [`cache`] and
+//! [`crons`]; none
 //! names a backend. A backend ([`sqlite`], [`memory`]) adds its SQL, connections and
 //! transactions, and owns its I/O: the trait is synchronous, and a call is a send to the
 //! backend's own thread (or runtime) and a wait for its answer.
@@ -23,6 +24,7 @@
 
 pub mod blobs;
 pub mod cache;
+pub mod crons;
 mod format;
 pub mod memory;
 pub mod postgres;
@@ -37,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use cache::{CacheEntry, CacheHead, CacheStore};
+pub use crons::{Attempt, CronRow, CronStore, Delivery, DeliveryState};
 pub use runs::{RunRow, RunStatus, RunStore, ThreadMeta, ThreadTtl, TraceRow};
 
 /// A thread's identity and what it was started with.
@@ -343,7 +346,7 @@ pub enum Durability {
 /// it returns. Implementations are shared between tasks and threads.
 ///
 /// The conformance suite in `tests/checkpoint.rs` runs against every implementation.
-pub trait Checkpointer: runs::RunStore + cache::CacheStore + Send + Sync {
+pub trait Checkpointer: runs::RunStore + cache::CacheStore + crons::CronStore + Send + Sync {
     /// Creates a thread. Fails with [`CheckpointError::ThreadExists`] if it exists.
     fn create_thread(&self, thread: &Thread) -> Result<()>;
 

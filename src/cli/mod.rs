@@ -5,6 +5,7 @@
 
 mod cache;
 mod completions;
+mod cron;
 mod db;
 mod dev;
 mod graph;
@@ -69,6 +70,7 @@ enum Command {
     Worker(serve::WorkerArgs),
     Mcp(mcp::Args),
     Cache(cache::Args),
+    Cron(cron::Args),
     Db(db::Args),
     /// Print the shell completion script (e.g. `runner completions bash > /etc/bash_completion.d/runner`).
     Completions(completions::Args),
@@ -131,6 +133,7 @@ fn dispatch(command: Command) -> ExitCode {
         Command::Worker(args) => serve::work(args),
         Command::Mcp(args) => mcp::run(args),
         Command::Cache(args) => cache::run(args),
+        Command::Cron(args) => cron::run(args),
         Command::Db(args) => db::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),

@@ -130,6 +130,15 @@ struct Runs {
     /// `sweep_interval_minutes`; default 300).
     #[arg(long, value_name = "SECS", default_value = "300", value_parser = positive_secs)]
     ttl_sweep_interval: Duration,
+    /// Sign every run webhook with the secret held by this environment variable: a
+    /// `runner-signature: t=UNIX_SECONDS,v1=HEX` header, HEX the HMAC-SHA256 of the timestamp,
+    /// a `.` and the body.
+    #[arg(long, value_name = "NAME")]
+    webhook_secret_env: Option<String>,
+    /// Read the scheduler's time, in milliseconds since the epoch, from this file instead of
+    /// the system clock (for tests of schedules).
+    #[arg(long, value_name = "PATH", hide = true)]
+    clock_file: Option<PathBuf>,
 }
 
 impl Runs {
@@ -139,6 +148,25 @@ impl Runs {
             default_minutes: self.thread_ttl,
             sweep_every: self.ttl_sweep_interval,
         }
+    }
+
+    /// How the server's schedules and webhooks run: the clock, and the webhooks' secret read
+    /// from `env`.
+    fn triggers(&self, env: &crate::run::Env) -> anyhow::Result<crate::server::TriggerOptions> {
+        let webhook_secret = match &self.webhook_secret_env {
+            Some(name) => match env.get(name) {
+                Some(secret) if !secret.is_empty() => Some(secret),
+                _ => bail!("--webhook-secret-env {name}: the variable {name} is not set or is empty"),
+            },
+            None => None,
+        };
+        Ok(crate::server::TriggerOptions {
+            clock: self
+                .clock_file
+                .clone()
+                .map_or(crate::server::Clock::System, crate::server::Clock::File),
+            webhook_secret,
+        })
     }
 }
 
@@ -250,13 +278,15 @@ pub(super) fn work(args: WorkerArgs) -> anyhow::Result<u8> {
             settings.checkpoints.source
         );
     }
+    let triggers = args.runs.triggers(&env)?;
     let server = crate::server::Server::new(
         graphs,
         settings,
         None,
         usize::try_from(args.workers).unwrap_or(usize::MAX),
         args.runs.ttls(),
-    )?;
+    )?
+    .with_triggers(triggers);
     let reloader = server.reloader();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -331,13 +361,15 @@ fn serve(args: Args, dev: Dev) -> anyhow::Result<u8> {
     for (method, path, graph) in graphs.routes() {
         writeln!(err, "route {method} {path} -> {graph}")?;
     }
+    let triggers = args.runs.triggers(&env)?;
     let mut server = crate::server::Server::new(
         graphs,
         settings,
         api_key,
         usize::try_from(args.workers).unwrap_or(usize::MAX),
         args.runs.ttls(),
-    )?;
+    )?
+    .with_triggers(triggers);
     if dev == Dev::Yes {
         server = server.dev();
     }

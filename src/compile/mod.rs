@@ -25,6 +25,7 @@ pub mod plan;
 mod reads;
 mod replies;
 pub mod routes;
+pub mod schedule;
 pub(crate) mod schemas;
 pub mod source;
 mod tools;

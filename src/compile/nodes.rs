@@ -97,6 +97,7 @@ pub(super) struct Build<'c, 'a> {
     pub(super) catalog: super::mcp::Catalog,
     /// The workflow's own HTTP endpoints, compiled.
     pub routes: Vec<Route>,
+    pub schedules: Vec<super::plan::PlanSchedule>,
 }
 
 impl<'c, 'a> Build<'c, 'a> {
@@ -151,6 +152,7 @@ impl<'c, 'a> Build<'c, 'a> {
             model_uses: Vec::new(),
             catalog,
             routes: Vec::new(),
+            schedules: Vec::new(),
         }
     }
 
@@ -178,6 +180,7 @@ impl<'c, 'a> Build<'c, 'a> {
         }
         self.outputs();
         self.routes = super::routes::routes(self);
+        self.schedules = super::schedule::schedules(self);
         // A join that can never fire is reported as such; the analysis would only report what
         // follows from it (write conflicts between its sources) in other words.
         if !self.broken_edges && !loops::dead_joins(self) {
@@ -597,6 +600,7 @@ impl<'c, 'a> Build<'c, 'a> {
             tools: self.catalog.names.keys().cloned().collect(),
             exprs,
             routes: std::mem::take(&mut self.routes),
+            schedules: std::mem::take(&mut self.schedules),
             validators: Default::default(),
             node_validators: Default::default(),
         })

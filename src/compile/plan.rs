@@ -60,6 +60,8 @@ pub struct Plan {
     pub(in crate::compile) exprs: ExprTable,
     /// The HTTP endpoints of the workflow's own (`serve.routes`).
     pub(in crate::compile) routes: Vec<Route>,
+    /// The schedules it runs on by itself (`serve.schedules`).
+    pub(in crate::compile) schedules: Vec<PlanSchedule>,
     /// The validators of the state keys' schemas and of the nodes' result schemas, made on
     /// first use and shared by every run of the plan (a server's runs compile a schema once,
     /// not once a run).
@@ -72,6 +74,11 @@ impl Plan {
     /// The HTTP endpoints of the workflow's own (`serve.routes`).
     pub fn routes(&self) -> &[Route] {
         &self.routes
+    }
+
+    /// The schedules it runs on by itself (`serve.schedules`).
+    pub fn schedules(&self) -> &[PlanSchedule] {
+        &self.schedules
     }
 
     /// The state channels, to change: only for tests of the engine's own run-time checks,
@@ -623,6 +630,35 @@ pub struct Route {
     pub stream: Option<Vec<StreamRule>>,
     /// The JSON answered once the run ends (none: the run's output).
     pub respond: Option<ExprId>,
+    /// The signature a request must carry (an inbound webhook's).
+    pub verify: Option<Verify>,
+}
+
+/// How a route checks a request's signature (see [`crate::spec::VerifySpec`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verify {
+    /// The variable holding the shared secret, read when a request comes.
+    pub secret_env: String,
+    /// Lowercase.
+    pub header: String,
+    pub scheme: crate::spec::VerifyScheme,
+}
+
+/// A schedule the workflow declares (`serve.schedules`), checked: what the server registers as
+/// a cron.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanSchedule {
+    pub cron: String,
+    pub timezone: Option<String>,
+    pub input: Option<Value>,
+    /// The runs' `config.configurable`.
+    pub config: serde_json::Map<String, Value>,
+    pub context: Option<Value>,
+    pub metadata: serde_json::Map<String, Value>,
+    pub thread: Option<String>,
+    /// Milliseconds since the epoch.
+    pub until: Option<i64>,
+    pub webhook: Option<String>,
 }
 
 /// A segment of a route's path.

@@ -112,7 +112,51 @@ pub(super) fn routes(b: &mut Build) -> Vec<Route> {
             .respond
             .as_ref()
             .and_then(|t| b.expr(&push_pointer(&at, "respond"), t, end));
+        let verify = match &spec.verify {
+            None => None,
+            Some(v) => {
+                let header = v
+                    .header
+                    .as_deref()
+                    .unwrap_or(crate::spec::SIGNATURE_HEADER)
+                    .to_ascii_lowercase();
+                let token = !header.is_empty()
+                    && header
+                        .bytes()
+                        .all(|c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c));
+                if !token {
+                    b.diags.push(
+                        b.src
+                            .diag(
+                                Code::BadRoute,
+                                &push_pointer(&push_pointer(&at, "verify"), "header"),
+                                format!("`{header}` is not an HTTP header name"),
+                            )
+                            .help("e.g. `x-hub-signature-256`"),
+                    );
+                    continue;
+                }
+                if v.secret_env.trim().is_empty() {
+                    b.diags.push(
+                        b.src
+                            .diag(
+                                Code::BadRoute,
+                                &push_pointer(&push_pointer(&at, "verify"), "secret_env"),
+                                "`secret_env` names the environment variable that holds the secret",
+                            )
+                            .help("e.g. `secret_env: GITHUB_WEBHOOK_SECRET`"),
+                    );
+                    continue;
+                }
+                Some(super::plan::Verify {
+                    secret_env: v.secret_env.clone(),
+                    header,
+                    scheme: v.scheme.unwrap_or(crate::spec::VerifyScheme::Timestamped),
+                })
+            }
+        };
         out.push(Route {
+            verify,
             path: spec.path.clone(),
             segments,
             method,

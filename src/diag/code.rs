@@ -109,6 +109,7 @@ codes! {
     ReplacedInLoop = "W412", "replaced-in-loop", Warning, "a node in a loop writes a one-item list to a key that replaces, so each pass drops what the last one wrote";
     // Serving.
     BadRoute = "E500", "bad-route", Error, "a `serve` route is malformed: its path, a clash with another route, or `stream` beside `respond`";
+    BadSchedule = "E501", "bad-schedule", Error, "a `serve` schedule is malformed: its cron expression, time zone, end, input, config or webhook";
 }
 
 impl Serialize for Code {

@@ -158,7 +158,7 @@ pub(crate) async fn info() -> axum::Json<Value> {
     axum::Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
         "langgraph_py_version": null,
-        "flags": {"assistants": true, "crons": false, "langsmith": false, "langsmith_tracing_replicas": false},
+        "flags": {"assistants": true, "crons": true, "langsmith": false, "langsmith_tracing_replicas": false},
         "host": {"kind": "runner", "project_id": null, "revision_id": null, "tenant_id": null},
     }))
 }

@@ -122,6 +122,7 @@ fn render(app: &Shared) -> String {
         "runner_llm_duration_seconds",
         "Model calls, from request to reply or failure.",
     );
+    super::triggers::render_metrics(app, &mut out);
     out
 }
 

@@ -22,6 +22,8 @@
 //! - `store.rs`: the store endpoints, over the data store `store` nodes use;
 //! - `metrics.rs`: `GET /metrics` in Prometheus's text format;
 //! - `traces.rs`: runs' traces and threads' usage (runner's additions, for its Studio page);
+//! - `crons.rs`, `cron/`: the API's crons, and the scheduler that fires them; `webhook/`:
+//!   run webhooks, signed and delivered; `triggers.rs`: both started in every process;
 //! - `conn.rs`: connections accepted and served (HTTP/1.1), closed when idle or too slow, and
 //!   ended gracefully;
 //! - `http.rs`: `{"detail": …}` errors (the run manager's mapped in one place), JSON bodies,
@@ -31,6 +33,8 @@
 mod batch;
 mod conn;
 mod control;
+mod cron;
+mod crons;
 mod graphs;
 mod http;
 mod hub;
@@ -47,6 +51,8 @@ mod threads;
 mod traces;
 mod translate;
 mod ttl;
+mod triggers;
+mod webhook;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -55,8 +61,11 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 
+pub(crate) use cron::cron_json;
+pub use cron::{Clock, CronError};
 pub use graphs::{Graph, Graphs, Rejected, Reloaded, assistant_id};
 pub use ttl::ThreadTtls;
+pub use triggers::TriggerOptions;
 
 use crate::checkpoint::Checkpointer;
 use crate::run::{RunError, RunSettings};
@@ -86,6 +95,8 @@ pub(crate) struct App {
     ttls: ThreadTtls,
     /// Served by `runner dev`: a watcher reloads the folder as its files change.
     dev: bool,
+    /// The scheduler's clock and what it did, and the webhooks' secret.
+    triggers: triggers::Triggers,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -154,6 +165,7 @@ impl Server {
                 api_key,
                 ttls,
                 dev: false,
+                triggers: triggers::Triggers::default(),
             }),
         })
     }
@@ -162,6 +174,15 @@ impl Server {
     pub fn dev(mut self) -> Server {
         if let Some(app) = Arc::get_mut(&mut self.app) {
             app.dev = true;
+        }
+        self
+    }
+
+    /// This server with its schedules read by `options.clock` and its webhooks signed with
+    /// `options.webhook_secret`. Given before it serves.
+    pub fn with_triggers(mut self, options: TriggerOptions) -> Server {
+        if let Some(app) = Arc::get_mut(&mut self.app) {
+            app.triggers = triggers::Triggers::new(options);
         }
         self
     }
@@ -187,6 +208,7 @@ impl Server {
     /// queue (bounded by `timeout`).
     pub async fn work(self, timeout: Duration, shutdown: impl std::future::Future<Output = ()> + Send + 'static) {
         let (stop, stopped) = tokio::sync::watch::channel(false);
+        let triggers = triggers::start(&self.app, stopped.clone());
         let Some(worker) = self.start_worker(stopped) else {
             return;
         };
@@ -194,6 +216,7 @@ impl Server {
         shutdown.await;
         sweeper.abort();
         let _ = stop.send(true);
+        let _ = triggers.await;
         if tokio::time::timeout(timeout, worker).await.is_err() {
             tracing::warn!(
                 timeout_s = timeout.as_secs_f64(),
@@ -230,6 +253,7 @@ impl Server {
             let _ = control::resume_unfinished(&self.app);
         }
         let (stop, stopped) = tokio::sync::watch::channel(false);
+        let triggers = triggers::start(&self.app, stopped.clone());
         let worker = self.start_worker(stopped);
         let sweeper = self.start_sweeper();
         let open = conn::serve(listener, router(self.app.clone()), timeouts, shutdown).await;
@@ -240,6 +264,7 @@ impl Server {
             if let Some(w) = worker {
                 let _ = w.await;
             }
+            let _ = triggers.await;
         };
         // From here on a run that stops stays unfinished in the store, for the next server.
         let ended = async { tokio::join!(app.runs.stop_all(), open.close(), drained) };
@@ -277,13 +302,28 @@ pub struct Reloader {
 
 impl Reloader {
     pub fn reload(&self, dir: &Path) -> std::io::Result<Reloaded> {
-        self.app.graphs.reload(dir)
+        let reloaded = self.app.graphs.reload(dir)?;
+        triggers::register(&self.app);
+        Ok(reloaded)
     }
 
     /// Every file the served (and rejected) workflows' compilations read.
     pub fn files(&self) -> Vec<std::path::PathBuf> {
         self.app.graphs.files()
     }
+}
+
+/// Creates a cron as `POST /runs/crons` (or, on `thread`, `POST /threads/{id}/runs/crons`)
+/// does, from a create request's `body`, its first tick the first after `now` (milliseconds
+/// since the epoch): `runner cron add`'s way in.
+pub fn cron_create(
+    graphs: &Graphs,
+    store: &dyn Checkpointer,
+    now: i64,
+    thread: Option<&str>,
+    body: serde_json::Value,
+) -> Result<crate::checkpoint::CronRow, CronError> {
+    cron::create(graphs, store, now, thread, body, None)
 }
 
 /// Loads every workflow of `dir`: the graphs that compile, and why the others do not.
@@ -338,6 +378,14 @@ fn router(app: Shared) -> Router {
         .route("/runs/wait", post(runs::wait_stateless))
         .route("/runs", post(control::create_stateless))
         .route("/runs/batch", post(batch::batch))
+        .route("/runs/crons", post(crons::create_stateless))
+        .route("/runs/crons/search", post(crons::search))
+        .route("/runs/crons/count", post(crons::count))
+        .route(
+            "/runs/crons/{cron_id}",
+            get(crons::get).patch(crons::patch).delete(crons::delete),
+        )
+        .route("/threads/{id}/runs/crons", post(crons::create_on_thread))
         .route(
             "/store/items",
             axum::routing::put(store::put).get(store::get).delete(store::delete),

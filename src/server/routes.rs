@@ -116,6 +116,29 @@ fn query_map(query: Option<&str>) -> Map<String, Value> {
         .collect()
 }
 
+/// Refuses a request to a route with `verify` whose body is not signed with the route's
+/// secret (401), before anything is read from it or run.
+fn signed(
+    app: &Shared,
+    path: &str,
+    v: &crate::compile::plan::Verify,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(), ApiError> {
+    let Some(secret) = app.settings.env.get(&v.secret_env).filter(|s| !s.is_empty()) else {
+        return Err(ApiError::internal(format!(
+            "route `{path}` verifies signatures with the secret in ${}, which is not set",
+            v.secret_env
+        )));
+    };
+    let given = headers.get(v.header.as_str()).and_then(|h| h.to_str().ok());
+    let now = crate::clock::now_ms().div_euclid(1000);
+    super::webhook::verify(v.scheme, secret.as_bytes(), &v.header, given, body, now).map_err(|e| ApiError {
+        status: StatusCode::UNAUTHORIZED,
+        detail: format!("route `{path}`: {e}"),
+    })
+}
+
 /// Runs what `graph`'s route `index` says of the request, and answers as it says.
 async fn answer(
     app: Shared,
@@ -127,6 +150,9 @@ async fn answer(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let route = &graph.plan.routes()[index];
+    if let Some(v) = &route.verify {
+        signed(&app, &route.path, v, &headers, &body)?;
+    }
     let body = if body.iter().all(u8::is_ascii_whitespace) {
         Value::Null
     } else {

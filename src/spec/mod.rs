@@ -105,6 +105,48 @@ pub struct Serve {
     /// events as server-sent events, or with a value once it ends.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<Route>,
+    /// When the workflow runs by itself: each schedule is registered as a cron (LangGraph's
+    /// scheduled runs) when `runner serve` loads the workflow, once however many servers load
+    /// it, and removed when the workflow no longer declares it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schedules: Vec<ScheduleSpec>,
+}
+
+/// A schedule the workflow runs on: a cron expression, and the run each tick starts.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    /// The cron expression, five fields: minute hour day-of-month month day-of-week
+    /// (`0 9 * * 1`: Mondays at 09:00; `*/15 * * * *`: every fifteen minutes; `@daily`).
+    pub cron: String,
+    /// The IANA time zone the expression is read in (e.g. `Europe/Paris`); default UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// What the schedule is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The input each run starts with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    /// Values of the workflow's `config` for these runs (as a run's `config.configurable`).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub config: IndexMap<String, Value>,
+    /// The runs' context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<Value>,
+    /// Metadata of the schedule, which each of its runs carries.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub metadata: IndexMap<String, Value>,
+    /// A thread every run continues (created on the first run); without it each run has a
+    /// thread of its own, deleted when the run ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<String>,
+    /// When the schedule stops: an RFC 3339 time (`2031-01-01T00:00:00Z`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    /// A URL called with the run when each run ends (a run's `webhook`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
 }
 
 /// One HTTP endpoint of the workflow's own. Its expressions read `request` (`body`, `query`,
@@ -147,6 +189,39 @@ pub struct Route {
     /// rule's at `end`). Default: the run's output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub respond: Option<String>,
+    /// Check the request's signature before anything runs, for an endpoint other services
+    /// call (an inbound webhook): a request whose body is not signed with the secret is
+    /// refused with 401.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifySpec>,
+}
+
+/// How a route checks that a request's body was signed with a shared secret (HMAC-SHA256).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VerifySpec {
+    /// The environment variable that holds the shared secret.
+    pub secret_env: String,
+    /// The header that carries the signature (default `runner-signature`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// How the signature is made: `timestamped` (the default: `t=UNIX_SECONDS,v1=HEX`, the
+    /// HMAC-SHA256 of the timestamp, a `.` and the body, at most five minutes old — runner's
+    /// own webhooks sign so, as Stripe does) or `hex` (the HMAC-SHA256 of the body in hex,
+    /// after an optional `sha256=`, as GitHub's `X-Hub-Signature-256`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<VerifyScheme>,
+}
+
+/// The header runner's outgoing webhooks sign with, and a route's `verify` reads by default.
+pub const SIGNATURE_HEADER: &str = "runner-signature";
+
+/// A signature scheme a route verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifyScheme {
+    Timestamped,
+    Hex,
 }
 
 /// An HTTP method a route answers.

@@ -54,6 +54,8 @@ def id_kind(key, parent):
         return "thread"
     if key == "run_id":
         return "run"
+    if key == "cron_id":
+        return "cron"
     if key in ("checkpoint_id", "parent_checkpoint_id"):
         return "checkpoint"
     if key in ("task_id",):

@@ -4,6 +4,7 @@
 //! to it.
 
 mod cache;
+mod crons;
 mod runs;
 
 use std::collections::{BTreeMap, HashMap};
@@ -27,6 +28,8 @@ pub struct MemoryCheckpointer {
     runs: Mutex<runs::Memory>,
     /// Cached task results (`cache.rs`).
     cache: Mutex<cache::Memory>,
+    /// Crons and webhook deliveries (`crons.rs`).
+    crons: Mutex<crons::Memory>,
 }
 
 #[derive(Default)]
@@ -222,6 +225,12 @@ impl MemoryCheckpointer {
 
     fn lock_runs(&self) -> Result<MutexGuard<'_, runs::Memory>> {
         self.runs
+            .lock()
+            .map_err(|_| CheckpointError::Backend("the in-memory store is poisoned".into()))
+    }
+
+    fn lock_crons(&self) -> Result<MutexGuard<'_, crons::Memory>> {
+        self.crons
             .lock()
             .map_err(|_| CheckpointError::Backend("the in-memory store is poisoned".into()))
     }

@@ -14,6 +14,13 @@ pub(super) struct Memory {
     traces: std::collections::BTreeMap<String, TraceRow>,
 }
 
+impl Memory {
+    /// Whether run `run_id` exists and is pending or running.
+    pub(super) fn is_active(&self, run_id: &str) -> bool {
+        self.runs.get(run_id).is_some_and(|r| r.status.is_active())
+    }
+}
+
 impl RunStore for MemoryCheckpointer {
     fn put_run(&self, run: &RunRow) -> Result<()> {
         self.lock_runs()?.runs.insert(run.run_id.clone(), run.clone());

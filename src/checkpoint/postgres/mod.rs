@@ -29,6 +29,7 @@
 
 mod apply;
 mod cache;
+mod crons;
 mod queue;
 mod remove;
 mod runs;

@@ -46,7 +46,7 @@ pub(super) fn meta_from_row(r: &Row) -> Result<ThreadMetaText> {
 impl PostgresCheckpointer {
     /// Runs one statement with `params` on a pooled connection, committed at once; the number
     /// of rows it touched.
-    fn execute(&self, sql: &'static str, params: Vec<Param>) -> Result<u64> {
+    pub(super) fn execute(&self, sql: &'static str, params: Vec<Param>) -> Result<u64> {
         let (pool, params) = (self.pool.clone(), std::sync::Arc::new(params));
         self.retrying(move || {
             let (pool, params) = (pool.clone(), params.clone());
@@ -92,7 +92,7 @@ impl Param {
     }
 }
 
-fn text(s: &str) -> Param {
+pub(super) fn text(s: &str) -> Param {
     Param::Text(s.to_owned())
 }
 

@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Version 1.
 const V1: &str = "
@@ -150,9 +150,52 @@ CREATE TABLE run_traces (
 CREATE INDEX run_traces_by_thread ON run_traces (thread_id, run_id);
 ";
 
+/// Version 4: schedules (the API's crons) and the webhook deliveries of ended runs
+/// (`crons.rs`).
+const V4: &str = "
+CREATE TABLE crons (
+    cron_id text PRIMARY KEY,
+    assistant_id text NOT NULL,
+    thread_id text,
+    owner text,
+    schedule text NOT NULL,
+    timezone text,
+    payload text NOT NULL,
+    metadata text NOT NULL,
+    on_run_completed text,
+    enabled bigint NOT NULL,
+    -- Milliseconds since the Unix epoch, by the servers' clock.
+    end_ms bigint,
+    next_run_at bigint,
+    declared_by text,
+    created_at text NOT NULL,
+    updated_at text NOT NULL,
+    seq bigserial NOT NULL
+);
+CREATE INDEX crons_due ON crons (next_run_at) WHERE enabled = 1;
+CREATE TABLE webhook_deliveries (
+    delivery_id text PRIMARY KEY,
+    run_id text NOT NULL,
+    url text NOT NULL,
+    body text NOT NULL,
+    state text NOT NULL,
+    attempts bigint NOT NULL,
+    last_status bigint,
+    last_error text,
+    next_attempt_at bigint NOT NULL,
+    claimed_by text,
+    claimed_until bigint,
+    created_at text NOT NULL,
+    updated_at text NOT NULL,
+    seq bigserial NOT NULL
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX webhook_deliveries_by_run ON webhook_deliveries (run_id);
+";
+
 /// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
 /// `n + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found

@@ -27,11 +27,14 @@
 //!   (`runs.rs`; the format is [`super::runs`]).
 //! - `node_cache`: cached task results by workflow, node and key, with their expiry, added the
 //!   same way (`cache.rs`; the format is [`super::cache`]).
+//! - `crons`, `webhook_deliveries`: schedules and the webhook calls of ended runs, added the
+//!   same way (`crons.rs`; the format is [`super::crons`]).
 //!
 //! Depends on rusqlite and serde_json only (Architecture Invariant of [`super`]).
 
 mod backup;
 mod cache;
+mod crons;
 mod rows;
 mod runs;
 mod schema;

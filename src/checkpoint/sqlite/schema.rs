@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::{BUSY_TIMEOUT, SCHEMA_VERSION, cache, runs};
+use super::{BUSY_TIMEOUT, SCHEMA_VERSION, cache, crons, runs};
 use crate::checkpoint::{CheckpointError, Result};
 
 /// A new file's schema, with [`TABLES_2`]: what a version 1 file becomes with [`MIGRATE_2`],
@@ -125,6 +125,7 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     runs::migrate_meta(&tx)?;
     tx.execute_batch(cache::TABLE)?;
     tx.execute_batch(cache::INDEX)?;
+    tx.execute_batch(crons::SCHEMA)?;
     tx.commit()?;
     Ok(())
 }

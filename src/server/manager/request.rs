@@ -47,6 +47,8 @@ pub(crate) struct RunCreate {
     checkpoint: Option<Value>,
     /// The same, as the Python SDK's `checkpoint_id=` sends it.
     checkpoint_id: Option<String>,
+    /// A URL POSTed the run when it ends (`server/webhook/`).
+    webhook: Option<String>,
 }
 
 impl RunCreate {
@@ -171,6 +173,15 @@ impl CreateRun {
     pub(crate) fn parse(graphs: &Graphs, thread: Option<String>, kwargs: Value) -> Result<CreateRun, RunsError> {
         let req = RunCreate::parse(&kwargs)?;
         let graph = find_assistant(graphs, &req.assistant_id)?;
+        if let Some(url) = req
+            .webhook
+            .as_deref()
+            .filter(|u| !u.is_empty() && !crate::compile::schedule::is_web_url(u))
+        {
+            return Err(RunsError::Invalid(format!(
+                "webhook `{url}` is not an absolute http or https URL"
+            )));
+        }
         let strategy = Multitask::parse(req.multitask_strategy.as_deref())?;
         let persist = match req.durability.as_deref() {
             None => None,

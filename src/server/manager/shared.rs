@@ -616,6 +616,8 @@ async fn execute<S: Send + Sync + 'static>(
         done,
         stopper,
         release,
+        row,
+        graph,
         ..
     } = running;
     // The events were recorded as they were sent: what comes through the channel only says
@@ -655,6 +657,8 @@ async fn execute<S: Send + Sync + 'static>(
     }
     let status = run_status(&outcome);
     let error = super::start::end_error(&outcome);
+    // Recorded before the end, as a run of one process records it (`start.rs`).
+    crate::server::webhook::enqueue(&manager.store, &graph.plan, &row, status, error.as_ref());
     let body = end_record(&outcome);
     let end = Ended {
         status,

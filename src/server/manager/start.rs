@@ -429,6 +429,8 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             ended: ended_tx,
             outcome: tx,
             released,
+            webhook: (self.role == super::Role::Local && crate::server::webhook::url_of(&c.row).is_some())
+                .then(|| c.graph.plan.clone()),
         };
         let queued = Queued {
             run_id,
@@ -620,6 +622,9 @@ struct RunTask<S> {
     ended: tokio::sync::watch::Sender<bool>,
     outcome: oneshot::Sender<Result<RunOutcome, EngineError>>,
     released: oneshot::Receiver<()>,
+    /// The run's graph, when its end calls a webhook this process records (a worker of a
+    /// shared database records its own runs' as it ends them).
+    webhook: Option<Arc<crate::compile::Plan>>,
 }
 
 impl<S: Send + Sync + 'static> RunTask<S> {
@@ -637,6 +642,7 @@ impl<S: Send + Sync + 'static> RunTask<S> {
             ended,
             outcome: tx,
             released,
+            webhook,
         } = self;
         let keeping = tokio::spawn(keep_trace(
             manager.store.clone(),
@@ -688,6 +694,13 @@ impl<S: Send + Sync + 'static> RunTask<S> {
         // Recorded whether or not a client still listens, and before a stream closes: a client
         // that finds the stream closed asks the run's status to know whether to reconnect.
         let status = run_status(&outcome);
+        // The webhook's call is recorded before the end: a process that dies between the two
+        // leaves a delivery that waits for the run, which the next process ends.
+        if let Some(plan) = webhook
+            && let Ok(Some(row)) = manager.store.get_run(&run_id)
+        {
+            crate::server::webhook::enqueue(&manager.store, &plan, &row, status, error.as_ref());
+        }
         manager.set_status(&run_id, status, error);
         *lock(&manager.ended).entry(status.as_str()).or_default() += 1;
         // Nobody waiting for the run's end is no failure.
