@@ -29,6 +29,7 @@ pub mod postgres;
 pub mod queue;
 pub mod runs;
 pub mod sqlite;
+pub mod users;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -38,6 +39,7 @@ use serde_json::{Map, Value};
 
 pub use cache::{CacheEntry, CacheHead, CacheStore};
 pub use runs::{RunRow, RunStatus, RunStore, ThreadMeta};
+pub use users::{ApiKey, QuotaLimits, QuotaUse, UserStore};
 
 /// A thread's identity and what it was started with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -297,7 +299,7 @@ pub enum Durability {
 /// it returns. Implementations are shared between tasks and threads.
 ///
 /// The conformance suite in `tests/checkpoint.rs` runs against every implementation.
-pub trait Checkpointer: runs::RunStore + cache::CacheStore + Send + Sync {
+pub trait Checkpointer: runs::RunStore + cache::CacheStore + users::UserStore + Send + Sync {
     /// Creates a thread. Fails with [`CheckpointError::ThreadExists`] if it exists.
     fn create_thread(&self, thread: &Thread) -> Result<()>;
 

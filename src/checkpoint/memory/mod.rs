@@ -5,6 +5,7 @@
 
 mod cache;
 mod runs;
+mod users;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -11,6 +11,8 @@ use crate::checkpoint::runs::{RunRow, RunStatus, RunStore, ThreadMeta};
 pub(super) struct Memory {
     runs: std::collections::BTreeMap<String, RunRow>,
     threads: std::collections::HashMap<String, ThreadMeta>,
+    /// Per-user API keys with their hashes, and quota windows (`users.rs`).
+    pub(super) users: super::users::Users,
 }
 
 impl RunStore for MemoryCheckpointer {

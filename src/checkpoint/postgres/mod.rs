@@ -32,6 +32,7 @@ mod cache;
 mod queue;
 mod runs;
 mod schema;
+mod users;
 
 use std::collections::BTreeMap;
 use std::future::Future;

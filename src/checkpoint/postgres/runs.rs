@@ -34,13 +34,14 @@ fn meta_from_row(r: &Row) -> Result<ThreadMetaText> {
         created_at: r.try_get(1)?,
         updated_at: r.try_get(2)?,
         metadata: r.try_get(3)?,
+        owner: None,
     })
 }
 
 impl PostgresCheckpointer {
     /// Runs one statement with `params` on a pooled connection, committed at once; the number
     /// of rows it touched.
-    fn execute(&self, sql: &'static str, params: Vec<Param>) -> Result<u64> {
+    pub(super) fn execute(&self, sql: &'static str, params: Vec<Param>) -> Result<u64> {
         let (pool, params) = (self.pool.clone(), std::sync::Arc::new(params));
         self.retrying(move || {
             let (pool, params) = (pool.clone(), params.clone());
@@ -72,6 +73,8 @@ pub(super) enum Param {
     Text(String),
     OptText(Option<String>),
     Int(i64),
+    Float(f64),
+    Bool(bool),
 }
 
 impl Param {
@@ -80,11 +83,13 @@ impl Param {
             Param::Text(v) => v,
             Param::OptText(v) => v,
             Param::Int(v) => v,
+            Param::Float(v) => v,
+            Param::Bool(v) => v,
         }
     }
 }
 
-fn text(s: &str) -> Param {
+pub(super) fn text(s: &str) -> Param {
     Param::Text(s.to_owned())
 }
 
@@ -166,14 +171,15 @@ impl RunStore for PostgresCheckpointer {
     fn put_thread_meta(&self, meta: &ThreadMeta) -> Result<()> {
         let v = ThreadMetaText::from_meta(meta)?;
         self.execute(
-            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES ($1, $2, $3, $4) \
+            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, owner) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (thread_id) DO UPDATE SET created_at = excluded.created_at, \
-             updated_at = excluded.updated_at, metadata = excluded.metadata",
+             updated_at = excluded.updated_at, metadata = excluded.metadata, owner = excluded.owner",
             vec![
                 Param::Text(v.thread_id),
                 Param::Text(v.created_at),
                 Param::Text(v.updated_at),
                 Param::Text(v.metadata),
+                Param::OptText(v.owner),
             ],
         )
         .map(|_| ())
@@ -182,13 +188,14 @@ impl RunStore for PostgresCheckpointer {
     fn create_thread_meta(&self, meta: &ThreadMeta) -> Result<bool> {
         let v = ThreadMetaText::from_meta(meta)?;
         Ok(self.execute(
-            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES ($1, $2, $3, $4) \
+            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, owner) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (thread_id) DO NOTHING",
             vec![
                 Param::Text(v.thread_id),
                 Param::Text(v.created_at),
                 Param::Text(v.updated_at),
                 Param::Text(v.metadata),
+                Param::OptText(v.owner),
             ],
         )? == 1)
     }
@@ -205,6 +212,14 @@ impl RunStore for PostgresCheckpointer {
         let rows = self.query(
             "SELECT thread_id, created_at, updated_at, metadata FROM thread_meta".into(),
             vec![],
+        )?;
+        rows.iter().map(|r| meta_from_row(r)?.into_meta()).collect()
+    }
+
+    fn list_thread_meta_of(&self, owner: &str) -> Result<Vec<ThreadMeta>> {
+        let rows = self.query(
+            "SELECT thread_id, created_at, updated_at, metadata FROM thread_meta WHERE owner = $1".into(),
+            vec![text(owner)],
         )?;
         rows.iter().map(|r| meta_from_row(r)?.into_meta()).collect()
     }

@@ -65,6 +65,7 @@ fn meta_from_row(r: &Row<'_>) -> rusqlite::Result<ThreadMetaText> {
         created_at: r.get(1)?,
         updated_at: r.get(2)?,
         metadata: r.get(3)?,
+        owner: None,
     })
 }
 
@@ -155,9 +156,9 @@ impl RunStore for SqliteCheckpointer {
         let v = ThreadMetaText::from_meta(meta)?;
         self.exec(Box::new(move |conn: &Connection| {
             conn.prepare_cached(
-                "INSERT OR REPLACE INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT OR REPLACE INTO thread_meta (thread_id, created_at, updated_at, metadata, owner) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?
-            .execute(params![v.thread_id, v.created_at, v.updated_at, v.metadata])?;
+            .execute(params![v.thread_id, v.created_at, v.updated_at, v.metadata, v.owner])?;
             Ok(())
         }))
     }
@@ -169,9 +170,9 @@ impl RunStore for SqliteCheckpointer {
         self.exec(Box::new(move |conn: &Connection| {
             let inserted = conn
                 .prepare_cached(
-                    "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (thread_id) DO NOTHING",
+                    "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, owner) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (thread_id) DO NOTHING",
                 )?
-                .execute(params![v.thread_id, v.created_at, v.updated_at, v.metadata])?;
+                .execute(params![v.thread_id, v.created_at, v.updated_at, v.metadata, v.owner])?;
             told.store(inserted == 1, Ordering::SeqCst);
             Ok(())
         }))?;
@@ -194,6 +195,17 @@ impl RunStore for SqliteCheckpointer {
         let raws = self.read(|tx| {
             let mut stmt = tx.prepare_cached("SELECT thread_id, created_at, updated_at, metadata FROM thread_meta")?;
             let rows = stmt.query_map([], meta_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })?;
+        raws.into_iter().map(ThreadMetaText::into_meta).collect()
+    }
+
+    fn list_thread_meta_of(&self, owner: &str) -> Result<Vec<ThreadMeta>> {
+        let raws = self.read(|tx| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT thread_id, created_at, updated_at, metadata FROM thread_meta WHERE owner = ?1",
+            )?;
+            let rows = stmt.query_map([owner], meta_from_row)?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })?;
         raws.into_iter().map(ThreadMetaText::into_meta).collect()
