@@ -597,6 +597,13 @@ impl<'c, 'a> Build<'c, 'a> {
             tools: self.catalog.names.keys().cloned().collect(),
             exprs,
             routes: std::mem::take(&mut self.routes),
+            shared_store: self
+                .wf
+                .serve
+                .as_ref()
+                .map(|s| s.shared_store.clone())
+                .unwrap_or_default()
+                .into(),
             validators: Default::default(),
             node_validators: Default::default(),
         })

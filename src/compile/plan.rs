@@ -60,6 +60,8 @@ pub struct Plan {
     pub(in crate::compile) exprs: ExprTable,
     /// The HTTP endpoints of the workflow's own (`serve.routes`).
     pub(in crate::compile) routes: Vec<Route>,
+    /// Long-term memory's namespace prefixes every user shares (`serve.shared_store`).
+    pub(in crate::compile) shared_store: std::sync::Arc<[Vec<String>]>,
     /// The validators of the state keys' schemas and of the nodes' result schemas, made on
     /// first use and shared by every run of the plan (a server's runs compile a schema once,
     /// not once a run).
@@ -72,6 +74,11 @@ impl Plan {
     /// The HTTP endpoints of the workflow's own (`serve.routes`).
     pub fn routes(&self) -> &[Route] {
         &self.routes
+    }
+
+    /// Long-term memory's namespace prefixes every user shares (`serve.shared_store`).
+    pub fn shared_store(&self) -> &std::sync::Arc<[Vec<String>]> {
+        &self.shared_store
     }
 
     /// The state channels, to change: only for tests of the engine's own run-time checks,
