@@ -92,7 +92,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     // The server drives runs through the run builder, as the CLI does; it never imports the CLI.
-    // Its store endpoints read and write the data store as `store` nodes do.
+    // Its store endpoints read and write the data store as `store` nodes do; its JWT verifier
+    // fetches a JWKS with the network's client builder.
     (
         "server",
         &[
@@ -105,6 +106,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "checkpoint",
             "clock",
             "rag",
+            "net",
         ],
     ),
     // The process's logs and traces: set up by the CLI; it switches the providers' content

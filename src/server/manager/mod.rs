@@ -156,6 +156,9 @@ pub(crate) struct RunManager<S> {
     /// database many processes share, the API's side (its runs execute on workers) or a
     /// worker's.
     role: Role,
+    /// Per-user quotas: a user's run spends at most what the window leaves, and what it spent
+    /// is counted when it ends (by the process that ran it).
+    quotas: Option<crate::server::auth::Quotas>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -174,6 +177,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         role: Role,
     ) -> RunManager<S> {
         RunManager {
+            quotas: None,
             role,
             settings,
             store,
@@ -184,6 +188,12 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             stopping: AtomicBool::new(false),
             ended: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// This manager with per-user quotas.
+    pub(crate) fn with_quotas(mut self, quotas: Option<crate::server::auth::Quotas>) -> RunManager<S> {
+        self.quotas = quotas;
+        self
     }
 
     /// Whether its runs go through the queue of a database many processes share.

@@ -261,19 +261,27 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             None
         } else {
             let mut services = self.settings.services(&graph.plan)?;
-            // One data store for the process: what the store endpoints write, runs read.
-            services.data = self.data.clone();
+            // One data store for the process: what the store endpoints write, runs read; a
+            // user's run reads and writes that user's namespaces.
+            let scope = req
+                .owner
+                .as_ref()
+                .map(|o| crate::rag::NamespaceScope::new(o.clone(), graph.plan.shared_store().clone()));
+            services.data = self.data.scoped(scope);
             Some(services)
         };
         // From here on the run starts, and its end (or refusal) releases a thread of its own.
-        let mut meta = self
-            .store
-            .get_thread_meta(thread_id)?
-            .unwrap_or_else(|| new_meta(thread_id));
+        let existing = self.store.get_thread_meta(thread_id)?;
+        let new_thread = existing.is_none();
+        let mut meta = existing.unwrap_or_else(|| new_meta(thread_id));
         let thread_metadata = meta.metadata.as_object().cloned().unwrap_or_default();
         if let Value::Object(m) = &mut meta.metadata {
             m.insert("graph_id".into(), json!(graph.graph_id));
             m.insert("assistant_id".into(), json!(graph.assistant_id));
+            // A thread the run creates is its user's.
+            if new_thread && let Some(owner) = &req.owner {
+                m.insert("owner".into(), json!(owner));
+            }
         }
         meta.updated_at = crate::clock::now();
         self.store.put_thread_meta(&meta)?;
@@ -302,6 +310,11 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                     ("assistant_id".into(), json!(graph.assistant_id)),
                 ]);
                 metadata.extend(req.metadata);
+                // Whose run it is, as the server found its caller; never what a client wrote.
+                match &req.owner {
+                    Some(owner) => metadata.insert("owner".into(), json!(owner)),
+                    None => metadata.remove("owner"),
+                };
                 RunRow {
                     run_id: uuid::Uuid::now_v7().to_string(),
                     thread_id: thread_id.to_string(),
@@ -330,10 +343,18 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         // the thread's metadata as the run found it, then the run's own.
         let mut stamped = thread_metadata;
         stamped.extend(checkpoint_metadata(&row));
-        stamped.insert("user_id".into(), json!(""));
-        stamped.insert("langgraph_auth_user_id".into(), json!(""));
+        let user = req.owner.clone().unwrap_or_default();
+        stamped.insert("user_id".into(), json!(user));
+        stamped.insert("langgraph_auth_user_id".into(), json!(user));
+        // A user's run spends at most what the window leaves of their quota.
+        if !self.is_api()
+            && let (Some(quotas), Some(owner)) = (&self.quotas, &req.owner)
+        {
+            request.quota = Some(quotas.remaining(self.store.as_ref(), owner)?);
+        }
         request.metadata = Some(stamped);
         Ok(Created {
+            owner: req.owner,
             graph,
             row,
             request,
@@ -392,6 +413,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             run_id: run_id.clone(),
             thread_id: thread_id.clone(),
             temporary: c.temporary,
+            owner: c.owner,
             wake: stopper.wake.clone(),
             ended: ended_tx,
             outcome: tx,
@@ -553,6 +575,8 @@ type Answered = (Option<String>, Value, Vec<(String, Value)>);
 
 /// A run created: what its task and its starter get.
 pub(super) struct Created {
+    /// Whose run it is.
+    owner: Option<String>,
     pub(super) graph: Arc<Graph>,
     pub(super) row: RunRow,
     request: crate::engine::RunRequest,
@@ -577,6 +601,8 @@ struct RunTask<S> {
     run_id: String,
     thread_id: String,
     temporary: bool,
+    /// The user whose quota the run spends.
+    owner: Option<String>,
     wake: Arc<tokio::sync::Notify>,
     ended: tokio::sync::watch::Sender<bool>,
     outcome: oneshot::Sender<Result<RunOutcome, EngineError>>,
@@ -593,6 +619,7 @@ impl<S: Send + Sync + 'static> RunTask<S> {
             run_id,
             thread_id,
             temporary,
+            owner,
             wake,
             ended,
             outcome: tx,
@@ -631,6 +658,14 @@ impl<S: Send + Sync + 'static> RunTask<S> {
         };
         // The engine (and with it every sender of its events) is gone before its end is told.
         drop(engine);
+        if let (Some(quotas), Some(owner), Ok(o)) = (&manager.quotas, &owner, &outcome) {
+            quotas.spend(
+                manager.store.as_ref(),
+                owner,
+                o.run_usage.total_tokens,
+                o.run_usage.cost,
+            );
+        }
         let error = end_error(&outcome);
         // Recorded whether or not a client still listens, and before a stream closes: a client
         // that finds the stream closed asks the run's status to know whether to reconnect.
@@ -717,6 +752,7 @@ pub(super) fn never_started(thread_id: &str) -> RunOutcome {
         usage: Default::default(),
         turn_usage: Default::default(),
         unreported_usage: Default::default(),
+        run_usage: Default::default(),
         handoffs: Vec::new(),
     }
 }
