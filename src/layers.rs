@@ -93,7 +93,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // The server drives runs through the run builder, as the CLI does; it never imports the CLI.
     // Its store endpoints read and write the data store as `store` nodes do; run webhooks are
-    // sent through the network's guarded web client.
+    // sent through the network's guarded web client, and its JWT verifier fetches a JWKS with
+    // the network's client builder.
     (
         "server",
         &[

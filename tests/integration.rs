@@ -37,6 +37,7 @@ mod rag;
 mod runner_test;
 mod serve;
 mod serve_api;
+mod serve_auth;
 mod serve_conn;
 mod serve_crons;
 mod serve_routes;

@@ -902,10 +902,11 @@ async fn a_served_run_is_a_child_of_its_requests_span() {
     );
 }
 
-/// With `--api-key-env`, every request but `/ok`, the Studio page and CORS preflights needs the key, as
+/// With `--api-key-env`, every request but the open paths (`/ok`, `/info`, the Studio page) and
+/// CORS preflights needs the key, as
 /// `x-api-key` or `Authorization: Bearer`; without it, no address but loopback is accepted.
 #[tokio::test(flavor = "multi_thread")]
-async fn an_api_key_guards_every_route_but_ok() {
+async fn an_api_key_guards_every_route_but_the_open_ones() {
     let s = serve_with(&["--api-key-env", "SERVE_TEST_KEY"], &[("SERVE_TEST_KEY", "sesame")]);
     let get = |path: &str, header: Option<(&'static str, &'static str)>| {
         let mut req = client().get(format!("{}{path}", s.base));
@@ -920,14 +921,15 @@ async fn an_api_key_guards_every_route_but_ok() {
     assert_eq!(get("/studio/assets/studio.js", None).await.status(), 200);
     let posted = client().post(format!("{}/studio/x", s.base)).send().await.unwrap();
     assert_eq!(posted.status(), 401);
-    let refused = get("/info", None).await;
+    assert_eq!(get("/info", None).await.status(), 200);
+    let refused = get("/metrics", None).await;
     assert_eq!(refused.status(), 401);
     assert_eq!(refused.headers()["access-control-allow-origin"], "*");
     assert!(refused.json::<Value>().await.unwrap()["detail"].is_string());
-    assert_eq!(get("/info", Some(("x-api-key", "wrong"))).await.status(), 401);
-    assert_eq!(get("/info", Some(("x-api-key", "sesame"))).await.status(), 200);
+    assert_eq!(get("/metrics", Some(("x-api-key", "wrong"))).await.status(), 401);
+    assert_eq!(get("/metrics", Some(("x-api-key", "sesame"))).await.status(), 200);
     assert_eq!(
-        get("/info", Some(("authorization", "Bearer sesame"))).await.status(),
+        get("/metrics", Some(("authorization", "Bearer sesame"))).await.status(),
         200
     );
     let preflight = client()
@@ -945,7 +947,7 @@ async fn an_api_key_guards_every_route_but_ok() {
         .unwrap();
     assert_eq!(open.status.code(), Some(2));
     let said = String::from_utf8_lossy(&open.stderr);
-    assert!(said.contains("without --api-key-env"), "{said}");
+    assert!(said.contains("without credentials (--api-key-env"), "{said}");
 }
 
 /// A run created with `stream_resumable` is joined from its start (`Last-Event-ID: -1`) or after

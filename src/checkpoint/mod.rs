@@ -31,6 +31,7 @@ pub mod postgres;
 pub mod queue;
 pub mod runs;
 pub mod sqlite;
+pub mod users;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ use serde_json::{Map, Value};
 pub use cache::{CacheEntry, CacheHead, CacheStore};
 pub use crons::{Attempt, CronRow, CronStore, Delivery, DeliveryState};
 pub use runs::{RunRow, RunStatus, RunStore, ThreadMeta, ThreadTtl, TraceRow};
+pub use users::{ApiKey, QuotaLimits, QuotaUse, UserStore};
 
 /// A thread's identity and what it was started with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -346,7 +348,7 @@ pub enum Durability {
 /// it returns. Implementations are shared between tasks and threads.
 ///
 /// The conformance suite in `tests/checkpoint.rs` runs against every implementation.
-pub trait Checkpointer: runs::RunStore + cache::CacheStore + crons::CronStore + Send + Sync {
+pub trait Checkpointer: runs::RunStore + cache::CacheStore + crons::CronStore + users::UserStore + Send + Sync {
     /// Creates a thread. Fails with [`CheckpointError::ThreadExists`] if it exists.
     fn create_thread(&self, thread: &Thread) -> Result<()>;
 

@@ -181,6 +181,16 @@ pub trait RunStore: Send + Sync {
         Ok(expired.into_iter().take(limit).map(|(_, id)| id).collect())
     }
 
+    /// The threads whose metadata names `owner` as theirs (`metadata.owner`, as LangGraph's
+    /// servers stamp it). The databases answer from an indexed column kept from it.
+    fn list_thread_meta_of(&self, owner: &str) -> Result<Vec<ThreadMeta>> {
+        Ok(self
+            .list_thread_meta()?
+            .into_iter()
+            .filter(|m| owner_of(&m.metadata) == Some(owner))
+            .collect())
+    }
+
     /// Deletes a thread's metadata and its runs (their traces too).
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()>;
 
@@ -300,6 +310,9 @@ pub(crate) struct ThreadMetaText {
     pub(crate) ttl: Option<String>,
     /// Milliseconds since the epoch.
     pub(crate) expires_at: Option<i64>,
+    /// `metadata.owner`, kept in a column of its own for an index (never read back: the
+    /// metadata is what is shown).
+    pub(crate) owner: Option<String>,
 }
 
 impl ThreadMetaText {
@@ -315,6 +328,7 @@ impl ThreadMetaText {
                 .map(|t| json_text(&serde_json::json!({"strategy": t.strategy, "ttl": t.minutes})))
                 .transpose()?,
             expires_at: meta.ttl.as_ref().map(|t| t.expires_at_ms),
+            owner: owner_of(&meta.metadata).map(str::to_string),
         })
     }
 
@@ -342,6 +356,11 @@ impl ThreadMetaText {
             ttl,
         })
     }
+}
+
+/// Whose a thread or a run is: its metadata's `owner`, if it names one.
+pub fn owner_of(metadata: &Value) -> Option<&str> {
+    metadata.get("owner").and_then(Value::as_str)
 }
 
 /// Event ids as stored (a signed 64-bit column), saturating.

@@ -20,6 +20,7 @@ mod serve;
 mod store;
 mod test;
 mod threads;
+mod users;
 mod validate;
 mod verdicts;
 
@@ -72,6 +73,7 @@ enum Command {
     Cache(cache::Args),
     Cron(cron::Args),
     Db(db::Args),
+    Users(users::Args),
     /// Print the shell completion script (e.g. `runner completions bash > /etc/bash_completion.d/runner`).
     Completions(completions::Args),
     /// Scaffold a workflow with its prompt, a test case and a mock script.
@@ -135,6 +137,7 @@ fn dispatch(command: Command) -> ExitCode {
         Command::Cache(args) => cache::run(args),
         Command::Cron(args) => cron::run(args),
         Command::Db(args) => db::run(args),
+        Command::Users(args) => users::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),
         Command::New(args) => new::run(args),
@@ -235,6 +238,13 @@ fn project_env() -> anyhow::Result<(crate::run::Env, Vec<String>)> {
         .get_or_init(|| read().map_err(|e| format!("{e:#}")))
         .clone()
         .map_err(anyhow::Error::msg)
+}
+
+/// The project's `[serve]` table (from the `runner.toml` found from the current directory):
+/// how `runner serve` knows its callers and what they may spend.
+fn project_serve() -> anyhow::Result<(crate::run::ServeFile, Option<std::path::PathBuf>)> {
+    let project = crate::run::Project::discover(&std::env::current_dir()?)?;
+    Ok((project.serve, project.file))
 }
 
 #[cfg(test)]

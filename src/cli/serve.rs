@@ -34,6 +34,23 @@ pub(super) struct Args {
     /// `Authorization: Bearer`.
     #[arg(long, value_name = "NAME")]
     api_key_env: Option<String>,
+    /// Accept JWT bearer tokens signed by a key of this JWKS (fetched and cached; also
+    /// `jwks_url` in `[serve.auth]`): the token's `sub` is the user, who sees only what they
+    /// made.
+    #[arg(long, value_name = "URL")]
+    jwks_url: Option<String>,
+    /// Accept JWT bearer tokens signed (HS256) with the secret this environment variable holds.
+    #[arg(long, value_name = "NAME", conflicts_with = "jwks_url")]
+    jwt_secret_env: Option<String>,
+    /// The `iss` a token must carry.
+    #[arg(long, value_name = "ISSUER")]
+    jwt_issuer: Option<String>,
+    /// An `aud` a token may carry (repeatable: one of them is required).
+    #[arg(long, value_name = "AUDIENCE")]
+    jwt_audience: Vec<String>,
+    /// Accept the per-user API keys `runner users add` makes, as `x-api-key`.
+    #[arg(long)]
+    user_keys: bool,
     /// How many runs execute at once (LangGraph's N_JOBS_PER_WORKER); the others wait as
     /// `pending` and start in the order they were created. A served run is a task, not a
     /// thread: the default, 256, bounds the model calls and memory of a busy server rather
@@ -272,6 +289,12 @@ pub(super) fn work(args: WorkerArgs) -> anyhow::Result<u8> {
     share_malloc_arenas();
     let (env, project_models) = super::project_env()?;
     let (graphs, settings) = load(&args.runs, &env, project_models, "working on")?;
+    // A worker has no callers; the runs it executes spend their users' quotas.
+    let (serve, file) = super::project_serve()?;
+    let auth = crate::server::auth::AuthConfig {
+        quotas: quotas(&serve, file.as_deref())?,
+        ..Default::default()
+    };
     if !settings.checkpoints.value.is_shared() {
         bail!(
             "{}: a worker takes its runs from a database that servers share; use PostgreSQL (--db postgres://…)",
@@ -282,7 +305,7 @@ pub(super) fn work(args: WorkerArgs) -> anyhow::Result<u8> {
     let server = crate::server::Server::new(
         graphs,
         settings,
-        None,
+        auth,
         usize::try_from(args.workers).unwrap_or(usize::MAX),
         args.runs.ttls(),
     )?
@@ -337,16 +360,10 @@ pub(super) struct DevArgs {
 fn serve(args: Args, dev: Dev) -> anyhow::Result<u8> {
     share_malloc_arenas();
     let (env, project_models) = super::project_env()?;
-    let api_key = match &args.api_key_env {
-        Some(name) => match env.get(name) {
-            Some(key) if !key.is_empty() => Some(key),
-            _ => bail!("--api-key-env {name}: the variable {name} is not set or is empty"),
-        },
-        None => None,
-    };
-    if !args.host.is_loopback() && api_key.is_none() {
+    let auth = auth_config(&args, &env)?;
+    if !args.host.is_loopback() && !auth.required() {
         bail!(
-            "--host {}: without --api-key-env anyone who can reach the address could run the workflows, so runner serve listens only on a loopback address (127.0.0.1 or ::1)",
+            "--host {}: without credentials (--api-key-env, --jwks-url, --jwt-secret-env, --user-keys or [serve.auth]) anyone who can reach the address could run the workflows, so runner serve listens only on a loopback address (127.0.0.1 or ::1)",
             args.host
         );
     }
@@ -365,7 +382,7 @@ fn serve(args: Args, dev: Dev) -> anyhow::Result<u8> {
     let mut server = crate::server::Server::new(
         graphs,
         settings,
-        api_key,
+        auth,
         usize::try_from(args.workers).unwrap_or(usize::MAX),
         args.runs.ttls(),
     )?
@@ -416,6 +433,116 @@ fn serve(args: Args, dev: Dev) -> anyhow::Result<u8> {
         }
         Ok(exit::OK)
     })
+}
+
+/// Who may call the server: its flags over the project's `[serve.auth]`; secrets read from the
+/// variables they name.
+fn auth_config(args: &Args, env: &crate::run::Env) -> anyhow::Result<crate::server::auth::AuthConfig> {
+    use crate::server::auth::{AuthConfig, JwtConfig, JwtKeys};
+    let (serve, file) = super::project_serve()?;
+    let toml = |key: &str| match &file {
+        Some(f) => format!("{} [serve.auth] {key}", f.display()),
+        None => key.to_string(),
+    };
+    let a = &serve.auth;
+    let secret = |name: &str, said: String| -> anyhow::Result<String> {
+        match env.get(name) {
+            Some(v) if !v.is_empty() => Ok(v),
+            _ => bail!("{said}: the variable {name} is not set or is empty"),
+        }
+    };
+    let api_key = match (&args.api_key_env, &a.api_key_env) {
+        (Some(name), _) => Some(secret(name, format!("--api-key-env {name}"))?),
+        (None, Some(name)) => Some(secret(name, toml("api_key_env"))?),
+        (None, None) => None,
+    };
+    let keys = match (&args.jwks_url, &args.jwt_secret_env) {
+        (Some(url), _) => Some(JwtKeys::Jwks(url.clone())),
+        (None, Some(name)) => Some(JwtKeys::Secret(secret(name, format!("--jwt-secret-env {name}"))?)),
+        (None, None) => match (&a.jwks_url, &a.jwt_secret_env) {
+            (Some(_), Some(_)) => bail!("{}: name jwks_url or jwt_secret_env, not both", toml("jwks_url")),
+            (Some(url), None) => Some(JwtKeys::Jwks(url.clone())),
+            (None, Some(name)) => Some(JwtKeys::Secret(secret(name, toml("jwt_secret_env"))?)),
+            (None, None) => None,
+        },
+    };
+    let secs = |v: Option<f64>, key: &str, default: std::time::Duration| -> anyhow::Result<std::time::Duration> {
+        match v {
+            None => Ok(default),
+            Some(s) => std::time::Duration::try_from_secs_f64(s)
+                .map_err(|_| anyhow::anyhow!("{}: `{s}` is not a number of seconds, 0 or more", toml(key))),
+        }
+    };
+    let jwt = match keys {
+        Some(keys) => {
+            let mut c = JwtConfig::new(keys);
+            c.issuer = args.jwt_issuer.clone().or_else(|| a.issuer.clone());
+            c.audience = if args.jwt_audience.is_empty() {
+                a.audience.0.clone()
+            } else {
+                args.jwt_audience.clone()
+            };
+            if let Some(l) = a.leeway {
+                c.leeway = std::time::Duration::from_secs(l);
+            }
+            if let Some(claim) = &a.user_claim {
+                c.user_claim = claim.clone();
+            }
+            if let Some(claim) = &a.admin_claim {
+                c.admin_claim = claim.clone();
+            }
+            if let Some(value) = &a.admin_value {
+                c.admin_value = value.clone();
+            }
+            c.jwks_cache = secs(a.jwks_cache, "jwks_cache", c.jwks_cache)?;
+            c.jwks_min_refresh = secs(a.jwks_min_refresh, "jwks_min_refresh", c.jwks_min_refresh)?;
+            Some(c)
+        }
+        None => {
+            if args.jwt_issuer.is_some() || !args.jwt_audience.is_empty() {
+                bail!(
+                    "--jwt-issuer and --jwt-audience check bearer tokens: name their keys with --jwks-url or --jwt-secret-env"
+                );
+            }
+            None
+        }
+    };
+    Ok(AuthConfig {
+        api_key,
+        jwt,
+        user_keys: args.user_keys || a.user_keys.unwrap_or(false),
+        quotas: quotas(&serve, file.as_deref())?,
+    })
+}
+
+/// `[serve.quotas]`, read: none when the table is absent.
+fn quotas(
+    serve: &crate::run::ServeFile,
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<Option<crate::server::auth::Quotas>> {
+    let Some(q) = &serve.quotas else {
+        return Ok(None);
+    };
+    let where_ = file.map_or_else(String::new, |f| format!("{}: ", f.display()));
+    let window = match &q.window {
+        None => Duration::from_secs(86_400),
+        Some(crate::run::WindowText::Secs(s)) => Duration::try_from_secs_f64(*s)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                anyhow::anyhow!("{where_}[serve.quotas] window: `{s}` is not a number of seconds more than 0")
+            })?,
+        Some(crate::run::WindowText::Text(t)) => crate::server::auth::quota::parse_window(t)
+            .map_err(|e| anyhow::anyhow!("{where_}[serve.quotas] window: {e}"))?,
+    };
+    Ok(Some(crate::server::auth::Quotas {
+        window,
+        limits: crate::checkpoint::QuotaLimits {
+            runs: q.runs,
+            tokens: q.tokens,
+            cost: q.cost,
+        },
+    }))
 }
 
 /// A `--set` path that no served workflow's config has would change nothing: most often a

@@ -601,6 +601,13 @@ impl<'c, 'a> Build<'c, 'a> {
             exprs,
             routes: std::mem::take(&mut self.routes),
             schedules: std::mem::take(&mut self.schedules),
+            shared_store: self
+                .wf
+                .serve
+                .as_ref()
+                .map(|s| s.shared_store.clone())
+                .unwrap_or_default()
+                .into(),
             validators: Default::default(),
             node_validators: Default::default(),
         })

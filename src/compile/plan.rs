@@ -62,6 +62,8 @@ pub struct Plan {
     pub(in crate::compile) routes: Vec<Route>,
     /// The schedules it runs on by itself (`serve.schedules`).
     pub(in crate::compile) schedules: Vec<PlanSchedule>,
+    /// Long-term memory's namespace prefixes every user shares (`serve.shared_store`).
+    pub(in crate::compile) shared_store: std::sync::Arc<[Vec<String>]>,
     /// The validators of the state keys' schemas and of the nodes' result schemas, made on
     /// first use and shared by every run of the plan (a server's runs compile a schema once,
     /// not once a run).
@@ -79,6 +81,11 @@ impl Plan {
     /// The schedules it runs on by itself (`serve.schedules`).
     pub fn schedules(&self) -> &[PlanSchedule] {
         &self.schedules
+    }
+
+    /// Long-term memory's namespace prefixes every user shares (`serve.shared_store`).
+    pub fn shared_store(&self) -> &std::sync::Arc<[Vec<String>]> {
+        &self.shared_store
     }
 
     /// The state channels, to change: only for tests of the engine's own run-time checks,

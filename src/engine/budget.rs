@@ -11,17 +11,23 @@ use crate::providers::Usage;
 impl Engine {
     /// Why node `name` may not call a model in this step: a budget of the turn, or of the node,
     /// is spent. Only llm nodes are held back; the others run on.
-    pub(super) fn spent(&self, name: &str, meta: &Meta) -> Option<NodeError> {
+    pub(super) fn spent(&self, name: &str, meta: &Meta, started_with: &Usage) -> Option<NodeError> {
         let node = &self.plan.nodes()[&self.plan.node_by_name(name)?];
         if !self.services.kinds.of(node).is_ok_and(|k| k.held_by_budget()) {
             return None;
         }
         let spec = &node.spec;
-        let why = spent_by(self.plan.budget(), &meta.turn, "limits").or_else(|| {
-            let budget = spec.common().budget.as_ref()?;
-            let used = meta.node_usage.get(name).copied().unwrap_or_default();
-            spent_by(budget, &used, &format!("the budget of `{name}`"))
-        })?;
+        let quota = || {
+            let budget = self.options.quota.as_ref()?;
+            spent_by(budget, &meta.usage.less(started_with), "the user's quota")
+        };
+        let why = spent_by(self.plan.budget(), &meta.turn, "limits")
+            .or_else(quota)
+            .or_else(|| {
+                let budget = spec.common().budget.as_ref()?;
+                let used = meta.node_usage.get(name).copied().unwrap_or_default();
+                spent_by(budget, &used, &format!("the budget of `{name}`"))
+            })?;
         Some(NodeError::new(crate::error_class::ErrorClass::Budget, why))
     }
 

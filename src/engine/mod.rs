@@ -115,6 +115,10 @@ pub struct RunRequest {
     pub run_config: Vec<(String, Value)>,
     /// The context of this run only, in place of the thread's (LangGraph's per-run `context`).
     pub run_context: Option<Value>,
+    /// What this run may spend on models besides the workflow's `limits` (a server's per-user
+    /// quota, what is left of it): checked before each model call as `limits` are, against
+    /// what this run has spent.
+    pub quota: Option<crate::spec::Budget>,
 }
 
 /// Nodes one run stops before (`interrupt_before`) or after (`interrupt_after`), besides the
@@ -192,6 +196,8 @@ pub struct RunOutcome {
     /// run of it before this one reported. A parent charges a child run this, so a child that
     /// failed and is run again is counted once.
     pub unreported_usage: Usage,
+    /// What this run spent: the thread's usage since the run began.
+    pub run_usage: Usage,
     /// A subgraph's child that ended by handing off to its parent: where to, and the writes.
     pub handoffs: Vec<kind::Handoff>,
 }
@@ -491,6 +497,8 @@ pub struct RunOptions {
     pub run_config: Vec<(String, Value)>,
     /// See [`RunRequest::run_context`].
     pub run_context: Option<Value>,
+    /// See [`RunRequest::quota`].
+    pub quota: Option<crate::spec::Budget>,
 }
 
 /// A run in progress: its thread, where it stands, and what it holds back for the store.
@@ -516,6 +524,8 @@ struct Run {
     /// The thread's usage a failed run before this one reported (see
     /// `RunOutcome::unreported_usage`).
     reported: Usage,
+    /// The thread's usage when this run began: what the run spends is counted from it.
+    started_with: Usage,
 }
 
 /// How a run stopped.
@@ -663,6 +673,7 @@ impl Engine {
             metadata: req.metadata.clone().map(Arc::new),
             run_config: req.run_config.clone(),
             run_context: req.run_context.clone(),
+            quota: req.quota.clone(),
         });
         let entry = Box::new(Entry::from(req));
         async move { engine.enter_boxed(entry).await }
@@ -845,6 +856,7 @@ impl Engine {
             meta,
             persister,
             reported,
+            started_with,
             ..
         } = run;
         persister.finish()?;
@@ -895,6 +907,7 @@ impl Engine {
             usage: meta.usage,
             turn_usage: meta.turn,
             unreported_usage: meta.usage.less(&reported),
+            run_usage: meta.usage.less(&started_with),
         })
     }
 

@@ -228,7 +228,7 @@ impl Engine {
                 hits = true;
                 continue;
             }
-            to_run.push((i, ix, resume, self.spent(&t.node, &run.meta)));
+            to_run.push((i, ix, resume, self.spent(&t.node, &run.meta, &run.started_with)));
         }
         // Hits are stored before the other tasks start, not with the last of them: their
         // `node_end` waits for nothing.

@@ -188,6 +188,7 @@ impl Engine {
             Usage::default()
         };
         let mut run = Run {
+            started_with: meta.usage,
             reported,
             shared,
             state_view: values::StateView::new(&state),

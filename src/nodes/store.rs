@@ -161,7 +161,11 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
             .ok_or_else(|| NodeError::invalid(format!("`{}` needs a non-empty `key`", op_name(spec.op))))
     };
     let store = &ctx.services.data;
-    let ns = namespace.clone();
+    // A served run of a user reads and writes that user's namespaces (and the shared ones).
+    let ns = match store.scope() {
+        Some(scope) => scope.stored(&namespace),
+        None => namespace.clone(),
+    };
     let refresh = spec.refresh_ttl.unwrap_or(true);
     let output = match spec.op {
         StoreOp::Get => match key {
@@ -212,6 +216,10 @@ async fn run(ctx: &NodeCtx<'_>, config: &Config) -> Result<NodeOutput, NodeFailu
                     .with(move |c| memory::search(c, &ns, query.as_deref(), limit, refresh))
                     .await
                     .map_err(data_error)?,
+            };
+            let items: Vec<Value> = match store.scope() {
+                Some(scope) => items.into_iter().filter_map(|i| scope.shown_item(i)).collect(),
+                None => items,
             };
             json!({"items": items})
         }

@@ -23,6 +23,7 @@ pub mod index;
 pub mod memory;
 mod postgres;
 pub mod pptx;
+mod scope;
 pub mod search;
 mod sqlite;
 
@@ -33,6 +34,7 @@ use rusqlite::Connection;
 
 pub use backend::Backend;
 pub use postgres::SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION;
+pub use scope::NamespaceScope;
 pub use sqlite::SCHEMA_VERSION;
 
 /// Why the data store failed.
@@ -110,6 +112,8 @@ pub struct DataStore {
     opened: Arc<Mutex<Option<Arc<Opened>>>>,
     /// Long-term memory's semantic index, when the store has one.
     index: Option<Arc<memory::MemoryIndex>>,
+    /// Whose long-term memory this handle is for (none: every namespace as stored).
+    scope: Option<NamespaceScope>,
 }
 
 impl std::fmt::Debug for DataStore {
@@ -141,7 +145,19 @@ impl DataStore {
             location,
             opened: Arc::new(Mutex::new(None)),
             index: None,
+            scope: None,
         }
+    }
+
+    /// The same store, its long-term memory seen as `scope`'s owner sees it: a `store` node
+    /// given this handle reads and writes that user's namespaces (and the shared ones).
+    pub fn scoped(&self, scope: Option<NamespaceScope>) -> DataStore {
+        DataStore { scope, ..self.clone() }
+    }
+
+    /// Whose long-term memory this handle is for, if one user's.
+    pub fn scope(&self) -> Option<&NamespaceScope> {
+        self.scope.as_ref()
     }
 
     /// This store with long-term memory indexed for semantic search by `index`: values put

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 pub use build::{Run, Start, config_has};
 pub use env::Env;
 pub use options::{CassetteOption, DbOption, MockOption, RunOptions};
-pub use project::{Project, ProjectError};
+pub use project::{AuthFile, OneOrMany, Project, ProjectError, QuotaFile, ServeFile, WindowText};
 pub use settings::{
     DEFAULT_DATA_DB, DEFAULT_DB, OFFLINE_EMBEDDER, Overrides, RunSettings, Setting, Source, StoreIndex, cache_dir,
     data_location, data_location_from_env, db_path,

@@ -16,6 +16,18 @@
 //!
 //! [models]                          # --model PROFILE=SPEC, for workflows with that profile
 //! default = "ollama:llama3.2"
+//!
+//! [serve.auth]                      # who may call `runner serve` (see `ServeFile`)
+//! jwks_url = "https://id.example.com/.well-known/jwks.json"
+//! issuer = "https://id.example.com/"
+//! audience = "runner"
+//! user_keys = true                  # per-user keys from `runner users add`
+//!
+//! [serve.quotas]                    # what each user may spend per window
+//! window = "1d"
+//! runs = 200
+//! tokens = 2000000
+//! cost = 5.0
 //! ```
 //!
 //! Relative paths are relative to the file's directory.
@@ -50,6 +62,92 @@ struct ProjectFile {
     env_file: Option<PathBuf>,
     #[serde(default)]
     models: IndexMap<String, String>,
+    #[serde(default)]
+    serve: ServeFile,
+}
+
+/// `[serve]`: how `runner serve` knows its callers and what each may spend. `runner serve`'s
+/// flags override it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeFile {
+    #[serde(default)]
+    pub auth: AuthFile,
+    pub quotas: Option<QuotaFile>,
+}
+
+/// `[serve.auth]`: every part optional; none is an open server (loopback only).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthFile {
+    /// The variable holding the one shared key (`--api-key-env`).
+    pub api_key_env: Option<String>,
+    /// Bearer tokens verified against this JWKS (`--jwks-url`).
+    pub jwks_url: Option<String>,
+    /// … or against this HS256 secret's variable (`--jwt-secret-env`).
+    pub jwt_secret_env: Option<String>,
+    /// The `iss` a token must carry.
+    pub issuer: Option<String>,
+    /// The `aud` a token must carry (one of them).
+    #[serde(default)]
+    pub audience: OneOrMany,
+    /// Clock skew allowed on a token's times, in seconds (default 30).
+    pub leeway: Option<u64>,
+    /// The claim holding the user's id (default `sub`).
+    pub user_claim: Option<String>,
+    /// The claim (a dotted path) that marks an admin (default `role`) and its value (default
+    /// `admin`; a list claim marks an admin when it holds the value).
+    pub admin_claim: Option<String>,
+    pub admin_value: Option<String>,
+    /// How long a fetched JWKS is used, in seconds (default 300).
+    pub jwks_cache: Option<f64>,
+    /// The least time between two fetches for an unknown key id, in seconds (default 10).
+    pub jwks_min_refresh: Option<f64>,
+    /// Accept per-user API keys (`runner users add`) as `x-api-key`.
+    pub user_keys: Option<bool>,
+}
+
+/// A string or a list of them.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(from = "OneOrManyRaw")]
+pub struct OneOrMany(pub Vec<String>);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrManyRaw {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl From<OneOrManyRaw> for OneOrMany {
+    fn from(raw: OneOrManyRaw) -> Self {
+        match raw {
+            OneOrManyRaw::One(s) => OneOrMany(vec![s]),
+            OneOrManyRaw::Many(v) => OneOrMany(v),
+        }
+    }
+}
+
+/// `[serve.quotas]`: each user's caps per window; a cap left out is no cap.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaFile {
+    /// The window: seconds, or `"1d"`, `"12h"`, `"30m"` (default a day).
+    pub window: Option<WindowText>,
+    /// Runs a user may start per window.
+    pub runs: Option<u64>,
+    /// Model tokens (prompt and completion) a user's runs may use per window.
+    pub tokens: Option<u64>,
+    /// What a user's runs may spend on models per window (the profiles' `pricing` currency).
+    pub cost: Option<f64>,
+}
+
+/// A window as written: a number of seconds or a string with a unit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum WindowText {
+    Secs(f64),
+    Text(String),
 }
 
 /// A project's defaults, read once at start.
@@ -61,6 +159,8 @@ pub struct Project {
     pub env_file: Option<PathBuf>,
     /// `PROFILE=SPEC` model overrides, applied to the workflows that have the profile.
     pub models: Vec<String>,
+    /// `[serve]`: how `runner serve` knows its callers and what they may spend.
+    pub serve: ServeFile,
     /// Variables to add where the process leaves them unset, `.env`'s before the file's, each
     /// with the file (and key) it came from.
     vars: Vec<(String, OsString, Origin)>,
@@ -95,6 +195,7 @@ impl Project {
         })?;
         let mut project = Project {
             file: Some(file.clone()),
+            serve: parsed.serve.clone(),
             ..Project::default()
         };
         let named_env = parsed.env_file.is_some();

@@ -1,6 +1,7 @@
 //! `POST /runs/batch`: several stateless runs started in the background at once, each on a
 //! thread of its own, answered with their records as `POST /runs` answers one.
 
+use axum::Extension;
 use axum::extract::State;
 use axum::response::Json;
 use serde_json::Value;
@@ -16,6 +17,7 @@ use super::runs::run_json;
 /// started go on, as the reference's do.
 pub(super) async fn batch(
     State(app): State<Shared>,
+    Extension(caller): Extension<super::auth::Caller>,
     JsonBody(requests): JsonBody<Vec<Value>>,
 ) -> Result<Json<Value>, ApiError> {
     for req in &requests {
@@ -23,7 +25,7 @@ pub(super) async fn batch(
     }
     let mut runs = Vec::with_capacity(requests.len());
     for kwargs in requests {
-        runs.push(run_json(&background(&app, None, kwargs).await?));
+        runs.push(run_json(&background(&app, &caller, None, kwargs).await?));
     }
     Ok(Json(Value::Array(runs)))
 }

@@ -3,6 +3,7 @@
 //! server before this one left unfinished, resumed. What is shown of a run is its row in the
 //! store, so runs outlive the server that started them.
 
+use axum::Extension;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
@@ -10,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Shared;
+use super::auth::{Caller, owner};
 use super::http::{ApiError, JsonBody};
 use super::manager::{Cancel, CreateRun};
 use super::runs::run_json;
@@ -18,8 +20,10 @@ use crate::checkpoint::{RunRow, RunStatus};
 
 pub(super) async fn get_run(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &thread_id)?;
     Ok(Json(run_json(&app.runs.get(&thread_id, &run_id)?)))
 }
 
@@ -33,9 +37,11 @@ pub(super) struct ListQuery {
 /// The thread's runs, newest first.
 pub(super) async fn list_runs(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(thread_id): UrlPath<String>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &thread_id)?;
     let runs = app.runs.list(
         &thread_id,
         q.status.as_deref(),
@@ -47,12 +53,17 @@ pub(super) async fn list_runs(
 
 /// Creates a run nobody streams on `thread` (none: a thread of its own): answered at once with
 /// the run as stored (`pending` until it has a worker and its thread), which goes on.
-pub(super) async fn background(app: &Shared, thread: Option<String>, mut kwargs: Value) -> Result<RunRow, ApiError> {
+pub(super) async fn background(
+    app: &Shared,
+    caller: &Caller,
+    thread: Option<String>,
+    mut kwargs: Value,
+) -> Result<RunRow, ApiError> {
     // Nobody is connected to go away: the run always goes on.
     if let Value::Object(k) = &mut kwargs {
         k.insert("on_disconnect".into(), json!("continue"));
     }
-    let queued = super::runs::create(app, thread, kwargs).await?;
+    let queued = super::runs::create(app, caller, thread, kwargs).await?;
     // As created: a worker of a shared database may have taken it already.
     let row = queued.row().clone();
     let app = app.clone();
@@ -68,10 +79,11 @@ pub(super) async fn background(app: &Shared, thread: Option<String>, mut kwargs:
 /// `POST /threads/{id}/runs`: a run in the background.
 pub(super) async fn create_on_thread(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(thread_id): UrlPath<String>,
     JsonBody(kwargs): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let run = background(&app, Some(thread_id), kwargs).await?;
+    let run = background(&app, &caller, Some(thread_id), kwargs).await?;
     let location = format!("/threads/{}/runs/{}", run.thread_id, run.run_id);
     let mut response = Json(run_json(&run)).into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {
@@ -83,9 +95,10 @@ pub(super) async fn create_on_thread(
 /// `POST /runs`: a stateless run in the background, on a thread of its own.
 pub(super) async fn create_stateless(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     JsonBody(kwargs): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let run = background(&app, None, kwargs).await?;
+    let run = background(&app, &caller, None, kwargs).await?;
     let location = format!("/runs/{}", run.run_id);
     let mut response = Json(run_json(&run)).into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {
@@ -97,8 +110,10 @@ pub(super) async fn create_stateless(
 /// Waits for the run's end, then answers the thread's values as `runs/wait` does.
 pub(super) async fn join(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &thread_id)?;
     let run = app.runs.join(&thread_id, &run_id).await?;
     if let Some(error) = run.error {
         return Ok(Json(json!({"__error__": error})));
@@ -144,9 +159,11 @@ pub(super) struct CancelQuery {
 /// where it was before the run and deletes the run. With `wait=1`, answers once it has stopped.
 pub(super) async fn cancel(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
     Query(q): Query<CancelQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &thread_id)?;
     let action = match q.action.as_deref() {
         None | Some("interrupt") => Cancel::Interrupt,
         Some("rollback") => Cancel::Rollback,
@@ -164,8 +181,10 @@ pub(super) async fn cancel(
 /// Deletes a run that has ended (a running one is a 409: cancel it first).
 pub(super) async fn delete_run(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
+    owner::thread(&app, &caller, &thread_id)?;
     app.runs.delete(&thread_id, &run_id)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -175,9 +194,11 @@ pub(super) async fn delete_run(
 /// created with `stream_resumable`) gives an empty stream.
 pub(super) async fn join_stream(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
     headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
+    owner::thread(&app, &caller, &thread_id)?;
     let last = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())

@@ -523,9 +523,17 @@ pub(super) struct CacheQuery {
 /// (of one of its nodes) deleted, for every thread; a node the workflow lacks is a 404.
 pub(super) async fn clear_cache(
     State(app): State<Shared>,
+    axum::Extension(caller): axum::Extension<super::auth::Caller>,
     UrlPath(id): UrlPath<String>,
     Query(q): Query<CacheQuery>,
 ) -> Result<StatusCode, ApiError> {
+    // Every user's runs share the cache: only an admin empties it.
+    if caller.restricted() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "Only an admin may clear an assistant's cache",
+        ));
+    }
     let g = find(&app, &id)?;
     if let Some(node) = &q.node
         && g.plan.node_by_name(node).is_none()

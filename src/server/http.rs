@@ -2,7 +2,7 @@
 //! statuses, JSON bodies read leniently (unknown fields ignored, an empty body is `{}`), CORS.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -14,35 +14,33 @@ use serde_json::{Value, json};
 pub(crate) struct ApiError {
     pub status: StatusCode,
     pub detail: String,
+    /// Seconds until a refused request may succeed (`Retry-After`): a spent quota's.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
-    pub(super) fn not_found(detail: impl Into<String>) -> ApiError {
+    pub(crate) fn new(status: StatusCode, detail: impl Into<String>) -> ApiError {
         ApiError {
-            status: StatusCode::NOT_FOUND,
+            status,
             detail: detail.into(),
+            retry_after: None,
         }
+    }
+
+    pub(super) fn not_found(detail: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, detail.into())
     }
 
     pub(super) fn conflict(detail: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::CONFLICT,
-            detail: detail.into(),
-        }
+        ApiError::new(StatusCode::CONFLICT, detail.into())
     }
 
     pub(super) fn invalid(detail: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::UNPROCESSABLE_ENTITY,
-            detail: detail.into(),
-        }
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, detail.into())
     }
 
     pub(super) fn internal(detail: impl std::fmt::Display) -> ApiError {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            detail: detail.to_string(),
-        }
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, detail.to_string())
     }
 }
 
@@ -96,7 +94,13 @@ pub(crate) fn refused(e: crate::engine::EngineError) -> ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(json!({"detail": self.detail}))).into_response()
+        let mut response = (self.status, axum::Json(json!({"detail": self.detail}))).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
     }
 }
 
@@ -197,46 +201,6 @@ pub(crate) async fn cors(request: Request, next: Next) -> Response {
     headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
     headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static(EXPOSED));
     response
-}
-
-/// With an API key, every request but `GET /ok`, the Studio page's files and CORS preflights
-/// must carry it, as `x-api-key` (what LangGraph's SDKs send) or `Authorization: Bearer`. The
-/// page holds nothing of the server's: it asks for the key and sends it on every API call.
-pub(crate) async fn auth(State(app): State<super::Shared>, request: Request, next: Next) -> Response {
-    let Some(key) = &app.api_key else {
-        return next.run(request).await;
-    };
-    let path = request.uri().path();
-    let read = request.method() == Method::GET || request.method() == Method::HEAD;
-    let open = path == "/ok" || (read && super::studio::is_page(path));
-    if open || request.method() == Method::OPTIONS {
-        return next.run(request).await;
-    }
-    let headers = request.headers();
-    let given = headers.get("x-api-key").and_then(|v| v.to_str().ok()).or_else(|| {
-        headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-    });
-    match given {
-        Some(g) if same(g.as_bytes(), key.as_bytes()) => next.run(request).await,
-        Some(_) => ApiError {
-            status: StatusCode::UNAUTHORIZED,
-            detail: "Invalid API key".into(),
-        }
-        .into_response(),
-        None => ApiError {
-            status: StatusCode::UNAUTHORIZED,
-            detail: "Missing API key: send it as x-api-key or Authorization: Bearer".into(),
-        }
-        .into_response(),
-    }
-}
-
-/// Whether two secrets are equal, in a time that does not tell how much of them matched.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

@@ -27,9 +27,11 @@
 //! - `conn.rs`: connections accepted and served (HTTP/1.1), closed when idle or too slow, and
 //!   ended gracefully;
 //! - `http.rs`: `{"detail": …}` errors (the run manager's mapped in one place), JSON bodies,
-//!   CORS, the API key;
+//!   CORS;
 //! - `studio.rs`: the Studio page, embedded, at `/` and `/studio/…`.
+//! - `auth/`: who calls (the shared key, JWTs, per-user keys), what they own, their quotas.
 
+pub mod auth;
 mod batch;
 mod conn;
 mod control;
@@ -50,8 +52,8 @@ mod studio;
 mod threads;
 mod traces;
 mod translate;
-mod ttl;
 mod triggers;
+mod ttl;
 mod webhook;
 
 use std::path::Path;
@@ -59,13 +61,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::{get, post};
 
 pub(crate) use cron::cron_json;
 pub use cron::{Clock, CronError};
 pub use graphs::{Graph, Graphs, Rejected, Reloaded, assistant_id};
-pub use ttl::ThreadTtls;
 pub use triggers::TriggerOptions;
+pub use ttl::ThreadTtls;
 
 use crate::checkpoint::Checkpointer;
 use crate::run::{RunError, RunSettings};
@@ -85,8 +86,8 @@ pub(crate) struct App {
     worker: Option<Arc<manager::RunManager<hub::Hub>>>,
     /// How many runs the worker executes at once.
     slots: usize,
-    /// The key every request but `/ok` must carry, when set.
-    api_key: Option<String>,
+    /// Who may call, and what each caller owns and may spend.
+    auth: auth::Auth,
     /// The data store (`--data-db`), opened once: the store endpoints and every run's `store`,
     /// `index` and `retrieve` nodes share it.
     data: crate::rag::DataStore,
@@ -109,7 +110,8 @@ pub struct Server {
 
 impl Server {
     /// A server over `graphs`, whose runs are built from `settings`, at most `workers` of them
-    /// executing at once; with `api_key`, every request but `GET /ok` must carry it.
+    /// executing at once; `auth` says who may call it (every request but the open paths of
+    /// [`auth::is_open`] must carry a credential when it requires any) and what users may spend.
     ///
     /// On a database many processes share (PostgreSQL), the API's runs go through its queue,
     /// and `workers` is what this process's worker executes at once: 0 serves the API only,
@@ -118,7 +120,7 @@ impl Server {
     pub fn new(
         graphs: Graphs,
         settings: RunSettings,
-        api_key: Option<String>,
+        auth: auth::AuthConfig,
         workers: usize,
         ttls: ThreadTtls,
     ) -> Result<Server, RunError> {
@@ -138,7 +140,8 @@ impl Server {
         };
         let runs = Arc::new(
             manager::RunManager::new(settings.clone(), store.clone(), data.clone(), workers.max(1), role)
-                .with_thread_ttl(ttls.default_minutes),
+                .with_thread_ttl(ttls.default_minutes)
+                .with_quotas(auth.quotas.clone()),
         );
         let worker = (shared && workers > 0).then(|| {
             Arc::new(
@@ -149,7 +152,8 @@ impl Server {
                     workers,
                     manager::Role::Worker(crate::checkpoint::new_id()),
                 )
-                .with_thread_ttl(ttls.default_minutes),
+                .with_thread_ttl(ttls.default_minutes)
+                .with_quotas(auth.quotas),
             )
         });
         Ok(Server {
@@ -158,14 +162,14 @@ impl Server {
                 metrics: metrics::Metrics::default(),
                 graphs,
                 settings,
-                store,
                 runs,
                 worker,
                 slots: workers,
-                api_key,
                 ttls,
                 dev: false,
                 triggers: triggers::Triggers::default(),
+                auth: auth::Auth::new(auth, store.clone()),
+                store,
             }),
         })
     }
@@ -331,74 +335,79 @@ pub fn load(dir: &Path) -> std::io::Result<(Graphs, Vec<Rejected>)> {
     graphs::load(dir)
 }
 
+/// The LangGraph API's routes: each path with its methods and handlers, written once for the
+/// router and for [`api_routes`], the list a test walks to hold every route to the ownership
+/// rules (a route added here without a check fails it).
+macro_rules! api {
+    ($($path:literal => [$($method:ident($handler:path)),+ $(,)?]),+ $(,)?) => {
+        /// Every route of the LangGraph API the server answers, as `(method, path)`, besides
+        /// the workflows' own (`serve.routes`).
+        #[doc(hidden)]
+        pub fn api_routes() -> Vec<(&'static str, &'static str)> {
+            vec![$($((stringify!($method), $path)),+),+]
+        }
+
+        fn api_router() -> Router<Shared> {
+            Router::new()
+                $(.route($path, axum::routing::MethodRouter::new()
+                    $(.on(axum::routing::MethodFilter::$method, $handler))+))+
+        }
+    };
+}
+
+api! {
+    "/ok" => [GET(http::ok)],
+    "/info" => [GET(http::info)],
+    "/assistants/search" => [POST(graphs::search)],
+    "/assistants/{id}" => [GET(graphs::get_assistant)],
+    "/assistants/{id}/graph" => [GET(graphs::get_graph)],
+    "/assistants/{id}/schemas" => [GET(graphs::get_schemas)],
+    "/assistants/{id}/cache" => [DELETE(graphs::clear_cache)],
+    "/threads" => [POST(threads::create)],
+    "/threads/search" => [POST(threads::search)],
+    "/threads/{id}" => [GET(threads::get), DELETE(threads::delete), PATCH(threads::patch)],
+    "/threads/{id}/copy" => [POST(threads::copy)],
+    "/threads/{id}/state" => [GET(threads::state), POST(threads::update_state)],
+    "/threads/{id}/state/checkpoint" => [POST(threads::state_at_post)],
+    "/threads/{id}/state/{checkpoint_id}" => [GET(threads::state_at_get)],
+    "/threads/{id}/history" => [POST(threads::history_post), GET(threads::history_get)],
+    "/threads/{id}/runs/stream" => [POST(runs::stream_on_thread)],
+    "/threads/{id}/runs/wait" => [POST(runs::wait_on_thread)],
+    "/threads/{id}/runs" => [POST(control::create_on_thread), GET(control::list_runs)],
+    "/threads/{id}/runs/{run_id}" => [GET(control::get_run), DELETE(control::delete_run)],
+    "/threads/{id}/runs/{run_id}/join" => [GET(control::join)],
+    "/threads/{id}/runs/{run_id}/stream" => [GET(control::join_stream)],
+    "/threads/{id}/runs/{run_id}/cancel" => [POST(control::cancel)],
+    "/threads/{id}/runs/{run_id}/trace" => [GET(traces::run_trace)],
+    "/threads/{id}/usage" => [GET(traces::thread_usage)],
+    "/threads/{id}/runs/crons" => [POST(crons::create_on_thread)],
+    "/runner/workflows" => [GET(graphs::workflows)],
+    "/runs/stream" => [POST(runs::stream_stateless)],
+    "/runs/wait" => [POST(runs::wait_stateless)],
+    "/runs" => [POST(control::create_stateless)],
+    "/runs/batch" => [POST(batch::batch)],
+    "/runs/crons" => [POST(crons::create_stateless)],
+    "/runs/crons/search" => [POST(crons::search)],
+    "/runs/crons/count" => [POST(crons::count)],
+    "/runs/crons/{cron_id}" => [GET(crons::get), PATCH(crons::patch), DELETE(crons::delete)],
+    "/store/items" => [PUT(store::put), GET(store::get), DELETE(store::delete)],
+    "/store/items/search" => [POST(store::search)],
+    "/store/namespaces" => [POST(store::namespaces)],
+    "/metrics" => [GET(metrics::metrics)],
+}
+
 fn router(app: Shared) -> Router {
-    Router::new()
-        .route("/", get(studio::index))
-        .route("/studio", get(studio::index))
-        .route("/studio/", get(studio::index))
-        .route("/studio/{*path}", get(studio::asset))
-        .route("/ok", get(http::ok))
-        .route("/info", get(http::info))
-        .route("/assistants/search", post(graphs::search))
-        .route("/assistants/{id}", get(graphs::get_assistant))
-        .route("/assistants/{id}/graph", get(graphs::get_graph))
-        .route("/assistants/{id}/schemas", get(graphs::get_schemas))
-        .route("/assistants/{id}/cache", axum::routing::delete(graphs::clear_cache))
-        .route("/threads", post(threads::create))
-        .route("/threads/search", post(threads::search))
-        .route(
-            "/threads/{id}",
-            get(threads::get).delete(threads::delete).patch(threads::patch),
-        )
-        .route("/threads/{id}/copy", post(threads::copy))
-        .route("/threads/{id}/state", get(threads::state).post(threads::update_state))
-        .route("/threads/{id}/state/checkpoint", post(threads::state_at_post))
-        .route("/threads/{id}/state/{checkpoint_id}", get(threads::state_at_get))
-        .route(
-            "/threads/{id}/history",
-            post(threads::history_post).get(threads::history_get),
-        )
-        .route("/threads/{id}/runs/stream", post(runs::stream_on_thread))
-        .route("/threads/{id}/runs/wait", post(runs::wait_on_thread))
-        .route(
-            "/threads/{id}/runs",
-            post(control::create_on_thread).get(control::list_runs),
-        )
-        .route(
-            "/threads/{id}/runs/{run_id}",
-            get(control::get_run).delete(control::delete_run),
-        )
-        .route("/threads/{id}/runs/{run_id}/join", get(control::join))
-        .route("/threads/{id}/runs/{run_id}/stream", get(control::join_stream))
-        .route("/threads/{id}/runs/{run_id}/cancel", post(control::cancel))
-        .route("/threads/{id}/runs/{run_id}/trace", get(traces::run_trace))
-        .route("/threads/{id}/usage", get(traces::thread_usage))
-        .route("/runner/workflows", get(graphs::workflows))
-        .route("/runs/stream", post(runs::stream_stateless))
-        .route("/runs/wait", post(runs::wait_stateless))
-        .route("/runs", post(control::create_stateless))
-        .route("/runs/batch", post(batch::batch))
-        .route("/runs/crons", post(crons::create_stateless))
-        .route("/runs/crons/search", post(crons::search))
-        .route("/runs/crons/count", post(crons::count))
-        .route(
-            "/runs/crons/{cron_id}",
-            get(crons::get).patch(crons::patch).delete(crons::delete),
-        )
-        .route("/threads/{id}/runs/crons", post(crons::create_on_thread))
-        .route(
-            "/store/items",
-            axum::routing::put(store::put).get(store::get).delete(store::delete),
-        )
-        .route("/store/items/search", post(store::search))
-        .route("/store/namespaces", post(store::namespaces))
-        .route("/metrics", get(metrics::metrics))
+    api_router()
+        .route("/", axum::routing::get(studio::index))
+        .route("/studio", axum::routing::get(studio::index))
+        .route("/studio/", axum::routing::get(studio::index))
+        .route("/studio/{*path}", axum::routing::get(studio::asset))
         .fallback(routes::dispatch)
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
             metrics::count_streams,
         ))
-        .layer(axum::middleware::from_fn_with_state(app.clone(), http::auth))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), auth::authenticate))
         .layer(axum::middleware::from_fn(http::cors))
         .layer(axum::middleware::from_fn(log::request))
         .with_state(app)

@@ -29,6 +29,7 @@ use crate::spec::{RouteMethod, StreamOn};
 /// Answers a request no route of LangGraph's API took: a served graph's own route, or 404.
 pub(super) async fn dispatch(
     State(app): State<Shared>,
+    caller: Option<axum::Extension<super::auth::Caller>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -37,7 +38,12 @@ pub(super) async fn dispatch(
     let Some((graph, index, params)) = find(&app, &method, uri.path()) else {
         return super::http::not_found().await.into_response();
     };
-    match answer(app, graph, index, params, uri, headers, body).await {
+    // Every request but one to an open path has its caller: a workflow's route under an open
+    // path is answered only on a server that asks for no credential.
+    let Some(axum::Extension(caller)) = caller else {
+        return super::auth::unauthorized("Missing credentials").into_response();
+    };
+    match answer(app, &caller, graph, index, params, uri, headers, body).await {
         Ok(response) => response,
         Err(e) => e.into_response(),
     }
@@ -133,15 +139,15 @@ fn signed(
     };
     let given = headers.get(v.header.as_str()).and_then(|h| h.to_str().ok());
     let now = crate::clock::now_ms().div_euclid(1000);
-    super::webhook::verify(v.scheme, secret.as_bytes(), &v.header, given, body, now).map_err(|e| ApiError {
-        status: StatusCode::UNAUTHORIZED,
-        detail: format!("route `{path}`: {e}"),
-    })
+    super::webhook::verify(v.scheme, secret.as_bytes(), &v.header, given, body, now)
+        .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, format!("route `{path}`: {e}")))
 }
 
 /// Runs what `graph`'s route `index` says of the request, and answers as it says.
+#[allow(clippy::too_many_arguments)]
 async fn answer(
     app: Shared,
+    caller: &super::auth::Caller,
     graph: Arc<Graph>,
     index: usize,
     params: Map<String, Value>,
@@ -212,7 +218,7 @@ async fn answer(
     } else if let Some(input) = &input {
         kwargs["input"] = input.clone();
     }
-    let started = runs::start(&app, thread, kwargs).await?;
+    let started = runs::start(&app, caller, thread, kwargs).await?;
     let framer = RouteFramer::new(
         &app,
         graph.clone(),

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Json, Response};
@@ -12,6 +13,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 
 use super::Shared;
+use super::auth::{Caller, owner};
 use super::graphs::Graph;
 use super::http::{ApiError, JsonBody};
 use super::hub::{self, CancelOnDrop};
@@ -49,13 +51,15 @@ fn shown_kwargs(row: &RunRow) -> Value {
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
+    // The user the run is for, as LangGraph's auth names them; "" on a server without users.
+    let user = json!(crate::checkpoint::runs::owner_of(&row.metadata).unwrap_or_default());
     for (name, value) in [
         ("run_id", json!(row.run_id)),
         ("thread_id", json!(row.thread_id)),
         ("assistant_id", json!(row.assistant_id)),
         ("graph_id", row.metadata.get("graph_id").cloned().unwrap_or(Value::Null)),
-        ("user_id", json!("")),
-        ("langgraph_auth_user_id", json!("")),
+        ("user_id", user.clone()),
+        ("langgraph_auth_user_id", user),
         ("langgraph_auth_user", Value::Null),
         ("langgraph_auth_permissions", json!([])),
     ] {
@@ -217,15 +221,29 @@ pub(super) async fn queue(app: &Shared, create: CreateRun) -> Result<Queued, Api
     Ok(Queued { run, modes })
 }
 
-/// The run `kwargs` asks for on `thread` (none: a thread of its own), in line.
-pub(super) async fn create(app: &Shared, thread: Option<String>, kwargs: Value) -> Result<Queued, ApiError> {
-    queue(app, CreateRun::parse(&app.graphs, thread, kwargs)?).await
+/// The run `kwargs` asks `caller`'s run to be on `thread` (none: a thread of its own), in
+/// line: every run a client creates comes here, so that another user's thread is a 404, the
+/// run is its caller's and their quota counts it.
+pub(super) async fn create(
+    app: &Shared,
+    caller: &Caller,
+    thread: Option<String>,
+    kwargs: Value,
+) -> Result<Queued, ApiError> {
+    let mut create = CreateRun::parse(&app.graphs, thread, kwargs)?;
+    owner::run(app, caller, &mut create)?;
+    queue(app, create).await
 }
 
-/// Starts a run of the request `kwargs` on `thread` (none: a thread of its own) and waits until
-/// it holds the thread.
-pub(super) async fn start(app: &Shared, thread: Option<String>, kwargs: Value) -> Result<Started, ApiError> {
-    create(app, thread, kwargs).await?.started(app).await
+/// Starts `caller`'s run of the request `kwargs` on `thread` (none: a thread of its own) and
+/// waits until it holds the thread.
+pub(super) async fn start(
+    app: &Shared,
+    caller: &Caller,
+    thread: Option<String>,
+    kwargs: Value,
+) -> Result<Started, ApiError> {
+    create(app, caller, thread, kwargs).await?.started(app).await
 }
 
 /// What the stream of the run `row` of `graph` says of it.
@@ -330,34 +348,38 @@ async fn wait_response(app: Shared, s: Started) -> Result<Response, ApiError> {
 
 pub(super) async fn stream_on_thread(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(id): UrlPath<String>,
     JsonBody(kwargs): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let started = start(&app, Some(id), kwargs).await?;
+    let started = start(&app, &caller, Some(id), kwargs).await?;
     Ok(stream_response(app, started))
 }
 
 pub(super) async fn stream_stateless(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     JsonBody(kwargs): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let started = start(&app, None, kwargs).await?;
+    let started = start(&app, &caller, None, kwargs).await?;
     Ok(stream_response(app, started))
 }
 
 pub(super) async fn wait_on_thread(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(id): UrlPath<String>,
     JsonBody(kwargs): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let started = start(&app, Some(id), kwargs).await?;
+    let started = start(&app, &caller, Some(id), kwargs).await?;
     wait_response(app, started).await
 }
 
 pub(super) async fn wait_stateless(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     JsonBody(kwargs): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let started = start(&app, None, kwargs).await?;
+    let started = start(&app, &caller, None, kwargs).await?;
     wait_response(app, started).await
 }

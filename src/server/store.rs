@@ -2,7 +2,13 @@
 //! reference server's shapes, over the data store the `store` node kind reads and writes: the
 //! server opens it once and hands the same handle to every run, so a value put over HTTP is
 //! what a `store` node gets, and the other way round.
+//!
+//! A user who is not an admin reaches their own namespaces and the shared ones (see
+//! [`crate::rag::NamespaceScope`]): the namespaces they name are stored under theirs, and
+//! those they are shown are theirs as they named them; an admin reaches every namespace as
+//! stored.
 
+use axum::Extension;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
@@ -10,6 +16,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::Shared;
+use super::auth::Caller;
 use super::http::{ApiError, JsonBody};
 use crate::rag::{DataError, memory};
 
@@ -33,13 +40,13 @@ fn check(namespace: &[String]) -> Result<(), ApiError> {
 /// stored and then never found by a prefix search or a listing.
 fn check_nul(namespace: &[String]) -> Result<(), ApiError> {
     if let Some(label) = namespace.iter().find(|l| l.contains('\0')) {
-        return Err(ApiError {
-            status: StatusCode::BAD_REQUEST,
-            detail: format!(
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
                 "Invalid namespace label '{label}' found in {}. Namespace labels cannot contain NUL bytes ('\\x00').",
                 py_tuple(namespace)
             ),
-        });
+        ));
     }
     Ok(())
 }
@@ -105,13 +112,14 @@ fn indexing(index: Option<Value>) -> Result<memory::Indexing, ApiError> {
 /// `PUT /store/items`: stores `value` (an object) under `namespace` and `key`, for `ttl`
 /// minutes if given, embedded for semantic search when the store has an index (`index`
 /// chooses the fields, or `false` none); 204.
-pub(super) async fn put(State(app): State<Shared>, JsonBody(p): JsonBody<Put>) -> Result<Response, ApiError> {
+pub(super) async fn put(
+    State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(mut p): JsonBody<Put>,
+) -> Result<Response, ApiError> {
     check(&p.namespace)?;
     if p.namespace.is_empty() {
-        return Err(ApiError {
-            status: StatusCode::BAD_REQUEST,
-            detail: "Namespace cannot be empty.".into(),
-        });
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "Namespace cannot be empty."));
     }
     check_nul(&p.namespace)?;
     // The reference stores an empty key, then refuses to GET it ("Key is required") while its
@@ -122,6 +130,9 @@ pub(super) async fn put(State(app): State<Shared>, JsonBody(p): JsonBody<Put>) -
         ));
     }
     let indexing = indexing(p.index)?;
+    if let Some(scope) = caller.store_scope(&app) {
+        p.namespace = scope.stored(&p.namespace);
+    }
     memory::put_indexed(&app.data, p.namespace, p.key, Value::Object(p.value), p.ttl, &indexing)
         .await
         .map_err(failed)?;
@@ -139,18 +150,28 @@ pub(super) struct GetQuery {
 /// `GET /store/items?namespace=a.b&key=k`: the item, or `null` when there is none or it has
 /// expired (as the reference answers); its time to live starts again unless `refresh_ttl` is
 /// false.
-pub(super) async fn get(State(app): State<Shared>, Query(q): Query<GetQuery>) -> Result<Response, ApiError> {
+pub(super) async fn get(
+    State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<GetQuery>,
+) -> Result<Response, ApiError> {
     let namespace: Vec<String> = q.namespace.split('.').map(str::to_string).collect();
     check(&namespace)?;
     let Some(key) = q.key.filter(|k| !k.is_empty()) else {
         return Ok((StatusCode::BAD_REQUEST, Json(json!({"error": "Key is required"}))).into_response());
     };
     check_nul(&namespace)?;
+    let scope = caller.store_scope(&app);
+    let namespace = scope.as_ref().map_or(namespace.clone(), |s| s.stored(&namespace));
     let item = app
         .data
         .with(move |c| memory::item(c, &namespace, &key, q.refresh_ttl.unwrap_or(true)))
         .await
         .map_err(failed)?;
+    let item = match (item, &scope) {
+        (Some(item), Some(scope)) => scope.shown_item(item),
+        (item, _) => item,
+    };
     Ok(Json(item.unwrap_or(Value::Null)).into_response())
 }
 
@@ -162,9 +183,16 @@ pub(super) struct Delete {
 }
 
 /// `DELETE /store/items` with `{namespace, key}`: 204, whether or not the item was there.
-pub(super) async fn delete(State(app): State<Shared>, JsonBody(d): JsonBody<Delete>) -> Result<Response, ApiError> {
+pub(super) async fn delete(
+    State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(mut d): JsonBody<Delete>,
+) -> Result<Response, ApiError> {
     check(&d.namespace)?;
     check_nul(&d.namespace)?;
+    if let Some(scope) = caller.store_scope(&app) {
+        d.namespace = scope.stored(&d.namespace);
+    }
     app.data
         .with(move |c| memory::delete(c, &d.namespace, &d.key))
         .await
@@ -188,18 +216,28 @@ pub(super) struct Search {
 /// first), else keyword matches best first (the data store's BM25); without, the most recently
 /// updated first. Expired items are gone, and the time to live of those returned starts again
 /// unless `refresh_ttl` is false.
-pub(super) async fn search(State(app): State<Shared>, JsonBody(s): JsonBody<Search>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn search(
+    State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(s): JsonBody<Search>,
+) -> Result<Json<Value>, ApiError> {
     check(&s.namespace_prefix)?;
     check_nul(&s.namespace_prefix)?;
+    let scope = caller.store_scope(&app);
     let query = memory::ItemQuery {
-        prefix: s.namespace_prefix,
+        prefix: scope
+            .as_ref()
+            .map_or(s.namespace_prefix.clone(), |sc| sc.stored(&s.namespace_prefix)),
         query: s.query,
         filter: s.filter,
         limit: s.limit.unwrap_or(10),
         offset: s.offset.unwrap_or(0),
         refresh: s.refresh_ttl.unwrap_or(true),
     };
-    let items = memory::search_items(&app.data, query).await.map_err(failed)?;
+    let mut items = memory::search_items(&app.data, query).await.map_err(failed)?;
+    if let Some(scope) = &scope {
+        items = items.into_iter().filter_map(|i| scope.shown_item(i)).collect();
+    }
     Ok(Json(json!({"items": items})))
 }
 
@@ -217,12 +255,20 @@ pub(super) struct Namespaces {
 /// `POST /store/namespaces`: `{namespaces: [[label, …], …]}`.
 pub(super) async fn namespaces(
     State(app): State<Shared>,
-    JsonBody(n): JsonBody<Namespaces>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(mut n): JsonBody<Namespaces>,
 ) -> Result<Json<Value>, ApiError> {
     check(&n.prefix)?;
     check(&n.suffix)?;
     check_nul(&n.prefix)?;
     check_nul(&n.suffix)?;
+    let scope = caller.store_scope(&app);
+    if let Some(scope) = &scope {
+        let stored = scope.stored(&n.prefix);
+        // The depth counts the labels the user names, not the two of their prefix.
+        n.max_depth = n.max_depth.map(|d| d + stored.len() - n.prefix.len());
+        n.prefix = stored;
+    }
     let found = app
         .data
         .with(move |c| {
@@ -237,5 +283,9 @@ pub(super) async fn namespaces(
         })
         .await
         .map_err(failed)?;
+    let found: Vec<Vec<String>> = match &scope {
+        Some(scope) => found.iter().filter_map(|ns| scope.shown(ns)).collect(),
+        None => found,
+    };
     Ok(Json(json!({"namespaces": found})))
 }

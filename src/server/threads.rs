@@ -3,6 +3,7 @@
 //! stored beside them ([`crate::checkpoint::runs`]), from the thread's creation through the API
 //! or its first run, so it outlives the server.
 
+use axum::Extension;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
@@ -10,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::Shared;
+use super::auth::{Caller, owner};
 use super::http::{ApiError, JsonBody};
 use crate::checkpoint::{Checkpoint, PendingWrite, ThreadMeta, ThreadStatus};
 
@@ -291,9 +293,17 @@ pub(super) struct Create {
     ttl: Option<Value>,
 }
 
-pub(super) async fn create(State(app): State<Shared>, JsonBody(c): JsonBody<Create>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn create(
+    State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(c): JsonBody<Create>,
+) -> Result<Json<Value>, ApiError> {
     let id = c.thread_id.unwrap_or_else(crate::checkpoint::new_id);
     let mut metadata = c.metadata;
+    // The caller's, unless an admin names its owner.
+    if caller.restricted() || !metadata.contains_key("owner") {
+        caller.stamp(&mut metadata);
+    }
     if let Some(g) = c.graph_id {
         metadata.insert("graph_id".into(), json!(g));
     }
@@ -306,8 +316,11 @@ pub(super) async fn create(State(app): State<Shared>, JsonBody(c): JsonBody<Crea
     // the API has no metadata yet: it exists too.)
     let created = app.store.get_thread(&id)?.is_none() && app.store.create_thread_meta(&meta)?;
     if !created {
+        // Another user's thread exists as much as one's own: its id is taken either way.
+        let visible = owner::thread(&app, &caller, &id).is_ok();
         return match c.if_exists.as_deref() {
-            Some("do_nothing") => Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?)),
+            Some("do_nothing") if visible => Ok(Json(thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?)),
+            Some("do_nothing") => Err(ApiError::conflict(format!("Thread with ID {id} already exists"))),
             None | Some("raise") => Err(ApiError::conflict(format!("Thread with ID {id} already exists"))),
             Some(other) => Err(ApiError::invalid(format!(
                 "if_exists must be `raise` or `do_nothing`, not `{other}`"
@@ -327,9 +340,11 @@ pub(super) struct Include {
 /// `GET /threads/{id}`; with `?include=ttl`, the thread's time to live too (when it has one).
 pub(super) async fn get(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(id): UrlPath<String>,
     Query(q): Query<Include>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &id)?;
     let mut thread = thread_json(&app, &id)?.ok_or_else(|| no_thread(&id))?;
     if q.include.split(',').any(|f| f.trim() == "ttl")
         && let Some(ttl) = app.store.get_thread_meta(&id)?.and_then(|m| m.ttl)
@@ -342,7 +357,12 @@ pub(super) async fn get(
 /// `DELETE /threads/{id}`: the thread, its checkpoints and its runs, as the reference deletes
 /// them. A run in progress or queued on it is cancelled first, and no run is admitted to the
 /// thread meanwhile, so none brings it back.
-pub(super) async fn delete(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<StatusCode, ApiError> {
+pub(super) async fn delete(
+    State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<StatusCode, ApiError> {
+    owner::thread(&app, &caller, &id)?;
     app.runs.delete_thread(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -365,9 +385,19 @@ fn ten() -> usize {
 
 /// Threads whose metadata holds every pair asked for, newest first, with the reference's
 /// pagination headers.
-pub(super) async fn search(State(app): State<Shared>, JsonBody(q): JsonBody<Search>) -> Result<Response, ApiError> {
-    let mut ids: Vec<String> = app.store.list_thread_meta()?.into_iter().map(|m| m.thread_id).collect();
-    for head in app.store.list_thread_heads()? {
+pub(super) async fn search(
+    State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(q): JsonBody<Search>,
+) -> Result<Response, ApiError> {
+    // A user's own threads, found by the owner's index; an admin's, every thread.
+    let (metas, heads) = match (&caller.user, caller.restricted()) {
+        (Some(user), true) => (app.store.list_thread_meta_of(user)?, Vec::new()),
+        (None, true) => (Vec::new(), Vec::new()),
+        _ => (app.store.list_thread_meta()?, app.store.list_thread_heads()?),
+    };
+    let mut ids: Vec<String> = metas.into_iter().map(|m| m.thread_id).collect();
+    for head in heads {
         // A child thread of a subgraph or a thread of another program is not this server's.
         if app.graphs.of_workflow(&head.workflow).is_some() && !ids.contains(&head.thread_id) {
             ids.push(head.thread_id);
@@ -397,7 +427,12 @@ pub(super) async fn search(State(app): State<Shared>, JsonBody(q): JsonBody<Sear
 }
 
 /// The head of a thread. A thread created but never run has empty values and nothing next.
-pub(super) async fn state(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn state(
+    State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &id)?;
     match app.store.get_checkpoint(&id, None)? {
         Some(cp) => Ok(Json(state_json(&app, &id, &cp, true)?)),
         None if exists(&app, &id)? => Ok(Json(json!({
@@ -418,17 +453,21 @@ pub(super) struct HistoryQuery {
 
 pub(super) async fn history_post(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(id): UrlPath<String>,
     JsonBody(q): JsonBody<HistoryQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &id)?;
     history(&app, &id, q)
 }
 
 pub(super) async fn history_get(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(id): UrlPath<String>,
     Query(params): Query<Map<String, Value>>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &id)?;
     let limit = match params.get("limit") {
         Some(Value::String(s)) => s.parse().map_err(|_| ApiError::invalid("limit must be a number"))?,
         _ => 10,
@@ -485,8 +524,10 @@ fn state_at(app: &Shared, id: &str, checkpoint_id: &str) -> Result<Json<Value>, 
 
 pub(super) async fn state_at_get(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath((id, checkpoint_id)): UrlPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &id)?;
     state_at(&app, &id, &checkpoint_id)
 }
 
@@ -502,9 +543,11 @@ struct CheckpointRef {
 
 pub(super) async fn state_at_post(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(id): UrlPath<String>,
     JsonBody(at): JsonBody<AtCheckpoint>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &id)?;
     state_at(&app, &id, &at.checkpoint.checkpoint_id)
 }
 
@@ -529,9 +572,11 @@ pub(super) struct StateUpdate {
 /// there, as a run from that checkpoint does. Answers the new checkpoint.
 pub(super) async fn update_state(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(id): UrlPath<String>,
     JsonBody(req): JsonBody<StateUpdate>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &id)?;
     let at = match (req.checkpoint_id, &req.checkpoint) {
         (Some(id), _) => Some(id),
         (None, None | Some(Value::Null)) => None,
@@ -584,7 +629,12 @@ pub(super) async fn update_state(
 
 /// `POST /threads/{id}/copy`: the thread copied whole (its checkpoints, values and records)
 /// as a new thread with the same metadata.
-pub(super) async fn copy(State(app): State<Shared>, UrlPath(id): UrlPath<String>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn copy(
+    State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &id)?;
     if !exists(&app, &id)? {
         return Err(no_thread(&id));
     }
@@ -600,7 +650,10 @@ pub(super) async fn copy(State(app): State<Shared>, UrlPath(id): UrlPath<String>
         copied?;
     }
     let source = app.store.get_thread_meta(&id)?;
-    let mut meta = new_meta(&new, source.as_ref().map(metadata_of).unwrap_or_default());
+    let mut metadata = source.as_ref().map(metadata_of).unwrap_or_default();
+    // The copy is its maker's.
+    caller.stamp(&mut metadata);
+    let mut meta = new_meta(&new, metadata);
     // The copy lives as long as its original would: its time to live, started now.
     meta.ttl = match source.and_then(|m| m.ttl) {
         Some(ttl) => Some(ttl.restarted(crate::clock::now_ms())),
@@ -621,9 +674,15 @@ pub(super) struct Patch {
 /// Merges metadata into the thread's.
 pub(super) async fn patch(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(id): UrlPath<String>,
-    JsonBody(p): JsonBody<Patch>,
+    JsonBody(mut p): JsonBody<Patch>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &id)?;
+    // Only an admin gives a thread to someone else.
+    if caller.restricted() {
+        p.metadata.remove("owner");
+    }
     if !exists(&app, &id)? {
         return Err(no_thread(&id));
     }

@@ -3,11 +3,13 @@
 //! executing process builds it (`manager/trace.rs`) or, once stored, from the run store; and
 //! `GET /threads/{id}/usage`, what the thread's runs spent, in all, by node and by model.
 
+use axum::Extension;
 use axum::extract::{Path as UrlPath, State};
 use axum::response::Json;
 use serde_json::{Value, json};
 
 use super::Shared;
+use super::auth::{Caller, owner};
 use super::http::ApiError;
 use super::manager::UsageSums;
 
@@ -15,8 +17,10 @@ use super::manager::UsageSums;
 /// is the run's. A run that has not started (or ran before traces were kept) has no spans.
 pub(super) async fn run_trace(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath((thread_id, run_id)): UrlPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &thread_id)?;
     let row = app.runs.get(&thread_id, &run_id)?;
     let mut trace = match live(&app, &run_id) {
         Some((trace, _)) => trace,
@@ -39,8 +43,10 @@ pub(super) async fn run_trace(
 /// whose usage is summed.
 pub(super) async fn thread_usage(
     State(app): State<Shared>,
+    Extension(caller): Extension<Caller>,
     UrlPath(thread_id): UrlPath<String>,
 ) -> Result<Json<Value>, ApiError> {
+    owner::thread(&app, &caller, &thread_id)?;
     if !app.runs.thread_exists(&thread_id)? {
         return Err(ApiError::not_found(format!("Thread with ID {thread_id} not found")));
     }

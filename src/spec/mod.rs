@@ -110,6 +110,26 @@ pub struct Serve {
     /// it, and removed when the workflow no longer declares it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub schedules: Vec<ScheduleSpec>,
+    /// Long-term memory every user of a server with users shares: namespace prefixes (e.g.
+    /// `[[docs], [kb, public]]`) that `store` nodes and the store endpoints read and write as
+    /// named. Any other namespace is the calling user's own, stored under `[users, USER_ID]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "shared_store_schema")]
+    pub shared_store: Vec<Vec<String>>,
+}
+
+/// A list of namespace prefixes: non-empty labels without periods, none starting with `users`
+/// (the users' own namespaces).
+fn shared_store_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "minLength": 1, "pattern": "^[^.]+$"},
+            "prefixItems": [{"not": {"const": "users"}}]
+        }
+    })
 }
 
 /// A schedule the workflow runs on: a cron expression, and the run each tick starts.

@@ -6,6 +6,7 @@
 mod cache;
 mod crons;
 mod runs;
+mod users;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -12,6 +12,8 @@ pub(super) struct Memory {
     runs: std::collections::BTreeMap<String, RunRow>,
     threads: std::collections::HashMap<String, ThreadMeta>,
     traces: std::collections::BTreeMap<String, TraceRow>,
+    /// Per-user API keys with their hashes, and quota windows (`users.rs`).
+    pub(super) users: super::users::Users,
 }
 
 impl Memory {

@@ -34,6 +34,7 @@ mod queue;
 mod remove;
 mod runs;
 mod schema;
+mod users;
 
 use std::collections::BTreeMap;
 use std::future::Future;

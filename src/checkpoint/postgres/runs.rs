@@ -40,6 +40,7 @@ pub(super) fn meta_from_row(r: &Row) -> Result<ThreadMetaText> {
         metadata: r.try_get(3)?,
         ttl: r.try_get(4)?,
         expires_at: r.try_get(5)?,
+        owner: None,
     })
 }
 
@@ -79,6 +80,8 @@ pub(super) enum Param {
     OptText(Option<String>),
     Int(i64),
     OptInt(Option<i64>),
+    Float(f64),
+    Bool(bool),
 }
 
 impl Param {
@@ -88,6 +91,8 @@ impl Param {
             Param::OptText(v) => v,
             Param::Int(v) => v,
             Param::OptInt(v) => v,
+            Param::Float(v) => v,
+            Param::Bool(v) => v,
         }
     }
 }
@@ -175,11 +180,11 @@ impl RunStore for PostgresCheckpointer {
     fn put_thread_meta(&self, meta: &ThreadMeta) -> Result<()> {
         let v = ThreadMetaText::from_meta(meta)?;
         self.execute(
-            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6) \
+            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at, owner) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (thread_id) DO UPDATE SET created_at = excluded.created_at, \
              updated_at = excluded.updated_at, metadata = excluded.metadata, ttl = excluded.ttl, \
-             expires_at = excluded.expires_at",
+             expires_at = excluded.expires_at, owner = excluded.owner",
             vec![
                 Param::Text(v.thread_id),
                 Param::Text(v.created_at),
@@ -187,6 +192,7 @@ impl RunStore for PostgresCheckpointer {
                 Param::Text(v.metadata),
                 Param::OptText(v.ttl),
                 Param::OptInt(v.expires_at),
+                Param::OptText(v.owner),
             ],
         )
         .map(|_| ())
@@ -195,8 +201,8 @@ impl RunStore for PostgresCheckpointer {
     fn create_thread_meta(&self, meta: &ThreadMeta) -> Result<bool> {
         let v = ThreadMetaText::from_meta(meta)?;
         Ok(self.execute(
-            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (thread_id) DO NOTHING",
+            "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at, owner) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (thread_id) DO NOTHING",
             vec![
                 Param::Text(v.thread_id),
                 Param::Text(v.created_at),
@@ -204,6 +210,7 @@ impl RunStore for PostgresCheckpointer {
                 Param::Text(v.metadata),
                 Param::OptText(v.ttl),
                 Param::OptInt(v.expires_at),
+                Param::OptText(v.owner),
             ],
         )? == 1)
     }
@@ -227,6 +234,15 @@ impl RunStore for PostgresCheckpointer {
             vec![Param::Int(now_ms), Param::Int(i64::try_from(limit).unwrap_or(i64::MAX))],
         )?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    fn list_thread_meta_of(&self, owner: &str) -> Result<Vec<ThreadMeta>> {
+        let rows = self.query(
+            "SELECT thread_id, created_at, updated_at, metadata, ttl, expires_at FROM thread_meta WHERE owner = $1"
+                .into(),
+            vec![text(owner)],
+        )?;
+        rows.iter().map(|r| meta_from_row(r)?.into_meta()).collect()
     }
 
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()> {

@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Version 1.
 const V1: &str = "
@@ -193,9 +193,36 @@ CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHER
 CREATE INDEX webhook_deliveries_by_run ON webhook_deliveries (run_id);
 ";
 
+/// Version 5: who owns a thread, indexed (kept from its metadata's `owner`), and users' API
+/// keys and quota windows.
+const V5: &str = "
+ALTER TABLE thread_meta ADD COLUMN owner text;
+UPDATE thread_meta SET owner = metadata::jsonb ->> 'owner' WHERE jsonb_typeof(metadata::jsonb -> 'owner') = 'string';
+CREATE INDEX thread_meta_by_owner ON thread_meta (owner) WHERE owner IS NOT NULL;
+CREATE TABLE api_keys (
+    key_id text PRIMARY KEY,
+    -- The SHA-256 of the key, hex: the key itself is never stored.
+    hash text NOT NULL UNIQUE,
+    username text NOT NULL,
+    admin boolean NOT NULL,
+    created_at text NOT NULL,
+    revoked_at text
+);
+CREATE INDEX api_keys_by_user ON api_keys (username);
+CREATE TABLE quota_windows (
+    owner text NOT NULL,
+    -- Milliseconds since the Unix epoch.
+    window_start bigint NOT NULL,
+    runs bigint NOT NULL,
+    tokens bigint NOT NULL,
+    cost double precision NOT NULL,
+    PRIMARY KEY (owner, window_start)
+);
+";
+
 /// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
 /// `n + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found

@@ -38,6 +38,7 @@ mod crons;
 mod rows;
 mod runs;
 mod schema;
+mod users;
 mod writer;
 
 pub use backup::backup;
@@ -62,7 +63,7 @@ use schema::{LEASES, migrate, newer_schema, retry_busy};
 use writer::{Command, Exec, Job, run_writer};
 
 /// The schema this build writes. Opening a file with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 /// How long a connection waits for a lock (another process's writer, a WAL checkpoint).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most commands one group commit takes, so one transaction stays bounded.

@@ -106,6 +106,7 @@ fn meta_from_row(r: &Row<'_>) -> rusqlite::Result<ThreadMetaText> {
         metadata: r.get(3)?,
         ttl: r.get(4)?,
         expires_at: r.get(5)?,
+        owner: None,
     })
 }
 
@@ -198,8 +199,8 @@ impl RunStore for SqliteCheckpointer {
         let v = ThreadMetaText::from_meta(meta)?;
         self.exec(Box::new(move |conn: &Connection| {
             conn.prepare_cached(
-                "INSERT OR REPLACE INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT OR REPLACE INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at, owner) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )?
             .execute(params![
                 v.thread_id,
@@ -207,7 +208,8 @@ impl RunStore for SqliteCheckpointer {
                 v.updated_at,
                 v.metadata,
                 v.ttl,
-                v.expires_at
+                v.expires_at,
+                v.owner
             ])?;
             Ok(())
         }))
@@ -220,8 +222,8 @@ impl RunStore for SqliteCheckpointer {
         self.exec(Box::new(move |conn: &Connection| {
             let inserted = conn
                 .prepare_cached(
-                    "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (thread_id) DO NOTHING",
+                    "INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at, owner) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (thread_id) DO NOTHING",
                 )?
                 .execute(params![
                     v.thread_id,
@@ -229,7 +231,8 @@ impl RunStore for SqliteCheckpointer {
                     v.updated_at,
                     v.metadata,
                     v.ttl,
-                    v.expires_at
+                    v.expires_at,
+                    v.owner
                 ])?;
             told.store(inserted == 1, Ordering::SeqCst);
             Ok(())
@@ -264,6 +267,17 @@ impl RunStore for SqliteCheckpointer {
             let rows = stmt.query_map(params![now_ms, i64::try_from(limit).unwrap_or(i64::MAX)], |r| r.get(0))?;
             Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
         })
+    }
+
+    fn list_thread_meta_of(&self, owner: &str) -> Result<Vec<ThreadMeta>> {
+        let raws = self.read(|tx| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT thread_id, created_at, updated_at, metadata, ttl, expires_at FROM thread_meta WHERE owner = ?1",
+            )?;
+            let rows = stmt.query_map([owner], meta_from_row)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })?;
+        raws.into_iter().map(ThreadMetaText::into_meta).collect()
     }
 
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()> {

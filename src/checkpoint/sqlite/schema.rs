@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::{BUSY_TIMEOUT, SCHEMA_VERSION, cache, crons, runs};
+use super::{BUSY_TIMEOUT, SCHEMA_VERSION, cache, crons, runs, users};
 use crate::checkpoint::{CheckpointError, Result};
 
 /// A new file's schema, with [`TABLES_2`]: what a version 1 file becomes with [`MIGRATE_2`],
@@ -87,6 +87,15 @@ ALTER TABLE threads DROP COLUMN context;
 ALTER TABLE threads DROP COLUMN config;
 ";
 
+/// Version 3: who owns a thread, indexed (kept from its metadata's `owner`), and the tables
+/// of users' API keys and quota windows. Applied after the additive tables, which it alters.
+pub(super) const MIGRATE_3: &str = "
+ALTER TABLE thread_meta ADD COLUMN owner TEXT;
+UPDATE thread_meta SET owner = json_extract(metadata, '$.owner')
+    WHERE json_type(metadata, '$.owner') = 'text';
+CREATE INDEX thread_meta_by_owner ON thread_meta (owner) WHERE owner IS NOT NULL;
+";
+
 /// Applied on every open: the lease table is additive, so it needs no schema version.
 pub(super) const LEASES: &str = "
 CREATE TABLE IF NOT EXISTS leases (
@@ -126,6 +135,10 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     tx.execute_batch(cache::TABLE)?;
     tx.execute_batch(cache::INDEX)?;
     tx.execute_batch(crons::SCHEMA)?;
+    if version < 3 {
+        tx.execute_batch(MIGRATE_3)?;
+        tx.execute_batch(users::TABLES)?;
+    }
     tx.commit()?;
     Ok(())
 }

@@ -403,9 +403,15 @@ pub(crate) struct Page {
 }
 
 /// The crons a search `body` asks for: filtered, sorted (by `sort_by`, default newest first),
-/// paged (`limit`, default 10, from `offset`), each with only the `select`ed fields.
-pub(crate) fn search(store: &dyn Checkpointer, body: &Map<String, Value>) -> Result<Page, CronError> {
-    let filter = Filter::parse(body)?;
+/// paged (`limit`, default 10, from `offset`), each with only the `select`ed fields; of
+/// `owner`'s only, when given.
+pub(crate) fn search(
+    store: &dyn Checkpointer,
+    body: &Map<String, Value>,
+    owner: Option<&str>,
+) -> Result<Page, CronError> {
+    let mut filter = Filter::parse(body)?;
+    filter.owner = owner.map(str::to_string);
     let number = |name: &str, default: usize| match body.get(name) {
         None | Some(Value::Null) => Ok(default),
         Some(v) => v
@@ -483,9 +489,14 @@ pub(crate) fn search(store: &dyn Checkpointer, body: &Map<String, Value>) -> Res
     Ok(Page { crons: page, next })
 }
 
-/// How many crons a count `body` matches.
-pub(crate) fn count(store: &dyn Checkpointer, body: &Map<String, Value>) -> Result<usize, CronError> {
+/// How many crons a count `body` matches (of `owner`'s only, when given).
+pub(crate) fn count(
+    store: &dyn Checkpointer,
+    body: &Map<String, Value>,
+    owner: Option<&str>,
+) -> Result<usize, CronError> {
     let mut filter = Filter::parse(body)?;
+    filter.owner = owner.map(str::to_string);
     // A count filters by assistant, thread and metadata only, as the reference's does.
     filter.enabled = None;
     Ok(store.list_crons()?.iter().filter(|c| filter.holds(c)).count())

@@ -129,6 +129,12 @@ async fn start(app: &crate::server::Shared, cron: &CronRow) -> Result<String, cr
     if cron.thread_id.is_none() && cron.on_run_completed.as_deref() == Some("keep") {
         kwargs.entry("on_completion").or_insert(json!("keep"));
     }
-    let row = crate::server::control::background(app, cron.thread_id.clone(), Value::Object(kwargs)).await?;
+    // The run is the cron owner's, as if they had started it; a cron nobody owns runs as the
+    // server's own.
+    let caller = crate::server::auth::Caller {
+        user: cron.owner.clone(),
+        admin: cron.owner.is_none(),
+    };
+    let row = crate::server::control::background(app, &caller, cron.thread_id.clone(), Value::Object(kwargs)).await?;
     Ok(row.run_id)
 }

@@ -166,6 +166,9 @@ pub(crate) struct RunManager<S> {
     role: Role,
     /// The time to live of a thread a run creates, in minutes (`--thread-ttl`).
     thread_ttl: Option<f64>,
+    /// Per-user quotas: a user's run spends at most what the window leaves, and what it spent
+    /// is counted when it ends (by the process that ran it).
+    quotas: Option<crate::server::auth::Quotas>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -184,6 +187,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         role: Role,
     ) -> RunManager<S> {
         RunManager {
+            quotas: None,
             role,
             settings,
             store,
@@ -208,6 +212,12 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     /// The time to live of a thread a run creates, in minutes.
     pub(crate) fn thread_ttl(&self) -> Option<f64> {
         self.thread_ttl
+    }
+
+    /// This manager with per-user quotas.
+    pub(crate) fn with_quotas(mut self, quotas: Option<crate::server::auth::Quotas>) -> RunManager<S> {
+        self.quotas = quotas;
+        self
     }
 
     /// Whether its runs go through the queue of a database many processes share.

@@ -165,9 +165,37 @@ pub(crate) struct CreateRun {
     pub kwargs: Value,
     /// The run of that row again (same id, same thread), after a restart.
     pub resumed: Option<Resumed>,
+    /// The user whose run it is (none: the server has no users, or the shared key's holder
+    /// asked): stamped on its row and a thread it creates, its context's `user_id`, the owner
+    /// of the long-term memory its `store` nodes reach.
+    pub owner: Option<String>,
 }
 
 impl CreateRun {
+    /// Makes the run `user`'s: its owner, and its context's `user_id` (over whatever the client
+    /// sent, in the request its row keeps too) when the workflow has a context with room for
+    /// one (a workflow that declares none takes none).
+    pub(crate) fn owned_by(&mut self, user: &str) {
+        self.owner = Some(user.to_string());
+        let Some(schema) = self.graph.plan.context_schema() else {
+            return;
+        };
+        let declared = schema.get("properties").is_some_and(|p| p.get("user_id").is_some());
+        if !declared && schema.get("additionalProperties") == Some(&Value::Bool(false)) {
+            return;
+        }
+        let mut context = match self.context.take() {
+            Some(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        context.insert("user_id".into(), json!(user));
+        let context = Value::Object(context);
+        if let Value::Object(k) = &mut self.kwargs {
+            k.insert("context".into(), context.clone());
+        }
+        self.context = Some(context);
+    }
+
     /// The run `kwargs` asks for on `thread` (none: a thread of its own), its assistant found
     /// among `graphs`.
     pub(crate) fn parse(graphs: &Graphs, thread: Option<String>, kwargs: Value) -> Result<CreateRun, RunsError> {
@@ -249,12 +277,15 @@ impl CreateRun {
             cancel_on_disconnect: req.on_disconnect.as_deref() != Some("continue"),
             kwargs,
             resumed: None,
+            owner: None,
         })
     }
 
     /// The run of `row` again, on its thread, as its request asked.
     pub(crate) fn resumed(graphs: &Graphs, row: RunRow) -> Result<CreateRun, RunsError> {
         let mut run = CreateRun::parse(graphs, Some(row.thread_id.clone()), row.kwargs.clone())?;
+        // The server that created the run stamped its owner.
+        run.owner = crate::checkpoint::runs::owner_of(&row.metadata).map(str::to_string);
         run.resumed = Some(Resumed::of(row));
         Ok(run)
     }

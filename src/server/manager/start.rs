@@ -262,12 +262,19 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             None
         } else {
             let mut services = self.settings.services(&graph.plan)?;
-            // One data store for the process: what the store endpoints write, runs read.
-            services.data = self.data.clone();
+            // One data store for the process: what the store endpoints write, runs read; a
+            // user's run reads and writes that user's namespaces.
+            let scope = req
+                .owner
+                .as_ref()
+                .map(|o| crate::rag::NamespaceScope::new(o.clone(), graph.plan.shared_store().clone()));
+            services.data = self.data.scoped(scope);
             Some(services)
         };
         // From here on the run starts, and its end (or refusal) releases a thread of its own.
-        let mut meta = match self.store.get_thread_meta(thread_id)? {
+        let existing = self.store.get_thread_meta(thread_id)?;
+        let new_thread = existing.is_none();
+        let mut meta = match existing {
             Some(mut meta) => {
                 // A run is a use of the thread: its time to live starts again.
                 meta.ttl = meta.ttl.map(|t| t.restarted(crate::clock::now_ms()));
@@ -285,6 +292,10 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         if let Value::Object(m) = &mut meta.metadata {
             m.insert("graph_id".into(), json!(graph.graph_id));
             m.insert("assistant_id".into(), json!(graph.assistant_id));
+            // A thread the run creates is its user's.
+            if new_thread && let Some(owner) = &req.owner {
+                m.insert("owner".into(), json!(owner));
+            }
         }
         meta.updated_at = crate::clock::now();
         self.store.put_thread_meta(&meta)?;
@@ -313,6 +324,11 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                     ("assistant_id".into(), json!(graph.assistant_id)),
                 ]);
                 metadata.extend(req.metadata);
+                // Whose run it is, as the server found its caller; never what a client wrote.
+                match &req.owner {
+                    Some(owner) => metadata.insert("owner".into(), json!(owner)),
+                    None => metadata.remove("owner"),
+                };
                 RunRow {
                     run_id: uuid::Uuid::now_v7().to_string(),
                     thread_id: thread_id.to_string(),
@@ -341,10 +357,18 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         // the thread's metadata as the run found it, then the run's own.
         let mut stamped = thread_metadata;
         stamped.extend(checkpoint_metadata(&row));
-        stamped.insert("user_id".into(), json!(""));
-        stamped.insert("langgraph_auth_user_id".into(), json!(""));
+        let user = req.owner.clone().unwrap_or_default();
+        stamped.insert("user_id".into(), json!(user));
+        stamped.insert("langgraph_auth_user_id".into(), json!(user));
+        // A user's run spends at most what the window leaves of their quota.
+        if !self.is_api()
+            && let (Some(quotas), Some(owner)) = (&self.quotas, &req.owner)
+        {
+            request.quota = Some(quotas.remaining(self.store.as_ref(), owner)?);
+        }
         request.metadata = Some(stamped);
         Ok(Created {
+            owner: req.owner,
             graph,
             row,
             request,
@@ -425,6 +449,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             thread_id: thread_id.clone(),
             temporary: c.temporary,
             trace: recorder,
+            owner: c.owner,
             wake: stopper.wake.clone(),
             ended: ended_tx,
             outcome: tx,
@@ -588,6 +613,8 @@ type Answered = (Option<String>, Value, Vec<(String, Value)>);
 
 /// A run created: what its task and its starter get.
 pub(super) struct Created {
+    /// Whose run it is.
+    owner: Option<String>,
     pub(super) graph: Arc<Graph>,
     pub(super) row: RunRow,
     request: crate::engine::RunRequest,
@@ -618,6 +645,8 @@ struct RunTask<S> {
     temporary: bool,
     /// Its trace, as its events build it: stored as it goes and at its end.
     trace: Arc<std::sync::Mutex<super::trace::Recorder>>,
+    /// The user whose quota the run spends.
+    owner: Option<String>,
     wake: Arc<tokio::sync::Notify>,
     ended: tokio::sync::watch::Sender<bool>,
     outcome: oneshot::Sender<Result<RunOutcome, EngineError>>,
@@ -638,6 +667,7 @@ impl<S: Send + Sync + 'static> RunTask<S> {
             thread_id,
             temporary,
             trace,
+            owner,
             wake,
             ended,
             outcome: tx,
@@ -689,6 +719,14 @@ impl<S: Send + Sync + 'static> RunTask<S> {
         // finds all of it. A trace that could not be stored loses only itself.
         if ran {
             let _ = store_trace(&*manager.store, &trace, &run_id, &thread_id);
+        }
+        if let (Some(quotas), Some(owner), Ok(o)) = (&manager.quotas, &owner, &outcome) {
+            quotas.spend(
+                manager.store.as_ref(),
+                owner,
+                o.run_usage.total_tokens,
+                o.run_usage.cost,
+            );
         }
         let error = end_error(&outcome);
         // Recorded whether or not a client still listens, and before a stream closes: a client
@@ -829,6 +867,7 @@ pub(super) fn never_started(thread_id: &str) -> RunOutcome {
         usage: Default::default(),
         turn_usage: Default::default(),
         unreported_usage: Default::default(),
+        run_usage: Default::default(),
         handoffs: Vec::new(),
     }
 }
