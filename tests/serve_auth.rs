@@ -752,3 +752,49 @@ fn the_python_sdk_passes_a_bearer_token_unchanged() {
         "sdk auth: every check passed",
     );
 }
+
+/// A user's cron is theirs: another user neither finds nor reaches it, and each run it starts
+/// runs as its owner — their thread, their `context.user_id` — as if they had started it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_users_cron_is_theirs_and_runs_as_them() {
+    const Y2030: i64 = 1_893_456_000_000;
+    let dir = project("[serve.auth]\nuser_keys = true\n");
+    let root = dir.path().to_path_buf();
+    let (ok, bob, said) = users(&root, &["add", "bob"]);
+    assert!(ok, "{said}");
+    let (ok, alice, said) = users(&root, &["add", "alice"]);
+    assert!(ok, "{said}");
+    let clock = root.join("clock");
+    let set_clock = |ms: i64| {
+        std::fs::write(root.join("clock.next"), ms.to_string()).unwrap();
+        std::fs::rename(root.join("clock.next"), &clock).unwrap();
+    };
+    set_clock(Y2030 + 30_000);
+    let s = start(dir, &["--clock-file", clock.to_str().unwrap()]);
+    let request = json!({"assistant_id": "notes", "schedule": "* * * * *", "input": {"text": "from cron"},
+                         "on_run_completed": "keep"});
+    let (status, cron) = call(&s.base, As::Key(&bob), "POST", "/runs/crons", Some(request)).await;
+    assert_eq!(status, 200, "{cron}");
+    let id = cron["cron_id"].as_str().unwrap().to_string();
+    let (status, _) = call(&s.base, As::Key(&alice), "GET", &format!("/runs/crons/{id}"), None).await;
+    assert_eq!(status, 404);
+    let (_, found) = call(&s.base, As::Key(&alice), "POST", "/runs/crons/search", Some(json!({}))).await;
+    assert_eq!(found, json!([]));
+    let (_, found) = call(&s.base, As::Key(&bob), "POST", "/runs/crons/search", Some(json!({}))).await;
+    assert_eq!(found.as_array().map(Vec::len), Some(1), "{found}");
+
+    // The first tick: its run is bob's.
+    set_clock(Y2030 + 70_000);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let thread = loop {
+        let (_, threads) = call(&s.base, As::Key(&bob), "POST", "/threads/search", Some(json!({}))).await;
+        if let Some(t) = threads.as_array().and_then(|t| t.iter().find(|t| t["values"]["who"] == "bob")) {
+            break t.clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "no run of bob's cron: {threads}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(thread["metadata"]["owner"], "bob", "{thread}");
+    let (_, theirs) = call(&s.base, As::Key(&alice), "POST", "/threads/search", Some(json!({}))).await;
+    assert_eq!(theirs, json!([]), "alice sees no thread of bob's cron");
+}
