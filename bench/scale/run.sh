@@ -7,9 +7,9 @@
 #   RUNNER_BIN=path/to/runner LOAD_BIN=path/to/load bash bench/scale/run.sh   # no build
 #   PG_BIN=/usr/lib/postgresql/15/bin bash bench/scale/run.sh
 #
-# What it does: builds runner (cargo build --release) and the load generator
-# (bench/scale/load.rs, `cargo bench --bench scale --no-run`: tokio and reqwest, the crate's own
-# dependencies, so the client is native and not what runs out of CPU first); starts a throwaway
+# What it does: builds runner (cargo build --release) and the load generator (bench/scale/load/, a
+# package of its own on runner's tokio and reqwest: a native client, not what runs out of CPU
+# first, as the Python SDK does on 2 cores); starts a throwaway
 # PostgreSQL of its own as bench/postgres/run.sh does (initdb into target/bench-scale/data, as the
 # `postgres` user when run as root; 127.0.0.1 on a free port; fsync and synchronous_commit on, the
 # server's defaults; pg_stat_statements loaded when the server has it), stopped when the script
@@ -38,13 +38,9 @@ if [[ -z "${RUNNER_BIN:-}" ]]; then
 fi
 [[ -x "$BIN" ]] || die "$BIN not found"
 if [[ -z "${LOAD_BIN:-}" ]]; then
-    log "cargo bench --bench scale --no-run"
-    LOAD_BIN="$(cargo bench --bench scale --no-run --message-format=json 2>/dev/null \
-        | python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "scale" and m.get("executable"):
-        print(m["executable"])')"
+    log "cargo build --release --manifest-path bench/scale/load/Cargo.toml"
+    cargo build --release --quiet --manifest-path "$HERE/load/Cargo.toml" --target-dir "$TARGET_DIR"
+    LOAD_BIN="$TARGET_DIR/release/runner-scale-load"
 fi
 [[ -x "$LOAD_BIN" ]] || die "the load generator was not built"
 "$BIN" validate "$HERE/graphs/" >&2

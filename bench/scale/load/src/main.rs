@@ -1,13 +1,13 @@
-//! The scale-out benchmark's load generator (bench/scale/run.sh runs it): a native HTTP client
-//! of the LangGraph Server API, so the client is not what runs out of CPU first on a small
-//! machine (the Python SDK does, at a few hundred runs a second on 2 cores). tokio and reqwest,
-//! already the crate's own dependencies: no other tool to install, and a stream's events are
-//! read as they arrive, which `oha` and `wrk` do not time.
+//! The scale-out benchmark's load generator (bench/scale/run.sh builds and runs it): a native
+//! HTTP client of the LangGraph Server API, so the client is not what runs out of CPU first on
+//! a small machine (the Python SDK does, at a few hundred runs a second on 2 cores). tokio and
+//! reqwest, runner's own dependencies: nothing else to install, and a stream's events are timed
+//! as they arrive, which `oha` and `wrk` do not do (they time whole responses).
 //!
 //! ```text
-//! cargo bench --bench scale -- latency    URL GRAPH SAMPLES
-//! cargo bench --bench scale -- throughput URL GRAPH CLIENTS SECONDS
-//! cargo bench --bench scale -- failover   URL GRAPH RUNS
+//! runner-scale-load latency    URL GRAPH SAMPLES
+//! runner-scale-load throughput URL GRAPH CLIENTS SECONDS
+//! runner-scale-load failover   URL GRAPH RUNS
 //! ```
 //!
 //! Each prints one JSON object on stdout:
