@@ -241,12 +241,15 @@ async fn throughput(url: &str, graph: &str, clients: usize, seconds: f64) -> Res
     }))
 }
 
+/// What a followed run sent: the arrival of each `values` event, the last one's data, and the
+/// error it ended with, if any.
+type Followed = (Vec<Instant>, String, Option<String>);
+
 async fn failover(url: &str, graph: &str, runs: usize) -> Result<Value> {
     use std::sync::{Arc, Mutex};
     let http = client();
     // Per run: the arrival of every event, and the last event's data.
-    let log: Arc<Mutex<Vec<(Vec<Instant>, String, Option<String>)>>> =
-        Arc::new(Mutex::new(vec![(Vec::new(), String::new(), None); runs]));
+    let log: Arc<Mutex<Vec<Followed>>> = Arc::new(Mutex::new(vec![(Vec::new(), String::new(), None); runs]));
     let mut tasks = Vec::new();
     for i in 0..runs {
         let thread = new_thread(&http, url).await?;
