@@ -2106,3 +2106,188 @@ fn postgres_a_schema_is_a_store_of_its_own() {
     let again = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
     assert_eq!(again.history("t").unwrap().len(), 3);
 }
+
+/// A relay on loopback to `target` that counts the reads it passes on from its clients: a
+/// client that waits for each answer before it sends the next statement makes one read per
+/// statement, one that sends a whole write at once makes one.
+fn counting_relay(target: std::net::SocketAddr) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sends = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = sends.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = std::net::TcpStream::connect(target) else {
+                return;
+            };
+            let _ = (client.set_nodelay(true), server.set_nodelay(true));
+            let pipe = |mut from: std::net::TcpStream,
+                        mut to: std::net::TcpStream,
+                        count: Option<Arc<std::sync::atomic::AtomicUsize>>| {
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        if let Some(count) = &count {
+                            count.fetch_add(1, Ordering::SeqCst);
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            };
+            pipe(
+                client.try_clone().unwrap(),
+                server.try_clone().unwrap(),
+                Some(counted.clone()),
+            );
+            pipe(server, client, None);
+        }
+    });
+    (port, sends)
+}
+
+/// A fenced step (its checkpoint, values and writes) is written in one round trip: the client
+/// sends it once and waits once, as a single `INSERT` and its commit would (the statement's
+/// text is prepared once per connection, the first time).
+#[test]
+fn postgres_a_fenced_step_is_one_round_trip() {
+    let url = url::Url::parse(&fresh_url()).unwrap();
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
+        .unwrap()
+        .next()
+        .unwrap();
+    let (port, sends) = counting_relay(target);
+    let mut relayed = url.clone();
+    relayed.set_port(Some(port)).unwrap();
+    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    for durability in [Durability::PowerSafe, Durability::CrashSafe] {
+        let cp = PostgresCheckpointer::open(relayed.as_str(), durability).unwrap();
+        let id = format!("one-{durability:?}");
+        let lease = cp.acquire_lease(&claim(&id, "owner-a", 60_000)).unwrap();
+        let mut parent = checkpoint(&id, None, -1, &[("n", 1)]);
+        cp.create_thread_with_checkpoint(Some(&lease.fence()), &thread(&id), &parent, vals(&[("n", 1, json!(0))]))
+            .unwrap();
+        let step = |parent: &Checkpoint, n: u64| {
+            let next = checkpoint(&id, Some(parent), n as i64, &[("n", n + 1)]);
+            cp.put_batch(vec![
+                Put::Fence(lease.fence()),
+                Put::Writes {
+                    thread_id: id.clone(),
+                    checkpoint_id: parent.checkpoint_id.clone(),
+                    writes: vec![write("t", 0, "n", json!(n))],
+                },
+                Put::Checkpoint(Arc::new(next.clone()), vals(&[("n", n + 1, json!(n))])),
+            ])
+            .unwrap();
+            next
+        };
+        // The first prepares the statement.
+        parent = step(&parent, 1);
+        let before = sends.load(Ordering::SeqCst);
+        for n in 2..7 {
+            parent = step(&parent, n);
+        }
+        assert_eq!(
+            sends.load(Ordering::SeqCst) - before,
+            5,
+            "{durability:?}: one send a step"
+        );
+        assert_eq!(cp.history(&id).unwrap().len(), 7);
+        assert_eq!(
+            cp.get_writes(&id, &cp.history(&id).unwrap()[1].checkpoint_id)
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+}
+
+/// Waits (up to 20 s) until `sql` on the server answers `true`.
+fn until_true(url: &str, sql: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let rows = crate::support::postgres::query(url, sql).unwrap();
+        if rows[0][0].as_deref() == Some("t") {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "never true: {sql}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A fenced write racing a takeover of its lease: it waits for the takeover's transaction
+/// (which holds the lease row), then fails and writes nothing when the takeover commits, and
+/// is written when it rolls back. The fence is checked as the row is once the wait ends.
+#[test]
+fn postgres_a_fenced_write_waits_for_a_takeover_and_sees_it() {
+    let url = fresh_url();
+    let cp = Arc::new(PostgresCheckpointer::open(&url, Durability::PowerSafe).unwrap());
+    for (case, end) in [("committed", "COMMIT"), ("rolled-back", "ROLLBACK")] {
+        let id = format!("race-{case}");
+        let lease = cp.acquire_lease(&claim(&id, "owner-a", 60_000)).unwrap();
+        let c0 = checkpoint(&id, None, -1, &[("n", 1)]);
+        cp.create_thread_with_checkpoint(Some(&lease.fence()), &thread(&id), &c0, vals(&[("n", 1, json!(0))]))
+            .unwrap();
+        let marker = format!("takeover-{case}-{}", new_id());
+        let takeover = {
+            let (url, sql) = (
+                url.clone(),
+                format!(
+                    "/* {marker} */ BEGIN; UPDATE leases SET owner = 'owner-b', generation = generation + 1 \
+                     WHERE thread_id = '{id}'; SELECT pg_sleep(2); {end}"
+                ),
+            );
+            std::thread::spawn(move || crate::support::postgres::query(&url, &sql).unwrap())
+        };
+        until_true(
+            &url,
+            &format!(
+                "SELECT count(*) > 0 FROM pg_stat_activity WHERE query LIKE '%{marker}%' AND wait_event = 'PgSleep'"
+            ),
+        );
+        let c1 = checkpoint(&id, Some(&c0), 0, &[("n", 2)]);
+        let writer = {
+            let (cp, fence, id, c0, c1) = (cp.clone(), lease.fence(), id.clone(), c0.clone(), c1.clone());
+            std::thread::spawn(move || {
+                cp.put_batch(vec![
+                    Put::Fence(fence),
+                    Put::Writes {
+                        thread_id: id,
+                        checkpoint_id: c0.checkpoint_id.clone(),
+                        writes: vec![write("t", 0, "n", json!(1))],
+                    },
+                    Put::Checkpoint(Arc::new(c1), vals(&[("n", 2, json!(1))])),
+                ])
+            })
+        };
+        // The write waits on the lease row while the takeover's transaction is open (its
+        // statement's text as the server shows it: the first 1 KiB).
+        until_true(
+            &url,
+            "SELECT count(*) > 0 FROM pg_stat_activity \
+             WHERE query LIKE 'WITH c AS (INSERT INTO checkpoints%' AND wait_event_type = 'Lock'",
+        );
+        assert!(!writer.is_finished(), "{case}: the write did not wait");
+        takeover.join().unwrap();
+        let written = writer.join().unwrap();
+        if end == "COMMIT" {
+            assert!(
+                matches!(&written, Err(CheckpointError::LeaseLost(t)) if *t == id),
+                "{case}: {written:?}"
+            );
+            assert_eq!(ids(&cp.history(&id).unwrap()), vec![c0.checkpoint_id.as_str()]);
+            assert_eq!(cp.get_writes(&id, &c0.checkpoint_id).unwrap(), vec![]);
+        } else {
+            written.unwrap();
+            assert_eq!(
+                ids(&cp.history(&id).unwrap()),
+                vec![c1.checkpoint_id.as_str(), c0.checkpoint_id.as_str()]
+            );
+            assert_eq!(cp.get_writes(&id, &c0.checkpoint_id).unwrap().len(), 1);
+        }
+    }
+}

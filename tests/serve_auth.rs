@@ -788,7 +788,10 @@ async fn a_users_cron_is_theirs_and_runs_as_them() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let thread = loop {
         let (_, threads) = call(&s.base, As::Key(&bob), "POST", "/threads/search", Some(json!({}))).await;
-        if let Some(t) = threads.as_array().and_then(|t| t.iter().find(|t| t["values"]["who"] == "bob")) {
+        if let Some(t) = threads
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["values"]["who"] == "bob"))
+        {
             break t.clone();
         }
         assert!(std::time::Instant::now() < deadline, "no run of bob's cron: {threads}");

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::{GenericClient, Transaction};
 use serde_json::Value;
 use tokio_postgres::Row;
 
@@ -472,16 +472,65 @@ fn groupable(op: &Op) -> bool {
     }
 }
 
-/// Applies checkpoints, their values, writes and long strings (see [`groupable`]): every
-/// checkpoint in one statement, then every value, then every write (the last of a repeated
-/// `(task, idx)` kept, as applying them in turn would).
+/// Applies checkpoints, their values, writes and long strings (see [`groupable`]): the long
+/// strings first, then every checkpoint, value and write in one statement.
 async fn put_many(tx: &Transaction<'_>, ops: &[&Op]) -> Result<()> {
+    for op in ops {
+        if let Op::Blobs { thread_id, blobs } = op {
+            store_blobs(tx, thread_id, blobs).await?;
+        }
+    }
+    put_rows(tx, &[], ops).await
+}
+
+/// Whether `op` can be applied as one statement outside a transaction: only fences,
+/// checkpoints and writes (what the tables' keys and the lease function check), as a step
+/// stores. Long strings (locked while referred to), status changes, deletions and the rest take
+/// the transaction's way.
+pub(super) fn one_statement(op: &Op) -> bool {
+    let mut flat = Vec::new();
+    flatten(std::slice::from_ref(op), &mut flat);
+    flat.iter()
+        .all(|op| matches!(op, Op::Fence(_)) || (groupable(op) && !matches!(op, Op::Blobs { .. })))
+}
+
+/// Applies `op` (see [`one_statement`]) as one statement on its own: the fences checked and
+/// their lease rows locked by the schema's `hold_leases` (which raises when one was taken
+/// over, so the statement writes nothing), every checkpoint, value and write inserted by the
+/// same statement, committed as it ends. One round trip, one commit: a step's whole write.
+pub(super) async fn apply_one_statement(client: &deadpool_postgres::Client, op: &Op) -> Result<Done> {
+    let mut flat = Vec::new();
+    flatten(std::slice::from_ref(op), &mut flat);
+    let mut fences: Vec<&crate::checkpoint::Fence> = Vec::new();
+    let mut rows = Vec::with_capacity(flat.len());
+    for op in flat {
+        match op {
+            Op::Fence(fence) => {
+                if !fences.contains(&fence) {
+                    fences.push(fence);
+                }
+            }
+            op => rows.push(op),
+        }
+    }
+    put_rows(client, &fences, &rows).await?;
+    Ok(Done::Unit)
+}
+
+/// SQLSTATE `hold_leases` raises for a lease that is no longer the fence's (its detail: the
+/// thread).
+const LEASE_LOST: &str = "RL001";
+
+/// Every checkpoint, value and write of `ops` (and no other kind) in one statement, after the
+/// `fences` hold: a data-modifying `WITH` per table that has rows, the fences' check as its
+/// query (the last of a repeated write's `(task, idx)` kept, as applying them in turn would).
+async fn put_rows<C: GenericClient>(client: &C, fences: &[&crate::checkpoint::Fence], ops: &[&Op]) -> Result<()> {
     let mut checkpoints: Vec<&CheckpointRow> = Vec::new();
     let (mut v_threads, mut v_keys, mut v_versions, mut v_texts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut writes: Vec<(&str, &str, &str, i64, &str, &str)> = Vec::new();
     for op in ops {
         match op {
-            Op::Blobs { thread_id, blobs } => store_blobs(tx, thread_id, blobs).await?,
+            Op::Blobs { .. } => {}
             Op::PutCheckpoint { row, values } => {
                 checkpoints.push(row);
                 for (key, version, text) in values {
@@ -507,84 +556,157 @@ async fn put_many(tx: &Transaction<'_>, ops: &[&Op]) -> Result<()> {
             }
         }
     }
-    if !checkpoints.is_empty() {
-        let col = |f: fn(&CheckpointRow) -> &str| checkpoints.iter().map(|c| f(c)).collect::<Vec<&str>>();
-        let parents: Vec<Option<&str>> = checkpoints.iter().map(|c| c.parent_id.as_deref()).collect();
-        let steps: Vec<i64> = checkpoints.iter().map(|c| c.step).collect();
-        let sql = format!(
-            "INSERT INTO checkpoints ({CHECKPOINT_COLS}) \
-             SELECT c.thread_id, c.checkpoint_id, c.parent_id, c.step, c.versions, c.ran, c.changed, c.next, c.meta, \
-                    nullif(c.plan_hash, (SELECT t.plan_hash FROM threads t WHERE t.thread_id = c.thread_id)), c.created_at \
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], \
-                         $8::text[], $9::text[], $10::text[], $11::text[]) \
-                  AS c(thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, meta, plan_hash, created_at)"
-        );
-        let first = checkpoints[0];
-        tx.execute(
-            &tx.prepare_cached(&sql).await?,
-            &[
-                &col(|c| &c.thread_id),
-                &col(|c| &c.checkpoint_id),
-                &parents,
-                &steps,
-                &col(|c| &c.versions),
-                &col(|c| &c.ran),
-                &col(|c| &c.changed),
-                &col(|c| &c.next),
-                &col(|c| &c.meta),
-                &col(|c| &c.plan_hash),
-                &col(|c| &c.created_at),
-            ],
-        )
-        .await
-        .map_err(|e| match violated(&e) {
-            Some(FOREIGN_KEY) => CheckpointError::NoThread(first.thread_id.clone()),
-            Some(UNIQUE) => format::duplicate_checkpoint(&first.thread_id, &first.checkpoint_id),
-            _ => e.into(),
-        })?;
-    }
-    if !v_keys.is_empty() {
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO state_values (thread_id, key, version, value) \
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) ON CONFLICT DO NOTHING",
-            )
-            .await?;
-        tx.execute(&stmt, &[&v_threads, &v_keys, &v_versions, &v_texts]).await?;
-    }
-    if !writes.is_empty() {
-        // A statement may not update one row twice: the last put of a key wins.
+    // A statement may not update one row twice: the last put of a key wins.
+    if writes.len() > 1 {
         let mut last = std::collections::HashMap::with_capacity(writes.len());
         for (i, w) in writes.iter().enumerate() {
             last.insert((w.0, w.1, w.2, w.3), i);
         }
-        let kept: Vec<_> = writes
-            .iter()
-            .enumerate()
-            .filter(|(i, w)| last.get(&(w.0, w.1, w.2, w.3)) == Some(i))
-            .map(|(_, w)| w)
-            .collect();
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO writes (thread_id, checkpoint_id, task_id, idx, channel, value) \
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[]) \
-                 ON CONFLICT (thread_id, checkpoint_id, task_id, idx) DO UPDATE \
-                 SET channel = excluded.channel, value = excluded.value",
-            )
-            .await?;
-        let threads: Vec<&str> = kept.iter().map(|w| w.0).collect();
-        let cps: Vec<&str> = kept.iter().map(|w| w.1).collect();
-        let tasks: Vec<&str> = kept.iter().map(|w| w.2).collect();
-        let idxs: Vec<i64> = kept.iter().map(|w| w.3).collect();
-        let channels: Vec<&str> = kept.iter().map(|w| w.4).collect();
-        let texts: Vec<&str> = kept.iter().map(|w| w.5).collect();
-        tx.execute(&stmt, &[&threads, &cps, &tasks, &idxs, &channels, &texts])
-            .await
-            .map_err(|e| match violated(&e) {
-                Some(FOREIGN_KEY) => CheckpointError::NoCheckpoint(threads[0].to_owned(), cps[0].to_owned()),
-                _ => e.into(),
-            })?;
+        let mut i = 0;
+        writes.retain(|w| {
+            i += 1;
+            last.get(&(w.0, w.1, w.2, w.3)) == Some(&(i - 1))
+        });
     }
+
+    // Column arrays, owned here so the parameters can borrow them.
+    let c_col = |f: fn(&CheckpointRow) -> &str| checkpoints.iter().map(|c| f(c)).collect::<Vec<&str>>();
+    let c_threads = c_col(|c| &c.thread_id);
+    let c_ids = c_col(|c| &c.checkpoint_id);
+    let c_parents: Vec<Option<&str>> = checkpoints.iter().map(|c| c.parent_id.as_deref()).collect();
+    let c_steps: Vec<i64> = checkpoints.iter().map(|c| c.step).collect();
+    let c_versions = c_col(|c| &c.versions);
+    let c_ran = c_col(|c| &c.ran);
+    let c_changed = c_col(|c| &c.changed);
+    let c_next = c_col(|c| &c.next);
+    let c_meta = c_col(|c| &c.meta);
+    let c_plans = c_col(|c| &c.plan_hash);
+    let c_created = c_col(|c| &c.created_at);
+    let w_threads: Vec<&str> = writes.iter().map(|w| w.0).collect();
+    let w_cps: Vec<&str> = writes.iter().map(|w| w.1).collect();
+    let w_tasks: Vec<&str> = writes.iter().map(|w| w.2).collect();
+    let w_idxs: Vec<i64> = writes.iter().map(|w| w.3).collect();
+    let w_channels: Vec<&str> = writes.iter().map(|w| w.4).collect();
+    let w_texts: Vec<&str> = writes.iter().map(|w| w.5).collect();
+    let f_threads: Vec<&str> = fences.iter().map(|f| f.thread_id.as_str()).collect();
+    let f_owners: Vec<&str> = fences.iter().map(|f| f.owner.as_str()).collect();
+    let f_generations = fences
+        .iter()
+        .map(|f| format::generation_to_stored(f.generation))
+        .collect::<Result<Vec<i64>>>()?;
+
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+    let mut ctes: Vec<String> = Vec::new();
+    // `$n` for the next parameters, `k` of them.
+    let next = |params: &Vec<&(dyn tokio_postgres::types::ToSql + Sync)>, k: usize| {
+        let first = params.len() + 1;
+        (first..first + k).map(|n| format!("${n}")).collect::<Vec<_>>()
+    };
+    if !checkpoints.is_empty() {
+        let p = next(&params, 11);
+        ctes.push(format!(
+            "c AS (INSERT INTO checkpoints ({CHECKPOINT_COLS}) \
+             SELECT c.thread_id, c.checkpoint_id, c.parent_id, c.step, c.versions, c.ran, c.changed, c.next, c.meta, \
+                    nullif(c.plan_hash, (SELECT t.plan_hash FROM threads t WHERE t.thread_id = c.thread_id)), c.created_at \
+             FROM unnest({}::text[], {}::text[], {}::text[], {}::bigint[], {}::text[], {}::text[], {}::text[], \
+                         {}::text[], {}::text[], {}::text[], {}::text[]) \
+                  AS c(thread_id, checkpoint_id, parent_id, step, versions, ran, changed, next, meta, plan_hash, created_at))",
+            p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10]
+        ));
+        params.extend([
+            &c_threads as &(dyn tokio_postgres::types::ToSql + Sync),
+            &c_ids,
+            &c_parents,
+            &c_steps,
+            &c_versions,
+            &c_ran,
+            &c_changed,
+            &c_next,
+            &c_meta,
+            &c_plans,
+            &c_created,
+        ]);
+    }
+    if !v_keys.is_empty() {
+        let p = next(&params, 4);
+        ctes.push(format!(
+            "v AS (INSERT INTO state_values (thread_id, key, version, value) \
+             SELECT * FROM unnest({}::text[], {}::text[], {}::bigint[], {}::text[]) ON CONFLICT DO NOTHING)",
+            p[0], p[1], p[2], p[3]
+        ));
+        params.extend([
+            &v_threads as &(dyn tokio_postgres::types::ToSql + Sync),
+            &v_keys,
+            &v_versions,
+            &v_texts,
+        ]);
+    }
+    if !writes.is_empty() {
+        let p = next(&params, 6);
+        ctes.push(format!(
+            "w AS (INSERT INTO writes (thread_id, checkpoint_id, task_id, idx, channel, value) \
+             SELECT * FROM unnest({}::text[], {}::text[], {}::text[], {}::bigint[], {}::text[], {}::text[]) \
+             ON CONFLICT (thread_id, checkpoint_id, task_id, idx) DO UPDATE \
+             SET channel = excluded.channel, value = excluded.value)",
+            p[0], p[1], p[2], p[3], p[4], p[5]
+        ));
+        params.extend([
+            &w_threads as &(dyn tokio_postgres::types::ToSql + Sync),
+            &w_cps,
+            &w_tasks,
+            &w_idxs,
+            &w_channels,
+            &w_texts,
+        ]);
+    }
+    // The query itself: the fences' check (their lease rows locked until the commit), or
+    // nothing. A data-modifying `WITH` runs whether or not the query reads it.
+    let query = if fences.is_empty() {
+        "SELECT 0".to_owned()
+    } else {
+        let p = next(&params, 3);
+        params.extend([
+            &f_threads as &(dyn tokio_postgres::types::ToSql + Sync),
+            &f_owners,
+            &f_generations,
+        ]);
+        format!(
+            "SELECT hold_leases({}::text[], {}::text[], {}::bigint[])",
+            p[0], p[1], p[2]
+        )
+    };
+    if ctes.is_empty() && fences.is_empty() {
+        return Ok(());
+    }
+    let sql = if ctes.is_empty() {
+        query
+    } else {
+        format!("WITH {} {query}", ctes.join(", "))
+    };
+    client
+        .execute(&client.prepare_cached(&sql).await?, &params)
+        .await
+        .map_err(|e| {
+            let Some(db) = e.as_db_error() else { return e.into() };
+            match (db.code().code(), db.table()) {
+                (LEASE_LOST, _) => CheckpointError::LeaseLost(
+                    db.detail()
+                        .map(str::to_owned)
+                        .or_else(|| f_threads.first().map(|t| (*t).to_owned()))
+                        .unwrap_or_default(),
+                ),
+                (FOREIGN_KEY, Some("checkpoints")) if !checkpoints.is_empty() => {
+                    CheckpointError::NoThread(checkpoints[0].thread_id.clone())
+                }
+                (UNIQUE, Some("checkpoints")) if !checkpoints.is_empty() => {
+                    format::duplicate_checkpoint(&checkpoints[0].thread_id, &checkpoints[0].checkpoint_id)
+                }
+                (FOREIGN_KEY, Some("writes")) if !writes.is_empty() => {
+                    CheckpointError::NoCheckpoint(w_threads[0].to_owned(), w_cps[0].to_owned())
+                }
+                _ => e.into(),
+            }
+        })?;
     Ok(())
 }
 

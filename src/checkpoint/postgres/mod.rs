@@ -242,10 +242,16 @@ impl PostgresCheckpointer {
         let (pool, op) = (self.pool.clone(), Arc::new(op));
         // A crash-safe store's connections commit asynchronously already.
         let unsynced = !synced && self.durability == Durability::PowerSafe;
+        // A step's fenced checkpoint and writes: one statement, committed on its own (one
+        // round trip), unless its commit is to be asynchronous on a power-safe store.
+        let one_statement = !unsynced && apply::one_statement(&op);
         self.retrying(move || {
             let (pool, op) = (pool.clone(), op.clone());
             async move {
                 let mut client = pool.get().await?;
+                if one_statement {
+                    return apply::apply_one_statement(&client, &op).await;
+                }
                 let tx = client.transaction().await?;
                 if unsynced {
                     tx.batch_execute("SET LOCAL synchronous_commit = off").await?;

@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Version 1.
 const V1: &str = "
@@ -220,9 +220,34 @@ CREATE TABLE quota_windows (
 );
 ";
 
+/// Version 6: the fences' check as a function, so a step's write is one statement (see
+/// `apply::apply_one_statement`). Each fence's lease row is locked `FOR SHARE` until the
+/// transaction ends, as the client-side check locks it; one that is no longer the fence's
+/// (taken over, released, never there) raises `RL001`, its detail the thread, and the statement
+/// calling it writes nothing. A takeover committed while it waited for the row is seen: the
+/// row is checked again as it is after that commit. Its tables are the caller's search_path's
+/// (the schema, as every connection's).
+const V6: &str = "
+CREATE FUNCTION hold_leases(threads text[], owners text[], generations bigint[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(threads, 1), 0) LOOP
+        PERFORM 1 FROM leases
+            WHERE thread_id = threads[i] AND owner = owners[i] AND generation = generations[i]
+            FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'RL001', DETAIL = threads[i],
+                MESSAGE = format('the lease of thread %s is no longer this writer''s', threads[i]);
+        END IF;
+    END LOOP;
+    RETURN 0;
+END
+$$;
+";
+
 /// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
 /// `n + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found
