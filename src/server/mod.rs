@@ -141,7 +141,7 @@ impl Server {
         let runs = Arc::new(
             manager::RunManager::new(settings.clone(), store.clone(), data.clone(), workers.max(1), role)
                 .with_thread_ttl(ttls.default_minutes)
-                .with_quotas(auth.quotas.clone()),
+                .with_quotas(auth.quotas),
         );
         let worker = (shared && workers > 0).then(|| {
             Arc::new(
