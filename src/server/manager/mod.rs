@@ -277,9 +277,23 @@ impl<S: Send + Sync + 'static> RunManager<S> {
 
     /// Whether a run of this process, running or waiting for a worker, holds the thread.
     pub(crate) fn busy(&self, thread_id: &str) -> bool {
-        lock(&self.runs)
-            .values()
-            .any(|r| r.thread_id == thread_id && r.is_active())
+        let active: Vec<String> = lock(&self.runs)
+            .iter()
+            .filter(|(_, r)| r.thread_id == thread_id && r.is_active())
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !self.is_api() {
+            return !active.is_empty();
+        }
+        // A run executing elsewhere: its row says whether it goes on. The local record of it
+        // follows the run's log, a moment behind a cancel that waited for the row.
+        active.iter().any(|id| {
+            self.store
+                .get_run(id)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.status.is_active())
+        })
     }
 
     /// How many live runs are in each active status.
