@@ -1279,6 +1279,10 @@ fn runs_fill(store: &dyn RunStore) {
         )
         .unwrap();
     store.set_run_status("gone", RunStatus::Success, None, "x").unwrap();
+    // A start told after the end (two writers, unordered) does not revive the run; a pending
+    // one starts.
+    store.set_run_status("r3", RunStatus::Running, None, "late").unwrap();
+    store.set_run_status("r4", RunStatus::Running, None, "started").unwrap();
     store.reserve_event_ids("r1", 1000).unwrap();
     store.reserve_event_ids("r1", 10).unwrap();
     store.reserve_event_ids("gone", 10).unwrap();
@@ -1310,7 +1314,9 @@ fn runs_verify(store: &dyn RunStore) {
             "2020-01-01T10:00:00.000Z"
         )
     );
-    assert_eq!(store.get_run("r3").unwrap().unwrap().metadata, json!({"who": "you"}));
+    let r3 = store.get_run("r3").unwrap().unwrap();
+    assert_eq!((r3.status, &r3.metadata), (RunStatus::Success, &json!({"who": "you"})));
+    assert_eq!(store.get_run("r4").unwrap().unwrap().status, RunStatus::Running);
     assert_eq!(
         store.get_run("gone").unwrap(),
         None,

@@ -138,7 +138,8 @@ pub trait RunStore: Send + Sync {
     fn put_run(&self, run: &RunRow) -> Result<()>;
 
     /// Sets a run's status (and error) and `updated_at`; a run that does not exist (deleted
-    /// meanwhile) is left so.
+    /// meanwhile) is left so. A run's end is final: `running` is set only on a run still
+    /// pending, so a start told after the end (two writers, unordered) cannot revive it.
     fn set_run_status(&self, run_id: &str, status: RunStatus, error: Option<&Value>, at: &str) -> Result<()>;
 
     /// Raises the run's reserved event ids to `upto` (never lowers them).

@@ -30,7 +30,9 @@ impl RunStore for MemoryCheckpointer {
     }
 
     fn set_run_status(&self, run_id: &str, status: RunStatus, error: Option<&Value>, at: &str) -> Result<()> {
-        if let Some(run) = self.lock_runs()?.runs.get_mut(run_id) {
+        if let Some(run) = self.lock_runs()?.runs.get_mut(run_id)
+            && (status != RunStatus::Running || run.status == RunStatus::Pending)
+        {
             run.status = status;
             run.error = error.cloned();
             run.updated_at = at.to_owned();

@@ -131,7 +131,8 @@ impl RunStore for PostgresCheckpointer {
     fn set_run_status(&self, run_id: &str, status: RunStatus, error: Option<&Value>, at: &str) -> Result<()> {
         let error = error.map(json_text).transpose()?;
         self.execute(
-            "UPDATE runs SET status = $2, error = $3, updated_at = $4 WHERE run_id = $1",
+            "UPDATE runs SET status = $2, error = $3, updated_at = $4 \
+             WHERE run_id = $1 AND ($2 <> 'running' OR status = 'pending')",
             vec![text(run_id), text(status.as_str()), Param::OptText(error), text(at)],
         )
         .map(|_| ())

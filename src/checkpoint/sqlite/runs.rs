@@ -138,8 +138,11 @@ impl RunStore for SqliteCheckpointer {
         let (run_id, at) = (run_id.to_owned(), at.to_owned());
         let error = error.map(json_text).transpose()?;
         self.exec(Box::new(move |conn: &Connection| {
-            conn.prepare_cached("UPDATE runs SET status = ?2, error = ?3, updated_at = ?4 WHERE run_id = ?1")?
-                .execute(params![run_id, status.as_str(), error, at])?;
+            conn.prepare_cached(
+                "UPDATE runs SET status = ?2, error = ?3, updated_at = ?4 \
+                 WHERE run_id = ?1 AND (?2 <> 'running' OR status = 'pending')",
+            )?
+            .execute(params![run_id, status.as_str(), error, at])?;
             Ok(())
         }))
     }
