@@ -23,7 +23,6 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 WORK="$ROOT/target/bench-scale"
-DATA="$WORK/data"
 cd "$ROOT"
 
 log() { printf '%s\n' "$*" >&2; }
@@ -46,35 +45,9 @@ fi
 "$BIN" validate "$HERE/graphs/" >&2
 
 # 2. A throwaway PostgreSQL on loopback.
-if [[ -z "${PG_BIN:-}" ]]; then
-    if command -v pg_config >/dev/null && [[ -x "$(pg_config --bindir)/initdb" ]]; then
-        PG_BIN="$(pg_config --bindir)"
-    else
-        PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)"
-    fi
-fi
-for tool in initdb pg_ctl postgres psql; do
-    [[ -x "$PG_BIN/$tool" ]] || die "PostgreSQL's $tool not found in '${PG_BIN}': install PostgreSQL (Debian: apt-get install postgresql) or set PG_BIN"
-done
-
-# initdb and the server refuse to run as root: as root, they run as `postgres`.
-as_pg() {
-    if [[ "$(id -u)" == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
-}
-
-mkdir -p "$WORK"
-rm -rf "$DATA"
-mkdir -m 700 "$DATA"
-if [[ "$(id -u)" == 0 ]]; then chown postgres:postgres "$DATA"; fi
-as_pg test -w "$DATA" || die "the postgres user cannot write $DATA (is a parent folder closed to it?)"
-
-PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-log "initdb into $DATA, port $PORT"
-as_pg "$PG_BIN/initdb" -D "$DATA" -U postgres --auth=trust -E UTF8 --locale=C --no-instructions >"$WORK/initdb.log"
-PRELOAD=""
-if [[ -f "$("$PG_BIN/pg_config" --pkglibdir 2>/dev/null)/pg_stat_statements.so" ]]; then
-    PRELOAD="pg_stat_statements"
-fi
+source "$ROOT/bench/lib/postgres.sh"
+pg_find_bin initdb pg_ctl postgres psql
+pg_init "$WORK"
 cat >>"$DATA/postgresql.conf" <<CONF
 
 # bench/scale/run.sh
@@ -87,15 +60,7 @@ max_connections = 300
 shared_preload_libraries = '$PRELOAD'
 CONF
 
-stop_pg() {
-    as_pg "$PG_BIN/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null 2>&1 || true
-}
-trap stop_pg EXIT
-trap 'exit 130' INT TERM
-: >"$WORK/postgres.log"
-if [[ "$(id -u)" == 0 ]]; then chown postgres "$WORK/postgres.log"; fi
-as_pg "$PG_BIN/pg_ctl" -D "$DATA" -l "$WORK/postgres.log" -w start >/dev/null \
-    || die "PostgreSQL did not start: see $WORK/postgres.log"
+pg_start "$WORK"
 
 # 3. Measure and report (not exec: the trap stops the server afterwards).
 python3 "$HERE/harness.py" --runner "$BIN" --load "$LOAD_BIN" --port "$PORT" --psql "$PG_BIN/psql" \
