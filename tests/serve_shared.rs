@@ -321,6 +321,42 @@ fn a_killed_workers_run_is_resumed_by_another_without_running_a_finished_task_ag
     });
 }
 
+/// A run that carries a command (`goto`, `update`) executes on a worker under the lease its
+/// claim took: the command writes under it and the run goes on under it (agent-chat-ui's
+/// "Mark as Resolved" sends `goto: END` at a gate).
+#[test]
+fn a_command_run_on_a_worker_writes_under_its_claims_lease() {
+    let dir = workflows();
+    let db = postgres::fresh_url();
+    let a = api(dir.path(), &db);
+    let _w = worker(dir.path(), &db);
+    rt().block_on(async {
+        let (status, body) = post(
+            &a.base,
+            "/threads/t5/runs/wait",
+            json!({"assistant_id": "gate", "if_not_exists": "create", "input": {"topic": "x"}}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let state = get(&a.base, "/threads/t5/state").await;
+        assert_eq!(state["next"], json!(["review"]), "{state}");
+        for command in [json!({"update": {"draft": "edited"}}), json!({"goto": "__end__"})] {
+            let (status, body) = post(
+                &a.base,
+                "/threads/t5/runs",
+                json!({"assistant_id": "gate", "command": command}),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            let run = ended(&a.base, "t5", &run_id(&body)).await;
+            assert_eq!(run["status"], "success", "{command}: {run}: {:?}", why(&db, &run));
+        }
+        let state = get(&a.base, "/threads/t5/state").await;
+        assert_eq!(state["values"]["draft"], "edited", "{state}");
+        assert_eq!(state["next"], json!([]), "{state}");
+    });
+}
+
 #[test]
 fn an_api_only_server_and_a_worker_need_a_shared_database() {
     let dir = workflows();
