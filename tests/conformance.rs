@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use super::support::install;
 
@@ -21,15 +22,20 @@ fn reference_venv() -> PathBuf {
 }
 
 /// The JS client and React (for the flows), installed from the lock file, with the suite's
-/// scripts beside them so that their imports resolve there.
+/// scripts beside them so that their imports resolve there; once per test process, which both
+/// tests share.
 fn js_client() -> PathBuf {
-    let source = suite().join("js");
-    let dir = install::npm_ci("conformance-js", &source)
-        .unwrap_or_else(|e| panic!("the JS client could not be installed: {e}"));
-    for script in ["drive.mjs", "flows.mjs"] {
-        std::fs::copy(source.join(script), dir.join(script)).unwrap();
-    }
-    dir
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let source = suite().join("js");
+        let dir = install::npm_ci("conformance-js", &source)
+            .unwrap_or_else(|e| panic!("the JS client could not be installed: {e}"));
+        for script in ["drive.mjs", "flows.mjs"] {
+            std::fs::copy(source.join(script), dir.join(script)).unwrap();
+        }
+        dir
+    })
+    .clone()
 }
 
 /// Both clients, every scenario, both servers: no difference but the deliberate ones, and
@@ -63,18 +69,23 @@ fn langgraph_clients_see_what_the_reference_server_shows() {
     assert!(said.contains("conformance: passed"), "{said}");
 }
 
-/// The same scenarios through LangGraph's Python client, with runner on PostgreSQL and its runs
-/// executed apart from the API: a server of the API only (`--workers 0`) and two `runner
-/// worker` processes. Every run a client makes executes on another process than the one it
-/// talks to, and the clients see what the reference server shows.
+/// The same scenarios through LangGraph's Python and JS clients, and agent-chat-ui's flows,
+/// with runner on PostgreSQL and its runs executed apart from the API: a server of the API only
+/// (`--workers 0`) and two `runner worker` processes (a schema of the database per client).
+/// Every run a client makes executes on another process than the one it talks to, the clients
+/// see what the reference server shows, and the flows work.
 #[test]
 fn langgraph_clients_see_the_same_when_runs_execute_on_workers_apart() {
     let python = reference_venv();
+    let js = js_client();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance-postgres");
     let run = Command::new(python)
         .arg(suite().join("run.py"))
         .arg("--runner")
         .arg(env!("CARGO_BIN_EXE_runner"))
+        .arg("--js")
+        .arg(&js)
+        .arg("--flows")
         .arg("--postgres")
         .arg(super::support::postgres::fresh_url())
         .arg("--out")

@@ -46,6 +46,7 @@ mod serve_shared;
 mod serve_stop;
 mod serve_studio_api;
 mod studio;
+mod thread_removal;
 mod tools;
 mod trace;
 mod web;

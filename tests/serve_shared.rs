@@ -321,6 +321,42 @@ fn a_killed_workers_run_is_resumed_by_another_without_running_a_finished_task_ag
     });
 }
 
+/// A run that carries a command (`goto`, `update`) executes on a worker under the lease its
+/// claim took: the command writes under it and the run goes on under it (agent-chat-ui's
+/// "Mark as Resolved" sends `goto: END` at a gate).
+#[test]
+fn a_command_run_on_a_worker_writes_under_its_claims_lease() {
+    let dir = workflows();
+    let db = postgres::fresh_url();
+    let a = api(dir.path(), &db);
+    let _w = worker(dir.path(), &db);
+    rt().block_on(async {
+        let (status, body) = post(
+            &a.base,
+            "/threads/t5/runs/wait",
+            json!({"assistant_id": "gate", "if_not_exists": "create", "input": {"topic": "x"}}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let state = get(&a.base, "/threads/t5/state").await;
+        assert_eq!(state["next"], json!(["review"]), "{state}");
+        for command in [json!({"update": {"draft": "edited"}}), json!({"goto": "__end__"})] {
+            let (status, body) = post(
+                &a.base,
+                "/threads/t5/runs",
+                json!({"assistant_id": "gate", "command": command}),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            let run = ended(&a.base, "t5", &run_id(&body)).await;
+            assert_eq!(run["status"], "success", "{command}: {run}: {:?}", why(&db, &run));
+        }
+        let state = get(&a.base, "/threads/t5/state").await;
+        assert_eq!(state["values"]["draft"], "edited", "{state}");
+        assert_eq!(state["next"], json!([]), "{state}");
+    });
+}
+
 #[test]
 fn an_api_only_server_and_a_worker_need_a_shared_database() {
     let dir = workflows();
@@ -352,16 +388,20 @@ fn an_api_only_server_and_a_worker_need_a_shared_database() {
 }
 
 /// The chaos test: three workers (one with a pool of two connections for its eight runs at
-/// once, so it waits for connections all along), two servers of the API only, and threads that
-/// fan out to three slow model calls, stop at a gate answered through the other server, and
-/// finish with one more call. Meanwhile a random worker is killed outright every second
-/// and another started, every connection of runner's is terminated once
-/// (`pg_terminate_backend`) and PostgreSQL is restarted once. Every run ends once, with what one
-/// process alone makes of it; no task whose end was logged runs again; every stream reads
-/// back with its ids in order, without a gap or a repeat.
+/// once, so it waits for connections all along, the one started in its place too), two servers
+/// of the API only, and fifty threads that fan out to three slow model calls, stop at a gate
+/// answered through the other server, and finish with one more call: a hundred runs. Meanwhile
+/// a worker picked at random is killed outright every second or two and another started,
+/// every connection of runner's is terminated once (`pg_terminate_backend`), PostgreSQL is
+/// restarted once, and once every connection the server takes is taken, so that it refuses new
+/// ones for a while. Each of these happens while runs are in flight. Every run ends once, with
+/// what one process alone makes of it; no task whose end was logged runs again; every stream
+/// reads back with its ids in order, without a gap or a repeat.
 #[test]
 fn runs_end_once_with_their_single_process_result_while_workers_die_and_the_database_restarts() {
-    const THREADS: usize = 40;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    const THREADS: usize = 50;
     let pg = postgres::Server::start();
     let db = pg.fresh_url();
     let dir = workflows();
@@ -424,11 +464,13 @@ edges:
         Worker(child)
     };
     let starved = format!("{db}&pool_size=2");
-    let workers = std::sync::Arc::new(std::sync::Mutex::new(vec![
-        spawn_worker(&db),
-        spawn_worker(&db),
-        spawn_worker(&starved),
-    ]));
+    // Each worker with its database URL: one killed is replaced by one on the same URL.
+    let workers = Arc::new(Mutex::new(
+        [db.clone(), db.clone(), starved]
+            .into_iter()
+            .map(|url| (spawn_worker(&url), url))
+            .collect::<Vec<_>>(),
+    ));
     let api_on = |db: &str| {
         let (child, base, _) = spawn(
             dir.path(),
@@ -440,54 +482,78 @@ edges:
         Server { child, base, dir: None }
     };
     let (a, b) = (api_on(&db), api_on(&db));
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    // Threads whose runs are under way: started, not yet checked to the end.
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    // The victims are random; the seed is told with what went wrong.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64
+        | 1;
     let chaos = {
-        let (workers, done, db, admin) = (workers.clone(), done.clone(), db.clone(), pg.admin_url());
+        let (workers, done, in_flight, admin) = (workers.clone(), done.clone(), in_flight.clone(), pg.admin_url());
         let pg = &pg;
         move || {
-            let mut round = 0u64;
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_secs(1));
+            let mut faults = Faults::default();
+            let (mut round, mut random) = (0u64, seed);
+            while !done.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(500));
                 round += 1;
+                let flying = in_flight.load(Ordering::SeqCst);
                 match round {
                     2 => {
-                        postgres::query(
+                        let terminated = postgres::query(
                             &admin,
                             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
                              WHERE application_name = 'runner' AND pid <> pg_backend_pid()",
                         )
                         .unwrap();
+                        let n: usize = terminated[0][0].as_deref().unwrap().parse().unwrap();
+                        faults.terminated = Some((n, flying));
                     }
-                    4 => pg.restart(),
-                    _ => {
-                        let mut w = workers.lock().unwrap();
-                        let victim = (round as usize * 7) % w.len();
-                        let _ = w[victim].0.kill();
-                        let _ = w[victim].0.wait();
-                        w[victim] = spawn_worker(&db);
+                    4 => {
+                        pg.restart();
+                        faults.restarted = Some(flying);
                     }
+                    6 => faults.exhausted = Some((exhaust(&admin, Duration::from_millis(1500)), flying)),
+                    _ => {}
                 }
+                // And a worker killed outright every round.
+                random ^= random << 13;
+                random ^= random >> 7;
+                random ^= random << 17;
+                let mut w = workers.lock().unwrap();
+                let victim = (random % w.len() as u64) as usize;
+                let _ = w[victim].0.0.kill();
+                let _ = w[victim].0.0.wait();
+                if in_flight.load(Ordering::SeqCst) > 0 {
+                    faults.kills_in_flight += 1;
+                }
+                let url = w[victim].1.clone();
+                w[victim].0 = spawn_worker(&url);
             }
-            round
+            faults
         }
     };
     // The chaos stops however the runs end (an assertion that fails among them included).
-    struct Stop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    struct Stop(Arc<AtomicBool>);
     impl Drop for Stop {
         fn drop(&mut self) {
-            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.0.store(true, Ordering::SeqCst);
         }
     }
     let ended = std::thread::scope(|scope| {
-        let rounds = scope.spawn(chaos);
+        let faults = scope.spawn(chaos);
         let stop = Stop(done.clone());
         let ended = rt().block_on(async {
             let mut runs = Vec::new();
             for i in 0..THREADS {
-                let (a, b, db) = (a.base.clone(), b.base.clone(), db.clone());
+                let (a, b, db, in_flight) = (a.base.clone(), b.base.clone(), db.clone(), in_flight.clone());
                 runs.push(tokio::spawn(async move {
                     // Started over eight seconds, so the chaos meets runs at every stage.
-                    tokio::time::sleep(Duration::from_millis(200 * i as u64)).await;
+                    tokio::time::sleep(Duration::from_millis(160 * i as u64)).await;
+                    in_flight.fetch_add(1, Ordering::SeqCst);
                     let thread = format!("c{i}");
                     let (status, body) = post(
                         &a,
@@ -530,6 +596,7 @@ edges:
                         assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "{thread}: {body}");
                         assert!(!ids.is_empty(), "{thread}: {body}");
                     }
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
                     (thread, first, second)
                 }));
             }
@@ -540,10 +607,25 @@ edges:
             ended
         });
         drop(stop);
-        let rounds = rounds.join().unwrap();
+        let faults = faults.join().unwrap();
+        eprintln!("chaos: {faults:?}, seed {seed}");
+        // Every fault landed while runs were under way.
+        let (terminated, flying) = faults.terminated.expect("no connection was terminated");
         assert!(
-            rounds >= 4,
-            "the chaos ended after {rounds} rounds: no restart happened"
+            terminated > 0 && flying > 0,
+            "terminated {terminated} with {flying} threads in flight"
+        );
+        let flying = faults.restarted.expect("PostgreSQL was not restarted");
+        assert!(flying > 0, "PostgreSQL restarted with no thread in flight");
+        let (refused, flying) = faults.exhausted.expect("the server's connections were not exhausted");
+        assert!(
+            refused && flying > 0,
+            "exhausted: refused {refused}, {flying} threads in flight"
+        );
+        assert!(
+            faults.kills_in_flight >= 4,
+            "{} workers killed while runs were under way (seed {seed})",
+            faults.kills_in_flight
         );
         ended
     });
@@ -599,4 +681,38 @@ edges:
         "tasks told as ended of {}: {ended_tasks:?}",
         THREADS * 5
     );
+}
+
+/// What the chaos did, and how many threads had runs under way when it did.
+#[derive(Debug, Default)]
+struct Faults {
+    /// Connections terminated, threads in flight.
+    terminated: Option<(usize, usize)>,
+    /// Threads in flight.
+    restarted: Option<usize>,
+    /// Whether the server refused a connection, threads in flight.
+    exhausted: Option<(bool, usize)>,
+    kills_in_flight: usize,
+}
+
+/// Takes every connection the PostgreSQL server at `admin` accepts (its superuser may take
+/// them all), holds them for `hold`, then lets them go. True if the server refused one (too
+/// many clients): for that while, no process could open a connection.
+fn exhaust(admin: &str, hold: Duration) -> bool {
+    rt().block_on(async {
+        let mut held = Vec::new();
+        let refused = loop {
+            match tokio_postgres::connect(admin, tokio_postgres::NoTls).await {
+                Ok((client, connection)) => {
+                    tokio::spawn(connection);
+                    held.push(client);
+                }
+                Err(e) => break e.as_db_error().is_some_and(|e| e.code().code() == "53300"),
+            }
+            assert!(held.len() < 1000, "the server takes connections without end");
+        };
+        tokio::time::sleep(hold).await;
+        drop(held);
+        refused
+    })
 }

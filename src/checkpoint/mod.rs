@@ -399,7 +399,8 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + crons::CronStore + 
     fn delete_thread(&self, thread_id: &str) -> Result<()>;
 
     /// Removes a thread whole — its checkpoints, values, writes and long strings, its
-    /// subgraphs' threads (`<id>/…`), the API's record of it, its runs and their logs — under
+    /// subgraphs' threads (`<id>/…`), the API's record of it, its runs and their logs, the crons
+    /// that run on it — under
     /// its lease, taken for `claim` (its `thread_id` filled in here) before anything is
     /// removed: a thread a live lease of another holds, or one of whose runs is active (pending
     /// or running), is [`Removed::Busy`] and stays whole, and no run takes it while it goes

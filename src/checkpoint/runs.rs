@@ -182,6 +182,14 @@ pub trait RunStore: Send + Sync {
         Ok(expired.into_iter().take(limit).map(|(_, id)| id).collect())
     }
 
+    /// The time by which threads' expiry is judged (milliseconds since the epoch), given the
+    /// process's clock `process_ms`: a store that many processes share and that has a clock of
+    /// its own answers by it (PostgreSQL's), so that processes whose clocks disagree sweep a
+    /// thread at the same time; any other answers `process_ms`.
+    fn expiry_clock_ms(&self, process_ms: i64) -> Result<i64> {
+        Ok(process_ms)
+    }
+
     /// The threads whose metadata names `owner` as theirs (`metadata.owner`, as LangGraph's
     /// servers stamp it). The databases answer from an indexed column kept from it.
     fn list_thread_meta_of(&self, owner: &str) -> Result<Vec<ThreadMeta>> {
@@ -192,7 +200,8 @@ pub trait RunStore: Send + Sync {
             .collect())
     }
 
-    /// Deletes a thread's metadata and its runs (their traces too).
+    /// Deletes the API's records of a thread: its metadata, its runs (their traces too) and
+    /// the crons that run on it, together.
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()>;
 
     /// Creates or replaces a run's trace.

@@ -152,8 +152,8 @@ struct Runs {
     /// a `.` and the body.
     #[arg(long, value_name = "NAME")]
     webhook_secret_env: Option<String>,
-    /// Read the scheduler's time, in milliseconds since the epoch, from this file instead of
-    /// the system clock (for tests of schedules).
+    /// Read the scheduler's and the TTL sweeper's time, in milliseconds since the epoch, from
+    /// this file instead of the system clock (for tests of schedules and of clock skew).
     #[arg(long, value_name = "PATH", hide = true)]
     clock_file: Option<PathBuf>,
 }

@@ -204,7 +204,7 @@ fn prune(args: &ThreadsArgs, older_than: &str, status: Option<&str>) -> anyhow::
 /// `runner db prune` (and `runner threads prune`, the same): removes the threads not updated
 /// for longer than `older_than` (of `status`, when given) — each with its subgraphs' threads,
 /// checkpoints, values, writes and long strings, the API's record of it, its runs and their
-/// event logs — under each thread's lease; a thread a live lease or an active run holds is
+/// event logs, its crons — under each thread's lease; a thread a live lease or an active run holds is
 /// kept, and said so. Without `status`, the finished runs as old of the threads that stay go
 /// too, with their event logs. Names each thread it removed on stdout; counts on stderr.
 pub(super) fn prune_db(db: Option<&std::path::Path>, older_than: &str, status: Option<&str>) -> anyhow::Result<u8> {

@@ -109,7 +109,14 @@ impl Engine {
         update: Vec<(String, Value)>,
         goto: Option<Vec<Goto>>,
     ) -> Result<Checkpoint, EngineError> {
-        let held = lease::take(&self.store, thread_id, &self.options.lease, &self.cancel).await?;
+        // A lease claimed for the run (a worker's claim of a queued run) stays the run's: the
+        // command writes under it and leaves it held, for the run that follows to renew and
+        // release. Taken and released here, it would be gone when the run writes.
+        let policy = match &self.options.lease {
+            lease::LeasePolicy::Claimed { lease, .. } => lease::LeasePolicy::Under(lease.fence()),
+            other => other.clone(),
+        };
+        let held = lease::take(&self.store, thread_id, &policy, &self.cancel).await?;
         let done = self.commanded(thread_id, &update, goto, held.fence());
         let released = held.release();
         let done = done?;

@@ -232,7 +232,11 @@ impl Server {
     /// Starts the sweeper of expired threads: every server and worker on a database runs one,
     /// and the database has each thread deleted once.
     fn start_sweeper(&self) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(ttl::sweeper(self.app.store.clone(), self.app.ttls.sweep_every))
+        tokio::spawn(ttl::sweeper(
+            self.app.store.clone(),
+            self.app.ttls.sweep_every,
+            self.app.triggers.clock.clone(),
+        ))
     }
 
     /// A handle that reloads the served workflows while the server runs.

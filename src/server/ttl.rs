@@ -9,13 +9,16 @@
 //! if, in the removal's own transaction, the expiry has passed, nothing of the thread (its
 //! record, its state, its runs) changed within its time to live, no run on it is active and no
 //! live lease holds it: of several processes sweeping one database, exactly one deletes a given
-//! thread, and a thread used meanwhile stays.
+//! thread, and a thread used meanwhile stays. "Now" is the database's clock on PostgreSQL (read
+//! from it at each sweep), so processes whose clocks disagree do not sweep a thread early; on
+//! SQLite it is the process's. The thread's crons go in the same transaction.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::Clock;
 use super::http::ApiError;
 use crate::checkpoint::{Checkpointer, Removal, Removed, ThreadTtl};
 
@@ -86,10 +89,12 @@ pub(crate) fn shown(ttl: &ThreadTtl) -> Value {
     })
 }
 
-/// Deletes the threads whose time to live ran out by `now_ms` and that have been idle that
-/// long, as `DELETE /threads/{id}` would; a thread in use is left for a later sweep. Returns
-/// the ids this process deleted.
+/// Deletes the threads whose time to live ran out by `now_ms` (the process's clock) and that
+/// have been idle that long, as `DELETE /threads/{id}` would; a thread in use is left for a
+/// later sweep. On a database with a clock of its own (PostgreSQL), "now" is the database's,
+/// however far the process's is off. Returns the ids this process deleted.
 pub(crate) fn sweep(store: &dyn Checkpointer, now_ms: i64) -> crate::checkpoint::Result<Vec<String>> {
+    let now_ms = store.expiry_clock_ms(now_ms)?;
     let mut deleted = Vec::new();
     for thread_id in store.expired_threads(now_ms, SWEEP_LIMIT)? {
         let Some(ttl) = store.get_thread_meta(&thread_id)?.and_then(|m| m.ttl) else {
@@ -111,12 +116,16 @@ pub(crate) fn sweep(store: &dyn Checkpointer, now_ms: i64) -> crate::checkpoint:
     Ok(deleted)
 }
 
-/// Sweeps every `every`, for as long as the task lives.
-pub(crate) async fn sweeper(store: Arc<dyn Checkpointer>, every: Duration) {
+/// Sweeps every `every` by `clock` (the scheduler's: the system's, or a test's clock file),
+/// for as long as the task lives.
+pub(crate) async fn sweeper(store: Arc<dyn Checkpointer>, every: Duration, clock: Clock) {
     loop {
         tokio::time::sleep(every).await;
+        let Some(now) = clock.now_ms() else {
+            continue;
+        };
         let s = store.clone();
-        match tokio::task::spawn_blocking(move || sweep(&*s, crate::clock::now_ms())).await {
+        match tokio::task::spawn_blocking(move || sweep(&*s, now)).await {
             Ok(Ok(deleted)) if !deleted.is_empty() => {
                 tracing::info!(deleted = deleted.len(), "expired threads deleted");
             }

@@ -2,14 +2,15 @@
 JS clients, against the reference server (`langgraph dev`, serving reference/graphs.py) and
 `runner serve` (serving the YAML twins in workflows/), and the answers compared.
 
-    python run.py --runner PATH/TO/runner [--js [DIR]] [--flows] [--out DIR] [--only NAME ...]
+    python run.py --runner PATH/TO/runner [--js [DIR]] [--flows] [--postgres URL] [--out DIR] [--only NAME ...]
 
 Run with the venv that requirements.txt was installed into (tests/conformance.rs makes it).
 --js also drives the scenarios through the JS client: DIR holds drive.mjs with
 @langchain/langgraph-sdk installed beside it (`npm ci` in js/); bare --js means js/.
 Without it only the Python client drives. --flows (with --js) also runs agent-chat-ui's
 flows (js/flows.mjs, the SDK's React hook) against both servers, the reference allowed its
-known failure; a failed flow fails the run. Exits 1 when a difference is not among the deliberate ones in
+known failure; a failed flow fails the run. --postgres URL serves runner's side from
+PostgreSQL (a schema per client) with its runs on two `runner worker`s apart from the API. Exits 1 when a difference is not among the deliberate ones in
 differences.yaml, or a deliberate one no longer occurs.
 """
 
@@ -113,6 +114,17 @@ def start_runner(runner: str, out: Path, postgres: str | None = None) -> Server:
     return server
 
 
+def schema_of(url: str, sdk: str) -> str:
+    """`url` with a PostgreSQL schema of the client's own (its `schema=` with `_SDK` after it),
+    so that each client's runner has a database apart, as each has a SQLite file apart."""
+    base, sep, query = url.partition("?")
+    params = [p for p in query.split("&") if p]
+    named = [p for p in params if p.startswith("schema=")]
+    params = [p for p in params if not p.startswith("schema=")]
+    schema = (named[0].split("=", 1)[1] if named else "conformance") + f"_{sdk}"
+    return base + "?" + "&".join(params + [f"schema={schema}"])
+
+
 def drive(sdk: str, server: Server, scenarios: Path, out: Path, only, js_dir) -> subprocess.Popen:
     result = out / f"{sdk}-{server.name}.json"
     if sdk == "python":
@@ -170,7 +182,8 @@ def main() -> int:
     try:
         for sdk in sdks:
             (out / sdk).mkdir(exist_ok=True)
-            pairs[sdk] = [start_reference(out / sdk), start_runner(args.runner, out / sdk, args.postgres)]
+            postgres = schema_of(args.postgres, sdk) if args.postgres else None
+            pairs[sdk] = [start_reference(out / sdk), start_runner(args.runner, out / sdk, postgres)]
         print(f"servers up in {time.monotonic() - started:.1f} s", flush=True)
         procs = [(sdk, s, drive(sdk, s, scenarios, out, args.only, args.js)) for sdk in sdks for s in pairs[sdk]]
         for sdk, s, p in procs:
@@ -179,7 +192,8 @@ def main() -> int:
                 return 1
         print(f"drivers done at {time.monotonic() - started:.1f} s", flush=True)
         if args.flows:
-            flows_failed = run_flows(args.js, pairs["js"], out)
+            # On PostgreSQL only runner's side changes: the reference's flows ran with SQLite's.
+            flows_failed = run_flows(args.js, pairs["js"][1:] if args.postgres else pairs["js"], out)
             print(f"flows done at {time.monotonic() - started:.1f} s", flush=True)
     finally:
         for pair in pairs.values():

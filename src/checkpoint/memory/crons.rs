@@ -23,6 +23,11 @@ impl Memory {
         self.seq += 1;
         self.seq
     }
+
+    /// Deletes the crons that run on thread `thread_id`.
+    pub(super) fn delete_for_thread(&mut self, thread_id: &str) {
+        self.crons.retain(|_, (_, c)| c.thread_id.as_deref() != Some(thread_id));
+    }
 }
 
 impl CronStore for MemoryCheckpointer {

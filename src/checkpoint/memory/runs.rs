@@ -95,6 +95,7 @@ impl RunStore for MemoryCheckpointer {
         m.runs.retain(|_, r| r.thread_id != thread_id);
         m.traces.retain(|_, t| t.thread_id != thread_id);
         m.threads.remove(thread_id);
+        self.lock_crons()?.delete_for_thread(thread_id);
         Ok(())
     }
 

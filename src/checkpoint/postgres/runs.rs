@@ -237,6 +237,14 @@ impl RunStore for PostgresCheckpointer {
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
+    fn expiry_clock_ms(&self, _process_ms: i64) -> Result<i64> {
+        let rows = self.query(format!("SELECT {}", super::apply::DB_NOW_MS), vec![])?;
+        let row = rows
+            .first()
+            .ok_or_else(|| crate::checkpoint::CheckpointError::Backend("the database told no time".into()))?;
+        Ok(row.try_get(0)?)
+    }
+
     fn list_thread_meta_of(&self, owner: &str) -> Result<Vec<ThreadMeta>> {
         let rows = self.query(
             "SELECT thread_id, created_at, updated_at, metadata, ttl, expires_at FROM thread_meta WHERE owner = $1"
@@ -262,6 +270,8 @@ impl RunStore for PostgresCheckpointer {
             tx.execute("DELETE FROM run_traces WHERE thread_id = $1", &[&thread_id])
                 .await?;
             tx.execute("DELETE FROM thread_meta WHERE thread_id = $1", &[&thread_id])
+                .await?;
+            tx.execute("DELETE FROM crons WHERE thread_id = $1", &[&thread_id])
                 .await?;
             tx.commit().await?;
             Ok(())

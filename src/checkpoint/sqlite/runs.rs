@@ -292,6 +292,8 @@ impl RunStore for SqliteCheckpointer {
                 .execute([&thread_id])?;
             conn.prepare_cached("DELETE FROM thread_meta WHERE thread_id = ?1")?
                 .execute([&thread_id])?;
+            conn.prepare_cached("DELETE FROM crons WHERE thread_id = ?1")?
+                .execute([&thread_id])?;
             Ok(())
         }))
     }

@@ -502,16 +502,6 @@ pub(crate) fn count(
     Ok(store.list_crons()?.iter().filter(|c| filter.holds(c)).count())
 }
 
-/// Deletes the crons of a thread being deleted (the reference deletes them with the thread).
-pub(crate) fn delete_for_thread(store: &dyn Checkpointer, thread_id: &str) -> Result<(), CheckpointError> {
-    for c in store.list_crons()? {
-        if c.thread_id.as_deref() == Some(thread_id) {
-            store.delete_cron(&c.cron_id)?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;

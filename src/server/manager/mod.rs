@@ -394,8 +394,6 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                     "Thread {thread_id} is busy ({why}): it cannot be deleted while a run holds it"
                 )));
             }
-            // Its crons go with it, as the reference deletes them.
-            crate::server::cron::delete_for_thread(&*self.store, thread_id)?;
             lock(&self.runs).retain(|_, r| r.thread_id != thread_id);
             Ok::<_, RunsError>(())
         }
