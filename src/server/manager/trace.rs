@@ -876,7 +876,10 @@ mod tests {
         assert_eq!(spans[2]["input"], json!({"i": 1}));
         assert_eq!(spans[3]["kind"], "step");
         assert_eq!(spans[3]["parent"], spans[2]["id"]);
-        assert!(spans[3].get("input_checkpoint_id").is_none(), "a subgraph's checkpoints are its own thread's");
+        assert!(
+            spans[3].get("input_checkpoint_id").is_none(),
+            "a subgraph's checkpoints are its own thread's"
+        );
         assert_eq!(t["usage"]["by_node"]["child:write"]["output_tokens"], 2);
     }
 
