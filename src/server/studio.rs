@@ -68,7 +68,7 @@ fn csp(html: &str) -> String {
         let body = &rest[open_end + 1..];
         let Some(close) = body.find("</script>") else { break };
         if !tag.contains(" src=") {
-            let digest = Sha256::digest(body[..close].as_bytes());
+            let digest = Sha256::digest(&body.as_bytes()[..close]);
             policy.push_str(&format!(
                 " 'sha256-{}'",
                 base64::engine::general_purpose::STANDARD.encode(digest)
