@@ -86,7 +86,7 @@ export function App() {
     if (!assistants) loadAssistants();
     afterGraph().then(loadWorkflows);
     const focus = () => {
-      loadWorkflows();
+      afterGraph().then(loadWorkflows);
     };
     addEventListener("focus", focus);
     return () => removeEventListener("focus", focus);
