@@ -229,6 +229,9 @@ async fn the_page_is_served_from_the_binary() {
             .unwrap()
             .contains("default-src 'self'")
     );
+    // The page's inline script (its first requests) runs by its hash, and no other does.
+    let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert_eq!(csp.matches("script-src 'self' 'sha256-").count(), 1, "{csp}");
     let etag = page.headers()["etag"].to_str().unwrap().to_string();
     let html = page.text().await.unwrap();
     assert!(html.contains(r#"src="/studio/assets/studio.js""#), "{html}");
@@ -313,6 +316,20 @@ fn studio_holds_a_two_turn_rag_chat() {
     drive("chat.mjs", &serve_seeds("rag-chat.yaml"));
 }
 
+/// A task span of the trace shows the state the task read, asked for from its checkpoint when
+/// the span is opened and only then, and what its writes changed.
+#[test]
+fn studio_shows_the_state_a_task_read() {
+    drive("taskinput.mjs", &serve_fixtures(&[], &[]));
+}
+
+/// A question edited in the chat makes a second branch: the message where they part switches
+/// between them (`< 1/2 >`), and the chat goes on from the branch shown.
+#[test]
+fn studio_switches_between_chat_branches() {
+    drive("chatbranch.mjs", &serve_seeds("rag-chat.yaml"));
+}
+
 /// Tokens and cost per node and per model from a run's trace (skipped, saying so, on a server
 /// whose trace endpoint answers 404).
 #[test]
@@ -337,8 +354,15 @@ fn studio_lists_the_files_not_served() {
     drive("problems.mjs", &serve_fixtures(&[], &[]));
 }
 
+/// A graph's first view asks for the graph before the page's bundle has run, and leaves what
+/// the other panels need until the graph has arrived.
+#[test]
+fn studio_asks_for_the_graph_before_its_bundle_runs() {
+    drive("firstpaint.mjs", &serve_fixtures(&[], &[]));
+}
+
 /// Measurements for README (printed, not asserted on time): the first paint of a 50-node
-/// graph, and the page under a run streaming about 200 events a second and under one
+/// graph (and when each request it needed was sent and answered), and the page under a run streaming about 200 events a second and under one
 /// streaming as fast as the engine steps.
 #[test]
 fn studio_measures_a_big_graph_and_a_fast_stream() {

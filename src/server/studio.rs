@@ -6,6 +6,10 @@
 //! (`Cache-Control: no-cache` with an `ETag` of its bytes: an unchanged file costs a 304), and
 //! a client that takes gzip gets the file compressed once, at its first request.
 //!
+//! The page's one inline script (it starts the first view's requests before the bundle has
+//! loaded) is allowed by its hash in the page's Content-Security-Policy, computed from the
+//! embedded page, so no other inline script runs.
+//!
 //! A leaf of the server: it knows no other module of it. With `--api-key-env`, these paths are
 //! served without the key ([`is_page`]); the page asks for it and sends it on every API call.
 
@@ -46,14 +50,41 @@ static ASSETS: [Asset; 3] = [
     },
 ];
 
-/// What the page may load and call: its own origin only (nothing from a network).
+/// What the page may load and call: its own origin only (nothing from a network), and the
+/// page's inline scripts by their hashes (`script-src` is filled in by [`csp`]).
 const CSP: &str = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; \
-                   connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'self'";
+                   connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'self'; \
+                   script-src 'self'";
+
+/// The page's Content-Security-Policy: [`CSP`] with the hash of each inline script of `html`.
+fn csp(html: &str) -> String {
+    use base64::Engine as _;
+    let mut policy = CSP.to_string();
+    let mut rest = html;
+    while let Some(at) = rest.find("<script") {
+        rest = &rest[at..];
+        let Some(open_end) = rest.find('>') else { break };
+        let tag = &rest[..open_end];
+        let body = &rest[open_end + 1..];
+        let Some(close) = body.find("</script>") else { break };
+        if !tag.contains(" src=") {
+            let digest = Sha256::digest(&body.as_bytes()[..close]);
+            policy.push_str(&format!(
+                " 'sha256-{}'",
+                base64::engine::general_purpose::STANDARD.encode(digest)
+            ));
+        }
+        rest = &body[close..];
+    }
+    policy
+}
 
 /// Each asset's ETag and gzipped bytes, made at its first request.
 struct Prepared {
     etag: HeaderValue,
     gzip: Vec<u8>,
+    /// The page's Content-Security-Policy (the index's only).
+    csp: Option<HeaderValue>,
 }
 
 static PREPARED: [OnceLock<Prepared>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
@@ -69,7 +100,10 @@ fn prepared(i: usize) -> &'static Prepared {
         let gzip = std::io::Write::write_all(&mut gz, body)
             .and_then(|()| gz.finish())
             .unwrap_or_default();
-        Prepared { etag, gzip }
+        let csp = (i == INDEX).then(|| {
+            HeaderValue::from_str(&csp(&String::from_utf8_lossy(body))).unwrap_or(HeaderValue::from_static(CSP))
+        });
+        Prepared { etag, gzip, csp }
     })
 }
 
@@ -117,8 +151,8 @@ fn respond(i: usize, headers: &HeaderMap) -> Response {
         return (StatusCode::NOT_MODIFIED, out).into_response();
     }
     out.insert(header::CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
-    if i == INDEX {
-        out.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    if let Some(csp) = &prep.csp {
+        out.insert(header::CONTENT_SECURITY_POLICY, csp.clone());
         out.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
     }
     let body = if takes_gzip(headers) && !prep.gzip.is_empty() {
@@ -175,6 +209,20 @@ mod tests {
     fn the_page_paths_are_the_pages() {
         assert!(is_page("/") && is_page("/studio") && is_page("/studio/assets/studio.js"));
         assert!(!is_page("/studios") && !is_page("/threads") && !is_page("/ok"));
+    }
+
+    /// The page's inline script is allowed by its hash, and only it: a script with a source
+    /// needs none, and the hash is of the script's text as the browser hashes it.
+    #[test]
+    fn the_inline_script_is_allowed_by_its_hash() {
+        let policy = csp("<head><script>let a = 1;</script><script type=\"module\" src=\"/x.js\"></script></head>");
+        // printf 'let a = 1;' | openssl dgst -sha256 -binary | base64
+        assert!(
+            policy.ends_with("script-src 'self' 'sha256-xY6QKfH9PRsQnLz56nj6MBwiK5oHg+im1Jkpdp1x/Ck='"),
+            "{policy}"
+        );
+        let page = csp(std::str::from_utf8(ASSETS[INDEX].body).unwrap());
+        assert_eq!(page.matches("'sha256-").count(), 1, "{page}");
     }
 
     #[test]

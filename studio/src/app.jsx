@@ -7,6 +7,7 @@ import { Workspace } from "./workspace.jsx";
 import { ThreadList } from "./threads.jsx";
 import { Problems } from "./problems.jsx";
 import { useRoute } from "./router.js";
+import { assistantsNow, earlyAssistants, afterGraph, graphDrawn } from "./boot.js";
 
 /** The dialog that asks for the API key; `ask(reason)` resolves with what was typed. */
 function KeyDialog({ request, onDone }) {
@@ -41,7 +42,9 @@ function KeyDialog({ request, onDone }) {
 
 export function App() {
   const route = useRoute();
-  const [assistants, setAssistants] = useState(null);
+  // The assistants the page's first request brought, when here already: the first render
+  // shows the workspace.
+  const [assistants, setAssistants] = useState(assistantsNow);
   const [error, setError] = useState(null);
   const [workflows, setWorkflows] = useState(undefined);
   const [keyRequest, setKeyRequest] = useState(null);
@@ -57,7 +60,7 @@ export function App() {
 
   const loadAssistants = useCallback(async () => {
     try {
-      const found = await post("/assistants/search", { limit: 1000, offset: 0 });
+      const found = (await earlyAssistants()) || (await post("/assistants/search", { limit: 1000, offset: 0 }));
       setAssistants(found);
       setError(null);
     } catch (e) {
@@ -80,10 +83,10 @@ export function App() {
   }, [loadAssistants]);
 
   useEffect(() => {
-    loadAssistants();
-    loadWorkflows();
+    if (!assistants) loadAssistants();
+    afterGraph().then(loadWorkflows);
     const focus = () => {
-      loadWorkflows();
+      afterGraph().then(loadWorkflows);
     };
     addEventListener("focus", focus);
     return () => removeEventListener("focus", focus);
@@ -100,6 +103,10 @@ export function App() {
   const rejected = (workflows && workflows.rejected) || [];
   const graph = route.view === "graph" ? route.graph || (assistants && assistants[0] && assistants[0].graph_id) : null;
   const assistant = assistants && graph ? assistants.find((a) => a.graph_id === graph || a.assistant_id === graph) : null;
+  // No graph to draw: what waits for the first one need not.
+  useEffect(() => {
+    if ((assistants && !assistant) || error) graphDrawn();
+  }, [assistants, assistant, error]);
 
   return (
     <div class="app">

@@ -1,7 +1,10 @@
 // The chat view of a workflow whose state keeps a message history (an `add_messages` key): the
 // thread's conversation, the reply streaming in as its tokens arrive, and branches — a question
-// edited or a reply regenerated runs again from the checkpoint before it (a fork).
-import { useState, useEffect, useRef } from "preact/hooks";
+// edited or a reply regenerated runs again from the checkpoint before it (a fork), and a message
+// where branches part shows `< 1/2 >` to switch between them (the checkpoints forked from the
+// same parent, found through the history's `parent_checkpoint`); the chat goes on from the
+// branch shown.
+import { useState, useEffect, useRef, useMemo } from "preact/hooks";
 
 const isMessage = (m) => m && typeof m === "object" && typeof m.type === "string" && "content" in m;
 
@@ -25,25 +28,121 @@ function text(content) {
 const idOf = (h) => h.checkpoint_id || (h.checkpoint && h.checkpoint.checkpoint_id);
 const parentOf = (h) => h.parent_checkpoint_id || (h.parent_checkpoint && h.parent_checkpoint.checkpoint_id);
 
-/** The checkpoint just before message `id` entered the state: where a branch at it starts. */
-function before(history, key, id) {
+/**
+ * The checkpoint just before message `id` entered the state: where a regenerated reply's
+ * branch starts. With `turn`, the one before the run that brought it (its input): where an
+ * edited question's branch starts.
+ */
+function before(history, key, id, turn = false) {
   const oldestFirst = [...history].reverse();
-  const first = oldestFirst.find((h) => ((h.values && h.values[key]) || []).some((m) => m.id === id));
+  let first = oldestFirst.find((h) => ((h.values && h.values[key]) || []).some((m) => m.id === id));
   if (!first) return null;
+  if (turn) {
+    const byId = new Map(history.map((h) => [idOf(h), h]));
+    let h = first;
+    while (h && !(h.metadata && h.metadata.source === "input")) h = byId.get(parentOf(h));
+    if (h) first = h;
+  }
   const parent = parentOf(first);
   return parent ? { checkpoint_id: parent, checkpoint_ns: "" } : null;
+}
+
+/**
+ * The thread's checkpoints as a tree: each one's children (oldest first) and, under each, the
+ * newest checkpoint (the end of the branch that goes through it).
+ */
+function treeOf(history) {
+  const byId = new Map();
+  const children = new Map();
+  // `history` is newest first: its index orders checkpoints by age.
+  const age = new Map();
+  history.forEach((h, i) => {
+    byId.set(idOf(h), h);
+    age.set(idOf(h), i);
+  });
+  for (let i = history.length - 1; i >= 0; i--) {
+    const p = parentOf(history[i]);
+    if (!p) continue;
+    if (!children.has(p)) children.set(p, []);
+    children.get(p).push(history[i]);
+  }
+  const newest = new Map();
+  const tip = (h) => {
+    const id = idOf(h);
+    if (newest.has(id)) return newest.get(id);
+    let best = h;
+    for (const c of children.get(id) || []) {
+      const t = tip(c);
+      if (age.get(idOf(t)) < age.get(idOf(best))) best = t;
+    }
+    newest.set(id, best);
+    return best;
+  };
+  return { byId, children, tip };
+}
+
+/**
+ * Where the conversation at checkpoint `shown` has branches: each checkpoint on its path with
+ * several children (forks from it), the switcher on the first message shown that the fork
+ * point did not hold. Returns `Map(message id → {at, of, tips})`, `tips` the newest checkpoint
+ * of each branch, oldest branch first.
+ */
+function branchesOf(tree, shown, key, messages) {
+  const out = new Map();
+  if (!shown) return out;
+  // The path from the thread's first checkpoint to the one shown.
+  const path = [];
+  for (let h = shown; h && path.length <= tree.byId.size; h = tree.byId.get(parentOf(h))) path.unshift(h);
+  for (let i = 0; i < path.length - 1; i++) {
+    const kids = tree.children.get(idOf(path[i])) || [];
+    if (kids.length < 2) continue;
+    const held = new Set(((path[i].values && path[i].values[key]) || []).map((m) => m && m.id));
+    const first = messages.find((m) => m.id && !held.has(m.id));
+    if (!first || out.has(first.id)) continue;
+    const at = kids.findIndex((k) => idOf(k) === idOf(path[i + 1]));
+    out.set(first.id, { at, of: kids.length, tips: kids.map((k) => idOf(tree.tip(k))) });
+  }
+  return out;
+}
+
+function Switcher({ branch, onPick }) {
+  return (
+    <span class="branches" role="group" aria-label="Branches" data-testid="chat-branches">
+      <button type="button" class="link" aria-label="Previous branch" disabled={branch.at === 0} onClick={() => onPick(branch.tips[branch.at - 1])} data-testid="chat-branch-prev">
+        ‹
+      </button>
+      <span data-testid="chat-branch-at">
+        {branch.at + 1}/{branch.of}
+      </span>
+      <button type="button" class="link" aria-label="Next branch" disabled={branch.at === branch.of - 1} onClick={() => onPick(branch.tips[branch.at + 1])} data-testid="chat-branch-next">
+        ›
+      </button>
+    </span>
+  );
 }
 
 let counter = 0;
 const newId = () => `studio-${Date.now().toString(36)}-${(counter++).toString(36)}`;
 
-export function ChatPanel({ messagesKey: key, values, history, live, running, onSend, onRegenerate }) {
+export function ChatPanel({ messagesKey: key, values, history, head, live, running, onSend, onRegenerate }) {
   const [draft, setDraft] = useState("");
   const [editing, setEditing] = useState(null);
   const [editText, setEditText] = useState("");
   const [showTools, setShowTools] = useState(false);
+  // The branch shown: the newest checkpoint of it, or null for the thread's latest.
+  const [viewId, setViewId] = useState(null);
   const end = useRef(null);
-  const messages = ((values && values[key]) || []).filter(isMessage);
+  useEffect(() => {
+    if (running) setViewId(null);
+  }, [running]);
+  const tree = useMemo(() => treeOf(history), [history]);
+  const viewed = !running && viewId ? tree.byId.get(viewId) : null;
+  const shownValues = viewed ? viewed.values : values;
+  const messages = ((shownValues && shownValues[key]) || []).filter(isMessage);
+  const shown = viewed || (!running && head && tree.byId.get(idOf(head))) || null;
+  const branches = useMemo(() => branchesOf(tree, shown, key, messages), [tree, shown, key]);
+  // A message sent goes on from the branch shown; the latest checkpoint's needs no checkpoint.
+  const from = viewed && viewId !== idOf(head || {}) ? { checkpoint_id: viewId, checkpoint_ns: "" } : undefined;
   const streaming = running && live ? Object.values(live.nodes).filter((n) => n.tokens && n.status === "running").map((n) => n.tokens).pop() : null;
   useEffect(() => {
     if (end.current && end.current.scrollIntoView) end.current.scrollIntoView({ block: "nearest" });
@@ -51,7 +150,7 @@ export function ChatPanel({ messagesKey: key, values, history, live, running, on
   const send = (e) => {
     e.preventDefault();
     if (!draft.trim() || running) return;
-    onSend({ id: newId(), type: "human", content: draft.trim() });
+    onSend({ id: newId(), type: "human", content: draft.trim() }, from);
     setDraft("");
   };
   return (
@@ -67,12 +166,15 @@ export function ChatPanel({ messagesKey: key, values, history, live, running, on
           .filter((m) => showTools || (m.type !== "tool" && !(m.type === "ai" && !text(m.content) && m.tool_calls && m.tool_calls.length)))
           .map((m, i) => (
             <li key={m.id || i} class={`msg msg-${m.type}`} data-testid="chat-message" data-type={m.type}>
-              <div class="who">{m.type === "human" ? "you" : m.type === "ai" ? "assistant" : m.type}</div>
+              <div class="who">
+                {m.type === "human" ? "you" : m.type === "ai" ? "assistant" : m.type}
+                {!running && branches.has(m.id) && <Switcher branch={branches.get(m.id)} onPick={setViewId} />}
+              </div>
               {editing === m.id ? (
                 <form
                   onSubmit={(e) => {
                     e.preventDefault();
-                    const at = before(history, key, m.id);
+                    const at = before(history, key, m.id, true);
                     setEditing(null);
                     onSend({ id: newId(), type: "human", content: editText }, at);
                   }}

@@ -120,11 +120,11 @@ function short(v) {
   return t.length > 160 ? t.slice(0, 159) + "…" : t;
 }
 
-export function Diff({ from, to }) {
+export function Diff({ from, to, testid = "state-diff", none = "No change from the previous checkpoint." }) {
   const changes = diff(from ?? {}, to ?? {});
-  if (!changes.length) return <div class="muted" data-testid="state-diff">No change from the previous checkpoint.</div>;
+  if (!changes.length) return <div class="muted" data-testid={testid}>{none}</div>;
   return (
-    <ul class="diff" data-testid="state-diff">
+    <ul class="diff" data-testid={testid}>
       {changes.map((c) => (
         <li key={c.path + c.op} class={`diff-${c.op}`}>
           <code>{c.path}</code>{" "}

@@ -4,6 +4,7 @@
 import { useState, useEffect } from "preact/hooks";
 import { post, get, enc } from "./api.js";
 import { go } from "./router.js";
+import { afterGraph } from "./boot.js";
 
 function ago(t) {
   if (!t) return "";
@@ -19,7 +20,8 @@ export function ThreadSidebar({ assistants, graphId, threadId, version, onNew })
   const [threads, setThreads] = useState(null);
   useEffect(() => {
     let gone = false;
-    post("/threads/search", { metadata: { graph_id: graphId }, limit: 50, offset: 0, sort_by: "updated_at", sort_order: "desc" })
+    afterGraph()
+      .then(() => post("/threads/search", { metadata: { graph_id: graphId }, limit: 50, offset: 0, sort_by: "updated_at", sort_order: "desc" }))
       .then((t) => !gone && setThreads(t))
       .catch(() => !gone && setThreads([]));
     return () => {

@@ -1,10 +1,11 @@
 // A run's trace (runner's `GET /threads/{t}/runs/{r}/trace`) as a waterfall — steps, tasks,
-// model, tool and HTTP calls with their durations, each span's input and writes — and its
+// model, tool and HTTP calls with their durations, each span's input and writes, a task's input
+// state read from the checkpoint it read (asked for when the span is opened) — and its
 // tokens and cost per node and per model, input and output apart, summed per run and per
 // thread (`GET /threads/{t}/usage`). A server without them answers 404: "not available".
 import { useState, useEffect, useMemo } from "preact/hooks";
 import { get, enc } from "./api.js";
-import { JsonTree } from "./json.jsx";
+import { JsonTree, Diff } from "./json.jsx";
 
 const money = (v) => (v == null ? "—" : `$${Number(v).toFixed(6)}`);
 const num = (v) => (v == null ? "—" : String(v));
@@ -64,10 +65,73 @@ function depthOf(spans) {
   return depth;
 }
 
+// The states of checkpoints read for the spans opened, by thread and checkpoint: a
+// checkpoint never changes, so each is asked for once per page.
+const states = new Map();
+function stateAt(threadId, checkpointId) {
+  const key = `${threadId}/${checkpointId}`;
+  if (!states.has(key)) {
+    const p = get(`/threads/${enc(threadId)}/state/${enc(checkpointId)}`);
+    p.catch(() => states.delete(key));
+    states.set(key, p);
+  }
+  return states.get(key);
+}
+
+const pick = (values, keys) => Object.fromEntries(keys.filter((k) => values && k in values).map((k) => [k, values[k]]));
+
+/**
+ * A task's input: the state of the checkpoint it read (the span's `input_checkpoint_id`), read
+ * when the span is opened, and what its step made of the keys the task wrote (that state
+ * against the one of the checkpoint its step made).
+ */
+function TaskInput({ threadId, span, step }) {
+  const [read, setRead] = useState(null);
+  const [error, setError] = useState(null);
+  const inputId = span.input_checkpoint_id;
+  const outputId = step && step.checkpoint_id;
+  useEffect(() => {
+    let gone = false;
+    setRead(null);
+    setError(null);
+    Promise.all([stateAt(threadId, inputId), outputId ? stateAt(threadId, outputId) : null]).then(
+      ([input, output]) => !gone && setRead({ input, output }),
+      (e) => !gone && setError(e.message),
+    );
+    return () => {
+      gone = true;
+    };
+  }, [threadId, inputId, outputId]);
+  if (error) return <div class="banner err">The state the task read could not be loaded: {error}</div>;
+  if (!read) return <div class="muted" data-testid="span-input-loading">Reading the state at checkpoint {inputId.slice(0, 8)}…</div>;
+  const before = (read.input && read.input.values) || {};
+  const wrote = span.writes && typeof span.writes === "object" ? Object.keys(span.writes) : null;
+  const after = read.output && read.output.values;
+  return (
+    <div class="task-input" data-testid="span-input" data-checkpoint={inputId}>
+      <h4>Input state</h4>
+      <div class="muted small">at checkpoint {inputId}</div>
+      <JsonTree value={before} testid="span-input-state" />
+      {after && (
+        <>
+          <h4>What its writes changed</h4>
+          <Diff
+            from={wrote ? pick(before, wrote) : before}
+            to={wrote ? pick(after, wrote) : after}
+            testid="span-diff"
+            none={wrote && !wrote.length ? "It wrote nothing." : "No change to the keys it wrote."}
+          />
+        </>
+      )}
+    </div>
+  );
+}
+
 function Waterfall({ trace }) {
   const [picked, setPicked] = useState(null);
   const spans = trace.spans || [];
   const depth = useMemo(() => depthOf(spans), [trace]);
+  const byId = useMemo(() => new Map(spans.map((s) => [s.id, s])), [trace]);
   const end = Math.max(1, ...spans.map((s) => s.end_ms ?? s.start_ms ?? 0));
   const shown = spans.slice(0, 1000);
   return (
@@ -99,9 +163,12 @@ function Waterfall({ trace }) {
                       {num(s.usage.input_tokens)} in · {num(s.usage.output_tokens)} out · {money(s.usage.cost_usd)}
                     </div>
                   )}
+                  {s.kind === "task" && s.input_checkpoint_id && trace.thread_id && (
+                    <TaskInput threadId={trace.thread_id} span={s} step={byId.get(s.parent)} />
+                  )}
                   {s.input !== undefined && (
                     <>
-                      <h4>Input</h4>
+                      <h4>{s.kind === "task" ? "Fan-out item" : "Input"}</h4>
                       <JsonTree value={s.input} />
                     </>
                   )}

@@ -1,7 +1,7 @@
 // One workflow at work: its graph, its threads, a run started from the input form and watched
 // live, the thread's checkpoints and state, gates answered, forks and re-runs, the trace, and
 // the chat view for a workflow with a message history.
-import { useState, useEffect, useCallback, useMemo } from "preact/hooks";
+import { useState, useEffect, useLayoutEffect, useCallback, useMemo } from "preact/hooks";
 import { get, post, stream, enc } from "./api.js";
 import { GraphView } from "./graph.jsx";
 import { LiveRun } from "./live.js";
@@ -12,6 +12,7 @@ import { GatePanel } from "./gate.jsx";
 import { TracePanel } from "./trace.jsx";
 import { ChatPanel, messagesKey } from "./chat.jsx";
 import { ThreadSidebar } from "./threads.jsx";
+import { graphNow, earlyGraph, graphDrawn, afterGraph } from "./boot.js";
 
 /** The stream modes a live run asks for: the page shows all of them. */
 export const MODES = ["values", "updates", "messages-tuple", "custom", "events", "debug"];
@@ -22,7 +23,9 @@ const topNode = (id) => id.split(":")[0];
 export function Workspace({ assistant, assistants, threadId }) {
   const aid = assistant.assistant_id;
   const gid = assistant.graph_id;
-  const [graph, setGraph] = useState(null);
+  // The graph the page's first requests brought, when it is here already: the first render
+  // draws it.
+  const [graph, setGraph] = useState(() => graphNow(gid, aid));
   const [schemas, setSchemas] = useState(null);
   const [thread, setThread] = useState(null);
   const [head, setHead] = useState(null);
@@ -36,19 +39,39 @@ export function Workspace({ assistant, assistants, threadId }) {
   const [sidebarVersion, setSidebarVersion] = useState(0);
   const [notice, setNotice] = useState(null);
   const [fork, setFork] = useState(null);
-
+  // The thread list and the run panel are drawn once the graph is: the first frame is the
+  // graph's alone.
+  const [panels, setPanels] = useState(false);
   useEffect(() => {
     let gone = false;
+    afterGraph().then(() => !gone && setPanels(true));
+    return () => {
+      gone = true;
+    };
+  }, []);
+
+  // A layout effect: the graph is asked for in the commit that shows the workspace, not a frame
+  // later. The schemas (the input form's) are asked for beside it, and shown once the graph is
+  // drawn.
+  useLayoutEffect(() => {
+    let gone = false;
+    const schemasAsked = get(`/assistants/${enc(aid)}/schemas`);
+    schemasAsked.catch(() => {});
     (async () => {
-      try {
-        const g = await get(`/assistants/${enc(aid)}/graph?xray=true`);
-        g.__arrived = performance.now();
-        if (!gone) setGraph(g);
-      } catch (e) {
-        if (!gone) setNotice(`The graph could not be read: ${e.message}`);
+      if (!graph) {
+        try {
+          const g = (await earlyGraph(gid, aid)) || (await get(`/assistants/${enc(aid)}/graph?xray=true`));
+          if (!g.__arrived) g.__arrived = performance.now();
+          if (!gone) setGraph(g);
+        } catch (e) {
+          if (!gone) setNotice(`The graph could not be read: ${e.message}`);
+        }
       }
+      // After the frame the graph is painted in.
+      requestAnimationFrame(() => setTimeout(graphDrawn, 0));
+      await afterGraph();
       try {
-        const s = await get(`/assistants/${enc(aid)}/schemas`);
+        const s = await schemasAsked;
         if (!gone) setSchemas(s);
       } catch (e) {
         if (!gone) setNotice(`The schemas could not be read: ${e.message}`);
@@ -227,16 +250,20 @@ export function Workspace({ assistant, assistants, threadId }) {
 
   return (
     <div class="workspace">
-      <ThreadSidebar
-        assistants={assistants}
-        graphId={gid}
-        threadId={threadId}
-        version={sidebarVersion}
-        onNew={() => {
-          setLive(null);
-          go({ view: "graph", graph: gid });
-        }}
-      />
+      {panels ? (
+        <ThreadSidebar
+          assistants={assistants}
+          graphId={gid}
+          threadId={threadId}
+          version={sidebarVersion}
+          onNew={() => {
+            setLive(null);
+            go({ view: "graph", graph: gid });
+          }}
+        />
+      ) : (
+        <aside class="sidebar" aria-label="Workflows and threads" />
+      )}
       <section class="center" aria-label="Graph">
         <div class="center-head">
           <h1>{gid}</h1>
@@ -277,72 +304,77 @@ export function Workspace({ assistant, assistants, threadId }) {
         )}
       </section>
       <section class="panel" aria-label="Run and thread">
-        {interrupts.length > 0 && !running && (
-          <GatePanel interrupts={interrupts} onAnswer={(resume) => execute({ command: { resume } }, { label: "resume" })} />
+        {panels && (
+          <>
+            {interrupts.length > 0 && !running && (
+              <GatePanel interrupts={interrupts} onAnswer={(resume) => execute({ command: { resume } }, { label: "resume" })} />
+            )}
+            <div class="tabs" role="tablist">
+              {tabs.map(([k, t]) => (
+                <button
+                  type="button"
+                  role="tab"
+                  key={k}
+                  aria-selected={tab === k}
+                  data-testid={`tab-${k}`}
+                  onClick={() => setTab(k)}
+                >
+                  {t}
+                </button>
+              ))}
+            </div>
+            <div class="tab-body" role="tabpanel">
+              {tab === "run" && (
+                <RunPanel
+                  schemas={schemas}
+                  graph={graph}
+                  threadId={threadId}
+                  thread={thread}
+                  live={live}
+                  running={running}
+                  onRun={(body) => execute(body)}
+                  onCancel={cancel}
+                  onSelectNode={setSelected}
+                />
+              )}
+              {tab === "state" &&
+                (fork ? (
+                  <ForkEditor
+                    fork={fork}
+                    schemas={schemas}
+                    graph={graph}
+                    onCancel={() => setFork(null)}
+                    onSubmit={(values, asNode, run) => forkAndRun({ checkpoint: fork.checkpoint, values, asNode, run })}
+                  />
+                ) : (
+                  <StatePanel
+                    history={history}
+                    head={head}
+                    selectedId={checkpointId}
+                    onSelect={setCheckpointId}
+                    onFork={(cp) => setFork({ checkpoint: cp })}
+                    onRerun={(cp, node) => setFork({ checkpoint: cp, node })}
+                    disabled={running || !threadId}
+                  />
+                ))}
+              {tab === "trace" && <TracePanel threadId={threadId} runs={runs} live={live} />}
+              {tab === "chat" && chatKey && (
+                <ChatPanel
+                  messagesKey={chatKey}
+                  values={live && live.values && running ? live.values : head && head.values}
+                  history={history}
+                  head={head}
+                  live={live}
+                  running={running}
+                  onSend={(message, checkpoint) =>
+                    execute({ input: { [chatKey]: [message] }, ...(checkpoint ? { checkpoint } : {}) }, { label: "chat" })
+                  }
+                  onRegenerate={(checkpoint) => execute({ input: null, checkpoint }, { label: "regenerate" })}
+                />
+              )}
+            </div>
+          </>
         )}
-        <div class="tabs" role="tablist">
-          {tabs.map(([k, t]) => (
-            <button
-              type="button"
-              role="tab"
-              key={k}
-              aria-selected={tab === k}
-              data-testid={`tab-${k}`}
-              onClick={() => setTab(k)}
-            >
-              {t}
-            </button>
-          ))}
-        </div>
-        <div class="tab-body" role="tabpanel">
-          {tab === "run" && (
-            <RunPanel
-              schemas={schemas}
-              graph={graph}
-              threadId={threadId}
-              thread={thread}
-              live={live}
-              running={running}
-              onRun={(body) => execute(body)}
-              onCancel={cancel}
-              onSelectNode={setSelected}
-            />
-          )}
-          {tab === "state" &&
-            (fork ? (
-              <ForkEditor
-                fork={fork}
-                schemas={schemas}
-                graph={graph}
-                onCancel={() => setFork(null)}
-                onSubmit={(values, asNode, run) => forkAndRun({ checkpoint: fork.checkpoint, values, asNode, run })}
-              />
-            ) : (
-              <StatePanel
-                history={history}
-                head={head}
-                selectedId={checkpointId}
-                onSelect={setCheckpointId}
-                onFork={(cp) => setFork({ checkpoint: cp })}
-                onRerun={(cp, node) => setFork({ checkpoint: cp, node })}
-                disabled={running || !threadId}
-              />
-            ))}
-          {tab === "trace" && <TracePanel threadId={threadId} runs={runs} live={live} />}
-          {tab === "chat" && chatKey && (
-            <ChatPanel
-              messagesKey={chatKey}
-              values={live && live.values && running ? live.values : head && head.values}
-              history={history}
-              live={live}
-              running={running}
-              onSend={(message, checkpoint) =>
-                execute({ input: { [chatKey]: [message] }, ...(checkpoint ? { checkpoint } : {}) }, { label: "chat" })
-              }
-              onRegenerate={(checkpoint) => execute({ input: null, checkpoint }, { label: "regenerate" })}
-            />
-          )}
-        </div>
       </section>
     </div>
   );

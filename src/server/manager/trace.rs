@@ -7,9 +7,12 @@
 //!
 //! Bounded: a task's writes, a fan-out item, a tool call's arguments and result are cut to
 //! [`PAYLOAD_LIMIT`] bytes of JSON (the span's `truncated` says which, and how long each was),
-//! and past [`MAX_SPANS`] spans the rest are counted, not kept. A task reading the state reads
-//! that of the checkpoint before its step, which the step's span names the child of
-//! (`checkpoint_id`, the checkpoint the step made); the state itself is the history's.
+//! and past [`MAX_SPANS`] spans the rest are counted, not kept. A task reads the state of the
+//! checkpoint before its step: a top-level step's span and its tasks' name it
+//! (`input_checkpoint_id`, the thread's checkpoint the run went on from or the previous step
+//! made) and the step's span names the one it made (`checkpoint_id`); the states themselves
+//! are the thread's (`GET /threads/{id}/state/{checkpoint_id}`). A subgraph's checkpoints are
+//! its own thread's, so its spans name none.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -187,6 +190,9 @@ pub(crate) struct Recorder {
     next_id: u64,
     /// Changed since it was last stored.
     dirty: bool,
+    /// The thread's latest checkpoint as the run's events tell it: the one the next top-level
+    /// step reads.
+    head: Option<String>,
 }
 
 impl Recorder {
@@ -208,6 +214,7 @@ impl Recorder {
             started_ms: None,
             next_id: 1,
             dirty: false,
+            head: None,
         };
         if let Some(t) = earlier {
             r.started_at = t.get("started_at").and_then(Value::as_str).map(str::to_string);
@@ -312,6 +319,13 @@ impl Recorder {
         }
     }
 
+    /// Names on a top-level step's or task's span the checkpoint whose state it reads.
+    fn read_from(&self, ns: &Option<Arc<str>>, span: &mut Span) {
+        if let (None, Some(head)) = (ns, &self.head) {
+            span.fields.insert("input_checkpoint_id".into(), json!(head));
+        }
+    }
+
     /// Closes the span under `key` at `end_ms`.
     fn close(&mut self, key: &str, end_ms: f64, status: &'static str) -> Option<&mut Span> {
         let i = self.open.remove(key)?;
@@ -327,7 +341,14 @@ impl Recorder {
         let ns = &e.ns;
         self.dirty = true;
         match &e.event {
-            Event::RunStart { workflow, .. } if ns.is_none() => {
+            Event::RunStart {
+                workflow,
+                checkpoint_id,
+                ..
+            } if ns.is_none() => {
+                if !checkpoint_id.is_empty() {
+                    self.head = Some(checkpoint_id.clone());
+                }
                 if self.started_at.is_none() {
                     self.started_at = Some(e.ts.clone());
                     self.started_ms = Some(crate::clock::now_ms());
@@ -354,6 +375,7 @@ impl Recorder {
                 let parent = self.step_parent(ns);
                 let mut span = self.span(parent, "step", &format!("step {step}"), t);
                 span.step = Some(*step);
+                self.read_from(ns, &mut span);
                 self.open(step_key(ns, *step), span);
             }
             Event::StepEnd {
@@ -361,6 +383,9 @@ impl Recorder {
             } => {
                 if let Some(span) = self.close(&step_key(ns, *step), t, "ok") {
                     span.fields.insert("checkpoint_id".into(), json!(checkpoint_id));
+                }
+                if ns.is_none() {
+                    self.head = Some(checkpoint_id.clone());
                 }
             }
             Event::NodeStart {
@@ -374,6 +399,7 @@ impl Recorder {
                 span.node = Some(node_path(ns, node));
                 span.step = Some(*step);
                 span.fields.insert("task_id".into(), json!(task_id));
+                self.read_from(ns, &mut span);
                 if let Some(item) = item {
                     span.payload("input", item);
                 }
@@ -405,6 +431,7 @@ impl Recorder {
                     span.node = Some(node_path(ns, node));
                     span.step = Some(*step);
                     span.fields.insert("task_id".into(), json!(task_id));
+                    self.read_from(ns, &mut span);
                     self.open(task_id.clone(), span);
                 }
                 let writes = Value::Object(writes.clone());
@@ -849,6 +876,53 @@ mod tests {
         assert_eq!(spans[2]["input"], json!({"i": 1}));
         assert_eq!(spans[3]["kind"], "step");
         assert_eq!(spans[3]["parent"], spans[2]["id"]);
+        assert!(
+            spans[3].get("input_checkpoint_id").is_none(),
+            "a subgraph's checkpoints are its own thread's"
+        );
         assert_eq!(t["usage"]["by_node"]["child:write"]["output_tokens"], 2);
+    }
+
+    /// A top-level step and its tasks name the checkpoint whose state they read: the one the run
+    /// went on from, then the one the step before made.
+    #[test]
+    fn a_task_names_the_checkpoint_it_read() {
+        let mut r = Recorder::new("r", "t", None);
+        r.on(&at(
+            0.0,
+            None,
+            Event::RunStart {
+                thread_id: "t".into(),
+                workflow: "/w/chat.yaml".into(),
+                resumed: false,
+                checkpoint_id: "cp0".into(),
+            },
+        ));
+        step(&mut r, 1.0, 1, "m", json!({"a": 1}));
+        step(&mut r, 20.0, 2, "m", json!({"a": 2}));
+        let t = r.json();
+        let read: Vec<(&str, i64, &str, &str)> = t["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["kind"] == "step" || s["kind"] == "task")
+            .map(|s| {
+                (
+                    s["kind"].as_str().unwrap(),
+                    s["step"].as_i64().unwrap(),
+                    s["input_checkpoint_id"].as_str().unwrap_or("-"),
+                    s["checkpoint_id"].as_str().unwrap_or("-"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            read,
+            [
+                ("step", 1, "cp0", "cp1"),
+                ("task", 1, "cp0", "-"),
+                ("step", 2, "cp1", "cp2"),
+                ("task", 2, "cp1", "-"),
+            ]
+        );
     }
 }
