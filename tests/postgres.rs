@@ -315,7 +315,8 @@ mod queue {
     }
 
     /// A run's end is written under its claim, with its last record and a notice; not under a
-    /// claim the run no longer has.
+    /// claim the run no longer has. A run waiting behind it on its thread is told to the
+    /// workers as an admission is (they wake on admissions only).
     #[test]
     fn a_runs_end_is_its_claims_with_its_last_record() {
         let url = postgres::fresh_url();
@@ -323,6 +324,7 @@ mod queue {
         let mut notices = store.subscribe().unwrap();
         assert!(store.admit(&run_row("r", "t"), false, None).unwrap());
         let c = store.claim("w", &claim("c")).unwrap().unwrap();
+        assert!(store.admit(&run_row("next", "t"), false, None).unwrap());
         let end = |status| Ended {
             status,
             error: None,
@@ -342,14 +344,21 @@ mod queue {
             vec![(1, r#"{"type":"__end__"}"#.to_string())]
         );
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
+        let mut told = Vec::new();
+        while !told.ends_with(&[Notice::Ended("r".into()), Notice::Queued]) {
             match notices.try_recv() {
-                Ok(Notice::Ended(id)) if id == "r" => break,
-                _ if std::time::Instant::now() > deadline => panic!("no notice of the run's end"),
-                Ok(_) => {}
+                Ok(Notice::Lagged) => {}
+                Ok(n) => told.push(n),
+                _ if std::time::Instant::now() > deadline => panic!("told only {told:?}"),
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }
         }
+        // The next run is claimable once the run's engine lets go of the thread.
+        one(
+            &url,
+            "UPDATE leases SET expires_at = 0 WHERE thread_id = 't' RETURNING 1",
+        );
+        assert_eq!(store.claim("w", &claim("c2")).unwrap().unwrap().run.run_id, "next");
     }
 
     /// The queue's hot calls are one round trip each: an admission (with the thread's record),

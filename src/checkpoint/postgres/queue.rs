@@ -267,6 +267,13 @@ impl RunQueue for PostgresCheckpointer {
                         &[&channel, &payload(&Notice::Ended(run_id.clone()))],
                     )
                     .await?;
+                    // The thread's next run is claimable now: the workers wake on admissions.
+                    tx.execute(
+                        "SELECT pg_notify($1, $2) FROM runs n WHERE n.status = 'pending' \
+                         AND n.thread_id = (SELECT r.thread_id FROM runs r WHERE r.run_id = $3) LIMIT 1",
+                        &[&channel, &payload(&Notice::Queued), &run_id],
+                    )
+                    .await?;
                 } else {
                     tx.execute(
                         "UPDATE runs SET cancel = $2 WHERE run_id = $1 AND status IN ('pending', 'running')",

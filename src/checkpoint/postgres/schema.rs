@@ -260,7 +260,9 @@ $$;
 /// - `append_events`: a run's events, if the run is still the claim's, told to the listeners;
 ///   never waited for on the disk (they can be replayed from the run's checkpoints).
 /// - `finish_run`: a run's end (status, error, the last record of its log) if it is still the
-///   claim's (or, `claim` a worker's id, that worker's), told to the listeners.
+///   claim's (or, `claim` a worker's id, that worker's), told to the listeners; a run waiting
+///   behind it on its thread is told to the workers as if it had just been admitted (they
+///   wake on admissions only).
 const V7: &str = "
 CREATE INDEX runs_pending ON runs (run_id) WHERE status = 'pending';
 CREATE INDEX runs_running ON runs (run_id) WHERE status = 'running';
@@ -380,6 +382,11 @@ BEGIN
         INSERT INTO run_events (run_id, seq, body) VALUES (p_run_id, p_seq, p_body);
     END IF;
     PERFORM pg_notify(p_channel, p_payload);
+    -- The thread's next run is claimable now: the workers are told as of an admission.
+    IF EXISTS (SELECT 1 FROM runs n WHERE n.thread_id = (SELECT r.thread_id FROM runs r WHERE r.run_id = p_run_id)
+               AND n.status = 'pending') THEN
+        PERFORM pg_notify(p_channel, 'q');
+    END IF;
     RETURN true;
 END
 $$;

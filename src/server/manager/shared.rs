@@ -461,6 +461,9 @@ impl<S: Send + Sync + 'static> Worker<S> {
         let cancels = tokio::spawn(answer_cancels(manager.clone()));
         let room = Arc::new(Semaphore::new(self.slots));
         let mut notices = queue.subscribe()?;
+        // How many runs may be waiting unclaimed, as far as this worker knows: one for each
+        // admission told, all of them after a poll or lost notices.
+        let mut news = usize::MAX;
         loop {
             if *stop.borrow() {
                 break;
@@ -473,10 +476,10 @@ impl<S: Send + Sync + 'static> Worker<S> {
                 _ = stop.changed() => break,
             };
             // The claim looks at the queue as it is now: what the notices received so far told
-            // is covered by it, and only a notice after it is a reason to look again. A worker
-            // claims until the queue is empty, then waits for news: one look per burst of
-            // notices, not one per notice.
-            drain(&mut notices);
+            // is covered by it. A worker claims while runs may wait (as many as it was told
+            // of, until one look finds none), then waits for news: one look per run told of,
+            // not one more per claim, and none per notice of a burst a look covered.
+            news = news.saturating_add(drain(&mut notices));
             let claim = LeaseClaim {
                 thread_id: String::new(),
                 owner: crate::checkpoint::new_id(),
@@ -492,11 +495,19 @@ impl<S: Send + Sync + 'static> Worker<S> {
                         execute(manager, make, claimed, self.ttl).await;
                         drop(permit);
                     });
+                    news = news.saturating_sub(1);
+                    if news == 0 {
+                        tokio::select! {
+                            told = queued(&mut notices) => news = told,
+                            _ = stop.changed() => {}
+                        }
+                    }
                 }
                 Ok(None) => {
                     drop(permit);
+                    news = 0;
                     tokio::select! {
-                        () = wake(&mut notices, |n| matches!(n, Notice::Queued | Notice::Ended(_))) => {}
+                        told = queued(&mut notices) => news = told,
                         _ = stop.changed() => {}
                     }
                 }
@@ -519,12 +530,37 @@ impl<S: Send + Sync + 'static> Worker<S> {
     }
 }
 
-/// Forgets the notices received so far (a look at the queue follows, which covers them).
-fn drain(notices: &mut broadcast::Receiver<Notice>) {
+/// Waits for an admission's notice, at most `POLL`: how many runs may wait to be claimed (one
+/// told of; all of them after the poll or lost notices).
+async fn queued(notices: &mut broadcast::Receiver<Notice>) -> usize {
+    let deadline = tokio::time::sleep(POLL);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = &mut deadline => return usize::MAX,
+            notice = notices.recv() => match notice {
+                Ok(Notice::Queued) => return 1,
+                Ok(Notice::Lagged) | Err(broadcast::error::RecvError::Lagged(_)) => return usize::MAX,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Closed) => {
+                    deadline.as_mut().await;
+                    return usize::MAX;
+                }
+            },
+        }
+    }
+}
+
+/// Takes the notices received so far (a look at the queue follows, which covers them): how
+/// many runs they say may wait to be claimed (all of them, when notices were lost).
+fn drain(notices: &mut broadcast::Receiver<Notice>) -> usize {
+    let mut queued = 0usize;
     loop {
         match notices.try_recv() {
-            Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
-            Err(_) => return,
+            Ok(Notice::Queued) => queued = queued.saturating_add(1),
+            Ok(Notice::Lagged) | Err(broadcast::error::TryRecvError::Lagged(_)) => queued = usize::MAX,
+            Ok(_) => {}
+            Err(_) => return queued,
         }
     }
 }
