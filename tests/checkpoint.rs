@@ -2116,7 +2116,7 @@ fn postgres_a_schema_is_a_store_of_its_own() {
 /// A relay on loopback to `target` that counts the reads it passes on from its clients: a
 /// client that waits for each answer before it sends the next statement makes one read per
 /// statement, one that sends a whole write at once makes one.
-fn counting_relay(target: std::net::SocketAddr) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+pub(crate) fn counting_relay(target: std::net::SocketAddr) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();

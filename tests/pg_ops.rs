@@ -125,7 +125,7 @@ fn a_steps_events_are_committed_with_its_checkpoint_under_the_runs_claim() {
     let store = PostgresCheckpointer::open(&postgres::fresh_url(), Durability::CrashSafe).unwrap();
     store.create_thread(&thread("t")).unwrap();
     store.put_checkpoint(&checkpoint("t", -1), &[]).unwrap();
-    assert!(store.admit(&run_row("r", "t"), false).unwrap());
+    assert!(store.admit(&run_row("r", "t"), false, None).unwrap());
     let claimed = store.claim("w", &claim(&new_id())).unwrap().unwrap();
     let token = claimed.lease.owner.clone();
     let step = checkpoint("t", 0);

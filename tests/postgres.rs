@@ -169,3 +169,257 @@ fn a_server_dies_with_its_test_process() {
     }
     assert!(postgres::query(&admin, "SELECT 1").is_err());
 }
+
+mod queue {
+    //! The run queue on PostgreSQL: what its calls write, and that each is one round trip.
+
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use runner::checkpoint::postgres::PostgresCheckpointer;
+    use runner::checkpoint::queue::{Ended, Notice, RunQueue};
+    use runner::checkpoint::{Durability, LeaseClaim, RunRow, RunStatus, RunStore, ThreadMeta};
+    use serde_json::json;
+
+    use crate::support::postgres;
+
+    fn run_row(id: &str, thread: &str) -> RunRow {
+        RunRow {
+            run_id: id.into(),
+            thread_id: thread.into(),
+            assistant_id: "a".into(),
+            status: RunStatus::Pending,
+            created_at: "2020-01-01T10:00:00.000Z".into(),
+            updated_at: "2020-01-01T10:00:00.000Z".into(),
+            kwargs: json!({}),
+            multitask_strategy: "reject".into(),
+            metadata: json!({}),
+            error: None,
+            event_ids: 0,
+        }
+    }
+
+    fn meta(thread: &str, owner: &str) -> ThreadMeta {
+        ThreadMeta {
+            thread_id: thread.into(),
+            created_at: "2020-01-01T10:00:00.000Z".into(),
+            updated_at: "2020-01-01T11:00:00.000Z".into(),
+            metadata: json!({"graph_id": "g", "owner": owner}),
+            ttl: None,
+        }
+    }
+
+    fn claim(owner: &str) -> LeaseClaim {
+        LeaseClaim {
+            thread_id: String::new(),
+            owner: owner.into(),
+            pid: std::process::id(),
+            host: "here".into(),
+            ttl: Duration::from_secs(30),
+            replace: None,
+        }
+    }
+
+    fn one(url: &str, sql: &str) -> String {
+        super::one(url, sql)
+    }
+
+    /// An admission writes the thread's record with the run; one refused (`reject`, the thread
+    /// busy) writes neither; a run on a thread whose older run is active waits for it, and a
+    /// run refused is not in line.
+    #[test]
+    fn an_admission_writes_the_threads_record_with_the_run_or_nothing() {
+        let url = postgres::fresh_url();
+        let store = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        assert!(store.admit(&run_row("r1", "t"), true, Some(&meta("t", "ann"))).unwrap());
+        let m = store.get_thread_meta("t").unwrap().unwrap();
+        assert_eq!(m.metadata, json!({"graph_id": "g", "owner": "ann"}));
+        assert_eq!(
+            store.list_thread_meta_of("ann").unwrap().len(),
+            1,
+            "its owner is indexed"
+        );
+        // Busy: refused, and the thread's record is left as it was.
+        let mut other = meta("t", "bob");
+        other.updated_at = "2021-01-01T00:00:00.000Z".into();
+        assert!(!store.admit(&run_row("r2", "t"), true, Some(&other)).unwrap());
+        assert_eq!(store.get_run("r2").unwrap(), None);
+        assert_eq!(store.get_thread_meta("t").unwrap().unwrap(), m);
+        // Not refused (`enqueue`): in line behind r1, the record written.
+        assert!(store.admit(&run_row("r3", "t"), false, Some(&other)).unwrap());
+        assert_eq!(store.get_thread_meta("t").unwrap().unwrap().metadata["owner"], "bob");
+        // No record given: the run only.
+        assert!(store.admit(&run_row("r4", "u"), true, None).unwrap());
+        assert_eq!(store.get_thread_meta("u").unwrap(), None);
+        assert_eq!(one(&url, "SELECT count(*) FROM runs"), "3");
+    }
+
+    /// A claim takes the oldest pending run that is its thread's oldest active one and whose
+    /// thread no live lease holds; then, none pending, a run whose worker's heartbeat stopped
+    /// (`orphaned`, its log going on after its last event); nothing once every run is taken.
+    #[test]
+    fn a_claim_takes_a_threads_oldest_run_then_a_dead_workers() {
+        let url = postgres::fresh_url();
+        let store = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        for (run, thread) in [("r1", "a"), ("r2", "a"), ("r3", "b")] {
+            assert!(store.admit(&run_row(run, thread), false, None).unwrap());
+        }
+        store.heartbeat("w1", Duration::from_secs(30)).unwrap();
+        store.heartbeat("w2", Duration::from_secs(30)).unwrap();
+        let first = store.claim("w1", &claim("c1")).unwrap().unwrap();
+        assert_eq!(
+            (
+                first.run.run_id.as_str(),
+                first.run.status,
+                first.orphaned,
+                first.next_event
+            ),
+            ("r1", RunStatus::Running, false, 1)
+        );
+        assert_eq!(
+            (first.lease.thread_id.as_str(), first.lease.owner.as_str()),
+            ("a", "c1")
+        );
+        assert_eq!(first.lease.generation, 1);
+        // r2 waits for r1 (same thread): r3 is next.
+        let second = store.claim("w1", &claim("c2")).unwrap().unwrap();
+        assert_eq!(second.run.run_id, "r3");
+        assert!(store.claim("w2", &claim("c3")).unwrap().is_none());
+        assert_eq!(
+            one(
+                &url,
+                "SELECT string_agg(run_id || ':' || status || ':' || worker || ':' || claim, ',' ORDER BY run_id) FROM runs WHERE worker IS NOT NULL"
+            ),
+            "r1:running:w1:c1,r3:running:w1:c2"
+        );
+        // r1 logged two events; then w1 dies: its heartbeat and r1's lease expire.
+        assert!(store.append("r1", "c1", 1, &["{}".into(), "{}".into()]).unwrap());
+        one(
+            &url,
+            "UPDATE workers SET expires_at = 0 WHERE worker_id = 'w1' RETURNING 1",
+        );
+        one(
+            &url,
+            "UPDATE leases SET expires_at = 0 WHERE thread_id = 'a' RETURNING 1",
+        );
+        let taken = store.claim("w2", &claim("c4")).unwrap().unwrap();
+        assert_eq!(
+            (taken.run.run_id.as_str(), taken.orphaned, taken.next_event),
+            ("r1", true, 3)
+        );
+        assert_eq!(taken.lease.generation, 2, "the thread's lease taken over");
+        // r3's lease is live: not claimable although its worker is dead.
+        assert!(store.claim("w2", &claim("c5")).unwrap().is_none());
+        // The old claim writes nothing more.
+        assert!(!store.append("r1", "c1", 3, &["{}".into()]).unwrap());
+    }
+
+    /// A run's end is written under its claim, with its last record and a notice; not under a
+    /// claim the run no longer has. A run waiting behind it on its thread is told to the
+    /// workers as an admission is (they wake on admissions only).
+    #[test]
+    fn a_runs_end_is_its_claims_with_its_last_record() {
+        let url = postgres::fresh_url();
+        let store = PostgresCheckpointer::open(&url, Durability::PowerSafe).unwrap();
+        let mut notices = store.subscribe().unwrap();
+        assert!(store.admit(&run_row("r", "t"), false, None).unwrap());
+        let c = store.claim("w", &claim("c")).unwrap().unwrap();
+        assert!(store.admit(&run_row("next", "t"), false, None).unwrap());
+        let end = |status| Ended {
+            status,
+            error: None,
+            at: "2020-01-01T12:00:00.000Z",
+            record: Some((c.next_event, r#"{"type":"__end__"}"#)),
+        };
+        store.finish("r", "stale", end(RunStatus::Error)).unwrap();
+        assert_eq!(store.get_run("r").unwrap().unwrap().status, RunStatus::Running);
+        store.finish("r", "c", end(RunStatus::Success)).unwrap();
+        let row = store.get_run("r").unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.updated_at.as_str()),
+            (RunStatus::Success, "2020-01-01T12:00:00.000Z")
+        );
+        assert_eq!(
+            store.events("r", 0, 10).unwrap(),
+            vec![(1, r#"{"type":"__end__"}"#.to_string())]
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut told = Vec::new();
+        while !told.ends_with(&[Notice::Ended("r".into()), Notice::Queued]) {
+            match notices.try_recv() {
+                Ok(Notice::Lagged) => {}
+                Ok(n) => told.push(n),
+                _ if std::time::Instant::now() > deadline => panic!("told only {told:?}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        // The next run is claimable once the run's engine lets go of the thread.
+        one(
+            &url,
+            "UPDATE leases SET expires_at = 0 WHERE thread_id = 't' RETURNING 1",
+        );
+        assert_eq!(store.claim("w", &claim("c2")).unwrap().unwrap().run.run_id, "next");
+    }
+
+    /// The queue's hot calls are one round trip each: an admission (with the thread's record),
+    /// a claim (the lease with it), an append to a run's log and a run's end — each sent once
+    /// and answered once (its statement prepared once per connection, the first time).
+    #[test]
+    fn the_queues_calls_are_one_round_trip_each() {
+        let url = url::Url::parse(&postgres::fresh_url()).unwrap();
+        let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
+            .unwrap()
+            .next()
+            .unwrap();
+        let (port, sends) = crate::checkpoint::counting_relay(target);
+        let mut relayed = url.clone();
+        relayed.set_port(Some(port)).unwrap();
+        relayed.query_pairs_mut().append_pair("pool_size", "1");
+        for durability in [Durability::PowerSafe, Durability::CrashSafe] {
+            let store = PostgresCheckpointer::open(relayed.as_str(), durability).unwrap();
+            let tag = format!("{durability:?}");
+            let counted = |what: &str, f: &dyn Fn(usize)| {
+                // The first of each prepares its statement.
+                f(0);
+                let before = sends.load(Ordering::SeqCst);
+                f(1);
+                assert_eq!(sends.load(Ordering::SeqCst) - before, 1, "{tag}: {what} is one send");
+            };
+            counted("an admission", &|i| {
+                let thread = format!("{tag}-{i}");
+                assert!(
+                    store
+                        .admit(
+                            &run_row(&format!("{thread}-r"), &thread),
+                            true,
+                            Some(&meta(&thread, "ann"))
+                        )
+                        .unwrap()
+                );
+            });
+            counted("a claim", &|i| {
+                let c = store.claim("w", &claim(&format!("{tag}-c{i}"))).unwrap().unwrap();
+                assert_eq!(c.run.run_id, format!("{tag}-{i}-r"));
+            });
+            counted("an append", &|i| {
+                let run = format!("{tag}-{i}-r");
+                assert!(store.append(&run, &format!("{tag}-c{i}"), 1, &["{}".into()]).unwrap());
+            });
+            counted("an end", &|i| {
+                let run = format!("{tag}-{i}-r");
+                let end = Ended {
+                    status: RunStatus::Success,
+                    error: None,
+                    at: "2020-01-01T12:00:00.000Z",
+                    record: Some((2, "{}")),
+                };
+                store.finish(&run, &format!("{tag}-c{i}"), end).unwrap();
+            });
+            for i in 0..2 {
+                let run = store.get_run(&format!("{tag}-{i}-r")).unwrap().unwrap();
+                assert_eq!(run.status, RunStatus::Success, "{tag}: ended under its claim");
+                assert_eq!(store.events(&run.run_id, 0, 10).unwrap().len(), 2);
+            }
+        }
+    }
+}

@@ -716,3 +716,47 @@ fn exhaust(admin: &str, hold: Duration) -> bool {
         refused
     })
 }
+
+/// Creating a run through a server of the API only takes two round trips to the database: the
+/// thread's record read, and its admission (the busy check, the thread's record, the run's row
+/// and the notice, in one statement). No worker runs: the run waits in line, its reader
+/// waiting for a notice without reading. The fewest sends of a few runs are counted: a
+/// server's own polls (crons, webhooks) may fall in one run's window, never in all of them.
+#[test]
+fn a_run_is_admitted_through_an_api_server_in_two_round_trips() {
+    let dir = workflows();
+    let url = url::Url::parse(&postgres::fresh_url()).unwrap();
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
+        .unwrap()
+        .next()
+        .unwrap();
+    let (port, sends) = super::checkpoint::counting_relay(target);
+    let mut relayed = url.clone();
+    relayed.set_port(Some(port)).unwrap();
+    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    let server = api(dir.path(), relayed.as_str());
+    rt().block_on(async {
+        let mut fewest = usize::MAX;
+        for i in 0..6 {
+            let (status, body) = post(&server.base, "/threads", json!({})).await;
+            assert_eq!(status, 200, "{body}");
+            let thread: Value = serde_json::from_str(&body).unwrap();
+            let thread = thread["thread_id"].as_str().unwrap().to_string();
+            let before = sends.load(std::sync::atomic::Ordering::SeqCst);
+            let (status, body) = post(
+                &server.base,
+                &format!("/threads/{thread}/runs"),
+                json!({"assistant_id": "chat", "input": {"messages": [{"role": "user", "content": "hi"}]},
+                       "multitask_strategy": "reject"}),
+            )
+            .await;
+            let sent = sends.load(std::sync::atomic::Ordering::SeqCst) - before;
+            assert_eq!(status, 200, "{body}");
+            // The first run prepares the statements on the connection.
+            if i > 0 {
+                fewest = fewest.min(sent);
+            }
+        }
+        assert_eq!(fewest, 2, "round trips to admit a run");
+    });
+}

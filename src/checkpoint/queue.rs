@@ -10,7 +10,8 @@
 //! - Admission is atomic per thread: of two processes admitting `reject` runs to an idle
 //!   thread at once, one succeeds.
 //! - A thread's runs execute one at a time, oldest first: only a thread's oldest active run is
-//!   claimable, and only while no live lease holds the thread (a CLI run, say).
+//!   claimable, and only while no live lease holds the thread (a CLI run, say). Pending runs
+//!   are claimed oldest first, before runs taken over from a worker that died.
 //! - A claim takes the run (its row locked, others skipped) and its thread's lease in one
 //!   transaction; the run's row names its worker.
 //! - A worker is alive while its heartbeat row is fresh, by the database's clock. A running run
@@ -23,7 +24,7 @@
 
 use serde_json::Value;
 
-use super::runs::{RunRow, RunStatus};
+use super::runs::{RunRow, RunStatus, ThreadMeta};
 use super::{Lease, LeaseClaim, Put, Result};
 
 /// A run a worker claimed: its row, its thread's lease (taken in the same transaction), and
@@ -75,11 +76,13 @@ pub enum Notice {
 
 /// The queue a shared database keeps. Calls block, as the [`super::Checkpointer`]'s do.
 pub trait RunQueue: Send + Sync {
-    /// Writes `run` (`pending`) unless `reject_if_busy` and its thread has an active run:
-    /// `false` then, and nothing is written. Atomic per thread across processes.
-    fn admit(&self, run: &RunRow, reject_if_busy: bool) -> Result<bool>;
+    /// Writes `run` (`pending`) and, when given, its thread's record `thread`, unless
+    /// `reject_if_busy` and its thread has an active run: `false` then, and nothing is written.
+    /// Atomic per thread across processes.
+    fn admit(&self, run: &RunRow, reject_if_busy: bool, thread: Option<&ThreadMeta>) -> Result<bool>;
 
-    /// Claims the oldest claimable run for `worker`, taking its thread's lease as `claim`
+    /// Claims the oldest claimable pending run for `worker` (none: the oldest run a dead worker
+    /// left or a stopping one handed back), taking its thread's lease as `claim`
     /// says (its `thread_id` is filled in here). `None`: nothing to claim.
     fn claim(&self, worker: &str, claim: &LeaseClaim) -> Result<Option<Claimed>>;
 
@@ -99,6 +102,9 @@ pub trait RunQueue: Send + Sync {
 
     /// What stop was asked of run `run_id`, if any.
     fn cancel_asked(&self, run_id: &str) -> Result<Option<String>>;
+
+    /// The runs of `run_ids` a stop was asked of, each with its action: one look for many.
+    fn cancels_asked(&self, run_ids: &[String]) -> Result<Vec<(String, String)>>;
 
     /// Appends events `bodies` to run `run_id`'s log from sequence number `from`, unless the
     /// run is no longer claim `claim`'s: `false` then.

@@ -1,5 +1,6 @@
 //! The [`RunQueue`] on PostgreSQL: admission under a per-thread advisory lock, claims with
-//! `FOR UPDATE SKIP LOCKED` in the transaction that takes the thread's lease, workers' heartbeats
+//! `FOR UPDATE SKIP LOCKED` in the statement that takes the thread's lease (the hot calls are
+//! one statement each, a function of the schema: see `schema.rs`, version 7), workers' heartbeats
 //! and leases timed by the database's clock, the event log, and wake-ups by `LISTEN`/`NOTIFY`
 //! on one channel per schema (with the caller's polling as the fallback: a notice lost while a
 //! listening connection was down is answered by [`Notice::Lagged`]).
@@ -9,16 +10,13 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 use super::PostgresCheckpointer;
-use super::apply::{DB_NOW_MS, LEASE_COLS, lease_row};
+use super::apply::DB_NOW_MS;
 use crate::checkpoint::queue::{Claimed, Ended, Logged, Notice, RunQueue};
-use crate::checkpoint::runs::{RunRow, RunStatus, RunText, json_text};
+use crate::checkpoint::runs::{RunRow, RunText, ThreadMeta, ThreadMetaText, json_text};
 use crate::checkpoint::{CheckpointError, LeaseClaim, Result};
 
 /// How many notices a slow subscriber may fall behind before it is told it lagged.
 const NOTICES: usize = 4096;
-
-const RUN_COLS: &str = "r.run_id, r.thread_id, r.assistant_id, r.status, r.created_at, r.updated_at, r.kwargs, \
-                        r.multitask_strategy, r.metadata, r.error, r.event_ids";
 
 /// Records for a run's log, owned (a statement runs on the backend's runtime).
 pub(super) struct LogRows {
@@ -86,51 +84,51 @@ fn parse_payload(text: &str) -> Option<Notice> {
 }
 
 impl RunQueue for PostgresCheckpointer {
-    fn admit(&self, run: &RunRow, reject_if_busy: bool) -> Result<bool> {
+    fn admit(&self, run: &RunRow, reject_if_busy: bool, thread: Option<&ThreadMeta>) -> Result<bool> {
         let v = RunText::from_run(run)?;
+        let m = thread.map(ThreadMetaText::from_meta).transpose()?;
         let (pool, channel) = (self.pool.clone(), self.channel());
+        // One statement, one round trip: the thread's lock, the busy check, the thread's
+        // record, the row and the notice, committed together (`admit_run`, schema version 7).
         self.retrying(move || {
-            let (v, pool, channel) = (v.clone(), pool.clone(), channel.clone());
+            let (v, m, pool, channel) = (v.clone(), m.clone(), pool.clone(), channel.clone());
             async move {
-                let mut client = pool.get().await?;
-                let tx = client.transaction().await?;
-                // One admission per thread at a time, whichever process asks.
-                tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&v.thread_id])
+                let client = pool.get().await?;
+                let stmt = client
+                    .prepare_cached(
+                        "SELECT admit_run($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+                         $13, $14, $15, $16, $17, $18, $19, $20)",
+                    )
                     .await?;
-                if reject_if_busy {
-                    let busy = tx
-                        .query_opt(
-                            "SELECT 1 FROM runs WHERE thread_id = $1 AND status IN ('pending', 'running') LIMIT 1",
-                            &[&v.thread_id],
-                        )
-                        .await?
-                        .is_some();
-                    if busy {
-                        return Ok(false);
-                    }
-                }
-                tx.execute(
-                    "INSERT INTO runs (run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs, \
-                     multitask_strategy, metadata, error, event_ids) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                    &[
-                        &v.run_id,
-                        &v.thread_id,
-                        &v.assistant_id,
-                        &v.status,
-                        &v.created_at,
-                        &v.updated_at,
-                        &v.kwargs,
-                        &v.multitask_strategy,
-                        &v.metadata,
-                        &v.error,
-                        &v.event_ids,
-                    ],
-                )
-                .await?;
-                tx.execute("SELECT pg_notify($1, $2)", &[&channel, &payload(&Notice::Queued)])
-                    .await?;
-                tx.commit().await?;
-                Ok(true)
+                let admitted: bool = client
+                    .query_one(
+                        &stmt,
+                        &[
+                            &v.run_id,
+                            &v.thread_id,
+                            &v.assistant_id,
+                            &v.status,
+                            &v.created_at,
+                            &v.updated_at,
+                            &v.kwargs,
+                            &v.multitask_strategy,
+                            &v.metadata,
+                            &v.error,
+                            &v.event_ids,
+                            &reject_if_busy,
+                            &m.as_ref().map(|m| m.created_at.clone()),
+                            &m.as_ref().map(|m| m.updated_at.clone()),
+                            &m.as_ref().map(|m| m.metadata.clone()),
+                            &m.as_ref().and_then(|m| m.ttl.clone()),
+                            &m.as_ref().and_then(|m| m.expires_at),
+                            &m.as_ref().and_then(|m| m.owner.clone()),
+                            &channel,
+                            &payload(&Notice::Queued),
+                        ],
+                    )
+                    .await?
+                    .try_get(0)?;
+                Ok(admitted)
             }
         })
     }
@@ -140,72 +138,39 @@ impl RunQueue for PostgresCheckpointer {
         self.retrying(move || {
             let (pool, worker, claim) = (pool.clone(), worker.clone(), claim.clone());
             async move {
-                let mut client = pool.get().await?;
-                let tx = client.transaction().await?;
-                // The oldest claimable run: a thread's oldest active run, pending, or running on a
-                // worker whose heartbeat stopped; its thread held by no live lease. Rows another
-                // claimant has locked are skipped, not waited for.
-                let sql = format!(
-                    "SELECT {RUN_COLS}, r.worker IS NOT NULL AND r.status = 'running' FROM runs r \
-                     WHERE r.status IN ('pending', 'running') \
-                       AND (r.status = 'pending' OR r.worker IS NULL OR NOT EXISTS ( \
-                            SELECT 1 FROM workers w WHERE w.worker_id = r.worker AND w.expires_at > {DB_NOW_MS})) \
-                       AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = r.thread_id \
-                            AND e.status IN ('pending', 'running') AND e.run_id < r.run_id) \
-                       AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = r.thread_id \
-                            AND l.expires_at > {DB_NOW_MS}) \
-                     ORDER BY r.run_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED"
-                );
-                let Some(row) = tx.query_opt(&tx.prepare_cached(&sql).await?, &[]).await? else {
-                    return Ok(None);
-                };
-                let orphaned: bool = row.try_get(11)?;
-                let mut run = super::runs::run_from_row(&row)?.into_run()?;
-                // The thread's lease, in the same transaction: the same upsert as
-                // `acquire_lease`, which fails (no row) if a live lease appeared meanwhile.
-                let lease_sql = format!(
-                    "INSERT INTO leases ({LEASE_COLS}) VALUES ($1, $2, 1, $3, $4, $5, {DB_NOW_MS} + $6) \
-                     ON CONFLICT (thread_id) DO UPDATE SET generation = leases.generation + 1, \
-                       acquired_at = excluded.acquired_at, owner = excluded.owner, pid = excluded.pid, \
-                       host = excluded.host, expires_at = excluded.expires_at \
-                     WHERE leases.expires_at <= {DB_NOW_MS} \
-                     RETURNING {LEASE_COLS}"
-                );
+                let client = pool.get().await?;
+                // One statement (`claim_run`, schema version 7): the oldest claimable run, its
+                // row locked (rows another claimant holds are skipped), its thread's lease
+                // taken and the run marked running under the claim, or nothing.
+                let stmt = client
+                    .prepare_cached("SELECT * FROM claim_run($1, $2, $3, $4, $5, $6)")
+                    .await?;
                 let ttl = i64::try_from(claim.ttl.as_millis()).unwrap_or(i64::MAX / 4);
-                let Some(lease) = tx
+                let at = crate::clock::now();
+                let Some(row) = client
                     .query_opt(
-                        &tx.prepare_cached(&lease_sql).await?,
-                        &[
-                            &run.thread_id,
-                            &claim.owner,
-                            &i64::from(claim.pid),
-                            &claim.host,
-                            &crate::clock::now(),
-                            &ttl,
-                        ],
+                        &stmt,
+                        &[&worker, &claim.owner, &i64::from(claim.pid), &claim.host, &at, &ttl],
                     )
                     .await?
                 else {
-                    // Taken since the look: the transaction ends without the claim.
                     return Ok(None);
                 };
-                let lease = lease_row(&lease)?;
-                let at = crate::clock::now();
-                tx.execute(
-                    "UPDATE runs SET status = 'running', worker = $2, claim = $4, updated_at = $3 WHERE run_id = $1",
-                    &[&run.run_id, &worker, &at, &claim.owner],
-                )
-                .await?;
-                let next: i64 = tx
-                    .query_one(
-                        "SELECT coalesce(max(seq), 0) + 1 FROM run_events WHERE run_id = $1",
-                        &[&run.run_id],
-                    )
-                    .await?
-                    .try_get(0)?;
-                tx.commit().await?;
-                run.status = RunStatus::Running;
-                run.updated_at = at;
+                let run = super::runs::run_from_row(&row)?.into_run()?;
+                let orphaned: bool = row.try_get(11)?;
+                let generation: i64 = row.try_get(14)?;
+                let pid: i64 = row.try_get(15)?;
+                let lease = crate::checkpoint::Lease {
+                    thread_id: row.try_get(12)?,
+                    owner: row.try_get(13)?,
+                    generation: u64::try_from(generation)
+                        .map_err(|_| CheckpointError::Corrupt(format!("lease generation {generation}")))?,
+                    pid: u32::try_from(pid).map_err(|_| CheckpointError::Corrupt(format!("lease pid {pid}")))?,
+                    host: row.try_get(16)?,
+                    acquired_at: row.try_get(17)?,
+                    expires_at_ms: row.try_get(18)?,
+                };
+                let next: i64 = row.try_get(19)?;
                 Ok(Some(Claimed {
                     run,
                     lease,
@@ -302,6 +267,13 @@ impl RunQueue for PostgresCheckpointer {
                         &[&channel, &payload(&Notice::Ended(run_id.clone()))],
                     )
                     .await?;
+                    // The thread's next run is claimable now: the workers wake on admissions.
+                    tx.execute(
+                        "SELECT pg_notify($1, $2) FROM runs n WHERE n.status = 'pending' \
+                         AND n.thread_id = (SELECT r.thread_id FROM runs r WHERE r.run_id = $3) LIMIT 1",
+                        &[&channel, &payload(&Notice::Queued), &run_id],
+                    )
+                    .await?;
                 } else {
                     tx.execute(
                         "UPDATE runs SET cancel = $2 WHERE run_id = $1 AND status IN ('pending', 'running')",
@@ -334,6 +306,28 @@ impl RunQueue for PostgresCheckpointer {
         })
     }
 
+    fn cancels_asked(&self, run_ids: &[String]) -> Result<Vec<(String, String)>> {
+        if run_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (pool, run_ids) = (self.pool.clone(), run_ids.to_vec());
+        self.retrying(move || {
+            let (pool, run_ids) = (pool.clone(), run_ids.clone());
+            async move {
+                let client = pool.get().await?;
+                let stmt = client
+                    .prepare_cached("SELECT run_id, cancel FROM runs WHERE run_id = ANY($1) AND cancel IS NOT NULL")
+                    .await?;
+                client
+                    .query(&stmt, &[&run_ids])
+                    .await?
+                    .iter()
+                    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+                    .collect()
+            }
+        })
+    }
+
     fn append(&self, run_id: &str, claim: &str, from: u64, bodies: &[String]) -> Result<bool> {
         // The claim's token fences the run's writes: a run claimed again (its worker taken for
         // dead) is no longer this claim's.
@@ -351,28 +345,17 @@ impl RunQueue for PostgresCheckpointer {
                 first,
             );
             async move {
-                let mut client = pool.get().await?;
-                let tx = client.transaction().await?;
-                // Events can be replayed from the run's checkpoints: never waited for on the disk.
-                tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
-                let stmt = tx
-                    .prepare_cached(
-                        "INSERT INTO run_events (run_id, seq, body) \
-                         SELECT $1, $3 + n - 1, b FROM unnest($4::text[]) WITH ORDINALITY AS e(b, n) \
-                         WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND claim = $2)",
-                    )
+                let client = pool.get().await?;
+                // One statement (`append_events`, schema version 7), committed without waiting
+                // for the disk: events can be replayed from the run's checkpoints.
+                let stmt = client
+                    .prepare_cached("SELECT append_events($1, $2, $3, $4, $5, $6)")
                     .await?;
-                let n = tx.execute(&stmt, &[&run_id, &worker, &first, &bodies]).await?;
-                if n == 0 && !bodies.is_empty() {
-                    return Ok(false);
-                }
-                tx.execute(
-                    "SELECT pg_notify($1, $2)",
-                    &[&channel, &payload(&Notice::Events(run_id))],
-                )
-                .await?;
-                tx.commit().await?;
-                Ok(true)
+                let payload = payload(&Notice::Events(run_id.clone()));
+                Ok(client
+                    .query_one(&stmt, &[&run_id, &worker, &first, &bodies, &channel, &payload])
+                    .await?
+                    .try_get(0)?)
             }
         })
     }
@@ -452,30 +435,33 @@ impl RunQueue for PostgresCheckpointer {
                 channel.clone(),
             );
             async move {
-                let mut client = pool.get().await?;
-                let tx = client.transaction().await?;
-                let n = tx
-                    .execute(
-                        "UPDATE runs SET status = $3, error = $4, updated_at = $5 \
-                         WHERE run_id = $1 AND (claim = $2 OR worker = $2)",
-                        &[&run_id, &worker, &status.as_str(), &error, &at],
+                let client = pool.get().await?;
+                // One statement (`finish_run`, schema version 7): the row, the log's last
+                // record and the notice together.
+                let stmt = client
+                    .prepare_cached("SELECT finish_run($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+                    .await?;
+                let (seq, body) = match &record {
+                    Some((seq, body)) => (Some(*seq), Some(body.as_str())),
+                    None => (None, None),
+                };
+                let payload = payload(&Notice::Ended(run_id.clone()));
+                client
+                    .query_one(
+                        &stmt,
+                        &[
+                            &run_id,
+                            &worker,
+                            &status.as_str(),
+                            &error,
+                            &at,
+                            &seq,
+                            &body,
+                            &channel,
+                            &payload,
+                        ],
                     )
                     .await?;
-                if n > 0 {
-                    if let Some((seq, body)) = &record {
-                        tx.execute(
-                            "INSERT INTO run_events (run_id, seq, body) VALUES ($1, $2, $3)",
-                            &[&run_id, seq, body],
-                        )
-                        .await?;
-                    }
-                    tx.execute(
-                        "SELECT pg_notify($1, $2)",
-                        &[&channel, &payload(&Notice::Ended(run_id))],
-                    )
-                    .await?;
-                }
-                tx.commit().await?;
                 Ok(())
             }
         })

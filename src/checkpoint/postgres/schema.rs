@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Version 1.
 const V1: &str = "
@@ -245,9 +245,156 @@ END
 $$;
 ";
 
+/// Version 7: the queue's hot statements as functions, each one statement (one round trip),
+/// and partial indexes that hold only the active runs, so a claim or a busy check reads the
+/// few runs that are pending or running, never the finished ones.
+///
+/// - `admit_run`: under the thread's advisory lock (one admission per thread at a time,
+///   whichever process asks), refuses the run if `reject` and the thread has an active run;
+///   otherwise writes the thread's record (when one is given), the run's row, and the notice.
+/// - `claim_run`: the oldest pending run that is its thread's oldest active one and whose
+///   thread no live lease holds, else the oldest running run whose worker's heartbeat stopped
+///   (or that was handed back); rows another claimant has locked are skipped. The thread's
+///   lease is taken (no row: taken since the look, nothing claimed), the run marked running
+///   under the claim, and the sequence number of its next event found.
+/// - `append_events`: a run's events, if the run is still the claim's, told to the listeners;
+///   never waited for on the disk (they can be replayed from the run's checkpoints).
+/// - `finish_run`: a run's end (status, error, the last record of its log) if it is still the
+///   claim's (or, `claim` a worker's id, that worker's), told to the listeners; a run waiting
+///   behind it on its thread is told to the workers as if it had just been admitted (they
+///   wake on admissions only).
+const V7: &str = "
+CREATE INDEX runs_pending ON runs (run_id) WHERE status = 'pending';
+CREATE INDEX runs_running ON runs (run_id) WHERE status = 'running';
+CREATE INDEX runs_active_by_thread ON runs (thread_id, run_id) WHERE status IN ('pending', 'running');
+
+CREATE FUNCTION admit_run(
+    p_run_id text, p_thread_id text, p_assistant_id text, p_status text, p_created_at text,
+    p_updated_at text, p_kwargs text, p_strategy text, p_metadata text, p_error text,
+    p_event_ids bigint, p_reject boolean,
+    m_created_at text, m_updated_at text, m_metadata text, m_ttl text, m_expires_at bigint,
+    m_owner text,
+    p_channel text, p_payload text
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext(p_thread_id));
+    IF p_reject AND EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = p_thread_id
+                            AND e.status IN ('pending', 'running')) THEN
+        RETURN false;
+    END IF;
+    IF m_metadata IS NOT NULL THEN
+        INSERT INTO thread_meta AS t (thread_id, created_at, updated_at, metadata, ttl, expires_at, owner)
+            VALUES (p_thread_id, m_created_at, m_updated_at, m_metadata, m_ttl, m_expires_at, m_owner)
+            ON CONFLICT (thread_id) DO UPDATE SET created_at = excluded.created_at,
+                updated_at = excluded.updated_at, metadata = excluded.metadata, ttl = excluded.ttl,
+                expires_at = excluded.expires_at, owner = excluded.owner;
+    END IF;
+    INSERT INTO runs (run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs,
+                      multitask_strategy, metadata, error, event_ids)
+        VALUES (p_run_id, p_thread_id, p_assistant_id, p_status, p_created_at, p_updated_at,
+                p_kwargs, p_strategy, p_metadata, p_error, p_event_ids);
+    PERFORM pg_notify(p_channel, p_payload);
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION claim_run(p_worker text, p_owner text, p_pid bigint, p_host text, p_at text, p_ttl bigint)
+RETURNS TABLE (
+    c_run_id text, c_thread_id text, c_assistant_id text, c_status text, c_created_at text,
+    c_updated_at text, c_kwargs text, c_strategy text, c_metadata text, c_error text,
+    c_event_ids bigint, c_orphaned boolean,
+    l_thread_id text, l_owner text, l_generation bigint, l_pid bigint, l_host text,
+    l_acquired_at text, l_expires_at bigint,
+    c_next_event bigint
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ms bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
+    r runs%ROWTYPE;
+    l leases%ROWTYPE;
+    orphaned boolean := false;
+BEGIN
+    SELECT p.* INTO r FROM runs p
+     WHERE p.status = 'pending'
+       AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = p.thread_id
+                       AND e.status IN ('pending', 'running') AND e.run_id < p.run_id)
+       AND NOT EXISTS (SELECT 1 FROM leases h WHERE h.thread_id = p.thread_id AND h.expires_at > now_ms)
+     ORDER BY p.run_id LIMIT 1 FOR UPDATE OF p SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT p.* INTO r FROM runs p
+         WHERE p.status = 'running'
+           AND (p.worker IS NULL OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = p.worker
+                                                AND w.expires_at > now_ms))
+           AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = p.thread_id
+                           AND e.status IN ('pending', 'running') AND e.run_id < p.run_id)
+           AND NOT EXISTS (SELECT 1 FROM leases h WHERE h.thread_id = p.thread_id AND h.expires_at > now_ms)
+         ORDER BY p.run_id LIMIT 1 FOR UPDATE OF p SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        orphaned := r.worker IS NOT NULL;
+    END IF;
+    INSERT INTO leases AS h (thread_id, owner, generation, pid, host, acquired_at, expires_at)
+        VALUES (r.thread_id, p_owner, 1, p_pid, p_host, p_at, now_ms + p_ttl)
+        ON CONFLICT (thread_id) DO UPDATE SET generation = h.generation + 1,
+            acquired_at = excluded.acquired_at, owner = excluded.owner, pid = excluded.pid,
+            host = excluded.host, expires_at = excluded.expires_at
+        WHERE h.expires_at <= now_ms
+        RETURNING h.* INTO l;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE runs SET status = 'running', worker = p_worker, claim = p_owner, updated_at = p_at
+     WHERE runs.run_id = r.run_id;
+    RETURN QUERY SELECT r.run_id, r.thread_id, r.assistant_id, 'running'::text, r.created_at, p_at,
+        r.kwargs, r.multitask_strategy, r.metadata, r.error, r.event_ids, orphaned,
+        l.thread_id, l.owner, l.generation, l.pid, l.host, l.acquired_at, l.expires_at,
+        (SELECT coalesce(max(v.seq), 0) + 1 FROM run_events v WHERE v.run_id = r.run_id);
+END
+$$;
+
+CREATE FUNCTION append_events(p_run_id text, p_claim text, p_from bigint, p_bodies text[], p_channel text,
+                              p_payload text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    IF NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = p_run_id AND r.claim = p_claim) THEN
+        RETURN coalesce(cardinality(p_bodies), 0) = 0;
+    END IF;
+    INSERT INTO run_events (run_id, seq, body)
+        SELECT p_run_id, p_from + e.n - 1, e.b FROM unnest(p_bodies) WITH ORDINALITY AS e(b, n);
+    PERFORM pg_notify(p_channel, p_payload);
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION finish_run(p_run_id text, p_claim text, p_status text, p_error text, p_at text, p_seq bigint,
+                           p_body text, p_channel text, p_payload text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE runs r SET status = p_status, error = p_error, updated_at = p_at
+     WHERE r.run_id = p_run_id AND (r.claim = p_claim OR r.worker = p_claim);
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_seq IS NOT NULL THEN
+        INSERT INTO run_events (run_id, seq, body) VALUES (p_run_id, p_seq, p_body);
+    END IF;
+    PERFORM pg_notify(p_channel, p_payload);
+    -- The thread's next run is claimable now: the workers are told as of an admission.
+    IF EXISTS (SELECT 1 FROM runs n WHERE n.thread_id = (SELECT r.thread_id FROM runs r WHERE r.run_id = p_run_id)
+               AND n.status = 'pending') THEN
+        PERFORM pg_notify(p_channel, 'q');
+    END IF;
+    RETURN true;
+END
+$$;
+";
+
 /// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
 /// `n + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found

@@ -150,16 +150,25 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             self.stop_thread_runs(&thread_id, req.strategy == Multitask::Rollback)
                 .await?;
         }
+        // The thread's record, read once: whether the thread exists, and what the run adds to.
+        let meta = match &req.thread {
+            Some(_) if lock(&self.deleting).contains(&thread_id) => None,
+            Some(t) => self.store.get_thread_meta(t)?,
+            None => None,
+        };
         let known = match &req.thread {
             Some(_) if lock(&self.deleting).contains(&thread_id) => false,
-            Some(t) => self.thread_exists(t)?,
+            Some(t) => meta.is_some() || self.store.get_thread(t)?.is_some(),
             None => true,
         };
         if !known && !req.create_thread {
             return Err(RunsError::NotFound("Thread or assistant not found.".into()));
         }
         let temporary = req.temporary;
-        let created = self.create(req, &thread_id)?;
+        // Listening before the run is in line: no notice of its events can come before its
+        // reader looks, so the reader's first look waits for one.
+        let notices = self.queue()?.subscribe()?;
+        let created = self.create(req, &thread_id, Some(meta))?;
         Ok(self.proxy(
             created.row,
             created.graph,
@@ -169,6 +178,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 stateless: created.stateless,
                 cancel_on_disconnect: created.cancel_on_disconnect,
                 temporary,
+                admitted: Some(notices),
             },
         ))
     }
@@ -185,6 +195,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 stateless: false,
                 cancel_on_disconnect: false,
                 temporary: false,
+                admitted: None,
             },
         )
     }
@@ -222,8 +233,9 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         );
         let manager = self.clone();
         let temporary = r.temporary;
+        let admitted = r.admitted;
         tokio::spawn(async move {
-            let outcome = manager.tail(&run_id, &thread_id, &events).await;
+            let outcome = manager.tail(&run_id, &thread_id, &events, admitted).await;
             drop(events);
             let status = match &outcome {
                 Ok(Ok(o)) => Some(run_status(&Ok(o.clone()))),
@@ -261,14 +273,25 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     /// Relays run `run_id`'s logged events to `events` until its end: the end logged by its
     /// worker, or — a run that ended without one (cancelled before a worker took it, rolled
     /// back and deleted) — an end made from its row. `Err`: the log could not be read.
+    /// `admitted`: the run was just admitted, and these notices listened to since before: its
+    /// log is empty and its row pending until a notice says otherwise.
     async fn tail(
         &self,
         run_id: &str,
         thread_id: &str,
         events: &Events,
+        admitted: Option<broadcast::Receiver<Notice>>,
     ) -> Result<Result<RunOutcome, EngineError>, String> {
         let queue = self.queue().map_err(|e| e.to_string())?;
-        let mut notices = queue.subscribe().map_err(|e| e.to_string())?;
+        let id = run_id.to_string();
+        let told = |n: &Notice| matches!(n, Notice::Events(r) | Notice::Ended(r) if *r == id);
+        let mut notices = match admitted {
+            Some(mut notices) => {
+                wake(&mut notices, told).await;
+                notices
+            }
+            None => queue.subscribe().map_err(|e| e.to_string())?,
+        };
         let mut after = 0;
         let mut sent = 0usize;
         loop {
@@ -285,7 +308,13 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                     Err(e) => tracing::warn!(run_id, seq, error = %e, "a logged event cannot be read"),
                 }
             }
+            if read == BATCH {
+                continue;
+            }
             if read > 0 {
+                // What a notice told is read: the run goes on (its end is logged, or told by a
+                // notice of its own, or found by the poll).
+                wake(&mut notices, told).await;
                 continue;
             }
             let row = self.store.get_run(run_id).map_err(|e| e.to_string())?;
@@ -297,12 +326,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 }
                 return Ok(Ok(ended_without_record(thread_id, row.as_ref(), sent)));
             }
-            let id = run_id.to_string();
-            wake(
-                &mut notices,
-                |n| matches!(n, Notice::Events(r) | Notice::Ended(r) if *r == id),
-            )
-            .await;
+            wake(&mut notices, told).await;
         }
     }
 
@@ -350,6 +374,8 @@ struct Reading {
     stateless: bool,
     cancel_on_disconnect: bool,
     temporary: bool,
+    /// A run this process just admitted: the notices listened to since before.
+    admitted: Option<broadcast::Receiver<Notice>>,
 }
 
 /// The end of a run whose worker logged none: cancelled before a worker claimed it (nothing
@@ -435,6 +461,9 @@ impl<S: Send + Sync + 'static> Worker<S> {
         let cancels = tokio::spawn(answer_cancels(manager.clone()));
         let room = Arc::new(Semaphore::new(self.slots));
         let mut notices = queue.subscribe()?;
+        // How many runs may be waiting unclaimed, as far as this worker knows: one for each
+        // admission told, all of them after a poll or lost notices.
+        let mut news = usize::MAX;
         loop {
             if *stop.borrow() {
                 break;
@@ -446,6 +475,11 @@ impl<S: Send + Sync + 'static> Worker<S> {
                 },
                 _ = stop.changed() => break,
             };
+            // The claim looks at the queue as it is now: what the notices received so far told
+            // is covered by it. A worker claims while runs may wait (as many as it was told
+            // of, until one look finds none), then waits for news: one look per run told of,
+            // not one more per claim, and none per notice of a burst a look covered.
+            news = news.saturating_add(drain(&mut notices));
             let claim = LeaseClaim {
                 thread_id: String::new(),
                 owner: crate::checkpoint::new_id(),
@@ -461,11 +495,19 @@ impl<S: Send + Sync + 'static> Worker<S> {
                         execute(manager, make, claimed, self.ttl).await;
                         drop(permit);
                     });
+                    news = news.saturating_sub(1);
+                    if news == 0 {
+                        tokio::select! {
+                            told = queued(&mut notices) => news = told,
+                            _ = stop.changed() => {}
+                        }
+                    }
                 }
                 Ok(None) => {
                     drop(permit);
+                    news = 0;
                     tokio::select! {
-                        () = wake(&mut notices, |n| matches!(n, Notice::Queued | Notice::Ended(_))) => {}
+                        told = queued(&mut notices) => news = told,
                         _ = stop.changed() => {}
                     }
                 }
@@ -488,6 +530,41 @@ impl<S: Send + Sync + 'static> Worker<S> {
     }
 }
 
+/// Waits for an admission's notice, at most `POLL`: how many runs may wait to be claimed (one
+/// told of; all of them after the poll or lost notices).
+async fn queued(notices: &mut broadcast::Receiver<Notice>) -> usize {
+    let deadline = tokio::time::sleep(POLL);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = &mut deadline => return usize::MAX,
+            notice = notices.recv() => match notice {
+                Ok(Notice::Queued) => return 1,
+                Ok(Notice::Lagged) | Err(broadcast::error::RecvError::Lagged(_)) => return usize::MAX,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Closed) => {
+                    deadline.as_mut().await;
+                    return usize::MAX;
+                }
+            },
+        }
+    }
+}
+
+/// Takes the notices received so far (a look at the queue follows, which covers them): how
+/// many runs they say may wait to be claimed (all of them, when notices were lost).
+fn drain(notices: &mut broadcast::Receiver<Notice>) -> usize {
+    let mut queued = 0usize;
+    loop {
+        match notices.try_recv() {
+            Ok(Notice::Queued) => queued = queued.saturating_add(1),
+            Ok(Notice::Lagged) | Err(broadcast::error::TryRecvError::Lagged(_)) => queued = usize::MAX,
+            Ok(_) => {}
+            Err(_) => return queued,
+        }
+    }
+}
+
 /// Renews the worker's heartbeat every third of its time to live.
 async fn beat<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>, worker_id: String, ttl: Duration) {
     loop {
@@ -500,29 +577,45 @@ async fn beat<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>, worker_id: 
     }
 }
 
-/// Stops the runs this worker executes when some process asks: on the notice, and by a look
-/// at every claimed run's row on each poll (a notice lost while the listener reconnected).
+/// Stops the runs this worker executes when some process asks: on the notice (that run's row
+/// looked at), and by one look at every claimed run's row on each poll or lost notice (a notice
+/// lost while the listener reconnected).
 async fn answer_cancels<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>) {
     let Ok(queue) = manager.queue() else { return };
     let Ok(mut notices) = queue.subscribe() else { return };
     loop {
-        wake(&mut notices, |n| matches!(n, Notice::Cancel(_))).await;
+        let told = tokio::select! {
+            () = tokio::time::sleep(POLL) => None,
+            notice = notices.recv() => match notice {
+                Ok(Notice::Cancel(id)) => Some(id),
+                Ok(Notice::Lagged) | Err(broadcast::error::RecvError::Lagged(_)) => None,
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Closed) => {
+                    tokio::time::sleep(POLL).await;
+                    None
+                }
+            },
+        };
         let claimed: Vec<(String, String)> = lock(&manager.runs)
             .values()
             .filter(|r| r.place == Place::Claimed && r.is_active())
-            .map(|r| (r.thread_id.clone(), r.run_id.clone()))
+            .filter(|r| told.as_ref().is_none_or(|id| *id == r.run_id))
+            .map(|r| (r.run_id.clone(), r.thread_id.clone()))
             .collect();
-        for (thread_id, run_id) in claimed {
-            let asked = manager
-                .queue()
-                .ok()
-                .and_then(|q| q.cancel_asked(&run_id).ok().flatten());
-            let action = match asked.as_deref() {
-                Some("rollback") => super::Cancel::Rollback,
-                Some(_) => super::Cancel::Interrupt,
-                None => continue,
+        if claimed.is_empty() {
+            continue;
+        }
+        let ids: Vec<String> = claimed.iter().map(|(run, _)| run.clone()).collect();
+        let Ok(asked) = queue.cancels_asked(&ids) else { continue };
+        for (run_id, asked) in asked {
+            let Some((_, thread_id)) = claimed.iter().find(|(run, _)| *run == run_id) else {
+                continue;
             };
-            let m = manager.clone();
+            let action = match asked.as_str() {
+                "rollback" => super::Cancel::Rollback,
+                _ => super::Cancel::Interrupt,
+            };
+            let (m, thread_id) = (manager.clone(), thread_id.clone());
             tokio::spawn(async move {
                 if let Err(e) = m.cancel(&thread_id, &run_id, action, false).await {
                     tracing::warn!(run_id, error = %e, "a cancel asked through the queue failed");

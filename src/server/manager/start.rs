@@ -170,15 +170,21 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         if req.strategy == Multitask::Reject && req.resumed.is_none() && self.busy(&thread_id) {
             return Err(RunsError::Conflict(BUSY.into()));
         }
-        let created = self.create(req, &thread_id)?;
+        let created = self.create(req, &thread_id, None)?;
         let (queued, task) = self.prepare(created)?;
         drop(admitting);
         self.enqueue(task);
         Ok(queued)
     }
 
-    /// The run's engine request, its row and its record among the live runs.
-    pub(super) fn create(&self, req: CreateRun, thread_id: &str) -> Result<Created, RunsError> {
+    /// The run's engine request, its row and its record among the live runs. `meta`: the
+    /// thread's record as the caller already read it (`None`: read here).
+    pub(super) fn create(
+        &self,
+        req: CreateRun,
+        thread_id: &str,
+        meta: Option<Option<ThreadMeta>>,
+    ) -> Result<Created, RunsError> {
         let graph = req.graph.clone();
         let reject = req.strategy == Multitask::Reject;
         let claimed = req.resumed.as_ref().and_then(|r| r.claimed.clone());
@@ -189,7 +195,14 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         let is_resumed = req.resumed.is_some();
         // A resumed run that held its thread had applied its command.
         let edit = req.edit.filter(|_| !was_running);
-        let head = self.store.get_checkpoint(thread_id, None)?;
+        // The thread's head, where the run's request is checked against it (a fork, a command,
+        // an answer) or kept to roll back to (a run this process executes): a server whose runs
+        // execute elsewhere reads nothing for a run of plain input.
+        let head = if !self.is_api() || edit.is_some() || req.checkpoint_id.is_some() || req.resume.is_some() {
+            self.store.get_checkpoint(thread_id, None)?
+        } else {
+            None
+        };
         // `checkpoint` names where the run goes on from: the head is no fork (agent-chat-ui
         // always sends the head it last saw).
         let checkpoint_id = req
@@ -272,7 +285,10 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             Some(services)
         };
         // From here on the run starts, and its end (or refusal) releases a thread of its own.
-        let existing = self.store.get_thread_meta(thread_id)?;
+        let existing = match meta {
+            Some(meta) => meta,
+            None => self.store.get_thread_meta(thread_id)?,
+        };
         let new_thread = existing.is_none();
         let mut meta = match existing {
             Some(mut meta) => {
@@ -298,7 +314,6 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             }
         }
         meta.updated_at = crate::clock::now();
-        self.store.put_thread_meta(&meta)?;
         let rollback_to = match &head {
             // A worker rolls back a run it executes; the server that created it keeps nothing.
             Some(cp) if !self.is_api() => {
@@ -346,11 +361,18 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         };
         if self.is_api() && !is_resumed {
             // Admitted through the shared database, one admission per thread at a time
-            // whichever process asks.
-            if !self.queue()?.admit(&row, reject)? {
+            // whichever process asks, with the thread's record: one round trip.
+            if !self.queue()?.admit(&row, reject, Some(&meta))? {
                 return Err(RunsError::Conflict(BUSY.into()));
             }
+        } else if matches!(self.role, super::Role::Worker(_)) {
+            // A claimed run: its row is the claim's, and the server that admitted it wrote the
+            // thread's record then (a thread with none, made by `runner run`, gets one).
+            if new_thread {
+                self.store.put_thread_meta(&meta)?;
+            }
         } else {
+            self.store.put_thread_meta(&meta)?;
             self.store.put_run(&row)?;
         }
         // What each checkpoint the run makes keeps of it, as LangGraph's checkpoint metadata:
