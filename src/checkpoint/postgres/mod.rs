@@ -30,6 +30,7 @@
 mod apply;
 mod cache;
 mod crons;
+mod direct;
 mod queue;
 mod remove;
 mod runs;
@@ -116,6 +117,8 @@ pub struct PostgresCheckpointer {
     tls: tokio_postgres_rustls::MakeRustlsConnect,
     /// The queue's notices, once somebody subscribed.
     notices: std::sync::OnceLock<tokio::sync::broadcast::Sender<super::queue::Notice>>,
+    /// The connection a step's one-statement write goes on, driven by the calling thread.
+    direct: direct::Direct,
 }
 
 impl PostgresCheckpointer {
@@ -153,6 +156,7 @@ impl PostgresCheckpointer {
             config: target.config,
             tls,
             notices: std::sync::OnceLock::new(),
+            direct: direct::Direct::default(),
         })
     }
 
@@ -245,6 +249,13 @@ impl PostgresCheckpointer {
         // A step's fenced checkpoint and writes: one statement, committed on its own (one
         // round trip), unless its commit is to be asynchronous on a power-safe store.
         let one_statement = !unsynced && apply::one_statement(&op);
+        if one_statement {
+            // On the calling thread, with no hand-off to the backend's runtime, when the step's
+            // connection is free; the pool's way otherwise, or when it broke.
+            if let Some(done) = self.direct.write(&self.config, &self.tls, &op) {
+                return done;
+            }
+        }
         self.retrying(move || {
             let (pool, op) = (pool.clone(), op.clone());
             async move {
