@@ -6,7 +6,9 @@
 //! backend owns a small tokio runtime of its own on which every query runs, and a trait call
 //! is a spawn onto it and a wait for the answer — the SQLite writer thread's design, with a
 //! network database behind it. No call ever blocks that runtime, so a caller on any runtime
-//! (or none) is served.
+//! (or none) is served. The exception is a step's one-statement write, the hottest call: the
+//! calling thread sends it and waits for its answer itself, on a connection of its own
+//! (`direct.rs`), with no hand-off to that runtime and back.
 //!
 //! What PostgreSQL adds over SQLite:
 //! - Every write is one transaction (a batch of [`Put`](super::Put)s: one superstep's commit).
