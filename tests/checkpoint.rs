@@ -2212,6 +2212,79 @@ fn postgres_a_fenced_step_is_one_round_trip() {
     }
 }
 
+/// A fenced step is written by the calling thread on the checkpointer's step connection
+/// (`application_name` `runner-steps`), not a pooled one; a write that finds that connection
+/// closed by the server is stored all the same, once (on the pool), and the next write opens
+/// it again; a write whose lease was taken over fails on it and stores nothing.
+#[test]
+fn postgres_a_step_is_written_on_the_step_connection_and_survives_its_loss() {
+    let server = crate::support::postgres::Server::start();
+    let (url, admin) = (server.fresh_url(), server.admin_url());
+    let cp = PostgresCheckpointer::open(&url, Durability::PowerSafe).unwrap();
+    let id = "stepped";
+    let lease = cp.acquire_lease(&claim(id, "owner-a", 60_000)).unwrap();
+    let c0 = checkpoint(id, None, -1, &[("n", 1)]);
+    cp.create_thread_with_checkpoint(Some(&lease.fence()), &thread(id), &c0, vals(&[("n", 1, json!(0))]))
+        .unwrap();
+    let step = |parent: &Checkpoint, n: u64| {
+        let next = checkpoint(id, Some(parent), n as i64, &[("n", n + 1)]);
+        let written = cp.put_batch(vec![
+            Put::Fence(lease.fence()),
+            Put::Writes {
+                thread_id: id.into(),
+                checkpoint_id: parent.checkpoint_id.clone(),
+                writes: vec![write("t", 0, "n", json!(n))],
+            },
+            Put::Checkpoint(Arc::new(next.clone()), vals(&[("n", n + 1, json!(n))])),
+        ]);
+        (next, written)
+    };
+    let steps = || {
+        crate::support::postgres::query(
+            &admin,
+            "SELECT pid::text, query FROM pg_stat_activity WHERE application_name = 'runner-steps'",
+        )
+        .unwrap()
+    };
+    assert_eq!(steps().len(), 0, "opened on first use");
+    let (c1, written) = step(&c0, 1);
+    written.unwrap();
+    let seen = steps();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0][1]
+            .as_deref()
+            .unwrap()
+            .starts_with("WITH c AS (INSERT INTO checkpoints"),
+        "{seen:?}"
+    );
+    let first = seen[0][0].clone().unwrap();
+
+    crate::support::postgres::query(&admin, &format!("SELECT pg_terminate_backend({first})")).unwrap();
+    let (c2, written) = step(&c1, 2);
+    written.unwrap();
+    let (c3, written) = step(&c2, 3);
+    written.unwrap();
+    let seen = steps();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_ne!(seen[0][0].as_deref(), Some(first.as_str()), "opened again");
+    assert_eq!(cp.history(id).unwrap().len(), 4);
+    assert_eq!(cp.get_writes(id, &c2.checkpoint_id).unwrap().len(), 1);
+
+    crate::support::postgres::query(
+        &url,
+        &format!("UPDATE leases SET owner = 'owner-b', generation = generation + 1 WHERE thread_id = '{id}'"),
+    )
+    .unwrap();
+    let (c4, written) = step(&c3, 4);
+    assert!(
+        matches!(&written, Err(CheckpointError::LeaseLost(t)) if t == id),
+        "{written:?}"
+    );
+    assert!(cp.get_checkpoint(id, Some(&c4.checkpoint_id)).unwrap().is_none());
+    assert_eq!(cp.get_writes(id, &c3.checkpoint_id).unwrap(), vec![]);
+}
+
 /// Waits (up to 20 s) until `sql` on the server answers `true`.
 fn until_true(url: &str, sql: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

@@ -498,7 +498,7 @@ pub(super) fn one_statement(op: &Op) -> bool {
 /// their lease rows locked by the schema's `hold_leases` (which raises when one was taken
 /// over, so the statement writes nothing), every checkpoint, value and write inserted by the
 /// same statement, committed as it ends. One round trip, one commit: a step's whole write.
-pub(super) async fn apply_one_statement(client: &deadpool_postgres::Client, op: &Op) -> Result<Done> {
+pub(super) async fn apply_one_statement<C: Statements + Sync>(client: &C, op: &Op) -> Result<Done> {
     let mut flat = Vec::new();
     flatten(std::slice::from_ref(op), &mut flat);
     let mut fences: Vec<&crate::checkpoint::Fence> = Vec::new();
@@ -517,6 +517,36 @@ pub(super) async fn apply_one_statement(client: &deadpool_postgres::Client, op: 
     Ok(Done::Unit)
 }
 
+/// Runs a statement prepared once per connection: the pool's connections (their statement
+/// cache) and the step's own connection ([`super::direct`]).
+pub(super) trait Statements {
+    fn execute_cached(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> impl Future<Output = std::result::Result<u64, tokio_postgres::Error>> + Send;
+}
+
+impl Statements for deadpool_postgres::Client {
+    async fn execute_cached(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> std::result::Result<u64, tokio_postgres::Error> {
+        self.execute(&self.prepare_cached(sql).await?, params).await
+    }
+}
+
+impl Statements for Transaction<'_> {
+    async fn execute_cached(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> std::result::Result<u64, tokio_postgres::Error> {
+        self.execute(&self.prepare_cached(sql).await?, params).await
+    }
+}
+
 /// SQLSTATE `hold_leases` raises for a lease that is no longer the fence's (its detail: the
 /// thread).
 const LEASE_LOST: &str = "RL001";
@@ -524,7 +554,7 @@ const LEASE_LOST: &str = "RL001";
 /// Every checkpoint, value and write of `ops` (and no other kind) in one statement, after the
 /// `fences` hold: a data-modifying `WITH` per table that has rows, the fences' check as its
 /// query (the last of a repeated write's `(task, idx)` kept, as applying them in turn would).
-async fn put_rows<C: GenericClient>(client: &C, fences: &[&crate::checkpoint::Fence], ops: &[&Op]) -> Result<()> {
+async fn put_rows<C: Statements + Sync>(client: &C, fences: &[&crate::checkpoint::Fence], ops: &[&Op]) -> Result<()> {
     let mut checkpoints: Vec<&CheckpointRow> = Vec::new();
     let (mut v_threads, mut v_keys, mut v_versions, mut v_texts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut writes: Vec<(&str, &str, &str, i64, &str, &str)> = Vec::new();
@@ -683,30 +713,27 @@ async fn put_rows<C: GenericClient>(client: &C, fences: &[&crate::checkpoint::Fe
     } else {
         format!("WITH {} {query}", ctes.join(", "))
     };
-    client
-        .execute(&client.prepare_cached(&sql).await?, &params)
-        .await
-        .map_err(|e| {
-            let Some(db) = e.as_db_error() else { return e.into() };
-            match (db.code().code(), db.table()) {
-                (LEASE_LOST, _) => CheckpointError::LeaseLost(
-                    db.detail()
-                        .map(str::to_owned)
-                        .or_else(|| f_threads.first().map(|t| (*t).to_owned()))
-                        .unwrap_or_default(),
-                ),
-                (FOREIGN_KEY, Some("checkpoints")) if !checkpoints.is_empty() => {
-                    CheckpointError::NoThread(checkpoints[0].thread_id.clone())
-                }
-                (UNIQUE, Some("checkpoints")) if !checkpoints.is_empty() => {
-                    format::duplicate_checkpoint(&checkpoints[0].thread_id, &checkpoints[0].checkpoint_id)
-                }
-                (FOREIGN_KEY, Some("writes")) if !writes.is_empty() => {
-                    CheckpointError::NoCheckpoint(w_threads[0].to_owned(), w_cps[0].to_owned())
-                }
-                _ => e.into(),
+    client.execute_cached(&sql, &params).await.map_err(|e| {
+        let Some(db) = e.as_db_error() else { return e.into() };
+        match (db.code().code(), db.table()) {
+            (LEASE_LOST, _) => CheckpointError::LeaseLost(
+                db.detail()
+                    .map(str::to_owned)
+                    .or_else(|| f_threads.first().map(|t| (*t).to_owned()))
+                    .unwrap_or_default(),
+            ),
+            (FOREIGN_KEY, Some("checkpoints")) if !checkpoints.is_empty() => {
+                CheckpointError::NoThread(checkpoints[0].thread_id.clone())
             }
-        })?;
+            (UNIQUE, Some("checkpoints")) if !checkpoints.is_empty() => {
+                format::duplicate_checkpoint(&checkpoints[0].thread_id, &checkpoints[0].checkpoint_id)
+            }
+            (FOREIGN_KEY, Some("writes")) if !writes.is_empty() => {
+                CheckpointError::NoCheckpoint(w_threads[0].to_owned(), w_cps[0].to_owned())
+            }
+            _ => e.into(),
+        }
+    })?;
     Ok(())
 }
 

@@ -6,7 +6,9 @@
 //! backend owns a small tokio runtime of its own on which every query runs, and a trait call
 //! is a spawn onto it and a wait for the answer — the SQLite writer thread's design, with a
 //! network database behind it. No call ever blocks that runtime, so a caller on any runtime
-//! (or none) is served.
+//! (or none) is served. The exception is a step's one-statement write, the hottest call: the
+//! calling thread sends it and waits for its answer itself, on a connection of its own
+//! (`direct.rs`), with no hand-off to that runtime and back.
 //!
 //! What PostgreSQL adds over SQLite:
 //! - Every write is one transaction (a batch of [`Put`](super::Put)s: one superstep's commit).
@@ -30,6 +32,7 @@
 mod apply;
 mod cache;
 mod crons;
+mod direct;
 mod queue;
 mod remove;
 mod runs;
@@ -116,6 +119,8 @@ pub struct PostgresCheckpointer {
     tls: tokio_postgres_rustls::MakeRustlsConnect,
     /// The queue's notices, once somebody subscribed.
     notices: std::sync::OnceLock<tokio::sync::broadcast::Sender<super::queue::Notice>>,
+    /// The connection a step's one-statement write goes on, driven by the calling thread.
+    direct: direct::Direct,
 }
 
 impl PostgresCheckpointer {
@@ -153,6 +158,7 @@ impl PostgresCheckpointer {
             config: target.config,
             tls,
             notices: std::sync::OnceLock::new(),
+            direct: direct::Direct::default(),
         })
     }
 
@@ -245,6 +251,13 @@ impl PostgresCheckpointer {
         // A step's fenced checkpoint and writes: one statement, committed on its own (one
         // round trip), unless its commit is to be asynchronous on a power-safe store.
         let one_statement = !unsynced && apply::one_statement(&op);
+        if one_statement {
+            // On the calling thread, with no hand-off to the backend's runtime, when the step's
+            // connection is free; the pool's way otherwise, or when it broke.
+            if let Some(done) = self.direct.write(&self.config, &self.tls, &op) {
+                return done;
+            }
+        }
         self.retrying(move || {
             let (pool, op) = (pool.clone(), op.clone());
             async move {

@@ -1,0 +1,312 @@
+//! A step's write on a connection of its own, driven by the calling thread.
+//!
+//! A step's fenced write is one statement ([`super::apply::apply_one_statement`]), the
+//! checkpointer's hottest call. Through the pool it is handed to the backend's runtime, whose
+//! connection task sends it, and the answer is handed back the same way: thread wake-ups on
+//! both sides of the round trip, each of which waits for a core on a busy machine. Here the
+//! calling thread sends the statement on the socket and waits on the socket for the answer,
+//! as libpq does: no other thread takes part.
+//!
+//! The connection is tokio-postgres's, over a non-blocking TCP socket that this module polls
+//! itself: [`drive`] polls the statement and the connection together and, when neither can
+//! go on, blocks in a `peek` of the socket until the server sends something. No runtime is
+//! needed, so it serves a caller on any runtime's thread (which it blocks for the round trip,
+//! as the pool's way blocks it for the hand-offs) or on none.
+//!
+//! One such connection per checkpointer (one connection beyond the pool's), used by one caller
+//! at a time: a caller that finds it busy, or a database reached through a Unix socket, takes
+//! the pool's way. It is opened on first use; one that fails is dropped and opened again by a
+//! later write, and the write that found it broken is tried again on the pool, which retries
+//! while the database cannot be reached.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::task::ArcWake;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Statement};
+
+use crate::checkpoint::format::{Done, Op};
+use crate::checkpoint::{CheckpointError, Result};
+
+/// How long a wait for the socket lasts before the statement and the connection are polled
+/// again (a guard: a wake-up is never needed from outside).
+const WAIT: Duration = Duration::from_secs(1);
+
+/// After a connection could not be opened, how long writes take the pool's way before one
+/// tries again.
+const REOPEN_AFTER: Duration = Duration::from_secs(5);
+
+/// The connection's `application_name`.
+const APPLICATION_NAME: &str = "runner-steps";
+
+/// The socket, non-blocking: a read with nothing to read is `Pending`, and [`drive`] waits.
+struct Socket(TcpStream);
+
+impl AsyncRead for Socket {
+    fn poll_read(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        match this.0.read(buf.initialize_unfilled()) {
+            Ok(n) => {
+                buf.advance(n);
+                Poll::Ready(Ok(()))
+            }
+            // Nothing to read: [`drive`] waits on the socket, then polls again. An interrupted
+            // read is the same: the wait returns at once when there is something.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        loop {
+            match this.0.write(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // The send buffer is full (a statement larger than it): written blocking, which
+                // the server reading it ends.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let blocking = this.0.set_nonblocking(false).and_then(|()| this.0.write(buf));
+                    this.0.set_nonblocking(true)?;
+                    return Poll::Ready(blocking);
+                }
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(self.0.shutdown(std::net::Shutdown::Write))
+    }
+}
+
+/// Set when something the polled futures wait for (a channel between the client and its
+/// connection) is ready: they are polled again before the socket is waited on.
+struct Woken(AtomicBool);
+
+impl ArcWake for Woken {
+    fn wake_by_ref(this: &Arc<Self>) {
+        this.0.store(true, Ordering::Release);
+    }
+}
+
+/// Polls `work` to its end on this thread, waiting on `socket` (a clone of the connection's)
+/// whenever neither it nor what it waits for can go on; `None` when `deadline` passed first.
+fn drive<F: Future>(socket: &TcpStream, deadline: Option<Instant>, work: F) -> Option<F::Output> {
+    let woken = Arc::new(Woken(AtomicBool::new(false)));
+    let waker = futures::task::waker(woken.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut work = std::pin::pin!(work);
+    loop {
+        if let Poll::Ready(out) = work.as_mut().poll(&mut cx) {
+            return Some(out);
+        }
+        if woken.0.swap(false, Ordering::AcqRel) {
+            continue;
+        }
+        let wait = match deadline {
+            Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => left.min(WAIT),
+                _ => return None,
+            },
+            None => WAIT,
+        };
+        // Until the server sends something (or the connection ends, or the wait is up): then
+        // the connection reads it when polled. An error is the next read's to report.
+        let _ = socket
+            .set_nonblocking(false)
+            .and_then(|()| socket.set_read_timeout(Some(wait)))
+            .and_then(|()| socket.peek(&mut [0u8; 1]));
+        if socket.set_nonblocking(true).is_err() {
+            // The next read would block: let it fail rather than hang.
+            return None;
+        }
+    }
+}
+
+type ConnectionFuture = Pin<Box<dyn Future<Output = std::result::Result<(), tokio_postgres::Error>> + Send>>;
+
+/// An open connection: the client, the connection future that does its I/O when polled, the
+/// socket to wait on, and the statements prepared on it.
+struct Link {
+    /// `None` only while dropping.
+    client: Option<Client>,
+    connection: ConnectionFuture,
+    socket: TcpStream,
+    statements: Mutex<HashMap<String, Statement>>,
+}
+
+impl Drop for Link {
+    /// Says goodbye to the server (the connection sends `Terminate` once its client is gone)
+    /// rather than dropping the socket under it.
+    fn drop(&mut self) {
+        drop(self.client.take());
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let _ = drive(&self.socket, Some(deadline), &mut self.connection);
+    }
+}
+
+/// The direct way's state: the link while open, or when it may be opened again.
+#[derive(Default)]
+pub(super) struct Direct {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    link: Option<Link>,
+    closed_until: Option<Instant>,
+}
+
+impl Direct {
+    /// Applies `op` (a step's write: see [`super::apply::one_statement`]) on the link, opening
+    /// it first when needed; `None` when the pool's way is to be taken instead: the link is
+    /// busy with another caller, cannot be opened, or broke before the write got an answer.
+    pub(super) fn write(
+        &self,
+        config: &tokio_postgres::Config,
+        tls: &tokio_postgres_rustls::MakeRustlsConnect,
+        op: &Op,
+    ) -> Option<Result<Done>> {
+        let mut state = self.state.try_lock().ok()?;
+        if state.link.is_none() {
+            if state.closed_until.is_some_and(|t| Instant::now() < t) {
+                return None;
+            }
+            match open(config, tls) {
+                Some(link) => state.link = Some(link),
+                None => {
+                    state.closed_until = Some(Instant::now() + REOPEN_AFTER);
+                    return None;
+                }
+            }
+        }
+        let outcome = {
+            let link = state.link.as_mut()?;
+            let exec = Exec {
+                client: link.client.as_ref()?,
+                statements: &link.statements,
+            };
+            let work = std::pin::pin!(super::apply::apply_one_statement(&exec, op));
+            let connection = &mut link.connection;
+            drive(&link.socket, None, async move {
+                match futures::future::select(connection, work).await {
+                    futures::future::Either::Left(_) => None,
+                    futures::future::Either::Right((done, _)) => Some(done),
+                }
+            })
+        };
+        match outcome.flatten() {
+            // The connection ended, or its socket could not be waited on: its statement had no
+            // answer, so nothing was committed by it (a lost acknowledgement of a commit aside,
+            // as on the pool's way).
+            None => {
+                state.link = None;
+                None
+            }
+            Some(Err(CheckpointError::Unavailable(_))) => {
+                state.link = None;
+                None
+            }
+            Some(done) => Some(done),
+        }
+    }
+}
+
+/// Opens a connection to the first of the configuration's TCP hosts that answers; `None` for
+/// a database reached through a Unix socket, or when none answers.
+fn open(config: &tokio_postgres::Config, tls: &tokio_postgres_rustls::MakeRustlsConnect) -> Option<Link> {
+    // Named apart from the pool's, for whoever looks at the server's connections.
+    let mut config = config.clone();
+    config.application_name(APPLICATION_NAME);
+    let config = &config;
+    let timeout = config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(10));
+    let ports = config.get_ports();
+    for (i, host) in config.get_hosts().iter().enumerate() {
+        let tokio_postgres::config::Host::Tcp(name) = host else {
+            return None;
+        };
+        let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        let addrs: Vec<SocketAddr> = match config.get_hostaddrs().get(i) {
+            Some(ip) => vec![SocketAddr::new(*ip, port)],
+            None => (name.as_str(), port).to_socket_addrs().ok()?.collect(),
+        };
+        for addr in addrs {
+            if let Some(link) = connect(config, tls, name, addr, timeout) {
+                return Some(link);
+            }
+        }
+    }
+    None
+}
+
+fn connect(
+    config: &tokio_postgres::Config,
+    tls: &tokio_postgres_rustls::MakeRustlsConnect,
+    name: &str,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Option<Link> {
+    let deadline = Instant::now() + timeout;
+    let stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    stream.set_nodelay(true).ok()?;
+    stream.set_nonblocking(true).ok()?;
+    let socket = stream.try_clone().ok()?;
+    let connector = MakeTlsConnect::<Socket>::make_tls_connect(&mut tls.clone(), name).ok()?;
+    let (client, connection) = drive(&socket, Some(deadline), config.connect_raw(Socket(stream), connector))?.ok()?;
+    Some(Link {
+        client: Some(client),
+        connection: Box::pin(connection),
+        socket,
+        statements: Mutex::new(HashMap::new()),
+    })
+}
+
+/// Runs statements on the link, each prepared once per connection.
+pub(super) struct Exec<'a> {
+    client: &'a Client,
+    statements: &'a Mutex<HashMap<String, Statement>>,
+}
+
+impl super::apply::Statements for Exec<'_> {
+    async fn execute_cached(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<u64, tokio_postgres::Error> {
+        let known = self.statements.lock().ok().and_then(|s| s.get(sql).cloned());
+        let statement = match known {
+            Some(statement) => statement,
+            None => {
+                let statement = self.client.prepare(sql).await?;
+                if let Ok(mut s) = self.statements.lock() {
+                    s.insert(sql.to_owned(), statement.clone());
+                }
+                statement
+            }
+        };
+        self.client.execute(&statement, params).await
+    }
+}
