@@ -17,7 +17,7 @@ use runner::checkpoint::{
 };
 use serde_json::{Value, json};
 
-use super::serve::{Server, client, spawn};
+use super::serve::{Server, call_at as call, spawn, until_status};
 use super::support::postgres;
 
 fn thread(id: &str) -> Thread {
@@ -239,30 +239,6 @@ fn served_workflows(delay: f64) -> tempfile::TempDir {
     )
     .unwrap();
     dir
-}
-
-async fn call(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
-    let mut req = client().request(method, url);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
-/// Waits (up to 20 s) until `GET path` answers `status`.
-async fn until_status(base: &str, path: &str, status: u16) {
-    let started = Instant::now();
-    loop {
-        let (now, body) = call(reqwest::Method::GET, format!("{base}{path}"), None).await;
-        if now == status {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "{path}: {now} {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A thread's time to live through the API (on SQLite): set on creation or by the server's

@@ -150,6 +150,32 @@ pub(crate) fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// `method url` with an optional JSON body: the status and the body as JSON (`null` when
+/// empty or not JSON).
+pub(crate) async fn call_at(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
+    let mut req = client().request(method, url);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Waits (up to 20 s) until `GET path` on the server at `base` answers `status`.
+pub(crate) async fn until_status(base: &str, path: &str, status: u16) {
+    let started = std::time::Instant::now();
+    loop {
+        let (now, body) = call_at(reqwest::Method::GET, format!("{base}{path}"), None).await;
+        if now == status {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{path}: {now} {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `method path` with an optional JSON body: the status, the headers and the body as JSON
 /// (`null` when empty).
 pub(crate) async fn call(

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use runner::checkpoint::memory::MemoryCheckpointer;
 use runner::checkpoint::postgres::PostgresCheckpointer;
@@ -14,9 +14,9 @@ use runner::checkpoint::{
     Checkpoint, Checkpointer, CronRow, Durability, LeaseClaim, Removal, Removed, Thread, ThreadMeta, ThreadStatus,
     new_id,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::serve::{Server, client, spawn};
+use super::serve::{Server, call_at as call, spawn, until_status};
 use super::support::postgres;
 
 fn thread(id: &str) -> Thread {
@@ -131,30 +131,6 @@ fn rt() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-async fn call(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
-    let mut req = client().request(method, url);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
-/// Waits (up to 20 s) until `GET path` answers `status`.
-async fn until_status(base: &str, path: &str, status: u16) {
-    let started = Instant::now();
-    loop {
-        let (now, body) = call(reqwest::Method::GET, format!("{base}{path}"), None).await;
-        if now == status {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "{path}: {now} {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The threads of the crons the API lists, in order.
