@@ -129,20 +129,7 @@ impl PostgresCheckpointer {
                     )
                     .await?;
                 }
-                tx.execute(
-                    "DELETE FROM run_events WHERE run_id IN (SELECT run_id FROM runs WHERE thread_id = $1)",
-                    &[&thread_id],
-                )
-                .await?;
-                tx.execute("DELETE FROM runs WHERE thread_id = $1", &[&thread_id])
-                    .await?;
-                tx.execute("DELETE FROM run_traces WHERE thread_id = $1", &[&thread_id])
-                    .await?;
-                tx.execute("DELETE FROM thread_meta WHERE thread_id = $1", &[&thread_id])
-                    .await?;
-                // Its crons go with it, as the reference deletes them, whichever removal it is.
-                tx.execute("DELETE FROM crons WHERE thread_id = $1", &[&thread_id])
-                    .await?;
+                super::runs::delete_thread_records(&tx, &thread_id).await?;
                 tx.commit().await?;
                 Ok(Removed::Removed)
             }

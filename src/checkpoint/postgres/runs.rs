@@ -260,19 +260,7 @@ impl RunStore for PostgresCheckpointer {
         self.block(async move {
             let mut client = pool.get().await?;
             let tx = client.transaction().await?;
-            tx.execute(
-                "DELETE FROM run_events WHERE run_id IN (SELECT run_id FROM runs WHERE thread_id = $1)",
-                &[&thread_id],
-            )
-            .await?;
-            tx.execute("DELETE FROM runs WHERE thread_id = $1", &[&thread_id])
-                .await?;
-            tx.execute("DELETE FROM run_traces WHERE thread_id = $1", &[&thread_id])
-                .await?;
-            tx.execute("DELETE FROM thread_meta WHERE thread_id = $1", &[&thread_id])
-                .await?;
-            tx.execute("DELETE FROM crons WHERE thread_id = $1", &[&thread_id])
-                .await?;
+            delete_thread_records(&tx, &thread_id).await?;
             tx.commit().await?;
             Ok(())
         })
@@ -322,4 +310,23 @@ fn trace_from_row(r: &Row) -> Result<TraceText> {
         usage: r.try_get(3)?,
         updated_at: r.try_get(4)?,
     })
+}
+
+/// Deletes, in `tx`, what the API keeps of a thread: its runs and their logs and traces, its
+/// record, and its crons (which go with it, as the reference deletes them, whichever removal
+/// it is).
+pub(super) async fn delete_thread_records(
+    tx: &deadpool_postgres::Transaction<'_>,
+    thread_id: &str,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    tx.execute(
+        "DELETE FROM run_events WHERE run_id IN (SELECT run_id FROM runs WHERE thread_id = $1)",
+        &[&thread_id],
+    )
+    .await?;
+    for table in ["runs", "run_traces", "thread_meta", "crons"] {
+        tx.execute(&format!("DELETE FROM {table} WHERE thread_id = $1"), &[&thread_id])
+            .await?;
+    }
+    Ok(())
 }
