@@ -46,8 +46,30 @@ fn api(dir: &Path, db: &str) -> Server {
     Server { child, base, dir: None }
 }
 
-/// A `runner worker` on database `db`, killed when dropped.
-struct Worker(Child);
+/// A `runner worker`, killed when dropped.
+pub(crate) struct Worker(Child);
+
+impl Worker {
+    /// Starts `cmd` (a `runner worker …`) and waits until it says it is working.
+    pub(crate) fn start(mut cmd: Command) -> Worker {
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut said = String::new();
+        loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap() == 0 {
+                let _ = child.kill();
+                panic!("runner worker ended before working:\n{said}");
+            }
+            said.push_str(&line);
+            if line.starts_with("working:") {
+                break;
+            }
+        }
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        Worker(child)
+    }
+}
 
 impl Drop for Worker {
     fn drop(&mut self) {
@@ -57,30 +79,12 @@ impl Drop for Worker {
 }
 
 fn worker(dir: &Path, db: &str) -> Worker {
-    let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
-        .current_dir(dir)
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+    cmd.current_dir(dir)
         .args(["worker", "workflows", "--db", db, "--lease-ttl", "1", "--workers", "8"])
         .arg("--mock")
-        .arg(mock())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut said = String::new();
-    loop {
-        let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap() == 0 {
-            let _ = child.kill();
-            panic!("runner worker ended before working:\n{said}");
-        }
-        said.push_str(&line);
-        if line.starts_with("working:") {
-            break;
-        }
-    }
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    Worker(child)
+        .arg(mock());
+    Worker::start(cmd)
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -442,26 +446,12 @@ edges:
     )
     .unwrap();
     let spawn_worker = |db: &str| -> Worker {
-        let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
-            .current_dir(dir.path())
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+        cmd.current_dir(dir.path())
             .args(["worker", "workflows", "--db", db, "--lease-ttl", "1", "--workers", "8"])
             .arg("--mock")
-            .arg(&script)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        while !line.starts_with("working:") {
-            line.clear();
-            assert!(
-                stderr.read_line(&mut line).unwrap() > 0,
-                "runner worker ended before working"
-            );
-        }
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        Worker(child)
+            .arg(&script);
+        Worker::start(cmd)
     };
     let starved = format!("{db}&pool_size=2");
     // Each worker with its database URL: one killed is replaced by one on the same URL.

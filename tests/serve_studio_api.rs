@@ -7,13 +7,14 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::serve::{Server, call, client, parse, spawn};
+use super::serve_shared::Worker;
 use super::support::{fake_web, postgres};
 
 /// A parent whose subgraph has a subgraph of its own, with a route, a fan-out, a join, a gate
@@ -493,7 +494,7 @@ async fn a_run_executed_on_a_worker_is_traced_for_every_server() {
         &[],
     );
     let api = Server { child, base, dir: None };
-    let _worker = Worker::start(dir.path(), &db);
+    let _worker = worker(dir.path(), &db);
     let (status, _, run) = call(
         &api,
         Method::POST,
@@ -511,52 +512,23 @@ async fn a_run_executed_on_a_worker_is_traced_for_every_server() {
     assert_eq!(usage["total"]["calls"], 3, "{usage}");
 }
 
-/// A `runner worker` on `db`, killed when dropped.
-struct Worker(Child);
-
-impl Worker {
-    fn start(dir: &Path, db: &str) -> Worker {
-        let mut child = Command::new(assert_cmd::cargo::cargo_bin("runner"))
-            .current_dir(dir)
-            .args([
-                "worker",
-                "workflows",
-                "--db",
-                db,
-                "--workers",
-                "4",
-                "--allow-net",
-                "127.0.0.1",
-            ])
-            .arg("--mock")
-            .arg(dir.join("mock.yaml"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut said = String::new();
-        loop {
-            let mut line = String::new();
-            if stderr.read_line(&mut line).unwrap() == 0 {
-                let _ = child.kill();
-                panic!("runner worker ended before working:\n{said}");
-            }
-            said.push_str(&line);
-            if line.starts_with("working:") {
-                break;
-            }
-        }
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        Worker(child)
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// A `runner worker` on `db` that fetches from loopback, killed when dropped.
+fn worker(dir: &Path, db: &str) -> Worker {
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+    cmd.current_dir(dir)
+        .args([
+            "worker",
+            "workflows",
+            "--db",
+            db,
+            "--workers",
+            "4",
+            "--allow-net",
+            "127.0.0.1",
+        ])
+        .arg("--mock")
+        .arg(dir.join("mock.yaml"));
+    Worker::start(cmd)
 }
 
 /// `runner serve` says what it serves and why a file is not: each diagnostic with its file,
