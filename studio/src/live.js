@@ -134,6 +134,8 @@ export class LiveRun {
       case "error":
         this.error = data;
         this.status = "error";
+        // The run is over: the page's graph says so at once, not when the stream closes.
+        this.settleNodes();
         this.push({ kind: "error", node: null, text: `${data.error || "Error"}: ${data.message || ""}` });
         break;
       default:
@@ -249,8 +251,13 @@ export class LiveRun {
     if (this.interrupts.length && (!status || status === "success")) status = "interrupted";
     this.status = status || (this.error ? "error" : "success");
     this.endedAt = performance.now();
-    for (const n of Object.values(this.nodes)) if (n.status === "running") n.status = this.status === "error" ? "error" : "done";
+    this.settleNodes();
     this.changed();
+  }
+
+  /** Nodes still running when the run ends failed with it, or finished with it. */
+  settleNodes() {
+    for (const n of Object.values(this.nodes)) if (n.status === "running") n.status = this.status === "error" ? "error" : "done";
   }
 
   /** Each node's state, for the graph. */
