@@ -76,7 +76,7 @@ pub(super) fn lease_row(r: &Row) -> Result<Lease> {
 
 /// Every hash a text refers to, read from the database: `decode`'s blob reader for texts that
 /// hold references (rare), so an ordinary value costs no query.
-async fn blobs_of(tx: &Transaction<'_>, text: &str) -> Result<std::collections::HashMap<String, String>> {
+async fn blobs_of(tx: &impl GenericClient, text: &str) -> Result<std::collections::HashMap<String, String>> {
     let mut found = std::collections::HashMap::new();
     if !text.contains(crate::checkpoint::blobs::BLOB) {
         return Ok(found);
@@ -98,12 +98,12 @@ async fn blobs_of(tx: &Transaction<'_>, text: &str) -> Result<std::collections::
 }
 
 /// A stored JSON text decoded, references to long strings read from `blobs`.
-pub(super) async fn decode(tx: &Transaction<'_>, what: &str, text: &str) -> Result<Value> {
+pub(super) async fn decode(tx: &impl GenericClient, what: &str, text: &str) -> Result<Value> {
     let blobs = blobs_of(tx, text).await?;
     format::decode(what, text, &mut |hash: &str| Ok(blobs.get(hash).cloned()))
 }
 
-pub(super) async fn resolve_thread(tx: &Transaction<'_>, row: ThreadRow) -> Result<Thread> {
+pub(super) async fn resolve_thread(tx: &impl GenericClient, row: ThreadRow) -> Result<Thread> {
     let mut blobs = std::collections::HashMap::new();
     for text in [&row.input, &row.context, &row.config] {
         blobs.extend(blobs_of(tx, text).await?);
@@ -111,12 +111,12 @@ pub(super) async fn resolve_thread(tx: &Transaction<'_>, row: ThreadRow) -> Resu
     row.into_thread(&mut |hash: &str| Ok(blobs.get(hash).cloned()))
 }
 
-pub(super) async fn resolve_checkpoint(tx: &Transaction<'_>, row: CheckpointRow) -> Result<Checkpoint> {
+pub(super) async fn resolve_checkpoint(tx: &impl GenericClient, row: CheckpointRow) -> Result<Checkpoint> {
     let blobs = blobs_of(tx, &row.meta).await?;
     row.into_checkpoint(&mut |hash: &str| Ok(blobs.get(hash).cloned()))
 }
 
-pub(super) async fn load_thread(tx: &Transaction<'_>, thread_id: &str) -> Result<Option<ThreadRow>> {
+pub(super) async fn load_thread(tx: &impl GenericClient, thread_id: &str) -> Result<Option<ThreadRow>> {
     let sql = format!("SELECT {THREAD_COLS} FROM {THREAD_FROM} WHERE t.thread_id = $1");
     match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&thread_id]).await? {
         Some(r) => Ok(Some(thread_row(&r)?)),
@@ -125,7 +125,7 @@ pub(super) async fn load_thread(tx: &Transaction<'_>, thread_id: &str) -> Result
 }
 
 pub(super) async fn load_checkpoint(
-    tx: &Transaction<'_>,
+    tx: &impl GenericClient,
     thread_id: &str,
     checkpoint_id: &str,
 ) -> Result<Option<CheckpointRow>> {
@@ -141,7 +141,7 @@ pub(super) async fn load_checkpoint(
 
 /// The lease row; `lock`: held `FOR SHARE` until the transaction ends, so no takeover commits
 /// between a fence's check and the writes it guards.
-pub(super) async fn load_lease(tx: &Transaction<'_>, thread_id: &str, lock: bool) -> Result<Option<Lease>> {
+pub(super) async fn load_lease(tx: &impl GenericClient, thread_id: &str, lock: bool) -> Result<Option<Lease>> {
     let sql = format!(
         "SELECT {LEASE_COLS} FROM leases WHERE thread_id = $1{}",
         if lock { " FOR SHARE" } else { "" }
@@ -152,12 +152,12 @@ pub(super) async fn load_lease(tx: &Transaction<'_>, thread_id: &str, lock: bool
     }
 }
 
-pub(super) async fn thread_exists(tx: &Transaction<'_>, thread_id: &str) -> Result<bool> {
+pub(super) async fn thread_exists(tx: &impl GenericClient, thread_id: &str) -> Result<bool> {
     let stmt = tx.prepare_cached("SELECT 1 FROM threads WHERE thread_id = $1").await?;
     Ok(tx.query_opt(&stmt, &[&thread_id]).await?.is_some())
 }
 
-pub(super) async fn require_thread(tx: &Transaction<'_>, thread_id: &str) -> Result<()> {
+pub(super) async fn require_thread(tx: &impl GenericClient, thread_id: &str) -> Result<()> {
     if thread_exists(tx, thread_id).await? {
         Ok(())
     } else {
@@ -165,39 +165,66 @@ pub(super) async fn require_thread(tx: &Transaction<'_>, thread_id: &str) -> Res
     }
 }
 
-pub(super) async fn checkpoint_exists(tx: &Transaction<'_>, thread_id: &str, checkpoint_id: &str) -> Result<bool> {
+pub(super) async fn checkpoint_exists(tx: &impl GenericClient, thread_id: &str, checkpoint_id: &str) -> Result<bool> {
     let stmt = tx
         .prepare_cached("SELECT 1 FROM checkpoints WHERE thread_id = $1 AND checkpoint_id = $2")
         .await?;
     Ok(tx.query_opt(&stmt, &[&thread_id, &checkpoint_id]).await?.is_some())
 }
 
-/// One key's value at `version`, extensions resolved: the stored value, and while it extends an
-/// earlier version, that one (a corrupt chain that does not go down stops at once).
-pub(super) async fn resolved_value(tx: &Transaction<'_>, thread_id: &str, key: &str, version: u64) -> Result<Value> {
+/// The values of `versions` (key → version), extensions resolved: the stored values, and while
+/// some extend earlier versions, those, each level of the chains read by one statement (a
+/// corrupt chain that does not go down stops at once).
+pub(super) async fn resolved_values(
+    tx: &impl GenericClient,
+    thread_id: &str,
+    versions: &std::collections::BTreeMap<String, u64>,
+) -> Result<serde_json::Map<String, Value>> {
+    use std::collections::HashMap;
     let stmt = tx
-        .prepare_cached("SELECT value FROM state_values WHERE thread_id = $1 AND key = $2 AND version = $3")
+        .prepare_cached(
+            "SELECT s.key, s.version, s.value FROM unnest($2::text[], $3::bigint[]) AS w(key, version) \
+             JOIN state_values s ON s.thread_id = $1 AND s.key = w.key AND s.version = w.version",
+        )
         .await?;
-    let mut fetched = std::collections::HashMap::new();
-    let mut v = version;
-    loop {
-        let row = tx
-            .query_opt(&stmt, &[&thread_id, &key, &format::version_to_stored(v)?])
-            .await?
-            .ok_or_else(|| format::missing_value(thread_id, key, v))?;
-        let value = decode(tx, "a state value", &row.try_get::<_, String>(0)?).await?;
-        let base = crate::checkpoint::as_extension(&value).map(|(base, _)| base);
-        fetched.insert(v, value);
-        match base {
-            Some(base) if base < v => v = base,
-            _ => break,
+    let mut fetched: HashMap<(String, u64), Value> = HashMap::new();
+    let mut wanted: Vec<(String, u64)> = versions.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    while !wanted.is_empty() {
+        let keys: Vec<&str> = wanted.iter().map(|(k, _)| k.as_str()).collect();
+        let stored = wanted
+            .iter()
+            .map(|(_, v)| format::version_to_stored(*v))
+            .collect::<Result<Vec<i64>>>()?;
+        let mut got: HashMap<(String, i64), String> = HashMap::new();
+        for row in tx.query(&stmt, &[&thread_id, &keys, &stored]).await? {
+            got.insert((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?);
         }
+        let mut next = Vec::new();
+        for ((key, v), stored) in wanted.into_iter().zip(stored) {
+            let text = got
+                .remove(&(key.clone(), stored))
+                .ok_or_else(|| format::missing_value(thread_id, &key, v))?;
+            let value = decode(tx, "a state value", &text).await?;
+            if let Some((base, _)) = crate::checkpoint::as_extension(&value)
+                && base < v
+                && !fetched.contains_key(&(key.clone(), base))
+            {
+                next.push((key.clone(), base));
+            }
+            fetched.insert((key, v), value);
+        }
+        wanted = next;
     }
-    crate::checkpoint::resolve(key, version, |v| {
-        fetched
-            .remove(&v)
-            .ok_or_else(|| format::missing_value(thread_id, key, v))
-    })
+    let mut state = serde_json::Map::new();
+    for (key, version) in versions {
+        let value = crate::checkpoint::resolve(key, *version, |v| {
+            fetched
+                .remove(&(key.clone(), v))
+                .ok_or_else(|| format::missing_value(thread_id, key, v))
+        })?;
+        state.insert(key.clone(), value);
+    }
+    Ok(state)
 }
 
 /// Applies one op; a failure leaves the caller's transaction to be rolled back.
@@ -847,11 +874,11 @@ async fn fork(
     let write = tx
         .prepare_cached("INSERT INTO state_values (thread_id, key, version, value) VALUES ($1, $2, $3, $4)")
         .await?;
-    for (key, &version) in &checkpoint.versions {
-        let value = resolved_value(tx, from, key, version).await?;
+    for (key, value) in resolved_values(tx, from, &checkpoint.versions).await? {
+        let version = checkpoint.versions[&key];
         let mut blobs = Vec::new();
         let text = format::encode(&value, &mut blobs)?;
-        tx.execute(&write, &[&new, key, &format::version_to_stored(version)?, &text])
+        tx.execute(&write, &[&new, &key, &format::version_to_stored(version)?, &text])
             .await?;
         store_blobs(tx, new, &blobs).await?;
     }

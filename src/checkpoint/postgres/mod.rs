@@ -304,11 +304,16 @@ impl PostgresCheckpointer {
         self.write(op, true).map(|_| ())
     }
 
-    /// Runs `f` in one read-only transaction (one snapshot) on a pooled connection.
+    /// Runs `f` in one read-only transaction (one snapshot) on a pooled connection, in as few
+    /// round trips as its statements allow: the `BEGIN` is sent with `f`'s first statement, not
+    /// waited for first, and the transaction's end is not waited for at all (a read-only
+    /// transaction's `ROLLBACK` is its `COMMIT`; the connection goes back to the pool once it
+    /// is answered, and anything sent on it after waits behind it). A read of one statement is
+    /// one round trip.
     fn read<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c deadpool_postgres::Transaction<'c>) -> apply::BoxFuture<'c, Result<T>>
+        F: for<'c> FnOnce(&'c deadpool_postgres::Client) -> apply::BoxFuture<'c, Result<T>>
             + Clone
             + Send
             + Sync
@@ -318,20 +323,21 @@ impl PostgresCheckpointer {
         self.retrying(move || {
             let (pool, f) = (pool.clone(), f.clone());
             async move {
-                let mut client = pool.get().await?;
-                let tx = client
-                    .build_transaction()
-                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                    .read_only(true)
-                    .start()
-                    .await?;
-                let out = f(&tx).await?;
-                tx.commit().await?;
-                Ok(out)
+                let client = pool.get().await?;
+                // Sent in this order on the connection: `join!` polls the `BEGIN` first.
+                let (began, out) = tokio::join!(client.batch_execute(READ_ONLY), f(&client));
+                tokio::spawn(async move {
+                    let _ = client.batch_execute("ROLLBACK").await;
+                });
+                began?;
+                out
             }
         })
     }
 }
+
+/// How a read begins: one snapshot for all its statements, and no write among them.
+const READ_ONLY: &str = "START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 
 impl Drop for PostgresCheckpointer {
     /// Every acknowledged write is committed when its call returns: nothing is pending. The
@@ -469,13 +475,13 @@ impl Checkpointer for PostgresCheckpointer {
         let (thread_id, versions) = (thread_id.to_owned(), versions.clone());
         self.read(move |tx| {
             Box::pin(async move {
-                apply::require_thread(tx, &thread_id).await?;
-                let mut state = Map::new();
-                for (key, version) in versions {
-                    let value = apply::resolved_value(tx, &thread_id, &key, version).await?;
-                    state.insert(key, value);
-                }
-                Ok(state)
+                // Sent together: the thread's check and the values' first read.
+                let (exists, state) = tokio::join!(
+                    apply::require_thread(tx, &thread_id),
+                    apply::resolved_values(tx, &thread_id, &versions)
+                );
+                exists?;
+                state
             })
         })
     }
@@ -492,17 +498,27 @@ impl Checkpointer for PostgresCheckpointer {
         let (thread_id, checkpoint_id) = (thread_id.to_owned(), checkpoint_id.to_owned());
         self.read(move |tx| {
             Box::pin(async move {
-                apply::require_thread(tx, &thread_id).await?;
-                if !apply::checkpoint_exists(tx, &thread_id, &checkpoint_id).await? {
+                let read = async {
+                    let stmt = tx
+                        .prepare_cached(
+                            "SELECT task_id, idx, channel, value FROM writes WHERE thread_id = $1 AND \
+                             checkpoint_id = $2 ORDER BY task_id, idx",
+                        )
+                        .await?;
+                    Ok::<_, CheckpointError>(tx.query(&stmt, &[&thread_id, &checkpoint_id]).await?)
+                };
+                // Sent together; answered in the order a caller is told (no thread, then no
+                // checkpoint).
+                let (thread, checkpoint, rows) = tokio::join!(
+                    apply::require_thread(tx, &thread_id),
+                    apply::checkpoint_exists(tx, &thread_id, &checkpoint_id),
+                    read
+                );
+                thread?;
+                if !checkpoint? {
                     return Err(CheckpointError::NoCheckpoint(thread_id, checkpoint_id));
                 }
-                let stmt = tx
-                    .prepare_cached(
-                        "SELECT task_id, idx, channel, value FROM writes WHERE thread_id = $1 AND checkpoint_id = $2 \
-                         ORDER BY task_id, idx",
-                    )
-                    .await?;
-                let rows = tx.query(&stmt, &[&thread_id, &checkpoint_id]).await?;
+                let rows = rows?;
                 let mut out = Vec::with_capacity(rows.len());
                 for r in rows {
                     let idx: i64 = r.try_get(1)?;
