@@ -2212,6 +2212,55 @@ fn postgres_a_fenced_step_is_one_round_trip() {
     }
 }
 
+/// A read waits for one answer, however many statements it takes: its `BEGIN` goes with its
+/// statements, its values are read together (three keys, one statement), and its end is not
+/// waited for. Counted as the relay's reads from the client: before, a state of three keys
+/// sent six times (begin, thread, one a key, commit) and a checkpoint's pending writes five.
+#[test]
+fn postgres_a_read_is_sent_at_once() {
+    let url = url::Url::parse(&fresh_url()).unwrap();
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
+        .unwrap()
+        .next()
+        .unwrap();
+    let (port, sends) = counting_relay(target);
+    let mut relayed = url.clone();
+    relayed.set_port(Some(port)).unwrap();
+    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    let cp = PostgresCheckpointer::open(relayed.as_str(), Durability::CrashSafe).unwrap();
+    let first = checkpoint("reads", None, -1, &[("a", 1), ("b", 1), ("c", 1)]);
+    cp.create_thread_with_checkpoint(
+        None,
+        &thread("reads"),
+        &first,
+        vals(&[("a", 1, json!("x")), ("b", 1, json!([1, 2])), ("c", 1, json!({"k": 1}))]),
+    )
+    .unwrap();
+    cp.put_writes("reads", &first.checkpoint_id, &[write("t", 0, "a", json!("y"))])
+        .unwrap();
+    let versions: BTreeMap<String, u64> = first.versions.clone();
+    // The first of each prepares its statements.
+    let state = cp.state("reads", &versions).unwrap();
+    assert_eq!(state["b"], json!([1, 2]));
+    cp.get_writes("reads", &first.checkpoint_id).unwrap();
+    let reads = 5;
+    let before = sends.load(Ordering::SeqCst);
+    for _ in 0..reads {
+        assert_eq!(cp.state("reads", &versions).unwrap(), state);
+        assert_eq!(cp.get_writes("reads", &first.checkpoint_id).unwrap().len(), 1);
+    }
+    let sent = sends.load(Ordering::SeqCst) - before;
+    // Each read: what it asks (one send, or a few when the client's writes are split), and
+    // its end (one).
+    assert!(sent <= reads * 2 * 3, "{sent} sends for {} reads", reads * 2);
+    // Missing things are told as before, in the same order.
+    assert!(matches!(cp.state("nope", &versions), Err(CheckpointError::NoThread(_))));
+    assert!(matches!(
+        cp.get_writes("reads", "no-such-checkpoint"),
+        Err(CheckpointError::NoCheckpoint(..))
+    ));
+}
+
 /// A fenced step is written by the calling thread on the checkpointer's step connection
 /// (`application_name` `runner-steps`), not a pooled one; a write that finds that connection
 /// closed by the server is stored all the same, once (on the pool), and the next write opens

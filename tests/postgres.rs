@@ -310,8 +310,20 @@ mod queue {
         assert_eq!(taken.lease.generation, 2, "the thread's lease taken over");
         // r3's lease is live: not claimable although its worker is dead.
         assert!(store.claim("w2", &claim("c5")).unwrap().is_none());
-        // The old claim writes nothing more.
+        // The old claim writes nothing more: no event, no trace.
         assert!(!store.append("r1", "c1", 3, &["{}".into()]).unwrap());
+        let trace = |calls: u64| runner::checkpoint::TraceRow {
+            run_id: "r1".into(),
+            thread_id: "a".into(),
+            trace: json!({"spans": []}),
+            usage: json!({"total": {"calls": calls}}),
+            updated_at: "u".into(),
+        };
+        store.put_trace(&trace(1), Some("c4")).unwrap();
+        store.put_trace(&trace(2), Some("c1")).unwrap();
+        assert_eq!(store.get_trace("r1").unwrap().unwrap().usage["total"]["calls"], 1);
+        store.put_trace(&trace(3), Some("c4")).unwrap();
+        assert_eq!(store.get_trace("r1").unwrap().unwrap().usage["total"]["calls"], 3);
     }
 
     /// A run's end is written under its claim, with its last record and a notice; not under a

@@ -204,8 +204,10 @@ pub trait RunStore: Send + Sync {
     /// the crons that run on it, together.
     fn delete_thread_meta(&self, thread_id: &str) -> Result<()>;
 
-    /// Creates or replaces a run's trace.
-    fn put_trace(&self, trace: &TraceRow) -> Result<()>;
+    /// Creates or replaces a run's trace. `claim`: a worker's claim on the run (a database many
+    /// processes share): the trace is stored only while the run is still that claim's, so a
+    /// worker taken for dead does not overwrite the trace of the one that resumed its run.
+    fn put_trace(&self, trace: &TraceRow, claim: Option<&str>) -> Result<()>;
 
     fn get_trace(&self, run_id: &str) -> Result<Option<TraceRow>>;
 
@@ -435,13 +437,16 @@ mod tests {
             .unwrap();
         for (run, thread, calls) in [("r1", "t1", 1), ("r2", "t1", 2), ("r3", "t2", 3), ("r1", "t1", 4)] {
             store
-                .put_trace(&TraceRow {
-                    run_id: run.into(),
-                    thread_id: thread.into(),
-                    trace: json!({"spans": [{"id": "s1", "kind": "run"}]}),
-                    usage: json!({"total": {"calls": calls}}),
-                    updated_at: "u".into(),
-                })
+                .put_trace(
+                    &TraceRow {
+                        run_id: run.into(),
+                        thread_id: thread.into(),
+                        trace: json!({"spans": [{"id": "s1", "kind": "run"}]}),
+                        usage: json!({"total": {"calls": calls}}),
+                        updated_at: "u".into(),
+                    },
+                    None,
+                )
                 .unwrap();
         }
     }

@@ -99,7 +99,8 @@ impl RunStore for MemoryCheckpointer {
         Ok(())
     }
 
-    fn put_trace(&self, trace: &TraceRow) -> Result<()> {
+    /// One process's store: no claim to check.
+    fn put_trace(&self, trace: &TraceRow, _claim: Option<&str>) -> Result<()> {
         self.lock_runs()?.traces.insert(trace.run_id.clone(), trace.clone());
         Ok(())
     }

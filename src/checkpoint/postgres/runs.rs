@@ -266,21 +266,30 @@ impl RunStore for PostgresCheckpointer {
         })
     }
 
-    fn put_trace(&self, trace: &TraceRow) -> Result<()> {
+    fn put_trace(&self, trace: &TraceRow, claim: Option<&str>) -> Result<()> {
         let v = TraceText::from_trace(trace)?;
-        self.execute(
-            "INSERT INTO run_traces (run_id, thread_id, trace, usage, updated_at) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (run_id) DO UPDATE SET thread_id = excluded.thread_id, trace = excluded.trace, \
-             usage = excluded.usage, updated_at = excluded.updated_at",
-            vec![
-                Param::Text(v.run_id),
-                Param::Text(v.thread_id),
-                Param::Text(v.trace),
-                Param::Text(v.usage),
-                Param::Text(v.updated_at),
-            ],
-        )
-        .map(|_| ())
+        let mut params = vec![
+            Param::Text(v.run_id),
+            Param::Text(v.thread_id),
+            Param::Text(v.trace),
+            Param::Text(v.usage),
+            Param::Text(v.updated_at),
+        ];
+        let sql = match claim {
+            None => {
+                "INSERT INTO run_traces (run_id, thread_id, trace, usage, updated_at) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (run_id) DO UPDATE SET thread_id = excluded.thread_id, trace = excluded.trace, \
+                 usage = excluded.usage, updated_at = excluded.updated_at"
+            }
+            Some(claim) => {
+                params.push(Param::Text(claim.to_owned()));
+                "INSERT INTO run_traces (run_id, thread_id, trace, usage, updated_at) \
+                 SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND claim = $6) \
+                 ON CONFLICT (run_id) DO UPDATE SET thread_id = excluded.thread_id, trace = excluded.trace, \
+                 usage = excluded.usage, updated_at = excluded.updated_at"
+            }
+        };
+        self.execute(sql, params).map(|_| ())
     }
 
     fn get_trace(&self, run_id: &str) -> Result<Option<TraceRow>> {

@@ -298,7 +298,8 @@ impl RunStore for SqliteCheckpointer {
         }))
     }
 
-    fn put_trace(&self, trace: &TraceRow) -> Result<()> {
+    /// One machine's store: no claim to check.
+    fn put_trace(&self, trace: &TraceRow, _claim: Option<&str>) -> Result<()> {
         let v = TraceText::from_trace(trace)?;
         self.exec(Box::new(move |conn: &Connection| {
             conn.prepare_cached(

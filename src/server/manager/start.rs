@@ -696,11 +696,17 @@ impl<S: Send + Sync + 'static> RunTask<S> {
             released,
             webhook,
         } = self;
+        // A worker's claim on the run fences its trace's writes, as it fences its steps.
+        let claim = match &request.lease {
+            crate::engine::LeasePolicy::Claimed { lease, .. } => Some(lease.owner.clone()),
+            _ => None,
+        };
         let keeping = tokio::spawn(keep_trace(
             manager.store.clone(),
             trace.clone(),
             run_id.clone(),
             thread_id.clone(),
+            claim.clone(),
         ));
         // The claim: a worker, unless the run is cancelled while it waits for one. The thread's
         // lease is the engine's to take.
@@ -740,7 +746,7 @@ impl<S: Send + Sync + 'static> RunTask<S> {
         // Its trace is whole now: stored before its end is, so whoever sees the run ended
         // finds all of it. A trace that could not be stored loses only itself.
         if ran {
-            let _ = store_trace(&*manager.store, &trace, &run_id, &thread_id);
+            let _ = store_trace(&*manager.store, &trace, &run_id, &thread_id, claim.as_deref());
         }
         if let (Some(quotas), Some(owner), Ok(o)) = (&manager.quotas, &owner, &outcome) {
             quotas.spend(
@@ -786,39 +792,52 @@ async fn keep_trace(
     trace: Arc<std::sync::Mutex<super::trace::Recorder>>,
     run_id: String,
     thread_id: String,
+    claim: Option<String>,
 ) {
     loop {
         tokio::time::sleep(TRACE_EVERY).await;
         if !lock(&trace).dirty() {
             continue;
         }
-        let (store, trace, run_id, thread_id) = (store.clone(), trace.clone(), run_id.clone(), thread_id.clone());
-        let stored = tokio::task::spawn_blocking(move || store_trace(&*store, &trace, &run_id, &thread_id)).await;
+        let (store, trace, run_id, thread_id, claim) = (
+            store.clone(),
+            trace.clone(),
+            run_id.clone(),
+            thread_id.clone(),
+            claim.clone(),
+        );
+        let stored =
+            tokio::task::spawn_blocking(move || store_trace(&*store, &trace, &run_id, &thread_id, claim.as_deref()))
+                .await;
         if let Ok(Err(e)) = stored {
             tracing::warn!(error = %e, "a run's trace could not be stored");
         }
     }
 }
 
-/// Stores the run's trace as it is now.
+/// Stores the run's trace as it is now (while the run is still `claim`'s, for a worker's).
 fn store_trace(
     store: &dyn crate::checkpoint::Checkpointer,
     trace: &std::sync::Mutex<super::trace::Recorder>,
     run_id: &str,
     thread_id: &str,
+    claim: Option<&str>,
 ) -> Result<(), crate::checkpoint::CheckpointError> {
     let (json, usage) = {
         let mut t = lock(trace);
         t.stored();
         (t.json(), t.usage().json())
     };
-    store.put_trace(&crate::checkpoint::TraceRow {
-        run_id: run_id.to_string(),
-        thread_id: thread_id.to_string(),
-        trace: json,
-        usage,
-        updated_at: crate::clock::now(),
-    })
+    store.put_trace(
+        &crate::checkpoint::TraceRow {
+            run_id: run_id.to_string(),
+            thread_id: thread_id.to_string(),
+            trace: json,
+            usage,
+            updated_at: crate::clock::now(),
+        },
+        claim,
+    )
 }
 
 /// What a run's row records of its end: why it failed or was cancelled.
