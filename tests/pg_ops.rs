@@ -177,6 +177,82 @@ fn a_steps_events_are_committed_with_its_checkpoint_under_the_runs_claim() {
     assert_eq!(store.events("r", 0, 10).unwrap().len(), 2);
 }
 
+/// A claimed run's step — its fence, its thread's status, its checkpoint — and its events are
+/// written by one statement in one round trip (the claim and the lease checked by it), and the
+/// readers are told: counted through a relay, sent once a step after the first (which
+/// prepares it); before, each took five (begin, lease, status, checkpoint, events, commit).
+#[test]
+fn a_claimed_step_with_its_status_and_events_is_one_round_trip() {
+    let url = url::Url::parse(&postgres::fresh_url()).unwrap();
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
+        .unwrap()
+        .next()
+        .unwrap();
+    let (port, sends) = super::checkpoint::counting_relay(target);
+    let mut relayed = url.clone();
+    relayed.set_port(Some(port)).unwrap();
+    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    let store = PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap();
+    store.create_thread(&thread("t")).unwrap();
+    let mut parent = checkpoint("t", -1);
+    store.put_checkpoint(&parent, &[]).unwrap();
+    assert!(store.admit(&run_row("r", "t"), false, None).unwrap());
+    let claimed = store.claim("w", &claim(&new_id())).unwrap().unwrap();
+    let token = claimed.lease.owner.clone();
+    let mut notices = store.subscribe().unwrap();
+    let mut next = claimed.next_event;
+    let mut step = |n: i64, status: ThreadStatus| {
+        let mut cp = checkpoint("t", n);
+        cp.parent_id = Some(parent.checkpoint_id.clone());
+        let bodies = vec![format!(r#"{{"type":"step_end","step":{n}}}"#)];
+        store
+            .commit_logged(
+                vec![
+                    Put::Fence(claimed.lease.fence()),
+                    Put::Status {
+                        thread_id: "t".into(),
+                        status,
+                    },
+                    Put::Checkpoint(Arc::new(cp.clone()), Vec::new()),
+                ],
+                true,
+                Logged {
+                    run_id: "r",
+                    claim: &token,
+                    from: next,
+                    bodies: &bodies,
+                },
+            )
+            .unwrap();
+        next += 1;
+        parent = cp;
+    };
+    step(0, ThreadStatus::Running);
+    let before = sends.load(std::sync::atomic::Ordering::SeqCst);
+    for n in 1..5 {
+        step(n, ThreadStatus::Running);
+    }
+    assert_eq!(
+        sends.load(std::sync::atomic::Ordering::SeqCst) - before,
+        4,
+        "one send a step"
+    );
+    step(5, ThreadStatus::Done);
+    let t = store.get_thread("t").unwrap().unwrap();
+    assert_eq!(t.status, ThreadStatus::Done);
+    assert_eq!(store.history("t").unwrap().len(), 7);
+    assert_eq!(store.events("r", 0, 10).unwrap().len(), 6);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match notices.try_recv() {
+            Ok(runner::checkpoint::queue::Notice::Events(r)) if r == "r" => break,
+            Ok(_) => {}
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("the readers were not told of the events: {e:?}"),
+        }
+    }
+}
+
 /// Two sweepers on one database, racing over the same expired threads: each thread is
 /// removed once, by one of them, and every one is gone.
 #[test]

@@ -507,7 +507,7 @@ async fn put_many(tx: &Transaction<'_>, ops: &[&Op]) -> Result<()> {
             store_blobs(tx, thread_id, blobs).await?;
         }
     }
-    put_rows(tx, &[], ops).await
+    put_rows(tx, &[], ops, None).await
 }
 
 /// Whether `op` can be applied as one statement outside a transaction: only fences,
@@ -517,15 +517,44 @@ async fn put_many(tx: &Transaction<'_>, ops: &[&Op]) -> Result<()> {
 pub(super) fn one_statement(op: &Op) -> bool {
     let mut flat = Vec::new();
     flatten(std::slice::from_ref(op), &mut flat);
-    flat.iter()
-        .all(|op| matches!(op, Op::Fence(_)) || (groupable(op) && !matches!(op, Op::Blobs { .. })))
+    let checkpointed = |thread: &str| {
+        flat.iter()
+            .any(|op| matches!(op, Op::PutCheckpoint { row, .. } if row.thread_id == thread))
+    };
+    flat.iter().all(|op| match op {
+        Op::Fence(_) => true,
+        Op::Blobs { .. } => false,
+        // A status change goes with a checkpoint of its thread, whose insert finds the thread
+        // missing (as the status's own update would).
+        Op::SetStatus { thread_id, .. } => checkpointed(thread_id),
+        op => groupable(op),
+    })
+}
+
+/// A claimed run's events, written with a step's statement under the claim (see `hold_claim`
+/// in the schema), and the notice that tells the readers.
+pub(super) struct LogTail<'a> {
+    pub(super) run_id: &'a str,
+    pub(super) claim: &'a str,
+    /// The thread a lost claim is told of (as a lost lease is).
+    pub(super) thread: &'a str,
+    /// The first record's sequence number.
+    pub(super) from: i64,
+    pub(super) bodies: &'a [String],
+    pub(super) channel: &'a str,
+    pub(super) payload: &'a str,
 }
 
 /// Applies `op` (see [`one_statement`]) as one statement on its own: the fences checked and
 /// their lease rows locked by the schema's `hold_leases` (which raises when one was taken
 /// over, so the statement writes nothing), every checkpoint, value and write inserted by the
 /// same statement, committed as it ends. One round trip, one commit: a step's whole write.
-pub(super) async fn apply_one_statement<C: Statements + Sync>(client: &C, op: &Op) -> Result<Done> {
+/// `log`: a claimed run's events, written by the same statement under its claim.
+pub(super) async fn apply_one_statement<C: Statements + Sync>(
+    client: &C,
+    op: &Op,
+    log: Option<&LogTail<'_>>,
+) -> Result<Done> {
     let mut flat = Vec::new();
     flatten(std::slice::from_ref(op), &mut flat);
     let mut fences: Vec<&crate::checkpoint::Fence> = Vec::new();
@@ -540,7 +569,7 @@ pub(super) async fn apply_one_statement<C: Statements + Sync>(client: &C, op: &O
             op => rows.push(op),
         }
     }
-    put_rows(client, &fences, &rows).await?;
+    put_rows(client, &fences, &rows, log).await?;
     Ok(Done::Unit)
 }
 
@@ -581,13 +610,24 @@ const LEASE_LOST: &str = "RL001";
 /// Every checkpoint, value and write of `ops` (and no other kind) in one statement, after the
 /// `fences` hold: a data-modifying `WITH` per table that has rows, the fences' check as its
 /// query (the last of a repeated write's `(task, idx)` kept, as applying them in turn would).
-async fn put_rows<C: Statements + Sync>(client: &C, fences: &[&crate::checkpoint::Fence], ops: &[&Op]) -> Result<()> {
+async fn put_rows<C: Statements + Sync>(
+    client: &C,
+    fences: &[&crate::checkpoint::Fence],
+    ops: &[&Op],
+    log: Option<&LogTail<'_>>,
+) -> Result<()> {
     let mut checkpoints: Vec<&CheckpointRow> = Vec::new();
+    // The last status of each thread (a statement may not update one row twice).
+    let mut statuses: Vec<(&str, &str, &str)> = Vec::new();
     let (mut v_threads, mut v_keys, mut v_versions, mut v_texts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut writes: Vec<(&str, &str, &str, i64, &str, &str)> = Vec::new();
     for op in ops {
         match op {
             Op::Blobs { .. } => {}
+            Op::SetStatus { thread_id, status, at } => {
+                statuses.retain(|s| s.0 != thread_id.as_str());
+                statuses.push((thread_id, status.as_str(), at));
+            }
             Op::PutCheckpoint { row, values } => {
                 checkpoints.push(row);
                 for (key, version, text) in values {
@@ -651,6 +691,10 @@ async fn put_rows<C: Statements + Sync>(client: &C, fences: &[&crate::checkpoint
         .iter()
         .map(|f| format::generation_to_stored(f.generation))
         .collect::<Result<Vec<i64>>>()?;
+    let s_threads: Vec<&str> = statuses.iter().map(|s| s.0).collect();
+    let s_statuses: Vec<&str> = statuses.iter().map(|s| s.1).collect();
+    let s_ats: Vec<&str> = statuses.iter().map(|s| s.2).collect();
+    let log = log.filter(|l| !l.bodies.is_empty());
 
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
     let mut ctes: Vec<String> = Vec::new();
@@ -716,25 +760,70 @@ async fn put_rows<C: Statements + Sync>(client: &C, fences: &[&crate::checkpoint
             &w_texts,
         ]);
     }
-    // The query itself: the fences' check (their lease rows locked until the commit), or
-    // nothing. A data-modifying `WITH` runs whether or not the query reads it.
-    let query = if fences.is_empty() {
-        "SELECT 0".to_owned()
-    } else {
+    if !statuses.is_empty() {
+        let p = next(&params, 3);
+        ctes.push(format!(
+            "s AS (UPDATE threads t SET status = u.status, updated_at = u.at, touched = nextval('thread_touches') \
+             FROM unnest({}::text[], {}::text[], {}::text[]) AS u(thread_id, status, at) \
+             WHERE t.thread_id = u.thread_id)",
+            p[0], p[1], p[2]
+        ));
+        params.extend([
+            &s_threads as &(dyn tokio_postgres::types::ToSql + Sync),
+            &s_statuses,
+            &s_ats,
+        ]);
+    }
+    // The query itself: the fences' check (their lease rows locked until the commit) and the
+    // claim's, the notice of the events logged; or nothing. A data-modifying `WITH` runs
+    // whether or not the query reads it.
+    let mut checks: Vec<String> = Vec::new();
+    if !fences.is_empty() {
         let p = next(&params, 3);
         params.extend([
             &f_threads as &(dyn tokio_postgres::types::ToSql + Sync),
             &f_owners,
             &f_generations,
         ]);
-        format!(
-            "SELECT hold_leases({}::text[], {}::text[], {}::bigint[])",
+        checks.push(format!(
+            "hold_leases({}::text[], {}::text[], {}::bigint[])",
             p[0], p[1], p[2]
-        )
-    };
-    if ctes.is_empty() && fences.is_empty() {
+        ));
+    }
+    if let Some(l) = log {
+        let p = next(&params, 7);
+        ctes.push(format!(
+            "logged AS (INSERT INTO run_events (run_id, seq, body) \
+             SELECT {run}, {from} + n - 1, b FROM unnest({bodies}::text[]) WITH ORDINALITY AS e(b, n) \
+             WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = {run} AND claim = {claim}) RETURNING seq)",
+            run = p[0],
+            claim = p[1],
+            from = p[3],
+            bodies = p[4],
+        ));
+        checks.push(format!("hold_claim({}, {}, {})", p[0], p[1], p[2]));
+        checks.push(format!(
+            "(SELECT count(*) FROM (SELECT pg_notify({}, {}) FROM (SELECT 1 FROM logged LIMIT 1) one) told)",
+            p[5], p[6]
+        ));
+        params.extend([
+            &l.run_id as &(dyn tokio_postgres::types::ToSql + Sync),
+            &l.claim,
+            &l.thread,
+            &l.from,
+            &l.bodies,
+            &l.channel,
+            &l.payload,
+        ]);
+    }
+    if ctes.is_empty() && checks.is_empty() {
         return Ok(());
     }
+    let query = if checks.is_empty() {
+        "SELECT 0".to_owned()
+    } else {
+        format!("SELECT {}", checks.join(", "))
+    };
     let sql = if ctes.is_empty() {
         query
     } else {

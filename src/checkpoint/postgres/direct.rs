@@ -181,14 +181,16 @@ struct State {
 }
 
 impl Direct {
-    /// Applies `op` (a step's write: see [`super::apply::one_statement`]) on the link, opening
-    /// it first when needed; `None` when the pool's way is to be taken instead: the link is
-    /// busy with another caller, cannot be opened, or broke before the write got an answer.
+    /// Applies `op` (a step's write: see [`super::apply::one_statement`]) and `log` (a claimed
+    /// run's events) on the link, opening it first when needed; `None` when the pool's way is
+    /// to be taken instead: the link is busy with another caller, cannot be opened, or broke
+    /// before the write got an answer.
     pub(super) fn write(
         &self,
         config: &tokio_postgres::Config,
         tls: &tokio_postgres_rustls::MakeRustlsConnect,
         op: &Op,
+        log: Option<&super::apply::LogTail<'_>>,
     ) -> Option<Result<Done>> {
         let mut state = self.state.try_lock().ok()?;
         if state.link.is_none() {
@@ -209,7 +211,7 @@ impl Direct {
                 client: link.client.as_ref()?,
                 statements: &link.statements,
             };
-            let work = std::pin::pin!(super::apply::apply_one_statement(&exec, op));
+            let work = std::pin::pin!(super::apply::apply_one_statement(&exec, op, log));
             let connection = &mut link.connection;
             drive(&link.socket, None, async move {
                 match futures::future::select(connection, work).await {

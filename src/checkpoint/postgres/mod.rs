@@ -254,7 +254,7 @@ impl PostgresCheckpointer {
         if one_statement {
             // On the calling thread, with no hand-off to the backend's runtime, when the step's
             // connection is free; the pool's way otherwise, or when it broke.
-            if let Some(done) = self.direct.write(&self.config, &self.tls, &op) {
+            if let Some(done) = self.direct.write(&self.config, &self.tls, &op, None) {
                 return done;
             }
         }
@@ -263,7 +263,7 @@ impl PostgresCheckpointer {
             async move {
                 let mut client = pool.get().await?;
                 if one_statement {
-                    return apply::apply_one_statement(&client, &op).await;
+                    return apply::apply_one_statement(&client, &op, None).await;
                 }
                 let tx = client.transaction().await?;
                 if unsynced {
@@ -278,9 +278,50 @@ impl PostgresCheckpointer {
 
     /// [`PostgresCheckpointer::write`], with `log`'s records appended to its run's log in the
     /// same transaction, fenced by its claim (the queue's `commit_logged`).
+    /// A step's write (see [`apply::one_statement`]) and its events are one statement, on the
+    /// step's connection as [`PostgresCheckpointer::write`]'s are: the fences and the claim
+    /// checked by it.
     fn write_logged(&self, op: Op, synced: bool, log: queue::LogRows, fenced: String) -> Result<Done> {
         let (pool, op, log, channel) = (self.pool.clone(), Arc::new(op), Arc::new(log), self.channel());
         let unsynced = !synced && self.durability == Durability::PowerSafe;
+        if !unsynced && apply::one_statement(&op) {
+            let payload = queue::events_payload(&log.run_id);
+            let logged = apply::LogTail {
+                run_id: &log.run_id,
+                claim: &log.claim,
+                thread: &fenced,
+                from: log.from,
+                bodies: &log.bodies,
+                channel: &channel,
+                payload: &payload,
+            };
+            if let Some(done) = self.direct.write(&self.config, &self.tls, &op, Some(&logged)) {
+                return done;
+            }
+            return self.retrying(move || {
+                let (pool, op, log, channel, payload, fenced) = (
+                    pool.clone(),
+                    op.clone(),
+                    log.clone(),
+                    channel.clone(),
+                    payload.clone(),
+                    fenced.clone(),
+                );
+                async move {
+                    let client = pool.get().await?;
+                    let logged = apply::LogTail {
+                        run_id: &log.run_id,
+                        claim: &log.claim,
+                        thread: &fenced,
+                        from: log.from,
+                        bodies: &log.bodies,
+                        channel: &channel,
+                        payload: &payload,
+                    };
+                    apply::apply_one_statement(&client, &op, Some(&logged)).await
+                }
+            });
+        }
         self.retrying(move || {
             let (pool, op, log, channel, fenced) =
                 (pool.clone(), op.clone(), log.clone(), channel.clone(), fenced.clone());

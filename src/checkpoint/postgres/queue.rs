@@ -62,6 +62,11 @@ impl PostgresCheckpointer {
     }
 }
 
+/// The payload of the notice that run `run_id` logged events.
+pub(super) fn events_payload(run_id: &str) -> String {
+    payload(&Notice::Events(run_id.to_owned()))
+}
+
 /// `notice` as the payload sent.
 fn payload(notice: &Notice) -> String {
     match notice {

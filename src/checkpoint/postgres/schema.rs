@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Version 1.
 const V1: &str = "
@@ -392,9 +392,27 @@ END
 $$;
 ";
 
+/// Version 8: `hold_claim`, a claimed run's fence as `hold_leases` is a thread's: it raises
+/// `RL001` (its detail: `p_thread`) when run `p_run_id` is no longer claim `p_claim`'s, so a
+/// worker's step, its events and its notice are one statement that writes nothing for a claim
+/// taken over.
+const V8: &str = "
+CREATE FUNCTION hold_claim(p_run_id text, p_claim text, p_thread text) RETURNS integer
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM runs WHERE run_id = p_run_id AND claim = p_claim;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'RL001', DETAIL = p_thread,
+            MESSAGE = format('run %s is no longer this worker''s', p_run_id);
+    END IF;
+    RETURN 0;
+END
+$$;
+";
+
 /// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
 /// `n + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found
