@@ -17,6 +17,10 @@ started for it and stopped after it:
   each has sent an event, worker B starts, then A is killed (SIGKILL); for each run, the time from
   the kill to its first event from B, against the lease's time to live + 1 s, and whether it ended
   with its whole output.
+
+With `--rtt-ms X`, the runner processes reach PostgreSQL through a relay (the load generator's
+`relay` mode) that holds every chunk X/2 ms each way: a database a network away, as a managed
+one in another zone is, where each round trip a run makes costs X ms more.
 """
 
 import argparse
@@ -85,6 +89,16 @@ class Bench:
         self.args = args
         self.out = Path(args.out)
         self.schemas = 0
+        # The runner processes' way to PostgreSQL: direct, or through a delaying relay.
+        self.db_port = args.port
+        self.relay = None
+        if args.rtt_ms:
+            with __import__("socket").socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.db_port = s.getsockname()[1]
+            self.relay = subprocess.Popen([args.load, "relay", str(self.db_port), str(args.port),
+                                           str(int(args.rtt_ms * 500))], start_new_session=True)
+            time.sleep(0.3)
 
     def psql(self, sql):
         rows = subprocess.run(
@@ -98,7 +112,7 @@ class Bench:
 
     def url(self):
         self.schemas += 1
-        return f"postgres://postgres@127.0.0.1:{self.args.port}/postgres?schema=s{self.schemas}&sslmode=disable"
+        return f"postgres://postgres@127.0.0.1:{self.db_port}/postgres?schema=s{self.schemas}&sslmode=disable"
 
     def api(self, db, name="api"):
         with __import__("socket").socket() as s:
@@ -236,8 +250,9 @@ def log(text):
 def report(res, args):
     lines = []
     if "latency" in res:
+        away = f"; PostgreSQL {args.rtt_ms} ms of round trip away" if args.rtt_ms else ""
         lines += ["", "Enqueue to first event on another process (API server and workers apart; ms; "
-                  f"{args.samples} runs one after another):", "",
+                  f"{args.samples} runs one after another{away}):", "",
                   "| workers | `metadata` p50 | first `values` event p50 | p90 | p99 | run's end p50 |",
                   "|---:|---:|---:|---:|---:|---:|"]
         for n, r in res["latency"].items():
@@ -292,16 +307,21 @@ def main():
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--ttls", default="3,10")
     ap.add_argument("--only", default="latency,throughput,failover")
+    ap.add_argument("--rtt-ms", type=float, default=0.0)
     args = ap.parse_args()
     args.workers = [int(x) for x in args.workers.split(",")]
     args.ttls = [int(x) for x in args.ttls.split(",")]
     args.only = set(args.only.split(","))
     bench = Bench(args)
     res = {}
-    if args.only & {"latency", "throughput"}:
-        bench.latency_and_throughput(res)
-    if "failover" in args.only:
-        bench.failover(res)
+    try:
+        if args.only & {"latency", "throughput"}:
+            bench.latency_and_throughput(res)
+        if "failover" in args.only:
+            bench.failover(res)
+    finally:
+        if bench.relay:
+            bench.relay.kill()
     (Path(args.out) / "results.json").write_text(json.dumps(res, indent=1))
     report(res, args)
 

@@ -3,6 +3,7 @@
 #
 #   bash bench/scale/run.sh                       # everything
 #   bash bench/scale/run.sh --only latency        # one part: latency, throughput, failover
+#   bash bench/scale/run.sh --only latency --rtt-ms 1   # PostgreSQL 1 ms of round trip away (a relay)
 #   WORKERS=1,2,4 CLIENTS=32 SECONDS_EACH=10 SAMPLES=200 bash bench/scale/run.sh
 #   RUNNER_BIN=path/to/runner LOAD_BIN=path/to/load bash bench/scale/run.sh   # no build
 #   PG_BIN=/usr/lib/postgresql/15/bin bash bench/scale/run.sh

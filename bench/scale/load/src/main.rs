@@ -8,6 +8,7 @@
 //! runner-scale-load latency    URL GRAPH SAMPLES
 //! runner-scale-load throughput URL GRAPH CLIENTS SECONDS
 //! runner-scale-load failover   URL GRAPH RUNS
+//! runner-scale-load relay      LISTEN_PORT TARGET_PORT ONE_WAY_US
 //! ```
 //!
 //! Each prints one JSON object on stdout:
@@ -24,6 +25,11 @@
 //!   more than a second after it (the dead process's last events, already logged, are
 //!   delivered within milliseconds; a run cannot be claimed again before its lease expires),
 //!   and whether it ended with the graph's whole output.
+//! - `relay`: a TCP relay on 127.0.0.1:`LISTEN_PORT` to 127.0.0.1:`TARGET_PORT` that holds
+//!   every chunk `ONE_WAY_US` microseconds each way before passing it on (a database a network
+//!   away: the round trip grows by twice that); runs until killed, prints nothing. Blocking
+//!   threads and `std::thread::sleep`, not tokio's timer, whose millisecond ticks would round
+//!   the delay up.
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +38,17 @@ use serde_json::{Value, json};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    if let [mode, listen, target, one_way] = args.iter().map(String::as_str).collect::<Vec<_>>().as_slice()
+        && *mode == "relay"
+    {
+        let delay = Duration::from_micros(one_way.parse().expect("ONE_WAY_US"));
+        relay(
+            listen.parse().expect("LISTEN_PORT"),
+            target.parse().expect("TARGET_PORT"),
+            delay,
+        );
+        return;
+    }
     // reqwest is built without a TLS provider of its own: the process's is installed (plain
     // HTTP on loopback uses none, but the client is built with one).
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -323,4 +340,48 @@ fn kill9(pid: i32) -> Result<()> {
     } else {
         Err(format!("kill -9 {pid} failed"))
     }
+}
+
+/// Relays each connection to `127.0.0.1:listen` to `127.0.0.1:target`, every chunk held
+/// `delay` before it is passed on, in order, each way.
+fn relay(listen: u16, target: u16, delay: Duration) {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", listen)).expect("the relay's port");
+    for client in listener.incoming() {
+        let Ok(client) = client else { continue };
+        let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target)) else {
+            continue;
+        };
+        let _ = (client.set_nodelay(true), server.set_nodelay(true));
+        let (Ok(client2), Ok(server2)) = (client.try_clone(), server.try_clone()) else {
+            continue;
+        };
+        delayed_pipe(client, server, delay);
+        delayed_pipe(server2, client2, delay);
+    }
+}
+
+/// Reads `from` on one thread and writes to `to` on another, each chunk `delay` after it was read.
+fn delayed_pipe(mut from: std::net::TcpStream, mut to: std::net::TcpStream, delay: Duration) {
+    use std::io::{Read, Write};
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                break;
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        for (due, chunk) in rx {
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            if to.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    });
 }
