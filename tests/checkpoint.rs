@@ -2212,6 +2212,55 @@ fn postgres_a_fenced_step_is_one_round_trip() {
     }
 }
 
+/// On PostgreSQL a thread's creation, its status and its first checkpoint are one statement
+/// (a step's write): all of it or none, the status the batch leaves the thread in, a thread
+/// created twice refused, a status on a missing thread refused with the rest.
+#[test]
+fn postgres_a_thread_its_status_and_first_checkpoint_are_one_statement() {
+    let backend = postgres(Durability::CrashSafe);
+    let cp = &*backend.cp;
+    let c0 = checkpoint("A", None, -1, &[("n", 1)]);
+    let status = |thread: &str, status| Put::Status {
+        thread_id: thread.into(),
+        status,
+    };
+    let broken = cp.put_batch(vec![
+        Put::Thread(Box::new(thread("A"))),
+        status("A", ThreadStatus::Interrupted),
+        Put::Checkpoint(Arc::new(c0.clone()), vals(&[("n", 1, json!(0))])),
+        Put::Checkpoint(Arc::new(c0.clone()), vals(&[("n", 1, json!(0))])),
+    ]);
+    assert!(broken.is_err());
+    assert_eq!(cp.get_thread("A").unwrap(), None);
+    cp.put_batch(vec![
+        Put::Thread(Box::new(thread("A"))),
+        status("A", ThreadStatus::Interrupted),
+        Put::Checkpoint(Arc::new(c0.clone()), vals(&[("n", 1, json!(0))])),
+    ])
+    .unwrap();
+    assert_eq!(cp.get_thread("A").unwrap().unwrap().status, ThreadStatus::Interrupted);
+    assert_eq!(cp.history("A").unwrap().len(), 1);
+    let again = cp.put_batch(vec![Put::Thread(Box::new(thread("A")))]).unwrap_err();
+    assert!(
+        matches!(again, CheckpointError::ThreadExists(ref t) if t == "A"),
+        "{again:?}"
+    );
+    let c1 = checkpoint("A", Some(&c0), 0, &[("n", 2)]);
+    let missing = cp
+        .put_batch(vec![
+            Put::Checkpoint(Arc::new(c1.clone()), vals(&[("n", 2, json!(1))])),
+            status("A", ThreadStatus::Done),
+            status("nope", ThreadStatus::Done),
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(missing, CheckpointError::NoThread(ref t) if t == "nope"),
+        "{missing:?}"
+    );
+    assert!(cp.get_checkpoint("A", Some(&c1.checkpoint_id)).unwrap().is_none());
+    assert_eq!(cp.get_thread("A").unwrap().unwrap().status, ThreadStatus::Interrupted);
+}
+
 /// A read waits for one answer, however many statements it takes: its `BEGIN` goes with its
 /// statements, its values are read together (three keys, one statement), and its end is not
 /// waited for. Counted as the relay's reads from the client: before, a state of three keys
@@ -2271,10 +2320,28 @@ fn postgres_a_step_is_written_on_the_step_connection_and_survives_its_loss() {
     let (url, admin) = (server.fresh_url(), server.admin_url());
     let cp = PostgresCheckpointer::open(&url, Durability::PowerSafe).unwrap();
     let id = "stepped";
+    let steps = || {
+        crate::support::postgres::query(
+            &admin,
+            "SELECT pid::text, query FROM pg_stat_activity WHERE application_name = 'runner-steps'",
+        )
+        .unwrap()
+    };
     let lease = cp.acquire_lease(&claim(id, "owner-a", 60_000)).unwrap();
+    assert_eq!(steps().len(), 0, "opened on first use");
+    // The thread, its first checkpoint and its status: one statement too.
     let c0 = checkpoint(id, None, -1, &[("n", 1)]);
     cp.create_thread_with_checkpoint(Some(&lease.fence()), &thread(id), &c0, vals(&[("n", 1, json!(0))]))
         .unwrap();
+    let seen = steps();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0][1]
+            .as_deref()
+            .unwrap()
+            .starts_with("WITH nt AS (INSERT INTO threads"),
+        "{seen:?}"
+    );
     let step = |parent: &Checkpoint, n: u64| {
         let next = checkpoint(id, Some(parent), n as i64, &[("n", n + 1)]);
         let written = cp.put_batch(vec![
@@ -2288,14 +2355,6 @@ fn postgres_a_step_is_written_on_the_step_connection_and_survives_its_loss() {
         ]);
         (next, written)
     };
-    let steps = || {
-        crate::support::postgres::query(
-            &admin,
-            "SELECT pid::text, query FROM pg_stat_activity WHERE application_name = 'runner-steps'",
-        )
-        .unwrap()
-    };
-    assert_eq!(steps().len(), 0, "opened on first use");
     let (c1, written) = step(&c0, 1);
     written.unwrap();
     let seen = steps();

@@ -27,6 +27,7 @@ use serde_json::Value;
 use super::{Checkpoint, CheckpointError, Fence, Lease, LeaseClaim, PendingWrite, Put, Result, Thread, ThreadStatus};
 
 /// A thread as stored, JSON columns as text.
+#[derive(Clone)]
 pub(crate) struct ThreadRow {
     pub(crate) thread_id: String,
     pub(crate) workflow: String,

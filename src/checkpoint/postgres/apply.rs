@@ -517,16 +517,10 @@ async fn put_many(tx: &Transaction<'_>, ops: &[&Op]) -> Result<()> {
 pub(super) fn one_statement(op: &Op) -> bool {
     let mut flat = Vec::new();
     flatten(std::slice::from_ref(op), &mut flat);
-    let checkpointed = |thread: &str| {
-        flat.iter()
-            .any(|op| matches!(op, Op::PutCheckpoint { row, .. } if row.thread_id == thread))
-    };
     flat.iter().all(|op| match op {
-        Op::Fence(_) => true,
+        // A thread's creation and status (the thread found missing by `hold_threads`).
+        Op::Fence(_) | Op::CreateThread(_) | Op::SetStatus { .. } => true,
         Op::Blobs { .. } => false,
-        // A status change goes with a checkpoint of its thread, whose insert finds the thread
-        // missing (as the status's own update would).
-        Op::SetStatus { thread_id, .. } => checkpointed(thread_id),
         op => groupable(op),
     })
 }
@@ -606,6 +600,8 @@ impl Statements for Transaction<'_> {
 /// SQLSTATE `hold_leases` raises for a lease that is no longer the fence's (its detail: the
 /// thread).
 const LEASE_LOST: &str = "RL001";
+/// SQLSTATE `hold_threads` raises for a thread that does not exist (its detail: the thread).
+const NO_THREAD: &str = "RL002";
 
 /// Every checkpoint, value and write of `ops` (and no other kind) in one statement, after the
 /// `fences` hold: a data-modifying `WITH` per table that has rows, the fences' check as its
@@ -617,14 +613,28 @@ async fn put_rows<C: Statements + Sync>(
     log: Option<&LogTail<'_>>,
 ) -> Result<()> {
     let mut checkpoints: Vec<&CheckpointRow> = Vec::new();
-    // The last status of each thread (a statement may not update one row twice).
+    // Threads created: inserted with the status the batch leaves them in.
+    let mut created: Vec<ThreadRow> = Vec::new();
+    // The last status of each thread that is not created here (a statement may not update one
+    // row twice, nor see a row another part of it inserts).
     let mut statuses: Vec<(&str, &str, &str)> = Vec::new();
     let (mut v_threads, mut v_keys, mut v_versions, mut v_texts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut writes: Vec<(&str, &str, &str, i64, &str, &str)> = Vec::new();
     for op in ops {
         match op {
             Op::Blobs { .. } => {}
+            Op::CreateThread(row) => {
+                if created.iter().any(|t| t.thread_id == row.thread_id) {
+                    return Err(CheckpointError::ThreadExists(row.thread_id.clone()));
+                }
+                created.push(row.clone());
+            }
             Op::SetStatus { thread_id, status, at } => {
+                if let Some(t) = created.iter_mut().find(|t| t.thread_id == *thread_id) {
+                    t.status = status.as_str().to_owned();
+                    t.updated_at = at.clone();
+                    continue;
+                }
                 statuses.retain(|s| s.0 != thread_id.as_str());
                 statuses.push((thread_id, status.as_str(), at));
             }
@@ -691,6 +701,24 @@ async fn put_rows<C: Statements + Sync>(
         .iter()
         .map(|f| format::generation_to_stored(f.generation))
         .collect::<Result<Vec<i64>>>()?;
+    let t_col = |f: fn(&ThreadRow) -> &str| created.iter().map(|t| f(t)).collect::<Vec<&str>>();
+    let t_ids = t_col(|t| &t.thread_id);
+    let t_workflows = t_col(|t| &t.workflow);
+    let t_plans = t_col(|t| &t.plan_hash);
+    let t_statuses = t_col(|t| &t.status);
+    let t_created = t_col(|t| &t.created_at);
+    let t_updated = t_col(|t| &t.updated_at);
+    let t_inputs = t_col(|t| &t.input);
+    let t_contexts = t_col(|t| &t.context);
+    let t_configs = t_col(|t| &t.config);
+    let t_forked: Vec<Option<&str>> = created
+        .iter()
+        .map(|t| t.forked_from.as_ref().map(|f| f.0.as_str()))
+        .collect();
+    let t_forked_at: Vec<Option<&str>> = created
+        .iter()
+        .map(|t| t.forked_from.as_ref().map(|f| f.1.as_str()))
+        .collect();
     let s_threads: Vec<&str> = statuses.iter().map(|s| s.0).collect();
     let s_statuses: Vec<&str> = statuses.iter().map(|s| s.1).collect();
     let s_ats: Vec<&str> = statuses.iter().map(|s| s.2).collect();
@@ -703,6 +731,33 @@ async fn put_rows<C: Statements + Sync>(
         let first = params.len() + 1;
         (first..first + k).map(|n| format!("${n}")).collect::<Vec<_>>()
     };
+    if !created.is_empty() {
+        let p = next(&params, 11);
+        // A checkpoint inserted by the same statement finds its thread: the keys are checked
+        // at the statement's end.
+        ctes.push(format!(
+            "nt AS (INSERT INTO threads (thread_id, workflow, plan_hash, status, created_at, updated_at, \
+             forked_from_thread, forked_from_checkpoint, touched) \
+             SELECT t.*, nextval('thread_touches') FROM unnest({}::text[], {}::text[], {}::text[], {}::text[], \
+             {}::text[], {}::text[], {}::text[], {}::text[]) AS t), \
+             ni AS (INSERT INTO thread_inputs (thread_id, input, context, config) \
+             SELECT * FROM unnest({}::text[], {}::text[], {}::text[], {}::text[]))",
+            p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[0], p[8], p[9], p[10]
+        ));
+        params.extend([
+            &t_ids as &(dyn tokio_postgres::types::ToSql + Sync),
+            &t_workflows,
+            &t_plans,
+            &t_statuses,
+            &t_created,
+            &t_updated,
+            &t_forked,
+            &t_forked_at,
+            &t_inputs,
+            &t_contexts,
+            &t_configs,
+        ]);
+    }
     if !checkpoints.is_empty() {
         let p = next(&params, 11);
         ctes.push(format!(
@@ -778,6 +833,13 @@ async fn put_rows<C: Statements + Sync>(
     // claim's, the notice of the events logged; or nothing. A data-modifying `WITH` runs
     // whether or not the query reads it.
     let mut checks: Vec<String> = Vec::new();
+    if !statuses.is_empty() {
+        // The threads whose status is set exist (a fresh snapshot: one removed meanwhile is
+        // missing).
+        let p = next(&params, 1);
+        params.push(&s_threads);
+        checks.push(format!("hold_threads({}::text[])", p[0]));
+    }
     if !fences.is_empty() {
         let p = next(&params, 3);
         params.extend([
@@ -838,6 +900,10 @@ async fn put_rows<C: Statements + Sync>(
                     .or_else(|| f_threads.first().map(|t| (*t).to_owned()))
                     .unwrap_or_default(),
             ),
+            (NO_THREAD, _) => CheckpointError::NoThread(db.detail().unwrap_or_default().to_owned()),
+            (UNIQUE, Some("threads" | "thread_inputs")) if !created.is_empty() => {
+                CheckpointError::ThreadExists(created[0].thread_id.clone())
+            }
             (FOREIGN_KEY, Some("checkpoints")) if !checkpoints.is_empty() => {
                 CheckpointError::NoThread(checkpoints[0].thread_id.clone())
             }

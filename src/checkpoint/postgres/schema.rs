@@ -392,11 +392,26 @@ END
 $$;
 ";
 
-/// Version 8: `hold_claim`, a claimed run's fence as `hold_leases` is a thread's: it raises
-/// `RL001` (its detail: `p_thread`) when run `p_run_id` is no longer claim `p_claim`'s, so a
-/// worker's step, its events and its notice are one statement that writes nothing for a claim
-/// taken over.
+/// Version 8: what lets a step that is more than checkpoints and writes be one statement.
+/// `hold_claim`, a claimed run's fence as `hold_leases` is a thread's: it raises `RL001` (its
+/// detail: `p_thread`) when run `p_run_id` is no longer claim `p_claim`'s, so a worker's step,
+/// its events and its notice are one statement that writes nothing for a claim taken over.
+/// `hold_threads` raises `RL002` (its detail: the thread) for a thread that does not exist, as
+/// a status set on it in a transaction of its own finds.
 const V8: &str = "
+CREATE FUNCTION hold_threads(p_threads text[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_threads, 1), 0) LOOP
+        PERFORM 1 FROM threads WHERE thread_id = p_threads[i];
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'RL002', DETAIL = p_threads[i],
+                MESSAGE = format('no thread %s', p_threads[i]);
+        END IF;
+    END LOOP;
+    RETURN 0;
+END
+$$;
 CREATE FUNCTION hold_claim(p_run_id text, p_claim text, p_thread text) RETURNS integer
 LANGUAGE plpgsql AS $$
 BEGIN
