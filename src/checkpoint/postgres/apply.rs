@@ -701,7 +701,7 @@ async fn put_rows<C: Statements + Sync>(
         .iter()
         .map(|f| format::generation_to_stored(f.generation))
         .collect::<Result<Vec<i64>>>()?;
-    let t_col = |f: fn(&ThreadRow) -> &str| created.iter().map(|t| f(t)).collect::<Vec<&str>>();
+    let t_col = |f: fn(&ThreadRow) -> &str| created.iter().map(f).collect::<Vec<&str>>();
     let t_ids = t_col(|t| &t.thread_id);
     let t_workflows = t_col(|t| &t.workflow);
     let t_plans = t_col(|t| &t.plan_hash);
