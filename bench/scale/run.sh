@@ -6,6 +6,8 @@
 #   bash bench/scale/run.sh --only latency --rtt-ms 1   # PostgreSQL 1 ms of round trip away (a relay)
 #   WORKERS=1,2,4 CLIENTS=32 SECONDS_EACH=10 SAMPLES=200 bash bench/scale/run.sh
 #   RUNNER_BIN=path/to/runner LOAD_BIN=path/to/load bash bench/scale/run.sh   # no build
+#   PG_LOG_STATEMENTS=1 bash bench/scale/run.sh --only latency   # every statement logged, with
+#                       # its process and time, to target/bench-scale/postgres.log (a profile)
 #   PG_BIN=/usr/lib/postgresql/15/bin bash bench/scale/run.sh
 #
 # What it does: builds runner (cargo build --release) and the load generator (bench/scale/load/, a
@@ -60,6 +62,13 @@ synchronous_commit = on
 max_connections = 300
 shared_preload_libraries = '$PRELOAD'
 CONF
+
+if [[ -n "${PG_LOG_STATEMENTS:-}" ]]; then
+    cat >>"$DATA/postgresql.conf" <<CONF
+log_min_duration_statement = 0
+log_line_prefix = '%m [%p] %a '
+CONF
+fi
 
 pg_start "$WORK"
 
