@@ -2212,6 +2212,59 @@ fn postgres_a_fenced_step_is_one_round_trip() {
     }
 }
 
+/// An append-only key extends its previous version at every step: read at its last version,
+/// its whole chain comes back from one statement, not one a step (a chat thread's messages
+/// after 30 turns: 30 round trips before). Counted through a relay, as a read's sends.
+#[test]
+fn postgres_a_values_chain_is_read_by_one_statement() {
+    let url = url::Url::parse(&fresh_url()).unwrap();
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
+        .unwrap()
+        .next()
+        .unwrap();
+    let (port, sends) = counting_relay(target);
+    let mut relayed = url.clone();
+    relayed.set_port(Some(port)).unwrap();
+    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    let cp = PostgresCheckpointer::open(relayed.as_str(), Durability::CrashSafe).unwrap();
+    let mut parent = checkpoint("chain", None, -1, &[("m", 1), ("n", 1)]);
+    cp.create_thread_with_checkpoint(
+        None,
+        &thread("chain"),
+        &parent,
+        vals(&[("m", 1, json!(["m1"])), ("n", 1, json!(0))]),
+    )
+    .unwrap();
+    for v in 2..=30u64 {
+        let next = checkpoint("chain", Some(&parent), v as i64, &[("m", v), ("n", 1)]);
+        let item = format!("m{v}");
+        cp.put_checkpoint(
+            &next,
+            &vals(&[("m", v, runner::checkpoint::extension(v - 1, vec![json!(item)]))]),
+        )
+        .unwrap();
+        parent = next;
+    }
+    let versions = parent.versions.clone();
+    // The first prepares the statement.
+    let state = cp.state("chain", &versions).unwrap();
+    let all: Vec<Value> = (1..=30).map(|v| json!(format!("m{v}"))).collect();
+    assert_eq!(state["m"], Value::Array(all));
+    assert_eq!(state["n"], json!(0));
+    let before = sends.load(Ordering::SeqCst);
+    assert_eq!(cp.state("chain", &versions).unwrap(), state);
+    let sent = sends.load(Ordering::SeqCst) - before;
+    assert!(sent <= 3, "{sent} sends for one read of a 30-link chain");
+    // A version in the middle of the chain, read alone.
+    let mut at_ten = BTreeMap::new();
+    at_ten.insert("m".to_string(), 10);
+    let ten: Vec<Value> = (1..=10).map(|v| json!(format!("m{v}"))).collect();
+    assert_eq!(cp.state("chain", &at_ten).unwrap()["m"], Value::Array(ten));
+    // A version that was never stored is told as missing.
+    at_ten.insert("m".to_string(), 99);
+    assert!(matches!(cp.state("chain", &at_ten), Err(CheckpointError::Corrupt(_))));
+}
+
 /// On PostgreSQL a thread's creation, its status and its first checkpoint are one statement
 /// (a step's write): all of it or none, the status the batch leaves the thread in, a thread
 /// created twice refused, a status on a missing thread refused with the rest.

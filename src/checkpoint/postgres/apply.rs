@@ -172,48 +172,73 @@ pub(super) async fn checkpoint_exists(tx: &impl GenericClient, thread_id: &str, 
     Ok(tx.query_opt(&stmt, &[&thread_id, &checkpoint_id]).await?.is_some())
 }
 
-/// The values of `versions` (key → version), extensions resolved: the stored values, and while
-/// some extend earlier versions, those, each level of the chains read by one statement (a
-/// corrupt chain that does not go down stops at once).
+/// The stored values of `($2, $3)` (keys and versions) of thread `$1` and, for each that
+/// extends an earlier version (`{"$runner_extends": base, "items": …}`, as
+/// [`crate::checkpoint::extension`] writes it), that version's, down each chain to its end.
+const CHAIN: &str = "WITH RECURSIVE chain(key, version, value) AS ( \
+       SELECT s.key, s.version, s.value FROM unnest($2::text[], $3::bigint[]) AS w(key, version) \
+       JOIN state_values s ON s.thread_id = $1 AND s.key = w.key AND s.version = w.version \
+     UNION ALL \
+       SELECT s.key, s.version, s.value FROM chain c \
+       JOIN state_values s ON s.thread_id = $1 AND s.key = c.key AND s.version < c.version \
+        AND s.version = substring(c.value FROM '^\\{\"\\$runner_extends\":([0-9]+),')::bigint \
+       WHERE c.value LIKE '{\"$runner_extends\":%') \
+     SELECT key, version, value FROM chain";
+
+/// The values of `versions` (key → version), extensions resolved: the stored values, and the
+/// earlier versions they extend, each key's chain read by one statement down to its full
+/// value (an append-only key extends its previous version at every step: a chain as long as
+/// the thread). A link the statement could not follow (a text not in the form `extension`
+/// writes) is read by a statement of its own; a corrupt chain that does not go down stops at
+/// once.
 pub(super) async fn resolved_values(
     tx: &impl GenericClient,
     thread_id: &str,
     versions: &std::collections::BTreeMap<String, u64>,
 ) -> Result<serde_json::Map<String, Value>> {
-    use std::collections::HashMap;
-    let stmt = tx
-        .prepare_cached(
-            "SELECT s.key, s.version, s.value FROM unnest($2::text[], $3::bigint[]) AS w(key, version) \
-             JOIN state_values s ON s.thread_id = $1 AND s.key = w.key AND s.version = w.version",
-        )
-        .await?;
+    use std::collections::{HashMap, HashSet};
+    let stmt = tx.prepare_cached(CHAIN).await?;
+    let mut texts: HashMap<(String, i64), String> = HashMap::new();
     let mut fetched: HashMap<(String, u64), Value> = HashMap::new();
-    let mut wanted: Vec<(String, u64)> = versions.iter().map(|(k, v)| (k.clone(), *v)).collect();
-    while !wanted.is_empty() {
-        let keys: Vec<&str> = wanted.iter().map(|(k, _)| k.as_str()).collect();
-        let stored = wanted
-            .iter()
-            .map(|(_, v)| format::version_to_stored(*v))
-            .collect::<Result<Vec<i64>>>()?;
-        let mut got: HashMap<(String, i64), String> = HashMap::new();
-        for row in tx.query(&stmt, &[&thread_id, &keys, &stored]).await? {
-            got.insert((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?);
+    let mut asked: HashSet<(String, u64)> = HashSet::new();
+    let mut pending: Vec<(String, u64)> = versions.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    while !pending.is_empty() {
+        let mut ask: Vec<(&str, i64)> = Vec::new();
+        for (key, v) in &pending {
+            let stored = format::version_to_stored(*v)?;
+            if !texts.contains_key(&(key.clone(), stored)) {
+                // Asked before and not found: there is no such version.
+                if !asked.insert((key.clone(), *v)) {
+                    return Err(format::missing_value(thread_id, key, *v));
+                }
+                ask.push((key, stored));
+            }
+        }
+        if !ask.is_empty() {
+            let keys: Vec<&str> = ask.iter().map(|a| a.0).collect();
+            let stored: Vec<i64> = ask.iter().map(|a| a.1).collect();
+            for row in tx.query(&stmt, &[&thread_id, &keys, &stored]).await? {
+                texts.insert((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?);
+            }
         }
         let mut next = Vec::new();
-        for ((key, v), stored) in wanted.into_iter().zip(stored) {
-            let text = got
-                .remove(&(key.clone(), stored))
-                .ok_or_else(|| format::missing_value(thread_id, &key, v))?;
-            let value = decode(tx, "a state value", &text).await?;
-            if let Some((base, _)) = crate::checkpoint::as_extension(&value)
-                && base < v
-                && !fetched.contains_key(&(key.clone(), base))
-            {
-                next.push((key.clone(), base));
+        for (key, mut v) in pending {
+            // Down the chain as far as what was read goes.
+            while !fetched.contains_key(&(key.clone(), v)) {
+                let Some(text) = texts.get(&(key.clone(), format::version_to_stored(v)?)).cloned() else {
+                    next.push((key.clone(), v));
+                    break;
+                };
+                let value = decode(tx, "a state value", &text).await?;
+                let base = crate::checkpoint::as_extension(&value).map(|(base, _)| base);
+                fetched.insert((key.clone(), v), value);
+                match base {
+                    Some(base) if base < v => v = base,
+                    _ => break,
+                }
             }
-            fetched.insert((key, v), value);
         }
-        wanted = next;
+        pending = next;
     }
     let mut state = serde_json::Map::new();
     for (key, version) in versions {
