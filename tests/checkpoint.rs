@@ -2113,6 +2113,21 @@ fn postgres_a_schema_is_a_store_of_its_own() {
     assert_eq!(again.history("t").unwrap().len(), 3);
 }
 
+/// `url` (a fresh database's) reached through a [`counting_relay`], with a pool of one
+/// connection: the URL, and the count of the clients' sends.
+pub(crate) fn counted_url(url: &str) -> (url::Url, Arc<std::sync::atomic::AtomicUsize>) {
+    let url = url::Url::parse(url).unwrap();
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
+        .unwrap()
+        .next()
+        .unwrap();
+    let (port, sends) = counting_relay(target);
+    let mut relayed = url.clone();
+    relayed.set_port(Some(port)).unwrap();
+    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    (relayed, sends)
+}
+
 /// A relay on loopback to `target` that counts the reads it passes on from its clients: a
 /// client that waits for each answer before it sends the next statement makes one read per
 /// statement, one that sends a whole write at once makes one.
@@ -2161,15 +2176,7 @@ pub(crate) fn counting_relay(target: std::net::SocketAddr) -> (u16, Arc<std::syn
 /// text is prepared once per connection, the first time).
 #[test]
 fn postgres_a_fenced_step_is_one_round_trip() {
-    let url = url::Url::parse(&fresh_url()).unwrap();
-    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
-        .unwrap()
-        .next()
-        .unwrap();
-    let (port, sends) = counting_relay(target);
-    let mut relayed = url.clone();
-    relayed.set_port(Some(port)).unwrap();
-    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    let (relayed, sends) = counted_url(&fresh_url());
     for durability in [Durability::PowerSafe, Durability::CrashSafe] {
         let cp = PostgresCheckpointer::open(relayed.as_str(), durability).unwrap();
         let id = format!("one-{durability:?}");
@@ -2217,15 +2224,7 @@ fn postgres_a_fenced_step_is_one_round_trip() {
 /// after 30 turns: 30 round trips before). Counted through a relay, as a read's sends.
 #[test]
 fn postgres_a_values_chain_is_read_by_one_statement() {
-    let url = url::Url::parse(&fresh_url()).unwrap();
-    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
-        .unwrap()
-        .next()
-        .unwrap();
-    let (port, sends) = counting_relay(target);
-    let mut relayed = url.clone();
-    relayed.set_port(Some(port)).unwrap();
-    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    let (relayed, sends) = counted_url(&fresh_url());
     let cp = PostgresCheckpointer::open(relayed.as_str(), Durability::CrashSafe).unwrap();
     let mut parent = checkpoint("chain", None, -1, &[("m", 1), ("n", 1)]);
     cp.create_thread_with_checkpoint(
@@ -2320,15 +2319,7 @@ fn postgres_a_thread_its_status_and_first_checkpoint_are_one_statement() {
 /// sent six times (begin, thread, one a key, commit) and a checkpoint's pending writes five.
 #[test]
 fn postgres_a_read_is_sent_at_once() {
-    let url = url::Url::parse(&fresh_url()).unwrap();
-    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
-        .unwrap()
-        .next()
-        .unwrap();
-    let (port, sends) = counting_relay(target);
-    let mut relayed = url.clone();
-    relayed.set_port(Some(port)).unwrap();
-    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    let (relayed, sends) = counted_url(&fresh_url());
     let cp = PostgresCheckpointer::open(relayed.as_str(), Durability::CrashSafe).unwrap();
     let first = checkpoint("reads", None, -1, &[("a", 1), ("b", 1), ("c", 1)]);
     cp.create_thread_with_checkpoint(

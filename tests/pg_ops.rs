@@ -183,15 +183,7 @@ fn a_steps_events_are_committed_with_its_checkpoint_under_the_runs_claim() {
 /// prepares it); before, each took five (begin, lease, status, checkpoint, events, commit).
 #[test]
 fn a_claimed_step_with_its_status_and_events_is_one_round_trip() {
-    let url = url::Url::parse(&postgres::fresh_url()).unwrap();
-    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
-        .unwrap()
-        .next()
-        .unwrap();
-    let (port, sends) = super::checkpoint::counting_relay(target);
-    let mut relayed = url.clone();
-    relayed.set_port(Some(port)).unwrap();
-    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    let (relayed, sends) = super::checkpoint::counted_url(&postgres::fresh_url());
     let store = PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap();
     store.create_thread(&thread("t")).unwrap();
     let mut parent = checkpoint("t", -1);
@@ -228,6 +220,9 @@ fn a_claimed_step_with_its_status_and_events_is_one_round_trip() {
         parent = cp;
     };
     step(0, ThreadStatus::Running);
+    // A read ends its transaction after it has answered (the claim's reads among them): let
+    // those ends go before counting.
+    std::thread::sleep(Duration::from_millis(300));
     let before = sends.load(std::sync::atomic::Ordering::SeqCst);
     for n in 1..5 {
         step(n, ThreadStatus::Running);

@@ -378,15 +378,7 @@ mod queue {
     /// and answered once (its statement prepared once per connection, the first time).
     #[test]
     fn the_queues_calls_are_one_round_trip_each() {
-        let url = url::Url::parse(&postgres::fresh_url()).unwrap();
-        let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
-            .unwrap()
-            .next()
-            .unwrap();
-        let (port, sends) = crate::checkpoint::counting_relay(target);
-        let mut relayed = url.clone();
-        relayed.set_port(Some(port)).unwrap();
-        relayed.query_pairs_mut().append_pair("pool_size", "1");
+        let (relayed, sends) = crate::checkpoint::counted_url(&postgres::fresh_url());
         for durability in [Durability::PowerSafe, Durability::CrashSafe] {
             let store = PostgresCheckpointer::open(relayed.as_str(), durability).unwrap();
             let tag = format!("{durability:?}");

@@ -715,15 +715,7 @@ fn exhaust(admin: &str, hold: Duration) -> bool {
 #[test]
 fn a_run_is_admitted_through_an_api_server_in_two_round_trips() {
     let dir = workflows();
-    let url = url::Url::parse(&postgres::fresh_url()).unwrap();
-    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
-        .unwrap()
-        .next()
-        .unwrap();
-    let (port, sends) = super::checkpoint::counting_relay(target);
-    let mut relayed = url.clone();
-    relayed.set_port(Some(port)).unwrap();
-    relayed.query_pairs_mut().append_pair("pool_size", "1");
+    let (relayed, sends) = super::checkpoint::counted_url(&postgres::fresh_url());
     let server = api(dir.path(), relayed.as_str());
     rt().block_on(async {
         let mut fewest = usize::MAX;

@@ -286,15 +286,7 @@ impl PostgresCheckpointer {
         let unsynced = !synced && self.durability == Durability::PowerSafe;
         if !unsynced && apply::one_statement(&op) {
             let payload = queue::events_payload(&log.run_id);
-            let logged = apply::LogTail {
-                run_id: &log.run_id,
-                claim: &log.claim,
-                thread: &fenced,
-                from: log.from,
-                bodies: &log.bodies,
-                channel: &channel,
-                payload: &payload,
-            };
+            let logged = log.tail(&fenced, &channel, &payload);
             if let Some(done) = self.direct.write(&self.config, &self.tls, &op, Some(&logged)) {
                 return done;
             }
@@ -309,16 +301,7 @@ impl PostgresCheckpointer {
                 );
                 async move {
                     let client = pool.get().await?;
-                    let logged = apply::LogTail {
-                        run_id: &log.run_id,
-                        claim: &log.claim,
-                        thread: &fenced,
-                        from: log.from,
-                        bodies: &log.bodies,
-                        channel: &channel,
-                        payload: &payload,
-                    };
-                    apply::apply_one_statement(&client, &op, Some(&logged)).await
+                    apply::apply_one_statement(&client, &op, Some(&log.tail(&fenced, &channel, &payload))).await
                 }
             });
         }

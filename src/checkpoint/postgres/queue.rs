@@ -26,6 +26,22 @@ pub(super) struct LogRows {
     pub(super) bodies: Vec<String>,
 }
 
+impl LogRows {
+    /// These records as a step's statement writes them (see [`super::apply::LogTail`]): a lost
+    /// claim told as thread `thread`'s lost lease, the notice `payload` on `channel`.
+    pub(super) fn tail<'a>(&'a self, thread: &'a str, channel: &'a str, payload: &'a str) -> super::apply::LogTail<'a> {
+        super::apply::LogTail {
+            run_id: &self.run_id,
+            claim: &self.claim,
+            thread,
+            from: self.from,
+            bodies: &self.bodies,
+            channel,
+            payload,
+        }
+    }
+}
+
 /// Appends `log`'s records in the caller's transaction if the run is still its claim's, and
 /// tells the listeners: `false`, and nothing written, when it is not. One statement.
 pub(super) async fn append_rows(tx: &deadpool_postgres::Transaction<'_>, log: &LogRows, channel: &str) -> Result<bool> {
