@@ -535,10 +535,10 @@ async fn put_many(tx: &Transaction<'_>, ops: &[&Op]) -> Result<()> {
     put_rows(tx, &[], ops, None).await
 }
 
-/// Whether `op` can be applied as one statement outside a transaction: only fences,
-/// checkpoints and writes (what the tables' keys and the lease function check), as a step
-/// stores. Long strings (locked while referred to), status changes, deletions and the rest take
-/// the transaction's way.
+/// Whether `op` can be applied as one statement outside a transaction: only fences, thread
+/// creations, statuses, checkpoints and writes (what the tables' keys and the schema's
+/// `hold_leases` and `hold_threads` check), as a step and a run's first write store. Long
+/// strings (locked while referred to), deletions and the rest take the transaction's way.
 pub(super) fn one_statement(op: &Op) -> bool {
     let mut flat = Vec::new();
     flatten(std::slice::from_ref(op), &mut flat);

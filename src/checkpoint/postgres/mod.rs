@@ -277,10 +277,9 @@ impl PostgresCheckpointer {
     }
 
     /// [`PostgresCheckpointer::write`], with `log`'s records appended to its run's log in the
-    /// same transaction, fenced by its claim (the queue's `commit_logged`).
-    /// A step's write (see [`apply::one_statement`]) and its events are one statement, on the
-    /// step's connection as [`PostgresCheckpointer::write`]'s are: the fences and the claim
-    /// checked by it.
+    /// same transaction, fenced by its claim (the queue's `commit_logged`). A step's write (see
+    /// [`apply::one_statement`]) and its records are one statement, on the step's connection as
+    /// `write`'s are, the fences and the claim checked by it.
     fn write_logged(&self, op: Op, synced: bool, log: queue::LogRows, fenced: String) -> Result<Done> {
         let (pool, op, log, channel) = (self.pool.clone(), Arc::new(op), Arc::new(log), self.channel());
         let unsynced = !synced && self.durability == Durability::PowerSafe;
