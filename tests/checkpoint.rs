@@ -2219,6 +2219,23 @@ fn postgres_a_fenced_step_is_one_round_trip() {
     }
 }
 
+/// A thread whose input, or a checkpoint whose metadata, holds long strings (stored apart) is
+/// read whole: the one-statement read finds the references and reads again in one snapshot.
+#[test]
+fn postgres_long_strings_of_a_thread_and_a_checkpoint_are_read_whole() {
+    let backend = postgres(Durability::CrashSafe);
+    let cp = &*backend.cp;
+    let mut t = thread("long");
+    t.input = json!({"text": "lorem ipsum ".repeat(8_000)});
+    cp.create_thread(&t).unwrap();
+    let mut c0 = checkpoint("long", None, -1, &[("n", 1)]);
+    c0.meta = json!({"note": "dolor sit amet ".repeat(8_000)});
+    cp.put_checkpoint(&c0, &vals(&[("n", 1, json!(0))])).unwrap();
+    assert_eq!(cp.get_thread("long").unwrap().unwrap().input, t.input);
+    assert_eq!(cp.get_checkpoint("long", None).unwrap().unwrap(), c0);
+    assert_eq!(cp.get_checkpoint("long", Some(&c0.checkpoint_id)).unwrap().unwrap(), c0);
+}
+
 /// An append-only key extends its previous version at every step: read at its last version,
 /// its whole chain comes back from one statement, not one a step (a chat thread's messages
 /// after 30 turns: 30 round trips before). Counted through a relay, as a read's sends.
@@ -2346,6 +2363,23 @@ fn postgres_a_read_is_sent_at_once() {
     // Each read: what it asks (one send, or a few when the client's writes are split), and
     // its end (one).
     assert!(sent <= reads * 2 * 3, "{sent} sends for {} reads", reads * 2);
+    // A read of one statement (a checkpoint, a thread, a lease) is sent once: no transaction
+    // around it. The statements are prepared first, and the ends of the reads before let go.
+    cp.get_checkpoint("reads", None).unwrap();
+    cp.get_thread("reads").unwrap();
+    cp.lease("reads").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = sends.load(Ordering::SeqCst);
+    for _ in 0..reads {
+        assert_eq!(cp.get_checkpoint("reads", None).unwrap().unwrap(), first);
+        assert_eq!(cp.get_thread("reads").unwrap().unwrap().thread_id, "reads");
+        assert_eq!(cp.lease("reads").unwrap(), None);
+    }
+    assert_eq!(
+        sends.load(Ordering::SeqCst) - before,
+        reads * 3,
+        "one send a read of one statement"
+    );
     // Missing things are told as before, in the same order.
     assert!(matches!(cp.state("nope", &versions), Err(CheckpointError::NoThread(_))));
     assert!(matches!(

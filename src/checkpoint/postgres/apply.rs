@@ -78,7 +78,7 @@ pub(super) fn lease_row(r: &Row) -> Result<Lease> {
 /// hold references (rare), so an ordinary value costs no query.
 async fn blobs_of(tx: &impl GenericClient, text: &str) -> Result<std::collections::HashMap<String, String>> {
     let mut found = std::collections::HashMap::new();
-    if !text.contains(crate::checkpoint::blobs::BLOB) {
+    if !refers_to_blobs(text) {
         return Ok(found);
     }
     // The references are collected by decoding once with a reader that records what it is
@@ -122,6 +122,28 @@ pub(super) async fn load_thread(tx: &impl GenericClient, thread_id: &str) -> Res
         Some(r) => Ok(Some(thread_row(&r)?)),
         None => Ok(None),
     }
+}
+
+/// Checkpoint `checkpoint_id` of `thread_id`, or its newest when `None`.
+pub(super) async fn load_checkpoint_or_head(
+    tx: &impl GenericClient,
+    thread_id: &str,
+    checkpoint_id: Option<&str>,
+) -> Result<Option<CheckpointRow>> {
+    if let Some(id) = checkpoint_id {
+        return load_checkpoint(tx, thread_id, id).await;
+    }
+    let sql =
+        format!("SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = $1 ORDER BY checkpoint_id DESC LIMIT 1");
+    match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&thread_id]).await? {
+        Some(r) => Ok(Some(checkpoint_row(&r)?)),
+        None => Ok(None),
+    }
+}
+
+/// Whether a stored text refers to long strings stored apart (`blobs`).
+pub(super) fn refers_to_blobs(text: &str) -> bool {
+    text.contains(crate::checkpoint::blobs::BLOB)
 }
 
 pub(super) async fn load_checkpoint(

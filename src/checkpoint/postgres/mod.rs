@@ -359,6 +359,29 @@ impl PostgresCheckpointer {
     }
 }
 
+impl PostgresCheckpointer {
+    /// Runs `f`, a read of one statement (its own snapshot), on a pooled connection with no
+    /// transaction around it: one round trip and one statement.
+    fn read_one<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c deadpool_postgres::Client) -> apply::BoxFuture<'c, Result<T>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+    {
+        let pool = self.pool.clone();
+        self.retrying(move || {
+            let (pool, f) = (pool.clone(), f.clone());
+            async move {
+                let client = pool.get().await?;
+                f(&client).await
+            }
+        })
+    }
+}
+
 /// How a read begins: one snapshot for all its statements, and no write among them.
 const READ_ONLY: &str = "START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 
@@ -385,6 +408,21 @@ impl Checkpointer for PostgresCheckpointer {
 
     fn get_thread(&self, thread_id: &str) -> Result<Option<Thread>> {
         let thread_id = thread_id.to_owned();
+        // One statement, unless the thread's texts refer to long strings stored apart: those
+        // are read in the same snapshot as the row.
+        let id = thread_id.clone();
+        let row = self.read_one(move |c| Box::pin(async move { apply::load_thread(c, &id).await }))?;
+        match row {
+            None => return Ok(None),
+            Some(row)
+                if ![&row.input, &row.context, &row.config]
+                    .iter()
+                    .any(|t| apply::refers_to_blobs(t)) =>
+            {
+                return row.into_thread(&mut |_| Ok(None)).map(Some);
+            }
+            Some(_) => {}
+        }
         self.read(move |tx| {
             Box::pin(async move {
                 match apply::load_thread(tx, &thread_id).await? {
@@ -452,21 +490,20 @@ impl Checkpointer for PostgresCheckpointer {
 
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
         let (thread_id, checkpoint_id) = (thread_id.to_owned(), checkpoint_id.map(str::to_owned));
+        // One statement, unless the checkpoint's metadata refers to long strings stored apart:
+        // those are read in the same snapshot as the row.
+        let (t, c) = (thread_id.clone(), checkpoint_id.clone());
+        let row = self.read_one(move |client| {
+            Box::pin(async move { apply::load_checkpoint_or_head(client, &t, c.as_deref()).await })
+        })?;
+        match row {
+            None => return Ok(None),
+            Some(row) if !apply::refers_to_blobs(&row.meta) => return row.into_checkpoint(&mut |_| Ok(None)).map(Some),
+            Some(_) => {}
+        }
         self.read(move |tx| {
             Box::pin(async move {
-                let row = match &checkpoint_id {
-                    Some(id) => apply::load_checkpoint(tx, &thread_id, id).await?,
-                    None => {
-                        let sql = format!(
-                            "SELECT {} FROM checkpoints WHERE thread_id = $1 ORDER BY checkpoint_id DESC LIMIT 1",
-                            apply::CHECKPOINT_READ
-                        );
-                        match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&thread_id]).await? {
-                            Some(r) => Some(apply::checkpoint_row(&r)?),
-                            None => None,
-                        }
-                    }
-                };
+                let row = apply::load_checkpoint_or_head(tx, &thread_id, checkpoint_id.as_deref()).await?;
                 match row {
                     Some(row) => Ok(Some(apply::resolve_checkpoint(tx, row).await?)),
                     None => Ok(None),
@@ -594,7 +631,7 @@ impl Checkpointer for PostgresCheckpointer {
 
     fn lease(&self, thread_id: &str) -> Result<Option<Lease>> {
         let thread_id = thread_id.to_owned();
-        self.read(move |tx| Box::pin(async move { apply::load_lease(tx, &thread_id, false).await }))
+        self.read_one(move |c| Box::pin(async move { apply::load_lease(c, &thread_id, false).await }))
     }
 
     fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint> {
