@@ -2405,21 +2405,20 @@ fn postgres_a_step_is_written_on_the_step_connection_and_survives_its_loss() {
         )
         .unwrap()
     };
+    // The step connection, open, its last statement beginning with `sql`: its process id.
+    let last_step = |sql: &str| {
+        let seen = steps();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(seen[0][1].as_deref().unwrap().starts_with(sql), "{seen:?}");
+        seen[0][0].clone().unwrap()
+    };
     let lease = cp.acquire_lease(&claim(id, "owner-a", 60_000)).unwrap();
     assert_eq!(steps().len(), 0, "opened on first use");
     // The thread, its first checkpoint and its status: one statement too.
     let c0 = checkpoint(id, None, -1, &[("n", 1)]);
     cp.create_thread_with_checkpoint(Some(&lease.fence()), &thread(id), &c0, vals(&[("n", 1, json!(0))]))
         .unwrap();
-    let seen = steps();
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    assert!(
-        seen[0][1]
-            .as_deref()
-            .unwrap()
-            .starts_with("WITH nt AS (INSERT INTO threads"),
-        "{seen:?}"
-    );
+    last_step("WITH nt AS (INSERT INTO threads");
     let step = |parent: &Checkpoint, n: u64| {
         let next = checkpoint(id, Some(parent), n as i64, &[("n", n + 1)]);
         let written = cp.put_batch(vec![
@@ -2435,16 +2434,7 @@ fn postgres_a_step_is_written_on_the_step_connection_and_survives_its_loss() {
     };
     let (c1, written) = step(&c0, 1);
     written.unwrap();
-    let seen = steps();
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    assert!(
-        seen[0][1]
-            .as_deref()
-            .unwrap()
-            .starts_with("WITH c AS (INSERT INTO checkpoints"),
-        "{seen:?}"
-    );
-    let first = seen[0][0].clone().unwrap();
+    let first = last_step("WITH c AS (INSERT INTO checkpoints");
 
     crate::support::postgres::query(&admin, &format!("SELECT pg_terminate_backend({first})")).unwrap();
     let (c2, written) = step(&c1, 2);

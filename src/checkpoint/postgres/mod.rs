@@ -327,13 +327,13 @@ impl PostgresCheckpointer {
         self.write(op, true).map(|_| ())
     }
 
-    /// Runs `f` in one read-only transaction (one snapshot) on a pooled connection, in as few
-    /// round trips as its statements allow: the `BEGIN` is sent with `f`'s first statement, not
-    /// waited for first, and the transaction's end is not waited for at all (a read-only
-    /// transaction's `ROLLBACK` is its `COMMIT`; the connection goes back to the pool once it
-    /// is answered, and anything sent on it after waits behind it). A read of one statement is
-    /// one round trip.
-    fn read<T, F>(&self, f: F) -> Result<T>
+    /// Runs `f` on a pooled connection, as `how` says: [`Read::One`], a read of one statement
+    /// (its own snapshot), with no transaction around it; [`Read::Snapshot`], in one read-only
+    /// transaction, in as few round trips as its statements allow: the `BEGIN` is sent with
+    /// `f`'s first statement, not waited for first, and the transaction's end is not waited for
+    /// at all (a read-only transaction's `ROLLBACK` is its `COMMIT`; the connection goes back to
+    /// the pool once it is answered, and anything sent on it after waits behind it).
+    fn read<T, F>(&self, how: Read, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: for<'c> FnOnce(&'c deadpool_postgres::Client) -> apply::BoxFuture<'c, Result<T>>
@@ -347,6 +347,9 @@ impl PostgresCheckpointer {
             let (pool, f) = (pool.clone(), f.clone());
             async move {
                 let client = pool.get().await?;
+                if how == Read::One {
+                    return f(&client).await;
+                }
                 // Sent in this order on the connection: `join!` polls the `BEGIN` first.
                 let (began, out) = tokio::join!(client.batch_execute(READ_ONLY), f(&client));
                 tokio::spawn(async move {
@@ -359,27 +362,13 @@ impl PostgresCheckpointer {
     }
 }
 
-impl PostgresCheckpointer {
-    /// Runs `f`, a read of one statement (its own snapshot), on a pooled connection with no
-    /// transaction around it: one round trip and one statement.
-    fn read_one<T, F>(&self, f: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: for<'c> FnOnce(&'c deadpool_postgres::Client) -> apply::BoxFuture<'c, Result<T>>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-    {
-        let pool = self.pool.clone();
-        self.retrying(move || {
-            let (pool, f) = (pool.clone(), f.clone());
-            async move {
-                let client = pool.get().await?;
-                f(&client).await
-            }
-        })
-    }
+/// How a read is made (see [`PostgresCheckpointer::read`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// One statement, its own snapshot.
+    One,
+    /// Several statements that see one snapshot.
+    Snapshot,
 }
 
 /// How a read begins: one snapshot for all its statements, and no write among them.
@@ -411,7 +400,9 @@ impl Checkpointer for PostgresCheckpointer {
         // One statement, unless the thread's texts refer to long strings stored apart: those
         // are read in the same snapshot as the row.
         let id = thread_id.clone();
-        let row = self.read_one(move |c| Box::pin(async move { apply::load_thread(c, &id).await }))?;
+        let row = self.read(Read::One, move |c| {
+            Box::pin(async move { apply::load_thread(c, &id).await })
+        })?;
         match row {
             None => return Ok(None),
             Some(row)
@@ -423,7 +414,7 @@ impl Checkpointer for PostgresCheckpointer {
             }
             Some(_) => {}
         }
-        self.read(move |tx| {
+        self.read(Read::Snapshot, move |tx| {
             Box::pin(async move {
                 match apply::load_thread(tx, &thread_id).await? {
                     Some(row) => Ok(Some(apply::resolve_thread(tx, row).await?)),
@@ -434,7 +425,7 @@ impl Checkpointer for PostgresCheckpointer {
     }
 
     fn list_threads(&self) -> Result<Vec<Thread>> {
-        self.read(|tx| {
+        self.read(Read::Snapshot, |tx| {
             Box::pin(async move {
                 let sql = format!(
                     "SELECT {} FROM {} ORDER BY t.touched DESC",
@@ -452,7 +443,7 @@ impl Checkpointer for PostgresCheckpointer {
     }
 
     fn list_thread_heads(&self) -> Result<Vec<super::ThreadHead>> {
-        self.read(|tx| {
+        self.read(Read::One, |tx| {
             Box::pin(async move {
                 let rows = tx
                     .query(
@@ -493,7 +484,7 @@ impl Checkpointer for PostgresCheckpointer {
         // One statement, unless the checkpoint's metadata refers to long strings stored apart:
         // those are read in the same snapshot as the row.
         let (t, c) = (thread_id.clone(), checkpoint_id.clone());
-        let row = self.read_one(move |client| {
+        let row = self.read(Read::One, move |client| {
             Box::pin(async move { apply::load_checkpoint_or_head(client, &t, c.as_deref()).await })
         })?;
         match row {
@@ -501,7 +492,7 @@ impl Checkpointer for PostgresCheckpointer {
             Some(row) if !apply::refers_to_blobs(&row.meta) => return row.into_checkpoint(&mut |_| Ok(None)).map(Some),
             Some(_) => {}
         }
-        self.read(move |tx| {
+        self.read(Read::Snapshot, move |tx| {
             Box::pin(async move {
                 let row = apply::load_checkpoint_or_head(tx, &thread_id, checkpoint_id.as_deref()).await?;
                 match row {
@@ -514,7 +505,7 @@ impl Checkpointer for PostgresCheckpointer {
 
     fn history(&self, thread_id: &str) -> Result<Vec<Checkpoint>> {
         let thread_id = thread_id.to_owned();
-        self.read(move |tx| {
+        self.read(Read::Snapshot, move |tx| {
             Box::pin(async move {
                 apply::require_thread(tx, &thread_id).await?;
                 let sql = format!(
@@ -533,7 +524,7 @@ impl Checkpointer for PostgresCheckpointer {
 
     fn state(&self, thread_id: &str, versions: &BTreeMap<String, u64>) -> Result<Map<String, Value>> {
         let (thread_id, versions) = (thread_id.to_owned(), versions.clone());
-        self.read(move |tx| {
+        self.read(Read::Snapshot, move |tx| {
             Box::pin(async move {
                 // Sent together: the thread's check and the values' first read.
                 let (exists, state) = tokio::join!(
@@ -556,7 +547,7 @@ impl Checkpointer for PostgresCheckpointer {
 
     fn get_writes(&self, thread_id: &str, checkpoint_id: &str) -> Result<Vec<PendingWrite>> {
         let (thread_id, checkpoint_id) = (thread_id.to_owned(), checkpoint_id.to_owned());
-        self.read(move |tx| {
+        self.read(Read::Snapshot, move |tx| {
             Box::pin(async move {
                 let read = async {
                     let stmt = tx
@@ -631,7 +622,9 @@ impl Checkpointer for PostgresCheckpointer {
 
     fn lease(&self, thread_id: &str) -> Result<Option<Lease>> {
         let thread_id = thread_id.to_owned();
-        self.read_one(move |c| Box::pin(async move { apply::load_lease(c, &thread_id, false).await }))
+        self.read(Read::One, move |c| {
+            Box::pin(async move { apply::load_lease(c, &thread_id, false).await })
+        })
     }
 
     fn fork(&self, from: &str, checkpoint_id: &str, new: &str) -> Result<Checkpoint> {
