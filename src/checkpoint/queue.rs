@@ -101,7 +101,13 @@ pub trait RunQueue: Send + Sync {
     fn cancel(&self, run_id: &str, action: &str) -> Result<bool>;
 
     /// What stop was asked of run `run_id`, if any.
-    fn cancel_asked(&self, run_id: &str) -> Result<Option<String>>;
+    fn cancel_asked(&self, run_id: &str) -> Result<Option<String>> {
+        Ok(self
+            .cancels_asked(&[run_id.to_owned()])?
+            .into_iter()
+            .next()
+            .map(|(_, action)| action))
+    }
 
     /// The runs of `run_ids` a stop was asked of, each with its action: one look for many.
     fn cancels_asked(&self, run_ids: &[String]) -> Result<Vec<(String, String)>>;

@@ -60,17 +60,22 @@ pub(super) fn checkpoint_row(r: &Row) -> Result<CheckpointRow> {
 }
 
 pub(super) fn lease_row(r: &Row) -> Result<Lease> {
-    let generation: i64 = r.try_get(2)?;
-    let pid: i64 = r.try_get(3)?;
+    lease_at(r, 0)
+}
+
+/// A lease from `r`'s columns `at..at + 7`, in [`LEASE_COLS`]' order.
+pub(super) fn lease_at(r: &Row, at: usize) -> Result<Lease> {
+    let generation: i64 = r.try_get(at + 2)?;
+    let pid: i64 = r.try_get(at + 3)?;
     Ok(Lease {
-        thread_id: r.try_get(0)?,
-        owner: r.try_get(1)?,
+        thread_id: r.try_get(at)?,
+        owner: r.try_get(at + 1)?,
         generation: u64::try_from(generation)
             .map_err(|_| CheckpointError::Corrupt(format!("lease generation {generation}")))?,
         pid: u32::try_from(pid).map_err(|_| CheckpointError::Corrupt(format!("lease pid {pid}")))?,
-        host: r.try_get(4)?,
-        acquired_at: r.try_get(5)?,
-        expires_at_ms: r.try_get(6)?,
+        host: r.try_get(at + 4)?,
+        acquired_at: r.try_get(at + 5)?,
+        expires_at_ms: r.try_get(at + 6)?,
     })
 }
 
@@ -572,20 +577,6 @@ pub(super) fn one_statement(op: &Op) -> bool {
     })
 }
 
-/// A claimed run's events, written with a step's statement under the claim (see `hold_claim`
-/// in the schema), and the notice that tells the readers.
-pub(super) struct LogTail<'a> {
-    pub(super) run_id: &'a str,
-    pub(super) claim: &'a str,
-    /// The thread a lost claim is told of (as a lost lease is).
-    pub(super) thread: &'a str,
-    /// The first record's sequence number.
-    pub(super) from: i64,
-    pub(super) bodies: &'a [String],
-    pub(super) channel: &'a str,
-    pub(super) payload: &'a str,
-}
-
 /// Applies `op` (see [`one_statement`]) as one statement on its own: the fences checked and
 /// their lease rows locked by the schema's `hold_leases` (which raises when one was taken
 /// over, so the statement writes nothing), every checkpoint, value and write inserted by the
@@ -594,7 +585,7 @@ pub(super) struct LogTail<'a> {
 pub(super) async fn apply_one_statement<C: Statements + Sync>(
     client: &C,
     op: &Op,
-    log: Option<&LogTail<'_>>,
+    log: Option<&super::queue::LogRows>,
 ) -> Result<Done> {
     let mut flat = Vec::new();
     flatten(std::slice::from_ref(op), &mut flat);
@@ -657,7 +648,7 @@ async fn put_rows<C: Statements + Sync>(
     client: &C,
     fences: &[&crate::checkpoint::Fence],
     ops: &[&Op],
-    log: Option<&LogTail<'_>>,
+    log: Option<&super::queue::LogRows>,
 ) -> Result<()> {
     let mut checkpoints: Vec<&CheckpointRow> = Vec::new();
     // Threads created: inserted with the status the batch leaves them in.

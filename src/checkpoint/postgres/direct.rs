@@ -190,7 +190,7 @@ impl Direct {
         config: &tokio_postgres::Config,
         tls: &tokio_postgres_rustls::MakeRustlsConnect,
         op: &Op,
-        log: Option<&super::apply::LogTail<'_>>,
+        log: Option<&super::queue::LogRows>,
     ) -> Option<Result<Done>> {
         let mut state = self.state.try_lock().ok()?;
         if state.link.is_none() {

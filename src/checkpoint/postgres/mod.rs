@@ -245,26 +245,18 @@ impl PostgresCheckpointer {
 
     /// Applies `op` in one transaction; `synced: false` commits without waiting for the flush.
     fn write(&self, op: Op, synced: bool) -> Result<Done> {
-        let (pool, op) = (self.pool.clone(), Arc::new(op));
         // A crash-safe store's connections commit asynchronously already.
         let unsynced = !synced && self.durability == Durability::PowerSafe;
         // A step's fenced checkpoint and writes: one statement, committed on its own (one
         // round trip), unless its commit is to be asynchronous on a power-safe store.
-        let one_statement = !unsynced && apply::one_statement(&op);
-        if one_statement {
-            // On the calling thread, with no hand-off to the backend's runtime, when the step's
-            // connection is free; the pool's way otherwise, or when it broke.
-            if let Some(done) = self.direct.write(&self.config, &self.tls, &op, None) {
-                return done;
-            }
+        if !unsynced && apply::one_statement(&op) {
+            return self.write_one(Arc::new(op), None);
         }
+        let (pool, op) = (self.pool.clone(), Arc::new(op));
         self.retrying(move || {
             let (pool, op) = (pool.clone(), op.clone());
             async move {
                 let mut client = pool.get().await?;
-                if one_statement {
-                    return apply::apply_one_statement(&client, &op, None).await;
-                }
                 let tx = client.transaction().await?;
                 if unsynced {
                     tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
@@ -276,37 +268,36 @@ impl PostgresCheckpointer {
         })
     }
 
+    /// Applies `op` (see [`apply::one_statement`]) and `log`'s records as one statement: on the
+    /// calling thread, with no hand-off to the backend's runtime, when the step's connection is
+    /// free; the pool's way otherwise, or when it broke.
+    fn write_one(&self, op: Arc<Op>, log: Option<Arc<queue::LogRows>>) -> Result<Done> {
+        if let Some(done) = self.direct.write(&self.config, &self.tls, &op, log.as_deref()) {
+            return done;
+        }
+        let pool = self.pool.clone();
+        self.retrying(move || {
+            let (pool, op, log) = (pool.clone(), op.clone(), log.clone());
+            async move {
+                let client = pool.get().await?;
+                apply::apply_one_statement(&client, &op, log.as_deref()).await
+            }
+        })
+    }
+
     /// [`PostgresCheckpointer::write`], with `log`'s records appended to its run's log in the
     /// same transaction, fenced by its claim (the queue's `commit_logged`). A step's write (see
-    /// [`apply::one_statement`]) and its records are one statement, on the step's connection as
-    /// `write`'s are, the fences and the claim checked by it.
-    fn write_logged(&self, op: Op, synced: bool, log: queue::LogRows, fenced: String) -> Result<Done> {
-        let (pool, op, log, channel) = (self.pool.clone(), Arc::new(op), Arc::new(log), self.channel());
+    /// [`apply::one_statement`]) and its records are one statement ([`Self::write_one`]), the
+    /// fences and the claim checked by it.
+    fn write_logged(&self, op: Op, synced: bool, log: queue::LogRows) -> Result<Done> {
         let unsynced = !synced && self.durability == Durability::PowerSafe;
+        let (op, log) = (Arc::new(op), Arc::new(log));
         if !unsynced && apply::one_statement(&op) {
-            let payload = queue::events_payload(&log.run_id);
-            let logged = log.tail(&fenced, &channel, &payload);
-            if let Some(done) = self.direct.write(&self.config, &self.tls, &op, Some(&logged)) {
-                return done;
-            }
-            return self.retrying(move || {
-                let (pool, op, log, channel, payload, fenced) = (
-                    pool.clone(),
-                    op.clone(),
-                    log.clone(),
-                    channel.clone(),
-                    payload.clone(),
-                    fenced.clone(),
-                );
-                async move {
-                    let client = pool.get().await?;
-                    apply::apply_one_statement(&client, &op, Some(&log.tail(&fenced, &channel, &payload))).await
-                }
-            });
+            return self.write_one(op, Some(log));
         }
+        let pool = self.pool.clone();
         self.retrying(move || {
-            let (pool, op, log, channel, fenced) =
-                (pool.clone(), op.clone(), log.clone(), channel.clone(), fenced.clone());
+            let (pool, op, log) = (pool.clone(), op.clone(), log.clone());
             async move {
                 let mut client = pool.get().await?;
                 let tx = client.transaction().await?;
@@ -314,8 +305,8 @@ impl PostgresCheckpointer {
                     tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
                 }
                 let done = apply::apply(&tx, &op).await?;
-                if !log.bodies.is_empty() && !queue::append_rows(&tx, &log, &channel).await? {
-                    return Err(CheckpointError::LeaseLost(fenced));
+                if !log.bodies.is_empty() && !queue::append_rows(&tx, &log).await? {
+                    return Err(CheckpointError::LeaseLost(log.thread.clone()));
                 }
                 tx.commit().await?;
                 Ok(done)

@@ -18,33 +18,23 @@ use crate::checkpoint::{CheckpointError, LeaseClaim, Result};
 /// How many notices a slow subscriber may fall behind before it is told it lagged.
 const NOTICES: usize = 4096;
 
-/// Records for a run's log, owned (a statement runs on the backend's runtime).
+/// Records for a run's log, owned (a statement runs on the backend's runtime), with what
+/// writing them needs besides: the thread a lost claim is told of (as a lost lease is), and
+/// the notice that tells the readers.
 pub(super) struct LogRows {
     pub(super) run_id: String,
     pub(super) claim: String,
+    /// The first record's sequence number.
     pub(super) from: i64,
     pub(super) bodies: Vec<String>,
-}
-
-impl LogRows {
-    /// These records as a step's statement writes them (see [`super::apply::LogTail`]): a lost
-    /// claim told as thread `thread`'s lost lease, the notice `payload` on `channel`.
-    pub(super) fn tail<'a>(&'a self, thread: &'a str, channel: &'a str, payload: &'a str) -> super::apply::LogTail<'a> {
-        super::apply::LogTail {
-            run_id: &self.run_id,
-            claim: &self.claim,
-            thread,
-            from: self.from,
-            bodies: &self.bodies,
-            channel,
-            payload,
-        }
-    }
+    pub(super) thread: String,
+    pub(super) channel: String,
+    pub(super) payload: String,
 }
 
 /// Appends `log`'s records in the caller's transaction if the run is still its claim's, and
 /// tells the listeners: `false`, and nothing written, when it is not. One statement.
-pub(super) async fn append_rows(tx: &deadpool_postgres::Transaction<'_>, log: &LogRows, channel: &str) -> Result<bool> {
+pub(super) async fn append_rows(tx: &deadpool_postgres::Transaction<'_>, log: &LogRows) -> Result<bool> {
     // Notices of one payload in one transaction are delivered once.
     let stmt = tx
         .prepare_cached(
@@ -62,8 +52,8 @@ pub(super) async fn append_rows(tx: &deadpool_postgres::Transaction<'_>, log: &L
                 &log.claim,
                 &log.from,
                 &log.bodies,
-                &channel,
-                &payload(&Notice::Events(log.run_id.clone())),
+                &log.channel,
+                &log.payload,
             ],
         )
         .await?
@@ -76,11 +66,6 @@ impl PostgresCheckpointer {
     pub(super) fn channel(&self) -> String {
         format!("runner_{}", self.schema)
     }
-}
-
-/// The payload of the notice that run `run_id` logged events.
-pub(super) fn events_payload(run_id: &str) -> String {
-    payload(&Notice::Events(run_id.to_owned()))
 }
 
 /// `notice` as the payload sent.
@@ -179,18 +164,8 @@ impl RunQueue for PostgresCheckpointer {
                 };
                 let run = super::runs::run_from_row(&row)?.into_run()?;
                 let orphaned: bool = row.try_get(11)?;
-                let generation: i64 = row.try_get(14)?;
-                let pid: i64 = row.try_get(15)?;
-                let lease = crate::checkpoint::Lease {
-                    thread_id: row.try_get(12)?,
-                    owner: row.try_get(13)?,
-                    generation: u64::try_from(generation)
-                        .map_err(|_| CheckpointError::Corrupt(format!("lease generation {generation}")))?,
-                    pid: u32::try_from(pid).map_err(|_| CheckpointError::Corrupt(format!("lease pid {pid}")))?,
-                    host: row.try_get(16)?,
-                    acquired_at: row.try_get(17)?,
-                    expires_at_ms: row.try_get(18)?,
-                };
+                // The thread's lease, in the lease table's column order.
+                let lease = super::apply::lease_at(&row, 12)?;
                 let next: i64 = row.try_get(19)?;
                 Ok(Some(Claimed {
                     run,
@@ -313,20 +288,6 @@ impl RunQueue for PostgresCheckpointer {
         })
     }
 
-    fn cancel_asked(&self, run_id: &str) -> Result<Option<String>> {
-        let (pool, run_id) = (self.pool.clone(), run_id.to_owned());
-        self.retrying(move || {
-            let (pool, run_id) = (pool.clone(), run_id.clone());
-            async move {
-                let client = pool.get().await?;
-                let row = client
-                    .query_opt("SELECT cancel FROM runs WHERE run_id = $1", &[&run_id])
-                    .await?;
-                Ok(row.map(|r| r.try_get::<_, Option<String>>(0)).transpose()?.flatten())
-            }
-        })
-    }
-
     fn cancels_asked(&self, run_ids: &[String]) -> Result<Vec<(String, String)>> {
         if run_ids.is_empty() {
             return Ok(Vec::new());
@@ -394,8 +355,11 @@ impl RunQueue for PostgresCheckpointer {
             claim: log.claim.to_owned(),
             from: i64::try_from(log.from).map_err(|_| CheckpointError::Backend(format!("event {}", log.from)))?,
             bodies: log.bodies.to_vec(),
+            thread: fenced,
+            channel: self.channel(),
+            payload: payload(&Notice::Events(log.run_id.to_owned())),
         };
-        self.write_logged(crate::checkpoint::format::batch_op(puts)?, synced, rows, fenced)?;
+        self.write_logged(crate::checkpoint::format::batch_op(puts)?, synced, rows)?;
         Ok(synced || self.durability != crate::checkpoint::Durability::PowerSafe)
     }
 
