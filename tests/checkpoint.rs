@@ -1221,7 +1221,7 @@ conformance!(
 // Runs and thread metadata, through the public `RunStore` trait, on every backend: what one
 // opening stores, the next reads, changes and deletes, and the one after sees.
 
-fn run_row(id: &str, thread: &str, status: RunStatus) -> RunRow {
+pub(crate) fn run_row(id: &str, thread: &str, status: RunStatus) -> RunRow {
     RunRow {
         run_id: id.into(),
         thread_id: thread.into(),

@@ -51,20 +51,9 @@ fn checkpoint(thread_id: &str, step: i64) -> Checkpoint {
     }
 }
 
+/// A pending run of `thread`.
 fn run_row(id: &str, thread: &str) -> RunRow {
-    RunRow {
-        run_id: id.into(),
-        thread_id: thread.into(),
-        assistant_id: "a".into(),
-        status: RunStatus::Pending,
-        created_at: "2020-01-01T10:00:00.000Z".into(),
-        updated_at: "2020-01-01T10:00:00.000Z".into(),
-        kwargs: json!({}),
-        multitask_strategy: "enqueue".into(),
-        metadata: json!({}),
-        error: None,
-        event_ids: 0,
-    }
+    super::checkpoint::run_row(id, thread, RunStatus::Pending)
 }
 
 fn claim(owner: &str) -> LeaseClaim {
