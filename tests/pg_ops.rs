@@ -237,6 +237,60 @@ fn a_claimed_step_with_its_status_and_events_is_one_round_trip() {
     }
 }
 
+/// A run that starts a thread writes the thread, its first turn and its status in one round
+/// trip and reads none of it back. Before, the turn and the status were two writes with the
+/// turn's state and its records read between them: 15 sends for this run, now 10.
+#[test]
+fn a_new_threads_start_is_one_write_and_nothing_read_back() {
+    use runner::engine::{Engine, RunRequest, Status};
+    let (relayed, sends) = super::checkpoint::counted_url(&postgres::fresh_url());
+    let store: Arc<dyn Checkpointer> =
+        Arc::new(PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap());
+    let project = super::support::Project::new(&[(
+        "w.yaml",
+        "name: one\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  set_a: {kind: set, update: {a: \"'x'\"}}\nedges: [START -> set_a -> END]\n",
+    )]);
+    let plan = project.plan("w.yaml");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let run = |thread: &str| {
+        let providers = runner::providers::Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
+        let engine = Engine::new(
+            plan.clone(),
+            store.clone(),
+            providers,
+            runner::engine::events::Events::none(),
+        );
+        let before = sends.load(std::sync::atomic::Ordering::SeqCst);
+        let out = rt
+            .block_on(engine.run(RunRequest {
+                thread_id: Some(thread.into()),
+                input: Some(json!({})),
+                workflow: "w.yaml".into(),
+                ..RunRequest::default()
+            }))
+            .unwrap();
+        assert_eq!(out.status, Status::Done);
+        // A read's transaction ends after it answered: let those ends go before counting.
+        std::thread::sleep(Duration::from_millis(300));
+        sends.load(std::sync::atomic::Ordering::SeqCst) - before
+    };
+    run("warm");
+    let n = run("t");
+    assert!(n <= 10, "a one-node run on a new thread took {n} round trips");
+    let t = store.get_thread("t").unwrap().unwrap();
+    assert_eq!(t.status, ThreadStatus::Done);
+    assert_eq!(
+        store
+            .state("t", &store.get_checkpoint("t", None).unwrap().unwrap().versions)
+            .unwrap()["a"],
+        json!("x")
+    );
+}
+
 /// Two sweepers on one database, racing over the same expired threads: each thread is
 /// removed once, by one of them, and every one is gone.
 #[test]

@@ -124,9 +124,16 @@ impl From<RunRequest> for Entry {
 
 impl Engine {
     /// Opens (or creates) the thread, reads its state and stored records, takes the answer
-    /// the entry gives, and marks the thread running.
+    /// the entry gives, and marks the thread running. A turn this run starts (a new thread's,
+    /// or new input's) is written with the thread's status, in one commit, and its state and
+    /// records are what the turn made: nothing is read back.
     pub(super) fn begin(&self, entry: &Entry, thread_id: String, fence: &Fence) -> Result<Run, EngineError> {
-        let (thread, cp, resumed) = self.open(entry, thread_id, fence)?;
+        let Opened {
+            thread,
+            cp,
+            resumed,
+            made,
+        } = self.open(entry, thread_id, fence)?;
         let limit = self.limit();
         // The limit counts the supersteps of this run, as LangGraph's does per invocation.
         let first_step = cp.step + 1;
@@ -166,9 +173,16 @@ impl Engine {
             ]),
             None,
         ));
-        let state = self.store.state(&thread.thread_id, &cp.versions)?;
+        let (state, pending, mut opening) = match made {
+            // A checkpoint just made has no records yet.
+            Some((state, puts)) => (state, Vec::new(), puts),
+            None => (
+                self.store.state(&thread.thread_id, &cp.versions)?,
+                self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?,
+                Vec::new(),
+            ),
+        };
         self.check_stored(&thread.thread_id, &state)?;
-        let pending = self.store.get_writes(&thread.thread_id, &cp.checkpoint_id)?;
         // Finished tasks' records must fit this workflow before anything is written.
         for w in pending.iter().filter(|w| w.channel == DONE) {
             super::apply::decode(w, &self.plan, self.options.force)?;
@@ -204,29 +218,41 @@ impl Engine {
             limit,
         };
         let answer = entry.answer.as_ref().filter(|_| resumed || !entry.drop_answer_if_new);
+        let more: Vec<&Answer> = entry.more_answers.iter().filter(|_| resumed).collect();
+        if (answer.is_some() || !more.is_empty()) && !opening.is_empty() {
+            // An answer is stored against the checkpoint it answers: that one first.
+            run.persister.write_now(std::mem::take(&mut opening))?;
+        }
         // The other gates' answers first: the one `answer` addresses is then still waiting
         // (an answer is taken only while its gate waits).
-        for more in entry.more_answers.iter().filter(|_| resumed) {
+        for more in more {
             self.take_answer(&mut run, Some(more))?;
         }
         self.take_answer(&mut run, answer)?;
-        run.persister.write_now(vec![Put::Status {
+        opening.push(Put::Status {
             thread_id: run.thread.thread_id.clone(),
             status: ThreadStatus::Running,
-        }])?;
+        });
+        run.persister.write_now(opening)?;
         Ok(run)
     }
 
-    /// Opens the thread the entry names, or creates it, and returns its latest checkpoint and
-    /// whether it existed.
-    fn open(&self, entry: &Entry, id: String, fence: &Fence) -> Result<(Thread, Checkpoint, bool), EngineError> {
+    /// Opens the thread the entry names, or makes it: its latest checkpoint, whether it
+    /// existed, and the turn it starts, not yet written.
+    fn open(&self, entry: &Entry, id: String, fence: &Fence) -> Result<Opened, EngineError> {
         if let Some(thread) = self.store.get_thread(&id)? {
             if entry.only_new {
                 return Err(EngineError::Exists(id));
             }
             let answering = entry.answer.is_some();
-            let (thread, cp) = self.reopen(thread, entry.new_turn.as_ref(), entry.at.as_deref(), answering, fence)?;
-            return Ok((thread, cp, true));
+            let (thread, cp, made) =
+                self.reopen(thread, entry.new_turn.as_ref(), entry.at.as_deref(), answering, fence)?;
+            return Ok(Opened {
+                thread,
+                cp,
+                resumed: true,
+                made,
+            });
         }
         let Some(start) = &entry.create else {
             return Err(EngineError::NoThread(id));
@@ -235,10 +261,15 @@ impl Engine {
         let turn = self.first_turn(&thread, self.limit())?;
         let cp = turn.cp.clone();
         // The thread and its first checkpoints are written together.
-        let mut puts = vec![Put::Fence(fence.clone()), Put::Thread(Box::new(thread.clone()))];
+        let state = turn.state.clone();
+        let mut puts = vec![Put::Thread(Box::new(thread.clone()))];
         puts.extend(turn.puts());
-        self.store.put_batch(puts)?;
-        Ok((thread, cp, false))
+        Ok(Opened {
+            thread,
+            cp,
+            resumed: false,
+            made: Some((state, puts)),
+        })
     }
 
     /// An existing thread's latest checkpoint (or checkpoint `at`, which forks the thread when
@@ -252,7 +283,7 @@ impl Engine {
         at: Option<&str>,
         answering: bool,
         fence: &Fence,
-    ) -> Result<(Thread, Checkpoint), EngineError> {
+    ) -> Result<(Thread, Checkpoint, Option<Made>), EngineError> {
         let cp = match self.store.get_checkpoint(&thread.thread_id, None)? {
             Some(cp) => cp,
             None => {
@@ -283,14 +314,11 @@ impl Engine {
         match (input.or(recorded.as_ref()), carried) {
             (Some(input), carried) => {
                 let turn = self.turn(&thread, cp, input, carried.unwrap_or_default(), self.limit())?;
-                let head = turn.cp.clone();
-                let mut puts = vec![Put::Fence(fence.clone())];
-                puts.extend(turn.puts());
-                self.store.put_batch(puts)?;
-                Ok((thread, head))
+                let (head, state) = (turn.cp.clone(), turn.state.clone());
+                Ok((thread, head, Some((state, turn.puts()))))
             }
-            (None, Some(carried)) => Ok((thread, self.fork_here(cp, carried, answering, fence)?)),
-            (None, None) => Ok((thread, cp)),
+            (None, Some(carried)) => Ok((thread, self.fork_here(cp, carried, answering, fence)?, None)),
+            (None, None) => Ok((thread, cp, None)),
         }
     }
 
@@ -656,6 +684,7 @@ impl Engine {
             start_write,
             cp: after,
             values: fed.stored,
+            state,
         })
     }
 
@@ -862,6 +891,23 @@ struct Turn {
     start_write: Vec<checkpoint::PendingWrite>,
     cp: Checkpoint,
     values: NewValues,
+    /// The state at `cp`.
+    state: Map<String, Value>,
+}
+
+/// A checkpoint made and not yet written: the state at it, and what writes it (after the
+/// run's fence).
+type Made = (Map<String, Value>, Vec<Put>);
+
+/// A thread as a run opens it.
+struct Opened {
+    thread: Thread,
+    /// Its latest checkpoint: where the run starts.
+    cp: Checkpoint,
+    /// The thread existed.
+    resumed: bool,
+    /// The turn the run starts there, when it starts one.
+    made: Option<Made>,
 }
 
 impl Turn {
