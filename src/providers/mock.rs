@@ -268,6 +268,24 @@ fn estimate(text: &str) -> u64 {
     (text.chars().count() as u64).div_ceil(4)
 }
 
+/// Waits `delay`, to a fraction of a millisecond: the runtime's timer counts whole
+/// milliseconds and rounds up (a 1 ms sleep there takes 1–2 ms, which would double a scripted
+/// model's short latency), so the last two milliseconds are slept on a blocking thread.
+async fn pause(delay: Duration) {
+    const COARSE: Duration = Duration::from_millis(2);
+    if delay.is_zero() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + delay;
+    if delay > COARSE {
+        tokio::time::sleep(delay - COARSE).await;
+    }
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if !left.is_zero() {
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(left)).await;
+    }
+}
+
 impl Provider for MockProvider {
     fn chat<'a>(
         &'a self,
@@ -278,9 +296,7 @@ impl Provider for MockProvider {
             let reply = self.next_reply(&request)?;
             match reply {
                 Reply::Fail { error, delay } => {
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
+                    pause(delay).await;
                     Err(error)
                 }
                 Reply::Text {
@@ -290,9 +306,7 @@ impl Provider for MockProvider {
                     delay,
                     tool_calls,
                 } => {
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
+                    pause(delay).await;
                     if let (Some(sink), true) = (tokens, request.stream) {
                         match &chunks {
                             Some(parts) => parts.iter().for_each(|p| sink(p)),
