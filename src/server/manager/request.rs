@@ -110,6 +110,9 @@ pub(crate) struct Resumed {
     pub claimed: Option<(crate::checkpoint::Lease, std::time::Duration)>,
     /// Where a claimed run's events are kept with its commits.
     pub journal: Option<Arc<dyn crate::engine::events::Journal>>,
+    /// The run never executed before (a worker's claim of a run its log has nothing of): it
+    /// has no trace to go on from.
+    pub fresh: bool,
 }
 
 impl Resumed {
@@ -119,6 +122,7 @@ impl Resumed {
             row,
             claimed: None,
             journal: None,
+            fresh: false,
         }
     }
 }

@@ -673,6 +673,9 @@ async fn execute<S: Send + Sync + 'static>(
             was_running: had_started,
             claimed: Some((lease, ttl)),
             journal: Some(log.clone()),
+            // Nothing logged: no worker executed it before (an engine's first event is logged
+            // with its first write).
+            fresh: next_event <= 1,
         });
         // The reader's process deletes a thread of the run's own when its reader is done.
         create.temporary = false;

@@ -193,6 +193,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         let workflow = graph.path.display().to_string();
         let was_running = req.resumed.as_ref().is_some_and(|r| r.was_running);
         let is_resumed = req.resumed.is_some();
+        let fresh = req.resumed.as_ref().is_some_and(|r| r.fresh);
         // A resumed run that held its thread had applied its command.
         let edit = req.edit.filter(|_| !was_running);
         // The thread's head, where the run's request is checked against it (a fork, a command,
@@ -401,7 +402,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             new_input,
             // A resumed run's stream may be rejoined: its client lost it with the process.
             resumable: req.resumable || is_resumed,
-            resumed: is_resumed,
+            resumed: is_resumed && !fresh,
             stateless: req.stateless,
             temporary: req.temporary,
             cancel_on_disconnect: req.cancel_on_disconnect,
@@ -648,7 +649,7 @@ pub(super) struct Created {
     rollback_to: Option<(String, Vec<crate::checkpoint::PendingWrite>)>,
     pub(super) new_input: bool,
     pub(super) resumable: bool,
-    /// A run some process started before (it goes on from its row, and its trace).
+    /// A run some process executed before (it goes on from its trace).
     resumed: bool,
     pub(super) stateless: bool,
     temporary: bool,
