@@ -313,9 +313,11 @@ impl Translate {
         };
         let values = messages::served_state(scope.values.clone(), &scope.plan);
         if fresh_input {
+            // Shown only by the modes that show checkpoints.
             let before = head
                 .parent_id
                 .as_deref()
+                .filter(|_| self.modes.checkpoints || self.modes.debug)
                 .and_then(|p| self.store.get_checkpoint(&scope.thread_id, Some(p)).ok().flatten());
             if let Some(before) = &before {
                 self.checkpoint(ns, before, false, out);
@@ -528,20 +530,15 @@ impl Translate {
     }
 
     /// A step of namespace `ns` committed checkpoint `checkpoint_id`: the state after it, and
-    /// the checkpoint.
+    /// the checkpoint. The state is the one the step started from with the step's changes
+    /// (`state_update` tells each changed key's whole value): not read back.
     fn end_step(&mut self, ns: &Option<Arc<str>>, shown: bool, checkpoint_id: &str, out: &mut Out) {
         let Some(scope) = self.scopes.get(ns) else { return };
-        let thread = scope.thread_id.clone();
-        let committed = self.store.get_checkpoint(&thread, Some(checkpoint_id)).ok().flatten();
-        if let Some(cp) = &committed
-            && let Ok(values) = self.store.state(&thread, &cp.versions)
-        {
-            // The committed checkpoint is the truth; the step's updates are only what changed.
-            if let Some(s) = self.scopes.get_mut(ns) {
-                s.values = values;
-            }
-        }
-        let Some(scope) = self.scopes.get(ns) else { return };
+        let committed = self
+            .store
+            .get_checkpoint(&scope.thread_id, Some(checkpoint_id))
+            .ok()
+            .flatten();
         if shown && self.modes.values && scope.changed {
             let values = messages::served_state(scope.values.clone(), &scope.plan);
             out.push((name("values", ns), Value::Object(values)));
