@@ -2380,6 +2380,23 @@ fn postgres_a_read_is_sent_at_once() {
         reads * 3,
         "one send a read of one statement"
     );
+    // A thread's head and its record, read together: one send, what the two reads apart read.
+    cp.put_thread_meta(&meta("reads", json!({"k": "v"}))).unwrap();
+    cp.head_and_meta("reads").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = sends.load(Ordering::SeqCst);
+    for _ in 0..reads {
+        let (head, record) = cp.head_and_meta("reads").unwrap();
+        assert_eq!(head.unwrap(), first);
+        assert_eq!(record.unwrap().metadata, json!({"k": "v"}));
+    }
+    assert_eq!(
+        sends.load(Ordering::SeqCst) - before,
+        reads,
+        "one send a head with its record"
+    );
+    let (head, record) = cp.head_and_meta("nope").unwrap();
+    assert!(head.is_none() && record.is_none());
     // Missing things are told as before, in the same order.
     assert!(matches!(cp.state("nope", &versions), Err(CheckpointError::NoThread(_))));
     assert!(matches!(

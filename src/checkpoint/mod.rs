@@ -375,6 +375,13 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + crons::CronStore + 
     /// thread does not exist.
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>>;
 
+    /// A thread's latest checkpoint and its record ([`RunStore::get_thread_meta`]), read
+    /// together: what a run starting on the thread looks at first. A network database answers
+    /// both in one round trip.
+    fn head_and_meta(&self, thread_id: &str) -> Result<(Option<Checkpoint>, Option<runs::ThreadMeta>)> {
+        Ok((self.get_checkpoint(thread_id, None)?, self.get_thread_meta(thread_id)?))
+    }
+
     /// Every checkpoint of a thread, newest first.
     fn history(&self, thread_id: &str) -> Result<Vec<Checkpoint>>;
 

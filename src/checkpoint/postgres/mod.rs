@@ -470,6 +470,30 @@ impl Checkpointer for PostgresCheckpointer {
         self.write_unit(format::batch_op(puts)?)
     }
 
+    fn head_and_meta(&self, thread_id: &str) -> Result<(Option<Checkpoint>, Option<crate::checkpoint::ThreadMeta>)> {
+        // The two statements sent together on one connection: one round trip.
+        let id = thread_id.to_owned();
+        let (row, meta) = self.read(Read::One, move |client| {
+            Box::pin(async move {
+                let (row, meta) = tokio::join!(
+                    apply::load_checkpoint_or_head(client, &id, None),
+                    runs::load_meta(client, &id)
+                );
+                Ok((row?, meta?))
+            })
+        })?;
+        let meta = meta
+            .map(crate::checkpoint::runs::ThreadMetaText::into_meta)
+            .transpose()?;
+        let head = match row {
+            None => None,
+            Some(row) if !apply::refers_to_blobs(&row.meta) => Some(row.into_checkpoint(&mut |_| Ok(None))?),
+            // Its long strings are read with it, in one snapshot.
+            Some(_) => self.get_checkpoint(thread_id, None)?,
+        };
+        Ok((head, meta))
+    }
+
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
         let (thread_id, checkpoint_id) = (thread_id.to_owned(), checkpoint_id.map(str::to_owned));
         // One statement, unless the checkpoint's metadata refers to long strings stored apart:

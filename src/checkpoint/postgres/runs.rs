@@ -32,6 +32,21 @@ pub(super) fn run_from_row(r: &Row) -> Result<RunText> {
 
 const META_COLS: &str = "thread_id, created_at, updated_at, metadata, ttl, expires_at";
 
+/// A thread's record, on `client` (`None`: it has none).
+pub(super) async fn load_meta(
+    client: &impl deadpool_postgres::GenericClient,
+    thread_id: &str,
+) -> Result<Option<ThreadMetaText>> {
+    let stmt = client
+        .prepare_cached(&format!("SELECT {META_COLS} FROM thread_meta WHERE thread_id = $1"))
+        .await?;
+    client
+        .query_opt(&stmt, &[&thread_id])
+        .await?
+        .map(|r| meta_from_row(&r))
+        .transpose()
+}
+
 pub(super) fn meta_from_row(r: &Row) -> Result<ThreadMetaText> {
     Ok(ThreadMetaText {
         thread_id: r.try_get(0)?,

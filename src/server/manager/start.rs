@@ -199,10 +199,15 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         // The thread's head, where the run's request is checked against it (a fork, a command,
         // an answer) or kept to roll back to (a run this process executes): a server whose runs
         // execute elsewhere reads nothing for a run of plain input.
-        let head = if !self.is_api() || edit.is_some() || req.checkpoint_id.is_some() || req.resume.is_some() {
-            self.store.get_checkpoint(thread_id, None)?
-        } else {
-            None
+        // With the thread's record when the caller has not read it: both in one look.
+        let wants_head = !self.is_api() || edit.is_some() || req.checkpoint_id.is_some() || req.resume.is_some();
+        let (head, meta) = match (wants_head, meta) {
+            (true, None) => {
+                let (head, meta) = self.store.head_and_meta(thread_id)?;
+                (head, Some(meta))
+            }
+            (true, meta) => (self.store.get_checkpoint(thread_id, None)?, meta),
+            (false, meta) => (None, meta),
         };
         // `checkpoint` names where the run goes on from: the head is no fork (agent-chat-ui
         // always sends the head it last saw).
