@@ -2163,3 +2163,73 @@ edges: [START -> human -> agent -> END]
     let latest = r.store.get_checkpoint(&thread, None).unwrap().unwrap();
     assert_eq!(latest.checkpoint_id, replaced.checkpoint_id);
 }
+
+/// A run whose events are kept with its commits (a worker's, on a shared database) tells each
+/// step's checkpoint in its `step_end`, as stored: a reader on another process has it without
+/// reading it back. Without a journal (`--stream jsonl`, a run's own readers) `step_end` only
+/// names it.
+#[test]
+fn a_journaled_runs_step_end_carries_its_checkpoint_as_stored() {
+    use runner::checkpoint::{CheckpointError, Put};
+    use runner::engine::events::{Envelope, Journal};
+
+    /// Commits as the store does, keeping no events.
+    struct Kept(Arc<dyn Checkpointer>);
+    impl Journal for Kept {
+        fn record(&self, _: &Envelope) {}
+        fn commit(&self, puts: Vec<Put>, _: bool, _: &[Envelope]) -> Result<bool, CheckpointError> {
+            self.0.put_batch(puts)?;
+            Ok(true)
+        }
+    }
+
+    let project = Project::new(&[(
+        "w.yaml",
+        "name: two\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  one: {kind: set, update: {a: \"'x'\"}}\n  two: {kind: set, update: {a: \"state.a ~ 'y'\"}}\nedges: [START -> one -> two -> END]\n",
+    )]);
+    let plan = project.plan("w.yaml");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for journaled in [true, false] {
+        let store: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+        let (events, mut rx) = Events::channel();
+        let events = if journaled {
+            events.journaled(Arc::new(Kept(store.clone())))
+        } else {
+            events
+        };
+        let providers = Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
+        let engine = Engine::new(plan.clone(), store.clone(), providers, events);
+        let out = rt
+            .block_on(engine.run(RunRequest {
+                thread_id: Some("t".into()),
+                input: Some(json!({})),
+                workflow: "w.yaml".into(),
+                ..RunRequest::default()
+            }))
+            .unwrap();
+        assert_eq!(out.status, Status::Done);
+        drop(engine);
+        let mut ends = 0;
+        while let Ok(e) = rx.try_recv() {
+            if let Event::StepEnd {
+                checkpoint_id,
+                checkpoint,
+                ..
+            } = e.event
+            {
+                ends += 1;
+                match checkpoint {
+                    Some(cp) => {
+                        assert!(journaled, "a run of its own process names its checkpoint only");
+                        assert_eq!(*cp, store.get_checkpoint("t", Some(&checkpoint_id)).unwrap().unwrap());
+                    }
+                    None => assert!(!journaled, "a journaled step_end carries its checkpoint"),
+                }
+            }
+        }
+        assert_eq!(ends, 2);
+    }
+}

@@ -174,6 +174,10 @@ pub enum Event {
         step: i64,
         checkpoint_id: String,
         duration_ms: f64,
+        /// The checkpoint itself, in a run's log on a shared database (committed with it): a
+        /// reader on another process has it without reading it back. Absent elsewhere.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checkpoint: Option<std::sync::Arc<crate::checkpoint::Checkpoint>>,
     },
     RunEnd {
         status: String,

@@ -821,13 +821,16 @@ impl Engine {
             checkpoint_id: run.cp.checkpoint_id.clone(),
             writes: deferred.writes,
         });
+        let next_cp = Arc::new(next_cp);
         let mut after = deferred.events;
         after.push(Event::StepEnd {
             step,
             checkpoint_id: next_cp.checkpoint_id.clone(),
             duration_ms: step_started.elapsed().as_secs_f64() * 1000.0,
+            // Logged with the checkpoint's commit (`exit` commits it only at the run's end).
+            checkpoint: (self.events.journal().is_some() && self.options.persist != Persist::Exit)
+                .then(|| next_cp.clone()),
         });
-        let next_cp = Arc::new(next_cp);
         run.persister.put_checkpoint(&next_cp, values, last, after)?;
         let gated: Vec<String> = next_cp
             .ran

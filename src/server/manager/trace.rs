@@ -750,6 +750,7 @@ mod tests {
                 step,
                 checkpoint_id: format!("cp{step}"),
                 duration_ms: 9.0,
+                checkpoint: None,
             },
         ));
     }

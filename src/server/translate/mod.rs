@@ -203,7 +203,11 @@ impl Translate {
                     s.values.extend(values);
                 }
             }
-            Event::StepEnd { checkpoint_id, .. } => self.end_step(&ns, shown, &checkpoint_id, &mut out),
+            Event::StepEnd {
+                checkpoint_id,
+                checkpoint,
+                ..
+            } => self.end_step(&ns, shown, &checkpoint_id, checkpoint, &mut out),
             _ => {}
         }
         match for_callbacks {
@@ -529,16 +533,27 @@ impl Translate {
         }
     }
 
-    /// A step of namespace `ns` committed checkpoint `checkpoint_id`: the state after it, and
-    /// the checkpoint. The state is the one the step started from with the step's changes
-    /// (`state_update` tells each changed key's whole value): not read back.
-    fn end_step(&mut self, ns: &Option<Arc<str>>, shown: bool, checkpoint_id: &str, out: &mut Out) {
+    /// A step of namespace `ns` committed checkpoint `checkpoint_id` (`carried`: the event
+    /// has it): the state after it, and the checkpoint. The state is the one the step started
+    /// from with the step's changes (`state_update` tells each changed key's whole value): not
+    /// read back.
+    fn end_step(
+        &mut self,
+        ns: &Option<Arc<str>>,
+        shown: bool,
+        checkpoint_id: &str,
+        carried: Option<Arc<Checkpoint>>,
+        out: &mut Out,
+    ) {
         let Some(scope) = self.scopes.get(ns) else { return };
-        let committed = self
-            .store
-            .get_checkpoint(&scope.thread_id, Some(checkpoint_id))
-            .ok()
-            .flatten();
+        let committed = match carried {
+            Some(cp) if cp.checkpoint_id == checkpoint_id => Some(Arc::unwrap_or_clone(cp)),
+            _ => self
+                .store
+                .get_checkpoint(&scope.thread_id, Some(checkpoint_id))
+                .ok()
+                .flatten(),
+        };
         if shown && self.modes.values && scope.changed {
             let values = messages::served_state(scope.values.clone(), &scope.plan);
             out.push((name("values", ns), Value::Object(values)));
