@@ -226,15 +226,39 @@ fn a_claimed_step_with_its_status_and_events_is_one_round_trip() {
     assert_eq!(t.status, ThreadStatus::Done);
     assert_eq!(store.history("t").unwrap().len(), 7);
     assert_eq!(store.events("r", 0, 10).unwrap().len(), 6);
+    // Each step's notice carries its records: a reader on another process needs no read.
     let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let mut told = Vec::new();
+    while told.len() < 6 {
         match notices.try_recv() {
-            Ok(runner::checkpoint::queue::Notice::Events(r)) if r == "r" => break,
+            Ok(runner::checkpoint::queue::Notice::Events(r, records)) if r == "r" => {
+                let records = records.expect("a step's few events travel with its notice");
+                assert_eq!(records.bodies.len(), 1);
+                told.push((records.from, records.bodies[0].clone()));
+            }
             Ok(_) => {}
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
             Err(e) => panic!("the readers were not told of the events: {e:?}"),
         }
     }
+    let logged: Vec<(u64, String)> = store.events("r", 0, 10).unwrap();
+    assert_eq!(told, logged, "the notices carry what the log holds, numbered as there");
+    // Records too long for a notice are told of, and left to be read from the log.
+    let long = vec![format!(r#"{{"type":"custom","data":"{}"}}"#, "x".repeat(9_000))];
+    assert!(store.append("r", &token, next, &long).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match notices.try_recv() {
+            Ok(runner::checkpoint::queue::Notice::Events(r, records)) if r == "r" => {
+                assert!(records.is_none(), "a long record is read from the log");
+                break;
+            }
+            Ok(_) => {}
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("the readers were not told of the long record: {e:?}"),
+        }
+    }
+    assert_eq!(store.events("r", 6, 10).unwrap(), vec![(next, long[0].clone())]);
 }
 
 /// A run that starts a thread writes the thread, its first turn and its status in one round

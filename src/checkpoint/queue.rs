@@ -64,14 +64,22 @@ pub struct Logged<'a> {
 pub enum Notice {
     /// A run was admitted: a worker may claim it.
     Queued,
-    /// Run `0` logged events.
-    Events(String),
+    /// Run `0` logged events; with the records themselves when they are few and short enough
+    /// to travel with the notice (a reader then need not read them from the log).
+    Events(String, Option<std::sync::Arc<Records>>),
     /// Run `0` is asked to stop.
     Cancel(String),
     /// Run `0` ended.
     Ended(String),
     /// The notifications may have missed some: look at everything again.
     Lagged,
+}
+
+/// Records a notice carries: the bodies of a run's log from sequence number `from` on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Records {
+    pub from: u64,
+    pub bodies: Vec<String>,
 }
 
 /// The queue a shared database keeps. Calls block, as the [`super::Checkpointer`]'s do.

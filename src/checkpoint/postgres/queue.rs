@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 
 use super::PostgresCheckpointer;
 use super::apply::DB_NOW_MS;
-use crate::checkpoint::queue::{Claimed, Ended, Logged, Notice, RunQueue};
+use crate::checkpoint::queue::{Claimed, Ended, Logged, Notice, Records, RunQueue};
 use crate::checkpoint::runs::{RunRow, RunText, ThreadMeta, ThreadMetaText, json_text};
 use crate::checkpoint::{CheckpointError, LeaseClaim, Result};
 
@@ -68,11 +68,21 @@ impl PostgresCheckpointer {
     }
 }
 
+/// The longest payload a notice carries records in: PostgreSQL refuses one of 8,000 bytes.
+const CARRIED: usize = 7_000;
+
 /// `notice` as the payload sent.
 fn payload(notice: &Notice) -> String {
     match notice {
         Notice::Queued => "q".into(),
-        Notice::Events(id) => format!("e:{id}"),
+        Notice::Events(id, None) => format!("e:{id}"),
+        Notice::Events(id, Some(records)) => {
+            let carried = serde_json::to_string(&records.bodies).unwrap_or_default();
+            if carried.len() + id.len() + 24 > CARRIED {
+                return format!("e:{id}");
+            }
+            format!("e:{id}:{}:{carried}", records.from)
+        }
         Notice::Cancel(id) => format!("c:{id}"),
         Notice::Ended(id) => format!("x:{id}"),
         Notice::Lagged => "l".into(),
@@ -82,7 +92,17 @@ fn payload(notice: &Notice) -> String {
 fn parse_payload(text: &str) -> Option<Notice> {
     Some(match text.split_once(':') {
         None if text == "q" => Notice::Queued,
-        Some(("e", id)) => Notice::Events(id.into()),
+        Some(("e", rest)) => match rest.split_once(':') {
+            None => Notice::Events(rest.into(), None),
+            Some((id, rest)) => {
+                let (from, bodies) = rest.split_once(':')?;
+                let records = Records {
+                    from: from.parse().ok()?,
+                    bodies: serde_json::from_str(bodies).ok()?,
+                };
+                Notice::Events(id.into(), Some(std::sync::Arc::new(records)))
+            }
+        },
         Some(("c", id)) => Notice::Cancel(id.into()),
         Some(("x", id)) => Notice::Ended(id.into()),
         _ => return None,
@@ -333,7 +353,13 @@ impl RunQueue for PostgresCheckpointer {
                 let stmt = client
                     .prepare_cached("SELECT append_events($1, $2, $3, $4, $5, $6)")
                     .await?;
-                let payload = payload(&Notice::Events(run_id.clone()));
+                let payload = payload(&Notice::Events(
+                    run_id.clone(),
+                    Some(std::sync::Arc::new(Records {
+                        from: u64::try_from(first).unwrap_or(0),
+                        bodies: bodies.clone(),
+                    })),
+                ));
                 Ok(client
                     .query_one(&stmt, &[&run_id, &worker, &first, &bodies, &channel, &payload])
                     .await?
@@ -357,7 +383,13 @@ impl RunQueue for PostgresCheckpointer {
             bodies: log.bodies.to_vec(),
             thread: fenced,
             channel: self.channel(),
-            payload: payload(&Notice::Events(log.run_id.to_owned())),
+            payload: payload(&Notice::Events(
+                log.run_id.to_owned(),
+                Some(std::sync::Arc::new(Records {
+                    from: log.from,
+                    bodies: log.bodies.to_vec(),
+                })),
+            )),
         };
         self.write_logged(crate::checkpoint::format::batch_op(puts)?, synced, rows)?;
         Ok(synced || self.durability != crate::checkpoint::Durability::PowerSafe)

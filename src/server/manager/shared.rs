@@ -24,7 +24,7 @@ use tokio::sync::{Semaphore, broadcast, oneshot, watch};
 use super::request::{CreateRun, Multitask};
 use super::start::{Stopper, never_started, run_status};
 use super::{Live, Place, RunManager, RunsError, lock};
-use crate::checkpoint::queue::{Claimed, Ended, Notice, RunQueue};
+use crate::checkpoint::queue::{Claimed, Ended, Notice, Records, RunQueue};
 use crate::checkpoint::{LeaseClaim, RunRow, RunStatus};
 use crate::engine::events::{Envelope, Events};
 use crate::engine::{EngineError, RunOutcome, Status};
@@ -101,21 +101,23 @@ fn parse_record(body: &str) -> Result<Record, String> {
     }
 }
 
-/// Waits for a notice `wanted` accepts (or one saying notices were lost), at most `POLL`.
-async fn wake(notices: &mut broadcast::Receiver<Notice>, wanted: impl Fn(&Notice) -> bool) {
+/// Waits for a notice `wanted` accepts (or one saying notices were lost), at most `POLL`:
+/// the notice `wanted` accepted, if that is what woke it.
+async fn wake(notices: &mut broadcast::Receiver<Notice>, wanted: impl Fn(&Notice) -> bool) -> Option<Notice> {
     let deadline = tokio::time::sleep(POLL);
     tokio::pin!(deadline);
     loop {
         tokio::select! {
-            () = &mut deadline => return,
+            () = &mut deadline => return None,
             notice = notices.recv() => match notice {
-                Ok(n) if wanted(&n) || n == Notice::Lagged => return,
+                Ok(n) if wanted(&n) => return Some(n),
+                Ok(Notice::Lagged) => return None,
                 Ok(_) => {}
                 // Fell behind: whatever it missed is looked at again.
-                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Err(broadcast::error::RecvError::Lagged(_)) => return None,
                 Err(broadcast::error::RecvError::Closed) => {
                     deadline.as_mut().await;
-                    return;
+                    return None;
                 }
             },
         }
@@ -284,10 +286,13 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     ) -> Result<Result<RunOutcome, EngineError>, String> {
         let queue = self.queue().map_err(|e| e.to_string())?;
         let id = run_id.to_string();
-        let told = |n: &Notice| matches!(n, Notice::Events(r) | Notice::Ended(r) if *r == id);
+        let told = |n: &Notice| matches!(n, Notice::Events(r, _) | Notice::Ended(r) if *r == id);
+        // Records a notice carried: read from it rather than from the log, when they follow
+        // what was read.
+        let mut carried = None;
         let mut notices = match admitted {
             Some(mut notices) => {
-                wake(&mut notices, told).await;
+                carried = records(wake(&mut notices, told).await);
                 notices
             }
             None => queue.subscribe().map_err(|e| e.to_string())?,
@@ -295,7 +300,15 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         let mut after = 0;
         let mut sent = 0usize;
         loop {
-            let batch = queue.events(run_id, after, BATCH).map_err(|e| e.to_string())?;
+            let batch = match carried.take().map(|r| following(&r, after)) {
+                Some(Carried::New(batch)) => batch,
+                // A read since covered them: nothing new.
+                Some(Carried::Read) => {
+                    carried = records(wake(&mut notices, told).await);
+                    continue;
+                }
+                Some(Carried::Gap) | None => queue.events(run_id, after, BATCH).map_err(|e| e.to_string())?,
+            };
             let read = batch.len();
             for (seq, body) in batch {
                 after = seq;
@@ -314,7 +327,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             if read > 0 {
                 // What a notice told is read: the run goes on (its end is logged, or told by a
                 // notice of its own, or found by the poll).
-                wake(&mut notices, told).await;
+                carried = records(wake(&mut notices, told).await);
                 continue;
             }
             let row = self.store.get_run(run_id).map_err(|e| e.to_string())?;
@@ -326,7 +339,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 }
                 return Ok(Ok(ended_without_record(thread_id, row.as_ref(), sent)));
             }
-            wake(&mut notices, told).await;
+            carried = records(wake(&mut notices, told).await);
         }
     }
 
@@ -364,6 +377,39 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             let id = run_id.to_string();
             wake(&mut notices, |n| matches!(n, Notice::Ended(r) if *r == id)).await;
         }
+    }
+}
+
+/// The records a notice carried.
+fn records(notice: Option<Notice>) -> Option<Arc<Records>> {
+    match notice {
+        Some(Notice::Events(_, records)) => records,
+        _ => None,
+    }
+}
+
+/// What carried records are to a reader that read up to a sequence number.
+enum Carried {
+    /// The records after it, numbered.
+    New(Vec<(u64, String)>),
+    /// All read already.
+    Read,
+    /// Some between are missing: the log is to be read.
+    Gap,
+}
+
+fn following(records: &Records, after: u64) -> Carried {
+    if records.from == 0 || records.from > after + 1 {
+        return Carried::Gap;
+    }
+    let batch: Vec<(u64, String)> = (records.from..)
+        .zip(records.bodies.iter().cloned())
+        .filter(|(seq, _)| *seq > after)
+        .collect();
+    if batch.is_empty() {
+        Carried::Read
+    } else {
+        Carried::New(batch)
     }
 }
 
