@@ -2397,6 +2397,22 @@ fn postgres_a_read_is_sent_at_once() {
     );
     let (head, record) = cp.head_and_meta("nope").unwrap();
     assert!(head.is_none() && record.is_none());
+    // A thread and its head, read together: one send.
+    cp.thread_and_head("reads").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = sends.load(Ordering::SeqCst);
+    for _ in 0..reads {
+        let (found, head) = cp.thread_and_head("reads").unwrap();
+        assert_eq!(found.unwrap(), cp.get_thread("reads").unwrap().unwrap());
+        assert_eq!(head.unwrap(), first);
+    }
+    assert_eq!(
+        sends.load(Ordering::SeqCst) - before,
+        reads * 2,
+        "one send a thread with its head (and one a thread alone)"
+    );
+    let (found, head) = cp.thread_and_head("nope").unwrap();
+    assert!(found.is_none() && head.is_none());
     // Missing things are told as before, in the same order.
     assert!(matches!(cp.state("nope", &versions), Err(CheckpointError::NoThread(_))));
     assert!(matches!(

@@ -305,6 +305,10 @@ fn a_new_threads_start_is_one_write_and_nothing_read_back() {
     run("warm");
     let n = run("t");
     assert!(n <= 10, "a one-node run on a new thread took {n} round trips");
+    // A turn on a thread that exists: the thread and its head are one look (15 sends; 17
+    // when they were two).
+    let again = run("t");
+    assert!(again <= 15, "a second turn took {again} round trips");
     let t = store.get_thread("t").unwrap().unwrap();
     assert_eq!(t.status, ThreadStatus::Done);
     assert_eq!(

@@ -375,6 +375,15 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + crons::CronStore + 
     /// thread does not exist.
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>>;
 
+    /// A thread and its latest checkpoint, read together: what a run opening the thread looks
+    /// at. A network database answers both in one round trip.
+    fn thread_and_head(&self, thread_id: &str) -> Result<(Option<Thread>, Option<Checkpoint>)> {
+        match self.get_thread(thread_id)? {
+            Some(thread) => Ok((Some(thread), self.get_checkpoint(thread_id, None)?)),
+            None => Ok((None, None)),
+        }
+    }
+
     /// A thread's latest checkpoint and its record ([`RunStore::get_thread_meta`]), read
     /// together: what a run starting on the thread looks at first. A network database answers
     /// both in one round trip.

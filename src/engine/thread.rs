@@ -240,13 +240,19 @@ impl Engine {
     /// Opens the thread the entry names, or makes it: its latest checkpoint, whether it
     /// existed, and the turn it starts, not yet written.
     fn open(&self, entry: &Entry, id: String, fence: &Fence) -> Result<Opened, EngineError> {
-        if let Some(thread) = self.store.get_thread(&id)? {
+        if let (Some(thread), head) = self.store.thread_and_head(&id)? {
             if entry.only_new {
                 return Err(EngineError::Exists(id));
             }
             let answering = entry.answer.is_some();
-            let (thread, cp, made) =
-                self.reopen(thread, entry.new_turn.as_ref(), entry.at.as_deref(), answering, fence)?;
+            let (thread, cp, made) = self.reopen(
+                thread,
+                head,
+                entry.new_turn.as_ref(),
+                entry.at.as_deref(),
+                answering,
+                fence,
+            )?;
             return Ok(Opened {
                 thread,
                 cp,
@@ -272,19 +278,20 @@ impl Engine {
         })
     }
 
-    /// An existing thread's latest checkpoint (or checkpoint `at`, which forks the thread when
-    /// it is an older one), checked against this workflow; with `input`, the checkpoint of a
+    /// An existing thread's latest checkpoint (`head`, read with the thread; or checkpoint
+    /// `at`, which forks the thread when it is an older one), checked against this workflow; with `input`, the checkpoint of a
     /// new turn. A thread stored without a checkpoint (by an older build killed in between)
     /// starts from its recorded input.
     fn reopen(
         &self,
         thread: Thread,
+        head: Option<Checkpoint>,
         input: Option<&Value>,
         at: Option<&str>,
         answering: bool,
         fence: &Fence,
     ) -> Result<(Thread, Checkpoint, Option<Made>), EngineError> {
-        let cp = match self.store.get_checkpoint(&thread.thread_id, None)? {
+        let cp = match head {
             Some(cp) => cp,
             None => {
                 let turn = self.first_turn(&thread, self.limit())?;

@@ -470,6 +470,36 @@ impl Checkpointer for PostgresCheckpointer {
         self.write_unit(format::batch_op(puts)?)
     }
 
+    fn thread_and_head(&self, thread_id: &str) -> Result<(Option<Thread>, Option<Checkpoint>)> {
+        // The two statements sent together on one connection: one round trip.
+        let id = thread_id.to_owned();
+        let (thread, head) = self.read(Read::One, move |client| {
+            Box::pin(async move {
+                let (thread, head) = tokio::join!(
+                    apply::load_thread(client, &id),
+                    apply::load_checkpoint_or_head(client, &id, None)
+                );
+                Ok((thread?, head?))
+            })
+        })?;
+        let long = |t: &str| apply::refers_to_blobs(t);
+        match (thread, head) {
+            (None, _) => Ok((None, None)),
+            // Long strings stored apart are read with their row, in one snapshot.
+            (Some(t), _) if [&t.input, &t.context, &t.config].iter().any(|s| long(s)) => {
+                Ok((self.get_thread(thread_id)?, self.get_checkpoint(thread_id, None)?))
+            }
+            (Some(t), Some(h)) if long(&h.meta) => Ok((
+                Some(t.into_thread(&mut |_| Ok(None))?),
+                self.get_checkpoint(thread_id, None)?,
+            )),
+            (Some(t), h) => Ok((
+                Some(t.into_thread(&mut |_| Ok(None))?),
+                h.map(|h| h.into_checkpoint(&mut |_| Ok(None))).transpose()?,
+            )),
+        }
+    }
+
     fn head_and_meta(&self, thread_id: &str) -> Result<(Option<Checkpoint>, Option<crate::checkpoint::ThreadMeta>)> {
         // The two statements sent together on one connection: one round trip.
         let id = thread_id.to_owned();
