@@ -279,9 +279,9 @@ impl Engine {
     }
 
     /// An existing thread's latest checkpoint (`head`, read with the thread; or checkpoint
-    /// `at`, which forks the thread when it is an older one), checked against this workflow; with `input`, the checkpoint of a
-    /// new turn. A thread stored without a checkpoint (by an older build killed in between)
-    /// starts from its recorded input.
+    /// `at`, which forks the thread when it is an older one), checked against this workflow;
+    /// with `input`, the checkpoint of a new turn, not yet written. A thread stored without a
+    /// checkpoint (by an older build killed in between) starts from its recorded input.
     fn reopen(
         &self,
         thread: Thread,
