@@ -319,6 +319,72 @@ fn a_new_threads_start_is_one_write_and_nothing_read_back() {
     );
 }
 
+/// A worker's claimed run opens its thread from what the worker read under the claim's lease
+/// (`RunRequest::seen`): no look of its own. The same run without it looks once more; a run
+/// not under a claim ignores what it is handed and looks itself.
+#[test]
+fn a_claimed_run_opens_its_thread_from_what_its_worker_read() {
+    use runner::engine::{Engine, LeasePolicy, RunRequest, Seen, Status};
+    let (relayed, sends) = super::checkpoint::counted_url(&postgres::fresh_url());
+    let pg = Arc::new(PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap());
+    let store: Arc<dyn Checkpointer> = pg.clone();
+    let project = super::support::Project::new(&[(
+        "w.yaml",
+        "name: one\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  set_a: {kind: set, update: {a: \"'x'\"}}\nedges: [START -> set_a -> END]\n",
+    )]);
+    let plan = project.plan("w.yaml");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let run = |thread: &str, seen: bool, claimed: bool| {
+        let lease = if claimed {
+            assert!(pg.admit(&run_row(&format!("r-{thread}"), thread), false, None).unwrap());
+            let c = pg.claim("w", &claim(&new_id())).unwrap().unwrap();
+            LeasePolicy::Claimed {
+                lease: Box::new(c.lease),
+                ttl: Duration::from_secs(30),
+            }
+        } else {
+            LeasePolicy::default()
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let providers = runner::providers::Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
+        let engine = Engine::new(
+            plan.clone(),
+            store.clone(),
+            providers,
+            runner::engine::events::Events::none(),
+        );
+        let before = sends.load(std::sync::atomic::Ordering::SeqCst);
+        let out = rt
+            .block_on(engine.run(RunRequest {
+                thread_id: Some(thread.into()),
+                input: Some(json!({})),
+                workflow: "w.yaml".into(),
+                lease,
+                seen: seen.then(|| Box::new(Seen::default())),
+                ..RunRequest::default()
+            }))
+            .unwrap();
+        assert_eq!(out.status, Status::Done);
+        std::thread::sleep(Duration::from_millis(300));
+        sends.load(std::sync::atomic::Ordering::SeqCst) - before
+    };
+    run("warm", false, true);
+    run("warm2", true, true);
+    let looked = run("t1", false, true);
+    let handed = run("t2", true, true);
+    assert_eq!(handed + 1, looked, "a claimed run handed its thread looks no more");
+    // Not under a claim, what it is handed is ignored: the thread is read under the run's own
+    // lease (here it exists, and its new turn is stored on it).
+    run("t3", false, false);
+    let own = run("t3", true, false);
+    assert!(own >= handed, "{own} sends");
+    assert_eq!(store.history("t3").unwrap().len(), 6);
+}
+
 /// Two sweepers on one database, racing over the same expired threads: each thread is
 /// removed once, by one of them, and every one is gone.
 #[test]

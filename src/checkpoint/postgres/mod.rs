@@ -500,28 +500,35 @@ impl Checkpointer for PostgresCheckpointer {
         }
     }
 
-    fn head_and_meta(&self, thread_id: &str) -> Result<(Option<Checkpoint>, Option<crate::checkpoint::ThreadMeta>)> {
-        // The two statements sent together on one connection: one round trip.
+    fn thread_view(&self, thread_id: &str) -> Result<crate::checkpoint::ThreadView> {
+        // The three statements sent together on one connection: one round trip.
         let id = thread_id.to_owned();
-        let (row, meta) = self.read(Read::One, move |client| {
+        let (thread, head, meta) = self.read(Read::One, move |client| {
             Box::pin(async move {
-                let (row, meta) = tokio::join!(
+                let (thread, head, meta) = tokio::join!(
+                    apply::load_thread(client, &id),
                     apply::load_checkpoint_or_head(client, &id, None),
                     runs::load_meta(client, &id)
                 );
-                Ok((row?, meta?))
+                Ok((thread?, head?, meta?))
             })
         })?;
         let meta = meta
             .map(crate::checkpoint::runs::ThreadMetaText::into_meta)
             .transpose()?;
-        let head = match row {
+        let long = |t: &str| apply::refers_to_blobs(t);
+        // Long strings stored apart are read with their row, in one snapshot.
+        let thread = match thread {
             None => None,
-            Some(row) if !apply::refers_to_blobs(&row.meta) => Some(row.into_checkpoint(&mut |_| Ok(None))?),
-            // Its long strings are read with it, in one snapshot.
-            Some(_) => self.get_checkpoint(thread_id, None)?,
+            Some(t) if [&t.input, &t.context, &t.config].iter().any(|s| long(s)) => self.get_thread(thread_id)?,
+            Some(t) => Some(t.into_thread(&mut |_| Ok(None))?),
         };
-        Ok((head, meta))
+        let head = match head {
+            None => None,
+            Some(h) if long(&h.meta) => self.get_checkpoint(thread_id, None)?,
+            Some(h) => Some(h.into_checkpoint(&mut |_| Ok(None))?),
+        };
+        Ok(crate::checkpoint::ThreadView { thread, head, meta })
     }
 
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
