@@ -261,47 +261,73 @@ fn a_claimed_step_with_its_status_and_events_is_one_round_trip() {
     assert_eq!(store.events("r", 6, 10).unwrap(), vec![(next, long[0].clone())]);
 }
 
+/// A one-node workflow run on PostgreSQL through a relay that counts the client's sends.
+struct Counted {
+    pg: Arc<PostgresCheckpointer>,
+    sends: Arc<std::sync::atomic::AtomicUsize>,
+    plan: Arc<runner::compile::Plan>,
+    rt: tokio::runtime::Runtime,
+    _project: super::support::Project,
+}
+
+impl Counted {
+    fn new() -> Counted {
+        let (relayed, sends) = super::checkpoint::counted_url(&postgres::fresh_url());
+        let project = super::support::Project::new(&[(
+            "w.yaml",
+            "name: one\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  set_a: {kind: set, update: {a: \"'x'\"}}\nedges: [START -> set_a -> END]\n",
+        )]);
+        Counted {
+            pg: Arc::new(PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap()),
+            sends,
+            plan: project.plan("w.yaml"),
+            rt: tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap(),
+            _project: project,
+        }
+    }
+
+    fn store(&self) -> Arc<dyn Checkpointer> {
+        self.pg.clone()
+    }
+
+    /// Runs `req` (a turn of `{}` on `thread`) to its end: the sends it took.
+    fn run(&self, thread: &str, req: runner::engine::RunRequest) -> usize {
+        let providers = runner::providers::Providers::for_models_in(self.plan.models(), None, true, &|_| None).unwrap();
+        let engine = runner::engine::Engine::new(
+            self.plan.clone(),
+            self.store(),
+            providers,
+            runner::engine::events::Events::none(),
+        );
+        // A read's transaction ends after it answered: let those ends go before counting.
+        std::thread::sleep(Duration::from_millis(300));
+        let before = self.sends.load(std::sync::atomic::Ordering::SeqCst);
+        let out = self
+            .rt
+            .block_on(engine.run(runner::engine::RunRequest {
+                thread_id: Some(thread.into()),
+                input: Some(json!({})),
+                workflow: "w.yaml".into(),
+                ..req
+            }))
+            .unwrap();
+        assert_eq!(out.status, runner::engine::Status::Done);
+        std::thread::sleep(Duration::from_millis(300));
+        self.sends.load(std::sync::atomic::Ordering::SeqCst) - before
+    }
+}
+
 /// A run that starts a thread writes the thread, its first turn and its status in one round
 /// trip and reads none of it back. Before, the turn and the status were two writes with the
 /// turn's state and its records read between them: 15 sends for this run, now 10.
 #[test]
 fn a_new_threads_start_is_one_write_and_nothing_read_back() {
-    use runner::engine::{Engine, RunRequest, Status};
-    let (relayed, sends) = super::checkpoint::counted_url(&postgres::fresh_url());
-    let store: Arc<dyn Checkpointer> =
-        Arc::new(PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap());
-    let project = super::support::Project::new(&[(
-        "w.yaml",
-        "name: one\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  set_a: {kind: set, update: {a: \"'x'\"}}\nedges: [START -> set_a -> END]\n",
-    )]);
-    let plan = project.plan("w.yaml");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let run = |thread: &str| {
-        let providers = runner::providers::Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
-        let engine = Engine::new(
-            plan.clone(),
-            store.clone(),
-            providers,
-            runner::engine::events::Events::none(),
-        );
-        let before = sends.load(std::sync::atomic::Ordering::SeqCst);
-        let out = rt
-            .block_on(engine.run(RunRequest {
-                thread_id: Some(thread.into()),
-                input: Some(json!({})),
-                workflow: "w.yaml".into(),
-                ..RunRequest::default()
-            }))
-            .unwrap();
-        assert_eq!(out.status, Status::Done);
-        // A read's transaction ends after it answered: let those ends go before counting.
-        std::thread::sleep(Duration::from_millis(300));
-        sends.load(std::sync::atomic::Ordering::SeqCst) - before
-    };
+    let c = Counted::new();
+    let run = |thread: &str| c.run(thread, runner::engine::RunRequest::default());
     run("warm");
     let n = run("t");
     assert!(n <= 10, "a one-node run on a new thread took {n} round trips");
@@ -309,6 +335,7 @@ fn a_new_threads_start_is_one_write_and_nothing_read_back() {
     // when they were two).
     let again = run("t");
     assert!(again <= 15, "a second turn took {again} round trips");
+    let store = c.store();
     let t = store.get_thread("t").unwrap().unwrap();
     assert_eq!(t.status, ThreadStatus::Done);
     assert_eq!(
@@ -324,53 +351,30 @@ fn a_new_threads_start_is_one_write_and_nothing_read_back() {
 /// not under a claim ignores what it is handed and looks itself.
 #[test]
 fn a_claimed_run_opens_its_thread_from_what_its_worker_read() {
-    use runner::engine::{Engine, LeasePolicy, RunRequest, Seen, Status};
-    let (relayed, sends) = super::checkpoint::counted_url(&postgres::fresh_url());
-    let pg = Arc::new(PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap());
-    let store: Arc<dyn Checkpointer> = pg.clone();
-    let project = super::support::Project::new(&[(
-        "w.yaml",
-        "name: one\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  set_a: {kind: set, update: {a: \"'x'\"}}\nedges: [START -> set_a -> END]\n",
-    )]);
-    let plan = project.plan("w.yaml");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    use runner::engine::{LeasePolicy, RunRequest, Seen};
+    let c = Counted::new();
     let run = |thread: &str, seen: bool, claimed: bool| {
         let lease = if claimed {
-            assert!(pg.admit(&run_row(&format!("r-{thread}"), thread), false, None).unwrap());
-            let c = pg.claim("w", &claim(&new_id())).unwrap().unwrap();
+            assert!(
+                c.pg.admit(&run_row(&format!("r-{thread}"), thread), false, None)
+                    .unwrap()
+            );
+            let claimed = c.pg.claim("w", &claim(&new_id())).unwrap().unwrap();
             LeasePolicy::Claimed {
-                lease: Box::new(c.lease),
+                lease: Box::new(claimed.lease),
                 ttl: Duration::from_secs(30),
             }
         } else {
             LeasePolicy::default()
         };
-        std::thread::sleep(Duration::from_millis(300));
-        let providers = runner::providers::Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
-        let engine = Engine::new(
-            plan.clone(),
-            store.clone(),
-            providers,
-            runner::engine::events::Events::none(),
-        );
-        let before = sends.load(std::sync::atomic::Ordering::SeqCst);
-        let out = rt
-            .block_on(engine.run(RunRequest {
-                thread_id: Some(thread.into()),
-                input: Some(json!({})),
-                workflow: "w.yaml".into(),
+        c.run(
+            thread,
+            RunRequest {
                 lease,
                 seen: seen.then(|| Box::new(Seen::default())),
                 ..RunRequest::default()
-            }))
-            .unwrap();
-        assert_eq!(out.status, Status::Done);
-        std::thread::sleep(Duration::from_millis(300));
-        sends.load(std::sync::atomic::Ordering::SeqCst) - before
+            },
+        )
     };
     run("warm", false, true);
     run("warm2", true, true);
@@ -382,7 +386,7 @@ fn a_claimed_run_opens_its_thread_from_what_its_worker_read() {
     run("t3", false, false);
     let own = run("t3", true, false);
     assert!(own >= handed, "{own} sends");
-    assert_eq!(store.history("t3").unwrap().len(), 6);
+    assert_eq!(c.store().history("t3").unwrap().len(), 6);
 }
 
 /// Two sweepers on one database, racing over the same expired threads: each thread is
