@@ -500,35 +500,28 @@ impl Checkpointer for PostgresCheckpointer {
         }
     }
 
-    fn thread_view(&self, thread_id: &str) -> Result<crate::checkpoint::ThreadView> {
-        // The three statements sent together on one connection: one round trip.
+    fn head_and_meta(&self, thread_id: &str) -> Result<(Option<Checkpoint>, Option<crate::checkpoint::ThreadMeta>)> {
+        // The two statements sent together on one connection: one round trip.
         let id = thread_id.to_owned();
-        let (thread, head, meta) = self.read(Read::One, move |client| {
+        let (row, meta) = self.read(Read::One, move |client| {
             Box::pin(async move {
-                let (thread, head, meta) = tokio::join!(
-                    apply::load_thread(client, &id),
+                let (row, meta) = tokio::join!(
                     apply::load_checkpoint_or_head(client, &id, None),
                     runs::load_meta(client, &id)
                 );
-                Ok((thread?, head?, meta?))
+                Ok((row?, meta?))
             })
         })?;
         let meta = meta
             .map(crate::checkpoint::runs::ThreadMetaText::into_meta)
             .transpose()?;
-        let long = |t: &str| apply::refers_to_blobs(t);
-        // Long strings stored apart are read with their row, in one snapshot.
-        let thread = match thread {
+        let head = match row {
             None => None,
-            Some(t) if [&t.input, &t.context, &t.config].iter().any(|s| long(s)) => self.get_thread(thread_id)?,
-            Some(t) => Some(t.into_thread(&mut |_| Ok(None))?),
+            Some(row) if !apply::refers_to_blobs(&row.meta) => Some(row.into_checkpoint(&mut |_| Ok(None))?),
+            // Its long strings are read with it, in one snapshot.
+            Some(_) => self.get_checkpoint(thread_id, None)?,
         };
-        let head = match head {
-            None => None,
-            Some(h) if long(&h.meta) => self.get_checkpoint(thread_id, None)?,
-            Some(h) => Some(h.into_checkpoint(&mut |_| Ok(None))?),
-        };
-        Ok(crate::checkpoint::ThreadView { thread, head, meta })
+        Ok((head, meta))
     }
 
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {
