@@ -274,6 +274,56 @@ fn a_busy_thread_is_refused_and_cancelled_through_any_server() {
     });
 }
 
+/// A rollback asked twice at once, through two servers, of a run a worker executes: done once
+/// (a second rollback would find the thread's lease the first took), both answered once it is,
+/// and the run is gone for every server, never seen ended in between.
+#[test]
+fn a_rollback_asked_twice_at_once_is_done_once_and_the_run_is_gone() {
+    let dir = workflows();
+    let db = postgres::fresh_url();
+    let (a, b) = (api(dir.path(), &db), api(dir.path(), &db));
+    let _w = worker(dir.path(), &db);
+    rt().block_on(async {
+        for round in 0..3 {
+            let thread = format!("r{round}");
+            let (_, body) = post(
+                &a.base,
+                &format!("/threads/{thread}/runs"),
+                json!({"assistant_id": "slow", "if_not_exists": "create", "input": {}}),
+            )
+            .await;
+            let run = run_id(&body);
+            let started = Instant::now();
+            while get(&a.base, &format!("/threads/{thread}/runs/{run}")).await["status"] != "running" {
+                assert!(started.elapsed() < Duration::from_secs(30), "run {run} never ran");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let cancel = |base: &str| {
+                client()
+                    .post(format!(
+                        "{base}/threads/{thread}/runs/{run}/cancel?wait=1&action=rollback"
+                    ))
+                    .send()
+            };
+            let (x, y) = tokio::join!(cancel(&a.base), cancel(&b.base));
+            for r in [x.unwrap(), y.unwrap()] {
+                let status = r.status();
+                assert!(status.is_success(), "{status}: {}", r.text().await.unwrap());
+            }
+            for base in [&a.base, &b.base] {
+                let r = client()
+                    .get(format!("{base}/threads/{thread}/runs/{run}"))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status().as_u16(), 404, "{}", r.text().await.unwrap());
+                assert_eq!(get(base, &format!("/threads/{thread}/runs")).await, json!([]));
+            }
+        }
+    });
+}
+
 #[test]
 fn a_killed_workers_run_is_resumed_by_another_without_running_a_finished_task_again() {
     let dir = workflows();

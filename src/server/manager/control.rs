@@ -90,9 +90,14 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     /// checkpoint it started from (with that checkpoint's writes as they were) and deletes the
     /// run.
     async fn stop(&self, run: Live<S>, rollback: bool) -> Result<(), RunsError> {
+        let _one = run.stopper.one_at_a_time().await;
         run.stopper.cancel();
         run.wait_end().await;
         if !rollback {
+            return Ok(());
+        }
+        // Rolled back by the stop before this one (a rollback forgets the run).
+        if !lock(&self.runs).contains_key(&run.run_id) {
             return Ok(());
         }
         // A run cancelled while it waited for a worker never touched its thread: rolling it
@@ -114,23 +119,15 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             .rollback_to
             .clone()
             .map(|(checkpoint_id, writes)| RollbackTo { checkpoint_id, writes });
-        let mut tries = 0;
-        loop {
-            match Engine::rollback(&self.store, &run.thread_id, to.clone(), &lease).await {
-                Ok(()) => break,
-                // The stopped run's own lease may still be on its way out: a moment more.
-                Err(EngineError::Busy(_)) if tries < 20 => {
-                    tries += 1;
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-                Err(EngineError::Busy(_)) => {
-                    return Err(RunsError::Conflict(format!(
-                        "run {} stopped, but another run took thread {} before it could be rolled back",
-                        run.run_id, run.thread_id
-                    )));
-                }
-                Err(e) => return Err(e.into()),
+        match Engine::rollback(&self.store, &run.thread_id, to, &lease).await {
+            Ok(()) => {}
+            Err(EngineError::Busy(_)) => {
+                return Err(RunsError::Conflict(format!(
+                    "run {} stopped, but another run took thread {} before it could be rolled back",
+                    run.run_id, run.thread_id
+                )));
             }
+            Err(e) => return Err(e.into()),
         }
         // The run made the thread's first checkpoint: the API's record of the thread (its
         // metadata) stays, as a thread created and never run.

@@ -15,7 +15,8 @@
 //! A log record is an engine event ([`Envelope`], as `--stream jsonl` writes it) or the run's
 //! end: `{"type": "__end__", "outcome": …}` or `{"type": "__failed__", "error": …}`.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -629,6 +630,8 @@ async fn beat<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>, worker_id: 
 async fn answer_cancels<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>) {
     let Ok(queue) = manager.queue() else { return };
     let Ok(mut notices) = queue.subscribe() else { return };
+    // The runs whose cancel is under way here: a poll during one does not ask it again.
+    let asking: Arc<Mutex<HashSet<String>>> = Arc::default();
     loop {
         let told = tokio::select! {
             () = tokio::time::sleep(POLL) => None,
@@ -646,6 +649,7 @@ async fn answer_cancels<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>) {
             .values()
             .filter(|r| r.place == Place::Claimed && r.is_active())
             .filter(|r| told.as_ref().is_none_or(|id| *id == r.run_id))
+            .filter(|r| !lock(&asking).contains(&r.run_id))
             .map(|r| (r.run_id.clone(), r.thread_id.clone()))
             .collect();
         if claimed.is_empty() {
@@ -661,9 +665,12 @@ async fn answer_cancels<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>) {
                 "rollback" => super::Cancel::Rollback,
                 _ => super::Cancel::Interrupt,
             };
-            let (m, thread_id) = (manager.clone(), thread_id.clone());
+            let (m, thread_id, asking) = (manager.clone(), thread_id.clone(), asking.clone());
+            lock(&asking).insert(run_id.clone());
             tokio::spawn(async move {
-                if let Err(e) = m.cancel(&thread_id, &run_id, action, false).await {
+                let cancelled = m.cancel(&thread_id, &run_id, action, false).await;
+                lock(&asking).remove(&run_id);
+                if let Err(e) = cancelled {
                     tracing::warn!(run_id, error = %e, "a cancel asked through the queue failed");
                     // A rollback that could not be done leaves the run stopped where it was.
                     if let (super::Cancel::Rollback, Ok(q), Some(worker)) = (action, m.queue(), m.worker_id()) {

@@ -32,6 +32,8 @@ pub(crate) struct Stopper {
     wake: Arc<tokio::sync::Notify>,
     /// A run executing on another process: its cancel is asked of the shared database.
     remote: Option<RemoteCancel>,
+    /// Held by whoever stops the run (and rolls it back): one at a time.
+    stopping: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Asks a run executing elsewhere to stop.
@@ -49,8 +51,7 @@ impl Stopper {
         Stopper {
             flag: engine.cancel_flag(),
             abort: engine.abort_handle(),
-            wake: Arc::default(),
-            remote: None,
+            ..Stopper::default()
         }
     }
 
@@ -79,6 +80,13 @@ impl Stopper {
         }
         self.abort.abort();
         self.stop();
+    }
+
+    /// Waits until no other caller is stopping the run: a cancel asked twice (by two clients,
+    /// or told to a worker by a notice and found again by its poll) is done once, and the
+    /// second finds the first's work done.
+    pub(crate) async fn one_at_a_time(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.stopping.clone().lock_owned().await
     }
 
     fn stopped(&self) -> bool {
@@ -729,7 +737,16 @@ impl<S: Send + Sync + 'static> RunTask<S> {
         let ran = worker.is_some();
         let outcome = match worker {
             // Cancelled while it waited: it ends without having run (or touched its thread).
-            None => Ok(never_started(&thread_id)),
+            // A worker's claim took the thread's lease for it: given up here, as the engine
+            // would have at the run's end.
+            None => {
+                if let crate::engine::LeasePolicy::Claimed { lease, .. } = &request.lease
+                    && let Err(e) = manager.store.release_lease(&lease.fence())
+                {
+                    tracing::warn!(run_id, error = %e, "a claimed run's lease could not be given up");
+                }
+                Ok(never_started(&thread_id))
+            }
             Some(_worker) => match edit {
                 Some((update, goto)) => {
                     // The command's checkpoint is the run's: it keeps the run's metadata.
