@@ -2380,23 +2380,24 @@ fn postgres_a_read_is_sent_at_once() {
         reads * 3,
         "one send a read of one statement"
     );
-    // A thread's head and its record, read together: one send, what the two reads apart read.
+    // A thread, its head and its record, read together: one send, what the reads apart read.
     cp.put_thread_meta(&meta("reads", json!({"k": "v"}))).unwrap();
-    cp.head_and_meta("reads").unwrap();
+    cp.thread_view("reads").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     let before = sends.load(Ordering::SeqCst);
     for _ in 0..reads {
-        let (head, record) = cp.head_and_meta("reads").unwrap();
-        assert_eq!(head.unwrap(), first);
-        assert_eq!(record.unwrap().metadata, json!({"k": "v"}));
+        let view = cp.thread_view("reads").unwrap();
+        assert_eq!(view.thread.unwrap(), cp.get_thread("reads").unwrap().unwrap());
+        assert_eq!(view.head.unwrap(), first);
+        assert_eq!(view.meta.unwrap().metadata, json!({"k": "v"}));
     }
     assert_eq!(
         sends.load(Ordering::SeqCst) - before,
-        reads,
-        "one send a head with its record"
+        reads * 2,
+        "one send a thread with its head and record (and one a thread alone)"
     );
-    let (head, record) = cp.head_and_meta("nope").unwrap();
-    assert!(head.is_none() && record.is_none());
+    let view = cp.thread_view("nope").unwrap();
+    assert!(view.thread.is_none() && view.head.is_none() && view.meta.is_none());
     // A thread and its head, read together: one send.
     cp.thread_and_head("reads").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));

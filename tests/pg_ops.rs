@@ -354,6 +354,49 @@ fn a_new_threads_start_is_one_write_and_nothing_read_back() {
     );
 }
 
+/// A worker's claimed run opens its thread from what the worker read under the claim's lease
+/// (`RunRequest::seen`): no look of its own. The same run without it looks once more; a run
+/// not under a claim ignores what it is handed and looks itself.
+#[test]
+fn a_claimed_run_opens_its_thread_from_what_its_worker_read() {
+    use runner::engine::{LeasePolicy, RunRequest, Seen};
+    let c = Counted::new();
+    let run = |thread: &str, seen: bool, claimed: bool| {
+        let lease = if claimed {
+            assert!(
+                c.pg.admit(&run_row(&format!("r-{thread}"), thread), false, None)
+                    .unwrap()
+            );
+            let claimed = c.pg.claim("w", &claim(&new_id())).unwrap().unwrap();
+            LeasePolicy::Claimed {
+                lease: Box::new(claimed.lease),
+                ttl: Duration::from_secs(30),
+            }
+        } else {
+            LeasePolicy::default()
+        };
+        c.run(
+            thread,
+            RunRequest {
+                lease,
+                seen: seen.then(|| Box::new(Seen::default())),
+                ..RunRequest::default()
+            },
+        )
+    };
+    run("warm", false, true);
+    run("warm2", true, true);
+    let looked = run("t1", false, true);
+    let handed = run("t2", true, true);
+    assert_eq!(handed + 1, looked, "a claimed run handed its thread looks no more");
+    // Not under a claim, what it is handed is ignored: the thread is read under the run's own
+    // lease (here it exists, and its new turn is stored on it).
+    run("t3", false, false);
+    let own = run("t3", true, false);
+    assert!(own >= handed, "{own} sends");
+    assert_eq!(c.store().history("t3").unwrap().len(), 6);
+}
+
 /// Two sweepers on one database, racing over the same expired threads: each thread is
 /// removed once, by one of them, and every one is gone.
 #[test]

@@ -344,6 +344,14 @@ pub enum Durability {
     PowerSafe,
 }
 
+/// A thread, its latest checkpoint and its record, as [`Checkpointer::thread_view`] reads them.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadView {
+    pub thread: Option<Thread>,
+    pub head: Option<Checkpoint>,
+    pub meta: Option<runs::ThreadMeta>,
+}
+
 /// Where checkpoints are kept. Every method is durable (per the backend's [`Durability`]) when
 /// it returns. Implementations are shared between tasks and threads.
 ///
@@ -384,11 +392,16 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + crons::CronStore + 
         }
     }
 
-    /// A thread's latest checkpoint and its record ([`RunStore::get_thread_meta`]), read
+    /// A thread, its latest checkpoint and its record ([`RunStore::get_thread_meta`]), read
     /// together: what a run starting on the thread looks at first. A network database answers
-    /// both in one round trip.
-    fn head_and_meta(&self, thread_id: &str) -> Result<(Option<Checkpoint>, Option<runs::ThreadMeta>)> {
-        Ok((self.get_checkpoint(thread_id, None)?, self.get_thread_meta(thread_id)?))
+    /// all three in one round trip.
+    fn thread_view(&self, thread_id: &str) -> Result<ThreadView> {
+        let (thread, head) = self.thread_and_head(thread_id)?;
+        Ok(ThreadView {
+            thread,
+            head,
+            meta: self.get_thread_meta(thread_id)?,
+        })
     }
 
     /// Every checkpoint of a thread, newest first.

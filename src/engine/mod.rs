@@ -119,6 +119,17 @@ pub struct RunRequest {
     /// quota, what is left of it): checked before each model call as `limits` are, against
     /// what this run has spent.
     pub quota: Option<crate::spec::Budget>,
+    /// The thread and its latest checkpoint as the caller read them under the lease its claim
+    /// holds ([`LeasePolicy::Claimed`]): the run opens the thread from them rather than
+    /// reading them again. Ignored under any other lease policy.
+    pub seen: Option<Box<Seen>>,
+}
+
+/// A thread as read under its lease (see [`RunRequest::seen`]).
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    pub thread: Option<checkpoint::Thread>,
+    pub head: Option<Checkpoint>,
 }
 
 /// Nodes one run stops before (`interrupt_before`) or after (`interrupt_after`), besides the

@@ -55,6 +55,8 @@ pub(super) struct Entry {
     pub(super) drop_answer_if_new: bool,
     /// The checkpoint to go on from (none: the latest); an older one forks the thread there.
     pub(super) at: Option<String>,
+    /// The thread and its head, read by a caller whose claim holds the lease.
+    pub(super) seen: Option<Box<super::Seen>>,
 }
 
 impl Entry {
@@ -68,6 +70,7 @@ impl Entry {
             more_answers: Vec::new(),
             drop_answer_if_new: false,
             at: None,
+            seen: None,
         }
     }
 
@@ -81,6 +84,7 @@ impl Entry {
             more_answers: Vec::new(),
             drop_answer_if_new: false,
             at: None,
+            seen: None,
         }
     }
 
@@ -96,7 +100,12 @@ impl Entry {
 
 impl From<RunRequest> for Entry {
     fn from(req: RunRequest) -> Entry {
+        // Read under the lease only when the caller's claim holds it.
+        let seen = req
+            .seen
+            .filter(|_| matches!(req.lease, super::LeasePolicy::Claimed { .. }));
         Entry {
+            seen,
             thread_id: req.thread_id.clone(),
             only_new: false,
             new_turn: req.input.clone(),
@@ -240,7 +249,11 @@ impl Engine {
     /// Opens the thread the entry names, or makes it: its latest checkpoint, whether it
     /// existed, and the turn it starts, not yet written.
     fn open(&self, entry: &Entry, id: String, fence: &Fence) -> Result<Opened, EngineError> {
-        if let (Some(thread), head) = self.store.thread_and_head(&id)? {
+        let (found, head) = match entry.seen.as_deref() {
+            Some(seen) => (seen.thread.clone(), seen.head.clone()),
+            None => self.store.thread_and_head(&id)?,
+        };
+        if let Some(thread) = found {
             if entry.only_new {
                 return Err(EngineError::Exists(id));
             }

@@ -314,6 +314,44 @@ impl PostgresCheckpointer {
         })
     }
 
+    /// A thread, its latest checkpoint and (with `meta`) its record: the statements sent
+    /// together on one connection, one round trip. A row whose long strings are stored apart
+    /// is read again with them.
+    fn look(&self, thread_id: &str, meta: bool) -> Result<crate::checkpoint::ThreadView> {
+        let id = thread_id.to_owned();
+        let (thread, head, record) = self.read(Read::One, move |client| {
+            Box::pin(async move {
+                let record = async {
+                    match meta {
+                        true => runs::load_meta(client, &id).await,
+                        false => Ok(None),
+                    }
+                };
+                let (thread, head, record) = tokio::join!(
+                    apply::load_thread(client, &id),
+                    apply::load_checkpoint_or_head(client, &id, None),
+                    record
+                );
+                Ok((thread?, head?, record?))
+            })
+        })?;
+        let long = |t: &str| apply::refers_to_blobs(t);
+        let thread = match thread {
+            None => None,
+            Some(t) if [&t.input, &t.context, &t.config].iter().any(|s| long(s)) => self.get_thread(thread_id)?,
+            Some(t) => Some(t.into_thread(&mut |_| Ok(None))?),
+        };
+        let head = match head {
+            None => None,
+            Some(h) if long(&h.meta) => self.get_checkpoint(thread_id, None)?,
+            Some(h) => Some(h.into_checkpoint(&mut |_| Ok(None))?),
+        };
+        let meta = record
+            .map(crate::checkpoint::runs::ThreadMetaText::into_meta)
+            .transpose()?;
+        Ok(crate::checkpoint::ThreadView { thread, head, meta })
+    }
+
     fn write_unit(&self, op: Op) -> Result<()> {
         self.write(op, true).map(|_| ())
     }
@@ -471,57 +509,12 @@ impl Checkpointer for PostgresCheckpointer {
     }
 
     fn thread_and_head(&self, thread_id: &str) -> Result<(Option<Thread>, Option<Checkpoint>)> {
-        // The two statements sent together on one connection: one round trip.
-        let id = thread_id.to_owned();
-        let (thread, head) = self.read(Read::One, move |client| {
-            Box::pin(async move {
-                let (thread, head) = tokio::join!(
-                    apply::load_thread(client, &id),
-                    apply::load_checkpoint_or_head(client, &id, None)
-                );
-                Ok((thread?, head?))
-            })
-        })?;
-        let long = |t: &str| apply::refers_to_blobs(t);
-        match (thread, head) {
-            (None, _) => Ok((None, None)),
-            // Long strings stored apart are read with their row, in one snapshot.
-            (Some(t), _) if [&t.input, &t.context, &t.config].iter().any(|s| long(s)) => {
-                Ok((self.get_thread(thread_id)?, self.get_checkpoint(thread_id, None)?))
-            }
-            (Some(t), Some(h)) if long(&h.meta) => Ok((
-                Some(t.into_thread(&mut |_| Ok(None))?),
-                self.get_checkpoint(thread_id, None)?,
-            )),
-            (Some(t), h) => Ok((
-                Some(t.into_thread(&mut |_| Ok(None))?),
-                h.map(|h| h.into_checkpoint(&mut |_| Ok(None))).transpose()?,
-            )),
-        }
+        let view = self.look(thread_id, false)?;
+        Ok((view.thread, view.head))
     }
 
-    fn head_and_meta(&self, thread_id: &str) -> Result<(Option<Checkpoint>, Option<crate::checkpoint::ThreadMeta>)> {
-        // The two statements sent together on one connection: one round trip.
-        let id = thread_id.to_owned();
-        let (row, meta) = self.read(Read::One, move |client| {
-            Box::pin(async move {
-                let (row, meta) = tokio::join!(
-                    apply::load_checkpoint_or_head(client, &id, None),
-                    runs::load_meta(client, &id)
-                );
-                Ok((row?, meta?))
-            })
-        })?;
-        let meta = meta
-            .map(crate::checkpoint::runs::ThreadMetaText::into_meta)
-            .transpose()?;
-        let head = match row {
-            None => None,
-            Some(row) if !apply::refers_to_blobs(&row.meta) => Some(row.into_checkpoint(&mut |_| Ok(None))?),
-            // Its long strings are read with it, in one snapshot.
-            Some(_) => self.get_checkpoint(thread_id, None)?,
-        };
-        Ok((head, meta))
+    fn thread_view(&self, thread_id: &str) -> Result<crate::checkpoint::ThreadView> {
+        self.look(thread_id, true)
     }
 
     fn get_checkpoint(&self, thread_id: &str, checkpoint_id: Option<&str>) -> Result<Option<Checkpoint>> {

@@ -207,12 +207,19 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         // The thread's head, where the run's request is checked against it (a fork, a command,
         // an answer) or kept to roll back to (a run this process executes): a server whose runs
         // execute elsewhere reads nothing for a run of plain input.
-        // With the thread's record when the caller has not read it: both in one look.
+        // With the thread's record when the caller has not read it, and the thread: all in one
+        // look. A worker's claim holds the thread's lease: its run opens the thread from what
+        // is read here.
         let wants_head = !self.is_api() || edit.is_some() || req.checkpoint_id.is_some() || req.resume.is_some();
+        let mut seen = None;
         let (head, meta) = match (wants_head, meta) {
             (true, None) => {
-                let (head, meta) = self.store.head_and_meta(thread_id)?;
-                (head, Some(meta))
+                let view = self.store.thread_view(thread_id)?;
+                seen = Some(Box::new(crate::engine::Seen {
+                    thread: view.thread,
+                    head: view.head.clone(),
+                }));
+                (view.head, Some(view.meta))
             }
             (true, meta) => (self.store.get_checkpoint(thread_id, None)?, meta),
             (false, meta) => (None, meta),
@@ -269,6 +276,8 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 lease: Box::new(lease),
                 ttl,
             };
+            // A command's edit writes a checkpoint before the run opens the thread: then it reads.
+            request.seen = seen.filter(|_| edit.is_none());
         }
         if let Some(persist) = req.persist {
             request.persist = persist;
