@@ -76,17 +76,20 @@ fn payload(notice: &Notice) -> String {
     match notice {
         Notice::Queued => "q".into(),
         Notice::Events(id, None) => format!("e:{id}"),
-        Notice::Events(id, Some(records)) => {
-            let carried = serde_json::to_string(&records.bodies).unwrap_or_default();
-            if carried.len() + id.len() + 24 > CARRIED {
-                return format!("e:{id}");
-            }
-            format!("e:{id}:{}:{carried}", records.from)
-        }
+        Notice::Events(id, Some(records)) => events_payload(id, records.from, &records.bodies),
         Notice::Cancel(id) => format!("c:{id}"),
         Notice::Ended(id) => format!("x:{id}"),
         Notice::Lagged => "l".into(),
     }
+}
+
+/// The payload of a notice of run `id`'s records numbered from `from`: with them when they fit.
+fn events_payload(id: &str, from: u64, bodies: &[String]) -> String {
+    let carried = serde_json::to_string(bodies).unwrap_or_default();
+    if carried.len() + id.len() + 24 > CARRIED {
+        return format!("e:{id}");
+    }
+    format!("e:{id}:{from}:{carried}")
 }
 
 fn parse_payload(text: &str) -> Option<Notice> {
@@ -335,16 +338,18 @@ impl RunQueue for PostgresCheckpointer {
         // dead) is no longer this claim's.
         let worker = claim;
         let (pool, run_id, worker, channel) = (self.pool.clone(), run_id.to_owned(), worker.to_owned(), self.channel());
-        let bodies = bodies.to_vec();
+        // Shared by every try rather than copied into each.
+        let payload = std::sync::Arc::new(events_payload(&run_id, from, bodies));
+        let bodies = std::sync::Arc::new(bodies.to_vec());
         let first = i64::try_from(from).map_err(|_| CheckpointError::Backend(format!("event {from}")))?;
         self.retrying(move || {
-            let (pool, run_id, worker, channel, bodies, first) = (
+            let (pool, run_id, worker, channel, bodies, payload) = (
                 pool.clone(),
                 run_id.clone(),
                 worker.clone(),
                 channel.clone(),
                 bodies.clone(),
-                first,
+                payload.clone(),
             );
             async move {
                 let client = pool.get().await?;
@@ -353,15 +358,8 @@ impl RunQueue for PostgresCheckpointer {
                 let stmt = client
                     .prepare_cached("SELECT append_events($1, $2, $3, $4, $5, $6)")
                     .await?;
-                let payload = payload(&Notice::Events(
-                    run_id.clone(),
-                    Some(std::sync::Arc::new(Records {
-                        from: u64::try_from(first).unwrap_or(0),
-                        bodies: bodies.clone(),
-                    })),
-                ));
                 Ok(client
-                    .query_one(&stmt, &[&run_id, &worker, &first, &bodies, &channel, &payload])
+                    .query_one(&stmt, &[&run_id, &worker, &first, &*bodies, &channel, &*payload])
                     .await?
                     .try_get(0)?)
             }
@@ -383,13 +381,7 @@ impl RunQueue for PostgresCheckpointer {
             bodies: log.bodies.to_vec(),
             thread: fenced,
             channel: self.channel(),
-            payload: payload(&Notice::Events(
-                log.run_id.to_owned(),
-                Some(std::sync::Arc::new(Records {
-                    from: log.from,
-                    bodies: log.bodies.to_vec(),
-                })),
-            )),
+            payload: events_payload(log.run_id, log.from, log.bodies),
         };
         self.write_logged(crate::checkpoint::format::batch_op(puts)?, synced, rows)?;
         Ok(synced || self.durability != crate::checkpoint::Durability::PowerSafe)
