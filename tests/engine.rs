@@ -2233,3 +2233,66 @@ fn a_journaled_runs_step_end_carries_its_checkpoint_as_stored() {
         assert_eq!(ends, 2);
     }
 }
+
+/// The step after which nothing runs ends the run: it writes the thread's `done` status with
+/// its checkpoint, in one commit (a journaled run's step commits go through its journal; that
+/// the run's end then sends nothing more is counted on PostgreSQL in `pg_ops`).
+#[test]
+fn a_finished_runs_status_goes_with_its_last_checkpoint() {
+    use runner::checkpoint::{CheckpointError, Put, ThreadStatus};
+    use runner::engine::events::{Envelope, Journal};
+    use std::sync::Mutex;
+
+    /// Commits as the store does, noting each commit's statuses and whether it had a checkpoint.
+    struct Noted(Arc<dyn Checkpointer>, Mutex<Vec<(bool, Vec<ThreadStatus>)>>);
+    impl Journal for Noted {
+        fn record(&self, _: &Envelope) {}
+        fn commit(&self, puts: Vec<Put>, _: bool, _: &[Envelope]) -> Result<bool, CheckpointError> {
+            let checkpoint = puts.iter().any(|p| matches!(p, Put::Checkpoint(..)));
+            let statuses = puts
+                .iter()
+                .filter_map(|p| match p {
+                    Put::Status { status, .. } => Some(*status),
+                    _ => None,
+                })
+                .collect();
+            self.1.lock().unwrap().push((checkpoint, statuses));
+            self.0.put_batch(puts)?;
+            Ok(true)
+        }
+    }
+
+    let project = Project::new(&[(
+        "w.yaml",
+        "name: two\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  one: {kind: set, update: {a: \"'x'\"}}\n  two: {kind: set, update: {a: \"state.a ~ 'y'\"}}\nedges: [START -> one -> two -> END]\n",
+    )]);
+    let plan = project.plan("w.yaml");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+    let noted = Arc::new(Noted(store.clone(), Mutex::new(Vec::new())));
+    let events = Events::none().journaled(noted.clone());
+    let providers = Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
+    let engine = Engine::new(plan.clone(), store.clone(), providers, events);
+    let run = RunRequest {
+        thread_id: Some("t".into()),
+        input: Some(json!({})),
+        workflow: "w.yaml".into(),
+        ..RunRequest::default()
+    };
+    let out = rt.block_on(engine.run(run)).unwrap();
+    assert_eq!(out.status, Status::Done);
+    assert_eq!(store.get_thread("t").unwrap().unwrap().status, ThreadStatus::Done);
+    let commits = noted.1.lock().unwrap().clone();
+    // The opening (with `running`), step one, step two with `done`: nothing after it.
+    assert_eq!(
+        commits,
+        vec![
+            (true, vec![ThreadStatus::Running]),
+            (true, vec![]),
+            (true, vec![ThreadStatus::Done]),
+        ]
+    );
+}

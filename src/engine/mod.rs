@@ -537,6 +537,9 @@ struct Run {
     reported: Usage,
     /// The thread's usage when this run began: what the run spends is counted from it.
     started_with: Usage,
+    /// The thread's status as the run's last commit wrote it (a step after which nothing
+    /// runs writes `done` with its checkpoint): the run's end writes it only if it differs.
+    status_written: Option<ThreadStatus>,
 }
 
 /// How a run stopped.
@@ -842,7 +845,16 @@ impl Engine {
             checkpoint: (self.events.journal().is_some() && self.options.persist != Persist::Exit)
                 .then(|| next_cp.clone()),
         });
-        run.persister.put_checkpoint(&next_cp, values, last, after)?;
+        // Nothing runs after this step: the run ends here (unless it is cancelled first), and
+        // the thread's status goes with the checkpoint rather than in a commit of its own.
+        let done = next_cp.next.is_empty().then(|| Put::Status {
+            thread_id: run.shared.thread_id.clone(),
+            status: ThreadStatus::Done,
+        });
+        let wrote_done = done.is_some();
+        if run.persister.put_checkpoint(&next_cp, values, last, done, after)? && wrote_done {
+            run.status_written = Some(ThreadStatus::Done);
+        }
         let gated: Vec<String> = next_cp
             .ran
             .iter()
@@ -871,6 +883,7 @@ impl Engine {
             persister,
             reported,
             started_with,
+            status_written,
             ..
         } = run;
         persister.finish()?;
@@ -881,13 +894,15 @@ impl Engine {
             Status::Cancelled => ThreadStatus::Running,
         };
         // Fenced too: a run that lost its lease does not report over its successor's status.
-        self.store.put_batch(vec![
-            Put::Fence(shared.fence.clone()),
-            Put::Status {
-                thread_id: thread.thread_id.clone(),
-                status: thread_status,
-            },
-        ])?;
+        if status_written != Some(thread_status) {
+            self.store.put_batch(vec![
+                Put::Fence(shared.fence.clone()),
+                Put::Status {
+                    thread_id: thread.thread_id.clone(),
+                    status: thread_status,
+                },
+            ])?;
+        }
         if let Some(e) = &end.error {
             self.events.send(Event::Error {
                 node: None,

@@ -184,27 +184,36 @@ impl Persister {
     }
 
     /// A step's checkpoint, committed with `last` (the result of the step's last task, stored
-    /// against the checkpoint the step started from, where the history shows it); `after` is
-    /// sent once they are committed.
+    /// against the checkpoint the step started from, where the history shows it) and
+    /// `status` (the thread's, when the step ends the run); `after` is sent once they are
+    /// committed. Answers whether `status` goes with them (`exit` commits only the run's
+    /// last checkpoint, at its end: not then).
     pub(super) fn put_checkpoint(
         &self,
         cp: &Arc<Checkpoint>,
         values: Vec<(String, u64, Value)>,
         last: Option<Put>,
+        status: Option<Put>,
         after: Vec<Event>,
-    ) -> Result<(), CheckpointError> {
+    ) -> Result<bool, CheckpointError> {
         self.release()?;
         match self.mode {
             Persist::Sync => {
                 let mut puts: Vec<Put> = last.into_iter().collect();
                 puts.push(Put::Checkpoint(cp.clone(), values));
-                self.put_told(puts, after)
+                puts.extend(status);
+                self.put_told(puts, after)?;
+                Ok(true)
             }
             Persist::Async => {
                 if let Some(last) = last {
                     self.send(Job::Writes(vec![last], Vec::new()))?;
                 }
-                self.send(Job::Checkpoint(cp.clone(), values, after))
+                self.send(Job::Checkpoint(cp.clone(), values, after))?;
+                if let Some(status) = status {
+                    self.send(Job::Writes(vec![status], Vec::new()))?;
+                }
+                Ok(true)
             }
             Persist::Exit => {
                 after.into_iter().for_each(|e| self.events.send(e));
@@ -226,7 +235,7 @@ impl Persister {
                 // committed one.
                 cp.parent_id = Some(committed.clone());
                 *held = Some((cp, acc));
-                Ok(())
+                Ok(false)
             }
         }
     }

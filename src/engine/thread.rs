@@ -212,6 +212,7 @@ impl Engine {
         };
         let mut run = Run {
             started_with: meta.usage,
+            status_written: None,
             reported,
             shared,
             state_view: values::StateView::new(&state),
@@ -243,6 +244,7 @@ impl Engine {
             status: ThreadStatus::Running,
         });
         run.persister.write_now(opening)?;
+        run.status_written = Some(ThreadStatus::Running);
         Ok(run)
     }
 
