@@ -2296,3 +2296,104 @@ fn a_finished_runs_status_goes_with_its_last_checkpoint() {
         ]
     );
 }
+
+/// A run claimed from a queue (its input kept in its queued row) runs its first step while the
+/// commit opening its turn is under way, and commits that step only after it; the step's
+/// events reach the log after the turn's, never before. A run under a lease of its own waits
+/// for the opening first.
+#[test]
+fn a_claimed_runs_first_step_runs_while_its_turn_commits() {
+    use runner::checkpoint::{CheckpointError, LeaseClaim, Put};
+    use runner::engine::LeasePolicy;
+    use runner::engine::events::{Envelope, Journal};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Commits as the store does, the first commit slowly; notes the nodes' starts and the
+    /// commits' ends, in order.
+    struct Slow {
+        store: Arc<dyn Checkpointer>,
+        first: AtomicBool,
+        seen: Mutex<Vec<String>>,
+    }
+    impl Journal for Slow {
+        fn record(&self, e: &Envelope) {
+            if let Event::NodeStart { node, .. } = &e.event {
+                self.seen.lock().unwrap().push(format!("start {node}"));
+            }
+        }
+        fn commit(&self, puts: Vec<Put>, _: bool, _: &[Envelope]) -> Result<bool, CheckpointError> {
+            if self.first.swap(false, Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            let checkpoints = puts.iter().filter(|p| matches!(p, Put::Checkpoint(..))).count();
+            self.store.put_batch(puts)?;
+            self.seen.lock().unwrap().push(format!("commit {checkpoints}"));
+            Ok(true)
+        }
+    }
+
+    let project = Project::new(&[(
+        "w.yaml",
+        "name: one\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  one: {kind: set, update: {a: \"'x'\"}}\nedges: [START -> one -> END]\n",
+    )]);
+    let plan = project.plan("w.yaml");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for claimed in [true, false] {
+        let store: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+        let journal = Arc::new(Slow {
+            store: store.clone(),
+            first: AtomicBool::new(true),
+            seen: Mutex::new(Vec::new()),
+        });
+        let lease = if claimed {
+            let lease = store
+                .acquire_lease(&LeaseClaim {
+                    thread_id: "t".into(),
+                    owner: "claim".into(),
+                    pid: std::process::id(),
+                    host: "here".into(),
+                    ttl: std::time::Duration::from_secs(30),
+                    replace: None,
+                })
+                .unwrap();
+            LeasePolicy::Claimed {
+                lease: Box::new(lease),
+                ttl: std::time::Duration::from_secs(30),
+            }
+        } else {
+            LeasePolicy::default()
+        };
+        let providers = Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
+        let (events, _rx) = Events::channel();
+        let engine = Engine::new(
+            plan.clone(),
+            store.clone(),
+            providers,
+            events.journaled(journal.clone()),
+        );
+        let out = rt
+            .block_on(engine.run(RunRequest {
+                thread_id: Some("t".into()),
+                input: Some(json!({})),
+                workflow: "w.yaml".into(),
+                lease,
+                ..RunRequest::default()
+            }))
+            .unwrap();
+        assert_eq!(out.status, Status::Done);
+        assert_eq!(out.state["a"], json!("x"));
+        let seen = journal.seen.lock().unwrap().clone();
+        // The turn (its checkpoints before and after the input, committed slowly), then the
+        // step's: claimed, the step starts before the turn's commit ends.
+        let expected = if claimed {
+            ["start one", "commit 2", "commit 1"]
+        } else {
+            ["commit 2", "start one", "commit 1"]
+        };
+        assert_eq!(seen, expected, "claimed: {claimed}");
+    }
+}

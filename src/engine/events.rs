@@ -300,6 +300,11 @@ pub trait Journal: Send + Sync {
         synced: bool,
         told: &[Envelope],
     ) -> Result<bool, crate::checkpoint::CheckpointError>;
+
+    /// The next [`Journal::commit`] is on its way from another thread: whatever else writes the
+    /// journal's events (between commits) leaves what is recorded from now on for that commit
+    /// to take, so no event reaches the log before the commit that comes ahead of it.
+    fn commit_coming(&self) {}
 }
 
 /// Where a run's events go: nowhere, a channel (collected later), or a sink called in place

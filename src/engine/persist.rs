@@ -55,6 +55,14 @@ enum Job {
     Flush(mpsc::Sender<()>),
 }
 
+impl Drop for Persister {
+    /// A run that stops on an error lets the commit opening its turn end first: whoever logs
+    /// the run's end numbers its record after that commit's.
+    fn drop(&mut self) {
+        let _ = self.opened();
+    }
+}
+
 /// `Exit`: the newest checkpoint, and per key the one value it needs stored (its version's,
 /// whole or as an extension of a committed version).
 type Held = (Checkpoint, BTreeMap<String, (u64, Value)>);
@@ -93,6 +101,10 @@ pub(super) struct Persister {
     /// Tasks that finish while the run is busy with others are committed together by
     /// [`Persister::release`]: one commit for a burst of a fan-out rather than one per task.
     ready: Mutex<Ready>,
+    /// `Sync`: the commit that opens a claimed run's turn, under way on a blocking thread
+    /// while the run's first step runs ([`Persister::write_opening`]); every later write waits
+    /// for it, and fails with its error.
+    opening: Mutex<Option<mpsc::Receiver<Result<(), CheckpointError>>>>,
     /// `Async`: the ordered queue to the background committer.
     queue: Option<mpsc::SyncSender<Job>>,
     worker: Option<std::thread::JoinHandle<Result<(), CheckpointError>>>,
@@ -168,6 +180,7 @@ impl Persister {
             events,
             held: Mutex::new((None, committed)),
             unsynced: Mutex::new(Vec::new()),
+            opening: Mutex::new(None),
             ready: Mutex::new(Ready::default()),
             queue,
             worker,
@@ -284,6 +297,7 @@ impl Persister {
     /// Commits the writes [`Persister::put_writes`] holds, in one batch: for when the run has
     /// no other finished task at hand. It may block (`sync` commits, a full `async` queue).
     pub(super) fn release(&self) -> Result<(), CheckpointError> {
+        self.opened()?;
         let Ready { puts, after, .. } = std::mem::take(&mut *self.ready.lock().map_err(|_| poisoned())?);
         if puts.is_empty() {
             return Ok(());
@@ -357,6 +371,49 @@ impl Persister {
         self.put_now(puts)
     }
 
+    /// What opens a turn (its thread, checkpoints and status), for a run that can be made
+    /// again from a durable record of its own (`reproducible`: a queued run's row holds its
+    /// input). In `sync` mode, with nothing written before it, it is committed on a blocking
+    /// thread while the run's first step runs, and every later write waits for it: the step's
+    /// commit still comes after it, and a process that dies first leaves the run to its next
+    /// claim, which opens the turn again (the step would have run again anyway). Otherwise as
+    /// [`Persister::write_now`].
+    pub(super) fn write_opening(&self, puts: Vec<Put>, reproducible: bool) -> Result<(), CheckpointError> {
+        let idle = self.ready.lock().map_err(|_| poisoned())?.puts.is_empty()
+            && self.unsynced.lock().map_err(|_| poisoned())?.is_empty();
+        if !(reproducible && idle && self.mode == Persist::Sync) || tokio::runtime::Handle::try_current().is_err() {
+            return self.write_now(puts);
+        }
+        let mut fenced = Vec::with_capacity(puts.len() + 1);
+        fenced.push(Put::Fence(self.fence.clone()));
+        fenced.extend(puts);
+        let (store, events, span) = (self.store.clone(), self.events.clone(), tracing::Span::current());
+        let (tx, rx) = mpsc::channel();
+        // The step's events (recorded as it runs) are logged after the turn, never before.
+        if let Some(journal) = self.events.journal() {
+            journal.commit_coming();
+        }
+        tokio::task::spawn_blocking(move || {
+            let _in_run = span.enter();
+            let _commit = super::trace::commit(None, fenced.len() - 1, true).entered();
+            // Nothing waits to be told of it: its events were recorded as they were sent.
+            let _ = tx.send(commit(&*store, &events, fenced, true, Vec::new()).map(|_| ()));
+        });
+        *self.opening.lock().map_err(|_| poisoned())? = Some(rx);
+        Ok(())
+    }
+
+    /// Waits for the opening's commit, when one is under way.
+    fn opened(&self) -> Result<(), CheckpointError> {
+        let under_way = self.opening.lock().map_err(|_| poisoned())?.take();
+        match under_way {
+            None => Ok(()),
+            Some(rx) => rx
+                .recv()
+                .map_err(|_| CheckpointError::Backend("the commit opening the turn was lost".into()))?,
+        }
+    }
+
     /// `puts` in one batch behind the run's fence; it makes earlier unsynced writes durable
     /// too, so their events go out.
     fn put_now(&self, puts: Vec<Put>) -> Result<(), CheckpointError> {
@@ -365,6 +422,7 @@ impl Persister {
 
     /// [`Persister::put_now`], then `after`, the events that tell of `puts`.
     fn put_told(&self, puts: Vec<Put>, after: Vec<Event>) -> Result<(), CheckpointError> {
+        self.opened()?;
         let mut fenced = Vec::with_capacity(puts.len() + 1);
         fenced.push(Put::Fence(self.fence.clone()));
         fenced.extend(puts);

@@ -243,7 +243,10 @@ impl Engine {
             thread_id: run.thread.thread_id.clone(),
             status: ThreadStatus::Running,
         });
-        run.persister.write_now(opening)?;
+        // A claimed run's turn is made again from its queued row if the process dies before
+        // this is committed: its first step need not wait for it.
+        let reproducible = matches!(self.options.lease, super::LeasePolicy::Claimed { .. });
+        run.persister.write_opening(opening, reproducible)?;
         run.status_written = Some(ThreadStatus::Running);
         Ok(run)
     }

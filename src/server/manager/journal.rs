@@ -28,6 +28,9 @@ pub(crate) struct RunLog {
     next: Mutex<u64>,
     /// The run is no longer this claim's (it was claimed again): nothing more is written.
     lost: AtomicBool,
+    /// A commit is on its way from another thread ([`Journal::commit_coming`]): what is
+    /// recorded waits for it rather than being written by [`RunLog::flush`].
+    coming: AtomicBool,
 }
 
 fn body(e: &Envelope) -> String {
@@ -44,6 +47,7 @@ impl RunLog {
             recorded: Mutex::new(Vec::new()),
             next: Mutex::new(next),
             lost: AtomicBool::new(false),
+            coming: AtomicBool::new(false),
         }
     }
 
@@ -57,12 +61,15 @@ impl RunLog {
         self.lost.load(Ordering::SeqCst)
     }
 
-    /// Writes what was recorded since the last write. `Ok(false)`: the run is no longer this
-    /// claim's, and nothing was written.
+    /// Writes what was recorded since the last write (unless a commit on its way will).
+    /// `Ok(false)`: the run is no longer this claim's, and nothing was written.
     pub(crate) fn flush(&self) -> Result<bool, CheckpointError> {
         let mut next = lock(&self.next);
         if self.is_lost() {
             return Ok(false);
+        }
+        if self.coming.load(Ordering::SeqCst) {
+            return Ok(true);
         }
         let bodies = std::mem::take(&mut *lock(&self.recorded));
         if bodies.is_empty() {
@@ -104,9 +111,15 @@ impl Journal for RunLog {
         lock(&self.recorded).push(body(envelope));
     }
 
+    fn commit_coming(&self) {
+        self.coming.store(true, Ordering::SeqCst);
+    }
+
     fn commit(&self, puts: Vec<Put>, synced: bool, told: &[Envelope]) -> Result<bool, CheckpointError> {
         let mut next = lock(&self.next);
         let mut bodies = std::mem::take(&mut *lock(&self.recorded));
+        // Taken: what is recorded from here on is anyone's to write.
+        self.coming.store(false, Ordering::SeqCst);
         let recorded = bodies.len();
         bodies.extend(told.iter().map(body));
         let queue = self.queue()?;
