@@ -20,7 +20,7 @@ fn workflows() -> tempfile::TempDir {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     std::fs::create_dir(dir.path().join("workflows")).unwrap();
     std::fs::copy(fixtures.join("gate.yaml"), dir.path().join("workflows/gate.yaml")).unwrap();
-    for name in ["chat.yaml", "slow.yaml", "fan.yaml"] {
+    for name in ["chat.yaml", "slow.yaml", "fan.yaml", "brief.yaml"] {
         std::fs::copy(
             fixtures.join("serve").join(name),
             dir.path().join("workflows").join(name),
@@ -322,6 +322,54 @@ fn a_rollback_asked_twice_at_once_is_done_once_and_the_run_is_gone() {
             }
         }
     });
+}
+
+/// A run whose clients read whole steps only (`values`, the default) has its steps' and
+/// tasks' starts logged by a commit (the turn's or the step's) rather than by writes of their
+/// own, when the step ends soon enough (a 10 ms model call).
+#[test]
+fn a_runs_events_nobody_reads_as_they_come_are_logged_with_its_step() {
+    let dir = workflows();
+    let db = postgres::fresh_url();
+    let a = api(dir.path(), &db);
+    let _w = worker(dir.path(), &db);
+    let run = rt().block_on(async {
+        let (status, body) = post(
+            &a.base,
+            "/threads/v/runs/wait",
+            json!({"assistant_id": "brief", "if_not_exists": "create", "input": {}}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["said"], "thought");
+        let runs = get(&a.base, "/threads/v/runs").await;
+        runs[0]["run_id"].as_str().unwrap().to_string()
+    });
+    let rows = postgres::query(
+        &db,
+        &format!("SELECT xmin::text, body::json->>'type' FROM run_events WHERE run_id = '{run}' ORDER BY seq"),
+    )
+    .unwrap();
+    let kinds: Vec<(String, String)> = rows
+        .into_iter()
+        .map(|r| (r[0].clone().unwrap_or_default(), r[1].clone().unwrap_or_default()))
+        .collect();
+    let xmin_of = |kind: &str| {
+        kinds
+            .iter()
+            .find(|(_, k)| k == kind)
+            .map(|(x, _)| x.clone())
+            .unwrap_or_else(|| panic!("no {kind}: {kinds:?}"))
+    };
+    // Told with the commit of the turn (while it is under way: the step runs beside it) or
+    // with the step's, never alone.
+    let commits = [xmin_of("run_start"), xmin_of("step_end")];
+    for kind in ["step_start", "node_start", "model_start"] {
+        assert!(
+            commits.contains(&xmin_of(kind)),
+            "{kind} written apart from the commits: {kinds:?}"
+        );
+    }
 }
 
 #[test]

@@ -692,6 +692,51 @@ async fn answer_cancels<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>) {
     }
 }
 
+/// The longest a claimed run's event that nobody reads as it comes waits for a commit to
+/// write it (see [`execute`]).
+const LINGER: Duration = Duration::from_millis(100);
+
+/// Which of a run's events its clients read as they come, by the stream modes the run was
+/// created with (a joined stream shows some of them): every event for `tasks`, `debug` and
+/// `events` (a task's start), a model's tokens for `messages` and `messages-tuple`, custom
+/// events for `custom`; a gate's question, a failure and the end always. The others (with
+/// `values` and `updates` alone: a step's and a task's start, a model call's, the tokens) are
+/// written with the step's commit.
+#[derive(Debug, Clone, Copy)]
+struct AsItComes {
+    all: bool,
+    tokens: bool,
+    custom: bool,
+}
+
+impl AsItComes {
+    fn of(run: &RunRow) -> AsItComes {
+        match crate::server::sse::Modes::parse(run.kwargs.get("stream_mode"), false) {
+            Ok(m) => AsItComes {
+                all: m.tasks || m.debug || m.events,
+                tokens: m.messages || m.partial,
+                custom: m.custom,
+            },
+            Err(_) => AsItComes {
+                all: true,
+                tokens: true,
+                custom: true,
+            },
+        }
+    }
+
+    fn wants(&self, e: &Envelope) -> bool {
+        use crate::engine::events::Event;
+        match e.event {
+            _ if self.all => true,
+            Event::Token { .. } => self.tokens,
+            Event::Custom { .. } => self.custom,
+            Event::Interrupt { .. } | Event::Error { .. } | Event::RunEnd { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 /// Executes one claimed run: created as a run of this process, its events logged, its end
 /// recorded — or, when the worker stops first, handed back to the queue.
 async fn execute<S: Send + Sync + 'static>(
@@ -707,6 +752,7 @@ async fn execute<S: Send + Sync + 'static>(
         next_event,
     } = claimed;
     let run_id = run.run_id.clone();
+    let as_it_comes = AsItComes::of(&run);
     // What this claim writes under: its own token, so a run claimed again (this worker taken
     // for dead meanwhile) is not written by this execution any more.
     let token = lease.owner.clone();
@@ -770,17 +816,29 @@ async fn execute<S: Send + Sync + 'static>(
         ..
     } = running;
     // The events were recorded as they were sent: what comes through the channel only says
-    // when to write what waits.
-    loop {
+    // when to write what waits. A step's commit writes what was recorded before it: events
+    // the run's clients do not read as they come wait a moment for it rather than taking a
+    // write of their own.
+    while let Some(first) = events.recv().await {
+        if !as_it_comes.wants(&first) {
+            let linger = tokio::time::sleep(LINGER);
+            tokio::pin!(linger);
+            loop {
+                tokio::select! {
+                    () = &mut linger => break,
+                    next = events.recv() => match next {
+                        Some(e) if !as_it_comes.wants(&e) => {}
+                        _ => break,
+                    },
+                }
+            }
+        }
         while events.try_recv().is_ok() {}
         match log.flush() {
             Ok(true) => {}
             // Another worker took the run over: this one stops writing.
             Ok(false) => stopper.cancel(),
             Err(e) => tracing::warn!(run_id, error = %e, "a run's events could not be logged"),
-        }
-        if events.recv().await.is_none() {
-            break;
         }
     }
     let outcome = done
