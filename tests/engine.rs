@@ -2164,6 +2164,44 @@ edges: [START -> human -> agent -> END]
     assert_eq!(latest.checkpoint_id, replaced.checkpoint_id);
 }
 
+/// The journal tests' workflow: two `set` nodes in a row.
+const TWO_SETS: &str = "name: two\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  one: {kind: set, update: {a: \"'x'\"}}\n  two: {kind: set, update: {a: \"state.a ~ 'y'\"}}\nedges: [START -> one -> two -> END]\n";
+
+/// Runs `yaml` once on thread `t` of `store`, with `{}` as input, under `lease`, its events sent
+/// to the receiver returned and, when given, recorded in `journal` (whose commits the run
+/// makes). The run must end `done`.
+fn run_journaled(
+    yaml: &str,
+    store: &Arc<dyn Checkpointer>,
+    journal: Option<Arc<dyn runner::engine::events::Journal>>,
+    lease: runner::engine::LeasePolicy,
+) -> (RunOutcome, runner::engine::events::Receiver) {
+    let project = Project::new(&[("w.yaml", yaml)]);
+    let plan = project.plan("w.yaml");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (events, rx) = Events::channel();
+    let events = match journal {
+        Some(j) => events.journaled(j),
+        None => events,
+    };
+    let providers = Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
+    let engine = Engine::new(plan, store.clone(), providers, events);
+    let out = rt
+        .block_on(engine.run(RunRequest {
+            thread_id: Some("t".into()),
+            input: Some(json!({})),
+            workflow: "w.yaml".into(),
+            lease,
+            ..RunRequest::default()
+        }))
+        .unwrap();
+    assert_eq!(out.status, Status::Done);
+    (out, rx)
+}
+
 /// A run whose events are kept with its commits (a worker's, on a shared database) tells each
 /// step's checkpoint in its `step_end`, as stored: a reader on another process has it without
 /// reading it back. Without a journal (`--stream jsonl`, a run's own readers) `step_end` only
@@ -2183,35 +2221,10 @@ fn a_journaled_runs_step_end_carries_its_checkpoint_as_stored() {
         }
     }
 
-    let project = Project::new(&[(
-        "w.yaml",
-        "name: two\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  one: {kind: set, update: {a: \"'x'\"}}\n  two: {kind: set, update: {a: \"state.a ~ 'y'\"}}\nedges: [START -> one -> two -> END]\n",
-    )]);
-    let plan = project.plan("w.yaml");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     for journaled in [true, false] {
         let store: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
-        let (events, mut rx) = Events::channel();
-        let events = if journaled {
-            events.journaled(Arc::new(Kept(store.clone())))
-        } else {
-            events
-        };
-        let providers = Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
-        let engine = Engine::new(plan.clone(), store.clone(), providers, events);
-        let out = rt
-            .block_on(engine.run(RunRequest {
-                thread_id: Some("t".into()),
-                input: Some(json!({})),
-                workflow: "w.yaml".into(),
-                ..RunRequest::default()
-            }))
-            .unwrap();
-        assert_eq!(out.status, Status::Done);
-        drop(engine);
+        let journal = journaled.then(|| Arc::new(Kept(store.clone())) as Arc<dyn Journal>);
+        let (_, mut rx) = run_journaled(TWO_SETS, &store, journal, Default::default());
         let mut ends = 0;
         while let Ok(e) = rx.try_recv() {
             if let Event::StepEnd {
@@ -2262,28 +2275,14 @@ fn a_finished_runs_status_goes_with_its_last_checkpoint() {
         }
     }
 
-    let project = Project::new(&[(
-        "w.yaml",
-        "name: two\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  one: {kind: set, update: {a: \"'x'\"}}\n  two: {kind: set, update: {a: \"state.a ~ 'y'\"}}\nedges: [START -> one -> two -> END]\n",
-    )]);
-    let plan = project.plan("w.yaml");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let store: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
     let noted = Arc::new(Noted(store.clone(), Mutex::new(Vec::new())));
-    let events = Events::none().journaled(noted.clone());
-    let providers = Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
-    let engine = Engine::new(plan.clone(), store.clone(), providers, events);
-    let run = RunRequest {
-        thread_id: Some("t".into()),
-        input: Some(json!({})),
-        workflow: "w.yaml".into(),
-        ..RunRequest::default()
-    };
-    let out = rt.block_on(engine.run(run)).unwrap();
-    assert_eq!(out.status, Status::Done);
+    run_journaled(
+        TWO_SETS,
+        &store,
+        Some(noted.clone() as Arc<dyn Journal>),
+        Default::default(),
+    );
     assert_eq!(store.get_thread("t").unwrap().unwrap().status, ThreadStatus::Done);
     let commits = noted.1.lock().unwrap().clone();
     // The opening (with `running`), step one, step two with `done`: nothing after it.
@@ -2333,15 +2332,6 @@ fn a_claimed_runs_first_step_runs_while_its_turn_commits() {
         }
     }
 
-    let project = Project::new(&[(
-        "w.yaml",
-        "name: one\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  one: {kind: set, update: {a: \"'x'\"}}\nedges: [START -> one -> END]\n",
-    )]);
-    let plan = project.plan("w.yaml");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     for claimed in [true, false] {
         let store: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
         let journal = Arc::new(Slow {
@@ -2367,24 +2357,8 @@ fn a_claimed_runs_first_step_runs_while_its_turn_commits() {
         } else {
             LeasePolicy::default()
         };
-        let providers = Providers::for_models_in(plan.models(), None, true, &|_| None).unwrap();
-        let (events, _rx) = Events::channel();
-        let engine = Engine::new(
-            plan.clone(),
-            store.clone(),
-            providers,
-            events.journaled(journal.clone()),
-        );
-        let out = rt
-            .block_on(engine.run(RunRequest {
-                thread_id: Some("t".into()),
-                input: Some(json!({})),
-                workflow: "w.yaml".into(),
-                lease,
-                ..RunRequest::default()
-            }))
-            .unwrap();
-        assert_eq!(out.status, Status::Done);
+        let one = "name: one\nstate: {a: {type: string, default: \"\"}}\nnodes:\n  one: {kind: set, update: {a: \"'x'\"}}\nedges: [START -> one -> END]\n";
+        let (out, _) = run_journaled(one, &store, Some(journal.clone() as Arc<dyn Journal>), lease);
         assert_eq!(out.state["a"], json!("x"));
         let seen = journal.seen.lock().unwrap().clone();
         // The turn (its checkpoints before and after the input, committed slowly), then the
