@@ -55,14 +55,6 @@ enum Job {
     Flush(mpsc::Sender<()>),
 }
 
-impl Drop for Persister {
-    /// A run that stops on an error lets the commit opening its turn end first: whoever logs
-    /// the run's end numbers its record after that commit's.
-    fn drop(&mut self) {
-        let _ = self.opened();
-    }
-}
-
 /// `Exit`: the newest checkpoint, and per key the one value it needs stored (its version's,
 /// whole or as an extension of a committed version).
 type Held = (Checkpoint, BTreeMap<String, (u64, Value)>);
@@ -108,6 +100,14 @@ pub(super) struct Persister {
     /// `Async`: the ordered queue to the background committer.
     queue: Option<mpsc::SyncSender<Job>>,
     worker: Option<std::thread::JoinHandle<Result<(), CheckpointError>>>,
+}
+
+impl Drop for Persister {
+    /// A run that stops on an error lets the commit opening its turn end first: whoever logs
+    /// the run's end numbers its record after that commit's.
+    fn drop(&mut self) {
+        let _ = self.opened();
+    }
 }
 
 fn poisoned() -> CheckpointError {

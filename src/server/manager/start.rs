@@ -211,14 +211,12 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         // look. A worker's claim holds the thread's lease: its run opens the thread from what
         // is read here.
         let wants_head = !self.is_api() || edit.is_some() || req.checkpoint_id.is_some() || req.resume.is_some();
-        let mut seen = None;
+        // The thread as the look found it (none: not looked at).
+        let mut looked = None;
         let (head, meta) = match (wants_head, meta) {
             (true, None) => {
                 let view = self.store.thread_view(thread_id)?;
-                seen = Some(Box::new(crate::engine::Seen {
-                    thread: view.thread,
-                    head: view.head.clone(),
-                }));
+                looked = Some(view.thread);
                 (view.head, Some(view.meta))
             }
             (true, meta) => (self.store.get_checkpoint(thread_id, None)?, meta),
@@ -277,7 +275,12 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 ttl,
             };
             // A command's edit writes a checkpoint before the run opens the thread: then it reads.
-            request.seen = seen.filter(|_| edit.is_none());
+            request.seen = looked.filter(|_| edit.is_none()).map(|thread| {
+                Box::new(crate::engine::Seen {
+                    thread,
+                    head: head.clone(),
+                })
+            });
         }
         if let Some(persist) = req.persist {
             request.persist = persist;
