@@ -264,6 +264,15 @@ fn state(cp: &dyn Checkpointer) {
         Err(CheckpointError::NoThread(_))
     ));
 
+    // A checkpoint and its state read together: what the reads apart read.
+    for c in [&c0, &c1, &c2, &c3] {
+        let (got, state) = cp.checkpoint_state("t", Some(&c.checkpoint_id)).unwrap().unwrap();
+        assert_eq!((&got, &state), (c, &at(c)));
+    }
+    assert_eq!(cp.checkpoint_state("t", None).unwrap().unwrap(), (c3.clone(), at(&c3)));
+    assert_eq!(cp.checkpoint_state("t", Some("nope")).unwrap(), None);
+    assert_eq!(cp.checkpoint_state("nope", None).unwrap(), None);
+
     // Values belong to their thread.
     cp.create_thread(&thread("other")).unwrap();
     assert!(matches!(
@@ -2279,6 +2288,18 @@ fn postgres_a_values_chain_is_read_by_one_statement() {
     // A version that was never stored is told as missing.
     at_ten.insert("m".to_string(), 99);
     assert!(matches!(cp.state("chain", &at_ten), Err(CheckpointError::Corrupt(_))));
+    // The head and its state, chain and all, from one statement (the first prepares it).
+    assert_eq!(
+        cp.checkpoint_state("chain", None).unwrap().unwrap(),
+        (parent.clone(), state.clone())
+    );
+    let before = sends.load(Ordering::SeqCst);
+    assert_eq!(cp.checkpoint_state("chain", None).unwrap().unwrap(), (parent, state));
+    assert_eq!(
+        sends.load(Ordering::SeqCst) - before,
+        1,
+        "one send for a checkpoint and its state"
+    );
 }
 
 /// On PostgreSQL a thread's creation, its status and its first checkpoint are one statement

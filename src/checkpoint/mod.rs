@@ -404,6 +404,20 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + crons::CronStore + 
         })
     }
 
+    /// A checkpoint (the thread's latest when `None`) and the state at it, read together:
+    /// what a run's reader shows first. A network database answers both in one round trip.
+    fn checkpoint_state(
+        &self,
+        thread_id: &str,
+        checkpoint_id: Option<&str>,
+    ) -> Result<Option<(Checkpoint, Map<String, Value>)>> {
+        let Some(cp) = self.get_checkpoint(thread_id, checkpoint_id)? else {
+            return Ok(None);
+        };
+        let state = self.state(thread_id, &cp.versions)?;
+        Ok(Some((cp, state)))
+    }
+
     /// Every checkpoint of a thread, newest first.
     fn history(&self, thread_id: &str) -> Result<Vec<Checkpoint>>;
 

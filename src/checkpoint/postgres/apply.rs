@@ -199,33 +199,98 @@ pub(super) async fn checkpoint_exists(tx: &impl GenericClient, thread_id: &str, 
     Ok(tx.query_opt(&stmt, &[&thread_id, &checkpoint_id]).await?.is_some())
 }
 
-/// The stored values of `($2, $3)` (keys and versions) of thread `$1` and, for each that
-/// extends an earlier version (`{"$runner_extends": base, "items": …}`, as
-/// [`crate::checkpoint::extension`] writes it), that version's, down each chain to its end.
-const CHAIN: &str = "WITH RECURSIVE chain(key, version, value) AS ( \
+/// The recursive part of a chain of values (`chain(key, version, value)` of thread `$1`): for
+/// each value that extends an earlier version (`{"$runner_extends": base, "items": …}`, as
+/// [`crate::checkpoint::extension`] writes it), that version's.
+macro_rules! chain_down {
+    () => {
+        "UNION ALL \
+           SELECT s.key, s.version, s.value FROM chain c \
+           JOIN state_values s ON s.thread_id = $1 AND s.key = c.key AND s.version < c.version \
+            AND s.version = substring(c.value FROM '^\\{\"\\$runner_extends\":([0-9]+),')::bigint \
+           WHERE c.value LIKE '{\"$runner_extends\":%'"
+    };
+}
+
+/// The stored values of `($2, $3)` (keys and versions) of thread `$1` and the earlier versions
+/// they extend, down each chain to its end.
+const CHAIN: &str = concat!(
+    "WITH RECURSIVE chain(key, version, value) AS ( \
        SELECT s.key, s.version, s.value FROM unnest($2::text[], $3::bigint[]) AS w(key, version) \
-       JOIN state_values s ON s.thread_id = $1 AND s.key = w.key AND s.version = w.version \
-     UNION ALL \
-       SELECT s.key, s.version, s.value FROM chain c \
-       JOIN state_values s ON s.thread_id = $1 AND s.key = c.key AND s.version < c.version \
-        AND s.version = substring(c.value FROM '^\\{\"\\$runner_extends\":([0-9]+),')::bigint \
-       WHERE c.value LIKE '{\"$runner_extends\":%') \
-     SELECT key, version, value FROM chain";
+       JOIN state_values s ON s.thread_id = $1 AND s.key = w.key AND s.version = w.version ",
+    chain_down!(),
+    ") SELECT key, version, value FROM chain"
+);
+
+/// A checkpoint of thread `$1` as [`CHECKPOINT_READ`] reads it, then the stored values its
+/// versions name and the earlier versions they extend, as [`CHAIN`] reads them: a row of the
+/// checkpoint's columns and three nulls, then a row of eleven nulls and each value's key,
+/// version and text. `head`: the checkpoint's `WHERE` and order.
+fn checkpoint_and_values_sql(head: &str) -> String {
+    format!(
+        "WITH RECURSIVE head AS (SELECT {CHECKPOINT_READ} FROM checkpoints WHERE {head} LIMIT 1), \
+         chain(key, version, value) AS ( \
+           SELECT s.key, s.version, s.value FROM head, json_each_text(head.versions::json) AS w(key, version) \
+           JOIN state_values s ON s.thread_id = $1 AND s.key = w.key \
+            AND s.version = CASE WHEN w.version ~ '^[0-9]{{1,18}}$' THEN w.version::bigint END {down}) \
+         SELECT head.*, NULL::text, NULL::bigint, NULL::text FROM head \
+         UNION ALL \
+         SELECT NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text, \
+                NULL::text, NULL::text, NULL::text, NULL::text, key, version, value FROM chain",
+        down = chain_down!()
+    )
+}
+
+/// The stored texts of values, by key and stored version.
+pub(super) type ValueTexts = std::collections::HashMap<(String, i64), String>;
+
+/// A checkpoint (the thread's latest when `checkpoint_id` is `None`) and the stored texts of
+/// the values it names, down their chains: one statement, one snapshot. `None`: no such
+/// checkpoint. What the statement could not follow is left to [`resolved_values`].
+pub(super) async fn load_checkpoint_and_values(
+    client: &impl GenericClient,
+    thread_id: &str,
+    checkpoint_id: Option<&str>,
+) -> Result<Option<(CheckpointRow, ValueTexts)>> {
+    let rows = match checkpoint_id {
+        Some(id) => {
+            let sql = checkpoint_and_values_sql("thread_id = $1 AND checkpoint_id = $2");
+            client
+                .query(&client.prepare_cached(&sql).await?, &[&thread_id, &id])
+                .await?
+        }
+        None => {
+            let sql = checkpoint_and_values_sql("thread_id = $1 ORDER BY checkpoint_id DESC");
+            client.query(&client.prepare_cached(&sql).await?, &[&thread_id]).await?
+        }
+    };
+    let mut head = None;
+    let mut texts = ValueTexts::new();
+    for row in &rows {
+        match row.try_get::<_, Option<String>>(11)? {
+            None => head = Some(checkpoint_row(row)?),
+            Some(key) => {
+                texts.insert((key, row.try_get(12)?), row.try_get(13)?);
+            }
+        }
+    }
+    Ok(head.map(|h| (h, texts)))
+}
 
 /// The values of `versions` (key → version), extensions resolved: the stored values, and the
 /// earlier versions they extend, each key's chain read by one statement down to its full
 /// value (an append-only key extends its previous version at every step: a chain as long as
 /// the thread). A link the statement could not follow (a text not in the form `extension`
 /// writes) is read by a statement of its own; a corrupt chain that does not go down stops at
-/// once.
+/// once. `texts`: what was read already.
 pub(super) async fn resolved_values(
     tx: &impl GenericClient,
     thread_id: &str,
     versions: &std::collections::BTreeMap<String, u64>,
+    mut texts: ValueTexts,
 ) -> Result<serde_json::Map<String, Value>> {
     use std::collections::{HashMap, HashSet};
     let stmt = tx.prepare_cached(CHAIN).await?;
-    let mut texts: HashMap<(String, i64), String> = HashMap::new();
     let mut fetched: HashMap<(String, u64), Value> = HashMap::new();
     let mut asked: HashSet<(String, u64)> = HashSet::new();
     let mut pending: Vec<(String, u64)> = versions.iter().map(|(k, v)| (k.clone(), *v)).collect();
@@ -1067,7 +1132,7 @@ async fn fork(
     let write = tx
         .prepare_cached("INSERT INTO state_values (thread_id, key, version, value) VALUES ($1, $2, $3, $4)")
         .await?;
-    for (key, value) in resolved_values(tx, from, &checkpoint.versions).await? {
+    for (key, value) in resolved_values(tx, from, &checkpoint.versions, ValueTexts::new()).await? {
         let version = checkpoint.versions[&key];
         let mut blobs = Vec::new();
         let text = format::encode(&value, &mut blobs)?;

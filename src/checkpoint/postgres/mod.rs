@@ -541,6 +541,29 @@ impl Checkpointer for PostgresCheckpointer {
         })
     }
 
+    fn checkpoint_state(
+        &self,
+        thread_id: &str,
+        checkpoint_id: Option<&str>,
+    ) -> Result<Option<(Checkpoint, Map<String, Value>)>> {
+        let (thread_id, checkpoint_id) = (thread_id.to_owned(), checkpoint_id.map(str::to_owned));
+        // One statement: the checkpoint and its values' texts. Checkpoints and values are
+        // never changed once written, so what it could not follow (long strings stored apart,
+        // a link of a chain not in the form it reads) is read by statements of their own.
+        self.read(Read::One, move |client| {
+            Box::pin(async move {
+                let Some((row, texts)) =
+                    apply::load_checkpoint_and_values(client, &thread_id, checkpoint_id.as_deref()).await?
+                else {
+                    return Ok(None);
+                };
+                let cp = apply::resolve_checkpoint(client, row).await?;
+                let state = apply::resolved_values(client, &thread_id, &cp.versions, texts).await?;
+                Ok(Some((cp, state)))
+            })
+        })
+    }
+
     fn history(&self, thread_id: &str) -> Result<Vec<Checkpoint>> {
         let thread_id = thread_id.to_owned();
         self.read(Read::Snapshot, move |tx| {
@@ -567,7 +590,7 @@ impl Checkpointer for PostgresCheckpointer {
                 // Sent together: the thread's check and the values' first read.
                 let (exists, state) = tokio::join!(
                     apply::require_thread(tx, &thread_id),
-                    apply::resolved_values(tx, &thread_id, &versions)
+                    apply::resolved_values(tx, &thread_id, &versions, apply::ValueTexts::new())
                 );
                 exists?;
                 state

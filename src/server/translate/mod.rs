@@ -259,11 +259,10 @@ impl Translate {
             scope.started = true;
             let thread = scope.thread_id.clone();
             let start = (!scope.start.is_empty()).then(|| scope.start.clone());
-            let head = self.store.get_checkpoint(&thread, start.as_deref()).ok().flatten();
-            if let Some(head) = head {
-                if let Ok(values) = self.store.state(&thread, &head.versions)
-                    && let Some(s) = self.scopes.get_mut(ns)
-                {
+            // The checkpoint and its state in one read.
+            let head = self.store.checkpoint_state(&thread, start.as_deref()).ok().flatten();
+            if let Some((head, values)) = head {
+                if let Some(s) = self.scopes.get_mut(ns) {
                     s.values = values;
                 }
                 if ns.is_none() {
