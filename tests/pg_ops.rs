@@ -180,7 +180,7 @@ fn a_claimed_step_with_its_status_and_events_is_one_round_trip() {
     assert!(store.admit(&run_row("r", "t"), false, None).unwrap());
     let claimed = store.claim("w", &claim(&new_id())).unwrap().unwrap();
     let token = claimed.lease.owner.clone();
-    let mut notices = store.subscribe().unwrap();
+    let mut notices = store.subscribe(true).unwrap();
     let mut next = claimed.next_event;
     let mut step = |n: i64, status: ThreadStatus| {
         let mut cp = checkpoint("t", n);

@@ -322,7 +322,7 @@ mod queue {
     fn a_runs_end_is_its_claims_with_its_last_record() {
         let url = postgres::fresh_url();
         let store = PostgresCheckpointer::open(&url, Durability::PowerSafe).unwrap();
-        let mut notices = store.subscribe().unwrap();
+        let mut notices = store.subscribe(false).unwrap();
         assert!(store.admit(&run_row("r", "t"), false, None).unwrap());
         let c = store.claim("w", &claim("c")).unwrap().unwrap();
         assert!(store.admit(&run_row("next", "t"), false, None).unwrap());
@@ -360,6 +360,63 @@ mod queue {
             "UPDATE leases SET expires_at = 0 WHERE thread_id = 't' RETURNING 1",
         );
         assert_eq!(store.claim("w", &claim("c2")).unwrap().unwrap().run.run_id, "next");
+    }
+
+    /// A run's events are told only to the processes that read runs: a worker hears the
+    /// queue's admissions and ends, and is not woken by every event of every run.
+    #[test]
+    fn a_runs_events_are_told_to_readers_not_to_workers() {
+        let url = postgres::fresh_url();
+        let worker = PostgresCheckpointer::open(&url, Durability::PowerSafe).unwrap();
+        let reader = PostgresCheckpointer::open(&url, Durability::PowerSafe).unwrap();
+        let mut to_worker = worker.subscribe(false).unwrap();
+        let mut to_reader = reader.subscribe(true).unwrap();
+        // Each listener says it listens (a lag notice: look again) once it does: the reader's
+        // twice, once for the queue's channel, once for the events'.
+        let heard = |notices: &mut tokio::sync::broadcast::Receiver<Notice>, until: &dyn Fn(&[Notice]) -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let mut told = Vec::new();
+            while !until(&told) {
+                match notices.try_recv() {
+                    Ok(n) => told.push(n),
+                    _ if std::time::Instant::now() > deadline => panic!("told only {told:?}"),
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+            told
+        };
+        let lags = |n: usize| move |told: &[Notice]| told.iter().filter(|t| **t == Notice::Lagged).count() == n;
+        heard(&mut to_worker, &lags(1));
+        heard(&mut to_reader, &lags(2));
+        assert!(worker.admit(&run_row("r", "t"), false, None).unwrap());
+        let c = worker.claim("w", &claim("c")).unwrap().unwrap();
+        let token = c.lease.owner.clone();
+        assert!(
+            worker
+                .append("r", &token, c.next_event, &[r#"{"type":"custom"}"#.to_string()])
+                .unwrap()
+        );
+        let end = Ended {
+            status: RunStatus::Success,
+            error: None,
+            at: "2020-01-01T12:00:00.000Z",
+            record: Some((c.next_event + 1, r#"{"type":"__end__"}"#)),
+        };
+        worker.finish("r", &token, end).unwrap();
+        let ended = |told: &[Notice]| told.contains(&Notice::Ended("r".into()));
+        let to_worker = heard(&mut to_worker, &ended);
+        let to_reader = heard(&mut to_reader, &ended);
+        assert!(to_worker.contains(&Notice::Queued), "{to_worker:?}");
+        assert!(
+            !to_worker.iter().any(|n| matches!(n, Notice::Events(..))),
+            "{to_worker:?}"
+        );
+        assert!(
+            to_reader
+                .iter()
+                .any(|n| matches!(n, Notice::Events(r, Some(_)) if r == "r")),
+            "{to_reader:?}"
+        );
     }
 
     /// The queue's hot calls are one round trip each: an admission (with the thread's record),

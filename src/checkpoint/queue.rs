@@ -140,7 +140,8 @@ pub trait RunQueue: Send + Sync {
     /// reader that sees the run ended finds its end logged.
     fn finish(&self, run_id: &str, claim: &str, end: Ended<'_>) -> Result<()>;
 
-    /// The notices of every process, from now on. The receiver lags (and is told so by
-    /// [`Notice::Lagged`]) rather than slowing the sender.
-    fn subscribe(&self) -> Result<tokio::sync::broadcast::Receiver<Notice>>;
+    /// The notices of every process, from now on: admissions, cancels and ends, and with
+    /// `events` the runs' events too (a reader's; a worker needs none of them). The receiver
+    /// lags (and is told so by [`Notice::Lagged`]) rather than slowing the sender.
+    fn subscribe(&self, events: bool) -> Result<tokio::sync::broadcast::Receiver<Notice>>;
 }

@@ -119,6 +119,8 @@ pub struct PostgresCheckpointer {
     tls: tokio_postgres_rustls::MakeRustlsConnect,
     /// The queue's notices, once somebody subscribed.
     notices: std::sync::OnceLock<tokio::sync::broadcast::Sender<super::queue::Notice>>,
+    /// Whether runs' events are listened to as well (a reader subscribed).
+    listening: std::sync::Arc<queue::Listening>,
     /// The connection a step's one-statement write goes on, driven by the calling thread.
     direct: direct::Direct,
 }
@@ -158,6 +160,7 @@ impl PostgresCheckpointer {
             config: target.config,
             tls,
             notices: std::sync::OnceLock::new(),
+            listening: std::sync::Arc::default(),
             direct: direct::Direct::default(),
         })
     }

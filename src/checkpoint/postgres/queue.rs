@@ -2,8 +2,10 @@
 //! `FOR UPDATE SKIP LOCKED` in the statement that takes the thread's lease (the hot calls are
 //! one statement each, a function of the schema: see `schema.rs`, version 7), workers' heartbeats
 //! and leases timed by the database's clock, the event log, and wake-ups by `LISTEN`/`NOTIFY`
-//! on one channel per schema (with the caller's polling as the fallback: a notice lost while a
-//! listening connection was down is answered by [`Notice::Lagged`]).
+//! (with the caller's polling as the fallback: a notice lost while a listening connection was
+//! down is answered by [`Notice::Lagged`]). Two channels per schema: the queue's (admissions,
+//! cancels, ends), which every process listens to, and the runs' events, which only a process
+//! that reads runs listens to — a worker is not woken by every event of every run.
 
 use std::time::Duration;
 
@@ -62,10 +64,37 @@ pub(super) async fn append_rows(tx: &deadpool_postgres::Transaction<'_>, log: &L
 }
 
 impl PostgresCheckpointer {
-    /// The notification channel of this schema's processes.
+    /// The queue's notification channel of this schema's processes.
     pub(super) fn channel(&self) -> String {
-        format!("runner_{}", self.schema)
+        channel_name("runner", &self.schema)
     }
+
+    /// The channel of this schema's runs' events.
+    pub(super) fn events_channel(&self) -> String {
+        channel_name("runner_events", &self.schema)
+    }
+}
+
+/// A channel's name: `{prefix}_{schema}`, or, where that is longer than PostgreSQL's
+/// identifiers may be (63 bytes), the prefix and a hash of the schema.
+fn channel_name(prefix: &str, schema: &str) -> String {
+    let name = format!("{prefix}_{schema}");
+    if name.len() <= 63 {
+        return name;
+    }
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(schema.as_bytes());
+    let hex: String = hash.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}_{hex}")
+}
+
+/// What a process's listener listens to besides the queue's channel.
+#[derive(Default)]
+pub(super) struct Listening {
+    /// A reader subscribed: the runs' events are listened to as well.
+    events: std::sync::atomic::AtomicBool,
+    /// Told when `events` is set.
+    changed: tokio::sync::Notify,
 }
 
 /// The longest payload a notice carries records in: PostgreSQL refuses one of 8,000 bytes.
@@ -337,7 +366,12 @@ impl RunQueue for PostgresCheckpointer {
         // The claim's token fences the run's writes: a run claimed again (its worker taken for
         // dead) is no longer this claim's.
         let worker = claim;
-        let (pool, run_id, worker, channel) = (self.pool.clone(), run_id.to_owned(), worker.to_owned(), self.channel());
+        let (pool, run_id, worker, channel) = (
+            self.pool.clone(),
+            run_id.to_owned(),
+            worker.to_owned(),
+            self.events_channel(),
+        );
         // Shared by every try rather than copied into each.
         let payload = std::sync::Arc::new(events_payload(&run_id, from, bodies));
         let bodies = std::sync::Arc::new(bodies.to_vec());
@@ -380,7 +414,7 @@ impl RunQueue for PostgresCheckpointer {
             from: i64::try_from(log.from).map_err(|_| CheckpointError::Backend(format!("event {}", log.from)))?,
             bodies: log.bodies.to_vec(),
             thread: fenced,
-            channel: self.channel(),
+            channel: self.events_channel(),
             payload: events_payload(log.run_id, log.from, log.bodies),
         };
         self.write_logged(crate::checkpoint::format::batch_op(puts)?, synced, rows)?;
@@ -476,29 +510,37 @@ impl RunQueue for PostgresCheckpointer {
         })
     }
 
-    fn subscribe(&self) -> Result<broadcast::Receiver<Notice>> {
+    fn subscribe(&self, events: bool) -> Result<broadcast::Receiver<Notice>> {
         let sender = self.notices.get_or_init(|| {
             let (tx, _) = broadcast::channel(NOTICES);
             if let Some(runtime) = &self.runtime {
                 runtime.spawn(listen(
                     self.config.clone(),
                     self.tls.clone(),
-                    self.channel(),
+                    [self.channel(), self.events_channel()],
+                    self.listening.clone(),
                     tx.clone(),
                 ));
             }
             tx
         });
-        Ok(sender.subscribe())
+        let receiver = sender.subscribe();
+        if events && !self.listening.events.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.listening.changed.notify_one();
+        }
+        Ok(receiver)
     }
 }
 
-/// Listens on `channel` on a connection of its own, forwarding every notice; reconnects when
-/// the connection is lost, telling subscribers they may have missed some.
+/// Listens on the queue's channel on a connection of its own, and on the events' once a
+/// reader asks, forwarding every notice; reconnects when the connection is lost, telling
+/// subscribers they may have missed some (as it does once it hears the events: a reader that
+/// subscribed before looks again).
 async fn listen(
     config: tokio_postgres::Config,
     tls: tokio_postgres_rustls::MakeRustlsConnect,
-    channel: String,
+    [queue, events]: [String; 2],
+    listening: std::sync::Arc<Listening>,
     tx: broadcast::Sender<Notice>,
 ) {
     let mut pause = Duration::from_millis(100);
@@ -519,13 +561,29 @@ async fn listen(
                         }
                     }
                 });
-                if client.batch_execute(&format!("LISTEN {channel}")).await.is_ok() {
+                if client.batch_execute(&format!("LISTEN {queue}")).await.is_ok() {
                     pause = Duration::from_millis(100);
                     // Whatever happened while nobody listened is looked at again.
                     let _ = tx.send(Notice::Lagged);
-                    while let Some(text) = notes.recv().await {
-                        if let Some(notice) = parse_payload(&text) {
-                            let _ = tx.send(notice);
+                    let mut hearing_events = false;
+                    loop {
+                        if !hearing_events && listening.events.load(std::sync::atomic::Ordering::SeqCst) {
+                            if client.batch_execute(&format!("LISTEN {events}")).await.is_err() {
+                                break;
+                            }
+                            hearing_events = true;
+                            let _ = tx.send(Notice::Lagged);
+                        }
+                        tokio::select! {
+                            text = notes.recv() => match text {
+                                Some(text) => {
+                                    if let Some(notice) = parse_payload(&text) {
+                                        let _ = tx.send(notice);
+                                    }
+                                }
+                                None => break,
+                            },
+                            () = listening.changed.notified(), if !hearing_events => {}
                         }
                     }
                 }

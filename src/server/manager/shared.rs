@@ -170,7 +170,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         let temporary = req.temporary;
         // Listening before the run is in line: no notice of its events can come before its
         // reader looks, so the reader's first look waits for one.
-        let notices = self.queue()?.subscribe()?;
+        let notices = self.queue()?.subscribe(true)?;
         let created = self.create(req, &thread_id, Some(meta))?;
         Ok(self.proxy(
             created.row,
@@ -296,7 +296,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 carried = records(wake(&mut notices, told).await);
                 notices
             }
-            None => queue.subscribe().map_err(|e| e.to_string())?,
+            None => queue.subscribe(true).map_err(|e| e.to_string())?,
         };
         let mut after = 0;
         let mut sent = 0usize;
@@ -370,7 +370,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
 
     /// Waits until run `run_id` is no longer active (or no longer exists).
     async fn wait_inactive(&self, run_id: &str) -> Result<(), RunsError> {
-        let mut notices = self.queue()?.subscribe()?;
+        let mut notices = self.queue()?.subscribe(false)?;
         loop {
             if self.store.get_run(run_id)?.is_none_or(|r| !r.status.is_active()) {
                 return Ok(());
@@ -507,7 +507,7 @@ impl<S: Send + Sync + 'static> Worker<S> {
         let heartbeat = tokio::spawn(beat(manager.clone(), worker_id.clone(), self.ttl));
         let cancels = tokio::spawn(answer_cancels(manager.clone()));
         let room = Arc::new(Semaphore::new(self.slots));
-        let mut notices = queue.subscribe()?;
+        let mut notices = queue.subscribe(false)?;
         // How many runs may be waiting unclaimed, as far as this worker knows: one for each
         // admission told, all of them after a poll or lost notices.
         let mut news = usize::MAX;
@@ -629,7 +629,7 @@ async fn beat<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>, worker_id: 
 /// lost while the listener reconnected).
 async fn answer_cancels<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>) {
     let Ok(queue) = manager.queue() else { return };
-    let Ok(mut notices) = queue.subscribe() else { return };
+    let Ok(mut notices) = queue.subscribe(false) else { return };
     // The runs whose cancel is under way here: a poll during one does not ask it again.
     let asking: Arc<Mutex<HashSet<String>>> = Arc::default();
     loop {
