@@ -324,9 +324,10 @@ fn a_rollback_asked_twice_at_once_is_done_once_and_the_run_is_gone() {
     });
 }
 
-/// A run whose clients read whole steps only (`values`, the default) has its steps' and
-/// tasks' starts logged by a commit (the turn's or the step's) rather than by writes of their
-/// own, when the step ends soon enough (a 10 ms model call).
+/// A run whose clients read whole steps only (`values`, the default) has its tasks' starts
+/// logged by a commit (the turn's or the step's) rather than by writes of their own, when the
+/// step ends soon enough (a 10 ms model call); its first step's start, which shows what the
+/// run starts from, is written before the step's commit.
 #[test]
 fn a_runs_events_nobody_reads_as_they_come_are_logged_with_its_step() {
     let dir = workflows();
@@ -361,10 +362,13 @@ fn a_runs_events_nobody_reads_as_they_come_are_logged_with_its_step() {
             .map(|(x, _)| x.clone())
             .unwrap_or_else(|| panic!("no {kind}: {kinds:?}"))
     };
-    // Told with the commit of the turn (while it is under way: the step runs beside it) or
-    // with the step's, never alone.
-    let commits = [xmin_of("run_start"), xmin_of("step_end")];
-    for kind in ["step_start", "node_start", "model_start"] {
+    // The first step's start, before the step's commit (with the turn's, or on its own with
+    // what was recorded with it).
+    assert_ne!(xmin_of("step_start"), xmin_of("step_end"), "{kinds:?}");
+    // The tasks' starts: with the commit of the turn (while it is under way: the step runs
+    // beside it), with the step's start or with the step's commit, never each alone.
+    let commits = [xmin_of("run_start"), xmin_of("step_end"), xmin_of("step_start")];
+    for kind in ["node_start", "model_start"] {
         assert!(
             commits.contains(&xmin_of(kind)),
             "{kind} written apart from the commits: {kinds:?}"

@@ -629,7 +629,9 @@ async fn beat<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>, worker_id: 
 /// lost while the listener reconnected).
 async fn answer_cancels<S: Send + Sync + 'static>(manager: Arc<RunManager<S>>) {
     let Ok(queue) = manager.queue() else { return };
-    let Ok(mut notices) = queue.subscribe(false) else { return };
+    let Ok(mut notices) = queue.subscribe(false) else {
+        return;
+    };
     // The runs whose cancel is under way here: a poll during one does not ask it again.
     let asking: Arc<Mutex<HashSet<String>>> = Arc::default();
     loop {
@@ -699,14 +701,17 @@ const LINGER: Duration = Duration::from_millis(100);
 /// Which of a run's events its clients read as they come, by the stream modes the run was
 /// created with (a joined stream shows some of them): every event for `tasks`, `debug` and
 /// `events` (a task's start), a model's tokens for `messages` and `messages-tuple`, custom
-/// events for `custom`; a gate's question, a failure and the end always. The others (with
-/// `values` and `updates` alone: a step's and a task's start, a model call's, the tokens) are
-/// written with the step's commit.
+/// events for `custom`; the run's first step's start for `values` and `checkpoints` (what the
+/// run starts from is shown then, before its first step ends); a gate's question, a failure
+/// and the end always. The others (with `values` and `updates` alone: a later step's and a
+/// task's start, a model call's, the tokens) are written with the step's commit.
 #[derive(Debug, Clone, Copy)]
 struct AsItComes {
     all: bool,
     tokens: bool,
     custom: bool,
+    /// The first step's start is shown (`values`, `checkpoints`) and has not come yet.
+    start: bool,
 }
 
 impl AsItComes {
@@ -716,21 +721,24 @@ impl AsItComes {
                 all: m.tasks || m.debug || m.events,
                 tokens: m.messages || m.partial,
                 custom: m.custom,
+                start: m.values || m.checkpoints,
             },
             Err(_) => AsItComes {
                 all: true,
                 tokens: true,
                 custom: true,
+                start: true,
             },
         }
     }
 
-    fn wants(&self, e: &Envelope) -> bool {
+    fn wants(&mut self, e: &Envelope) -> bool {
         use crate::engine::events::Event;
         match e.event {
             _ if self.all => true,
             Event::Token { .. } => self.tokens,
             Event::Custom { .. } => self.custom,
+            Event::StepStart { .. } if e.ns.is_none() => std::mem::take(&mut self.start),
             Event::Interrupt { .. } | Event::Error { .. } | Event::RunEnd { .. } => true,
             _ => false,
         }
@@ -752,7 +760,7 @@ async fn execute<S: Send + Sync + 'static>(
         next_event,
     } = claimed;
     let run_id = run.run_id.clone();
-    let as_it_comes = AsItComes::of(&run);
+    let mut as_it_comes = AsItComes::of(&run);
     // What this claim writes under: its own token, so a run claimed again (this worker taken
     // for dead meanwhile) is not written by this execution any more.
     let token = lease.owner.clone();
@@ -875,5 +883,72 @@ async fn execute<S: Send + Sync + 'static>(
     };
     if let Err(e) = queue.finish(&run_id, &token, end) {
         tracing::warn!(run_id, error = %e, "a run's end could not be recorded");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::events::Event;
+
+    fn run(modes: Value) -> RunRow {
+        RunRow {
+            run_id: "r".into(),
+            thread_id: "t".into(),
+            assistant_id: "a".into(),
+            status: RunStatus::Pending,
+            created_at: String::new(),
+            updated_at: String::new(),
+            kwargs: json!({"stream_mode": modes}),
+            multitask_strategy: "reject".into(),
+            metadata: json!({}),
+            error: None,
+            event_ids: 0,
+        }
+    }
+
+    fn at(ns: Option<&str>, event: Event) -> Envelope {
+        Envelope {
+            ts: String::new(),
+            elapsed_ms: 0.0,
+            ns: ns.map(Into::into),
+            event,
+        }
+    }
+
+    fn step_start(ns: Option<&str>) -> Envelope {
+        at(
+            ns,
+            Event::StepStart {
+                step: 0,
+                tasks: vec![],
+                nodes: vec![],
+            },
+        )
+    }
+
+    #[test]
+    fn the_first_steps_start_goes_at_once_where_it_shows_what_the_run_starts_from() {
+        for modes in [json!("values"), json!(["checkpoints"]), json!(["updates", "values"])] {
+            let mut shown = AsItComes::of(&run(modes.clone()));
+            // A subgraph's step does not show the run's start.
+            assert!(!shown.wants(&step_start(Some("inner:1"))), "{modes}");
+            assert!(shown.wants(&step_start(None)), "{modes}");
+            // Later steps' starts wait for their commits.
+            assert!(!shown.wants(&step_start(None)), "{modes}");
+        }
+        let mut updates = AsItComes::of(&run(json!("updates")));
+        assert!(!updates.wants(&step_start(None)));
+        let node = at(
+            None,
+            Event::NodeStart {
+                step: 0,
+                node: "n".into(),
+                task_id: "t".into(),
+                item: None,
+            },
+        );
+        assert!(!AsItComes::of(&run(json!("values"))).wants(&node));
+        assert!(AsItComes::of(&run(json!("tasks"))).wants(&node));
     }
 }
