@@ -31,6 +31,11 @@ pub(crate) struct RunLog {
     /// A commit is on its way from another thread ([`Journal::commit_coming`]): what is
     /// recorded waits for it rather than being written by [`RunLog::flush`].
     coming: AtomicBool,
+    /// The run's first step's start was recorded ([`RunLog::start_unwritten`]).
+    started: AtomicBool,
+    /// The run's first step's start is among the records not yet taken for a write (set and
+    /// cleared under `recorded`'s lock).
+    start_unwritten: AtomicBool,
 }
 
 fn body(e: &Envelope) -> String {
@@ -48,12 +53,27 @@ impl RunLog {
             next: Mutex::new(next),
             lost: AtomicBool::new(false),
             coming: AtomicBool::new(false),
+            started: AtomicBool::new(false),
+            start_unwritten: AtomicBool::new(false),
         }
     }
 
     /// The sequence number the next record takes.
     pub(crate) fn next(&self) -> u64 {
         *lock(&self.next)
+    }
+
+    /// Whether the run's first step's start is recorded and not yet taken by a write or a
+    /// commit (one that failed does not give it back: the next carries it all the same).
+    pub(crate) fn start_unwritten(&self) -> bool {
+        self.start_unwritten.load(Ordering::SeqCst)
+    }
+
+    /// Takes every record not yet written.
+    fn take(&self) -> Vec<String> {
+        let mut recorded = lock(&self.recorded);
+        self.start_unwritten.store(false, Ordering::SeqCst);
+        std::mem::take(&mut *recorded)
     }
 
     /// Whether the run was found to be another claim's.
@@ -71,7 +91,7 @@ impl RunLog {
         if self.coming.load(Ordering::SeqCst) {
             return Ok(true);
         }
-        let bodies = std::mem::take(&mut *lock(&self.recorded));
+        let bodies = self.take();
         if bodies.is_empty() {
             return Ok(true);
         }
@@ -108,7 +128,14 @@ impl RunLog {
 
 impl Journal for RunLog {
     fn record(&self, envelope: &Envelope) {
-        lock(&self.recorded).push(body(envelope));
+        let mut recorded = lock(&self.recorded);
+        recorded.push(body(envelope));
+        if envelope.ns.is_none()
+            && matches!(envelope.event, crate::engine::events::Event::StepStart { .. })
+            && !self.started.swap(true, Ordering::SeqCst)
+        {
+            self.start_unwritten.store(true, Ordering::SeqCst);
+        }
     }
 
     fn commit_coming(&self) {
@@ -117,7 +144,7 @@ impl Journal for RunLog {
 
     fn commit(&self, puts: Vec<Put>, synced: bool, told: &[Envelope]) -> Result<bool, CheckpointError> {
         let mut next = lock(&self.next);
-        let mut bodies = std::mem::take(&mut *lock(&self.recorded));
+        let mut bodies = self.take();
         // Taken: what is recorded from here on is anyone's to write.
         self.coming.store(false, Ordering::SeqCst);
         let recorded = bodies.len();

@@ -702,8 +702,8 @@ const LINGER: Duration = Duration::from_millis(100);
 /// created with (a joined stream shows some of them): every event for `tasks`, `debug` and
 /// `events` (a task's start), a model's tokens for `messages` and `messages-tuple`, custom
 /// events for `custom`; the run's first step's start for `values` and `checkpoints` (what the
-/// run starts from is shown then, before its first step ends); a gate's question, a failure
-/// and the end always. The others (with `values` and `updates` alone: a later step's and a
+/// run starts from is shown then, before its first step ends), unless the commit opening the
+/// run's turn took it; a gate's question, a failure and the end always. The others (with `values` and `updates` alone: a later step's and a
 /// task's start, a model call's, the tokens) are written with the step's commit.
 #[derive(Debug, Clone, Copy)]
 struct AsItComes {
@@ -732,13 +732,15 @@ impl AsItComes {
         }
     }
 
-    fn wants(&mut self, e: &Envelope) -> bool {
+    /// Whether `e` is written as it comes. `unwritten`: whether the run's first step's start
+    /// still waits to be written (a commit under way may have taken it already).
+    fn wants(&mut self, e: &Envelope, unwritten: impl Fn() -> bool) -> bool {
         use crate::engine::events::Event;
         match e.event {
             _ if self.all => true,
             Event::Token { .. } => self.tokens,
             Event::Custom { .. } => self.custom,
-            Event::StepStart { .. } if e.ns.is_none() => std::mem::take(&mut self.start),
+            Event::StepStart { .. } if e.ns.is_none() => std::mem::take(&mut self.start) && unwritten(),
             Event::Interrupt { .. } | Event::Error { .. } | Event::RunEnd { .. } => true,
             _ => false,
         }
@@ -828,14 +830,14 @@ async fn execute<S: Send + Sync + 'static>(
     // the run's clients do not read as they come wait a moment for it rather than taking a
     // write of their own.
     while let Some(first) = events.recv().await {
-        if !as_it_comes.wants(&first) {
+        if !as_it_comes.wants(&first, || log.start_unwritten()) {
             let linger = tokio::time::sleep(LINGER);
             tokio::pin!(linger);
             loop {
                 tokio::select! {
                     () = &mut linger => break,
                     next = events.recv() => match next {
-                        Some(e) if !as_it_comes.wants(&e) => {}
+                        Some(e) if !as_it_comes.wants(&e, || log.start_unwritten()) => {}
                         _ => break,
                     },
                 }
@@ -932,13 +934,16 @@ mod tests {
         for modes in [json!("values"), json!(["checkpoints"]), json!(["updates", "values"])] {
             let mut shown = AsItComes::of(&run(modes.clone()));
             // A subgraph's step does not show the run's start.
-            assert!(!shown.wants(&step_start(Some("inner:1"))), "{modes}");
-            assert!(shown.wants(&step_start(None)), "{modes}");
+            assert!(!shown.wants(&step_start(Some("inner:1")), || true), "{modes}");
+            assert!(shown.wants(&step_start(None), || true), "{modes}");
             // Later steps' starts wait for their commits.
-            assert!(!shown.wants(&step_start(None)), "{modes}");
+            assert!(!shown.wants(&step_start(None), || true), "{modes}");
+            // Not when a commit under way took it already.
+            let mut taken = AsItComes::of(&run(modes.clone()));
+            assert!(!taken.wants(&step_start(None), || false), "{modes}");
         }
         let mut updates = AsItComes::of(&run(json!("updates")));
-        assert!(!updates.wants(&step_start(None)));
+        assert!(!updates.wants(&step_start(None), || true));
         let node = at(
             None,
             Event::NodeStart {
@@ -948,7 +953,7 @@ mod tests {
                 item: None,
             },
         );
-        assert!(!AsItComes::of(&run(json!("values"))).wants(&node));
-        assert!(AsItComes::of(&run(json!("tasks"))).wants(&node));
+        assert!(!AsItComes::of(&run(json!("values"))).wants(&node, || true));
+        assert!(AsItComes::of(&run(json!("tasks"))).wants(&node, || true));
     }
 }
