@@ -419,6 +419,30 @@ mod queue {
         );
     }
 
+    /// A schema whose name comes near PostgreSQL's 63 bytes is told its notices all the same:
+    /// its channels' names, which would pass that length, take a hash of it.
+    #[test]
+    fn a_long_schema_names_notices_are_told() {
+        let url = format!("{}_{}", postgres::fresh_url(), "x".repeat(55));
+        let store = PostgresCheckpointer::open(&url, Durability::PowerSafe).unwrap();
+        let mut notices = store.subscribe(true).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut told = Vec::new();
+        let mut admitted = false;
+        while !told.contains(&Notice::Queued) {
+            match notices.try_recv() {
+                Ok(n) => told.push(n),
+                _ if std::time::Instant::now() > deadline => panic!("told only {told:?}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+            // Once both channels are listened to (a lag notice for each).
+            if !admitted && told.iter().filter(|t| **t == Notice::Lagged).count() == 2 {
+                assert!(store.admit(&run_row("r", "t"), false, None).unwrap());
+                admitted = true;
+            }
+        }
+    }
+
     /// The queue's hot calls are one round trip each: an admission (with the thread's record),
     /// a claim (the lease with it), an append to a run's log and a run's end — each sent once
     /// and answered once (its statement prepared once per connection, the first time).
