@@ -290,7 +290,6 @@ pub(super) async fn resolved_values(
     mut texts: ValueTexts,
 ) -> Result<serde_json::Map<String, Value>> {
     use std::collections::{HashMap, HashSet};
-    let stmt = tx.prepare_cached(CHAIN).await?;
     let mut fetched: HashMap<(String, u64), Value> = HashMap::new();
     let mut asked: HashSet<(String, u64)> = HashSet::new();
     let mut pending: Vec<(String, u64)> = versions.iter().map(|(k, v)| (k.clone(), *v)).collect();
@@ -309,6 +308,9 @@ pub(super) async fn resolved_values(
         if !ask.is_empty() {
             let keys: Vec<&str> = ask.iter().map(|a| a.0).collect();
             let stored: Vec<i64> = ask.iter().map(|a| a.1).collect();
+            // Prepared only when something is left to read (a checkpoint read with its
+            // values may have read them all).
+            let stmt = tx.prepare_cached(CHAIN).await?;
             for row in tx.query(&stmt, &[&thread_id, &keys, &stored]).await? {
                 texts.insert((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?);
             }

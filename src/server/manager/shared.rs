@@ -703,8 +703,9 @@ const LINGER: Duration = Duration::from_millis(100);
 /// `events` (a task's start), a model's tokens for `messages` and `messages-tuple`, custom
 /// events for `custom`; the run's first step's start for `values` and `checkpoints` (what the
 /// run starts from is shown then, before its first step ends), unless the commit opening the
-/// run's turn took it; a gate's question, a failure and the end always. The others (with `values` and `updates` alone: a later step's and a
-/// task's start, a model call's, the tokens) are written with the step's commit.
+/// run's turn took it; a gate's question, a failure and the end always. The others (with
+/// `values` and `updates` alone: a later step's and a task's start, a model call's, the
+/// tokens) are written with the step's commit.
 #[derive(Debug, Clone, Copy)]
 struct AsItComes {
     all: bool,
