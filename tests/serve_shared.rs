@@ -327,7 +327,8 @@ fn a_rollback_asked_twice_at_once_is_done_once_and_the_run_is_gone() {
 /// A run whose clients read whole steps only (`values`, the default) has its tasks' starts
 /// logged by a commit (the turn's or the step's) rather than by writes of their own, when the
 /// step ends soon enough (a 10 ms model call); its first step's start, which shows what the
-/// run starts from, is written before the step's commit.
+/// run starts from, is written with the turn's commit (one write and one notice tell a reader
+/// that the run started and what from), before the step's.
 #[test]
 fn a_runs_events_nobody_reads_as_they_come_are_logged_with_its_step() {
     let dir = workflows();
@@ -362,8 +363,8 @@ fn a_runs_events_nobody_reads_as_they_come_are_logged_with_its_step() {
             .map(|(x, _)| x.clone())
             .unwrap_or_else(|| panic!("no {kind}: {kinds:?}"))
     };
-    // The first step's start, before the step's commit (with the turn's, or on its own with
-    // what was recorded with it).
+    // The first step's start, with the turn's commit, before the step's.
+    assert_eq!(xmin_of("step_start"), xmin_of("run_start"), "{kinds:?}");
     assert_ne!(xmin_of("step_start"), xmin_of("step_end"), "{kinds:?}");
     // The tasks' starts: with the commit of the turn (while it is under way: the step runs
     // beside it), with the step's start or with the step's commit, never each alone.

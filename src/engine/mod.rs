@@ -778,6 +778,8 @@ impl Engine {
                 nodes: run.cp.next.iter().map(|t| task_label(&run.cp.next, t)).collect(),
             });
         }
+        // The turn's opening commit, waiting for this start to go with it (the first step's).
+        run.persister.launch_opening()?;
         let span = trace::step(step, run.cp.next.len());
         // An abort drops the step's running tasks (and their requests) where they are: their
         // writes are not kept and the thread waits at the checkpoint the step started from.

@@ -97,6 +97,9 @@ pub(super) struct Persister {
     /// while the run's first step runs ([`Persister::write_opening`]); every later write waits
     /// for it, and fails with its error.
     opening: Mutex<Option<mpsc::Receiver<Result<(), CheckpointError>>>>,
+    /// `Sync`: that commit's writes, until the run's first step has started
+    /// ([`Persister::launch_opening`]), so that it carries the step's start with the run's.
+    unlaunched: Mutex<Option<Vec<Put>>>,
     /// `Async`: the ordered queue to the background committer.
     queue: Option<mpsc::SyncSender<Job>>,
     worker: Option<std::thread::JoinHandle<Result<(), CheckpointError>>>,
@@ -181,6 +184,7 @@ impl Persister {
             held: Mutex::new((None, committed)),
             unsynced: Mutex::new(Vec::new()),
             opening: Mutex::new(None),
+            unlaunched: Mutex::new(None),
             ready: Mutex::new(Ready::default()),
             queue,
             worker,
@@ -374,9 +378,10 @@ impl Persister {
     /// What opens a turn (its thread, checkpoints and status), for a run that can be made
     /// again from a durable record of its own (`reproducible`: a queued run's row holds its
     /// input). In `sync` mode, with nothing written before it, it is committed on a blocking
-    /// thread while the run's first step runs, and every later write waits for it: the step's
-    /// commit still comes after it, and a process that dies first leaves the run to its next
-    /// claim, which opens the turn again (the step would have run again anyway). Otherwise as
+    /// thread once the run's first step has started ([`Persister::launch_opening`]), while
+    /// that step runs, and every later write waits for it: the step's commit still comes after
+    /// it, and a process that dies first leaves the run to its next claim, which opens the
+    /// turn again (the step would have run again anyway). Otherwise as
     /// [`Persister::write_now`].
     pub(super) fn write_opening(&self, puts: Vec<Put>, reproducible: bool) -> Result<(), CheckpointError> {
         let idle = self.ready.lock().map_err(|_| poisoned())?.puts.is_empty()
@@ -387,12 +392,23 @@ impl Persister {
         let mut fenced = Vec::with_capacity(puts.len() + 1);
         fenced.push(Put::Fence(self.fence.clone()));
         fenced.extend(puts);
-        let (store, events, span) = (self.store.clone(), self.events.clone(), tracing::Span::current());
-        let (tx, rx) = mpsc::channel();
         // The step's events (recorded as it runs) are logged after the turn, never before.
         if let Some(journal) = self.events.journal() {
             journal.commit_coming();
         }
+        *self.unlaunched.lock().map_err(|_| poisoned())? = Some(fenced);
+        Ok(())
+    }
+
+    /// Starts the commit that opens the turn ([`Persister::write_opening`]), if it waits: for
+    /// when the run's first step has started, so that the one write tells a reader both that
+    /// the run started and what its first step starts from.
+    pub(super) fn launch_opening(&self) -> Result<(), CheckpointError> {
+        let Some(fenced) = self.unlaunched.lock().map_err(|_| poisoned())?.take() else {
+            return Ok(());
+        };
+        let (store, events, span) = (self.store.clone(), self.events.clone(), tracing::Span::current());
+        let (tx, rx) = mpsc::channel();
         tokio::task::spawn_blocking(move || {
             let _in_run = span.enter();
             let _commit = super::trace::commit(None, fenced.len() - 1, true).entered();
@@ -403,8 +419,12 @@ impl Persister {
         Ok(())
     }
 
-    /// Waits for the opening's commit, when one is under way.
+    /// Waits for the opening's commit when it is under way, or makes it here when it waits.
     fn opened(&self) -> Result<(), CheckpointError> {
+        if let Some(fenced) = self.unlaunched.lock().map_err(|_| poisoned())?.take() {
+            let _commit = super::trace::commit(None, fenced.len() - 1, true).entered();
+            return commit(&*self.store, &self.events, fenced, true, Vec::new()).map(|_| ());
+        }
         let under_way = self.opening.lock().map_err(|_| poisoned())?.take();
         match under_way {
             None => Ok(()),
