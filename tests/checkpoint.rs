@@ -2180,6 +2180,78 @@ pub(crate) fn counting_relay(target: std::net::SocketAddr) -> (u16, Arc<std::syn
     (port, sends)
 }
 
+/// A worker's claim reads the claimed run's thread — the thread, its head and its record — in
+/// the claim's own round trip, as the separate read of them finds them; a run on a thread
+/// with nothing stored yet finds none of them.
+#[test]
+fn postgres_a_claim_reads_its_runs_thread_in_its_round_trip() {
+    use runner::checkpoint::queue::RunQueue;
+    let (relayed, sends) = counted_url(&fresh_url());
+    let cp = PostgresCheckpointer::open(relayed.as_str(), Durability::CrashSafe).unwrap();
+    let c0 = checkpoint("claimed", None, -1, &[("n", 1)]);
+    cp.create_thread_with_checkpoint(None, &thread("claimed"), &c0, vals(&[("n", 1, json!(0))]))
+        .unwrap();
+    let c1 = checkpoint("claimed", Some(&c0), 0, &[("n", 2)]);
+    cp.put_checkpoint(&c1, &vals(&[("n", 2, json!(1))])).unwrap();
+    let meta = |thread: &str| ThreadMeta {
+        thread_id: thread.into(),
+        created_at: "2020-01-01T10:00:00.000Z".into(),
+        updated_at: "2020-01-01T11:00:00.000Z".into(),
+        metadata: json!({"graph_id": "g"}),
+        ttl: None,
+    };
+    // Claimed in the order they were admitted.
+    assert!(
+        cp.admit(&run_row("r0", "warm", RunStatus::Pending), false, None)
+            .unwrap()
+    );
+    assert!(
+        cp.admit(
+            &run_row("r1", "claimed", RunStatus::Pending),
+            false,
+            Some(&meta("claimed"))
+        )
+        .unwrap()
+    );
+    assert!(
+        cp.admit(&run_row("r2", "empty", RunStatus::Pending), false, None)
+            .unwrap()
+    );
+    let claim = |owner: &str| LeaseClaim {
+        thread_id: String::new(),
+        owner: owner.into(),
+        pid: std::process::id(),
+        host: "here".into(),
+        ttl: std::time::Duration::from_secs(30),
+        replace: None,
+    };
+    // The first prepares the statements.
+    let warm = cp.claim("w", &claim("c0")).unwrap().unwrap();
+    assert_eq!(warm.run.run_id, "r0");
+    let before = sends.load(Ordering::SeqCst);
+    let claimed = cp.claim("w", &claim("c1")).unwrap().unwrap();
+    assert_eq!(
+        sends.load(Ordering::SeqCst) - before,
+        1,
+        "the claim and its thread are one send"
+    );
+    assert_eq!(claimed.run.run_id, "r1");
+    let view = claimed.view.expect("the claimed run's thread, read with the claim");
+    let separate = cp.thread_view("claimed").unwrap();
+    assert_eq!(view.thread, separate.thread);
+    assert_eq!(view.thread.map(|t| t.thread_id), Some("claimed".to_string()));
+    assert_eq!(view.head, separate.head);
+    assert_eq!(view.head.map(|h| h.checkpoint_id), Some(c1.checkpoint_id.clone()));
+    assert_eq!(view.meta, separate.meta);
+    assert_eq!(view.meta.map(|m| m.metadata), Some(json!({"graph_id": "g"})));
+    let empty = cp.claim("w", &claim("c2")).unwrap().unwrap();
+    assert_eq!(empty.run.run_id, "r2");
+    let view = empty.view.expect("read with the claim");
+    assert!(view.thread.is_none() && view.head.is_none() && view.meta.is_none());
+    // Nothing left to claim: nothing read.
+    assert!(cp.claim("w", &claim("c3")).unwrap().is_none());
+}
+
 /// A fenced step (its checkpoint, values and writes) is written in one round trip: the client
 /// sends it once and waits once, as a single `INSERT` and its commit would (the statement's
 /// text is prepared once per connection, the first time).

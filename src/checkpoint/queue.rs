@@ -36,6 +36,8 @@ pub struct Claimed {
     pub orphaned: bool,
     /// The sequence number its next event takes.
     pub next_event: u64,
+    /// Its thread as read right after the claim, under the lease it took (`None`: not read).
+    pub view: Option<Box<super::ThreadView>>,
 }
 
 /// A run's end, as its worker records it.

@@ -122,8 +122,40 @@ pub(super) async fn resolve_checkpoint(tx: &impl GenericClient, row: CheckpointR
 }
 
 pub(super) async fn load_thread(tx: &impl GenericClient, thread_id: &str) -> Result<Option<ThreadRow>> {
-    let sql = format!("SELECT {THREAD_COLS} FROM {THREAD_FROM} WHERE t.thread_id = $1");
-    match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&thread_id]).await? {
+    load_thread_of(tx, Which::Thread(thread_id)).await
+}
+
+/// Which thread a read is of: one named, or the one whose run claim `$1` holds (read in the
+/// claim's own round trip, sent behind it, before the claimant knows which thread it took).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Which<'a> {
+    Thread(&'a str),
+    Claimed(&'a str),
+}
+
+impl Which<'_> {
+    /// The thread's id in a statement, from its parameter `$1`.
+    pub(super) fn sql(&self) -> &'static str {
+        match self {
+            Which::Thread(_) => "$1",
+            // Over the partial index of running runs: a claim is a running run's.
+            Which::Claimed(_) => "(SELECT r.thread_id FROM runs r WHERE r.status = 'running' AND r.claim = $1)",
+        }
+    }
+
+    pub(super) fn key(&self) -> &str {
+        match self {
+            Which::Thread(k) | Which::Claimed(k) => k,
+        }
+    }
+}
+
+pub(super) async fn load_thread_of(tx: &impl GenericClient, which: Which<'_>) -> Result<Option<ThreadRow>> {
+    let sql = format!(
+        "SELECT {THREAD_COLS} FROM {THREAD_FROM} WHERE t.thread_id = {}",
+        which.sql()
+    );
+    match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&which.key()]).await? {
         Some(r) => Ok(Some(thread_row(&r)?)),
         None => Ok(None),
     }
@@ -138,9 +170,16 @@ pub(super) async fn load_checkpoint_or_head(
     if let Some(id) = checkpoint_id {
         return load_checkpoint(tx, thread_id, id).await;
     }
-    let sql =
-        format!("SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = $1 ORDER BY checkpoint_id DESC LIMIT 1");
-    match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&thread_id]).await? {
+    load_head_of(tx, Which::Thread(thread_id)).await
+}
+
+/// The newest checkpoint of the thread `which` names.
+pub(super) async fn load_head_of(tx: &impl GenericClient, which: Which<'_>) -> Result<Option<CheckpointRow>> {
+    let sql = format!(
+        "SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = {} ORDER BY checkpoint_id DESC LIMIT 1",
+        which.sql()
+    );
+    match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&which.key()]).await? {
         Some(r) => Ok(Some(checkpoint_row(&r)?)),
         None => Ok(None),
     }

@@ -338,6 +338,18 @@ impl PostgresCheckpointer {
                 Ok((thread?, head?, record?))
             })
         })?;
+        self.view_of(thread_id, thread, head, record)
+    }
+
+    /// The thread `thread_id` from its rows as read: a row whose long strings are stored apart
+    /// is read again with them.
+    pub(super) fn view_of(
+        &self,
+        thread_id: &str,
+        thread: Option<format::ThreadRow>,
+        head: Option<format::CheckpointRow>,
+        record: Option<crate::checkpoint::runs::ThreadMetaText>,
+    ) -> Result<crate::checkpoint::ThreadView> {
         let long = |t: &str| apply::refers_to_blobs(t);
         let thread = match thread {
             None => None,

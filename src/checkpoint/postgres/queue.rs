@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 use super::PostgresCheckpointer;
-use super::apply::DB_NOW_MS;
+use super::apply::{DB_NOW_MS, Which};
 use crate::checkpoint::queue::{Claimed, Ended, Logged, Notice, Records, RunQueue};
 use crate::checkpoint::runs::{RunRow, RunText, ThreadMeta, ThreadMetaText, json_text};
 use crate::checkpoint::{CheckpointError, LeaseClaim, Result};
@@ -193,7 +193,7 @@ impl RunQueue for PostgresCheckpointer {
 
     fn claim(&self, worker: &str, claim: &LeaseClaim) -> Result<Option<Claimed>> {
         let (pool, worker, claim) = (self.pool.clone(), worker.to_owned(), claim.clone());
-        self.retrying(move || {
+        let claimed = self.retrying(move || {
             let (pool, worker, claim) = (pool.clone(), worker.clone(), claim.clone());
             async move {
                 let client = pool.get().await?;
@@ -205,13 +205,21 @@ impl RunQueue for PostgresCheckpointer {
                     .await?;
                 let ttl = i64::try_from(claim.ttl.as_millis()).unwrap_or(i64::MAX / 4);
                 let at = crate::clock::now();
-                let Some(row) = client
-                    .query_opt(
-                        &stmt,
-                        &[&worker, &claim.owner, &i64::from(claim.pid), &claim.host, &at, &ttl],
-                    )
-                    .await?
-                else {
+                // The claimed run's thread, its head and its record, found by the claim: sent
+                // right behind it on the connection (each statement runs once the one before
+                // it has committed), so the claim and what the run opens its thread from are
+                // one round trip.
+                let which = Which::Claimed(&claim.owner);
+                let pid = i64::from(claim.pid);
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                    [&worker, &claim.owner, &pid, &claim.host, &at, &ttl];
+                let (row, thread, head, record) = tokio::join!(
+                    client.query_opt(&stmt, &params),
+                    super::apply::load_thread_of(&client, which),
+                    super::apply::load_head_of(&client, which),
+                    super::runs::load_meta_of(&client, which),
+                );
+                let Some(row) = row? else {
                     return Ok(None);
                 };
                 let run = super::runs::run_from_row(&row)?.into_run()?;
@@ -219,14 +227,25 @@ impl RunQueue for PostgresCheckpointer {
                 // The thread's lease, in the lease table's column order.
                 let lease = super::apply::lease_at(&row, 12)?;
                 let next: i64 = row.try_get(19)?;
-                Ok(Some(Claimed {
-                    run,
-                    lease,
-                    orphaned,
-                    next_event: u64::try_from(next).unwrap_or(1),
-                }))
+                let seen = (thread?, head?, record?);
+                Ok(Some((
+                    Claimed {
+                        run,
+                        lease,
+                        orphaned,
+                        next_event: u64::try_from(next).unwrap_or(1),
+                        view: None,
+                    },
+                    seen,
+                )))
             }
-        })
+        })?;
+        let Some((mut claimed, (thread, head, record))) = claimed else {
+            return Ok(None);
+        };
+        let thread_id = claimed.run.thread_id.clone();
+        claimed.view = Some(Box::new(self.view_of(&thread_id, thread, head, record)?));
+        Ok(Some(claimed))
     }
 
     fn heartbeat(&self, worker: &str, ttl: Duration) -> Result<()> {

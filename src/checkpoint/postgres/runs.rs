@@ -37,11 +37,22 @@ pub(super) async fn load_meta(
     client: &impl deadpool_postgres::GenericClient,
     thread_id: &str,
 ) -> Result<Option<ThreadMetaText>> {
+    load_meta_of(client, super::apply::Which::Thread(thread_id)).await
+}
+
+/// The record of the thread `which` names.
+pub(super) async fn load_meta_of(
+    client: &impl deadpool_postgres::GenericClient,
+    which: super::apply::Which<'_>,
+) -> Result<Option<ThreadMetaText>> {
     let stmt = client
-        .prepare_cached(&format!("SELECT {META_COLS} FROM thread_meta WHERE thread_id = $1"))
+        .prepare_cached(&format!(
+            "SELECT {META_COLS} FROM thread_meta WHERE thread_id = {}",
+            which.sql()
+        ))
         .await?;
     client
-        .query_opt(&stmt, &[&thread_id])
+        .query_opt(&stmt, &[&which.key()])
         .await?
         .map(|r| meta_from_row(&r))
         .transpose()

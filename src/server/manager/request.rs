@@ -113,6 +113,8 @@ pub(crate) struct Resumed {
     /// The run never executed before (a worker's claim of a run its log has nothing of): it
     /// has no trace to go on from.
     pub fresh: bool,
+    /// Its thread as the claim read it (`None`: read when the run is created).
+    pub view: Option<Box<crate::checkpoint::ThreadView>>,
 }
 
 impl Resumed {
@@ -123,6 +125,7 @@ impl Resumed {
             claimed: None,
             journal: None,
             fresh: false,
+            view: None,
         }
     }
 }

@@ -761,6 +761,7 @@ async fn execute<S: Send + Sync + 'static>(
         lease,
         orphaned,
         next_event,
+        view,
     } = claimed;
     let run_id = run.run_id.clone();
     let mut as_it_comes = AsItComes::of(&run);
@@ -786,6 +787,7 @@ async fn execute<S: Send + Sync + 'static>(
             // Nothing logged: no worker executed it before (an engine's first event is logged
             // with its first write).
             fresh: next_event <= 1,
+            view,
         });
         // The reader's process deletes a thread of the run's own when its reader is done.
         create.temporary = false;

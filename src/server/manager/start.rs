@@ -189,13 +189,14 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     /// thread's record as the caller already read it (`None`: read here).
     pub(super) fn create(
         &self,
-        req: CreateRun,
+        mut req: CreateRun,
         thread_id: &str,
         meta: Option<Option<ThreadMeta>>,
     ) -> Result<Created, RunsError> {
         let graph = req.graph.clone();
         let reject = req.strategy == Multitask::Reject;
         let claimed = req.resumed.as_ref().and_then(|r| r.claimed.clone());
+        let claim_view = req.resumed.as_mut().and_then(|r| r.view.take());
         let journal = req.resumed.as_ref().and_then(|r| r.journal.clone());
         let overrides = &self.settings.overrides;
         let workflow = graph.path.display().to_string();
@@ -215,7 +216,10 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         let mut looked = None;
         let (head, meta) = match (wants_head, meta) {
             (true, None) => {
-                let view = self.store.thread_view(thread_id)?;
+                let view = match claim_view {
+                    Some(view) => *view,
+                    None => self.store.thread_view(thread_id)?,
+                };
                 looked = Some(view.thread);
                 (view.head, Some(view.meta))
             }
