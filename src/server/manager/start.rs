@@ -153,7 +153,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
     /// Creates the run `req` asks for and enqueues it: its thread's runs stopped first if its
     /// strategy says so, admitted to its thread, its row written `pending` and its place in
     /// line taken; answered once it is in line (its task claims a worker and the thread).
-    pub(crate) async fn start(self: &Arc<Self>, req: CreateRun) -> Result<Queued, RunsError> {
+    pub(crate) async fn start(self: &Arc<Self>, mut req: CreateRun) -> Result<Queued, RunsError> {
         if self.is_api() {
             return self.start_remote(req).await;
         }
@@ -161,6 +161,10 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         if matches!(req.strategy, Multitask::Interrupt | Multitask::Rollback) {
             self.stop_thread_runs(&thread_id, req.strategy == Multitask::Rollback)
                 .await?;
+            // A rollback may have changed the thread since a claim read it: read it again.
+            if let Some(resumed) = req.resumed.as_mut() {
+                resumed.view = None;
+            }
         }
         // From here until the run is among the live runs, one admission at a time: of two runs
         // asking for an idle thread with `reject`, one is refused; a thread being deleted takes
