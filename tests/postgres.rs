@@ -443,6 +443,25 @@ mod queue {
         }
     }
 
+    /// A claim's round trip finds the claimed run's thread by the claim's token through an
+    /// index of the running runs' claims: one entry read, however many runs are running.
+    #[test]
+    fn a_running_run_is_found_by_its_claim_through_an_index() {
+        let url = postgres::fresh_url();
+        let store = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        assert!(store.admit(&run_row("r", "t"), false, None).unwrap());
+        let claimed = store.claim("w", &claim("token")).unwrap().unwrap();
+        assert_eq!(claimed.view.map(|v| v.meta.is_none()), Some(true));
+        let plan = postgres::query(
+            &url,
+            "SET enable_seqscan = off; \
+             EXPLAIN SELECT r.thread_id FROM runs r WHERE r.status = 'running' AND r.claim = 'token'",
+        )
+        .unwrap();
+        let plan: Vec<String> = plan.into_iter().filter_map(|r| r[0].clone()).collect();
+        assert!(plan.iter().any(|line| line.contains("runs_by_claim")), "{plan:#?}");
+    }
+
     /// The queue's hot calls are one round trip each: an admission (with the thread's record),
     /// a claim (the lease with it), an append to a run's log and a run's end — each sent once
     /// and answered once (its statement prepared once per connection, the first time).

@@ -138,7 +138,7 @@ impl Which<'_> {
     pub(super) fn sql(&self) -> &'static str {
         match self {
             Which::Thread(_) => "$1",
-            // Over the partial index of running runs: a claim is a running run's.
+            // One entry of the index of running runs' claims (`runs_by_claim`, schema version 9).
             Which::Claimed(_) => "(SELECT r.thread_id FROM runs r WHERE r.status = 'running' AND r.claim = $1)",
         }
     }
