@@ -93,13 +93,9 @@ pub(super) struct Persister {
     /// Tasks that finish while the run is busy with others are committed together by
     /// [`Persister::release`]: one commit for a burst of a fan-out rather than one per task.
     ready: Mutex<Ready>,
-    /// `Sync`: the commit that opens a claimed run's turn, under way on a blocking thread
-    /// while the run's first step runs ([`Persister::write_opening`]); every later write waits
-    /// for it, and fails with its error.
-    opening: Mutex<Option<mpsc::Receiver<Result<(), CheckpointError>>>>,
-    /// `Sync`: that commit's writes, until the run's first step has started
-    /// ([`Persister::launch_opening`]), so that it carries the step's start with the run's.
-    unlaunched: Mutex<Option<Vec<Put>>>,
+    /// `Sync`: the commit that opens a claimed run's turn ([`Persister::write_opening`]);
+    /// every later write waits for it, and fails with its error.
+    opening: Mutex<Opening>,
     /// `Async`: the ordered queue to the background committer.
     queue: Option<mpsc::SyncSender<Job>>,
     worker: Option<std::thread::JoinHandle<Result<(), CheckpointError>>>,
@@ -111,6 +107,24 @@ impl Drop for Persister {
     fn drop(&mut self) {
         let _ = self.opened();
     }
+}
+
+/// Where the commit opening a claimed run's turn is ([`Persister::write_opening`]).
+enum Opening {
+    /// None waits: made, or never needed.
+    Done,
+    /// Its writes, until the run's first step has started ([`Persister::launch_opening`]), so
+    /// that it carries the step's start with the run's.
+    Waiting(Vec<Put>),
+    /// Under way on a blocking thread while the run's first step runs: its outcome.
+    UnderWay(mpsc::Receiver<Result<(), CheckpointError>>),
+}
+
+/// Commits the writes `fenced` that open a turn. Nothing waits to be told of them: their
+/// events were recorded as they were sent.
+fn open_turn(store: &dyn Checkpointer, events: &Events, fenced: Vec<Put>) -> Result<(), CheckpointError> {
+    let _commit = super::trace::commit(None, fenced.len() - 1, true).entered();
+    commit(store, events, fenced, true, Vec::new()).map(|_| ())
 }
 
 fn poisoned() -> CheckpointError {
@@ -183,8 +197,7 @@ impl Persister {
             events,
             held: Mutex::new((None, committed)),
             unsynced: Mutex::new(Vec::new()),
-            opening: Mutex::new(None),
-            unlaunched: Mutex::new(None),
+            opening: Mutex::new(Opening::Done),
             ready: Mutex::new(Ready::default()),
             queue,
             worker,
@@ -396,7 +409,7 @@ impl Persister {
         if let Some(journal) = self.events.journal() {
             journal.commit_coming();
         }
-        *self.unlaunched.lock().map_err(|_| poisoned())? = Some(fenced);
+        *self.opening.lock().map_err(|_| poisoned())? = Opening::Waiting(fenced);
         Ok(())
     }
 
@@ -404,31 +417,27 @@ impl Persister {
     /// when the run's first step has started, so that the one write tells a reader both that
     /// the run started and what its first step starts from.
     pub(super) fn launch_opening(&self) -> Result<(), CheckpointError> {
-        let Some(fenced) = self.unlaunched.lock().map_err(|_| poisoned())?.take() else {
+        let mut opening = self.opening.lock().map_err(|_| poisoned())?;
+        let Opening::Waiting(fenced) = std::mem::replace(&mut *opening, Opening::Done) else {
             return Ok(());
         };
         let (store, events, span) = (self.store.clone(), self.events.clone(), tracing::Span::current());
         let (tx, rx) = mpsc::channel();
         tokio::task::spawn_blocking(move || {
             let _in_run = span.enter();
-            let _commit = super::trace::commit(None, fenced.len() - 1, true).entered();
-            // Nothing waits to be told of it: its events were recorded as they were sent.
-            let _ = tx.send(commit(&*store, &events, fenced, true, Vec::new()).map(|_| ()));
+            let _ = tx.send(open_turn(&*store, &events, fenced));
         });
-        *self.opening.lock().map_err(|_| poisoned())? = Some(rx);
+        *opening = Opening::UnderWay(rx);
         Ok(())
     }
 
     /// Waits for the opening's commit when it is under way, or makes it here when it waits.
     fn opened(&self) -> Result<(), CheckpointError> {
-        if let Some(fenced) = self.unlaunched.lock().map_err(|_| poisoned())?.take() {
-            let _commit = super::trace::commit(None, fenced.len() - 1, true).entered();
-            return commit(&*self.store, &self.events, fenced, true, Vec::new()).map(|_| ());
-        }
-        let under_way = self.opening.lock().map_err(|_| poisoned())?.take();
-        match under_way {
-            None => Ok(()),
-            Some(rx) => rx
+        let opening = std::mem::replace(&mut *self.opening.lock().map_err(|_| poisoned())?, Opening::Done);
+        match opening {
+            Opening::Done => Ok(()),
+            Opening::Waiting(fenced) => open_turn(&*self.store, &self.events, fenced),
+            Opening::UnderWay(rx) => rx
                 .recv()
                 .map_err(|_| CheckpointError::Backend("the commit opening the turn was lost".into()))?,
         }

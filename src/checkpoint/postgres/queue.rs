@@ -243,8 +243,8 @@ impl RunQueue for PostgresCheckpointer {
         let Some((mut claimed, (thread, head, record))) = claimed else {
             return Ok(None);
         };
-        let thread_id = claimed.run.thread_id.clone();
-        claimed.view = Some(Box::new(self.view_of(&thread_id, thread, head, record)?));
+        let view = self.view_of(&claimed.run.thread_id, thread, head, record)?;
+        claimed.view = Some(Box::new(view));
         Ok(Some(claimed))
     }
 
