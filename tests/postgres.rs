@@ -243,6 +243,40 @@ mod queue {
         assert_eq!(one(&url, "SELECT count(*) FROM runs"), "3");
     }
 
+    /// Admission and claim are tried again by the client when an answer was lost (the
+    /// connection broke after the statement committed): the same call made twice admits the
+    /// run once and answers `true` both times, even for a run refused when its thread is busy;
+    /// the same claim made twice answers the run it claimed both times, under its one lease,
+    /// and leaves the next run pending.
+    #[test]
+    fn an_admission_or_a_claim_made_again_after_it_committed_is_the_same_one() {
+        let url = postgres::fresh_url();
+        let store = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        assert!(store.admit(&run_row("r1", "t"), true, Some(&meta("t", "ann"))).unwrap());
+        assert!(
+            store.admit(&run_row("r1", "t"), true, Some(&meta("t", "ann"))).unwrap(),
+            "admitted already, not refused as busy nor a duplicate"
+        );
+        assert!(store.admit(&run_row("r2", "u"), false, None).unwrap());
+        assert_eq!(one(&url, "SELECT count(*) FROM runs"), "2");
+        let first = store.claim("w1", &claim("c1")).unwrap().unwrap();
+        assert_eq!(first.run.run_id, "r1");
+        assert!(!first.orphaned);
+        let again = store.claim("w1", &claim("c1")).unwrap().unwrap();
+        assert_eq!(again.run.run_id, "r1", "the run claimed, not the next one");
+        assert_eq!(again.lease, first.lease, "the same lease");
+        assert_eq!(again.next_event, first.next_event);
+        assert_eq!(
+            one(
+                &url,
+                "SELECT string_agg(run_id || ':' || status, ',' ORDER BY run_id) FROM runs"
+            ),
+            "r1:running,r2:pending"
+        );
+        // Another claim takes the next run.
+        assert_eq!(store.claim("w1", &claim("c2")).unwrap().unwrap().run.run_id, "r2");
+    }
+
     /// A claim takes the oldest pending run that is its thread's oldest active one and whose
     /// thread no live lease holds; then, none pending, a run whose worker's heartbeat stopped
     /// (`orphaned`, its log going on after its last event); nothing once every run is taken.

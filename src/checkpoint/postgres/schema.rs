@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Version 1.
 const V1: &str = "
@@ -425,8 +425,6 @@ END
 $$;
 ";
 
-/// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
-/// `n + 1`.
 /// Version 9: a running run found by its claim's token, as a claim's round trip finds the
 /// claimed run's thread (`apply.rs`'s `Which::Claimed`): one index entry read, not every
 /// running run's.
@@ -434,7 +432,120 @@ const V9: &str = "
 CREATE INDEX runs_by_claim ON runs (claim) WHERE status = 'running';
 ";
 
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
+/// Version 10: admission and claim may be tried again. A call whose statement committed but
+/// whose answer was lost (the connection broke in between) is made again by the client; a
+/// second `admit_run` of the same run answers `true` and writes nothing (it was refused as a
+/// duplicate key), and a second `claim_run` under the same claim answers the run it claimed
+/// (it claimed another run under the same token, which then ran nowhere).
+const V10: &str = "
+CREATE OR REPLACE FUNCTION admit_run(
+    p_run_id text, p_thread_id text, p_assistant_id text, p_status text, p_created_at text,
+    p_updated_at text, p_kwargs text, p_strategy text, p_metadata text, p_error text,
+    p_event_ids bigint, p_reject boolean,
+    m_created_at text, m_updated_at text, m_metadata text, m_ttl text, m_expires_at bigint,
+    m_owner text,
+    p_channel text, p_payload text
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext(p_thread_id));
+    -- Admitted already: a call tried again whose first try committed but lost its answer.
+    IF EXISTS (SELECT 1 FROM runs e WHERE e.run_id = p_run_id) THEN
+        RETURN true;
+    END IF;
+    IF p_reject AND EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = p_thread_id
+                            AND e.status IN ('pending', 'running')) THEN
+        RETURN false;
+    END IF;
+    IF m_metadata IS NOT NULL THEN
+        INSERT INTO thread_meta AS t (thread_id, created_at, updated_at, metadata, ttl, expires_at, owner)
+            VALUES (p_thread_id, m_created_at, m_updated_at, m_metadata, m_ttl, m_expires_at, m_owner)
+            ON CONFLICT (thread_id) DO UPDATE SET created_at = excluded.created_at,
+                updated_at = excluded.updated_at, metadata = excluded.metadata, ttl = excluded.ttl,
+                expires_at = excluded.expires_at, owner = excluded.owner;
+    END IF;
+    INSERT INTO runs (run_id, thread_id, assistant_id, status, created_at, updated_at, kwargs,
+                      multitask_strategy, metadata, error, event_ids)
+        VALUES (p_run_id, p_thread_id, p_assistant_id, p_status, p_created_at, p_updated_at,
+                p_kwargs, p_strategy, p_metadata, p_error, p_event_ids);
+    PERFORM pg_notify(p_channel, p_payload);
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION claim_run(p_worker text, p_owner text, p_pid bigint, p_host text, p_at text, p_ttl bigint)
+RETURNS TABLE (
+    c_run_id text, c_thread_id text, c_assistant_id text, c_status text, c_created_at text,
+    c_updated_at text, c_kwargs text, c_strategy text, c_metadata text, c_error text,
+    c_event_ids bigint, c_orphaned boolean,
+    l_thread_id text, l_owner text, l_generation bigint, l_pid bigint, l_host text,
+    l_acquired_at text, l_expires_at bigint,
+    c_next_event bigint
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ms bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
+    r runs%ROWTYPE;
+    l leases%ROWTYPE;
+    orphaned boolean := false;
+BEGIN
+    -- Claimed already by this claim: a call tried again whose first try committed but lost
+    -- its answer. The same run and lease again, told as taken over (what it had done is looked
+    -- at: see `orphaned`), not a second run under the same claim.
+    SELECT p.* INTO r FROM runs p WHERE p.status = 'running' AND p.claim = p_owner;
+    IF FOUND THEN
+        SELECT h.* INTO l FROM leases h WHERE h.thread_id = r.thread_id AND h.owner = p_owner;
+        IF FOUND THEN
+            RETURN QUERY SELECT r.run_id, r.thread_id, r.assistant_id, r.status, r.created_at, r.updated_at,
+                r.kwargs, r.multitask_strategy, r.metadata, r.error, r.event_ids, true,
+                l.thread_id, l.owner, l.generation, l.pid, l.host, l.acquired_at, l.expires_at,
+                (SELECT coalesce(max(v.seq), 0) + 1 FROM run_events v WHERE v.run_id = r.run_id);
+        END IF;
+        RETURN;
+    END IF;
+    SELECT p.* INTO r FROM runs p
+     WHERE p.status = 'pending'
+       AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = p.thread_id
+                       AND e.status IN ('pending', 'running') AND e.run_id < p.run_id)
+       AND NOT EXISTS (SELECT 1 FROM leases h WHERE h.thread_id = p.thread_id AND h.expires_at > now_ms)
+     ORDER BY p.run_id LIMIT 1 FOR UPDATE OF p SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT p.* INTO r FROM runs p
+         WHERE p.status = 'running'
+           AND (p.worker IS NULL OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = p.worker
+                                                AND w.expires_at > now_ms))
+           AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = p.thread_id
+                           AND e.status IN ('pending', 'running') AND e.run_id < p.run_id)
+           AND NOT EXISTS (SELECT 1 FROM leases h WHERE h.thread_id = p.thread_id AND h.expires_at > now_ms)
+         ORDER BY p.run_id LIMIT 1 FOR UPDATE OF p SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        orphaned := r.worker IS NOT NULL;
+    END IF;
+    INSERT INTO leases AS h (thread_id, owner, generation, pid, host, acquired_at, expires_at)
+        VALUES (r.thread_id, p_owner, 1, p_pid, p_host, p_at, now_ms + p_ttl)
+        ON CONFLICT (thread_id) DO UPDATE SET generation = h.generation + 1,
+            acquired_at = excluded.acquired_at, owner = excluded.owner, pid = excluded.pid,
+            host = excluded.host, expires_at = excluded.expires_at
+        WHERE h.expires_at <= now_ms
+        RETURNING h.* INTO l;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE runs SET status = 'running', worker = p_worker, claim = p_owner, updated_at = p_at
+     WHERE runs.run_id = r.run_id;
+    RETURN QUERY SELECT r.run_id, r.thread_id, r.assistant_id, 'running'::text, r.created_at, p_at,
+        r.kwargs, r.multitask_strategy, r.metadata, r.error, r.event_ids, orphaned,
+        l.thread_id, l.owner, l.generation, l.pid, l.host, l.acquired_at, l.expires_at,
+        (SELECT coalesce(max(v.seq), 0) + 1 FROM run_events v WHERE v.run_id = r.run_id);
+END
+$$;
+";
+
+/// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
+/// `n + 1`.
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found
