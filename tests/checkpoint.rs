@@ -2252,6 +2252,47 @@ fn postgres_a_claim_reads_its_runs_thread_in_its_round_trip() {
     assert!(cp.claim("w", &claim("c3")).unwrap().is_none());
 }
 
+/// A claim's reads of its thread go after the claim even on a connection that has prepared
+/// nothing yet (each statement is prepared first, in a round trip of its own, and the reads
+/// must not be sent before the claim then): the claimed run finds its thread's head, not an
+/// empty thread.
+#[test]
+fn postgres_a_first_claim_on_a_new_connection_reads_its_thread_after_the_claim() {
+    use runner::checkpoint::queue::RunQueue;
+    let url = fresh_url();
+    for i in 0..12 {
+        let cp = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        let id = format!("first-{i}");
+        let c0 = checkpoint(&id, None, -1, &[("n", 1)]);
+        cp.create_thread_with_checkpoint(None, &thread(&id), &c0, vals(&[("n", 1, json!(0))]))
+            .unwrap();
+        assert!(
+            cp.admit(&run_row(&format!("r{i}"), &id, RunStatus::Pending), false, None)
+                .unwrap()
+        );
+        drop(cp);
+        // A new checkpointer: its connections have prepared nothing.
+        let cp = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        let claim = LeaseClaim {
+            thread_id: String::new(),
+            owner: format!("claim-{i}"),
+            pid: std::process::id(),
+            host: "here".into(),
+            ttl: std::time::Duration::from_secs(30),
+            replace: None,
+        };
+        let claimed = cp.claim("w", &claim).unwrap().expect("a run to claim");
+        assert_eq!(claimed.run.thread_id, id);
+        let view = claimed.view.expect("read with the claim");
+        assert_eq!(
+            view.head.map(|h| h.checkpoint_id),
+            Some(c0.checkpoint_id.clone()),
+            "claim {i}: the thread's head"
+        );
+        assert_eq!(view.thread.map(|t| t.thread_id), Some(id.clone()));
+    }
+}
+
 /// A fenced step (its checkpoint, values and writes) is written in one round trip: the client
 /// sends it once and waits once, as a single `INSERT` and its commit would (the statement's
 /// text is prepared once per connection, the first time).

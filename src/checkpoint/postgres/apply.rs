@@ -150,12 +150,19 @@ impl Which<'_> {
     }
 }
 
-pub(super) async fn load_thread_of(tx: &impl GenericClient, which: Which<'_>) -> Result<Option<ThreadRow>> {
-    let sql = format!(
+/// The statement reading the thread `which` names ([`THREAD_COLS`]).
+pub(super) fn thread_sql(which: Which<'_>) -> String {
+    format!(
         "SELECT {THREAD_COLS} FROM {THREAD_FROM} WHERE t.thread_id = {}",
         which.sql()
-    );
-    match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&which.key()]).await? {
+    )
+}
+
+pub(super) async fn load_thread_of(tx: &impl GenericClient, which: Which<'_>) -> Result<Option<ThreadRow>> {
+    match tx
+        .query_opt(&tx.prepare_cached(&thread_sql(which)).await?, &[&which.key()])
+        .await?
+    {
         Some(r) => Ok(Some(thread_row(&r)?)),
         None => Ok(None),
     }
@@ -173,13 +180,20 @@ pub(super) async fn load_checkpoint_or_head(
     load_head_of(tx, Which::Thread(thread_id)).await
 }
 
-/// The newest checkpoint of the thread `which` names.
-pub(super) async fn load_head_of(tx: &impl GenericClient, which: Which<'_>) -> Result<Option<CheckpointRow>> {
-    let sql = format!(
+/// The statement reading the newest checkpoint of the thread `which` names ([`CHECKPOINT_READ`]).
+pub(super) fn head_sql(which: Which<'_>) -> String {
+    format!(
         "SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = {} ORDER BY checkpoint_id DESC LIMIT 1",
         which.sql()
-    );
-    match tx.query_opt(&tx.prepare_cached(&sql).await?, &[&which.key()]).await? {
+    )
+}
+
+/// The newest checkpoint of the thread `which` names.
+pub(super) async fn load_head_of(tx: &impl GenericClient, which: Which<'_>) -> Result<Option<CheckpointRow>> {
+    match tx
+        .query_opt(&tx.prepare_cached(&head_sql(which)).await?, &[&which.key()])
+        .await?
+    {
         Some(r) => Ok(Some(checkpoint_row(&r)?)),
         None => Ok(None),
     }
@@ -711,35 +725,46 @@ pub(super) async fn apply_one_statement<C: Statements + Sync>(
     Ok(Done::Unit)
 }
 
-/// Runs a statement prepared once per connection: the pool's connections (their statement
-/// cache) and the step's own connection ([`super::direct`]).
+/// Runs statements prepared once per connection: the pool's connections (their statement
+/// cache) and the connections driven by the caller ([`super::direct`]).
 pub(super) trait Statements {
     fn execute_cached(
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> impl Future<Output = std::result::Result<u64, tokio_postgres::Error>> + Send;
-}
 
-impl Statements for deadpool_postgres::Client {
-    async fn execute_cached(
+    fn query_opt_cached(
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> std::result::Result<u64, tokio_postgres::Error> {
-        self.execute(&self.prepare_cached(sql).await?, params).await
-    }
+    ) -> impl Future<Output = std::result::Result<Option<Row>, tokio_postgres::Error>> + Send;
 }
 
-impl Statements for Transaction<'_> {
-    async fn execute_cached(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> std::result::Result<u64, tokio_postgres::Error> {
-        self.execute(&self.prepare_cached(sql).await?, params).await
-    }
+/// [`Statements`] for a type with deadpool's statement cache.
+macro_rules! cached_statements {
+    ($t:ty) => {
+        impl Statements for $t {
+            async fn execute_cached(
+                &self,
+                sql: &str,
+                params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+            ) -> std::result::Result<u64, tokio_postgres::Error> {
+                self.execute(&self.prepare_cached(sql).await?, params).await
+            }
+
+            async fn query_opt_cached(
+                &self,
+                sql: &str,
+                params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+            ) -> std::result::Result<Option<Row>, tokio_postgres::Error> {
+                self.query_opt(&self.prepare_cached(sql).await?, params).await
+            }
+        }
+    };
 }
+cached_statements!(deadpool_postgres::Client);
+cached_statements!(Transaction<'_>);
 
 /// SQLSTATE `hold_leases` raises for a lease that is no longer the fence's (its detail: the
 /// thread).

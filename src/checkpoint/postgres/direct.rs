@@ -1,23 +1,25 @@
-//! A step's write on a connection of its own, driven by the calling thread.
+//! One-statement calls on connections of their own, driven by the calling thread.
 //!
 //! A step's fenced write is one statement ([`super::apply::apply_one_statement`]), the
-//! checkpointer's hottest call. Through the pool it is handed to the backend's runtime, whose
-//! connection task sends it, and the answer is handed back the same way: thread wake-ups on
-//! both sides of the round trip, each of which waits for a core on a busy machine. Here the
-//! calling thread sends the statement on the socket and waits on the socket for the answer,
-//! as libpq does: no other thread takes part.
+//! checkpointer's hottest call; a worker's claim and an API server's admission are the next
+//! ones on a run's way to its first event. Through the pool each is handed to the backend's
+//! runtime, whose connection task sends it, and the answer is handed back the same way: thread
+//! wake-ups on both sides of the round trip, each of which waits for a core on a busy machine.
+//! Here the calling thread sends the statements on the socket and waits on the socket for the
+//! answer, as libpq does: no other thread takes part.
 //!
 //! The connection is tokio-postgres's, over a non-blocking TCP socket that this module polls
-//! itself: [`drive`] polls the statement and the connection together and, when neither can
+//! itself: [`drive`] polls the statements and the connection together and, when neither can
 //! go on, blocks in a `peek` of the socket until the server sends something. No runtime is
 //! needed, so it serves a caller on any runtime's thread (which it blocks for the round trip,
 //! as the pool's way blocks it for the hand-offs) or on none.
 //!
-//! One such connection per checkpointer (one connection beyond the pool's), used by one caller
-//! at a time: a caller that finds it busy, or a database reached through a Unix socket, takes
-//! the pool's way. It is opened on first use; one that fails is dropped and opened again by a
-//! later write, and the write that found it broken is tried again on the pool, which retries
-//! while the database cannot be reached.
+//! One such connection per kind of call and checkpointer ([`Direct`]: steps, claims,
+//! admissions; each opened on first use, so a process has only those it makes), used by one
+//! caller at a time: a caller that finds it busy, or a database reached through a Unix socket,
+//! takes the pool's way. One that fails is dropped and opened again by a later call, and the
+//! call that found it broken is tried again on the pool, which retries while the database
+//! cannot be reached.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,7 +37,6 @@ use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
-use crate::checkpoint::format::{Done, Op};
 use crate::checkpoint::{CheckpointError, Result};
 
 /// How long a wait for the socket lasts before the statement and the connection are polled
@@ -45,9 +46,6 @@ const WAIT: Duration = Duration::from_secs(1);
 /// After a connection could not be opened, how long writes take the pool's way before one
 /// tries again.
 const REOPEN_AFTER: Duration = Duration::from_secs(5);
-
-/// The connection's `application_name`.
-const APPLICATION_NAME: &str = "runner-steps";
 
 /// The socket, non-blocking: a read with nothing to read is `Pending`, and [`drive`] waits.
 struct Socket(TcpStream);
@@ -168,11 +166,15 @@ impl Drop for Link {
     }
 }
 
-/// The direct way's state: the link while open, or when it may be opened again.
-#[derive(Default)]
+/// The direct way of one kind of call: its link while open, or when it may be opened again.
 pub(super) struct Direct {
+    /// The connection's `application_name`, for whoever looks at the server's connections.
+    name: &'static str,
     state: Mutex<State>,
 }
+
+/// What a call does on the link: its statements on the [`Exec`] it is given.
+pub(super) type Work<T> = Box<dyn for<'a> FnOnce(&'a Exec<'a>) -> futures::future::BoxFuture<'a, Result<T>> + Send>;
 
 #[derive(Default)]
 struct State {
@@ -181,23 +183,29 @@ struct State {
 }
 
 impl Direct {
-    /// Applies `op` (a step's write: see [`super::apply::one_statement`]) and `log` (a claimed
-    /// run's events) on the link, opening it first when needed; `None` when the pool's way is
-    /// to be taken instead: the link is busy with another caller, cannot be opened, or broke
-    /// before the write got an answer.
-    pub(super) fn write(
+    /// A direct way whose connection is named `name` (`application_name`).
+    pub(super) fn new(name: &'static str) -> Direct {
+        Direct {
+            name,
+            state: Mutex::default(),
+        }
+    }
+
+    /// Does `work` on the link, opening it first when needed; `None` when the pool's way is to
+    /// be taken instead: the link is busy with another caller, cannot be opened, or broke
+    /// before the work got its answers.
+    pub(super) fn run<T>(
         &self,
         config: &tokio_postgres::Config,
         tls: &tokio_postgres_rustls::MakeRustlsConnect,
-        op: &Op,
-        log: Option<&super::queue::LogRows>,
-    ) -> Option<Result<Done>> {
+        work: Work<T>,
+    ) -> Option<Result<T>> {
         let mut state = self.state.try_lock().ok()?;
         if state.link.is_none() {
             if state.closed_until.is_some_and(|t| Instant::now() < t) {
                 return None;
             }
-            match open(config, tls) {
+            match open(config, tls, self.name) {
                 Some(link) => state.link = Some(link),
                 None => {
                     state.closed_until = Some(Instant::now() + REOPEN_AFTER);
@@ -211,7 +219,7 @@ impl Direct {
                 client: link.client.as_ref()?,
                 statements: &link.statements,
             };
-            let work = std::pin::pin!(super::apply::apply_one_statement(&exec, op, log));
+            let work = work(&exec);
             let connection = &mut link.connection;
             drive(&link.socket, None, async move {
                 match futures::future::select(connection, work).await {
@@ -221,9 +229,9 @@ impl Direct {
             })
         };
         match outcome.flatten() {
-            // The connection ended, or its socket could not be waited on: its statement had no
-            // answer, so nothing was committed by it (a lost acknowledgement of a commit aside,
-            // as on the pool's way).
+            // The connection ended, or its socket could not be waited on: its statements had
+            // no answer, so nothing was committed by them (a lost acknowledgement of a commit
+            // aside, as on the pool's way).
             None => {
                 state.link = None;
                 None
@@ -239,14 +247,14 @@ impl Direct {
 
 /// Opens a connection to the first of the configuration's TCP hosts that answers; `None` for
 /// a database reached through a Unix socket, or when none answers.
-fn open(config: &tokio_postgres::Config, tls: &tokio_postgres_rustls::MakeRustlsConnect) -> Option<Link> {
+fn open(config: &tokio_postgres::Config, tls: &tokio_postgres_rustls::MakeRustlsConnect, name: &str) -> Option<Link> {
     // Named apart from the pool's, for whoever looks at the server's connections.
     let mut config = config.clone();
-    config.application_name(APPLICATION_NAME);
-    // A step's statement is planned once per connection, not at each execution: the server
-    // otherwise plans a statement's first executions anew and keeps doing so while a custom
-    // plan looks cheaper, which for these inserts from arrays it always does (half the
-    // server's time on a step went to planning it).
+    config.application_name(name);
+    // A statement is planned once per connection, not at each execution: the server otherwise
+    // plans a statement's first executions anew and keeps doing so while a custom plan looks
+    // cheaper, which for a step's inserts from arrays it always does (half the server's time
+    // on a step went to planning it).
     let options = format!(
         "{} -c plan_cache_mode=force_generic_plan",
         config.get_options().unwrap_or_default()
@@ -301,23 +309,35 @@ pub(super) struct Exec<'a> {
     statements: &'a Mutex<HashMap<String, Statement>>,
 }
 
+impl Exec<'_> {
+    /// `sql`, prepared on this connection once.
+    async fn prepared(&self, sql: &str) -> std::result::Result<Statement, tokio_postgres::Error> {
+        let known = self.statements.lock().ok().and_then(|s| s.get(sql).cloned());
+        if let Some(statement) = known {
+            return Ok(statement);
+        }
+        let statement = self.client.prepare(sql).await?;
+        if let Ok(mut s) = self.statements.lock() {
+            s.insert(sql.to_owned(), statement.clone());
+        }
+        Ok(statement)
+    }
+}
+
 impl super::apply::Statements for Exec<'_> {
     async fn execute_cached(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> std::result::Result<u64, tokio_postgres::Error> {
-        let known = self.statements.lock().ok().and_then(|s| s.get(sql).cloned());
-        let statement = match known {
-            Some(statement) => statement,
-            None => {
-                let statement = self.client.prepare(sql).await?;
-                if let Ok(mut s) = self.statements.lock() {
-                    s.insert(sql.to_owned(), statement.clone());
-                }
-                statement
-            }
-        };
-        self.client.execute(&statement, params).await
+        self.client.execute(&self.prepared(sql).await?, params).await
+    }
+
+    async fn query_opt_cached(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Option<tokio_postgres::Row>, tokio_postgres::Error> {
+        self.client.query_opt(&self.prepared(sql).await?, params).await
     }
 }

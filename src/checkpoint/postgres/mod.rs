@@ -121,8 +121,11 @@ pub struct PostgresCheckpointer {
     notices: std::sync::OnceLock<tokio::sync::broadcast::Sender<super::queue::Notice>>,
     /// Whether runs' events are listened to as well (a reader subscribed).
     listening: std::sync::Arc<queue::Listening>,
-    /// The connection a step's one-statement write goes on, driven by the calling thread.
-    direct: direct::Direct,
+    /// The connections a step's one-statement write, a claim and an admission go on, driven
+    /// by the calling thread (each opened on first use).
+    steps: direct::Direct,
+    claims: direct::Direct,
+    admissions: direct::Direct,
 }
 
 impl PostgresCheckpointer {
@@ -161,7 +164,9 @@ impl PostgresCheckpointer {
             tls,
             notices: std::sync::OnceLock::new(),
             listening: std::sync::Arc::default(),
-            direct: direct::Direct::default(),
+            steps: direct::Direct::new("runner-steps"),
+            claims: direct::Direct::new("runner-claims"),
+            admissions: direct::Direct::new("runner-admissions"),
         })
     }
 
@@ -275,7 +280,10 @@ impl PostgresCheckpointer {
     /// calling thread, with no hand-off to the backend's runtime, when the step's connection is
     /// free; the pool's way otherwise, or when it broke.
     fn write_one(&self, op: Arc<Op>, log: Option<Arc<queue::LogRows>>) -> Result<Done> {
-        if let Some(done) = self.direct.write(&self.config, &self.tls, &op, log.as_deref()) {
+        let (o, l) = (op.clone(), log.clone());
+        let work: direct::Work<Done> =
+            Box::new(move |exec| Box::pin(async move { apply::apply_one_statement(exec, &o, l.as_deref()).await }));
+        if let Some(done) = self.steps.run(&self.config, &self.tls, work) {
             return done;
         }
         let pool = self.pool.clone();

@@ -141,105 +141,158 @@ fn parse_payload(text: &str) -> Option<Notice> {
     })
 }
 
+/// Admits run `v` (and writes its thread's record `m`) on `client`, telling the queue's
+/// channel `channel`: one statement, one round trip (`admit_run`, schema version 7), in which
+/// the thread's lock, the busy check, the thread's record, the row and the notice are
+/// committed together. `false`: refused, `reject_if_busy` and the thread busy.
+async fn admit_on(
+    client: &(impl super::apply::Statements + Sync),
+    v: &RunText,
+    reject_if_busy: bool,
+    m: Option<&ThreadMetaText>,
+    channel: &str,
+) -> Result<bool> {
+    let queued = payload(&Notice::Queued);
+    let row = client
+        .query_opt_cached(
+            "SELECT admit_run($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+             $13, $14, $15, $16, $17, $18, $19, $20)",
+            &[
+                &v.run_id,
+                &v.thread_id,
+                &v.assistant_id,
+                &v.status,
+                &v.created_at,
+                &v.updated_at,
+                &v.kwargs,
+                &v.multitask_strategy,
+                &v.metadata,
+                &v.error,
+                &v.event_ids,
+                &reject_if_busy,
+                &m.map(|m| m.created_at.as_str()),
+                &m.map(|m| m.updated_at.as_str()),
+                &m.map(|m| m.metadata.as_str()),
+                &m.and_then(|m| m.ttl.as_deref()),
+                &m.and_then(|m| m.expires_at),
+                &m.and_then(|m| m.owner.as_deref()),
+                &channel,
+                &queued,
+            ],
+        )
+        .await?;
+    match row {
+        Some(row) => Ok(row.try_get(0)?),
+        None => Err(CheckpointError::Backend("admit_run answered no row".into())),
+    }
+}
+
+/// A claimed run and what its claim read of its thread: the thread, its head and its record.
+type ClaimedSeen = (
+    Claimed,
+    (
+        Option<crate::checkpoint::format::ThreadRow>,
+        Option<crate::checkpoint::format::CheckpointRow>,
+        Option<ThreadMetaText>,
+    ),
+);
+
+/// Claims a run for `worker` as `claim` says, on `client`: one statement (`claim_run`, schema
+/// version 7) takes the oldest claimable run, its row locked (rows another claimant holds are
+/// skipped), its thread's lease and the run marked running under the claim, or nothing. The
+/// claimed run's thread, its head and its record, found by the claim, are sent right behind it
+/// on the connection (each statement runs once the one before it has committed): the claim and
+/// what the run opens its thread from are one round trip.
+async fn claim_on(
+    client: &(impl super::apply::Statements + Sync),
+    worker: &str,
+    claim: &LeaseClaim,
+) -> Result<Option<ClaimedSeen>> {
+    let ttl = i64::try_from(claim.ttl.as_millis()).unwrap_or(i64::MAX / 4);
+    let at = crate::clock::now();
+    let which = Which::Claimed(&claim.owner);
+    let pid = i64::from(claim.pid);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&worker, &claim.owner, &pid, &claim.host, &at, &ttl];
+    let key: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&claim.owner];
+    let (thread_sql, head_sql, meta_sql) = (
+        super::apply::thread_sql(which),
+        super::apply::head_sql(which),
+        super::runs::meta_sql(which),
+    );
+    // Polled in this order each time (`biased`), so each statement is sent after the one
+    // before it even when the first of them must be prepared (a round trip of its own) on a
+    // new connection: a read sent before the claim would find no thread and the run would
+    // start on an empty one.
+    let (row, thread, head, record) = tokio::join!(
+        biased;
+        client.query_opt_cached("SELECT * FROM claim_run($1, $2, $3, $4, $5, $6)", &params),
+        client.query_opt_cached(&thread_sql, &key),
+        client.query_opt_cached(&head_sql, &key),
+        client.query_opt_cached(&meta_sql, &key),
+    );
+    let Some(row) = row? else {
+        return Ok(None);
+    };
+    let run = super::runs::run_from_row(&row)?.into_run()?;
+    let orphaned: bool = row.try_get(11)?;
+    // The thread's lease, in the lease table's column order.
+    let lease = super::apply::lease_at(&row, 12)?;
+    let next: i64 = row.try_get(19)?;
+    let seen = (
+        thread?.map(|r| super::apply::thread_row(&r)).transpose()?,
+        head?.map(|r| super::apply::checkpoint_row(&r)).transpose()?,
+        record?.map(|r| super::runs::meta_from_row(&r)).transpose()?,
+    );
+    Ok(Some((
+        Claimed {
+            run,
+            lease,
+            orphaned,
+            next_event: u64::try_from(next).unwrap_or(1),
+            view: None,
+        },
+        seen,
+    )))
+}
+
 impl RunQueue for PostgresCheckpointer {
     fn admit(&self, run: &RunRow, reject_if_busy: bool, thread: Option<&ThreadMeta>) -> Result<bool> {
-        let v = RunText::from_run(run)?;
-        let m = thread.map(ThreadMetaText::from_meta).transpose()?;
-        let (pool, channel) = (self.pool.clone(), self.channel());
-        // One statement, one round trip: the thread's lock, the busy check, the thread's
-        // record, the row and the notice, committed together (`admit_run`, schema version 7).
+        let v = std::sync::Arc::new(RunText::from_run(run)?);
+        let m = std::sync::Arc::new(thread.map(ThreadMetaText::from_meta).transpose()?);
+        let channel = self.channel();
+        // On the admissions' own connection, driven by this thread; the pool's way when it
+        // cannot be had.
+        let (dv, dm, dc) = (v.clone(), m.clone(), channel.clone());
+        let work: super::direct::Work<bool> = Box::new(move |exec| {
+            Box::pin(async move { admit_on(exec, &dv, reject_if_busy, dm.as_ref().as_ref(), &dc).await })
+        });
+        if let Some(admitted) = self.admissions.run(&self.config, &self.tls, work) {
+            return admitted;
+        }
+        let pool = self.pool.clone();
         self.retrying(move || {
             let (v, m, pool, channel) = (v.clone(), m.clone(), pool.clone(), channel.clone());
-            async move {
-                let client = pool.get().await?;
-                let stmt = client
-                    .prepare_cached(
-                        "SELECT admit_run($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
-                         $13, $14, $15, $16, $17, $18, $19, $20)",
-                    )
-                    .await?;
-                let admitted: bool = client
-                    .query_one(
-                        &stmt,
-                        &[
-                            &v.run_id,
-                            &v.thread_id,
-                            &v.assistant_id,
-                            &v.status,
-                            &v.created_at,
-                            &v.updated_at,
-                            &v.kwargs,
-                            &v.multitask_strategy,
-                            &v.metadata,
-                            &v.error,
-                            &v.event_ids,
-                            &reject_if_busy,
-                            &m.as_ref().map(|m| m.created_at.clone()),
-                            &m.as_ref().map(|m| m.updated_at.clone()),
-                            &m.as_ref().map(|m| m.metadata.clone()),
-                            &m.as_ref().and_then(|m| m.ttl.clone()),
-                            &m.as_ref().and_then(|m| m.expires_at),
-                            &m.as_ref().and_then(|m| m.owner.clone()),
-                            &channel,
-                            &payload(&Notice::Queued),
-                        ],
-                    )
-                    .await?
-                    .try_get(0)?;
-                Ok(admitted)
-            }
+            async move { admit_on(&pool.get().await?, &v, reject_if_busy, m.as_ref().as_ref(), &channel).await }
         })
     }
 
     fn claim(&self, worker: &str, claim: &LeaseClaim) -> Result<Option<Claimed>> {
-        let (pool, worker, claim) = (self.pool.clone(), worker.to_owned(), claim.clone());
-        let claimed = self.retrying(move || {
-            let (pool, worker, claim) = (pool.clone(), worker.clone(), claim.clone());
-            async move {
-                let client = pool.get().await?;
-                // One statement (`claim_run`, schema version 7): the oldest claimable run, its
-                // row locked (rows another claimant holds are skipped), its thread's lease
-                // taken and the run marked running under the claim, or nothing.
-                let stmt = client
-                    .prepare_cached("SELECT * FROM claim_run($1, $2, $3, $4, $5, $6)")
-                    .await?;
-                let ttl = i64::try_from(claim.ttl.as_millis()).unwrap_or(i64::MAX / 4);
-                let at = crate::clock::now();
-                // The claimed run's thread, its head and its record, found by the claim: sent
-                // right behind it on the connection (each statement runs once the one before
-                // it has committed), so the claim and what the run opens its thread from are
-                // one round trip.
-                let which = Which::Claimed(&claim.owner);
-                let pid = i64::from(claim.pid);
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-                    [&worker, &claim.owner, &pid, &claim.host, &at, &ttl];
-                let (row, thread, head, record) = tokio::join!(
-                    client.query_opt(&stmt, &params),
-                    super::apply::load_thread_of(&client, which),
-                    super::apply::load_head_of(&client, which),
-                    super::runs::load_meta_of(&client, which),
-                );
-                let Some(row) = row? else {
-                    return Ok(None);
-                };
-                let run = super::runs::run_from_row(&row)?.into_run()?;
-                let orphaned: bool = row.try_get(11)?;
-                // The thread's lease, in the lease table's column order.
-                let lease = super::apply::lease_at(&row, 12)?;
-                let next: i64 = row.try_get(19)?;
-                let seen = (thread?, head?, record?);
-                Ok(Some((
-                    Claimed {
-                        run,
-                        lease,
-                        orphaned,
-                        next_event: u64::try_from(next).unwrap_or(1),
-                        view: None,
-                    },
-                    seen,
-                )))
+        let (worker, claim) = (worker.to_owned(), claim.clone());
+        // On the claims' own connection, driven by this thread; the pool's way when it cannot
+        // be had.
+        let (w, c) = (worker.clone(), claim.clone());
+        let work: super::direct::Work<Option<ClaimedSeen>> =
+            Box::new(move |exec| Box::pin(async move { claim_on(exec, &w, &c).await }));
+        let claimed = match self.claims.run(&self.config, &self.tls, work) {
+            Some(claimed) => claimed?,
+            None => {
+                let pool = self.pool.clone();
+                self.retrying(move || {
+                    let (pool, worker, claim) = (pool.clone(), worker.clone(), claim.clone());
+                    async move { claim_on(&pool.get().await?, &worker, &claim).await }
+                })?
             }
-        })?;
+        };
         let Some((mut claimed, (thread, head, record))) = claimed else {
             return Ok(None);
         };

@@ -41,16 +41,16 @@ pub(super) async fn load_meta(
 }
 
 /// The record of the thread `which` names.
+/// The statement reading the record of the thread `which` names ([`META_COLS`]).
+pub(super) fn meta_sql(which: super::apply::Which<'_>) -> String {
+    format!("SELECT {META_COLS} FROM thread_meta WHERE thread_id = {}", which.sql())
+}
+
 pub(super) async fn load_meta_of(
     client: &impl deadpool_postgres::GenericClient,
     which: super::apply::Which<'_>,
 ) -> Result<Option<ThreadMetaText>> {
-    let stmt = client
-        .prepare_cached(&format!(
-            "SELECT {META_COLS} FROM thread_meta WHERE thread_id = {}",
-            which.sql()
-        ))
-        .await?;
+    let stmt = client.prepare_cached(&meta_sql(which)).await?;
     client
         .query_opt(&stmt, &[&which.key()])
         .await?
