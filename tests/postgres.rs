@@ -243,6 +243,88 @@ mod queue {
         assert_eq!(one(&url, "SELECT count(*) FROM runs"), "3");
     }
 
+    /// An admission that stamps the thread's record (an API server's, which does not read it
+    /// first) sets the stamp's keys over the metadata the record has, keeps its other keys,
+    /// its creation time and its owner, and starts its time to live again from now; a thread
+    /// with no record gets the one given; a thread that does not exist is refused unless it
+    /// may be created, and a busy one when the run says so, with nothing written.
+    #[test]
+    fn an_admission_stamps_the_threads_record_as_it_finds_it() {
+        use runner::checkpoint::ThreadTtl;
+        use runner::checkpoint::queue::{Admission, Stamp};
+        let url = postgres::fresh_url();
+        let store = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        let mut had = meta("t", "ann");
+        had.metadata = json!({"topic": "x", "graph_id": "old", "owner": "ann"});
+        had.ttl = Some(ThreadTtl::starting("delete", 2.5, 1_000));
+        store.put_thread_meta(&had).unwrap();
+        let now_ms = 1_700_000_000_000;
+        let stamp = |thread: &str, create: bool| Stamp {
+            keys: serde_json::Map::from_iter([
+                ("graph_id".to_string(), json!("g2")),
+                ("assistant_id".to_string(), json!("a2")),
+            ]),
+            new: ThreadMeta {
+                metadata: json!({"graph_id": "g2", "assistant_id": "a2", "owner": "bob"}),
+                ttl: Some(ThreadTtl::starting("delete", 1.0, now_ms)),
+                ..meta(thread, "bob")
+            },
+            create,
+            now_ms,
+        };
+        let mut later = stamp("t", false);
+        later.new.updated_at = "2030-01-01T00:00:00.000Z".into();
+        assert_eq!(
+            store.admit_stamped(&run_row("r1", "t"), false, &later).unwrap(),
+            Admission::Admitted
+        );
+        let m = store.get_thread_meta("t").unwrap().unwrap();
+        assert_eq!(
+            m.metadata,
+            json!({"topic": "x", "graph_id": "g2", "owner": "ann", "assistant_id": "a2"})
+        );
+        assert_eq!(m.created_at, had.created_at);
+        assert_eq!(m.updated_at, "2030-01-01T00:00:00.000Z");
+        let ttl = m.ttl.unwrap();
+        assert_eq!(
+            (ttl.minutes, ttl.expires_at_ms),
+            (2.5, now_ms + 150_000),
+            "started again"
+        );
+        assert_eq!(store.list_thread_meta_of("ann").unwrap().len(), 1, "its owner is kept");
+        // Busy, refused with `reject`: nothing written.
+        assert_eq!(
+            store.admit_stamped(&run_row("r2", "t"), true, &later).unwrap(),
+            Admission::Busy
+        );
+        assert_eq!(store.get_run("r2").unwrap(), None);
+        // No such thread: refused unless it may be created.
+        assert_eq!(
+            store
+                .admit_stamped(&run_row("r3", "u"), false, &stamp("u", false))
+                .unwrap(),
+            Admission::NoThread
+        );
+        assert_eq!(
+            (store.get_run("r3").unwrap(), store.get_thread_meta("u").unwrap()),
+            (None, None)
+        );
+        assert_eq!(
+            store
+                .admit_stamped(&run_row("r4", "u"), false, &stamp("u", true))
+                .unwrap(),
+            Admission::Admitted
+        );
+        let m = store.get_thread_meta("u").unwrap().unwrap();
+        assert_eq!(
+            m.metadata,
+            json!({"graph_id": "g2", "assistant_id": "a2", "owner": "bob"})
+        );
+        assert_eq!(m.ttl.unwrap().expires_at_ms, now_ms + 60_000);
+        assert_eq!(store.list_thread_meta_of("bob").unwrap().len(), 1);
+        assert_eq!(one(&url, "SELECT count(*) FROM runs"), "2");
+    }
+
     /// Admission and claim are tried again by the client when an answer was lost (the
     /// connection broke after the statement committed): the same call made twice admits the
     /// run once and answers `true` both times, even for a run refused when its thread is busy;

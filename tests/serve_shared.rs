@@ -810,31 +810,30 @@ fn exhaust(admin: &str, hold: Duration) -> bool {
     })
 }
 
-/// Creating a run through a server of the API only takes two round trips to the database: the
-/// thread's record read, and its admission (the busy check, the thread's record, the run's row
-/// and the notice, in one statement). No worker runs: the run waits in line, its reader
-/// waiting for a notice without reading. The fewest sends of a few runs are counted: a
-/// server's own polls (crons, webhooks) may fall in one run's window, never in all of them.
+/// Creating a run through a server of the API only takes one round trip to the database: its
+/// admission, which reads the thread's record, stamps it with the run's graph and assistant
+/// (its other keys kept) and writes it, checks the thread is idle, writes the run's row and
+/// the notice, in one statement. No worker runs: the run waits in line, its reader waiting for
+/// a notice without reading. The fewest sends of a few runs are counted: a server's own polls
+/// (crons, webhooks) may fall in one run's window, never in all of them. A thread that does
+/// not exist is still a 404, and a busy one a 409 with `reject`.
 #[test]
-fn a_run_is_admitted_through_an_api_server_in_two_round_trips() {
+fn a_run_is_admitted_through_an_api_server_in_one_round_trip() {
     let dir = workflows();
     let (relayed, sends) = super::checkpoint::counted_url(&postgres::fresh_url());
     let server = api(dir.path(), relayed.as_str());
     rt().block_on(async {
         let mut fewest = usize::MAX;
+        let run = json!({"assistant_id": "chat", "input": {"messages": [{"role": "user", "content": "hi"}]},
+                         "multitask_strategy": "reject"});
+        let mut thread = String::new();
         for i in 0..6 {
-            let (status, body) = post(&server.base, "/threads", json!({})).await;
+            let (status, body) = post(&server.base, "/threads", json!({"metadata": {"topic": "x"}})).await;
             assert_eq!(status, 200, "{body}");
-            let thread: Value = serde_json::from_str(&body).unwrap();
-            let thread = thread["thread_id"].as_str().unwrap().to_string();
+            let made: Value = serde_json::from_str(&body).unwrap();
+            thread = made["thread_id"].as_str().unwrap().to_string();
             let before = sends.load(std::sync::atomic::Ordering::SeqCst);
-            let (status, body) = post(
-                &server.base,
-                &format!("/threads/{thread}/runs"),
-                json!({"assistant_id": "chat", "input": {"messages": [{"role": "user", "content": "hi"}]},
-                       "multitask_strategy": "reject"}),
-            )
-            .await;
+            let (status, body) = post(&server.base, &format!("/threads/{thread}/runs"), run.clone()).await;
             let sent = sends.load(std::sync::atomic::Ordering::SeqCst) - before;
             assert_eq!(status, 200, "{body}");
             // The first run prepares the statements on the connection.
@@ -842,6 +841,15 @@ fn a_run_is_admitted_through_an_api_server_in_two_round_trips() {
                 fewest = fewest.min(sent);
             }
         }
-        assert_eq!(fewest, 2, "round trips to admit a run");
+        assert_eq!(fewest, 1, "round trips to admit a run");
+        let record = get(&server.base, &format!("/threads/{thread}")).await;
+        assert_eq!(record["metadata"]["topic"], "x", "{record}");
+        assert_eq!(record["metadata"]["graph_id"], "chat", "{record}");
+        assert!(record["metadata"]["assistant_id"].is_string(), "{record}");
+        // Its run waits in line: another with `reject` is refused.
+        let (status, body) = post(&server.base, &format!("/threads/{thread}/runs"), run.clone()).await;
+        assert_eq!(status, 409, "{body}");
+        let (status, body) = post(&server.base, "/threads/nobody/runs", run.clone()).await;
+        assert_eq!(status, 404, "{body}");
     });
 }

@@ -40,6 +40,30 @@ pub struct Claimed {
     pub view: Option<Box<super::ThreadView>>,
 }
 
+/// The thread's record an admission writes when its caller did not read it (see
+/// [`RunQueue::admit_stamped`]).
+#[derive(Debug, Clone)]
+pub struct Stamp {
+    /// Set over the metadata of the record the thread has.
+    pub keys: serde_json::Map<String, Value>,
+    /// The record of a thread that has none.
+    pub new: ThreadMeta,
+    /// Whether a thread that does not exist at all may be created.
+    pub create: bool,
+    /// Now, milliseconds since the epoch: when the record's time to live starts again.
+    pub now_ms: i64,
+}
+
+/// What an admission did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Admitted,
+    /// Refused: the thread has an active run (`reject_if_busy`).
+    Busy,
+    /// Refused: the thread does not exist and may not be created.
+    NoThread,
+}
+
 /// A run's end, as its worker records it.
 #[derive(Debug, Clone, Copy)]
 pub struct Ended<'a> {
@@ -90,6 +114,12 @@ pub trait RunQueue: Send + Sync {
     /// `reject_if_busy` and its thread has an active run: `false` then, and nothing is written.
     /// Atomic per thread across processes.
     fn admit(&self, run: &RunRow, reject_if_busy: bool, thread: Option<&ThreadMeta>) -> Result<bool>;
+
+    /// [`RunQueue::admit`], with the thread's record as the admission finds it, stamped: the
+    /// stamp's keys set over its metadata, updated now, its time to live started again; a
+    /// thread with no record gets `stamp.new`, and one that does not exist at all is refused
+    /// unless `stamp.create`. Read, stamped and written under the admission's lock.
+    fn admit_stamped(&self, run: &RunRow, reject_if_busy: bool, stamp: &Stamp) -> Result<Admission>;
 
     /// Claims the oldest claimable pending run for `worker` (none: the oldest run a dead worker
     /// left or a stopping one handed back), taking its thread's lease as `claim`

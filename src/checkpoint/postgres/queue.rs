@@ -13,7 +13,7 @@ use tokio::sync::broadcast;
 
 use super::PostgresCheckpointer;
 use super::apply::{DB_NOW_MS, Which};
-use crate::checkpoint::queue::{Claimed, Ended, Logged, Notice, Records, RunQueue};
+use crate::checkpoint::queue::{Admission, Claimed, Ended, Logged, Notice, Records, RunQueue, Stamp};
 use crate::checkpoint::runs::{RunRow, RunText, ThreadMeta, ThreadMetaText, json_text};
 use crate::checkpoint::{CheckpointError, LeaseClaim, Result};
 
@@ -141,22 +141,62 @@ fn parse_payload(text: &str) -> Option<Notice> {
     })
 }
 
-/// Admits run `v` (and writes its thread's record `m`) on `client`, telling the queue's
-/// channel `channel`: one statement, one round trip (`admit_run`, schema version 7), in which
-/// the thread's lock, the busy check, the thread's record, the row and the notice are
-/// committed together. `false`: refused, `reject_if_busy` and the thread busy.
-async fn admit_on(
-    client: &(impl super::apply::Statements + Sync),
-    v: &RunText,
+/// What `admit_run` is given besides the run: the thread's record, and (stamping the record
+/// the thread has) the stamp's keys as JSON, now in milliseconds and whether a missing thread
+/// may be created.
+struct AdmitArgs {
+    run: RunText,
     reject_if_busy: bool,
-    m: Option<&ThreadMetaText>,
-    channel: &str,
-) -> Result<bool> {
+    record: Option<ThreadMetaText>,
+    stamp: Option<(String, i64, bool)>,
+    channel: String,
+}
+
+impl PostgresCheckpointer {
+    fn admit_with(
+        &self,
+        run: &RunRow,
+        reject_if_busy: bool,
+        record: Option<ThreadMetaText>,
+        stamp: Option<(String, i64, bool)>,
+    ) -> Result<Admission> {
+        let args = std::sync::Arc::new(AdmitArgs {
+            run: RunText::from_run(run)?,
+            reject_if_busy,
+            record,
+            stamp,
+            channel: self.channel(),
+        });
+        // On the admissions' own connection, driven by this thread; the pool's way when it
+        // cannot be had.
+        let direct = args.clone();
+        let work: super::direct::Work<Admission> =
+            Box::new(move |exec| Box::pin(async move { admit_on(exec, &direct).await }));
+        if let Some(admitted) = self.admissions.run(&self.config, &self.tls, work) {
+            return admitted;
+        }
+        let pool = self.pool.clone();
+        self.retrying(move || {
+            let (args, pool) = (args.clone(), pool.clone());
+            async move { admit_on(&pool.get().await?, &args).await }
+        })
+    }
+}
+
+/// Admits a run on `client`: one statement, one round trip (`admit_run`, schema version 10),
+/// in which the thread's lock, the busy check, the thread's record, the row and the notice are
+/// committed together.
+async fn admit_on(client: &(impl super::apply::Statements + Sync), a: &AdmitArgs) -> Result<Admission> {
+    let (v, m) = (&a.run, a.record.as_ref());
     let queued = payload(&Notice::Queued);
+    let (keys, now_ms, create) = match &a.stamp {
+        Some((keys, now_ms, create)) => (Some(keys.as_str()), Some(*now_ms), *create),
+        None => (None, None, false),
+    };
     let row = client
         .query_opt_cached(
             "SELECT admit_run($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
-             $13, $14, $15, $16, $17, $18, $19, $20)",
+             $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)",
             &[
                 &v.run_id,
                 &v.thread_id,
@@ -169,21 +209,30 @@ async fn admit_on(
                 &v.metadata,
                 &v.error,
                 &v.event_ids,
-                &reject_if_busy,
+                &a.reject_if_busy,
                 &m.map(|m| m.created_at.as_str()),
                 &m.map(|m| m.updated_at.as_str()),
                 &m.map(|m| m.metadata.as_str()),
                 &m.and_then(|m| m.ttl.as_deref()),
                 &m.and_then(|m| m.expires_at),
                 &m.and_then(|m| m.owner.as_deref()),
-                &channel,
+                &keys,
+                &now_ms,
+                &create,
+                &a.channel,
                 &queued,
             ],
         )
         .await?;
-    match row {
-        Some(row) => Ok(row.try_get(0)?),
-        None => Err(CheckpointError::Backend("admit_run answered no row".into())),
+    let answer: String = match row {
+        Some(row) => row.try_get(0)?,
+        None => return Err(CheckpointError::Backend("admit_run answered no row".into())),
+    };
+    match answer.as_str() {
+        "admitted" => Ok(Admission::Admitted),
+        "busy" => Ok(Admission::Busy),
+        "missing" => Ok(Admission::NoThread),
+        other => Err(CheckpointError::Backend(format!("admit_run answered {other:?}"))),
     }
 }
 
@@ -257,23 +306,19 @@ async fn claim_on(
 
 impl RunQueue for PostgresCheckpointer {
     fn admit(&self, run: &RunRow, reject_if_busy: bool, thread: Option<&ThreadMeta>) -> Result<bool> {
-        let v = std::sync::Arc::new(RunText::from_run(run)?);
-        let m = std::sync::Arc::new(thread.map(ThreadMetaText::from_meta).transpose()?);
-        let channel = self.channel();
-        // On the admissions' own connection, driven by this thread; the pool's way when it
-        // cannot be had.
-        let (dv, dm, dc) = (v.clone(), m.clone(), channel.clone());
-        let work: super::direct::Work<bool> = Box::new(move |exec| {
-            Box::pin(async move { admit_on(exec, &dv, reject_if_busy, dm.as_ref().as_ref(), &dc).await })
-        });
-        if let Some(admitted) = self.admissions.run(&self.config, &self.tls, work) {
-            return admitted;
-        }
-        let pool = self.pool.clone();
-        self.retrying(move || {
-            let (v, m, pool, channel) = (v.clone(), m.clone(), pool.clone(), channel.clone());
-            async move { admit_on(&pool.get().await?, &v, reject_if_busy, m.as_ref().as_ref(), &channel).await }
-        })
+        let record = thread.map(ThreadMetaText::from_meta).transpose()?;
+        Ok(self.admit_with(run, reject_if_busy, record, None)? == Admission::Admitted)
+    }
+
+    fn admit_stamped(&self, run: &RunRow, reject_if_busy: bool, stamp: &Stamp) -> Result<Admission> {
+        let record = ThreadMetaText::from_meta(&stamp.new)?;
+        let keys = json_text(&serde_json::Value::Object(stamp.keys.clone()))?;
+        self.admit_with(
+            run,
+            reject_if_busy,
+            Some(record),
+            Some((keys, stamp.now_ms, stamp.create)),
+        )
     }
 
     fn claim(&self, worker: &str, claim: &LeaseClaim) -> Result<Option<Claimed>> {

@@ -432,32 +432,63 @@ const V9: &str = "
 CREATE INDEX runs_by_claim ON runs (claim) WHERE status = 'running';
 ";
 
-/// Version 10: admission and claim may be tried again. A call whose statement committed but
-/// whose answer was lost (the connection broke in between) is made again by the client; a
-/// second `admit_run` of the same run answers `true` and writes nothing (it was refused as a
-/// duplicate key), and a second `claim_run` under the same claim answers the run it claimed
-/// (it claimed another run under the same token, which then ran nowhere).
+/// Version 10: admission and claim may be tried again, and an admission stamps the thread's
+/// record as it finds it. A call whose statement committed but whose answer was lost (the
+/// connection broke in between) is made again by the client; a second `admit_run` of the
+/// same run answers `admitted` and writes nothing (it was refused as a duplicate key), and a
+/// second `claim_run` under the same claim answers the run it claimed (it claimed another run
+/// under the same token, which then ran nowhere). `admit_run` answers `admitted`, `busy` or
+/// `missing`; given `m_stamp`, it sets the stamp's keys over the record's metadata under the
+/// thread's lock (the API server read the record and wrote it back whole, a round trip more
+/// and an update made meanwhile lost).
 const V10: &str = "
-CREATE OR REPLACE FUNCTION admit_run(
+DROP FUNCTION admit_run(text, text, text, text, text, text, text, text, text, text, bigint, boolean,
+                        text, text, text, text, bigint, text, text, text);
+CREATE FUNCTION admit_run(
     p_run_id text, p_thread_id text, p_assistant_id text, p_status text, p_created_at text,
     p_updated_at text, p_kwargs text, p_strategy text, p_metadata text, p_error text,
     p_event_ids bigint, p_reject boolean,
     m_created_at text, m_updated_at text, m_metadata text, m_ttl text, m_expires_at bigint,
-    m_owner text,
+    m_owner text, m_stamp text, m_now_ms bigint, m_create boolean,
     p_channel text, p_payload text
-) RETURNS boolean
+) RETURNS text
 LANGUAGE plpgsql AS $$
+DECLARE
+    minutes float8;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext(p_thread_id));
     -- Admitted already: a call tried again whose first try committed but lost its answer.
     IF EXISTS (SELECT 1 FROM runs e WHERE e.run_id = p_run_id) THEN
-        RETURN true;
+        RETURN 'admitted';
     END IF;
     IF p_reject AND EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = p_thread_id
                             AND e.status IN ('pending', 'running')) THEN
-        RETURN false;
+        RETURN 'busy';
     END IF;
-    IF m_metadata IS NOT NULL THEN
+    IF m_stamp IS NOT NULL THEN
+        -- The caller did not read the thread's record: the record as it is now, the stamp's
+        -- keys over its metadata, updated now, its time to live started again; a thread with
+        -- none gets the record given (one that does not exist at all, only when it may be
+        -- created).
+        SELECT CASE WHEN jsonb_typeof(t.ttl::jsonb -> 'ttl') = 'number' THEN (t.ttl::jsonb ->> 'ttl')::float8
+                    ELSE 0 END
+          INTO minutes FROM thread_meta t WHERE t.thread_id = p_thread_id AND t.ttl IS NOT NULL;
+        UPDATE thread_meta t SET updated_at = m_updated_at,
+            metadata = CASE WHEN jsonb_typeof(t.metadata::jsonb) = 'object'
+                            THEN (t.metadata::jsonb || m_stamp::jsonb)::text ELSE t.metadata END,
+            expires_at = CASE WHEN t.ttl IS NULL OR t.expires_at IS NULL THEN t.expires_at
+                              ELSE least(m_now_ms::numeric
+                                         + least(greatest(trunc(minutes * 60000), 0), 9223372036854775807)::numeric,
+                                         9223372036854775807)::bigint END
+         WHERE t.thread_id = p_thread_id;
+        IF NOT FOUND THEN
+            IF NOT m_create AND NOT EXISTS (SELECT 1 FROM threads h WHERE h.thread_id = p_thread_id) THEN
+                RETURN 'missing';
+            END IF;
+            INSERT INTO thread_meta (thread_id, created_at, updated_at, metadata, ttl, expires_at, owner)
+                VALUES (p_thread_id, m_created_at, m_updated_at, m_metadata, m_ttl, m_expires_at, m_owner);
+        END IF;
+    ELSIF m_metadata IS NOT NULL THEN
         INSERT INTO thread_meta AS t (thread_id, created_at, updated_at, metadata, ttl, expires_at, owner)
             VALUES (p_thread_id, m_created_at, m_updated_at, m_metadata, m_ttl, m_expires_at, m_owner)
             ON CONFLICT (thread_id) DO UPDATE SET created_at = excluded.created_at,
@@ -469,7 +500,7 @@ BEGIN
         VALUES (p_run_id, p_thread_id, p_assistant_id, p_status, p_created_at, p_updated_at,
                 p_kwargs, p_strategy, p_metadata, p_error, p_event_ids);
     PERFORM pg_notify(p_channel, p_payload);
-    RETURN true;
+    RETURN 'admitted';
 END
 $$;
 

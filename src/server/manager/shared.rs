@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, broadcast, oneshot, watch};
 
 use super::request::{CreateRun, Multitask};
-use super::start::{Stopper, never_started, run_status};
+use super::start::{Stopper, ThreadRecord, never_started, run_status};
 use super::{Live, Place, RunManager, RunsError, lock};
 use crate::checkpoint::queue::{Claimed, Ended, Notice, Records, RunQueue};
 use crate::checkpoint::{LeaseClaim, RunRow, RunStatus};
@@ -153,25 +153,39 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             self.stop_thread_runs(&thread_id, req.strategy == Multitask::Rollback)
                 .await?;
         }
-        // The thread's record, read once: whether the thread exists, and what the run adds to.
-        let meta = match &req.thread {
-            Some(_) if lock(&self.deleting).contains(&thread_id) => None,
-            Some(t) => self.store.get_thread_meta(t)?,
-            None => None,
+        let deleting = lock(&self.deleting).contains(&thread_id);
+        // A run of input on a named thread, the common case: its thread's record is read,
+        // stamped and written by the admission, which finds whether the thread exists.
+        let stamped = req.thread.is_some()
+            && !deleting
+            && req.resume.is_none()
+            && req.edit.is_none()
+            && req.checkpoint_id.is_none()
+            && req.resumed.is_none();
+        let record = if stamped {
+            ThreadRecord::Stamped
+        } else {
+            // The thread's record, read once: whether the thread exists, and what the run adds to.
+            let meta = match &req.thread {
+                Some(_) if deleting => None,
+                Some(t) => self.store.get_thread_meta(t)?,
+                None => None,
+            };
+            let known = match &req.thread {
+                Some(_) if deleting => false,
+                Some(t) => meta.is_some() || self.store.get_thread(t)?.is_some(),
+                None => true,
+            };
+            if !known && !req.create_thread {
+                return Err(RunsError::NotFound("Thread or assistant not found.".into()));
+            }
+            ThreadRecord::Read(meta)
         };
-        let known = match &req.thread {
-            Some(_) if lock(&self.deleting).contains(&thread_id) => false,
-            Some(t) => meta.is_some() || self.store.get_thread(t)?.is_some(),
-            None => true,
-        };
-        if !known && !req.create_thread {
-            return Err(RunsError::NotFound("Thread or assistant not found.".into()));
-        }
         let temporary = req.temporary;
         // Listening before the run is in line: no notice of its events can come before its
         // reader looks, so the reader's first look waits for one.
         let notices = self.queue()?.subscribe(true)?;
-        let created = self.create(req, &thread_id, Some(meta))?;
+        let created = self.create(req, &thread_id, record)?;
         Ok(self.proxy(
             created.row,
             created.graph,

@@ -17,6 +17,7 @@ use tracing::Instrument;
 
 use super::request::{CreateRun, Multitask};
 use super::{BUSY, Live, RunManager, RunsError, lock};
+use crate::checkpoint::queue::Admission;
 use crate::checkpoint::{Checkpoint, RunRow, RunStatus, ThreadMeta};
 use crate::engine::events::{Envelope, Events, Receiver};
 use crate::engine::{Engine, EngineError, LeasePolicy, RunOutcome, Status};
@@ -182,20 +183,20 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         if req.strategy == Multitask::Reject && req.resumed.is_none() && self.busy(&thread_id) {
             return Err(RunsError::Conflict(BUSY.into()));
         }
-        let created = self.create(req, &thread_id, None)?;
+        let created = self.create(req, &thread_id, ThreadRecord::Unread)?;
         let (queued, task) = self.prepare(created)?;
         drop(admitting);
         self.enqueue(task);
         Ok(queued)
     }
 
-    /// The run's engine request, its row and its record among the live runs. `meta`: the
-    /// thread's record as the caller already read it (`None`: read here).
+    /// The run's engine request, its row and its record among the live runs. `record`: what
+    /// the caller read of the thread's record.
     pub(super) fn create(
         &self,
         mut req: CreateRun,
         thread_id: &str,
-        meta: Option<Option<ThreadMeta>>,
+        record: ThreadRecord,
     ) -> Result<Created, RunsError> {
         let graph = req.graph.clone();
         let reject = req.strategy == Multitask::Reject;
@@ -218,6 +219,14 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         let wants_head = !self.is_api() || edit.is_some() || req.checkpoint_id.is_some() || req.resume.is_some();
         // The thread as the look found it (none: not looked at).
         let mut looked = None;
+        let stamped = matches!(record, ThreadRecord::Stamped) && self.is_api() && !wants_head && !is_resumed;
+        let meta = match record {
+            ThreadRecord::Unread => None,
+            ThreadRecord::Read(meta) => Some(meta),
+            // Not read: stamped by the admission as it finds it (see below).
+            ThreadRecord::Stamped if stamped => Some(None),
+            ThreadRecord::Stamped => None,
+        };
         let (head, meta) = match (wants_head, meta) {
             (true, None) => {
                 let view = match claim_view {
@@ -393,7 +402,25 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 }
             }
         };
-        if self.is_api() && !is_resumed {
+        if stamped {
+            // Admitted through the shared database, one admission per thread at a time
+            // whichever process asks, the thread's record read, stamped and written by it:
+            // one round trip. `meta` is the record of a thread that has none.
+            let stamp = crate::checkpoint::queue::Stamp {
+                keys: Map::from_iter([
+                    ("graph_id".to_string(), json!(graph.graph_id)),
+                    ("assistant_id".into(), json!(graph.assistant_id)),
+                ]),
+                new: meta.clone(),
+                create: req.create_thread,
+                now_ms: crate::clock::now_ms(),
+            };
+            match self.queue()?.admit_stamped(&row, reject, &stamp)? {
+                Admission::Admitted => {}
+                Admission::Busy => return Err(RunsError::Conflict(BUSY.into())),
+                Admission::NoThread => return Err(RunsError::NotFound("Thread or assistant not found.".into())),
+            }
+        } else if self.is_api() && !is_resumed {
             // Admitted through the shared database, one admission per thread at a time
             // whichever process asks, with the thread's record: one round trip.
             if !self.queue()?.admit(&row, reject, Some(&meta))? {
@@ -923,6 +950,18 @@ pub(crate) fn checkpoint_metadata(row: &RunRow) -> Map<String, Value> {
     metadata.insert("run_id".into(), json!(row.run_id));
     metadata.insert("thread_id".into(), json!(row.thread_id));
     metadata
+}
+
+/// What the caller of [`RunManager::create`] read of the run's thread's record.
+pub(super) enum ThreadRecord {
+    /// Nothing: read there when needed.
+    Unread,
+    /// The record, or that there is none.
+    Read(Option<ThreadMeta>),
+    /// Nothing, and nothing is to be read: a server whose runs execute on workers has the
+    /// admission stamp the record as it finds it, and say whether the thread exists. Read as
+    /// [`ThreadRecord::Unread`] where the run needs the thread (a command, an answer, a fork).
+    Stamped,
 }
 
 fn new_meta(thread_id: &str) -> ThreadMeta {
