@@ -599,7 +599,7 @@ edges:
                         let terminated = postgres::query(
                             &admin,
                             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                             WHERE application_name = 'runner' AND pid <> pg_backend_pid()",
+                             WHERE application_name LIKE 'runner%' AND pid <> pg_backend_pid()",
                         )
                         .unwrap();
                         let n: usize = terminated[0][0].as_deref().unwrap().parse().unwrap();
