@@ -247,7 +247,7 @@ type ClaimedSeen = (
 );
 
 /// Claims a run for `worker` as `claim` says, on `client`: one statement (`claim_run`, schema
-/// version 7) takes the oldest claimable run, its row locked (rows another claimant holds are
+/// versions 7 and 10) takes the oldest claimable run, its row locked (rows another claimant holds are
 /// skipped), its thread's lease and the run marked running under the claim, or nothing. The
 /// claimed run's thread, its head and its record, found by the claim, are sent right behind it
 /// on the connection (each statement runs once the one before it has committed): the claim and
