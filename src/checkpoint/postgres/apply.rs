@@ -122,50 +122,39 @@ pub(super) async fn resolve_checkpoint(tx: &impl GenericClient, row: CheckpointR
 }
 
 pub(super) async fn load_thread(tx: &impl GenericClient, thread_id: &str) -> Result<Option<ThreadRow>> {
-    load_thread_of(tx, Which::Thread(thread_id)).await
+    let stmt = tx.prepare_cached(&thread_sql(Which::Thread)).await?;
+    tx.query_opt(&stmt, &[&thread_id])
+        .await?
+        .map(|r| thread_row(&r))
+        .transpose()
 }
 
-/// Which thread a read is of: one named, or the one whose run claim `$1` holds (read in the
-/// claim's own round trip, sent behind it, before the claimant knows which thread it took).
+/// Which thread a read is of, from its parameter `$1`: the one it names, or the one whose run
+/// claim `$1` holds (read in the claim's own round trip, sent behind it, before the claimant
+/// knows which thread it took).
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Which<'a> {
-    Thread(&'a str),
-    Claimed(&'a str),
+pub(super) enum Which {
+    Thread,
+    Claimed,
 }
 
-impl Which<'_> {
-    /// The thread's id in a statement, from its parameter `$1`.
-    pub(super) fn sql(&self) -> &'static str {
+impl Which {
+    /// The thread's id in a statement.
+    pub(super) fn sql(self) -> &'static str {
         match self {
-            Which::Thread(_) => "$1",
+            Which::Thread => "$1",
             // One entry of the index of running runs' claims (`runs_by_claim`, schema version 9).
-            Which::Claimed(_) => "(SELECT r.thread_id FROM runs r WHERE r.status = 'running' AND r.claim = $1)",
-        }
-    }
-
-    pub(super) fn key(&self) -> &str {
-        match self {
-            Which::Thread(k) | Which::Claimed(k) => k,
+            Which::Claimed => "(SELECT r.thread_id FROM runs r WHERE r.status = 'running' AND r.claim = $1)",
         }
     }
 }
 
 /// The statement reading the thread `which` names ([`THREAD_COLS`]).
-pub(super) fn thread_sql(which: Which<'_>) -> String {
+pub(super) fn thread_sql(which: Which) -> String {
     format!(
         "SELECT {THREAD_COLS} FROM {THREAD_FROM} WHERE t.thread_id = {}",
         which.sql()
     )
-}
-
-pub(super) async fn load_thread_of(tx: &impl GenericClient, which: Which<'_>) -> Result<Option<ThreadRow>> {
-    match tx
-        .query_opt(&tx.prepare_cached(&thread_sql(which)).await?, &[&which.key()])
-        .await?
-    {
-        Some(r) => Ok(Some(thread_row(&r)?)),
-        None => Ok(None),
-    }
 }
 
 /// Checkpoint `checkpoint_id` of `thread_id`, or its newest when `None`.
@@ -177,26 +166,19 @@ pub(super) async fn load_checkpoint_or_head(
     if let Some(id) = checkpoint_id {
         return load_checkpoint(tx, thread_id, id).await;
     }
-    load_head_of(tx, Which::Thread(thread_id)).await
+    let stmt = tx.prepare_cached(&head_sql(Which::Thread)).await?;
+    tx.query_opt(&stmt, &[&thread_id])
+        .await?
+        .map(|r| checkpoint_row(&r))
+        .transpose()
 }
 
 /// The statement reading the newest checkpoint of the thread `which` names ([`CHECKPOINT_READ`]).
-pub(super) fn head_sql(which: Which<'_>) -> String {
+pub(super) fn head_sql(which: Which) -> String {
     format!(
         "SELECT {CHECKPOINT_READ} FROM checkpoints WHERE thread_id = {} ORDER BY checkpoint_id DESC LIMIT 1",
         which.sql()
     )
-}
-
-/// The newest checkpoint of the thread `which` names.
-pub(super) async fn load_head_of(tx: &impl GenericClient, which: Which<'_>) -> Result<Option<CheckpointRow>> {
-    match tx
-        .query_opt(&tx.prepare_cached(&head_sql(which)).await?, &[&which.key()])
-        .await?
-    {
-        Some(r) => Ok(Some(checkpoint_row(&r)?)),
-        None => Ok(None),
-    }
 }
 
 /// Whether a stored text refers to long strings stored apart (`blobs`).

@@ -259,7 +259,7 @@ async fn claim_on(
 ) -> Result<Option<ClaimedSeen>> {
     let ttl = i64::try_from(claim.ttl.as_millis()).unwrap_or(i64::MAX / 4);
     let at = crate::clock::now();
-    let which = Which::Claimed(&claim.owner);
+    let which = Which::Claimed;
     let pid = i64::from(claim.pid);
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&worker, &claim.owner, &pid, &claim.host, &at, &ttl];
     let key: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&claim.owner];

@@ -32,27 +32,19 @@ pub(super) fn run_from_row(r: &Row) -> Result<RunText> {
 
 const META_COLS: &str = "thread_id, created_at, updated_at, metadata, ttl, expires_at";
 
+/// The statement reading the record of the thread `which` names ([`META_COLS`]).
+pub(super) fn meta_sql(which: super::apply::Which) -> String {
+    format!("SELECT {META_COLS} FROM thread_meta WHERE thread_id = {}", which.sql())
+}
+
 /// A thread's record, on `client` (`None`: it has none).
 pub(super) async fn load_meta(
     client: &impl deadpool_postgres::GenericClient,
     thread_id: &str,
 ) -> Result<Option<ThreadMetaText>> {
-    load_meta_of(client, super::apply::Which::Thread(thread_id)).await
-}
-
-/// The record of the thread `which` names.
-/// The statement reading the record of the thread `which` names ([`META_COLS`]).
-pub(super) fn meta_sql(which: super::apply::Which<'_>) -> String {
-    format!("SELECT {META_COLS} FROM thread_meta WHERE thread_id = {}", which.sql())
-}
-
-pub(super) async fn load_meta_of(
-    client: &impl deadpool_postgres::GenericClient,
-    which: super::apply::Which<'_>,
-) -> Result<Option<ThreadMetaText>> {
-    let stmt = client.prepare_cached(&meta_sql(which)).await?;
+    let stmt = client.prepare_cached(&meta_sql(super::apply::Which::Thread)).await?;
     client
-        .query_opt(&stmt, &[&which.key()])
+        .query_opt(&stmt, &[&thread_id])
         .await?
         .map(|r| meta_from_row(&r))
         .transpose()

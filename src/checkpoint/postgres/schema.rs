@@ -453,8 +453,6 @@ CREATE FUNCTION admit_run(
     p_channel text, p_payload text
 ) RETURNS text
 LANGUAGE plpgsql AS $$
-DECLARE
-    minutes float8;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext(p_thread_id));
     -- Admitted already: a call tried again whose first try committed but lost its answer.
@@ -470,15 +468,14 @@ BEGIN
         -- keys over its metadata, updated now, its time to live started again; a thread with
         -- none gets the record given (one that does not exist at all, only when it may be
         -- created).
-        SELECT CASE WHEN jsonb_typeof(t.ttl::jsonb -> 'ttl') = 'number' THEN (t.ttl::jsonb ->> 'ttl')::float8
-                    ELSE 0 END
-          INTO minutes FROM thread_meta t WHERE t.thread_id = p_thread_id AND t.ttl IS NOT NULL;
         UPDATE thread_meta t SET updated_at = m_updated_at,
             metadata = CASE WHEN jsonb_typeof(t.metadata::jsonb) = 'object'
                             THEN (t.metadata::jsonb || m_stamp::jsonb)::text ELSE t.metadata END,
             expires_at = CASE WHEN t.ttl IS NULL OR t.expires_at IS NULL THEN t.expires_at
+                              WHEN jsonb_typeof(t.ttl::jsonb -> 'ttl') <> 'number' THEN m_now_ms
                               ELSE least(m_now_ms::numeric
-                                         + least(greatest(trunc(minutes * 60000), 0), 9223372036854775807)::numeric,
+                                         + least(greatest(trunc((t.ttl::jsonb ->> 'ttl')::float8 * 60000), 0),
+                                                 9223372036854775807)::numeric,
                                          9223372036854775807)::bigint END
          WHERE t.thread_id = p_thread_id;
         IF NOT FOUND THEN

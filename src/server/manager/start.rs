@@ -219,13 +219,13 @@ impl<S: Send + Sync + 'static> RunManager<S> {
         let wants_head = !self.is_api() || edit.is_some() || req.checkpoint_id.is_some() || req.resume.is_some();
         // The thread as the look found it (none: not looked at).
         let mut looked = None;
-        let stamped = matches!(record, ThreadRecord::Stamped) && self.is_api() && !wants_head && !is_resumed;
+        let stamped = matches!(record, ThreadRecord::Stamped);
+        debug_assert!(!stamped || (self.is_api() && !wants_head && !is_resumed));
         let meta = match record {
             ThreadRecord::Unread => None,
             ThreadRecord::Read(meta) => Some(meta),
             // Not read: stamped by the admission as it finds it (see below).
-            ThreadRecord::Stamped if stamped => Some(None),
-            ThreadRecord::Stamped => None,
+            ThreadRecord::Stamped => Some(None),
         };
         let (head, meta) = match (wants_head, meta) {
             (true, None) => {
@@ -959,8 +959,9 @@ pub(super) enum ThreadRecord {
     /// The record, or that there is none.
     Read(Option<ThreadMeta>),
     /// Nothing, and nothing is to be read: a server whose runs execute on workers has the
-    /// admission stamp the record as it finds it, and say whether the thread exists. Read as
-    /// [`ThreadRecord::Unread`] where the run needs the thread (a command, an answer, a fork).
+    /// admission stamp the record as it finds it, and say whether the thread exists. Only for
+    /// a new run of input on a named thread (its caller decides): a command, an answer or a
+    /// fork needs the thread read first.
     Stamped,
 }
 
