@@ -853,3 +853,124 @@ fn a_run_is_admitted_through_an_api_server_in_one_round_trip() {
         assert_eq!(status, 404, "{body}");
     });
 }
+
+/// A value of a metric in Prometheus's text: the first sample whose name and labels are
+/// `series`.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn a_worker_answers_probes_and_metrics_on_its_own_port_and_any_process_tells_the_queues_depth() {
+    let pg = postgres::Server::start();
+    let db = pg.fresh_url();
+    let dir = workflows();
+    let a = api(dir.path(), &db);
+    rt().block_on(async {
+        // Two runs and no worker yet: pending, as every process's metrics tell.
+        for t in ["d1", "d2"] {
+            let (status, body) = post(
+                &a.base,
+                &format!("/threads/{t}/runs"),
+                json!({"assistant_id": "chat", "if_not_exists": "create",
+                       "input": {"messages": [{"role": "user", "content": t}]}}),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let m = client()
+            .get(format!("{}/metrics", a.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(sample(&m, "runner_database_up"), Some(1.0), "{m}");
+        assert_eq!(sample(&m, r#"runner_queue_runs{status="pending"}"#), Some(2.0), "{m}");
+        assert_eq!(sample(&m, r#"runner_queue_runs{status="running"}"#), Some(0.0), "{m}");
+        assert_eq!(sample(&m, "runner_queue_workers"), Some(0.0), "{m}");
+        let waited = sample(&m, "runner_queue_oldest_pending_seconds").unwrap();
+        assert!((0.2..30.0).contains(&waited), "{m}");
+    });
+
+    // A worker with a port of its own for its probes and its metrics.
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+    cmd.current_dir(dir.path())
+        .args(["worker", "workflows", "--db", &db, "--lease-ttl", "1", "--port", "0"])
+        .arg("--mock")
+        .arg(mock())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    let ops = loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("runner worker ended before serving its port:\n{said}");
+        }
+        said.push_str(&line);
+        if let Some(url) = line.trim().strip_prefix("health and metrics on ") {
+            break url.to_string();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let _w = Worker(child);
+    rt().block_on(async {
+        for t in ["d1", "d2"] {
+            let runs = get(&a.base, &format!("/threads/{t}/runs")).await;
+            let run_id = runs[0]["run_id"].as_str().unwrap().to_string();
+            assert_eq!(ended(&a.base, t, &run_id).await["status"], "success");
+        }
+        let (ok, checked) = (
+            get(&ops, "/ok").await,
+            client().get(format!("{ops}/ok?check_db=1")).send().await.unwrap(),
+        );
+        assert_eq!(ok, json!({"ok": true}));
+        assert_eq!(checked.status(), 200);
+        // The worker's own runs, and the same depth as any process sees.
+        let m = client()
+            .get(format!("{ops}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(sample(&m, r#"runner_runs_total{status="success"}"#), Some(2.0), "{m}");
+        assert_eq!(sample(&m, r#"runner_queue_runs{status="pending"}"#), Some(0.0), "{m}");
+        assert_eq!(sample(&m, "runner_queue_oldest_pending_seconds"), Some(0.0), "{m}");
+        assert_eq!(sample(&m, "runner_queue_workers"), Some(1.0), "{m}");
+        // Streams and step timings are an API server's: not a worker's.
+        assert_eq!(sample(&m, "runner_active_streams"), None, "{m}");
+        // Nothing else is served there.
+        let other = client().get(format!("{ops}/threads/d1")).send().await.unwrap();
+        assert_eq!(other.status(), 404);
+    });
+
+    // The database down: the probe that checks it says so, and so does the scrape.
+    pg.halt();
+    rt().block_on(async {
+        let checked = client().get(format!("{ops}/ok?check_db=1")).send().await.unwrap();
+        assert_eq!(checked.status(), 503);
+        let (unchecked, m) = (
+            client().get(format!("{ops}/ok")).send().await.unwrap().status(),
+            client()
+                .get(format!("{ops}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+        assert_eq!(unchecked, 200);
+        assert_eq!(sample(&m, "runner_database_up"), Some(0.0), "{m}");
+        assert_eq!(sample(&m, r#"runner_queue_runs{status="pending"}"#), None, "{m}");
+    });
+}

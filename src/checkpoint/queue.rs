@@ -85,6 +85,21 @@ pub struct Logged<'a> {
     pub bodies: &'a [String],
 }
 
+/// How deep the queue is, across every process of the database: what an operator scales
+/// workers by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Depth {
+    /// Runs admitted and not yet claimed (waiting for a worker, or for their thread's earlier
+    /// run).
+    pub pending: u64,
+    /// Runs a worker holds.
+    pub running: u64,
+    /// How long the oldest pending run has waited since it was created, in milliseconds.
+    pub oldest_pending_ms: Option<u64>,
+    /// Workers whose heartbeat is fresh, by the database's clock.
+    pub workers: u64,
+}
+
 /// What a process is told by the others, through the database.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
@@ -171,6 +186,10 @@ pub trait RunQueue: Send + Sync {
     /// last event of its log, `end` (its sequence number and body), in one transaction — a
     /// reader that sees the run ended finds its end logged.
     fn finish(&self, run_id: &str, claim: &str, end: Ended<'_>) -> Result<()>;
+
+    /// How deep the queue is now. Asked once, not retried: a database that cannot be reached
+    /// says so at once.
+    fn depth(&self) -> Result<Depth>;
 
     /// The notices of every process, from now on: admissions, cancels and ends, and with
     /// `events` the runs' events too (a reader's; a worker needs none of them). The receiver

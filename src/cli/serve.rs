@@ -68,8 +68,8 @@ pub(super) struct Args {
     idle_timeout: Duration,
 }
 
-/// Execute the runs of servers that share a PostgreSQL database, without serving HTTP: the
-/// workflows of a folder, claimed from the database's queue as clients of any `runner serve`
+/// Execute the runs of servers that share a PostgreSQL database, serving no API (with `--port`,
+/// only a probe and metrics): the workflows of a folder, claimed from the database's queue as clients of any `runner serve`
 /// create runs. Workers and servers scale apart; a worker that dies loses its runs to another
 /// once its lease expires, and that one resumes each from its last checkpoint.
 ///
@@ -81,6 +81,15 @@ pub(super) struct WorkerArgs {
     /// How many runs this worker executes at once.
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     workers: u32,
+    /// Serve `GET /ok` (`?check_db=1`: and whether the database answers) and `GET /metrics`
+    /// (the runs this worker executes, and the queue's depth across every process) on this port,
+    /// for a liveness probe and a metrics scraper (0: any free port, printed at start). Nothing
+    /// else is served there: no run can be started or read through it. None by default.
+    #[arg(long, value_name = "PORT")]
+    port: Option<u16>,
+    /// The address the `--port` endpoints listen on.
+    #[arg(long, default_value = "127.0.0.1", requires = "port")]
+    host: IpAddr,
 }
 
 /// What a server and a worker both take: the workflows and how their runs are built.
@@ -323,10 +332,21 @@ pub(super) fn work(args: WorkerArgs) -> anyhow::Result<u8> {
                 timeout.as_secs_f64()
             ),
         );
+        let ops = match args.port {
+            Some(port) => {
+                let addr = SocketAddr::new(args.host, port);
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr}"))?;
+                let _ = writeln!(std::io::stderr(), "health and metrics on http://{}", listener.local_addr()?);
+                Some(listener)
+            }
+            None => None,
+        };
         let _ = writeln!(std::io::stderr(), "working: {} runs at once", args.workers);
         let mut second = signals;
         tokio::select! {
-            () = server.work(timeout, stopping) => {}
+            () = server.work(timeout, ops, stopping) => {}
             Ok(_) = second.wait_for(|n| *n >= 2) => {}
         }
         Ok(exit::OK)

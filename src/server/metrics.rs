@@ -1,5 +1,6 @@
 //! `GET /metrics` in Prometheus's text format (version 0.0.4), kept without a metrics crate:
-//! runs by status, the workers, open event streams, and histograms of step and model-call latency.
+//! runs by status, the workers, open event streams, and histograms of step and model-call latency;
+//! on a database many processes share, the queue's depth across all of them too.
 //!
 //! Counted where the server already sees things happen: a run's end where its status is
 //! recorded, steps and model calls in the events the stream translator reads, event streams
@@ -84,11 +85,29 @@ impl Default for Metrics {
     }
 }
 
-/// The text `GET /metrics` answers.
-fn render(app: &Shared) -> String {
+/// Whose metrics a port shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The API's: its runs, its streams, and the steps and model calls of the runs it reads.
+    Api,
+    /// A worker's (`runner worker --port`): the runs it executes.
+    Worker,
+}
+
+/// The text `GET /metrics` answers: the part's own, and the queue's depth as asked of the
+/// database (none: its store has no queue).
+fn render(
+    app: &Shared,
+    part: Part,
+    depth: Option<crate::checkpoint::Result<crate::checkpoint::queue::Depth>>,
+) -> String {
     let m = &app.metrics;
+    let runs = match (part, &app.worker) {
+        (Part::Worker, Some(worker)) => worker,
+        _ => &app.runs,
+    };
     let mut out = String::new();
-    let active = app.runs.active();
+    let active = runs.active();
     out.push_str("# HELP runner_runs Runs not yet ended, by status.\n# TYPE runner_runs gauge\n");
     for (status, n) in &active {
         let _ = writeln!(out, "runner_runs{{status=\"{status}\"}} {n}");
@@ -96,10 +115,10 @@ fn render(app: &Shared) -> String {
     let _ = writeln!(
         out,
         "# HELP runner_workers Runs that may execute at once (--workers).\n# TYPE runner_workers gauge\nrunner_workers {}",
-        app.runs.workers()
+        runs.workers()
     );
     out.push_str("# HELP runner_runs_total Runs ended since the server started, by final status.\n# TYPE runner_runs_total counter\n");
-    let ended = app.runs.ended();
+    let ended = runs.ended();
     for status in ["success", "error", "interrupted", "timeout"] {
         let _ = writeln!(
             out,
@@ -107,27 +126,81 @@ fn render(app: &Shared) -> String {
             ended.get(status).copied().unwrap_or(0)
         );
     }
-    let _ = writeln!(
-        out,
-        "# HELP runner_active_streams Event streams being sent.\n# TYPE runner_active_streams gauge\nrunner_active_streams {}",
-        m.streams.load(Ordering::Relaxed)
-    );
-    m.steps.render(
-        &mut out,
-        "runner_step_duration_seconds",
-        "Supersteps, from start to checkpoint.",
-    );
-    m.model_calls.render(
-        &mut out,
-        "runner_llm_duration_seconds",
-        "Model calls, from request to reply or failure.",
-    );
+    if part == Part::Api {
+        let _ = writeln!(
+            out,
+            "# HELP runner_active_streams Event streams being sent.\n# TYPE runner_active_streams gauge\nrunner_active_streams {}",
+            m.streams.load(Ordering::Relaxed)
+        );
+        m.steps.render(
+            &mut out,
+            "runner_step_duration_seconds",
+            "Supersteps, from start to checkpoint.",
+        );
+        m.model_calls.render(
+            &mut out,
+            "runner_llm_duration_seconds",
+            "Model calls, from request to reply or failure.",
+        );
+    }
     super::triggers::render_metrics(app, &mut out);
+    if let Some(depth) = depth {
+        render_depth(&mut out, depth);
+    }
     out
 }
 
+/// The queue's gauges: the same on every process of the database.
+fn render_depth(out: &mut String, depth: crate::checkpoint::Result<crate::checkpoint::queue::Depth>) {
+    let up = depth.is_ok();
+    let _ = writeln!(
+        out,
+        "# HELP runner_database_up Whether the shared database answered this scrape.\n# TYPE runner_database_up gauge\nrunner_database_up {}",
+        u8::from(up)
+    );
+    let Ok(d) = depth else { return };
+    out.push_str(
+        "# HELP runner_queue_runs Runs of every process not yet ended, by status: pending (waiting for a worker or for their thread) and running.\n# TYPE runner_queue_runs gauge\n",
+    );
+    let _ = writeln!(out, "runner_queue_runs{{status=\"pending\"}} {}", d.pending);
+    let _ = writeln!(out, "runner_queue_runs{{status=\"running\"}} {}", d.running);
+    let _ = writeln!(
+        out,
+        "# HELP runner_queue_oldest_pending_seconds How long the oldest pending run has waited (0: none waits).\n# TYPE runner_queue_oldest_pending_seconds gauge\nrunner_queue_oldest_pending_seconds {}",
+        d.oldest_pending_ms.unwrap_or(0) as f64 / 1000.0
+    );
+    let _ = writeln!(
+        out,
+        "# HELP runner_queue_workers Workers whose heartbeat is fresh.\n# TYPE runner_queue_workers gauge\nrunner_queue_workers {}",
+        d.workers
+    );
+}
+
+/// The queue's depth, asked of the database off the async threads; none when the store has no
+/// queue (one process on SQLite or in memory).
+async fn depth(app: &Shared) -> Option<crate::checkpoint::Result<crate::checkpoint::queue::Depth>> {
+    app.store.queue()?;
+    let store = app.store.clone();
+    let asked = tokio::task::spawn_blocking(move || store.queue().map(|q| q.depth())).await;
+    match asked {
+        Ok(d) => d,
+        Err(e) => Some(Err(crate::checkpoint::CheckpointError::Backend(e.to_string()))),
+    }
+}
+
 pub(super) async fn metrics(State(app): State<Shared>) -> Response {
-    let mut response = render(&app).into_response();
+    let depth = depth(&app).await;
+    text(render(&app, Part::Api, depth))
+}
+
+/// `GET /metrics` of a worker's own port (`runner worker --port`): the runs it executes.
+pub(super) async fn worker_metrics(State(app): State<Shared>) -> Response {
+    let depth = depth(&app).await;
+    text(render(&app, Part::Worker, depth))
+}
+
+fn text(body: String) -> Response {
+    let mut response = body.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

@@ -209,13 +209,35 @@ impl Server {
 
     /// Executes runs only, as a worker of a database many processes share, until `shutdown`
     /// resolves; then stops its runs at their next step boundary and hands them back to the
-    /// queue (bounded by `timeout`).
-    pub async fn work(self, timeout: Duration, shutdown: impl std::future::Future<Output = ()> + Send + 'static) {
+    /// queue (bounded by `timeout`). With `ops`, answers `GET /ok` and `GET /metrics` there
+    /// until it returns (a probe sees the worker alive while it drains).
+    pub async fn work(
+        self,
+        timeout: Duration,
+        ops: Option<tokio::net::TcpListener>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let triggers = triggers::start(&self.app, stopped.clone());
         let Some(worker) = self.start_worker(stopped) else {
             return;
         };
+        let (ops_stop, ops_stopped) = tokio::sync::oneshot::channel::<()>();
+        let ops = ops.map(|listener| {
+            let timeouts = Timeouts {
+                header_read: Duration::from_secs(30),
+                idle: Duration::from_secs(120),
+                shutdown: Duration::ZERO,
+            };
+            let router = ops_router(self.app.clone());
+            tokio::spawn(async move {
+                let open = conn::serve(listener, router, timeouts, async {
+                    let _ = ops_stopped.await;
+                })
+                .await;
+                open.close().await;
+            })
+        });
         let sweeper = self.start_sweeper();
         shutdown.await;
         sweeper.abort();
@@ -226,6 +248,10 @@ impl Server {
                 timeout_s = timeout.as_secs_f64(),
                 "stopped waiting for runs to reach a step boundary"
             );
+        }
+        let _ = ops_stop.send(());
+        if let Some(ops) = ops {
+            let _ = ops.await;
         }
     }
 
@@ -398,6 +424,16 @@ api! {
     "/store/items/search" => [POST(store::search)],
     "/store/namespaces" => [POST(store::namespaces)],
     "/metrics" => [GET(metrics::metrics)],
+}
+
+/// The routes of a worker's own port (`runner worker --port`): whether it is up, and its
+/// metrics. No run can be started or read there, so it needs no credentials.
+fn ops_router(app: Shared) -> Router {
+    Router::new()
+        .route("/ok", axum::routing::get(http::ok))
+        .route("/metrics", axum::routing::get(metrics::worker_metrics))
+        .layer(axum::middleware::from_fn(log::request))
+        .with_state(app)
 }
 
 fn router(app: Shared) -> Router {

@@ -89,6 +89,11 @@ impl Server {
             .unwrap_or_else(|e| panic!("PostgreSQL for the tests, restarting: {e}"));
     }
 
+    /// Stops the server (a fast shutdown) until it is dropped: the database cannot be reached.
+    pub(crate) fn halt(&self) {
+        self.stop(Shutdown::Fast);
+    }
+
     fn try_start() -> Result<Server, String> {
         static SERVERS: AtomicU64 = AtomicU64::new(0);
         let setup = setup()?;

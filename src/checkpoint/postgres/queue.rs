@@ -13,7 +13,7 @@ use tokio::sync::broadcast;
 
 use super::PostgresCheckpointer;
 use super::apply::{DB_NOW_MS, Which};
-use crate::checkpoint::queue::{Admission, Claimed, Ended, Logged, Notice, Records, RunQueue, Stamp};
+use crate::checkpoint::queue::{Admission, Claimed, Depth, Ended, Logged, Notice, Records, RunQueue, Stamp};
 use crate::checkpoint::runs::{RunRow, RunText, ThreadMeta, ThreadMetaText, json_text};
 use crate::checkpoint::{CheckpointError, LeaseClaim, Result};
 
@@ -362,6 +362,30 @@ impl RunQueue for PostgresCheckpointer {
                     .await?;
                 Ok(())
             }
+        })
+    }
+
+    fn depth(&self) -> Result<Depth> {
+        let pool = self.pool.clone();
+        self.block(async move {
+            let client = pool.get().await?;
+            // The oldest pending run is the first by id (ids are ordered by time); its age by
+            // the database's clock, from the creation time its admitting process wrote.
+            let sql = format!(
+                "SELECT (SELECT count(*) FROM runs WHERE status = 'pending'), \
+                        (SELECT count(*) FROM runs WHERE status = 'running'), \
+                        (SELECT {DB_NOW_MS} - (extract(epoch from created_at::timestamptz) * 1000)::bigint \
+                           FROM runs WHERE status = 'pending' ORDER BY run_id LIMIT 1), \
+                        (SELECT count(*) FROM workers WHERE expires_at > {DB_NOW_MS})"
+            );
+            let row = client.query_one(&client.prepare_cached(&sql).await?, &[]).await?;
+            let count = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+            Ok(Depth {
+                pending: count(0),
+                running: count(1),
+                oldest_pending_ms: row.get::<_, Option<i64>>(2).map(|ms| u64::try_from(ms).unwrap_or(0)),
+                workers: count(3),
+            })
         })
     }
 
