@@ -139,8 +139,27 @@ pub(crate) fn spawn_live(cwd: &Path, workflows: &Path, args: &[&str], env: &[(&s
             break url.to_string();
         }
     };
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    drain("serve", stderr);
     (child, base, said)
+}
+
+/// Reads a child runner's standard error to its end, passing on what says it failed — a panic
+/// (and the lines after it) or an error — to this test's own standard error, which the test
+/// harness shows when the test fails: a server that fails mid-test is otherwise silent.
+pub(crate) fn drain(who: &'static str, stderr: impl BufRead + Send + 'static) {
+    std::thread::spawn(move || {
+        let mut after_panic = 0u32;
+        for line in stderr.lines() {
+            let Ok(line) = line else { break };
+            if line.contains("panicked at") {
+                after_panic = 20;
+            }
+            if after_panic > 0 || line.contains(" ERROR ") {
+                after_panic = after_panic.saturating_sub(1);
+                eprintln!("[{who}] {line}");
+            }
+        }
+    });
 }
 
 pub(crate) fn client() -> reqwest::Client {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::serve::{Server, client, parse, spawn};
+use super::serve::{Server, client, drain, parse, spawn};
 use super::support::postgres;
 
 /// The served test workflows, in a temporary folder.
@@ -66,7 +66,7 @@ impl Worker {
                 break;
             }
         }
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        drain("worker", stderr);
         Worker(child)
     }
 }
@@ -919,7 +919,7 @@ fn a_worker_answers_probes_and_metrics_on_its_own_port_and_any_process_tells_the
             break url.to_string();
         }
     };
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    drain("worker", stderr);
     let _w = Worker(child);
     rt().block_on(async {
         for t in ["d1", "d2"] {
