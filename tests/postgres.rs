@@ -359,6 +359,42 @@ mod queue {
         assert_eq!(store.claim("w1", &claim("c2")).unwrap().unwrap().run.run_id, "r2");
     }
 
+    /// A worker claims the runs of the assistants it serves only, oldest first, and leaves the
+    /// others pending for a worker that serves them; a claim for any assistant (a worker of an
+    /// earlier version, calling `claim_run` with six arguments) takes any.
+    #[test]
+    fn a_claim_takes_only_the_runs_of_the_assistants_its_worker_serves() {
+        let url = postgres::fresh_url();
+        let store = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        for (run, thread, assistant) in [("r1", "a", "heavy"), ("r2", "b", "light"), ("r3", "c", "heavy")] {
+            let mut row = run_row(run, thread);
+            row.assistant_id = assistant.into();
+            assert!(store.admit(&row, false, None).unwrap());
+        }
+        let light = ["light".to_string(), "other".to_string()];
+        let first = store.claim_serving("w1", &claim("c1"), Some(&light)).unwrap().unwrap();
+        assert_eq!(first.run.run_id, "r2", "the oldest run it serves, r1 left");
+        assert!(
+            store.claim_serving("w1", &claim("c2"), Some(&light)).unwrap().is_none(),
+            "nothing else it serves"
+        );
+        assert!(store.claim_serving("w1", &claim("c2"), Some(&[])).unwrap().is_none());
+        assert_eq!(
+            one(
+                &url,
+                "SELECT string_agg(run_id || ':' || status, ',' ORDER BY run_id) FROM runs"
+            ),
+            "r1:pending,r2:running,r3:pending"
+        );
+        // A worker of version 10 calls the six-argument function: any run.
+        let old = one(
+            &url,
+            "SELECT c_run_id FROM claim_run('w0', 'c0', 1, 'here', '2020-01-01T10:00:00.000Z', 30000)",
+        );
+        assert_eq!(old, "r1");
+        assert_eq!(store.claim("w2", &claim("c3")).unwrap().unwrap().run.run_id, "r3");
+    }
+
     /// A claim takes the oldest pending run that is its thread's oldest active one and whose
     /// thread no live lease holds; then, none pending, a run whose worker's heartbeat stopped
     /// (`orphaned`, its log going on after its last event); nothing once every run is taken.

@@ -974,3 +974,55 @@ fn a_worker_answers_probes_and_metrics_on_its_own_port_and_any_process_tells_the
         assert_eq!(sample(&m, r#"runner_queue_runs{status="pending"}"#), None, "{m}");
     });
 }
+
+/// Workers given different folders (a pool for some workflows, or a deploy that has reached
+/// some workers and not others): each claims the runs of the workflows it serves, and a run
+/// of a workflow none of the running workers serves waits for one that does — it does not
+/// fail on a worker that lacks it.
+#[test]
+fn a_worker_claims_only_the_runs_of_the_workflows_it_serves() {
+    let dir = workflows();
+    let db = postgres::fresh_url();
+    let a = api(dir.path(), &db);
+    // A worker of one workflow, `chat`.
+    let light = tempfile::tempdir().unwrap();
+    std::fs::create_dir(light.path().join("workflows")).unwrap();
+    std::fs::copy(
+        dir.path().join("workflows/chat.yaml"),
+        light.path().join("workflows/chat.yaml"),
+    )
+    .unwrap();
+    let _light = worker(light.path(), &db);
+    let fan = rt().block_on(async {
+        let (status, body) = post(
+            &a.base,
+            "/threads/f1/runs",
+            json!({"assistant_id": "fan", "if_not_exists": "create",
+                   "input": {"items": [{"name": "x"}]}}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let fan = run_id(&body);
+        // Created after it, executed before it: the worker serves `chat`.
+        let (status, body) = post(
+            &a.base,
+            "/threads/c1/runs/wait",
+            json!({"assistant_id": "chat", "if_not_exists": "create",
+                   "input": {"messages": [{"role": "user", "content": "hi"}]}}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let run = get(&a.base, &format!("/threads/f1/runs/{fan}")).await;
+        assert_eq!(run["status"], "pending", "{run}: {:?}", why(&db, &run));
+        fan
+    });
+    // A worker that serves it takes it.
+    let _all = worker(dir.path(), &db);
+    rt().block_on(async {
+        let run = ended(&a.base, "f1", &fan).await;
+        assert_eq!(run["status"], "success", "{run}: {:?}", why(&db, &run));
+        let state = get(&a.base, "/threads/f1/state").await;
+        assert_eq!(state["values"]["done"], json!(["x"]), "{state}");
+    });
+}

@@ -9,6 +9,8 @@
 //! The rules, which the backend keeps in its transactions:
 //! - Admission is atomic per thread: of two processes admitting `reject` runs to an idle
 //!   thread at once, one succeeds.
+//! - A worker claims only the runs of the workflows it serves (by their assistants' ids); a
+//!   run no worker serves waits for one that does.
 //! - A thread's runs execute one at a time, oldest first: only a thread's oldest active run is
 //!   claimable, and only while no live lease holds the thread (a CLI run, say). Pending runs
 //!   are claimed oldest first, before runs taken over from a worker that died.
@@ -139,7 +141,15 @@ pub trait RunQueue: Send + Sync {
     /// Claims the oldest claimable pending run for `worker` (none: the oldest run a dead worker
     /// left or a stopping one handed back), taking its thread's lease as `claim`
     /// says (its `thread_id` is filled in here). `None`: nothing to claim.
-    fn claim(&self, worker: &str, claim: &LeaseClaim) -> Result<Option<Claimed>>;
+    fn claim(&self, worker: &str, claim: &LeaseClaim) -> Result<Option<Claimed>> {
+        self.claim_serving(worker, claim, None)
+    }
+
+    /// [`RunQueue::claim`], of the runs whose assistant is one of `assistants` only (`None`:
+    /// any): a worker claims the runs of the workflows it serves, and leaves the others for a
+    /// worker that serves them.
+    fn claim_serving(&self, worker: &str, claim: &LeaseClaim, assistants: Option<&[String]>)
+    -> Result<Option<Claimed>>;
 
     /// Registers or renews `worker`'s heartbeat for `ttl`, by the database's clock.
     fn heartbeat(&self, worker: &str, ttl: std::time::Duration) -> Result<()>;

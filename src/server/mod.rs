@@ -198,8 +198,10 @@ impl Server {
         let manager = self.app.worker.clone()?;
         let app = self.app.clone();
         let make = Arc::new(move |row: crate::checkpoint::RunRow| manager::CreateRun::resumed(&app.graphs, row));
+        let app = self.app.clone();
+        let serves = Arc::new(move || app.graphs.all().iter().map(|g| g.assistant_id.clone()).collect());
         let ttl = self.app.settings.lease_ttl.value;
-        let worker = manager::Worker::new(manager, make, self.app.slots, ttl);
+        let worker = manager::Worker::new(manager, make, serves, self.app.slots, ttl);
         Some(tokio::spawn(async move {
             if let Err(e) = worker.work(stop).await {
                 tracing::error!(error = %e, "the worker stopped");

@@ -256,12 +256,14 @@ async fn claim_on(
     client: &(impl super::apply::Statements + Sync),
     worker: &str,
     claim: &LeaseClaim,
+    assistants: Option<&[String]>,
 ) -> Result<Option<ClaimedSeen>> {
     let ttl = i64::try_from(claim.ttl.as_millis()).unwrap_or(i64::MAX / 4);
     let at = crate::clock::now();
     let which = Which::Claimed;
     let pid = i64::from(claim.pid);
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&worker, &claim.owner, &pid, &claim.host, &at, &ttl];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+        [&worker, &claim.owner, &pid, &claim.host, &at, &ttl, &assistants];
     let key: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&claim.owner];
     let (thread_sql, head_sql, meta_sql) = (
         super::apply::thread_sql(which),
@@ -274,7 +276,7 @@ async fn claim_on(
     // start on an empty one.
     let (row, thread, head, record) = tokio::join!(
         biased;
-        client.query_opt_cached("SELECT * FROM claim_run($1, $2, $3, $4, $5, $6)", &params),
+        client.query_opt_cached("SELECT * FROM claim_run($1, $2, $3, $4, $5, $6, $7)", &params),
         client.query_opt_cached(&thread_sql, &key),
         client.query_opt_cached(&head_sql, &key),
         client.query_opt_cached(&meta_sql, &key),
@@ -321,20 +323,27 @@ impl RunQueue for PostgresCheckpointer {
         )
     }
 
-    fn claim(&self, worker: &str, claim: &LeaseClaim) -> Result<Option<Claimed>> {
+    fn claim_serving(
+        &self,
+        worker: &str,
+        claim: &LeaseClaim,
+        assistants: Option<&[String]>,
+    ) -> Result<Option<Claimed>> {
         let (worker, claim) = (worker.to_owned(), claim.clone());
+        let assistants = assistants.map(<[String]>::to_vec);
         // On the claims' own connection, driven by this thread; the pool's way when it cannot
         // be had.
-        let (w, c) = (worker.clone(), claim.clone());
+        let (w, c, a) = (worker.clone(), claim.clone(), assistants.clone());
         let work: super::direct::Work<Option<ClaimedSeen>> =
-            Box::new(move |exec| Box::pin(async move { claim_on(exec, &w, &c).await }));
+            Box::new(move |exec| Box::pin(async move { claim_on(exec, &w, &c, a.as_deref()).await }));
         let claimed = match self.claims.run(&self.config, &self.tls, work) {
             Some(claimed) => claimed?,
             None => {
                 let pool = self.pool.clone();
                 self.retrying(move || {
-                    let (pool, worker, claim) = (pool.clone(), worker.clone(), claim.clone());
-                    async move { claim_on(&pool.get().await?, &worker, &claim).await }
+                    let (pool, worker, claim, assistants) =
+                        (pool.clone(), worker.clone(), claim.clone(), assistants.clone());
+                    async move { claim_on(&pool.get().await?, &worker, &claim, assistants.as_deref()).await }
                 })?
             }
         };

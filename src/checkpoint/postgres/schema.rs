@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// Version 1.
 const V1: &str = "
@@ -571,9 +571,100 @@ END
 $$;
 ";
 
+/// Version 11: a worker claims only the runs of the workflows it serves (`p_assistants`, their
+/// assistants' ids; NULL: any). Workers given different folders (a pool for some graphs, or a
+/// deploy that reaches some workers first) left a run of a graph one of them lacked to fail
+/// there as "not found" instead of waiting for a worker that has it. The version 10 call, with
+/// six arguments, stays: a worker not yet upgraded claims any run, as before.
+const V11: &str = "
+CREATE FUNCTION claim_run(p_worker text, p_owner text, p_pid bigint, p_host text, p_at text, p_ttl bigint,
+                          p_assistants text[])
+RETURNS TABLE (
+    c_run_id text, c_thread_id text, c_assistant_id text, c_status text, c_created_at text,
+    c_updated_at text, c_kwargs text, c_strategy text, c_metadata text, c_error text,
+    c_event_ids bigint, c_orphaned boolean,
+    l_thread_id text, l_owner text, l_generation bigint, l_pid bigint, l_host text,
+    l_acquired_at text, l_expires_at bigint,
+    c_next_event bigint
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ms bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
+    r runs%ROWTYPE;
+    l leases%ROWTYPE;
+    orphaned boolean := false;
+BEGIN
+    -- Claimed already by this claim: a call tried again whose first try committed but lost
+    -- its answer. The same run and lease again, told as taken over (what it had done is looked
+    -- at: see `orphaned`), not a second run under the same claim.
+    SELECT p.* INTO r FROM runs p WHERE p.status = 'running' AND p.claim = p_owner;
+    IF FOUND THEN
+        SELECT h.* INTO l FROM leases h WHERE h.thread_id = r.thread_id AND h.owner = p_owner;
+        IF FOUND THEN
+            RETURN QUERY SELECT r.run_id, r.thread_id, r.assistant_id, r.status, r.created_at, r.updated_at,
+                r.kwargs, r.multitask_strategy, r.metadata, r.error, r.event_ids, true,
+                l.thread_id, l.owner, l.generation, l.pid, l.host, l.acquired_at, l.expires_at,
+                (SELECT coalesce(max(v.seq), 0) + 1 FROM run_events v WHERE v.run_id = r.run_id);
+        END IF;
+        RETURN;
+    END IF;
+    SELECT p.* INTO r FROM runs p
+     WHERE p.status = 'pending'
+       AND (p_assistants IS NULL OR p.assistant_id = ANY (p_assistants))
+       AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = p.thread_id
+                       AND e.status IN ('pending', 'running') AND e.run_id < p.run_id)
+       AND NOT EXISTS (SELECT 1 FROM leases h WHERE h.thread_id = p.thread_id AND h.expires_at > now_ms)
+     ORDER BY p.run_id LIMIT 1 FOR UPDATE OF p SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT p.* INTO r FROM runs p
+         WHERE p.status = 'running'
+           AND (p_assistants IS NULL OR p.assistant_id = ANY (p_assistants))
+           AND (p.worker IS NULL OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = p.worker
+                                                AND w.expires_at > now_ms))
+           AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = p.thread_id
+                           AND e.status IN ('pending', 'running') AND e.run_id < p.run_id)
+           AND NOT EXISTS (SELECT 1 FROM leases h WHERE h.thread_id = p.thread_id AND h.expires_at > now_ms)
+         ORDER BY p.run_id LIMIT 1 FOR UPDATE OF p SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        orphaned := r.worker IS NOT NULL;
+    END IF;
+    INSERT INTO leases AS h (thread_id, owner, generation, pid, host, acquired_at, expires_at)
+        VALUES (r.thread_id, p_owner, 1, p_pid, p_host, p_at, now_ms + p_ttl)
+        ON CONFLICT (thread_id) DO UPDATE SET generation = h.generation + 1,
+            acquired_at = excluded.acquired_at, owner = excluded.owner, pid = excluded.pid,
+            host = excluded.host, expires_at = excluded.expires_at
+        WHERE h.expires_at <= now_ms
+        RETURNING h.* INTO l;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE runs SET status = 'running', worker = p_worker, claim = p_owner, updated_at = p_at
+     WHERE runs.run_id = r.run_id;
+    RETURN QUERY SELECT r.run_id, r.thread_id, r.assistant_id, 'running'::text, r.created_at, p_at,
+        r.kwargs, r.multitask_strategy, r.metadata, r.error, r.event_ids, orphaned,
+        l.thread_id, l.owner, l.generation, l.pid, l.host, l.acquired_at, l.expires_at,
+        (SELECT coalesce(max(v.seq), 0) + 1 FROM run_events v WHERE v.run_id = r.run_id);
+END
+$$;
+CREATE OR REPLACE FUNCTION claim_run(p_worker text, p_owner text, p_pid bigint, p_host text, p_at text, p_ttl bigint)
+RETURNS TABLE (
+    c_run_id text, c_thread_id text, c_assistant_id text, c_status text, c_created_at text,
+    c_updated_at text, c_kwargs text, c_strategy text, c_metadata text, c_error text,
+    c_event_ids bigint, c_orphaned boolean,
+    l_thread_id text, l_owner text, l_generation bigint, l_pid bigint, l_host text,
+    l_acquired_at text, l_expires_at bigint,
+    c_next_event bigint
+)
+LANGUAGE sql AS $$
+    SELECT * FROM claim_run(p_worker, p_owner, p_pid, p_host, p_at, p_ttl, NULL::text[]);
+$$;
+";
+
 /// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
 /// `n + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found

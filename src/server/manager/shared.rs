@@ -488,22 +488,27 @@ pub(crate) struct Worker<S> {
     manager: Arc<RunManager<S>>,
     /// How a claimed run's row becomes a run to create (its graph found by its assistant).
     make: Arc<dyn Fn(RunRow) -> Result<CreateRun, RunsError> + Send + Sync>,
+    /// The assistants of the workflows it serves now: the runs it claims.
+    serves: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
     slots: usize,
     ttl: Duration,
 }
 
 impl<S: Send + Sync + 'static> Worker<S> {
     /// A worker executing at most `slots` runs at once through `manager` (whose role is
-    /// [`Role::Worker`]), its claims' leases and heartbeat lasting `ttl`.
+    /// [`Role::Worker`]), its claims' leases and heartbeat lasting `ttl`; it claims the runs of
+    /// the assistants `serves` names as it claims.
     pub(crate) fn new(
         manager: Arc<RunManager<S>>,
         make: Arc<dyn Fn(RunRow) -> Result<CreateRun, RunsError> + Send + Sync>,
+        serves: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
         slots: usize,
         ttl: Duration,
     ) -> Worker<S> {
         Worker {
             manager,
             make,
+            serves,
             slots,
             ttl,
         }
@@ -549,7 +554,8 @@ impl<S: Send + Sync + 'static> Worker<S> {
                 ttl: self.ttl,
                 replace: None,
             };
-            match manager.queue()?.claim(&worker_id, &claim) {
+            let serves = (self.serves)();
+            match manager.queue()?.claim_serving(&worker_id, &claim, Some(&serves)) {
                 Ok(Some(claimed)) => {
                     let (manager, make) = (manager.clone(), self.make.clone());
                     tokio::spawn(async move {
