@@ -177,7 +177,7 @@ mod queue {
     use std::time::Duration;
 
     use runner::checkpoint::postgres::PostgresCheckpointer;
-    use runner::checkpoint::queue::{Ended, Notice, RunQueue};
+    use runner::checkpoint::queue::{Depth, Ended, Notice, RunQueue};
     use runner::checkpoint::{Durability, LeaseClaim, RunRow, RunStatus, RunStore, ThreadMeta};
     use serde_json::json;
 
@@ -393,6 +393,30 @@ mod queue {
         );
         assert_eq!(old, "r1");
         assert_eq!(store.claim("w2", &claim("c3")).unwrap().unwrap().run.run_id, "r3");
+    }
+
+    /// The queue's depth: pending and running runs, the wait of the oldest run a worker could
+    /// take now (not one that waits for its thread's earlier run), and the live workers.
+    #[test]
+    fn the_queues_depth_counts_its_runs_and_times_the_oldest_a_worker_could_take() {
+        let url = postgres::fresh_url();
+        let store = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        assert_eq!(store.depth().unwrap(), Depth::default());
+        let mut old = run_row("r1", "a");
+        old.created_at = runner::clock::at_ms(runner::clock::now_ms() - 60_000);
+        assert!(store.admit(&old, false, None).unwrap());
+        assert!(store.admit(&run_row("r2", "a"), false, None).unwrap());
+        store.heartbeat("w1", Duration::from_secs(30)).unwrap();
+        let d = store.depth().unwrap();
+        assert_eq!((d.pending, d.running, d.workers), (2, 0, 1));
+        let waited = d.oldest_pending_ms.unwrap();
+        assert!((59_000..120_000).contains(&waited), "{waited}");
+        // r1 taken: r2 waits for it, not for a worker.
+        assert_eq!(store.claim("w1", &claim("c1")).unwrap().unwrap().run.run_id, "r1");
+        let d = store.depth().unwrap();
+        assert_eq!((d.pending, d.running, d.oldest_pending_ms), (1, 1, None));
+        store.retire("w1").unwrap();
+        assert_eq!(store.depth().unwrap().workers, 0);
     }
 
     /// A claim takes the oldest pending run that is its thread's oldest active one and whose

@@ -96,7 +96,8 @@ pub struct Depth {
     pub pending: u64,
     /// Runs a worker holds.
     pub running: u64,
-    /// How long the oldest pending run has waited since it was created, in milliseconds.
+    /// How long the oldest pending run a worker could take now (its thread's oldest active
+    /// run, the thread held by no lease) has waited since it was created, in milliseconds.
     pub oldest_pending_ms: Option<u64>,
     /// Workers whose heartbeat is fresh, by the database's clock.
     pub workers: u64,

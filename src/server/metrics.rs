@@ -166,7 +166,7 @@ fn render_depth(out: &mut String, depth: crate::checkpoint::Result<crate::checkp
     let _ = writeln!(out, "runner_queue_runs{{status=\"running\"}} {}", d.running);
     let _ = writeln!(
         out,
-        "# HELP runner_queue_oldest_pending_seconds How long the oldest pending run has waited (0: none waits).\n# TYPE runner_queue_oldest_pending_seconds gauge\nrunner_queue_oldest_pending_seconds {}",
+        "# HELP runner_queue_oldest_pending_seconds How long the oldest pending run a worker could take now has waited (0: none waits for a worker).\n# TYPE runner_queue_oldest_pending_seconds gauge\nrunner_queue_oldest_pending_seconds {}",
         d.oldest_pending_ms.unwrap_or(0) as f64 / 1000.0
     );
     let _ = writeln!(

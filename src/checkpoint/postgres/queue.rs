@@ -378,13 +378,20 @@ impl RunQueue for PostgresCheckpointer {
         let pool = self.pool.clone();
         self.block(async move {
             let client = pool.get().await?;
-            // The oldest pending run is the first by id (ids are ordered by time); its age by
-            // the database's clock, from the creation time its admitting process wrote.
+            // The oldest run a worker could take now (as `claim_run` finds them: its thread has
+            // no earlier active run and no live lease) is the first by id (ids are ordered by
+            // time); its age by the database's clock, from the creation time its admitting
+            // process wrote. A run waiting for its thread's earlier run waits for no worker.
             let sql = format!(
                 "SELECT (SELECT count(*) FROM runs WHERE status = 'pending'), \
                         (SELECT count(*) FROM runs WHERE status = 'running'), \
-                        (SELECT {DB_NOW_MS} - (extract(epoch from created_at::timestamptz) * 1000)::bigint \
-                           FROM runs WHERE status = 'pending' ORDER BY run_id LIMIT 1), \
+                        (SELECT {DB_NOW_MS} - (extract(epoch from p.created_at::timestamptz) * 1000)::bigint \
+                           FROM runs p WHERE p.status = 'pending' \
+                            AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.thread_id = p.thread_id \
+                                            AND e.status IN ('pending', 'running') AND e.run_id < p.run_id) \
+                            AND NOT EXISTS (SELECT 1 FROM leases h WHERE h.thread_id = p.thread_id \
+                                            AND h.expires_at > {DB_NOW_MS}) \
+                          ORDER BY p.run_id LIMIT 1), \
                         (SELECT count(*) FROM workers WHERE expires_at > {DB_NOW_MS})"
             );
             let row = client.query_one(&client.prepare_cached(&sql).await?, &[]).await?;
