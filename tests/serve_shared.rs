@@ -1026,3 +1026,158 @@ fn a_worker_claims_only_the_runs_of_the_workflows_it_serves() {
         assert_eq!(state["values"]["done"], json!(["x"]), "{state}");
     });
 }
+
+/// The database out of reach for longer than a call keeps trying (the URL's `retry_for`; a
+/// managed database failing over takes a minute or two) while a run executes: the run did not
+/// fail, its store did, so once the database is back it is resumed from its last checkpoint and
+/// ends as it would have — not left `running` under a worker that no longer executes it, its
+/// thread busy for good.
+#[test]
+fn a_run_cut_off_from_the_database_longer_than_its_calls_retry_goes_on_once_it_is_back() {
+    let pg = postgres::Server::start();
+    let plain = pg.fresh_url();
+    let db = format!("{plain}&retry_for=1s");
+    let dir = workflows();
+    let a = api(dir.path(), &db);
+    let _w = worker(dir.path(), &db);
+    let run = rt().block_on(async {
+        let (status, body) = post(
+            &a.base,
+            "/threads/s1/runs",
+            json!({"assistant_id": "slow", "if_not_exists": "create"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let run = run_id(&body);
+        let started = Instant::now();
+        while get(&a.base, &format!("/threads/s1/runs/{run}")).await["status"] != "running" {
+            assert!(started.elapsed() < Duration::from_secs(10), "the run did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        run
+    });
+    // Down while `tick` waits for its model: its step's commit, the run's end and every other
+    // call give up meanwhile.
+    pg.halt();
+    std::thread::sleep(Duration::from_secs(4));
+    pg.resume();
+    rt().block_on(async {
+        let ended = ended(&a.base, "s1", &run).await;
+        assert_eq!(ended["status"], "success", "{ended}: {:?}", why(&plain, &ended));
+        let state = get(&a.base, "/threads/s1/state").await;
+        assert_eq!(state["values"]["said"], "done", "{state}");
+    });
+}
+
+/// Three slow steps, `one` → `two` → `three`, each a model call of 0.6 s, in folder `dir`.
+fn steps(dir: &Path) -> std::path::PathBuf {
+    std::fs::write(
+        dir.join("workflows/steps.yaml"),
+        r#"name: steps
+models: {default: {provider: mock, model: m}}
+state:
+  said: {type: array, reducer: append, default: []}
+nodes:
+  one: {kind: llm, prompt: {text: "Step one"}, update: {said: "[output]"}}
+  two: {kind: llm, prompt: {text: "Step two"}, update: {said: "[output]"}}
+  three: {kind: llm, prompt: {text: "Step three"}, update: {said: "[output]"}}
+edges: [START -> one -> two -> three -> END]
+"#,
+    )
+    .unwrap();
+    let script = dir.join("steps.mock.yaml");
+    std::fs::write(
+        &script,
+        "match:\n  - {contains: \"Step one\", reply: {text: a, delay: 0.6}}\n  - {contains: \"Step two\", reply: {text: b, delay: 0.6}}\n  - {contains: \"Step three\", reply: {text: c, delay: 0.6}}\n",
+    )
+    .unwrap();
+    script
+}
+
+/// How many times each node of thread `thread` finished (not told from a stored result), by
+/// the runs' logs.
+fn finished_nodes(db: &str, thread: &str) -> std::collections::BTreeMap<String, usize> {
+    let rows = postgres::query(
+        db,
+        &format!("SELECT e.body FROM run_events e JOIN runs r USING (run_id) WHERE r.thread_id = '{thread}'"),
+    )
+    .unwrap();
+    let mut finished = std::collections::BTreeMap::new();
+    for row in rows {
+        let event: Value = serde_json::from_str(row[0].as_deref().unwrap()).unwrap();
+        if event["type"] == "node_end" && event.get("outcome").is_none() && event["cached"] == false {
+            *finished
+                .entry(event["node"].as_str().unwrap_or_default().to_string())
+                .or_default() += 1;
+        }
+    }
+    finished
+}
+
+/// A worker told to stop (SIGTERM) stops its run at the step boundary and hands it back: the
+/// next worker goes on from the run's last checkpoint — the steps done are not run again, nor
+/// is the run's input given again.
+#[test]
+fn a_run_a_stopping_worker_hands_back_goes_on_from_its_last_step_on_another() {
+    let db = postgres::fresh_url();
+    let dir = workflows();
+    let script = steps(dir.path());
+    let a = api(dir.path(), &db);
+    let start = |db: &str| {
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+        cmd.current_dir(dir.path())
+            .args([
+                "worker",
+                "workflows",
+                "--db",
+                db,
+                "--lease-ttl",
+                "1",
+                "--shutdown-timeout",
+                "20",
+            ])
+            .arg("--mock")
+            .arg(&script);
+        Worker::start(cmd)
+    };
+    let mut first = start(&db);
+    let run = rt().block_on(async {
+        let (status, body) = post(
+            &a.base,
+            "/threads/h1/runs",
+            json!({"assistant_id": "steps", "if_not_exists": "create"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let run = run_id(&body);
+        // `one` done, `two` under way.
+        let started = Instant::now();
+        while get(&a.base, "/threads/h1/state").await["values"]["said"] != json!(["a"]) {
+            assert!(started.elapsed() < Duration::from_secs(10), "`one` did not end");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        run
+    });
+    // SAFETY: the worker is this test's child, not yet reaped.
+    unsafe { libc::kill(first.0.id() as libc::pid_t, libc::SIGTERM) };
+    let stopped = first.0.wait().unwrap();
+    assert!(stopped.success(), "{stopped:?}");
+    let _second = start(&db);
+    rt().block_on(async {
+        let ended = ended(&a.base, "h1", &run).await;
+        assert_eq!(ended["status"], "success", "{ended}: {:?}", why(&db, &ended));
+        let state = get(&a.base, "/threads/h1/state").await;
+        assert_eq!(state["values"]["said"], json!(["a", "b", "c"]), "{state}");
+    });
+    let once: std::collections::BTreeMap<String, usize> = [("one", 1), ("two", 1), ("three", 1)]
+        .map(|(n, k)| (n.to_string(), k))
+        .into();
+    assert_eq!(finished_nodes(&db, "h1"), once);
+    // Handed back, not ended: the second worker's run went on from the first's checkpoint.
+    let resumed = postgres::query(
+        &db,
+        "SELECT count(*) FROM run_events WHERE body::jsonb ->> 'type' = 'run_start' AND body::jsonb ->> 'resumed' = 'true'",
+    )
+    .unwrap();
+    assert_eq!(resumed[0][0].as_deref(), Some("1"));
+}

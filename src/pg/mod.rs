@@ -9,7 +9,9 @@
 //! keeps its vectors with the pgvector extension; the checkpointer ignores it),
 //! `statement_timeout` (PostgreSQL's own setting, set on every connection: a statement that
 //! runs longer is cancelled by the server and its call fails, saying so; `30s`, `500ms`,
-//! `2min`, a number of milliseconds; none by default) and `connect_timeout` as libpq's
+//! `2min`, a number of milliseconds; none by default), `retry_for` (how long a call keeps
+//! trying a database it cannot reach — restarting, failing over, its connections terminated or
+//! exhausted — before it fails; the same units, default 20 s) and `connect_timeout` as libpq's
 //! (default 10 s). TLS is rustls with the platform's roots
 //! (`sslmode=prefer`, libpq's default, tries it and falls back to plain text; `require`
 //! insists). Messages name the host, port, database and schema, never the password.
@@ -25,6 +27,8 @@ pub const DEFAULT_POOL_SIZE: usize = 8;
 /// How long a call waits for a free connection before it fails (the pool is exhausted: every
 /// connection is busy, or the server refuses new ones).
 pub const POOL_WAIT: Duration = Duration::from_secs(30);
+/// How long a call keeps trying a database it cannot reach unless the URL says (`retry_for`).
+pub const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(20);
 /// The schema the tables live in unless the URL names another.
 pub const DEFAULT_SCHEMA: &str = "runner";
 /// The advisory lock every migration of runner's schema holds (an arbitrary constant: "runner"
@@ -51,6 +55,8 @@ pub struct Target {
     pub schema: String,
     pub pool_size: usize,
     pub pgvector: Pgvector,
+    /// How long a call keeps trying a database it cannot reach.
+    pub retry_for: Duration,
     /// The host, port, database and schema, for messages (no password).
     pub display: String,
 }
@@ -67,6 +73,7 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
     let mut pool_size = DEFAULT_POOL_SIZE;
     let mut pgvector = Pgvector::Auto;
     let mut statement_timeout = None;
+    let mut retry_for = DEFAULT_RETRY_FOR;
     let mut kept = Vec::new();
     for (key, value) in url.query_pairs() {
         match &*key {
@@ -84,6 +91,13 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
                         "`statement_timeout={value}` is not a duration (a number with ms, s, min, h or d, or of milliseconds)"
                     ))
                 })?);
+            }
+            "retry_for" => {
+                retry_for = duration(&value).and_then(|d| to_duration(&d)).ok_or_else(|| {
+                    bad(format!(
+                        "`retry_for={value}` is not a duration (a number with ms, s, min, h or d, or of milliseconds)"
+                    ))
+                })?;
             }
             "pgvector" => {
                 pgvector = match &*value {
@@ -132,6 +146,7 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
         schema,
         pool_size,
         pgvector,
+        retry_for,
         display,
     })
 }
@@ -144,6 +159,22 @@ fn duration(text: &str) -> Option<String> {
     let (number, unit) = text.split_at(digits);
     let unit = unit.trim();
     (!number.is_empty() && ["", "ms", "s", "min", "h", "d"].contains(&unit)).then(|| format!("{number}{unit}"))
+}
+
+/// The length a [`duration`] says.
+fn to_duration(text: &str) -> Option<Duration> {
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let n: u64 = number.parse().ok()?;
+    let ms = match unit {
+        "" | "ms" => 1,
+        "s" => 1_000,
+        "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(n.checked_mul(ms)?))
 }
 
 /// A client error with the server's own message, which `Display` leaves out.
@@ -254,6 +285,32 @@ mod tests {
                 .err()
                 .unwrap();
             assert!(e.contains("statement_timeout") && !e.contains("secret"), "{e}");
+        }
+    }
+
+    #[test]
+    fn how_long_a_call_keeps_trying_is_the_urls_retry_for() {
+        assert_eq!(parse_url("postgres://h/db").unwrap().retry_for, DEFAULT_RETRY_FOR);
+        for (given, ms) in [
+            ("2min", 120_000),
+            ("1500ms", 1_500),
+            ("3s", 3_000),
+            ("0", 0),
+            ("750", 750),
+        ] {
+            let t = parse_url(&format!("postgres://h/db?retry_for={given}")).unwrap();
+            assert_eq!(t.retry_for, Duration::from_millis(ms), "{given}");
+            assert_eq!(
+                t.config.get_options(),
+                Some("-c search_path=runner"),
+                "not the server's"
+            );
+        }
+        for bad in ["never", "-5s", "5 fortnights"] {
+            let e = parse_url(&format!("postgres://me:secret@h/db?retry_for={bad}"))
+                .err()
+                .unwrap();
+            assert!(e.contains("retry_for") && !e.contains("secret"), "{e}");
         }
     }
 }

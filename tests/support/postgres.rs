@@ -89,9 +89,15 @@ impl Server {
             .unwrap_or_else(|e| panic!("PostgreSQL for the tests, restarting: {e}"));
     }
 
-    /// Stops the server (a fast shutdown) until it is dropped: the database cannot be reached.
+    /// Stops the server (a fast shutdown): the database cannot be reached until [`Server::resume`].
     pub(crate) fn halt(&self) {
         self.stop(Shutdown::Fast);
+    }
+
+    /// Starts a server [`Server::halt`] stopped again, on the same port and data.
+    pub(crate) fn resume(&self) {
+        self.launch()
+            .unwrap_or_else(|e| panic!("PostgreSQL for the tests, starting again: {e}"));
     }
 
     fn try_start() -> Result<Server, String> {

@@ -98,9 +98,6 @@ fn unavailable(e: &tokio_postgres::Error) -> bool {
     std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()) || e.to_string().contains("timed out")
 }
 
-/// How long a call keeps trying while the database cannot be reached.
-const RETRY_FOR: Duration = Duration::from_secs(20);
-
 /// A [`Checkpointer`] on a PostgreSQL database.
 pub struct PostgresCheckpointer {
     pool: Pool,
@@ -114,6 +111,9 @@ pub struct PostgresCheckpointer {
     schema: String,
     /// The schema version the database had when it was opened (0: none) and has now.
     migrated: (i64, i64),
+    /// How long a call keeps trying while the database cannot be reached (the URL's
+    /// `retry_for`).
+    retry_for: Duration,
     /// How to open a connection of its own (the queue's listener).
     config: tokio_postgres::Config,
     tls: tokio_postgres_rustls::MakeRustlsConnect,
@@ -160,6 +160,7 @@ impl PostgresCheckpointer {
             display: target.display,
             schema: target.schema,
             migrated: (0, 0),
+            retry_for: target.retry_for,
             config: target.config,
             tls,
             notices: std::sync::OnceLock::new(),
@@ -226,15 +227,16 @@ impl PostgresCheckpointer {
     }
 
     /// Runs the work `make` gives on the backend's runtime, made again and tried again while
-    /// the database cannot be reached (for [`RETRY_FOR`]), and waits for its answer.
+    /// the database cannot be reached (for the URL's `retry_for`), and waits for its answer.
     pub(super) fn retrying<T, F, Fut>(&self, make: F) -> Result<T>
     where
         T: Send + 'static,
         F: Fn() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
+        let retry_for = self.retry_for;
         self.block(async move {
-            let deadline = tokio::time::Instant::now() + RETRY_FOR;
+            let deadline = tokio::time::Instant::now() + retry_for;
             let mut pause = Duration::from_millis(50);
             loop {
                 match make().await {

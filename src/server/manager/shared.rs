@@ -26,7 +26,7 @@ use super::request::{CreateRun, Multitask};
 use super::start::{Stopper, ThreadRecord, never_started, run_status};
 use super::{Live, Place, RunManager, RunsError, lock};
 use crate::checkpoint::queue::{Claimed, Ended, Notice, Records, RunQueue};
-use crate::checkpoint::{LeaseClaim, RunRow, RunStatus};
+use crate::checkpoint::{CheckpointError, LeaseClaim, RunRow, RunStatus};
 use crate::engine::events::{Envelope, Events};
 use crate::engine::{EngineError, RunOutcome, Status};
 use crate::server::Graph;
@@ -888,6 +888,21 @@ async fn execute<S: Send + Sync + 'static>(
         let _ = queue.release(&run_id, &token);
         return;
     }
+    // The database could not be reached for longer than a call keeps trying (a managed
+    // database failing over takes a minute or two): the run did not fail, its store did. Once
+    // the database answers again the run goes back to the queue, and whichever worker claims it
+    // (this one too) goes on from its last checkpoint.
+    if matches!(&outcome, Err(EngineError::Store(CheckpointError::Unavailable(_)))) {
+        tracing::warn!(
+            run_id,
+            "the database could not be reached: the run goes back to the queue once it can be"
+        );
+        until_reachable(&manager, &run_id, "a run could not be handed back", || {
+            queue.release(&run_id, &token)
+        })
+        .await;
+        return;
+    }
     // A rollback is the cancel's to finish: it takes the thread back, then deletes the run, so
     // a reader waiting for the run sees it gone, never ended first.
     if matches!(&outcome, Ok(o) if o.status == Status::Cancelled)
@@ -906,8 +921,39 @@ async fn execute<S: Send + Sync + 'static>(
         at: &crate::clock::now(),
         record: Some((log.next(), &body)),
     };
-    if let Err(e) = queue.finish(&run_id, &token, end) {
-        tracing::warn!(run_id, error = %e, "a run's end could not be recorded");
+    // Not given up while the database cannot be reached: a run whose end is not recorded
+    // stays `running` under a worker that lives, its thread busy, until that worker stops.
+    until_reachable(&manager, &run_id, "a run's end could not be recorded", || {
+        queue.finish(&run_id, &token, end)
+    })
+    .await;
+}
+
+/// Makes `call` (a record of one of the worker's runs) until the database takes it: a call
+/// keeps trying an unreachable database for the URL's `retry_for` by itself, and is made again
+/// after that, with pauses of up to 5 s, for as long as the worker is not stopping. A worker
+/// that stops first leaves the run to the queue: its heartbeat ends, and another worker takes
+/// the run over once its lease has expired.
+async fn until_reachable<S>(
+    manager: &RunManager<S>,
+    run_id: &str,
+    what: &str,
+    mut call: impl FnMut() -> Result<(), CheckpointError>,
+) {
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match call() {
+            Ok(()) => return,
+            Err(CheckpointError::Unavailable(why)) if !manager.stopping.load(std::sync::atomic::Ordering::SeqCst) => {
+                tracing::warn!(run_id, error = %why, "{what}: the database cannot be reached, trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "{what}");
+                return;
+            }
+        }
     }
 }
 
