@@ -522,7 +522,15 @@ impl<S: Send + Sync + 'static> Worker<S> {
             return Err(RunsError::Invalid("a worker's run manager has the worker role".into()));
         };
         let queue = manager.queue()?;
-        queue.heartbeat(&worker_id, self.ttl)?;
+        // A database out of reach as the worker starts is waited for, not a reason to stop
+        // claiming for good while the process lives on.
+        while let Err(e) = queue.heartbeat(&worker_id, self.ttl) {
+            tracing::warn!(error = %e, "the worker cannot register its heartbeat; trying again");
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                _ = stop.changed() => return Ok(()),
+            }
+        }
         let heartbeat = tokio::spawn(beat(manager.clone(), worker_id.clone(), self.ttl));
         let cancels = tokio::spawn(answer_cancels(manager.clone()));
         let room = Arc::new(Semaphore::new(self.slots));
