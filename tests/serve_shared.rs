@@ -1067,6 +1067,14 @@ fn a_run_cut_off_from_the_database_longer_than_its_calls_retry_goes_on_once_it_i
         let state = get(&a.base, "/threads/s1/state").await;
         assert_eq!(state["values"]["said"], "done", "{state}");
     });
+    // Its log tells one end, the run's success: the execution cut off logged no failure.
+    let told = postgres::query(
+        &plain,
+        "SELECT string_agg(body::jsonb ->> 'type' || ':' || coalesce(body::jsonb ->> 'status', ''), ',' ORDER BY seq) \
+         FROM run_events WHERE body::jsonb ->> 'type' IN ('error', 'run_end', '__end__', '__failed__')",
+    )
+    .unwrap();
+    assert_eq!(told[0][0].as_deref(), Some("run_end:done,__end__:"), "{told:?}");
 }
 
 /// Three slow steps, `one` → `two` → `three`, each a model call of 0.6 s, in folder `dir`.

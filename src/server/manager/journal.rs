@@ -76,6 +76,12 @@ impl RunLog {
         std::mem::take(&mut *recorded)
     }
 
+    /// Drops every record not yet written: the run is handed back, not ended, and the worker
+    /// that goes on with it tells its own.
+    pub(crate) fn discard(&self) {
+        drop(self.take());
+    }
+
     /// Whether the run was found to be another claim's.
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst)

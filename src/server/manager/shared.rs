@@ -731,9 +731,11 @@ const LINGER: Duration = Duration::from_millis(100);
 /// `events` (a task's start), a model's tokens for `messages` and `messages-tuple`, custom
 /// events for `custom`; the run's first step's start for `values` and `checkpoints` (what the
 /// run starts from is shown then, before its first step ends), unless the commit opening the
-/// run's turn took it; a gate's question, a failure and the end always. The others (with
-/// `values` and `updates` alone: a later step's and a task's start, a model call's, the
-/// tokens) are written with the step's commit.
+/// run's turn took it; a gate's question always. The others (with `values` and `updates`
+/// alone: a later step's and a task's start, a model call's, the tokens) are written with the
+/// step's commit; the run's own failure and end with its end (at once: nothing comes between),
+/// so that a run cut off from its database, which is not ended but handed back, never logs
+/// them.
 #[derive(Debug, Clone, Copy)]
 struct AsItComes {
     all: bool,
@@ -766,6 +768,7 @@ impl AsItComes {
     fn wants(&mut self, e: &Envelope, unwritten: impl Fn() -> bool) -> bool {
         use crate::engine::events::Event;
         match e.event {
+            Event::Error { .. } | Event::RunEnd { .. } if e.ns.is_none() => false,
             _ if self.all => true,
             Event::Token { .. } => self.tokens,
             Event::Custom { .. } => self.custom,
@@ -886,21 +889,16 @@ async fn execute<S: Send + Sync + 'static>(
         .await
         .unwrap_or_else(|_| Err(EngineError::Input("the run's task ended without an outcome".into())));
     drop(release);
-    if log.is_lost() || matches!(log.flush(), Ok(false)) {
-        return;
-    }
-    // A run this worker stopped as it shuts down goes back to the queue for another.
-    let stopped_here = manager.stopping.load(std::sync::atomic::Ordering::SeqCst)
-        && matches!(&outcome, Ok(o) if o.status == Status::Cancelled);
-    if stopped_here {
-        let _ = queue.release(&run_id, &token);
+    if log.is_lost() {
         return;
     }
     // The database could not be reached for longer than a call keeps trying (a managed
-    // database failing over takes a minute or two): the run did not fail, its store did. Once
-    // the database answers again the run goes back to the queue, and whichever worker claims it
-    // (this one too) goes on from its last checkpoint.
+    // database failing over takes a minute or two): the run did not fail, its store did. What
+    // it recorded since its last commit (that step's events, its failure and end) is dropped;
+    // once the database answers again the run goes back to the queue, and whichever worker
+    // claims it (this one too) goes on from its last checkpoint.
     if matches!(&outcome, Err(EngineError::Store(CheckpointError::Unavailable(_)))) {
+        log.discard();
         tracing::warn!(
             run_id,
             "the database could not be reached: the run goes back to the queue once it can be"
@@ -909,6 +907,16 @@ async fn execute<S: Send + Sync + 'static>(
             queue.release(&run_id, &token)
         })
         .await;
+        return;
+    }
+    if matches!(log.flush(), Ok(false)) {
+        return;
+    }
+    // A run this worker stopped as it shuts down goes back to the queue for another.
+    let stopped_here = manager.stopping.load(std::sync::atomic::Ordering::SeqCst)
+        && matches!(&outcome, Ok(o) if o.status == Status::Cancelled);
+    if stopped_here {
+        let _ = queue.release(&run_id, &token);
         return;
     }
     // A rollback is the cancel's to finish: it takes the thread back, then deletes the run, so
