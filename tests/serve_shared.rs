@@ -51,10 +51,15 @@ pub(crate) struct Worker(Child);
 
 impl Worker {
     /// Starts `cmd` (a `runner worker …`) and waits until it says it is working.
-    pub(crate) fn start(mut cmd: Command) -> Worker {
+    pub(crate) fn start(cmd: Command) -> Worker {
+        Worker::start_saying(cmd, "working:").0
+    }
+
+    /// [`Worker::start`], with the rest of the first line it said that starts with `prefix`.
+    fn start_saying(mut cmd: Command, prefix: &str) -> (Worker, String) {
         let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut said = String::new();
+        let (mut said, mut found) = (String::new(), None);
         loop {
             let mut line = String::new();
             if stderr.read_line(&mut line).unwrap() == 0 {
@@ -62,12 +67,16 @@ impl Worker {
                 panic!("runner worker ended before working:\n{said}");
             }
             said.push_str(&line);
+            if found.is_none() {
+                found = line.trim().strip_prefix(prefix).map(str::to_string);
+            }
             if line.starts_with("working:") {
                 break;
             }
         }
         drain("worker", stderr);
-        Worker(child)
+        let found = found.unwrap_or_else(|| panic!("runner worker did not say `{prefix}`:\n{said}"));
+        (Worker(child), found)
     }
 }
 
@@ -99,6 +108,18 @@ async fn post(base: &str, path: &str, body: Value) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
+/// The body of `GET base+path`, as text.
+async fn text(base: &str, path: &str) -> String {
+    client()
+        .get(format!("{base}{path}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 async fn get(base: &str, path: &str) -> Value {
     client()
         .get(format!("{base}{path}"))
@@ -108,6 +129,19 @@ async fn get(base: &str, path: &str) -> Value {
         .json()
         .await
         .unwrap()
+}
+
+/// Creates a run of `assistant` in the background on thread `thread` (created if need be)
+/// through `base`, with `input`: its id.
+async fn create(base: &str, thread: &str, assistant: &str, input: Value) -> String {
+    let (status, body) = post(
+        base,
+        &format!("/threads/{thread}/runs"),
+        json!({"assistant_id": assistant, "if_not_exists": "create", "input": input}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    run_id(&body)
 }
 
 /// The run id of a created run's answer.
@@ -871,24 +905,16 @@ fn a_worker_answers_probes_and_metrics_on_its_own_port_and_any_process_tells_the
     rt().block_on(async {
         // Two runs and no worker yet: pending, as every process's metrics tell.
         for t in ["d1", "d2"] {
-            let (status, body) = post(
+            create(
                 &a.base,
-                &format!("/threads/{t}/runs"),
-                json!({"assistant_id": "chat", "if_not_exists": "create",
-                       "input": {"messages": [{"role": "user", "content": t}]}}),
+                t,
+                "chat",
+                json!({"messages": [{"role": "user", "content": t}]}),
             )
             .await;
-            assert_eq!(status, 200, "{body}");
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let m = client()
-            .get(format!("{}/metrics", a.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = text(&a.base, "/metrics").await;
         assert_eq!(sample(&m, "runner_database_up"), Some(1.0), "{m}");
         assert_eq!(sample(&m, r#"runner_queue_runs{status="pending"}"#), Some(2.0), "{m}");
         assert_eq!(sample(&m, r#"runner_queue_runs{status="running"}"#), Some(0.0), "{m}");
@@ -902,25 +928,8 @@ fn a_worker_answers_probes_and_metrics_on_its_own_port_and_any_process_tells_the
     cmd.current_dir(dir.path())
         .args(["worker", "workflows", "--db", &db, "--lease-ttl", "1", "--port", "0"])
         .arg("--mock")
-        .arg(mock())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut said = String::new();
-    let ops = loop {
-        let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap() == 0 {
-            let _ = child.kill();
-            panic!("runner worker ended before serving its port:\n{said}");
-        }
-        said.push_str(&line);
-        if let Some(url) = line.trim().strip_prefix("health and metrics on ") {
-            break url.to_string();
-        }
-    };
-    drain("worker", stderr);
-    let _w = Worker(child);
+        .arg(mock());
+    let (_w, ops) = Worker::start_saying(cmd, "health and metrics on ");
     rt().block_on(async {
         for t in ["d1", "d2"] {
             let runs = get(&a.base, &format!("/threads/{t}/runs")).await;
@@ -934,14 +943,7 @@ fn a_worker_answers_probes_and_metrics_on_its_own_port_and_any_process_tells_the
         assert_eq!(ok, json!({"ok": true}));
         assert_eq!(checked.status(), 200);
         // The worker's own runs, and the same depth as any process sees.
-        let m = client()
-            .get(format!("{ops}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = text(&ops, "/metrics").await;
         assert_eq!(sample(&m, r#"runner_runs_total{status="success"}"#), Some(2.0), "{m}");
         assert_eq!(sample(&m, r#"runner_queue_runs{status="pending"}"#), Some(0.0), "{m}");
         assert_eq!(sample(&m, "runner_queue_oldest_pending_seconds"), Some(0.0), "{m}");
@@ -960,14 +962,7 @@ fn a_worker_answers_probes_and_metrics_on_its_own_port_and_any_process_tells_the
         assert_eq!(checked.status(), 503);
         let (unchecked, m) = (
             client().get(format!("{ops}/ok")).send().await.unwrap().status(),
-            client()
-                .get(format!("{ops}/metrics"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
+            text(&ops, "/metrics").await,
         );
         assert_eq!(unchecked, 200);
         assert_eq!(sample(&m, "runner_database_up"), Some(0.0), "{m}");
@@ -994,15 +989,7 @@ fn a_worker_claims_only_the_runs_of_the_workflows_it_serves() {
     .unwrap();
     let _light = worker(light.path(), &db);
     let fan = rt().block_on(async {
-        let (status, body) = post(
-            &a.base,
-            "/threads/f1/runs",
-            json!({"assistant_id": "fan", "if_not_exists": "create",
-                   "input": {"items": [{"name": "x"}]}}),
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
-        let fan = run_id(&body);
+        let fan = create(&a.base, "f1", "fan", json!({"items": [{"name": "x"}]})).await;
         // Created after it, executed before it: the worker serves `chat`.
         let (status, body) = post(
             &a.base,
@@ -1041,14 +1028,7 @@ fn a_run_cut_off_from_the_database_longer_than_its_calls_retry_goes_on_once_it_i
     let a = api(dir.path(), &db);
     let _w = worker(dir.path(), &db);
     let run = rt().block_on(async {
-        let (status, body) = post(
-            &a.base,
-            "/threads/s1/runs",
-            json!({"assistant_id": "slow", "if_not_exists": "create"}),
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
-        let run = run_id(&body);
+        let run = create(&a.base, "s1", "slow", Value::Null).await;
         let started = Instant::now();
         while get(&a.base, &format!("/threads/s1/runs/{run}")).await["status"] != "running" {
             assert!(started.elapsed() < Duration::from_secs(10), "the run did not start");
@@ -1150,14 +1130,7 @@ fn a_run_a_stopping_worker_hands_back_goes_on_from_its_last_step_on_another() {
     };
     let mut first = start(&db);
     let run = rt().block_on(async {
-        let (status, body) = post(
-            &a.base,
-            "/threads/h1/runs",
-            json!({"assistant_id": "steps", "if_not_exists": "create"}),
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
-        let run = run_id(&body);
+        let run = create(&a.base, "h1", "steps", Value::Null).await;
         // `one` done, `two` under way.
         let started = Instant::now();
         while get(&a.base, "/threads/h1/state").await["values"]["said"] != json!(["a"]) {

@@ -69,9 +69,10 @@ pub(super) struct Args {
 }
 
 /// Execute the runs of servers that share a PostgreSQL database, serving no API (with `--port`,
-/// only a probe and metrics): the workflows of a folder, claimed from the database's queue as clients of any `runner serve`
-/// create runs. Workers and servers scale apart; a worker that dies loses its runs to another
-/// once its lease expires, and that one resumes each from its last checkpoint.
+/// only a probe and metrics): the runs of the workflows of a folder, claimed from the
+/// database's queue as clients of any `runner serve` create them. Workers and servers scale
+/// apart; a worker that dies loses its runs to another once its lease expires, and that one
+/// resumes each from its last checkpoint.
 ///
 /// Example: runner worker workflows --db postgres://runner@db/runner --workers 16
 #[derive(clap::Args, Debug)]
