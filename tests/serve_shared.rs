@@ -1039,7 +1039,12 @@ fn a_run_cut_off_from_the_database_longer_than_its_calls_retry_goes_on_once_it_i
     // Down while `tick` waits for its model: its step's commit, the run's end and every other
     // call give up meanwhile.
     pg.halt();
-    std::thread::sleep(Duration::from_secs(4));
+    let halted = Instant::now();
+    // Meanwhile the API server says the database is out of reach for now, and when to ask again.
+    let answer = rt().block_on(async { client().get(format!("{}/threads/s1", a.base)).send().await.unwrap() });
+    assert_eq!(answer.status(), 503);
+    assert_eq!(answer.headers()["retry-after"], "5");
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(halted.elapsed()));
     pg.resume();
     rt().block_on(async {
         let ended = ended(&a.base, "s1", &run).await;

@@ -44,9 +44,23 @@ impl ApiError {
     }
 }
 
+/// How long a client is told to wait before it tries again a request the database could not
+/// take.
+const UNREACHABLE_RETRY_AFTER: u64 = 5;
+
 impl From<crate::checkpoint::CheckpointError> for ApiError {
     fn from(e: crate::checkpoint::CheckpointError) -> Self {
-        ApiError::internal(e)
+        match e {
+            // The database cannot be reached for now (restarting, failing over, every
+            // connection taken), which the same request may not find in a moment: a 503 that
+            // says when to try again, not a 500.
+            crate::checkpoint::CheckpointError::Unavailable(_) => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                detail: e.to_string(),
+                retry_after: Some(UNREACHABLE_RETRY_AFTER),
+            },
+            e => ApiError::internal(e),
+        }
     }
 }
 
@@ -88,6 +102,7 @@ pub(crate) fn refused(e: crate::engine::EngineError) -> ApiError {
         | EngineError::WhichGate { .. }
         | EngineError::NoSuchGate { .. }
         | EngineError::Edit(_)) => ApiError::invalid(e.to_string()),
+        EngineError::Store(e @ CheckpointError::Unavailable(_)) => e.into(),
         e => ApiError::internal(e),
     }
 }
