@@ -1036,6 +1036,12 @@ fn a_run_cut_off_from_the_database_longer_than_its_calls_retry_goes_on_once_it_i
         }
         run
     });
+    // A client reading the run's stream through the API server all along.
+    let reader = {
+        let (base, path) = (a.base.clone(), format!("/threads/s1/runs/{run}/stream"));
+        std::thread::spawn(move || rt().block_on(stream(&base, &path, None)))
+    };
+    std::thread::sleep(Duration::from_millis(200));
     // Down while `tick` waits for its model: its step's commit, the run's end and every other
     // call give up meanwhile.
     pg.halt();
@@ -1052,6 +1058,16 @@ fn a_run_cut_off_from_the_database_longer_than_its_calls_retry_goes_on_once_it_i
         let state = get(&a.base, "/threads/s1/state").await;
         assert_eq!(state["values"]["said"], "done", "{state}");
     });
+    // The stream waited the outage out and read the run to its end, with no error.
+    // (Kept open meanwhile by heartbeats.)
+    let body = reader.join().unwrap().replace(": heartbeat\r\n\r\n", "");
+    let events = parse(&body);
+    assert!(events.iter().all(|(e, _)| e != "error"), "{body}");
+    assert_eq!(
+        events.last().map(|(_, d)| d["said"].clone()),
+        Some(json!("done")),
+        "{body}"
+    );
     // Its log tells one end, the run's success: the execution cut off logged no failure.
     let told = postgres::query(
         &plain,

@@ -322,7 +322,7 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                     carried = records(wake(&mut notices, told).await);
                     continue;
                 }
-                Some(Carried::Gap) | None => queue.events(run_id, after, BATCH).map_err(|e| e.to_string())?,
+                Some(Carried::Gap) | None => patiently(run_id, || queue.events(run_id, after, BATCH)).await?,
             };
             let read = batch.len();
             for (seq, body) in batch {
@@ -345,10 +345,10 @@ impl<S: Send + Sync + 'static> RunManager<S> {
                 carried = records(wake(&mut notices, told).await);
                 continue;
             }
-            let row = self.store.get_run(run_id).map_err(|e| e.to_string())?;
+            let row = patiently(run_id, || self.store.get_run(run_id)).await?;
             if row.as_ref().is_none_or(|r| !r.status.is_active()) {
                 // Its end may have been logged just before its row was marked: one more look.
-                let last = queue.events(run_id, after, BATCH).map_err(|e| e.to_string())?;
+                let last = patiently(run_id, || queue.events(run_id, after, BATCH)).await?;
                 if !last.is_empty() {
                     continue;
                 }
@@ -391,6 +391,25 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             }
             let id = run_id.to_string();
             wake(&mut notices, |n| matches!(n, Notice::Ended(r) if *r == id)).await;
+        }
+    }
+}
+
+/// Reads `read` (of run `run_id`'s log or row) until the database answers it: a reader of a
+/// run waits out an outage longer than a call keeps trying (the run waits it out too, and goes
+/// on after it), its stream kept open, rather than ending with an error. Another failure is
+/// the reader's to report.
+async fn patiently<T>(run_id: &str, mut read: impl FnMut() -> Result<T, CheckpointError>) -> Result<T, String> {
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match read() {
+            Ok(v) => return Ok(v),
+            Err(CheckpointError::Unavailable(why)) => {
+                tracing::warn!(run_id, error = %why, "a run's log cannot be read: the database cannot be reached, trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e.to_string()),
         }
     }
 }
