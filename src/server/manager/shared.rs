@@ -399,17 +399,30 @@ impl<S: Send + Sync + 'static> RunManager<S> {
 /// run waits out an outage longer than a call keeps trying (the run waits it out too, and goes
 /// on after it), its stream kept open, rather than ending with an error. Another failure is
 /// the reader's to report.
-async fn patiently<T>(run_id: &str, mut read: impl FnMut() -> Result<T, CheckpointError>) -> Result<T, String> {
+async fn patiently<T>(run_id: &str, read: impl FnMut() -> Result<T, CheckpointError>) -> Result<T, String> {
+    while_unreachable(run_id, "a run's log cannot be read", || false, read)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Makes `call` again while it fails because the database cannot be reached (a call keeps
+/// trying by itself for the URL's `retry_for`; this goes on after that), pausing up to 5 s
+/// between tries, until it answers otherwise or `give_up` says so.
+async fn while_unreachable<T>(
+    run_id: &str,
+    what: &str,
+    give_up: impl Fn() -> bool,
+    mut call: impl FnMut() -> Result<T, CheckpointError>,
+) -> Result<T, CheckpointError> {
     let mut pause = Duration::from_millis(250);
     loop {
-        match read() {
-            Ok(v) => return Ok(v),
-            Err(CheckpointError::Unavailable(why)) => {
-                tracing::warn!(run_id, error = %why, "a run's log cannot be read: the database cannot be reached, trying again");
+        match call() {
+            Err(CheckpointError::Unavailable(why)) if !give_up() => {
+                tracing::warn!(run_id, error = %why, "{what}: the database cannot be reached, trying again");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
             }
-            Err(e) => return Err(e.to_string()),
+            answered => return answered,
         }
     }
 }
@@ -964,31 +977,19 @@ async fn execute<S: Send + Sync + 'static>(
     .await;
 }
 
-/// Makes `call` (a record of one of the worker's runs) until the database takes it: a call
-/// keeps trying an unreachable database for the URL's `retry_for` by itself, and is made again
-/// after that, with pauses of up to 5 s, for as long as the worker is not stopping. A worker
-/// that stops first leaves the run to the queue: its heartbeat ends, and another worker takes
-/// the run over once its lease has expired.
+/// Makes `call` (a record of one of the worker's runs) until the database takes it, for as
+/// long as the worker is not stopping (see [`while_unreachable`]). A worker that stops first
+/// leaves the run to the queue: its heartbeat ends, and another worker takes the run over once
+/// its lease has expired.
 async fn until_reachable<S>(
     manager: &RunManager<S>,
     run_id: &str,
     what: &str,
-    mut call: impl FnMut() -> Result<(), CheckpointError>,
+    call: impl FnMut() -> Result<(), CheckpointError>,
 ) {
-    let mut pause = Duration::from_millis(250);
-    loop {
-        match call() {
-            Ok(()) => return,
-            Err(CheckpointError::Unavailable(why)) if !manager.stopping.load(std::sync::atomic::Ordering::SeqCst) => {
-                tracing::warn!(run_id, error = %why, "{what}: the database cannot be reached, trying again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => {
-                tracing::warn!(run_id, error = %e, "{what}");
-                return;
-            }
-        }
+    let stopping = || manager.stopping.load(std::sync::atomic::Ordering::SeqCst);
+    if let Err(e) = while_unreachable(run_id, what, stopping, call).await {
+        tracing::warn!(run_id, error = %e, "{what}");
     }
 }
 
