@@ -16,12 +16,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("secrets", &[]),
     ("error_class", &[]),
     ("diag", &[]),
+    // Waiting without stalling the async runtime: for the stores' synchronous calls.
+    ("blocking", &[]),
     // PostgreSQL connections (URL, TLS, pool), shared by the stores that live there.
     ("pg", &[]),
     // The language as written: its diagnostics and the error classes `retry_on` names.
     ("spec", &["diag", "error_class"]),
     // Stores know nothing of plans, the engine or the network.
-    ("checkpoint", &["clock", "pg"]),
+    ("checkpoint", &["clock", "pg", "blocking"]),
     ("cassette", &["spec", "clock", "secrets"]),
     // The compiler reads the language and reports diagnostics; it never reaches the engine,
     // node kinds, the network, providers, the data store, cassettes or the CLI.
@@ -33,7 +35,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["spec", "error_class", "net", "cassette", "secrets", "clock"],
     ),
     // The data store reaches embeddings only through the `Embedder` trait.
-    ("rag", &["providers", "clock", "pg"]),
+    ("rag", &["providers", "clock", "pg", "blocking"]),
     // The engine never imports the CLI or a node kind: kinds implement its `NodeKind` and
     // reach it through the run's `Services`. It names the clients and stores of `Services`
     // (providers, cassette, data store, web client) only to hand them to the kinds; `net`
@@ -109,6 +111,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "rag",
             "net",
             "error_class",
+            "blocking",
         ],
     ),
     // The process's logs and traces: set up by the CLI; it switches the providers' content

@@ -5,6 +5,7 @@
 //! to the user; [`run`] assembles a run's settings and services; [`cli`] is the only place that
 //! prints.
 
+pub mod blocking;
 pub mod cassette;
 pub mod checkpoint;
 pub mod cli;

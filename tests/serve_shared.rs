@@ -1183,3 +1183,91 @@ fn a_run_a_stopping_worker_hands_back_goes_on_from_its_last_step_on_another() {
     .unwrap();
     assert_eq!(resumed[0][0].as_deref(), Some("1"));
 }
+
+/// A database out of reach for longer than a call keeps trying holds up the calls that need
+/// it, not the processes: with runs in flight on the worker and admissions waiting on the API
+/// server (the second of them behind the first's lock), both still answer their probes at
+/// once, on two runtime threads each, and everything goes on once the database is back.
+#[test]
+fn an_api_server_and_a_worker_answer_at_once_while_their_database_is_out_of_reach() {
+    const THREADS: (&str, &str) = ("TOKIO_WORKER_THREADS", "2");
+    let pg = postgres::Server::start();
+    // Calls keep trying for the default 20 s: longer than the outage.
+    let db = pg.fresh_url();
+    let dir = workflows();
+    let script = steps(dir.path());
+    let (child, base, _) = spawn(
+        dir.path(),
+        &dir.path().join("workflows"),
+        &mock(),
+        &["--db", &db, "--workers", "0", "--lease-ttl", "1"],
+        &[THREADS],
+    );
+    let a = Server { child, base, dir: None };
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+    cmd.current_dir(dir.path())
+        .env(THREADS.0, THREADS.1)
+        .args(["worker", "workflows", "--db", &db, "--lease-ttl", "1", "--port", "0"])
+        .arg("--mock")
+        .arg(&script);
+    let (_w, ops) = Worker::start_saying(cmd, "health and metrics on ");
+    let before: Vec<(String, String)> = rt().block_on(async {
+        let mut runs = Vec::new();
+        for t in ["o1", "o2", "o3", "o4"] {
+            runs.push((t.to_string(), create(&a.base, t, "steps", Value::Null).await));
+        }
+        for (t, run) in &runs {
+            let started = Instant::now();
+            while get(&a.base, &format!("/threads/{t}/runs/{run}")).await["status"] != "running" {
+                assert!(started.elapsed() < Duration::from_secs(10), "{run} did not start");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        runs
+    });
+    pg.halt();
+    let halted = Instant::now();
+    // Two runs asked for meanwhile: their admissions wait for the database.
+    let asked: Vec<_> = ["o5", "o6"]
+        .into_iter()
+        .map(|t| {
+            let base = a.base.clone();
+            std::thread::spawn(move || rt().block_on(create(&base, t, "steps", Value::Null)))
+        })
+        .collect();
+    let slowest = rt().block_on(async {
+        let mut slowest = Duration::ZERO;
+        while halted.elapsed() < Duration::from_secs(4) {
+            for url in [format!("{}/ok", a.base), format!("{ops}/ok")] {
+                let asked = Instant::now();
+                let answer = client().get(&url).timeout(Duration::from_secs(3)).send().await;
+                let took = asked.elapsed();
+                assert!(
+                    answer.as_ref().is_ok_and(|r| r.status() == 200),
+                    "{url} after {took:?}, {:?} into the outage: {answer:?}",
+                    halted.elapsed()
+                );
+                slowest = slowest.max(took);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        slowest
+    });
+    pg.resume();
+    assert!(slowest < Duration::from_secs(1), "a probe took {slowest:?}");
+    let mut runs = before;
+    runs.extend(
+        asked
+            .into_iter()
+            .zip(["o5", "o6"])
+            .map(|(h, t)| (t.to_string(), h.join().unwrap())),
+    );
+    rt().block_on(async {
+        for (t, run) in &runs {
+            let ended = ended(&a.base, t, run).await;
+            assert_eq!(ended["status"], "success", "{ended}: {:?}", why(&db, &ended));
+            let state = get(&a.base, &format!("/threads/{t}/state")).await;
+            assert_eq!(state["values"]["said"], json!(["a", "b", "c"]), "{state}");
+        }
+    });
+}

@@ -40,10 +40,7 @@ pub(crate) fn exists(app: &Shared, thread_id: &str) -> Result<bool, ApiError> {
     Ok(app.store.get_thread(thread_id)?.is_some())
 }
 
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A handler that panicked while holding the lock left plain data behind, still usable.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+pub(crate) use crate::blocking::lock;
 
 /// The gates `writes` (the records of checkpoint `cp`) wait at, as LangGraph's `Interrupt`s
 /// `{id, value}`, each with the task it stopped (a subgraph's task stands for each gate its

@@ -112,25 +112,59 @@ impl ArcWake for Woken {
 
 /// Polls `work` to its end on this thread, waiting on `socket` (a clone of the connection's)
 /// whenever neither it nor what it waits for can go on; `None` when `deadline` passed first.
+/// Past [`crate::blocking::PATIENCE`] (a slow server, or one that stopped answering), the rest of
+/// the wait hands the thread's other tasks to another thread, as the pool's way does.
 fn drive<F: Future>(socket: &TcpStream, deadline: Option<Instant>, work: F) -> Option<F::Output> {
+    let mut work = std::pin::pin!(work);
+    let patience = Instant::now() + crate::blocking::PATIENCE;
+    match turn(socket, deadline, Some(patience), work.as_mut()) {
+        Turn::Done(out) => out,
+        Turn::Slow => crate::blocking::off_the_runtime(|| match turn(socket, deadline, None, work.as_mut()) {
+            Turn::Done(out) => out,
+            Turn::Slow => None,
+        }),
+    }
+}
+
+/// How [`turn`] ended.
+enum Turn<T> {
+    /// `work` ended (`Some`), or `deadline` passed or the socket could not be waited on (`None`).
+    Done(Option<T>),
+    /// `patience` passed first.
+    Slow,
+}
+
+/// [`drive`]'s loop, until `work` ends, `deadline` passes, or `patience` does.
+fn turn<F: Future>(
+    socket: &TcpStream,
+    deadline: Option<Instant>,
+    patience: Option<Instant>,
+    mut work: Pin<&mut F>,
+) -> Turn<F::Output> {
     let woken = Arc::new(Woken(AtomicBool::new(false)));
     let waker = futures::task::waker(woken.clone());
     let mut cx = Context::from_waker(&waker);
-    let mut work = std::pin::pin!(work);
     loop {
         if let Poll::Ready(out) = work.as_mut().poll(&mut cx) {
-            return Some(out);
+            return Turn::Done(Some(out));
         }
         if woken.0.swap(false, Ordering::AcqRel) {
             continue;
         }
-        let wait = match deadline {
-            Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+        let now = Instant::now();
+        let mut wait = match deadline {
+            Some(deadline) => match deadline.checked_duration_since(now) {
                 Some(left) if !left.is_zero() => left.min(WAIT),
-                _ => return None,
+                _ => return Turn::Done(None),
             },
             None => WAIT,
         };
+        if let Some(patience) = patience {
+            match patience.checked_duration_since(now) {
+                Some(left) if !left.is_zero() => wait = wait.min(left),
+                _ => return Turn::Slow,
+            }
+        }
         // Until the server sends something (or the connection ends, or the wait is up): then
         // the connection reads it when polled. An error is the next read's to report.
         let _ = socket
@@ -139,7 +173,7 @@ fn drive<F: Future>(socket: &TcpStream, deadline: Option<Instant>, work: F) -> O
             .and_then(|()| socket.peek(&mut [0u8; 1]));
         if socket.set_nonblocking(true).is_err() {
             // The next read would block: let it fail rather than hang.
-            return None;
+            return Turn::Done(None);
         }
     }
 }
@@ -205,7 +239,9 @@ impl Direct {
             if state.closed_until.is_some_and(|t| Instant::now() < t) {
                 return None;
             }
-            match open(config, tls, self.name) {
+            // Rare (a process's first call of the kind, or one after a failure), and as long as
+            // the server takes to answer, or a connect timeout when it cannot be reached.
+            match crate::blocking::off_the_runtime(|| open(config, tls, self.name)) {
                 Some(link) => state.link = Some(link),
                 None => {
                     state.closed_until = Some(Instant::now() + REOPEN_AFTER);

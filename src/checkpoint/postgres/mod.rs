@@ -223,7 +223,7 @@ impl PostgresCheckpointer {
         runtime.spawn(async move {
             let _ = tx.send(work.await);
         });
-        rx.recv().map_err(|_| stopped())?
+        crate::blocking::wait(&rx).map_err(|_| stopped())?
     }
 
     /// Runs the work `make` gives on the backend's runtime, made again and tried again while

@@ -317,7 +317,9 @@ impl SqliteCheckpointer {
             .ok_or_else(stopped)?
             .send(Command { job, synced, reply })
             .map_err(|_| stopped())?;
-        answer.recv().map_err(|_| stopped())?
+        // A commit waits for the disk, or for another process's write: off the caller's
+        // runtime when it is slow.
+        crate::blocking::wait(&answer).map_err(|_| stopped())?
     }
 
     fn write_unit(&self, op: Op) -> Result<()> {

@@ -181,7 +181,7 @@ impl PostgresData {
         runtime.spawn(async move {
             let _ = tx.send(future.await);
         });
-        rx.recv()
+        crate::blocking::wait(&rx)
             .map_err(|_| stopped())?
             .map_err(|e| describe(&self.display, e))
     }

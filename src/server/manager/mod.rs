@@ -27,7 +27,7 @@ mod workers;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 pub(crate) use control::Cancel;
 pub(crate) use request::{CreateRun, RunCreate};
@@ -171,10 +171,9 @@ pub(crate) struct RunManager<S> {
     quotas: Option<crate::server::auth::Quotas>,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A task that panicked while holding the lock left plain data behind, still usable.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+/// A lock may be held across a store call (a run's log, an admission), which a database out of
+/// reach makes long: one taken is waited for off the runtime's thread.
+pub(crate) use crate::blocking::lock;
 
 impl<S: Send + Sync + 'static> RunManager<S> {
     /// A manager of runs built from `settings` on `store`, at most `workers` of them executing
