@@ -1185,9 +1185,10 @@ fn a_run_a_stopping_worker_hands_back_goes_on_from_its_last_step_on_another() {
 }
 
 /// A database out of reach for longer than a call keeps trying holds up the calls that need
-/// it, not the processes: with runs in flight on the worker and admissions waiting on the API
-/// server (the second of them behind the first's lock), both still answer their probes at
-/// once, on two runtime threads each, and everything goes on once the database is back.
+/// it, not the processes: with runs in flight on the worker, admissions waiting on the API
+/// server (the second of them behind the first's lock) and streams read through it, both still
+/// answer their probes at once, on two runtime threads each; the streams' readers wait without
+/// a thread each; and everything goes on once the database is back.
 #[test]
 fn an_api_server_and_a_worker_answer_at_once_while_their_database_is_out_of_reach() {
     const THREADS: (&str, &str) = ("TOKIO_WORKER_THREADS", "2");
@@ -1207,14 +1208,27 @@ fn an_api_server_and_a_worker_answer_at_once_while_their_database_is_out_of_reac
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
     cmd.current_dir(dir.path())
         .env(THREADS.0, THREADS.1)
-        .args(["worker", "workflows", "--db", &db, "--lease-ttl", "1", "--port", "0"])
+        .args([
+            "worker",
+            "workflows",
+            "--db",
+            &db,
+            "--lease-ttl",
+            "1",
+            "--port",
+            "0",
+            "--workers",
+            "12",
+        ])
         .arg("--mock")
         .arg(&script);
     let (_w, ops) = Worker::start_saying(cmd, "health and metrics on ");
     let before: Vec<(String, String)> = rt().block_on(async {
         let mut runs = Vec::new();
-        for t in ["o1", "o2", "o3", "o4"] {
-            runs.push((t.to_string(), create(&a.base, t, "steps", Value::Null).await));
+        for i in 1..=12 {
+            let t = format!("o{i}");
+            let run = create(&a.base, &t, "steps", Value::Null).await;
+            runs.push((t, run));
         }
         for (t, run) in &runs {
             let started = Instant::now();
@@ -1225,19 +1239,40 @@ fn an_api_server_and_a_worker_answer_at_once_while_their_database_is_out_of_reac
         }
         runs
     });
+    // A reader of each run's stream through the API server.
+    let readers: Vec<_> = before
+        .clone()
+        .into_iter()
+        .map(|(t, run)| {
+            let base = a.base.clone();
+            std::thread::spawn(move || rt().block_on(stream(&base, &format!("/threads/{t}/runs/{run}/stream"), None)))
+        })
+        .collect();
+    let threads = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", a.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .unwrap_or(0)
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let threads_before = threads();
     pg.halt();
     let halted = Instant::now();
     // Two runs asked for meanwhile: their admissions wait for the database.
-    let asked: Vec<_> = ["o5", "o6"]
+    let asked: Vec<_> = ["o13", "o14"]
         .into_iter()
         .map(|t| {
             let base = a.base.clone();
             std::thread::spawn(move || rt().block_on(create(&base, t, "steps", Value::Null)))
         })
         .collect();
+    let mut threads_most = 0;
     let slowest = rt().block_on(async {
         let mut slowest = Duration::ZERO;
         while halted.elapsed() < Duration::from_secs(4) {
+            threads_most = threads_most.max(threads());
             for url in [format!("{}/ok", a.base), format!("{ops}/ok")] {
                 let asked = Instant::now();
                 let answer = client().get(&url).timeout(Duration::from_secs(3)).send().await;
@@ -1255,11 +1290,16 @@ fn an_api_server_and_a_worker_answer_at_once_while_their_database_is_out_of_reac
     });
     pg.resume();
     assert!(slowest < Duration::from_secs(1), "a probe took {slowest:?}");
+    // Twelve readers waiting: a few threads more (the admissions'), not one a reader.
+    assert!(
+        threads_most < threads_before + 8,
+        "the API server's threads: {threads_before} before the outage, {threads_most} during it"
+    );
     let mut runs = before;
     runs.extend(
         asked
             .into_iter()
-            .zip(["o5", "o6"])
+            .zip(["o13", "o14"])
             .map(|(h, t)| (t.to_string(), h.join().unwrap())),
     );
     rt().block_on(async {
@@ -1270,4 +1310,14 @@ fn an_api_server_and_a_worker_answer_at_once_while_their_database_is_out_of_reac
             assert_eq!(state["values"]["said"], json!(["a", "b", "c"]), "{state}");
         }
     });
+    for reader in readers {
+        let body = reader.join().unwrap().replace(": heartbeat\r\n\r\n", "");
+        let events = parse(&body);
+        assert!(events.iter().all(|(e, _)| e != "error"), "{body}");
+        assert_eq!(
+            events.last().map(|(_, d)| d["said"].clone()),
+            Some(json!(["a", "b", "c"])),
+            "{body}"
+        );
+    }
 }

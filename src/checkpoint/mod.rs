@@ -605,6 +605,30 @@ pub trait Checkpointer: runs::RunStore + cache::CacheStore + crons::CronStore + 
     }
 }
 
+thread_local! {
+    static ONE_TRY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes `call` with a network database's calls tried once when it cannot be reached
+/// ([`CheckpointError::Unavailable`] at once), not again and again for the URL's `retry_for`:
+/// for a caller that tries again itself, pausing without holding a thread meanwhile (a
+/// stream's reader waiting out an outage, one of many).
+pub fn trying_once<T>(call: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            ONE_TRY.set(self.0);
+        }
+    }
+    let _reset = Reset(ONE_TRY.replace(true));
+    call()
+}
+
+/// Whether the calls made now are tried once ([`trying_once`]).
+pub fn tried_once() -> bool {
+    ONE_TRY.get()
+}
+
 /// Whether `fence` still matches the lease row `held`.
 pub fn check_fence(held: Option<&Lease>, fence: &Fence) -> Result<()> {
     match held {

@@ -234,7 +234,11 @@ impl PostgresCheckpointer {
         F: Fn() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
-        let retry_for = self.retry_for;
+        let retry_for = if super::tried_once() {
+            Duration::ZERO
+        } else {
+            self.retry_for
+        };
         self.block(async move {
             let deadline = tokio::time::Instant::now() + retry_for;
             let mut pause = Duration::from_millis(50);

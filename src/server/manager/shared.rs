@@ -405,18 +405,19 @@ async fn patiently<T>(run_id: &str, read: impl FnMut() -> Result<T, CheckpointEr
         .map_err(|e| e.to_string())
 }
 
-/// Makes `call` again while it fails because the database cannot be reached (a call keeps
-/// trying by itself for the URL's `retry_for`; this goes on after that), pausing up to 5 s
-/// between tries, until it answers otherwise or `give_up` says so.
+/// Makes `call` again while it fails because the database cannot be reached, pausing up to
+/// 5 s between tries, until it answers otherwise or `give_up` says so. Each try is one
+/// ([`crate::checkpoint::trying_once`]): the pauses hold no thread, however many runs and
+/// readers wait.
 async fn while_unreachable<T>(
     run_id: &str,
     what: &str,
     give_up: impl Fn() -> bool,
     mut call: impl FnMut() -> Result<T, CheckpointError>,
 ) -> Result<T, CheckpointError> {
-    let mut pause = Duration::from_millis(250);
+    let mut pause = Duration::from_millis(50);
     loop {
-        match call() {
+        match crate::checkpoint::trying_once(&mut call) {
             Err(CheckpointError::Unavailable(why)) if !give_up() => {
                 tracing::warn!(run_id, error = %why, "{what}: the database cannot be reached, trying again");
                 tokio::time::sleep(pause).await;
