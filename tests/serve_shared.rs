@@ -1186,9 +1186,9 @@ fn a_run_a_stopping_worker_hands_back_goes_on_from_its_last_step_on_another() {
 
 /// A database out of reach for longer than a call keeps trying holds up the calls that need
 /// it, not the processes: with runs in flight on the worker, admissions waiting on the API
-/// server (the second of them behind the first's lock) and streams read through it, both still
-/// answer their probes at once, on two runtime threads each; the streams' readers wait without
-/// a thread each; and everything goes on once the database is back.
+/// server and streams read through it, both still answer their probes at once, on two
+/// runtime threads each; the streams' readers wait without a thread each; and everything goes
+/// on once the database is back.
 #[test]
 fn an_api_server_and_a_worker_answer_at_once_while_their_database_is_out_of_reach() {
     const THREADS: (&str, &str) = ("TOKIO_WORKER_THREADS", "2");
