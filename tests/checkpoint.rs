@@ -2629,6 +2629,57 @@ fn postgres_a_step_is_written_on_the_step_connection_and_survives_its_loss() {
     assert_eq!(cp.get_writes(id, &c3.checkpoint_id).unwrap(), vec![]);
 }
 
+/// Steps committing at once each take a step connection of their own, opened as they are
+/// needed, up to four, rather than the pool's (whose connections plan every statement anew).
+#[test]
+fn postgres_steps_committing_at_once_take_step_connections_up_to_four() {
+    let server = crate::support::postgres::Server::start();
+    let (url, admin) = (server.fresh_url(), server.admin_url());
+    let cp = Arc::new(PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap());
+    const WRITERS: usize = 8;
+    let together = Arc::new(std::sync::Barrier::new(WRITERS));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (cp, together) = (cp.clone(), together.clone());
+            std::thread::spawn(move || {
+                let id = format!("together-{w}");
+                let lease = cp.acquire_lease(&claim(&id, "owner", 60_000)).unwrap();
+                let mut parent = checkpoint(&id, None, -1, &[("n", 1)]);
+                cp.create_thread_with_checkpoint(
+                    Some(&lease.fence()),
+                    &thread(&id),
+                    &parent,
+                    vals(&[("n", 1, json!(0))]),
+                )
+                .unwrap();
+                for n in 1..=30u64 {
+                    let next = checkpoint(&id, Some(&parent), n as i64, &[("n", n + 1)]);
+                    together.wait();
+                    cp.put_batch(vec![
+                        Put::Fence(lease.fence()),
+                        Put::Checkpoint(Arc::new(next.clone()), vals(&[("n", n + 1, json!(n))])),
+                    ])
+                    .unwrap();
+                    parent = next;
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let open = crate::support::postgres::query(
+        &admin,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'runner-steps'",
+    )
+    .unwrap();
+    let open: usize = open[0][0].as_deref().unwrap().parse().unwrap();
+    assert!((2..=4).contains(&open), "{open} step connections");
+    for w in 0..WRITERS {
+        assert_eq!(cp.history(&format!("together-{w}")).unwrap().len(), 31);
+    }
+}
+
 /// Waits (up to 20 s) until `sql` on the server answers `true`.
 fn until_true(url: &str, sql: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

@@ -14,10 +14,11 @@
 //! needed, so it serves a caller on any runtime's thread (which it blocks for the round trip,
 //! as the pool's way blocks it for the hand-offs) or on none.
 //!
-//! One such connection per kind of call and checkpointer ([`Direct`]: steps, claims,
-//! admissions; each opened on first use, so a process has only those it makes), used by one
-//! caller at a time: a caller that finds it busy, or a database reached through a Unix socket,
-//! takes the pool's way. One that fails is dropped and opened again by a later call, and the
+//! Connections of their own per kind of call and checkpointer ([`Direct`]: one for claims,
+//! one for admissions, a few for steps, which many runs commit at once; each opened on first
+//! use, so a process has only those it makes), each used by one caller at a time: a caller
+//! that finds them all busy, or a database reached through a Unix socket, takes the pool's
+//! way, whose connections plan each statement anew. One that fails is dropped and opened again by a later call, and the
 //! call that found it broken is tried again on the pool, which retries while the database
 //! cannot be reached.
 
@@ -200,11 +201,14 @@ impl Drop for Link {
     }
 }
 
-/// The direct way of one kind of call: its link while open, or when it may be opened again.
+/// The direct way of one kind of call: its links, each while open, or when it may be opened
+/// again.
 pub(super) struct Direct {
-    /// The connection's `application_name`, for whoever looks at the server's connections.
+    /// The connections' `application_name`, for whoever looks at the server's connections.
     name: &'static str,
-    state: Mutex<State>,
+    /// Each used by one caller at a time; a caller takes the first that is free, and a link is
+    /// opened only when every one before it was busy.
+    links: Vec<Mutex<State>>,
 }
 
 /// What a call does on the link: its statements on the [`Exec`] it is given.
@@ -217,28 +221,31 @@ struct State {
 }
 
 impl Direct {
-    /// A direct way whose connection is named `name` (`application_name`).
-    pub(super) fn new(name: &'static str) -> Direct {
+    /// A direct way of up to `links` connections (at least one), named `name`
+    /// (`application_name`).
+    pub(super) fn new(name: &'static str, links: usize) -> Direct {
         Direct {
             name,
-            state: Mutex::default(),
+            links: (0..links.max(1)).map(|_| Mutex::default()).collect(),
         }
     }
 
-    /// Does `work` on the link, opening it first when needed; `None` when the pool's way is to
-    /// be taken instead: the link is busy with another caller, cannot be opened, or broke
-    /// before the work got its answers.
+    /// Does `work` on the first free link, opening it first when needed; `None` when the
+    /// pool's way is to be taken instead: every link is busy with another caller or cannot be
+    /// opened for now, or the one taken cannot be opened, or broke before the work got its
+    /// answers.
     pub(super) fn run<T>(
         &self,
         config: &tokio_postgres::Config,
         tls: &tokio_postgres_rustls::MakeRustlsConnect,
         work: Work<T>,
     ) -> Option<Result<T>> {
-        let mut state = self.state.try_lock().ok()?;
+        let mut state = self.links.iter().find_map(|link| {
+            let state = link.try_lock().ok()?;
+            let closed = state.link.is_none() && state.closed_until.is_some_and(|t| Instant::now() < t);
+            (!closed).then_some(state)
+        })?;
         if state.link.is_none() {
-            if state.closed_until.is_some_and(|t| Instant::now() < t) {
-                return None;
-            }
             // Rare (a process's first call of the kind, or one after a failure), and as long as
             // the server takes to answer, or a connect timeout when it cannot be reached.
             match crate::blocking::off_the_runtime(|| open(config, tls, self.name)) {

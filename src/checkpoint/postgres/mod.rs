@@ -7,8 +7,9 @@
 //! is a spawn onto it and a wait for the answer — the SQLite writer thread's design, with a
 //! network database behind it. No call ever blocks that runtime, so a caller on any runtime
 //! (or none) is served. The exception is a step's one-statement write, the hottest call: the
-//! calling thread sends it and waits for its answer itself, on a connection of its own
-//! (`direct.rs`), with no hand-off to that runtime and back.
+//! calling thread sends it and waits for its answer itself, on a connection of the steps' own
+//! (`direct.rs`; up to [`STEP_LINKS`], for steps committing at once), with no hand-off to that
+//! runtime and back.
 //!
 //! What PostgreSQL adds over SQLite:
 //! - Every write is one transaction (a batch of [`Put`](super::Put)s: one superstep's commit).
@@ -165,9 +166,9 @@ impl PostgresCheckpointer {
             tls,
             notices: std::sync::OnceLock::new(),
             listening: std::sync::Arc::default(),
-            steps: direct::Direct::new("runner-steps"),
-            claims: direct::Direct::new("runner-claims"),
-            admissions: direct::Direct::new("runner-admissions"),
+            steps: direct::Direct::new("runner-steps", STEP_LINKS.min(target.pool_size)),
+            claims: direct::Direct::new("runner-claims", 1),
+            admissions: direct::Direct::new("runner-admissions", 1),
         })
     }
 
@@ -430,6 +431,11 @@ enum Read {
 }
 
 /// How a read begins: one snapshot for all its statements, and no write among them.
+/// At most how many connections of their own a process's step writes take (each opened when
+/// the ones before it are all busy with another step: as many as steps commit at once), and
+/// no more than the pool's size.
+const STEP_LINKS: usize = 4;
+
 const READ_ONLY: &str = "START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 
 impl Drop for PostgresCheckpointer {
