@@ -69,12 +69,15 @@ impl CacheStore for PostgresCheckpointer {
                 &[&now_ms],
             )
             .await?;
-            let n = tx
-                .execute(
-                    "DELETE FROM node_cache WHERE ($1::text IS NULL OR workflow = $1) AND ($2::text IS NULL OR node = $2)",
-                    &[&workflow, &node],
-                )
-                .await?;
+            // Each filter a statement of its own: a plan made once serves it with the key.
+            type P<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+            let (sql, params): (&str, Vec<P<'_>>) = match (&workflow, &node) {
+                (Some(w), Some(n)) => ("DELETE FROM node_cache WHERE workflow = $1 AND node = $2", vec![w, n]),
+                (Some(w), None) => ("DELETE FROM node_cache WHERE workflow = $1", vec![w]),
+                (None, Some(n)) => ("DELETE FROM node_cache WHERE node = $1", vec![n]),
+                (None, None) => ("DELETE FROM node_cache", vec![]),
+            };
+            let n = tx.execute(sql, &params).await?;
             tx.commit().await?;
             Ok(n)
         })

@@ -202,12 +202,16 @@ impl CronStore for PostgresCheckpointer {
     }
 
     fn list_deliveries(&self, run_id: Option<&str>) -> Result<Vec<Delivery>> {
-        let rows = self.query(
-            format!(
-                "SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE ($1::text IS NULL OR run_id = $1) ORDER BY seq"
-            ),
-            vec![Param::OptText(run_id.map(str::to_owned))],
-        )?;
+        let rows = match run_id {
+            Some(r) => self.query(
+                format!("SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE run_id = $1 ORDER BY seq"),
+                vec![Param::Text(r.to_owned())],
+            )?,
+            None => self.query(
+                format!("SELECT {DELIVERY_COLS} FROM webhook_deliveries ORDER BY seq"),
+                vec![],
+            )?,
+        };
         rows.iter().map(delivery_from_row).collect()
     }
 }

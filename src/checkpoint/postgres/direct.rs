@@ -294,15 +294,6 @@ fn open(config: &tokio_postgres::Config, tls: &tokio_postgres_rustls::MakeRustls
     // Named apart from the pool's, for whoever looks at the server's connections.
     let mut config = config.clone();
     config.application_name(name);
-    // A statement is planned once per connection, not at each execution: the server otherwise
-    // plans a statement's first executions anew and keeps doing so while a custom plan looks
-    // cheaper, which for a step's inserts from arrays it always does (half the server's time
-    // on a step went to planning it).
-    let options = format!(
-        "{} -c plan_cache_mode=force_generic_plan",
-        config.get_options().unwrap_or_default()
-    );
-    config.options(options.trim());
     let config = &config;
     let timeout = config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(10));
     let ports = config.get_ports();

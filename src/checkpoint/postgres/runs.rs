@@ -174,10 +174,13 @@ impl RunStore for PostgresCheckpointer {
     }
 
     fn list_runs(&self, thread_id: Option<&str>, statuses: &[RunStatus]) -> Result<Vec<RunRow>> {
-        let rows = self.query(
-            format!("SELECT {RUN_COLS} FROM runs WHERE ($1::text IS NULL OR thread_id = $1) ORDER BY run_id"),
-            vec![Param::OptText(thread_id.map(str::to_owned))],
-        )?;
+        let rows = match thread_id {
+            Some(t) => self.query(
+                format!("SELECT {RUN_COLS} FROM runs WHERE thread_id = $1 ORDER BY run_id"),
+                vec![text(t)],
+            )?,
+            None => self.query(format!("SELECT {RUN_COLS} FROM runs ORDER BY run_id"), vec![])?,
+        };
         let mut out = Vec::new();
         for row in &rows {
             let run = run_from_row(row)?.into_run()?;
