@@ -18,9 +18,8 @@
 //! one for admissions, a few for steps, which many runs commit at once; each opened on first
 //! use, so a process has only those it makes), each used by one caller at a time: a caller
 //! that finds them all busy, or a database reached through a Unix socket, takes the pool's
-//! way, whose connections plan each statement anew. One that fails is dropped and opened again by a later call, and the
-//! call that found it broken is tried again on the pool, which retries while the database
-//! cannot be reached.
+//! way. One that fails is dropped and opened again by a later call, and the call that found
+//! it broken is tried again on the pool, which retries while the database cannot be reached.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -437,12 +437,12 @@ enum Read {
     Snapshot,
 }
 
-/// How a read begins: one snapshot for all its statements, and no write among them.
 /// At most how many connections of their own a process's step writes take (each opened when
 /// the ones before it are all busy with another step: as many as steps commit at once), and
 /// no more than the pool's size.
 const STEP_LINKS: usize = 4;
 
+/// How a read begins: one snapshot for all its statements, and no write among them.
 const READ_ONLY: &str = "START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 
 impl Drop for PostgresCheckpointer {
