@@ -359,6 +359,38 @@ mod queue {
         assert_eq!(store.claim("w1", &claim("c2")).unwrap().unwrap().run.run_id, "r2");
     }
 
+    /// A run's log and its end are written again by the client when an answer was lost (the
+    /// connection broke after the statement committed): the same events appended twice, and
+    /// the same end finished twice, answer as the first call did and are logged once; an
+    /// append that goes on past what the first wrote adds the rest.
+    #[test]
+    fn a_runs_events_or_end_written_again_after_they_committed_are_the_same_ones() {
+        let url = postgres::fresh_url();
+        let store = PostgresCheckpointer::open(&url, Durability::CrashSafe).unwrap();
+        assert!(store.admit(&run_row("r", "t"), false, None).unwrap());
+        let c = store.claim("w", &claim("c")).unwrap().unwrap();
+        let first = [r#"{"n":1}"#.to_string(), r#"{"n":2}"#.to_string()];
+        assert!(store.append("r", "c", c.next_event, &first).unwrap());
+        assert!(
+            store.append("r", "c", c.next_event, &first).unwrap(),
+            "the same events again"
+        );
+        // Put back with what was recorded since: the rest is added.
+        let more = [first[0].clone(), first[1].clone(), r#"{"n":3}"#.to_string()];
+        assert!(store.append("r", "c", c.next_event, &more).unwrap());
+        let end = Ended {
+            status: RunStatus::Success,
+            error: None,
+            at: "2020-01-01T12:00:00.000Z",
+            record: Some((c.next_event + 3, r#"{"type":"__end__"}"#)),
+        };
+        store.finish("r", "c", end).unwrap();
+        store.finish("r", "c", end).unwrap();
+        assert_eq!(store.get_run("r").unwrap().unwrap().status, RunStatus::Success);
+        let logged: Vec<String> = store.events("r", 0, 10).unwrap().into_iter().map(|(_, b)| b).collect();
+        assert_eq!(logged, [&more[..], &[r#"{"type":"__end__"}"#.to_string()]].concat());
+    }
+
     /// A worker claims the runs of the assistants it serves only, oldest first, and leaves the
     /// others pending for a worker that serves them; a claim for any assistant (a worker of an
     /// earlier version, calling `claim_run` with six arguments) takes any.

@@ -1008,7 +1008,8 @@ async fn put_rows<C: Statements + Sync>(
         ctes.push(format!(
             "logged AS (INSERT INTO run_events (run_id, seq, body) \
              SELECT {run}, {from} + n - 1, b FROM unnest({bodies}::text[]) WITH ORDINALITY AS e(b, n) \
-             WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = {run} AND claim = {claim}) RETURNING seq)",
+             WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = {run} AND claim = {claim}) \
+             ON CONFLICT (run_id, seq) DO NOTHING RETURNING seq)",
             run = p[0],
             claim = p[1],
             from = p[3],

@@ -12,7 +12,7 @@ use deadpool_postgres::Pool;
 use crate::checkpoint::{CheckpointError, Result};
 
 /// The schema this build writes. A database with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 /// Version 1.
 const V1: &str = "
@@ -662,9 +662,57 @@ LANGUAGE sql AS $$
 $$;
 ";
 
+/// Version 12: a run's log written again as it was written. A call whose statement committed
+/// but whose answer was lost (the connection broke in between: a database shutting down, a
+/// connection terminated) is made again by the client's retry; its events, or the run's end,
+/// then met their own rows and failed on the key, and the worker, told the write had failed,
+/// wrote the run's end where those events were, failed again, and left the run `running`
+/// while it lived. The rows at those places can only be that claim's own (no other claim
+/// writes the run's log), so they are kept and the call answers as the first did.
+const V12: &str = "
+CREATE OR REPLACE FUNCTION append_events(p_run_id text, p_claim text, p_from bigint, p_bodies text[], p_channel text,
+                                         p_payload text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    IF NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = p_run_id AND r.claim = p_claim) THEN
+        RETURN coalesce(cardinality(p_bodies), 0) = 0;
+    END IF;
+    INSERT INTO run_events (run_id, seq, body)
+        SELECT p_run_id, p_from + e.n - 1, e.b FROM unnest(p_bodies) WITH ORDINALITY AS e(b, n)
+        ON CONFLICT (run_id, seq) DO NOTHING;
+    PERFORM pg_notify(p_channel, p_payload);
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION finish_run(p_run_id text, p_claim text, p_status text, p_error text, p_at text,
+                                      p_seq bigint, p_body text, p_channel text, p_payload text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE runs r SET status = p_status, error = p_error, updated_at = p_at
+     WHERE r.run_id = p_run_id AND (r.claim = p_claim OR r.worker = p_claim);
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_seq IS NOT NULL THEN
+        INSERT INTO run_events (run_id, seq, body) VALUES (p_run_id, p_seq, p_body)
+            ON CONFLICT (run_id, seq) DO NOTHING;
+    END IF;
+    PERFORM pg_notify(p_channel, p_payload);
+    -- The thread's next run is claimable now: the workers are told as of an admission.
+    IF EXISTS (SELECT 1 FROM runs n WHERE n.thread_id = (SELECT r.thread_id FROM runs r WHERE r.run_id = p_run_id)
+               AND n.status = 'pending') THEN
+        PERFORM pg_notify(p_channel, 'q');
+    END IF;
+    RETURN true;
+END
+$$;
+";
+
 /// Every version's statements, in order: `MIGRATIONS[n]` takes a database from version `n` to
 /// `n + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12];
 
 /// Creates `schema` and its tables, or migrates them to [`SCHEMA_VERSION`], in one transaction
 /// under a transaction-level advisory lock; a newer schema is refused. Returns the version found
