@@ -2141,11 +2141,26 @@ pub(crate) fn counted_url(url: &str) -> (url::Url, Arc<std::sync::atomic::Atomic
 /// client that waits for each answer before it sends the next statement makes one read per
 /// statement, one that sends a whole write at once makes one.
 pub(crate) fn counting_relay(target: std::net::SocketAddr) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    let (port, sends, _) = relay(target);
+    (port, sends)
+}
+
+/// [`counting_relay`], and a switch: set, the next answer from the server, whichever
+/// connection it is on, is dropped and that connection broken both ways (an answer lost after
+/// the statement was done).
+fn relay(
+    target: std::net::SocketAddr,
+) -> (
+    u16,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let sends = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = sends.clone();
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (counted, cutting) = (sends.clone(), cut.clone());
     std::thread::spawn(move || {
         for client in listener.incoming() {
             let Ok(client) = client else { return };
@@ -2155,12 +2170,17 @@ pub(crate) fn counting_relay(target: std::net::SocketAddr) -> (u16, Arc<std::syn
             let _ = (client.set_nodelay(true), server.set_nodelay(true));
             let pipe = |mut from: std::net::TcpStream,
                         mut to: std::net::TcpStream,
-                        count: Option<Arc<std::sync::atomic::AtomicUsize>>| {
+                        count: Option<Arc<std::sync::atomic::AtomicUsize>>,
+                        cut: Option<Arc<std::sync::atomic::AtomicBool>>| {
                 std::thread::spawn(move || {
                     let mut buf = vec![0u8; 64 * 1024];
                     while let Ok(n @ 1..) = from.read(&mut buf) {
                         if let Some(count) = &count {
                             count.fetch_add(1, Ordering::SeqCst);
+                        }
+                        if cut.as_ref().is_some_and(|c| c.swap(false, Ordering::SeqCst)) {
+                            let _ = from.shutdown(std::net::Shutdown::Both);
+                            break;
                         }
                         if to.write_all(&buf[..n]).is_err() {
                             break;
@@ -2173,11 +2193,56 @@ pub(crate) fn counting_relay(target: std::net::SocketAddr) -> (u16, Arc<std::syn
                 client.try_clone().unwrap(),
                 server.try_clone().unwrap(),
                 Some(counted.clone()),
+                None,
             );
-            pipe(server, client, None);
+            pipe(server, client, None, Some(cutting.clone()));
         }
     });
-    (port, sends)
+    (port, sends, cut)
+}
+
+/// A step's write whose answer was lost after it committed (its connection broken between
+/// the two) is made again, finds its own rows, and answers as the first try would have: the
+/// step is stored once, and the run goes on.
+#[test]
+fn postgres_a_step_committed_whose_answer_was_lost_is_written_once() {
+    let url = url::Url::parse(&fresh_url()).unwrap();
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
+        .unwrap()
+        .next()
+        .unwrap();
+    let (port, _, cut) = relay(target);
+    let mut relayed = url.clone();
+    relayed.set_port(Some(port)).unwrap();
+    let cp = PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap();
+    let id = "lost";
+    let lease = cp.acquire_lease(&claim(id, "owner", 60_000)).unwrap();
+    let c0 = checkpoint(id, None, -1, &[("n", 1)]);
+    cp.create_thread_with_checkpoint(Some(&lease.fence()), &thread(id), &c0, vals(&[("n", 1, json!(0))]))
+        .unwrap();
+    let step = |parent: &Checkpoint, n: u64| {
+        let next = checkpoint(id, Some(parent), n as i64, &[("n", n + 1)]);
+        let written = cp.put_batch(vec![
+            Put::Fence(lease.fence()),
+            Put::Writes {
+                thread_id: id.into(),
+                checkpoint_id: parent.checkpoint_id.clone(),
+                writes: vec![write("t", 0, "n", json!(n))],
+            },
+            Put::Checkpoint(Arc::new(next.clone()), vals(&[("n", n + 1, json!(n))])),
+        ]);
+        (next, written)
+    };
+    let (c1, written) = step(&c0, 1);
+    written.unwrap();
+    cut.store(true, Ordering::SeqCst);
+    let (c2, written) = step(&c1, 2);
+    assert!(!cut.load(Ordering::SeqCst), "an answer was dropped");
+    written.unwrap();
+    let (_, written) = step(&c2, 3);
+    written.unwrap();
+    assert_eq!(cp.history(id).unwrap().len(), 4);
+    assert_eq!(cp.get_writes(id, &c1.checkpoint_id).unwrap().len(), 1);
 }
 
 /// A worker's claim reads the claimed run's thread — the thread, its head and its record — in

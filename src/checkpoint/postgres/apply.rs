@@ -227,6 +227,16 @@ pub(super) async fn require_thread(tx: &impl GenericClient, thread_id: &str) -> 
     }
 }
 
+/// The checkpoint `op` stores, if it stores one: its thread and id.
+pub(super) fn stored_checkpoint(op: &Op) -> Option<(&str, &str)> {
+    let mut flat = Vec::new();
+    flatten(std::slice::from_ref(op), &mut flat);
+    flat.into_iter().find_map(|op| match op {
+        Op::PutCheckpoint { row, .. } => Some((row.thread_id.as_str(), row.checkpoint_id.as_str())),
+        _ => None,
+    })
+}
+
 pub(super) async fn checkpoint_exists(tx: &impl GenericClient, thread_id: &str, checkpoint_id: &str) -> Result<bool> {
     let stmt = tx
         .prepare_cached("SELECT 1 FROM checkpoints WHERE thread_id = $1 AND checkpoint_id = $2")

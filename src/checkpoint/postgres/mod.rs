@@ -293,19 +293,41 @@ impl PostgresCheckpointer {
     /// Applies `op` (see [`apply::one_statement`]) and `log`'s records as one statement: on the
     /// calling thread, with no hand-off to the backend's runtime, when the step's connection is
     /// free; the pool's way otherwise, or when it broke.
+    ///
+    /// The statement is one transaction, so a try whose answer was lost (its connection broke)
+    /// either committed all of it or nothing. Made again, one that had committed meets its own
+    /// rows; it is found by its checkpoint, stored, and answers as the first try would have.
     fn write_one(&self, op: Arc<Op>, log: Option<Arc<queue::LogRows>>) -> Result<Done> {
-        let (o, l) = (op.clone(), log.clone());
-        let work: direct::Work<Done> =
-            Box::new(move |exec| Box::pin(async move { apply::apply_one_statement(exec, &o, l.as_deref()).await }));
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // Whether a try was sent, which may have committed.
+        let tried = Arc::new(AtomicBool::new(false));
+        let (o, l, t) = (op.clone(), log.clone(), tried.clone());
+        let work: direct::Work<Done> = Box::new(move |exec| {
+            Box::pin(async move {
+                t.store(true, Ordering::SeqCst);
+                apply::apply_one_statement(exec, &o, l.as_deref()).await
+            })
+        });
         if let Some(done) = self.steps.run(&self.config, &self.tls, work) {
             return done;
         }
         let pool = self.pool.clone();
         self.retrying(move || {
-            let (pool, op, log) = (pool.clone(), op.clone(), log.clone());
+            let (pool, op, log, tried) = (pool.clone(), op.clone(), log.clone(), tried.clone());
             async move {
                 let client = pool.get().await?;
-                apply::apply_one_statement(&client, &op, log.as_deref()).await
+                let again = tried.swap(true, Ordering::SeqCst);
+                match apply::apply_one_statement(&client, &op, log.as_deref()).await {
+                    Err(e) if again && !matches!(e, CheckpointError::Unavailable(_)) => {
+                        match apply::stored_checkpoint(&op) {
+                            Some((thread, id)) if apply::checkpoint_exists(&client, thread, id).await? => {
+                                Ok(Done::Unit)
+                            }
+                            _ => Err(e),
+                        }
+                    }
+                    done => done,
+                }
             }
         })
     }
