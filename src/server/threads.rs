@@ -40,7 +40,12 @@ pub(crate) fn exists(app: &Shared, thread_id: &str) -> Result<bool, ApiError> {
     Ok(app.store.get_thread(thread_id)?.is_some())
 }
 
-pub(crate) use crate::blocking::lock;
+/// A lock held for moments (a stream's frames, a connection's phase), never across a store
+/// call: taken in place.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A handler that panicked while holding the lock left plain data behind, still usable.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// The gates `writes` (the records of checkpoint `cp`) wait at, as LangGraph's `Interrupt`s
 /// `{id, value}`, each with the task it stopped (a subgraph's task stands for each gate its
