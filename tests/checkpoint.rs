@@ -2141,15 +2141,16 @@ pub(crate) fn counted_url(url: &str) -> (url::Url, Arc<std::sync::atomic::Atomic
 /// client that waits for each answer before it sends the next statement makes one read per
 /// statement, one that sends a whole write at once makes one.
 pub(crate) fn counting_relay(target: std::net::SocketAddr) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
-    let (port, sends, _) = relay(target);
+    let (port, sends, _) = relay(target, b"");
     (port, sends)
 }
 
-/// [`counting_relay`], and a switch: set, the next answer from the server, whichever
-/// connection it is on, is dropped and that connection broken both ways (an answer lost after
-/// the statement was done).
+/// [`counting_relay`], and a switch: set, the next answer from the server that holds `at`
+/// (any, if empty), whichever connection it is on, is dropped and that connection broken both
+/// ways (an answer lost after the statement was done).
 fn relay(
     target: std::net::SocketAddr,
+    at: &'static [u8],
 ) -> (
     u16,
     Arc<std::sync::atomic::AtomicUsize>,
@@ -2178,7 +2179,8 @@ fn relay(
                         if let Some(count) = &count {
                             count.fetch_add(1, Ordering::SeqCst);
                         }
-                        if cut.as_ref().is_some_and(|c| c.swap(false, Ordering::SeqCst)) {
+                        let holds = at.is_empty() || buf[..n].windows(at.len()).any(|w| w == at);
+                        if holds && cut.as_ref().is_some_and(|c| c.swap(false, Ordering::SeqCst)) {
                             let _ = from.shutdown(std::net::Shutdown::Both);
                             break;
                         }
@@ -2211,7 +2213,7 @@ fn postgres_a_step_committed_whose_answer_was_lost_is_written_once() {
         .unwrap()
         .next()
         .unwrap();
-    let (port, _, cut) = relay(target);
+    let (port, _, cut) = relay(target, b"");
     let mut relayed = url.clone();
     relayed.set_port(Some(port)).unwrap();
     let cp = PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap();
@@ -2243,6 +2245,79 @@ fn postgres_a_step_committed_whose_answer_was_lost_is_written_once() {
     written.unwrap();
     assert_eq!(cp.history(id).unwrap().len(), 4);
     assert_eq!(cp.get_writes(id, &c1.checkpoint_id).unwrap().len(), 1);
+}
+
+/// A checkpointer on a fresh database through [`relay`], whose switch drops the answer to the
+/// next `COMMIT` a transaction sends.
+fn commit_answer_dropping() -> (PostgresCheckpointer, Arc<std::sync::atomic::AtomicBool>) {
+    let url = url::Url::parse(&fresh_url()).unwrap();
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
+        .unwrap()
+        .next()
+        .unwrap();
+    // The tag of the answer to a `COMMIT` (its CommandComplete message).
+    let (port, _, cut) = relay(target, b"COMMIT\0");
+    let mut relayed = url.clone();
+    relayed.set_port(Some(port)).unwrap();
+    (
+        PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap(),
+        cut,
+    )
+}
+
+/// Writes that take a transaction (a fork, a step with a long string, a thread's removal, a
+/// queued run's cancel) whose `COMMIT` committed and whose answer was lost are not made again
+/// blindly: the next try finds the transaction committed and answers as the first would have.
+#[test]
+fn postgres_a_transaction_committed_whose_answer_was_lost_answers_as_it_would_have() {
+    use runner::checkpoint::queue::RunQueue;
+    let (cp, cut) = commit_answer_dropping();
+    let lost = |what: &str| assert!(!cut.swap(true, Ordering::SeqCst), "{what}: no answer was dropped");
+    let id = "origin";
+    let c0 = checkpoint(id, None, -1, &[("n", 1)]);
+    cp.create_thread_with_checkpoint(None, &thread(id), &c0, vals(&[("n", 1, json!(0))]))
+        .unwrap();
+
+    // A fork: once, not "already exists".
+    cut.store(true, Ordering::SeqCst);
+    let forked = cp.fork(id, &c0.checkpoint_id, "forked").unwrap();
+    lost("fork");
+    assert_eq!(cp.get_checkpoint("forked", None).unwrap().unwrap(), forked);
+    assert_eq!(cp.history("forked").unwrap().len(), 1);
+
+    // A step whose state holds a long string (stored apart, in a transaction): once.
+    let lease = cp.acquire_lease(&claim(id, "owner", 60_000)).unwrap();
+    let long = "x".repeat(100_000);
+    let c1 = checkpoint(id, Some(&c0), 0, &[("n", 2)]);
+    cut.store(true, Ordering::SeqCst);
+    cp.put_batch(vec![
+        Put::Fence(lease.fence()),
+        Put::Checkpoint(Arc::new(c1.clone()), vals(&[("n", 2, json!(long))])),
+    ])
+    .unwrap();
+    lost("a step with a long string");
+    assert_eq!(cp.history(id).unwrap().len(), 2);
+    assert_eq!(cp.state(id, &c1.versions).unwrap()["n"], json!(long));
+    cp.release_lease(&lease.fence()).unwrap();
+
+    // A queued run's cancel: it ended the run, and says so.
+    assert!(
+        cp.admit(&run_row("r", "queued", RunStatus::Pending), false, None)
+            .unwrap()
+    );
+    cut.store(true, Ordering::SeqCst);
+    assert!(cp.cancel("r", "interrupt").unwrap(), "the run ended by the cancel");
+    lost("cancel");
+    assert_eq!(cp.get_run("r").unwrap().unwrap().status, RunStatus::Interrupted);
+
+    // A removal: removed, not found missing.
+    cut.store(true, Ordering::SeqCst);
+    let removed = cp
+        .remove_thread("forked", &Removal::default(), &claim("forked", "remover", 60_000))
+        .unwrap();
+    lost("removal");
+    assert!(matches!(removed, Removed::Removed), "{removed:?}");
+    assert!(cp.get_thread("forked").unwrap().is_none());
 }
 
 /// A worker's claim reads the claimed run's thread — the thread, its head and its record — in

@@ -34,6 +34,7 @@ mod apply;
 mod cache;
 mod crons;
 mod direct;
+mod doubt;
 mod queue;
 mod remove;
 mod runs;
@@ -274,18 +275,21 @@ impl PostgresCheckpointer {
         if !unsynced && apply::one_statement(&op) {
             return self.write_one(Arc::new(op), None);
         }
-        let (pool, op) = (self.pool.clone(), Arc::new(op));
+        let (pool, op, doubt) = (self.pool.clone(), Arc::new(op), doubt::InDoubt::new());
         self.retrying(move || {
-            let (pool, op) = (pool.clone(), op.clone());
+            let (pool, op, doubt) = (pool.clone(), op.clone(), doubt.clone());
             async move {
                 let mut client = pool.get().await?;
+                if let Some(done) = doubt.settled(&client).await? {
+                    return Ok(done);
+                }
                 let tx = client.transaction().await?;
                 if unsynced {
                     tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
                 }
-                let done = apply::apply(&tx, &op).await?;
-                tx.commit().await?;
-                Ok(done)
+                let (xid, done) = tokio::join!(doubt::xid(&tx), apply::apply(&tx, &op));
+                let (xid, done) = (xid?, done?);
+                doubt.commit(tx, xid, done).await
             }
         })
     }
@@ -342,21 +346,24 @@ impl PostgresCheckpointer {
         if !unsynced && apply::one_statement(&op) {
             return self.write_one(op, Some(log));
         }
-        let pool = self.pool.clone();
+        let (pool, doubt) = (self.pool.clone(), doubt::InDoubt::new());
         self.retrying(move || {
-            let (pool, op, log) = (pool.clone(), op.clone(), log.clone());
+            let (pool, op, log, doubt) = (pool.clone(), op.clone(), log.clone(), doubt.clone());
             async move {
                 let mut client = pool.get().await?;
+                if let Some(done) = doubt.settled(&client).await? {
+                    return Ok(done);
+                }
                 let tx = client.transaction().await?;
                 if unsynced {
                     tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
                 }
-                let done = apply::apply(&tx, &op).await?;
+                let (xid, done) = tokio::join!(doubt::xid(&tx), apply::apply(&tx, &op));
+                let (xid, done) = (xid?, done?);
                 if !log.bodies.is_empty() && !queue::append_rows(&tx, &log).await? {
                     return Err(CheckpointError::LeaseLost(log.thread.clone()));
                 }
-                tx.commit().await?;
-                Ok(done)
+                doubt.commit(tx, xid, done).await
             }
         })
     }

@@ -445,12 +445,29 @@ impl RunQueue for PostgresCheckpointer {
     }
 
     fn cancel(&self, run_id: &str, action: &str) -> Result<bool> {
-        let (pool, run_id, action, channel) = (self.pool.clone(), run_id.to_owned(), action.to_owned(), self.channel());
+        let (pool, run_id, action, channel, doubt) = (
+            self.pool.clone(),
+            run_id.to_owned(),
+            action.to_owned(),
+            self.channel(),
+            super::doubt::InDoubt::new(),
+        );
         self.retrying(move || {
-            let (pool, run_id, action, channel) = (pool.clone(), run_id.clone(), action.clone(), channel.clone());
+            let (pool, run_id, action, channel, doubt) = (
+                pool.clone(),
+                run_id.clone(),
+                action.clone(),
+                channel.clone(),
+                doubt.clone(),
+            );
             async move {
                 let mut client = pool.get().await?;
+                // Ended by a try whose commit went unanswered: not found running now.
+                if let Some(ended) = doubt.settled(&client).await? {
+                    return Ok(ended);
+                }
                 let tx = client.transaction().await?;
+                let xid = super::doubt::xid(&tx);
                 let at = crate::clock::now();
                 // A run nobody claimed ends here; a claim in progress holds the row, and this
                 // waits for it, then finds the run running.
@@ -458,14 +475,15 @@ impl RunQueue for PostgresCheckpointer {
                     "error": "UserInterrupt",
                     "message": "interrupt requested via POST /threads/{thread_id}/runs/{run_id}/cancel",
                 }))?;
-                let ended = tx
-                    .execute(
+                let (xid, ended) = tokio::join!(xid, async {
+                    tx.execute(
                         "UPDATE runs SET status = 'interrupted', cancel = $2, error = $3, updated_at = $4 \
-                         WHERE run_id = $1 AND status = 'pending' AND worker IS NULL",
+                             WHERE run_id = $1 AND status = 'pending' AND worker IS NULL",
                         &[&run_id, &action, &error, &at],
                     )
-                    .await?
-                    > 0;
+                    .await
+                });
+                let (xid, ended) = (xid?, ended? > 0);
                 if ended {
                     tx.execute(
                         "SELECT pg_notify($1, $2)",
@@ -491,8 +509,7 @@ impl RunQueue for PostgresCheckpointer {
                     )
                     .await?;
                 }
-                tx.commit().await?;
-                Ok(ended)
+                doubt.commit(tx, xid, ended).await
             }
         })
     }

@@ -9,16 +9,35 @@ use crate::checkpoint::{LeaseClaim, Removal, Removed, Result};
 
 impl PostgresCheckpointer {
     pub(super) fn remove(&self, thread_id: &str, removal: &Removal, claim: &LeaseClaim) -> Result<Removed> {
-        let (pool, thread_id, removal, claim) =
-            (self.pool.clone(), thread_id.to_owned(), removal.clone(), claim.clone());
+        let (pool, thread_id, removal, claim, doubt) = (
+            self.pool.clone(),
+            thread_id.to_owned(),
+            removal.clone(),
+            claim.clone(),
+            super::doubt::InDoubt::new(),
+        );
         self.retrying(move || {
-            let (pool, thread_id, removal, claim) = (pool.clone(), thread_id.clone(), removal.clone(), claim.clone());
+            let (pool, thread_id, removal, claim, doubt) = (
+                pool.clone(),
+                thread_id.clone(),
+                removal.clone(),
+                claim.clone(),
+                doubt.clone(),
+            );
             async move {
                 let mut client = pool.get().await?;
+                // Removed by a try whose commit went unanswered: not found missing now.
+                if let Some(removed) = doubt.settled(&client).await? {
+                    return Ok(removed);
+                }
                 let tx = client.transaction().await?;
                 // No run is admitted to the thread meanwhile (admission takes the same lock).
-                tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&thread_id])
-                    .await?;
+                let (xid, locked) = tokio::join!(super::doubt::xid(&tx), async {
+                    tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&thread_id])
+                        .await
+                });
+                let xid = xid?;
+                locked?;
                 // A claim in progress holds its run's row: this waits for it, then sees it running.
                 let active = tx
                     .query_opt(
@@ -130,8 +149,7 @@ impl PostgresCheckpointer {
                     .await?;
                 }
                 super::runs::delete_thread_records(&tx, &thread_id).await?;
-                tx.commit().await?;
-                Ok(Removed::Removed)
+                doubt.commit(tx, xid, Removed::Removed).await
             }
         })
     }
