@@ -79,10 +79,10 @@ impl<T> InDoubt<T> {
 /// the transaction's first statement, it is sent with it.
 pub(super) async fn xid(tx: &Transaction<'_>) -> Result<i64> {
     for message in tx.simple_query("SELECT txid_current()").await? {
-        if let tokio_postgres::SimpleQueryMessage::Row(row) = message {
-            if let Some(id) = row.get(0).and_then(|s| s.parse().ok()) {
-                return Ok(id);
-            }
+        if let tokio_postgres::SimpleQueryMessage::Row(row) = message
+            && let Some(id) = row.get(0).and_then(|s| s.parse().ok())
+        {
+            return Ok(id);
         }
     }
     Err(CheckpointError::Backend(
