@@ -2203,6 +2203,28 @@ fn relay(
     (port, sends, cut)
 }
 
+/// A step of thread `parent.thread_id` under `fence`: task `t`'s write of `n` to `n` against
+/// `parent`, and the next checkpoint (returned), where `n` is `n`, in one batch.
+fn fenced_step(
+    cp: &PostgresCheckpointer,
+    fence: &Fence,
+    parent: &Checkpoint,
+    n: u64,
+) -> (Checkpoint, runner::checkpoint::Result<()>) {
+    let id = parent.thread_id.as_str();
+    let next = checkpoint(id, Some(parent), n as i64, &[("n", n + 1)]);
+    let written = cp.put_batch(vec![
+        Put::Fence(fence.clone()),
+        Put::Writes {
+            thread_id: id.into(),
+            checkpoint_id: parent.checkpoint_id.clone(),
+            writes: vec![write("t", 0, "n", json!(n))],
+        },
+        Put::Checkpoint(Arc::new(next.clone()), vals(&[("n", n + 1, json!(n))])),
+    ]);
+    (next, written)
+}
+
 /// A step's write whose answer was lost after it committed (its connection broken between
 /// the two) is made again, finds its own rows, and answers as the first try would have: the
 /// step is stored once, and the run goes on.
@@ -2222,19 +2244,7 @@ fn postgres_a_step_committed_whose_answer_was_lost_is_written_once() {
     let c0 = checkpoint(id, None, -1, &[("n", 1)]);
     cp.create_thread_with_checkpoint(Some(&lease.fence()), &thread(id), &c0, vals(&[("n", 1, json!(0))]))
         .unwrap();
-    let step = |parent: &Checkpoint, n: u64| {
-        let next = checkpoint(id, Some(parent), n as i64, &[("n", n + 1)]);
-        let written = cp.put_batch(vec![
-            Put::Fence(lease.fence()),
-            Put::Writes {
-                thread_id: id.into(),
-                checkpoint_id: parent.checkpoint_id.clone(),
-                writes: vec![write("t", 0, "n", json!(n))],
-            },
-            Put::Checkpoint(Arc::new(next.clone()), vals(&[("n", n + 1, json!(n))])),
-        ]);
-        (next, written)
-    };
+    let step = |parent: &Checkpoint, n: u64| fenced_step(&cp, &lease.fence(), parent, n);
     let (c1, written) = step(&c0, 1);
     written.unwrap();
     cut.store(true, Ordering::SeqCst);
@@ -2727,19 +2737,7 @@ fn postgres_a_step_is_written_on_the_step_connection_and_survives_its_loss() {
     cp.create_thread_with_checkpoint(Some(&lease.fence()), &thread(id), &c0, vals(&[("n", 1, json!(0))]))
         .unwrap();
     last_step("WITH nt AS (INSERT INTO threads");
-    let step = |parent: &Checkpoint, n: u64| {
-        let next = checkpoint(id, Some(parent), n as i64, &[("n", n + 1)]);
-        let written = cp.put_batch(vec![
-            Put::Fence(lease.fence()),
-            Put::Writes {
-                thread_id: id.into(),
-                checkpoint_id: parent.checkpoint_id.clone(),
-                writes: vec![write("t", 0, "n", json!(n))],
-            },
-            Put::Checkpoint(Arc::new(next.clone()), vals(&[("n", n + 1, json!(n))])),
-        ]);
-        (next, written)
-    };
+    let step = |parent: &Checkpoint, n: u64| fenced_step(&cp, &lease.fence(), parent, n);
     let (c1, written) = step(&c0, 1);
     written.unwrap();
     let first = last_step("WITH c AS (INSERT INTO checkpoints");
