@@ -590,23 +590,11 @@ impl<S: Send + Sync + 'static> RunManager<S> {
             stopper: stopper.clone(),
             armed: cancel_on_disconnect,
         };
-        let first = tokio::select! {
-            biased;
-            Some(first) = events.recv() => Some(first),
-            outcome = &mut done => match outcome {
-                Ok(Err(e)) => return Err(RunsError::Engine(e)),
-                _ => None,
-            },
-        };
-        let first = match first {
-            Some(f) => f,
-            // Its end came first: its events, if it sent any, are still to be read. None: it
-            // was cancelled while it waited for a worker.
-            None => events
-                .recv()
-                .await
-                .ok_or_else(|| RunsError::Conflict(format!("run {run_id} was cancelled before it started")))?,
-        };
+        let first = first_event(&mut events, &mut done)
+            .await
+            .map_err(RunsError::Engine)?
+            // None: it was cancelled while it waited for a worker.
+            .ok_or_else(|| RunsError::Conflict(format!("run {run_id} was cancelled before it started")))?;
         // From here on the reader's own guard stops the run if its client goes away.
         abandoned.armed = false;
         self.set_status(&run_id, RunStatus::Running, None);
@@ -976,6 +964,34 @@ fn new_meta(thread_id: &str) -> ThreadMeta {
     }
 }
 
+/// The run's first event, its end watched meanwhile: the error of a run that failed before it
+/// started; `None` for one that ended without an event (cancelled while it waited for a
+/// worker). An end that comes first (the run may send its events and its end between the two
+/// channels' looks) is put back into `done` for its reader, who reads it after the events sent
+/// before it: a oneshot answers once, and would panic if polled again.
+async fn first_event(
+    events: &mut Receiver,
+    done: &mut oneshot::Receiver<Result<RunOutcome, EngineError>>,
+) -> Result<Option<Envelope>, EngineError> {
+    let ended = tokio::select! {
+        biased;
+        Some(first) = events.recv() => return Ok(Some(first)),
+        outcome = &mut *done => outcome,
+    };
+    let (tx, again) = oneshot::channel();
+    match ended {
+        Ok(Err(e)) => return Err(e),
+        Ok(outcome) => {
+            let _ = tx.send(outcome);
+        }
+        // Its task went without an outcome: so does the one put back (`tx` dropped).
+        Err(_) => {}
+    }
+    *done = again;
+    // Its end came first: its events, if it sent any, are still to be read.
+    Ok(events.recv().await)
+}
+
 /// The end of a run cancelled before it had a worker.
 pub(super) fn never_started(thread_id: &str) -> RunOutcome {
     RunOutcome {
@@ -1039,6 +1055,39 @@ fn prune<S>(runs: &mut std::collections::HashMap<String, Live<S>>, keep: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_run_whose_end_is_seen_before_its_first_event_still_answers_its_end() {
+        let (sender, mut events) = crate::engine::events::Events::channel();
+        let (tx, mut done) = oneshot::channel();
+        // Its end is there at the first look, its events not yet (sent between the looks).
+        tx.send(Ok(never_started("t"))).unwrap();
+        let late = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            sender.send(crate::engine::events::Event::RunStart {
+                thread_id: "t".into(),
+                workflow: "w".into(),
+                resumed: false,
+                checkpoint_id: String::new(),
+            });
+        });
+        let first = first_event(&mut events, &mut done)
+            .await
+            .unwrap()
+            .expect("its first event");
+        assert!(matches!(first.event, crate::engine::events::Event::RunStart { .. }));
+        late.await.unwrap();
+        // Its reader reads its end after its events (polled again, the first receiver panics).
+        let outcome = done.await.expect("its end, put back").unwrap();
+        assert_eq!(outcome.status, Status::Cancelled);
+
+        // A run that ended without an outcome or an event: neither, and no panic.
+        let (sender, mut events) = crate::engine::events::Events::channel();
+        let (tx, mut done) = oneshot::channel::<Result<RunOutcome, EngineError>>();
+        drop((tx, sender));
+        assert!(first_event(&mut events, &mut done).await.unwrap().is_none());
+        assert!(done.await.is_err());
+    }
 
     fn record(run_id: &str, status: RunStatus) -> Live<()> {
         Live {
