@@ -2225,20 +2225,29 @@ fn fenced_step(
     (next, written)
 }
 
-/// A step's write whose answer was lost after it committed (its connection broken between
-/// the two) is made again, finds its own rows, and answers as the first try would have: the
-/// step is stored once, and the run goes on.
-#[test]
-fn postgres_a_step_committed_whose_answer_was_lost_is_written_once() {
+/// A power-safe checkpointer on a fresh database through [`relay`], whose switch drops the next
+/// answer that holds `at` (any, if empty).
+fn answer_dropping(at: &'static [u8]) -> (PostgresCheckpointer, Arc<AtomicBool>) {
     let url = url::Url::parse(&fresh_url()).unwrap();
     let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
         .unwrap()
         .next()
         .unwrap();
-    let (port, _, cut) = relay(target, b"");
+    let (port, _, cut) = relay(target, at);
     let mut relayed = url.clone();
     relayed.set_port(Some(port)).unwrap();
-    let cp = PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap();
+    (
+        PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap(),
+        cut,
+    )
+}
+
+/// A step's write whose answer was lost after it committed (its connection broken between
+/// the two) is made again, finds its own rows, and answers as the first try would have: the
+/// step is stored once, and the run goes on.
+#[test]
+fn postgres_a_step_committed_whose_answer_was_lost_is_written_once() {
+    let (cp, cut) = answer_dropping(b"");
     let id = "lost";
     let lease = cp.acquire_lease(&claim(id, "owner", 60_000)).unwrap();
     let c0 = checkpoint(id, None, -1, &[("n", 1)]);
@@ -2257,31 +2266,14 @@ fn postgres_a_step_committed_whose_answer_was_lost_is_written_once() {
     assert_eq!(cp.get_writes(id, &c1.checkpoint_id).unwrap().len(), 1);
 }
 
-/// A checkpointer on a fresh database through [`relay`], whose switch drops the answer to the
-/// next `COMMIT` a transaction sends.
-fn commit_answer_dropping() -> (PostgresCheckpointer, Arc<std::sync::atomic::AtomicBool>) {
-    let url = url::Url::parse(&fresh_url()).unwrap();
-    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
-        .unwrap()
-        .next()
-        .unwrap();
-    // The tag of the answer to a `COMMIT` (its CommandComplete message).
-    let (port, _, cut) = relay(target, b"COMMIT\0");
-    let mut relayed = url.clone();
-    relayed.set_port(Some(port)).unwrap();
-    (
-        PostgresCheckpointer::open(relayed.as_str(), Durability::PowerSafe).unwrap(),
-        cut,
-    )
-}
-
 /// Writes that take a transaction (a fork, a step with a long string, a thread's removal, a
 /// queued run's cancel) whose `COMMIT` committed and whose answer was lost are not made again
 /// blindly: the next try finds the transaction committed and answers as the first would have.
 #[test]
 fn postgres_a_transaction_committed_whose_answer_was_lost_answers_as_it_would_have() {
     use runner::checkpoint::queue::RunQueue;
-    let (cp, cut) = commit_answer_dropping();
+    // The tag of the answer to a `COMMIT` (its CommandComplete message).
+    let (cp, cut) = answer_dropping(b"COMMIT\0");
     let lost = |what: &str| assert!(!cut.swap(true, Ordering::SeqCst), "{what}: no answer was dropped");
     let id = "origin";
     let c0 = checkpoint(id, None, -1, &[("n", 1)]);
