@@ -11,8 +11,10 @@
 //! runs longer is cancelled by the server and its call fails, saying so; `30s`, `500ms`,
 //! `2min`, a number of milliseconds; none by default), `retry_for` (how long a call keeps
 //! trying a database it cannot reach — restarting, failing over, its connections terminated or
-//! exhausted — before it fails; the same units, default 20 s) and `connect_timeout` as libpq's
-//! (default 10 s). TLS is rustls with the platform's roots
+//! exhausted — before it fails; the same units, default 20 s), `connect_timeout` as libpq's
+//! (default 10 s), and libpq's keepalive parameters and `tcp_user_timeout` (milliseconds, as
+//! libpq reads it), whose defaults here find a silent server out within about a minute
+//! ([`SILENCE`]). TLS is rustls with the platform's roots
 //! (`sslmode=prefer`, libpq's default, tries it and falls back to plain text; `require`
 //! insists). Messages name the host, port, database and schema, never the password.
 
@@ -29,6 +31,10 @@ pub const DEFAULT_POOL_SIZE: usize = 8;
 pub const POOL_WAIT: Duration = Duration::from_secs(30);
 /// How long a call keeps trying a database it cannot reach unless the URL says (`retry_for`).
 pub const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(20);
+/// How long a connection may go without an answer from the server's host (its probes or its
+/// data unacknowledged) before it is taken for broken, unless the URL says (libpq's
+/// `keepalives_idle`, `keepalives_interval`, `keepalives_retries`, `tcp_user_timeout`).
+pub const SILENCE: Duration = Duration::from_secs(60);
 /// The schema the tables live in unless the URL names another.
 pub const DEFAULT_SCHEMA: &str = "runner";
 /// The advisory lock every migration of runner's schema holds (an arbitrary constant: "runner"
@@ -74,6 +80,8 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
     let mut pgvector = Pgvector::Auto;
     let mut statement_timeout = None;
     let mut retry_for = DEFAULT_RETRY_FOR;
+    // libpq's 0: the system's default.
+    let mut tcp_user_timeout = None;
     let mut kept = Vec::new();
     for (key, value) in url.query_pairs() {
         match &*key {
@@ -99,6 +107,13 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
                     ))
                 })?;
             }
+            // libpq's is in milliseconds (tokio-postgres would read seconds).
+            "tcp_user_timeout" => {
+                let ms = value
+                    .parse::<u64>()
+                    .map_err(|_| bad(format!("`tcp_user_timeout={value}` is not a number of milliseconds")))?;
+                tcp_user_timeout = Some(Duration::from_millis(ms));
+            }
             "pgvector" => {
                 pgvector = match &*value {
                     "auto" => Pgvector::Auto,
@@ -121,6 +136,9 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
             "`schema={schema}` must be a lowercase SQL name (letters, digits, `_`; 63 at most)"
         )));
     }
+    let given = |name: &str| kept.iter().any(|(key, _)| key == name);
+    let [idle, interval, retries] =
+        ["keepalives_idle", "keepalives_interval", "keepalives_retries"].map(|name| !given(name));
     if kept.is_empty() {
         url.set_query(None);
     } else {
@@ -131,6 +149,28 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
         config.connect_timeout(Duration::from_secs(10));
     }
     config.application_name("runner");
+    // A server that goes silent (its host lost, the network cut: no reset ever comes) is found
+    // out within about a minute, not the operating system's hours: probes after 30 s of
+    // quiet, every 10 s, three missed; data sent and not acknowledged for a minute. The
+    // connection then fails as a broken one, and its call is tried again.
+    if idle {
+        config.keepalives_idle(Duration::from_secs(30));
+    }
+    if interval {
+        config.keepalives_interval(Duration::from_secs(10));
+    }
+    if retries {
+        config.keepalives_retries(3);
+    }
+    match tcp_user_timeout {
+        None => {
+            config.tcp_user_timeout(SILENCE);
+        }
+        Some(Duration::ZERO) => {}
+        Some(timeout) => {
+            config.tcp_user_timeout(timeout);
+        }
+    }
     // Every connection reads and writes the schema's tables without qualifying them.
     let mut options = format!("{} -c search_path={schema}", config.get_options().unwrap_or_default());
     if let Some(timeout) = statement_timeout {
@@ -286,6 +326,34 @@ mod tests {
                 .unwrap();
             assert!(e.contains("statement_timeout") && !e.contains("secret"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_silent_server_is_found_out_within_a_minute_unless_the_url_says() {
+        let t = parse_url("postgres://h/db").unwrap();
+        assert_eq!(t.config.get_keepalives_idle(), Duration::from_secs(30));
+        assert_eq!(t.config.get_keepalives_interval(), Some(Duration::from_secs(10)));
+        assert_eq!(t.config.get_keepalives_retries(), Some(3));
+        assert_eq!(t.config.get_tcp_user_timeout(), Some(&SILENCE));
+        let t = parse_url(
+            "postgres://h/db?keepalives_idle=300&keepalives_interval=20&keepalives_retries=9&tcp_user_timeout=5000",
+        )
+        .unwrap();
+        assert_eq!(t.config.get_keepalives_idle(), Duration::from_secs(300));
+        assert_eq!(t.config.get_keepalives_interval(), Some(Duration::from_secs(20)));
+        assert_eq!(t.config.get_keepalives_retries(), Some(9));
+        assert_eq!(
+            t.config.get_tcp_user_timeout(),
+            Some(&Duration::from_millis(5000)),
+            "libpq's milliseconds"
+        );
+        // libpq's 0: the system's own.
+        let t = parse_url("postgres://h/db?tcp_user_timeout=0").unwrap();
+        assert_eq!(t.config.get_tcp_user_timeout(), None);
+        let e = parse_url("postgres://me:secret@h/db?tcp_user_timeout=soon")
+            .err()
+            .unwrap();
+        assert!(e.contains("tcp_user_timeout") && !e.contains("secret"), "{e}");
     }
 
     #[test]

@@ -324,6 +324,7 @@ fn connect(
     let deadline = Instant::now() + timeout;
     let stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
     stream.set_nodelay(true).ok()?;
+    silence_found_out(&stream, config).ok()?;
     stream.set_nonblocking(true).ok()?;
     let socket = stream.try_clone().ok()?;
     let connector = MakeTlsConnect::<Socket>::make_tls_connect(&mut tls.clone(), name).ok()?;
@@ -334,6 +335,32 @@ fn connect(
         socket,
         statements: Mutex::new(HashMap::new()),
     })
+}
+
+/// Sets the URL's keepalive and unacknowledged-data timeout on `stream` (see
+/// [`crate::pg::SILENCE`]), as tokio-postgres sets them on the pool's connections: a server
+/// gone silent fails the step's wait as a broken connection does, instead of holding it.
+fn silence_found_out(stream: &TcpStream, config: &tokio_postgres::Config) -> std::io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    if config.get_keepalives() {
+        #[allow(unused_mut)]
+        let mut keepalive = socket2::TcpKeepalive::new().with_time(config.get_keepalives_idle());
+        #[cfg(any(target_os = "linux", target_os = "macos"))]
+        {
+            if let Some(interval) = config.get_keepalives_interval() {
+                keepalive = keepalive.with_interval(interval);
+            }
+            if let Some(retries) = config.get_keepalives_retries() {
+                keepalive = keepalive.with_retries(retries);
+            }
+        }
+        socket.set_tcp_keepalive(&keepalive)?;
+    }
+    #[cfg(target_os = "linux")]
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        socket.set_tcp_user_timeout(Some(*timeout))?;
+    }
+    Ok(())
 }
 
 /// Runs statements on the link, each prepared once per connection.
@@ -372,5 +399,46 @@ impl super::apply::Statements for Exec<'_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> std::result::Result<Option<tokio_postgres::Row>, tokio_postgres::Error> {
         self.client.query_opt(&self.prepared(sql).await?, params).await
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The steps' sockets take the URL's keepalive and timeout, runner's defaults or its own.
+    #[test]
+    fn a_step_connections_socket_finds_a_silent_server_out_as_the_url_says() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        for (url, idle, interval, retries, unacknowledged) in [
+            ("postgres://h/db", 30, 10, 3, crate::pg::SILENCE),
+            (
+                "postgres://h/db?keepalives_idle=100&keepalives_interval=7&keepalives_retries=5&tcp_user_timeout=2500",
+                100,
+                7,
+                5,
+                Duration::from_millis(2500),
+            ),
+        ] {
+            let config = crate::pg::parse_url(url).unwrap().config;
+            let stream = TcpStream::connect(addr).unwrap();
+            silence_found_out(&stream, &config).unwrap();
+            let socket = socket2::SockRef::from(&stream);
+            assert!(socket.keepalive().unwrap(), "{url}");
+            assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(idle), "{url}");
+            assert_eq!(
+                socket.tcp_keepalive_interval().unwrap(),
+                Duration::from_secs(interval),
+                "{url}"
+            );
+            assert_eq!(socket.tcp_keepalive_retries().unwrap(), retries, "{url}");
+            assert_eq!(socket.tcp_user_timeout().unwrap(), Some(unacknowledged), "{url}");
+        }
+        // Keepalives off: none set.
+        let config = crate::pg::parse_url("postgres://h/db?keepalives=0").unwrap().config;
+        let stream = TcpStream::connect(addr).unwrap();
+        silence_found_out(&stream, &config).unwrap();
+        assert!(!socket2::SockRef::from(&stream).keepalive().unwrap());
     }
 }
