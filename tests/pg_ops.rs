@@ -72,6 +72,49 @@ fn split(url: &str) -> (&str, &str) {
     url.split_once("?schema=").unwrap()
 }
 
+/// What every connection asks of the server: a transaction left open (its client gone, its
+/// locks held) is ended after the URL's `idle_in_transaction_session_timeout` (a minute unless
+/// said), and the server probes a quiet client as the client probes it. A URL's own libpq
+/// `options` reach the server as written.
+#[test]
+fn a_transaction_left_open_is_ended_by_the_server_and_the_urls_options_reach_it() {
+    let url = postgres::fresh_url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let connect = |url: &str| {
+        let target = runner::pg::parse_url(url).unwrap();
+        let (client, connection) = runtime.block_on(target.config.connect(tokio_postgres::NoTls)).unwrap();
+        runtime.spawn(connection);
+        client
+    };
+    let shown = |client: &tokio_postgres::Client, name: &str| -> String {
+        runtime
+            .block_on(client.query_one(&format!("SHOW {name}"), &[]))
+            .unwrap()
+            .get(0)
+    };
+    let plain = connect(&url);
+    assert_eq!(shown(&plain, "idle_in_transaction_session_timeout"), "1min");
+    assert_eq!(shown(&plain, "tcp_keepalives_idle"), "30");
+    assert_eq!(shown(&plain, "tcp_keepalives_count"), "3");
+
+    let with_options = format!("{url}&options=-c%20work_mem%3D7MB");
+    assert_eq!(shown(&connect(&with_options), "work_mem"), "7MB");
+    // The stores open on such a URL (they were refused: `-c+work_mem=7MB`).
+    PostgresCheckpointer::open(&with_options, Durability::CrashSafe).unwrap();
+
+    let short = connect(&format!("{url}&idle_in_transaction_session_timeout=300ms"));
+    runtime.block_on(short.batch_execute("BEGIN; SELECT 1")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let e = runtime.block_on(short.query_one("SELECT 1", &[])).unwrap_err();
+    assert!(
+        e.is_closed() || e.as_db_error().is_some_and(|d| d.code().code() == "25P03"),
+        "{e:?}"
+    );
+}
+
 /// A statement that runs longer than the URL's `statement_timeout` fails at once, saying why;
 /// the same statement on a connection without it waits as long as it must.
 #[test]

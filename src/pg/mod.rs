@@ -14,7 +14,10 @@
 //! exhausted — before it fails; the same units, default 20 s), `connect_timeout` as libpq's
 //! (default 10 s), and libpq's keepalive parameters and `tcp_user_timeout` (milliseconds, as
 //! libpq reads it), whose defaults here find a silent server out within about a minute
-//! ([`SILENCE`]). TLS is rustls with the platform's roots
+//! ([`SILENCE`]) and which the server is asked to mirror; and
+//! `idle_in_transaction_session_timeout` (PostgreSQL's own; default 60 s: a transaction whose
+//! client is gone ends, and its locks with it). A setting the URL's `options` give is left as
+//! it is. TLS is rustls with the platform's roots
 //! (`sslmode=prefer`, libpq's default, tries it and falls back to plain text; `require`
 //! insists). Messages name the host, port, database and schema, never the password.
 
@@ -35,6 +38,10 @@ pub const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(20);
 /// data unacknowledged) before it is taken for broken, unless the URL says (libpq's
 /// `keepalives_idle`, `keepalives_interval`, `keepalives_retries`, `tcp_user_timeout`).
 pub const SILENCE: Duration = Duration::from_secs(60);
+/// How long a connection's transaction may sit idle before the server ends it, unless the URL
+/// says (`idle_in_transaction_session_timeout`, PostgreSQL's own setting; `0`: never). runner
+/// never leaves one idle: one that is has lost its client.
+pub const IDLE_IN_TRANSACTION: &str = "60s";
 /// The schema the tables live in unless the URL names another.
 pub const DEFAULT_SCHEMA: &str = "runner";
 /// The advisory lock every migration of runner's schema holds (an arbitrary constant: "runner"
@@ -79,6 +86,7 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
     let mut pool_size = DEFAULT_POOL_SIZE;
     let mut pgvector = Pgvector::Auto;
     let mut statement_timeout = None;
+    let mut idle_in_transaction = IDLE_IN_TRANSACTION.to_owned();
     let mut retry_for = DEFAULT_RETRY_FOR;
     // libpq's 0: the system's default.
     let mut tcp_user_timeout = None;
@@ -99,6 +107,14 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
                         "`statement_timeout={value}` is not a duration (a number with ms, s, min, h or d, or of milliseconds)"
                     ))
                 })?);
+            }
+            "idle_in_transaction_session_timeout" => {
+                idle_in_transaction = duration(&value).ok_or_else(|| {
+                    bad(format!(
+                        "`idle_in_transaction_session_timeout={value}` is not a duration (a number with ms, s, min, \
+                         h or d, or of milliseconds)"
+                    ))
+                })?;
             }
             "retry_for" => {
                 retry_for = duration(&value).and_then(|d| to_duration(&d)).ok_or_else(|| {
@@ -143,6 +159,11 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
         url.set_query(None);
     } else {
         url.query_pairs_mut().clear().extend_pairs(&kept);
+        // Written as a form writes them, spaces became `+`, which libpq's reading (and
+        // tokio-postgres's) keeps as a plus: `options=-c%20x%3Dy` would reach the server as
+        // `-c+x=y`. A plus the URL held is written `%2B`, so each `+` here was a space.
+        let query = url.query().unwrap_or_default().replace('+', "%20");
+        url.set_query(Some(&query));
     }
     let mut config: tokio_postgres::Config = url.as_str().parse().map_err(|e| bad(format!("{e}")))?;
     if config.get_connect_timeout().is_none() {
@@ -172,9 +193,31 @@ pub fn parse_url(text: &str) -> Result<Target, String> {
         }
     }
     // Every connection reads and writes the schema's tables without qualifying them.
-    let mut options = format!("{} -c search_path={schema}", config.get_options().unwrap_or_default());
+    let given = config.get_options().unwrap_or_default().to_owned();
+    let mut options = format!("{given} -c search_path={schema}");
     if let Some(timeout) = statement_timeout {
         options.push_str(&format!(" -c statement_timeout={timeout}"));
+    }
+    // The server's side of a silent peer: a transaction left open by a client that is gone
+    // (its locks held: a lease, a run's row) ends within a minute, and the server probes a
+    // quiet client as the client probes it. What the URL's `options` set is left as it is.
+    let mut set = |name: &str, value: String| {
+        if !given.contains(name) {
+            options.push_str(&format!(" -c {name}={value}"));
+        }
+    };
+    set("idle_in_transaction_session_timeout", idle_in_transaction);
+    if config.get_keepalives() {
+        set(
+            "tcp_keepalives_idle",
+            config.get_keepalives_idle().as_secs().to_string(),
+        );
+        if let Some(interval) = config.get_keepalives_interval() {
+            set("tcp_keepalives_interval", interval.as_secs().to_string());
+        }
+        if let Some(retries) = config.get_keepalives_retries() {
+            set("tcp_keepalives_count", retries.to_string());
+        }
     }
     config.options(options.trim());
     let host = url.host_str().unwrap_or("localhost");
@@ -285,12 +328,52 @@ pub fn pool(target: &Target, tls: tokio_postgres_rustls::MakeRustlsConnect) -> R
 mod tests {
     use super::*;
 
+    /// The settings every connection asks of the server by default.
+    const SERVER_SIDE: &str = " -c idle_in_transaction_session_timeout=60s -c tcp_keepalives_idle=30 \
+                               -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3";
+
+    #[test]
+    fn a_transaction_left_idle_and_a_quiet_client_are_ended_by_the_server_unless_the_url_says() {
+        let options = |url: &str| parse_url(url).unwrap().config.get_options().unwrap().to_owned();
+        assert_eq!(
+            options("postgres://h/db"),
+            format!("-c search_path=runner{SERVER_SIDE}")
+        );
+        // The server probes as the client does.
+        assert!(
+            options("postgres://h/db?keepalives_idle=300&keepalives_interval=20&keepalives_retries=9")
+                .ends_with("-c tcp_keepalives_idle=300 -c tcp_keepalives_interval=20 -c tcp_keepalives_count=9")
+        );
+        assert!(!options("postgres://h/db?keepalives=0").contains("tcp_keepalives"));
+        for (given, set) in [("5s", "5s"), ("0", "0"), ("90000", "90000")] {
+            assert!(
+                options(&format!("postgres://h/db?idle_in_transaction_session_timeout={given}"))
+                    .contains(&format!("-c idle_in_transaction_session_timeout={set} ")),
+                "{given}"
+            );
+        }
+        // What the URL's own `options` set is left as it is.
+        let own = options("postgres://h/db?options=-c%20idle_in_transaction_session_timeout%3D5min");
+        assert_eq!(own.matches("idle_in_transaction_session_timeout").count(), 1, "{own}");
+        assert!(own.starts_with("-c idle_in_transaction_session_timeout=5min"), "{own}");
+        let e = parse_url("postgres://me:secret@h/db?idle_in_transaction_session_timeout=later")
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("idle_in_transaction_session_timeout") && !e.contains("secret"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn a_url_is_read_without_repeating_its_password() {
         let t = parse_url("postgres://me:secret@db.example:6543/app?schema=s1&pool_size=3&sslmode=require").unwrap();
         assert_eq!((t.schema.as_str(), t.pool_size), ("s1", 3));
         assert_eq!(t.display, "postgres://db.example:6543/app (schema s1)");
-        assert_eq!(t.config.get_options(), Some("-c search_path=s1"));
+        assert_eq!(
+            t.config.get_options(),
+            Some(format!("-c search_path=s1{SERVER_SIDE}").as_str())
+        );
         assert_eq!(t.config.get_ssl_mode(), tokio_postgres::config::SslMode::Require);
         assert_eq!(t.pgvector, Pgvector::Auto);
         for bad in [
@@ -317,7 +400,7 @@ mod tests {
             let t = parse_url(&format!("postgres://h/db?statement_timeout={given}")).unwrap();
             assert_eq!(
                 t.config.get_options(),
-                Some(format!("-c search_path=runner -c statement_timeout={set}").as_str())
+                Some(format!("-c search_path=runner -c statement_timeout={set}{SERVER_SIDE}").as_str())
             );
         }
         for bad in ["soon", "30 parsecs", "-1s", "s"] {
@@ -370,7 +453,7 @@ mod tests {
             assert_eq!(t.retry_for, Duration::from_millis(ms), "{given}");
             assert_eq!(
                 t.config.get_options(),
-                Some("-c search_path=runner"),
+                Some(format!("-c search_path=runner{SERVER_SIDE}").as_str()),
                 "not the server's"
             );
         }
