@@ -60,17 +60,14 @@ impl<T> InDoubt<T> {
     /// Commits `tx`, whose id is `xid` (see [`xid`]) and whose work answered `answer`. A
     /// `COMMIT` sent and not answered leaves both behind for the next try's [`Self::settled`].
     pub(super) async fn commit(&self, tx: Transaction<'_>, xid: i64, answer: T) -> Result<T> {
-        *self.slot() = Some((xid, answer));
-        match tx.commit().await {
-            Ok(()) => Ok(self.slot().take().map(|(_, answer)| answer).expect("left by this try")),
-            Err(e) => {
-                let e = CheckpointError::from(e);
-                if !matches!(e, CheckpointError::Unavailable(_)) {
-                    // The server answered: the transaction did not commit.
-                    self.slot().take();
-                }
+        match tx.commit().await.map_err(CheckpointError::from) {
+            Ok(()) => Ok(answer),
+            Err(e @ CheckpointError::Unavailable(_)) => {
+                *self.slot() = Some((xid, answer));
                 Err(e)
             }
+            // The server answered: the transaction did not commit.
+            Err(e) => Err(e),
         }
     }
 }

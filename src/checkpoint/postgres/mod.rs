@@ -268,16 +268,23 @@ impl PostgresCheckpointer {
 
     /// Applies `op` in one transaction; `synced: false` commits without waiting for the flush.
     fn write(&self, op: Op, synced: bool) -> Result<Done> {
+        self.write_with(Arc::new(op), synced, None)
+    }
+
+    /// [`Self::write`], with `log`'s records (if any) appended to its run's log in the same
+    /// transaction, fenced by its claim. A step's write (see [`apply::one_statement`]) and its
+    /// records are one statement ([`Self::write_one`]), the fences and the claim checked by it.
+    fn write_with(&self, op: Arc<Op>, synced: bool, log: Option<Arc<queue::LogRows>>) -> Result<Done> {
         // A crash-safe store's connections commit asynchronously already.
         let unsynced = !synced && self.durability == Durability::PowerSafe;
         // A step's fenced checkpoint and writes: one statement, committed on its own (one
         // round trip), unless its commit is to be asynchronous on a power-safe store.
         if !unsynced && apply::one_statement(&op) {
-            return self.write_one(Arc::new(op), None);
+            return self.write_one(op, log);
         }
-        let (pool, op, doubt) = (self.pool.clone(), Arc::new(op), doubt::InDoubt::new());
+        let (pool, doubt) = (self.pool.clone(), doubt::InDoubt::new());
         self.retrying(move || {
-            let (pool, op, doubt) = (pool.clone(), op.clone(), doubt.clone());
+            let (pool, op, log, doubt) = (pool.clone(), op.clone(), log.clone(), doubt.clone());
             async move {
                 let mut client = pool.get().await?;
                 if let Some(done) = doubt.settled(&client).await? {
@@ -289,6 +296,11 @@ impl PostgresCheckpointer {
                 }
                 let (xid, done) = tokio::join!(doubt::xid(&tx), apply::apply(&tx, &op));
                 let (xid, done) = (xid?, done?);
+                if let Some(log) = log.filter(|l| !l.bodies.is_empty())
+                    && !queue::append_rows(&tx, &log).await?
+                {
+                    return Err(CheckpointError::LeaseLost(log.thread.clone()));
+                }
                 doubt.commit(tx, xid, done).await
             }
         })
@@ -336,36 +348,10 @@ impl PostgresCheckpointer {
         })
     }
 
-    /// [`PostgresCheckpointer::write`], with `log`'s records appended to its run's log in the
-    /// same transaction, fenced by its claim (the queue's `commit_logged`). A step's write (see
-    /// [`apply::one_statement`]) and its records are one statement ([`Self::write_one`]), the
-    /// fences and the claim checked by it.
+    /// [`Self::write`], with `log`'s records appended to its run's log in the same transaction
+    /// (the queue's `commit_logged`).
     fn write_logged(&self, op: Op, synced: bool, log: queue::LogRows) -> Result<Done> {
-        let unsynced = !synced && self.durability == Durability::PowerSafe;
-        let (op, log) = (Arc::new(op), Arc::new(log));
-        if !unsynced && apply::one_statement(&op) {
-            return self.write_one(op, Some(log));
-        }
-        let (pool, doubt) = (self.pool.clone(), doubt::InDoubt::new());
-        self.retrying(move || {
-            let (pool, op, log, doubt) = (pool.clone(), op.clone(), log.clone(), doubt.clone());
-            async move {
-                let mut client = pool.get().await?;
-                if let Some(done) = doubt.settled(&client).await? {
-                    return Ok(done);
-                }
-                let tx = client.transaction().await?;
-                if unsynced {
-                    tx.batch_execute("SET LOCAL synchronous_commit = off").await?;
-                }
-                let (xid, done) = tokio::join!(doubt::xid(&tx), apply::apply(&tx, &op));
-                let (xid, done) = (xid?, done?);
-                if !log.bodies.is_empty() && !queue::append_rows(&tx, &log).await? {
-                    return Err(CheckpointError::LeaseLost(log.thread.clone()));
-                }
-                doubt.commit(tx, xid, done).await
-            }
-        })
+        self.write_with(Arc::new(op), synced, Some(Arc::new(log)))
     }
 
     /// A thread, its latest checkpoint and (with `meta`) its record: the statements sent
