@@ -30,12 +30,24 @@ fn js_client() -> PathBuf {
         let source = suite().join("js");
         let dir = install::npm_ci("conformance-js", &source)
             .unwrap_or_else(|e| panic!("the JS client could not be installed: {e}"));
+        // Another test process may be reading them: each lands whole, by a rename.
         for script in ["drive.mjs", "flows.mjs"] {
-            std::fs::copy(source.join(script), dir.join(script)).unwrap();
+            let part = dir.join(format!("{script}.{}", std::process::id()));
+            std::fs::copy(source.join(script), &part).unwrap();
+            std::fs::rename(&part, dir.join(script)).unwrap();
         }
         dir
     })
     .clone()
+}
+
+/// Where a run of the suite keeps its servers' logs and each side's answers: a directory of
+/// this test process's own (two `cargo test` processes may share a build directory), removed
+/// once the suite has passed.
+fn out_dir(name: &str) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    out
 }
 
 /// Both clients, every scenario, both servers: no difference but the deliberate ones, and
@@ -44,7 +56,7 @@ fn js_client() -> PathBuf {
 fn langgraph_clients_see_what_the_reference_server_shows() {
     let python = reference_venv();
     let js = js_client();
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance");
+    let out = out_dir("conformance");
     let run = Command::new(python)
         .arg(suite().join("run.py"))
         .arg("--runner")
@@ -67,6 +79,7 @@ fn langgraph_clients_see_what_the_reference_server_shows() {
         out.display()
     );
     assert!(said.contains("conformance: passed"), "{said}");
+    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// The same scenarios through LangGraph's Python and JS clients, and agent-chat-ui's flows,
@@ -78,7 +91,7 @@ fn langgraph_clients_see_what_the_reference_server_shows() {
 fn langgraph_clients_see_the_same_when_runs_execute_on_workers_apart() {
     let python = reference_venv();
     let js = js_client();
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance-postgres");
+    let out = out_dir("conformance-postgres");
     let run = Command::new(python)
         .arg(suite().join("run.py"))
         .arg("--runner")
@@ -103,4 +116,5 @@ fn langgraph_clients_see_the_same_when_runs_execute_on_workers_apart() {
         out.display()
     );
     assert!(said.contains("conformance: passed"), "{said}");
+    let _ = std::fs::remove_dir_all(&out);
 }
