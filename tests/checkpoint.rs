@@ -2141,16 +2141,27 @@ pub(crate) fn counted_url(url: &str) -> (url::Url, Arc<std::sync::atomic::Atomic
 /// client that waits for each answer before it sends the next statement makes one read per
 /// statement, one that sends a whole write at once makes one.
 pub(crate) fn counting_relay(target: std::net::SocketAddr) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
-    let (port, sends, _) = relay(target, b"");
+    let (port, sends, _) = relay(target, b"", Lose::Answer);
     (port, sends)
 }
 
-/// [`counting_relay`], and a switch: set, the next answer from the server that holds `at`
-/// (any, if empty), whichever connection it is on, is dropped and that connection broken both
-/// ways (an answer lost after the statement was done).
+/// Which message [`relay`]'s switch drops.
+#[derive(Clone, Copy, PartialEq)]
+enum Lose {
+    /// The server's answer: the connection is broken both ways (an answer lost after the
+    /// statement was done).
+    Answer,
+    /// The client's message: the client's side of the connection is broken, the server's left
+    /// open and silent (a connection cut without a word, the statement never received).
+    Request,
+}
+
+/// [`counting_relay`], and a switch: set, the next message that holds `at` (any, if empty),
+/// whichever connection it is on, is dropped as `lose` says.
 fn relay(
     target: std::net::SocketAddr,
     at: &'static [u8],
+    lose: Lose,
 ) -> (
     u16,
     Arc<std::sync::atomic::AtomicUsize>,
@@ -2169,35 +2180,48 @@ fn relay(
                 return;
             };
             let _ = (client.set_nodelay(true), server.set_nodelay(true));
+            // `from` is the server when `answers`; `cut`, the switch if this way is the one.
             let pipe = |mut from: std::net::TcpStream,
                         mut to: std::net::TcpStream,
+                        answers: bool,
                         count: Option<Arc<std::sync::atomic::AtomicUsize>>,
                         cut: Option<Arc<std::sync::atomic::AtomicBool>>| {
                 std::thread::spawn(move || {
                     let mut buf = vec![0u8; 64 * 1024];
+                    let mut server_left_open = false;
                     while let Ok(n @ 1..) = from.read(&mut buf) {
                         if let Some(count) = &count {
                             count.fetch_add(1, Ordering::SeqCst);
                         }
                         let holds = at.is_empty() || buf[..n].windows(at.len()).any(|w| w == at);
                         if holds && cut.as_ref().is_some_and(|c| c.swap(false, Ordering::SeqCst)) {
+                            // Answers: `from` is the server's. Requests: the client's, and the
+                            // server's (`to`) stays open.
                             let _ = from.shutdown(std::net::Shutdown::Both);
+                            server_left_open = !answers;
                             break;
                         }
                         if to.write_all(&buf[..n]).is_err() {
                             break;
                         }
                     }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
+                    if !server_left_open {
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    }
                 });
+            };
+            let (to_server, to_client) = match lose {
+                Lose::Answer => (None, Some(cutting.clone())),
+                Lose::Request => (Some(cutting.clone()), None),
             };
             pipe(
                 client.try_clone().unwrap(),
                 server.try_clone().unwrap(),
+                false,
                 Some(counted.clone()),
-                None,
+                to_server,
             );
-            pipe(server, client, None, Some(cutting.clone()));
+            pipe(server, client, true, None, to_client);
         }
     });
     (port, sends, cut)
@@ -2228,12 +2252,18 @@ fn fenced_step(
 /// A power-safe checkpointer on a fresh database through [`relay`], whose switch drops the next
 /// answer that holds `at` (any, if empty).
 fn answer_dropping(at: &'static [u8]) -> (PostgresCheckpointer, Arc<AtomicBool>) {
+    dropping(at, Lose::Answer)
+}
+
+/// A power-safe checkpointer on a fresh database through [`relay`], whose switch drops the next
+/// message that holds `at` as `lose` says.
+fn dropping(at: &'static [u8], lose: Lose) -> (PostgresCheckpointer, Arc<AtomicBool>) {
     let url = url::Url::parse(&fresh_url()).unwrap();
     let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
         .unwrap()
         .next()
         .unwrap();
-    let (port, _, cut) = relay(target, at);
+    let (port, _, cut) = relay(target, at, lose);
     let mut relayed = url.clone();
     relayed.set_port(Some(port)).unwrap();
     (
@@ -2320,6 +2350,40 @@ fn postgres_a_transaction_committed_whose_answer_was_lost_answers_as_it_would_ha
     lost("removal");
     assert!(matches!(removed, Removed::Removed), "{removed:?}");
     assert!(cp.get_thread("forked").unwrap().is_none());
+}
+
+/// Writes that take a transaction whose `COMMIT` never reached the server, on a connection cut
+/// without a word (the server's session left waiting, its transaction in progress, for a
+/// minute or more), are made again at once: the next try ends that session, which aborts the
+/// transaction, and does the work once; it neither waits the session out nor fails as
+/// unavailable meanwhile.
+#[test]
+fn postgres_a_transaction_whose_commit_never_arrived_is_made_again_without_waiting() {
+    use runner::checkpoint::queue::RunQueue;
+    // A `COMMIT` (its Query message).
+    let (cp, cut) = dropping(b"COMMIT\0", Lose::Request);
+    let lost = |what: &str| assert!(!cut.swap(true, Ordering::SeqCst), "{what}: no commit was dropped");
+    let id = "origin";
+    let c0 = checkpoint(id, None, -1, &[("n", 1)]);
+    cp.create_thread_with_checkpoint(None, &thread(id), &c0, vals(&[("n", 1, json!(0))]))
+        .unwrap();
+
+    // A fork: made, once.
+    cut.store(true, Ordering::SeqCst);
+    let forked = cp.fork(id, &c0.checkpoint_id, "forked").unwrap();
+    lost("fork");
+    assert_eq!(cp.get_checkpoint("forked", None).unwrap().unwrap(), forked);
+    assert_eq!(cp.history("forked").unwrap().len(), 1);
+
+    // A queued run's cancel: it ends the run, and says so.
+    assert!(
+        cp.admit(&run_row("r", "queued", RunStatus::Pending), false, None)
+            .unwrap()
+    );
+    cut.store(true, Ordering::SeqCst);
+    assert!(cp.cancel("r", "interrupt").unwrap(), "the run ended by the cancel");
+    lost("cancel");
+    assert_eq!(cp.get_run("r").unwrap().unwrap().status, RunStatus::Interrupted);
 }
 
 /// A worker's claim reads the claimed run's thread — the thread, its head and its record — in
