@@ -1322,7 +1322,8 @@ async fn a_served_database_is_whole_after_a_graceful_stop() {
 
 /// `runner db backup PATH` writes one file holding every commit, those still in the WAL (a
 /// reader elsewhere keeps it) included, while another connection holds the write lock; it
-/// never replaces a file, and a database that keeps nothing has nothing to back up.
+/// never replaces a file, a database that keeps nothing has nothing to back up, and a
+/// PostgreSQL database is left to PostgreSQL's tools, which the error names.
 #[test]
 fn db_backup_copies_every_commit_while_the_database_is_in_use() {
     let dir = project();
@@ -1392,6 +1393,14 @@ fn db_backup_copies_every_commit_while_the_database_is_in_use() {
         stderr(&memory)
     );
     assert!(!d.join("m.db").exists());
+    // A PostgreSQL database: PostgreSQL's tools, told the schema; the password not repeated.
+    let url = "postgres://runner:hunter2@127.0.0.1:1/runs?schema=prod";
+    let postgres = runner(d, &["db", "backup", "p.db", "--db", url]);
+    assert_eq!(postgres.status.code(), Some(2));
+    let said = stderr(&postgres);
+    assert!(said.contains("pg_dump --schema=prod"), "{said}");
+    assert!(!said.contains("hunter2"), "{said}");
+    assert!(!d.join("p.db").exists());
 }
 
 /// On a JSON-lines stream each line says which run it is about: a subgraph's lines carry its

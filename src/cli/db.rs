@@ -65,8 +65,23 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
         }
         Action::Backup { path, db } => {
             let at = store::checkpoints(db.db.as_deref())?;
-            let Checkpoints::Sqlite(file) = &at.value else {
-                bail!("{}: `{}` keeps nothing to back up", at.source, at.value);
+            let file = match &at.value {
+                Checkpoints::Sqlite(file) => file,
+                Checkpoints::Postgres(url) => {
+                    let schema = crate::pg::parse_url(url)
+                        .map(|t| t.schema)
+                        .map_err(|e| anyhow::anyhow!(e))?;
+                    bail!(
+                        "{}: `{}` is a PostgreSQL database, which PostgreSQL's own tools back up: \
+                         `pg_dump --schema={schema} --format=custom --file=PATH` with the same URL (its runs \
+                         may go on meanwhile), or the server's backups; `runner db backup` copies a SQLite file",
+                        at.source,
+                        at.value
+                    );
+                }
+                Checkpoints::Memory | Checkpoints::Scratch => {
+                    bail!("{}: `{}` keeps nothing to back up", at.source, at.value)
+                }
             };
             crate::checkpoint::sqlite::backup(file, &path)
                 .map_err(|e| anyhow::anyhow!("cannot back up {}{}: {e}", file.display(), from(&at.source)))?;
