@@ -2250,12 +2250,6 @@ fn fenced_step(
 }
 
 /// A power-safe checkpointer on a fresh database through [`relay`], whose switch drops the next
-/// answer that holds `at` (any, if empty).
-fn answer_dropping(at: &'static [u8]) -> (PostgresCheckpointer, Arc<AtomicBool>) {
-    dropping(at, Lose::Answer)
-}
-
-/// A power-safe checkpointer on a fresh database through [`relay`], whose switch drops the next
 /// message that holds `at` as `lose` says.
 fn dropping(at: &'static [u8], lose: Lose) -> (PostgresCheckpointer, Arc<AtomicBool>) {
     let url = url::Url::parse(&fresh_url()).unwrap();
@@ -2277,7 +2271,7 @@ fn dropping(at: &'static [u8], lose: Lose) -> (PostgresCheckpointer, Arc<AtomicB
 /// step is stored once, and the run goes on.
 #[test]
 fn postgres_a_step_committed_whose_answer_was_lost_is_written_once() {
-    let (cp, cut) = answer_dropping(b"");
+    let (cp, cut) = dropping(b"", Lose::Answer);
     let id = "lost";
     let lease = cp.acquire_lease(&claim(id, "owner", 60_000)).unwrap();
     let c0 = checkpoint(id, None, -1, &[("n", 1)]);
@@ -2297,14 +2291,15 @@ fn postgres_a_step_committed_whose_answer_was_lost_is_written_once() {
 }
 
 /// Writes that take a transaction (a fork, a step with a long string, a thread's removal, a
-/// queued run's cancel) whose `COMMIT` committed and whose answer was lost are not made again
-/// blindly: the next try finds the transaction committed and answers as the first would have.
-#[test]
-fn postgres_a_transaction_committed_whose_answer_was_lost_answers_as_it_would_have() {
+/// queued run's cancel) and whose `COMMIT` was sent with no answer back, as `lose` says, are
+/// made once: found committed, they answer as the first try would have; never committed, they
+/// are made again.
+fn transactions_made_once(lose: Lose) {
     use runner::checkpoint::queue::RunQueue;
-    // The tag of the answer to a `COMMIT` (its CommandComplete message).
-    let (cp, cut) = answer_dropping(b"COMMIT\0");
-    let lost = |what: &str| assert!(!cut.swap(true, Ordering::SeqCst), "{what}: no answer was dropped");
+    // A `COMMIT`: the client's Query message, or the tag of the server's answer (its
+    // CommandComplete message).
+    let (cp, cut) = dropping(b"COMMIT\0", lose);
+    let lost = |what: &str| assert!(!cut.swap(true, Ordering::SeqCst), "{what}: nothing was dropped");
     let id = "origin";
     let c0 = checkpoint(id, None, -1, &[("n", 1)]);
     cp.create_thread_with_checkpoint(None, &thread(id), &c0, vals(&[("n", 1, json!(0))]))
@@ -2352,38 +2347,21 @@ fn postgres_a_transaction_committed_whose_answer_was_lost_answers_as_it_would_ha
     assert!(cp.get_thread("forked").unwrap().is_none());
 }
 
-/// Writes that take a transaction whose `COMMIT` never reached the server, on a connection cut
-/// without a word (the server's session left waiting, its transaction in progress, for a
-/// minute or more), are made again at once: the next try ends that session, which aborts the
-/// transaction, and does the work once; it neither waits the session out nor fails as
-/// unavailable meanwhile.
+/// A transaction whose `COMMIT` committed and whose answer was lost is not made again blindly:
+/// the next try finds it committed and answers as the first would have (a fork, not "already
+/// exists"; a cancel that ended the run, not "not queued"; a removal, not "missing").
+#[test]
+fn postgres_a_transaction_committed_whose_answer_was_lost_answers_as_it_would_have() {
+    transactions_made_once(Lose::Answer);
+}
+
+/// A transaction whose `COMMIT` never reached the server, on a connection cut without a word
+/// (the server's session left waiting, its transaction in progress, for a minute or more), is
+/// made again at once: the next try ends that session, which aborts the transaction, and does
+/// the work once; it neither waits the session out nor fails as unavailable meanwhile.
 #[test]
 fn postgres_a_transaction_whose_commit_never_arrived_is_made_again_without_waiting() {
-    use runner::checkpoint::queue::RunQueue;
-    // A `COMMIT` (its Query message).
-    let (cp, cut) = dropping(b"COMMIT\0", Lose::Request);
-    let lost = |what: &str| assert!(!cut.swap(true, Ordering::SeqCst), "{what}: no commit was dropped");
-    let id = "origin";
-    let c0 = checkpoint(id, None, -1, &[("n", 1)]);
-    cp.create_thread_with_checkpoint(None, &thread(id), &c0, vals(&[("n", 1, json!(0))]))
-        .unwrap();
-
-    // A fork: made, once.
-    cut.store(true, Ordering::SeqCst);
-    let forked = cp.fork(id, &c0.checkpoint_id, "forked").unwrap();
-    lost("fork");
-    assert_eq!(cp.get_checkpoint("forked", None).unwrap().unwrap(), forked);
-    assert_eq!(cp.history("forked").unwrap().len(), 1);
-
-    // A queued run's cancel: it ends the run, and says so.
-    assert!(
-        cp.admit(&run_row("r", "queued", RunStatus::Pending), false, None)
-            .unwrap()
-    );
-    cut.store(true, Ordering::SeqCst);
-    assert!(cp.cancel("r", "interrupt").unwrap(), "the run ended by the cancel");
-    lost("cancel");
-    assert_eq!(cp.get_run("r").unwrap().unwrap().status, RunStatus::Interrupted);
+    transactions_made_once(Lose::Request);
 }
 
 /// A worker's claim reads the claimed run's thread — the thread, its head and its record — in
