@@ -1078,6 +1078,116 @@ fn a_run_cut_off_from_the_database_longer_than_its_calls_retry_goes_on_once_it_i
     assert_eq!(told[0][0].as_deref(), Some("run_end:done,__end__:"), "{told:?}");
 }
 
+/// A relay on loopback to `target` standing for a database that fails over once: the first
+/// answer from the server that holds `at` is dropped, every connection through the relay is
+/// broken with it, and new ones are refused for `down_for`; then it relays again.
+fn failing_over_once(target: std::net::SocketAddr, at: &'static [u8], down_for: Duration) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::{Arc, Mutex};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    #[derive(Default)]
+    struct Outage {
+        /// When the database is back (none: it has not failed).
+        back: Option<Instant>,
+        /// Every socket relayed.
+        sockets: Vec<TcpStream>,
+    }
+    let state: Arc<Mutex<Outage>> = Arc::default();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            if state.lock().unwrap().back.is_some_and(|back| Instant::now() < back) {
+                drop(client);
+                continue;
+            }
+            let Ok(server) = TcpStream::connect(target) else {
+                continue;
+            };
+            let _ = (client.set_nodelay(true), server.set_nodelay(true));
+            let (c, s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            state.lock().unwrap().sockets.extend([c, s]);
+            let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Both);
+            });
+            let (mut from, mut to, state) = (server, client, state.clone());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    if buf[..n].windows(at.len()).any(|w| w == at) {
+                        let mut state = state.lock().unwrap();
+                        if state.back.is_none() {
+                            state.back = Some(Instant::now() + down_for);
+                            for socket in state.sockets.drain(..) {
+                                let _ = socket.shutdown(Shutdown::Both);
+                            }
+                            break;
+                        }
+                    }
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Both);
+            });
+        }
+    });
+    port
+}
+
+/// A worker's claim that committed and whose answer was lost, the database then out of reach
+/// for longer than the call's retries (a managed database failing over), is made again by the
+/// worker's next claim, the same claim: it finds its run and executes it. A new claim would
+/// leave the run `running` under a claim nobody holds, kept from other workers by this one's
+/// heartbeat, and its thread busy, for as long as the worker lives.
+#[test]
+fn a_claim_whose_answer_was_lost_in_a_failover_is_made_again_by_the_workers_next_claim() {
+    let dir = workflows();
+    let db = postgres::fresh_url();
+    let a = api(dir.path(), &db);
+    // The worker reaches the database through the relay, and gives a call 300 ms.
+    let mut url = url::Url::parse(&db).unwrap();
+    let target = std::net::ToSocketAddrs::to_socket_addrs(&(url.host_str().unwrap(), url.port().unwrap()))
+        .unwrap()
+        .next()
+        .unwrap();
+    // Only the claim's answer holds the run's metadata.
+    let port = failing_over_once(target, b"failover-marker-4e1c", Duration::from_secs(2));
+    url.set_port(Some(port)).unwrap();
+    url.query_pairs_mut().append_pair("retry_for", "300ms");
+    // Its heartbeat outlives the outage: no other look would find the run.
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
+    cmd.current_dir(dir.path())
+        .args(["worker", "workflows", "--db", url.as_str(), "--lease-ttl", "30"])
+        .arg("--mock")
+        .arg(mock());
+    let _w = Worker::start(cmd);
+    rt().block_on(async {
+        let (status, body) = post(
+            &a.base,
+            "/threads/f1/runs",
+            json!({"assistant_id": "chat", "if_not_exists": "create",
+                   "input": {"messages": [{"role": "user", "content": "hi"}]},
+                   "metadata": {"mark": "failover-marker-4e1c"}}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let run = run_id(&body);
+        let ended = ended(&a.base, "f1", &run).await;
+        assert_eq!(ended["status"], "success", "{ended}: {:?}", why(&db, &ended));
+        let state = get(&a.base, "/threads/f1/state").await;
+        assert_eq!(state["values"]["messages"].as_array().map(Vec::len), Some(2), "{state}");
+    });
+}
+
 /// Three slow steps, `one` → `two` → `three`, each a model call of 0.6 s, in folder `dir`.
 fn steps(dir: &Path) -> std::path::PathBuf {
     std::fs::write(

@@ -571,6 +571,11 @@ impl<S: Send + Sync + 'static> Worker<S> {
         // How many runs may be waiting unclaimed, as far as this worker knows: one for each
         // admission told, all of them after a poll or lost notices.
         let mut news = usize::MAX;
+        // A claim whose call failed: the next call makes it again, the same claim. A try of it
+        // may have committed with its answer lost and the database then out of reach past the
+        // call's retries: its run is running under that claim, which only that claim finds
+        // again (this worker's heartbeat keeps others off it).
+        let mut unanswered: Option<LeaseClaim> = None;
         loop {
             if *stop.borrow() {
                 break;
@@ -587,14 +592,14 @@ impl<S: Send + Sync + 'static> Worker<S> {
             // of, until one look finds none), then waits for news: one look per run told of,
             // not one more per claim, and none per notice of a burst a look covered.
             news = news.saturating_add(drain(&mut notices));
-            let claim = LeaseClaim {
+            let claim = unanswered.take().unwrap_or_else(|| LeaseClaim {
                 thread_id: String::new(),
                 owner: crate::checkpoint::new_id(),
                 pid: std::process::id(),
                 host: crate::engine::host().to_string(),
                 ttl: self.ttl,
                 replace: None,
-            };
+            });
             let serves = (self.serves)();
             match manager.queue()?.claim_serving(&worker_id, &claim, Some(&serves)) {
                 Ok(Some(claimed)) => {
@@ -622,6 +627,7 @@ impl<S: Send + Sync + 'static> Worker<S> {
                 Err(e) => {
                     drop(permit);
                     tracing::warn!(error = %e, "cannot claim a run");
+                    unanswered = Some(claim);
                     tokio::select! {
                         () = tokio::time::sleep(POLL) => {}
                         _ = stop.changed() => {}
