@@ -68,8 +68,7 @@ pub(super) fn run(args: Args) -> anyhow::Result<u8> {
             let file = match &at.value {
                 Checkpoints::Sqlite(file) => file,
                 Checkpoints::Postgres(url) => {
-                    let schema = crate::pg::parse_url(url)
-                        .map(|t| t.schema)
+                    let schema = crate::checkpoint::postgres::PostgresCheckpointer::schema_of(url)
                         .map_err(|e| anyhow::anyhow!(e))?;
                     bail!(
                         "{}: `{}` is a PostgreSQL database, which PostgreSQL's own tools back up: \

@@ -185,6 +185,12 @@ impl PostgresCheckpointer {
         &self.display
     }
 
+    /// The schema the database at `url` keeps runner's tables in (runner's own unless the URL
+    /// names one), without connecting; or why the URL is not valid.
+    pub fn schema_of(url: &str) -> std::result::Result<String, String> {
+        pg::parse_url(url).map(|t| t.schema)
+    }
+
     /// Connects to the database at `url` to look only: nothing is created or migrated. `None`
     /// when the database has no runner schema (it holds no threads); a newer schema is refused.
     pub fn open_existing(url: &str) -> Result<Option<Self>> {
