@@ -1080,8 +1080,13 @@ fn a_run_cut_off_from_the_database_longer_than_its_calls_retry_goes_on_once_it_i
 
 /// A relay on loopback to `target` standing for a database that fails over once: the first
 /// answer from the server that holds `at` is dropped, every connection through the relay is
-/// broken with it, and new ones are refused for `down_for`; then it relays again.
-fn failing_over_once(target: std::net::SocketAddr, at: &'static [u8], down_for: Duration) -> u16 {
+/// broken with it, and new ones are refused for `down_for`; then it relays again. Its port, and
+/// whether it has failed.
+fn failing_over_once(
+    target: std::net::SocketAddr,
+    at: &'static [u8],
+    down_for: Duration,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
     use std::io::{Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
     use std::sync::{Arc, Mutex};
@@ -1095,6 +1100,8 @@ fn failing_over_once(target: std::net::SocketAddr, at: &'static [u8], down_for: 
         sockets: Vec<TcpStream>,
     }
     let state: Arc<Mutex<Outage>> = Arc::default();
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let told = failed.clone();
     std::thread::spawn(move || {
         for client in listener.incoming() {
             let Ok(client) = client else { return };
@@ -1118,7 +1125,7 @@ fn failing_over_once(target: std::net::SocketAddr, at: &'static [u8], down_for: 
                 }
                 let _ = to.shutdown(Shutdown::Both);
             });
-            let (mut from, mut to, state) = (server, client, state.clone());
+            let (mut from, mut to, state, told) = (server, client, state.clone(), told.clone());
             std::thread::spawn(move || {
                 let mut buf = vec![0u8; 64 * 1024];
                 while let Ok(n @ 1..) = from.read(&mut buf) {
@@ -1126,6 +1133,7 @@ fn failing_over_once(target: std::net::SocketAddr, at: &'static [u8], down_for: 
                         let mut state = state.lock().unwrap();
                         if state.back.is_none() {
                             state.back = Some(Instant::now() + down_for);
+                            told.store(true, std::sync::atomic::Ordering::SeqCst);
                             for socket in state.sockets.drain(..) {
                                 let _ = socket.shutdown(Shutdown::Both);
                             }
@@ -1140,7 +1148,7 @@ fn failing_over_once(target: std::net::SocketAddr, at: &'static [u8], down_for: 
             });
         }
     });
-    port
+    (port, failed)
 }
 
 /// A worker's claim that committed and whose answer was lost, the database then out of reach
@@ -1160,7 +1168,7 @@ fn a_claim_whose_answer_was_lost_in_a_failover_is_made_again_by_the_workers_next
         .next()
         .unwrap();
     // Only the claim's answer holds the run's metadata.
-    let port = failing_over_once(target, b"failover-marker-4e1c", Duration::from_secs(2));
+    let (port, failed) = failing_over_once(target, b"failover-marker-4e1c", Duration::from_secs(2));
     url.set_port(Some(port)).unwrap();
     url.query_pairs_mut().append_pair("retry_for", "300ms");
     // Its heartbeat outlives the outage: no other look would find the run.
@@ -1182,6 +1190,10 @@ fn a_claim_whose_answer_was_lost_in_a_failover_is_made_again_by_the_workers_next
         assert_eq!(status, 200, "{body}");
         let run = run_id(&body);
         let ended = ended(&a.base, "f1", &run).await;
+        assert!(
+            failed.load(std::sync::atomic::Ordering::SeqCst),
+            "the claim's answer was not dropped"
+        );
         assert_eq!(ended["status"], "success", "{ended}: {:?}", why(&db, &ended));
         let state = get(&a.base, "/threads/f1/state").await;
         assert_eq!(state["values"]["messages"].as_array().map(Vec::len), Some(2), "{state}");
