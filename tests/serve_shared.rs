@@ -88,9 +88,14 @@ impl Drop for Worker {
 }
 
 fn worker(dir: &Path, db: &str) -> Worker {
+    worker_of_ttl(dir, db, "1")
+}
+
+/// A `runner worker` whose leases and heartbeat live `ttl` seconds.
+fn worker_of_ttl(dir: &Path, db: &str, ttl: &str) -> Worker {
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
     cmd.current_dir(dir)
-        .args(["worker", "workflows", "--db", db, "--lease-ttl", "1", "--workers", "8"])
+        .args(["worker", "workflows", "--db", db, "--lease-ttl", ttl, "--workers", "8"])
         .arg("--mock")
         .arg(mock());
     Worker::start(cmd)
@@ -1172,12 +1177,7 @@ fn a_claim_whose_answer_was_lost_in_a_failover_is_made_again_by_the_workers_next
     url.set_port(Some(port)).unwrap();
     url.query_pairs_mut().append_pair("retry_for", "300ms");
     // Its heartbeat outlives the outage: no other look would find the run.
-    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("runner"));
-    cmd.current_dir(dir.path())
-        .args(["worker", "workflows", "--db", url.as_str(), "--lease-ttl", "30"])
-        .arg("--mock")
-        .arg(mock());
-    let _w = Worker::start(cmd);
+    let _w = worker_of_ttl(dir.path(), url.as_str(), "30");
     rt().block_on(async {
         let (status, body) = post(
             &a.base,
